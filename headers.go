@@ -1,0 +1,161 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A HeaderSet selects the rate-limit headers the middleware writes; combine
+// sets with |.
+type HeaderSet uint8
+
+const (
+	// HeadersXRateLimit writes the de-facto standard headers on every
+	// response the limiter decided:
+	//
+	//	X-RateLimit-Limit      quota of the limit closest to denying
+	//	X-RateLimit-Remaining  cost that limit can still admit now, never negative
+	//	X-RateLimit-Reset      Unix time, in seconds rounded up, at which its
+	//	                       remaining quota next grows; on a 429, at which the
+	//	                       denied request would fit
+	//
+	// "Closest to denying" is the limit that denied, else the one with the
+	// fewest units remaining. See [Result] for the exact meaning.
+	HeadersXRateLimit HeaderSet = 1 << iota
+	// HeadersIETF writes the RateLimit and RateLimit-Policy fields of
+	// draft-ietf-httpapi-ratelimit-headers-10, one item per limit:
+	//
+	//	RateLimit-Policy: "ip-100-per-1m";q=100;w=60, "global-1000-per-1h";q=1000;w=3600
+	//	RateLimit: "ip-100-per-1m";r=12;t=37, "global-1000-per-1h";r=640;t=2100
+	//
+	// q is the quota, w the window in seconds (left out for windows that are
+	// not whole seconds), r the remaining quota and t the seconds, rounded
+	// up, until r next grows. The partition key parameter pk is not sent:
+	// it would disclose how clients are identified.
+	HeadersIETF
+
+	// HeadersNone writes no rate-limit headers; Retry-After is still sent on
+	// a 429.
+	HeadersNone HeaderSet = 0
+)
+
+// Canonical header names, so that values can be assigned to the header map
+// directly.
+const (
+	hdrLimit      = "X-Ratelimit-Limit"
+	hdrRemaining  = "X-Ratelimit-Remaining"
+	hdrReset      = "X-Ratelimit-Reset"
+	hdrRetryAfter = "Retry-After"
+	hdrRateLimit  = "Ratelimit"
+	hdrPolicy     = "Ratelimit-Policy"
+)
+
+// policyItem is lim's item in RateLimit-Policy.
+func policyItem(lim Limit) string {
+	s := strconv.Quote(lim.Name) + ";q=" + strconv.Itoa(lim.Quota)
+	if lim.Window%time.Second == 0 {
+		s += ";w=" + strconv.FormatInt(int64(lim.Window/time.Second), 10)
+	}
+	return s
+}
+
+// ceilSeconds returns d in whole seconds, rounded up, and 0 for d <= 0.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// writeHeaders sets the selected rate-limit headers for res, and Retry-After
+// if res denied a request that can succeed later.
+func (l *Limiter) writeHeaders(h http.Header, res *Result) {
+	if l.cfg.headers&HeadersXRateLimit != 0 {
+		h[hdrLimit] = []string{strconv.Itoa(res.Limit)}
+		h[hdrRemaining] = []string{strconv.Itoa(res.Remaining)}
+		reset := res.Reset.Unix()
+		if res.Reset.Nanosecond() > 0 {
+			reset++
+		}
+		h[hdrReset] = []string{strconv.FormatInt(reset, 10)}
+	}
+	if l.cfg.headers&HeadersIETF != 0 {
+		h[hdrPolicy] = l.policyHeader
+		var b strings.Builder
+		for i, lr := range res.Limits {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(strconv.Quote(lr.Name))
+			b.WriteString(";r=")
+			b.WriteString(strconv.Itoa(lr.Remaining))
+			b.WriteString(";t=")
+			b.WriteString(strconv.FormatInt(ceilSeconds(lr.Reset.Sub(res.Now)), 10))
+		}
+		h[hdrRateLimit] = []string{b.String()}
+	}
+	if !res.Allowed && res.RetryAfter > 0 {
+		h[hdrRetryAfter] = []string{strconv.FormatInt(ceilSeconds(res.RetryAfter), 10)}
+	}
+}
+
+// tooManyRequests is the default answer to a denied request.
+func tooManyRequests(w http.ResponseWriter, _ *http.Request, _ Result) {
+	h := w.Header()
+	h["Content-Type"] = []string{"text/plain; charset=utf-8"}
+	h["X-Content-Type-Options"] = []string{"nosniff"}
+	w.WriteHeader(http.StatusTooManyRequests)
+	_, _ = w.Write([]byte("Too Many Requests\n"))
+}
+
+// ProblemDetails answers a denied request with 429 and an RFC 9457
+// application/problem+json body of the quota-exceeded type from
+// draft-ietf-httpapi-ratelimit-headers, naming the limits that denied it:
+//
+//	{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
+//	 "title":"Too Many Requests","status":429,
+//	 "detail":"Retry in 3 seconds.","violated-policies":["ip-100-per-1m"]}
+//
+// Use it with [WithDeniedHandler].
+func ProblemDetails(w http.ResponseWriter, _ *http.Request, res Result) {
+	body := struct {
+		Type     string   `json:"type"`
+		Title    string   `json:"title"`
+		Status   int      `json:"status"`
+		Detail   string   `json:"detail,omitempty"`
+		Violated []string `json:"violated-policies"`
+	}{
+		Type:   "https://iana.org/assignments/http-problem-types#quota-exceeded",
+		Title:  "Too Many Requests",
+		Status: http.StatusTooManyRequests,
+	}
+	for _, lr := range res.Limits {
+		if lr.Denied {
+			body.Violated = append(body.Violated, lr.Name)
+		}
+	}
+	if res.RetryAfter > 0 {
+		body.Detail = "Retry in " + strconv.FormatInt(ceilSeconds(res.RetryAfter), 10) + " seconds."
+	} else {
+		body.Detail = "The request costs more than the quota allows."
+	}
+	h := w.Header()
+	h["Content-Type"] = []string{"application/problem+json"}
+	h["X-Content-Type-Options"] = []string{"nosniff"}
+	w.WriteHeader(http.StatusTooManyRequests)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// serviceUnavailable answers a request the limiter could not decide, under
+// FailClosed. It never echoes the error to the client.
+func serviceUnavailable(w http.ResponseWriter) {
+	h := w.Header()
+	h["Content-Type"] = []string{"text/plain; charset=utf-8"}
+	h["X-Content-Type-Options"] = []string{"nosniff"}
+	h[hdrRetryAfter] = []string{"1"}
+	w.WriteHeader(http.StatusServiceUnavailable)
+	_, _ = w.Write([]byte("Service Unavailable\n"))
+}

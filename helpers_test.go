@@ -1,0 +1,108 @@
+package ratelimit
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/redistest"
+)
+
+// backend is a Redis the tests run against: an embedded miniredis, or a real
+// redis-server the test starts itself.
+type backend struct {
+	name string
+	mr   *miniredis.Miniredis // nil for a real redis-server
+	srv  *redistest.Server    // nil for miniredis
+}
+
+// newClient returns a client with its own connection pool, as a separate app
+// replica would have.
+func (b backend) newClient(t testing.TB) *redis.Client {
+	if b.srv != nil {
+		return b.srv.Client()
+	}
+	c := redis.NewClient(&redis.Options{Addr: b.mr.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// clock returns options that make limiters read a clock the test controls,
+// and the function that sets it. On miniredis it drives the Redis TIME the
+// script reads; on a real server, which has no settable clock, it uses
+// WithClock.
+func (b backend) clock(start time.Time) ([]Option, func(time.Time)) {
+	if b.mr != nil {
+		b.mr.SetTime(start)
+		return nil, b.mr.SetTime
+	}
+	c := &testClock{t: start}
+	return []Option{WithClock(c.Now)}, c.Set
+}
+
+// forBackends runs fn against miniredis and against a real redis-server.
+func forBackends(t *testing.T, fn func(t *testing.T, b backend)) {
+	t.Run("miniredis", func(t *testing.T) {
+		fn(t, backend{name: "miniredis", mr: miniredis.RunT(t)})
+	})
+	t.Run("redis", func(t *testing.T) {
+		fn(t, backend{name: "redis", srv: redistest.Start(t)})
+	})
+}
+
+type testClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *testClock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
+// mustNew is New that fails the test on error.
+func mustNew(t testing.TB, c redis.UniversalClient, limits []Limit, opts ...Option) *Limiter {
+	t.Helper()
+	l, err := New(c, limits, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// zcard returns the number of entries in the log of limit name for id.
+func zcard(t testing.TB, c redis.UniversalClient, name, id string) int64 {
+	t.Helper()
+	key := string(appendKey(nil, DefaultPrefix+name+":{", id))
+	n, err := c.ZCard(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// serve sends a request from remoteAddr through h and returns the recorder.
+func serve(h http.Handler, method, target, remoteAddr string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(method, target, nil)
+	r.RemoteAddr = remoteAddr
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+var okHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	_, _ = w.Write([]byte("ok"))
+})

@@ -1,0 +1,159 @@
+// Package redistest starts real redis-server processes for tests, on free
+// loopback ports, and stops them when the test ends.
+//
+// When redis-server is not on PATH the test is skipped, unless the
+// environment variable RATELIMIT_REQUIRE_REDIS is set to 1 (as .ci/run does),
+// in which case it fails: CI must never pass by skipping the real-Redis tests.
+package redistest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RequireEnv is the environment variable that turns a missing redis-server
+// into a test failure.
+const RequireEnv = "RATELIMIT_REQUIRE_REDIS"
+
+// Server is a redis-server process owned by a test.
+type Server struct {
+	Addr string // host:port on loopback
+
+	tb   testing.TB
+	bin  string
+	args []string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	waited chan error // receives cmd's exit
+	log    *bytes.Buffer
+}
+
+// Binary returns the path of redis-server, or skips or fails tb (see the
+// package doc) when there is none.
+func Binary(tb testing.TB) string {
+	tb.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv(RequireEnv) == "1" {
+			tb.Fatalf("redis-server not found on PATH and %s=1: %v", RequireEnv, err)
+		}
+		tb.Skipf("redis-server not found on PATH (set %s=1 to make this a failure)", RequireEnv)
+	}
+	return bin
+}
+
+// Start starts a redis-server with no persistence on a free loopback port,
+// with extra configuration args such as "--maxmemory", "10mb". The server is
+// killed when the test ends.
+func Start(tb testing.TB, args ...string) *Server {
+	tb.Helper()
+	s := &Server{tb: tb, bin: Binary(tb), args: args}
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		var port int
+		if port, err = freePort(); err != nil {
+			continue
+		}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		if err = s.start(); err == nil {
+			tb.Cleanup(s.Stop)
+			return s
+		}
+	}
+	tb.Fatalf("redistest: cannot start redis-server: %v", err)
+	return nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// start runs redis-server on s.Addr and waits until it answers PING.
+func (s *Server) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, port, _ := net.SplitHostPort(s.Addr)
+	args := append([]string{
+		"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", s.tb.TempDir(), "--protected-mode", "no",
+	}, s.args...)
+	s.log = new(bytes.Buffer)
+	cmd := exec.Command(s.bin, args...)
+	cmd.Stdout, cmd.Stderr = s.log, s.log
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("redis-server exited: %v\n%s", err, s.log)
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			s.cmd = cmd
+			s.waited = exited
+			return nil
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-exited
+			return fmt.Errorf("redis-server on %s did not answer PING: %v\n%s", s.Addr, err, s.log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Stop kills the server (SIGKILL, like a crash) and waits for it to exit. It
+// does nothing if the server is not running.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.waited
+	s.cmd = nil
+}
+
+// Restart starts a stopped server again on the same port, with an empty
+// dataset and script cache.
+func (s *Server) Restart() {
+	s.tb.Helper()
+	if err := s.start(); err != nil {
+		s.tb.Fatalf("redistest: restart: %v", err)
+	}
+}
+
+// Client returns a new client of the server with its own connection pool, as
+// a separate app replica would have, that honours context deadlines. It is
+// closed when the test ends.
+func (s *Server) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true})
+	s.tb.Cleanup(func() { _ = c.Close() })
+	return c
+}

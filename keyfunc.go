@@ -1,0 +1,187 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// ErrNoKey is returned (wrapped) when a [Key] cannot identify the request: a
+// missing header, no user, no route template. The middleware treats it like a
+// Redis failure and applies the failure mode; it never falls back to a bucket
+// shared with other clients.
+var ErrNoKey = errors.New("ratelimit: request has no key")
+
+// A Key says what a [Limit] counts by: the client IP, a header, the user, the
+// route template, a constant, or a composition of these. Build one with the
+// functions in this file; the zero Key is invalid and is rejected by [New].
+//
+// A Key returns the raw identifier. The limiter escapes it before it becomes
+// part of a Redis key, so identifiers may hold any bytes (braces, colons,
+// newlines, NULs): two different identifiers never share a Redis key, and a
+// client cannot pick the Redis Cluster hash slot. Identifiers longer than 128
+// bytes after escaping are replaced by their SHA-256, so a 64 KB header cannot
+// make a 64 KB Redis key.
+type Key struct {
+	name string
+	fn   func(r *http.Request) (string, error)
+	err  error // configuration error, reported by New
+}
+
+// Name returns the short name of k ("ip", "user", "route", ...). It is used to
+// build a default [Limit] name.
+func (k Key) Name() string { return k.name }
+
+// KeyFunc returns a Key that calls fn. The name is used in default limit names
+// (see [Limit]). fn must return a non-empty identifier or an error; an empty
+// identifier is turned into [ErrNoKey]. fn must be safe for concurrent use.
+func KeyFunc(name string, fn func(r *http.Request) (string, error)) Key {
+	k := Key{name: name, fn: fn}
+	if fn == nil {
+		k.err = errors.New("nil key function")
+	}
+	return k
+}
+
+// Global returns a Key that is the same for every request: a limit counted by
+// it is one shared budget for all clients (for example 10,000 requests per
+// minute for the whole API).
+func Global() Key {
+	return Key{name: "global", fn: func(*http.Request) (string, error) { return "global", nil }}
+}
+
+// Header returns a Key that identifies a request by the value of the named
+// header, such as an API key. A request without the header, or with an empty
+// value, has no key ([ErrNoKey]). Only the first value of the header is used.
+//
+// The client controls this value: use it for limits where a client gains
+// nothing by sending someone else's value (API keys checked by your
+// authentication), not as a substitute for [ClientIP].
+func Header(name string) Key {
+	canonical := http.CanonicalHeaderKey(name)
+	k := Key{name: "header", fn: func(r *http.Request) (string, error) {
+		if v := r.Header.Get(canonical); v != "" {
+			return v, nil
+		}
+		return "", fmt.Errorf("%w: header %s is missing", ErrNoKey, canonical)
+	}}
+	if name == "" {
+		k.err = errors.New("empty header name")
+	}
+	return k
+}
+
+// User returns a Key that identifies a request by the user fn returns, for
+// example the subject of a verified token. fn reports ok == false (or an
+// empty user) when the request has no user; such a request has no key
+// ([ErrNoKey]) and gets the failure mode, so mount a per-user limit only on
+// routes that require authentication, behind the authentication middleware.
+func User(fn func(r *http.Request) (user string, ok bool)) Key {
+	k := Key{name: "user", fn: func(r *http.Request) (string, error) {
+		if u, ok := fn(r); ok && u != "" {
+			return u, nil
+		}
+		return "", fmt.Errorf("%w: no user", ErrNoKey)
+	}}
+	if fn == nil {
+		k.err = errors.New("nil user function")
+	}
+	return k
+}
+
+// UserFromContext returns a Key that identifies a request by the string
+// stored in its context under ctxKey (typically by an authentication
+// middleware that runs first). A missing or empty value, or a value that is
+// not a string, is [ErrNoKey]; see [User].
+func UserFromContext(ctxKey any) Key {
+	k := User(func(r *http.Request) (string, bool) {
+		u, ok := r.Context().Value(ctxKey).(string)
+		return u, ok
+	})
+	if ctxKey == nil {
+		k.err = errors.New("nil context key")
+	}
+	return k
+}
+
+type routeCtxKey struct{}
+
+// WithRoute returns a copy of ctx that carries the route template that matched
+// the request, such as "GET /users/{id}". Router adapters call it so that
+// [Route] works with routers that do not set [http.Request.Pattern]; an
+// application rarely needs it.
+func WithRoute(ctx context.Context, template string) context.Context {
+	return context.WithValue(ctx, routeCtxKey{}, template)
+}
+
+// RouteTemplate returns the route template of r: [http.Request.Pattern] when
+// the request was dispatched by [http.ServeMux], else the template an adapter
+// stored with [WithRoute], else "".
+func RouteTemplate(r *http.Request) string {
+	if r.Pattern != "" {
+		return r.Pattern
+	}
+	t, _ := r.Context().Value(routeCtxKey{}).(string)
+	return t
+}
+
+// Route returns a Key that identifies a request by its route template (see
+// [RouteTemplate]), so "/users/1" and "/users/2" share the limit of
+// "GET /users/{id}". It never uses the raw URL path, which a client could vary
+// to escape the limit.
+//
+// With [http.ServeMux] the template is known only inside the handler the mux
+// dispatched to: wrap each route (mux.Handle("GET /users/{id}",
+// lim.Handler(h))), not the whole mux. A request with no known template has no
+// key ([ErrNoKey]).
+func Route() Key {
+	return Key{name: "route", fn: func(r *http.Request) (string, error) {
+		if t := RouteTemplate(r); t != "" {
+			return t, nil
+		}
+		return "", fmt.Errorf("%w: no route template (wrap the route, not the whole mux)", ErrNoKey)
+	}}
+}
+
+// Compose returns a Key made of several: a request is identified by all their
+// values together, for example Compose(ClientIP(), Route()) counts each client
+// on each route separately. If any part has no key, neither has the whole.
+func Compose(keys ...Key) Key {
+	names := make([]string, len(keys))
+	fns := make([]func(*http.Request) (string, error), len(keys))
+	var err error
+	for i, k := range keys {
+		names[i] = k.name
+		fns[i] = k.fn
+		if k.fn == nil && err == nil {
+			err = fmt.Errorf("part %d of Compose is the zero Key", i)
+		}
+		if k.err != nil && err == nil {
+			err = k.err
+		}
+	}
+	if len(keys) == 0 {
+		err = errors.New("Compose of no keys")
+	}
+	return Key{name: strings.Join(names, "+"), err: err, fn: func(r *http.Request) (string, error) {
+		// Each part is escaped and the parts are joined by a byte that
+		// escaping never emits, so ("a|b", "c") and ("a", "b|c") differ.
+		var b strings.Builder
+		for i, fn := range fns {
+			v, err := fn(r)
+			if err != nil {
+				return "", err
+			}
+			if v == "" {
+				return "", fmt.Errorf("%w: part %d of %s is empty", ErrNoKey, i, names[i])
+			}
+			if i > 0 {
+				b.WriteByte(composeSep)
+			}
+			b.WriteString(escapeID(v))
+		}
+		return b.String(), nil
+	}}
+}

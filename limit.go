@@ -1,0 +1,125 @@
+package ratelimit
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// A Limit admits at most Quota units of cost in any sliding Window, counted
+// separately for every identifier its Key yields. Build one with [PerSecond],
+// [PerMinute], [PerHour] or [Per]; name it with [Limit.Named].
+//
+// The window slides with the request: a request at time t is admitted only if
+// the requests admitted in (t-Window, t] plus its own cost fit in Quota. There
+// is no boundary at which the quota refills at once.
+type Limit struct {
+	// Name identifies the limit in Redis keys, in [Result.DeniedBy] and in the
+	// IETF RateLimit headers. It may hold ASCII letters, digits and "-_.",
+	// at most 64 bytes. Default: the key name, quota and window, such as
+	// "ip-100-per-1m". Names must be unique within a [Limiter]; two Limiters
+	// (or app replicas) that share a limit name and Redis prefix share its
+	// counts, which is how replicas enforce one limit together.
+	Name string
+	// Quota is the cost admitted per window, from 1 to 1,000,000. The log
+	// holds one entry per admitted unit of cost, so its memory grows with
+	// the quota (see the README for figures).
+	Quota int
+	// Window is the length of the sliding window, at least 1ms. Windows are
+	// kept at microsecond precision on the Redis clock.
+	Window time.Duration
+	// Key says what the limit counts by: [ClientIP], [User], [Route],
+	// [Global], [Compose]... It is required.
+	Key Key
+}
+
+// Per returns a Limit of quota per window, counted by key.
+func Per(window time.Duration, quota int, key Key) Limit {
+	return Limit{Quota: quota, Window: window, Key: key}
+}
+
+// PerSecond returns a Limit of quota per second, counted by key.
+func PerSecond(quota int, key Key) Limit { return Per(time.Second, quota, key) }
+
+// PerMinute returns a Limit of quota per minute, counted by key.
+func PerMinute(quota int, key Key) Limit { return Per(time.Minute, quota, key) }
+
+// PerHour returns a Limit of quota per hour, counted by key.
+func PerHour(quota int, key Key) Limit { return Per(time.Hour, quota, key) }
+
+// Named returns a copy of l with the given name.
+func (l Limit) Named(name string) Limit {
+	l.Name = name
+	return l
+}
+
+const (
+	maxNameLen = 64
+	maxQuota   = 1_000_000
+)
+
+// defaultName returns "key-quota-per-window", e.g. "ip-100-per-1m".
+func (l Limit) defaultName() string {
+	key := []byte(l.Key.name)
+	for i, c := range key {
+		if !validName(string(c)) {
+			key[i] = '_'
+		}
+	}
+	if len(key) == 0 {
+		key = []byte("limit")
+	}
+	return string(key) + "-" + strconv.Itoa(l.Quota) + "-per-" + formatWindow(l.Window)
+}
+
+// formatWindow writes a window in its largest whole unit: 1h, 90s, 1500ms.
+func formatWindow(d time.Duration) string {
+	switch {
+	case d%time.Hour == 0:
+		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
+	case d%time.Minute == 0:
+		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
+	case d%time.Second == 0:
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	case d%time.Millisecond == 0:
+		return strconv.FormatInt(int64(d/time.Millisecond), 10) + "ms"
+	default:
+		return strconv.FormatInt(int64(d/time.Microsecond), 10) + "us"
+	}
+}
+
+// validName reports whether name is a non-empty run of ASCII letters, digits
+// and "-_.", which is safe in a Redis key, a hash-tag-free prefix and an IETF
+// sf-string without escaping.
+func validName(name string) bool {
+	if name == "" || len(name) > maxNameLen {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+func (l Limit) validate() error {
+	switch {
+	case l.Quota < 1:
+		return fmt.Errorf("quota %d: must be at least 1", l.Quota)
+	case l.Quota > maxQuota:
+		return fmt.Errorf("quota %d: must be at most %d", l.Quota, maxQuota)
+	case l.Window < time.Millisecond:
+		return fmt.Errorf("window %v: must be at least 1ms", l.Window)
+	case l.Window > 366*24*time.Hour:
+		return fmt.Errorf("window %v: must be at most 366 days", l.Window)
+	case l.Key.fn == nil && l.Key.err == nil:
+		return fmt.Errorf("no key: say what the limit counts by (ClientIP(), User(...), Global(), ...)")
+	case l.Key.err != nil:
+		return fmt.Errorf("key %s: %w", l.Key.name, l.Key.err)
+	case !validName(l.Name):
+		return fmt.Errorf("name %q: use 1 to %d ASCII letters, digits, '-', '_' or '.'", l.Name, maxNameLen)
+	}
+	return nil
+}

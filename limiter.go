@@ -1,0 +1,308 @@
+package ratelimit
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed lua/sliding_log.lua
+var slidingLogSource string
+
+var slidingLog = redis.NewScript(slidingLogSource)
+
+// ErrUnexpectedReply is returned (wrapped) when Redis answers the limiter's
+// script with a reply of the wrong shape, for example because another program
+// wrote to the limiter's keys. The request gets the failure mode.
+var ErrUnexpectedReply = errors.New("ratelimit: unexpected reply from Redis")
+
+// A Limiter enforces a set of [Limit]s stored in Redis. Every decision runs
+// one Lua script that checks all the limits and logs the request in all of
+// them, or in none: a request denied by one limit does not use up the others.
+//
+// A Limiter is safe for concurrent use. Build one with [New] and share it;
+// app replicas that use the same Redis, key prefix and limit names enforce
+// the limits together, exactly.
+type Limiter struct {
+	client redis.UniversalClient
+	limits []compiledLimit
+	cfg    config
+
+	// what New was called with, for With.
+	declared []Limit
+	opts     []Option
+
+	policyHeader []string // precomputed RateLimit-Policy value
+}
+
+type compiledLimit struct {
+	Limit
+	head     string   // "<prefix><name>:{", the Redis key up to the identifier
+	quotaArg any      // Quota, boxed once for the script's ARGV
+	window   any      // Window in microseconds, boxed once
+	limitHdr []string // precomputed X-RateLimit-Limit value
+}
+
+// New returns a Limiter that enforces limits in the Redis that client talks
+// to. client may be a *redis.Client, *redis.ClusterClient, *redis.Ring or a
+// failover client; it must be built with ContextTimeoutEnabled: true so that
+// the decision timeout holds (New reports an error otherwise).
+//
+// New reports every configuration error at once: no limits, a quota below 1,
+// a window below 1ms, a missing or invalid [Key], invalid or duplicate limit
+// names, invalid options. It never panics on bad configuration, and a Limiter
+// it returns never fails at request time because of its configuration.
+func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	errs := append([]error(nil), cfg.errs...)
+	if client == nil {
+		errs = append(errs, errors.New("nil Redis client"))
+	} else if enabled, known := contextTimeouts(client); known && !enabled {
+		errs = append(errs, errors.New("the Redis client ignores context deadlines, so the decision timeout cannot hold: set ContextTimeoutEnabled: true in its options"))
+	}
+	if len(limits) == 0 {
+		errs = append(errs, errors.New("no limits"))
+	}
+	l := &Limiter{
+		client:   client,
+		cfg:      cfg,
+		declared: append([]Limit(nil), limits...),
+		opts:     append([]Option(nil), opts...),
+	}
+	seen := make(map[string]int, len(limits))
+	var policies []string
+	for i, lim := range limits {
+		if lim.Name == "" {
+			lim.Name = lim.defaultName()
+		}
+		if err := lim.validate(); err != nil {
+			errs = append(errs, fmt.Errorf("limit %d (%s): %w", i, lim.Name, err))
+			continue
+		}
+		if j, dup := seen[lim.Name]; dup {
+			errs = append(errs, fmt.Errorf("limits %d and %d are both named %q: give them distinct names with Named", j, i, lim.Name))
+			continue
+		}
+		seen[lim.Name] = i
+		l.limits = append(l.limits, compiledLimit{
+			Limit:    lim,
+			head:     cfg.prefix + lim.Name + ":{",
+			quotaArg: lim.Quota,
+			window:   lim.Window.Microseconds(),
+			limitHdr: []string{strconv.Itoa(lim.Quota)},
+		})
+		policies = append(policies, policyItem(lim))
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
+	}
+	l.policyHeader = []string{strings.Join(policies, ", ")}
+	return l, nil
+}
+
+// With returns a new Limiter that enforces l's limits and the given ones in
+// one decision, with l's options followed by opts. Use it for a route that
+// needs a tighter limit or a cost of its own: a request to that route is
+// checked once, against every limit, and counted in all of them or in none.
+// Limits keep their counts across the two Limiters when their names match.
+func (l *Limiter) With(limits []Limit, opts ...Option) (*Limiter, error) {
+	all := append(append([]Limit(nil), l.declared...), limits...)
+	return New(l.client, all, append(append([]Option(nil), l.opts...), opts...)...)
+}
+
+// contextTimeouts reports whether a go-redis client honours context deadlines
+// on socket reads and writes; known is false for other implementations.
+func contextTimeouts(c redis.UniversalClient) (enabled, known bool) {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled, true
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled, true
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled, true
+	}
+	return false, false
+}
+
+// Result is the outcome of one decision.
+type Result struct {
+	// Allowed reports whether the request was admitted (and counted in every
+	// limit).
+	Allowed bool
+	// Limit, Remaining and Reset describe the limit closest to denying: the
+	// one that denied, or else the one with the fewest units remaining.
+	//
+	// Limit is its quota. Remaining is the cost it can still admit now, never
+	// negative. Reset is when its Remaining next grows: when its oldest
+	// logged entry leaves the window. For the limit that denied, Reset is when
+	// enough entries have left for this request to fit, RetryAfter from now.
+	// Times are on the Redis server's clock (or the [WithClock] clock).
+	Limit     int
+	Remaining int
+	Reset     time.Time
+	// RetryAfter is, for a denied request, how long until it would be admitted
+	// if nothing else were admitted meanwhile; it is exact, not a whole window.
+	// It is 0 for an admitted request, and for a request whose cost exceeds a
+	// quota, which can never be admitted.
+	RetryAfter time.Duration
+	// DeniedBy is the name of the limit that denied the request ("" if it was
+	// admitted). When several deny, it names the one that frees up last.
+	DeniedBy string
+	// Limits holds the state of every limit, in the Limiter's order.
+	Limits []LimitResult
+	// Now is the time the decision was made, on the same clock as Reset.
+	Now time.Time
+}
+
+// LimitResult is the state of one limit after a decision.
+type LimitResult struct {
+	Name      string
+	Quota     int
+	Window    time.Duration
+	Remaining int       // cost it can still admit now
+	Reset     time.Time // when Remaining next grows, or when a denied request fits
+	Denied    bool      // whether this limit had no room for the request
+}
+
+// Allow decides whether a request of the given cost, identified by ids, may
+// proceed, and if so counts it in every limit. ids[i] identifies the client
+// for the Limiter's i-th limit (for a [Global] limit any constant will do).
+// Allow is how to use a Limiter outside HTTP; the middleware calls the same
+// logic with the ids its [Key]s extract.
+//
+// The error is non-nil when no decision could be made: wrong number of ids,
+// an empty id, cost < 1, a Redis error or the timeout ([WithTimeout]) running
+// out. The Result is then the zero value.
+func (l *Limiter) Allow(ctx context.Context, ids []string, cost int) (Result, error) {
+	if len(ids) != len(l.limits) {
+		return Result{}, fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(l.limits))
+	}
+	for i, id := range ids {
+		if id == "" {
+			return Result{}, fmt.Errorf("%w: empty id for limit %s", ErrNoKey, l.limits[i].Name)
+		}
+	}
+	return l.decide(ctx, ids, cost)
+}
+
+// decide runs the script for ids (one per limit, non-empty) and cost.
+func (l *Limiter) decide(ctx context.Context, ids []string, cost int) (Result, error) {
+	if cost < 1 {
+		return Result{}, fmt.Errorf("ratelimit: cost %d is below 1", cost)
+	}
+	keys := make([]string, len(l.limits))
+	var buf []byte
+	for i := range l.limits {
+		buf = appendKey(buf[:0], l.limits[i].head, ids[i])
+		keys[i] = string(buf)
+	}
+	args := make([]any, 2, 2+2*len(l.limits))
+	args[0] = cost
+	args[1] = 0
+	if l.cfg.clock != nil {
+		args[1] = l.cfg.clock().UnixMicro()
+	}
+	for i := range l.limits {
+		args = append(args, l.limits[i].quotaArg, l.limits[i].window)
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
+	defer cancel()
+	reply, err := runScript(ctx, l.client, keys, args)
+	if err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			// Say why the socket timed out: errors.Is(err,
+			// context.DeadlineExceeded) then holds.
+			return Result{}, fmt.Errorf("ratelimit: redis: %w: %w", ctxErr, err)
+		}
+		return Result{}, fmt.Errorf("ratelimit: redis: %w", err)
+	}
+	return l.result(reply, cost)
+}
+
+// runScript runs the sliding-log script by its SHA and falls back to sending
+// the source when Redis does not know it. Redis says NOSCRIPT after a restart,
+// a failover or SCRIPT FLUSH; some hosted Redis put the word later in the
+// message, so any error that contains it counts.
+func runScript(ctx context.Context, c redis.Scripter, keys []string, args []any) (any, error) {
+	reply, err := c.EvalSha(ctx, slidingLog.Hash(), keys, args...).Result()
+	if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
+		reply, err = c.Eval(ctx, slidingLogSource, keys, args...).Result()
+	}
+	return reply, err
+}
+
+// result turns the script's reply into a Result. It checks the reply's shape
+// and values and returns ErrUnexpectedReply rather than trusting them.
+func (l *Limiter) result(reply any, cost int) (Result, error) {
+	arr, ok := reply.([]any)
+	if !ok || len(arr) != 4+2*len(l.limits) {
+		return Result{}, fmt.Errorf("%w: %T of length %d", ErrUnexpectedReply, reply, len(arr))
+	}
+	v := make([]int64, len(arr))
+	for i, e := range arr {
+		n, ok := e.(int64)
+		if !ok {
+			return Result{}, fmt.Errorf("%w: element %d is %T", ErrUnexpectedReply, i, e)
+		}
+		v[i] = n
+	}
+	allowed, now, denied := v[0] == 1, v[1], int(v[3])
+	if v[0] != 0 && v[0] != 1 || denied < 0 || denied > len(l.limits) || allowed == (denied != 0) {
+		return Result{}, fmt.Errorf("%w: allowed=%d denied=%d", ErrUnexpectedReply, v[0], v[3])
+	}
+	res := Result{
+		Allowed: allowed,
+		Now:     time.UnixMicro(now),
+		Limits:  make([]LimitResult, len(l.limits)),
+	}
+	closest := -1
+	for i := range l.limits {
+		lim := &l.limits[i]
+		count, reset := v[4+2*i], v[5+2*i]
+		if count < 0 || reset < -1 {
+			return Result{}, fmt.Errorf("%w: limit %d: count=%d reset=%d", ErrUnexpectedReply, i, count, reset)
+		}
+		used := count
+		if allowed {
+			used += int64(cost)
+		}
+		remaining := max(int64(lim.Quota)-used, 0)
+		if reset == -1 { // the cost can never fit: the log is empty a window from now at the latest
+			reset = now + lim.Window.Microseconds()
+		}
+		res.Limits[i] = LimitResult{
+			Name:      lim.Name,
+			Quota:     lim.Quota,
+			Window:    lim.Window,
+			Remaining: int(remaining),
+			Reset:     time.UnixMicro(reset),
+			Denied:    count+int64(cost) > int64(lim.Quota),
+		}
+		if closest < 0 || remaining < int64(res.Limits[closest].Remaining) ||
+			remaining == int64(res.Limits[closest].Remaining) && res.Limits[i].Reset.After(res.Limits[closest].Reset) {
+			closest = i
+		}
+	}
+	if denied > 0 {
+		closest = denied - 1
+		res.DeniedBy = l.limits[closest].Name
+		if cost <= l.limits[closest].Quota {
+			res.RetryAfter = max(res.Limits[closest].Reset.Sub(res.Now), 0)
+		}
+	}
+	c := res.Limits[closest]
+	res.Limit, res.Remaining, res.Reset = c.Quota, c.Remaining, c.Reset
+	return res, nil
+}

@@ -1,0 +1,142 @@
+package ratelimit
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// An Option configures a [Limiter]. Options are applied in order; a nil
+// Option is ignored.
+type Option func(*config)
+
+// FailureMode says what the middleware does when it cannot decide: Redis
+// failed or timed out, or a [Key] could not identify the request.
+type FailureMode uint8
+
+const (
+	// FailClosed rejects the request with 503 Service Unavailable and
+	// Retry-After: 1. It is the default: a limiter that protects a fragile
+	// backend should not open the gates because Redis is down.
+	FailClosed FailureMode = iota
+	// FailOpen serves the request without rate-limit headers, as if no limit
+	// applied. Choose it when availability matters more than the limit.
+	FailOpen
+)
+
+func (m FailureMode) String() string {
+	switch m {
+	case FailClosed:
+		return "fail-closed"
+	case FailOpen:
+		return "fail-open"
+	}
+	return "FailureMode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// DefaultTimeout bounds a decision when [WithTimeout] is not given.
+const DefaultTimeout = 100 * time.Millisecond
+
+// DefaultPrefix starts every Redis key when [WithPrefix] is not given.
+const DefaultPrefix = "ratelimit:"
+
+type config struct {
+	prefix   string
+	timeout  time.Duration
+	failure  FailureMode
+	clock    func() time.Time
+	cost     func(*http.Request) int
+	headers  HeaderSet
+	onDenied func(http.ResponseWriter, *http.Request, Result)
+	onError  func(*http.Request, error)
+	errs     []error
+}
+
+func defaultConfig() config {
+	return config{
+		prefix:  DefaultPrefix,
+		timeout: DefaultTimeout,
+		failure: FailClosed,
+		headers: HeadersXRateLimit,
+	}
+}
+
+// WithPrefix sets the string that starts every Redis key the limiter writes.
+// Default: [DefaultPrefix], "ratelimit:". It may not contain '{' or '}', which
+// would change the keys' Redis Cluster hash slots.
+func WithPrefix(prefix string) Option {
+	return func(c *config) {
+		if strings.ContainsAny(prefix, "{}") {
+			c.errs = append(c.errs, errors.New("prefix "+strconv.Quote(prefix)+" contains '{' or '}'"))
+		}
+		c.prefix = prefix
+	}
+}
+
+// WithTimeout bounds the time of one decision, Redis round trip included.
+// Default: [DefaultTimeout], 100ms. When it runs out the request gets the
+// failure mode. It must be positive.
+//
+// The Redis client must honour context deadlines for the bound to hold: build
+// it with ContextTimeoutEnabled: true in its options ([New] checks this for
+// the go-redis client types).
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.errs = append(c.errs, errors.New("timeout "+d.String()+" is not positive"))
+		}
+		c.timeout = d
+	}
+}
+
+// WithFailureMode sets what the middleware does when it cannot decide.
+// Default: [FailClosed].
+func WithFailureMode(m FailureMode) Option {
+	return func(c *config) {
+		if m > FailOpen {
+			c.errs = append(c.errs, errors.New("unknown failure mode "+m.String()))
+		}
+		c.failure = m
+	}
+}
+
+// WithClock makes the limiter read the time from now instead of the Redis
+// server's TIME. Default: the Redis clock, which every app instance shares.
+// Use it only if all instances' clocks are synchronised, or in tests; a
+// clock that runs backwards never admits extra requests, it only delays them.
+func WithClock(now func() time.Time) Option {
+	return func(c *config) { c.clock = now }
+}
+
+// WithCost sets the cost of each request, for routes that should count more
+// than once (an export, a batch call). Default: every request costs 1. A cost
+// below 1 is an error handled by the failure mode; a cost above a limit's
+// quota is always denied.
+func WithCost(cost func(r *http.Request) int) Option {
+	return func(c *config) { c.cost = cost }
+}
+
+// WithHeaders selects the rate-limit headers the middleware writes. Default:
+// [HeadersXRateLimit]. Retry-After is always written on a 429 that can
+// succeed later.
+func WithHeaders(h HeaderSet) Option {
+	return func(c *config) { c.headers = h }
+}
+
+// WithDeniedHandler sets what answers a denied request. It is called after
+// the rate-limit headers and Retry-After are set, and must write the status
+// itself. Default: 429 with the body "Too Many Requests". [ProblemDetails]
+// is a ready-made alternative.
+func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, res Result)) Option {
+	return func(c *config) { c.onDenied = h }
+}
+
+// WithErrorHandler sets a function that receives every error that makes the
+// middleware apply its failure mode (Redis errors, timeouts, [ErrNoKey]),
+// for logging and metrics. It runs on the request's goroutine before the
+// failure response; keep it fast. Default: none.
+func WithErrorHandler(h func(r *http.Request, err error)) Option {
+	return func(c *config) { c.onError = h }
+}

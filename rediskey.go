@@ -1,0 +1,101 @@
+package ratelimit
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+)
+
+// Redis keys have the form
+//
+//	<prefix><limit name>:{<identifier>}
+//
+// The identifier is escaped so that it holds no '{' or '}' of its own: the
+// braces around it are the key's only hash tag, so the library, not the
+// client, decides the Redis Cluster slot, and every limit counted by the same
+// identifier lands in the same slot. Escaping is injective (distinct
+// identifiers stay distinct) and long identifiers are replaced by a digest.
+
+const (
+	// maxIDLen bounds the escaped identifier in a Redis key; longer ones are
+	// replaced by hashMark and the base64url SHA-256 of the raw identifier.
+	maxIDLen = 128
+	// hashMark starts a digest identifier. escapeID always escapes it, so a
+	// digest never equals an escaped identifier.
+	hashMark = '#'
+	// composeSep joins the escaped parts of a Compose key. escapeID always
+	// escapes it, so the parts can be told apart.
+	composeSep = '|'
+)
+
+// safe[c] is true for the bytes escapeID keeps as they are.
+var safe = func() (t [256]bool) {
+	for c := 'a'; c <= 'z'; c++ {
+		t[c] = true
+	}
+	for c := 'A'; c <= 'Z'; c++ {
+		t[c] = true
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for _, c := range "-._~:/@!$&'()*+,;=[]<>?^`\"" {
+		t[c] = true
+	}
+	return t
+}()
+
+const hexDigits = "0123456789ABCDEF"
+
+// escapeID percent-encodes every byte of id outside the safe set, including
+// '%', '{', '}', hashMark, composeSep, spaces, control bytes and non-ASCII.
+// It returns id itself when nothing needs escaping.
+func escapeID(id string) string {
+	n := 0
+	for i := 0; i < len(id); i++ {
+		if !safe[id[i]] {
+			n++
+		}
+	}
+	if n == 0 {
+		return id
+	}
+	b := make([]byte, 0, len(id)+2*n)
+	return string(appendEscaped(b, id))
+}
+
+func appendEscaped(dst []byte, id string) []byte {
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if safe[c] {
+			dst = append(dst, c)
+		} else {
+			dst = append(dst, '%', hexDigits[c>>4], hexDigits[c&15])
+		}
+	}
+	return dst
+}
+
+// escapedLen is len(escapeID(id)) without building it.
+func escapedLen(id string) int {
+	n := len(id)
+	for i := 0; i < len(id); i++ {
+		if !safe[id[i]] {
+			n += 2
+		}
+	}
+	return n
+}
+
+// appendKey appends the Redis key for id to dst, where head is
+// "<prefix><limit name>:{".
+func appendKey(dst []byte, head, id string) []byte {
+	dst = append(dst, head...)
+	if escapedLen(id) > maxIDLen {
+		sum := sha256.Sum256([]byte(id))
+		dst = append(dst, hashMark)
+		dst = base64.RawURLEncoding.AppendEncode(dst, sum[:])
+	} else {
+		dst = appendEscaped(dst, id)
+	}
+	return append(dst, '}')
+}
