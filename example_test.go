@@ -1,0 +1,156 @@
+package ratelimit_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit"
+)
+
+// newRedis starts an embedded Redis with its clock stopped at a fixed time,
+// so that the examples' output does not depend on when they run. A real
+// application passes a client of its own Redis instead.
+func newRedis() (*redis.Client, func()) {
+	mr := miniredis.NewMiniRedis()
+	if err := mr.Start(); err != nil {
+		log.Fatal(err)
+	}
+	mr.SetTime(time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC))
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	return rdb, func() { rdb.Close(); mr.Close() }
+}
+
+// get sends GET path from the client at addr through h and prints the answer.
+func get(h http.Handler, path, addr string) {
+	r := httptest.NewRequest("GET", path, nil)
+	r.RemoteAddr = addr
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	fmt.Printf("%d remaining=%s retry-after=%s\n", w.Code, w.Header().Get("X-RateLimit-Remaining"), w.Header().Get("Retry-After"))
+}
+
+// Two limits checked in one step: 1,000 requests per minute for the whole
+// API, and 2 per second per client IP. A request is counted in both or in
+// neither.
+func Example() {
+	rdb, done := newRedis() // rdb := redis.NewClient(&redis.Options{Addr: ..., ContextTimeoutEnabled: true})
+	defer done()
+
+	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerMinute(1000, ratelimit.Global()),
+		ratelimit.PerSecond(2, ratelimit.ClientIP()),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := limiter.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "hello")
+	}))
+
+	get(h, "/", "203.0.113.7:5000")
+	get(h, "/", "203.0.113.7:5001")
+	get(h, "/", "203.0.113.7:5002")
+	get(h, "/", "198.51.100.2:6000")
+	// Output:
+	// 200 remaining=1 retry-after=
+	// 200 remaining=0 retry-after=
+	// 429 remaining=0 retry-after=1
+	// 200 remaining=1 retry-after=
+}
+
+// Allow limits anything, not only HTTP requests: here, jobs per tenant, with a
+// per-second and a per-hour limit on the same tenant, and a job that costs 5.
+func ExampleLimiter_Allow() {
+	rdb, done := newRedis()
+	defer done()
+
+	// Allow is given the ids; the limits' Keys matter only to the middleware.
+	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerSecond(10, ratelimit.Global()).Named("jobs-per-second"),
+		ratelimit.PerHour(12, ratelimit.Global()).Named("jobs-per-hour"),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, cost := range []int{5, 5, 5} {
+		res, err := limiter.Allow(context.Background(), []string{"acme", "acme"}, cost)
+		if err != nil {
+			log.Fatal(err) // Redis is down or too slow: the caller decides
+		}
+		fmt.Printf("allowed=%v remaining=%d denied-by=%q retry-after=%v\n", res.Allowed, res.Remaining, res.DeniedBy, res.RetryAfter)
+	}
+	// Output:
+	// allowed=true remaining=5 denied-by="" retry-after=0s
+	// allowed=true remaining=0 denied-by="" retry-after=0s
+	// allowed=false remaining=2 denied-by="jobs-per-hour" retry-after=1h0m0s
+}
+
+// With gives one route a tighter limit of its own. A request to /login is
+// checked against the app-wide limit and the login limit in one step, so a
+// login the tighter limit denies does not use up the app-wide quota.
+func ExampleLimiter_With() {
+	rdb, done := newRedis()
+	defer done()
+
+	api, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("api"),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	login, err := api.With([]ratelimit.Limit{
+		ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login"),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	mux := http.NewServeMux()
+	mux.Handle("GET /", api.Handler(ok))
+	mux.Handle("GET /login", login.Handler(ok))
+
+	get(mux, "/login", "203.0.113.7:5000")
+	get(mux, "/login", "203.0.113.7:5000")
+	get(mux, "/", "203.0.113.7:5000") // 98 left: only the admitted login counted
+	// Output:
+	// 200 remaining=0 retry-after=
+	// 429 remaining=0 retry-after=60
+	// 200 remaining=98 retry-after=
+}
+
+// Behind a load balancer every connection comes from the balancer. Trust it,
+// and only it, to report the client's address in X-Forwarded-For.
+func ExampleClientIP() {
+	rdb, done := newRedis()
+	defer done()
+
+	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustProxies("10.0.0.0/8"))),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := limiter.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	send := func(peer, xff string) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = peer
+		r.Header.Set("X-Forwarded-For", xff)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Println(w.Code)
+	}
+	send("10.0.0.5:1234", "198.51.100.7")              // the balancer reports client 198.51.100.7
+	send("10.0.0.5:1234", "203.0.113.9, 198.51.100.7") // the same client, with a forged first hop
+	send("198.51.100.7:999", "203.0.113.50")           // direct connection: the header is ignored
+	// Output:
+	// 200
+	// 429
+	// 429
+}
