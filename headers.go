@@ -74,13 +74,14 @@ func ceilSeconds(d time.Duration) int64 {
 // if res denied a request that can succeed later.
 func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 	if l.cfg.headers&HeadersXRateLimit != 0 {
-		h[hdrLimit] = []string{strconv.Itoa(res.Limit)}
-		h[hdrRemaining] = []string{strconv.Itoa(res.Remaining)}
 		reset := res.Reset.Unix()
 		if res.Reset.Nanosecond() > 0 {
 			reset++
 		}
-		h[hdrReset] = []string{strconv.FormatInt(reset, 10)}
+		// One allocation for the three values; each slice is capped so that
+		// an append to one header cannot overwrite the next.
+		v := []string{strconv.Itoa(res.Limit), strconv.Itoa(res.Remaining), strconv.FormatInt(reset, 10)}
+		h[hdrLimit], h[hdrRemaining], h[hdrReset] = v[0:1:1], v[1:2:2], v[2:3:3]
 	}
 	if l.cfg.headers&HeadersIETF != 0 {
 		h[hdrPolicy] = l.policyHeader

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +17,9 @@ import (
 var slidingLogSource string
 
 var slidingLog = redis.NewScript(slidingLogSource)
+
+// minClock is the earliest time, in Unix microseconds, with 16 digits.
+const minClock = 1_000_000_000_000_000
 
 // ErrUnexpectedReply is returned (wrapped) when Redis answers the limiter's
 // script with a reply of the wrong shape, for example because another program
@@ -201,17 +205,31 @@ func (l *Limiter) decide(ctx context.Context, ids []string, cost int) (Result, e
 	if cost < 1 {
 		return Result{}, fmt.Errorf("ratelimit: cost %d is below 1", cost)
 	}
-	keys := make([]string, len(l.limits))
+	// All keys share one allocation: build them into one buffer, then slice.
 	var buf []byte
+	ends := make([]int, len(l.limits))
 	for i := range l.limits {
-		buf = appendKey(buf[:0], l.limits[i].head, ids[i])
-		keys[i] = string(buf)
+		buf = appendKey(buf, l.limits[i].head, ids[i])
+		ends[i] = len(buf)
+	}
+	all := string(buf)
+	keys := make([]string, len(l.limits))
+	start := 0
+	for i, end := range ends {
+		keys[i] = all[start:end]
+		start = end
 	}
 	args := make([]any, 2, 2+2*len(l.limits))
 	args[0] = cost
 	args[1] = 0
 	if l.cfg.clock != nil {
-		args[1] = l.cfg.clock().UnixMicro()
+		now := l.cfg.clock().UnixMicro()
+		if now < minClock {
+			// Log members are microsecond times that must all have 16
+			// digits (see the script).
+			return Result{}, fmt.Errorf("ratelimit: clock reads %v, before 2001-09-09", time.UnixMicro(now))
+		}
+		args[1] = now
 	}
 	for i := range l.limits {
 		args = append(args, l.limits[i].quotaArg, l.limits[i].window)
@@ -221,9 +239,14 @@ func (l *Limiter) decide(ctx context.Context, ids []string, cost int) (Result, e
 	defer cancel()
 	reply, err := runScript(ctx, l.client, keys, args)
 	if err != nil {
-		if ctxErr := ctx.Err(); ctxErr != nil {
-			// Say why the socket timed out: errors.Is(err,
-			// context.DeadlineExceeded) then holds.
+		// Say when the decision ran out of time, so that errors.Is(err,
+		// context.DeadlineExceeded) holds: the socket deadline, which
+		// go-redis takes from ctx, may expire a moment before ctx does.
+		ctxErr := ctx.Err()
+		if ne := net.Error(nil); ctxErr == nil && errors.As(err, &ne) && ne.Timeout() {
+			ctxErr = context.DeadlineExceeded
+		}
+		if ctxErr != nil {
 			return Result{}, fmt.Errorf("ratelimit: redis: %w: %w", ctxErr, err)
 		}
 		return Result{}, fmt.Errorf("ratelimit: redis: %w", err)
@@ -250,17 +273,15 @@ func (l *Limiter) result(reply any, cost int) (Result, error) {
 	if !ok || len(arr) != 4+2*len(l.limits) {
 		return Result{}, fmt.Errorf("%w: %T of length %d", ErrUnexpectedReply, reply, len(arr))
 	}
-	v := make([]int64, len(arr))
 	for i, e := range arr {
-		n, ok := e.(int64)
-		if !ok {
+		if _, ok := e.(int64); !ok {
 			return Result{}, fmt.Errorf("%w: element %d is %T", ErrUnexpectedReply, i, e)
 		}
-		v[i] = n
 	}
-	allowed, now, denied := v[0] == 1, v[1], int(v[3])
-	if v[0] != 0 && v[0] != 1 || denied < 0 || denied > len(l.limits) || allowed == (denied != 0) {
-		return Result{}, fmt.Errorf("%w: allowed=%d denied=%d", ErrUnexpectedReply, v[0], v[3])
+	v := func(i int) int64 { return arr[i].(int64) }
+	allowed, now, denied := v(0) == 1, v(1), v(3)
+	if v(0) != 0 && v(0) != 1 || denied < 0 || denied > int64(len(l.limits)) || allowed == (denied != 0) {
+		return Result{}, fmt.Errorf("%w: allowed=%d denied=%d", ErrUnexpectedReply, v(0), denied)
 	}
 	res := Result{
 		Allowed: allowed,
@@ -270,7 +291,7 @@ func (l *Limiter) result(reply any, cost int) (Result, error) {
 	closest := -1
 	for i := range l.limits {
 		lim := &l.limits[i]
-		count, reset := v[4+2*i], v[5+2*i]
+		count, reset := v(4+2*i), v(5+2*i)
 		if count < 0 || reset < -1 {
 			return Result{}, fmt.Errorf("%w: limit %d: count=%d reset=%d", ErrUnexpectedReply, i, count, reset)
 		}
@@ -296,7 +317,7 @@ func (l *Limiter) result(reply any, cost int) (Result, error) {
 		}
 	}
 	if denied > 0 {
-		closest = denied - 1
+		closest = int(denied - 1)
 		res.DeniedBy = l.limits[closest].Name
 		if cost <= l.limits[closest].Quota {
 			res.RetryAfter = max(res.Limits[closest].Reset.Sub(res.Now), 0)
