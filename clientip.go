@@ -1,0 +1,460 @@
+package ratelimit
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strings"
+)
+
+// maxHops is the most proxy-header list elements ClientIP examines for one
+// request. Real chains have a handful of proxies; a longer walk means a
+// hostile or broken header and is reported as [ErrNoKey].
+const maxHops = 64
+
+// maxNodeLen bounds the length of one list element that is parsed as an
+// address. The longest real one, a bracketed IPv6 address with a zone and a
+// port, is far shorter.
+const maxNodeLen = 128
+
+// An IPOption configures [ClientIP].
+type IPOption func(*ipConfig)
+
+type ipConfig struct {
+	trusted   []netip.Prefix // unmapped: IPv4 proxies are IPv4 prefixes
+	header    string         // canonical name of the proxy header
+	forwarded bool           // header is RFC 7239 Forwarded
+	v4Bits    int
+	v6Bits    int
+	err       error // first configuration error
+}
+
+func (c *ipConfig) fail(err error) {
+	if c.err == nil {
+		c.err = err
+	}
+}
+
+// ClientIP returns a Key that identifies a request by its client's IP
+// address.
+//
+// By default only the connection is trusted: the client is the peer address
+// in [http.Request.RemoteAddr] ("ip:port", "[ipv6]:port" or a bare IP), and
+// X-Forwarded-For, Forwarded and every other header are ignored, so a client
+// cannot choose its key. RemoteAddr is trusted as it is: do not run
+// middleware that rewrites it from request headers (such as chi's
+// middleware.RealIP) before the limiter.
+//
+// Behind reverse proxies, list their addresses with [TrustProxies]. When the
+// peer is a trusted proxy, the proxy header ([ProxyHeader], X-Forwarded-For
+// by default) is read from the right, starting at the last element of the
+// last header line, the one the nearest proxy appended. Elements that are
+// trusted proxy addresses are skipped; the first element that is not is the
+// client. The leftmost elements, which the client can write, are never
+// believed merely for being there. If every element is a trusted address the
+// client is the leftmost of them; if the header is absent or empty the client
+// is the peer itself, so a proxy that does not set the header puts all its
+// clients in its own bucket. List every proxy of the chain (CDN, load
+// balancer, ingress): an untrusted proxy is taken for the client and all the
+// requests it forwards share its key.
+//
+// A request has no key (an error wrapping [ErrNoKey]) when RemoteAddr is not
+// an IP address, when the first untrusted element is not an IP address
+// (garbage, "unknown", an obfuscated "_name", a Forwarded element without
+// for=), or when more than 64 elements would have to be examined. ClientIP
+// never falls back to a proxy's address in these cases, which would put every
+// client of the proxy in one bucket.
+//
+// Addresses are normalized before they are compared or counted: IPv6 zones
+// are dropped and IPv4-mapped IPv6 addresses (::ffff:192.0.2.1) are treated
+// as IPv4. The identifier is the client address masked to [IPv4Prefix] bits
+// (default 32) or [IPv6Prefix] bits (default 64, since a single host usually
+// owns a whole /64), in canonical form: "203.0.113.7" or "2001:db8::1" for a
+// full-length prefix, "198.51.100.0/24" or "2001:db8:1:2::/64" otherwise.
+// Different clients, after masking, never share an identifier.
+//
+// The Key is named "ip". Invalid options are reported by [New].
+func ClientIP(opts ...IPOption) Key {
+	c := &ipConfig{header: "X-Forwarded-For", v4Bits: 32, v6Bits: 64}
+	for _, opt := range opts {
+		if opt == nil {
+			c.fail(errors.New("ClientIP: nil IPOption"))
+			continue
+		}
+		opt(c)
+	}
+	return Key{name: "ip", fn: c.key, err: c.err}
+}
+
+// TrustProxies returns an IPOption that trusts the reverse proxies at the
+// given addresses: CIDR prefixes ("10.0.0.0/8", "2001:db8::/32") or single
+// IPs ("192.0.2.1", "::1"). Only requests whose peer is one of them have
+// their proxy header read (see [ClientIP]). It may be given several times;
+// the lists add up.
+//
+// An entry that does not parse, a prefix with host bits set
+// ("10.0.0.1/8", usually a typo) or a prefix of length 0 (which would trust
+// every peer and let any client choose its key) is a configuration error.
+// Peers are compared after normalization (see [ClientIP]): IPv4-mapped
+// entries (::ffff:10.0.0.0/104) are converted to IPv4, an IPv6 prefix never
+// matches an IPv4 or IPv4-mapped peer, and zones are dropped.
+func TrustProxies(cidrs ...string) IPOption {
+	return func(c *ipConfig) {
+		for _, s := range cidrs {
+			p, err := parseTrusted(s)
+			if err != nil {
+				c.fail(fmt.Errorf("TrustProxies: invalid entry %q: %w", s, err))
+				continue
+			}
+			c.trusted = append(c.trusted, p)
+		}
+	}
+}
+
+func parseTrusted(s string) (netip.Prefix, error) {
+	var p netip.Prefix
+	if strings.Contains(s, "/") {
+		var err error
+		if p, err = netip.ParsePrefix(s); err != nil {
+			return p, err
+		}
+		if p != p.Masked() {
+			return p, fmt.Errorf("host bits set (did you mean %s?)", p.Masked())
+		}
+	} else {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return p, err
+		}
+		a = a.WithZone("")
+		p = netip.PrefixFrom(a, a.BitLen())
+	}
+	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+	}
+	if p.Bits() == 0 {
+		return p, errors.New("a /0 prefix trusts every peer; list the proxies' addresses")
+	}
+	return p, nil
+}
+
+// ProxyHeader returns an IPOption that sets the header trusted proxies use to
+// pass on the client address (see [ClientIP]); the default is
+// X-Forwarded-For. "Forwarded" selects RFC 7239 parsing: the for= parameter
+// of each comma-separated element, with quoted values, IPv6 in brackets and
+// optional ports. Any other name, such as "X-Real-IP", is read like
+// X-Forwarded-For: a comma-separated list of IPs, each optionally with a port
+// ("192.0.2.1:4711", "[2001:db8::1]:4711").
+//
+// The header is read only when the peer is a trusted proxy, so ProxyHeader
+// without [TrustProxies] has no effect. An empty or malformed name is a
+// configuration error.
+func ProxyHeader(name string) IPOption {
+	return func(c *ipConfig) {
+		if !isToken(name) {
+			c.fail(fmt.Errorf("ProxyHeader: invalid header name %q", name))
+			return
+		}
+		c.header = http.CanonicalHeaderKey(name)
+		c.forwarded = c.header == "Forwarded"
+	}
+}
+
+// IPv4Prefix returns an IPOption that groups IPv4 clients by their first bits
+// bits, 1 to 32: with 24, all of 198.51.100.0/24 shares one key. The default
+// is 32, one key per address.
+func IPv4Prefix(bits int) IPOption {
+	return func(c *ipConfig) {
+		if bits < 1 || bits > 32 {
+			c.fail(fmt.Errorf("IPv4Prefix: %d bits is not in 1..32", bits))
+			return
+		}
+		c.v4Bits = bits
+	}
+}
+
+// IPv6Prefix returns an IPOption that groups IPv6 clients by their first bits
+// bits, 1 to 128. The default is 64: a host can usually pick any address in
+// its /64, so counting single addresses would let it escape the limit.
+func IPv6Prefix(bits int) IPOption {
+	return func(c *ipConfig) {
+		if bits < 1 || bits > 128 {
+			c.fail(fmt.Errorf("IPv6Prefix: %d bits is not in 1..128", bits))
+			return
+		}
+		c.v6Bits = bits
+	}
+}
+
+// key is the Key function of ClientIP.
+func (c *ipConfig) key(r *http.Request) (string, error) {
+	a, err := c.clientAddr(r)
+	if err != nil {
+		return "", err
+	}
+	bits := c.v6Bits
+	if a.Is4() {
+		bits = c.v4Bits
+	}
+	var buf [64]byte // the longest identifier is 43 bytes
+	if bits == a.BitLen() {
+		b := a.AppendTo(buf[:0])
+		// Common case, an IPv4 peer "203.0.113.7:1234": reuse its host
+		// part rather than allocate. Header substrings are not reused, as
+		// they would keep a header of up to 1 MB alive with the identifier.
+		if host, _, _ := strings.Cut(r.RemoteAddr, ":"); host == string(b) {
+			return host, nil
+		}
+		return string(b), nil
+	}
+	p, err := a.Prefix(bits)
+	if err != nil { // unreachable: bits are validated and a has no zone
+		return "", fmt.Errorf("%w: %v", ErrNoKey, err)
+	}
+	return string(p.AppendTo(buf[:0])), nil
+}
+
+// clientAddr returns the client address of r as described in ClientIP,
+// unmasked, without zone and unmapped.
+func (c *ipConfig) clientAddr(r *http.Request) (netip.Addr, error) {
+	peer, ok := parseNode(r.RemoteAddr)
+	if !ok {
+		return netip.Addr{}, fmt.Errorf("%w: RemoteAddr %s is not an IP address", ErrNoKey, quoteHop(r.RemoteAddr))
+	}
+	if !c.isTrusted(peer) {
+		return peer, nil
+	}
+	client := peer
+	lines := r.Header[c.header]
+	hops := 0
+	// Walk the elements from the right, without splitting the lines: only
+	// the trusted suffix and the first untrusted element are looked at.
+	for i := len(lines) - 1; i >= 0; i-- {
+		rest := lines[i]
+		for more := true; more; {
+			var elem string
+			if c.forwarded {
+				rest, elem, more = lastForwardedElement(rest)
+			} else {
+				rest, elem, more = lastElement(rest)
+			}
+			if hops++; hops > maxHops {
+				return netip.Addr{}, fmt.Errorf("%w: more than %d elements in %s", ErrNoKey, maxHops, c.header)
+			}
+			if strings.TrimSpace(elem) == "" {
+				continue // empty list elements are ignored (RFC 9110, 5.6.1)
+			}
+			node := elem
+			if c.forwarded {
+				var found bool
+				if node, found = forwardedFor(elem); !found {
+					return netip.Addr{}, fmt.Errorf("%w: %s element %s has no single for= parameter", ErrNoKey, c.header, quoteHop(elem))
+				}
+			}
+			a, valid := parseNode(node)
+			if !valid {
+				return netip.Addr{}, fmt.Errorf("%w: %s element %s is not an IP address", ErrNoKey, c.header, quoteHop(node))
+			}
+			if !c.isTrusted(a) {
+				return a, nil
+			}
+			client = a
+		}
+	}
+	return client, nil
+}
+
+func (c *ipConfig) isTrusted(a netip.Addr) bool {
+	for _, p := range c.trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// parseNode parses an address as found in RemoteAddr, an X-Forwarded-For
+// element or a Forwarded for= value: "192.0.2.1", "192.0.2.1:80",
+// "2001:db8::1", "[2001:db8::1]", "[2001:db8::1]:80", with an optional IPv6
+// zone and surrounding spaces. The port must be decimal or an RFC 7239
+// obfuscated port ("_x"). The address is returned without zone and unmapped.
+// A bare IPv6 address cannot carry a port: "2001:db8::1:80" is the address
+// 2001:db8::1:80.
+func parseNode(s string) (netip.Addr, bool) {
+	s = strings.Trim(s, " \t")
+	if len(s) > maxNodeLen {
+		return netip.Addr{}, false
+	}
+	host, port, hasPort := s, "", false
+	if strings.HasPrefix(s, "[") {
+		end := strings.IndexByte(s, ']')
+		if end < 0 {
+			return netip.Addr{}, false
+		}
+		host = s[1:end]
+		if rest := s[end+1:]; rest != "" {
+			if port, hasPort = strings.CutPrefix(rest, ":"); !hasPort {
+				return netip.Addr{}, false
+			}
+		}
+	} else if strings.Count(s, ":") == 1 {
+		host, port, hasPort = strings.Cut(s, ":")
+	}
+	if hasPort && !isPort(port) {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	return a.WithZone("").Unmap(), true
+}
+
+// isPort reports whether s is a decimal port (0 to 65535) or an RFC 7239
+// obfport ("_" followed by letters, digits, ".", "_" or "-").
+func isPort(s string) bool {
+	if s == "" {
+		return false
+	}
+	if s[0] == '_' {
+		if len(s) == 1 {
+			return false
+		}
+		for i := 1; i < len(s); i++ {
+			c := s[i]
+			if !isAlnum(c) && c != '.' && c != '_' && c != '-' {
+				return false
+			}
+		}
+		return true
+	}
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+		if n = n*10 + int(s[i]-'0'); n > 65535 {
+			return false
+		}
+	}
+	return true
+}
+
+func isAlnum(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+}
+
+// isToken reports whether s is a valid header field name (an RFC 9110 token).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !isAlnum(c) && !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
+			return false
+		}
+	}
+	return true
+}
+
+// lastElement splits a comma-separated list into everything before its last
+// comma and the last element. more is false when there is no comma left.
+func lastElement(s string) (rest, elem string, more bool) {
+	i := strings.LastIndexByte(s, ',')
+	if i < 0 {
+		return "", s, false
+	}
+	return s[:i], s[i+1:], true
+}
+
+// lastForwardedElement is lastElement for a Forwarded header, whose quoted
+// strings may contain commas. It scans backwards, so the elements appended by
+// trusted proxies on the right parse the same whatever a client wrote on the
+// left, even an unterminated quoted string. If a quote has no opening
+// match, the whole remaining line is the last element.
+func lastForwardedElement(s string) (rest, elem string, more bool) {
+	for i := len(s) - 1; i >= 0; i-- {
+		switch s[i] {
+		case ',':
+			return s[:i], s[i+1:], true
+		case '"':
+			// Skip back to the opening quote: the nearest quote that is
+			// not escaped by an odd number of backslashes.
+			j := i - 1
+			for ; j >= 0; j-- {
+				if s[j] == '"' && !escaped(s, j) {
+					break
+				}
+			}
+			if j < 0 {
+				return "", s, false
+			}
+			i = j
+		}
+	}
+	return "", s, false
+}
+
+// escaped reports whether s[i] is preceded by an odd number of backslashes.
+func escaped(s string, i int) bool {
+	n := 0
+	for i--; i >= 0 && s[i] == '\\'; i-- {
+		n++
+	}
+	return n%2 == 1
+}
+
+// forwardedFor returns the value of the for= parameter of one element of a
+// Forwarded header (RFC 7239), such as `for="[2001:db8::1]:4711";proto=https`,
+// without its quotes. Parameter names are case-insensitive. ok is false if
+// the element has no for= parameter or several, or if the value is a quoted
+// string with escapes (never needed for an address).
+func forwardedFor(elem string) (value string, ok bool) {
+	for elem != "" {
+		var pair string
+		pair, elem = cutParam(elem)
+		name, v, _ := strings.Cut(pair, "=")
+		if !strings.EqualFold(strings.Trim(name, " \t"), "for") {
+			continue
+		}
+		if ok {
+			return "", false // duplicate: ambiguous
+		}
+		value, ok = strings.Trim(v, " \t"), true
+	}
+	if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
+		value = value[1 : len(value)-1]
+		if strings.ContainsAny(value, "\"\\") {
+			return "", false
+		}
+	}
+	return value, ok
+}
+
+// cutParam splits off the first ";"-separated parameter of s, skipping
+// semicolons inside quoted strings.
+func cutParam(s string) (param, rest string) {
+	quoted := false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\' && quoted:
+			i++
+		case c == '"':
+			quoted = !quoted
+		case c == ';' && !quoted:
+			return s[:i], s[i+1:]
+		}
+	}
+	return s, ""
+}
+
+// quoteHop quotes a client-supplied value for an error message, truncated so
+// that a hostile header cannot make huge errors or log lines.
+func quoteHop(s string) string {
+	const maxLen = 32 // at most 4 bytes each once quoted
+	if len(s) > maxLen {
+		return fmt.Sprintf("%q...", s[:maxLen])
+	}
+	return fmt.Sprintf("%q", s)
+}
