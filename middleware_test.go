@@ -604,3 +604,38 @@ func TestExpiry(t *testing.T) {
 		}
 	})
 }
+
+// TestSpoofedForwardedFor: a client sending X-Forwarded-For with a victim's
+// address through an untrusted peer is limited under its own address and
+// leaves the victim's quota alone.
+func TestSpoofedForwardedFor(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		c := b.newClient(t)
+		lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP(TrustProxies("10.0.0.0/8"))).Named("ip")})
+		h := lim.Handler(okHandler)
+		send := func(peer, xff string) int {
+			r := httptest.NewRequest("GET", "/", nil)
+			r.RemoteAddr = peer
+			r.Header.Set("X-Forwarded-For", xff)
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			return w.Code
+		}
+		const victim, attacker = "203.0.113.10", "198.51.100.66"
+		codes := ""
+		for range 4 {
+			codes += strconv.Itoa(send(attacker+":4000", victim)) + " "
+			// Behind the trusted proxy, a forged first hop does not help either.
+			codes += strconv.Itoa(send("10.1.2.3:80", victim+", "+attacker)) + " "
+		}
+		if codes != "200 200 429 429 429 429 429 429 " {
+			t.Errorf("attacker statuses: %s", codes)
+		}
+		if n := zcard(t, c, "ip", victim); n != 0 {
+			t.Errorf("victim's log holds %d entries", n)
+		}
+		if got := send("10.1.2.3:80", victim); got != 200 {
+			t.Errorf("victim, through the proxy: %d", got)
+		}
+	})
+}

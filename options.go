@@ -22,10 +22,13 @@ const (
 	// backend should not open the gates because Redis is down.
 	FailClosed FailureMode = iota
 	// FailOpen serves the request without rate-limit headers, as if no limit
-	// applied. Choose it when availability matters more than the limit.
+	// applied. Choose it when availability matters more than the limit. A
+	// request whose Key cannot identify it is served too, so count a
+	// fail-open limiter by keys a client cannot drop, such as [ClientIP].
 	FailOpen
 )
 
+// String returns "fail-closed" or "fail-open".
 func (m FailureMode) String() string {
 	switch m {
 	case FailClosed:
