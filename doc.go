@@ -1,0 +1,18 @@
+// Package ratelimit rate-limits HTTP requests across every instance of an
+// application that shares one Redis, exactly.
+//
+// Each [Limit] is a quota per sliding window, counted by a [Key] (client IP,
+// user, route template, header, or a constant). A [Limiter] holds several
+// limits and decides each request with one Lua script that runs atomically
+// in Redis: it drops log entries older than each window, checks that every
+// limit has room for the request's cost, and only then logs it in all of
+// them. A denied request is logged nowhere. Time is the Redis server's clock.
+//
+// [Limiter.Handler] is net/http middleware; [Limiter.Check] is the same
+// decision without wrapping a handler, for router adapters; [Limiter.Allow]
+// decides for identifiers given directly, outside HTTP. Responses carry
+// X-RateLimit-* headers (optionally the IETF RateLimit fields) whose reset
+// times come from the log, and a denied request gets 429 with an exact
+// Retry-After. When Redis fails or is slow, the middleware fails closed (503)
+// or open, as configured ([WithFailureMode]), within [WithTimeout].
+package ratelimit
