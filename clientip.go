@@ -165,25 +165,25 @@ func ProxyHeader(name string) IPOption {
 // bits, 1 to 32: with 24, all of 198.51.100.0/24 shares one key. The default
 // is 32, one key per address.
 func IPv4Prefix(bits int) IPOption {
-	return func(c *ipConfig) {
-		if bits < 1 || bits > 32 {
-			c.fail(fmt.Errorf("IPv4Prefix: %d bits is not in 1..32", bits))
-			return
-		}
-		c.v4Bits = bits
-	}
+	return prefixBits("IPv4Prefix", bits, 32, func(c *ipConfig) *int { return &c.v4Bits })
 }
 
 // IPv6Prefix returns an IPOption that groups IPv6 clients by their first bits
 // bits, 1 to 128. The default is 64: a host can usually pick any address in
 // its /64, so counting single addresses would let it escape the limit.
 func IPv6Prefix(bits int) IPOption {
+	return prefixBits("IPv6Prefix", bits, 128, func(c *ipConfig) *int { return &c.v6Bits })
+}
+
+// prefixBits returns an IPOption that sets *field(c) to bits, or records an
+// error if bits is not in 1..max.
+func prefixBits(name string, bits, max int, field func(*ipConfig) *int) IPOption {
 	return func(c *ipConfig) {
-		if bits < 1 || bits > 128 {
-			c.fail(fmt.Errorf("IPv6Prefix: %d bits is not in 1..128", bits))
+		if bits < 1 || bits > max {
+			c.fail(fmt.Errorf("%s: %d bits is not in 1..%d", name, bits, max))
 			return
 		}
-		c.v6Bits = bits
+		*field(c) = bits
 	}
 }
 
