@@ -86,7 +86,7 @@ func mustNew(t testing.TB, c redis.UniversalClient, limits []Limit, opts ...Opti
 // zcard returns the number of entries in the log of limit name for id.
 func zcard(t testing.TB, c redis.UniversalClient, name, id string) int64 {
 	t.Helper()
-	key := string(appendKey(nil, DefaultPrefix+name+":{", id))
+	key := string(appendKey(nil, DefaultPrefix+name+":{", id, false))
 	n, err := c.ZCard(context.Background(), key).Result()
 	if err != nil {
 		t.Fatal(err)

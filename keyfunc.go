@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -25,9 +24,10 @@ var ErrNoKey = errors.New("ratelimit: request has no key")
 // bytes after escaping are replaced by their SHA-256, so a 64 KB header cannot
 // make a 64 KB Redis key.
 type Key struct {
-	name string
-	fn   func(r *http.Request) (string, error)
-	err  error // configuration error, reported by New
+	name    string
+	fn      func(r *http.Request) (string, error)
+	err     error // configuration error, reported by New
+	escaped bool  // fn's identifiers are escaped already (Compose)
 }
 
 // Name returns the short name of k ("ip", "user", "route", ...). It is used to
@@ -106,42 +106,36 @@ func UserFromContext(ctxKey any) Key {
 	return k
 }
 
-type routeCtxKey struct{}
+// UnmatchedRoute is the route template of a request that matched no route
+// (a 404 or 405). [Route] counts all such requests under this one template,
+// whatever their path, so that varying the path neither escapes a limit nor
+// creates a Redis key per path. The router adapters and [Limiter.Handler]
+// (when it wraps an [http.ServeMux]) set it.
+const UnmatchedRoute = "(unmatched)"
 
-// WithRoute returns a copy of ctx that carries the route template that matched
-// the request, such as "GET /users/{id}". Router adapters call it so that
-// [Route] works with routers that do not set [http.Request.Pattern]; an
-// application rarely needs it.
-func WithRoute(ctx context.Context, template string) context.Context {
-	return context.WithValue(ctx, routeCtxKey{}, template)
-}
-
-// RouteTemplate returns the route template of r: [http.Request.Pattern] when
-// the request was dispatched by [http.ServeMux], else the template an adapter
-// stored with [WithRoute], else "".
-func RouteTemplate(r *http.Request) string {
-	if r.Pattern != "" {
-		return r.Pattern
-	}
-	t, _ := r.Context().Value(routeCtxKey{}).(string)
-	return t
-}
-
-// Route returns a Key that identifies a request by its route template (see
-// [RouteTemplate]), so "/users/1" and "/users/2" share the limit of
-// "GET /users/{id}". It never uses the raw URL path, which a client could vary
-// to escape the limit.
+// Route returns a Key that identifies a request by its method and route
+// template, such as "GET /users/{id}", so that "/users/1" and "/users/2"
+// share a limit. It never uses the raw URL path, which a client could vary to
+// escape the limit.
 //
-// With [http.ServeMux] the template is known only inside the handler the mux
-// dispatched to: wrap each route (mux.Handle("GET /users/{id}",
-// lim.Handler(h))), not the whole mux. A request with no known template has no
-// key ([ErrNoKey]).
+// The template is [http.Request.Pattern]. [http.ServeMux] sets it for the
+// handler it dispatches to, so Route works in a limiter that wraps a single
+// route (mux.Handle("GET /users/{id}", lim.Handler(h))) or the mux itself
+// (lim.Handler(mux)), which looks the route up first. The router adapters set
+// it from the router's own template, written the same way in every router
+// (gin's "/users/:id" becomes "/users/{id}"). A method that is not part of
+// the pattern is put in front of it; [UnmatchedRoute] is used as it is. A
+// request with no pattern at all has no key ([ErrNoKey]).
 func Route() Key {
 	return Key{name: "route", fn: func(r *http.Request) (string, error) {
-		if t := RouteTemplate(r); t != "" {
-			return t, nil
+		switch p := r.Pattern; {
+		case p == "":
+			return "", fmt.Errorf("%w: no route template (wrap the route or the ServeMux, or use a router adapter)", ErrNoKey)
+		case p == UnmatchedRoute || p[0] != '/':
+			return p, nil
+		default:
+			return r.Method + " " + p, nil
 		}
-		return "", fmt.Errorf("%w: no route template (wrap the route, not the whole mux)", ErrNoKey)
 	}}
 }
 
@@ -165,7 +159,7 @@ func Compose(keys ...Key) Key {
 	if len(keys) == 0 {
 		err = errors.New("Compose of no keys")
 	}
-	return Key{name: strings.Join(names, "+"), err: err, fn: func(r *http.Request) (string, error) {
+	return Key{name: strings.Join(names, "+"), err: err, escaped: true, fn: func(r *http.Request) (string, error) {
 		// Each part is escaped and the parts are joined by a byte that
 		// escaping never emits, so ("a|b", "c") and ("a", "b|c") differ.
 		var b strings.Builder

@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/route"
 )
 
 //go:embed lua/sliding_log.lua
@@ -41,6 +44,11 @@ type Limiter struct {
 	// what New was called with, for With.
 	declared []Limit
 	opts     []Option
+	parent   *Limiter // the Limiter this one was derived from, or nil
+
+	// routes holds the Limiters WithRoutes declared, by path template and
+	// then by method ("" for any method).
+	routes map[string]map[string]*Limiter
 
 	policyHeader []string // precomputed RateLimit-Policy value
 }
@@ -112,7 +120,94 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
 	}
 	l.policyHeader = []string{strings.Join(policies, ", ")}
+	if err := l.buildRoutes(); err != nil {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+	}
 	return l, nil
+}
+
+// buildRoutes builds a derived Limiter for every route WithRoutes declared.
+func (l *Limiter) buildRoutes() error {
+	var errs []error
+	for template, rl := range l.cfg.routes {
+		method, path := splitTemplate(template)
+		if path == "" {
+			errs = append(errs, fmt.Errorf("route %q: no path", template))
+			continue
+		}
+		opts := []Option{func(c *config) { c.routes = nil }}
+		if rl.Cost != 0 {
+			if rl.Cost < 0 {
+				errs = append(errs, fmt.Errorf("route %q: cost %d is negative", template, rl.Cost))
+				continue
+			}
+			cost := rl.Cost
+			opts = append(opts, WithCost(func(*http.Request) int { return cost }))
+		}
+		d, err := l.With(rl.Limits, opts...)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("route %q: %w", template, err))
+			continue
+		}
+		if l.routes == nil {
+			l.routes = make(map[string]map[string]*Limiter)
+		}
+		if l.routes[path] == nil {
+			l.routes[path] = make(map[string]*Limiter)
+		}
+		if _, dup := l.routes[path][method]; dup {
+			errs = append(errs, fmt.Errorf("route %q is declared twice", template))
+			continue
+		}
+		l.routes[path][method] = d
+	}
+	return errors.Join(errs...)
+}
+
+// splitTemplate splits "GET /users/{id}" into its method and normalized
+// path; a template with no method gets "".
+func splitTemplate(template string) (method, path string) {
+	if template == UnmatchedRoute {
+		return "", template
+	}
+	if m, p, ok := strings.Cut(template, " "); ok && !strings.HasPrefix(template, "/") {
+		method, template = m, strings.TrimLeft(p, " ")
+	}
+	return method, route.Cached(template)
+}
+
+// ForRoute returns the Limiter that decides requests to a route: the one
+// [WithRoutes] declared for method and template (for that method, else for
+// any method), or l itself. template is as [Route] reads it from
+// [http.Request.Pattern]; a method in it takes precedence over method.
+// Router adapters call it; it does not allocate.
+func (l *Limiter) ForRoute(method, template string) *Limiter {
+	if l.routes == nil || template == "" {
+		return l
+	}
+	m, path := splitTemplate(template)
+	if m != "" {
+		method = m
+	}
+	byMethod := l.routes[path]
+	if d := byMethod[method]; d != nil {
+		return d
+	}
+	if d := byMethod[""]; d != nil {
+		return d
+	}
+	return l
+}
+
+// derivesFrom reports whether l is p or was derived from p with
+// [Limiter.With] or [WithRoutes].
+func (l *Limiter) derivesFrom(p *Limiter) bool {
+	for ; l != nil; l = l.parent {
+		if l == p {
+			return true
+		}
+	}
+	return false
 }
 
 // With returns a new Limiter that enforces l's limits and the given ones in
@@ -122,7 +217,12 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 // Limits keep their counts across the two Limiters when their names match.
 func (l *Limiter) With(limits []Limit, opts ...Option) (*Limiter, error) {
 	all := append(append([]Limit(nil), l.declared...), limits...)
-	return New(l.client, all, append(append([]Option(nil), l.opts...), opts...)...)
+	d, err := New(l.client, all, append(append([]Option(nil), l.opts...), opts...)...)
+	if err != nil {
+		return nil, err
+	}
+	d.parent = l
+	return d, nil
 }
 
 // contextTimeouts reports whether a go-redis client honours context deadlines
@@ -137,6 +237,18 @@ func contextTimeouts(c redis.UniversalClient) (enabled, known bool) {
 		return c.Options().ContextTimeoutEnabled, true
 	}
 	return false, false
+}
+
+// closer reports whether a is closer to denying than b: it has fewer units
+// left, or as many but for longer, or as many for as long of a smaller quota.
+func closer(a, b *LimitResult) bool {
+	if a.Remaining != b.Remaining {
+		return a.Remaining < b.Remaining
+	}
+	if !a.Reset.Equal(b.Reset) {
+		return a.Reset.After(b.Reset)
+	}
+	return a.Quota < b.Quota
 }
 
 // Result is the outcome of one decision.
@@ -197,11 +309,13 @@ func (l *Limiter) Allow(ctx context.Context, ids []string, cost int) (Result, er
 			return Result{}, fmt.Errorf("%w: empty id for limit %s", ErrNoKey, l.limits[i].Name)
 		}
 	}
-	return l.decide(ctx, ids, cost)
+	return l.decide(ctx, ids, cost, false)
 }
 
 // decide runs the script for ids (one per limit, non-empty) and cost.
-func (l *Limiter) decide(ctx context.Context, ids []string, cost int) (Result, error) {
+// fromKeys says that the ids come from the limits' Keys, so that those a Key
+// escaped itself need not be escaped again; ids from elsewhere always are.
+func (l *Limiter) decide(ctx context.Context, ids []string, cost int, fromKeys bool) (Result, error) {
 	if cost < 1 {
 		return Result{}, fmt.Errorf("ratelimit: cost %d is below 1", cost)
 	}
@@ -209,7 +323,7 @@ func (l *Limiter) decide(ctx context.Context, ids []string, cost int) (Result, e
 	var buf []byte
 	ends := make([]int, len(l.limits))
 	for i := range l.limits {
-		buf = appendKey(buf, l.limits[i].head, ids[i])
+		buf = appendKey(buf, l.limits[i].head, ids[i], fromKeys && l.limits[i].Key.escaped)
 		ends[i] = len(buf)
 	}
 	all := string(buf)
@@ -311,8 +425,7 @@ func (l *Limiter) result(reply any, cost int) (Result, error) {
 			Reset:     time.UnixMicro(reset),
 			Denied:    count+int64(cost) > int64(lim.Quota),
 		}
-		if closest < 0 || remaining < int64(res.Limits[closest].Remaining) ||
-			remaining == int64(res.Limits[closest].Remaining) && res.Limits[i].Reset.After(res.Limits[closest].Reset) {
+		if closest < 0 || closer(&res.Limits[i], &res.Limits[closest]) {
 			closest = i
 		}
 	}

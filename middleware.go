@@ -9,21 +9,63 @@ import (
 // admitted request reaches next with the rate-limit headers set; a denied one
 // is answered with 429 (see [WithDeniedHandler]); one the limiter cannot
 // decide gets the failure mode ([WithFailureMode]).
+//
+// Wrap a single route, or a whole [http.ServeMux]: then Handler looks the
+// route up before deciding, so that [Route] keys and [WithRoutes] work, and
+// counts requests no route matched under [UnmatchedRoute]. A route whose own
+// handler is a Limiter derived from l ([Limiter.With]) is left to it, so
+// that its requests are decided once, against all their limits:
+//
+//	login, _ := api.With([]ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP())})
+//	mux.Handle("POST /login", login.Handler(loginHandler))
+//	http.ListenAndServe(":8080", api.Handler(mux))
+//
+// Behind other middleware the mux is out of sight: wrap the mux itself, or
+// each route.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if l.Check(w, r) {
-			next.ServeHTTP(w, r)
+	mux, _ := next.(*http.ServeMux)
+	return &handler{l: l, next: next, mux: mux}
+}
+
+// handler is what Handler returns; Handler recognizes its own kind on a
+// route.
+type handler struct {
+	l    *Limiter
+	next http.Handler
+	mux  *http.ServeMux // next, if it is a ServeMux
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.mux != nil && r.Pattern == "" {
+		routeHandler, pattern := h.mux.Handler(r)
+		if inner, ok := routeHandler.(*handler); ok && inner.l.derivesFrom(h.l) {
+			h.next.ServeHTTP(w, r) // the route's own Limiter decides
+			return
 		}
-	})
+		if pattern == "" {
+			pattern = UnmatchedRoute
+		}
+		// The mux sets r.Pattern in place too, to the same value, when it
+		// dispatches the request.
+		r.Pattern = pattern
+	}
+	if h.l.Check(w, r) {
+		h.next.ServeHTTP(w, r)
+	}
 }
 
 // Check decides r without wrapping a handler; router adapters and custom
 // middleware use it. If r may proceed, Check sets the rate-limit headers on w
 // and returns true, and the caller must serve the request. Otherwise Check has
 // written the whole response (429 when denied, 503 under [FailClosed]) and
-// returns false.
+// returns false. A route declared with [WithRoutes] is decided by its own
+// Limiter ([Limiter.ForRoute] of r.Method and r.Pattern).
 func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
-	res, err := l.AllowRequest(r)
+	return l.ForRoute(r.Method, r.Pattern).check(w, r)
+}
+
+func (l *Limiter) check(w http.ResponseWriter, r *http.Request) bool {
+	res, err := l.allowRequest(r)
 	if err != nil {
 		if l.cfg.onError != nil {
 			l.cfg.onError(r, err)
@@ -51,6 +93,10 @@ func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
 // [Limiter.Allow] with them. The error is non-nil when no decision could be
 // made; it wraps [ErrNoKey] when a Key could not identify r.
 func (l *Limiter) AllowRequest(r *http.Request) (Result, error) {
+	return l.ForRoute(r.Method, r.Pattern).allowRequest(r)
+}
+
+func (l *Limiter) allowRequest(r *http.Request) (Result, error) {
 	ids := make([]string, len(l.limits))
 	for i := range l.limits {
 		id, err := l.limits[i].Key.fn(r)
@@ -66,5 +112,5 @@ func (l *Limiter) AllowRequest(r *http.Request) (Result, error) {
 	if l.cfg.cost != nil {
 		cost = l.cfg.cost(r)
 	}
-	return l.decide(r.Context(), ids, cost)
+	return l.decide(r.Context(), ids, cost, true)
 }

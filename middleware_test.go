@@ -355,7 +355,7 @@ func TestFailureModes(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		c := b.newClient(t)
 		// Another program wrote a string where a log should be: WRONGTYPE.
-		key := string(appendKey(nil, DefaultPrefix+"api:{", "global"))
+		key := string(appendKey(nil, DefaultPrefix+"api:{", "global", false))
 		if err := c.Set(context.Background(), key, "not a log", 0).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -575,7 +575,7 @@ func TestExpiry(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		c := b.newClient(t)
 		lim := mustNew(t, c, []Limit{Per(30*time.Second, 1, Global()).Named("e")})
-		key := string(appendKey(nil, DefaultPrefix+"e:{", "k"))
+		key := string(appendKey(nil, DefaultPrefix+"e:{", "k", false))
 		allowTTL := func() (bool, time.Duration) {
 			t.Helper()
 			res, err := lim.Allow(context.Background(), []string{"k"}, 1)

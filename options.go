@@ -54,6 +54,7 @@ type config struct {
 	headers  HeaderSet
 	onDenied func(http.ResponseWriter, *http.Request, Result)
 	onError  func(*http.Request, error)
+	routes   map[string]RouteLimits
 	errs     []error
 }
 
@@ -142,4 +143,35 @@ func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, res Result
 // failure response; keep it fast. Default: none.
 func WithErrorHandler(h func(r *http.Request, err error)) Option {
 	return func(c *config) { c.onError = h }
+}
+
+// RouteLimits is what one route adds to a [Limiter]; see [WithRoutes].
+type RouteLimits struct {
+	// Limits are checked together with the Limiter's own, in one decision:
+	// a request to the route is counted in all of them or in none.
+	Limits []Limit
+	// Cost is the cost of each request to the route. 0 keeps the
+	// Limiter's ([WithCost], default 1).
+	Cost int
+}
+
+// WithRoutes declares per-route limits and costs in one place, keyed by
+// route template: "POST /login" applies to one method, "/login" to all, and
+// [UnmatchedRoute] to requests no route matched. Templates are written as
+// [Route] sees them: "/users/{id}" in every router (gin's and echo's
+// "/users/:id" may be written either way).
+//
+// A request to a declared route is decided once, against the Limiter's
+// limits and the route's together. The route template must be known when
+// the Limiter decides: it is with the router adapters, and with
+// [Limiter.Handler] when it wraps an [http.ServeMux] or a single route.
+func WithRoutes(routes map[string]RouteLimits) Option {
+	return func(c *config) {
+		if c.routes == nil {
+			c.routes = make(map[string]RouteLimits, len(routes))
+		}
+		for k, v := range routes {
+			c.routes[k] = v
+		}
+	}
 }

@@ -87,13 +87,21 @@ func escapedLen(id string) int {
 }
 
 // appendKey appends the Redis key for id to dst, where head is
-// "<prefix><limit name>:{".
-func appendKey(dst []byte, head, id string) []byte {
+// "<prefix><limit name>:{". If escaped, id is known to hold only bytes
+// escapeID keeps (and composeSep), as Compose's identifiers do, and is not
+// escaped again.
+func appendKey(dst []byte, head, id string, escaped bool) []byte {
 	dst = append(dst, head...)
-	if escapedLen(id) > maxIDLen {
+	n := len(id)
+	if !escaped {
+		n = escapedLen(id)
+	}
+	if n > maxIDLen {
 		sum := sha256.Sum256([]byte(id))
 		dst = append(dst, hashMark)
 		dst = base64.RawURLEncoding.AppendEncode(dst, sum[:])
+	} else if escaped {
+		dst = append(dst, id...)
 	} else {
 		dst = appendEscaped(dst, id)
 	}

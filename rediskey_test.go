@@ -18,16 +18,16 @@ func TestRedisKey(t *testing.T) {
 		{"#hash|pipe", "ratelimit:ip:{%23hash%7Cpipe}"},
 		{"é", "ratelimit:ip:{%C3%A9}"},
 	} {
-		if got := string(appendKey(nil, testHead, tc.id)); got != tc.want {
+		if got := string(appendKey(nil, testHead, tc.id, false)); got != tc.want {
 			t.Errorf("key(%q) = %q, want %q", tc.id, got, tc.want)
 		}
 	}
 	long := strings.Repeat("{", 64<<10)
-	got := string(appendKey(nil, testHead, long))
+	got := string(appendKey(nil, testHead, long, false))
 	if len(got) > len(testHead)+1+43+1 || !strings.HasPrefix(got, testHead+"#") {
 		t.Errorf("64 KB identifier gave a %d-byte key %q", len(got), got)
 	}
-	if got == string(appendKey(nil, testHead, long+"x")) {
+	if got == string(appendKey(nil, testHead, long+"x", false)) {
 		t.Error("two long identifiers share a key")
 	}
 }
@@ -54,7 +54,7 @@ func FuzzRedisKey(f *testing.F) {
 		f.Add(seed[0], seed[1])
 	}
 	f.Fuzz(func(t *testing.T, a, b string) {
-		ka, kb := string(appendKey(nil, testHead, a)), string(appendKey(nil, testHead, b))
+		ka, kb := string(appendKey(nil, testHead, a, false)), string(appendKey(nil, testHead, b, false))
 		checkKey(t, a, ka)
 		checkKey(t, b, kb)
 		if (a == b) != (ka == kb) {
@@ -87,6 +87,6 @@ func FuzzComposeKey(f *testing.F) {
 		if (a1 == b1 && a2 == b2) != (ia == ib) {
 			t.Fatalf("(%q, %q) -> %q and (%q, %q) -> %q", a1, a2, ia, b1, b2, ib)
 		}
-		checkKey(t, ia, string(appendKey(nil, testHead, ia)))
+		checkKey(t, ia, string(appendKey(nil, testHead, ia, true)))
 	})
 }

@@ -1,0 +1,262 @@
+// Package adapters_test runs one conformance suite against net/http and
+// every router adapter, on miniredis and on a real redis-server, so that the
+// four cannot drift apart: the same requests must get the same statuses and
+// headers and leave the same Redis keys and counts.
+package adapters_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/gin-gonic/gin"
+	"github.com/go-chi/chi/v5"
+	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit"
+	chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
+	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
+	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
+	"github.com/slidinglog/ratelimit/internal/redistest"
+)
+
+// The app every router serves: the same routes, the same limits.
+//
+//	app-wide   "ip"     50 per minute per client IP
+//	           "route"  3 per minute per client IP and route template
+//	table      GET /export adds "export", 1 per minute per IP
+//	           GET /report costs 2
+//	inline     POST /login adds "login", 2 per minute per IP
+//	routes     GET /users/{id}, POST /login, GET /report, GET /export,
+//	           GET /teapot (answers 418 the router's own way)
+//	group      GET /admin/stats, in a group or sub-router whose own limiter
+//	           adds "admin", 1 per minute per IP
+func limiters(t *testing.T, rdb redis.UniversalClient, opts ...ratelimit.Option) (api, login, admin *ratelimit.Limiter) {
+	t.Helper()
+	api, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerMinute(50, ratelimit.ClientIP()).Named("ip"),
+		ratelimit.PerMinute(3, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
+	}, append(opts, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
+		"GET /export": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("export")}},
+		"GET /report": {Cost: 2},
+	}))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	login, err = api.With([]ratelimit.Limit{ratelimit.PerMinute(2, ratelimit.ClientIP()).Named("login")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err = api.With([]ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("admin")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return api, login, admin
+}
+
+func ok(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }
+
+var routers = []struct {
+	name  string
+	build func(t *testing.T, api, login, admin *ratelimit.Limiter) http.Handler
+}{
+	{"net/http", func(t *testing.T, api, login, admin *ratelimit.Limiter) http.Handler {
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /users/{id}", ok)
+		mux.Handle("POST /login", login.Handler(http.HandlerFunc(ok)))
+		mux.HandleFunc("GET /report", ok)
+		mux.HandleFunc("GET /export", ok)
+		mux.HandleFunc("GET /teapot", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
+		mux.Handle("GET /admin/stats", admin.Handler(http.HandlerFunc(ok)))
+		return api.Handler(mux)
+	}},
+	{"chi", func(t *testing.T, api, login, admin *ratelimit.Limiter) http.Handler {
+		r := chi.NewRouter()
+		r.Use(chiratelimit.Middleware(api))
+		r.Get("/users/{id}", ok)
+		r.With(chiratelimit.Route(login)).Post("/login", ok)
+		r.Get("/report", ok)
+		r.Get("/export", ok)
+		r.Get("/teapot", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
+		r.Route("/admin", func(r chi.Router) {
+			r.Use(chiratelimit.Route(admin))
+			r.Get("/stats", ok)
+		})
+		return r
+	}},
+	{"echo", func(t *testing.T, api, login, admin *ratelimit.Limiter) http.Handler {
+		e := echo.New()
+		if err := echoratelimit.Install(e, api); err != nil {
+			t.Fatal(err)
+		}
+		eok := func(c echo.Context) error { return c.String(http.StatusOK, "ok") }
+		e.GET("/users/:id", eok)
+		e.POST("/login", eok, echoratelimit.Route(login))
+		e.GET("/report", eok)
+		e.GET("/export", eok)
+		// echo's own error handling must survive the middleware.
+		e.GET("/teapot", func(c echo.Context) error { return echo.NewHTTPError(http.StatusTeapot, "teapot") })
+		e.Group("/admin", echoratelimit.Route(admin)).GET("/stats", eok)
+		return e
+	}},
+	{"gin", func(t *testing.T, api, login, admin *ratelimit.Limiter) http.Handler {
+		gin.SetMode(gin.ReleaseMode)
+		g := gin.New()
+		g.Use(ginratelimit.Middleware(api))
+		gok := func(c *gin.Context) { c.String(http.StatusOK, "ok") }
+		g.GET("/users/:id", gok)
+		g.POST("/login", ginratelimit.Route(login), gok)
+		g.GET("/report", gok)
+		g.GET("/export", gok)
+		g.GET("/teapot", func(c *gin.Context) { c.AbortWithStatus(http.StatusTeapot) })
+		g.Group("/admin", ginratelimit.Route(admin)).GET("/stats", gok)
+		return g
+	}},
+}
+
+// steps are sent in order from one client; each names the limit that must be
+// closest to denying (X-RateLimit-Limit) and what it has left.
+var steps = []struct {
+	method, path string
+	status       int
+	limit        string // X-RateLimit-Limit
+	remaining    string // X-RateLimit-Remaining
+	retryAfter   string
+}{
+	// Three user pages share one route counter.
+	{"GET", "/users/1", 200, "3", "2", ""},
+	{"GET", "/users/2", 200, "3", "1", ""},
+	{"GET", "/users/3", 200, "3", "0", ""},
+	{"GET", "/users/4", 429, "3", "0", "60"},
+	// The inline login limit is tighter and checked in the same step.
+	{"POST", "/login", 200, "2", "1", ""},
+	{"POST", "/login", 200, "2", "0", ""},
+	{"POST", "/login", 429, "2", "0", "60"},
+	// Unmatched paths share one key, whatever the path.
+	{"GET", "/nope/1", 404, "3", "2", ""},
+	{"GET", "/nope/2", 404, "3", "1", ""},
+	// A route with a cost of 2 from the table.
+	{"GET", "/report", 200, "3", "1", ""},
+	{"GET", "/report", 429, "3", "1", "60"},
+	// A route with an extra limit from the table.
+	{"GET", "/export", 200, "1", "0", ""},
+	{"GET", "/export", 429, "1", "0", "60"},
+	// The router's own error response passes through, with the headers.
+	{"GET", "/teapot", 418, "3", "2", ""},
+	// A group's (or sub-router's) own limiter.
+	{"GET", "/admin/stats", 200, "1", "0", ""},
+	{"GET", "/admin/stats", 429, "1", "0", "60"},
+}
+
+// wantKeys are the Redis logs the steps leave, with their entry counts:
+// only admitted requests, and no key per unmatched path.
+var wantKeys = map[string]int64{
+	"ratelimit:ip:{192.0.2.1}":                          12,
+	"ratelimit:route:{192.0.2.1|GET%20/admin/stats}":    1,
+	"ratelimit:admin:{192.0.2.1}":                       1,
+	"ratelimit:route:{192.0.2.1|GET%20/users/%7Bid%7D}": 3,
+	"ratelimit:route:{192.0.2.1|POST%20/login}":         2,
+	"ratelimit:route:{192.0.2.1|(unmatched)}":           2,
+	"ratelimit:route:{192.0.2.1|GET%20/report}":         2,
+	"ratelimit:route:{192.0.2.1|GET%20/export}":         1,
+	"ratelimit:route:{192.0.2.1|GET%20/teapot}":         1,
+	"ratelimit:login:{192.0.2.1}":                       2,
+	"ratelimit:export:{192.0.2.1}":                      1,
+}
+
+func TestConformance(t *testing.T) {
+	for _, rt := range routers {
+		t.Run(rt.name, func(t *testing.T) {
+			forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+				api, login, admin := limiters(t, rdb, opts...)
+				h := rt.build(t, api, login, admin)
+				for i, s := range steps {
+					r := httptest.NewRequest(s.method, s.path, nil)
+					r.RemoteAddr = "192.0.2.1:1234"
+					w := httptest.NewRecorder()
+					h.ServeHTTP(w, r)
+					got := w.Result().Header
+					if w.Code != s.status || got.Get("X-RateLimit-Limit") != s.limit ||
+						got.Get("X-RateLimit-Remaining") != s.remaining || got.Get("Retry-After") != s.retryAfter {
+						t.Errorf("step %d %s %s: got %d limit=%q remaining=%q retry-after=%q; want %d %q %q %q (body %q)",
+							i, s.method, s.path, w.Code, got.Get("X-RateLimit-Limit"), got.Get("X-RateLimit-Remaining"),
+							got.Get("Retry-After"), s.status, s.limit, s.remaining, s.retryAfter, w.Body)
+					}
+					if s.path == "/teapot" && rt.name == "echo" && !strings.Contains(w.Body.String(), "teapot") {
+						t.Errorf("echo's HTTPError body was lost: %q", w.Body)
+					}
+				}
+				if got := logs(t, rdb); !equal(got, wantKeys) {
+					t.Errorf("Redis logs:\n got %v\nwant %v", got, wantKeys)
+				}
+			})
+		})
+	}
+}
+
+// forBackends runs fn on miniredis, with its clock stopped, and on a real
+// redis-server, with the limiter's clock stopped (WithClock): every request
+// of a run happens at the same instant, so Retry-After is a whole window.
+func forBackends(t *testing.T, fn func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option)) {
+	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
+	t.Run("miniredis", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		mr.SetTime(now)
+		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = rdb.Close() })
+		fn(t, rdb, nil)
+	})
+	t.Run("redis", func(t *testing.T) {
+		rdb := redistest.Start(t).Client()
+		fn(t, rdb, []ratelimit.Option{ratelimit.WithClock(func() time.Time { return now })})
+	})
+}
+
+// logs returns every key in Redis with the number of entries in its log.
+func logs(t *testing.T, rdb *redis.Client) map[string]int64 {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(keys)
+	got := make(map[string]int64, len(keys))
+	for _, k := range keys {
+		if got[k], err = rdb.ZCard(ctx, k).Result(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return got
+}
+
+func equal(a, b map[string]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestEchoInstallAfterRoutes: echo reports a route's middleware only when it
+// is added, so Install refuses to come late instead of missing Route limiters.
+func TestEchoInstallAfterRoutes(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	api, _, _ := limiters(t, rdb)
+	e := echo.New()
+	e.GET("/", func(c echo.Context) error { return nil })
+	if err := echoratelimit.Install(e, api); err == nil {
+		t.Error("Install after a route: no error")
+	}
+}
