@@ -1,0 +1,41 @@
+// Command echo serves the example API with echo and the rate limiter.
+//
+//	go run ./examples/echo
+//
+// See examples/internal/demo for the limits.
+package main
+
+import (
+	"flag"
+	"log"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
+	"github.com/slidinglog/ratelimit/examples/internal/demo"
+)
+
+func main() {
+	addr := flag.String("addr", "localhost:8080", "address to listen on")
+	flag.Parse()
+	rdb, where := demo.Connect()
+	defer rdb.Close()
+	api, login := demo.Limiters(rdb)
+
+	e := echo.New()
+	e.HideBanner = true
+	if err := echoratelimit.Install(e, api); err != nil { // before the routes
+		log.Fatal(err)
+	}
+	e.GET("/users/:id", func(c echo.Context) error {
+		return c.String(http.StatusOK, "user "+c.Param("id")+"\n")
+	})
+	e.POST("/login", func(c echo.Context) error {
+		return c.String(http.StatusOK, "welcome\n")
+	}, echoratelimit.Route(login))
+	e.GET("/report", func(c echo.Context) error {
+		return c.String(http.StatusOK, "an expensive report\n")
+	})
+	demo.Serve(*addr, where, e)
+}

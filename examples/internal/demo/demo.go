@@ -1,0 +1,81 @@
+// Package demo holds what the example servers share: the connection to
+// Redis, the limits, and the usage text. Each example only shows how to mount
+// the limiter in its router.
+package demo
+
+import (
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit"
+)
+
+// Connect returns a client of the Redis at $REDIS_URL, or of an embedded
+// miniredis when it is unset, and says which. Context deadlines are enabled:
+// the limiter relies on them to bound each decision.
+func Connect() (*redis.Client, string) {
+	url := os.Getenv("REDIS_URL")
+	if url == "" {
+		mr, err := miniredis.Run()
+		if err != nil {
+			log.Fatal(err)
+		}
+		return redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true}),
+			"an embedded Redis (set REDIS_URL to use yours)"
+	}
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		log.Fatalf("REDIS_URL: %v", err)
+	}
+	opt.ContextTimeoutEnabled = true
+	return redis.NewClient(opt), "Redis at " + opt.Addr
+}
+
+// Limiters returns the examples' limiters:
+//
+//   - api, for every route: 1,000 requests per minute in all, 10 per
+//     minute per client IP, and 5 per minute per client IP and route
+//     template (so /users/1 and /users/2 count together); GET /report costs
+//     5.
+//   - login, for POST /login: api's limits plus 3 per minute per IP, checked
+//     in the same step, with problem+json denials.
+func Limiters(rdb *redis.Client) (api, login *ratelimit.Limiter) {
+	api, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerMinute(1000, ratelimit.Global()).Named("global"),
+		ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("per-ip"),
+		ratelimit.PerMinute(5, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("per-route"),
+	},
+		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit|ratelimit.HeadersIETF),
+		ratelimit.WithErrorHandler(func(r *http.Request, err error) { log.Printf("rate limiter: %v", err) }),
+		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"GET /report": {Cost: 5}}),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	login, err = api.With([]ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.ClientIP()).Named("login")},
+		ratelimit.WithDeniedHandler(ratelimit.ProblemDetails))
+	if err != nil {
+		log.Fatal(err)
+	}
+	return api, login
+}
+
+// Serve prints how to try the example and serves h on addr.
+func Serve(addr, where string, h http.Handler) {
+	fmt.Printf(`Listening on http://%[1]s with %[2]s. Try:
+
+  curl -i http://%[1]s/users/1          # X-RateLimit-* and RateLimit headers
+  curl -i -X POST http://%[1]s/login    # 3 per minute, on top of the app-wide limits; problem+json on 429
+  curl -i http://%[1]s/report           # costs 5
+  for i in $(seq 7); do curl -s -o /dev/null -w '%%{http_code} ' http://%[1]s/users/$i; done; echo
+                                        # /users/{id} shares one counter: 5 per minute
+`, addr, where)
+	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	log.Fatal(srv.ListenAndServe())
+}
