@@ -457,6 +457,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"timeout", c, []Limit{ok}, []Option{WithTimeout(0)}, "timeout 0s"},
 		{"mode", c, []Limit{ok}, []Option{WithFailureMode(9)}, "failure mode"},
 		{"deadlines", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), []Limit{ok}, nil, "ContextTimeoutEnabled"},
+		{"route path", c, []Limit{ok}, []Option{WithRoutes(map[string]RouteLimits{"POST ": {Cost: 2}})}, `route "POST ": no path`},
+		{"route cost", c, []Limit{ok}, []Option{WithRoutes(map[string]RouteLimits{"/x": {Cost: -1}})}, "cost -1"},
+		{"route name", c, []Limit{ok}, []Option{WithRoutes(map[string]RouteLimits{"/x": {Limits: []Limit{ok}}})}, "both named"},
+		{"route twice", c, []Limit{ok}, []Option{WithRoutes(map[string]RouteLimits{"/users/:id": {Cost: 2}, "/users/{id}": {Cost: 3}})}, "declared twice"},
 	} {
 		_, err := New(tc.client, tc.limits, tc.opts...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -638,4 +642,52 @@ func TestSpoofedForwardedFor(t *testing.T) {
 			t.Errorf("victim, through the proxy: %d", got)
 		}
 	})
+}
+
+// TestAllowEscapesIDs: ids given to Allow are escaped even for a Compose
+// limit, whose Key escapes its own ids, so no caller can add a hash tag.
+func TestAllowEscapesIDs(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		c := b.newClient(t)
+		lim := mustNew(t, c, []Limit{PerMinute(5, Compose(ClientIP(), Route())).Named("c")})
+		if _, err := lim.Allow(context.Background(), []string{"{evil}|x"}, 1); err != nil {
+			t.Fatal(err)
+		}
+		keys, err := c.Keys(context.Background(), "*").Result()
+		if err != nil || len(keys) != 1 || keys[0] != "ratelimit:c:{%7Bevil%7D%7Cx}" {
+			t.Errorf("keys %q, %v", keys, err)
+		}
+	})
+}
+
+// TestForRoute: route limiters are found by method and template, for one
+// method before any method, whatever the router's parameter syntax.
+func TestForRoute(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	defer c.Close()
+	lim := mustNew(t, c, []Limit{PerMinute(5, Global())}, WithRoutes(map[string]RouteLimits{
+		"POST /users/{id}": {Cost: 2},
+		"/users/:id":       {Cost: 3},
+		UnmatchedRoute:     {Cost: 4},
+	}))
+	for _, tc := range []struct {
+		method, pattern string
+		cost            int // 0: lim itself
+	}{
+		{"POST", "/users/{id}", 2},
+		{"GET", "/users/{id}", 3},
+		{"GET", "POST /users/{id}", 2}, // a ServeMux pattern's own method wins
+		{"GET", UnmatchedRoute, 4},
+		{"GET", "/other", 0},
+		{"GET", "", 0},
+	} {
+		got := lim.ForRoute(tc.method, tc.pattern)
+		cost := 0
+		if got != lim {
+			cost = got.cfg.cost(nil)
+		}
+		if cost != tc.cost {
+			t.Errorf("ForRoute(%q, %q): cost %d, want %d", tc.method, tc.pattern, cost, tc.cost)
+		}
+	}
 }
