@@ -11,22 +11,26 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // backend is a Redis the tests run against: an embedded miniredis, or a real
 // redis-server the test starts itself.
 type backend struct {
-	name string
-	mr   *miniredis.Miniredis // nil for a real redis-server
-	srv  *redistest.Server    // nil for miniredis
+	name    string
+	mr      *miniredis.Miniredis // for miniredis
+	srv     *redistest.Server    // for a real redis-server
+	cluster *redistest.Cluster   // for a real Redis Cluster
 }
 
 // newClient returns a client with its own connection pool, as a separate app
 // replica would have.
-func (b backend) newClient(t testing.TB) *redis.Client {
-	if b.srv != nil {
+func (b backend) newClient(t testing.TB) redis.UniversalClient {
+	switch {
+	case b.srv != nil:
 		return b.srv.Client()
+	case b.cluster != nil:
+		return b.cluster.Client()
 	}
 	c := redis.NewClient(&redis.Options{Addr: b.mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })

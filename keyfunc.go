@@ -28,6 +28,7 @@ type Key struct {
 	fn      func(r *http.Request) (string, error)
 	err     error // configuration error, reported by New
 	escaped bool  // fn's identifiers are escaped already (Compose)
+	global  bool  // the same identifier for every request (Global)
 }
 
 // Name returns the short name of k ("ip", "user", "route", ...). It is used to
@@ -49,7 +50,7 @@ func KeyFunc(name string, fn func(r *http.Request) (string, error)) Key {
 // it is one shared budget for all clients (for example 10,000 requests per
 // minute for the whole API).
 func Global() Key {
-	return Key{name: "global", fn: func(*http.Request) (string, error) { return "global", nil }}
+	return Key{name: "global", global: true, fn: func(*http.Request) (string, error) { return "global", nil }}
 }
 
 // Header returns a Key that identifies a request by the value of the named

@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -15,11 +14,6 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/route"
 )
-
-//go:embed lua/sliding_log.lua
-var slidingLogSource string
-
-var slidingLog = redis.NewScript(slidingLogSource)
 
 // minClock is the earliest time, in Unix microseconds, with 16 digits.
 const minClock = 1_000_000_000_000_000
@@ -51,6 +45,9 @@ type Limiter struct {
 	routes map[string]map[string]*Limiter
 
 	policyHeader []string // precomputed RateLimit-Policy value
+
+	split bool  // keys with different hash tags must be decided apart (Cluster, Ring)
+	all   []int // 0, 1, ..., len(limits)-1
 }
 
 type compiledLimit struct {
@@ -107,9 +104,14 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 			continue
 		}
 		seen[lim.Name] = i
+		head := cfg.prefix + lim.Name + ":{"
+		if cfg.singleSlot {
+			head = cfg.prefix + "{" + singleSlotTag + "}" + lim.Name + ":{"
+		}
+		l.all = append(l.all, len(l.limits))
 		l.limits = append(l.limits, compiledLimit{
 			Limit:    lim,
-			head:     cfg.prefix + lim.Name + ":{",
+			head:     head,
 			quotaArg: lim.Quota,
 			window:   lim.Window.Microseconds(),
 			limitHdr: []string{strconv.Itoa(lim.Quota)},
@@ -120,6 +122,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
 	}
 	l.policyHeader = []string{strings.Join(policies, ", ")}
+	l.split = sharded(client) && !cfg.singleSlot
 	if err := l.buildRoutes(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
@@ -225,6 +228,16 @@ func (l *Limiter) With(limits []Limit, opts ...Option) (*Limiter, error) {
 	return d, nil
 }
 
+// sharded reports whether c spreads keys over several Redis servers by hash
+// tag, so that one script call may touch only keys that share a tag.
+func sharded(c redis.UniversalClient) bool {
+	switch c.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+		return true
+	}
+	return false
+}
+
 // contextTimeouts reports whether a go-redis client honours context deadlines
 // on socket reads and writes; known is false for other implementations.
 func contextTimeouts(c redis.UniversalClient) (enabled, known bool) {
@@ -289,6 +302,10 @@ type LimitResult struct {
 	Remaining int       // cost it can still admit now
 	Reset     time.Time // when Remaining next grows, or when a denied request fits
 	Denied    bool      // whether this limit had no room for the request
+	// Skipped reports that the limit was not consulted: on a Redis Cluster, a
+	// decision whose limits span several hash slots stops at the first slot
+	// group that denies. Only Name, Quota and Window are set then.
+	Skipped bool
 }
 
 // Allow decides whether a request of the given cost, identified by ids, may
@@ -310,133 +327,4 @@ func (l *Limiter) Allow(ctx context.Context, ids []string, cost int) (Result, er
 		}
 	}
 	return l.decide(ctx, ids, cost, false)
-}
-
-// decide runs the script for ids (one per limit, non-empty) and cost.
-// fromKeys says that the ids come from the limits' Keys, so that those a Key
-// escaped itself need not be escaped again; ids from elsewhere always are.
-func (l *Limiter) decide(ctx context.Context, ids []string, cost int, fromKeys bool) (Result, error) {
-	if cost < 1 {
-		return Result{}, fmt.Errorf("ratelimit: cost %d is below 1", cost)
-	}
-	// All keys share one allocation: build them into one buffer, then slice.
-	var buf []byte
-	ends := make([]int, len(l.limits))
-	for i := range l.limits {
-		buf = appendKey(buf, l.limits[i].head, ids[i], fromKeys && l.limits[i].Key.escaped)
-		ends[i] = len(buf)
-	}
-	all := string(buf)
-	keys := make([]string, len(l.limits))
-	start := 0
-	for i, end := range ends {
-		keys[i] = all[start:end]
-		start = end
-	}
-	args := make([]any, 2, 2+2*len(l.limits))
-	args[0] = cost
-	args[1] = 0
-	if l.cfg.clock != nil {
-		now := l.cfg.clock().UnixMicro()
-		if now < minClock {
-			// Log members are microsecond times that must all have 16
-			// digits (see the script).
-			return Result{}, fmt.Errorf("ratelimit: clock reads %v, before 2001-09-09", time.UnixMicro(now))
-		}
-		args[1] = now
-	}
-	for i := range l.limits {
-		args = append(args, l.limits[i].quotaArg, l.limits[i].window)
-	}
-
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
-	defer cancel()
-	reply, err := runScript(ctx, l.client, keys, args)
-	if err != nil {
-		// Say when the decision ran out of time, so that errors.Is(err,
-		// context.DeadlineExceeded) holds: the socket deadline, which
-		// go-redis takes from ctx, may expire a moment before ctx does.
-		ctxErr := ctx.Err()
-		if ne := net.Error(nil); ctxErr == nil && errors.As(err, &ne) && ne.Timeout() {
-			ctxErr = context.DeadlineExceeded
-		}
-		if ctxErr != nil {
-			return Result{}, fmt.Errorf("ratelimit: redis: %w: %w", ctxErr, err)
-		}
-		return Result{}, fmt.Errorf("ratelimit: redis: %w", err)
-	}
-	return l.result(reply, cost)
-}
-
-// runScript runs the sliding-log script by its SHA and falls back to sending
-// the source when Redis does not know it. Redis says NOSCRIPT after a restart,
-// a failover or SCRIPT FLUSH; some hosted Redis put the word later in the
-// message, so any error that contains it counts.
-func runScript(ctx context.Context, c redis.Scripter, keys []string, args []any) (any, error) {
-	reply, err := c.EvalSha(ctx, slidingLog.Hash(), keys, args...).Result()
-	if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
-		reply, err = c.Eval(ctx, slidingLogSource, keys, args...).Result()
-	}
-	return reply, err
-}
-
-// result turns the script's reply into a Result. It checks the reply's shape
-// and values and returns ErrUnexpectedReply rather than trusting them.
-func (l *Limiter) result(reply any, cost int) (Result, error) {
-	arr, ok := reply.([]any)
-	if !ok || len(arr) != 4+2*len(l.limits) {
-		return Result{}, fmt.Errorf("%w: %T of length %d", ErrUnexpectedReply, reply, len(arr))
-	}
-	for i, e := range arr {
-		if _, ok := e.(int64); !ok {
-			return Result{}, fmt.Errorf("%w: element %d is %T", ErrUnexpectedReply, i, e)
-		}
-	}
-	v := func(i int) int64 { return arr[i].(int64) }
-	allowed, now, denied := v(0) == 1, v(1), v(3)
-	if v(0) != 0 && v(0) != 1 || denied < 0 || denied > int64(len(l.limits)) || allowed == (denied != 0) {
-		return Result{}, fmt.Errorf("%w: allowed=%d denied=%d", ErrUnexpectedReply, v(0), denied)
-	}
-	res := Result{
-		Allowed: allowed,
-		Now:     time.UnixMicro(now),
-		Limits:  make([]LimitResult, len(l.limits)),
-	}
-	closest := -1
-	for i := range l.limits {
-		lim := &l.limits[i]
-		count, reset := v(4+2*i), v(5+2*i)
-		if count < 0 || reset < -1 {
-			return Result{}, fmt.Errorf("%w: limit %d: count=%d reset=%d", ErrUnexpectedReply, i, count, reset)
-		}
-		used := count
-		if allowed {
-			used += int64(cost)
-		}
-		remaining := max(int64(lim.Quota)-used, 0)
-		if reset == -1 { // the cost can never fit: the log is empty a window from now at the latest
-			reset = now + lim.Window.Microseconds()
-		}
-		res.Limits[i] = LimitResult{
-			Name:      lim.Name,
-			Quota:     lim.Quota,
-			Window:    lim.Window,
-			Remaining: int(remaining),
-			Reset:     time.UnixMicro(reset),
-			Denied:    count+int64(cost) > int64(lim.Quota),
-		}
-		if closest < 0 || closer(&res.Limits[i], &res.Limits[closest]) {
-			closest = i
-		}
-	}
-	if denied > 0 {
-		closest = int(denied - 1)
-		res.DeniedBy = l.limits[closest].Name
-		if cost <= l.limits[closest].Quota {
-			res.RetryAfter = max(res.Limits[closest].Reset.Sub(res.Now), 0)
-		}
-	}
-	c := res.Limits[closest]
-	res.Limit, res.Remaining, res.Reset = c.Quota, c.Remaining, c.Reset
-	return res, nil
 }

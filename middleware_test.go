@@ -21,284 +21,284 @@ var t0 = time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 
 // TestHeadersAndStatus drives one client through a limit of 3 per 10s on a
 // clock the test sets, checking status codes and every header value.
-func TestHeadersAndStatus(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		opts, setTime := b.clock(t0)
-		lim := mustNew(t, b.newClient(t), []Limit{Per(10*time.Second, 3, ClientIP())},
-			append(opts, WithHeaders(HeadersXRateLimit|HeadersIETF))...)
-		h := lim.Handler(okHandler)
-		epoch := func(d time.Duration) string { return strconv.FormatInt(t0.Add(d).Unix(), 10) }
-		steps := []struct {
-			at         time.Duration
-			addr       string
-			status     int
-			remaining  string
-			reset      string // X-RateLimit-Reset
-			retryAfter string
-			rateLimit  string // IETF RateLimit
-		}{
-			// The first request's entry leaves the window at 10s.
-			{0, "192.0.2.1:1000", 200, "2", epoch(10 * time.Second), "", `"ip-3-per-10s";r=2;t=10`},
-			{1 * time.Second, "192.0.2.1:1001", 200, "1", epoch(10 * time.Second), "", `"ip-3-per-10s";r=1;t=9`},
-			{2500 * time.Millisecond, "192.0.2.1:1002", 200, "0", epoch(10 * time.Second), "", `"ip-3-per-10s";r=0;t=8`},
-			// Denied: it fits when the oldest entry leaves, at 10s: 6.5s from now.
-			{3500 * time.Millisecond, "192.0.2.1:1003", 429, "0", epoch(10 * time.Second), "7", `"ip-3-per-10s";r=0;t=7`},
-			// Another client has its own budget; its entry leaves at 13.5s,
-			// which X-RateLimit-Reset rounds up to 14s.
-			{3500 * time.Millisecond, "192.0.2.2:1000", 200, "2", epoch(14 * time.Second), "", `"ip-3-per-10s";r=2;t=10`},
-			// Just before the first entry leaves: still denied, retry in 1s (rounded up).
-			{9999 * time.Millisecond, "192.0.2.1:1004", 429, "0", epoch(10 * time.Second), "1", `"ip-3-per-10s";r=0;t=1`},
-			// Once it has left, one unit is free again; the next entry leaves at 11s.
-			{10 * time.Second, "192.0.2.1:1005", 200, "0", epoch(11 * time.Second), "", `"ip-3-per-10s";r=0;t=1`},
+func TestHeadersAndStatus(t *testing.T) { forBackends(t, testHeadersAndStatus) }
+
+func testHeadersAndStatus(t *testing.T, b backend) {
+	opts, setTime := b.clock(t0)
+	lim := mustNew(t, b.newClient(t), []Limit{Per(10*time.Second, 3, ClientIP())},
+		append(opts, WithHeaders(HeadersXRateLimit|HeadersIETF))...)
+	h := lim.Handler(okHandler)
+	epoch := func(d time.Duration) string { return strconv.FormatInt(t0.Add(d).Unix(), 10) }
+	steps := []struct {
+		at         time.Duration
+		addr       string
+		status     int
+		remaining  string
+		reset      string // X-RateLimit-Reset
+		retryAfter string
+		rateLimit  string // IETF RateLimit
+	}{
+		// The first request's entry leaves the window at 10s.
+		{0, "192.0.2.1:1000", 200, "2", epoch(10 * time.Second), "", `"ip-3-per-10s";r=2;t=10`},
+		{1 * time.Second, "192.0.2.1:1001", 200, "1", epoch(10 * time.Second), "", `"ip-3-per-10s";r=1;t=9`},
+		{2500 * time.Millisecond, "192.0.2.1:1002", 200, "0", epoch(10 * time.Second), "", `"ip-3-per-10s";r=0;t=8`},
+		// Denied: it fits when the oldest entry leaves, at 10s: 6.5s from now.
+		{3500 * time.Millisecond, "192.0.2.1:1003", 429, "0", epoch(10 * time.Second), "7", `"ip-3-per-10s";r=0;t=7`},
+		// Another client has its own budget; its entry leaves at 13.5s,
+		// which X-RateLimit-Reset rounds up to 14s.
+		{3500 * time.Millisecond, "192.0.2.2:1000", 200, "2", epoch(14 * time.Second), "", `"ip-3-per-10s";r=2;t=10`},
+		// Just before the first entry leaves: still denied, retry in 1s (rounded up).
+		{9999 * time.Millisecond, "192.0.2.1:1004", 429, "0", epoch(10 * time.Second), "1", `"ip-3-per-10s";r=0;t=1`},
+		// Once it has left, one unit is free again; the next entry leaves at 11s.
+		{10 * time.Second, "192.0.2.1:1005", 200, "0", epoch(11 * time.Second), "", `"ip-3-per-10s";r=0;t=1`},
+	}
+	for i, s := range steps {
+		setTime(t0.Add(s.at))
+		w := serve(h, "GET", "/", s.addr)
+		got := w.Result().Header
+		if w.Code != s.status ||
+			got.Get("X-RateLimit-Limit") != "3" ||
+			got.Get("X-RateLimit-Remaining") != s.remaining ||
+			got.Get("X-RateLimit-Reset") != s.reset ||
+			got.Get("Retry-After") != s.retryAfter ||
+			got.Get("RateLimit") != s.rateLimit ||
+			got.Get("RateLimit-Policy") != `"ip-3-per-10s";q=3;w=10` {
+			t.Errorf("step %d at %v from %s: got %d %v, want %d remaining=%s reset=%s retry-after=%q RateLimit=%s",
+				i, s.at, s.addr, w.Code, got, s.status, s.remaining, s.reset, s.retryAfter, s.rateLimit)
 		}
-		for i, s := range steps {
-			setTime(t0.Add(s.at))
-			w := serve(h, "GET", "/", s.addr)
-			got := w.Result().Header
-			if w.Code != s.status ||
-				got.Get("X-RateLimit-Limit") != "3" ||
-				got.Get("X-RateLimit-Remaining") != s.remaining ||
-				got.Get("X-RateLimit-Reset") != s.reset ||
-				got.Get("Retry-After") != s.retryAfter ||
-				got.Get("RateLimit") != s.rateLimit ||
-				got.Get("RateLimit-Policy") != `"ip-3-per-10s";q=3;w=10` {
-				t.Errorf("step %d at %v from %s: got %d %v, want %d remaining=%s reset=%s retry-after=%q RateLimit=%s",
-					i, s.at, s.addr, w.Code, got, s.status, s.remaining, s.reset, s.retryAfter, s.rateLimit)
-			}
-		}
-	})
+	}
 }
 
 // TestExactAcrossReplicas sends 1,000 concurrent requests through 8 limiter
 // instances, each with its own Redis client as 8 app replicas would have, at
 // one key limited to 100: exactly 100 are admitted and logged.
-func TestExactAcrossReplicas(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		const replicas, requests, quota = 8, 1000, 100
-		var handlers [replicas]http.Handler
-		var clients [replicas]*redis.Client
-		for i := range handlers {
-			clients[i] = b.newClient(t)
-			handlers[i] = mustNew(t, clients[i], []Limit{PerMinute(quota, Global()).Named("api")},
-				WithTimeout(10*time.Second)).Handler(okHandler)
-		}
-		var admitted, denied atomic.Int64
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for i := range requests {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				switch w := serve(handlers[i%replicas], "GET", "/", "192.0.2.1:1"); w.Code {
-				case 200:
-					admitted.Add(1)
-				case 429:
-					denied.Add(1)
-				default:
-					t.Errorf("status %d: %s", w.Code, w.Body)
-				}
-			}()
-		}
-		close(start)
-		wg.Wait()
-		if admitted.Load() != quota || denied.Load() != requests-quota {
-			t.Errorf("admitted %d, denied %d; want %d and %d", admitted.Load(), denied.Load(), quota, requests-quota)
-		}
-		if n := zcard(t, clients[0], "api", "global"); n != quota {
-			t.Errorf("log holds %d entries, want %d", n, quota)
-		}
-	})
+func TestExactAcrossReplicas(t *testing.T) { forBackends(t, testExactAcrossReplicas) }
+
+func testExactAcrossReplicas(t *testing.T, b backend) {
+	const replicas, requests, quota = 8, 1000, 100
+	var handlers [replicas]http.Handler
+	var clients [replicas]redis.UniversalClient
+	for i := range handlers {
+		clients[i] = b.newClient(t)
+		handlers[i] = mustNew(t, clients[i], []Limit{PerMinute(quota, Global()).Named("api")},
+			WithTimeout(10*time.Second)).Handler(okHandler)
+	}
+	var admitted, denied atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range requests {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			switch w := serve(handlers[i%replicas], "GET", "/", "192.0.2.1:1"); w.Code {
+			case 200:
+				admitted.Add(1)
+			case 429:
+				denied.Add(1)
+			default:
+				t.Errorf("status %d: %s", w.Code, w.Body)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if admitted.Load() != quota || denied.Load() != requests-quota {
+		t.Errorf("admitted %d, denied %d; want %d and %d", admitted.Load(), denied.Load(), quota, requests-quota)
+	}
+	if n := zcard(t, clients[0], "api", "global"); n != quota {
+		t.Errorf("log holds %d entries, want %d", n, quota)
+	}
 }
 
 // TestBoundary: a limit of 10 per 2s admits 10, not 20, of 10 requests just
 // before and 10 just after a 2s boundary (where a fixed window would reset).
-func TestBoundary(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		boundary := t0.Add(2 * time.Second)
-		opts, setTime := b.clock(t0)
-		lim := mustNew(t, b.newClient(t), []Limit{Per(2*time.Second, 10, Global())}, opts...)
-		admitted := 0
-		for i := range 20 {
-			at := boundary.Add(time.Duration(i-10)*time.Millisecond + 500*time.Microsecond) // 1.9905s .. 2.0095s
-			setTime(at)
-			res, err := lim.Allow(context.Background(), []string{"g"}, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.Allowed {
-				admitted++
-			}
+func TestBoundary(t *testing.T) { forBackends(t, testBoundary) }
+
+func testBoundary(t *testing.T, b backend) {
+	boundary := t0.Add(2 * time.Second)
+	opts, setTime := b.clock(t0)
+	lim := mustNew(t, b.newClient(t), []Limit{Per(2*time.Second, 10, Global())}, opts...)
+	admitted := 0
+	for i := range 20 {
+		at := boundary.Add(time.Duration(i-10)*time.Millisecond + 500*time.Microsecond) // 1.9905s .. 2.0095s
+		setTime(at)
+		res, err := lim.Allow(context.Background(), []string{"g"}, 1)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if admitted != 10 {
-			t.Errorf("admitted %d requests around the boundary, want 10", admitted)
+		if res.Allowed {
+			admitted++
 		}
-		// The window slides: the first request (at 1.9905s) leaves at 3.9905s.
-		setTime(boundary.Add(1990 * time.Millisecond))
-		if res, _ := lim.Allow(context.Background(), []string{"g"}, 1); res.Allowed {
-			t.Errorf("admitted at 3.990s, before any entry left the window")
-		}
-		setTime(boundary.Add(1991 * time.Millisecond))
-		if res, _ := lim.Allow(context.Background(), []string{"g"}, 1); !res.Allowed {
-			t.Errorf("denied at 3.991s, after the first entry left the window")
-		}
-	})
+	}
+	if admitted != 10 {
+		t.Errorf("admitted %d requests around the boundary, want 10", admitted)
+	}
+	// The window slides: the first request (at 1.9905s) leaves at 3.9905s.
+	setTime(boundary.Add(1990 * time.Millisecond))
+	if res, _ := lim.Allow(context.Background(), []string{"g"}, 1); res.Allowed {
+		t.Errorf("admitted at 3.990s, before any entry left the window")
+	}
+	setTime(boundary.Add(1991 * time.Millisecond))
+	if res, _ := lim.Allow(context.Background(), []string{"g"}, 1); !res.Allowed {
+		t.Errorf("denied at 3.991s, after the first entry left the window")
+	}
 }
 
 // TestHierarchical: a global limit of 100 and a per-user limit of 10, 20
 // users sending 20 requests each concurrently. No user gets more than 10, 100
 // are admitted in all, and denied requests leave no entry in any log.
-func TestHierarchical(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		const users, perUser = 20, 20
-		userKey := Header("X-User")
-		var clients [8]*redis.Client
-		var handlers [8]http.Handler
-		for i := range handlers {
-			clients[i] = b.newClient(t)
-			handlers[i] = mustNew(t, clients[i], []Limit{
-				PerMinute(100, Global()).Named("global"),
-				PerMinute(10, userKey).Named("user"),
-			}, WithTimeout(10*time.Second)).Handler(okHandler)
+func TestHierarchical(t *testing.T) { forBackends(t, testHierarchical) }
+
+func testHierarchical(t *testing.T, b backend) {
+	const users, perUser = 20, 20
+	userKey := Header("X-User")
+	var clients [8]redis.UniversalClient
+	var handlers [8]http.Handler
+	for i := range handlers {
+		clients[i] = b.newClient(t)
+		handlers[i] = mustNew(t, clients[i], []Limit{
+			PerMinute(100, Global()).Named("global"),
+			PerMinute(10, userKey).Named("user"),
+		}, WithTimeout(10*time.Second)).Handler(okHandler)
+	}
+	var mu sync.Mutex
+	admitted := map[string]int{}
+	var wg sync.WaitGroup
+	for u := range users {
+		for i := range perUser {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				user := "user-" + strconv.Itoa(u)
+				r := httptest.NewRequest("GET", "/", nil)
+				r.Header.Set("X-User", user)
+				w := httptest.NewRecorder()
+				handlers[(u+i)%len(handlers)].ServeHTTP(w, r)
+				if w.Code == 200 {
+					mu.Lock()
+					admitted[user]++
+					mu.Unlock()
+				} else if w.Code != 429 {
+					t.Errorf("status %d", w.Code)
+				}
+			}()
 		}
-		var mu sync.Mutex
-		admitted := map[string]int{}
-		var wg sync.WaitGroup
-		for u := range users {
-			for i := range perUser {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					user := "user-" + strconv.Itoa(u)
-					r := httptest.NewRequest("GET", "/", nil)
-					r.Header.Set("X-User", user)
-					w := httptest.NewRecorder()
-					handlers[(u+i)%len(handlers)].ServeHTTP(w, r)
-					if w.Code == 200 {
-						mu.Lock()
-						admitted[user]++
-						mu.Unlock()
-					} else if w.Code != 429 {
-						t.Errorf("status %d", w.Code)
-					}
-				}()
-			}
+	}
+	wg.Wait()
+	total, logged := 0, int64(0)
+	for u := range users {
+		user := "user-" + strconv.Itoa(u)
+		if admitted[user] > 10 {
+			t.Errorf("%s: %d admitted, over its limit of 10", user, admitted[user])
 		}
-		wg.Wait()
-		total, logged := 0, int64(0)
-		for u := range users {
-			user := "user-" + strconv.Itoa(u)
-			if admitted[user] > 10 {
-				t.Errorf("%s: %d admitted, over its limit of 10", user, admitted[user])
-			}
-			n := zcard(t, clients[0], "user", user)
-			if n != int64(admitted[user]) {
-				t.Errorf("%s: %d admitted but %d logged", user, admitted[user], n)
-			}
-			total += admitted[user]
-			logged += n
+		n := zcard(t, clients[0], "user", user)
+		if n != int64(admitted[user]) {
+			t.Errorf("%s: %d admitted but %d logged", user, admitted[user], n)
 		}
-		if total != 100 {
-			t.Errorf("%d admitted in all, want exactly 100", total)
-		}
-		if g := zcard(t, clients[0], "global", "global"); g != 100 || logged != 100 {
-			t.Errorf("global log holds %d, user logs %d; want 100 and 100", g, logged)
-		}
-	})
+		total += admitted[user]
+		logged += n
+	}
+	if total != 100 {
+		t.Errorf("%d admitted in all, want exactly 100", total)
+	}
+	if g := zcard(t, clients[0], "global", "global"); g != 100 || logged != 100 {
+		t.Errorf("global log holds %d, user logs %d; want 100 and 100", g, logged)
+	}
 }
 
 // TestWeighted: a request costs its weight in every limit, and one that does
 // not fit is not logged.
-func TestWeighted(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		opts, setTime := b.clock(t0)
-		c := b.newClient(t)
-		lim := mustNew(t, c, []Limit{PerMinute(10, Global()).Named("w")}, opts...)
-		allow := func(cost int) Result {
-			t.Helper()
-			res, err := lim.Allow(context.Background(), []string{"k"}, cost)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res
+func TestWeighted(t *testing.T) { forBackends(t, testWeighted) }
+
+func testWeighted(t *testing.T, b backend) {
+	opts, setTime := b.clock(t0)
+	c := b.newClient(t)
+	lim := mustNew(t, c, []Limit{PerMinute(10, Global()).Named("w")}, opts...)
+	allow := func(cost int) Result {
+		t.Helper()
+		res, err := lim.Allow(context.Background(), []string{"k"}, cost)
+		if err != nil {
+			t.Fatal(err)
 		}
-		for i := range 3 {
-			setTime(t0.Add(time.Duration(i) * time.Second))
-			if res := allow(3); !res.Allowed || res.Remaining != 10-3*(i+1) {
-				t.Fatalf("request %d of cost 3: %+v", i, res)
-			}
+		return res
+	}
+	for i := range 3 {
+		setTime(t0.Add(time.Duration(i) * time.Second))
+		if res := allow(3); !res.Allowed || res.Remaining != 10-3*(i+1) {
+			t.Fatalf("request %d of cost 3: %+v", i, res)
 		}
-		// 1 unit left: a cost of 3 needs the first request's 3 entries gone, at 60s.
-		res := allow(3)
-		if res.Allowed || res.DeniedBy != "w" || res.Remaining != 1 || res.RetryAfter != 58*time.Second {
-			t.Errorf("cost 3 with 1 left: %+v", res)
-		}
-		if res := allow(1); !res.Allowed || res.Remaining != 0 {
-			t.Errorf("cost 1 with 1 left: %+v", res)
-		}
-		// A cost above the quota never fits and is not logged.
-		if res := allow(11); res.Allowed || res.DeniedBy != "w" || res.RetryAfter != 0 {
-			t.Errorf("cost 11 over quota 10: %+v", res)
-		}
-		if n := zcard(t, c, "w", "k"); n != 10 {
-			t.Errorf("log holds %d entries, want 10", n)
-		}
-		if _, err := lim.Allow(context.Background(), []string{"k"}, 0); err == nil {
-			t.Error("cost 0 accepted")
-		}
-	})
+	}
+	// 1 unit left: a cost of 3 needs the first request's 3 entries gone, at 60s.
+	res := allow(3)
+	if res.Allowed || res.DeniedBy != "w" || res.Remaining != 1 || res.RetryAfter != 58*time.Second {
+		t.Errorf("cost 3 with 1 left: %+v", res)
+	}
+	if res := allow(1); !res.Allowed || res.Remaining != 0 {
+		t.Errorf("cost 1 with 1 left: %+v", res)
+	}
+	// A cost above the quota never fits and is not logged.
+	if res := allow(11); res.Allowed || res.DeniedBy != "w" || res.RetryAfter != 0 {
+		t.Errorf("cost 11 over quota 10: %+v", res)
+	}
+	if n := zcard(t, c, "w", "k"); n != 10 {
+		t.Errorf("log holds %d entries, want 10", n)
+	}
+	if _, err := lim.Allow(context.Background(), []string{"k"}, 0); err == nil {
+		t.Error("cost 0 accepted")
+	}
 }
 
 // TestRetryAfterAcrossLimits: with several limits the denial names the one
 // that frees up last, and Retry-After is exact.
-func TestRetryAfterAcrossLimits(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		opts, setTime := b.clock(t0)
-		lim := mustNew(t, b.newClient(t), []Limit{
-			PerSecond(2, Global()).Named("per-second"),
-			PerMinute(3, Global()).Named("per-minute"),
-		}, opts...)
-		allow := func(at time.Duration) Result {
-			t.Helper()
-			setTime(t0.Add(at))
-			res, err := lim.Allow(context.Background(), []string{"k", "k"}, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res
+func TestRetryAfterAcrossLimits(t *testing.T) { forBackends(t, testRetryAfterAcrossLimits) }
+
+func testRetryAfterAcrossLimits(t *testing.T, b backend) {
+	opts, setTime := b.clock(t0)
+	lim := mustNew(t, b.newClient(t), []Limit{
+		PerSecond(2, Global()).Named("per-second"),
+		PerMinute(3, Global()).Named("per-minute"),
+	}, opts...)
+	allow := func(at time.Duration) Result {
+		t.Helper()
+		setTime(t0.Add(at))
+		res, err := lim.Allow(context.Background(), []string{"k", "k"}, 1)
+		if err != nil {
+			t.Fatal(err)
 		}
-		allow(0)
-		allow(100 * time.Millisecond)
-		if res := allow(200 * time.Millisecond); res.Allowed || res.DeniedBy != "per-second" || res.RetryAfter != 800*time.Millisecond {
-			t.Errorf("third request in a second: %+v", res)
-		}
-		if res := allow(1050 * time.Millisecond); !res.Allowed { // the entry at 0 has left the second
-			t.Fatalf("third request after a second: %+v", res)
-		}
-		// Both limits are now full: per-second frees at 1.1s, per-minute at 60s.
-		res := allow(1060 * time.Millisecond)
-		if res.Allowed || res.DeniedBy != "per-minute" || res.RetryAfter != 58940*time.Millisecond ||
-			!res.Limits[0].Denied || !res.Limits[1].Denied {
-			t.Errorf("both full: %+v", res)
-		}
-	})
+		return res
+	}
+	allow(0)
+	allow(100 * time.Millisecond)
+	if res := allow(200 * time.Millisecond); res.Allowed || res.DeniedBy != "per-second" || res.RetryAfter != 800*time.Millisecond {
+		t.Errorf("third request in a second: %+v", res)
+	}
+	if res := allow(1050 * time.Millisecond); !res.Allowed { // the entry at 0 has left the second
+		t.Fatalf("third request after a second: %+v", res)
+	}
+	// Both limits are now full: per-second frees at 1.1s, per-minute at 60s.
+	res := allow(1060 * time.Millisecond)
+	if res.Allowed || res.DeniedBy != "per-minute" || res.RetryAfter != 58940*time.Millisecond ||
+		!res.Limits[0].Denied || !res.Limits[1].Denied {
+		t.Errorf("both full: %+v", res)
+	}
 }
 
 // TestScriptReloaded: the limiter keeps working after Redis forgets its
 // script (restart, failover, SCRIPT FLUSH).
-func TestScriptReloaded(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		c := b.newClient(t)
-		lim := mustNew(t, c, []Limit{PerMinute(5, Global())})
-		for i := range 3 {
-			if err := c.ScriptFlush(context.Background()).Err(); err != nil {
-				t.Fatal(err)
-			}
-			if res, err := lim.Allow(context.Background(), []string{"k"}, 1); err != nil || res.Remaining != 4-i {
-				t.Fatalf("after SCRIPT FLUSH: %+v, %v", res, err)
-			}
+func TestScriptReloaded(t *testing.T) { forBackends(t, testScriptReloaded) }
+
+func testScriptReloaded(t *testing.T, b backend) {
+	c := b.newClient(t)
+	lim := mustNew(t, c, []Limit{PerMinute(5, Global())})
+	for i := range 3 {
+		if err := c.ScriptFlush(context.Background()).Err(); err != nil {
+			t.Fatal(err)
 		}
-	})
+		if res, err := lim.Allow(context.Background(), []string{"k"}, 1); err != nil || res.Remaining != 4-i {
+			t.Fatalf("after SCRIPT FLUSH: %+v, %v", res, err)
+		}
+	}
 }
 
 // noScriptClient answers EVALSHA with a NOSCRIPT error that does not start
@@ -319,21 +319,19 @@ func (c *noScriptClient) Eval(ctx context.Context, script string, keys []string,
 	return c.UniversalClient.Eval(ctx, script, keys, args...)
 }
 
-func TestNoScriptAnywhereInError(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		c := &noScriptClient{UniversalClient: b.newClient(t)}
-		lim := mustNew(t, c, []Limit{PerMinute(5, Global())})
-		res, err := lim.Allow(context.Background(), []string{"k"}, 1)
-		if err != nil || !res.Allowed || c.evals != 1 {
-			t.Fatalf("got %+v, %v after %d EVALs", res, err, c.evals)
-		}
-	})
+func TestNoScriptAnywhereInError(t *testing.T) { forBackends(t, testNoScriptAnywhereInError) }
+
+func testNoScriptAnywhereInError(t *testing.T, b backend) {
+	c := &noScriptClient{UniversalClient: b.newClient(t)}
+	lim := mustNew(t, c, []Limit{PerMinute(5, Global())})
+	res, err := lim.Allow(context.Background(), []string{"k"}, 1)
+	if err != nil || !res.Allowed || c.evals != 1 {
+		t.Fatalf("got %+v, %v after %d EVALs", res, err, c.evals)
+	}
 }
 
 // TestUnexpectedReply: a reply of the wrong shape is an error, never a panic.
 func TestUnexpectedReply(t *testing.T) {
-	lim := &Limiter{limits: make([]compiledLimit, 1)}
-	lim.limits[0].Quota = 5
 	for _, reply := range []any{
 		nil, "OK", int64(1), []any{}, []any{int64(1), int64(2), int64(3)},
 		[]any{int64(1), int64(2), int64(3), int64(0), "x", int64(0)},
@@ -343,7 +341,8 @@ func TestUnexpectedReply(t *testing.T) {
 		[]any{int64(0), int64(0), int64(0), int64(7), int64(0), int64(0)},  // denied by limit 7 of 1
 		[]any{int64(1), int64(0), int64(0), int64(0), int64(-5), int64(0)}, // negative count
 	} {
-		if _, err := lim.result(reply, 1); !errors.Is(err, ErrUnexpectedReply) {
+		lim := mustNew(t, stubClient{reply: reply}, []Limit{PerMinute(5, Global())})
+		if _, err := lim.Allow(context.Background(), []string{"k"}, 1); !errors.Is(err, ErrUnexpectedReply) {
 			t.Errorf("reply %#v: err = %v, want ErrUnexpectedReply", reply, err)
 		}
 	}
@@ -351,41 +350,41 @@ func TestUnexpectedReply(t *testing.T) {
 
 // TestFailureModes: Redis errors and key errors get the configured failure
 // mode, the error hook sees them, and the client never sees error text.
-func TestFailureModes(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		c := b.newClient(t)
-		// Another program wrote a string where a log should be: WRONGTYPE.
-		key := string(appendKey(nil, DefaultPrefix+"api:{", "global", false))
-		if err := c.Set(context.Background(), key, "not a log", 0).Err(); err != nil {
-			t.Fatal(err)
+func TestFailureModes(t *testing.T) { forBackends(t, testFailureModes) }
+
+func testFailureModes(t *testing.T, b backend) {
+	c := b.newClient(t)
+	// Another program wrote a string where a log should be: WRONGTYPE.
+	key := string(appendKey(nil, DefaultPrefix+"api:{", "global", false))
+	if err := c.Set(context.Background(), key, "not a log", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	limits := []Limit{PerMinute(5, Global()).Named("api")}
+	for _, tc := range []struct {
+		mode   FailureMode
+		status int
+	}{{FailClosed, 503}, {FailOpen, 200}} {
+		var hooked []error
+		lim := mustNew(t, c, limits, WithFailureMode(tc.mode),
+			WithErrorHandler(func(_ *http.Request, err error) { hooked = append(hooked, err) }))
+		w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1")
+		if w.Code != tc.status || len(hooked) != 1 || !strings.Contains(hooked[0].Error(), "WRONGTYPE") {
+			t.Errorf("%v: status %d, hook got %v", tc.mode, w.Code, hooked)
 		}
-		limits := []Limit{PerMinute(5, Global()).Named("api")}
-		for _, tc := range []struct {
-			mode   FailureMode
-			status int
-		}{{FailClosed, 503}, {FailOpen, 200}} {
-			var hooked []error
-			lim := mustNew(t, c, limits, WithFailureMode(tc.mode),
-				WithErrorHandler(func(_ *http.Request, err error) { hooked = append(hooked, err) }))
-			w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1")
-			if w.Code != tc.status || len(hooked) != 1 || !strings.Contains(hooked[0].Error(), "WRONGTYPE") {
-				t.Errorf("%v: status %d, hook got %v", tc.mode, w.Code, hooked)
-			}
-			if strings.Contains(w.Body.String(), "WRONGTYPE") || w.Header().Get("X-RateLimit-Limit") != "" {
-				t.Errorf("%v: response leaks the error or has limit headers: %v %q", tc.mode, w.Header(), w.Body)
-			}
-			if tc.mode == FailClosed && w.Header().Get("Retry-After") != "1" {
-				t.Errorf("503 without Retry-After: %v", w.Header())
-			}
+		if strings.Contains(w.Body.String(), "WRONGTYPE") || w.Header().Get("X-RateLimit-Limit") != "" {
+			t.Errorf("%v: response leaks the error or has limit headers: %v %q", tc.mode, w.Header(), w.Body)
 		}
-		// A key function that cannot identify the request is an error too.
-		var hooked error
-		lim := mustNew(t, c, []Limit{PerMinute(5, Header("X-Api-Key"))},
-			WithErrorHandler(func(_ *http.Request, err error) { hooked = err }))
-		if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 503 || !errors.Is(hooked, ErrNoKey) {
-			t.Errorf("missing key: status %d, hook got %v", w.Code, hooked)
+		if tc.mode == FailClosed && w.Header().Get("Retry-After") != "1" {
+			t.Errorf("503 without Retry-After: %v", w.Header())
 		}
-	})
+	}
+	// A key function that cannot identify the request is an error too.
+	var hooked error
+	lim := mustNew(t, c, []Limit{PerMinute(5, Header("X-Api-Key"))},
+		WithErrorHandler(func(_ *http.Request, err error) { hooked = err }))
+	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 503 || !errors.Is(hooked, ErrNoKey) {
+		t.Errorf("missing key: status %d, hook got %v", w.Code, hooked)
+	}
 }
 
 // TestTimeout: a Redis that accepts connections but never answers gets the
@@ -481,183 +480,183 @@ func TestNewRejectsBadConfig(t *testing.T) {
 
 // TestWith: a route's own tighter limit is checked with the app-wide limits
 // in one decision, so a request it denies is not counted app-wide.
-func TestWith(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		c := b.newClient(t)
-		api := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("api")})
-		login, err := api.With([]Limit{PerMinute(2, ClientIP()).Named("login")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("GET /", api.Handler(okHandler))
-		mux.Handle("POST /login", login.Handler(okHandler))
-		codes := ""
-		for range 4 {
-			codes += strconv.Itoa(serve(mux, "POST", "/login", "192.0.2.9:1").Code) + " "
-		}
-		if codes != "200 200 429 429 " {
-			t.Errorf("login statuses: %s", codes)
-		}
-		w := serve(mux, "GET", "/", "192.0.2.9:1")
-		if w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != "97" {
-			t.Errorf("app-wide limit after 2 admitted logins: %d remaining=%s", w.Code, w.Header().Get("X-RateLimit-Remaining"))
-		}
-		if n := zcard(t, c, "api", "192.0.2.9"); n != 3 {
-			t.Errorf("app-wide log holds %d, want 3", n)
-		}
-		if _, err := api.With([]Limit{PerMinute(2, ClientIP()).Named("api")}); err == nil {
-			t.Error("With accepted a duplicate name")
-		}
-	})
+func TestWith(t *testing.T) { forBackends(t, testWith) }
+
+func testWith(t *testing.T, b backend) {
+	c := b.newClient(t)
+	api := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("api")})
+	login, err := api.With([]Limit{PerMinute(2, ClientIP()).Named("login")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /", api.Handler(okHandler))
+	mux.Handle("POST /login", login.Handler(okHandler))
+	codes := ""
+	for range 4 {
+		codes += strconv.Itoa(serve(mux, "POST", "/login", "192.0.2.9:1").Code) + " "
+	}
+	if codes != "200 200 429 429 " {
+		t.Errorf("login statuses: %s", codes)
+	}
+	w := serve(mux, "GET", "/", "192.0.2.9:1")
+	if w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != "97" {
+		t.Errorf("app-wide limit after 2 admitted logins: %d remaining=%s", w.Code, w.Header().Get("X-RateLimit-Remaining"))
+	}
+	if n := zcard(t, c, "api", "192.0.2.9"); n != 3 {
+		t.Errorf("app-wide log holds %d, want 3", n)
+	}
+	if _, err := api.With([]Limit{PerMinute(2, ClientIP()).Named("api")}); err == nil {
+		t.Error("With accepted a duplicate name")
+	}
 }
 
 // TestCostOption: WithCost weighs requests; a bad cost gets the failure mode.
-func TestCostOption(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		c := b.newClient(t)
-		lim := mustNew(t, c, []Limit{PerMinute(10, Global()).Named("w")}, WithCost(func(r *http.Request) int {
-			n, _ := strconv.Atoi(r.URL.Query().Get("cost"))
-			return n
-		}))
-		h := lim.Handler(okHandler)
-		for _, tc := range []struct {
-			cost      string
-			status    int
-			remaining string
-		}{{"4", 200, "6"}, {"6", 200, "0"}, {"1", 429, "0"}, {"0", 503, ""}, {"11", 429, "0"}} {
-			w := serve(h, "GET", "/?cost="+tc.cost, "192.0.2.1:1")
-			if w.Code != tc.status || w.Header().Get("X-RateLimit-Remaining") != tc.remaining {
-				t.Errorf("cost %s: %d remaining=%q, want %d %q", tc.cost, w.Code, w.Header().Get("X-RateLimit-Remaining"), tc.status, tc.remaining)
-			}
+func TestCostOption(t *testing.T) { forBackends(t, testCostOption) }
+
+func testCostOption(t *testing.T, b backend) {
+	c := b.newClient(t)
+	lim := mustNew(t, c, []Limit{PerMinute(10, Global()).Named("w")}, WithCost(func(r *http.Request) int {
+		n, _ := strconv.Atoi(r.URL.Query().Get("cost"))
+		return n
+	}))
+	h := lim.Handler(okHandler)
+	for _, tc := range []struct {
+		cost      string
+		status    int
+		remaining string
+	}{{"4", 200, "6"}, {"6", 200, "0"}, {"1", 429, "0"}, {"0", 503, ""}, {"11", 429, "0"}} {
+		w := serve(h, "GET", "/?cost="+tc.cost, "192.0.2.1:1")
+		if w.Code != tc.status || w.Header().Get("X-RateLimit-Remaining") != tc.remaining {
+			t.Errorf("cost %s: %d remaining=%q, want %d %q", tc.cost, w.Code, w.Header().Get("X-RateLimit-Remaining"), tc.status, tc.remaining)
 		}
-		// A cost over the quota can never succeed: no Retry-After.
-		if w := serve(h, "GET", "/?cost=11", "192.0.2.1:1"); w.Header().Get("Retry-After") != "" {
-			t.Errorf("Retry-After %q on a request that can never fit", w.Header().Get("Retry-After"))
-		}
-	})
+	}
+	// A cost over the quota can never succeed: no Retry-After.
+	if w := serve(h, "GET", "/?cost=11", "192.0.2.1:1"); w.Header().Get("Retry-After") != "" {
+		t.Errorf("Retry-After %q on a request that can never fit", w.Header().Get("Retry-After"))
+	}
 }
 
 // TestProblemDetails: the problem+json denial names every violated limit.
-func TestProblemDetails(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		lim := mustNew(t, b.newClient(t), []Limit{
-			PerMinute(1, Global()).Named("global"),
-			PerMinute(1, ClientIP()).Named("ip"),
-			PerMinute(5, Header("X-Key")).Named("key"),
-		}, WithDeniedHandler(ProblemDetails))
-		h := lim.Handler(okHandler)
-		send := func() *httptest.ResponseRecorder {
-			r := httptest.NewRequest("GET", "/", nil)
-			r.RemoteAddr = "192.0.2.1:1"
-			r.Header.Set("X-Key", "k")
-			w := httptest.NewRecorder()
-			h.ServeHTTP(w, r)
-			return w
-		}
-		send()
-		w := send()
-		var body struct {
-			Type     string   `json:"type"`
-			Status   int      `json:"status"`
-			Violated []string `json:"violated-policies"`
-		}
-		if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
-			t.Fatal(err)
-		}
-		if w.Code != 429 || w.Header().Get("Content-Type") != "application/problem+json" ||
-			body.Status != 429 || !strings.HasSuffix(body.Type, "#quota-exceeded") ||
-			strings.Join(body.Violated, ",") != "global,ip" {
-			t.Errorf("got %d %v %s", w.Code, w.Header(), w.Body)
-		}
-	})
+func TestProblemDetails(t *testing.T) { forBackends(t, testProblemDetails) }
+
+func testProblemDetails(t *testing.T, b backend) {
+	lim := mustNew(t, b.newClient(t), []Limit{
+		PerMinute(1, Global()).Named("global"),
+		PerMinute(1, ClientIP()).Named("ip"),
+		PerMinute(5, Header("X-Key")).Named("key"),
+	}, WithDeniedHandler(ProblemDetails))
+	h := lim.Handler(okHandler)
+	send := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		r.Header.Set("X-Key", "k")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	send()
+	w := send()
+	var body struct {
+		Type     string   `json:"type"`
+		Status   int      `json:"status"`
+		Violated []string `json:"violated-policies"`
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if w.Code != 429 || w.Header().Get("Content-Type") != "application/problem+json" ||
+		body.Status != 429 || !strings.HasSuffix(body.Type, "#quota-exceeded") ||
+		strings.Join(body.Violated, ",") != "global,ip" {
+		t.Errorf("got %d %v %s", w.Code, w.Header(), w.Body)
+	}
 }
 
 // TestExpiry: a log expires a window after its newest entry, so idle keys
 // disappear, and a denial does not extend it.
-func TestExpiry(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		c := b.newClient(t)
-		lim := mustNew(t, c, []Limit{Per(30*time.Second, 1, Global()).Named("e")})
-		key := string(appendKey(nil, DefaultPrefix+"e:{", "k", false))
-		allowTTL := func() (bool, time.Duration) {
-			t.Helper()
-			res, err := lim.Allow(context.Background(), []string{"k"}, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ttl, err := c.PTTL(context.Background(), key).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res.Allowed, ttl
+func TestExpiry(t *testing.T) { forBackends(t, testExpiry) }
+
+func testExpiry(t *testing.T, b backend) {
+	c := b.newClient(t)
+	lim := mustNew(t, c, []Limit{Per(30*time.Second, 1, Global()).Named("e")})
+	key := string(appendKey(nil, DefaultPrefix+"e:{", "k", false))
+	allowTTL := func() (bool, time.Duration) {
+		t.Helper()
+		res, err := lim.Allow(context.Background(), []string{"k"}, 1)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if ok, ttl := allowTTL(); !ok || ttl <= 29*time.Second || ttl > 30*time.Second+time.Millisecond {
-			t.Errorf("admitted=%v, TTL %v; want admitted, TTL just over 30s", ok, ttl)
+		ttl, err := c.PTTL(context.Background(), key).Result()
+		if err != nil {
+			t.Fatal(err)
 		}
-		if b.mr == nil {
-			return // the rest needs TTLs that move without waiting
-		}
-		b.mr.FastForward(10 * time.Second)
-		if ok, ttl := allowTTL(); ok || ttl > 20*time.Second+time.Millisecond {
-			t.Errorf("admitted=%v, TTL %v; want denied, TTL unchanged at about 20s", ok, ttl)
-		}
-		b.mr.FastForward(21 * time.Second)
-		if b.mr.Exists(key) {
-			t.Error("log still exists after its TTL")
-		}
-	})
+		return res.Allowed, ttl
+	}
+	if ok, ttl := allowTTL(); !ok || ttl <= 29*time.Second || ttl > 30*time.Second+time.Millisecond {
+		t.Errorf("admitted=%v, TTL %v; want admitted, TTL just over 30s", ok, ttl)
+	}
+	if b.mr == nil {
+		return // the rest needs TTLs that move without waiting
+	}
+	b.mr.FastForward(10 * time.Second)
+	if ok, ttl := allowTTL(); ok || ttl > 20*time.Second+time.Millisecond {
+		t.Errorf("admitted=%v, TTL %v; want denied, TTL unchanged at about 20s", ok, ttl)
+	}
+	b.mr.FastForward(21 * time.Second)
+	if b.mr.Exists(key) {
+		t.Error("log still exists after its TTL")
+	}
 }
 
 // TestSpoofedForwardedFor: a client sending X-Forwarded-For with a victim's
 // address through an untrusted peer is limited under its own address and
 // leaves the victim's quota alone.
-func TestSpoofedForwardedFor(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		c := b.newClient(t)
-		lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP(TrustProxies("10.0.0.0/8"))).Named("ip")})
-		h := lim.Handler(okHandler)
-		send := func(peer, xff string) int {
-			r := httptest.NewRequest("GET", "/", nil)
-			r.RemoteAddr = peer
-			r.Header.Set("X-Forwarded-For", xff)
-			w := httptest.NewRecorder()
-			h.ServeHTTP(w, r)
-			return w.Code
-		}
-		const victim, attacker = "203.0.113.10", "198.51.100.66"
-		codes := ""
-		for range 4 {
-			codes += strconv.Itoa(send(attacker+":4000", victim)) + " "
-			// Behind the trusted proxy, a forged first hop does not help either.
-			codes += strconv.Itoa(send("10.1.2.3:80", victim+", "+attacker)) + " "
-		}
-		if codes != "200 200 429 429 429 429 429 429 " {
-			t.Errorf("attacker statuses: %s", codes)
-		}
-		if n := zcard(t, c, "ip", victim); n != 0 {
-			t.Errorf("victim's log holds %d entries", n)
-		}
-		if got := send("10.1.2.3:80", victim); got != 200 {
-			t.Errorf("victim, through the proxy: %d", got)
-		}
-	})
+func TestSpoofedForwardedFor(t *testing.T) { forBackends(t, testSpoofedForwardedFor) }
+
+func testSpoofedForwardedFor(t *testing.T, b backend) {
+	c := b.newClient(t)
+	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP(TrustProxies("10.0.0.0/8"))).Named("ip")})
+	h := lim.Handler(okHandler)
+	send := func(peer, xff string) int {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = peer
+		r.Header.Set("X-Forwarded-For", xff)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	const victim, attacker = "203.0.113.10", "198.51.100.66"
+	codes := ""
+	for range 4 {
+		codes += strconv.Itoa(send(attacker+":4000", victim)) + " "
+		// Behind the trusted proxy, a forged first hop does not help either.
+		codes += strconv.Itoa(send("10.1.2.3:80", victim+", "+attacker)) + " "
+	}
+	if codes != "200 200 429 429 429 429 429 429 " {
+		t.Errorf("attacker statuses: %s", codes)
+	}
+	if n := zcard(t, c, "ip", victim); n != 0 {
+		t.Errorf("victim's log holds %d entries", n)
+	}
+	if got := send("10.1.2.3:80", victim); got != 200 {
+		t.Errorf("victim, through the proxy: %d", got)
+	}
 }
 
 // TestAllowEscapesIDs: ids given to Allow are escaped even for a Compose
 // limit, whose Key escapes its own ids, so no caller can add a hash tag.
-func TestAllowEscapesIDs(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		c := b.newClient(t)
-		lim := mustNew(t, c, []Limit{PerMinute(5, Compose(ClientIP(), Route())).Named("c")})
-		if _, err := lim.Allow(context.Background(), []string{"{evil}|x"}, 1); err != nil {
-			t.Fatal(err)
-		}
-		keys, err := c.Keys(context.Background(), "*").Result()
-		if err != nil || len(keys) != 1 || keys[0] != "ratelimit:c:{%7Bevil%7D%7Cx}" {
-			t.Errorf("keys %q, %v", keys, err)
-		}
-	})
+func TestAllowEscapesIDs(t *testing.T) { forBackends(t, testAllowEscapesIDs) }
+
+func testAllowEscapesIDs(t *testing.T, b backend) {
+	c := b.newClient(t)
+	lim := mustNew(t, c, []Limit{PerMinute(5, Compose(ClientIP(), Route())).Named("c")})
+	if _, err := lim.Allow(context.Background(), []string{"{evil}|x"}, 1); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := c.Keys(context.Background(), "*").Result()
+	if err != nil || len(keys) != 1 || keys[0] != "ratelimit:c:{%7Bevil%7D%7Cx}" {
+		t.Errorf("keys %q, %v", keys, err)
+	}
 }
 
 // TestForRoute: route limiters are found by method and template, for one

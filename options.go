@@ -46,16 +46,17 @@ const DefaultTimeout = 100 * time.Millisecond
 const DefaultPrefix = "ratelimit:"
 
 type config struct {
-	prefix   string
-	timeout  time.Duration
-	failure  FailureMode
-	clock    func() time.Time
-	cost     func(*http.Request) int
-	headers  HeaderSet
-	onDenied func(http.ResponseWriter, *http.Request, Result)
-	onError  func(*http.Request, error)
-	routes   map[string]RouteLimits
-	errs     []error
+	prefix     string
+	timeout    time.Duration
+	failure    FailureMode
+	clock      func() time.Time
+	cost       func(*http.Request) int
+	headers    HeaderSet
+	onDenied   func(http.ResponseWriter, *http.Request, Result)
+	onError    func(*http.Request, error)
+	routes     map[string]RouteLimits
+	singleSlot bool
+	errs       []error
 }
 
 func defaultConfig() config {
@@ -174,4 +175,25 @@ func WithRoutes(routes map[string]RouteLimits) Option {
 			c.routes[k] = v
 		}
 	}
+}
+
+// singleSlotTag is the hash tag of every key under WithSingleSlot.
+const singleSlotTag = "ratelimit"
+
+// WithSingleSlot puts all the Limiter's keys in one Redis Cluster hash slot,
+// as <prefix>{ratelimit}<name>:{<identifier>}, so that every decision is one
+// fully atomic script call, even one that combines a global limit with
+// per-client limits. The price is one hot slot: one primary stores and
+// serves every key.
+//
+// By default keys are hash-tagged by identifier, so they spread over the
+// cluster, and a decision whose limits count by different identifiers is
+// made slot group by slot group: reserve in one, then the next, and remove
+// the reservations if a later group denies. That never admits a request that
+// does not fit and leaves no entry for a denied one, but for the length of a
+// round trip a reservation that is then removed can make another request to
+// the same key be denied. On a single Redis server the option changes only
+// the key names.
+func WithSingleSlot() Option {
+	return func(c *config) { c.singleSlot = true }
 }

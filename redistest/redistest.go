@@ -1,9 +1,10 @@
 // Package redistest starts real redis-server processes for tests, on free
-// loopback ports, and stops them when the test ends.
+// loopback ports, and stops them when the test ends: a single server with
+// [Start], or a Redis Cluster of primaries and replicas with [StartCluster].
 //
-// When redis-server is not on PATH the test is skipped, unless the
-// environment variable RATELIMIT_REQUIRE_REDIS is set to 1 (as .ci/run does),
-// in which case it fails: CI must never pass by skipping the real-Redis tests.
+// When redis-server (or, for a cluster, redis-cli) is not on PATH the test is
+// skipped, unless the environment variable RATELIMIT_REQUIRE_REDIS is set to
+// 1, in which case it fails: CI must never pass by skipping real-Redis tests.
 package redistest
 
 import (
@@ -31,6 +32,7 @@ type Server struct {
 
 	tb   testing.TB
 	bin  string
+	dir  string
 	args []string
 
 	mu     sync.Mutex
@@ -39,16 +41,16 @@ type Server struct {
 	log    *bytes.Buffer
 }
 
-// Binary returns the path of redis-server, or skips or fails tb (see the
-// package doc) when there is none.
-func Binary(tb testing.TB) string {
+// lookPath returns the path of a Redis program, or skips or fails tb (see
+// the package doc) when there is none.
+func lookPath(tb testing.TB, name string) string {
 	tb.Helper()
-	bin, err := exec.LookPath("redis-server")
+	bin, err := exec.LookPath(name)
 	if err != nil {
 		if os.Getenv(RequireEnv) == "1" {
-			tb.Fatalf("redis-server not found on PATH and %s=1: %v", RequireEnv, err)
+			tb.Fatalf("%s not found on PATH and %s=1: %v", name, RequireEnv, err)
 		}
-		tb.Skipf("redis-server not found on PATH (set %s=1 to make this a failure)", RequireEnv)
+		tb.Skipf("%s not found on PATH (set %s=1 to make this a failure)", name, RequireEnv)
 	}
 	return bin
 }
@@ -58,14 +60,15 @@ func Binary(tb testing.TB) string {
 // killed when the test ends.
 func Start(tb testing.TB, args ...string) *Server {
 	tb.Helper()
-	s := &Server{tb: tb, bin: Binary(tb), args: args}
+	s := &Server{tb: tb, bin: lookPath(tb, "redis-server"), dir: tb.TempDir()}
 	var err error
-	for attempt := 0; attempt < 5; attempt++ {
-		var port int
-		if port, err = freePort(); err != nil {
+	for range 5 {
+		var ports []int
+		if ports, err = freePorts(1); err != nil {
 			continue
 		}
-		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
+		s.args = args
 		if err = s.start(); err == nil {
 			tb.Cleanup(s.Stop)
 			return s
@@ -75,13 +78,18 @@ func Start(tb testing.TB, args ...string) *Server {
 	return nil
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePorts returns n distinct loopback ports that were free a moment ago.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }
 
 // start runs redis-server on s.Addr and waits until it answers PING.
@@ -91,7 +99,7 @@ func (s *Server) start() error {
 	_, port, _ := net.SplitHostPort(s.Addr)
 	args := append([]string{
 		"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", s.tb.TempDir(), "--protected-mode", "no",
+		"--dir", s.dir, "--protected-mode", "no",
 	}, s.args...)
 	s.log = new(bytes.Buffer)
 	cmd := exec.Command(s.bin, args...)
@@ -114,8 +122,7 @@ func (s *Server) start() error {
 		err := c.Ping(ctx).Err()
 		cancel()
 		if err == nil {
-			s.cmd = cmd
-			s.waited = exited
+			s.cmd, s.waited = cmd, exited
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -140,8 +147,9 @@ func (s *Server) Stop() {
 	s.cmd = nil
 }
 
-// Restart starts a stopped server again on the same port, with an empty
-// dataset and script cache.
+// Restart starts a stopped server again on the same port and directory. A
+// plain server comes back empty, with an empty script cache; a cluster node
+// rejoins its cluster (as a replica, if it was failed over meanwhile).
 func (s *Server) Restart() {
 	s.tb.Helper()
 	if err := s.start(); err != nil {

@@ -1,0 +1,283 @@
+package ratelimit
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed lua/sliding_log.lua
+	slidingLogSource string
+	//go:embed lua/rollback.lua
+	rollbackSource string
+
+	slidingLog = redis.NewScript(slidingLogSource)
+	rollback   = redis.NewScript(rollbackSource)
+)
+
+// decide runs the script for ids (one per limit, non-empty) and cost.
+// fromKeys says that the ids come from the limits' Keys, so that those a Key
+// escaped itself need not be escaped again; ids from elsewhere always are.
+//
+// On one Redis every limit is decided by one script call. On a Redis Cluster
+// (or Ring) the keys of one call must share a hash slot, so the limits are
+// split into groups by hash tag (that is, by identifier) and decided group by
+// group: each group's call reserves the request in its logs; if a later group
+// denies it, the reservations already made are removed again. The request is
+// thus admitted only if every limit had room for it, and a denied request
+// leaves no entry behind; meanwhile, for a round trip, its reservation may
+// make another request to the same key see one entry too many.
+func (l *Limiter) decide(ctx context.Context, ids []string, cost int, fromKeys bool) (Result, error) {
+	if cost < 1 {
+		return Result{}, fmt.Errorf("ratelimit: cost %d is below 1", cost)
+	}
+	now := int64(0) // the script reads Redis TIME
+	if l.cfg.clock != nil {
+		if now = l.cfg.clock().UnixMicro(); now < minClock {
+			// Log members are microsecond times that must all have 16
+			// digits (see the script).
+			return Result{}, fmt.Errorf("ratelimit: clock reads %v, before 2001-09-09", time.UnixMicro(now))
+		}
+	}
+	keys, tags := l.keys(ids, fromKeys)
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
+	defer cancel()
+
+	d := decision{l: l, cost: cost, replies: make([]reply, len(l.limits))}
+	if !l.split {
+		g := reply{}
+		if err := d.run(ctx, keys, l.all, now, &g); err != nil {
+			return Result{}, err
+		}
+		return d.result(g.allowed)
+	}
+	var reserved []reservation
+	for _, g := range l.groups(tags) {
+		gkeys := make([]string, len(g))
+		for j, i := range g {
+			gkeys[j] = keys[i]
+		}
+		var gr reply
+		if err := d.run(ctx, gkeys, g, now, &gr); err != nil {
+			return Result{}, errors.Join(err, l.rollback(ctx, reserved, cost))
+		}
+		if !gr.allowed {
+			if err := l.rollback(ctx, reserved, cost); err != nil {
+				return Result{}, err
+			}
+			return d.result(false)
+		}
+		reserved = append(reserved, reservation{gkeys, gr.first})
+	}
+	return d.result(true)
+}
+
+// keys builds the Redis key of every limit for ids, and returns each key's
+// hash tag. All keys share one allocation.
+func (l *Limiter) keys(ids []string, fromKeys bool) (keys, tags []string) {
+	var buf []byte
+	ends := make([]int, 2*len(l.limits))
+	for i := range l.limits {
+		lim := &l.limits[i]
+		start := len(buf)
+		buf = appendKey(buf, lim.head, ids[i], fromKeys && lim.Key.escaped)
+		ends[2*i], ends[2*i+1] = start, len(buf)
+	}
+	all := string(buf)
+	keys = make([]string, len(l.limits))
+	if l.split {
+		tags = make([]string, len(l.limits))
+	}
+	for i := range l.limits {
+		keys[i] = all[ends[2*i]:ends[2*i+1]]
+		if tags != nil {
+			// The tag is what stands between the key's only '{' and '}'.
+			tags[i] = keys[i][len(l.limits[i].head) : len(keys[i])-1]
+		}
+	}
+	return keys, tags
+}
+
+// groups splits the limits into groups whose keys share a hash tag. Groups
+// counted by a Global key come last: they are the hot keys, best not
+// reserved for a request that a per-client limit then denies.
+func (l *Limiter) groups(tags []string) [][]int {
+	var groups [][]int
+	placed := make([]bool, len(tags))
+	for pass := 0; pass < 2; pass++ {
+		for i := range tags {
+			if placed[i] || l.limits[i].Key.global != (pass == 1) {
+				continue
+			}
+			g := []int{i}
+			placed[i] = true
+			for j := i + 1; j < len(tags); j++ {
+				if !placed[j] && tags[j] == tags[i] {
+					g = append(g, j)
+					placed[j] = true
+				}
+			}
+			groups = append(groups, g)
+		}
+	}
+	return groups
+}
+
+// reservation is what a group's script call logged, to remove it again.
+type reservation struct {
+	keys  []string
+	first int64
+}
+
+// rollback removes the entries of reservations. It gets its own timeout, so
+// that it still runs when the decision's own ran out.
+func (l *Limiter) rollback(ctx context.Context, reservations []reservation, cost int) error {
+	if len(reservations) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.timeout)
+	defer cancel()
+	var errs []error
+	for _, r := range reservations {
+		if _, err := runScript(ctx, l.client, rollback, rollbackSource, r.keys, []any{r.first, cost}); err != nil {
+			errs = append(errs, fmt.Errorf("ratelimit: removing a reservation from %s (it stays counted until it leaves the window): %w", r.keys[0], err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// decision gathers the replies of one decision's script calls.
+type decision struct {
+	l       *Limiter
+	cost    int
+	replies []reply // per limit; ok is false for limits not checked
+	denier  int     // index of the limit that denied, -1 if none
+	now     int64
+}
+
+// reply is a script call's answer, for a group or for one of its limits.
+type reply struct {
+	ok           bool // checked
+	allowed      bool
+	now, first   int64
+	count, reset int64
+}
+
+// run calls the script for the limits idx with their keys and records the
+// replies. g receives the group's overall reply.
+func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64, g *reply) error {
+	args := make([]any, 2, 2+2*len(idx))
+	args[0], args[1] = d.cost, now
+	for _, i := range idx {
+		args = append(args, d.l.limits[i].quotaArg, d.l.limits[i].window)
+	}
+	raw, err := runScript(ctx, d.l.client, slidingLog, slidingLogSource, keys, args)
+	if err != nil {
+		if cc, ok := d.l.client.(*redis.ClusterClient); ok {
+			// go-redis learns of a failover from a MOVED reply or its
+			// periodic reload (every minute by default); a primary that is
+			// gone sends neither. Ask for a reload now, so that decisions
+			// move to the promoted replica within moments. go-redis runs at
+			// most one reload at a time, and waits 200ms between them.
+			cc.ReloadState(ctx)
+		}
+		// Say when the decision ran out of time, so that errors.Is(err,
+		// context.DeadlineExceeded) holds: the socket deadline, which
+		// go-redis takes from ctx, may expire a moment before ctx does.
+		ctxErr := ctx.Err()
+		if ne := net.Error(nil); ctxErr == nil && errors.As(err, &ne) && ne.Timeout() {
+			ctxErr = context.DeadlineExceeded
+		}
+		if ctxErr != nil {
+			return fmt.Errorf("ratelimit: redis: %w: %w", ctxErr, err)
+		}
+		return fmt.Errorf("ratelimit: redis: %w", err)
+	}
+	arr, ok := raw.([]any)
+	if !ok || len(arr) != 4+2*len(idx) {
+		return fmt.Errorf("%w: %T of length %d", ErrUnexpectedReply, raw, len(arr))
+	}
+	for i, e := range arr {
+		if _, ok := e.(int64); !ok {
+			return fmt.Errorf("%w: element %d is %T", ErrUnexpectedReply, i, e)
+		}
+	}
+	v := func(i int) int64 { return arr[i].(int64) }
+	allowed, denied := v(0) == 1, v(3)
+	if v(0) != 0 && v(0) != 1 || denied < 0 || denied > int64(len(idx)) || allowed == (denied != 0) {
+		return fmt.Errorf("%w: allowed=%d denied=%d", ErrUnexpectedReply, v(0), denied)
+	}
+	*g = reply{ok: true, allowed: allowed, now: v(1), first: v(2)}
+	for j, i := range idx {
+		count, reset := v(4+2*j), v(5+2*j)
+		if count < 0 || reset < -1 {
+			return fmt.Errorf("%w: limit %d: count=%d reset=%d", ErrUnexpectedReply, j, count, reset)
+		}
+		d.replies[i] = reply{ok: true, now: g.now, count: count, reset: reset}
+	}
+	d.now = g.now
+	d.denier = -1
+	if denied > 0 {
+		d.denier = idx[denied-1]
+	}
+	return nil
+}
+
+// result builds the Result once the decision is made: allowed says whether
+// the request was logged in every limit.
+func (d *decision) result(allowed bool) (Result, error) {
+	l, cost := d.l, int64(d.cost)
+	res := Result{Allowed: allowed, Now: time.UnixMicro(d.now), Limits: make([]LimitResult, len(l.limits))}
+	closest := -1
+	for i := range l.limits {
+		lim, r := &l.limits[i], d.replies[i]
+		lr := &res.Limits[i]
+		*lr = LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window}
+		if !r.ok {
+			lr.Skipped = true
+			continue
+		}
+		used := r.count
+		if allowed {
+			used += cost
+		}
+		lr.Remaining = int(max(int64(lim.Quota)-used, 0))
+		if r.reset == -1 { // the cost can never fit: the log is empty a window from now at the latest
+			r.reset = r.now + lim.Window.Microseconds()
+		}
+		lr.Reset = time.UnixMicro(r.reset)
+		lr.Denied = r.count+cost > int64(lim.Quota)
+		if closest < 0 || closer(lr, &res.Limits[closest]) {
+			closest = i
+		}
+	}
+	if !allowed {
+		closest = d.denier
+		res.DeniedBy = l.limits[closest].Name
+		if d.cost <= l.limits[closest].Quota {
+			res.RetryAfter = max(res.Limits[closest].Reset.Sub(res.Now), 0)
+		}
+	}
+	c := res.Limits[closest]
+	res.Limit, res.Remaining, res.Reset = c.Quota, c.Remaining, c.Reset
+	return res, nil
+}
+
+// runScript runs a script by its SHA and falls back to sending its source
+// when Redis does not know it. Redis says NOSCRIPT after a restart, a failover
+// or SCRIPT FLUSH; some hosted Redis put the word later in the message, so
+// any error that contains it counts.
+func runScript(ctx context.Context, c redis.Scripter, s *redis.Script, src string, keys []string, args []any) (any, error) {
+	reply, err := c.EvalSha(ctx, s.Hash(), keys, args...).Result()
+	if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
+		reply, err = c.Eval(ctx, src, keys, args...).Result()
+	}
+	return reply, err
+}

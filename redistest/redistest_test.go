@@ -1,0 +1,58 @@
+package redistest
+
+import (
+	"context"
+	"strconv"
+	"testing"
+)
+
+func TestStart(t *testing.T) {
+	s := Start(t)
+	c := s.Client()
+	ctx := context.Background()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Stop()
+	if c.Get(ctx, "k").Err() == nil {
+		t.Fatal("a stopped server answered")
+	}
+	s.Restart()
+	if n, err := c.Exists(ctx, "k").Result(); err != nil || n != 0 {
+		t.Fatalf("after restart: exists=%d, %v; want an empty server", n, err)
+	}
+}
+
+func TestStartCluster(t *testing.T) {
+	c := StartCluster(t, 3, 1)
+	if len(c.Nodes) != 6 {
+		t.Fatalf("%d nodes", len(c.Nodes))
+	}
+	ps, err := c.Primaries()
+	if err != nil || len(ps) != 3 {
+		t.Fatalf("primaries %v, %v", ps, err)
+	}
+	rdb := c.Client()
+	ctx := context.Background()
+	owners := map[string]bool{}
+	for i := range 30 {
+		k := "key-" + strconv.Itoa(i)
+		if err := rdb.Set(ctx, k, i, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		p, err := c.PrimaryFor(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		owners[p.Addr] = true
+	}
+	if len(owners) != 3 {
+		t.Errorf("30 keys on %d primaries", len(owners))
+	}
+	if err := c.FlushAll(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := rdb.DBSize(ctx).Result(); err != nil || n != 0 {
+		t.Errorf("after FlushAll: %d keys, %v", n, err)
+	}
+}
