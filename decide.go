@@ -51,12 +51,28 @@ func (l *Limiter) decide(ctx context.Context, ids []string, cost int, fromKeys b
 	defer cancel()
 
 	d := decision{l: l, cost: cost, replies: make([]reply, len(l.limits))}
+	allowed, err := l.remote(ctx, &d, keys, tags, now)
+	if err == nil {
+		return d.result(allowed)
+	}
+	if l.cfg.failure != FailLocal {
+		return Result{}, err
+	}
+	if now == 0 {
+		now = time.Now().UnixMicro()
+	}
+	d = decision{l: l, cost: cost, replies: make([]reply, len(l.limits))}
+	res, _ := d.result(l.local.decide(&d, keys, now))
+	res.Local = true
+	return res, err
+}
+
+// remote decides in Redis, and reports whether the request was admitted.
+func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, now int64) (bool, error) {
 	if !l.split {
-		g := reply{}
-		if err := d.run(ctx, keys, l.all, now, &g); err != nil {
-			return Result{}, err
-		}
-		return d.result(g.allowed)
+		var g reply
+		err := d.run(ctx, keys, l.all, now, &g)
+		return g.allowed, err
 	}
 	var reserved []reservation
 	for _, g := range l.groups(tags) {
@@ -66,17 +82,14 @@ func (l *Limiter) decide(ctx context.Context, ids []string, cost int, fromKeys b
 		}
 		var gr reply
 		if err := d.run(ctx, gkeys, g, now, &gr); err != nil {
-			return Result{}, errors.Join(err, l.rollback(ctx, reserved, cost))
+			return false, errors.Join(err, l.rollback(ctx, reserved, d.cost))
 		}
 		if !gr.allowed {
-			if err := l.rollback(ctx, reserved, cost); err != nil {
-				return Result{}, err
-			}
-			return d.result(false)
+			return false, l.rollback(ctx, reserved, d.cost)
 		}
 		reserved = append(reserved, reservation{gkeys, gr.first})
 	}
-	return d.result(true)
+	return true, nil
 }
 
 // keys builds the Redis key of every limit for ids, and returns each key's
@@ -178,16 +191,21 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 	for _, i := range idx {
 		args = append(args, d.l.limits[i].quotaArg, d.l.limits[i].window)
 	}
-	raw, err := runScript(ctx, d.l.client, slidingLog, slidingLogSource, keys, args)
-	if err != nil {
-		if cc, ok := d.l.client.(*redis.ClusterClient); ok {
-			// go-redis learns of a failover from a MOVED reply or its
-			// periodic reload (every minute by default); a primary that is
-			// gone sends neither. Ask for a reload now, so that decisions
-			// move to the promoted replica within moments. go-redis runs at
-			// most one reload at a time, and waits 200ms between them.
-			cc.ReloadState(ctx)
+	b := d.l.breakers.forKey(ctx, d.l.client, keys[0])
+	var probe bool
+	if b != nil {
+		var ok bool
+		if ok, probe = b.allow(d.l.breakers.clock()); !ok {
+			d.l.reloadClusterState(ctx)
+			return ErrCircuitOpen
 		}
+	}
+	raw, err := runScript(ctx, d.l.client, slidingLog, slidingLogSource, keys, args)
+	if b != nil {
+		b.done(d.l.breakers, err, probe, d.l.breakers.clock())
+	}
+	if err != nil {
+		d.l.reloadClusterState(ctx)
 		// Say when the decision ran out of time, so that errors.Is(err,
 		// context.DeadlineExceeded) holds: the socket deadline, which
 		// go-redis takes from ctx, may expire a moment before ctx does.
@@ -268,6 +286,17 @@ func (d *decision) result(allowed bool) (Result, error) {
 	c := res.Limits[closest]
 	res.Limit, res.Remaining, res.Reset = c.Quota, c.Remaining, c.Reset
 	return res, nil
+}
+
+// reloadClusterState asks a cluster client to reload its map of slots after
+// a failed call. go-redis learns of a failover from a MOVED reply or its
+// periodic reload (every minute by default); a primary that is gone sends
+// neither. A reload now moves decisions to the promoted replica within
+// moments. go-redis runs one reload at a time, 200ms apart at most.
+func (l *Limiter) reloadClusterState(ctx context.Context) {
+	if cc, ok := l.client.(*redis.ClusterClient); ok {
+		cc.ReloadState(ctx)
+	}
 }
 
 // runScript runs a script by its SHA and falls back to sending its source

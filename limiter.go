@@ -48,6 +48,9 @@ type Limiter struct {
 
 	split bool  // keys with different hash tags must be decided apart (Cluster, Ring)
 	all   []int // 0, 1, ..., len(limits)-1
+
+	breakers *breakers   // shared with derived Limiters
+	local    *localStore // for FailLocal; shared with derived Limiters
 }
 
 type compiledLimit struct {
@@ -68,6 +71,12 @@ type compiledLimit struct {
 // names, invalid options. It never panics on bad configuration, and a Limiter
 // it returns never fails at request time because of its configuration.
 func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter, error) {
+	return newLimiter(client, limits, opts, nil)
+}
+
+// newLimiter is New for a Limiter derived from parent (nil for none), whose
+// circuit breakers and local logs it shares.
+func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, parent *Limiter) (*Limiter, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
 		if o != nil {
@@ -123,6 +132,15 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	}
 	l.policyHeader = []string{strings.Join(policies, ", ")}
 	l.split = sharded(client) && !cfg.singleSlot
+	l.parent = parent
+	if parent != nil {
+		// The same Redis, the same requests: one view of its health, and
+		// one set of local logs.
+		l.breakers, l.local = parent.breakers, parent.local
+	} else {
+		l.breakers = &breakers{failures: int32(cfg.breakerFailures), coolDown: cfg.breakerCoolDown}
+		l.local = &localStore{}
+	}
 	if err := l.buildRoutes(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
@@ -214,17 +232,17 @@ func (l *Limiter) derivesFrom(p *Limiter) bool {
 }
 
 // With returns a new Limiter that enforces l's limits and the given ones in
-// one decision, with l's options followed by opts. Use it for a route that
+// one decision, with l's options followed by opts. It shares l's circuit
+// breakers and FailLocal logs (a WithCircuitBreaker in opts is ignored). Use it for a route that
 // needs a tighter limit or a cost of its own: a request to that route is
 // checked once, against every limit, and counted in all of them or in none.
 // Limits keep their counts across the two Limiters when their names match.
 func (l *Limiter) With(limits []Limit, opts ...Option) (*Limiter, error) {
 	all := append(append([]Limit(nil), l.declared...), limits...)
-	d, err := New(l.client, all, append(append([]Option(nil), l.opts...), opts...)...)
+	d, err := newLimiter(l.client, all, append(append([]Option(nil), l.opts...), opts...), l)
 	if err != nil {
 		return nil, err
 	}
-	d.parent = l
 	return d, nil
 }
 
@@ -292,6 +310,9 @@ type Result struct {
 	Limits []LimitResult
 	// Now is the time the decision was made, on the same clock as Reset.
 	Now time.Time
+	// Local reports that Redis could not decide and the limiter counted the
+	// request in this process instead ([FailLocal]).
+	Local bool
 }
 
 // LimitResult is the state of one limit after a decision.

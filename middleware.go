@@ -70,11 +70,14 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request) bool {
 		if l.cfg.onError != nil {
 			l.cfg.onError(r, err)
 		}
-		if l.cfg.failure == FailOpen {
+		switch {
+		case res.Local: // FailLocal decided: answer as usual
+		case l.cfg.failure == FailOpen:
 			return true
+		default:
+			serviceUnavailable(w)
+			return false
 		}
-		serviceUnavailable(w)
-		return false
 	}
 	l.writeHeaders(w.Header(), &res)
 	if res.Allowed {

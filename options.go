@@ -26,15 +26,26 @@ const (
 	// request whose Key cannot identify it is served too, so count a
 	// fail-open limiter by keys a client cannot drop, such as [ClientIP].
 	FailOpen
+	// FailLocal enforces the same limits in this process while Redis cannot
+	// be reached, and goes back to Redis as soon as it answers. Each app
+	// instance then counts only its own requests, so across N instances a
+	// limit admits up to N times its quota; the counts of the outage are not
+	// carried over to Redis. Responses carry the local counts in their
+	// headers. A request whose Key cannot identify it gets 503, as under
+	// FailClosed. The local logs hold at most 100,000 keys; past that, idle
+	// keys and then arbitrary ones are dropped.
+	FailLocal
 )
 
-// String returns "fail-closed" or "fail-open".
+// String returns "fail-closed", "fail-open" or "fail-local".
 func (m FailureMode) String() string {
 	switch m {
 	case FailClosed:
 		return "fail-closed"
 	case FailOpen:
 		return "fail-open"
+	case FailLocal:
+		return "fail-local"
 	}
 	return "FailureMode(" + strconv.Itoa(int(m)) + ")"
 }
@@ -56,6 +67,9 @@ type config struct {
 	onError    func(*http.Request, error)
 	routes     map[string]RouteLimits
 	singleSlot bool
+
+	breakerFailures int
+	breakerCoolDown time.Duration
 	errs       []error
 }
 
@@ -65,6 +79,9 @@ func defaultConfig() config {
 		timeout: DefaultTimeout,
 		failure: FailClosed,
 		headers: HeadersXRateLimit,
+
+		breakerFailures: DefaultBreakerFailures,
+		breakerCoolDown: DefaultBreakerCoolDown,
 	}
 }
 
@@ -100,7 +117,7 @@ func WithTimeout(d time.Duration) Option {
 // Default: [FailClosed].
 func WithFailureMode(m FailureMode) Option {
 	return func(c *config) {
-		if m > FailOpen {
+		if m > FailLocal {
 			c.errs = append(c.errs, errors.New("unknown failure mode "+m.String()))
 		}
 		c.failure = m

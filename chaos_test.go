@@ -1,0 +1,352 @@
+package ratelimit
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/redistest"
+)
+
+// The chaos tests break a real redis-server under load and check that every
+// request is still answered, within the decision timeout plus a margin for a
+// loaded 2-core machine running the race detector, with the failure mode
+// while Redis cannot answer and exact limiting once it can.
+const (
+	chaosTimeout = 200 * time.Millisecond
+	chaosMargin  = 300 * time.Millisecond
+)
+
+// leakCheck records the goroutines of the test process and the connections
+// of a server at the start of a test, and checks that both come back to
+// those numbers once the test has closed its clients.
+type leakCheck struct {
+	srv        *redistest.Server
+	admin      *redis.Client
+	goroutines int
+	conns      int
+}
+
+func startLeakCheck(t *testing.T, srv *redistest.Server) *leakCheck {
+	lc := &leakCheck{srv: srv, admin: srv.Client()}
+	lc.conns = connectedClients(t, lc.admin)
+	lc.goroutines = runtime.NumGoroutine()
+	return lc
+}
+
+// verify waits up to 5s for the counts to come back, and fails otherwise.
+func (lc *leakCheck) verify(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		g, c := runtime.NumGoroutine(), connectedClients(t, lc.admin)
+		if g <= lc.goroutines && c == lc.conns {
+			t.Logf("goroutines %d (start %d), server connections %d (start %d)", g, lc.goroutines, c, lc.conns)
+			return
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("leak: goroutines %d (start %d), server connections %d (start %d)\n%s",
+				g, lc.goroutines, c, lc.conns, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(20 * time.Millisecond) // polling for a count, not ordering events
+	}
+}
+
+func connectedClients(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "clients").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "connected_clients:"); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	t.Fatal("no connected_clients in INFO")
+	return 0
+}
+
+// load sends requests from 8 app instances, each with its own client,
+// through the middleware until stop is closed, and records every answer.
+type load struct {
+	clients []*redis.Client
+	h       []http.Handler
+	mu      sync.Mutex
+	events  []event
+	start   time.Time
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+type event struct {
+	at, latency time.Duration // since the start; of the decision
+	status      int
+}
+
+func startLoad(t *testing.T, srv *redistest.Server, limits []Limit, opts ...Option) *load {
+	ld := &load{start: time.Now(), stop: make(chan struct{})}
+	for range 8 {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+		ld.clients = append(ld.clients, c)
+		ld.h = append(ld.h, mustNew(t, c, limits, append([]Option{WithTimeout(chaosTimeout)}, opts...)...).Handler(okHandler))
+	}
+	for i := range ld.h {
+		ld.wg.Add(1)
+		go func() {
+			defer ld.wg.Done()
+			for {
+				select {
+				case <-ld.stop:
+					return
+				default:
+				}
+				r := httptest.NewRequest("GET", "/", nil)
+				w := httptest.NewRecorder()
+				begin := time.Now()
+				ld.h[i].ServeHTTP(w, r)
+				e := event{at: begin.Sub(ld.start), latency: time.Since(begin), status: w.Code}
+				ld.mu.Lock()
+				ld.events = append(ld.events, e)
+				ld.mu.Unlock()
+				time.Sleep(time.Millisecond) // a steady load, not a busy loop
+			}
+		}()
+	}
+	return ld
+}
+
+// finish stops the load, closes its clients and returns its events in time
+// order.
+func (ld *load) finish() []event {
+	close(ld.stop)
+	ld.wg.Wait()
+	for _, c := range ld.clients {
+		_ = c.Close()
+	}
+	sort.Slice(ld.events, func(i, j int) bool { return ld.events[i].at < ld.events[j].at })
+	return ld.events
+}
+
+func (ld *load) since() time.Duration { return time.Since(ld.start) }
+
+// checkLatency fails the test for any answer that took longer than the
+// timeout plus the margin, and returns the worst.
+func checkLatency(t *testing.T, events []event) time.Duration {
+	t.Helper()
+	var worst time.Duration
+	for _, e := range events {
+		worst = max(worst, e.latency)
+	}
+	if worst > chaosTimeout+chaosMargin {
+		t.Errorf("worst decision took %v; the bound is %v + %v", worst, chaosTimeout, chaosMargin)
+	}
+	return worst
+}
+
+// TestChaosRestart kills redis-server under load and starts it again on
+// the same port, empty and without the script.
+func TestChaosRestart(t *testing.T) {
+	srv := redistest.Start(t)
+	lc := startLeakCheck(t, srv)
+	quietRedisLog(t)
+	const quota = 200
+	ld := startLoad(t, srv, []Limit{PerMinute(quota, Global()).Named("chaos")})
+	time.Sleep(500 * time.Millisecond) // load before the outage
+	killed := ld.since()
+	srv.Stop()
+	time.Sleep(time.Second) // the outage
+	restarted := ld.since()
+	srv.Restart()
+	time.Sleep(1500 * time.Millisecond) // load after the outage
+	events := ld.finish()
+
+	var before, during, after, other int
+	var admittedAfter int
+	recovered := time.Duration(-1)
+	for _, e := range events {
+		switch {
+		case e.status != 200 && e.status != 429 && e.status != 503:
+			other++
+		case e.at < killed:
+			before++
+		case e.status == 503:
+			if recovered >= 0 {
+				t.Errorf("503 at %v, after limiting had resumed", e.at)
+			}
+			during++
+		default:
+			if e.at < restarted {
+				t.Errorf("a decision (%d) while Redis was down, at %v", e.status, e.at)
+			}
+			after++
+			if e.status == 200 {
+				admittedAfter++
+			}
+			if recovered < 0 {
+				recovered = e.at - restarted
+			}
+		}
+	}
+	worst := checkLatency(t, events)
+	t.Logf("restart: %d requests; %d before the kill; %d answered by the failure mode (503) during the outage of %v; "+
+		"worst decision %v; exact limiting again %v after the restart; %d admitted after it",
+		len(events), before, during, restarted-killed, worst.Round(time.Millisecond), recovered.Round(time.Millisecond), admittedAfter)
+	if other != 0 {
+		t.Errorf("%d answers with another status", other)
+	}
+	if during == 0 {
+		t.Error("no request got the failure mode")
+	}
+	if recovered < 0 || recovered > 3*time.Second {
+		t.Errorf("limiting resumed %v after the restart", recovered)
+	}
+	// The restarted Redis is empty: exactly the quota is admitted again,
+	// and its log holds exactly that.
+	if admittedAfter != quota {
+		t.Errorf("%d admitted after the restart, want exactly %d", admittedAfter, quota)
+	}
+	if n := zcard(t, lc.admin, "chaos", "global"); n != quota {
+		t.Errorf("log holds %d entries after the restart, want %d", n, quota)
+	}
+	lc.verify(t)
+}
+
+// TestChaosScriptFlush flushes the script cache over and over under load:
+// no request may fail because of it.
+func TestChaosScriptFlush(t *testing.T) {
+	srv := redistest.Start(t)
+	lc := startLeakCheck(t, srv)
+	var failures atomic.Int64
+	const quota = 300
+	ld := startLoad(t, srv, []Limit{PerMinute(quota, Global()).Named("flush")},
+		WithErrorHandler(func(*http.Request, error) { failures.Add(1) }))
+	flushes := 0
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); flushes++ {
+		if err := lc.admin.ScriptFlush(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond) // paces the flushes
+	}
+	events := ld.finish()
+	admitted := 0
+	for _, e := range events {
+		if e.status == 200 {
+			admitted++
+		} else if e.status != 429 {
+			t.Errorf("status %d", e.status)
+		}
+	}
+	t.Logf("SCRIPT FLUSH: %d flushes during %d requests; %d failed; %d admitted; worst decision %v",
+		flushes, len(events), failures.Load(), admitted, checkLatency(t, events).Round(time.Millisecond))
+	if failures.Load() != 0 || admitted != quota {
+		t.Errorf("%d requests failed and %d were admitted; want 0 and %d", failures.Load(), admitted, quota)
+	}
+	lc.verify(t)
+}
+
+// TestChaosStall pauses every Redis client for 1.5s under load: decisions
+// still return within the timeout, with the failure mode, and Redis decides
+// again once the pause ends.
+func TestChaosStall(t *testing.T) {
+	srv := redistest.Start(t)
+	lc := startLeakCheck(t, srv)
+	quietRedisLog(t)
+	ld := startLoad(t, srv, []Limit{PerMinute(1_000_000, Global()).Named("stall")})
+	time.Sleep(300 * time.Millisecond)
+	paused := ld.since()
+	if err := lc.admin.Do(context.Background(), "CLIENT", "PAUSE", 1500, "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2500 * time.Millisecond) // the pause, then load after it
+	events := ld.finish()
+	resumed := paused + 1500*time.Millisecond
+	var failed, okAfter int
+	for _, e := range events {
+		switch {
+		case e.status == 503:
+			failed++
+		case e.status == 200 && e.at > resumed:
+			okAfter++
+		case e.status != 200:
+			t.Errorf("status %d", e.status)
+		}
+	}
+	worst := checkLatency(t, events)
+	t.Logf("stall: %d requests; %d answered by the failure mode during a 1.5s CLIENT PAUSE; worst decision %v; %d admitted after it",
+		len(events), failed, worst.Round(time.Millisecond), okAfter)
+	if failed == 0 || okAfter == 0 {
+		t.Errorf("%d failure-mode answers during the stall, %d admitted after it; want some of each", failed, okAfter)
+	}
+	lc.verify(t)
+}
+
+// TestChaosPoolExhaustion sends a burst of 300 concurrent decisions through
+// a client with 4 connections while Redis is paused: every one waits at
+// most the timeout, and no goroutine or connection is left behind.
+func TestChaosPoolExhaustion(t *testing.T) {
+	srv := redistest.Start(t)
+	lc := startLeakCheck(t, srv)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, PoolSize: 4})
+	lim := mustNew(t, c, []Limit{PerMinute(1_000_000, Global()).Named("pool")},
+		WithTimeout(chaosTimeout), WithCircuitBreaker(0, 0))
+	if err := lc.admin.Do(context.Background(), "CLIENT", "PAUSE", 1000, "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	latencies := make([]event, 300)
+	start := make(chan struct{})
+	for i := range latencies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			begin := time.Now()
+			_, err := lim.Allow(context.Background(), []string{"k"}, 1)
+			latencies[i] = event{latency: time.Since(begin), status: 200}
+			if err != nil {
+				latencies[i].status = 503
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	failed := 0
+	for _, e := range latencies {
+		if e.status == 503 {
+			failed++
+		}
+	}
+	worst := checkLatency(t, latencies)
+	stats := c.PoolStats()
+	t.Logf("pool exhaustion: 300 concurrent decisions on 4 connections during a 1s pause: %d failed, worst %v; pool timeouts %d",
+		failed, worst.Round(time.Millisecond), stats.Timeouts)
+	if failed != len(latencies) {
+		t.Errorf("%d of %d decisions succeeded while Redis was paused", len(latencies)-failed, len(latencies))
+	}
+	// Redis answers again once the pause is over.
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		if _, err := lim.Allow(context.Background(), []string{"k"}, 1); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no decision after the pause")
+		}
+		time.Sleep(50 * time.Millisecond) // waiting for the pause to end
+	}
+	_ = c.Close()
+	lc.verify(t)
+}

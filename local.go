@@ -1,0 +1,109 @@
+package ratelimit
+
+import (
+	"slices"
+	"sync"
+)
+
+// maxLocalKeys bounds the logs FailLocal keeps in memory.
+const maxLocalKeys = 100_000
+
+// localStore is the in-process sliding log FailLocal decides with while
+// Redis cannot be reached. It applies the same rules as the script, to the
+// requests of this process only. Limiters derived with With share their
+// parent's, so that a route's requests count in the app-wide limits there
+// too.
+type localStore struct {
+	mu   sync.Mutex
+	logs map[string]*localLog // by Redis key
+}
+
+type localLog struct {
+	stamps []int64 // times of the logged units of cost, ascending, in µs
+	window int64   // µs
+}
+
+// prune drops the entries that have left the window at now.
+func (g *localLog) prune(now int64) {
+	i, _ := slices.BinarySearch(g.stamps, now-g.window+1)
+	g.stamps = g.stamps[i:]
+}
+
+// decide records in d the local decision for keys (one per limit of d.l)
+// at now, in µs, and logs the request if every limit admits it.
+func (s *localStore) decide(d *decision, keys []string, now int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.logs == nil {
+		s.logs = make(map[string]*localLog)
+	}
+	l, n := d.l, int64(d.cost)
+	logs := make([]*localLog, len(keys))
+	allowed := true
+	d.now, d.denier = now, -1
+	var denierAt int64
+	for i, key := range keys {
+		window := l.limits[i].Window.Microseconds()
+		g := s.logs[key]
+		if g == nil {
+			g = &localLog{window: window}
+		}
+		g.window = max(g.window, window)
+		g.prune(now)
+		logs[i] = g
+		count, quota := int64(len(g.stamps)), int64(l.limits[i].Quota)
+		r := reply{ok: true, now: now, count: count, reset: now}
+		switch {
+		case count+n <= quota:
+			if count > 0 {
+				r.reset = g.stamps[0] + window
+			}
+		case n > quota:
+			r.reset = -1
+		default:
+			r.reset = g.stamps[count+n-quota-1] + window
+		}
+		if count+n > quota {
+			allowed = false
+			if d.denier < 0 || r.reset == -1 || denierAt != -1 && r.reset > denierAt {
+				d.denier, denierAt = i, r.reset
+			}
+		}
+		d.replies[i] = r
+	}
+	if !allowed {
+		return false
+	}
+	for i, g := range logs {
+		if len(g.stamps) == 0 {
+			d.replies[i].reset = now + l.limits[i].Window.Microseconds()
+		}
+		for range n {
+			g.stamps = append(g.stamps, now)
+		}
+		if s.logs[keys[i]] == nil {
+			s.makeRoom(now)
+			s.logs[keys[i]] = g
+		}
+	}
+	return true
+}
+
+// makeRoom keeps the store under maxLocalKeys: it drops logs whose entries
+// have all left their window, then, if that is not enough, arbitrary ones.
+func (s *localStore) makeRoom(now int64) {
+	if len(s.logs) < maxLocalKeys {
+		return
+	}
+	for k, g := range s.logs {
+		if g.prune(now); len(g.stamps) == 0 {
+			delete(s.logs, k)
+		}
+	}
+	for k := range s.logs { // map order is random
+		if len(s.logs) < maxLocalKeys*9/10 {
+			break
+		}
+		delete(s.logs, k)
+	}
+}
