@@ -201,7 +201,7 @@ func TestChaosRestart(t *testing.T) {
 		}
 	}
 	worst := checkLatency(t, events)
-	t.Logf("restart: %d requests; %d before the kill; %d answered by the failure mode (503) during the outage of %v; "+
+	t.Logf("restart: %d requests; %d before the kill; %d answered by the failure mode (503) during the outage of %v and until recovery; "+
 		"worst decision %v; exact limiting again %v after the restart; %d admitted after it",
 		len(events), before, during, restarted-killed, worst.Round(time.Millisecond), recovered.Round(time.Millisecond), admittedAfter)
 	if other != 0 {

@@ -70,7 +70,7 @@ type config struct {
 
 	breakerFailures int
 	breakerCoolDown time.Duration
-	errs       []error
+	errs            []error
 }
 
 func defaultConfig() config {
