@@ -1,0 +1,312 @@
+// Command ratelimit-bench measures the limiter against a real Redis: decision
+// throughput and latency under fixed-duration workloads, side by side with
+// the round-trip ceiling of the same client, and Redis memory per logged
+// request.
+//
+//	go run ./cmd/ratelimit-bench                    # starts its own redis-server
+//	REDIS_URL=redis://host:6379/0 go run ./cmd/ratelimit-bench -duration 10s
+//
+// Workloads:
+//
+//	ceiling          EVALSHA of a script that returns 1: one round trip per call,
+//	                 no limiter work; the other figures are relative to it.
+//	allow-many-keys  10,000 keys, a limit that never denies.
+//	deny-hot-key     one key, 100 per minute, flooded.
+//	mixed            1,000 keys, 50 per 10 s.
+//	memory           Redis bytes per logged request at 1,000 keys x 100 entries
+//	                 and at 100 keys x 1,000 entries (INFO memory delta).
+//
+// The Redis it uses is flushed: never point it at a Redis holding data.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit"
+)
+
+func main() {
+	duration := flag.Duration("duration", 5*time.Second, "length of each throughput workload")
+	callers := flag.Int("c", 32, "concurrent callers")
+	only := flag.String("run", "", "comma-separated workloads to run (default: all)")
+	flag.Parse()
+
+	url := os.Getenv("REDIS_URL")
+	if url == "" {
+		addr, stop, err := startRedis()
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer stop()
+		url = "redis://" + addr
+	}
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		log.Fatalf("REDIS_URL: %v", err)
+	}
+	opt.ContextTimeoutEnabled = true
+	opt.PoolSize = *callers
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	ctx := context.Background()
+	info, _ := rdb.Info(ctx, "server").Result()
+	fmt.Printf("redis %s at %s; %d callers, %v per workload\n\n", field(info, "redis_version"), opt.Addr, *callers, *duration)
+
+	want := func(name string) bool {
+		return *only == "" || slices.Contains(strings.Split(*only, ","), name)
+	}
+	b := bench{rdb: rdb, callers: *callers, duration: *duration}
+	var ceiling float64
+	fmt.Printf("%-16s %12s %9s %9s %9s\n", "workload", "ops/s", "x ceiling", "p50", "p99")
+	for _, w := range []struct {
+		name string
+		run  func() (stats, error)
+	}{
+		{"ceiling", b.ceiling},
+		{"allow-many-keys", func() (stats, error) {
+			return b.limiter(ratelimit.PerMinute(1_000_000_000/1000, ratelimit.Global()), 10_000)
+		}},
+		{"deny-hot-key", func() (stats, error) { return b.limiter(ratelimit.PerMinute(100, ratelimit.Global()), 1) }},
+		{"mixed", func() (stats, error) {
+			return b.limiter(ratelimit.Per(10*time.Second, 50, ratelimit.Global()), 1000)
+		}},
+	} {
+		if w.name != "ceiling" && !want(w.name) {
+			continue
+		}
+		if err := rdb.FlushAll(ctx).Err(); err != nil {
+			log.Fatal(err)
+		}
+		s, err := w.run()
+		if err != nil {
+			log.Fatalf("%s: %v", w.name, err)
+		}
+		if w.name == "ceiling" {
+			ceiling = s.opsPerSec
+		}
+		fmt.Printf("%-16s %12.0f %9.2f %9v %9v\n", w.name, s.opsPerSec, s.opsPerSec/ceiling, s.p50, s.p99)
+	}
+	if want("memory") {
+		fmt.Println()
+		for _, m := range []struct{ keys, perKey int }{{1000, 100}, {100, 1000}} {
+			perEntry, err := b.memory(m.keys, m.perKey)
+			if err != nil {
+				log.Fatal(err)
+			}
+			fmt.Printf("memory: %d keys x %d entries: %.1f bytes per logged request\n", m.keys, m.perKey, perEntry)
+		}
+	}
+}
+
+type bench struct {
+	rdb      *redis.Client
+	callers  int
+	duration time.Duration
+}
+
+type stats struct {
+	opsPerSec float64
+	p50, p99  time.Duration
+}
+
+// run calls op from b.callers goroutines for b.duration and measures it.
+func (b bench) run(op func(ctx context.Context, rng *rand.Rand) error) (stats, error) {
+	var mu sync.Mutex
+	var all []time.Duration
+	var firstErr error
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(b.duration)
+	for i := range b.callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 42))
+			lat := make([]time.Duration, 0, 1<<16)
+			ctx := context.Background()
+			for {
+				t := time.Now()
+				if t.After(deadline) {
+					break
+				}
+				if err := op(ctx, rng); err != nil {
+					mu.Lock()
+					firstErr = cmp(firstErr, err)
+					mu.Unlock()
+					break
+				}
+				lat = append(lat, time.Since(t))
+			}
+			mu.Lock()
+			all = append(all, lat...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if firstErr != nil {
+		return stats{}, firstErr
+	}
+	if len(all) == 0 {
+		return stats{}, errors.New("no operation completed")
+	}
+	slices.Sort(all)
+	return stats{
+		opsPerSec: float64(len(all)) / elapsed.Seconds(),
+		p50:       all[len(all)/2].Round(time.Microsecond),
+		p99:       all[len(all)*99/100].Round(time.Microsecond),
+	}, nil
+}
+
+func cmp(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+var noop = redis.NewScript("return 1")
+
+// ceiling is one EVALSHA of a no-op script per call, over the same client.
+func (b bench) ceiling() (stats, error) {
+	if err := noop.Load(context.Background(), b.rdb).Err(); err != nil {
+		return stats{}, err
+	}
+	return b.run(func(ctx context.Context, _ *rand.Rand) error {
+		return b.rdb.EvalSha(ctx, noop.Hash(), nil).Err()
+	})
+}
+
+// limiter decides for identifiers drawn at random from keys distinct ones.
+func (b bench) limiter(limit ratelimit.Limit, keys int) (stats, error) {
+	lim, err := ratelimit.New(b.rdb, []ratelimit.Limit{limit.Named("bench")}, ratelimit.WithTimeout(5*time.Second))
+	if err != nil {
+		return stats{}, err
+	}
+	ids := make([]string, keys)
+	for i := range ids {
+		ids[i] = "client-" + strconv.Itoa(i)
+	}
+	return b.run(func(ctx context.Context, rng *rand.Rand) error {
+		_, err := lim.Allow(ctx, ids[rng.IntN(keys):][:1], 1)
+		return err
+	})
+}
+
+// memory logs perKey requests in each of keys keys and returns the growth of
+// Redis's used_memory per logged request.
+func (b bench) memory(keys, perKey int) (float64, error) {
+	ctx := context.Background()
+	if err := b.rdb.FlushAll(ctx).Err(); err != nil {
+		return 0, err
+	}
+	lim, err := ratelimit.New(b.rdb, []ratelimit.Limit{ratelimit.PerHour(perKey, ratelimit.Global()).Named("mem")},
+		ratelimit.WithTimeout(5*time.Second))
+	if err != nil {
+		return 0, err
+	}
+	before, err := usedMemory(ctx, b.rdb)
+	if err != nil {
+		return 0, err
+	}
+	work := make(chan string, keys)
+	for k := range keys {
+		work <- "10.0." + strconv.Itoa(k/256) + "." + strconv.Itoa(k%256)
+	}
+	close(work)
+	var wg sync.WaitGroup
+	errs := make(chan error, b.callers)
+	for range b.callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range work {
+				for range perKey {
+					if res, err := lim.Allow(ctx, []string{id}, 1); err != nil || !res.Allowed {
+						errs <- fmt.Errorf("filling %s: %+v %v", id, res, err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, err
+	}
+	after, err := usedMemory(ctx, b.rdb)
+	if err != nil {
+		return 0, err
+	}
+	return float64(after-before) / float64(keys*perKey), nil
+}
+
+func usedMemory(ctx context.Context, rdb *redis.Client) (int64, error) {
+	info, err := rdb.Info(ctx, "memory").Result()
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(field(info, "used_memory"), 10, 64)
+}
+
+// field returns the value of name in an INFO reply.
+func field(info, name string) string {
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// startRedis starts a redis-server without persistence on a free loopback
+// port.
+func startRedis() (addr string, stop func(), err error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", nil, fmt.Errorf("redis-server not found (install it, or set REDIS_URL): %w", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	addr = l.Addr().String()
+	_ = l.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	dir, err := os.MkdirTemp("", "ratelimit-bench")
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop = func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = os.RemoveAll(dir) }
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	for i := 0; ; i++ {
+		if err := c.Ping(context.Background()).Err(); err == nil {
+			return addr, stop, nil
+		} else if i == 200 {
+			stop()
+			return "", nil, fmt.Errorf("redis-server on %s did not start: %w", addr, err)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
