@@ -33,8 +33,8 @@ func (w *nopWriter) WriteHeader(int)             {}
 //	go test -run '^$' -bench Middleware -benchmem .
 func BenchmarkMiddleware(b *testing.B) {
 	now := t0.UnixMicro()
-	allowOne := []any{int64(1), now, now, int64(0), int64(3), now + 60e6}
-	allowTwo := []any{int64(1), now, now, int64(0), int64(3), now + 60e6, int64(40), now + 1e6}
+	allowOne := []any{int64(1), now, int64(0), int64(3), now + 60e6, now}
+	allowTwo := []any{int64(1), now, int64(0), int64(3), now + 60e6, now, int64(40), now + 1e6, now}
 	r, _ := http.NewRequest("GET", "/users/7", nil)
 	r.RemoteAddr = "203.0.113.7:5000"
 	run := func(b *testing.B, h http.Handler) {

@@ -41,6 +41,7 @@ var clusterSuite = []struct {
 	{"HierarchicalSpread", testHierarchicalSpread},
 	{"OddIdentifiers", testOddIdentifiers},
 	{"SingleSlot", testSingleSlot},
+	{"CompactLog", testCompactLog},
 }
 
 // TestCluster runs the suite on one 6-node Redis Cluster (3 primaries with

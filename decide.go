@@ -87,7 +87,11 @@ func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, 
 		if !gr.allowed {
 			return false, l.rollback(ctx, reserved, d.cost)
 		}
-		reserved = append(reserved, reservation{gkeys, gr.first})
+		res := reservation{keys: gkeys}
+		for _, i := range g {
+			res.args = append(res.args, d.replies[i].stamp, l.limits[i].unit)
+		}
+		reserved = append(reserved, res)
 	}
 	return true, nil
 }
@@ -143,10 +147,11 @@ func (l *Limiter) groups(tags []string) [][]int {
 	return groups
 }
 
-// reservation is what a group's script call logged, to remove it again.
+// reservation is what a group's script call logged, to remove it again:
+// the logs, and the stamp and time unit of the request's entries in each.
 type reservation struct {
-	keys  []string
-	first int64
+	keys []string
+	args []any
 }
 
 // rollback removes the entries of reservations. It gets its own timeout, so
@@ -159,7 +164,7 @@ func (l *Limiter) rollback(ctx context.Context, reservations []reservation, cost
 	defer cancel()
 	var errs []error
 	for _, r := range reservations {
-		if _, err := runScript(ctx, l.client, rollback, rollbackSource, r.keys, []any{r.first, cost}); err != nil {
+		if _, err := runScript(ctx, l.client, rollback, rollbackSource, r.keys, append([]any{cost}, r.args...)); err != nil {
 			errs = append(errs, fmt.Errorf("ratelimit: removing a reservation from %s (it stays counted until it leaves the window): %w", r.keys[0], err))
 		}
 	}
@@ -179,17 +184,19 @@ type decision struct {
 type reply struct {
 	ok           bool // checked
 	allowed      bool
-	now, first   int64
+	now          int64
 	count, reset int64
+	stamp        int64 // the time of the request's entries, if logged
 }
 
 // run calls the script for the limits idx with their keys and records the
 // replies. g receives the group's overall reply.
 func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64, g *reply) error {
-	args := make([]any, 2, 2+2*len(idx))
+	args := make([]any, 2, 2+3*len(idx))
 	args[0], args[1] = d.cost, now
 	for _, i := range idx {
-		args = append(args, d.l.limits[i].quotaArg, d.l.limits[i].window)
+		lim := &d.l.limits[i]
+		args = append(args, lim.quotaArg, lim.window, lim.unit)
 	}
 	b := d.l.breakers.forKey(ctx, d.l.client, keys[0])
 	var probe bool
@@ -219,7 +226,7 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 		return fmt.Errorf("ratelimit: redis: %w", err)
 	}
 	arr, ok := raw.([]any)
-	if !ok || len(arr) != 4+2*len(idx) {
+	if !ok || len(arr) != 3+3*len(idx) {
 		return fmt.Errorf("%w: %T of length %d", ErrUnexpectedReply, raw, len(arr))
 	}
 	for i, e := range arr {
@@ -228,17 +235,17 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 		}
 	}
 	v := func(i int) int64 { return arr[i].(int64) }
-	allowed, denied := v(0) == 1, v(3)
+	allowed, denied := v(0) == 1, v(2)
 	if v(0) != 0 && v(0) != 1 || denied < 0 || denied > int64(len(idx)) || allowed == (denied != 0) {
 		return fmt.Errorf("%w: allowed=%d denied=%d", ErrUnexpectedReply, v(0), denied)
 	}
-	*g = reply{ok: true, allowed: allowed, now: v(1), first: v(2)}
+	*g = reply{ok: true, allowed: allowed, now: v(1)}
 	for j, i := range idx {
-		count, reset := v(4+2*j), v(5+2*j)
-		if count < 0 || reset < -1 {
-			return fmt.Errorf("%w: limit %d: count=%d reset=%d", ErrUnexpectedReply, j, count, reset)
+		count, reset, stamp := v(3+3*j), v(4+3*j), v(5+3*j)
+		if count < 0 || reset < -1 || stamp < 0 {
+			return fmt.Errorf("%w: limit %d: count=%d reset=%d stamp=%d", ErrUnexpectedReply, j, count, reset, stamp)
 		}
-		d.replies[i] = reply{ok: true, now: g.now, count: count, reset: reset}
+		d.replies[i] = reply{ok: true, now: g.now, count: count, reset: reset, stamp: stamp}
 	}
 	d.now = g.now
 	d.denier = -1

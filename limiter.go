@@ -58,6 +58,7 @@ type compiledLimit struct {
 	head     string   // "<prefix><name>:{", the Redis key up to the identifier
 	quotaArg any      // Quota, boxed once for the script's ARGV
 	window   any      // Window in microseconds, boxed once
+	unit     any      // time unit of the log in microseconds, boxed once (see the script)
 	limitHdr []string // precomputed X-RateLimit-Limit value
 }
 
@@ -123,6 +124,7 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 			head:     head,
 			quotaArg: lim.Quota,
 			window:   lim.Window.Microseconds(),
+			unit:     timeUnit(lim.Window),
 			limitHdr: []string{strconv.Itoa(lim.Quota)},
 		})
 		policies = append(policies, policyItem(lim))
@@ -244,6 +246,22 @@ func (l *Limiter) With(limits []Limit, opts ...Option) (*Limiter, error) {
 		return nil, err
 	}
 	return d, nil
+}
+
+// timeUnit returns the time unit of a log with the given window, in
+// microseconds: the smallest of 1, 2 and 5 times a power of ten that is at
+// least window/8192. Whole seconds and milliseconds are then whole numbers of
+// units (for units up to a second), and offsets within a window fit in 13
+// bits and within four windows in 15 (see the script).
+func timeUnit(window time.Duration) int64 {
+	target := (window.Microseconds() + 8191) / 8192
+	for p := int64(1); ; p *= 10 {
+		for _, m := range []int64{1, 2, 5} {
+			if m*p >= target {
+				return m * p
+			}
+		}
+	}
 }
 
 // sharded reports whether c spreads keys over several Redis servers by hash

@@ -336,10 +336,11 @@ func TestUnexpectedReply(t *testing.T) {
 		nil, "OK", int64(1), []any{}, []any{int64(1), int64(2), int64(3)},
 		[]any{int64(1), int64(2), int64(3), int64(0), "x", int64(0)},
 		[]any{int64(2), int64(0), int64(0), int64(0), int64(0), int64(0)},  // allowed not 0/1
-		[]any{int64(1), int64(0), int64(0), int64(1), int64(0), int64(0)},  // allowed and denied
+		[]any{int64(1), int64(0), int64(1), int64(0), int64(0), int64(0)},  // allowed and denied
 		[]any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(0)},  // denied by nobody
-		[]any{int64(0), int64(0), int64(0), int64(7), int64(0), int64(0)},  // denied by limit 7 of 1
-		[]any{int64(1), int64(0), int64(0), int64(0), int64(-5), int64(0)}, // negative count
+		[]any{int64(0), int64(0), int64(7), int64(0), int64(0), int64(0)},  // denied by limit 7 of 1
+		[]any{int64(1), int64(0), int64(0), int64(-5), int64(0), int64(0)}, // negative count
+		[]any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(-1)}, // negative stamp
 	} {
 		lim := mustNew(t, stubClient{reply: reply}, []Limit{PerMinute(5, Global())})
 		if _, err := lim.Allow(context.Background(), []string{"k"}, 1); !errors.Is(err, ErrUnexpectedReply) {
@@ -592,14 +593,16 @@ func testExpiry(t *testing.T, b backend) {
 		}
 		return res.Allowed, ttl
 	}
-	if ok, ttl := allowTTL(); !ok || ttl <= 29*time.Second || ttl > 30*time.Second+time.Millisecond {
+	// The entry's time is rounded up to the log's unit (5ms for 30s).
+	slack := time.Duration(timeUnit(30*time.Second))*time.Microsecond + time.Millisecond
+	if ok, ttl := allowTTL(); !ok || ttl <= 29*time.Second || ttl > 30*time.Second+slack {
 		t.Errorf("admitted=%v, TTL %v; want admitted, TTL just over 30s", ok, ttl)
 	}
 	if b.mr == nil {
 		return // the rest needs TTLs that move without waiting
 	}
 	b.mr.FastForward(10 * time.Second)
-	if ok, ttl := allowTTL(); ok || ttl > 20*time.Second+time.Millisecond {
+	if ok, ttl := allowTTL(); ok || ttl > 20*time.Second+slack {
 		t.Errorf("admitted=%v, TTL %v; want denied, TTL unchanged at about 20s", ok, ttl)
 	}
 	b.mr.FastForward(21 * time.Second)
@@ -688,5 +691,68 @@ func TestForRoute(t *testing.T) {
 		if cost != tc.cost {
 			t.Errorf("ForRoute(%q, %q): cost %d, want %d", tc.method, tc.pattern, cost, tc.cost)
 		}
+	}
+}
+
+// TestCompactLog: the log's base moves up when offsets would overflow
+// (after four windows) without changing any count, and a member still in
+// use is never taken over by a new entry.
+func TestCompactLog(t *testing.T) { forBackends(t, testCompactLog) }
+
+func testCompactLog(t *testing.T, b backend) {
+	opts, setTime := b.clock(t0)
+	c := b.newClient(t)
+	lim := mustNew(t, c, []Limit{PerSecond(3, Global()).Named("c")}, opts...)
+	key := string(appendKey(nil, DefaultPrefix+"c:{", "k", false))
+	ctx := context.Background()
+	// 4 requests every 400ms for 12s, compared with an exact sliding log
+	// kept here (the times are on the log's 200µs grid, so it rounds
+	// nothing), while the base has to move twice.
+	var model []time.Duration
+	for step := range 30 {
+		at := time.Duration(step) * 400 * time.Millisecond
+		setTime(t0.Add(at))
+		for i := range 4 {
+			live := 0
+			for _, m := range model {
+				if m > at-time.Second {
+					live++
+				}
+			}
+			res, err := lim.Allow(ctx, []string{"k"}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := live < 3; res.Allowed != want {
+				t.Fatalf("step %d (%v), request %d: admitted=%v, the exact log says %v", step, at, i, res.Allowed, want)
+			}
+			if res.Allowed {
+				model = append(model, at)
+			}
+		}
+	}
+	base, err := c.ZScore(ctx, key, "b").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved := time.UnixMicro(int64(base)).Sub(t0); moved < 4*time.Second {
+		t.Errorf("base moved by %v after 12s of a 1s window; want it to follow the log", moved)
+	}
+
+	// Point the next member at one in use: the new entry must take another.
+	if err := c.ZAdd(ctx, key, redis.Z{Score: 1<<50 + 0, Member: "n"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	setTime(t0.Add(60 * time.Second))
+	for i := range 3 {
+		if res, err := lim.Allow(ctx, []string{"k"}, 1); err != nil || !res.Allowed {
+			t.Fatalf("request %d: %+v %v", i, res, err)
+		}
+		if err := c.ZAdd(ctx, key, redis.Z{Score: 1<<50 + 0, Member: "n"}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := zcard(t, c, "c", "k"); n != 3 {
+		t.Errorf("%d entries after 3 admissions with a clashing next member, want 3", n)
 	}
 }

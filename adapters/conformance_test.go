@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -218,7 +219,8 @@ func forBackends(t *testing.T, fn func(t *testing.T, rdb *redis.Client, opts []r
 	})
 }
 
-// logs returns every key in Redis with the number of entries in its log.
+// logs returns every key in Redis with the number of entries in its log
+// (its meta members, which sort after every entry, left out).
 func logs(t *testing.T, rdb *redis.Client) map[string]int64 {
 	t.Helper()
 	ctx := context.Background()
@@ -229,7 +231,7 @@ func logs(t *testing.T, rdb *redis.Client) map[string]int64 {
 	sort.Strings(keys)
 	got := make(map[string]int64, len(keys))
 	for _, k := range keys {
-		if got[k], err = rdb.ZCard(ctx, k).Result(); err != nil {
+		if got[k], err = rdb.ZCount(ctx, k, "-inf", "("+strconv.Itoa(1<<50)).Result(); err != nil {
 			t.Fatal(err)
 		}
 	}

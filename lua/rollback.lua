@@ -1,28 +1,29 @@
--- Removes one request's entries from the logs it was admitted to, when a
+-- Removes one request's entries from the logs it was admitted to: when a
 -- decision that spans several Redis Cluster slots is denied after it had
 -- reserved some of them.
 --
--- KEYS[i]   a log the request was logged in.
--- ARGV[1]   the member of the request's first entry (the script's "first").
--- ARGV[2]   its cost n: its entries are first .. first+n-1.
+-- KEYS[i]        a log the request was logged in.
+-- ARGV[1]        the request's cost n: it has n entries in each log.
+-- ARGV[2+2(i-1)] the time its entries in log i were given (the script's stamp).
+-- ARGV[3+2(i-1)] the time unit of log i.
 --
--- Members are unique in a log while they are in it (see sliding_log.lua), so
--- only this request's entries are removed. Returns how many were.
+-- Entries with the same time are interchangeable (see sliding_log.lua), so
+-- removing n entries of that time undoes the request exactly. The log's base
+-- may have moved since; times, and so the offset computed here, have not.
+-- Returns how many entries were removed.
 
-local first = tonumber(ARGV[1])
-local last = first + tonumber(ARGV[2]) - 1
-local chunk = 512
+local n = tonumber(ARGV[1])
 local removed = 0
 for i = 1, #KEYS do
-  local m = first
-  while m <= last do
-    local e = math.min(m + chunk - 1, last)
-    local args = {}
-    for member = m, e do
-      args[#args + 1] = member
+  local key = KEYS[i]
+  local stamp, unit = tonumber(ARGV[2 + 2 * (i - 1)]), tonumber(ARGV[3 + 2 * (i - 1)])
+  local base = redis.call('ZSCORE', key, 'b')
+  if base then
+    local offset = (stamp - tonumber(base)) / unit
+    local members = redis.call('ZRANGEBYSCORE', key, offset, offset, 'LIMIT', 0, n)
+    if #members > 0 then
+      removed = removed + redis.call('ZREM', key, unpack(members))
     end
-    removed = removed + redis.call('ZREM', KEYS[i], unpack(args))
-    m = e + 1
   end
 end
 return removed

@@ -1,42 +1,43 @@
 -- Sliding-log rate limiting over several limits in one atomic step.
 --
--- KEYS[i]          sorted set of limit i: one member per logged unit of cost,
---                  scored by its time in microseconds.
--- ARGV[1]          cost n of the request (integer >= 1).
--- ARGV[2]          the time in microseconds, or 0 to use the Redis server's TIME.
--- ARGV[1+2i]       quota of limit i (integer >= 1).
--- ARGV[2+2i]       window of limit i in microseconds (integer >= 1000).
+-- KEYS[i]        sorted set of limit i: one entry per logged unit of cost.
+-- ARGV[1]        cost n of the request (integer >= 1).
+-- ARGV[2]        the time in microseconds, or 0 to use the Redis server's TIME.
+-- ARGV[3+3(i-1)] quota of limit i (integer >= 1).
+-- ARGV[4+3(i-1)] window of limit i in microseconds.
+-- ARGV[5+3(i-1)] time unit u of limit i in microseconds (see below).
 --
 -- Pass 1 prunes every log and checks that every limit has room for n.
 -- Pass 2, only if all of them do, logs n entries in every log.
 -- A denied request is logged nowhere and changes no expiry.
 --
--- Members must be unique: a bare timestamp is not (two requests in the same
--- microsecond would count once). Each log is kept so that, in insertion order,
--- scores never decrease and members strictly increase; its last element is
--- then its newest entry and holds its largest member. A request's n entries
--- get the members first, first+1, ..., first+n-1 with
--- first = max(now, largest member of any of its logs + 1): unique in every
--- log, and the same in all of them, so they identify the request. Their score
--- is now, or the log's newest score if the clock went backwards; a clamped
--- score leaves the window late, so it only ever denies, never admits.
--- Members are microsecond-sized integers: all have the same number of digits,
--- so Redis's order of equal scores (by member bytes) is their numeric order.
-
--- Reply: {allowed, now, first, denied, count_1, reset_1, ..., count_k, reset_k}
+-- Compact entries. Redis keeps a sorted set of up to 128 entries as a
+-- listpack, where small integers take 2 to 4 bytes. So an entry's score is
+-- not its time but its offset from a base time, in units of u (u is about
+-- window/8192, rounded up to 1, 2 or 5 times a power of ten), and its member
+-- is a small integer. Two meta members, after every entry, hold the base
+-- ('b', in microseconds, a multiple of u) and the next member to try ('n',
+-- biased to sort last). Times are rounded up to the unit, so an entry counts
+-- up to one unit longer than its window, never shorter: the log may deny a
+-- request one unit early, never admit one too many. When offsets would pass
+-- 32767 (15 bits; the window is at most 8192 units), the base moves up to the
+-- oldest entry and the entries are rewritten.
+--
+-- Members are unique: a new entry takes the first member from 'n' on that
+-- ZADD NX accepts, modulo a bound above the quota. A request's entries are
+-- identified by their time: removing any n entries of that time (a rollback,
+-- a refund) leaves the log exactly as if the request had not been logged.
+--
+-- Reply: {allowed, now, denied, count_1, reset_1, stamp_1, ..., stamp_k}
 --   allowed  1 if the request was admitted and logged, else 0.
 --   now      the time used, in microseconds.
---   first    the member of the request's first entry (0 when denied).
 --   denied   index of the limit that denied it (the one that frees up last), 0.
 --   count_i  entries in log i before this request, after pruning.
 --   reset_i  when limit i next matters, in microseconds: if it denied, when
 --            enough entries have left for the request to fit (-1 if its cost
 --            exceeds the quota: never); else when its oldest entry leaves the
---            window (now if the log is empty).
-
-if redis.replicate_commands then
-  redis.replicate_commands()
-end
+--            window (when the new one does if the log was empty).
+--   stamp_i  the time the request's entries in log i were given (0 if denied).
 
 local n = tonumber(ARGV[1])
 local now = tonumber(ARGV[2])
@@ -45,35 +46,36 @@ if now == 0 then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+local NEXT_BIAS = 2 ^ 50 -- above every offset, below every base
+local MAX_OFFSET = 32767
+
 local k = #KEYS
-local reply = {0, now, 0, 0}
-local windows = {}
-local first = now
-local scores = {}
+local reply = {0, now, 0}
+local logs = {}
 local allowed = 1
 local denied, deniedAt = 0, 0
 
 for i = 1, k do
   local key = KEYS[i]
-  local quota = tonumber(ARGV[1 + 2 * i])
-  local window = tonumber(ARGV[2 + 2 * i])
-  windows[i] = window
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-  local count = redis.call('ZCARD', key)
+  local a = 3 + 3 * (i - 1)
+  local g = {quota = tonumber(ARGV[a]), window = tonumber(ARGV[a + 1]), unit = tonumber(ARGV[a + 2]), count = 0}
+  logs[i] = g
+  local meta = redis.call('ZMSCORE', key, 'b', 'n')
+  if meta[1] and meta[2] then
+    g.base, g.next = tonumber(meta[1]), tonumber(meta[2]) - NEXT_BIAS
+    local cut = math.floor((now - g.window - g.base) / g.unit)
+    if cut >= 0 then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', cut)
+    end
+    g.count = redis.call('ZCARD', key) - 2
+  end
+  local count, quota = g.count, g.quota
   local reset = now
-  scores[i] = now
   if count + n <= quota then
     if count > 0 then
-      local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-      reset = tonumber(oldest[2]) + window
-      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      local member, score = tonumber(newest[1]), tonumber(newest[2])
-      if member + 1 > first then
-        first = member + 1
-      end
-      if score > now then
-        scores[i] = score
-      end
+      local e = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+      g.oldest = tonumber(e[2])
+      reset = g.base + g.oldest * g.unit + g.window
     end
   else
     allowed = 0
@@ -82,46 +84,69 @@ for i = 1, k do
     else
       -- The request fits once the (count + n - quota) oldest entries are gone.
       local e = redis.call('ZRANGE', key, count + n - quota - 1, count + n - quota - 1, 'WITHSCORES')
-      reset = tonumber(e[2]) + window
+      reset = g.base + tonumber(e[2]) * g.unit + g.window
     end
     if denied == 0 or reset == -1 or (deniedAt ~= -1 and reset > deniedAt) then
       denied, deniedAt = i, reset
     end
   end
-  reply[3 + 2 * i] = count
-  reply[4 + 2 * i] = reset
+  reply[4 + 3 * (i - 1)] = count
+  reply[5 + 3 * (i - 1)] = reset
+  reply[6 + 3 * (i - 1)] = 0
 end
 
 if allowed == 0 then
-  reply[4] = denied
+  reply[3] = denied
   return reply
 end
 
--- ZADD takes score/member pairs; send them in chunks so a large cost stays
--- within Lua's limit on unpacked arguments.
-local chunk = 512
-local last = first + n - 1
 for i = 1, k do
-  local key, score = KEYS[i], scores[i]
-  local m = first
-  while m <= last do
-    local e = math.min(m + chunk - 1, last)
-    local args = {}
-    for member = m, e do
-      args[#args + 1] = score
-      args[#args + 1] = member
+  local key, g = KEYS[i], logs[i]
+  local unit = g.unit
+  if not g.base then
+    g.base, g.next = math.floor(now / unit) * unit, 0
+    redis.call('ZADD', key, g.base, 'b')
+  end
+  local offset = math.max(math.ceil((now - g.base) / unit), 0)
+  if offset > MAX_OFFSET then
+    -- Move the base up to the oldest entry (or to now) and rewrite the
+    -- entries' offsets; times do not change.
+    local shift = g.oldest or offset
+    if g.count > 0 then
+      local entries = redis.call('ZRANGE', key, 0, g.count - 1, 'WITHSCORES')
+      local args = {}
+      for j = 1, #entries, 2 do
+        args[#args + 1] = tonumber(entries[j + 1]) - shift
+        args[#args + 1] = entries[j]
+      end
+      redis.call('ZADD', key, unpack(args))
     end
-    redis.call('ZADD', key, unpack(args))
-    m = e + 1
+    g.base = g.base + shift * unit
+    offset = offset - shift
+    redis.call('ZADD', key, g.base, 'b')
   end
-  if reply[3 + 2 * i] == 0 then
-    reply[4 + 2 * i] = score + windows[i]
+  -- Members run modulo a power of two above the quota; ZADD NX refuses a
+  -- member in use, which can happen only after out-of-order removals.
+  local modulus = 128
+  while modulus <= g.quota do
+    modulus = modulus * 32
   end
-  -- The newest entry leaves the window at score + window: expire the whole
-  -- log then (rounded up to the next millisecond).
-  redis.call('PEXPIRE', key, math.floor((score - now + windows[i]) / 1000) + 1)
+  local m = g.next % modulus
+  for _ = 1, n do
+    while redis.call('ZADD', key, 'NX', offset, m) == 0 do
+      m = (m + 1) % modulus
+    end
+    m = (m + 1) % modulus
+  end
+  redis.call('ZADD', key, NEXT_BIAS + m, 'n')
+  local stamp = g.base + offset * unit
+  if g.count == 0 then
+    reply[5 + 3 * (i - 1)] = stamp + g.window
+  end
+  reply[6 + 3 * (i - 1)] = stamp
+  -- The new entries leave the window last: expire the log then.
+  redis.call('PEXPIRE', key, math.ceil((stamp - now + g.window) / 1000) + 1)
 end
 
 reply[1] = 1
-reply[3] = first
 return reply
