@@ -42,6 +42,7 @@ var clusterSuite = []struct {
 	{"OddIdentifiers", testOddIdentifiers},
 	{"SingleSlot", testSingleSlot},
 	{"CompactLog", testCompactLog},
+	{"Batching", testBatching},
 }
 
 // TestCluster runs the suite on one 6-node Redis Cluster (3 primaries with

@@ -192,8 +192,8 @@ type reply struct {
 // run calls the script for the limits idx with their keys and records the
 // replies. g receives the group's overall reply.
 func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64, g *reply) error {
-	args := make([]any, 2, 2+3*len(idx))
-	args[0], args[1] = d.cost, now
+	args := make([]any, 4, 4+3*len(idx))
+	args[0], args[1], args[2], args[3] = 1, d.cost, now, len(idx)
 	for _, i := range idx {
 		lim := &d.l.limits[i]
 		args = append(args, lim.quotaArg, lim.window, lim.unit)
@@ -207,7 +207,7 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 			return ErrCircuitOpen
 		}
 	}
-	raw, err := runScript(ctx, d.l.client, slidingLog, slidingLogSource, keys, args)
+	raw, err := d.l.batch.run(ctx, d.l.client, keys, args)
 	if b != nil {
 		b.done(d.l.breakers, err, probe, d.l.breakers.clock())
 	}
@@ -312,8 +312,11 @@ func (l *Limiter) reloadClusterState(ctx context.Context) {
 // any error that contains it counts.
 func runScript(ctx context.Context, c redis.Scripter, s *redis.Script, src string, keys []string, args []any) (any, error) {
 	reply, err := c.EvalSha(ctx, s.Hash(), keys, args...).Result()
-	if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
+	if err != nil && isNoScript(err) {
 		reply, err = c.Eval(ctx, src, keys, args...).Result()
 	}
 	return reply, err
 }
+
+// isNoScript reports whether err says that Redis does not know a script.
+func isNoScript(err error) bool { return strings.Contains(err.Error(), "NOSCRIPT") }

@@ -51,6 +51,7 @@ type Limiter struct {
 
 	breakers *breakers   // shared with derived Limiters
 	local    *localStore // for FailLocal; shared with derived Limiters
+	batch    *batcher    // shared with derived Limiters
 }
 
 type compiledLimit struct {
@@ -138,10 +139,11 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 	if parent != nil {
 		// The same Redis, the same requests: one view of its health, and
 		// one set of local logs.
-		l.breakers, l.local = parent.breakers, parent.local
+		l.breakers, l.local, l.batch = parent.breakers, parent.local, parent.batch
 	} else {
 		l.breakers = &breakers{failures: int32(cfg.breakerFailures), coolDown: cfg.breakerCoolDown}
 		l.local = &localStore{}
+		l.batch = &batcher{split: l.split}
 	}
 	if err := l.buildRoutes(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)

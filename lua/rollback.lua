@@ -19,7 +19,7 @@ for i = 1, #KEYS do
   local stamp, unit = tonumber(ARGV[2 + 2 * (i - 1)]), tonumber(ARGV[3 + 2 * (i - 1)])
   local base = redis.call('ZSCORE', key, 'b')
   if base then
-    local offset = (stamp - tonumber(base)) / unit
+    local offset = (stamp + tonumber(base)) / unit -- the score of 'b' is minus the base
     local members = redis.call('ZRANGEBYSCORE', key, offset, offset, 'LIMIT', 0, n)
     if #members > 0 then
       removed = removed + redis.call('ZREM', key, unpack(members))

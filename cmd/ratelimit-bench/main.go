@@ -29,6 +29,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,7 +45,18 @@ func main() {
 	duration := flag.Duration("duration", 5*time.Second, "length of each throughput workload")
 	callers := flag.Int("c", 32, "concurrent callers")
 	only := flag.String("run", "", "comma-separated workloads to run (default: all)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the workloads to this file")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 
 	url := os.Getenv("REDIS_URL")
 	if url == "" {

@@ -1,0 +1,184 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// maxBatches is how many pipelines a Limiter keeps in flight at once; more
+// concurrent decisions wait for one of them to come back and go out together
+// in the next.
+const maxBatches = 4
+
+// batcher sends concurrent decisions to Redis together. A decision that
+// finds fewer than maxBatches batches in flight goes out at once, so a lone
+// decision waits for nothing; decisions that arrive while all are in flight
+// queue up, and when a batch comes back the first queued decision takes the
+// whole queue out as the next one. Each goroutine thus sends at most the one
+// batch its own decision is in, and a decision waits at most for the batch
+// ahead of it.
+//
+// On one Redis a batch is one call of the sliding-log script, which decides
+// its requests one after the other. On a Redis Cluster or Ring, whose keys
+// live on several servers, it is a pipeline of one call per decision.
+type batcher struct {
+	mu      sync.Mutex
+	queue   []*call
+	leaders int  // batches in flight
+	split   bool // send pipelines, not combined calls
+}
+
+// call is one decision in a batch.
+type call struct {
+	keys     []string
+	args     []any // the script's ARGV for this decision alone: 1, cost, ...
+	deadline time.Time
+
+	reply any // the decision's own reply
+	err   error
+	wake  chan []*call // nil: done; else: send this batch
+}
+
+var calls = sync.Pool{New: func() any { return &call{wake: make(chan []*call, 1)} }}
+
+// run runs the sliding-log script for one decision, keys and args (which
+// start with 1, the number of decisions), on c, batched with concurrent
+// decisions, within ctx's deadline, and returns the decision's reply.
+func (b *batcher) run(ctx context.Context, c redis.UniversalClient, keys []string, args []any) (any, error) {
+	cl := calls.Get().(*call)
+	cl.keys, cl.args = keys, args
+	cl.deadline, _ = ctx.Deadline()
+	b.mu.Lock()
+	var batch []*call
+	if b.leaders < maxBatches {
+		b.leaders++
+		batch = append(b.queue, cl)
+		b.queue = nil
+	} else {
+		b.queue = append(b.queue, cl)
+	}
+	b.mu.Unlock()
+	if batch == nil {
+		batch = <-cl.wake // done, or our turn to send the queue
+	}
+	if batch != nil {
+		b.send(ctx, c, batch, cl)
+	}
+	reply, err := cl.reply, cl.err
+	*cl = call{wake: cl.wake}
+	calls.Put(cl)
+	return reply, err
+}
+
+// send sends batch, which holds the caller's own call self, wakes the other
+// calls, and hands the queue, if any, to the first queued call.
+func (b *batcher) send(ctx context.Context, c redis.UniversalClient, batch []*call, self *call) {
+	switch {
+	case len(batch) == 1:
+		cl := batch[0]
+		cl.reply, cl.err = runScript(ctx, c, slidingLog, slidingLogSource, cl.keys, cl.args)
+		cl.reply = first(cl.reply)
+	case b.split:
+		sendPipeline(c, batch)
+	default:
+		sendCombined(c, batch)
+	}
+	for _, cl := range batch {
+		if cl != self {
+			cl.wake <- nil
+		}
+	}
+	b.mu.Lock()
+	next := b.queue
+	b.queue = nil
+	if next == nil {
+		b.leaders--
+	}
+	b.mu.Unlock()
+	if next != nil {
+		next[0].wake <- next
+	}
+}
+
+// first returns the only element of a one-decision reply, or the reply
+// itself if it is not one (the caller checks replies).
+func first(reply any) any {
+	if arr, ok := reply.([]any); ok && len(arr) == 1 {
+		return arr[0]
+	}
+	return reply
+}
+
+// batchContext returns a context with the earliest of the deadlines of
+// batch's decisions: a batch never makes a decision wait past its own.
+func batchContext(batch []*call) (context.Context, context.CancelFunc) {
+	deadline := batch[0].deadline
+	for _, cl := range batch[1:] {
+		if !cl.deadline.IsZero() && (deadline.IsZero() || cl.deadline.Before(deadline)) {
+			deadline = cl.deadline
+		}
+	}
+	if deadline.IsZero() {
+		return context.WithCancel(context.Background())
+	}
+	return context.WithDeadline(context.Background(), deadline)
+}
+
+// sendCombined decides the batch in one call of the script.
+func sendCombined(c redis.UniversalClient, batch []*call) {
+	ctx, cancel := batchContext(batch)
+	defer cancel()
+	var keys []string
+	args := []any{len(batch)}
+	for _, cl := range batch {
+		keys = append(keys, cl.keys...)
+		args = append(args, cl.args[1:]...)
+	}
+	reply, err := runScript(ctx, c, slidingLog, slidingLogSource, keys, args)
+	arr, ok := reply.([]any)
+	if err == nil && (!ok || len(arr) != len(batch)) {
+		err = fmt.Errorf("%w: %T of length %d for %d decisions", ErrUnexpectedReply, reply, len(arr), len(batch))
+	}
+	for i, cl := range batch {
+		if cl.err = err; err == nil {
+			cl.reply = arr[i]
+		}
+	}
+}
+
+// sendPipeline sends the decisions of batch in one pipeline, and the source
+// of the script to the servers that have forgotten it in a second one.
+func sendPipeline(c redis.UniversalClient, batch []*call) {
+	ctx, cancel := batchContext(batch)
+	defer cancel()
+	cmds := make([]*redis.Cmd, len(batch))
+	pipe := c.Pipeline()
+	for i, cl := range batch {
+		cmds[i] = pipe.EvalSha(ctx, slidingLog.Hash(), cl.keys, cl.args...)
+	}
+	_, _ = pipe.Exec(ctx) // errors are per command
+	var retry []int
+	for i, cmd := range cmds {
+		batch[i].reply, batch[i].err = cmd.Result()
+		batch[i].reply = first(batch[i].reply)
+		if batch[i].err != nil && isNoScript(batch[i].err) {
+			retry = append(retry, i)
+		}
+	}
+	if retry == nil {
+		return
+	}
+	pipe = c.Pipeline()
+	for _, i := range retry {
+		cmds[i] = pipe.Eval(ctx, slidingLogSource, batch[i].keys, batch[i].args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	for _, i := range retry {
+		batch[i].reply, batch[i].err = cmds[i].Result()
+		batch[i].reply = first(batch[i].reply)
+	}
+}

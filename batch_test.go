@@ -1,0 +1,70 @@
+package ratelimit
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// countingHook counts the commands a client sends.
+type countingHook struct{ cmds atomic.Int64 }
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.cmds.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.cmds.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+
+// TestBatching: concurrent decisions of one Limiter go out in fewer script
+// calls than decisions, and are exact.
+func TestBatching(t *testing.T) { forBackends(t, testBatching) }
+
+func testBatching(t *testing.T, b backend) {
+	c := b.newClient(t)
+	hook := &countingHook{}
+	c.AddHook(hook)
+	const goroutines, each, quota = 100, 10, 500
+	lim := mustNew(t, c, []Limit{PerMinute(quota, Global()).Named("batch")})
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for range each {
+				res, err := lim.Allow(context.Background(), []string{"k"}, 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if res.Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	calls := hook.cmds.Load()
+	t.Logf("%d decisions in %d script calls", goroutines*each, calls)
+	if admitted.Load() != quota {
+		t.Errorf("%d admitted, want %d", admitted.Load(), quota)
+	}
+	if calls >= goroutines*each {
+		t.Errorf("%d script calls for %d concurrent decisions: nothing was batched", calls, goroutines*each)
+	}
+}
