@@ -47,12 +47,19 @@ func (l *Limiter) decide(ctx context.Context, ids []string, cost int, fromKeys b
 		}
 	}
 	keys, tags := l.keys(ids, fromKeys)
+	local := l.localNow()
+	if res, ok := l.denies.check(l, keys, cost, local); ok {
+		return res, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
 	defer cancel()
 
 	d := decision{l: l, cost: cost, replies: make([]reply, len(l.limits))}
 	allowed, err := l.remote(ctx, &d, keys, tags, now)
 	if err == nil {
+		if !allowed {
+			l.denies.remember(&d, keys, local)
+		}
 		return d.result(allowed)
 	}
 	if l.cfg.failure != FailLocal {
@@ -89,11 +96,19 @@ func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, 
 		}
 		res := reservation{keys: gkeys}
 		for _, i := range g {
-			res.args = append(res.args, d.replies[i].stamp, l.limits[i].unit)
+			res.args = append(res.args, d.replies[i].next, l.limits[i].unit)
 		}
 		reserved = append(reserved, res)
 	}
 	return true, nil
+}
+
+// localNow is the time in this process: the WithClock clock, if any.
+func (l *Limiter) localNow() time.Time {
+	if l.cfg.clock != nil {
+		return l.cfg.clock()
+	}
+	return time.Now()
 }
 
 // keys builds the Redis key of every limit for ids, and returns each key's
@@ -186,7 +201,7 @@ type reply struct {
 	allowed      bool
 	now          int64
 	count, reset int64
-	stamp        int64 // the time of the request's entries, if logged
+	next         int64 // admitted: the time of the request's entries; denied: when the oldest entry leaves
 }
 
 // run calls the script for the limits idx with their keys and records the
@@ -241,11 +256,11 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 	}
 	*g = reply{ok: true, allowed: allowed, now: v(1)}
 	for j, i := range idx {
-		count, reset, stamp := v(3+3*j), v(4+3*j), v(5+3*j)
-		if count < 0 || reset < -1 || stamp < 0 {
-			return fmt.Errorf("%w: limit %d: count=%d reset=%d stamp=%d", ErrUnexpectedReply, j, count, reset, stamp)
+		count, reset, next := v(3+3*j), v(4+3*j), v(5+3*j)
+		if count < 0 || reset < -1 || next < 0 {
+			return fmt.Errorf("%w: limit %d: count=%d reset=%d next=%d", ErrUnexpectedReply, j, count, reset, next)
 		}
-		d.replies[i] = reply{ok: true, now: g.now, count: count, reset: reset, stamp: stamp}
+		d.replies[i] = reply{ok: true, now: g.now, count: count, reset: reset, next: next}
 	}
 	d.now = g.now
 	d.denier = -1

@@ -43,8 +43,10 @@ func (b backend) newClient(t testing.TB) redis.UniversalClient {
 // WithClock.
 func (b backend) clock(start time.Time) ([]Option, func(time.Time)) {
 	if b.mr != nil {
+		// The deny cache measures time on the local clock, which does not
+		// follow miniredis's.
 		b.mr.SetTime(start)
-		return nil, b.mr.SetTime
+		return []Option{WithDenyCache(0)}, b.mr.SetTime
 	}
 	c := &testClock{t: start}
 	return []Option{WithClock(c.Now)}, c.Set

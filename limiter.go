@@ -52,6 +52,7 @@ type Limiter struct {
 	breakers *breakers   // shared with derived Limiters
 	local    *localStore // for FailLocal; shared with derived Limiters
 	batch    *batcher    // shared with derived Limiters
+	denies   *denyCache  // shared with derived Limiters
 }
 
 type compiledLimit struct {
@@ -139,11 +140,12 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 	if parent != nil {
 		// The same Redis, the same requests: one view of its health, and
 		// one set of local logs.
-		l.breakers, l.local, l.batch = parent.breakers, parent.local, parent.batch
+		l.breakers, l.local, l.batch, l.denies = parent.breakers, parent.local, parent.batch, parent.denies
 	} else {
 		l.breakers = &breakers{failures: int32(cfg.breakerFailures), coolDown: cfg.breakerCoolDown}
 		l.local = &localStore{}
 		l.batch = &batcher{split: l.split}
+		l.denies = &denyCache{maxAge: cfg.denyCache}
 	}
 	if err := l.buildRoutes(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)

@@ -70,6 +70,7 @@ type config struct {
 
 	breakerFailures int
 	breakerCoolDown time.Duration
+	denyCache       time.Duration
 	errs            []error
 }
 
@@ -82,6 +83,7 @@ func defaultConfig() config {
 
 		breakerFailures: DefaultBreakerFailures,
 		breakerCoolDown: DefaultBreakerCoolDown,
+		denyCache:       DefaultDenyCache,
 	}
 }
 

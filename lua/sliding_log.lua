@@ -45,7 +45,9 @@
 --            enough entries have left for the request to fit (-1 if its cost
 --            exceeds the quota: never); else when its oldest entry leaves the
 --            window (when the new one does if the log was empty).
---   stamp_i  the time the request's entries in log i were given (0 if denied).
+--   stamp_i  the time the request's entries in log i were given, if it was
+--            admitted; else when the oldest entry of log i leaves the window
+--            (0 if the log is empty): until then its count cannot fall.
 
 local MAX_OFFSET = 32767
 local clock
@@ -100,7 +102,8 @@ local function decide(n, now, L, ki, ai)
     end
     reply[1 + 3 * i] = count
     reply[2 + 3 * i] = reset
-    reply[3 + 3 * i] = 0
+    -- Until the request is logged: when the oldest entry leaves (0 if none).
+    reply[3 + 3 * i] = oldest and base + oldest * unit + window or 0
   end
 
   if not allowed then
