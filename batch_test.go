@@ -27,7 +27,6 @@ func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	}
 }
 
-
 // TestBatching: concurrent decisions of one Limiter go out in fewer round
 // trips than decisions, and are exact.
 func TestBatching(t *testing.T) { forBackends(t, testBatching) }
