@@ -47,11 +47,10 @@ var calls = sync.Pool{New: func() any { return &call{wake: make(chan []*call, 1)
 
 // run runs the sliding-log script for one decision, keys and args (which
 // start with 1, the number of decisions), on c, batched with concurrent
-// decisions, within ctx's deadline, and returns the decision's reply.
-func (b *batcher) run(ctx context.Context, c redis.UniversalClient, keys []string, args []any) (any, error) {
+// decisions, by deadline, and returns the decision's reply.
+func (b *batcher) run(ctx context.Context, deadline time.Time, c redis.UniversalClient, keys []string, args []any) (any, error) {
 	cl := calls.Get().(*call)
-	cl.keys, cl.args = keys, args
-	cl.deadline, _ = ctx.Deadline()
+	cl.keys, cl.args, cl.deadline = keys, args, deadline
 	b.mu.Lock()
 	var batch []*call
 	if b.leaders < maxBatches {
@@ -80,7 +79,9 @@ func (b *batcher) send(ctx context.Context, c redis.UniversalClient, batch []*ca
 	switch {
 	case len(batch) == 1:
 		cl := batch[0]
+		ctx, cancel := context.WithDeadline(ctx, cl.deadline)
 		cl.reply, cl.err = runScript(ctx, c, slidingLog, slidingLogSource, cl.keys, cl.args)
+		cancel()
 		cl.reply = first(cl.reply)
 	case b.split:
 		sendPipeline(c, batch)

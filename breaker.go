@@ -54,11 +54,13 @@ type breakers struct {
 	now      func() time.Time // time.Now; tests set their own
 }
 
-func (bs *breakers) clock() time.Time {
+// clock returns the time for the breakers: wall, the time a decision
+// started, unless a test set a clock.
+func (bs *breakers) clock(wall time.Time) time.Time {
 	if bs.now != nil {
 		return bs.now()
 	}
-	return time.Now()
+	return wall
 }
 
 // forKey returns the breaker of the Redis server that holds key, or nil if
@@ -103,19 +105,21 @@ func (b *breaker) allow(now time.Time) (ok, probe bool) {
 }
 
 // done records the outcome of a call allow let through.
-func (b *breaker) done(bs *breakers, err error, probe bool, now time.Time) {
+func (b *breaker) done(bs *breakers, err error, probe bool) {
 	if probe {
 		defer b.probing.Store(false)
 	}
 	if err == nil || !unavailable(err) {
-		b.consecutive.Store(0)
+		if b.consecutive.Load() != 0 {
+			b.consecutive.Store(0)
+		}
 		if b.openUntil.Load() != 0 {
 			b.openUntil.Store(0)
 		}
 		return
 	}
 	if n := b.consecutive.Add(1); probe || n >= bs.failures {
-		b.openUntil.Store(now.Add(bs.coolDown).UnixNano())
+		b.openUntil.Store(bs.clock(time.Now()).Add(bs.coolDown).UnixNano())
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -34,7 +35,7 @@ var (
 // thus admitted only if every limit had room for it, and a denied request
 // leaves no entry behind; meanwhile, for a round trip, its reservation may
 // make another request to the same key see one entry too many.
-func (l *Limiter) decide(ctx context.Context, ids []string, cost int, fromKeys bool) (Result, error) {
+func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys bool) (Result, error) {
 	if cost < 1 {
 		return Result{}, fmt.Errorf("ratelimit: cost %d is below 1", cost)
 	}
@@ -46,16 +47,22 @@ func (l *Limiter) decide(ctx context.Context, ids []string, cost int, fromKeys b
 			return Result{}, fmt.Errorf("ratelimit: clock reads %v, before 2001-09-09", time.UnixMicro(now))
 		}
 	}
-	keys, tags := l.keys(ids, fromKeys)
-	local := l.localNow()
-	if res, ok := l.denies.check(l, keys, cost, local); ok {
+	keys, tags := l.keys(s, fromKeys)
+	wall := time.Now()
+	local := wall
+	if l.cfg.clock != nil {
+		local = l.cfg.clock()
+	}
+	if res, ok := l.denies.check(l, s, keys, cost, local); ok {
 		return res, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
-	defer cancel()
+	deadline := wall.Add(l.cfg.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
 
-	d := decision{l: l, cost: cost, replies: make([]reply, len(l.limits))}
-	allowed, err := l.remote(ctx, &d, keys, tags, now)
+	d := decision{l: l, s: s, cost: cost, replies: s.replies(len(l.limits)), wall: wall}
+	allowed, err := l.remote(ctx, &d, keys, tags, now, deadline)
 	if err == nil {
 		if !allowed {
 			l.denies.remember(&d, keys, local)
@@ -68,17 +75,66 @@ func (l *Limiter) decide(ctx context.Context, ids []string, cost int, fromKeys b
 	if now == 0 {
 		now = time.Now().UnixMicro()
 	}
-	d = decision{l: l, cost: cost, replies: make([]reply, len(l.limits))}
+	d = decision{l: l, s: s, cost: cost, replies: s.replies(len(l.limits))}
 	res, _ := d.result(l.local.decide(&d, keys, now))
 	res.Local = true
 	return res, err
 }
 
+// scratch holds what one decision needs, recycled through scratches so that
+// a decision does not allocate for it.
+type scratch struct {
+	ids    []string
+	buf    []byte
+	ends   []int
+	keys   []string
+	tags   []string
+	reps   []reply
+	args   []any
+	limits []LimitResult
+}
+
+var scratches = sync.Pool{New: func() any { return new(scratch) }}
+
+func getScratch() *scratch { return scratches.Get().(*scratch) }
+
+// put returns s to the pool. Nothing may use what it holds afterwards.
+func (s *scratch) put() {
+	clear(s.ids)
+	clear(s.keys)
+	clear(s.tags)
+	clear(s.args)
+	s.ids, s.keys, s.tags, s.args = s.ids[:0], s.keys[:0], s.tags[:0], s.args[:0]
+	scratches.Put(s)
+}
+
+// grow returns sl resized to n, reusing its array when it is large enough.
+func grow[T any](sl []T, n int) []T {
+	if cap(sl) < n {
+		return make([]T, n)
+	}
+	sl = sl[:n]
+	clear(sl)
+	return sl
+}
+
+func (s *scratch) replies(n int) []reply {
+	s.reps = grow(s.reps, n)
+	return s.reps
+}
+
+// results returns the LimitResults of a decision; the caller copies them if
+// they are to outlive s.
+func (s *scratch) results(n int) []LimitResult {
+	s.limits = grow(s.limits, n)
+	return s.limits
+}
+
 // remote decides in Redis, and reports whether the request was admitted.
-func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, now int64) (bool, error) {
+func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, now int64, deadline time.Time) (bool, error) {
 	if !l.split {
 		var g reply
-		err := d.run(ctx, keys, l.all, now, &g)
+		err := d.run(ctx, keys, l.all, now, deadline, &g)
 		return g.allowed, err
 	}
 	var reserved []reservation
@@ -88,7 +144,7 @@ func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, 
 			gkeys[j] = keys[i]
 		}
 		var gr reply
-		if err := d.run(ctx, gkeys, g, now, &gr); err != nil {
+		if err := d.run(ctx, gkeys, g, now, deadline, &gr); err != nil {
 			return false, errors.Join(err, l.rollback(ctx, reserved, d.cost))
 		}
 		if !gr.allowed {
@@ -103,38 +159,33 @@ func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, 
 	return true, nil
 }
 
-// localNow is the time in this process: the WithClock clock, if any.
-func (l *Limiter) localNow() time.Time {
-	if l.cfg.clock != nil {
-		return l.cfg.clock()
-	}
-	return time.Now()
-}
-
-// keys builds the Redis key of every limit for ids, and returns each key's
-// hash tag. All keys share one allocation.
-func (l *Limiter) keys(ids []string, fromKeys bool) (keys, tags []string) {
-	var buf []byte
-	ends := make([]int, 2*len(l.limits))
+// keys builds the Redis key of every limit for s.ids, and returns each key's
+// hash tag. All keys share one allocation, a string that may outlive s.
+func (l *Limiter) keys(s *scratch, fromKeys bool) (keys, tags []string) {
+	n := len(l.limits)
+	buf := s.buf[:0]
+	s.ends = grow(s.ends, 2*n)
 	for i := range l.limits {
 		lim := &l.limits[i]
 		start := len(buf)
-		buf = appendKey(buf, lim.head, ids[i], fromKeys && lim.Key.escaped)
-		ends[2*i], ends[2*i+1] = start, len(buf)
+		buf = appendKey(buf, lim.head, s.ids[i], fromKeys && lim.Key.escaped)
+		s.ends[2*i], s.ends[2*i+1] = start, len(buf)
 	}
+	s.buf = buf
 	all := string(buf)
-	keys = make([]string, len(l.limits))
-	if l.split {
-		tags = make([]string, len(l.limits))
-	}
+	s.keys = grow(s.keys, n)
 	for i := range l.limits {
-		keys[i] = all[ends[2*i]:ends[2*i+1]]
-		if tags != nil {
-			// The tag is what stands between the key's only '{' and '}'.
-			tags[i] = keys[i][len(l.limits[i].head) : len(keys[i])-1]
-		}
+		s.keys[i] = all[s.ends[2*i]:s.ends[2*i+1]]
 	}
-	return keys, tags
+	if !l.split {
+		return s.keys, nil
+	}
+	s.tags = grow(s.tags, n)
+	for i, key := range s.keys {
+		// The tag is what stands between the key's only '{' and '}'.
+		s.tags[i] = key[len(l.limits[i].head) : len(key)-1]
+	}
+	return s.keys, s.tags
 }
 
 // groups splits the limits into groups whose keys share a hash tag. Groups
@@ -189,6 +240,8 @@ func (l *Limiter) rollback(ctx context.Context, reservations []reservation, cost
 // decision gathers the replies of one decision's script calls.
 type decision struct {
 	l       *Limiter
+	s       *scratch
+	wall    time.Time // when the decision started, on the local clock
 	cost    int
 	replies []reply // per limit; ok is false for limits not checked
 	denier  int     // index of the limit that denied, -1 if none
@@ -206,25 +259,31 @@ type reply struct {
 
 // run calls the script for the limits idx with their keys and records the
 // replies. g receives the group's overall reply.
-func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64, g *reply) error {
-	args := make([]any, 4, 4+3*len(idx))
-	args[0], args[1], args[2], args[3] = 1, d.cost, now, len(idx)
+func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64, deadline time.Time, g *reply) error {
+	args := append(d.s.args[:0], 1, d.cost, now, len(idx))
 	for _, i := range idx {
 		lim := &d.l.limits[i]
 		args = append(args, lim.quotaArg, lim.window, lim.unit)
 	}
+	d.s.args = args
 	b := d.l.breakers.forKey(ctx, d.l.client, keys[0])
 	var probe bool
 	if b != nil {
 		var ok bool
-		if ok, probe = b.allow(d.l.breakers.clock()); !ok {
+		if ok, probe = b.allow(d.l.breakers.clock(d.wall)); !ok {
 			d.l.reloadClusterState(ctx)
 			return ErrCircuitOpen
 		}
 	}
-	raw, err := d.l.batch.run(ctx, d.l.client, keys, args)
+	var raw any
+	var err error
+	if d.l.exec != nil {
+		raw, err = d.l.exec(keys, args)
+	} else {
+		raw, err = d.l.batch.run(ctx, deadline, d.l.client, keys, args)
+	}
 	if b != nil {
-		b.done(d.l.breakers, err, probe, d.l.breakers.clock())
+		b.done(d.l.breakers, err, probe)
 	}
 	if err != nil {
 		d.l.reloadClusterState(ctx)
@@ -232,7 +291,7 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 		// context.DeadlineExceeded) holds: the socket deadline, which
 		// go-redis takes from ctx, may expire a moment before ctx does.
 		ctxErr := ctx.Err()
-		if ne := net.Error(nil); ctxErr == nil && errors.As(err, &ne) && ne.Timeout() {
+		if ne := net.Error(nil); ctxErr == nil && (errors.As(err, &ne) && ne.Timeout() || !time.Now().Before(deadline)) {
 			ctxErr = context.DeadlineExceeded
 		}
 		if ctxErr != nil {
@@ -274,7 +333,7 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 // the request was logged in every limit.
 func (d *decision) result(allowed bool) (Result, error) {
 	l, cost := d.l, int64(d.cost)
-	res := Result{Allowed: allowed, Now: time.UnixMicro(d.now), Limits: make([]LimitResult, len(l.limits))}
+	res := Result{Allowed: allowed, Now: time.UnixMicro(d.now), Limits: d.s.results(len(l.limits))}
 	closest := -1
 	for i := range l.limits {
 		lim, r := &l.limits[i], d.replies[i]
@@ -306,7 +365,7 @@ func (d *decision) result(allowed bool) (Result, error) {
 		}
 	}
 	c := res.Limits[closest]
-	res.Limit, res.Remaining, res.Reset = c.Quota, c.Remaining, c.Reset
+	res.Limit, res.Remaining, res.Reset, res.index = c.Quota, c.Remaining, c.Reset, closest
 	return res, nil
 }
 

@@ -51,7 +51,7 @@ type denial struct {
 
 // check returns a denial from memory for a request of cost on keys, if one
 // of its keys has a fresh one.
-func (c *denyCache) check(l *Limiter, keys []string, cost int, now time.Time) (Result, bool) {
+func (c *denyCache) check(l *Limiter, s *scratch, keys []string, cost int, now time.Time) (Result, bool) {
 	if c == nil || c.maxAge == 0 {
 		return Result{}, false
 	}
@@ -71,7 +71,8 @@ func (c *denyCache) check(l *Limiter, keys []string, cost int, now time.Time) (R
 			Reset:      e.fit,
 			RetryAfter: max(e.fit.Sub(e.now)-elapsed, 0),
 			DeniedBy:   lim.Name,
-			Limits:     make([]LimitResult, len(l.limits)),
+			Limits:     s.results(len(l.limits)),
+			index:      i,
 		}
 		for j := range l.limits {
 			res.Limits[j] = LimitResult{Name: l.limits[j].Name, Quota: l.limits[j].Quota, Window: l.limits[j].Window, Skipped: j != i}

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
-	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -78,29 +78,53 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 		if res.Reset.Nanosecond() > 0 {
 			reset++
 		}
-		// One allocation for the three values; each slice is capped so that
-		// an append to one header cannot overwrite the next.
-		v := []string{strconv.Itoa(res.Limit), strconv.Itoa(res.Remaining), strconv.FormatInt(reset, 10)}
-		h[hdrLimit], h[hdrRemaining], h[hdrReset] = v[0:1:1], v[1:2:2], v[2:3:3]
+		h[hdrLimit] = l.limits[res.index].limitHdr
+		h[hdrRemaining] = number(int64(res.Remaining))
+		h[hdrReset] = number(reset)
 	}
 	if l.cfg.headers&HeadersIETF != 0 {
 		h[hdrPolicy] = l.policyHeader
-		var b strings.Builder
+		var b []byte
 		for i, lr := range res.Limits {
-			if i > 0 {
-				b.WriteString(", ")
+			if lr.Skipped {
+				continue
 			}
-			b.WriteString(strconv.Quote(lr.Name))
-			b.WriteString(";r=")
-			b.WriteString(strconv.Itoa(lr.Remaining))
-			b.WriteString(";t=")
-			b.WriteString(strconv.FormatInt(ceilSeconds(lr.Reset.Sub(res.Now)), 10))
+			if len(b) > 0 {
+				b = append(b, ", "...)
+			}
+			b = append(b, l.limits[i].quotedName...)
+			b = append(b, ";r="...)
+			b = strconv.AppendInt(b, int64(lr.Remaining), 10)
+			b = append(b, ";t="...)
+			b = strconv.AppendInt(b, ceilSeconds(lr.Reset.Sub(res.Now)), 10)
 		}
-		h[hdrRateLimit] = []string{b.String()}
+		h[hdrRateLimit] = []string{string(b)}
 	}
 	if !res.Allowed && res.RetryAfter > 0 {
-		h[hdrRetryAfter] = []string{strconv.FormatInt(ceilSeconds(res.RetryAfter), 10)}
+		h[hdrRetryAfter] = number(ceilSeconds(res.RetryAfter))
 	}
+}
+
+// numbers caches header values of integers, so that writing the usual ones
+// (remaining quota, reset times, delays) allocates nothing. The slices are
+// shared between responses: handlers must not change their elements (they
+// may replace or append to the header as usual).
+var numbers [4096]atomic.Pointer[numberValue]
+
+type numberValue struct {
+	n int64
+	v []string
+}
+
+// number returns a header value holding n in decimal.
+func number(n int64) []string {
+	slot := &numbers[uint64(n)%uint64(len(numbers))]
+	if e := slot.Load(); e != nil && e.n == n {
+		return e.v
+	}
+	e := &numberValue{n: n, v: []string{strconv.FormatInt(n, 10)}}
+	slot.Store(e)
+	return e.v
 }
 
 // tooManyRequests is the default answer to a denied request.

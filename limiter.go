@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -49,6 +50,9 @@ type Limiter struct {
 	split bool  // keys with different hash tags must be decided apart (Cluster, Ring)
 	all   []int // 0, 1, ..., len(limits)-1
 
+	// exec, if set, replaces the Redis call: benchmarks measure the rest.
+	exec func(keys []string, args []any) (any, error)
+
 	breakers *breakers   // shared with derived Limiters
 	local    *localStore // for FailLocal; shared with derived Limiters
 	batch    *batcher    // shared with derived Limiters
@@ -57,11 +61,12 @@ type Limiter struct {
 
 type compiledLimit struct {
 	Limit
-	head     string   // "<prefix><name>:{", the Redis key up to the identifier
-	quotaArg any      // Quota, boxed once for the script's ARGV
-	window   any      // Window in microseconds, boxed once
-	unit     any      // time unit of the log in microseconds, boxed once (see the script)
-	limitHdr []string // precomputed X-RateLimit-Limit value
+	head       string   // "<prefix><name>:{", the Redis key up to the identifier
+	quotaArg   any      // Quota, boxed once for the script's ARGV
+	window     any      // Window in microseconds, boxed once
+	unit       any      // time unit of the log in microseconds, boxed once (see the script)
+	limitHdr   []string // precomputed X-RateLimit-Limit value
+	quotedName string   // the name as an sf-string, for the RateLimit header
 }
 
 // New returns a Limiter that enforces limits in the Redis that client talks
@@ -122,12 +127,13 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		}
 		l.all = append(l.all, len(l.limits))
 		l.limits = append(l.limits, compiledLimit{
-			Limit:    lim,
-			head:     head,
-			quotaArg: lim.Quota,
-			window:   lim.Window.Microseconds(),
-			unit:     timeUnit(lim.Window),
-			limitHdr: []string{strconv.Itoa(lim.Quota)},
+			Limit:      lim,
+			head:       head,
+			quotaArg:   lim.Quota,
+			window:     lim.Window.Microseconds(),
+			unit:       timeUnit(lim.Window),
+			limitHdr:   []string{strconv.Itoa(lim.Quota)},
+			quotedName: strconv.Quote(lim.Name),
 		})
 		policies = append(policies, policyItem(lim))
 	}
@@ -335,6 +341,8 @@ type Result struct {
 	// Local reports that Redis could not decide and the limiter counted the
 	// request in this process instead ([FailLocal]).
 	Local bool
+
+	index int // of the limit Limit, Remaining and Reset describe
 }
 
 // LimitResult is the state of one limit after a decision.
@@ -369,5 +377,10 @@ func (l *Limiter) Allow(ctx context.Context, ids []string, cost int) (Result, er
 			return Result{}, fmt.Errorf("%w: empty id for limit %s", ErrNoKey, l.limits[i].Name)
 		}
 	}
-	return l.decide(ctx, ids, cost, false)
+	s := getScratch()
+	defer s.put()
+	s.ids = append(s.ids, ids...)
+	res, err := l.decide(ctx, s, cost, false)
+	res.Limits = slices.Clone(res.Limits)
+	return res, err
 }

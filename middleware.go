@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"fmt"
 	"net/http"
+	"slices"
 )
 
 // Handler returns middleware that rate-limits the requests to next: an
@@ -65,7 +66,9 @@ func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
 }
 
 func (l *Limiter) check(w http.ResponseWriter, r *http.Request) bool {
-	res, err := l.allowRequest(r)
+	s := getScratch()
+	defer s.put()
+	res, err := l.allowRequest(r, s)
 	if err != nil {
 		if l.cfg.onError != nil {
 			l.cfg.onError(r, err)
@@ -84,6 +87,7 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	if l.cfg.onDenied != nil {
+		res.Limits = slices.Clone(res.Limits) // the handler may keep it
 		l.cfg.onDenied(w, r, res)
 	} else {
 		tooManyRequests(w, r, res)
@@ -96,11 +100,17 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request) bool {
 // [Limiter.Allow] with them. The error is non-nil when no decision could be
 // made; it wraps [ErrNoKey] when a Key could not identify r.
 func (l *Limiter) AllowRequest(r *http.Request) (Result, error) {
-	return l.ForRoute(r.Method, r.Pattern).allowRequest(r)
+	s := getScratch()
+	defer s.put()
+	res, err := l.ForRoute(r.Method, r.Pattern).allowRequest(r, s)
+	res.Limits = slices.Clone(res.Limits)
+	return res, err
 }
 
-func (l *Limiter) allowRequest(r *http.Request) (Result, error) {
-	ids := make([]string, len(l.limits))
+// allowRequest decides r using s; the Result's Limits live in s.
+func (l *Limiter) allowRequest(r *http.Request, s *scratch) (Result, error) {
+	s.ids = grow(s.ids, len(l.limits))
+	ids := s.ids
 	for i := range l.limits {
 		id, err := l.limits[i].Key.fn(r)
 		if err != nil {
@@ -115,5 +125,5 @@ func (l *Limiter) allowRequest(r *http.Request) (Result, error) {
 	if l.cfg.cost != nil {
 		cost = l.cfg.cost(r)
 	}
-	return l.decide(r.Context(), ids, cost, true)
+	return l.decide(r.Context(), s, cost, true)
 }
