@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -36,7 +37,7 @@ func testBatching(t *testing.T, b backend) {
 	hook := &countingHook{}
 	c.AddHook(hook)
 	const goroutines, each, quota = 100, 10, 500
-	lim := mustNew(t, c, []Limit{PerMinute(quota, Global()).Named("batch")})
+	lim := mustNew(t, c, []Limit{PerMinute(quota, Global()).Named("batch")}, WithTimeout(10*time.Second))
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
 	start := make(chan struct{})
