@@ -6,7 +6,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"net/http"
 
@@ -17,11 +16,8 @@ import (
 )
 
 func main() {
-	addr := flag.String("addr", "localhost:8080", "address to listen on")
-	flag.Parse()
-	rdb, where := demo.Connect()
-	defer rdb.Close()
-	api, login := demo.Limiters(rdb)
+	app := demo.Start()
+	api, login := app.API, app.Login
 
 	r := chi.NewRouter()
 	r.Use(chiratelimit.Middleware(api))
@@ -34,5 +30,5 @@ func main() {
 	r.Get("/report", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "an expensive report")
 	})
-	demo.Serve(*addr, where, r)
+	app.Serve(r)
 }

@@ -6,7 +6,6 @@
 package main
 
 import (
-	"flag"
 	"log"
 	"net/http"
 
@@ -17,11 +16,8 @@ import (
 )
 
 func main() {
-	addr := flag.String("addr", "localhost:8080", "address to listen on")
-	flag.Parse()
-	rdb, where := demo.Connect()
-	defer rdb.Close()
-	api, login := demo.Limiters(rdb)
+	app := demo.Start()
+	api, login := app.API, app.Login
 
 	e := echo.New()
 	e.HideBanner = true
@@ -37,5 +33,5 @@ func main() {
 	e.GET("/report", func(c echo.Context) error {
 		return c.String(http.StatusOK, "an expensive report\n")
 	})
-	demo.Serve(*addr, where, e)
+	app.Serve(e)
 }

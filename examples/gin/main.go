@@ -6,7 +6,6 @@
 package main
 
 import (
-	"flag"
 	"net/http"
 
 	"github.com/gin-gonic/gin"
@@ -16,11 +15,8 @@ import (
 )
 
 func main() {
-	addr := flag.String("addr", "localhost:8080", "address to listen on")
-	flag.Parse()
-	rdb, where := demo.Connect()
-	defer rdb.Close()
-	api, login := demo.Limiters(rdb)
+	app := demo.Start()
+	api, login := app.API, app.Login
 
 	gin.SetMode(gin.ReleaseMode)
 	g := gin.New()
@@ -34,5 +30,5 @@ func main() {
 	g.GET("/report", func(c *gin.Context) {
 		c.String(http.StatusOK, "an expensive report\n")
 	})
-	demo.Serve(*addr, where, g)
+	app.Serve(g)
 }

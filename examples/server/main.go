@@ -8,7 +8,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"net/http"
 
@@ -16,11 +15,8 @@ import (
 )
 
 func main() {
-	addr := flag.String("addr", "localhost:8080", "address to listen on")
-	flag.Parse()
-	rdb, where := demo.Connect()
-	defer rdb.Close()
-	api, login := demo.Limiters(rdb)
+	app := demo.Start()
+	api, login := app.API, app.Login
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /users/{id}", func(w http.ResponseWriter, r *http.Request) {
@@ -36,5 +32,5 @@ func main() {
 
 	// api wraps the whole mux: it looks each route up first, so route keys
 	// and the route table work, and leaves POST /login to its own limiter.
-	demo.Serve(*addr, where, api.Handler(mux))
+	app.Serve(api.Handler(mux))
 }

@@ -4,6 +4,7 @@
 package demo
 
 import (
+	"flag"
 	"fmt"
 	"log"
 	"net/http"
@@ -66,8 +67,31 @@ func Limiters(rdb *redis.Client) (api, login *ratelimit.Limiter) {
 	return api, login
 }
 
-// Serve prints how to try the example and serves h on addr.
-func Serve(addr, where string, h http.Handler) {
+// App is what an example needs: the limiters, and where to listen.
+type App struct {
+	API, Login *ratelimit.Limiter // see Limiters
+	addr       string
+	where      string
+	rdb        *redis.Client
+}
+
+// Start parses the -addr flag, connects to Redis and builds the limiters.
+func Start() *App {
+	addr := flag.String("addr", "localhost:8080", "address to listen on")
+	flag.Parse()
+	rdb, where := Connect()
+	api, login := Limiters(rdb)
+	return &App{API: api, Login: login, addr: *addr, where: where, rdb: rdb}
+}
+
+// Serve prints how to try the example and serves h until it fails.
+func (a *App) Serve(h http.Handler) {
+	defer a.rdb.Close()
+	serve(a.addr, a.where, h)
+}
+
+// serve prints how to try the example and serves h on addr.
+func serve(addr, where string, h http.Handler) {
 	fmt.Printf(`Listening on http://%[1]s with %[2]s. Try:
 
   curl -i http://%[1]s/users/1          # X-RateLimit-* and RateLimit headers
