@@ -78,18 +78,7 @@ func (b *batcher) run(ctx context.Context, deadline time.Time, c redis.Universal
 // send sends batch, which holds the caller's own call self, wakes the other
 // calls, and hands the queue, if any, to the first queued call.
 func (b *batcher) send(ctx context.Context, c redis.UniversalClient, batch []*call, self *call) {
-	switch {
-	case len(batch) == 1:
-		cl := batch[0]
-		ctx, cancel := context.WithDeadline(ctx, cl.deadline)
-		cl.reply, cl.err = runScript(ctx, c, slidingLog, slidingLogSource, cl.keys, cl.args)
-		cancel()
-		cl.reply = first(cl.reply)
-	case b.split:
-		sendPipeline(c, batch)
-	default:
-		sendCombined(c, batch)
-	}
+	b.exec(ctx, c, batch)
 	for _, cl := range batch {
 		if cl != self {
 			cl.wake <- nil
@@ -104,6 +93,31 @@ func (b *batcher) send(ctx context.Context, c redis.UniversalClient, batch []*ca
 	b.mu.Unlock()
 	if next != nil {
 		next[0].wake <- next
+	}
+}
+
+// exec runs batch. A panic on the way (a client hook's, say) becomes every
+// call's error: the decisions waiting on the batch must be woken, or every
+// later one would queue behind them for good.
+func (b *batcher) exec(ctx context.Context, c redis.UniversalClient, batch []*call) {
+	defer func() {
+		if r := recover(); r != nil {
+			for _, cl := range batch {
+				cl.reply, cl.err = nil, fmt.Errorf("ratelimit: panic while calling Redis: %v", r)
+			}
+		}
+	}()
+	switch {
+	case len(batch) == 1:
+		cl := batch[0]
+		ctx, cancel := context.WithDeadline(ctx, cl.deadline)
+		cl.reply, cl.err = runScript(ctx, c, slidingLog, slidingLogSource, cl.keys, cl.args)
+		cancel()
+		cl.reply = first(cl.reply)
+	case b.split:
+		sendPipeline(c, batch)
+	default:
+		sendCombined(c, batch)
 	}
 }
 

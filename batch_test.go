@@ -2,11 +2,13 @@ package ratelimit
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -68,4 +70,32 @@ func testBatching(t *testing.T, b backend) {
 	if calls >= goroutines*each {
 		t.Errorf("%d round trips for %d concurrent decisions: nothing was batched", calls, goroutines*each)
 	}
+}
+
+// panicHook panics in every command, as a broken client hook would.
+type panicHook struct{ countingHook }
+
+func (*panicHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
+	return func(context.Context, redis.Cmder) error { panic("hook") }
+}
+
+// TestBatchingSurvivesPanics: a panic while calling Redis fails the
+// decisions of its batch, and later decisions are not stuck behind them.
+func TestBatchingSurvivesPanics(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	c.AddHook(&panicHook{})
+	lim := mustNew(t, c, []Limit{PerMinute(5, Global())}, WithCircuitBreaker(0, 0))
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := lim.Allow(context.Background(), []string{"k"}, 1); err == nil || !strings.Contains(err.Error(), "panic") {
+				t.Errorf("err = %v, want the panic as an error", err)
+			}
+		}()
+	}
+	wg.Wait()
 }
