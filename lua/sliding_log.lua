@@ -67,13 +67,15 @@ local function decide(n, now, L, ki, ai)
     local quota, window, unit = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     local count, base, oldest, first = 0, false, false, 0
     -- The base and the oldest entry, in one call.
-    local head = redis.call('ZRANGE', key, 0, 1, 'WITHSCORES')
+    -- (Constant arguments are strings: Redis 7.0 formats Lua numbers with
+    -- printf, which costs more than some commands.)
+    local head = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
     if head[1] == 'b' then
       base = -tonumber(head[2])
       local cut = math.floor((now - window - base) / unit)
       if head[4] and tonumber(head[4]) <= cut then
-        redis.call('ZREMRANGEBYSCORE', key, 0, cut)
-        head = redis.call('ZRANGE', key, 0, 1, 'WITHSCORES')
+        redis.call('ZREMRANGEBYSCORE', key, '0', cut)
+        head = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
       end
       if head[4] then
         oldest = tonumber(head[4])
