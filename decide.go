@@ -39,20 +39,17 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys boo
 	if cost < 1 {
 		return Result{}, fmt.Errorf("ratelimit: cost %d is below 1", cost)
 	}
-	now := int64(0) // the script reads Redis TIME
+	wall := time.Now()
+	local, now := wall, int64(0) // now 0: the script reads Redis TIME
 	if l.cfg.clock != nil {
-		if now = l.cfg.clock().UnixMicro(); now < minClock {
-			// Log members are microsecond times that must all have 16
-			// digits (see the script).
-			return Result{}, fmt.Errorf("ratelimit: clock reads %v, before 2001-09-09", time.UnixMicro(now))
+		local = l.cfg.clock()
+		if now = local.UnixMicro(); now < minClock {
+			// A broken clock (a zero time.Time, say); 0 would even
+			// make the script use Redis TIME.
+			return Result{}, fmt.Errorf("ratelimit: clock reads %v, before 2001-09-09", local)
 		}
 	}
 	keys, tags := l.keys(s, fromKeys)
-	wall := time.Now()
-	local := wall
-	if l.cfg.clock != nil {
-		local = l.cfg.clock()
-	}
 	if res, ok := l.denies.check(l, s, keys, cost, local); ok {
 		return res, nil
 	}

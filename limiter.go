@@ -16,7 +16,8 @@ import (
 	"github.com/slidinglog/ratelimit/internal/route"
 )
 
-// minClock is the earliest time, in Unix microseconds, with 16 digits.
+// minClock is the earliest time a WithClock clock may read, in Unix
+// microseconds (2001-09-09): earlier means the clock is broken.
 const minClock = 1_000_000_000_000_000
 
 // ErrUnexpectedReply is returned (wrapped) when Redis answers the limiter's
