@@ -43,6 +43,11 @@ var clusterSuite = []struct {
 	{"SingleSlot", testSingleSlot},
 	{"CompactLog", testCompactLog},
 	{"Batching", testBatching},
+	{"BucketedAcrossReplicas", testBucketedAcrossReplicas},
+	{"BucketedBoundary", testBucketedBoundary},
+	{"BucketedMixed", testBucketedMixed},
+	{"BucketedIdle", testBucketedIdle},
+	{"BucketedVersusLog", testBucketedVersusLog},
 }
 
 // TestCluster runs the suite on one 6-node Redis Cluster (3 primaries with

@@ -150,6 +150,9 @@ func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, 
 		res := reservation{keys: gkeys}
 		for _, i := range g {
 			res.args = append(res.args, d.replies[i].next, l.limits[i].unit)
+			if l.limits[i].bucketed {
+				res.args = append(res.args, l.limits[i].nameArg)
+			}
 		}
 		reserved = append(reserved, res)
 	}
@@ -261,6 +264,9 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 	for _, i := range idx {
 		lim := &d.l.limits[i]
 		args = append(args, lim.quotaArg, lim.window, lim.unit)
+		if lim.bucketed {
+			args = append(args, lim.nameArg)
+		}
 	}
 	d.s.args = args
 	b := d.l.breakers.forKey(ctx, d.l.client, keys[0])

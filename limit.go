@@ -31,6 +31,36 @@ type Limit struct {
 	// Key says what the limit counts by: [ClientIP], [User], [Route],
 	// [Global], [Compose]... It is required.
 	Key Key
+	// Precision, if not zero, makes the limit count requests per bucket of
+	// that length instead of logging each one ([Limit.Bucketed]). Default:
+	// zero, the exact log.
+	Precision time.Duration
+}
+
+// maxBuckets bounds Window/Precision: a bucketed decision reads every
+// bucket of the window.
+const maxBuckets = 1024
+
+// Bucketed returns a copy of l that counts requests in buckets of the given
+// precision, such as PerHour(10000, key).Bucketed(time.Minute), instead of
+// logging each one: the Redis memory of a key is then bounded by
+// Window/Precision buckets (at most 1,024) whatever the quota, where the
+// exact log holds one entry per admitted request.
+//
+// The price is precision at the window's edge: a request is counted from
+// the start of its bucket until the bucket leaves the window whole, and the
+// window is made of whole buckets, so the limit may admit up to one bucket's
+// worth of requests more, or fewer, than the exact log would. It never
+// admits more than Quota within a window aligned to bucket edges. Reset and
+// Retry-After say when the oldest counted bucket leaves. Window must be a
+// whole number of buckets.
+//
+// Bucketed limits of one identifier share one Redis hash, with a field per
+// limit and bucket; it lives until its last bucket leaves the longest of
+// their windows.
+func (l Limit) Bucketed(precision time.Duration) Limit {
+	l.Precision = precision
+	return l
 }
 
 // Per returns a Limit of quota per window, counted by key.
@@ -118,6 +148,12 @@ func (l Limit) validate() error {
 		return fmt.Errorf("no key: say what the limit counts by (ClientIP(), User(...), Global(), ...)")
 	case l.Key.err != nil:
 		return fmt.Errorf("key %s: %w", l.Key.name, l.Key.err)
+	case l.Precision < 0 || l.Precision > 0 && l.Precision < time.Millisecond:
+		return fmt.Errorf("precision %v: must be 0 (exact) or at least 1ms", l.Precision)
+	case l.Precision > 0 && l.Window%l.Precision != 0:
+		return fmt.Errorf("window %v is not a whole number of %v buckets", l.Window, l.Precision)
+	case l.Precision > 0 && l.Window/l.Precision > maxBuckets:
+		return fmt.Errorf("window %v holds %d buckets of %v; at most %d", l.Window, l.Window/l.Precision, l.Precision, maxBuckets)
 	case !validName(l.Name):
 		return fmt.Errorf("name %q: use 1 to %d ASCII letters, digits, '-', '_' or '.'", l.Name, maxNameLen)
 	}

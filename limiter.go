@@ -65,7 +65,9 @@ type compiledLimit struct {
 	head       string   // "<prefix><name>:{", the Redis key up to the identifier
 	quotaArg   any      // Quota, boxed once for the script's ARGV
 	window     any      // Window in microseconds, boxed once
-	unit       any      // time unit of the log in microseconds, boxed once (see the script)
+	unit       any      // time unit of the log in microseconds, or minus the precision, boxed once (see the script)
+	bucketed   bool     // counted in buckets of Precision
+	nameArg    any      // Name, boxed once
 	limitHdr   []string // precomputed X-RateLimit-Limit value
 	quotedName string   // the name as an sf-string, for the RateLimit header
 }
@@ -122,9 +124,16 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 			continue
 		}
 		seen[lim.Name] = i
-		head := cfg.prefix + lim.Name + ":{"
+		// An exact log per limit and identifier; a hash per identifier for
+		// the bucketed limits, whose head has no name (names are not empty,
+		// so the two never meet).
+		name := lim.Name + ":"
+		if lim.Precision > 0 {
+			name = ""
+		}
+		head := cfg.prefix + name + "{"
 		if cfg.singleSlot {
-			head = cfg.prefix + "{" + singleSlotTag + "}" + lim.Name + ":{"
+			head = cfg.prefix + "{" + singleSlotTag + "}" + name + "{"
 		}
 		l.all = append(l.all, len(l.limits))
 		l.limits = append(l.limits, compiledLimit{
@@ -132,7 +141,9 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 			head:       head,
 			quotaArg:   lim.Quota,
 			window:     lim.Window.Microseconds(),
-			unit:       timeUnit(lim.Window),
+			unit:       unitArg(lim),
+			bucketed:   lim.Precision > 0,
+			nameArg:    lim.Name,
 			limitHdr:   []string{strconv.Itoa(lim.Quota)},
 			quotedName: strconv.Quote(lim.Name),
 		})
@@ -257,6 +268,15 @@ func (l *Limiter) With(limits []Limit, opts ...Option) (*Limiter, error) {
 		return nil, err
 	}
 	return d, nil
+}
+
+// unitArg is the script's third parameter of a limit: the time unit of an
+// exact log, or minus the precision of a bucketed limit, in microseconds.
+func unitArg(lim Limit) int64 {
+	if lim.Precision > 0 {
+		return -lim.Precision.Microseconds()
+	}
+	return timeUnit(lim.Window)
 }
 
 // timeUnit returns the time unit of a log with the given window, in

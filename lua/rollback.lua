@@ -2,27 +2,47 @@
 -- decision that spans several Redis Cluster slots is denied after it had
 -- reserved some of them.
 --
--- KEYS[i]        a log the request was logged in.
--- ARGV[1]        the request's cost n: it has n entries in each log.
--- ARGV[2+2(i-1)] the time its entries in log i were given (the script's stamp).
--- ARGV[3+2(i-1)] the time unit of log i.
+-- KEYS[i]  a log the request was logged in.
+-- ARGV[1]  the request's cost n: it has n units in each log.
+-- Then, for each log in turn: the time its entries were given (the script's
+--   stamp) and the log's time unit; for a bucketed limit, minus its
+--   precision instead of the unit, then its name.
 --
--- Entries with the same time are interchangeable (see sliding_log.lua), so
--- removing n entries of that time undoes the request exactly. The log's base
--- may have moved since; times, and so the offset computed here, have not.
--- Returns how many entries were removed.
+-- Exact log: entries with the same time are interchangeable (see
+-- sliding_log.lua), so removing n entries of that time undoes the request
+-- exactly. The log's base may have moved since; times, and so the offset
+-- computed here, have not. Bucketed limit: the count of the bucket the time
+-- falls in goes down by n, if the bucket is still there.
+-- Returns how many units were removed.
 
 local n = tonumber(ARGV[1])
 local removed = 0
+local a = 2
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local stamp, unit = tonumber(ARGV[2 + 2 * (i - 1)]), tonumber(ARGV[3 + 2 * (i - 1)])
-  local base = redis.call('ZSCORE', key, 'b')
-  if base then
-    local offset = (stamp + tonumber(base)) / unit -- the score of 'b' is minus the base
-    local members = redis.call('ZRANGEBYSCORE', key, offset, offset, 'LIMIT', 0, n)
-    if #members > 0 then
-      removed = removed + redis.call('ZREM', key, unpack(members))
+  local stamp, unit = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  a = a + 2
+  if unit < 0 then
+    local field = ARGV[a] .. ':' .. string.format('%d', math.floor(stamp / -unit))
+    a = a + 1
+    local c = tonumber(redis.call('HGET', key, field))
+    if c then
+      local left = c - math.min(c, n)
+      if left > 0 then
+        redis.call('HSET', key, field, string.format('%d', left))
+      else
+        redis.call('HDEL', key, field)
+      end
+      removed = removed + math.min(c, n)
+    end
+  else
+    local meta = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    if meta[1] == 'b' then
+      local offset = (stamp + tonumber(meta[2])) / unit -- the meta member scores minus the base
+      local members = redis.call('ZRANGEBYSCORE', key, offset, offset, 'LIMIT', 0, n)
+      if #members > 0 then
+        removed = removed + redis.call('ZREM', key, unpack(members))
+      end
     end
   end
 end

@@ -5,7 +5,8 @@
 --   cost n (integer >= 1); the time in microseconds, or 0 to use the Redis
 --   server's TIME; the number of limits L; and for each limit its quota
 --   (integer >= 1), its window and its time unit u (see below), both in
---   microseconds.
+--   microseconds. A bucketed limit (see the end) gives minus its precision
+--   instead of u, then its name.
 -- KEYS     the L sorted sets of each request in turn: one entry per logged
 --   unit of cost.
 --
@@ -53,6 +54,79 @@ local MAX_OFFSET = 32767
 local clock
 -- Per-log state between the two passes, reused by every request.
 local bases, counts, oldests, firsts = {}, {}, {}, {}
+local quotas, windows, units, names = {}, {}, {}, {}
+
+-- Bucketed limits. A bucketed limit of window W and precision P counts
+-- requests per bucket of time [kP, (k+1)P) in a hash per identifier, which
+-- the limits of that identifier share: field '<name>:<k>' holds the count of
+-- bucket k, '<name>:o' the oldest bucket that may still hold a field. A
+-- request at now counts the buckets that end after now - W: those from
+-- k = floor(now/P) - W/P + 1 to floor(now/P). Memory is bounded by W/P
+-- fields whatever the quota; the count can differ from the exact log by the
+-- requests of one bucket at the window's edge. Only the buckets of the
+-- current window are ever written, and pruning looks at W/P buckets at most,
+-- however long the key was idle.
+
+-- bucket_check prunes the limit's old buckets and returns its count and its
+-- buckets, as {k_first, count_first, k_first + 1, count, ...} (the "base"
+-- of the limit, as the sorted set's base is for an exact log).
+local function bucket_check(key, name, window, precision, now)
+  local nb = window / precision
+  local cur = math.floor(now / precision)
+  local first = cur - nb + 1
+  local fields = {name .. ':o'}
+  for k = first, cur do
+    fields[#fields + 1] = name .. ':' .. string.format('%d', k)
+  end
+  local vals = redis.call('HMGET', key, unpack(fields))
+  local o = tonumber(vals[1])
+  if o and o < first then
+    -- Drop the buckets that have left the window: at most a window's worth,
+    -- since none was written before o or after o + nb - 1.
+    local old = {}
+    for k = o, math.min(first - 1, o + nb - 1) do
+      old[#old + 1] = name .. ':' .. string.format('%d', k)
+    end
+    redis.call('HDEL', key, unpack(old))
+    redis.call('HSET', key, name .. ':o', string.format('%d', first))
+  end
+  local buckets, count = {}, 0
+  for j = 2, #vals do
+    local c = tonumber(vals[j])
+    if c and c > 0 then
+      buckets[#buckets + 1] = first + j - 2
+      buckets[#buckets + 1] = c
+      count = count + c
+    end
+  end
+  return count, buckets
+end
+
+-- bucket_leaves returns when enough of the oldest buckets have left the
+-- window for need units of cost to be freed: bucket k leaves at kP + W.
+local function bucket_leaves(buckets, need, window, precision)
+  local freed = 0
+  for j = 1, #buckets, 2 do
+    freed = freed + buckets[j + 1]
+    if freed >= need then
+      return buckets[j] * precision + window
+    end
+  end
+  return -1
+end
+
+-- bucket_admit logs n units of cost in the current bucket, and keeps the
+-- key until that bucket leaves the window (never shortening its life: other
+-- limits of the identifier may have longer windows).
+local function bucket_admit(key, name, window, precision, now, n)
+  local cur = math.floor(now / precision)
+  redis.call('HINCRBY', key, name .. ':' .. string.format('%d', cur), n)
+  redis.call('HSETNX', key, name .. ':o', string.format('%d', cur))
+  local ttl = math.ceil((cur * precision + window - now) / 1000) + 1
+  if redis.call('PTTL', key) < ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
 
 -- decide decides one request of cost n at now over the L logs
 -- KEYS[ki..ki+L-1], whose parameters start at ARGV[ai].
@@ -62,37 +136,55 @@ local function decide(n, now, L, ki, ai)
   local denied, deniedAt = 0, 0
 
   for i = 1, L do
+    quotas[i], windows[i], units[i] = tonumber(ARGV[ai]), tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
+    ai = ai + 3
+    if units[i] < 0 then
+      names[i] = ARGV[ai]
+      ai = ai + 1
+    end
+  end
+
+  for i = 1, L do
     local key = KEYS[ki + i - 1]
-    local a = ai + 3 * (i - 1)
-    local quota, window, unit = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    local quota, window, unit = quotas[i], windows[i], units[i]
     local count, base, oldest, first = 0, false, false, 0
-    -- The base and the oldest entry, in one call.
-    -- (Constant arguments are strings: Redis 7.0 formats Lua numbers with
-    -- printf, which costs more than some commands.)
-    local head = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
-    if head[1] == 'b' then
-      base = -tonumber(head[2])
-      local cut = math.floor((now - window - base) / unit)
-      if head[4] and tonumber(head[4]) <= cut then
-        redis.call('ZREMRANGEBYSCORE', key, '0', cut)
-        head = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
-      end
-      if head[4] then
-        oldest = tonumber(head[4])
-        first = tonumber(head[3])
-        count = redis.call('ZCARD', key) - 1
+    if unit < 0 then
+      count, base = bucket_check(key, names[i], window, -unit, now)
+    else
+      -- The base and the oldest entry, in one call.
+      -- (Constant arguments are strings: Redis 7.0 formats Lua numbers with
+      -- printf, which costs more than some commands.)
+      local head = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
+      if head[1] == 'b' then
+        base = -tonumber(head[2])
+        local cut = math.floor((now - window - base) / unit)
+        if head[4] and tonumber(head[4]) <= cut then
+          redis.call('ZREMRANGEBYSCORE', key, '0', cut)
+          head = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
+        end
+        if head[4] then
+          oldest = tonumber(head[4])
+          first = tonumber(head[3])
+          count = redis.call('ZCARD', key) - 1
+        end
       end
     end
     bases[i], counts[i], oldests[i], firsts[i] = base, count, oldest, first
     local reset = now
     if count + n <= quota then
       if count > 0 then
-        reset = base + oldest * unit + window
+        if unit < 0 then
+          reset = bucket_leaves(base, 1, window, -unit)
+        else
+          reset = base + oldest * unit + window
+        end
       end
     else
       allowed = false
       if n > quota then
         reset = -1
+      elseif unit < 0 then
+        reset = bucket_leaves(base, count + n - quota, window, -unit)
       else
         -- The request fits once the (count + n - quota) oldest entries are gone.
         local e = redis.call('ZRANGE', key, count + n - quota, count + n - quota, 'WITHSCORES')
@@ -105,7 +197,11 @@ local function decide(n, now, L, ki, ai)
     reply[1 + 3 * i] = count
     reply[2 + 3 * i] = reset
     -- Until the request is logged: when the oldest entry leaves (0 if none).
-    reply[3 + 3 * i] = oldest and base + oldest * unit + window or 0
+    if unit < 0 then
+      reply[3 + 3 * i] = count > 0 and bucket_leaves(base, 1, window, -unit) or 0
+    else
+      reply[3 + 3 * i] = oldest and base + oldest * unit + window or 0
+    end
   end
 
   if not allowed then
@@ -115,52 +211,59 @@ local function decide(n, now, L, ki, ai)
 
   for i = 1, L do
     local key = KEYS[ki + i - 1]
-    local a = ai + 3 * (i - 1)
-    local quota, window, unit = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    local quota, window, unit = quotas[i], windows[i], units[i]
     local base, count = bases[i], counts[i]
     local offset
-    if base then
-      offset = math.max(math.ceil((now - base) / unit), 0)
-      if offset > MAX_OFFSET then
-        -- Move the base up to the oldest entry (or to now) and rewrite the
-        -- entries' offsets; their times do not change.
-        local shift = oldests[i] or offset
-        local args = {-(base + shift * unit), 'b'}
-        if count > 0 then
-          local entries = redis.call('ZRANGE', key, 1, count, 'WITHSCORES')
-          for j = 1, #entries, 2 do
-            args[#args + 1] = tonumber(entries[j + 1]) - shift
-            args[#args + 1] = entries[j]
-          end
-        end
-        redis.call('ZADD', key, unpack(args))
-        base = base + shift * unit
-        offset = offset - shift
+    if unit < 0 then
+      bucket_admit(key, names[i], window, -unit, now, n)
+      if count == 0 then
+        reply[2 + 3 * i] = bucket_leaves({math.floor(now / -unit), n}, 1, window, -unit)
       end
+      reply[3 + 3 * i] = now
     else
-      base, offset = math.floor(now / unit) * unit, 0
-      redis.call('ZADD', key, -base, 'b')
-    end
-    -- Members run on from the oldest entry's, modulo a power of two above
-    -- the quota: with entries removed oldest first, the next member is free.
-    local modulus = 128
-    while modulus <= quota do
-      modulus = modulus * 32
-    end
-    local m = (firsts[i] + count) % modulus
-    for _ = 1, n do
-      while redis.call('ZADD', key, 'NX', offset, m) == 0 do
+      if base then
+        offset = math.max(math.ceil((now - base) / unit), 0)
+        if offset > MAX_OFFSET then
+          -- Move the base up to the oldest entry (or to now) and rewrite the
+          -- entries' offsets; their times do not change.
+          local shift = oldests[i] or offset
+          local args = {-(base + shift * unit), 'b'}
+          if count > 0 then
+            local entries = redis.call('ZRANGE', key, 1, count, 'WITHSCORES')
+            for j = 1, #entries, 2 do
+              args[#args + 1] = tonumber(entries[j + 1]) - shift
+              args[#args + 1] = entries[j]
+            end
+          end
+          redis.call('ZADD', key, unpack(args))
+          base = base + shift * unit
+          offset = offset - shift
+        end
+      else
+        base, offset = math.floor(now / unit) * unit, 0
+        redis.call('ZADD', key, -base, 'b')
+      end
+      -- Members run on from the oldest entry's, modulo a power of two above
+      -- the quota: with entries removed oldest first, the next member is free.
+      local modulus = 128
+      while modulus <= quota do
+        modulus = modulus * 32
+      end
+      local m = (firsts[i] + count) % modulus
+      for _ = 1, n do
+        while redis.call('ZADD', key, 'NX', offset, m) == 0 do
+          m = (m + 1) % modulus
+        end
         m = (m + 1) % modulus
       end
-      m = (m + 1) % modulus
+      local stamp = base + offset * unit
+      if count == 0 then
+        reply[2 + 3 * i] = stamp + window
+      end
+      reply[3 + 3 * i] = stamp
+      -- The new entries leave the window last: expire the log then.
+      redis.call('PEXPIRE', key, math.ceil((stamp - now + window) / 1000) + 1)
     end
-    local stamp = base + offset * unit
-    if count == 0 then
-      reply[2 + 3 * i] = stamp + window
-    end
-    reply[3 + 3 * i] = stamp
-    -- The new entries leave the window last: expire the log then.
-    redis.call('PEXPIRE', key, math.ceil((stamp - now + window) / 1000) + 1)
   end
   reply[1] = 1
   return reply
@@ -179,6 +282,9 @@ for d = 1, tonumber(ARGV[1]) do
     now = clock
   end
   results[d] = decide(n, now, L, ki, ai)
-  ki, ai = ki + L, ai + 3 * L
+  ki = ki + L
+  for _ = 1, L do -- skip this request's parameters
+    ai = ai + (tonumber(ARGV[ai + 2]) < 0 and 4 or 3)
+  end
 end
 return results

@@ -11,10 +11,13 @@
 //	ceiling          EVALSHA of a script that returns 1: one round trip per call,
 //	                 no limiter work; the other figures are relative to it.
 //	allow-many-keys  10,000 keys, a limit that never denies.
+//	allow-bucketed   the same, counted in 60 one-second buckets (Limit.Bucketed).
 //	deny-hot-key     one key, 100 per minute, flooded.
 //	mixed            1,000 keys, 50 per 10 s.
 //	memory           Redis bytes per logged request at 1,000 keys x 100 entries
-//	                 and at 100 keys x 1,000 entries (INFO memory delta).
+//	                 and at 100 keys x 1,000 entries (INFO memory delta); and
+//	                 bytes per key of a full 10,000-per-hour limit, as an exact
+//	                 log and in 1-minute buckets.
 //
 // Beside throughput and latency it prints the Redis server's CPU time per
 // operation (INFO cpu delta): on a machine where the tool and Redis share
@@ -97,6 +100,9 @@ func main() {
 		{"allow-many-keys", func() (stats, error) {
 			return b.limiter(ratelimit.PerMinute(1_000_000_000/1000, ratelimit.Global()), 10_000)
 		}},
+		{"allow-bucketed", func() (stats, error) {
+			return b.limiter(ratelimit.PerMinute(1_000_000_000/1000, ratelimit.Global()).Bucketed(time.Second), 10_000)
+		}},
 		{"deny-hot-key", func() (stats, error) { return b.limiter(ratelimit.PerMinute(100, ratelimit.Global()), 1) }},
 		{"mixed", func() (stats, error) {
 			return b.limiter(ratelimit.Per(10*time.Second, 50, ratelimit.Global()), 1000)
@@ -134,6 +140,20 @@ func main() {
 				log.Fatal(err)
 			}
 			fmt.Printf("memory: %d keys x %d entries: %.1f bytes per logged request\n", m.keys, m.perKey, perEntry)
+		}
+		for _, lim := range []ratelimit.Limit{
+			ratelimit.PerHour(10_000, ratelimit.Global()).Named("mem"),
+			ratelimit.PerHour(10_000, ratelimit.Global()).Bucketed(time.Minute).Named("mem"),
+		} {
+			perKey, err := b.memoryFull(lim, 100)
+			if err != nil {
+				log.Fatal(err)
+			}
+			kind := "exact log"
+			if lim.Precision > 0 {
+				kind = "1-minute buckets"
+			}
+			fmt.Printf("memory: 10,000 per hour, %s, full: %.0f bytes per key\n", kind, perKey)
 		}
 	}
 }
@@ -299,6 +319,40 @@ func redisCPU(ctx context.Context, rdb *redis.Client) (time.Duration, error) {
 		total += v
 	}
 	return time.Duration(total * float64(time.Second)), nil
+}
+
+// memoryFull fills keys keys of lim over one window (a request of cost
+// quota/60 every window/60, on a clock of the tool's) and returns the growth
+// of Redis's used_memory per key.
+func (b bench) memoryFull(lim ratelimit.Limit, keys int) (float64, error) {
+	ctx := context.Background()
+	if err := b.rdb.FlushAll(ctx).Err(); err != nil {
+		return 0, err
+	}
+	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
+	l, err := ratelimit.New(b.rdb, []ratelimit.Limit{lim}, ratelimit.WithTimeout(5*time.Second),
+		ratelimit.WithClock(func() time.Time { return now }), ratelimit.WithDenyCache(0))
+	if err != nil {
+		return 0, err
+	}
+	before, err := usedMemory(ctx, b.rdb)
+	if err != nil {
+		return 0, err
+	}
+	step, cost := lim.Window/60, lim.Quota/60
+	for range 60 {
+		for k := range keys {
+			if res, err := l.Allow(ctx, []string{"client-" + strconv.Itoa(k)}, cost); err != nil || !res.Allowed {
+				return 0, fmt.Errorf("filling: %+v %v", res, err)
+			}
+		}
+		now = now.Add(step)
+	}
+	after, err := usedMemory(ctx, b.rdb)
+	if err != nil {
+		return 0, err
+	}
+	return float64(after-before) / float64(keys), nil
 }
 
 func usedMemory(ctx context.Context, rdb *redis.Client) (int64, error) {
