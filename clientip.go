@@ -286,6 +286,14 @@ func parseNode(s string) (netip.Addr, bool) {
 	if len(s) > maxNodeLen {
 		return netip.Addr{}, false
 	}
+	// A bracketed address and port the standard library reads is read the
+	// same way, even with an IPv6 zone holding "]", which the bracket search
+	// below would cut short.
+	if strings.HasPrefix(s, "[") {
+		if ap, err := netip.ParseAddrPort(s); err == nil {
+			return ap.Addr().WithZone("").Unmap(), true
+		}
+	}
 	host, port, hasPort := s, "", false
 	if strings.HasPrefix(s, "[") {
 		end := strings.IndexByte(s, ']')

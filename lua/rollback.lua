@@ -23,17 +23,24 @@ for i = 1, #KEYS do
   local stamp, unit = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   a = a + 2
   if unit < 0 then
-    local field = ARGV[a] .. ':' .. string.format('%d', math.floor(stamp / -unit))
+    local name = ARGV[a]
+    local field = name .. ':' .. string.format('%d', math.floor(stamp / -unit))
     a = a + 1
     local c = tonumber(redis.call('HGET', key, field))
     if c then
-      local left = c - math.min(c, n)
-      if left > 0 then
-        redis.call('HSET', key, field, string.format('%d', left))
+      local take = math.min(c, n)
+      if c > take then
+        redis.call('HSET', key, field, string.format('%d', c - take))
       else
         redis.call('HDEL', key, field)
       end
-      removed = removed + math.min(c, n)
+      -- The total falls too; the oldest-bucket marker may now point at an
+      -- emptied bucket, which only makes Reset a little early until the
+      -- next pruning moves it.
+      if redis.call('HINCRBY', key, name .. ':t', -take) <= 0 then
+        redis.call('HDEL', key, name .. ':t', name .. ':o')
+      end
+      removed = removed + take
     end
   else
     local meta = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')

@@ -59,57 +59,91 @@ local quotas, windows, units, names = {}, {}, {}, {}
 -- Bucketed limits. A bucketed limit of window W and precision P counts
 -- requests per bucket of time [kP, (k+1)P) in a hash per identifier, which
 -- the limits of that identifier share: field '<name>:<k>' holds the count of
--- bucket k, '<name>:o' the oldest bucket that may still hold a field. A
--- request at now counts the buckets that end after now - W: those from
--- k = floor(now/P) - W/P + 1 to floor(now/P). Memory is bounded by W/P
--- fields whatever the quota; the count can differ from the exact log by the
--- requests of one bucket at the window's edge. Only the buckets of the
--- current window are ever written, and pruning looks at W/P buckets at most,
--- however long the key was idle.
+-- bucket k, '<name>:t' the total of the buckets held, '<name>:o' the oldest
+-- bucket that holds a count. A request at now counts the buckets that end
+-- after now - W: those from k = floor(now/P) - W/P + 1 to floor(now/P).
+-- Memory is bounded by W/P fields whatever the quota; the count can differ
+-- from the exact log by the requests of one bucket at the window's edge.
+-- Only the current bucket is ever written, and pruning looks at W/P buckets
+-- at most, however long the key was idle. An admitted request reads two
+-- fields; only pruning and denials of more than the oldest bucket's worth
+-- read the window's buckets.
 
--- bucket_check prunes the limit's old buckets and returns its count and its
--- buckets, as {k_first, count_first, k_first + 1, count, ...} (the "base"
--- of the limit, as the sorted set's base is for an exact log).
+local function bucket_field(name, k)
+  return name .. ':' .. string.format('%d', k)
+end
+
+-- bucket_window returns the non-empty buckets from first to cur, as
+-- {k, count, k, count, ...}.
+local function bucket_window(key, name, first, cur)
+  local fields = {}
+  for k = first, cur do
+    fields[#fields + 1] = bucket_field(name, k)
+  end
+  local vals = redis.call('HMGET', key, unpack(fields))
+  local buckets = {}
+  for j = 1, #vals do
+    local c = tonumber(vals[j])
+    if c and c > 0 then
+      buckets[#buckets + 1] = first + j - 1
+      buckets[#buckets + 1] = c
+    end
+  end
+  return buckets
+end
+
+-- bucket_check prunes the limit's buckets that have left the window and
+-- returns its count and its state (the limit's "base", as the sorted set's
+-- base is for an exact log).
 local function bucket_check(key, name, window, precision, now)
   local nb = window / precision
   local cur = math.floor(now / precision)
-  local first = cur - nb + 1
-  local fields = {name .. ':o'}
-  for k = first, cur do
-    fields[#fields + 1] = name .. ':' .. string.format('%d', k)
-  end
-  local vals = redis.call('HMGET', key, unpack(fields))
-  local o = tonumber(vals[1])
-  if o and o < first then
-    -- Drop the buckets that have left the window: at most a window's worth,
-    -- since none was written before o or after o + nb - 1.
+  local s = {key = key, name = name, first = cur - nb + 1, cur = cur}
+  local v = redis.call('HMGET', key, name .. ':t', name .. ':o')
+  local total, o = tonumber(v[1]) or 0, tonumber(v[2])
+  if o and o < s.first then
+    -- None was written before o or after o + nb - 1: at most a window's
+    -- worth of buckets to drop.
     local old = {}
-    for k = o, math.min(first - 1, o + nb - 1) do
-      old[#old + 1] = name .. ':' .. string.format('%d', k)
+    for k = o, math.min(s.first - 1, o + nb - 1) do
+      old[#old + 1] = bucket_field(name, k)
+    end
+    local gone = redis.call('HMGET', key, unpack(old))
+    for j = 1, #gone do
+      total = total - (tonumber(gone[j]) or 0)
     end
     redis.call('HDEL', key, unpack(old))
-    redis.call('HSET', key, name .. ':o', string.format('%d', first))
-  end
-  local buckets, count = {}, 0
-  for j = 2, #vals do
-    local c = tonumber(vals[j])
-    if c and c > 0 then
-      buckets[#buckets + 1] = first + j - 2
-      buckets[#buckets + 1] = c
-      count = count + c
+    o = nil
+    if total > 0 then
+      o = bucket_window(key, name, s.first, cur)[1]
+    end
+    if o then
+      redis.call('HSET', key, name .. ':t', string.format('%d', total), name .. ':o', string.format('%d', o))
+    else
+      total = 0
+      redis.call('HDEL', key, name .. ':t', name .. ':o')
     end
   end
-  return count, buckets
+  s.o = o
+  return total, s
 end
 
 -- bucket_leaves returns when enough of the oldest buckets have left the
--- window for need units of cost to be freed: bucket k leaves at kP + W.
-local function bucket_leaves(buckets, need, window, precision)
+-- window for need units of cost to be freed (bucket k leaves at kP + W),
+-- or -1 if they cannot be.
+local function bucket_leaves(s, need, window, precision)
+  if not s.o then
+    return -1
+  end
+  if need <= 1 then
+    return s.o * precision + window
+  end
+  local b = bucket_window(s.key, s.name, math.max(s.o, s.first), s.cur)
   local freed = 0
-  for j = 1, #buckets, 2 do
-    freed = freed + buckets[j + 1]
+  for j = 1, #b, 2 do
+    freed = freed + b[j + 1]
     if freed >= need then
-      return buckets[j] * precision + window
+      return b[j] * precision + window
     end
   end
   return -1
@@ -118,10 +152,13 @@ end
 -- bucket_admit logs n units of cost in the current bucket, and keeps the
 -- key until that bucket leaves the window (never shortening its life: other
 -- limits of the identifier may have longer windows).
-local function bucket_admit(key, name, window, precision, now, n)
-  local cur = math.floor(now / precision)
-  redis.call('HINCRBY', key, name .. ':' .. string.format('%d', cur), n)
-  redis.call('HSETNX', key, name .. ':o', string.format('%d', cur))
+local function bucket_admit(s, window, precision, now, n)
+  local key, name, cur = s.key, s.name, s.cur
+  redis.call('HINCRBY', key, bucket_field(name, cur), n)
+  redis.call('HINCRBY', key, name .. ':t', n)
+  if not s.o then
+    redis.call('HSET', key, name .. ':o', string.format('%d', cur))
+  end
   local ttl = math.ceil((cur * precision + window - now) / 1000) + 1
   if redis.call('PTTL', key) < ttl then
     redis.call('PEXPIRE', key, ttl)
@@ -215,9 +252,9 @@ local function decide(n, now, L, ki, ai)
     local base, count = bases[i], counts[i]
     local offset
     if unit < 0 then
-      bucket_admit(key, names[i], window, -unit, now, n)
+      bucket_admit(base, window, -unit, now, n)
       if count == 0 then
-        reply[2 + 3 * i] = bucket_leaves({math.floor(now / -unit), n}, 1, window, -unit)
+        reply[2 + 3 * i] = base.cur * -unit + window
       end
       reply[3 + 3 * i] = now
     else
