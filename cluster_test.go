@@ -48,6 +48,8 @@ var clusterSuite = []struct {
 	{"BucketedMixed", testBucketedMixed},
 	{"BucketedIdle", testBucketedIdle},
 	{"BucketedVersusLog", testBucketedVersusLog},
+	{"Status", testStatus},
+	{"Reset", testReset},
 }
 
 // TestCluster runs the suite on one 6-node Redis Cluster (3 primaries with

@@ -18,9 +18,12 @@ var (
 	slidingLogSource string
 	//go:embed lua/rollback.lua
 	rollbackSource string
+	//go:embed lua/reset.lua
+	resetSource string
 
 	slidingLog = redis.NewScript(slidingLogSource)
 	rollback   = redis.NewScript(rollbackSource)
+	reset      = redis.NewScript(resetSource)
 )
 
 // decide runs the script for ids (one per limit, non-empty) and cost.
@@ -35,7 +38,10 @@ var (
 // thus admitted only if every limit had room for it, and a denied request
 // leaves no entry behind; meanwhile, for a round trip, its reservation may
 // make another request to the same key see one entry too many.
-func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys bool) (Result, error) {
+//
+// With peek, nothing is logged: the Result says whether the request would
+// be admitted and what each limit has left.
+func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, peek bool) (Result, error) {
 	if cost < 1 {
 		return Result{}, fmt.Errorf("ratelimit: cost %d is below 1", cost)
 	}
@@ -50,29 +56,31 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys boo
 		}
 	}
 	keys, tags := l.keys(s, fromKeys)
-	if res, ok := l.denies.check(l, s, keys, cost, local); ok {
-		return res, nil
+	if !peek {
+		if res, ok := l.denies.check(l, s, keys, cost, local); ok {
+			return res, nil
+		}
 	}
 	deadline := wall.Add(l.cfg.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
 
-	d := decision{l: l, s: s, cost: cost, replies: s.replies(len(l.limits)), wall: wall}
+	d := decision{l: l, s: s, cost: cost, replies: s.replies(len(l.limits)), wall: wall, peek: peek, denier: -1}
 	allowed, err := l.remote(ctx, &d, keys, tags, now, deadline)
 	if err == nil {
-		if !allowed {
+		if !allowed && !peek {
 			l.denies.remember(&d, keys, local)
 		}
 		return d.result(allowed)
 	}
-	if l.cfg.failure != FailLocal {
+	if l.cfg.failure != FailLocal || peek {
 		return Result{}, err
 	}
 	if now == 0 {
 		now = time.Now().UnixMicro()
 	}
-	d = decision{l: l, s: s, cost: cost, replies: s.replies(len(l.limits))}
+	d = decision{l: l, s: s, cost: cost, replies: s.replies(len(l.limits)), denier: -1}
 	res, _ := d.result(l.local.decide(&d, keys, now))
 	res.Local = true
 	return res, err
@@ -133,6 +141,21 @@ func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, 
 		var g reply
 		err := d.run(ctx, keys, l.all, now, deadline, &g)
 		return g.allowed, err
+	}
+	if d.peek { // nothing to reserve: ask every group
+		all := true
+		for _, g := range l.groups(tags) {
+			gkeys := make([]string, len(g))
+			for j, i := range g {
+				gkeys[j] = keys[i]
+			}
+			var gr reply
+			if err := d.run(ctx, gkeys, g, now, deadline, &gr); err != nil {
+				return false, err
+			}
+			all = all && gr.allowed
+		}
+		return all, nil
 	}
 	var reserved []reservation
 	for _, g := range l.groups(tags) {
@@ -241,6 +264,7 @@ func (l *Limiter) rollback(ctx context.Context, reservations []reservation, cost
 type decision struct {
 	l       *Limiter
 	s       *scratch
+	peek    bool      // log nothing
 	wall    time.Time // when the decision started, on the local clock
 	cost    int
 	replies []reply // per limit; ok is false for limits not checked
@@ -260,7 +284,11 @@ type reply struct {
 // run calls the script for the limits idx with their keys and records the
 // replies. g receives the group's overall reply.
 func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64, deadline time.Time, g *reply) error {
-	args := append(d.s.args[:0], 1, d.cost, now, len(idx))
+	cost := d.cost
+	if d.peek {
+		cost = -cost
+	}
+	args := append(d.s.args[:0], 1, cost, now, len(idx))
 	for _, i := range idx {
 		lim := &d.l.limits[i]
 		args = append(args, lim.quotaArg, lim.window, lim.unit)
@@ -325,7 +353,6 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 		d.replies[i] = reply{ok: true, now: g.now, count: count, reset: reset, next: next}
 	}
 	d.now = g.now
-	d.denier = -1
 	if denied > 0 {
 		d.denier = idx[denied-1]
 	}
@@ -347,7 +374,7 @@ func (d *decision) result(allowed bool) (Result, error) {
 			continue
 		}
 		used := r.count
-		if allowed {
+		if allowed && !d.peek {
 			used += cost
 		}
 		lr.Remaining = int(max(int64(lim.Quota)-used, 0))

@@ -133,3 +133,13 @@ func (c *denyCache) remember(d *decision, keys []string, now time.Time) {
 	}
 	c.m[key] = e
 }
+
+// forget drops the denial of key, if any.
+func (c *denyCache) forget(key string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, key)
+}

@@ -390,6 +390,11 @@ type LimitResult struct {
 // an empty id, cost < 1, a Redis error or the timeout ([WithTimeout]) running
 // out. The Result is then the zero value.
 func (l *Limiter) Allow(ctx context.Context, ids []string, cost int) (Result, error) {
+	return l.allowIDs(ctx, ids, cost, false)
+}
+
+// allowIDs checks ids and decides for them; see Allow and Status.
+func (l *Limiter) allowIDs(ctx context.Context, ids []string, cost int, peek bool) (Result, error) {
 	if len(ids) != len(l.limits) {
 		return Result{}, fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(l.limits))
 	}
@@ -401,7 +406,49 @@ func (l *Limiter) Allow(ctx context.Context, ids []string, cost int) (Result, er
 	s := getScratch()
 	defer s.put()
 	s.ids = append(s.ids, ids...)
-	res, err := l.decide(ctx, s, cost, false)
+	res, err := l.decide(ctx, s, cost, false, peek)
 	res.Limits = slices.Clone(res.Limits)
 	return res, err
+}
+
+// Status reports, counting nothing, whether a request of the given cost
+// identified by ids (as for [Limiter.Allow]) would be admitted now, and what
+// every limit has left: Result.Limits, Remaining and Reset as Allow would
+// report them for a request that is not admitted. Use it for dashboards and
+// quota endpoints that must not spend the quota they show. It may drop
+// entries that have left their windows, which changes no count. It does not
+// consult the deny cache, and does not apply FailLocal: an error is an
+// error.
+func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, error) {
+	return l.allowIDs(ctx, ids, cost, true)
+}
+
+// Reset forgets everything l's limits have counted for ids (one per limit,
+// as for [Limiter.Allow]): an administrator unblocking a client. The logs of
+// other identifiers, and other limits' fields in a shared bucketed hash,
+// are untouched. This instance's deny cache forgets the keys at once;
+// another instance may keep denying from its own for up to its maximum age
+// ([WithDenyCache]).
+func (l *Limiter) Reset(ctx context.Context, ids []string) error {
+	if len(ids) != len(l.limits) {
+		return fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(l.limits))
+	}
+	s := getScratch()
+	defer s.put()
+	s.ids = append(s.ids, ids...)
+	keys, _ := l.keys(s, false)
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
+	defer cancel()
+	var errs []error
+	for i, key := range keys {
+		name := ""
+		if l.limits[i].bucketed {
+			name = l.limits[i].Name
+		}
+		if _, err := runScript(ctx, l.client, reset, resetSource, []string{key}, []any{name}); err != nil {
+			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", l.limits[i].Name, err))
+		}
+		l.denies.forget(key)
+	}
+	return errors.Join(errs...)
 }

@@ -125,5 +125,5 @@ func (l *Limiter) allowRequest(r *http.Request, s *scratch) (Result, error) {
 	if l.cfg.cost != nil {
 		cost = l.cfg.cost(r)
 	}
-	return l.decide(r.Context(), s, cost, true)
+	return l.decide(r.Context(), s, cost, true, false)
 }

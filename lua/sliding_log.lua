@@ -2,7 +2,8 @@
 -- several limits in one atomic step.
 --
 -- ARGV[1]  the number of requests D. Then, for each request in turn:
---   cost n (integer >= 1); the time in microseconds, or 0 to use the Redis
+--   cost n (integer >= 1; -n only checks whether a request of cost n would
+--   be admitted, logging nothing); the time in microseconds, or 0 to use the Redis
 --   server's TIME; the number of limits L; and for each limit its quota
 --   (integer >= 1), its window and its time unit u (see below), both in
 --   microseconds. A bucketed limit (see the end) gives minus its precision
@@ -167,7 +168,7 @@ end
 
 -- decide decides one request of cost n at now over the L logs
 -- KEYS[ki..ki+L-1], whose parameters start at ARGV[ai].
-local function decide(n, now, L, ki, ai)
+local function decide(n, now, L, ki, ai, peek)
   local reply = {0, now, 0}
   local allowed = true
   local denied, deniedAt = 0, 0
@@ -245,6 +246,10 @@ local function decide(n, now, L, ki, ai)
     reply[3] = denied
     return reply
   end
+  if peek then
+    reply[1] = 1 -- would be admitted; nothing is logged
+    return reply
+  end
 
   for i = 1, L do
     local key = KEYS[ki + i - 1]
@@ -311,6 +316,12 @@ local ai, ki = 2, 1
 for d = 1, tonumber(ARGV[1]) do
   local n, now, L = tonumber(ARGV[ai]), tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
   ai = ai + 3
+  -- A negative cost asks whether a request of that cost would be admitted,
+  -- and logs nothing.
+  local peek = n < 0
+  if peek then
+    n = -n
+  end
   if now == 0 then
     if not clock then
       local t = redis.call('TIME')
@@ -318,7 +329,7 @@ for d = 1, tonumber(ARGV[1]) do
     end
     now = clock
   end
-  results[d] = decide(n, now, L, ki, ai)
+  results[d] = decide(n, now, L, ki, ai, peek)
   ki = ki + L
   for _ = 1, L do -- skip this request's parameters
     ai = ai + (tonumber(ARGV[ai + 2]) < 0 and 4 or 3)

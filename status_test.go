@@ -1,0 +1,88 @@
+package ratelimit
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestStatus: Status reports what Allow would, and counts nothing.
+func TestStatus(t *testing.T) { forBackends(t, testStatus) }
+
+func testStatus(t *testing.T, b backend) {
+	opts, setTime := b.clock(t0)
+	c := b.newClient(t)
+	lim := mustNew(t, c, []Limit{
+		PerMinute(3, Global()).Named("exact"),
+		PerMinute(5, Global()).Bucketed(time.Second).Named("bucketed"),
+	}, opts...)
+	ctx := context.Background()
+	ids := []string{"k", "k"}
+	for range 2 {
+		if res, err := lim.Allow(ctx, ids, 1); err != nil || !res.Allowed {
+			t.Fatalf("%+v %v", res, err)
+		}
+	}
+	setTime(t0.Add(10 * time.Second))
+	for range 3 {
+		st, err := lim.Status(ctx, ids, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st.Allowed || st.Limits[0].Remaining != 1 || st.Limits[1].Remaining != 3 ||
+			!st.Limits[0].Reset.Equal(t0.Add(time.Minute)) {
+			t.Errorf("status: %+v", st)
+		}
+	}
+	if st, err := lim.Status(ctx, ids, 2); err != nil || st.Allowed || st.DeniedBy != "exact" || st.RetryAfter != 50*time.Second {
+		t.Errorf("status of cost 2: %+v %v", st, err)
+	}
+	if n := zcard(t, c, "exact", "k"); n != 2 {
+		t.Errorf("exact log holds %d after Status, want 2", n)
+	}
+	if n := bucketTotal(t, c, "bucketed", "k"); n != 2 {
+		t.Errorf("buckets hold %d after Status, want 2", n)
+	}
+	// The last unit is still there for Allow.
+	if res, err := lim.Allow(ctx, ids, 1); err != nil || !res.Allowed || res.Remaining != 0 {
+		t.Errorf("after Status: %+v %v", res, err)
+	}
+}
+
+// TestReset: Reset clears the named identifier's limits, and only them.
+func TestReset(t *testing.T) { forBackends(t, testReset) }
+
+func testReset(t *testing.T, b backend) {
+	c := b.newClient(t)
+	lim := mustNew(t, c, []Limit{
+		PerMinute(2, Header("X-User")).Named("exact"),
+		PerMinute(2, Header("X-User")).Bucketed(time.Second).Named("bucketed"),
+	})
+	other := mustNew(t, c, []Limit{PerHour(10, Header("X-User")).Bucketed(time.Minute).Named("other")})
+	ctx := context.Background()
+	for _, user := range []string{"alice", "bob"} {
+		for range 2 {
+			if _, err := lim.Allow(ctx, []string{user, user}, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := other.Allow(ctx, []string{user}, 1); err != nil {
+			t.Fatal(err)
+		}
+		if res, _ := lim.Allow(ctx, []string{user, user}, 1); res.Allowed {
+			t.Fatalf("%s: not full", user)
+		}
+	}
+	if err := lim.Reset(ctx, []string{"alice", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := lim.Allow(ctx, []string{"alice", "alice"}, 1); err != nil || !res.Allowed || res.Remaining != 1 {
+		t.Errorf("alice after Reset: %+v %v", res, err)
+	}
+	if res, _ := lim.Allow(ctx, []string{"bob", "bob"}, 1); res.Allowed {
+		t.Error("bob was reset too")
+	}
+	if n := bucketTotal(t, c, "other", "alice"); n != 1 {
+		t.Errorf("another limiter's count for alice: %d, want 1", n)
+	}
+}
