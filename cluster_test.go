@@ -50,6 +50,7 @@ var clusterSuite = []struct {
 	{"BucketedVersusLog", testBucketedVersusLog},
 	{"Status", testStatus},
 	{"Reset", testReset},
+	{"Refund", testRefund},
 }
 
 // TestCluster runs the suite on one 6-node Redis Cluster (3 primaries with

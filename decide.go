@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -72,7 +73,15 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 		if !allowed && !peek {
 			l.denies.remember(&d, keys, local)
 		}
-		return d.result(allowed)
+		res, err := d.result(allowed)
+		if allowed && !peek && s.wantTicket {
+			t := &ticket{l: l, cost: cost, keys: slices.Clone(keys), stamps: make([]int64, len(keys))}
+			for i := range t.stamps {
+				t.stamps[i] = d.replies[i].next
+			}
+			res.ticket = t
+		}
+		return res, err
 	}
 	if l.cfg.failure != FailLocal || peek {
 		return Result{}, err
@@ -89,14 +98,15 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 // scratch holds what one decision needs, recycled through scratches so that
 // a decision does not allocate for it.
 type scratch struct {
-	ids    []string
-	buf    []byte
-	ends   []int
-	keys   []string
-	tags   []string
-	reps   []reply
-	args   []any
-	limits []LimitResult
+	wantTicket bool // an admitted request's Result gets what Refund needs
+	ids        []string
+	buf        []byte
+	ends       []int
+	keys       []string
+	tags       []string
+	reps       []reply
+	args       []any
+	limits     []LimitResult
 }
 
 var scratches = sync.Pool{New: func() any { return new(scratch) }}
@@ -110,6 +120,7 @@ func (s *scratch) put() {
 	clear(s.tags)
 	clear(s.args)
 	s.ids, s.keys, s.tags, s.args = s.ids[:0], s.keys[:0], s.tags[:0], s.args[:0]
+	s.wantTicket = false
 	scratches.Put(s)
 }
 
@@ -424,3 +435,64 @@ func runScript(ctx context.Context, c redis.Scripter, s *redis.Script, src strin
 
 // isNoScript reports whether err says that Redis does not know a script.
 func isNoScript(err error) bool { return strings.Contains(err.Error(), "NOSCRIPT") }
+
+// ticket is what Refund needs to take an admitted request back: its keys,
+// its cost and the time of its entries in each.
+type ticket struct {
+	l      *Limiter
+	keys   []string
+	cost   int
+	stamps []int64
+}
+
+// ErrNotRefundable is returned by [Limiter.Refund] for a Result that did
+// not admit a request, or that did not come from Allow (or the middleware
+// with [WithRefund]).
+var ErrNotRefundable = errors.New("ratelimit: nothing to refund")
+
+// Refund takes back the request res admitted: its entries leave every log
+// it was counted in, as if it had never been admitted. Exactly its own cost
+// is removed: entries of the same time are interchangeable, so no other
+// request loses anything. Refund a Result once; a second call removes
+// nothing more only if the first removed everything. Another instance's
+// deny cache may keep denying the keys for up to its maximum age
+// ([WithDenyCache]).
+func (l *Limiter) Refund(ctx context.Context, res Result) error {
+	t := res.ticket
+	if !res.Allowed || t == nil {
+		return ErrNotRefundable
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.l.cfg.timeout)
+	defer cancel()
+	// Keys that share a hash tag go in one call: on a cluster they share a
+	// slot, elsewhere everything does.
+	var groups [][]int
+	if t.l.split {
+		tags := make([]string, len(t.keys))
+		for i, key := range t.keys {
+			tags[i] = key[len(t.l.limits[i].head) : len(key)-1]
+		}
+		groups = t.l.groups(tags)
+	} else {
+		groups = [][]int{t.l.all}
+	}
+	var errs []error
+	for _, g := range groups {
+		keys := make([]string, len(g))
+		args := []any{t.cost}
+		for j, i := range g {
+			keys[j] = t.keys[i]
+			args = append(args, t.stamps[i], t.l.limits[i].unit)
+			if t.l.limits[i].bucketed {
+				args = append(args, t.l.limits[i].nameArg)
+			}
+		}
+		if _, err := runScript(ctx, t.l.client, rollback, rollbackSource, keys, args); err != nil {
+			errs = append(errs, fmt.Errorf("ratelimit: refund: %w", err))
+		}
+	}
+	for _, key := range t.keys {
+		t.l.denies.forget(key)
+	}
+	return errors.Join(errs...)
+}

@@ -363,7 +363,8 @@ type Result struct {
 	// request in this process instead ([FailLocal]).
 	Local bool
 
-	index int // of the limit Limit, Remaining and Reset describe
+	index  int     // of the limit Limit, Remaining and Reset describe
+	ticket *ticket // for Refund, when the request was admitted
 }
 
 // LimitResult is the state of one limit after a decision.
@@ -406,6 +407,7 @@ func (l *Limiter) allowIDs(ctx context.Context, ids []string, cost int, peek boo
 	s := getScratch()
 	defer s.put()
 	s.ids = append(s.ids, ids...)
+	s.wantTicket = true
 	res, err := l.decide(ctx, s, cost, false, peek)
 	res.Limits = slices.Clone(res.Limits)
 	return res, err

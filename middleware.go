@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"slices"
@@ -50,9 +51,55 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// dispatches the request.
 		r.Pattern = pattern
 	}
-	if h.l.Check(w, r) {
-		h.next.ServeHTTP(w, r)
+	l := h.l.ForRoute(r.Method, r.Pattern)
+	if l.cfg.refund == nil {
+		if l.check(w, r, nil) {
+			h.next.ServeHTTP(w, r)
+		}
+		return
 	}
+	var t *ticket
+	if !l.check(w, r, &t) {
+		return
+	}
+	sw := &statusWriter{ResponseWriter: w}
+	h.next.ServeHTTP(sw, r)
+	if t != nil && l.cfg.refund(sw.status()) {
+		err := l.Refund(context.WithoutCancel(r.Context()), Result{Allowed: true, ticket: t})
+		if err != nil && l.cfg.onError != nil {
+			l.cfg.onError(r, err)
+		}
+	}
+}
+
+// statusWriter remembers the status of the response it writes.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *statusWriter) status() int {
+	if w.code == 0 {
+		return http.StatusOK
+	}
+	return w.code
 }
 
 // Check decides r without wrapping a handler; router adapters and custom
@@ -62,13 +109,19 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // returns false. A route declared with [WithRoutes] is decided by its own
 // Limiter ([Limiter.ForRoute] of r.Method and r.Pattern).
 func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
-	return l.ForRoute(r.Method, r.Pattern).check(w, r)
+	return l.ForRoute(r.Method, r.Pattern).check(w, r, nil)
 }
 
-func (l *Limiter) check(w http.ResponseWriter, r *http.Request) bool {
+// check is Check without the route lookup. If t is not nil, an admitted
+// request's refund ticket is stored there.
+func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool {
 	s := getScratch()
 	defer s.put()
+	s.wantTicket = t != nil
 	res, err := l.allowRequest(r, s)
+	if t != nil {
+		*t = res.ticket
+	}
 	if err != nil {
 		if l.cfg.onError != nil {
 			l.cfg.onError(r, err)

@@ -66,6 +66,7 @@ type config struct {
 	onDenied   func(http.ResponseWriter, *http.Request, Result)
 	onError    func(*http.Request, error)
 	routes     map[string]RouteLimits
+	refund     func(status int) bool
 	singleSlot bool
 
 	breakerFailures int
@@ -215,4 +216,17 @@ const singleSlotTag = "ratelimit"
 // the key names.
 func WithSingleSlot() Option {
 	return func(c *config) { c.singleSlot = true }
+}
+
+// WithRefund makes the middleware take back requests whose response status
+// refund reports true, as if they had never been admitted ([Limiter.Refund]),
+// for example failures that should not cost the client:
+//
+//	ratelimit.WithRefund(func(status int) bool { return status >= 500 })
+//
+// Only [Limiter.Handler] sees the status; router adapters that call
+// [Limiter.Check] do not refund. It costs the middleware a wrapped
+// ResponseWriter and a Redis call per refunded request. Default: no refunds.
+func WithRefund(refund func(status int) bool) Option {
+	return func(c *config) { c.refund = refund }
 }
