@@ -51,6 +51,7 @@ var clusterSuite = []struct {
 	{"Status", testStatus},
 	{"Reset", testReset},
 	{"Refund", testRefund},
+	{"Shadow", testShadow},
 }
 
 // TestCluster runs the suite on one 6-node Redis Cluster (3 primaries with

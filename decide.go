@@ -379,13 +379,14 @@ func (d *decision) result(allowed bool) (Result, error) {
 	for i := range l.limits {
 		lim, r := &l.limits[i], d.replies[i]
 		lr := &res.Limits[i]
-		*lr = LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window}
+		*lr = LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow}
 		if !r.ok {
 			lr.Skipped = true
 			continue
 		}
+		lr.Denied = r.count+cost > int64(lim.Quota)
 		used := r.count
-		if allowed && !d.peek {
+		if allowed && !d.peek && !lr.Denied { // a shadow limit without room logged nothing
 			used += cost
 		}
 		lr.Remaining = int(max(int64(lim.Quota)-used, 0))
@@ -393,8 +394,9 @@ func (d *decision) result(allowed bool) (Result, error) {
 			r.reset = r.now + lim.Window.Microseconds()
 		}
 		lr.Reset = time.UnixMicro(r.reset)
-		lr.Denied = r.count+cost > int64(lim.Quota)
-		if closest < 0 || closer(lr, &res.Limits[closest]) {
+		// The headers describe an enforced limit if there is one.
+		if c := &res.Limits[max(closest, 0)]; closest < 0 ||
+			!lr.Shadow && c.Shadow || lr.Shadow == c.Shadow && closer(lr, c) {
 			closest = i
 		}
 	}

@@ -59,7 +59,7 @@ func (c *denyCache) check(l *Limiter, s *scratch, keys []string, cost int, now t
 	defer c.mu.RUnlock()
 	for i, key := range keys {
 		e, ok := c.m[key]
-		if !ok || !now.Before(e.until) || cost < e.cost {
+		if !ok || !now.Before(e.until) || cost < e.cost || l.limits[i].Shadow {
 			continue
 		}
 		lim := &l.limits[i]
@@ -75,7 +75,7 @@ func (c *denyCache) check(l *Limiter, s *scratch, keys []string, cost int, now t
 			index:      i,
 		}
 		for j := range l.limits {
-			res.Limits[j] = LimitResult{Name: l.limits[j].Name, Quota: l.limits[j].Quota, Window: l.limits[j].Window, Skipped: j != i}
+			res.Limits[j] = LimitResult{Name: l.limits[j].Name, Quota: l.limits[j].Quota, Window: l.limits[j].Window, Skipped: j != i, Shadow: l.limits[j].Shadow}
 		}
 		res.Limits[i].Remaining, res.Limits[i].Reset, res.Limits[i].Denied = e.remaining, e.fit, true
 		if cost > lim.Quota {

@@ -86,7 +86,7 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 		h[hdrPolicy] = l.policyHeader
 		var b []byte
 		for i, lr := range res.Limits {
-			if lr.Skipped {
+			if lr.Skipped || lr.Shadow {
 				continue
 			}
 			if len(b) > 0 {

@@ -35,6 +35,20 @@ type Limit struct {
 	// that length instead of logging each one ([Limit.Bucketed]). Default:
 	// zero, the exact log.
 	Precision time.Duration
+	// Shadow makes the limit watch without enforcing ([Limit.Shadowed]).
+	Shadow bool
+}
+
+// Shadowed returns a copy of l that is evaluated and reported but never
+// denies: a way to watch a new limit in production before enforcing it. Its
+// state appears in [Result.Limits] (Denied says it would have denied) and
+// to the error hook's and metrics' observers, not in the rate-limit headers.
+// A request it has no room for is still served and counted in the enforced
+// limits exactly as without it, and is not logged in the shadow limit, whose
+// log so shows what enforcing it would have admitted.
+func (l Limit) Shadowed() Limit {
+	l.Shadow = true
+	return l
 }
 
 // maxBuckets bounds Window/Precision: a bucketed decision reads every

@@ -139,7 +139,7 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		l.limits = append(l.limits, compiledLimit{
 			Limit:      lim,
 			head:       head,
-			quotaArg:   lim.Quota,
+			quotaArg:   quotaArg(lim),
 			window:     lim.Window.Microseconds(),
 			unit:       unitArg(lim),
 			bucketed:   lim.Precision > 0,
@@ -147,7 +147,9 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 			limitHdr:   []string{strconv.Itoa(lim.Quota)},
 			quotedName: strconv.Quote(lim.Name),
 		})
-		policies = append(policies, policyItem(lim))
+		if !lim.Shadow {
+			policies = append(policies, policyItem(lim))
+		}
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
@@ -270,6 +272,15 @@ func (l *Limiter) With(limits []Limit, opts ...Option) (*Limiter, error) {
 	return d, nil
 }
 
+// quotaArg is the script's first parameter of a limit: its quota, negated
+// for a shadow limit.
+func quotaArg(lim Limit) int {
+	if lim.Shadow {
+		return -lim.Quota
+	}
+	return lim.Quota
+}
+
 // unitArg is the script's third parameter of a limit: the time unit of an
 // exact log, or minus the precision of a bucketed limit, in microseconds.
 func unitArg(lim Limit) int64 {
@@ -375,6 +386,7 @@ type LimitResult struct {
 	Remaining int       // cost it can still admit now
 	Reset     time.Time // when Remaining next grows, or when a denied request fits
 	Denied    bool      // whether this limit had no room for the request
+	Shadow    bool      // a shadow limit: Denied says it would have denied
 	// Skipped reports that the limit was not consulted: on a Redis Cluster, a
 	// decision whose limits span several hash slots stops at the first slot
 	// group that denies. Only Name, Quota and Window are set then.

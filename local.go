@@ -63,7 +63,7 @@ func (s *localStore) decide(d *decision, keys []string, now int64) bool {
 		default:
 			r.reset = g.stamps[count+n-quota-1] + window
 		}
-		if count+n > quota {
+		if count+n > quota && !l.limits[i].Shadow {
 			allowed = false
 			if d.denier < 0 || r.reset == -1 || denierAt != -1 && r.reset > denierAt {
 				d.denier, denierAt = i, r.reset
@@ -75,6 +75,9 @@ func (s *localStore) decide(d *decision, keys []string, now int64) bool {
 		return false
 	}
 	for i, g := range logs {
+		if l.limits[i].Shadow && int64(len(g.stamps))+n > int64(l.limits[i].Quota) {
+			continue // a shadow limit without room: not logged
+		}
 		if len(g.stamps) == 0 {
 			d.replies[i].reset = now + l.limits[i].Window.Microseconds()
 		}

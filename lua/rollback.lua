@@ -5,8 +5,8 @@
 -- KEYS[i]  a log the request was logged in.
 -- ARGV[1]  the request's cost n: it has n units in each log.
 -- Then, for each log in turn: the time its entries were given (the script's
---   stamp) and the log's time unit; for a bucketed limit, minus its
---   precision instead of the unit, then its name.
+--   stamp; 0 if it was not logged there) and the log's time unit; for a
+--   bucketed limit, minus its precision instead of the unit, then its name.
 --
 -- Exact log: entries with the same time are interchangeable (see
 -- sliding_log.lua), so removing n entries of that time undoes the request
@@ -22,7 +22,12 @@ for i = 1, #KEYS do
   local key = KEYS[i]
   local stamp, unit = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   a = a + 2
-  if unit < 0 then
+  if stamp == 0 then
+    -- Not logged there (a shadow limit without room).
+    if unit < 0 then
+      a = a + 1
+    end
+  elseif unit < 0 then
     local name = ARGV[a]
     local field = name .. ':' .. string.format('%d', math.floor(stamp / -unit))
     a = a + 1

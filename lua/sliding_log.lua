@@ -55,7 +55,7 @@ local MAX_OFFSET = 32767
 local clock
 -- Per-log state between the two passes, reused by every request.
 local bases, counts, oldests, firsts = {}, {}, {}, {}
-local quotas, windows, units, names = {}, {}, {}, {}
+local quotas, windows, units, names, shadows = {}, {}, {}, {}, {}
 
 -- Bucketed limits. A bucketed limit of window W and precision P counts
 -- requests per bucket of time [kP, (k+1)P) in a hash per identifier, which
@@ -175,6 +175,13 @@ local function decide(n, now, L, ki, ai, peek)
 
   for i = 1, L do
     quotas[i], windows[i], units[i] = tonumber(ARGV[ai]), tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
+    -- A negative quota marks a shadow limit: checked and logged like the
+    -- others, but it never denies, and a request it has no room for is not
+    -- logged in it (its log shows what enforcing it would have admitted).
+    shadows[i] = quotas[i] < 0
+    if shadows[i] then
+      quotas[i] = -quotas[i]
+    end
     ai = ai + 3
     if units[i] < 0 then
       names[i] = ARGV[ai]
@@ -218,7 +225,9 @@ local function decide(n, now, L, ki, ai, peek)
         end
       end
     else
-      allowed = false
+      if not shadows[i] then
+        allowed = false
+      end
       if n > quota then
         reset = -1
       elseif unit < 0 then
@@ -228,7 +237,7 @@ local function decide(n, now, L, ki, ai, peek)
         local e = redis.call('ZRANGE', key, count + n - quota, count + n - quota, 'WITHSCORES')
         reset = base + tonumber(e[2]) * unit + window
       end
-      if denied == 0 or reset == -1 or (deniedAt ~= -1 and reset > deniedAt) then
+      if not shadows[i] and (denied == 0 or reset == -1 or (deniedAt ~= -1 and reset > deniedAt)) then
         denied, deniedAt = i, reset
       end
     end
@@ -252,59 +261,63 @@ local function decide(n, now, L, ki, ai, peek)
   end
 
   for i = 1, L do
-    local key = KEYS[ki + i - 1]
-    local quota, window, unit = quotas[i], windows[i], units[i]
-    local base, count = bases[i], counts[i]
-    local offset
-    if unit < 0 then
-      bucket_admit(base, window, -unit, now, n)
-      if count == 0 then
-        reply[2 + 3 * i] = base.cur * -unit + window
-      end
-      reply[3 + 3 * i] = now
+    if shadows[i] and counts[i] + n > quotas[i] then
+      reply[3 + 3 * i] = 0 -- a shadow limit without room: not logged
     else
-      if base then
-        offset = math.max(math.ceil((now - base) / unit), 0)
-        if offset > MAX_OFFSET then
-          -- Move the base up to the oldest entry (or to now) and rewrite the
-          -- entries' offsets; their times do not change.
-          local shift = oldests[i] or offset
-          local args = {-(base + shift * unit), 'b'}
-          if count > 0 then
-            local entries = redis.call('ZRANGE', key, 1, count, 'WITHSCORES')
-            for j = 1, #entries, 2 do
-              args[#args + 1] = tonumber(entries[j + 1]) - shift
-              args[#args + 1] = entries[j]
-            end
-          end
-          redis.call('ZADD', key, unpack(args))
-          base = base + shift * unit
-          offset = offset - shift
+      local key = KEYS[ki + i - 1]
+      local quota, window, unit = quotas[i], windows[i], units[i]
+      local base, count = bases[i], counts[i]
+      local offset
+      if unit < 0 then
+        bucket_admit(base, window, -unit, now, n)
+        if count == 0 then
+          reply[2 + 3 * i] = base.cur * -unit + window
         end
+        reply[3 + 3 * i] = now
       else
-        base, offset = math.floor(now / unit) * unit, 0
-        redis.call('ZADD', key, -base, 'b')
-      end
-      -- Members run on from the oldest entry's, modulo a power of two above
-      -- the quota: with entries removed oldest first, the next member is free.
-      local modulus = 128
-      while modulus <= quota do
-        modulus = modulus * 32
-      end
-      local m = (firsts[i] + count) % modulus
-      for _ = 1, n do
-        while redis.call('ZADD', key, 'NX', offset, m) == 0 do
+        if base then
+          offset = math.max(math.ceil((now - base) / unit), 0)
+          if offset > MAX_OFFSET then
+            -- Move the base up to the oldest entry (or to now) and rewrite the
+            -- entries' offsets; their times do not change.
+            local shift = oldests[i] or offset
+            local args = {-(base + shift * unit), 'b'}
+            if count > 0 then
+              local entries = redis.call('ZRANGE', key, 1, count, 'WITHSCORES')
+              for j = 1, #entries, 2 do
+                args[#args + 1] = tonumber(entries[j + 1]) - shift
+                args[#args + 1] = entries[j]
+              end
+            end
+            redis.call('ZADD', key, unpack(args))
+            base = base + shift * unit
+            offset = offset - shift
+          end
+        else
+          base, offset = math.floor(now / unit) * unit, 0
+          redis.call('ZADD', key, -base, 'b')
+        end
+        -- Members run on from the oldest entry's, modulo a power of two above
+        -- the quota: with entries removed oldest first, the next member is free.
+        local modulus = 128
+        while modulus <= quota do
+          modulus = modulus * 32
+        end
+        local m = (firsts[i] + count) % modulus
+        for _ = 1, n do
+          while redis.call('ZADD', key, 'NX', offset, m) == 0 do
+            m = (m + 1) % modulus
+          end
           m = (m + 1) % modulus
         end
-        m = (m + 1) % modulus
+        local stamp = base + offset * unit
+        if count == 0 then
+          reply[2 + 3 * i] = stamp + window
+        end
+        reply[3 + 3 * i] = stamp
+        -- The new entries leave the window last: expire the log then.
+        redis.call('PEXPIRE', key, math.ceil((stamp - now + window) / 1000) + 1)
       end
-      local stamp = base + offset * unit
-      if count == 0 then
-        reply[2 + 3 * i] = stamp + window
-      end
-      reply[3 + 3 * i] = stamp
-      -- The new entries leave the window last: expire the log then.
-      redis.call('PEXPIRE', key, math.ceil((stamp - now + window) / 1000) + 1)
     end
   end
   reply[1] = 1

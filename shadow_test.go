@@ -1,0 +1,67 @@
+package ratelimit
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestShadow: a shadow limit that would deny leaves requests served and
+// counted in the enforced limits exactly as without it, is left out of the
+// headers, and logs only what enforcing it would have admitted.
+func TestShadow(t *testing.T) { forBackends(t, testShadow) }
+
+func testShadow(t *testing.T, b backend) {
+	c := b.newClient(t)
+	withShadow := mustNew(t, c, []Limit{
+		PerMinute(10, Header("X-Id")).Named("enforced"),
+		PerMinute(3, Header("X-Id")).Shadowed().Named("shadow"),
+		PerMinute(2, Header("X-Id")).Bucketed(time.Second).Shadowed().Named("bshadow"),
+	}, WithHeaders(HeadersXRateLimit|HeadersIETF))
+	without := mustNew(t, c, []Limit{PerMinute(10, Header("X-Id")).Named("enforced")}, WithHeaders(HeadersXRateLimit|HeadersIETF))
+	for _, tc := range []struct {
+		lim *Limiter
+		id  string
+	}{{withShadow, "a"}, {without, "b"}} {
+		h := tc.lim.Handler(okHandler)
+		var remaining []string
+		for i := range 12 {
+			r := serveID(h, tc.id)
+			remaining = append(remaining, strconv.Itoa(r.Code)+"/"+r.Header().Get("X-RateLimit-Remaining"))
+			if tc.lim == withShadow && r.Header().Get("RateLimit") != `"enforced";r=`+r.Header().Get("X-RateLimit-Remaining")+";t=60" {
+				t.Errorf("request %d: RateLimit %q lists a shadow limit", i, r.Header().Get("RateLimit"))
+			}
+		}
+		want := "[200/9 200/8 200/7 200/6 200/5 200/4 200/3 200/2 200/1 200/0 429/0 429/0]"
+		if got := fmtSlice(remaining); got != want {
+			t.Errorf("%s: %s, want %s", tc.id, got, want)
+		}
+	}
+	if n := zcard(t, c, "enforced", "a"); n != 10 {
+		t.Errorf("enforced log %d, want 10", n)
+	}
+	if n := zcard(t, c, "shadow", "a"); n != 3 {
+		t.Errorf("shadow log %d, want 3: what enforcing it would have admitted", n)
+	}
+	if n := bucketTotal(t, c, "bshadow", "a"); n != 2 {
+		t.Errorf("bucketed shadow count %d, want 2", n)
+	}
+	res, err := withShadow.Allow(context.Background(), []string{"c", "c", "c"}, 5)
+	if err != nil || !res.Allowed || res.DeniedBy != "" || !res.Limits[1].Denied || !res.Limits[1].Shadow || res.Limit != 10 {
+		t.Errorf("a request over the shadow limits: %+v %v", res, err)
+	}
+}
+
+func serveID(h http.Handler, id string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Set("X-Id", id)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func fmtSlice(s []string) string { return "[" + strings.Join(s, " ") + "]" }
