@@ -73,6 +73,7 @@ func (c *denyCache) check(l *Limiter, s *scratch, keys []string, cost int, now t
 			DeniedBy:   lim.Name,
 			Limits:     s.results(len(l.limits)),
 			index:      i,
+			cached:     true,
 		}
 		for j := range l.limits {
 			res.Limits[j] = LimitResult{Name: l.limits[j].Name, Quota: l.limits[j].Quota, Window: l.limits[j].Window, Skipped: j != i, Shadow: l.limits[j].Shadow}

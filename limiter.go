@@ -47,6 +47,7 @@ type Limiter struct {
 	routes map[string]map[string]*Limiter
 
 	policyHeader []string // precomputed RateLimit-Policy value
+	names        []string // the limits' names, for observers
 
 	split bool  // keys with different hash tags must be decided apart (Cluster, Ring)
 	all   []int // 0, 1, ..., len(limits)-1
@@ -150,6 +151,7 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		if !lim.Shadow {
 			policies = append(policies, policyItem(lim))
 		}
+		l.names = append(l.names, lim.Name)
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
@@ -376,6 +378,7 @@ type Result struct {
 
 	index  int     // of the limit Limit, Remaining and Reset describe
 	ticket *ticket // for Refund, when the request was admitted
+	cached bool    // a denial from the deny cache
 }
 
 // LimitResult is the state of one limit after a decision.
@@ -420,7 +423,14 @@ func (l *Limiter) allowIDs(ctx context.Context, ids []string, cost int, peek boo
 	defer s.put()
 	s.ids = append(s.ids, ids...)
 	s.wantTicket = true
+	var start time.Time
+	if !peek && l.watched() {
+		start = time.Now()
+	}
 	res, err := l.decide(ctx, s, cost, false, peek)
+	if !peek && l.watched() {
+		l.observe(nil, ids, &res, err, start)
+	}
 	res.Limits = slices.Clone(res.Limits)
 	return res, err
 }

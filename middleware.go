@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"time"
 )
 
 // Handler returns middleware that rate-limits the requests to next: an
@@ -118,7 +119,14 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool
 	s := getScratch()
 	defer s.put()
 	s.wantTicket = t != nil
+	var start time.Time
+	if l.watched() {
+		start = time.Now()
+	}
 	res, err := l.allowRequest(r, s)
+	if l.watched() {
+		l.observe(r, s.ids, &res, err, start)
+	}
 	if t != nil {
 		*t = res.ticket
 	}

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"errors"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -67,6 +68,9 @@ type config struct {
 	onError    func(*http.Request, error)
 	routes     map[string]RouteLimits
 	refund     func(status int) bool
+	observers  []Observer
+	logger     *slog.Logger
+	logIDs     bool
 	singleSlot bool
 
 	breakerFailures int

@@ -1,0 +1,113 @@
+// Package ratelimitprom exports the decisions of [ratelimit.Limiter]s as
+// Prometheus metrics.
+//
+//	import ratelimitprom "github.com/slidinglog/ratelimit/metrics/prometheus"
+//
+//	metrics := ratelimitprom.New()
+//	limiter, err := ratelimit.New(rdb, limits, ratelimit.WithObserver(metrics))
+//	metrics.WatchBreaker(limiter)
+//	prometheus.MustRegister(metrics)
+//
+// Labels hold limit names and outcomes, never client identifiers, so the
+// number of series stays bounded.
+package ratelimitprom
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/slidinglog/ratelimit"
+)
+
+// Metrics is a [ratelimit.Observer] and a [prometheus.Collector]:
+//
+//	ratelimit_decisions_total{limit, outcome}  counter; outcome is "allowed"
+//	    (the limit had room and the request was admitted), "denied" (the
+//	    limit had no room), "shadow_denied" (a shadow limit would have
+//	    denied) or "error" (no decision: the failure mode applied)
+//	ratelimit_decision_duration_seconds         histogram of decision latency
+//	ratelimit_breaker_open                      gauge: 1 while a watched
+//	    limiter's circuit breaker is open
+type Metrics struct {
+	decisions *prometheus.CounterVec
+	latency   prometheus.Histogram
+	breaker   prometheus.GaugeFunc
+
+	mu       sync.Mutex
+	limiters []*ratelimit.Limiter
+}
+
+// New returns Metrics ready to observe limiters and to be registered.
+func New() *Metrics {
+	m := &Metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_decisions_total",
+			Help: "Rate-limit decisions per limit and outcome (allowed, denied, shadow_denied, error).",
+		}, []string{"limit", "outcome"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ratelimit_decision_duration_seconds",
+			Help:    "Time taken by rate-limit decisions.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
+		}),
+	}
+	m.breaker = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "ratelimit_breaker_open",
+		Help: "1 while the circuit breaker of a watched limiter is open.",
+	}, m.breakerOpen)
+	return m
+}
+
+// WatchBreaker makes ratelimit_breaker_open report l's circuit breaker.
+func (m *Metrics) WatchBreaker(l *ratelimit.Limiter) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.limiters = append(m.limiters, l)
+}
+
+func (m *Metrics) breakerOpen() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, l := range m.limiters {
+		if l.BreakerOpen() {
+			return 1
+		}
+	}
+	return 0
+}
+
+// Observe records one decision.
+func (m *Metrics) Observe(d ratelimit.Decision) {
+	m.latency.Observe(d.Latency.Seconds())
+	if d.Limits == nil {
+		for _, name := range d.LimitNames {
+			m.decisions.WithLabelValues(name, "error").Inc()
+		}
+		return
+	}
+	for _, lr := range d.Limits {
+		switch {
+		case lr.Skipped:
+		case lr.Shadow && lr.Denied:
+			m.decisions.WithLabelValues(lr.Name, "shadow_denied").Inc()
+		case lr.Denied:
+			m.decisions.WithLabelValues(lr.Name, "denied").Inc()
+		case d.Allowed:
+			m.decisions.WithLabelValues(lr.Name, "allowed").Inc()
+		}
+	}
+}
+
+// Describe implements [prometheus.Collector].
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	m.decisions.Describe(ch)
+	m.latency.Describe(ch)
+	m.breaker.Describe(ch)
+}
+
+// Collect implements [prometheus.Collector].
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	m.decisions.Collect(ch)
+	m.latency.Collect(ch)
+	m.breaker.Collect(ch)
+}

@@ -1,0 +1,63 @@
+package ratelimitprom_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit"
+	ratelimitprom "github.com/slidinglog/ratelimit/metrics/prometheus"
+)
+
+// TestMetrics drives a scripted sequence of decisions and checks every
+// series it should leave.
+func TestMetrics(t *testing.T) {
+	mr := miniredis.RunT(t)
+	mr.SetTime(time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC))
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	m := ratelimitprom.New()
+	lim, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerMinute(2, ratelimit.Global()).Named("api"),
+		ratelimit.PerMinute(1, ratelimit.Global()).Shadowed().Named("trial"),
+	}, ratelimit.WithObserver(m), ratelimit.WithDenyCache(0), ratelimit.WithCircuitBreaker(1, time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.WatchBreaker(lim)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+
+	ctx := context.Background()
+	for range 3 { // allowed (trial allowed), allowed (trial would deny), denied by api
+		_, _ = lim.Allow(ctx, []string{"g", "g"}, 1)
+	}
+	mr.SetError("LOADING Redis is loading the dataset in memory")
+	_, _ = lim.Allow(ctx, []string{"g", "g"}, 1) // an error opens the breaker (1 failure)
+
+	want := `
+# HELP ratelimit_breaker_open 1 while the circuit breaker of a watched limiter is open.
+# TYPE ratelimit_breaker_open gauge
+ratelimit_breaker_open 1
+# HELP ratelimit_decisions_total Rate-limit decisions per limit and outcome (allowed, denied, shadow_denied, error).
+# TYPE ratelimit_decisions_total counter
+ratelimit_decisions_total{limit="api",outcome="allowed"} 2
+ratelimit_decisions_total{limit="api",outcome="denied"} 1
+ratelimit_decisions_total{limit="api",outcome="error"} 1
+ratelimit_decisions_total{limit="trial",outcome="allowed"} 1
+ratelimit_decisions_total{limit="trial",outcome="error"} 1
+ratelimit_decisions_total{limit="trial",outcome="shadow_denied"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratelimit_decisions_total", "ratelimit_breaker_open"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(m, "ratelimit_decision_duration_seconds"); n != 1 {
+		t.Errorf("%d latency histograms, want 1", n)
+	}
+}

@@ -1,0 +1,46 @@
+package ratelimit
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestLogger: failures at Warn, denials at Debug, shadow denials at Info,
+// and no client identifiers unless asked for.
+func TestLogger(t *testing.T) {
+	for _, withIDs := range []bool{false, true} {
+		mr := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		var buf bytes.Buffer
+		logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		lim := mustNew(t, c, []Limit{
+			PerMinute(1, Header("X-User")).Named("user"),
+			PerMinute(1, Header("X-User")).Shadowed().Named("trial"),
+		}, WithLogger(logger, withIDs), WithDenyCache(0), WithCircuitBreaker(0, 0))
+		ctx := context.Background()
+		_, _ = lim.Allow(ctx, []string{"secret-user", "secret-user"}, 1)
+		_, _ = lim.Allow(ctx, []string{"secret-user", "secret-user"}, 1)
+		mr.SetError("LOADING Redis is loading the dataset in memory")
+		_, _ = lim.Allow(ctx, []string{"secret-user", "secret-user"}, 1)
+		out := buf.String()
+		for _, want := range []string{
+			"level=DEBUG msg=\"ratelimit: denied\"", "limit=user",
+			"level=INFO msg=\"ratelimit: shadow limit would have denied\"", "limit=trial",
+			"level=WARN msg=\"ratelimit: failure mode applied\"", "mode=fail-closed", "error=",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("withIDs=%v: log lacks %q:\n%s", withIDs, want, out)
+			}
+		}
+		if strings.Contains(out, "secret-user") != withIDs {
+			t.Errorf("withIDs=%v: identifiers logged: %v\n%s", withIDs, !withIDs, out)
+		}
+	}
+}
