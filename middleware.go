@@ -39,7 +39,9 @@ type handler struct {
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if h.mux != nil && r.Pattern == "" {
+	// A wrapped mux decides the route, even under another mux that has set
+	// r.Pattern to its own pattern (such as "/").
+	if h.mux != nil {
 		routeHandler, pattern := h.mux.Handler(r)
 		if inner, ok := routeHandler.(*handler); ok && inner.l.derivesFrom(h.l) {
 			h.next.ServeHTTP(w, r) // the route's own Limiter decides
@@ -168,17 +170,42 @@ func (l *Limiter) AllowRequest(r *http.Request) (Result, error) {
 	return res, err
 }
 
+// StatusRequest is [Limiter.Status] for the request r would be, with r's
+// identifiers and cost: what a quota endpoint or dashboard shows a client,
+// counting nothing. r.Pattern decides the route, as for Check.
+func (l *Limiter) StatusRequest(r *http.Request) (Result, error) {
+	l = l.ForRoute(r.Method, r.Pattern)
+	s := getScratch()
+	defer s.put()
+	_, cost, err := l.requestIDs(r, s)
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := l.decide(r.Context(), s, cost, true, true)
+	res.Limits = slices.Clone(res.Limits)
+	return res, err
+}
+
 // allowRequest decides r using s; the Result's Limits live in s.
 func (l *Limiter) allowRequest(r *http.Request, s *scratch) (Result, error) {
+	_, cost, err := l.requestIDs(r, s)
+	if err != nil {
+		return Result{}, err
+	}
+	return l.decide(r.Context(), s, cost, true, false)
+}
+
+// requestIDs extracts r's identifiers into s.ids, and its cost.
+func (l *Limiter) requestIDs(r *http.Request, s *scratch) ([]string, int, error) {
 	s.ids = grow(s.ids, len(l.limits))
 	ids := s.ids
 	for i := range l.limits {
 		id, err := l.limits[i].Key.fn(r)
 		if err != nil {
-			return Result{}, fmt.Errorf("limit %s: %w", l.limits[i].Name, err)
+			return nil, 0, fmt.Errorf("limit %s: %w", l.limits[i].Name, err)
 		}
 		if id == "" {
-			return Result{}, fmt.Errorf("limit %s: %w: empty identifier", l.limits[i].Name, ErrNoKey)
+			return nil, 0, fmt.Errorf("limit %s: %w: empty identifier", l.limits[i].Name, ErrNoKey)
 		}
 		ids[i] = id
 	}
@@ -186,5 +213,5 @@ func (l *Limiter) allowRequest(r *http.Request, s *scratch) (Result, error) {
 	if l.cfg.cost != nil {
 		cost = l.cfg.cost(r)
 	}
-	return l.decide(r.Context(), s, cost, true, false)
+	return ids, cost, nil
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -760,5 +761,22 @@ func testCompactLog(t *testing.T, b backend) {
 	}
 	if n := zcard(t, c, "c", "k"); n != 3 {
 		t.Errorf("%d entries after an admission whose first member was taken, want 3", n)
+	}
+}
+
+// TestNestedMux: a limiter wrapping a mux mounted in another mux keys
+// routes by its own mux's patterns, not by the outer "/".
+func TestNestedMux(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	lim := mustNew(t, c, []Limit{PerMinute(5, Route()).Named("r")})
+	inner := http.NewServeMux()
+	inner.Handle("GET /users/{id}", okHandler)
+	outer := http.NewServeMux()
+	outer.Handle("/", lim.Handler(inner))
+	serve(outer, "GET", "/users/1", "192.0.2.1:1")
+	if n := zcard(t, c, "r", "GET /users/{id}"); n != 1 {
+		t.Errorf("route log for GET /users/{id}: %d entries, want 1", n)
 	}
 }

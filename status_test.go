@@ -2,6 +2,8 @@ package ratelimit
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 )
@@ -85,4 +87,26 @@ func testReset(t *testing.T, b backend) {
 	if n := bucketTotal(t, c, "other", "alice"); n != 1 {
 		t.Errorf("another limiter's count for alice: %d, want 1", n)
 	}
+}
+
+// TestStatusRequest: StatusRequest shows what the middleware counted for a
+// request, through the same keys (a composed one included).
+func TestStatusRequest(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		lim := mustNew(t, b.newClient(t), []Limit{PerMinute(5, Compose(ClientIP(), Route())).Named("c")})
+		mux := http.NewServeMux()
+		mux.Handle("GET /users/{id}", lim.Handler(okHandler))
+		for range 2 {
+			serve(mux, "GET", "/users/7", "192.0.2.1:1")
+		}
+		r := httptest.NewRequest("GET", "/users/7", nil)
+		r.RemoteAddr = "192.0.2.1:1"
+		r.Pattern = "GET /users/{id}"
+		for range 2 {
+			st, err := lim.StatusRequest(r)
+			if err != nil || !st.Allowed || st.Remaining != 3 {
+				t.Fatalf("%+v %v", st, err)
+			}
+		}
+	})
 }

@@ -4,12 +4,18 @@
 //	go run ./examples/server            # embedded Redis (miniredis)
 //	REDIS_URL=redis://localhost:6379/0 go run ./examples/server
 //
-// See examples/internal/demo for the limits.
+// See examples/internal/demo for the limits. GET /metrics serves the
+// limiter's Prometheus metrics and GET /quota what a client has left,
+// neither of them counted.
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/slidinglog/ratelimit/examples/internal/demo"
 )
@@ -30,7 +36,26 @@ func main() {
 		fmt.Fprintln(w, "an expensive report")
 	})
 
-	// api wraps the whole mux: it looks each route up first, so route keys
+	// The limiter's metrics, and the client's quota, counting nothing: both
+	// outside the limited API.
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(app.Metrics)
+	top := http.NewServeMux()
+	top.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	top.HandleFunc("GET /quota", func(w http.ResponseWriter, r *http.Request) {
+		// What a request to GET /users/{id} would meet.
+		q := r.Clone(r.Context())
+		q.Pattern = "GET /users/{id}"
+		st, err := api.StatusRequest(q)
+		if err != nil {
+			http.Error(w, "quota unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(st.Limits)
+	})
+	// api wraps the API's mux: it looks each route up first, so route keys
 	// and the route table work, and leaves POST /login to its own limiter.
-	app.Serve(api.Handler(mux))
+	top.Handle("/", api.Handler(mux))
+	app.Serve(top)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
+	ratelimitprom "github.com/slidinglog/ratelimit/metrics/prometheus"
 )
 
 // Connect returns a client of the Redis at $REDIS_URL, or of an embedded
@@ -46,16 +47,16 @@ func Connect() (*redis.Client, string) {
 //     5.
 //   - login, for POST /login: api's limits plus 3 per minute per IP, checked
 //     in the same step, with problem+json denials.
-func Limiters(rdb *redis.Client) (api, login *ratelimit.Limiter) {
+func Limiters(rdb *redis.Client, opts ...ratelimit.Option) (api, login *ratelimit.Limiter) {
 	api, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(1000, ratelimit.Global()).Named("global"),
 		ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("per-ip"),
 		ratelimit.PerMinute(5, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("per-route"),
-	},
-		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit|ratelimit.HeadersIETF),
+	}, append([]ratelimit.Option{
+		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit | ratelimit.HeadersIETF),
 		ratelimit.WithErrorHandler(func(r *http.Request, err error) { log.Printf("rate limiter: %v", err) }),
 		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"GET /report": {Cost: 5}}),
-	)
+	}, opts...)...)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -67,9 +68,11 @@ func Limiters(rdb *redis.Client) (api, login *ratelimit.Limiter) {
 	return api, login
 }
 
-// App is what an example needs: the limiters, and where to listen.
+// App is what an example needs: the limiters, their metrics, and where to
+// listen.
 type App struct {
 	API, Login *ratelimit.Limiter // see Limiters
+	Metrics    *ratelimitprom.Metrics
 	addr       string
 	where      string
 	rdb        *redis.Client
@@ -80,8 +83,10 @@ func Start() *App {
 	addr := flag.String("addr", "localhost:8080", "address to listen on")
 	flag.Parse()
 	rdb, where := Connect()
-	api, login := Limiters(rdb)
-	return &App{API: api, Login: login, addr: *addr, where: where, rdb: rdb}
+	metrics := ratelimitprom.New()
+	api, login := Limiters(rdb, ratelimit.WithObserver(metrics))
+	metrics.WatchBreaker(api)
+	return &App{API: api, Login: login, Metrics: metrics, addr: *addr, where: where, rdb: rdb}
 }
 
 // Serve prints how to try the example and serves h until it fails.
