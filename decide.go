@@ -153,22 +153,8 @@ func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, 
 		err := d.run(ctx, keys, l.all, now, deadline, &g)
 		return g.allowed, err
 	}
-	if d.peek { // nothing to reserve: ask every group
-		all := true
-		for _, g := range l.groups(tags) {
-			gkeys := make([]string, len(g))
-			for j, i := range g {
-				gkeys[j] = keys[i]
-			}
-			var gr reply
-			if err := d.run(ctx, gkeys, g, now, deadline, &gr); err != nil {
-				return false, err
-			}
-			all = all && gr.allowed
-		}
-		return all, nil
-	}
 	var reserved []reservation
+	all := true
 	for _, g := range l.groups(tags) {
 		gkeys := make([]string, len(g))
 		for j, i := range g {
@@ -177,6 +163,10 @@ func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, 
 		var gr reply
 		if err := d.run(ctx, gkeys, g, now, deadline, &gr); err != nil {
 			return false, errors.Join(err, l.rollback(ctx, reserved, d.cost))
+		}
+		if d.peek { // nothing reserved: ask every group
+			all = all && gr.allowed
+			continue
 		}
 		if !gr.allowed {
 			return false, l.rollback(ctx, reserved, d.cost)
@@ -190,7 +180,7 @@ func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, 
 		}
 		reserved = append(reserved, res)
 	}
-	return true, nil
+	return all, nil
 }
 
 // keys builds the Redis key of every limit for s.ids, and returns each key's
