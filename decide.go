@@ -173,10 +173,7 @@ func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, 
 		}
 		res := reservation{keys: gkeys}
 		for _, i := range g {
-			res.args = append(res.args, d.replies[i].next, l.limits[i].unit)
-			if l.limits[i].bucketed {
-				res.args = append(res.args, l.limits[i].nameArg)
-			}
+			res.args = l.rollbackArgs(res.args, i, d.replies[i].next)
 		}
 		reserved = append(reserved, res)
 	}
@@ -206,10 +203,25 @@ func (l *Limiter) keys(s *scratch, fromKeys bool) (keys, tags []string) {
 	}
 	s.tags = grow(s.tags, n)
 	for i, key := range s.keys {
-		// The tag is what stands between the key's only '{' and '}'.
-		s.tags[i] = key[len(l.limits[i].head) : len(key)-1]
+		s.tags[i] = l.tag(i, key)
 	}
 	return s.keys, s.tags
+}
+
+// tag returns the hash tag of key, the key of limit i: what stands between
+// the key's head and its closing '}'.
+func (l *Limiter) tag(i int, key string) string {
+	return key[len(l.limits[i].head) : len(key)-1]
+}
+
+// rollbackArgs appends to args the rollback script's parameters for the
+// entries of limit i stamped stamp.
+func (l *Limiter) rollbackArgs(args []any, i int, stamp int64) []any {
+	args = append(args, stamp, l.limits[i].unit)
+	if l.limits[i].bucketed {
+		args = append(args, l.limits[i].nameArg)
+	}
+	return args
 }
 
 // groups splits the limits into groups whose keys share a hash tag. Groups
@@ -244,8 +256,9 @@ type reservation struct {
 	args []any
 }
 
-// rollback removes the entries of reservations. It gets its own timeout, so
-// that it still runs when the decision's own ran out.
+// rollback removes the entries of reservations (a denied cluster decision's,
+// or a refunded request's). It gets its own timeout, so that it still runs
+// when the decision's own ran out or the request was cancelled.
 func (l *Limiter) rollback(ctx context.Context, reservations []reservation, cost int) error {
 	if len(reservations) == 0 {
 		return nil
@@ -454,37 +467,31 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 	if !res.Allowed || t == nil {
 		return ErrNotRefundable
 	}
-	ctx, cancel := context.WithTimeout(ctx, t.l.cfg.timeout)
-	defer cancel()
 	// Keys that share a hash tag go in one call: on a cluster they share a
-	// slot, elsewhere everything does.
+	// slot, elsewhere everything does. A refund is a rollback of the whole
+	// request.
 	var groups [][]int
 	if t.l.split {
 		tags := make([]string, len(t.keys))
 		for i, key := range t.keys {
-			tags[i] = key[len(t.l.limits[i].head) : len(key)-1]
+			tags[i] = t.l.tag(i, key)
 		}
 		groups = t.l.groups(tags)
 	} else {
 		groups = [][]int{t.l.all}
 	}
-	var errs []error
-	for _, g := range groups {
-		keys := make([]string, len(g))
-		args := []any{t.cost}
+	reservations := make([]reservation, len(groups))
+	for k, g := range groups {
+		r := &reservations[k]
+		r.keys = make([]string, len(g))
 		for j, i := range g {
-			keys[j] = t.keys[i]
-			args = append(args, t.stamps[i], t.l.limits[i].unit)
-			if t.l.limits[i].bucketed {
-				args = append(args, t.l.limits[i].nameArg)
-			}
-		}
-		if _, err := runScript(ctx, t.l.client, rollback, rollbackSource, keys, args); err != nil {
-			errs = append(errs, fmt.Errorf("ratelimit: refund: %w", err))
+			r.keys[j] = t.keys[i]
+			r.args = t.l.rollbackArgs(r.args, i, t.stamps[i])
 		}
 	}
+	err := t.l.rollback(ctx, reservations, t.cost)
 	for _, key := range t.keys {
 		t.l.denies.forget(key)
 	}
-	return errors.Join(errs...)
+	return err
 }

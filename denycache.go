@@ -94,8 +94,8 @@ func (c *denyCache) remember(d *decision, keys []string, now time.Time) {
 		return
 	}
 	r := d.replies[d.denier]
-	if r.next <= r.now || r.count == 0 {
-		return // nothing will leave: a cost above the quota, say
+	if r.next <= r.now || r.count == 0 || r.reset == -1 {
+		return // nothing will leave, or the cost can never fit
 	}
 	until := now.Add(min(time.Duration(r.next-r.now)*time.Microsecond, c.maxAge))
 	lim := &d.l.limits[d.denier]
@@ -107,9 +107,6 @@ func (c *denyCache) remember(d *decision, keys []string, now time.Time) {
 		now:       time.UnixMicro(r.now),
 		local:     now,
 	}
-	if r.reset == -1 {
-		return
-	}
 	key := keys[d.denier]
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -119,19 +116,7 @@ func (c *denyCache) remember(d *decision, keys []string, now time.Time) {
 	if old, ok := c.m[key]; ok && now.Before(old.until) && old.cost < e.cost {
 		return // keep the denial of the smaller cost: it covers more requests
 	}
-	if len(c.m) >= maxDenyEntries {
-		for k, old := range c.m {
-			if !now.Before(old.until) {
-				delete(c.m, k)
-			}
-		}
-		for k := range c.m { // still full: drop arbitrary ones (map order is random)
-			if len(c.m) < maxDenyEntries*9/10 {
-				break
-			}
-			delete(c.m, k)
-		}
-	}
+	makeRoom(c.m, maxDenyEntries, func(old denial) bool { return !now.Before(old.until) })
 	c.m[key] = e
 }
 

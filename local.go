@@ -95,18 +95,28 @@ func (s *localStore) decide(d *decision, keys []string, now int64) bool {
 // makeRoom keeps the store under maxLocalKeys: it drops logs whose entries
 // have all left their window, then, if that is not enough, arbitrary ones.
 func (s *localStore) makeRoom(now int64) {
-	if len(s.logs) < maxLocalKeys {
+	makeRoom(s.logs, maxLocalKeys, func(g *localLog) bool {
+		g.prune(now)
+		return len(g.stamps) == 0
+	})
+}
+
+// makeRoom keeps m under limit entries once it has reached it: it drops the
+// entries stale reports true for, then, if that is not enough, arbitrary ones
+// (map order is random) down to nine tenths of limit.
+func makeRoom[V any](m map[string]V, limit int, stale func(V) bool) {
+	if len(m) < limit {
 		return
 	}
-	for k, g := range s.logs {
-		if g.prune(now); len(g.stamps) == 0 {
-			delete(s.logs, k)
+	for k, v := range m {
+		if stale(v) {
+			delete(m, k)
 		}
 	}
-	for k := range s.logs { // map order is random
-		if len(s.logs) < maxLocalKeys*9/10 {
+	for k := range m {
+		if len(m) < limit*9/10 {
 			break
 		}
-		delete(s.logs, k)
+		delete(m, k)
 	}
 }

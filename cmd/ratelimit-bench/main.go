@@ -191,7 +191,9 @@ func (b bench) run(op func(ctx context.Context, rng *rand.Rand) error) (stats, e
 				}
 				if err := op(ctx, rng); err != nil {
 					mu.Lock()
-					firstErr = cmp(firstErr, err)
+					if firstErr == nil {
+						firstErr = err
+					}
 					mu.Unlock()
 					break
 				}
@@ -218,12 +220,6 @@ func (b bench) run(op func(ctx context.Context, rng *rand.Rand) error) (stats, e
 	}, nil
 }
 
-func cmp(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
-}
 
 var noop = redis.NewScript("return 1")
 
