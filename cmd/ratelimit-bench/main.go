@@ -220,7 +220,6 @@ func (b bench) run(op func(ctx context.Context, rng *rand.Rand) error) (stats, e
 	}, nil
 }
 
-
 var noop = redis.NewScript("return 1")
 
 // ceiling is one EVALSHA of a no-op script per call, over the same client.
