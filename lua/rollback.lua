@@ -48,9 +48,17 @@ for i = 1, #KEYS do
       removed = removed + take
     end
   else
-    local meta = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    -- The meta member is 'b' followed by the base (see sliding_log.lua), or,
+    -- in a log of an earlier version, 'b' scoring minus the base.
+    local meta = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+    local base
     if meta[1] == 'b' then
-      local offset = (stamp + tonumber(meta[2])) / unit -- the meta member scores minus the base
+      base = -tonumber(meta[2])
+    elseif meta[1] and string.sub(meta[1], 1, 1) == 'b' then
+      base = tonumber(string.sub(meta[1], 2))
+    end
+    if base then
+      local offset = (stamp - base) / unit
       local members = redis.call('ZRANGEBYSCORE', key, offset, offset, 'LIMIT', 0, n)
       if #members > 0 then
         removed = removed + redis.call('ZREM', key, unpack(members))

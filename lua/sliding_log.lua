@@ -53,8 +53,59 @@
 
 local MAX_OFFSET = 32767
 local clock
+local floor, ceil, fmt = math.floor, math.ceil, string.format
+-- num returns the number a decimal string holds. Strings are interned, and a
+-- batch repeats its parameters, so each string is converted once: Redis 7.0
+-- converts with strtod, and tonumber converts twice.
+local numbers = {}
+local function num(s)
+  local v = numbers[s]
+  if not v then
+    v = s + 0
+    numbers[s] = v
+  end
+  return v
+end
+-- str returns the decimal string of an integer. Redis 7.0 converts a number
+-- passed to redis.call with printf's %.17g, which costs more than some
+-- commands; offsets, members and expiries repeat in a batch, and small ones
+-- are converted once. (Large keys would make miniredis's Lua tables slow.)
+local strings = {}
+local function str(v)
+  if v < 0 or v > 65535 then
+    return fmt('%d', v)
+  end
+  local s = strings[v]
+  if not s then
+    s = fmt('%d', v)
+    strings[v] = s
+  end
+  return s
+end
+
+-- The meta member of a log, named 'b' followed by the log's base, scores
+-- -inf, and so sorts first (Redis formats -inf without printf, and a base
+-- shared by many logs is parsed once). meta_base returns the base of a log
+-- whose first member is m with score sc, or false if m is no meta member.
+-- A log written by an earlier version has a meta member 'b' scoring minus
+-- the base; it is read as such and rewritten when its base next moves.
+local meta_bases = {}
+local function meta_base(m, sc)
+  if not m then
+    return false
+  end
+  local b = meta_bases[m]
+  if b == nil then
+    if m == 'b' then
+      return -num(sc)
+    end
+    b = string.byte(m) == 98 and num(string.sub(m, 2))
+    meta_bases[m] = b
+  end
+  return b
+end
 -- Per-log state between the two passes, reused by every request.
-local bases, counts, oldests, firsts = {}, {}, {}, {}
+local bases, metas, counts, oldests, firsts = {}, {}, {}, {}, {}
 local quotas, windows, units, names, shadows = {}, {}, {}, {}, {}
 
 -- Bucketed limits. A bucketed limit of window W and precision P counts
@@ -169,12 +220,17 @@ end
 -- decide decides one request of cost n at now over the L logs
 -- KEYS[ki..ki+L-1], whose parameters start at ARGV[ai].
 local function decide(n, now, L, ki, ai, peek)
-  local reply = {0, now, 0}
+  local reply
+  if L == 1 then
+    reply = {0, now, 0, 0, 0, 0}
+  else
+    reply = {0, now, 0}
+  end
   local allowed = true
   local denied, deniedAt = 0, 0
 
   for i = 1, L do
-    quotas[i], windows[i], units[i] = tonumber(ARGV[ai]), tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
+    quotas[i], windows[i], units[i] = num(ARGV[ai]), num(ARGV[ai + 1]), num(ARGV[ai + 2])
     -- A negative quota marks a shadow limit: checked and logged like the
     -- others, but it never denies, and a request it has no room for is not
     -- logged in it (its log shows what enforcing it would have admitted).
@@ -200,16 +256,24 @@ local function decide(n, now, L, ki, ai, peek)
       -- (Constant arguments are strings: Redis 7.0 formats Lua numbers with
       -- printf, which costs more than some commands.)
       local head = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
-      if head[1] == 'b' then
-        base = -tonumber(head[2])
-        local cut = math.floor((now - window - base) / unit)
-        if head[4] and tonumber(head[4]) <= cut then
-          redis.call('ZREMRANGEBYSCORE', key, '0', cut)
-          head = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
-        end
+      base = meta_base(head[1], head[2])
+      if base then
+        metas[i] = head[1]
+        local fm = head[3] -- the oldest entry's member
         if head[4] then
-          oldest = tonumber(head[4])
-          first = tonumber(head[3])
+          oldest = num(head[4])
+          local cut = floor((now - window - base) / unit)
+          if oldest <= cut then
+            redis.call('ZREMRANGEBYSCORE', key, '0', str(cut))
+            local e = redis.call('ZRANGE', key, '1', '1', 'WITHSCORES')
+            fm, oldest = e[1], false
+            if fm then
+              oldest = num(e[2])
+            end
+          end
+        end
+        if oldest then
+          first = num(fm)
           count = redis.call('ZCARD', key) - 1
         end
       end
@@ -234,8 +298,9 @@ local function decide(n, now, L, ki, ai, peek)
         reset = bucket_leaves(base, count + n - quota, window, -unit)
       else
         -- The request fits once the (count + n - quota) oldest entries are gone.
-        local e = redis.call('ZRANGE', key, count + n - quota, count + n - quota, 'WITHSCORES')
-        reset = base + tonumber(e[2]) * unit + window
+        local r = str(count + n - quota)
+        local e = redis.call('ZRANGE', key, r, r, 'WITHSCORES')
+        reset = base + num(e[2]) * unit + window
       end
       if not shadows[i] and (denied == 0 or reset == -1 or (deniedAt ~= -1 and reset > deniedAt)) then
         denied, deniedAt = i, reset
@@ -253,11 +318,11 @@ local function decide(n, now, L, ki, ai, peek)
 
   if not allowed then
     reply[3] = denied
-    return reply
+    return reply, ai
   end
   if peek then
     reply[1] = 1 -- would be admitted; nothing is logged
-    return reply
+    return reply, ai
   end
 
   for i = 1, L do
@@ -275,27 +340,34 @@ local function decide(n, now, L, ki, ai, peek)
         end
         reply[3 + 3 * i] = now
       else
-        if base then
-          offset = math.max(math.ceil((now - base) / unit), 0)
-          if offset > MAX_OFFSET then
-            -- Move the base up to the oldest entry (or to now) and rewrite the
-            -- entries' offsets; their times do not change.
-            local shift = oldests[i] or offset
-            local args = {-(base + shift * unit), 'b'}
-            if count > 0 then
-              local entries = redis.call('ZRANGE', key, 1, count, 'WITHSCORES')
-              for j = 1, #entries, 2 do
-                args[#args + 1] = tonumber(entries[j + 1]) - shift
-                args[#args + 1] = entries[j]
-              end
+        if not base then
+          -- A new log. Its base is aligned to 8192 units, so that logs begun
+          -- in the same stretch of time share it, and so their offsets.
+          base = floor(now / (unit * 8192)) * unit * 8192
+          redis.call('ZADD', key, '-inf', 'b' .. str(base))
+        end
+        offset = ceil((now - base) / unit)
+        if offset < 0 then
+          offset = 0
+        elseif offset > MAX_OFFSET then
+          -- Move the base up to an aligned time at or before the oldest entry
+          -- (or now) and rewrite the entries' offsets; their times do not
+          -- change. Offsets then stay below 2 * 8192 + 1.
+          local span = unit * 8192
+          local nb = floor((base + (oldests[i] or offset) * unit) / span) * span
+          local shift = (nb - base) / unit
+          local args = {'-inf', 'b' .. str(nb)}
+          if count > 0 then
+            local entries = redis.call('ZRANGE', key, '1', str(count), 'WITHSCORES')
+            for j = 1, #entries, 2 do
+              args[#args + 1] = str(num(entries[j + 1]) - shift)
+              args[#args + 1] = entries[j]
             end
-            redis.call('ZADD', key, unpack(args))
-            base = base + shift * unit
-            offset = offset - shift
           end
-        else
-          base, offset = math.floor(now / unit) * unit, 0
-          redis.call('ZADD', key, -base, 'b')
+          redis.call('ZREM', key, metas[i])
+          redis.call('ZADD', key, unpack(args))
+          base = nb
+          offset = offset - shift
         end
         -- Members run on from the oldest entry's, modulo a power of two above
         -- the quota: with entries removed oldest first, the next member is free.
@@ -304,8 +376,9 @@ local function decide(n, now, L, ki, ai, peek)
           modulus = modulus * 32
         end
         local m = (firsts[i] + count) % modulus
+        local score = str(offset)
         for _ = 1, n do
-          while redis.call('ZADD', key, 'NX', offset, m) == 0 do
+          while redis.call('ZADD', key, 'NX', score, str(m)) == 0 do
             m = (m + 1) % modulus
           end
           m = (m + 1) % modulus
@@ -315,19 +388,20 @@ local function decide(n, now, L, ki, ai, peek)
           reply[2 + 3 * i] = stamp + window
         end
         reply[3 + 3 * i] = stamp
-        -- The new entries leave the window last: expire the log then.
-        redis.call('PEXPIRE', key, math.ceil((stamp - now + window) / 1000) + 1)
+        -- The new entries leave the window last, less than a unit after
+        -- now + window: expire the log then.
+        redis.call('PEXPIRE', key, str(ceil((window + unit) / 1000) + 1))
       end
     end
   end
   reply[1] = 1
-  return reply
+  return reply, ai
 end
 
 local results = {}
 local ai, ki = 2, 1
-for d = 1, tonumber(ARGV[1]) do
-  local n, now, L = tonumber(ARGV[ai]), tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
+for d = 1, num(ARGV[1]) do
+  local n, now, L = num(ARGV[ai]), num(ARGV[ai + 1]), num(ARGV[ai + 2])
   ai = ai + 3
   -- A negative cost asks whether a request of that cost would be admitted,
   -- and logs nothing.
@@ -342,10 +416,7 @@ for d = 1, tonumber(ARGV[1]) do
     end
     now = clock
   end
-  results[d] = decide(n, now, L, ki, ai, peek)
+  results[d], ai = decide(n, now, L, ki, ai, peek)
   ki = ki + L
-  for _ = 1, L do -- skip this request's parameters
-    ai = ai + (tonumber(ARGV[ai + 2]) < 0 and 4 or 3)
-  end
 end
 return results
