@@ -79,11 +79,8 @@ func (b *batcher) run(ctx context.Context, deadline time.Time, c redis.Universal
 // calls, and hands the queue, if any, to the first queued call.
 func (b *batcher) send(ctx context.Context, c redis.UniversalClient, batch []*call, self *call) {
 	b.exec(ctx, c, batch)
-	for _, cl := range batch {
-		if cl != self {
-			cl.wake <- nil
-		}
-	}
+	// The queue goes out first, so that Redis has the next batch while
+	// this one's callers are woken.
 	b.mu.Lock()
 	next := b.queue
 	b.queue = nil
@@ -93,6 +90,11 @@ func (b *batcher) send(ctx context.Context, c redis.UniversalClient, batch []*ca
 	b.mu.Unlock()
 	if next != nil {
 		next[0].wake <- next
+	}
+	for _, cl := range batch {
+		if cl != self {
+			cl.wake <- nil
+		}
 	}
 }
 

@@ -302,14 +302,11 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 	if d.peek {
 		cost = -cost
 	}
-	args := append(d.s.args[:0], 1, cost, now, len(idx))
-	for _, i := range idx {
-		lim := &d.l.limits[i]
-		args = append(args, lim.quotaArg, lim.window, lim.unit)
-		if lim.bucketed {
-			args = append(args, lim.nameArg)
-		}
+	var spec any = d.l.allSpec
+	if len(idx) < len(d.l.limits) {
+		spec = d.l.spec(idx)
 	}
+	args := append(d.s.args[:0], 1, cost, now, spec)
 	d.s.args = args
 	b := d.l.breakers.forKey(ctx, d.l.client, keys[0])
 	var probe bool

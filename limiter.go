@@ -51,6 +51,8 @@ type Limiter struct {
 
 	split bool  // keys with different hash tags must be decided apart (Cluster, Ring)
 	all   []int // 0, 1, ..., len(limits)-1
+	// allSpec is the script's parameters of all the limits, boxed once.
+	allSpec any
 
 	// exec, if set, replaces the Redis call: benchmarks measure the rest.
 	exec func(keys []string, args []any) (any, error)
@@ -64,8 +66,7 @@ type Limiter struct {
 type compiledLimit struct {
 	Limit
 	head       string   // "<prefix><name>:{", the Redis key up to the identifier
-	quotaArg   any      // Quota, boxed once for the script's ARGV
-	window     any      // Window in microseconds, boxed once
+	spec       string   // the script's parameters of the limit: "quota window unit[ name]" (see the script)
 	unit       any      // time unit of the log in microseconds, or minus the precision, boxed once (see the script)
 	bucketed   bool     // counted in buckets of Precision
 	nameArg    any      // Name, boxed once
@@ -140,8 +141,7 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		l.limits = append(l.limits, compiledLimit{
 			Limit:      lim,
 			head:       head,
-			quotaArg:   quotaArg(lim),
-			window:     lim.Window.Microseconds(),
+			spec:       limitSpec(lim),
 			unit:       unitArg(lim),
 			bucketed:   lim.Precision > 0,
 			nameArg:    lim.Name,
@@ -157,6 +157,7 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
 	}
 	l.policyHeader = []string{strings.Join(policies, ", ")}
+	l.allSpec = l.spec(l.all)
 	l.split = sharded(client) && !cfg.singleSlot
 	l.parent = parent
 	if parent != nil {
@@ -274,13 +275,28 @@ func (l *Limiter) With(limits []Limit, opts ...Option) (*Limiter, error) {
 	return d, nil
 }
 
-// quotaArg is the script's first parameter of a limit: its quota, negated
-// for a shadow limit.
-func quotaArg(lim Limit) int {
+// limitSpec returns the script's parameters of one limit: its quota
+// (negated for a shadow limit), its window in microseconds and unitArg, then
+// the name of a bucketed limit, separated by spaces.
+func limitSpec(lim Limit) string {
+	q := lim.Quota
 	if lim.Shadow {
-		return -lim.Quota
+		q = -q
 	}
-	return lim.Quota
+	spec := strconv.Itoa(q) + " " + strconv.FormatInt(lim.Window.Microseconds(), 10) + " " + strconv.FormatInt(unitArg(lim), 10)
+	if lim.Precision > 0 {
+		spec += " " + lim.Name
+	}
+	return spec
+}
+
+// spec returns the script's parameters of the limits idx.
+func (l *Limiter) spec(idx []int) string {
+	specs := make([]string, len(idx))
+	for j, i := range idx {
+		specs[j] = l.limits[i].spec
+	}
+	return strings.Join(specs, " ")
 }
 
 // unitArg is the script's third parameter of a limit: the time unit of an

@@ -1,15 +1,17 @@
 -- Sliding-log rate limiting: decides one or more requests, each over
 -- several limits in one atomic step.
 --
--- ARGV[1]  the number of requests D. Then, for each request in turn:
---   cost n (integer >= 1; -n only checks whether a request of cost n would
---   be admitted, logging nothing); the time in microseconds, or 0 to use the Redis
---   server's TIME; the number of limits L; and for each limit its quota
---   (integer >= 1), its window and its time unit u (see below), both in
---   microseconds. A bucketed limit (see the end) gives minus its precision
---   instead of u, then its name.
--- KEYS     the L sorted sets of each request in turn: one entry per logged
---   unit of cost.
+-- ARGV[1]  the number of requests D. Then three for each request in turn:
+--   its cost n (integer >= 1; -n only checks whether a request of cost n
+--   would be admitted, logging nothing); the time in microseconds, or 0 to
+--   use the Redis server's TIME; and its limits, a string of space-separated
+--   parameters, for each limit its quota (integer >= 1; negated for a shadow
+--   limit), its window and its time unit u (see below), both in
+--   microseconds. A bucketed limit (see further on) gives minus its
+--   precision instead of u, then its name. The requests of a batch mostly
+--   share their limits string, which is parsed once per call.
+-- KEYS     the logs of each request in turn, one per limit: a sorted set
+--   with one entry per logged unit of cost.
 --
 -- For each request, pass 1 prunes every log and checks that every limit has
 -- room for n; pass 2, only if all of them do, logs n entries in every log. A
@@ -21,13 +23,16 @@
 -- listpack, where small integers take 2 to 4 bytes. So an entry's score is
 -- not its time but its offset from a base time, in units of u (u is about
 -- window/8192, rounded up to 1, 2 or 5 times a power of ten), and its member
--- is a small integer. The base, in microseconds and a multiple of u, is the
--- negated score of the member 'b', which so sorts first. Times are rounded up
--- to the unit, so an entry counts up to one unit longer than its window,
--- never shorter: the log may deny a request one unit early, never admit one
--- too many. When offsets would pass 32767 (15 bits; a window is at most
--- 8192 units), the base moves up to the oldest entry and the entries are
--- rewritten.
+-- is a small integer. The base, in microseconds, is a multiple of 8192
+-- units, so that logs begun close together share it (and, in a batch, the
+-- strings of their offsets); it is kept in the meta member 'b<base>', which
+-- scores -inf and so sorts first. Times are rounded up to the unit, so an
+-- entry counts up to one unit longer than its window, never shorter: the
+-- log may deny a request one unit early, never admit one too many. When
+-- offsets would pass 32767 (15 bits; a window is at most 8192 units), the
+-- base moves up to the oldest entry's stretch of 8192 units and the entries
+-- are rewritten. (Logs of an earlier version have a meta member 'b' scoring
+-- minus the base; they are read as such and rewritten when the base moves.)
 --
 -- Members are unique: a new entry takes the member after the oldest entry's
 -- plus the count, modulo a power of two above the quota, which is free while
@@ -50,13 +55,21 @@
 --   stamp_i  the time the request's entries in log i were given, if it was
 --            admitted; else when the oldest entry of log i leaves the window
 --            (0 if the log is empty): until then its count cannot fall.
+--
+-- Cost. Redis 7.0 parses numbers with strtod (tonumber twice), prints every
+-- number passed to redis.call and every score it replies with printf's
+-- %.17g, and a Lua function call costs more than most arithmetic. So the
+-- script converts each distinct string once per call (Lua strings are
+-- interned: the caches are keyed by identity), passes commands strings,
+-- reads scores only where it must, and keeps the common path inline.
 
 local MAX_OFFSET = 32767
+local SPAN = 8192 -- units between aligned bases
 local clock
-local floor, ceil, fmt = math.floor, math.ceil, string.format
--- num returns the number a decimal string holds. Strings are interned, and a
--- batch repeats its parameters, so each string is converted once: Redis 7.0
--- converts with strtod, and tonumber converts twice.
+local fmt = string.format
+
+-- num returns the number a decimal string holds, converted once per call.
+-- Hot paths look numbers[s] up first and call num only when it is missing.
 local numbers = {}
 local function num(s)
   local v = numbers[s]
@@ -66,47 +79,85 @@ local function num(s)
   end
   return v
 end
--- str returns the decimal string of an integer. Redis 7.0 converts a number
--- passed to redis.call with printf's %.17g, which costs more than some
--- commands; offsets, members and expiries repeat in a batch, and small ones
--- are converted once. (Large keys would make miniredis's Lua tables slow.)
-local strings = {}
+
+-- str returns the decimal string of an integer; small ones are converted
+-- once per call and looked up as strs[v] first. (Large keys would make
+-- miniredis's Lua tables slow.)
+local strs = {}
 local function str(v)
   if v < 0 or v > 65535 then
     return fmt('%d', v)
   end
-  local s = strings[v]
+  local s = strs[v]
   if not s then
     s = fmt('%d', v)
-    strings[v] = s
+    strs[v] = s
   end
   return s
 end
 
--- The meta member of a log, named 'b' followed by the log's base, scores
--- -inf, and so sorts first (Redis formats -inf without printf, and a base
--- shared by many logs is parsed once). meta_base returns the base of a log
--- whose first member is m with score sc, or false if m is no meta member.
--- A log written by an earlier version has a meta member 'b' scoring minus
--- the base; it is read as such and rewritten when its base next moves.
-local meta_bases = {}
+-- floor_div divides integers (exact in doubles up to 2^53); hot paths
+-- inline it as (a - a % b) / b, and round up as (a + (-a) % b) / b,
+-- without a function call.
+local function floor_div(a, b)
+  return (a - a % b) / b
+end
+
+-- meta_base returns the base of a log whose first member is m scoring sc,
+-- or false if m is no meta member. Hot paths look metas[m] up first.
+local metas = {}
 local function meta_base(m, sc)
   if not m then
     return false
   end
-  local b = meta_bases[m]
+  if m == 'b' then -- an earlier version's meta member
+    return -num(sc)
+  end
+  local b = metas[m]
   if b == nil then
-    if m == 'b' then
-      return -num(sc)
-    end
     b = string.byte(m) == 98 and num(string.sub(m, 2))
-    meta_bases[m] = b
+    metas[m] = b
   end
   return b
 end
+
+-- Limits strings, parsed: a list of limits, each {quota, window, unit,
+-- shadow, name, modulus, ttl}.
+local specs = {}
+local function parse_limits(s)
+  local t, ls = {}, {}
+  for w in string.gmatch(s, '%S+') do
+    t[#t + 1] = w
+  end
+  local j = 1
+  while j <= #t do
+    local q, w, u = num(t[j]), num(t[j + 1]), num(t[j + 2])
+    -- A negative quota marks a shadow limit: checked and logged like the
+    -- others, but it never denies, and a request it has no room for is not
+    -- logged in it (its log shows what enforcing it would have admitted).
+    local lim = {quota = math.abs(q), window = w, unit = u, shadow = q < 0}
+    j = j + 3
+    if u < 0 then
+      lim.name = t[j]
+      j = j + 1
+    else
+      -- Members run modulo a power of two above the quota.
+      lim.modulus = 128
+      while lim.modulus <= lim.quota do
+        lim.modulus = lim.modulus * 32
+      end
+      -- The newest entries leave the window less than a unit after now + W:
+      -- the log expires then.
+      lim.ttl = str(math.ceil((w + u) / 1000) + 1)
+    end
+    ls[#ls + 1] = lim
+  end
+  specs[s] = ls
+  return ls
+end
+
 -- Per-log state between the two passes, reused by every request.
-local bases, metas, counts, oldests, firsts = {}, {}, {}, {}, {}
-local quotas, windows, units, names, shadows = {}, {}, {}, {}, {}
+local bases, metanames, counts, oldests, firsts = {}, {}, {}, {}, {}
 
 -- Bucketed limits. A bucketed limit of window W and precision P counts
 -- requests per bucket of time [kP, (k+1)P) in a hash per identifier, which
@@ -217,9 +268,10 @@ local function bucket_admit(s, window, precision, now, n)
   end
 end
 
--- decide decides one request of cost n at now over the L logs
--- KEYS[ki..ki+L-1], whose parameters start at ARGV[ai].
-local function decide(n, now, L, ki, ai, peek)
+-- decide decides one request of cost n at now over the limits ls, whose
+-- logs are KEYS[ki..].
+local function decide(n, now, ls, ki, peek)
+  local L = #ls
   local reply
   if L == 1 then
     reply = {0, now, 0, 0, 0, 0}
@@ -230,41 +282,30 @@ local function decide(n, now, L, ki, ai, peek)
   local denied, deniedAt = 0, 0
 
   for i = 1, L do
-    quotas[i], windows[i], units[i] = num(ARGV[ai]), num(ARGV[ai + 1]), num(ARGV[ai + 2])
-    -- A negative quota marks a shadow limit: checked and logged like the
-    -- others, but it never denies, and a request it has no room for is not
-    -- logged in it (its log shows what enforcing it would have admitted).
-    shadows[i] = quotas[i] < 0
-    if shadows[i] then
-      quotas[i] = -quotas[i]
-    end
-    ai = ai + 3
-    if units[i] < 0 then
-      names[i] = ARGV[ai]
-      ai = ai + 1
-    end
-  end
-
-  for i = 1, L do
+    local lim = ls[i]
     local key = KEYS[ki + i - 1]
-    local quota, window, unit = quotas[i], windows[i], units[i]
+    local quota, window, unit = lim.quota, lim.window, lim.unit
     local count, base, oldest, first = 0, false, false, 0
     if unit < 0 then
-      count, base = bucket_check(key, names[i], window, -unit, now)
+      count, base = bucket_check(key, lim.name, window, -unit, now)
     else
-      -- The base and the oldest entry, in one call.
-      -- (Constant arguments are strings: Redis 7.0 formats Lua numbers with
-      -- printf, which costs more than some commands.)
+      -- The meta member and the oldest entry, in one call.
       local head = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
-      base = meta_base(head[1], head[2])
+      local m = head[1]
+      base = m and metas[m]
+      if base == nil then
+        base = meta_base(m, head[2])
+      end
       if base then
-        metas[i] = head[1]
+        metanames[i] = m
         local fm = head[3] -- the oldest entry's member
-        if head[4] then
-          oldest = num(head[4])
-          local cut = floor((now - window - base) / unit)
+        if fm then
+          local o = head[4]
+          oldest = numbers[o] or num(o)
+          local x = now - window - base
+          local cut = (x - x % unit) / unit
           if oldest <= cut then
-            redis.call('ZREMRANGEBYSCORE', key, '0', str(cut))
+            redis.call('ZREMRANGEBYSCORE', key, '0', strs[cut] or str(cut))
             local e = redis.call('ZRANGE', key, '1', '1', 'WITHSCORES')
             fm, oldest = e[1], false
             if fm then
@@ -273,7 +314,7 @@ local function decide(n, now, L, ki, ai, peek)
           end
         end
         if oldest then
-          first = num(fm)
+          first = numbers[fm] or num(fm)
           count = redis.call('ZCARD', key) - 1
         end
       end
@@ -289,7 +330,7 @@ local function decide(n, now, L, ki, ai, peek)
         end
       end
     else
-      if not shadows[i] then
+      if not lim.shadow then
         allowed = false
       end
       if n > quota then
@@ -302,7 +343,7 @@ local function decide(n, now, L, ki, ai, peek)
         local e = redis.call('ZRANGE', key, r, r, 'WITHSCORES')
         reset = base + num(e[2]) * unit + window
       end
-      if not shadows[i] and (denied == 0 or reset == -1 or (deniedAt ~= -1 and reset > deniedAt)) then
+      if not lim.shadow and (denied == 0 or reset == -1 or (deniedAt ~= -1 and reset > deniedAt)) then
         denied, deniedAt = i, reset
       end
     end
@@ -318,21 +359,21 @@ local function decide(n, now, L, ki, ai, peek)
 
   if not allowed then
     reply[3] = denied
-    return reply, ai
+    return reply
   end
   if peek then
     reply[1] = 1 -- would be admitted; nothing is logged
-    return reply, ai
+    return reply
   end
 
   for i = 1, L do
-    if shadows[i] and counts[i] + n > quotas[i] then
+    local lim = ls[i]
+    if lim.shadow and counts[i] + n > lim.quota then
       reply[3 + 3 * i] = 0 -- a shadow limit without room: not logged
     else
       local key = KEYS[ki + i - 1]
-      local quota, window, unit = quotas[i], windows[i], units[i]
+      local window, unit = lim.window, lim.unit
       local base, count = bases[i], counts[i]
-      local offset
       if unit < 0 then
         bucket_admit(base, window, -unit, now, n)
         if count == 0 then
@@ -341,20 +382,20 @@ local function decide(n, now, L, ki, ai, peek)
         reply[3 + 3 * i] = now
       else
         if not base then
-          -- A new log. Its base is aligned to 8192 units, so that logs begun
-          -- in the same stretch of time share it, and so their offsets.
-          base = floor(now / (unit * 8192)) * unit * 8192
+          -- A new log, on an aligned base.
+          base = floor_div(now, unit * SPAN) * unit * SPAN
           redis.call('ZADD', key, '-inf', 'b' .. str(base))
         end
-        offset = ceil((now - base) / unit)
+        local x = now - base
+        local offset = (x + (-x) % unit) / unit -- rounded up
         if offset < 0 then
           offset = 0
         elseif offset > MAX_OFFSET then
-          -- Move the base up to an aligned time at or before the oldest entry
-          -- (or now) and rewrite the entries' offsets; their times do not
-          -- change. Offsets then stay below 2 * 8192 + 1.
-          local span = unit * 8192
-          local nb = floor((base + (oldests[i] or offset) * unit) / span) * span
+          -- Move the base up to the aligned time at or before the oldest
+          -- entry (or now) and rewrite the entries' offsets; their times do
+          -- not change. Offsets then stay below 2 * SPAN + 1.
+          local span = unit * SPAN
+          local nb = floor_div(base + (oldests[i] or offset) * unit, span) * span
           local shift = (nb - base) / unit
           local args = {'-inf', 'b' .. str(nb)}
           if count > 0 then
@@ -364,21 +405,17 @@ local function decide(n, now, L, ki, ai, peek)
               args[#args + 1] = entries[j]
             end
           end
-          redis.call('ZREM', key, metas[i])
+          redis.call('ZREM', key, metanames[i])
           redis.call('ZADD', key, unpack(args))
           base = nb
           offset = offset - shift
         end
-        -- Members run on from the oldest entry's, modulo a power of two above
-        -- the quota: with entries removed oldest first, the next member is free.
-        local modulus = 128
-        while modulus <= quota do
-          modulus = modulus * 32
-        end
+        -- With entries removed oldest first, the next member is free.
+        local modulus = lim.modulus
         local m = (firsts[i] + count) % modulus
-        local score = str(offset)
+        local score = strs[offset] or str(offset)
         for _ = 1, n do
-          while redis.call('ZADD', key, 'NX', score, str(m)) == 0 do
+          while redis.call('ZADD', key, 'NX', score, strs[m] or str(m)) == 0 do
             m = (m + 1) % modulus
           end
           m = (m + 1) % modulus
@@ -388,21 +425,20 @@ local function decide(n, now, L, ki, ai, peek)
           reply[2 + 3 * i] = stamp + window
         end
         reply[3 + 3 * i] = stamp
-        -- The new entries leave the window last, less than a unit after
-        -- now + window: expire the log then.
-        redis.call('PEXPIRE', key, str(ceil((window + unit) / 1000) + 1))
+        redis.call('PEXPIRE', key, lim.ttl)
       end
     end
   end
   reply[1] = 1
-  return reply, ai
+  return reply
 end
 
 local results = {}
 local ai, ki = 2, 1
 for d = 1, num(ARGV[1]) do
-  local n, now, L = num(ARGV[ai]), num(ARGV[ai + 1]), num(ARGV[ai + 2])
+  local a, b, c = ARGV[ai], ARGV[ai + 1], ARGV[ai + 2]
   ai = ai + 3
+  local n, now, ls = numbers[a] or num(a), numbers[b] or num(b), specs[c] or parse_limits(c)
   -- A negative cost asks whether a request of that cost would be admitted,
   -- and logs nothing.
   local peek = n < 0
@@ -412,11 +448,11 @@ for d = 1, num(ARGV[1]) do
   if now == 0 then
     if not clock then
       local t = redis.call('TIME')
-      clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      clock = t[1] * 1000000 + t[2]
     end
     now = clock
   end
-  results[d], ai = decide(n, now, L, ki, ai, peek)
-  ki = ki + L
+  results[d] = decide(n, now, ls, ki, peek)
+  ki = ki + #ls
 end
 return results
