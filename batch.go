@@ -32,6 +32,7 @@ type batcher struct {
 	queue   []*call
 	leaders int  // batches in flight
 	split   bool // send pipelines, not combined calls
+	mode    scriptMode
 }
 
 // call is one decision in a batch.
@@ -113,13 +114,13 @@ func (b *batcher) exec(ctx context.Context, c redis.UniversalClient, batch []*ca
 	case len(batch) == 1:
 		cl := batch[0]
 		ctx, cancel := context.WithDeadline(ctx, cl.deadline)
-		cl.reply, cl.err = runScript(ctx, c, slidingLog, slidingLogSource, cl.keys, cl.args)
+		cl.reply, cl.err = b.mode.run(ctx, c, cl.keys, cl.args)
 		cancel()
 		cl.reply = first(cl.reply)
 	case b.split:
-		sendPipeline(c, batch)
+		b.sendPipeline(c, batch)
 	default:
-		sendCombined(c, batch)
+		b.sendCombined(c, batch)
 	}
 }
 
@@ -148,7 +149,7 @@ func batchContext(batch []*call) (context.Context, context.CancelFunc) {
 }
 
 // sendCombined decides the batch in one call of the script.
-func sendCombined(c redis.UniversalClient, batch []*call) {
+func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
 	var keys []string
@@ -157,7 +158,7 @@ func sendCombined(c redis.UniversalClient, batch []*call) {
 		keys = append(keys, cl.keys...)
 		args = append(args, cl.args[1:]...)
 	}
-	reply, err := runScript(ctx, c, slidingLog, slidingLogSource, keys, args)
+	reply, err := b.mode.run(ctx, c, keys, args)
 	arr, ok := reply.([]any)
 	if err == nil && (!ok || len(arr) != len(batch)) {
 		err = fmt.Errorf("%w: %T of length %d for %d decisions", ErrUnexpectedReply, reply, len(arr), len(batch))
@@ -169,23 +170,41 @@ func sendCombined(c redis.UniversalClient, batch []*call) {
 	}
 }
 
-// sendPipeline sends the decisions of batch in one pipeline, and the source
-// of the script to the servers that have forgotten it in a second one.
-func sendPipeline(c redis.UniversalClient, batch []*call) {
+// sendPipeline sends the decisions of batch in one pipeline, and again,
+// in a second one, those that met a server without the library or the
+// script (see scriptMode).
+func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
 	cmds := make([]*redis.Cmd, len(batch))
+	functions := !b.mode.scriptsOnly.Load()
 	pipe := c.Pipeline()
 	for i, cl := range batch {
-		cmds[i] = pipe.EvalSha(ctx, slidingLog.Hash(), cl.keys, cl.args...)
+		if functions {
+			cmds[i] = pipe.FCall(ctx, functionName, cl.keys, cl.args...)
+		} else {
+			cmds[i] = pipe.EvalSha(ctx, slidingLog.Hash(), cl.keys, cl.args...)
+		}
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
 	var retry []int
+	var again *bool // whether to retry calls that met no function; decided once
 	for i, cmd := range cmds {
 		batch[i].reply, batch[i].err = cmd.Result()
 		batch[i].reply = first(batch[i].reply)
-		if batch[i].err != nil && isNoScript(batch[i].err) {
+		err := batch[i].err
+		switch {
+		case err == nil:
+		case !functions && isNoScript(err):
 			retry = append(retry, i)
+		case functions && (isNoFunction(err) || cannotRunFunctions(err)):
+			if again == nil {
+				ok := b.mode.retry(ctx, c, err)
+				again = &ok
+			}
+			if *again {
+				retry = append(retry, i)
+			}
 		}
 	}
 	if retry == nil {
@@ -193,7 +212,11 @@ func sendPipeline(c redis.UniversalClient, batch []*call) {
 	}
 	pipe = c.Pipeline()
 	for _, i := range retry {
-		cmds[i] = pipe.Eval(ctx, slidingLogSource, batch[i].keys, batch[i].args...)
+		if b.mode.scriptsOnly.Load() {
+			cmds[i] = pipe.Eval(ctx, slidingLogSource, batch[i].keys, batch[i].args...)
+		} else {
+			cmds[i] = pipe.FCall(ctx, functionName, batch[i].keys, batch[i].args...)
+		}
 	}
 	_, _ = pipe.Exec(ctx)
 	for _, i := range retry {

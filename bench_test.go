@@ -19,6 +19,10 @@ func (c stubClient) EvalSha(ctx context.Context, _ string, _ []string, _ ...any)
 	return redis.NewCmdResult(c.reply, nil)
 }
 
+func (c stubClient) FCall(ctx context.Context, _ string, _ []string, _ ...any) *redis.Cmd {
+	return redis.NewCmdResult(c.reply, nil)
+}
+
 // nopWriter is a ResponseWriter that does not allocate, so that
 // b.ReportAllocs counts the middleware only.
 type nopWriter struct{ h http.Header }

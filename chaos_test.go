@@ -235,8 +235,8 @@ func TestChaosRestart(t *testing.T) {
 	lc.verify(t)
 }
 
-// TestChaosScriptFlush flushes the script cache over and over under load:
-// no request may fail because of it.
+// TestChaosScriptFlush flushes the function library and the script cache
+// over and over under load: no request may fail because of it.
 func TestChaosScriptFlush(t *testing.T) {
 	srv := redistest.Start(t)
 	lc := startLeakCheck(t, srv)
@@ -246,7 +246,13 @@ func TestChaosScriptFlush(t *testing.T) {
 		WithErrorHandler(func(*http.Request, error) { failures.Add(1) }))
 	flushes := 0
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); flushes++ {
-		if err := lc.admin.ScriptFlush(context.Background()).Err(); err != nil {
+		var err error
+		if flushes%2 == 0 {
+			err = lc.admin.FunctionFlush(context.Background()).Err()
+		} else {
+			err = lc.admin.ScriptFlush(context.Background()).Err()
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(5 * time.Millisecond) // paces the flushes
@@ -260,7 +266,7 @@ func TestChaosScriptFlush(t *testing.T) {
 			t.Errorf("status %d", e.status)
 		}
 	}
-	t.Logf("SCRIPT FLUSH: %d flushes during %d requests; %d failed; %d admitted; worst decision %v",
+	t.Logf("FUNCTION FLUSH and SCRIPT FLUSH: %d flushes during %d requests; %d failed; %d admitted; worst decision %v",
 		flushes, len(events), failures.Load(), admitted, checkLatency(t, events).Round(time.Millisecond))
 	if failures.Load() != 0 || admitted != quota {
 		t.Errorf("%d requests failed and %d were admitted; want 0 and %d", failures.Load(), admitted, quota)

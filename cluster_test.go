@@ -33,6 +33,7 @@ var clusterSuite = []struct {
 	{"Weighted", testWeighted},
 	{"RetryAfterAcrossLimits", testRetryAfterAcrossLimits},
 	{"ScriptReloaded", testScriptReloaded},
+	{"PipelineReload", testPipelineReload},
 	{"FailureModes", testFailureModes},
 	{"With", testWith},
 	{"CostOption", testCostOption},
@@ -426,3 +427,39 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 type stdLogger struct{}
 
 func (stdLogger) Printf(_ context.Context, format string, v ...any) { log.Printf(format, v...) }
+
+// testPipelineReload: a batch sent as a pipeline to primaries that have
+// forgotten the library (or, for a Redis without functions, the script) is
+// sent again after loading it, and every decision in it is made.
+func testPipelineReload(t *testing.T, b backend) {
+	c := b.newClient(t)
+	ctx := context.Background()
+	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-Id")).Named("pipe")})
+	for _, scriptsOnly := range []bool{false, true} {
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		forEachPrimary(t, c, func(p *redis.Client) error { return p.FunctionFlush(ctx).Err() })
+		bt := &batcher{split: true}
+		bt.mode.scriptsOnly.Store(scriptsOnly)
+		var batch []*call
+		for id := range 12 { // keys on every primary
+			key := string(appendKey(nil, DefaultPrefix+"pipe:{", strconv.Itoa(id), false))
+			batch = append(batch, &call{keys: []string{key}, args: []any{1, 1, 0, lim.allSpec}})
+		}
+		bt.sendPipeline(c, batch)
+		for i, cl := range batch {
+			if arr, ok := cl.reply.([]any); cl.err != nil || !ok || len(arr) != 6 || arr[0] != int64(1) {
+				t.Fatalf("scripts only %v, decision %d: %v %v", scriptsOnly, i, cl.reply, cl.err)
+			}
+		}
+		if bt.mode.scriptsOnly.Load() != scriptsOnly {
+			t.Errorf("scripts only %v after the batch, want %v", bt.mode.scriptsOnly.Load(), scriptsOnly)
+		}
+	}
+	for id := range 12 {
+		if n := zcard(t, c, "pipe", strconv.Itoa(id)); n != 2 {
+			t.Errorf("log %d holds %d entries, want 2", id, n)
+		}
+	}
+}

@@ -15,16 +15,13 @@ import (
 )
 
 var (
-	//go:embed lua/sliding_log.lua
-	slidingLogSource string
 	//go:embed lua/rollback.lua
 	rollbackSource string
 	//go:embed lua/reset.lua
 	resetSource string
 
-	slidingLog = redis.NewScript(slidingLogSource)
-	rollback   = redis.NewScript(rollbackSource)
-	reset      = redis.NewScript(resetSource)
+	rollback = redis.NewScript(rollbackSource)
+	reset    = redis.NewScript(resetSource)
 )
 
 // decide runs the script for ids (one per limit, non-empty) and cost.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -286,27 +287,88 @@ func testRetryAfterAcrossLimits(t *testing.T, b backend) {
 }
 
 // TestScriptReloaded: the limiter keeps working after Redis forgets its
-// script (restart, failover, SCRIPT FLUSH).
+// library and its script (a restart without persistence, FUNCTION FLUSH,
+// SCRIPT FLUSH), and a Redis that has functions has the library again.
 func TestScriptReloaded(t *testing.T) { forBackends(t, testScriptReloaded) }
 
 func testScriptReloaded(t *testing.T, b backend) {
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(5, Global())})
+	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-Id")).Named("reload")})
+	ctx := context.Background()
 	for i := range 3 {
-		if err := c.ScriptFlush(context.Background()).Err(); err != nil {
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if res, err := lim.Allow(context.Background(), []string{"k"}, 1); err != nil || res.Remaining != 4-i {
-			t.Fatalf("after SCRIPT FLUSH: %+v, %v", res, err)
+		if b.mr == nil {
+			forEachPrimary(t, c, func(p *redis.Client) error { return p.FunctionFlush(ctx).Err() })
 		}
+		// Concurrent decisions, so that some go out batched (in a
+		// pipeline, on a cluster), on keys of several servers.
+		var wg sync.WaitGroup
+		errs := make(chan error, 20)
+		for j := range 20 {
+			wg.Go(func() {
+				res, err := lim.Allow(ctx, []string{strconv.Itoa(j % 4)}, 1)
+				if err == nil && !res.Allowed {
+					err = fmt.Errorf("denied: %+v", res)
+				}
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("after FUNCTION FLUSH and SCRIPT FLUSH: %v", err)
+			}
+		}
+		for id := range 4 {
+			if n := zcard(t, c, "reload", strconv.Itoa(id)); n != int64(5*(i+1)) {
+				t.Fatalf("round %d: log %d holds %d entries, want %d", i, id, n, 5*(i+1))
+			}
+		}
+		if b.mr != nil {
+			continue // miniredis has no functions: the script it is
+		}
+		if lim.batch.mode.scriptsOnly.Load() {
+			t.Fatal("the limiter fell back to scripts on a Redis that has functions")
+		}
+		forEachPrimary(t, c, func(p *redis.Client) error {
+			libs, err := p.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName}).Result()
+			if err == nil && (len(libs) != 1 || len(libs[0].Functions) != 1 || libs[0].Functions[0].Name != functionName) {
+				err = fmt.Errorf("FUNCTION LIST: %+v", libs)
+			}
+			return err
+		})
 	}
 }
 
-// noScriptClient answers EVALSHA with a NOSCRIPT error that does not start
-// with NOSCRIPT, as some hosted Redis do.
+// forEachPrimary calls fn for c's server, or for every primary of a cluster.
+func forEachPrimary(t *testing.T, c redis.UniversalClient, fn func(*redis.Client) error) {
+	t.Helper()
+	var err error
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(context.Background(), func(_ context.Context, p *redis.Client) error { return fn(p) })
+	} else {
+		err = fn(c.(*redis.Client))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// noScriptClient has no FCALL, as Redis before 7.0, and answers EVALSHA
+// with a NOSCRIPT error that does not start with NOSCRIPT, as some hosted
+// Redis do.
 type noScriptClient struct {
 	redis.UniversalClient
 	evals int
+}
+
+func (c *noScriptClient) FCall(ctx context.Context, _ string, _ []string, _ ...any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(errors.New("ERR unknown command 'FCALL', with args beginning with: "))
+	return cmd
 }
 
 func (c *noScriptClient) EvalSha(ctx context.Context, _ string, _ []string, _ ...any) *redis.Cmd {

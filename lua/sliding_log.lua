@@ -59,31 +59,44 @@
 -- Cost. Redis 7.0 parses numbers with strtod (tonumber twice), prints every
 -- number passed to redis.call and every score it replies with printf's
 -- %.17g, and a Lua function call costs more than most arithmetic. So the
--- script converts each distinct string once per call (Lua strings are
--- interned: the caches are keyed by identity), passes commands strings,
--- reads scores only where it must, and keeps the common path inline.
+-- script converts each distinct string once (Lua strings are interned: the
+-- caches are keyed by identity), passes commands strings, reads scores only
+-- where it must, and keeps the common path inline.
+--
+-- Loading. This file defines run(keys, argv) and nothing else runs at the
+-- top level; the library adds either "return run(KEYS, ARGV)" (a script
+-- for EVAL) or the registration of run as a Redis Function. As a function,
+-- its top level runs once, at FUNCTION LOAD, and its caches last from call
+-- to call (each bounded to CACHE entries); as a script, once per call. The
+-- top level must not touch string or math: a library being loaded sees
+-- only the redis object.
 
 local MAX_OFFSET = 32767
 local SPAN = 8192 -- units between aligned bases
-local clock
-local fmt = string.format
+local CACHE = 4096 -- entries a cache holds before it is dropped
+local clock -- the Redis server's time, read once per call
+local fmt -- string.format
+local K -- the call's keys
 
--- num returns the number a decimal string holds, converted once per call.
--- Hot paths look numbers[s] up first and call num only when it is missing.
-local numbers = {}
+-- num returns the number a decimal string holds, converted once. Hot paths
+-- look numbers[s] up first and call num only when it is missing.
+local numbers, nnumbers = {}, 0
 local function num(s)
   local v = numbers[s]
   if not v then
     v = s + 0
-    numbers[s] = v
+    if nnumbers == CACHE then
+      numbers, nnumbers = {}, 0
+    end
+    numbers[s], nnumbers = v, nnumbers + 1
   end
   return v
 end
 
--- str returns the decimal string of an integer; small ones are converted
--- once per call and looked up as strs[v] first. (Large keys would make
+-- str returns the decimal string of an integer; those below 65536 are
+-- converted once and looked up as strs[v] first. (Large keys would make
 -- miniredis's Lua tables slow.)
-local strs = {}
+local strs, nstrs = {}, 0
 local function str(v)
   if v < 0 or v > 65535 then
     return fmt('%d', v)
@@ -91,7 +104,10 @@ local function str(v)
   local s = strs[v]
   if not s then
     s = fmt('%d', v)
-    strs[v] = s
+    if nstrs == CACHE then
+      strs, nstrs = {}, 0
+    end
+    strs[v], nstrs = s, nstrs + 1
   end
   return s
 end
@@ -105,7 +121,7 @@ end
 
 -- meta_base returns the base of a log whose first member is m scoring sc,
 -- or false if m is no meta member. Hot paths look metas[m] up first.
-local metas = {}
+local metas, nmetas = {}, 0
 local function meta_base(m, sc)
   if not m then
     return false
@@ -116,14 +132,17 @@ local function meta_base(m, sc)
   local b = metas[m]
   if b == nil then
     b = string.byte(m) == 98 and num(string.sub(m, 2))
-    metas[m] = b
+    if nmetas == CACHE then
+      metas, nmetas = {}, 0
+    end
+    metas[m], nmetas = b, nmetas + 1
   end
   return b
 end
 
 -- Limits strings, parsed: a list of limits, each {quota, window, unit,
 -- shadow, name, modulus, ttl}.
-local specs = {}
+local specs, nspecs = {}, 0
 local function parse_limits(s)
   local t, ls = {}, {}
   for w in string.gmatch(s, '%S+') do
@@ -152,7 +171,10 @@ local function parse_limits(s)
     end
     ls[#ls + 1] = lim
   end
-  specs[s] = ls
+  if nspecs == CACHE then
+    specs, nspecs = {}, 0
+  end
+  specs[s], nspecs = ls, nspecs + 1
   return ls
 end
 
@@ -269,7 +291,7 @@ local function bucket_admit(s, window, precision, now, n)
 end
 
 -- decide decides one request of cost n at now over the limits ls, whose
--- logs are KEYS[ki..].
+-- logs are K[ki..].
 local function decide(n, now, ls, ki, peek)
   local L = #ls
   local reply
@@ -283,7 +305,7 @@ local function decide(n, now, ls, ki, peek)
 
   for i = 1, L do
     local lim = ls[i]
-    local key = KEYS[ki + i - 1]
+    local key = K[ki + i - 1]
     local quota, window, unit = lim.quota, lim.window, lim.unit
     local count, base, oldest, first = 0, false, false, 0
     if unit < 0 then
@@ -371,7 +393,7 @@ local function decide(n, now, ls, ki, peek)
     if lim.shadow and counts[i] + n > lim.quota then
       reply[3 + 3 * i] = 0 -- a shadow limit without room: not logged
     else
-      local key = KEYS[ki + i - 1]
+      local key = K[ki + i - 1]
       local window, unit = lim.window, lim.unit
       local base, count = bases[i], counts[i]
       if unit < 0 then
@@ -433,26 +455,31 @@ local function decide(n, now, ls, ki, peek)
   return reply
 end
 
-local results = {}
-local ai, ki = 2, 1
-for d = 1, num(ARGV[1]) do
-  local a, b, c = ARGV[ai], ARGV[ai + 1], ARGV[ai + 2]
-  ai = ai + 3
-  local n, now, ls = numbers[a] or num(a), numbers[b] or num(b), specs[c] or parse_limits(c)
-  -- A negative cost asks whether a request of that cost would be admitted,
-  -- and logs nothing.
-  local peek = n < 0
-  if peek then
-    n = -n
-  end
-  if now == 0 then
-    if not clock then
-      local t = redis.call('TIME')
-      clock = t[1] * 1000000 + t[2]
+-- run decides the requests of one call: keys and argv are the KEYS and
+-- ARGV described at the top.
+local function run(keys, argv)
+  K, fmt, clock = keys, string.format, nil
+  local results = {}
+  local ai, ki = 2, 1
+  for d = 1, num(argv[1]) do
+    local a, b, c = argv[ai], argv[ai + 1], argv[ai + 2]
+    ai = ai + 3
+    local n, now, ls = numbers[a] or num(a), numbers[b] or num(b), specs[c] or parse_limits(c)
+    -- A negative cost asks whether a request of that cost would be
+    -- admitted, and logs nothing.
+    local peek = n < 0
+    if peek then
+      n = -n
     end
-    now = clock
+    if now == 0 then
+      if not clock then
+        local t = redis.call('TIME')
+        clock = t[1] * 1000000 + t[2]
+      end
+      now = clock
+    end
+    results[d] = decide(n, now, ls, ki, peek)
+    ki = ki + #ls
   end
-  results[d] = decide(n, now, ls, ki, peek)
-  ki = ki + #ls
+  return results
 end
-return results
