@@ -826,6 +826,73 @@ func testCompactLog(t *testing.T, b backend) {
 	}
 }
 
+// TestFirstEntryRoundedUp: the first entry of a new log, like every other,
+// has its time rounded up to the log's unit, never down, so that it cannot
+// leave the window before the request it stands for. (It was once rounded
+// down.)
+func TestFirstEntryRoundedUp(t *testing.T) { forBackends(t, testFirstEntryRoundedUp) }
+
+func testFirstEntryRoundedUp(t *testing.T, b backend) {
+	start := t0.Add(123 * time.Microsecond) // between two 200 µs units
+	opts, _ := b.clock(start)
+	lim := mustNew(t, b.newClient(t), []Limit{PerSecond(1, Global()).Named("first")}, opts...)
+	res, err := lim.Allow(context.Background(), []string{"k"}, 1)
+	if err != nil || !res.Allowed {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if want := start.Add(time.Second); res.Reset.Before(want) || !res.Reset.Before(want.Add(200*time.Microsecond)) {
+		t.Errorf("the first entry leaves at %v, want within a unit at or after %v", res.Reset.Sub(t0), want.Sub(t0))
+	}
+	res, err = lim.Allow(context.Background(), []string{"k"}, 1)
+	if err != nil || res.Allowed || res.RetryAfter <= 999*time.Millisecond {
+		t.Errorf("the second request: %+v %v; want it denied for a whole second", res, err)
+	}
+}
+
+// TestLegacyLog: a log written by an earlier version (meta member 'b'
+// scoring minus the base) is counted as it stands, and is rewritten in the
+// current form, entries kept, when its base moves.
+func TestLegacyLog(t *testing.T) { forBackends(t, testLegacyLog) }
+
+func testLegacyLog(t *testing.T, b backend) {
+	opts, setTime := b.clock(t0)
+	c := b.newClient(t)
+	lim := mustNew(t, c, []Limit{PerSecond(3, Global()).Named("legacy")}, opts...)
+	key := string(appendKey(nil, DefaultPrefix+"legacy:{", "k", false))
+	ctx := context.Background()
+	// Two entries, at t0 and t0+1ms, on a base of t0 in 200 µs units.
+	if err := c.ZAdd(ctx, key, redis.Z{Score: float64(-t0.UnixMicro()), Member: "b"},
+		redis.Z{Score: 0, Member: 0}, redis.Z{Score: 5, Member: 1}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	setTime(t0.Add(10 * time.Millisecond))
+	res, err := lim.Allow(ctx, []string{"k"}, 1)
+	if err != nil || !res.Allowed || res.Remaining != 0 {
+		t.Fatalf("a third request: %+v %v; want it admitted with nothing left", res, err)
+	}
+	res, err = lim.Allow(ctx, []string{"k"}, 1)
+	if err != nil || res.Allowed || !res.Reset.Equal(t0.Add(time.Second)) {
+		t.Fatalf("a fourth request: %+v %v; want it denied until the first entry leaves at t0+1s", res, err)
+	}
+	// A request every 500 ms from 1.5 s to 8 s: the base has to move (offsets pass
+	// 32767 units of 200 µs after 6.5 s).
+	for at := 1500 * time.Millisecond; at <= 8*time.Second; at += 500 * time.Millisecond {
+		setTime(t0.Add(at))
+		if res, err := lim.Allow(ctx, []string{"k"}, 1); err != nil || !res.Allowed {
+			t.Fatalf("at %v: %+v %v", at, res, err)
+		}
+	}
+	if base := logBase(t, c, key); base.After(t0.Add(7500 * time.Millisecond)) {
+		t.Errorf("base %v after t0, later than the oldest live entry", base.Sub(t0))
+	}
+	if n := zcard(t, c, "legacy", "k"); n != 2 {
+		t.Errorf("%d entries in the window, want 2", n)
+	}
+	if err := c.ZScore(ctx, key, "b").Err(); err != redis.Nil {
+		t.Errorf("the old meta member is still there: %v", err)
+	}
+}
+
 // logBase returns the base of the exact log at key: its meta member is 'b'
 // followed by the base in microseconds.
 func logBase(t *testing.T, c redis.UniversalClient, key string) time.Time {

@@ -23,16 +23,17 @@
 -- listpack, where small integers take 2 to 4 bytes. So an entry's score is
 -- not its time but its offset from a base time, in units of u (u is about
 -- window/8192, rounded up to 1, 2 or 5 times a power of ten), and its member
--- is a small integer. The base, in microseconds, is a multiple of 8192
--- units, so that logs begun close together share it (and, in a batch, the
--- strings of their offsets); it is kept in the meta member 'b<base>', which
--- scores -inf and so sorts first. Times are rounded up to the unit, so an
--- entry counts up to one unit longer than its window, never shorter: the
--- log may deny a request one unit early, never admit one too many. When
--- offsets would pass 32767 (15 bits; a window is at most 8192 units), the
--- base moves up to the oldest entry's stretch of 8192 units and the entries
--- are rewritten. (Logs of an earlier version have a meta member 'b' scoring
--- minus the base; they are read as such and rewritten when the base moves.)
+-- is a small integer. The base, in microseconds, is a multiple of SPAN
+-- (128) units, so that logs begun close together share it (and the strings
+-- of their offsets) while the first offsets stay small; it is kept in the
+-- meta member 'b<base>', which scores -inf and so sorts first. Times are
+-- rounded up to the unit, so an entry counts up to one unit longer than its
+-- window, never shorter: the log may deny a request one unit early, never
+-- admit one too many. When offsets would pass 32767 (15 bits; a window is
+-- at most 8192 units), the base moves up to the oldest entry's stretch of
+-- SPAN units and the entries are rewritten. (Logs of an earlier version
+-- have a meta member 'b' scoring minus the base; they are read as such and
+-- rewritten when the base moves.)
 --
 -- Members are unique: a new entry takes the member after the oldest entry's
 -- plus the count, modulo a power of two above the quota, which is free while
@@ -72,7 +73,7 @@
 -- only the redis object.
 
 local MAX_OFFSET = 32767
-local SPAN = 8192 -- units between aligned bases
+local SPAN = 128 -- units between aligned bases
 local CACHE = 4096 -- entries a cache holds before it is dropped
 local clock -- the Redis server's time, read once per call
 local fmt -- string.format
@@ -415,7 +416,7 @@ local function decide(n, now, ls, ki, peek)
         elseif offset > MAX_OFFSET then
           -- Move the base up to the aligned time at or before the oldest
           -- entry (or now) and rewrite the entries' offsets; their times do
-          -- not change. Offsets then stay below 2 * SPAN + 1.
+          -- not change. Offsets then stay below 8192 + SPAN + 1.
           local span = unit * SPAN
           local nb = floor_div(base + (oldests[i] or offset) * unit, span) * span
           local shift = (nb - base) / unit
