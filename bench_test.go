@@ -2,10 +2,17 @@ package ratelimit
 
 import (
 	"context"
+	"math/rand/v2"
 	"net/http"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // stubClient answers every script call with a fixed reply, without a
@@ -70,4 +77,77 @@ func BenchmarkMiddleware(b *testing.B) {
 		lim.exec = stub(allowTwo)
 		run(b, lim.Handler(okHandler))
 	})
+}
+
+// BenchmarkScriptCalls sends the sliding-log code fixed batches of
+// decisions (one limit, 500 keys, the same sequence every run), as a Redis
+// Function and as a script, and reports the Redis server's CPU time per
+// decision. It starts its own redis-server, or uses RATELIMIT_REDIS_ADDR:
+// a server run under callgrind gives instruction counts, which do not
+// drift with the machine's speed as CPU time does:
+//
+//	valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.out redis-server --port 7791 --save '' &
+//	RATELIMIT_REDIS_ADDR=127.0.0.1:7791 go test -run '^$' -bench 'ScriptCalls/function/16' -benchtime 1000x .
+//	redis-cli -p 7791 shutdown nosave; callgrind_annotate /tmp/cg.out | grep TOTALS
+//
+// (and once more with -benchtime 1x, to subtract the server's own start).
+func BenchmarkScriptCalls(b *testing.B) {
+	var c *redis.Client
+	if addr := os.Getenv("RATELIMIT_REDIS_ADDR"); addr != "" {
+		c = redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, ReadTimeout: -1})
+		b.Cleanup(func() { _ = c.Close() })
+	} else {
+		c = redistest.Start(b).Client()
+	}
+	ctx := context.Background()
+	spec := mustNew(b, c, []Limit{PerMinute(1_000_000, Global()).Named("bench")}).allSpec
+	for _, mode := range []string{"function", "script"} {
+		for _, size := range []int{1, 16} {
+			b.Run(mode+"/"+strconv.Itoa(size), func(b *testing.B) {
+				if err := c.FlushAll(ctx).Err(); err != nil {
+					b.Fatal(err)
+				}
+				var m scriptMode
+				m.scriptsOnly.Store(mode == "script")
+				rng := rand.New(rand.NewPCG(7, 1))
+				keys := make([]string, size)
+				args := []any{size}
+				for range size {
+					args = append(args, 1, 0, spec)
+				}
+				cpu0 := redisCPU(b, c)
+				for b.Loop() {
+					for i := range keys {
+						keys[i] = string(appendKey(nil, DefaultPrefix+"bench:{", "client-"+strconv.Itoa(rng.IntN(500)), false))
+					}
+					reply, err := m.run(ctx, c, keys, args)
+					if arr, ok := reply.([]any); err != nil || !ok || len(arr) != size {
+						b.Fatalf("%v %v", reply, err)
+					}
+				}
+				b.ReportMetric(float64(redisCPU(b, c)-cpu0)/float64(time.Microsecond)/float64(b.N*size), "redis-µs/decision")
+			})
+		}
+	}
+}
+
+// redisCPU returns the CPU time the Redis server has used.
+func redisCPU(tb testing.TB, c *redis.Client) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\r\n") {
+		for _, name := range []string{"used_cpu_user:", "used_cpu_sys:"} {
+			if v, ok := strings.CutPrefix(line, name); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					tb.Fatal(err)
+				}
+				total += f
+			}
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }
