@@ -334,7 +334,7 @@ func testScriptReloaded(t *testing.T, b backend) {
 			t.Fatal("the limiter fell back to scripts on a Redis that has functions")
 		}
 		forEachPrimary(t, c, func(p *redis.Client) error {
-			libs, err := p.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName}).Result()
+			libs, err := p.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName()}).Result()
 			if err == nil && (len(libs) != 1 || len(libs[0].Functions) != 1 || libs[0].Functions[0].Name != functionName) {
 				err = fmt.Errorf("FUNCTION LIST: %+v", libs)
 			}

@@ -43,7 +43,7 @@ func TestScriptsWhereFunctionsAreDenied(t *testing.T) {
 		if admitted != 10 || lim.batch.mode.scriptsOnly.Load() != tc.scripts {
 			t.Errorf("%s: %d of 15 admitted, scripts only %v; want 10 and %v", tc.id, admitted, lim.batch.mode.scriptsOnly.Load(), tc.scripts)
 		}
-		libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName}).Result()
+		libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName()}).Result()
 		if err != nil {
 			t.Fatal(err)
 		}

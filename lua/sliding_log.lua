@@ -79,6 +79,16 @@ local clock -- the Redis server's time, read once per call
 local fmt -- string.format
 local K -- the call's keys
 
+-- remember stores v under k in the cache c of n entries, which it drops
+-- first if full, and returns the cache and its count.
+local function remember(c, n, k, v)
+  if n == CACHE then
+    c, n = {}, 0
+  end
+  c[k] = v
+  return c, n + 1
+end
+
 -- num returns the number a decimal string holds, converted once. Hot paths
 -- look numbers[s] up first and call num only when it is missing.
 local numbers, nnumbers = {}, 0
@@ -86,10 +96,7 @@ local function num(s)
   local v = numbers[s]
   if not v then
     v = s + 0
-    if nnumbers == CACHE then
-      numbers, nnumbers = {}, 0
-    end
-    numbers[s], nnumbers = v, nnumbers + 1
+    numbers, nnumbers = remember(numbers, nnumbers, s, v)
   end
   return v
 end
@@ -105,10 +112,7 @@ local function str(v)
   local s = strs[v]
   if not s then
     s = fmt('%d', v)
-    if nstrs == CACHE then
-      strs, nstrs = {}, 0
-    end
-    strs[v], nstrs = s, nstrs + 1
+    strs, nstrs = remember(strs, nstrs, v, s)
   end
   return s
 end
@@ -133,10 +137,7 @@ local function meta_base(m, sc)
   local b = metas[m]
   if b == nil then
     b = string.byte(m) == 98 and num(string.sub(m, 2))
-    if nmetas == CACHE then
-      metas, nmetas = {}, 0
-    end
-    metas[m], nmetas = b, nmetas + 1
+    metas, nmetas = remember(metas, nmetas, m, b)
   end
   return b
 end
@@ -172,10 +173,7 @@ local function parse_limits(s)
     end
     ls[#ls + 1] = lim
   end
-  if nspecs == CACHE then
-    specs, nspecs = {}, 0
-  end
-  specs[s], nspecs = ls, nspecs + 1
+  specs, nspecs = remember(specs, nspecs, s, ls)
   return ls
 end
 
