@@ -3,10 +3,12 @@
 //
 // Each [Limit] is a quota per sliding window, counted by a [Key] (client IP,
 // user, route template, header, or a constant). A [Limiter] holds several
-// limits and decides each request with one Lua script that runs atomically
-// in Redis: it drops log entries older than each window, checks that every
-// limit has room for the request's cost, and only then logs it in all of
-// them. A denied request is logged nowhere. Time is the Redis server's clock.
+// limits and decides each request with one Lua call that runs atomically in
+// Redis (a Redis Function on Redis 7 and later, a script otherwise; see
+// [LibraryName]): it drops log entries older than each window, checks that
+// every limit has room for the request's cost, and only then logs it in all
+// of them. A denied request is logged nowhere. Time is the Redis server's
+// clock.
 //
 // [Limiter.Handler] is net/http middleware; [Limiter.Check] is the same
 // decision without wrapping a handler, for router adapters; [Limiter.Allow]

@@ -26,8 +26,9 @@ const minClock = 1_000_000_000_000_000
 var ErrUnexpectedReply = errors.New("ratelimit: unexpected reply from Redis")
 
 // A Limiter enforces a set of [Limit]s stored in Redis. Every decision runs
-// one Lua script that checks all the limits and logs the request in all of
-// them, or in none: a request denied by one limit does not use up the others.
+// one Lua call (a Redis Function where Redis allows it, else a script) that
+// checks all the limits and logs the request in all of them, or in none: a
+// request denied by one limit does not use up the others.
 //
 // A Limiter is safe for concurrent use. Build one with [New] and share it;
 // app replicas that use the same Redis, key prefix and limit names enforce
@@ -299,7 +300,7 @@ func (l *Limiter) spec(idx []int) string {
 	return strings.Join(specs, " ")
 }
 
-// unitArg is the script's third parameter of a limit: the time unit of an
+// unitArg is the third parameter of a limit in its spec: the time unit of an
 // exact log, or minus the precision of a bucketed limit, in microseconds.
 func unitArg(lim Limit) int64 {
 	if lim.Precision > 0 {
