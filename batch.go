@@ -116,21 +116,11 @@ func (b *batcher) exec(ctx context.Context, c redis.UniversalClient, batch []*ca
 		ctx, cancel := context.WithDeadline(ctx, cl.deadline)
 		cl.reply, cl.err = b.mode.run(ctx, c, cl.keys, cl.args)
 		cancel()
-		cl.reply = first(cl.reply)
 	case b.split:
 		b.sendPipeline(c, batch)
 	default:
 		b.sendCombined(c, batch)
 	}
-}
-
-// first returns the only element of a one-decision reply, or the reply
-// itself if it is not one (the caller checks replies).
-func first(reply any) any {
-	if arr, ok := reply.([]any); ok && len(arr) == 1 {
-		return arr[0]
-	}
-	return reply
 }
 
 // batchContext returns a context with the earliest of the deadlines of
@@ -159,13 +149,16 @@ func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 		args = append(args, cl.args[1:]...)
 	}
 	reply, err := b.mode.run(ctx, c, keys, args)
+	// One flat array: each decision's reply is 3 + 3 per limit (key) long.
 	arr, ok := reply.([]any)
-	if err == nil && (!ok || len(arr) != len(batch)) {
+	if err == nil && (!ok || len(arr) != 3*len(batch)+3*len(keys)) {
 		err = fmt.Errorf("%w: %T of length %d for %d decisions", ErrUnexpectedReply, reply, len(arr), len(batch))
 	}
-	for i, cl := range batch {
+	off := 0
+	for _, cl := range batch {
 		if cl.err = err; err == nil {
-			cl.reply = arr[i]
+			n := 3 + 3*len(cl.keys)
+			cl.reply, off = arr[off:off+n:off+n], off+n
 		}
 	}
 }
@@ -191,7 +184,6 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	var again *bool // whether to retry calls that met no function; decided once
 	for i, cmd := range cmds {
 		batch[i].reply, batch[i].err = cmd.Result()
-		batch[i].reply = first(batch[i].reply)
 		err := batch[i].err
 		switch {
 		case err == nil:
@@ -221,6 +213,5 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	_, _ = pipe.Exec(ctx)
 	for _, i := range retry {
 		batch[i].reply, batch[i].err = cmds[i].Result()
-		batch[i].reply = first(batch[i].reply)
 	}
 }

@@ -121,7 +121,7 @@ func BenchmarkScriptCalls(b *testing.B) {
 						keys[i] = string(appendKey(nil, DefaultPrefix+"bench:{", "client-"+strconv.Itoa(rng.IntN(500)), false))
 					}
 					reply, err := m.run(ctx, c, keys, args)
-					if arr, ok := reply.([]any); err != nil || !ok || len(arr) != size {
+					if arr, ok := reply.([]any); err != nil || !ok || len(arr) != 6*size {
 						b.Fatalf("%v %v", reply, err)
 					}
 				}

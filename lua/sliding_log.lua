@@ -43,8 +43,9 @@
 -- request's time (a rollback, a refund) leaves the log exactly as if the
 -- request had not been logged.
 --
--- Reply: one array per request, {allowed, now, denied, count_1, reset_1,
--- stamp_1, ..., stamp_L}:
+-- Reply: one flat array holding, for each request in turn, {allowed, now,
+-- denied, count_1, reset_1, stamp_1, ..., stamp_L} (one table, not one per
+-- request):
 --   allowed  1 if the request was admitted and logged, else 0.
 --   now      the time used, in microseconds.
 --   denied   index of the limit that denied it (the one that frees up last), 0.
@@ -78,6 +79,7 @@ local CACHE = 4096 -- entries a cache holds before it is dropped
 local clock -- the Redis server's time, read once per call
 local fmt -- string.format
 local K -- the call's keys
+local R -- the call's reply
 
 -- remember stores v under k in the cache c of n entries, which it drops
 -- first if full, and returns the cache and its count.
@@ -290,15 +292,12 @@ local function bucket_admit(s, window, precision, now, n)
 end
 
 -- decide decides one request of cost n at now over the limits ls, whose
--- logs are K[ki..].
-local function decide(n, now, ls, ki, peek)
+-- logs are K[ki..], and writes its reply to R[r + 1..].
+local function decide(n, now, ls, ki, peek, r)
   local L = #ls
-  local reply
-  if L == 1 then
-    reply = {0, now, 0, 0, 0, 0}
-  else
-    reply = {0, now, 0}
-  end
+  R[r + 1] = 0
+  R[r + 2] = now
+  R[r + 3] = 0
   local allowed = true
   local denied, deniedAt = 0, 0
 
@@ -368,29 +367,29 @@ local function decide(n, now, ls, ki, peek)
         denied, deniedAt = i, reset
       end
     end
-    reply[1 + 3 * i] = count
-    reply[2 + 3 * i] = reset
+    R[r + 1 + 3 * i] = count
+    R[r + 2 + 3 * i] = reset
     -- Until the request is logged: when the oldest entry leaves (0 if none).
     if unit < 0 then
-      reply[3 + 3 * i] = count > 0 and bucket_leaves(base, 1, window, -unit) or 0
+      R[r + 3 + 3 * i] = count > 0 and bucket_leaves(base, 1, window, -unit) or 0
     else
-      reply[3 + 3 * i] = oldest and base + oldest * unit + window or 0
+      R[r + 3 + 3 * i] = oldest and base + oldest * unit + window or 0
     end
   end
 
   if not allowed then
-    reply[3] = denied
-    return reply
+    R[r + 3] = denied
+    return
   end
   if peek then
-    reply[1] = 1 -- would be admitted; nothing is logged
-    return reply
+    R[r + 1] = 1 -- would be admitted; nothing is logged
+    return
   end
 
   for i = 1, L do
     local lim = ls[i]
     if lim.shadow and counts[i] + n > lim.quota then
-      reply[3 + 3 * i] = 0 -- a shadow limit without room: not logged
+      R[r + 3 + 3 * i] = 0 -- a shadow limit without room: not logged
     else
       local key = K[ki + i - 1]
       local window, unit = lim.window, lim.unit
@@ -398,9 +397,9 @@ local function decide(n, now, ls, ki, peek)
       if unit < 0 then
         bucket_admit(base, window, -unit, now, n)
         if count == 0 then
-          reply[2 + 3 * i] = base.cur * -unit + window
+          R[r + 2 + 3 * i] = base.cur * -unit + window
         end
-        reply[3 + 3 * i] = now
+        R[r + 3 + 3 * i] = now
       else
         if not base then
           -- A new log, on an aligned base.
@@ -443,23 +442,21 @@ local function decide(n, now, ls, ki, peek)
         end
         local stamp = base + offset * unit
         if count == 0 then
-          reply[2 + 3 * i] = stamp + window
+          R[r + 2 + 3 * i] = stamp + window
         end
-        reply[3 + 3 * i] = stamp
+        R[r + 3 + 3 * i] = stamp
         redis.call('PEXPIRE', key, lim.ttl)
       end
     end
   end
-  reply[1] = 1
-  return reply
+  R[r + 1] = 1
 end
 
 -- run decides the requests of one call: keys and argv are the KEYS and
 -- ARGV described at the top.
 local function run(keys, argv)
-  K, fmt, clock = keys, string.format, nil
-  local results = {}
-  local ai, ki = 2, 1
+  K, R, fmt, clock = keys, {}, string.format, nil
+  local ai, ki, r = 2, 1, 0
   for d = 1, num(argv[1]) do
     local a, b, c = argv[ai], argv[ai + 1], argv[ai + 2]
     ai = ai + 3
@@ -477,8 +474,8 @@ local function run(keys, argv)
       end
       now = clock
     end
-    results[d] = decide(n, now, ls, ki, peek)
-    ki = ki + #ls
+    decide(n, now, ls, ki, peek, r)
+    ki, r = ki + #ls, r + 3 + 3 * #ls
   end
-  return results
+  return R
 end
