@@ -359,8 +359,8 @@ local function decide(n, now, ls, ki, peek, r)
         reset = bucket_leaves(base, count + n - quota, window, -unit)
       else
         -- The request fits once the (count + n - quota) oldest entries are gone.
-        local r = str(count + n - quota)
-        local e = redis.call('ZRANGE', key, r, r, 'WITHSCORES')
+        local rank = str(count + n - quota)
+        local e = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
         reset = base + num(e[2]) * unit + window
       end
       if not lim.shadow and (denied == 0 or reset == -1 or (deniedAt ~= -1 and reset > deniedAt)) then
