@@ -78,6 +78,7 @@ local SPAN = 128 -- units between aligned bases
 local CACHE = 4096 -- entries a cache holds before it is dropped
 local clock -- the Redis server's time, read once per call
 local fmt -- string.format
+local call -- redis.call
 local K -- the call's keys
 local R -- the call's reply
 
@@ -206,7 +207,7 @@ local function bucket_window(key, name, first, cur)
   for k = first, cur do
     fields[#fields + 1] = bucket_field(name, k)
   end
-  local vals = redis.call('HMGET', key, unpack(fields))
+  local vals = call('HMGET', key, unpack(fields))
   local buckets = {}
   for j = 1, #vals do
     local c = tonumber(vals[j])
@@ -225,7 +226,7 @@ local function bucket_check(key, name, window, precision, now)
   local nb = window / precision
   local cur = math.floor(now / precision)
   local s = {key = key, name = name, first = cur - nb + 1, cur = cur}
-  local v = redis.call('HMGET', key, name .. ':t', name .. ':o')
+  local v = call('HMGET', key, name .. ':t', name .. ':o')
   local total, o = tonumber(v[1]) or 0, tonumber(v[2])
   if o and o < s.first then
     -- None was written before o or after o + nb - 1: at most a window's
@@ -234,20 +235,20 @@ local function bucket_check(key, name, window, precision, now)
     for k = o, math.min(s.first - 1, o + nb - 1) do
       old[#old + 1] = bucket_field(name, k)
     end
-    local gone = redis.call('HMGET', key, unpack(old))
+    local gone = call('HMGET', key, unpack(old))
     for j = 1, #gone do
       total = total - (tonumber(gone[j]) or 0)
     end
-    redis.call('HDEL', key, unpack(old))
+    call('HDEL', key, unpack(old))
     o = nil
     if total > 0 then
       o = bucket_window(key, name, s.first, cur)[1]
     end
     if o then
-      redis.call('HSET', key, name .. ':t', string.format('%d', total), name .. ':o', string.format('%d', o))
+      call('HSET', key, name .. ':t', string.format('%d', total), name .. ':o', string.format('%d', o))
     else
       total = 0
-      redis.call('HDEL', key, name .. ':t', name .. ':o')
+      call('HDEL', key, name .. ':t', name .. ':o')
     end
   end
   s.o = o
@@ -280,14 +281,14 @@ end
 -- limits of the identifier may have longer windows).
 local function bucket_admit(s, window, precision, now, n)
   local key, name, cur = s.key, s.name, s.cur
-  redis.call('HINCRBY', key, bucket_field(name, cur), n)
-  redis.call('HINCRBY', key, name .. ':t', n)
+  call('HINCRBY', key, bucket_field(name, cur), n)
+  call('HINCRBY', key, name .. ':t', n)
   if not s.o then
-    redis.call('HSET', key, name .. ':o', string.format('%d', cur))
+    call('HSET', key, name .. ':o', string.format('%d', cur))
   end
   local ttl = math.ceil((cur * precision + window - now) / 1000) + 1
-  if redis.call('PTTL', key) < ttl then
-    redis.call('PEXPIRE', key, ttl)
+  if call('PTTL', key) < ttl then
+    call('PEXPIRE', key, ttl)
   end
 end
 
@@ -310,7 +311,7 @@ local function decide(n, now, ls, ki, peek, r)
       count, base = bucket_check(key, lim.name, window, -unit, now)
     else
       -- The meta member and the oldest entry, in one call.
-      local head = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
+      local head = call('ZRANGE', key, '0', '1', 'WITHSCORES')
       local m = head[1]
       base = m and metas[m]
       if base == nil then
@@ -325,8 +326,8 @@ local function decide(n, now, ls, ki, peek, r)
           local x = now - window - base
           local cut = (x - x % unit) / unit
           if oldest <= cut then
-            redis.call('ZREMRANGEBYSCORE', key, '0', strs[cut] or str(cut))
-            local e = redis.call('ZRANGE', key, '1', '1', 'WITHSCORES')
+            call('ZREMRANGEBYSCORE', key, '0', strs[cut] or str(cut))
+            local e = call('ZRANGE', key, '1', '1', 'WITHSCORES')
             fm, oldest = e[1], false
             if fm then
               oldest = num(e[2])
@@ -335,7 +336,7 @@ local function decide(n, now, ls, ki, peek, r)
         end
         if oldest then
           first = numbers[fm] or num(fm)
-          count = redis.call('ZCARD', key) - 1
+          count = call('ZCARD', key) - 1
         end
       end
     end
@@ -360,7 +361,7 @@ local function decide(n, now, ls, ki, peek, r)
       else
         -- The request fits once the (count + n - quota) oldest entries are gone.
         local rank = str(count + n - quota)
-        local e = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+        local e = call('ZRANGE', key, rank, rank, 'WITHSCORES')
         reset = base + num(e[2]) * unit + window
       end
       if not lim.shadow and (denied == 0 or reset == -1 or (deniedAt ~= -1 and reset > deniedAt)) then
@@ -404,7 +405,7 @@ local function decide(n, now, ls, ki, peek, r)
         if not base then
           -- A new log, on an aligned base.
           base = floor_div(now, unit * SPAN) * unit * SPAN
-          redis.call('ZADD', key, '-inf', 'b' .. str(base))
+          call('ZADD', key, '-inf', 'b' .. str(base))
         end
         local x = now - base
         local offset = (x + (-x) % unit) / unit -- rounded up
@@ -419,14 +420,14 @@ local function decide(n, now, ls, ki, peek, r)
           local shift = (nb - base) / unit
           local args = {'-inf', 'b' .. str(nb)}
           if count > 0 then
-            local entries = redis.call('ZRANGE', key, '1', str(count), 'WITHSCORES')
+            local entries = call('ZRANGE', key, '1', str(count), 'WITHSCORES')
             for j = 1, #entries, 2 do
               args[#args + 1] = str(num(entries[j + 1]) - shift)
               args[#args + 1] = entries[j]
             end
           end
-          redis.call('ZREM', key, metanames[i])
-          redis.call('ZADD', key, unpack(args))
+          call('ZREM', key, metanames[i])
+          call('ZADD', key, unpack(args))
           base = nb
           offset = offset - shift
         end
@@ -435,7 +436,7 @@ local function decide(n, now, ls, ki, peek, r)
         local m = (firsts[i] + count) % modulus
         local score = strs[offset] or str(offset)
         for _ = 1, n do
-          while redis.call('ZADD', key, 'NX', score, strs[m] or str(m)) == 0 do
+          while call('ZADD', key, 'NX', score, strs[m] or str(m)) == 0 do
             m = (m + 1) % modulus
           end
           m = (m + 1) % modulus
@@ -445,7 +446,7 @@ local function decide(n, now, ls, ki, peek, r)
           R[r + 2 + 3 * i] = stamp + window
         end
         R[r + 3 + 3 * i] = stamp
-        redis.call('PEXPIRE', key, lim.ttl)
+        call('PEXPIRE', key, lim.ttl)
       end
     end
   end
@@ -455,7 +456,7 @@ end
 -- run decides the requests of one call: keys and argv are the KEYS and
 -- ARGV described at the top.
 local function run(keys, argv)
-  K, R, fmt, clock = keys, {}, string.format, nil
+  K, R, fmt, call, clock = keys, {}, string.format, redis.call, nil
   local ai, ki, r = 2, 1, 0
   for d = 1, num(argv[1]) do
     local a, b, c = argv[ai], argv[ai + 1], argv[ai + 2]
@@ -469,7 +470,7 @@ local function run(keys, argv)
     end
     if now == 0 then
       if not clock then
-        local t = redis.call('TIME')
+        local t = call('TIME')
         clock = t[1] * 1000000 + t[2]
       end
       now = clock
