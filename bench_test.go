@@ -81,7 +81,8 @@ func BenchmarkMiddleware(b *testing.B) {
 
 // BenchmarkScriptCalls sends the sliding-log code fixed batches of
 // decisions (one limit, 500 keys, the same sequence every run), as a Redis
-// Function and as a script, and reports the Redis server's CPU time per
+// Function and as a script, beside the script it replaced and a script that
+// only returns replies, and reports the Redis server's CPU time per
 // decision. It starts its own redis-server, or uses RATELIMIT_REDIS_ADDR:
 // a server run under callgrind gives instruction counts, which do not
 // drift with the machine's speed as CPU time does:
@@ -100,8 +101,18 @@ func BenchmarkScriptCalls(b *testing.B) {
 		c = redistest.Start(b).Client()
 	}
 	ctx := context.Background()
-	spec := mustNew(b, c, []Limit{PerMinute(1_000_000, Global()).Named("bench")}).allSpec
-	for _, mode := range []string{"function", "script"} {
+	lim := mustNew(b, c, []Limit{PerMinute(1_000_000, Global()).Named("bench")})
+	before, err := os.ReadFile("testdata/bench/sliding_log_before.lua")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// For comparison: the script as it was before it became a function
+	// (other arguments, a table per decision), and a script that only
+	// returns replies of the right length.
+	beforeScript := redis.NewScript(string(before))
+	const repliesOnlySource = "local r = {} for i = 1, ARGV[1] * 6 do r[i] = 0 end return r"
+	repliesOnly := redis.NewScript(repliesOnlySource)
+	for _, mode := range []string{"function", "script", "before", "replies-only"} {
 		for _, size := range []int{1, 16} {
 			b.Run(mode+"/"+strconv.Itoa(size), func(b *testing.B) {
 				if err := c.FlushAll(ctx).Err(); err != nil {
@@ -113,14 +124,30 @@ func BenchmarkScriptCalls(b *testing.B) {
 				keys := make([]string, size)
 				args := []any{size}
 				for range size {
-					args = append(args, 1, 0, spec)
+					if mode == "before" {
+						args = append(args, 1, 0, 1, 1_000_000, int64(60_000_000), lim.limits[0].unit)
+					} else {
+						args = append(args, 1, 0, lim.allSpec)
+					}
 				}
 				cpu0 := redisCPU(b, c)
 				for b.Loop() {
 					for i := range keys {
 						keys[i] = string(appendKey(nil, DefaultPrefix+"bench:{", "client-"+strconv.Itoa(rng.IntN(500)), false))
 					}
-					reply, err := m.run(ctx, c, keys, args)
+					var reply any
+					var err error
+					switch mode {
+					case "before":
+						reply, err = runScript(ctx, c, beforeScript, string(before), keys, args)
+						if arr, ok := reply.([]any); ok && len(arr) == size {
+							reply = make([]any, 6*size) // a table per decision
+						}
+					case "replies-only":
+						reply, err = runScript(ctx, c, repliesOnly, repliesOnlySource, keys, args)
+					default:
+						reply, err = m.run(ctx, c, keys, args)
+					}
 					if arr, ok := reply.([]any); err != nil || !ok || len(arr) != 6*size {
 						b.Fatalf("%v %v", reply, err)
 					}
