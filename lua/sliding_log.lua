@@ -328,6 +328,8 @@ local function decide(n, now, ls, ki, peek, r)
           if oldest <= cut then
             call('ZREMRANGEBYSCORE', key, '0', strs[cut] or str(cut))
             local e = call('ZRANGE', key, '1', '1', 'WITHSCORES')
+            -- (Two statements: miniredis's Lua leaves oldest unassigned
+            -- in "fm, oldest = e[1], e[2] and num(e[2])".)
             fm, oldest = e[1], false
             if fm then
               oldest = num(e[2])
