@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -79,6 +80,10 @@ func BenchmarkMiddleware(b *testing.B) {
 	})
 }
 
+// beforeCommit is the last commit whose sliding-log script predates the
+// changes BenchmarkScriptCalls compares against.
+const beforeCommit = "6405603"
+
 // BenchmarkScriptCalls sends the sliding-log code fixed batches of
 // decisions (one limit, 500 keys, the same sequence every run), as a Redis
 // Function and as a script, beside the script it replaced and a script that
@@ -102,14 +107,12 @@ func BenchmarkScriptCalls(b *testing.B) {
 	}
 	ctx := context.Background()
 	lim := mustNew(b, c, []Limit{PerMinute(1_000_000, Global()).Named("bench")})
-	before, err := os.ReadFile("testdata/bench/sliding_log_before.lua")
-	if err != nil {
-		b.Fatal(err)
-	}
 	// For comparison: the script as it was before it became a function
-	// (other arguments, a table per decision), and a script that only
-	// returns replies of the right length.
-	beforeScript := redis.NewScript(string(before))
+	// (other arguments, a table per decision; read from this repository's
+	// history, so the before/ runs need a clone with it), and a script that
+	// only returns replies of the right length.
+	var before string
+	var beforeScript *redis.Script
 	const repliesOnlySource = "local r = {} for i = 1, ARGV[1] * 6 do r[i] = 0 end return r"
 	repliesOnly := redis.NewScript(repliesOnlySource)
 	for _, mode := range []string{"function", "script", "before", "replies-only"} {
@@ -117,6 +120,13 @@ func BenchmarkScriptCalls(b *testing.B) {
 			b.Run(mode+"/"+strconv.Itoa(size), func(b *testing.B) {
 				if err := c.FlushAll(ctx).Err(); err != nil {
 					b.Fatal(err)
+				}
+				if mode == "before" && beforeScript == nil {
+					src, err := exec.Command("git", "show", beforeCommit+":lua/sliding_log.lua").Output()
+					if err != nil {
+						b.Fatalf("the script of commit %s, from git: %v", beforeCommit, err)
+					}
+					before, beforeScript = string(src), redis.NewScript(string(src))
 				}
 				var m scriptMode
 				m.scriptsOnly.Store(mode == "script")
@@ -139,7 +149,7 @@ func BenchmarkScriptCalls(b *testing.B) {
 					var err error
 					switch mode {
 					case "before":
-						reply, err = runScript(ctx, c, beforeScript, string(before), keys, args)
+						reply, err = runScript(ctx, c, beforeScript, before, keys, args)
 						if arr, ok := reply.([]any); ok && len(arr) == size {
 							reply = make([]any, 6*size) // a table per decision
 						}
