@@ -31,14 +31,13 @@ const (
 // of a server at the start of a test, and checks that both come back to
 // those numbers once the test has closed its clients.
 type leakCheck struct {
-	srv        *redistest.Server
 	admin      *redis.Client
 	goroutines int
 	conns      int
 }
 
 func startLeakCheck(t *testing.T, srv *redistest.Server) *leakCheck {
-	lc := &leakCheck{srv: srv, admin: srv.Client()}
+	lc := &leakCheck{admin: srv.Client()}
 	lc.conns = connectedClients(t, lc.admin)
 	lc.goroutines = runtime.NumGoroutine()
 	return lc
@@ -79,16 +78,16 @@ func connectedClients(t *testing.T, c *redis.Client) int {
 	return 0
 }
 
-// load sends requests from 8 app instances, each with its own client,
-// through the middleware until stop is closed, and records every answer.
+// load sends requests through a set of handlers (app instances), from a
+// goroutine each, until finish, and records every answer.
 type load struct {
-	clients []*redis.Client
-	h       []http.Handler
-	mu      sync.Mutex
-	events  []event
-	start   time.Time
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	clients  []*redis.Client // closed by finish
+	mu       sync.Mutex
+	events   []event
+	admitted atomic.Int64 // answers 200 so far
+	start    time.Time
+	stop     chan struct{}
+	wg       sync.WaitGroup
 }
 
 type event struct {
@@ -96,14 +95,25 @@ type event struct {
 	status      int
 }
 
+// startLoad sends requests from 8 app instances, each with its own client
+// of srv, through the middleware.
 func startLoad(t *testing.T, srv *redistest.Server, limits []Limit, opts ...Option) *load {
-	ld := &load{start: time.Now(), stop: make(chan struct{})}
+	var clients []*redis.Client
+	var handlers []http.Handler
 	for range 8 {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-		ld.clients = append(ld.clients, c)
-		ld.h = append(ld.h, mustNew(t, c, limits, append([]Option{WithTimeout(chaosTimeout)}, opts...)...).Handler(okHandler))
+		clients = append(clients, c)
+		handlers = append(handlers, mustNew(t, c, limits, append([]Option{WithTimeout(chaosTimeout)}, opts...)...).Handler(okHandler))
 	}
-	for i := range ld.h {
+	ld := runLoad(handlers, func() *http.Request { return httptest.NewRequest("GET", "/", nil) })
+	ld.clients = clients
+	return ld
+}
+
+// runLoad sends requests made by newRequest through each of handlers.
+func runLoad(handlers []http.Handler, newRequest func() *http.Request) *load {
+	ld := &load{start: time.Now(), stop: make(chan struct{})}
+	for _, h := range handlers {
 		ld.wg.Add(1)
 		go func() {
 			defer ld.wg.Done()
@@ -113,11 +123,13 @@ func startLoad(t *testing.T, srv *redistest.Server, limits []Limit, opts ...Opti
 					return
 				default:
 				}
-				r := httptest.NewRequest("GET", "/", nil)
 				w := httptest.NewRecorder()
 				begin := time.Now()
-				ld.h[i].ServeHTTP(w, r)
+				h.ServeHTTP(w, newRequest())
 				e := event{at: begin.Sub(ld.start), latency: time.Since(begin), status: w.Code}
+				if w.Code == 200 {
+					ld.admitted.Add(1)
+				}
 				ld.mu.Lock()
 				ld.events = append(ld.events, e)
 				ld.mu.Unlock()
@@ -126,6 +138,19 @@ func startLoad(t *testing.T, srv *redistest.Server, limits []Limit, opts ...Opti
 		}()
 	}
 	return ld
+}
+
+// waitAdmitted waits until n requests in all have been admitted, for at
+// most within, and reports whether they were.
+func (ld *load) waitAdmitted(n int64, within time.Duration) bool {
+	deadline := time.Now().Add(within)
+	for ld.admitted.Load() < n {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond) // polling a count, not ordering events
+	}
+	return true
 }
 
 // finish stops the load, closes its clients and returns its events in time
@@ -164,13 +189,21 @@ func TestChaosRestart(t *testing.T) {
 	quietRedisLog(t)
 	const quota = 200
 	ld := startLoad(t, srv, []Limit{PerMinute(quota, Global()).Named("chaos")})
-	time.Sleep(500 * time.Millisecond) // load before the outage
+	if !ld.waitAdmitted(quota, 5*time.Second) {
+		ld.finish()
+		t.Fatalf("%d admitted in 5s before the outage, want the quota of %d", ld.admitted.Load(), quota)
+	}
+	time.Sleep(500 * time.Millisecond) // load against the full key before the outage
 	killed := ld.since()
 	srv.Stop()
 	time.Sleep(time.Second) // the outage
 	restarted := ld.since()
 	srv.Restart()
-	time.Sleep(1500 * time.Millisecond) // load after the outage
+	// The restarted Redis is empty: the quota is admitted again once the
+	// limiters reach it, which must happen within 3s; then a second of
+	// load in which nothing more may be admitted.
+	ld.waitAdmitted(2*quota, 3*time.Second)
+	time.Sleep(time.Second)
 	events := ld.finish()
 
 	var before, during, after, other, cached int

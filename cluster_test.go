@@ -5,7 +5,6 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -264,56 +263,30 @@ func TestClusterFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var handlers [8]http.Handler
-	for i := range handlers {
-		handlers[i] = mustNew(t, b.newClient(t), limits).Handler(okHandler)
+	var handlers []http.Handler
+	for range 8 {
+		handlers = append(handlers, mustNew(t, b.newClient(t), limits).Handler(okHandler))
 	}
-	type event struct {
-		at     time.Duration
-		status int
+	ld := runLoad(handlers, func() *http.Request {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("X-Id", id)
+		return r
+	})
+	if !ld.waitAdmitted(quota, 5*time.Second) {
+		ld.finish()
+		t.Fatalf("%d admitted in 5s before the kill, want the quota of %d", ld.admitted.Load(), quota)
 	}
-	var mu sync.Mutex
-	var events []event
-	start := time.Now()
-	var killedAt atomic.Int64 // since start, in ns; 0 before the kill
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range handlers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r := httptest.NewRequest("GET", "/", nil)
-				r.Header.Set("X-Id", id)
-				w := httptest.NewRecorder()
-				handlers[i].ServeHTTP(w, r)
-				mu.Lock()
-				events = append(events, event{time.Since(start), w.Code})
-				mu.Unlock()
-				time.Sleep(time.Millisecond) // a steady load, not a busy loop
-			}
-		}()
-	}
-	time.Sleep(500 * time.Millisecond) // let the load run and use up the quota
-	killedAt.Store(int64(time.Since(start)))
+	time.Sleep(500 * time.Millisecond) // load against the full key before the kill
+	kill := ld.since()
 	primary.Stop()
 	if err := c.WaitHealthy(30 * time.Second); err != nil {
-		close(stop)
-		wg.Wait()
+		ld.finish()
 		t.Fatal(err)
 	}
-	healthyAt := time.Since(start)
+	healthyAt := ld.since()
 	time.Sleep(1500 * time.Millisecond) // keep the load on after the promotion
-	close(stop)
-	wg.Wait()
+	events := ld.finish()
 
-	kill := time.Duration(killedAt.Load())
-	sort.Slice(events, func(i, j int) bool { return events[i].at < events[j].at })
 	var before, failed, after200, after429, other int
 	var firstFail, lastFail, firstAfter time.Duration = -1, -1, -1
 	for _, e := range events {

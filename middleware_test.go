@@ -138,12 +138,12 @@ func testBoundary(t *testing.T, b backend) {
 	}
 	// The window slides: the first request (at 1.9905s) leaves at 3.9905s.
 	setTime(boundary.Add(1990 * time.Millisecond))
-	if res, _ := lim.Allow(context.Background(), []string{"g"}, 1); res.Allowed {
-		t.Errorf("admitted at 3.990s, before any entry left the window")
+	if res, err := lim.Allow(context.Background(), []string{"g"}, 1); err != nil || res.Allowed {
+		t.Errorf("at 3.990s, before any entry left the window: %+v %v; want a denial", res, err)
 	}
 	setTime(boundary.Add(1991 * time.Millisecond))
-	if res, _ := lim.Allow(context.Background(), []string{"g"}, 1); !res.Allowed {
-		t.Errorf("denied at 3.991s, after the first entry left the window")
+	if res, err := lim.Allow(context.Background(), []string{"g"}, 1); err != nil || !res.Allowed {
+		t.Errorf("at 3.991s, after the first entry left the window: %+v %v; want an admission", res, err)
 	}
 }
 
