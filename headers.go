@@ -84,7 +84,8 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 	}
 	if l.cfg.headers&HeadersIETF != 0 {
 		h[hdrPolicy] = l.policyHeader
-		var b []byte
+		var buf [256]byte // most headers fit: one allocation, the string
+		b := buf[:0]
 		for i, lr := range res.Limits {
 			if lr.Skipped || lr.Shadow {
 				continue
@@ -127,13 +128,24 @@ func number(n int64) []string {
 	return e.v
 }
 
+// Header values and bodies of the limiter's own answers, shared by every
+// response (as number's are): a flood of denials allocates none of them.
+var (
+	textPlain       = []string{"text/plain; charset=utf-8"}
+	problemJSON     = []string{"application/problem+json"}
+	nosniff         = []string{"nosniff"}
+	retryAfterOne   = []string{"1"}
+	tooManyBody     = []byte("Too Many Requests\n")
+	unavailableBody = []byte("Service Unavailable\n")
+)
+
 // tooManyRequests is the default answer to a denied request.
-func tooManyRequests(w http.ResponseWriter, _ *http.Request, _ Result) {
+func tooManyRequests(w http.ResponseWriter) {
 	h := w.Header()
-	h["Content-Type"] = []string{"text/plain; charset=utf-8"}
-	h["X-Content-Type-Options"] = []string{"nosniff"}
+	h["Content-Type"] = textPlain
+	h["X-Content-Type-Options"] = nosniff
 	w.WriteHeader(http.StatusTooManyRequests)
-	_, _ = w.Write([]byte("Too Many Requests\n"))
+	_, _ = w.Write(tooManyBody)
 }
 
 // ProblemDetails answers a denied request with 429 and an RFC 9457
@@ -168,8 +180,8 @@ func ProblemDetails(w http.ResponseWriter, _ *http.Request, res Result) {
 		body.Detail = "The request costs more than the quota allows."
 	}
 	h := w.Header()
-	h["Content-Type"] = []string{"application/problem+json"}
-	h["X-Content-Type-Options"] = []string{"nosniff"}
+	h["Content-Type"] = problemJSON
+	h["X-Content-Type-Options"] = nosniff
 	w.WriteHeader(http.StatusTooManyRequests)
 	_ = json.NewEncoder(w).Encode(body)
 }
@@ -178,9 +190,9 @@ func ProblemDetails(w http.ResponseWriter, _ *http.Request, res Result) {
 // FailClosed. It never echoes the error to the client.
 func serviceUnavailable(w http.ResponseWriter) {
 	h := w.Header()
-	h["Content-Type"] = []string{"text/plain; charset=utf-8"}
-	h["X-Content-Type-Options"] = []string{"nosniff"}
-	h[hdrRetryAfter] = []string{"1"}
+	h["Content-Type"] = textPlain
+	h["X-Content-Type-Options"] = nosniff
+	h[hdrRetryAfter] = retryAfterOne
 	w.WriteHeader(http.StatusServiceUnavailable)
-	_, _ = w.Write([]byte("Service Unavailable\n"))
+	_, _ = w.Write(unavailableBody)
 }

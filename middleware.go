@@ -153,7 +153,7 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool
 		res.Limits = slices.Clone(res.Limits) // the handler may keep it
 		l.cfg.onDenied(w, r, res)
 	} else {
-		tooManyRequests(w, r, res)
+		tooManyRequests(w)
 	}
 	return false
 }
