@@ -170,7 +170,7 @@ func ProblemDetails(w http.ResponseWriter, _ *http.Request, res Result) {
 		Status: http.StatusTooManyRequests,
 	}
 	for _, lr := range res.Limits {
-		if lr.Denied {
+		if lr.Denied && !lr.Shadow { // a shadow limit is not a policy
 			body.Violated = append(body.Violated, lr.Name)
 		}
 	}

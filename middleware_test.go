@@ -604,7 +604,8 @@ func testCostOption(t *testing.T, b backend) {
 	}
 }
 
-// TestProblemDetails: the problem+json denial names every violated limit.
+// TestProblemDetails: the problem+json denial names every violated limit,
+// and no shadow limit.
 func TestProblemDetails(t *testing.T) { forBackends(t, testProblemDetails) }
 
 func testProblemDetails(t *testing.T, b backend) {
@@ -612,6 +613,7 @@ func testProblemDetails(t *testing.T, b backend) {
 		PerMinute(1, Global()).Named("global"),
 		PerMinute(1, ClientIP()).Named("ip"),
 		PerMinute(5, Header("X-Key")).Named("key"),
+		PerMinute(1, Header("X-Key")).Shadowed().Named("shadow"),
 	}, WithDeniedHandler(ProblemDetails))
 	h := lim.Handler(okHandler)
 	send := func() *httptest.ResponseRecorder {
