@@ -121,14 +121,7 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool
 	s := getScratch()
 	defer s.put()
 	s.wantTicket = t != nil
-	var start time.Time
-	if l.watched() {
-		start = time.Now()
-	}
-	res, err := l.allowRequest(r, s)
-	if l.watched() {
-		l.observe(r, s.ids, &res, err, start)
-	}
+	res, err := l.decideRequest(r, s, false)
 	if t != nil {
 		*t = res.ticket
 	}
@@ -159,13 +152,15 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool
 }
 
 // AllowRequest decides r like [Limiter.Check] but writes nothing: it extracts
-// r's identifiers with the limits' [Key]s and its cost ([WithCost]) and calls
-// [Limiter.Allow] with them. The error is non-nil when no decision could be
-// made; it wraps [ErrNoKey] when a Key could not identify r.
+// r's identifiers with the limits' [Key]s and its cost ([WithCost]) and
+// decides them as [Limiter.Allow] does (observers see the decision, and an
+// admitted request can be refunded). The error is non-nil when no decision
+// could be made; it wraps [ErrNoKey] when a Key could not identify r.
 func (l *Limiter) AllowRequest(r *http.Request) (Result, error) {
 	s := getScratch()
 	defer s.put()
-	res, err := l.ForRoute(r.Method, r.Pattern).allowRequest(r, s)
+	s.wantTicket = true
+	res, err := l.ForRoute(r.Method, r.Pattern).decideRequest(r, s, false)
 	res.Limits = slices.Clone(res.Limits)
 	return res, err
 }
@@ -174,44 +169,49 @@ func (l *Limiter) AllowRequest(r *http.Request) (Result, error) {
 // identifiers and cost: what a quota endpoint or dashboard shows a client,
 // counting nothing. r.Pattern decides the route, as for Check.
 func (l *Limiter) StatusRequest(r *http.Request) (Result, error) {
-	l = l.ForRoute(r.Method, r.Pattern)
 	s := getScratch()
 	defer s.put()
-	_, cost, err := l.requestIDs(r, s)
-	if err != nil {
-		return Result{}, err
-	}
-	res, err := l.decide(r.Context(), s, cost, true, true)
+	res, err := l.ForRoute(r.Method, r.Pattern).decideRequest(r, s, true)
 	res.Limits = slices.Clone(res.Limits)
 	return res, err
 }
 
-// allowRequest decides r using s; the Result's Limits live in s.
-func (l *Limiter) allowRequest(r *http.Request, s *scratch) (Result, error) {
-	_, cost, err := l.requestIDs(r, s)
-	if err != nil {
-		return Result{}, err
+// decideRequest decides r using s (with peek, counting nothing), and
+// reports a decision that counts to the observers; the Result's Limits live
+// in s.
+func (l *Limiter) decideRequest(r *http.Request, s *scratch, peek bool) (Result, error) {
+	watched := !peek && l.watched()
+	var start time.Time
+	if watched {
+		start = time.Now()
 	}
-	return l.decide(r.Context(), s, cost, true, false)
+	var res Result
+	cost, err := l.requestIDs(r, s)
+	if err == nil {
+		res, err = l.decide(r.Context(), s, cost, true, peek)
+	}
+	if watched {
+		l.observe(r, s.ids, &res, err, start)
+	}
+	return res, err
 }
 
 // requestIDs extracts r's identifiers into s.ids, and its cost.
-func (l *Limiter) requestIDs(r *http.Request, s *scratch) ([]string, int, error) {
+func (l *Limiter) requestIDs(r *http.Request, s *scratch) (cost int, err error) {
 	s.ids = grow(s.ids, len(l.limits))
-	ids := s.ids
 	for i := range l.limits {
 		id, err := l.limits[i].Key.fn(r)
 		if err != nil {
-			return nil, 0, fmt.Errorf("limit %s: %w", l.limits[i].Name, err)
+			return 0, fmt.Errorf("limit %s: %w", l.limits[i].Name, err)
 		}
 		if id == "" {
-			return nil, 0, fmt.Errorf("limit %s: %w: empty identifier", l.limits[i].Name, ErrNoKey)
+			return 0, fmt.Errorf("limit %s: %w: empty identifier", l.limits[i].Name, ErrNoKey)
 		}
-		ids[i] = id
+		s.ids[i] = id
 	}
-	cost := 1
+	cost = 1
 	if l.cfg.cost != nil {
 		cost = l.cfg.cost(r)
 	}
-	return ids, cost, nil
+	return cost, nil
 }

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/alicebob/miniredis/v2"
@@ -42,5 +44,34 @@ func TestLogger(t *testing.T) {
 		if strings.Contains(out, "secret-user") != withIDs {
 			t.Errorf("withIDs=%v: identifiers logged: %v\n%s", withIDs, !withIDs, out)
 		}
+	}
+}
+
+// countingObserver counts the decisions it sees.
+type countingObserver struct{ n atomic.Int64 }
+
+func (o *countingObserver) Observe(Decision) { o.n.Add(1) }
+
+// TestAllowRequestLikeAllow: AllowRequest's decisions reach the observers
+// and can be refunded, as Allow's can; StatusRequest's are not observed.
+func TestAllowRequestLikeAllow(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	var o countingObserver
+	lim := mustNew(t, c, []Limit{PerMinute(5, Global()).Named("req")}, WithObserver(&o))
+	r := httptest.NewRequest("GET", "/", nil)
+	res, err := lim.AllowRequest(r)
+	if err != nil || !res.Allowed {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if err := lim.Refund(context.Background(), res); err != nil {
+		t.Errorf("refunding an AllowRequest result: %v", err)
+	}
+	if _, err := lim.StatusRequest(r); err != nil {
+		t.Fatal(err)
+	}
+	if n := zcard(t, c, "req", "global"); n != 0 || o.n.Load() != 1 {
+		t.Errorf("%d entries after the refund, %d decisions observed; want 0 and 1", n, o.n.Load())
 	}
 }
