@@ -70,7 +70,7 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 		if !allowed && !peek {
 			l.denies.remember(&d, keys, local)
 		}
-		res, err := d.result(allowed)
+		res := d.result(allowed)
 		if allowed && !peek && s.wantTicket {
 			t := &ticket{l: l, cost: cost, keys: slices.Clone(keys), stamps: make([]int64, len(keys))}
 			for i := range t.stamps {
@@ -78,7 +78,7 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 			}
 			res.ticket = t
 		}
-		return res, err
+		return res, nil
 	}
 	if l.cfg.failure != FailLocal || peek {
 		return Result{}, err
@@ -86,8 +86,8 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 	if now == 0 {
 		now = time.Now().UnixMicro()
 	}
-	d = decision{l: l, s: s, cost: cost, replies: s.replies(len(l.limits)), denier: -1}
-	res, _ := d.result(l.local.decide(&d, keys, now))
+	res := d.result(l.local.decide(&d, keys, now)) // it sets every reply, now and the denier
+
 	res.Local = true
 	return res, err
 }
@@ -146,33 +146,25 @@ func (s *scratch) results(n int) []LimitResult {
 // remote decides in Redis, and reports whether the request was admitted.
 func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, now int64, deadline time.Time) (bool, error) {
 	if !l.split {
-		var g reply
-		err := d.run(ctx, keys, l.all, now, deadline, &g)
-		return g.allowed, err
+		return d.run(ctx, keys, l.all, now, deadline)
 	}
-	var reserved []reservation
+	groups := l.groups(tags)
 	all := true
-	for _, g := range l.groups(tags) {
+	for k, g := range groups {
 		gkeys := make([]string, len(g))
 		for j, i := range g {
 			gkeys[j] = keys[i]
 		}
-		var gr reply
-		if err := d.run(ctx, gkeys, g, now, deadline, &gr); err != nil {
-			return false, errors.Join(err, l.rollback(ctx, reserved, d.cost))
-		}
-		if d.peek { // nothing reserved: ask every group
-			all = all && gr.allowed
+		allowed, err := d.run(ctx, gkeys, g, now, deadline)
+		if err == nil && d.peek { // nothing reserved: ask every group
+			all = all && allowed
 			continue
 		}
-		if !gr.allowed {
-			return false, l.rollback(ctx, reserved, d.cost)
+		if err != nil || !allowed {
+			// Take back what the groups before this one reserved.
+			rerr := l.rollback(ctx, l.reservations(keys, groups[:k], func(i int) int64 { return d.replies[i].next }), d.cost)
+			return false, errors.Join(err, rerr)
 		}
-		res := reservation{keys: gkeys}
-		for _, i := range g {
-			res.args = l.rollbackArgs(res.args, i, d.replies[i].next)
-		}
-		reserved = append(reserved, res)
 	}
 	return all, nil
 }
@@ -198,27 +190,37 @@ func (l *Limiter) keys(s *scratch, fromKeys bool) (keys, tags []string) {
 	if !l.split {
 		return s.keys, nil
 	}
-	s.tags = grow(s.tags, n)
-	for i, key := range s.keys {
-		s.tags[i] = l.tag(i, key)
-	}
+	s.tags = l.tags(grow(s.tags, n), s.keys)
 	return s.keys, s.tags
 }
 
-// tag returns the hash tag of key, the key of limit i: what stands between
-// the key's head and its closing '}'.
-func (l *Limiter) tag(i int, key string) string {
-	return key[len(l.limits[i].head) : len(key)-1]
+// tags stores in dst the hash tag of each of keys, one per limit: what
+// stands between the key's head and its closing '}'. It returns dst.
+func (l *Limiter) tags(dst, keys []string) []string {
+	for i, key := range keys {
+		dst[i] = key[len(l.limits[i].head) : len(key)-1]
+	}
+	return dst
 }
 
-// rollbackArgs appends to args the rollback script's parameters for the
-// entries of limit i stamped stamp.
-func (l *Limiter) rollbackArgs(args []any, i int, stamp int64) []any {
-	args = append(args, stamp, l.limits[i].unit)
-	if l.limits[i].bucketed {
-		args = append(args, l.limits[i].nameArg)
+// reservations returns, for each of groups, what the rollback script needs
+// to remove a request's entries from the group's logs: their keys (from
+// keys, one per limit), and the stamp and time unit of the entries of each
+// limit i (stamp(i)).
+func (l *Limiter) reservations(keys []string, groups [][]int, stamp func(i int) int64) []reservation {
+	rs := make([]reservation, len(groups))
+	for k, g := range groups {
+		r := &rs[k]
+		r.keys = make([]string, len(g))
+		for j, i := range g {
+			r.keys[j] = keys[i]
+			r.args = append(r.args, stamp(i), l.limits[i].unit)
+			if l.limits[i].bucketed {
+				r.args = append(r.args, l.limits[i].nameArg)
+			}
+		}
 	}
-	return args
+	return rs
 }
 
 // groups splits the limits into groups whose keys share a hash tag. Groups
@@ -283,18 +285,18 @@ type decision struct {
 	now     int64
 }
 
-// reply is a script call's answer, for a group or for one of its limits.
+// reply is a script call's answer for one limit.
 type reply struct {
-	ok           bool // checked
-	allowed      bool
-	now          int64
+	ok           bool  // checked
+	now          int64 // the time the script used (a cluster's groups may read different servers' clocks)
 	count, reset int64
 	next         int64 // admitted: the time of the request's entries; denied: when the oldest entry leaves
 }
 
-// run calls the script for the limits idx with their keys and records the
-// replies. g receives the group's overall reply.
-func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64, deadline time.Time, g *reply) error {
+// run calls the script for the limits idx with their keys, records the
+// replies and reports whether the request was admitted (logged) in all of
+// them.
+func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64, deadline time.Time) (bool, error) {
 	cost := d.cost
 	if d.peek {
 		cost = -cost
@@ -311,7 +313,7 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 		var ok bool
 		if ok, probe = b.allow(d.l.breakers.clock(d.wall)); !ok {
 			d.l.reloadClusterState(ctx)
-			return ErrCircuitOpen
+			return false, ErrCircuitOpen
 		}
 	}
 	var raw any
@@ -334,42 +336,41 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 			ctxErr = context.DeadlineExceeded
 		}
 		if ctxErr != nil {
-			return fmt.Errorf("ratelimit: redis: %w: %w", ctxErr, err)
+			return false, fmt.Errorf("ratelimit: redis: %w: %w", ctxErr, err)
 		}
-		return fmt.Errorf("ratelimit: redis: %w", err)
+		return false, fmt.Errorf("ratelimit: redis: %w", err)
 	}
 	arr, ok := raw.([]any)
 	if !ok || len(arr) != 3+3*len(idx) {
-		return fmt.Errorf("%w: %T of length %d", ErrUnexpectedReply, raw, len(arr))
+		return false, fmt.Errorf("%w: %T of length %d", ErrUnexpectedReply, raw, len(arr))
 	}
 	for i, e := range arr {
 		if _, ok := e.(int64); !ok {
-			return fmt.Errorf("%w: element %d is %T", ErrUnexpectedReply, i, e)
+			return false, fmt.Errorf("%w: element %d is %T", ErrUnexpectedReply, i, e)
 		}
 	}
 	v := func(i int) int64 { return arr[i].(int64) }
 	allowed, denied := v(0) == 1, v(2)
 	if v(0) != 0 && v(0) != 1 || denied < 0 || denied > int64(len(idx)) || allowed == (denied != 0) {
-		return fmt.Errorf("%w: allowed=%d denied=%d", ErrUnexpectedReply, v(0), denied)
+		return false, fmt.Errorf("%w: allowed=%d denied=%d", ErrUnexpectedReply, v(0), denied)
 	}
-	*g = reply{ok: true, allowed: allowed, now: v(1)}
+	d.now = v(1)
 	for j, i := range idx {
 		count, reset, next := v(3+3*j), v(4+3*j), v(5+3*j)
 		if count < 0 || reset < -1 || next < 0 {
-			return fmt.Errorf("%w: limit %d: count=%d reset=%d next=%d", ErrUnexpectedReply, j, count, reset, next)
+			return false, fmt.Errorf("%w: limit %d: count=%d reset=%d next=%d", ErrUnexpectedReply, j, count, reset, next)
 		}
-		d.replies[i] = reply{ok: true, now: g.now, count: count, reset: reset, next: next}
+		d.replies[i] = reply{ok: true, now: d.now, count: count, reset: reset, next: next}
 	}
-	d.now = g.now
 	if denied > 0 {
 		d.denier = idx[denied-1]
 	}
-	return nil
+	return allowed, nil
 }
 
 // result builds the Result once the decision is made: allowed says whether
 // the request was logged in every limit.
-func (d *decision) result(allowed bool) (Result, error) {
+func (d *decision) result(allowed bool) Result {
 	l, cost := d.l, int64(d.cost)
 	res := Result{Allowed: allowed, Now: time.UnixMicro(d.now), Limits: d.s.results(len(l.limits))}
 	closest := -1
@@ -406,7 +407,7 @@ func (d *decision) result(allowed bool) (Result, error) {
 	}
 	c := res.Limits[closest]
 	res.Limit, res.Remaining, res.Reset, res.index = c.Quota, c.Remaining, c.Reset, closest
-	return res, nil
+	return res
 }
 
 // reloadClusterState asks a cluster client to reload its map of slots after
@@ -464,25 +465,11 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 	// Keys that share a hash tag go in one call: on a cluster they share a
 	// slot, elsewhere everything does. A refund is a rollback of the whole
 	// request.
-	var groups [][]int
+	groups := [][]int{t.l.all}
 	if t.l.split {
-		tags := make([]string, len(t.keys))
-		for i, key := range t.keys {
-			tags[i] = t.l.tag(i, key)
-		}
-		groups = t.l.groups(tags)
-	} else {
-		groups = [][]int{t.l.all}
+		groups = t.l.groups(t.l.tags(make([]string, len(t.keys)), t.keys))
 	}
-	reservations := make([]reservation, len(groups))
-	for k, g := range groups {
-		r := &reservations[k]
-		r.keys = make([]string, len(g))
-		for j, i := range g {
-			r.keys[j] = t.keys[i]
-			r.args = t.l.rollbackArgs(r.args, i, t.stamps[i])
-		}
-	}
+	reservations := t.l.reservations(t.keys, groups, func(i int) int64 { return t.stamps[i] })
 	err := t.l.rollback(ctx, reservations, t.cost)
 	for _, key := range t.keys {
 		t.l.denies.forget(key)
