@@ -163,7 +163,8 @@ func Compose(keys ...Key) Key {
 	return Key{name: strings.Join(names, "+"), err: err, escaped: true, fn: func(r *http.Request) (string, error) {
 		// Each part is escaped and the parts are joined by a byte that
 		// escaping never emits, so ("a|b", "c") and ("a", "b|c") differ.
-		var b strings.Builder
+		var buf [128]byte // most keys fit: one allocation, the string
+		b := buf[:0]
 		for i, fn := range fns {
 			v, err := fn(r)
 			if err != nil {
@@ -173,10 +174,10 @@ func Compose(keys ...Key) Key {
 				return "", fmt.Errorf("%w: part %d of %s is empty", ErrNoKey, i, names[i])
 			}
 			if i > 0 {
-				b.WriteByte(composeSep)
+				b = append(b, composeSep)
 			}
-			b.WriteString(escapeID(v))
+			b = appendEscaped(b, v)
 		}
-		return b.String(), nil
+		return string(b), nil
 	}}
 }

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"time"
@@ -92,6 +93,14 @@ func (l *Limiter) observe(r *http.Request, ids []string, res *Result, err error,
 
 func (l *Limiter) log(r *http.Request, ids []string, d *Decision) {
 	lg := l.cfg.logger
+	shadowDenied := false
+	for _, lr := range d.Limits {
+		shadowDenied = shadowDenied || lr.Shadow && lr.Denied
+	}
+	deniedLogged := !d.Allowed && lg.Enabled(context.Background(), slog.LevelDebug)
+	if d.Err == nil && !deniedLogged && !shadowDenied {
+		return // nothing to log: build no attributes
+	}
 	attrs := []any{}
 	if r != nil {
 		attrs = append(attrs, slog.String("method", r.Method), slog.String("route", r.Pattern))
@@ -102,7 +111,7 @@ func (l *Limiter) log(r *http.Request, ids []string, d *Decision) {
 	switch {
 	case d.Err != nil:
 		lg.Warn("ratelimit: failure mode applied", append(attrs, slog.String("mode", l.cfg.failure.String()), slog.Any("error", d.Err))...)
-	case !d.Allowed:
+	case deniedLogged:
 		lg.Debug("ratelimit: denied", append(attrs, slog.String("limit", d.DeniedBy))...)
 	}
 	for _, lr := range d.Limits {

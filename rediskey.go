@@ -19,15 +19,15 @@ const (
 	// maxIDLen bounds the escaped identifier in a Redis key; longer ones are
 	// replaced by hashMark and the base64url SHA-256 of the raw identifier.
 	maxIDLen = 128
-	// hashMark starts a digest identifier. escapeID always escapes it, so a
+	// hashMark starts a digest identifier. appendEscaped always escapes it, so a
 	// digest never equals an escaped identifier.
 	hashMark = '#'
-	// composeSep joins the escaped parts of a Compose key. escapeID always
+	// composeSep joins the escaped parts of a Compose key. appendEscaped always
 	// escapes it, so the parts can be told apart.
 	composeSep = '|'
 )
 
-// safe[c] is true for the bytes escapeID keeps as they are.
+// safe[c] is true for the bytes appendEscaped keeps as they are.
 var safe = func() (t [256]bool) {
 	for c := 'a'; c <= 'z'; c++ {
 		t[c] = true
@@ -46,23 +46,9 @@ var safe = func() (t [256]bool) {
 
 const hexDigits = "0123456789ABCDEF"
 
-// escapeID percent-encodes every byte of id outside the safe set, including
-// '%', '{', '}', hashMark, composeSep, spaces, control bytes and non-ASCII.
-// It returns id itself when nothing needs escaping.
-func escapeID(id string) string {
-	n := 0
-	for i := 0; i < len(id); i++ {
-		if !safe[id[i]] {
-			n++
-		}
-	}
-	if n == 0 {
-		return id
-	}
-	b := make([]byte, 0, len(id)+2*n)
-	return string(appendEscaped(b, id))
-}
-
+// appendEscaped appends id to dst, percent-encoding every byte outside the
+// safe set, including '%', '{', '}', hashMark, composeSep, spaces, control
+// bytes and non-ASCII.
 func appendEscaped(dst []byte, id string) []byte {
 	for i := 0; i < len(id); i++ {
 		c := id[i]
@@ -75,7 +61,7 @@ func appendEscaped(dst []byte, id string) []byte {
 	return dst
 }
 
-// escapedLen is len(escapeID(id)) without building it.
+// escapedLen is the length of id escaped, without building it.
 func escapedLen(id string) int {
 	n := len(id)
 	for i := 0; i < len(id); i++ {
@@ -88,7 +74,7 @@ func escapedLen(id string) int {
 
 // appendKey appends the Redis key for id to dst, where head is
 // "<prefix><limit name>:{". If escaped, id is known to hold only bytes
-// escapeID keeps (and composeSep), as Compose's identifiers do, and is not
+// appendEscaped keeps (and composeSep), as Compose's identifiers do, and is not
 // escaped again.
 func appendKey(dst []byte, head, id string, escaped bool) []byte {
 	dst = append(dst, head...)
