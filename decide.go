@@ -285,6 +285,11 @@ type decision struct {
 	now     int64
 }
 
+// result is the part of a LimitResult that the limit itself gives.
+func (lim *compiledLimit) result() LimitResult {
+	return LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow}
+}
+
 // reply is a script call's answer for one limit.
 type reply struct {
 	ok           bool  // checked
@@ -377,7 +382,7 @@ func (d *decision) result(allowed bool) Result {
 	for i := range l.limits {
 		lim, r := &l.limits[i], d.replies[i]
 		lr := &res.Limits[i]
-		*lr = LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow}
+		*lr = lim.result()
 		if !r.ok {
 			lr.Skipped = true
 			continue

@@ -76,7 +76,8 @@ func (c *denyCache) check(l *Limiter, s *scratch, keys []string, cost int, now t
 			cached:     true,
 		}
 		for j := range l.limits {
-			res.Limits[j] = LimitResult{Name: l.limits[j].Name, Quota: l.limits[j].Quota, Window: l.limits[j].Window, Skipped: j != i, Shadow: l.limits[j].Shadow}
+			res.Limits[j] = l.limits[j].result()
+			res.Limits[j].Skipped = j != i
 		}
 		res.Limits[i].Remaining, res.Limits[i].Reset, res.Limits[i].Denied = e.remaining, e.fit, true
 		if cost > lim.Quota {
@@ -87,8 +88,8 @@ func (c *denyCache) check(l *Limiter, s *scratch, keys []string, cost int, now t
 	return Result{}, false
 }
 
-// remember records the denial Redis reported for the limit i of d, made at
-// local time now.
+// remember records the denial Redis reported for d's denying limit
+// (d.denier), made at local time now.
 func (c *denyCache) remember(d *decision, keys []string, now time.Time) {
 	if c == nil || c.maxAge == 0 || d.denier < 0 {
 		return

@@ -89,7 +89,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 }
 
 // newLimiter is New for a Limiter derived from parent (nil for none), whose
-// circuit breakers and local logs it shares.
+// circuit breakers, local logs, batcher and deny cache it shares.
 func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, parent *Limiter) (*Limiter, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -263,9 +263,10 @@ func (l *Limiter) derivesFrom(p *Limiter) bool {
 
 // With returns a new Limiter that enforces l's limits and the given ones in
 // one decision, with l's options followed by opts. It shares l's circuit
-// breakers and FailLocal logs (a WithCircuitBreaker in opts is ignored). Use it for a route that
-// needs a tighter limit or a cost of its own: a request to that route is
-// checked once, against every limit, and counted in all of them or in none.
+// breakers, FailLocal logs, batches and deny cache (a WithCircuitBreaker or
+// WithDenyCache in opts is ignored). Use it for a route that needs a tighter
+// limit or a cost of its own: a request to that route is checked once,
+// against every limit, and counted in all of them or in none.
 // Limits keep their counts across the two Limiters when their names match.
 func (l *Limiter) With(limits []Limit, opts ...Option) (*Limiter, error) {
 	all := append(append([]Limit(nil), l.declared...), limits...)
@@ -409,7 +410,8 @@ type LimitResult struct {
 	Shadow    bool      // a shadow limit: Denied says it would have denied
 	// Skipped reports that the limit was not consulted: on a Redis Cluster, a
 	// decision whose limits span several hash slots stops at the first slot
-	// group that denies. Only Name, Quota and Window are set then.
+	// group that denies, and a denial from the deny cache consults only the
+	// limit that denied. Only Name, Quota, Window and Shadow are set then.
 	Skipped bool
 }
 

@@ -98,22 +98,21 @@ func (m *scriptMode) retry(ctx context.Context, c redis.UniversalClient, err err
 // loadLibrary loads the library into c's Redis server, or every primary of
 // a cluster or shard of a ring.
 func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
-	load := func(ctx context.Context, c *redis.Client) error {
+	load := func(ctx context.Context, c redis.Cmdable) error {
 		err := c.FunctionLoad(ctx, librarySource).Err()
 		if err != nil && strings.Contains(err.Error(), "already exists") {
 			return nil // another instance was first
 		}
 		return err
 	}
+	shard := func(ctx context.Context, c *redis.Client) error { return load(ctx, c) }
 	switch c := c.(type) {
 	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, load)
+		return c.ForEachMaster(ctx, shard)
 	case *redis.Ring:
-		return c.ForEachShard(ctx, load)
-	case *redis.Client:
-		return load(ctx, c)
+		return c.ForEachShard(ctx, shard)
 	}
-	return c.FunctionLoad(ctx, librarySource).Err()
+	return load(ctx, c)
 }
 
 // isNoFunction reports whether err says that Redis does not have the

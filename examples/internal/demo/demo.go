@@ -75,7 +75,6 @@ type App struct {
 	Metrics    *ratelimitprom.Metrics
 	addr       string
 	where      string
-	rdb        *redis.Client
 }
 
 // Start parses the -addr flag, connects to Redis and builds the limiters.
@@ -86,17 +85,12 @@ func Start() *App {
 	metrics := ratelimitprom.New()
 	api, login := Limiters(rdb, ratelimit.WithObserver(metrics))
 	metrics.WatchBreaker(api)
-	return &App{API: api, Login: login, Metrics: metrics, addr: *addr, where: where, rdb: rdb}
+	return &App{API: api, Login: login, Metrics: metrics, addr: *addr, where: where}
 }
 
-// Serve prints how to try the example and serves h until it fails.
+// Serve prints how to try the example and serves h until it fails, which
+// ends the process.
 func (a *App) Serve(h http.Handler) {
-	defer a.rdb.Close()
-	serve(a.addr, a.where, h)
-}
-
-// serve prints how to try the example and serves h on addr.
-func serve(addr, where string, h http.Handler) {
 	fmt.Printf(`Listening on http://%[1]s with %[2]s. Try:
 
   curl -i http://%[1]s/users/1          # X-RateLimit-* and RateLimit headers
@@ -104,7 +98,7 @@ func serve(addr, where string, h http.Handler) {
   curl -i http://%[1]s/report           # costs 5
   for i in $(seq 7); do curl -s -o /dev/null -w '%%{http_code} ' http://%[1]s/users/$i; done; echo
                                         # /users/{id} shares one counter: 5 per minute
-`, addr, where)
-	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+`, a.addr, a.where)
+	srv := &http.Server{Addr: a.addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	log.Fatal(srv.ListenAndServe())
 }
