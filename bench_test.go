@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -143,7 +142,7 @@ func BenchmarkScriptCalls(b *testing.B) {
 				cpu0 := redisCPU(b, c)
 				for b.Loop() {
 					for i := range keys {
-						keys[i] = string(appendKey(nil, DefaultPrefix+"bench:{", "client-"+strconv.Itoa(rng.IntN(500)), false))
+						keys[i] = logKey("bench", "client-"+strconv.Itoa(rng.IntN(500)))
 					}
 					var reply any
 					var err error
@@ -170,21 +169,6 @@ func BenchmarkScriptCalls(b *testing.B) {
 
 // redisCPU returns the CPU time the Redis server has used.
 func redisCPU(tb testing.TB, c *redis.Client) time.Duration {
-	info, err := c.Info(context.Background(), "cpu").Result()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var total float64
-	for _, line := range strings.Split(info, "\r\n") {
-		for _, name := range []string{"used_cpu_user:", "used_cpu_sys:"} {
-			if v, ok := strings.CutPrefix(line, name); ok {
-				f, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					tb.Fatal(err)
-				}
-				total += f
-			}
-		}
-	}
-	return time.Duration(total * float64(time.Second))
+	s := infoNumber(tb, c, "cpu", "used_cpu_user") + infoNumber(tb, c, "cpu", "used_cpu_sys")
+	return time.Duration(s * float64(time.Second))
 }

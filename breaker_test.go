@@ -71,7 +71,7 @@ func TestCircuitBreaker(t *testing.T) {
 		}
 	}
 	// Errors particular to a key do not open the breaker.
-	key := string(appendKey(nil, DefaultPrefix+"global-100-per-1m:{", "k", false))
+	key := logKey("global-100-per-1m", "k")
 	mr.Del(key)
 	if _, err := mr.SetAdd(key, "x"); err != nil {
 		t.Fatal(err)

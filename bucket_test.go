@@ -14,7 +14,7 @@ import (
 // bucketTotal returns what limit name has counted for id in its buckets.
 func bucketTotal(t testing.TB, c redis.UniversalClient, name, id string) int64 {
 	t.Helper()
-	key := string(appendKey(nil, DefaultPrefix+"{", id, false))
+	key := bucketKey(id)
 	fields, err := c.HGetAll(context.Background(), key).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +160,7 @@ func testBucketedIdle(t *testing.T, b backend) {
 			t.Fatalf("%+v %v", res, err)
 		}
 	}
-	key := string(appendKey(nil, DefaultPrefix+"{", "k", false))
+	key := bucketKey("k")
 	// Keep the key alive (miniredis and Redis would expire it), then come
 	// back a year later.
 	if err := c.Persist(ctx, key).Err(); err != nil {
@@ -261,7 +261,7 @@ func TestBucketedWeightsAndExpiry(t *testing.T) {
 		if res, err := minutely.Allow(ctx, []string{"u"}, 5); err != nil || !res.Allowed {
 			t.Fatalf("minutely: %+v %v", res, err)
 		}
-		key := string(appendKey(nil, DefaultPrefix+"{", "u", false))
+		key := bucketKey("u")
 		ttl, err := c.PTTL(ctx, key).Result()
 		if err != nil || ttl < 59*time.Minute {
 			t.Errorf("TTL %v after the minutely decision, %v; want the hourly limit's hour", ttl, err)

@@ -6,8 +6,6 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -63,19 +61,7 @@ func (lc *leakCheck) verify(t *testing.T) {
 }
 
 func connectedClients(t *testing.T, c *redis.Client) int {
-	t.Helper()
-	info, err := c.Info(context.Background(), "clients").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "connected_clients:"); ok {
-			n, _ := strconv.Atoi(v)
-			return n
-		}
-	}
-	t.Fatal("no connected_clients in INFO")
-	return 0
+	return int(infoNumber(t, c, "clients", "connected_clients"))
 }
 
 // load sends requests through a set of handlers (app instances), from a

@@ -63,7 +63,7 @@ func TestCluster(t *testing.T) {
 			if err := c.FlushAll(); err != nil {
 				t.Fatal(err)
 			}
-			tc.fn(t, backend{name: "cluster", cluster: c})
+			tc.fn(t, backend{cluster: c})
 		})
 	}
 }
@@ -253,11 +253,11 @@ func testSingleSlot(t *testing.T, b backend) {
 func TestClusterFailover(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 1)
 	quietRedisLog(t) // go-redis logs every failed dial to the dead node
-	b := backend{name: "cluster", cluster: c}
+	b := backend{cluster: c}
 	const quota = 300
 	limits := []Limit{PerHour(quota, Header("X-Id")).Named("fo")}
 	const id = "tenant-1"
-	key := string(appendKey(nil, DefaultPrefix+"fo:{", id, false))
+	key := logKey("fo", id)
 	primary, err := c.PrimaryFor(key)
 	if err != nil {
 		t.Fatal(err)
@@ -375,7 +375,7 @@ func freshIDOn(t *testing.T, c *redistest.Cluster, key string) string {
 	}
 	for i := range 1000 {
 		id := "fresh-" + strconv.Itoa(i)
-		q, err := c.PrimaryFor(string(appendKey(nil, DefaultPrefix+"fo:{", id, false)))
+		q, err := c.PrimaryFor(logKey("fo", id))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -417,7 +417,7 @@ func testPipelineReload(t *testing.T, b backend) {
 		bt.mode.scriptsOnly.Store(scriptsOnly)
 		var batch []*call
 		for id := range 12 { // keys on every primary
-			key := string(appendKey(nil, DefaultPrefix+"pipe:{", strconv.Itoa(id), false))
+			key := logKey("pipe", strconv.Itoa(id))
 			batch = append(batch, &call{keys: []string{key}, args: []any{1, 1, 0, lim.allSpec}})
 		}
 		bt.sendPipeline(c, batch)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,7 +19,6 @@ import (
 // backend is a Redis the tests run against: an embedded miniredis, or a real
 // redis-server the test starts itself.
 type backend struct {
-	name    string
 	mr      *miniredis.Miniredis // for miniredis
 	srv     *redistest.Server    // for a real redis-server
 	cluster *redistest.Cluster   // for a real Redis Cluster
@@ -55,10 +56,10 @@ func (b backend) clock(start time.Time) ([]Option, func(time.Time)) {
 // forBackends runs fn against miniredis and against a real redis-server.
 func forBackends(t *testing.T, fn func(t *testing.T, b backend)) {
 	t.Run("miniredis", func(t *testing.T) {
-		fn(t, backend{name: "miniredis", mr: miniredis.RunT(t)})
+		fn(t, backend{mr: miniredis.RunT(t)})
 	})
 	t.Run("redis", func(t *testing.T) {
-		fn(t, backend{name: "redis", srv: redistest.Start(t)})
+		fn(t, backend{srv: redistest.Start(t)})
 	})
 }
 
@@ -89,11 +90,41 @@ func mustNew(t testing.TB, c redis.UniversalClient, limits []Limit, opts ...Opti
 	return l
 }
 
+// infoNumber returns field of the server's INFO section, as a number.
+func infoNumber(tb testing.TB, c *redis.Client, section, field string) float64 {
+	tb.Helper()
+	info, err := c.Info(context.Background(), section).Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				tb.Fatalf("INFO %s %s: %v", section, field, err)
+			}
+			return n
+		}
+	}
+	tb.Fatalf("no %s in INFO %s", field, section)
+	return 0
+}
+
+// logKey is the Redis key of the exact log of limit name for id, under the
+// default prefix.
+func logKey(name, id string) string {
+	return string(appendKey(nil, DefaultPrefix+name+":{", id, false))
+}
+
+// bucketKey is the Redis key of the hash of id's bucketed limits, under the
+// default prefix.
+func bucketKey(id string) string { return string(appendKey(nil, DefaultPrefix+"{", id, false)) }
+
 // zcard returns the number of entries in the log of limit name for id (the
-// meta member, whose score is negative, left out).
+// meta member, whose score is -inf, left out).
 func zcard(t testing.TB, c redis.UniversalClient, name, id string) int64 {
 	t.Helper()
-	key := string(appendKey(nil, DefaultPrefix+name+":{", id, false))
+	key := logKey(name, id)
 	n, err := c.ZCount(context.Background(), key, "0", "+inf").Result()
 	if err != nil {
 		t.Fatal(err)

@@ -419,7 +419,7 @@ func TestFailureModes(t *testing.T) { forBackends(t, testFailureModes) }
 func testFailureModes(t *testing.T, b backend) {
 	c := b.newClient(t)
 	// Another program wrote a string where a log should be: WRONGTYPE.
-	key := string(appendKey(nil, DefaultPrefix+"api:{", "global", false))
+	key := logKey("api", "global")
 	if err := c.Set(context.Background(), key, "not a log", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -458,8 +458,15 @@ func TestTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ln.Close() })
+	// Connections are read once, never answered, and closed when the test
+	// ends.
+	done := make(chan struct{})
 	var conns sync.WaitGroup
+	t.Cleanup(func() {
+		_ = ln.Close()
+		close(done)
+		conns.Wait()
+	})
 	go func() {
 		for {
 			conn, err := ln.Accept()
@@ -470,7 +477,7 @@ func TestTimeout(t *testing.T) {
 			go func() {
 				defer conns.Done()
 				_, _ = conn.Read(make([]byte, 1<<16))
-				<-time.After(5 * time.Second)
+				<-done
 				conn.Close()
 			}()
 		}
@@ -648,7 +655,7 @@ func TestExpiry(t *testing.T) { forBackends(t, testExpiry) }
 func testExpiry(t *testing.T, b backend) {
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{Per(30*time.Second, 1, Global()).Named("e")})
-	key := string(appendKey(nil, DefaultPrefix+"e:{", "k", false))
+	key := logKey("e", "k")
 	allowTTL := func() (bool, time.Duration) {
 		t.Helper()
 		res, err := lim.Allow(context.Background(), []string{"k"}, 1)
@@ -663,11 +670,30 @@ func testExpiry(t *testing.T, b backend) {
 	}
 	// The entry's time is rounded up to the log's unit (5ms for 30s).
 	slack := time.Duration(timeUnit(30*time.Second))*time.Microsecond + time.Millisecond
-	if ok, ttl := allowTTL(); !ok || ttl <= 29*time.Second || ttl > 30*time.Second+slack {
-		t.Errorf("admitted=%v, TTL %v; want admitted, TTL just over 30s", ok, ttl)
+	ok, first := allowTTL()
+	if !ok || first <= 29*time.Second || first > 30*time.Second+slack {
+		t.Errorf("admitted=%v, TTL %v; want admitted, TTL just over 30s", ok, first)
 	}
 	if b.mr == nil {
-		return // the rest needs TTLs that move without waiting
+		// A real server's clock cannot be moved: a denial at once must
+		// leave the TTL where it was, and a log of a 1 s window must be
+		// gone a little over a second after its entry.
+		if ok, ttl := allowTTL(); ok || ttl > first {
+			t.Errorf("admitted=%v, TTL %v after a denial; want denied, TTL at most %v", ok, ttl, first)
+		}
+		short := mustNew(t, c, []Limit{PerSecond(1, Global()).Named("short")})
+		if res, err := short.Allow(context.Background(), []string{"k"}, 1); err != nil || !res.Allowed {
+			t.Fatalf("%+v %v", res, err)
+		}
+		shortKey := logKey("short", "k")
+		deadline := time.Now().Add(3 * time.Second)
+		for c.Exists(context.Background(), shortKey).Val() == 1 {
+			if time.Now().After(deadline) {
+				t.Fatal("a 1 s log still exists 3 s after its only entry")
+			}
+			time.Sleep(50 * time.Millisecond) // the server's clock must pass
+		}
+		return
 	}
 	b.mr.FastForward(10 * time.Second)
 	if ok, ttl := allowTTL(); ok || ttl > 20*time.Second+slack {
@@ -771,7 +797,7 @@ func testCompactLog(t *testing.T, b backend) {
 	opts, setTime := b.clock(t0)
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{PerSecond(3, Global()).Named("c")}, opts...)
-	key := string(appendKey(nil, DefaultPrefix+"c:{", "k", false))
+	key := logKey("c", "k")
 	ctx := context.Background()
 	// 4 requests every 400ms for 12s, compared with an exact sliding log
 	// kept here (the times are on the log's 200µs grid, so it rounds
@@ -860,7 +886,7 @@ func testLegacyLog(t *testing.T, b backend) {
 	opts, setTime := b.clock(t0)
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{PerSecond(3, Global()).Named("legacy")}, opts...)
-	key := string(appendKey(nil, DefaultPrefix+"legacy:{", "k", false))
+	key := logKey("legacy", "k")
 	ctx := context.Background()
 	// Two entries, at t0 and t0+1ms, on a base of t0 in 200 µs units.
 	if err := c.ZAdd(ctx, key, redis.Z{Score: float64(-t0.UnixMicro()), Member: "b"},

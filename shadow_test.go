@@ -2,10 +2,10 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 )
@@ -40,7 +40,7 @@ func testShadow(t *testing.T, b backend) {
 			}
 		}
 		want := "[200/9 200/8 200/7 200/6 200/5 200/4 200/3 200/2 200/1 200/0 429/0 429/0]"
-		if got := fmtSlice(remaining); got != want {
+		if got := fmt.Sprint(remaining); got != want {
 			t.Errorf("%s: %s, want %s", tc.id, got, want)
 		}
 	}
@@ -66,5 +66,3 @@ func serveID(h http.Handler, id string) *httptest.ResponseRecorder {
 	h.ServeHTTP(w, r)
 	return w
 }
-
-func fmtSlice(s []string) string { return "[" + strings.Join(s, " ") + "]" }

@@ -6,6 +6,7 @@ package adapters_test
 
 import (
 	"context"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -192,7 +193,7 @@ func TestConformance(t *testing.T) {
 						t.Errorf("echo's HTTPError body was lost: %q", w.Body)
 					}
 				}
-				if got := logs(t, rdb); !equal(got, wantKeys) {
+				if got := logs(t, rdb); !maps.Equal(got, wantKeys) {
 					t.Errorf("Redis logs:\n got %v\nwant %v", got, wantKeys)
 				}
 			})
@@ -235,18 +236,6 @@ func logs(t *testing.T, rdb *redis.Client) map[string]int64 {
 		}
 	}
 	return got
-}
-
-func equal(a, b map[string]int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // TestEchoInstallAfterRoutes: echo reports a route's middleware only when it

@@ -44,7 +44,7 @@ func StartCluster(tb testing.TB, primaries, replicas int) *Cluster {
 	}
 	c := &Cluster{tb: tb}
 	n := primaries * (1 + replicas)
-	for len(c.Nodes) < n {
+	for failures := 0; len(c.Nodes) < n; {
 		ports, err := freePorts(2) // the client port and the cluster bus port
 		if err != nil {
 			tb.Fatal(err)
@@ -64,7 +64,12 @@ func StartCluster(tb testing.TB, primaries, replicas int) *Cluster {
 			},
 		}
 		if err := s.start(); err != nil {
-			continue // a port was taken meanwhile: try others
+			// A port taken meanwhile: try others, a few times; a server
+			// that cannot start at all fails the test.
+			if failures++; failures == 5 {
+				tb.Fatalf("redistest: starting a cluster node: %v", err)
+			}
+			continue
 		}
 		tb.Cleanup(s.Stop)
 		c.Nodes = append(c.Nodes, s)
@@ -195,7 +200,10 @@ func (c *Cluster) PrimaryFor(key string) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		n, _ := strconv.Atoi(slot)
+		n, err := strconv.Atoi(slot)
+		if err != nil {
+			return nil, fmt.Errorf("redistest: CLUSTER KEYSLOT %q: %q: %w", key, slot, err)
+		}
 		owners, err := c.slotOwners(s)
 		if err != nil {
 			return nil, err
