@@ -8,8 +8,8 @@
 --   parameters, for each limit its quota (integer >= 1; negated for a shadow
 --   limit), its window and its time unit u (see below), both in
 --   microseconds. A bucketed limit (see further on) gives minus its
---   precision instead of u, then its name. The requests of a batch mostly
---   share their limits string, which is parsed once per call.
+--   precision instead of u, then its name. Requests mostly share their
+--   limits string, which is parsed once (per call as a script).
 -- KEYS     the logs of each request in turn, one per limit: a sorted set
 --   with one entry per logged unit of cost.
 --
@@ -20,7 +20,8 @@
 -- the round trips and per-call work, nothing else.
 --
 -- Compact entries. Redis keeps a sorted set of up to 128 entries as a
--- listpack, where small integers take 2 to 4 bytes. So an entry's score is
+-- listpack, where an integer takes 1 to 3 bytes below 32768 (plus one for
+-- its length). So an entry's score is
 -- not its time but its offset from a base time, in units of u (u is about
 -- window/8192, rounded up to 1, 2 or 5 times a power of ten), and its member
 -- is a small integer. The base, in microseconds, is a multiple of SPAN
@@ -53,10 +54,12 @@
 --   reset_i  when limit i next matters, in microseconds: if it denied, when
 --            enough entries have left for the request to fit (-1 if its cost
 --            exceeds the quota: never); else when its oldest entry leaves the
---            window (when the new one does if the log was empty).
+--            window (if the log was empty: when the new one does if the
+--            request was logged, else now).
 --   stamp_i  the time the request's entries in log i were given, if it was
---            admitted; else when the oldest entry of log i leaves the window
---            (0 if the log is empty): until then its count cannot fall.
+--            logged there; else when the oldest entry of log i leaves the
+--            window (0 if the log is empty, and for a shadow limit without
+--            room in an admitted request): until then its count cannot fall.
 --
 -- Cost. Redis 7.0 parses numbers with strtod (tonumber twice), prints every
 -- number passed to redis.call and every score it replies with printf's
@@ -343,14 +346,19 @@ local function decide(n, now, ls, ki, peek, r)
       end
     end
     bases[i], counts[i], oldests[i], firsts[i] = base, count, oldest, first
+    -- When the oldest entry (bucket) leaves the window; 0 if there is none.
+    local leaves = 0
+    if count > 0 then
+      if unit < 0 then
+        leaves = bucket_leaves(base, 1, window, -unit)
+      else
+        leaves = base + oldest * unit + window
+      end
+    end
     local reset = now
     if count + n <= quota then
       if count > 0 then
-        if unit < 0 then
-          reset = bucket_leaves(base, 1, window, -unit)
-        else
-          reset = base + oldest * unit + window
-        end
+        reset = leaves
       end
     else
       if not lim.shadow then
@@ -372,12 +380,7 @@ local function decide(n, now, ls, ki, peek, r)
     end
     R[r + 1 + 3 * i] = count
     R[r + 2 + 3 * i] = reset
-    -- Until the request is logged: when the oldest entry leaves (0 if none).
-    if unit < 0 then
-      R[r + 3 + 3 * i] = count > 0 and bucket_leaves(base, 1, window, -unit) or 0
-    else
-      R[r + 3 + 3 * i] = oldest and base + oldest * unit + window or 0
-    end
+    R[r + 3 + 3 * i] = leaves -- until the request is logged
   end
 
   if not allowed then
