@@ -114,7 +114,7 @@ func (b *batcher) exec(ctx context.Context, c redis.UniversalClient, batch []*ca
 	case len(batch) == 1:
 		cl := batch[0]
 		ctx, cancel := context.WithDeadline(ctx, cl.deadline)
-		cl.reply, cl.err = b.mode.run(ctx, c, cl.keys, cl.args)
+		cl.reply, cl.err = b.mode.run(ctx, c, decideCode, cl.keys, cl.args)
 		cancel()
 	case b.split:
 		b.sendPipeline(c, batch)
@@ -148,7 +148,7 @@ func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 		keys = append(keys, cl.keys...)
 		args = append(args, cl.args[1:]...)
 	}
-	reply, err := b.mode.run(ctx, c, keys, args)
+	reply, err := b.mode.run(ctx, c, decideCode, keys, args)
 	// One flat array: each decision's reply is 3 + 3 per limit (key) long.
 	arr, ok := reply.([]any)
 	if err == nil && (!ok || len(arr) != 3*len(batch)+3*len(keys)) {
@@ -174,9 +174,9 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	pipe := c.Pipeline()
 	for i, cl := range batch {
 		if functions {
-			cmds[i] = pipe.FCall(ctx, functionName, cl.keys, cl.args...)
+			cmds[i] = pipe.FCall(ctx, decideCode.function, cl.keys, cl.args...)
 		} else {
-			cmds[i] = pipe.EvalSha(ctx, slidingLog.Hash(), cl.keys, cl.args...)
+			cmds[i] = pipe.EvalSha(ctx, decideCode.script.Hash(), cl.keys, cl.args...)
 		}
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
@@ -205,9 +205,9 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	pipe = c.Pipeline()
 	for _, i := range retry {
 		if b.mode.scriptsOnly.Load() {
-			cmds[i] = pipe.Eval(ctx, slidingLogSource, batch[i].keys, batch[i].args...)
+			cmds[i] = pipe.Eval(ctx, decideCode.source, batch[i].keys, batch[i].args...)
 		} else {
-			cmds[i] = pipe.FCall(ctx, functionName, batch[i].keys, batch[i].args...)
+			cmds[i] = pipe.FCall(ctx, decideCode.function, batch[i].keys, batch[i].args...)
 		}
 	}
 	_, _ = pipe.Exec(ctx)

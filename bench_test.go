@@ -155,7 +155,7 @@ func BenchmarkScriptCalls(b *testing.B) {
 					case "replies-only":
 						reply, err = runScript(ctx, c, repliesOnly, repliesOnlySource, keys, args)
 					default:
-						reply, err = m.run(ctx, c, keys, args)
+						reply, err = m.run(ctx, c, decideCode, keys, args)
 					}
 					if arr, ok := reply.([]any); err != nil || !ok || len(arr) != 6*size {
 						b.Fatalf("%v %v", reply, err)

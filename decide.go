@@ -15,13 +15,9 @@ import (
 )
 
 var (
-	//go:embed lua/rollback.lua
-	rollbackSource string
 	//go:embed lua/reset.lua
 	resetSource string
-
-	rollback = redis.NewScript(rollbackSource)
-	reset    = redis.NewScript(resetSource)
+	reset       = redis.NewScript(resetSource)
 )
 
 // decide runs the script for ids (one per limit, non-empty) and cost.
@@ -203,7 +199,7 @@ func (l *Limiter) tags(dst, keys []string) []string {
 	return dst
 }
 
-// reservations returns, for each of groups, what the rollback script needs
+// reservations returns, for each of groups, what the rollback code needs
 // to remove a request's entries from the group's logs: their keys (from
 // keys, one per limit), and the stamp and time unit of the entries of each
 // limit i (stamp(i)).
@@ -266,7 +262,7 @@ func (l *Limiter) rollback(ctx context.Context, reservations []reservation, cost
 	defer cancel()
 	var errs []error
 	for _, r := range reservations {
-		if _, err := runScript(ctx, l.client, rollback, rollbackSource, r.keys, append([]any{cost}, r.args...)); err != nil {
+		if _, err := l.batch.mode.run(ctx, l.client, rollbackCode, r.keys, append([]any{cost}, r.args...)); err != nil {
 			errs = append(errs, fmt.Errorf("ratelimit: removing a reservation from %s (it stays counted until it leaves the window): %w", r.keys[0], err))
 		}
 	}

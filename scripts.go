@@ -18,24 +18,39 @@ import (
 // LOAD, and what it caches lasts from call to call, which saves Redis about
 // 80,000 instructions per call, half of what a lone decision costs as a
 // script (BenchmarkScriptCalls under callgrind); as a script the top level
-// runs on every call. Both are built from the same
-// file, which only defines run(keys, argv) (see lua/sliding_log.lua).
+// runs on every call. Both are built from the same file, which defines
+// run(keys, argv), which decides, and rollback(keys, argv), which takes a
+// request's entries back (see lua/sliding_log.lua).
 var (
 	//go:embed lua/sliding_log.lua
 	slidingLogCode string
 
-	// slidingLogSource is the script, for EVAL.
-	slidingLogSource = slidingLogCode + "\nreturn run(KEYS, ARGV)\n"
-	slidingLog       = redis.NewScript(slidingLogSource)
-
 	// libraryName is the library's name (see LibraryName).
 	libraryName = "ratelimit_" + codeHash()
-	// functionName is the library's one function.
-	functionName = libraryName + "_decide"
+
+	decideCode   = newLuaEntry("decide", "run")
+	rollbackCode = newLuaEntry("rollback", "rollback")
+
 	// librarySource is the library, for FUNCTION LOAD.
-	librarySource = "#!lua name=" + libraryName + "\n" + slidingLogCode +
-		"\nredis.register_function('" + functionName + "', run)\n"
+	librarySource = "#!lua name=" + libraryName + "\n" + slidingLogCode + "\n" +
+		decideCode.register + rollbackCode.register
 )
+
+// luaEntry is one entry point of the sliding-log code: as a function of the
+// library, and as a script.
+type luaEntry struct {
+	function string        // the library's function name
+	register string        // the library's line that registers it
+	source   string        // the script, for EVAL
+	script   *redis.Script // the same, for EVALSHA
+}
+
+func newLuaEntry(name, lua string) luaEntry {
+	e := luaEntry{function: libraryName + "_" + name, source: slidingLogCode + "\nreturn " + lua + "(KEYS, ARGV)\n"}
+	e.register = "redis.register_function('" + e.function + "', " + lua + ")\n"
+	e.script = redis.NewScript(e.source)
+	return e
+}
 
 // LibraryName returns the name of the Redis Function library that
 // Limiters load: "ratelimit_" and 12 hex digits of the SHA-1 of its code.
@@ -55,18 +70,18 @@ func codeHash() string {
 // miniredis).
 type scriptMode struct{ scriptsOnly atomic.Bool }
 
-// run runs the sliding-log code once with keys and args on c.
-func (m *scriptMode) run(ctx context.Context, c redis.UniversalClient, keys []string, args []any) (any, error) {
+// run runs entry e of the sliding-log code once with keys and args on c.
+func (m *scriptMode) run(ctx context.Context, c redis.UniversalClient, e luaEntry, keys []string, args []any) (any, error) {
 	if !m.scriptsOnly.Load() {
-		reply, err := c.FCall(ctx, functionName, keys, args...).Result()
+		reply, err := c.FCall(ctx, e.function, keys, args...).Result()
 		if err == nil || !m.retry(ctx, c, err) {
 			return reply, err
 		}
 		if !m.scriptsOnly.Load() { // the library was loaded: once more
-			return c.FCall(ctx, functionName, keys, args...).Result()
+			return c.FCall(ctx, e.function, keys, args...).Result()
 		}
 	}
-	return runScript(ctx, c, slidingLog, slidingLogSource, keys, args)
+	return runScript(ctx, c, e.script, e.source, keys, args)
 }
 
 // retry tells a caller whose FCALL failed with err whether to call again:

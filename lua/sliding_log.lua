@@ -68,9 +68,10 @@
 -- caches are keyed by identity), passes commands strings, reads scores only
 -- where it must, and keeps the common path inline.
 --
--- Loading. This file defines run(keys, argv) and nothing else runs at the
--- top level; the library adds either "return run(KEYS, ARGV)" (a script
--- for EVAL) or the registration of run as a Redis Function. As a function,
+-- Loading. This file defines run(keys, argv) and rollback(keys, argv), and
+-- nothing else runs at the top level; the library adds either "return
+-- run(KEYS, ARGV)" or "return rollback(KEYS, ARGV)" (a script for EVAL), or
+-- the registration of both as Redis Functions. As a function,
 -- its top level runs once, at FUNCTION LOAD, and its caches last from call
 -- to call (each bounded to CACHE entries); as a script, once per call. The
 -- top level must not touch string or math: a library being loaded sees
@@ -484,4 +485,68 @@ local function run(keys, argv)
     ki, r = ki + #ls, r + 3 + 3 * #ls
   end
   return R
+end
+
+-- rollback removes one request's entries from the logs it was logged in:
+-- when a decision that spans several Redis Cluster slots is denied after it
+-- had reserved some of them, or when a request is refunded.
+--
+-- keys     the logs.
+-- argv[1]  the request's cost n: it has n units in each log. Then, for each
+--   log in turn: the time its entries were given (the stamp run replied; 0
+--   if it was not logged there) and the log's time unit; for a bucketed
+--   limit, minus its precision instead of the unit, then its name.
+--
+-- Exact log: entries with the same time are interchangeable, so removing n
+-- entries of that time undoes the request exactly. The log's base may have
+-- moved since; times, and so the offset computed here, have not. Bucketed
+-- limit: the count of the bucket the time falls in goes down by n, if the
+-- bucket is still there. Returns how many units were removed.
+local function rollback(keys, argv)
+  fmt, call = string.format, redis.call
+  local n = num(argv[1])
+  local removed = 0
+  local a = 2
+  for i = 1, #keys do
+    local key = keys[i]
+    local stamp, unit = num(argv[a]), num(argv[a + 1])
+    a = a + 2
+    if stamp == 0 then
+      -- Not logged there (a shadow limit without room).
+      if unit < 0 then
+        a = a + 1
+      end
+    elseif unit < 0 then
+      local name = argv[a]
+      local field = bucket_field(name, floor_div(stamp, -unit))
+      a = a + 1
+      local c = tonumber(call('HGET', key, field))
+      if c then
+        local take = math.min(c, n)
+        if c > take then
+          call('HSET', key, field, str(c - take))
+        else
+          call('HDEL', key, field)
+        end
+        -- The total falls too; the oldest-bucket marker may now point at an
+        -- emptied bucket, which only makes Reset a little early until the
+        -- next pruning moves it.
+        if call('HINCRBY', key, name .. ':t', -take) <= 0 then
+          call('HDEL', key, name .. ':t', name .. ':o')
+        end
+        removed = removed + take
+      end
+    else
+      local meta = call('ZRANGE', key, '0', '0', 'WITHSCORES')
+      local base = meta_base(meta[1], meta[2])
+      if base then
+        local offset = str((stamp - base) / unit)
+        local members = call('ZRANGEBYSCORE', key, offset, offset, 'LIMIT', '0', str(n))
+        if #members > 0 then
+          removed = removed + call('ZREM', key, unpack(members))
+        end
+      end
+    end
+  end
+  return removed
 end
