@@ -26,7 +26,9 @@ const (
 	// fewest units remaining. See [Result] for the exact meaning.
 	HeadersXRateLimit HeaderSet = 1 << iota
 	// HeadersIETF writes the RateLimit and RateLimit-Policy fields of
-	// draft-ietf-httpapi-ratelimit-headers-10, one item per limit:
+	// draft-ietf-httpapi-ratelimit-headers-10, one item per enforced limit
+	// (shadow limits are left out, and limits a decision skipped are left
+	// out of RateLimit):
 	//
 	//	RateLimit-Policy: "ip-100-per-1m";q=100;w=60, "global-1000-per-1h";q=1000;w=3600
 	//	RateLimit: "ip-100-per-1m";r=12;t=37, "global-1000-per-1h";r=640;t=2100

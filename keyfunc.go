@@ -14,8 +14,9 @@ import (
 var ErrNoKey = errors.New("ratelimit: request has no key")
 
 // A Key says what a [Limit] counts by: the client IP, a header, the user, the
-// route template, a constant, or a composition of these. Build one with the
-// functions in this file; the zero Key is invalid and is rejected by [New].
+// route template, a constant, or a composition of these. Build one with
+// [ClientIP], [Header], [User], [UserFromContext], [Route], [Global],
+// [Compose] or [KeyFunc]; the zero Key is invalid and is rejected by [New].
 //
 // A Key returns the raw identifier. The limiter escapes it before it becomes
 // part of a Redis key, so identifiers may hold any bytes (braces, colons,

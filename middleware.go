@@ -108,8 +108,9 @@ func (w *statusWriter) status() int {
 // Check decides r without wrapping a handler; router adapters and custom
 // middleware use it. If r may proceed, Check sets the rate-limit headers on w
 // and returns true, and the caller must serve the request. Otherwise Check has
-// written the whole response (429 when denied, 503 under [FailClosed]) and
-// returns false. A route declared with [WithRoutes] is decided by its own
+// written the whole response (429 when denied; 503 when no decision could be
+// made under [FailClosed], or under [FailLocal] when a Key could not
+// identify r) and returns false. A route declared with [WithRoutes] is decided by its own
 // Limiter ([Limiter.ForRoute] of r.Method and r.Pattern).
 func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
 	return l.ForRoute(r.Method, r.Pattern).check(w, r, nil)
