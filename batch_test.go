@@ -6,7 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -39,7 +38,7 @@ func testBatching(t *testing.T, b backend) {
 	hook := &countingHook{}
 	c.AddHook(hook)
 	const goroutines, each, quota = 100, 10, 500
-	lim := mustNew(t, c, []Limit{PerMinute(quota, Global()).Named("batch")}, WithTimeout(10*time.Second))
+	lim := mustNew(t, c, []Limit{PerMinute(quota, Global()).Named("batch")})
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
 	start := make(chan struct{})

@@ -38,7 +38,7 @@ func testBucketedAcrossReplicas(t *testing.T, b backend) {
 	var c redis.UniversalClient
 	for i := range lims {
 		c = b.newClient(t)
-		lims[i] = mustNew(t, c, []Limit{PerMinute(100, Global()).Bucketed(time.Second).Named("bk")}, WithTimeout(10*time.Second))
+		lims[i] = mustNew(t, c, []Limit{PerMinute(100, Global()).Bucketed(time.Second).Named("bk")})
 	}
 	admitted := make(chan bool, 1000)
 	for i := range 1000 {
@@ -107,7 +107,7 @@ func testBucketedMixed(t *testing.T, b backend) {
 	lim := mustNew(t, c, []Limit{
 		PerMinute(30, Global()).Named("global"),
 		Per(10*time.Second, 4, Header("X-User")).Bucketed(time.Second).Named("user"),
-	}, append(opts, WithTimeout(10*time.Second))...)
+	}, opts...)
 	ctx := context.Background()
 	admitted := map[string]int{}
 	total := 0

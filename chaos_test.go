@@ -23,6 +23,10 @@ import (
 const (
 	chaosTimeout = 200 * time.Millisecond
 	chaosMargin  = 300 * time.Millisecond
+	// loadStartup bounds the wait for a load to reach a count before a
+	// fault is injected: it is not what the test measures, so it is as long
+	// as a loaded machine may need.
+	loadStartup = 30 * time.Second
 )
 
 // leakCheck records the goroutines of the test process and the connections
@@ -175,9 +179,9 @@ func TestChaosRestart(t *testing.T) {
 	quietRedisLog(t)
 	const quota = 200
 	ld := startLoad(t, srv, []Limit{PerMinute(quota, Global()).Named("chaos")})
-	if !ld.waitAdmitted(quota, 5*time.Second) {
+	if !ld.waitAdmitted(quota, loadStartup) {
 		ld.finish()
-		t.Fatalf("%d admitted in 5s before the outage, want the quota of %d", ld.admitted.Load(), quota)
+		t.Fatalf("%d admitted in %v before the outage, want the quota of %d", ld.admitted.Load(), loadStartup, quota)
 	}
 	time.Sleep(500 * time.Millisecond) // load against the full key before the outage
 	killed := ld.since()
@@ -255,14 +259,15 @@ func TestChaosRestart(t *testing.T) {
 }
 
 // TestChaosScriptFlush flushes the function library and the script cache
-// over and over under load: no request may fail because of it.
+// over and over under load: no request may fail because of it. It is not
+// about time, so its decisions have a timeout a loaded machine meets.
 func TestChaosScriptFlush(t *testing.T) {
 	srv := redistest.Start(t)
 	lc := startLeakCheck(t, srv)
 	var failures atomic.Int64
 	const quota = 300
 	ld := startLoad(t, srv, []Limit{PerMinute(quota, Global()).Named("flush")},
-		WithErrorHandler(func(*http.Request, error) { failures.Add(1) }))
+		WithTimeout(redistest.DecisionTimeout), WithErrorHandler(func(*http.Request, error) { failures.Add(1) }))
 	flushes := 0
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); flushes++ {
 		var err error
@@ -285,8 +290,12 @@ func TestChaosScriptFlush(t *testing.T) {
 			t.Errorf("status %d", e.status)
 		}
 	}
+	var worst time.Duration
+	for _, e := range events {
+		worst = max(worst, e.latency)
+	}
 	t.Logf("FUNCTION FLUSH and SCRIPT FLUSH: %d flushes during %d requests; %d failed; %d admitted; worst decision %v",
-		flushes, len(events), failures.Load(), admitted, checkLatency(t, events).Round(time.Millisecond))
+		flushes, len(events), failures.Load(), admitted, worst.Round(time.Millisecond))
 	if failures.Load() != 0 || admitted != quota {
 		t.Errorf("%d requests failed and %d were admitted; want 0 and %d", failures.Load(), admitted, quota)
 	}

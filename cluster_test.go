@@ -81,7 +81,7 @@ func testHierarchicalSpread(t *testing.T, b backend) {
 		lims[i] = mustNew(t, clients[i], []Limit{
 			PerHour(global, Global()).Named("global"),
 			PerHour(2, Header("X-User")).Named("user"),
-		}, WithTimeout(10*time.Second))
+		})
 	}
 	admitted := make([]atomic.Int64, users)
 	var wg sync.WaitGroup
@@ -272,9 +272,9 @@ func TestClusterFailover(t *testing.T) {
 		r.Header.Set("X-Id", id)
 		return r
 	})
-	if !ld.waitAdmitted(quota, 5*time.Second) {
+	if !ld.waitAdmitted(quota, loadStartup) {
 		ld.finish()
-		t.Fatalf("%d admitted in 5s before the kill, want the quota of %d", ld.admitted.Load(), quota)
+		t.Fatalf("%d admitted in %v before the kill, want the quota of %d", ld.admitted.Load(), loadStartup, quota)
 	}
 	time.Sleep(500 * time.Millisecond) // load against the full key before the kill
 	kill := ld.since()
@@ -341,7 +341,7 @@ func TestClusterFailover(t *testing.T) {
 	// slot of the same (now promoted) shard.
 	fresh := freshIDOn(t, c, key)
 	var admitted atomic.Int64
-	lim := mustNew(t, b.newClient(t), limits, WithTimeout(10*time.Second))
+	lim := mustNew(t, b.newClient(t), limits)
 	var wg2 sync.WaitGroup
 	for range 8 {
 		wg2.Add(1)

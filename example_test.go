@@ -12,11 +12,18 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // newRedis starts an embedded Redis with its clock stopped at a fixed time,
 // so that the examples' output does not depend on when they run. A real
 // application passes a client of its own Redis instead.
+//
+// The examples give their Limiters a timeout of redistest.DecisionTimeout
+// (10s): the embedded Redis interprets the Lua in Go, which under the race
+// detector on a busy machine can take longer than the 100ms default, and the
+// output must not depend on the machine's speed. Against a real Redis keep
+// the default.
 func newRedis() (*redis.Client, func()) {
 	mr := miniredis.NewMiniRedis()
 	if err := mr.Start(); err != nil {
@@ -46,7 +53,7 @@ func Example() {
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(1000, ratelimit.Global()),
 		ratelimit.PerSecond(2, ratelimit.ClientIP()),
-	})
+	}, ratelimit.WithTimeout(redistest.DecisionTimeout)) // the default, 100ms, suits a real Redis: see newRedis
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -75,7 +82,7 @@ func ExampleLimiter_Allow() {
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerSecond(10, ratelimit.Global()).Named("jobs-per-second"),
 		ratelimit.PerHour(12, ratelimit.Global()).Named("jobs-per-hour"),
-	})
+	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -101,7 +108,7 @@ func ExampleLimiter_With() {
 
 	api, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("api"),
-	})
+	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -133,7 +140,7 @@ func ExampleClientIP() {
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustProxies("10.0.0.0/8"))),
-	})
+	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
 	}

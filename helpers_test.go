@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,10 +81,15 @@ func (c *testClock) Set(t time.Time) {
 	c.t = t
 }
 
-// mustNew is New that fails the test on error.
+// TestMain says how many real-Redis tests were skipped, if any.
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
+
+// mustNew is New that fails the test on error. Its Limiter's decisions have
+// the timeout redistest.DecisionTimeout, which a loaded machine meets,
+// unless opts set another: a test about timeouts sets its own.
 func mustNew(t testing.TB, c redis.UniversalClient, limits []Limit, opts ...Option) *Limiter {
 	t.Helper()
-	l, err := New(c, limits, opts...)
+	l, err := New(c, limits, append([]Option{WithTimeout(redistest.DecisionTimeout)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,8 +83,7 @@ func testExactAcrossReplicas(t *testing.T, b backend) {
 	var clients [replicas]redis.UniversalClient
 	for i := range handlers {
 		clients[i] = b.newClient(t)
-		handlers[i] = mustNew(t, clients[i], []Limit{PerMinute(quota, Global()).Named("api")},
-			WithTimeout(10*time.Second)).Handler(okHandler)
+		handlers[i] = mustNew(t, clients[i], []Limit{PerMinute(quota, Global()).Named("api")}).Handler(okHandler)
 	}
 	var admitted, denied atomic.Int64
 	var wg sync.WaitGroup
@@ -163,7 +162,7 @@ func testHierarchical(t *testing.T, b backend) {
 		handlers[i] = mustNew(t, clients[i], []Limit{
 			PerMinute(100, Global()).Named("global"),
 			PerMinute(10, userKey).Named("user"),
-		}, WithTimeout(10*time.Second)).Handler(okHandler)
+		}).Handler(okHandler)
 	}
 	var mu sync.Mutex
 	admitted := map[string]int{}
@@ -689,10 +688,10 @@ func testExpiry(t *testing.T, b backend) {
 			t.Fatalf("%+v %v", res, err)
 		}
 		shortKey := logKey("short", "k")
-		deadline := time.Now().Add(3 * time.Second)
+		deadline := time.Now().Add(10 * time.Second) // expiry is lazy, and the machine may be busy
 		for c.Exists(context.Background(), shortKey).Val() == 1 {
 			if time.Now().After(deadline) {
-				t.Fatal("a 1 s log still exists 3 s after its only entry")
+				t.Fatal("a 1 s log still exists 10 s after its only entry")
 			}
 			time.Sleep(50 * time.Millisecond) // the server's clock must pass
 		}

@@ -21,7 +21,7 @@ func testRefund(t *testing.T, b backend) {
 	lim := mustNew(t, c, []Limit{
 		PerMinute(3000, Global()).Named("exact"),
 		PerMinute(3000, Global()).Bucketed(time.Second).Named("bucketed"),
-	}, WithTimeout(10*time.Second), WithCost(func(*http.Request) int { return 3 }),
+	}, WithCost(func(*http.Request) int { return 3 }),
 		WithRefund(func(status int) bool { return status >= 500 }))
 	var served, failed atomic.Int64
 	h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sort"
 	"strings"
 	"testing"
@@ -40,6 +41,7 @@ import (
 //	           adds "admin", 1 per minute per IP
 func limiters(t *testing.T, rdb redis.UniversalClient, opts ...ratelimit.Option) (api, login, admin *ratelimit.Limiter) {
 	t.Helper()
+	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout)}, opts...)
 	api, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(50, ratelimit.ClientIP()).Named("ip"),
 		ratelimit.PerMinute(3, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
@@ -60,6 +62,9 @@ func limiters(t *testing.T, rdb redis.UniversalClient, opts ...ratelimit.Option)
 	}
 	return api, login, admin
 }
+
+// TestMain says how many real-Redis tests were skipped, if any.
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
 
 func ok(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }
 

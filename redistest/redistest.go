@@ -5,6 +5,7 @@
 // When redis-server (or, for a cluster, redis-cli) is not on PATH the test is
 // skipped, unless the environment variable RATELIMIT_REQUIRE_REDIS is set to
 // 1, in which case it fails: CI must never pass by skipping real-Redis tests.
+// A package whose TestMain calls [Main] says how many tests it skipped.
 package redistest
 
 import (
@@ -16,6 +17,7 @@ import (
 	"os/exec"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +27,22 @@ import (
 // RequireEnv is the environment variable that turns a missing redis-server
 // into a test failure.
 const RequireEnv = "RATELIMIT_REQUIRE_REDIS"
+
+// DecisionTimeout is the decision timeout ([ratelimit.WithTimeout]) for
+// tests and examples that are not about timing. The library's 100ms default
+// suits a real Redis on a quiet network, not a loaded 2-core machine running
+// the race detector, where one decision on miniredis (which interprets the
+// Lua in Go) or on a redis-server that shares the CPU with the compiler can
+// take several hundred milliseconds. Ten seconds is met by any machine that
+// can run the tests at all, and still fails a test against a Redis that
+// hangs long before the test binary's own timeout would. Tests that are
+// about timeouts set their own, short ones.
+//
+// [ratelimit.WithTimeout]: https://pkg.go.dev/github.com/slidinglog/ratelimit#WithTimeout
+const DecisionTimeout = 10 * time.Second
+
+// skipped counts the tests of this process that lookPath skipped.
+var skipped atomic.Int64
 
 // Server is a redis-server process owned by a test.
 type Server struct {
@@ -50,6 +68,7 @@ func lookPath(tb testing.TB, name string) string {
 		if os.Getenv(RequireEnv) == "1" {
 			tb.Fatalf("%s not found on PATH and %s=1: %v", name, RequireEnv, err)
 		}
+		skipped.Add(1)
 		tb.Skipf("%s not found on PATH (set %s=1 to make this a failure)", name, RequireEnv)
 	}
 	return bin

@@ -2,7 +2,9 @@ package redistest
 
 import (
 	"context"
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -54,5 +56,19 @@ func TestStartCluster(t *testing.T) {
 	}
 	if n, err := rdb.DBSize(ctx).Result(); err != nil || n != 0 {
 		t.Errorf("after FlushAll: %d keys, %v", n, err)
+	}
+}
+
+func TestMain(m *testing.M) { os.Exit(Main(m)) }
+
+func TestSkipNotice(t *testing.T) {
+	got := SkipNotice(1)
+	for _, want := range []string{"1 real-Redis test skipped", "apt-get install redis-server", RequireEnv + "=1"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("SkipNotice(1) = %q, want it to mention %q", got, want)
+		}
+	}
+	if got := SkipNotice(57); !strings.Contains(got, "57 real-Redis tests skipped") || strings.Count(got, "\n") != 1 || !strings.HasSuffix(got, "\n") {
+		t.Errorf("SkipNotice(57) = %q: want one line that counts 57 tests", got)
 	}
 }

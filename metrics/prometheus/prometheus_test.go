@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	ratelimitprom "github.com/slidinglog/ratelimit/metrics/prometheus"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestMetrics drives a scripted sequence of decisions and checks every
@@ -26,7 +27,8 @@ func TestMetrics(t *testing.T) {
 	lim, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(2, ratelimit.Global()).Named("api"),
 		ratelimit.PerMinute(1, ratelimit.Global()).Shadowed().Named("trial"),
-	}, ratelimit.WithObserver(m), ratelimit.WithDenyCache(0), ratelimit.WithCircuitBreaker(1, time.Hour))
+	}, ratelimit.WithObserver(m), ratelimit.WithDenyCache(0), ratelimit.WithCircuitBreaker(1, time.Hour),
+		ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}
