@@ -51,7 +51,7 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 	}
 	keys, tags := l.keys(s, fromKeys)
 	if !peek {
-		if res, ok := l.denies.check(l, s, keys, cost, local); ok {
+		if res, ok := l.cachedDenial(s, keys, cost, local); ok {
 			return res, nil
 		}
 	}
@@ -63,9 +63,7 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 	d := decision{l: l, s: s, cost: cost, replies: s.replies(len(l.limits)), wall: wall, peek: peek, denier: -1}
 	allowed, err := l.remote(ctx, &d, keys, tags, now, deadline)
 	if err == nil {
-		if !allowed && !peek {
-			l.denies.remember(&d, keys, local)
-		}
+		l.denies.learn(keys, d.replies, l.shadow, l.quota, cost, allowed && !peek, local, l.localNow())
 		res := d.result(allowed)
 		if allowed && !peek && s.wantTicket {
 			t := &ticket{l: l, cost: cost, keys: slices.Clone(keys), stamps: make([]int64, len(keys))}
@@ -88,6 +86,57 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 	return res, err
 }
 
+// localNow reads the clock decisions are timed by: the WithClock clock, or
+// the local one.
+func (l *Limiter) localNow() time.Time {
+	if l.cfg.clock != nil {
+		return l.cfg.clock()
+	}
+	return time.Now()
+}
+
+func (l *Limiter) shadow(i int) bool { return l.limits[i].Shadow }
+func (l *Limiter) quota(i int) int   { return l.limits[i].Quota }
+
+// cachedDenial answers a request of cost on keys from the deny cache at
+// local time now, if the cache knows a limit of the decision to be full for
+// that cost. The Result names every limit the cache knows full, and denies
+// by the one that frees up last; the limits it knows nothing of are
+// Skipped. Its Now is the Redis clock's time as the replies the cache learnt
+// from allow it to be at the latest, so that Retry-After and Reset are never
+// early.
+func (l *Limiter) cachedDenial(s *scratch, keys []string, cost int, now time.Time) (Result, bool) {
+	if l.denies.maxAge == 0 {
+		return Result{}, false
+	}
+	for i := range l.limits {
+		if cost > l.limits[i].Quota {
+			return Result{}, false // it never fits: Redis says so exactly
+		}
+	}
+	s.hits = grow(s.hits, len(keys))
+	worst := l.denies.check(keys, l.shadow, cost, now, s.hits)
+	if worst < 0 {
+		return Result{}, false
+	}
+	res := Result{Limits: s.results(len(l.limits)), index: worst, cached: true}
+	for i, h := range s.hits {
+		res.Limits[i] = l.limits[i].result()
+		if !h.ok {
+			res.Limits[i].Skipped = true
+			continue
+		}
+		res.Limits[i].Remaining, res.Limits[i].Reset, res.Limits[i].Denied = h.remaining, h.fit, true
+		if at := h.now.Add(max(now.Sub(h.replied), 0)); at.After(res.Now) {
+			res.Now = at
+		}
+	}
+	w := &res.Limits[worst]
+	res.Limit, res.Remaining, res.Reset, res.DeniedBy = w.Quota, w.Remaining, w.Reset, w.Name
+	res.RetryAfter = max(w.Reset.Sub(res.Now), 0)
+	return res, true
+}
+
 // scratch holds what one decision needs, recycled through scratches so that
 // a decision does not allocate for it.
 type scratch struct {
@@ -100,6 +149,7 @@ type scratch struct {
 	reps       []reply
 	args       []any
 	limits     []LimitResult
+	hits       []cachedDenial
 }
 
 var scratches = sync.Pool{New: func() any { return new(scratch) }}

@@ -32,93 +32,123 @@ func WithDenyCache(maxAge time.Duration) Option {
 	}
 }
 
-// denyCache remembers, per Redis key, the denials Redis reported.
+// denyCache remembers, per Redis key, the limits that Redis reported full:
+// denied, or left with nothing remaining by an admission.
 type denyCache struct {
 	maxAge time.Duration
 	mu     sync.RWMutex
 	m      map[string]denial
 }
 
-// denial is what a key's log looked like when Redis denied a request.
+// denial is what a key's log looked like when Redis last reported it full.
 type denial struct {
 	until     time.Time // local clock: when the log's count may first fall
 	cost      int       // the smallest cost known not to fit until then
 	remaining int
 	fit       time.Time // Redis clock: when a request of that cost fits
 	now       time.Time // Redis clock: when Redis decided
-	local     time.Time // local clock: when Redis decided, about
+	replied   time.Time // local clock: when the reply arrived, not before Redis decided
 }
 
-// check returns a denial from memory for a request of cost on keys, if one
-// of its keys has a fresh one.
-func (c *denyCache) check(l *Limiter, s *scratch, keys []string, cost int, now time.Time) (Result, bool) {
+// cachedDenial is a fresh denial the cache holds for one key of a decision.
+type cachedDenial struct {
+	ok bool
+	denial
+}
+
+// check looks up the denials of keys for a request of cost at local time
+// now; shadow(i) reports the keys of shadow limits, which never deny. It
+// stores what it found for key i in hits[i] and returns the index of the key
+// whose denial frees up last, or -1 if no key has a fresh denial that covers
+// cost.
+func (c *denyCache) check(keys []string, shadow func(i int) bool, cost int, now time.Time, hits []cachedDenial) int {
 	if c == nil || c.maxAge == 0 {
-		return Result{}, false
+		return -1
 	}
+	worst := -1
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	for i, key := range keys {
 		e, ok := c.m[key]
-		if !ok || !now.Before(e.until) || cost < e.cost || l.limits[i].Shadow {
+		if !ok || !now.Before(e.until) || cost < e.cost || shadow(i) {
+			hits[i] = cachedDenial{}
 			continue
 		}
-		lim := &l.limits[i]
-		elapsed := now.Sub(e.local) // the Redis clock has moved as much
-		res := Result{
-			Now:        e.now.Add(elapsed),
-			Limit:      lim.Quota,
-			Remaining:  e.remaining,
-			Reset:      e.fit,
-			RetryAfter: max(e.fit.Sub(e.now)-elapsed, 0),
-			DeniedBy:   lim.Name,
-			Limits:     s.results(len(l.limits)),
-			index:      i,
-			cached:     true,
+		hits[i] = cachedDenial{ok: true, denial: e}
+		if worst < 0 || e.fit.After(hits[worst].fit) {
+			worst = i
 		}
-		for j := range l.limits {
-			res.Limits[j] = l.limits[j].result()
-			res.Limits[j].Skipped = j != i
-		}
-		res.Limits[i].Remaining, res.Limits[i].Reset, res.Limits[i].Denied = e.remaining, e.fit, true
-		if cost > lim.Quota {
-			res.RetryAfter = 0
-		}
-		return res, true
 	}
-	return Result{}, false
+	return worst
 }
 
-// remember records the denial Redis reported for d's denying limit
-// (d.denier), made at local time now.
-func (c *denyCache) remember(d *decision, keys []string, now time.Time) {
-	if c == nil || c.maxAge == 0 || d.denier < 0 {
+// learn records what the replies of a decision of cost (one per key; those
+// with ok false were not consulted) say about each key: logged reports that
+// the request was admitted and counted. It is called at local time replied,
+// when the answer arrived, for a decision sent at local time start. A limit
+// without room for the cost is full for that cost; one that the admission
+// left with nothing remaining is full for any cost; any other is not full,
+// and a denial held for its key is dropped: its count has fallen since (a
+// rollback, a refund, a reset). Shadow limits are never recorded.
+func (c *denyCache) learn(keys []string, replies []reply, shadow func(i int) bool, quota func(i int) int, cost int, logged bool, start, replied time.Time) {
+	if c == nil || c.maxAge == 0 {
 		return
 	}
-	r := d.replies[d.denier]
-	if r.next <= r.now || r.count == 0 || r.reset == -1 {
-		return // nothing will leave, or the cost can never fit
-	}
-	until := now.Add(min(time.Duration(r.next-r.now)*time.Microsecond, c.maxAge))
-	lim := &d.l.limits[d.denier]
-	e := denial{
-		until:     until,
-		cost:      d.cost,
-		remaining: int(max(int64(lim.Quota)-r.count, 0)),
-		fit:       time.UnixMicro(r.reset),
-		now:       time.UnixMicro(r.now),
-		local:     now,
-	}
-	key := keys[d.denier]
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = make(map[string]denial)
+	for i, key := range keys {
+		r := replies[i]
+		if !r.ok || shadow(i) {
+			continue
+		}
+		e, full := fullness(r, int64(quota(i)), int64(cost), logged)
+		if !full {
+			if _, held := c.m[key]; held {
+				delete(c.m, key)
+			}
+			continue
+		}
+		// The count may first fall when the oldest entry leaves, on the
+		// Redis clock; on the local clock that is at the earliest that long
+		// after the decision was sent. Retry-After counts down from when the
+		// reply arrived, the latest instant Redis can have decided at, so
+		// that it is never early.
+		e.until = start.Add(min(time.Duration(e.until.UnixMicro()-r.now)*time.Microsecond, c.maxAge))
+		e.replied = replied
+		if old, ok := c.m[key]; ok && start.Before(old.until) && old.cost < e.cost {
+			continue // keep the denial of the smaller cost: it covers more requests
+		}
+		if c.m == nil {
+			c.m = make(map[string]denial)
+		}
+		makeRoom(c.m, maxDenyEntries, func(old denial) bool { return !start.Before(old.until) })
+		c.m[key] = e
 	}
-	if old, ok := c.m[key]; ok && now.Before(old.until) && old.cost < e.cost {
-		return // keep the denial of the smaller cost: it covers more requests
+}
+
+// fullness reports whether a limit's reply, of a given quota, for a request
+// of cost (logged: admitted and counted) shows the limit full, and the
+// denial to keep; its until holds, on the Redis clock, when the count may
+// first fall.
+func fullness(r reply, quota, cost int64, logged bool) (denial, bool) {
+	var e denial
+	switch {
+	case r.count+cost > quota: // no room for the cost
+		if r.next <= r.now || r.count == 0 || r.reset == -1 {
+			return e, false // nothing will leave, or the cost can never fit
+		}
+		e.cost, e.remaining, e.fit = int(cost), int(quota-r.count), time.UnixMicro(r.reset)
+		e.until = time.UnixMicro(r.next) // when the oldest entry leaves
+	case logged && r.count+cost == quota && r.reset > r.now:
+		// Nothing left: a request of cost 1 fits when the oldest entry
+		// leaves.
+		e.cost, e.remaining, e.fit = 1, 0, time.UnixMicro(r.reset)
+		e.until = e.fit
+	default:
+		return e, false
 	}
-	makeRoom(c.m, maxDenyEntries, func(old denial) bool { return !now.Before(old.until) })
-	c.m[key] = e
+	e.now = time.UnixMicro(r.now)
+	return e, true
 }
 
 // forget drops the denial of key, if any.

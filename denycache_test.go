@@ -2,8 +2,14 @@ package ratelimit
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestDenyCache: once Redis has denied a key, requests of that cost or more
@@ -45,20 +51,25 @@ func testDenyCache(t *testing.T, b backend) {
 			t.Errorf("cost %d from the cache: %+v after %d round trips", cost, res, trips)
 		}
 	}
-	// A smaller cost may fit: Redis decides.
+	// A smaller cost may fit: Redis decides. Its admission leaves the
+	// limit full, which the cache learns: now cost 1 is denied from memory.
 	if res, trips := allow(1); !res.Allowed || trips == 0 {
 		t.Errorf("cost 1: %+v after %d round trips", res, trips)
 	}
-	// The cache keeps a denial no longer than its maximum age, even though
-	// the log's oldest entry leaves only at 60s...
-	clock.Set(t0.Add(14 * time.Second))
+	if res, trips := allow(1); res.Allowed || trips != 0 || res.Remaining != 0 || res.RetryAfter != 48*time.Second {
+		t.Errorf("cost 1 after an admission that left nothing: %+v after %d round trips", res, trips)
+	}
+	// The cache keeps what it learnt no longer than its maximum age from
+	// the reply it learnt it from (at 12s), even though the log's oldest
+	// entry leaves only at 60s...
+	clock.Set(t0.Add(16 * time.Second))
 	if _, trips := allow(2); trips != 0 {
 		t.Error("the denial left the cache early")
 	}
 	if err := c.Del(ctx, logKey("d", "k")).Err(); err != nil {
 		t.Fatal(err) // an early removal, as a refund would be
 	}
-	clock.Set(t0.Add(15 * time.Second))
+	clock.Set(t0.Add(17 * time.Second))
 	if res, trips := allow(2); !res.Allowed || trips == 0 {
 		t.Errorf("after the maximum age: %+v after %d round trips", res, trips)
 	}
@@ -81,4 +92,136 @@ func TestDenyCacheUntilOldestLeaves(t *testing.T) {
 			t.Errorf("after the window: %+v %v", res, err)
 		}
 	})
+}
+
+// TestDenyCacheSlowReply: a denial served from the cache is dated no later
+// than Redis's clock at that instant, however long Redis's reply took, so
+// that its Retry-After and Reset are never early. (Dated from when the
+// decision was sent, a request that took 350ms to reach Redis made the
+// cache 350ms early.)
+func TestDenyCacheSlowReply(t *testing.T) { forBackends(t, testDenyCacheSlowReply) }
+
+func testDenyCacheSlowReply(t *testing.T, b backend) {
+	proxy := redistest.NewProxy(t, b.addr())
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	direct := b.newClient(t)
+	lim := mustNew(t, c, []Limit{Per(3*time.Second, 2, Global()).Named("slow")}, WithDenyCache(10*time.Second))
+	ctx := context.Background()
+	// Requests of cost 1, then 2, take 350ms to reach Redis: the first is
+	// admitted, the second denied, and the denial cached.
+	proxy.SetDelay(350 * time.Millisecond)
+	for i, cost := range []int{1, 2} {
+		res, err := lim.Allow(ctx, []string{"k"}, cost)
+		if err != nil || res.Allowed != (i == 0) || res.cached {
+			t.Fatalf("request %d through a slow network: %+v, %v", i, res, err)
+		}
+	}
+	proxy.SetDelay(0)
+	res, err := lim.Allow(ctx, []string{"k"}, 2)
+	if err != nil || res.Allowed || !res.cached {
+		t.Fatalf("third request: %+v, %v; want a denial from the cache", res, err)
+	}
+	redisNow, err := direct.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Now.After(redisNow) {
+		t.Errorf("the cached denial is dated %v, %v after Redis's clock read after it: its Retry-After (%v) is that early",
+			res.Now.Format(time.StampMicro), res.Now.Sub(redisNow), res.RetryAfter)
+	}
+	if fit := res.Now.Add(res.RetryAfter); fit.Before(res.Reset) {
+		t.Errorf("Retry-After %v from %v ends before Reset %v", res.RetryAfter, res.Now, res.Reset)
+	}
+}
+
+// TestDenyCacheLearnsFromAdmissions: the cache learns from every reply. A
+// client denied by its own limit (x: 1 per second) and cached, whose other
+// limit (g: 2 per 3 seconds, global) another client then fills, is told to
+// come back when g frees up, not when x does.
+func TestDenyCacheLearnsFromAdmissions(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		clock := &testClock{t: t0}
+		c := b.newClient(t)
+		hook := &countingHook{}
+		c.AddHook(hook)
+		lim := mustNew(t, c, []Limit{
+			Per(time.Second, 1, Header("X-Client")).Named("x"),
+			Per(3*time.Second, 2, Global()).Named("g"),
+		}, WithClock(clock.Now), WithDenyCache(10*time.Second))
+		ctx := context.Background()
+		allow := func(client string) Result {
+			t.Helper()
+			res, err := lim.Allow(ctx, []string{client, "global"}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res
+		}
+		if res := allow("a"); !res.Allowed {
+			t.Fatalf("a's first request: %+v", res)
+		}
+		if res := allow("a"); res.Allowed || res.DeniedBy != "x" || res.RetryAfter != time.Second {
+			t.Fatalf("a's second request: %+v, want denied by x for 1s", res)
+		}
+		if res := allow("b"); !res.Allowed || res.Limits[1].Remaining != 0 {
+			t.Fatalf("b's request: %+v, want admitted, leaving g full", res)
+		}
+		before := hook.trips.Load()
+		res := allow("a")
+		if hook.trips.Load() != before {
+			t.Errorf("a's third request went to Redis; want it answered from the cache")
+		}
+		if res.Allowed || res.DeniedBy != "g" || res.RetryAfter != 3*time.Second || !res.Reset.Equal(t0.Add(3*time.Second)) {
+			t.Errorf("a's third request: allowed=%v denied by %q, Retry-After %v, Reset %v; want denied by g for 3s",
+				res.Allowed, res.DeniedBy, res.RetryAfter, res.Reset)
+		}
+		// What the cache said is what Redis says: at 1s a is still denied,
+		// by g; at 3s it is admitted.
+		clock.Set(t0.Add(time.Second))
+		if res := allow("a"); res.Allowed || res.DeniedBy != "g" {
+			t.Errorf("at 1s: %+v, want denied by g", res)
+		}
+		clock.Set(t0.Add(3 * time.Second))
+		if res := allow("a"); !res.Allowed {
+			t.Errorf("at 3s: %+v, want admitted", res)
+		}
+	})
+}
+
+// TestCachedDenialHeaders: every 429, from Redis or from the deny cache,
+// names the same limits in RateLimit and in RateLimit-Policy.
+func TestCachedDenialHeaders(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		clock := &testClock{t: t0}
+		lim := mustNew(t, b.newClient(t), []Limit{
+			PerMinute(100, Global()).Named("api"),
+			PerMinute(1, ClientIP()).Named("ip"),
+		}, WithClock(clock.Now), WithHeaders(HeadersIETF))
+		h := lim.Handler(okHandler)
+		for i, want := range []int{200, 429, 429} {
+			w := serve(h, "GET", "/", "192.0.2.1:1")
+			if w.Code != want {
+				t.Fatalf("request %d: %d, want %d", i, w.Code, want)
+			}
+			rl, policy := itemNames(w.Header().Get("RateLimit")), itemNames(w.Header().Get("RateLimit-Policy"))
+			if !slices.Equal(rl, policy) || len(rl) == 0 {
+				t.Errorf("request %d (%d): RateLimit names %v, RateLimit-Policy names %v", i, w.Code, rl, policy)
+			}
+		}
+	})
+}
+
+// itemNames returns the names of the items of a RateLimit or
+// RateLimit-Policy field, sorted.
+func itemNames(field string) []string {
+	var names []string
+	for _, item := range strings.Split(field, ",") {
+		name, _, _ := strings.Cut(strings.TrimSpace(item), ";")
+		if name != "" {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }

@@ -88,7 +88,9 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 		h[hdrPolicy] = l.policyHeader
 		var buf [256]byte // most headers fit: one allocation, the string
 		b := buf[:0]
+		skipped := false
 		for i, lr := range res.Limits {
+			skipped = skipped || lr.Skipped && !lr.Shadow
 			if lr.Skipped || lr.Shadow {
 				continue
 			}
@@ -102,10 +104,30 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 			b = strconv.AppendInt(b, ceilSeconds(lr.Reset.Sub(res.Now)), 10)
 		}
 		h[hdrRateLimit] = []string{string(b)}
+		if skipped { // RateLimit-Policy names the limits RateLimit describes
+			h[hdrPolicy] = l.policiesOf(res)
+		}
 	}
 	if !res.Allowed && res.RetryAfter > 0 {
 		h[hdrRetryAfter] = number(ceilSeconds(res.RetryAfter))
 	}
+}
+
+// policiesOf returns the RateLimit-Policy value of the enforced limits res
+// consulted: all of them but those a Cluster decision or the deny cache
+// skipped.
+func (l *Limiter) policiesOf(res *Result) []string {
+	var b []byte
+	for i, lr := range res.Limits {
+		if lr.Skipped || lr.Shadow {
+			continue
+		}
+		if len(b) > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, l.limits[i].policy...)
+	}
+	return []string{string(b)}
 }
 
 // numbers caches header values of integers, so that writing the usual ones

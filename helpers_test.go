@@ -25,6 +25,14 @@ type backend struct {
 	cluster *redistest.Cluster   // for a real Redis Cluster
 }
 
+// addr returns the address of the backend's single server.
+func (b backend) addr() string {
+	if b.srv != nil {
+		return b.srv.Addr
+	}
+	return b.mr.Addr()
+}
+
 // newClient returns a client with its own connection pool, as a separate app
 // replica would have.
 func (b backend) newClient(t testing.TB) redis.UniversalClient {

@@ -73,6 +73,7 @@ type compiledLimit struct {
 	nameArg    any      // Name, boxed once
 	limitHdr   []string // precomputed X-RateLimit-Limit value
 	quotedName string   // the name as an sf-string, for the RateLimit header
+	policy     string   // the limit's item in RateLimit-Policy
 }
 
 // New returns a Limiter that enforces limits in the Redis that client talks
@@ -148,6 +149,7 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 			nameArg:    lim.Name,
 			limitHdr:   []string{strconv.Itoa(lim.Quota)},
 			quotedName: strconv.Quote(lim.Name),
+			policy:     policyItem(lim),
 		})
 		if !lim.Shadow {
 			policies = append(policies, policyItem(lim))
