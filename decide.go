@@ -75,7 +75,7 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 		return res, nil
 	}
 	if l.cfg.failure != FailLocal || peek {
-		return Result{}, err
+		return Result{unreverted: d.unreverted}, err
 	}
 	if now == 0 {
 		now = time.Now().UnixMicro()
@@ -207,9 +207,10 @@ func (l *Limiter) remote(ctx context.Context, d *decision, keys, tags []string, 
 			continue
 		}
 		if err != nil || !allowed {
-			// Take back what the groups before this one reserved.
-			rerr := l.rollback(ctx, l.reservations(keys, groups[:k], func(i int) int64 { return d.replies[i].next }), d.cost)
-			return false, errors.Join(err, rerr)
+			// Take back what the groups before this one reserved. A denial
+			// stays a denial if that fails: the rollback counts it.
+			d.unreverted = l.rollback(l.reservations(keys, groups[:k], func(i int) int64 { return d.replies[i].next }), d.cost, deadline)
+			return false, err
 		}
 	}
 	return all, nil
@@ -249,26 +250,6 @@ func (l *Limiter) tags(dst, keys []string) []string {
 	return dst
 }
 
-// reservations returns, for each of groups, what the rollback code needs
-// to remove a request's entries from the group's logs: their keys (from
-// keys, one per limit), and the stamp and time unit of the entries of each
-// limit i (stamp(i)).
-func (l *Limiter) reservations(keys []string, groups [][]int, stamp func(i int) int64) []reservation {
-	rs := make([]reservation, len(groups))
-	for k, g := range groups {
-		r := &rs[k]
-		r.keys = make([]string, len(g))
-		for j, i := range g {
-			r.keys[j] = keys[i]
-			r.args = append(r.args, stamp(i), l.limits[i].unit)
-			if l.limits[i].bucketed {
-				r.args = append(r.args, l.limits[i].nameArg)
-			}
-		}
-	}
-	return rs
-}
-
 // groups splits the limits into groups whose keys share a hash tag. Groups
 // counted by a Global key come last: they are the hot keys, best not
 // reserved for a request that a per-client limit then denies.
@@ -294,31 +275,6 @@ func (l *Limiter) groups(tags []string) [][]int {
 	return groups
 }
 
-// reservation is what a group's script call logged, to remove it again:
-// the logs, and the stamp and time unit of the request's entries in each.
-type reservation struct {
-	keys []string
-	args []any
-}
-
-// rollback removes the entries of reservations (a denied cluster decision's,
-// or a refunded request's). It gets its own timeout, so that it still runs
-// when the decision's own ran out or the request was cancelled.
-func (l *Limiter) rollback(ctx context.Context, reservations []reservation, cost int) error {
-	if len(reservations) == 0 {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.timeout)
-	defer cancel()
-	var errs []error
-	for _, r := range reservations {
-		if _, err := l.batch.mode.run(ctx, l.client, rollbackCode, r.keys, append([]any{cost}, r.args...)); err != nil {
-			errs = append(errs, fmt.Errorf("ratelimit: removing a reservation from %s (it stays counted until it leaves the window): %w", r.keys[0], err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // decision gathers the replies of one decision's script calls.
 type decision struct {
 	l       *Limiter
@@ -329,6 +285,9 @@ type decision struct {
 	replies []reply // per limit; ok is false for limits not checked
 	denier  int     // index of the limit that denied, -1 if none
 	now     int64
+	// unreverted counts the units of cost a Cluster decision that was denied
+	// or failed after reserving could not take back (see rollback).
+	unreverted uint64
 }
 
 // result is the part of a LimitResult that the limit itself gives.
@@ -458,6 +417,7 @@ func (d *decision) result(allowed bool) Result {
 	}
 	c := res.Limits[closest]
 	res.Limit, res.Remaining, res.Reset, res.index = c.Quota, c.Remaining, c.Reset, closest
+	res.unreverted = d.unreverted
 	return res
 }
 
@@ -521,7 +481,14 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 		groups = t.l.groups(t.l.tags(make([]string, len(t.keys)), t.keys))
 	}
 	reservations := t.l.reservations(t.keys, groups, func(i int) int64 { return t.stamps[i] })
-	err := t.l.rollback(ctx, reservations, t.cost)
+	deadline := time.Now().Add(t.l.cfg.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	var err error
+	if n := t.l.rollback(reservations, t.cost, deadline); n > 0 {
+		err = fmt.Errorf("%w: %d units stay counted until they leave their windows", ErrNotReverted, n)
+	}
 	for _, key := range t.keys {
 		t.l.denies.forget(key)
 	}

@@ -58,10 +58,11 @@ type Limiter struct {
 	// exec, if set, replaces the Redis call: benchmarks measure the rest.
 	exec func(keys []string, args []any) (any, error)
 
-	breakers *breakers   // shared with derived Limiters
-	local    *localStore // for FailLocal; shared with derived Limiters
-	batch    *batcher    // shared with derived Limiters
-	denies   *denyCache  // shared with derived Limiters
+	breakers  *breakers   // shared with derived Limiters
+	local     *localStore // for FailLocal; shared with derived Limiters
+	batch     *batcher    // shared with derived Limiters
+	denies    *denyCache  // shared with derived Limiters
+	rollbacks *rollbacks  // shared with derived Limiters
 }
 
 type compiledLimit struct {
@@ -167,11 +168,13 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		// The same Redis, the same requests: one view of its health, and
 		// one set of local logs.
 		l.breakers, l.local, l.batch, l.denies = parent.breakers, parent.local, parent.batch, parent.denies
+		l.rollbacks = parent.rollbacks
 	} else {
 		l.breakers = &breakers{failures: int32(cfg.breakerFailures), coolDown: cfg.breakerCoolDown}
 		l.local = &localStore{}
 		l.batch = &batcher{split: l.split}
 		l.denies = &denyCache{maxAge: cfg.denyCache}
+		l.rollbacks = newRollbacks(l.logRollbackFailure)
 	}
 	if err := l.buildRoutes(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
@@ -399,6 +402,9 @@ type Result struct {
 	index  int     // of the limit Limit, Remaining and Reset describe
 	ticket *ticket // for Refund, when the request was admitted
 	cached bool    // a denial from the deny cache
+	// unreverted counts units this decision reserved and could not take
+	// back (see Limiter.rollback).
+	unreverted uint64
 }
 
 // LimitResult is the state of one limit after a decision.

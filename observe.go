@@ -28,6 +28,13 @@ type Decision struct {
 	// Local reports a FailLocal decision made in this process; Cached a
 	// denial served from the deny cache.
 	Local, Cached bool
+	// Unreverted counts units of cost the decision left counted in Redis
+	// although it did not admit the request: a Redis Cluster decision that
+	// reserved room on one primary, was then denied or failed on another,
+	// and whose reservation Redis did not take back within the decision's
+	// time. A removal still under way then is counted by
+	// [Limiter.Unreverted] if it fails, not here.
+	Unreverted uint64
 }
 
 // An Observer receives every decision, for metrics. Observe runs on the
@@ -78,7 +85,7 @@ func (l *Limiter) watched() bool { return len(l.cfg.observers) > 0 || l.cfg.logg
 // observe reports a decision to the observers and the logger.
 func (l *Limiter) observe(r *http.Request, ids []string, res *Result, err error, start time.Time) {
 	d := Decision{LimitNames: l.names, Limits: res.Limits, Allowed: res.Allowed, DeniedBy: res.DeniedBy, Err: err,
-		Latency: time.Since(start), Local: res.Local, Cached: res.cached}
+		Latency: time.Since(start), Local: res.Local, Cached: res.cached, Unreverted: res.unreverted}
 	if err != nil && !res.Local {
 		d.Limits = nil
 		d.Allowed = l.cfg.failure == FailOpen
@@ -88,6 +95,13 @@ func (l *Limiter) observe(r *http.Request, ids []string, res *Result, err error,
 	}
 	if l.cfg.logger != nil {
 		l.log(r, ids, &d)
+	}
+}
+
+// logRollbackFailure logs, at Warn, a rollback that left units counted.
+func (l *Limiter) logRollbackFailure(err error) {
+	if l.cfg.logger != nil {
+		l.cfg.logger.Warn("ratelimit: rollback failed", slog.Any("error", err))
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -161,9 +162,30 @@ func (s *Server) Stop() {
 	if s.cmd == nil {
 		return
 	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused process dies all the same, but say so
 	_ = s.cmd.Process.Kill()
 	<-s.waited
 	s.cmd = nil
+}
+
+// Pause stops the server's process (SIGSTOP) without killing it: it keeps
+// its connections and data but answers nothing, like a server stalled by a
+// long fork or a stuck disk, until [Server.Resume]. A paused server is
+// resumed before it is killed at the end of the test.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.tb.Errorf("redistest: %v to %s: %v", sig, s.Addr, err)
+	}
 }
 
 // Restart starts a stopped server again on the same port and directory. A

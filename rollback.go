@@ -1,0 +1,156 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// ErrNotReverted is returned (wrapped) by [Limiter.Refund] when Redis could
+// not remove the request's entries: they stay counted until they leave
+// their windows. [Limiter.Unreverted] counts such units.
+var ErrNotReverted = errors.New("ratelimit: entries could not be removed")
+
+// Rollback limits. A rollback that Redis does not answer within the
+// decision's time goes on in the background, tried again with backoff until
+// Redis answers, until its entries would have left their windows anyway, or
+// until maxRollbackTime has passed; at most maxPendingRollbacks run in the
+// background at once per Limiter family, and a rollback beyond that is not
+// tried (and counted).
+const (
+	maxPendingRollbacks = 1024
+	maxRollbackTime     = 30 * time.Second
+	firstRollbackRetry  = 50 * time.Millisecond
+	lastRollbackRetry   = 2 * time.Second
+)
+
+// rollbacks holds a Limiter family's rollbacks in flight and counts what
+// could not be taken back.
+type rollbacks struct {
+	slots      chan struct{} // one per rollback in flight
+	unreverted atomic.Uint64 // units of cost left counted in some log
+	onFailure  func(error)   // the logger's, if any
+}
+
+func newRollbacks(onFailure func(error)) *rollbacks {
+	return &rollbacks{slots: make(chan struct{}, maxPendingRollbacks), onFailure: onFailure}
+}
+
+// reservation is what a group's script call logged, to remove it again:
+// the logs, and the stamp and time unit of the request's entries in each.
+type reservation struct {
+	keys   []string
+	args   []any
+	window time.Duration // the longest window of its logs: then nothing is left to remove
+}
+
+// units is how many units of cost r holds for a request of cost: cost in
+// each of its logs.
+func (r *reservation) units(cost int) uint64 { return uint64(cost) * uint64(len(r.keys)) }
+
+// reservations returns, for each of groups, what the rollback code needs
+// to remove a request's entries from the group's logs: their keys (from
+// keys, one per limit), and the stamp and time unit of the entries of each
+// limit i (stamp(i)).
+func (l *Limiter) reservations(keys []string, groups [][]int, stamp func(i int) int64) []reservation {
+	rs := make([]reservation, len(groups))
+	for k, g := range groups {
+		r := &rs[k]
+		r.keys = make([]string, len(g))
+		for j, i := range g {
+			r.keys[j] = keys[i]
+			r.args = append(r.args, stamp(i), l.limits[i].unit)
+			if l.limits[i].bucketed {
+				r.args = append(r.args, l.limits[i].nameArg)
+			}
+			r.window = max(r.window, l.limits[i].Window)
+		}
+	}
+	return rs
+}
+
+// rollback removes the entries of reservations (a denied or failed cluster
+// decision's, or a refunded request's) of a request of cost. It waits for
+// Redis until deadline at the latest; what Redis has not confirmed by then
+// goes on in the background (see maxRollbackTime), so that a rollback never
+// holds a request past its decision's time. It returns the units known, at
+// return, to stay counted: those Redis refused to remove, or that found no
+// room to run in the background. They, and those the background gives up
+// on, are added to Limiter.Unreverted.
+func (l *Limiter) rollback(reservations []reservation, cost int, deadline time.Time) (unreverted uint64) {
+	if len(reservations) == 0 {
+		return 0
+	}
+	rb := l.rollbacks
+	select {
+	case rb.slots <- struct{}{}:
+	default:
+		for i := range reservations {
+			unreverted += reservations[i].units(cost)
+		}
+		rb.fail(unreverted, fmt.Errorf("ratelimit: %d rollbacks in flight: not removing a reservation from %s (it stays counted until it leaves the window)",
+			maxPendingRollbacks, reservations[0].keys[0]))
+		return unreverted
+	}
+	done := make(chan uint64, 1)
+	go func() {
+		defer func() { <-rb.slots }()
+		done <- l.removeReservations(reservations, cost)
+	}()
+	wait := time.NewTimer(time.Until(deadline))
+	defer wait.Stop()
+	select {
+	case n := <-done:
+		return n
+	case <-wait.C:
+		return 0 // still under way: it counts itself if it gives up
+	}
+}
+
+// removeReservations removes reservations, each tried until Redis answers
+// or it is no longer worth it, and returns the units it could not remove,
+// which it has counted.
+func (l *Limiter) removeReservations(reservations []reservation, cost int) (unreverted uint64) {
+	start := time.Now()
+	for i := range reservations {
+		r := &reservations[i]
+		giveUp := start.Add(min(r.window, maxRollbackTime))
+		args := append([]any{cost}, r.args...)
+		var err error
+		for retry := firstRollbackRetry; ; retry = min(2*retry, lastRollbackRetry) {
+			ctx, cancel := context.WithTimeout(context.Background(), l.cfg.timeout)
+			_, err = l.batch.mode.run(ctx, l.client, rollbackCode, r.keys, args)
+			cancel()
+			if err == nil || !unavailable(err) || time.Now().Add(retry).After(giveUp) {
+				break
+			}
+			time.Sleep(retry) // backoff before asking a Redis that failed again
+		}
+		if err != nil {
+			n := r.units(cost)
+			unreverted += n
+			l.rollbacks.fail(n, fmt.Errorf("ratelimit: removing a reservation from %s (it stays counted until it leaves the window): %w", r.keys[0], err))
+		}
+	}
+	return unreverted
+}
+
+// fail counts n units that stay counted, and reports why.
+func (rb *rollbacks) fail(n uint64, err error) {
+	rb.unreverted.Add(n)
+	if rb.onFailure != nil {
+		rb.onFailure(err)
+	}
+}
+
+// Unreverted returns how many units of cost this Limiter and those derived
+// from it have left counted in Redis for requests that were not admitted
+// (or were refunded), because Redis could not take them back: a Redis
+// Cluster decision that reserved room on one primary and was then denied
+// or failed on another, or a refund, whose removal Redis did not confirm
+// within 30 seconds or before the entries would have left their
+// windows anyway. Such units stay counted until they leave their windows.
+// The count only grows; metrics export it as a counter.
+func (l *Limiter) Unreverted() uint64 { return l.rollbacks.unreverted.Load() }
