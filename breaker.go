@@ -33,8 +33,18 @@ const (
 // failures <= 0 turns the breaker off: every request waits for Redis up to
 // the timeout.
 //
-// On a Redis Cluster each primary has its own breaker, so a dead shard does
-// not stop decisions on the others.
+// On a Redis Cluster each primary has its own breaker: failed calls to one
+// primary do not open the others' breakers. Whether the other primaries keep
+// deciding while one is down depends on the cluster's configuration. With
+// Redis's default, cluster-require-full-coverage yes, once the cluster marks
+// the primary failed (after cluster-node-timeout) every node refuses every
+// command with CLUSTERDOWN until a replica has been promoted or the primary
+// is back: decisions for every key get the failure mode for that time, and
+// for up to coolDown longer, as those errors open every primary's breaker.
+// With cluster-require-full-coverage no, the other primaries keep serving
+// their slots and only decisions that need a key of the dead primary fail
+// (a [Global] limit's key is on one primary, so, if it is that one, every
+// decision that includes it).
 func WithCircuitBreaker(failures int, coolDown time.Duration) Option {
 	return func(c *config) {
 		if failures > 0 && coolDown <= 0 {

@@ -2,9 +2,13 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -436,3 +440,435 @@ func testPipelineReload(t *testing.T, b backend) {
 		}
 	}
 }
+
+// TestClusterDeadShard kills one primary of a cluster while app instances
+// decide for identifiers on every primary, and records what happens to the
+// decisions on the other, healthy primaries.
+//
+// FullCoverage: with Redis's default cluster-require-full-coverage yes,
+// once the cluster marks the dead primary failed every node refuses every
+// command (CLUSTERDOWN) until its replica is promoted, so decisions on the
+// healthy primaries fail too for a while (and for up to a breaker cool-down
+// longer, as the CLUSTERDOWN errors open their breakers); the test logs that
+// window and asserts that it ends with the failover, give or take a
+// cool-down and a margin for a loaded machine.
+//
+// PartialCoverage: with cluster-require-full-coverage no, and no replica
+// to promote (so that no failover ends the outage before it is observed in
+// full), the healthy primaries keep serving their slots: not one
+// decision on them fails, during an outage held well past the moment the
+// cluster marked the primary failed (which is when FullCoverage's failures
+// start), while every decision on the dead shard fails.
+//
+// The limiters have the test decision timeout (redistest.DecisionTimeout):
+// this test counts failed decisions, and on a loaded machine a short
+// timeout would add timeouts that have nothing to do with the dead shard.
+func TestClusterDeadShard(t *testing.T) {
+	t.Run("FullCoverage", func(t *testing.T) {
+		c := redistest.StartCluster(t, 3, 1)
+		quietRedisLog(t) // go-redis logs every failed dial to the dead node
+		victim, healthy, dead := pickShards(t, c)
+		ld := startShardLoad(t, c, victim, healthy, dead)
+		kill := ld.since()
+		victim.Stop()
+		stopped := ld.since()
+		if err := c.WaitHealthy(30 * time.Second); err != nil {
+			ld.finish()
+			t.Fatal(err)
+		}
+		healthyAt := ld.since()
+		// Keep the load on after the promotion for longer than a breaker
+		// opened by the CLUSTERDOWN errors stays open: an observation
+		// window, not a wait for an event.
+		observed := ld.observe(healthyAt+DefaultBreakerCoolDown+2*time.Second, 200)
+		st := ld.finish()
+		if observed != nil {
+			t.Errorf("after the failover: %v", observed)
+		}
+
+		t.Logf("full coverage (default): kill at %v; a healthy primary reported cluster_state:fail %s; cluster healthy again (replica promoted) at %v, %v after the kill",
+			ms(kill), st.stateFail, ms(healthyAt), ms(healthyAt-kill))
+		t.Logf("decisions on the healthy primaries: %d, %d failed %s; kinds %v; worst latency %v (on the dead shard %v)",
+			st.healthy, st.failed, st.failWindow(kill), st.kinds, ms(st.worstHealthy), ms(st.worstDead))
+		if st.failed > 0 {
+			if st.firstFail < kill {
+				t.Errorf("a decision on a healthy primary failed at %v, before the kill at %v", ms(st.firstFail), ms(kill))
+			}
+			if bound := healthyAt + DefaultBreakerCoolDown + 2*time.Second; st.lastFail > bound {
+				t.Errorf("decisions on healthy primaries still failed at %v, cluster healthy at %v: want none after %v", ms(st.lastFail), ms(healthyAt), ms(bound))
+			}
+			for kind := range st.kinds {
+				if kind != "CLUSTERDOWN" && kind != "circuit open" {
+					t.Errorf("decisions on healthy primaries failed with %q; want only CLUSTERDOWN, or the breaker it opened", kind)
+				}
+			}
+		}
+		t.Logf("decisions on the dead shard after the kill: %d, %d succeeded, the first started at %v",
+			st.deadAfter(stopped), st.deadOKAfter(stopped), ms(st.firstDeadOKAfter(stopped)))
+		checkShardLatency(t, st)
+	})
+
+	t.Run("PartialCoverage", func(t *testing.T) {
+		c := redistest.StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
+		quietRedisLog(t)
+		victim, healthy, dead := pickShards(t, c)
+		ld := startShardLoad(t, c, victim, healthy, dead)
+		kill := ld.since()
+		victim.Stop()
+		stopped := ld.since()
+		if err := waitMarkedFailed(c, victim, 30*time.Second); err != nil {
+			ld.finish()
+			t.Fatal(err)
+		}
+		failedAt := ld.since()
+		// Hold the outage after the cluster marked the primary failed (with
+		// full coverage, every node would refuse commands from then on) for
+		// longer than a breaker cool-down: an observation window.
+		observed := ld.observe(failedAt+DefaultBreakerCoolDown+time.Second, 200)
+		st := ld.finish()
+		if observed != nil {
+			t.Errorf("during the outage: %v", observed)
+		}
+
+		t.Logf("partial coverage: kill at %v; the healthy primaries marked it failed at %v, %v after the kill; load until %v; a healthy primary reported cluster_state:fail %s",
+			ms(kill), ms(failedAt), ms(failedAt-kill), ms(st.end), st.stateFail)
+		t.Logf("decisions on the healthy primaries: %d, %d failed %s; kinds %v; worst latency %v; on the dead shard after the kill: %d, %d succeeded, worst latency %v",
+			st.healthy, st.failed, st.failWindow(kill), st.kinds, ms(st.worstHealthy), st.deadAfter(stopped), st.deadOKAfter(stopped), ms(st.worstDead))
+		if st.failed != 0 {
+			t.Errorf("%d decisions on healthy primaries failed (%v) while another primary was down: a dead shard must not stop decisions on the others", st.failed, st.kinds)
+		}
+		if st.deadAfter(stopped) == 0 || st.deadOKAfter(stopped) != 0 {
+			t.Errorf("decisions on the dead shard after the kill: %d, %d succeeded; want some, all failed", st.deadAfter(stopped), st.deadOKAfter(stopped))
+		}
+		checkShardLatency(t, st)
+	})
+}
+
+// pickShards returns a primary of c to kill, 3 identifiers whose "ds" keys
+// are on each of the other primaries, and 2 on the victim.
+func pickShards(t *testing.T, c *redistest.Cluster) (victim *redistest.Server, healthy, dead []string) {
+	t.Helper()
+	ps, err := c.Primaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim = ps[0]
+	per := map[*redistest.Server]int{}
+	for i := 0; i < 1000 && (len(dead) < 2 || len(healthy) < 3*(len(ps)-1)); i++ {
+		id := "shard-" + strconv.Itoa(i)
+		p, err := c.PrimaryFor(logKey("ds", id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case p == victim && len(dead) < 2:
+			dead = append(dead, id)
+		case p != victim && per[p] < 3:
+			healthy = append(healthy, id)
+			per[p]++
+		}
+	}
+	if len(dead) < 2 || len(healthy) < 3*(len(ps)-1) {
+		t.Fatalf("identifiers: %d on the victim, %d on the others", len(dead), len(healthy))
+	}
+	return victim, healthy, dead
+}
+
+// shardLoad decides for identifiers from a goroutine each, through 4 app
+// instances, until finish, and records every decision.
+type shardLoad struct {
+	start     time.Time
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	events    []shardEvent
+	healthyOK atomic.Int64 // successful decisions on healthy primaries so far
+	deadOK    atomic.Int64
+	states    func() string // stops the cluster_state watch, and describes it
+}
+
+type shardEvent struct {
+	at, latency time.Duration // since the start; of the decision
+	healthy     bool          // on a primary that stays up
+	err         error
+}
+
+// maxShardDecisions bounds each goroutine of a shardLoad, in case finish
+// never comes: at one decision per millisecond at most, more than a minute.
+const maxShardDecisions = 60_000
+
+// startShardLoad starts the load on c, for identifiers healthy (on the
+// primaries that stay up) and dead (on victim), and waits until decisions
+// succeed on every primary. It watches the cluster_state of a primary
+// other than victim meanwhile.
+func startShardLoad(t *testing.T, c *redistest.Cluster, victim *redistest.Server, healthy, dead []string) *shardLoad {
+	t.Helper()
+	limits := []Limit{PerHour(1_000_000, Header("X-Id")).Named("ds")} // never denies here
+	var lims []*Limiter
+	for range 4 {
+		lims = append(lims, mustNew(t, c.Client(), limits))
+	}
+	ld := &shardLoad{start: time.Now(), stop: make(chan struct{})}
+	var watched *redistest.Server
+	ps, err := c.Primaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if p != victim {
+			watched = p
+			break
+		}
+	}
+	ld.states = watchClusterState(watched.Client(), ld.start)
+	for w, id := range append(slices.Clone(healthy), dead...) {
+		isHealthy := w < len(healthy)
+		lim := lims[w%len(lims)]
+		ld.wg.Add(1)
+		go func() {
+			defer ld.wg.Done()
+			for range maxShardDecisions {
+				select {
+				case <-ld.stop:
+					return
+				default:
+				}
+				begin := time.Now()
+				_, err := lim.Allow(context.Background(), []string{id}, 1)
+				e := shardEvent{at: begin.Sub(ld.start), latency: time.Since(begin), healthy: isHealthy, err: err}
+				if err == nil && isHealthy {
+					ld.healthyOK.Add(1)
+				} else if err == nil {
+					ld.deadOK.Add(1)
+				}
+				ld.mu.Lock()
+				ld.events = append(ld.events, e)
+				ld.mu.Unlock()
+				time.Sleep(time.Millisecond) // a steady load, not a busy loop
+			}
+		}()
+	}
+	deadline := time.Now().Add(loadStartup)
+	for ld.healthyOK.Load() < 200 || ld.deadOK.Load() < 20 {
+		if time.Now().After(deadline) {
+			ld.finish()
+			t.Fatalf("before the kill, in %v: %d decisions on healthy primaries and %d on the victim succeeded, want 200 and 20",
+				loadStartup, ld.healthyOK.Load(), ld.deadOK.Load())
+		}
+		time.Sleep(5 * time.Millisecond) // polling counts, not ordering events
+	}
+	return ld
+}
+
+func (ld *shardLoad) since() time.Duration { return time.Since(ld.start) }
+
+// observe keeps the load on until until (since the start of the load) and
+// until at least n more decisions on healthy primaries have succeeded,
+// for at most loadStartup beyond until. It reports an error if they did
+// not, for the test to report after what the load recorded.
+func (ld *shardLoad) observe(until time.Duration, n int64) error {
+	want := ld.healthyOK.Load() + n
+	deadline := until + loadStartup
+	for ld.since() < until || ld.healthyOK.Load() < want {
+		if ld.since() > deadline {
+			return fmt.Errorf("by %v only %d more decisions on healthy primaries succeeded, want %d", ms(deadline), ld.healthyOK.Load()-(want-n), n)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a clock and a count
+	}
+	return nil
+}
+
+// shardStats sums up a shardLoad's decisions.
+type shardStats struct {
+	events              []shardEvent
+	end                 time.Duration // when the load stopped
+	healthy, failed     int           // decisions on healthy primaries; failed ones
+	firstFail, lastFail time.Duration // starts of the first and last failed one
+	lastFailEnd         time.Duration // when the last failed one was answered
+	inWindow            int           // decisions on healthy primaries from firstFail to lastFail
+	kinds               map[string]int
+	worstHealthy        time.Duration // the longest decision on a healthy primary
+	worstDead           time.Duration // on the dead shard
+	stateFail           string        // when the watched primary reported cluster_state:fail
+}
+
+// finish stops the load and sums it up. It may be called again.
+func (ld *shardLoad) finish() shardStats {
+	select {
+	case <-ld.stop:
+	default:
+		close(ld.stop)
+	}
+	ld.wg.Wait()
+	st := shardStats{events: ld.events, end: ld.since(), firstFail: -1, lastFail: -1, kinds: map[string]int{}, stateFail: ld.states()}
+	sort.Slice(st.events, func(i, j int) bool { return st.events[i].at < st.events[j].at })
+	for _, e := range st.events {
+		if !e.healthy {
+			st.worstDead = max(st.worstDead, e.latency)
+			continue
+		}
+		st.worstHealthy = max(st.worstHealthy, e.latency)
+		st.healthy++
+		if e.err == nil {
+			continue
+		}
+		st.failed++
+		if st.firstFail < 0 {
+			st.firstFail = e.at
+		}
+		st.lastFail = e.at
+		st.lastFailEnd = max(st.lastFailEnd, e.at+e.latency)
+		switch {
+		case errors.Is(e.err, ErrCircuitOpen):
+			st.kinds["circuit open"]++
+		case strings.Contains(e.err.Error(), "CLUSTERDOWN"):
+			st.kinds["CLUSTERDOWN"]++
+		case errors.Is(e.err, context.DeadlineExceeded):
+			st.kinds["timeout"]++
+		default:
+			st.kinds[e.err.Error()]++
+		}
+	}
+	for _, e := range st.events {
+		if e.healthy && st.failed > 0 && e.at >= st.firstFail && e.at <= st.lastFail {
+			st.inWindow++
+		}
+	}
+	return st
+}
+
+// failWindow describes when decisions on healthy primaries failed.
+func (st shardStats) failWindow(kill time.Duration) string {
+	if st.failed == 0 {
+		return "(none)"
+	}
+	return fmt.Sprintf("from %v to %v (started; last one answered at %v): a window of %v, %v to %v after the kill, in which %d of %d decisions failed",
+		ms(st.firstFail), ms(st.lastFail), ms(st.lastFailEnd), ms(st.lastFail-st.firstFail), ms(st.firstFail-kill), ms(st.lastFail-kill), st.failed, st.inWindow)
+}
+
+// deadAfter counts the decisions on the dead shard started after at;
+// deadOKAfter those of them that succeeded.
+func (st shardStats) deadAfter(at time.Duration) int { return st.countDead(at, false) }
+
+func (st shardStats) deadOKAfter(at time.Duration) int { return st.countDead(at, true) }
+
+// firstDeadOKAfter returns the start of the first successful decision on the
+// dead shard started after at, or -1.
+func (st shardStats) firstDeadOKAfter(at time.Duration) time.Duration {
+	for _, e := range st.events {
+		if !e.healthy && e.at > at && e.err == nil {
+			return e.at
+		}
+	}
+	return -1
+}
+
+func (st shardStats) countDead(at time.Duration, okOnly bool) int {
+	n := 0
+	for _, e := range st.events {
+		if !e.healthy && e.at > at && (!okOnly || e.err == nil) {
+			n++
+		}
+	}
+	return n
+}
+
+// checkShardLatency fails the test for a decision that took longer than
+// its timeout, plus a margin for a loaded machine: a dead primary must not
+// make decisions hang.
+func checkShardLatency(t *testing.T, st shardStats) {
+	t.Helper()
+	if worst, bound := max(st.worstHealthy, st.worstDead), redistest.DecisionTimeout+time.Second; worst > bound {
+		t.Errorf("a decision took %v, over the timeout %v plus 1s", worst, redistest.DecisionTimeout)
+	}
+}
+
+// watchClusterState polls CLUSTER INFO on c until the returned function is
+// called, which describes when it reported cluster_state:fail (times since
+// start).
+func watchClusterState(c *redis.Client, start time.Time) func() string {
+	stop, done := make(chan struct{}), make(chan string, 1)
+	go func() {
+		var first, last time.Duration = -1, -1
+	poll:
+		for range 100_000 { // bounded: 10ms apart, over 15 minutes
+			select {
+			case <-stop:
+				break poll
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			info, err := c.ClusterInfo(ctx).Result()
+			cancel()
+			if err == nil && strings.Contains(info, "cluster_state:fail") {
+				at := time.Since(start)
+				if first < 0 {
+					first = at
+				}
+				last = at
+			}
+			time.Sleep(10 * time.Millisecond) // a sampling period
+		}
+		if first < 0 {
+			done <- "never"
+		} else {
+			done <- fmt.Sprintf("from %v to %v (polled every 10ms)", ms(first), ms(last))
+		}
+	}()
+	var once sync.Once
+	var desc string
+	return func() string {
+		once.Do(func() { close(stop); desc = <-done })
+		return desc
+	}
+}
+
+// waitMarkedFailed waits until every running primary of c has marked
+// victim as failed (flag fail, not just fail?), polling.
+func waitMarkedFailed(c *redistest.Cluster, victim *redistest.Server, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := markedFailed(c, victim)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after %v: %w", timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling an external event
+	}
+}
+
+func markedFailed(c *redistest.Cluster, victim *redistest.Server) error {
+	ps, err := c.Primaries()
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		if p == victim {
+			continue
+		}
+		pc := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		nodes, err := pc.ClusterNodes(ctx).Result()
+		cancel()
+		_ = pc.Close()
+		if err != nil {
+			return err
+		}
+		marked := false
+		for _, line := range strings.Split(nodes, "\n") {
+			f := strings.Fields(line)
+			if len(f) > 2 && strings.Split(f[1], "@")[0] == victim.Addr {
+				marked = slices.Contains(strings.Split(f[2], ","), "fail")
+			}
+		}
+		if !marked {
+			return fmt.Errorf("%s has not marked %s failed", p.Addr, victim.Addr)
+		}
+	}
+	return nil
+}
+
+// ms rounds d to milliseconds, for logs.
+func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }

@@ -29,18 +29,32 @@ type Cluster struct {
 const NodeTimeout = 1000 * time.Millisecond
 
 // StartCluster starts a Redis Cluster of primaries primaries with replicas
-// replicas each (at least 3 primaries, as Redis requires), created with
-// redis-cli --cluster create, and waits until every node reports the cluster
-// ok and every slot covered. Its nodes are killed when the test ends.
+// replicas each (at least 3 primaries, as Redis requires; replicas may be 0),
+// created with redis-cli --cluster create, and waits until every node reports
+// the cluster ok and every slot covered. Its nodes are killed when the test
+// ends.
+//
+// Every node runs with cluster-node-timeout [NodeTimeout], a replica takes
+// over whatever its replication lag, and otherwise Redis's defaults, among
+// them cluster-require-full-coverage yes: once a primary is marked failed,
+// every node refuses every command (CLUSTERDOWN) until a replica took its
+// place. args are extra configuration for every node, given after these, so
+// they override them:
 //
 //	c := redistest.StartCluster(t, 3, 1)
 //	rdb := c.Client() // a *redis.ClusterClient
-func StartCluster(tb testing.TB, primaries, replicas int) *Cluster {
+//
+//	// The other primaries keep serving their slots while one is down.
+//	c = redistest.StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
+func StartCluster(tb testing.TB, primaries, replicas int, args ...string) *Cluster {
 	tb.Helper()
 	cli := lookPath(tb, "redis-cli")
 	bin := lookPath(tb, "redis-server")
 	if primaries < 3 {
 		tb.Fatalf("redistest: a cluster needs at least 3 primaries, not %d", primaries)
+	}
+	if replicas < 0 {
+		tb.Fatalf("redistest: %d replicas per primary", replicas)
 	}
 	c := &Cluster{tb: tb}
 	n := primaries * (1 + replicas)
@@ -63,6 +77,7 @@ func StartCluster(tb testing.TB, primaries, replicas int) *Cluster {
 				"--repl-diskless-sync-delay", "0",
 			},
 		}
+		s.args = append(s.args, args...)
 		if err := s.start(); err != nil {
 			// A port taken meanwhile: try others, a few times; a server
 			// that cannot start at all fails the test.
@@ -74,13 +89,13 @@ func StartCluster(tb testing.TB, primaries, replicas int) *Cluster {
 		tb.Cleanup(s.Stop)
 		c.Nodes = append(c.Nodes, s)
 	}
-	args := []string{"--cluster", "create"}
+	create := []string{"--cluster", "create"}
 	for _, s := range c.Nodes {
-		args = append(args, s.Addr)
+		create = append(create, s.Addr)
 	}
-	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
-	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
-		tb.Fatalf("redistest: redis-cli %s: %v\n%s", strings.Join(args, " "), err, out)
+	create = append(create, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
+	if out, err := exec.Command(cli, create...).CombinedOutput(); err != nil {
+		tb.Fatalf("redistest: redis-cli %s: %v\n%s", strings.Join(create, " "), err, out)
 	}
 	if err := c.WaitHealthy(30 * time.Second); err != nil {
 		tb.Fatal(err)

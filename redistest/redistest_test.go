@@ -59,6 +59,26 @@ func TestStartCluster(t *testing.T) {
 	}
 }
 
+// TestStartClusterArgs: extra args reach every node, after (so over) the
+// defaults, and a cluster may have no replicas.
+func TestStartClusterArgs(t *testing.T) {
+	c := StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no", "--cluster-node-timeout", "2000")
+	if len(c.Nodes) != 3 {
+		t.Fatalf("%d nodes, want 3", len(c.Nodes))
+	}
+	for _, s := range c.Nodes {
+		for param, want := range map[string]string{"cluster-require-full-coverage": "no", "cluster-node-timeout": "2000"} {
+			got, err := s.do("CONFIG", "GET", param)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != "map["+param+":"+want+"]" {
+				t.Errorf("%s: CONFIG GET %s = %s, want %s", s.Addr, param, got, want)
+			}
+		}
+	}
+}
+
 func TestMain(m *testing.M) { os.Exit(Main(m)) }
 
 func TestSkipNotice(t *testing.T) {
