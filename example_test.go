@@ -20,7 +20,7 @@ import (
 // application passes a client of its own Redis instead.
 //
 // The examples give their Limiters a timeout of redistest.DecisionTimeout
-// (10s): the embedded Redis interprets the Lua in Go, which under the race
+// (a minute): the embedded Redis interprets the Lua in Go, which under the race
 // detector on a busy machine can take longer than the 100ms default, and the
 // output must not depend on the machine's speed. Against a real Redis keep
 // the default.

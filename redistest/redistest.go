@@ -32,15 +32,17 @@ const RequireEnv = "RATELIMIT_REQUIRE_REDIS"
 // DecisionTimeout is the decision timeout ([ratelimit.WithTimeout]) for
 // tests and examples that are not about timing. The library's 100ms default
 // suits a real Redis on a quiet network, not a loaded 2-core machine running
-// the race detector, where one decision on miniredis (which interprets the
-// Lua in Go) or on a redis-server that shares the CPU with the compiler can
-// take several hundred milliseconds. Ten seconds is met by any machine that
-// can run the tests at all, and still fails a test against a Redis that
-// hangs long before the test binary's own timeout would. Tests that are
-// about timeouts set their own, short ones.
+// the race detector: there one decision on miniredis (which interprets the
+// Lua in Go, one script at a time) or on a redis-server that shares the CPU
+// with the compiler can take several hundred milliseconds, and a test that
+// sends a thousand concurrent decisions waits for the ones queued ahead of
+// it (18s seen with other test binaries running beside it). A minute is met
+// by any machine that can run the tests at all, and still fails a test
+// against a Redis that hangs well before the test binary's own timeout
+// would. Tests that are about timeouts set their own, short ones.
 //
 // [ratelimit.WithTimeout]: https://pkg.go.dev/github.com/slidinglog/ratelimit#WithTimeout
-const DecisionTimeout = 10 * time.Second
+const DecisionTimeout = time.Minute
 
 // skipped counts the tests of this process that lookPath skipped.
 var skipped atomic.Int64
