@@ -66,6 +66,15 @@ func BenchmarkMiddleware(b *testing.B) {
 		lim.exec = stub(allowOne)
 		run(b, lim.Handler(okHandler))
 	})
+	// With WithRefund the middleware keeps the refund ticket and wraps the
+	// ResponseWriter (one allocation, whatever interfaces the writer has) to
+	// see the status; okHandler's 200 is not refunded.
+	b.Run("ip/refund", func(b *testing.B) {
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())},
+			WithRefund(func(status int) bool { return status >= 500 }))
+		lim.exec = stub(allowOne)
+		run(b, lim.Handler(okHandler))
+	})
 	b.Run("global+ip", func(b *testing.B) {
 		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()), PerSecond(1000, Global())})
 		lim.exec = stub(allowTwo)

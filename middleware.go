@@ -66,43 +66,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sw := &statusWriter{ResponseWriter: w}
-	h.next.ServeHTTP(sw, r)
+	h.next.ServeHTTP(sw.wrap(), r)
 	if t != nil && l.cfg.refund(sw.status()) {
 		err := l.Refund(context.WithoutCancel(r.Context()), Result{Allowed: true, ticket: t})
 		if err != nil && l.cfg.onError != nil {
 			l.cfg.onError(r, err)
 		}
 	}
-}
-
-// statusWriter remembers the status of the response it writes.
-type statusWriter struct {
-	http.ResponseWriter
-	code int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.code == 0 {
-		w.code = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.code == 0 {
-		w.code = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the underlying writer.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-func (w *statusWriter) status() int {
-	if w.code == 0 {
-		return http.StatusOK
-	}
-	return w.code
 }
 
 // Check decides r without wrapping a handler; router adapters and custom
