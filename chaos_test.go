@@ -143,6 +143,25 @@ func (ld *load) waitAdmitted(n int64, within time.Duration) bool {
 	return true
 }
 
+// waitLogged waits until the log of limit name for id holds at least n
+// entries, for at most within, and reports whether it did. It counts what
+// Redis logged, not what the load saw admitted: a decision that times out
+// after Redis logged it counts without being admitted.
+func waitLogged(t *testing.T, c redis.UniversalClient, name, id string, n int64, within time.Duration) bool {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		// Errors while the server restarts read as an empty log.
+		if got, err := c.ZCount(context.Background(), logKey(name, id), "0", "+inf").Result(); err == nil && got >= n {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond) // polling a count, not ordering events
+	}
+}
+
 // finish stops the load, closes its clients and returns its events in time
 // order.
 func (ld *load) finish() []event {
@@ -179,9 +198,9 @@ func TestChaosRestart(t *testing.T) {
 	quietRedisLog(t)
 	const quota = 200
 	ld := startLoad(t, srv, []Limit{PerMinute(quota, Global()).Named("chaos")})
-	if !ld.waitAdmitted(quota, loadStartup) {
+	if !waitLogged(t, lc.admin, "chaos", "global", quota, loadStartup) {
 		ld.finish()
-		t.Fatalf("%d admitted in %v before the outage, want the quota of %d", ld.admitted.Load(), loadStartup, quota)
+		t.Fatalf("the log did not reach the quota of %d in %v before the outage", quota, loadStartup)
 	}
 	time.Sleep(500 * time.Millisecond) // load against the full key before the outage
 	killed := ld.since()
@@ -192,7 +211,7 @@ func TestChaosRestart(t *testing.T) {
 	// The restarted Redis is empty: the quota is admitted again once the
 	// limiters reach it, which must happen within 3s; then a second of
 	// load in which nothing more may be admitted.
-	ld.waitAdmitted(2*quota, 3*time.Second)
+	waitLogged(t, lc.admin, "chaos", "global", quota, 3*time.Second)
 	time.Sleep(time.Second)
 	events := ld.finish()
 
@@ -247,10 +266,19 @@ func TestChaosRestart(t *testing.T) {
 	if late := lastFail - (restarted + recovered); late > DefaultBreakerCoolDown+chaosTimeout+chaosMargin {
 		t.Errorf("an instance still failed %v after another had resumed", late)
 	}
-	// The restarted Redis is empty: exactly the quota is admitted again,
-	// and its log holds exactly that.
-	if admittedAfter != quota {
-		t.Errorf("%d admitted after the restart, want exactly %d", admittedAfter, quota)
+	// The restarted Redis is empty: the quota is admitted again, never
+	// more, and its log holds exactly that. A decision that timed out after
+	// Redis had logged it (a slow reply on a loaded machine) answered 503
+	// but counts, so fewer may be admitted, by at most the failures after
+	// limiting resumed.
+	lateFailures := 0
+	for _, e := range events {
+		if e.status == 503 && e.at >= restarted+recovered {
+			lateFailures++
+		}
+	}
+	if admittedAfter > quota || admittedAfter < quota-lateFailures {
+		t.Errorf("%d admitted after the restart, want %d (or fewer by at most the %d failures since limiting resumed)", admittedAfter, quota, lateFailures)
 	}
 	if n := zcard(t, lc.admin, "chaos", "global"); n != quota {
 		t.Errorf("log holds %d entries after the restart, want %d", n, quota)

@@ -267,18 +267,21 @@ func TestClusterFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The failure mode and the time to resume are what this test is about:
+	// decisions have the chaos tests' short timeout, so that a call to the
+	// dead primary ends as it would in production.
 	var handlers []http.Handler
 	for range 8 {
-		handlers = append(handlers, mustNew(t, b.newClient(t), limits).Handler(okHandler))
+		handlers = append(handlers, mustNew(t, b.newClient(t), limits, WithTimeout(chaosTimeout)).Handler(okHandler))
 	}
 	ld := runLoad(handlers, func() *http.Request {
 		r := httptest.NewRequest("GET", "/", nil)
 		r.Header.Set("X-Id", id)
 		return r
 	})
-	if !ld.waitAdmitted(quota, loadStartup) {
+	if !waitLogged(t, c.Client(), "fo", id, quota, loadStartup) {
 		ld.finish()
-		t.Fatalf("%d admitted in %v before the kill, want the quota of %d", ld.admitted.Load(), loadStartup, quota)
+		t.Fatalf("the log did not reach the quota of %d in %v before the kill", quota, loadStartup)
 	}
 	time.Sleep(500 * time.Millisecond) // load against the full key before the kill
 	kill := ld.since()
@@ -291,13 +294,15 @@ func TestClusterFailover(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond) // keep the load on after the promotion
 	events := ld.finish()
 
-	var before, failed, after200, after429, other int
+	var before, failedBefore, failed, after200, after429, other int
 	var firstFail, lastFail, firstAfter time.Duration = -1, -1, -1
 	for _, e := range events {
 		switch {
 		case e.at < kill:
 			if e.status == 200 {
 				before++
+			} else if e.status == 503 {
+				failedBefore++
 			}
 		case e.status == 503:
 			failed++
@@ -322,8 +327,11 @@ func TestClusterFailover(t *testing.T) {
 		"first decision after the failover at %v, %v after the kill; after it: %d admitted, %d denied",
 		len(events), before, kill.Round(time.Millisecond), firstFail.Round(time.Millisecond), lastFail.Round(time.Millisecond), failed,
 		healthyAt.Round(time.Millisecond), firstAfter.Round(time.Millisecond), (firstAfter - kill).Round(time.Millisecond), after200, after429)
-	if before != quota {
-		t.Errorf("%d admitted before the kill, want the whole quota of %d", before, quota)
+	// A decision that timed out after Redis logged it (a slow reply on a
+	// loaded machine) answered 503 but counts: fewer may be admitted, by at
+	// most the failures before the kill; never more.
+	if before > quota || before < quota-failedBefore {
+		t.Errorf("%d admitted before the kill (%d failed), want the whole quota of %d", before, failedBefore, quota)
 	}
 	if failed == 0 {
 		t.Error("no request got the failure mode while the key had no primary")
