@@ -69,9 +69,9 @@ func codeHash() string {
 // as long after, up to loadRetryMax; meanwhile the Limiter runs the code as a
 // script, which has the same effect. A successful load starts over at
 // loadRetryMin. The back-off is per Limiter family (New and the Limiters
-// derived from it), so a process sends at most one FUNCTION LOAD per
-// loadRetryMax to a Redis that keeps refusing it, however many decisions it
-// makes.
+// derived from it): however many decisions it makes, a family ends up
+// sending a Redis that keeps refusing the library one FUNCTION LOAD (and one
+// FCALL that finds no function) per loadRetryMax.
 const (
 	loadRetryMin = time.Second
 	loadRetryMax = 30 * time.Second
