@@ -165,7 +165,8 @@ func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 
 // sendPipeline sends the decisions of batch in one pipeline, and again,
 // in a second one, those that met a server without the library or the
-// script, as scriptMode.run would call them again (see scriptMode.retry).
+// script, as scriptMode.run would call them again (see scriptMode.retry),
+// and, in a third, as scripts, those that met no library again.
 func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
@@ -198,19 +199,25 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 			}
 		}
 	}
-	if retry == nil {
-		return
-	}
-	pipe = c.Pipeline()
-	for _, i := range retry {
-		if again == rerunFunction {
-			cmds[i] = pipe.FCall(ctx, decideCode.function, batch[i].keys, batch[i].args...)
-		} else {
-			cmds[i] = pipe.Eval(ctx, decideCode.source, batch[i].keys, batch[i].args...)
+	// Those that find no function again, flushed since the load, go once
+	// more as scripts.
+	for retry != nil {
+		pipe = c.Pipeline()
+		for _, i := range retry {
+			if again == rerunFunction {
+				cmds[i] = pipe.FCall(ctx, decideCode.function, batch[i].keys, batch[i].args...)
+			} else {
+				cmds[i] = pipe.Eval(ctx, decideCode.source, batch[i].keys, batch[i].args...)
+			}
 		}
-	}
-	_, _ = pipe.Exec(ctx)
-	for _, i := range retry {
-		batch[i].reply, batch[i].err = cmds[i].Result()
+		_, _ = pipe.Exec(ctx)
+		var still []int
+		for _, i := range retry {
+			batch[i].reply, batch[i].err = cmds[i].Result()
+			if err := batch[i].err; again == rerunFunction && err != nil && isNoFunction(err) {
+				still = append(still, i)
+			}
+		}
+		retry, again = still, rerunScript
 	}
 }

@@ -128,7 +128,11 @@ func (m *scriptMode) run(ctx context.Context, c redis.UniversalClient, e luaEntr
 		case rerunNone:
 			return reply, err
 		case rerunFunction:
-			return c.FCall(ctx, e.function, keys, args...).Result()
+			reply, err = c.FCall(ctx, e.function, keys, args...).Result()
+			if err == nil || !isNoFunction(err) {
+				return reply, err
+			}
+			// Flushed again since the load: as a script, this once.
 		}
 	}
 	return runScript(ctx, c, e.script, e.source, keys, args)

@@ -256,3 +256,50 @@ func TestLibraryLoadBackoff(t *testing.T) {
 		t.Error("the limiter runs scripts for good after refusals that can pass")
 	}
 }
+
+// flushingClient flushes the function library right after every FUNCTION
+// LOAD, as a FUNCTION FLUSH from elsewhere may at any moment.
+type flushingClient struct {
+	redis.UniversalClient
+	loads int
+}
+
+func (c *flushingClient) FunctionLoad(ctx context.Context, code string) *redis.StringCmd {
+	c.loads++
+	cmd := c.UniversalClient.FunctionLoad(ctx, code)
+	c.UniversalClient.FunctionFlush(ctx)
+	return cmd
+}
+
+// TestLibraryFlushedAfterLoad: a decision whose library is flushed between
+// its FUNCTION LOAD and its FCALL is made by the script, alone or in a
+// pipeline, and the limiter goes on trying functions.
+func TestLibraryFlushedAfterLoad(t *testing.T) {
+	srv := redistest.Start(t)
+	c := &flushingClient{UniversalClient: srv.Client()}
+	lim := mustNew(t, c, []Limit{PerMinute(10, Header("X-Id")).Named("flushed")})
+	res, err := lim.Allow(context.Background(), []string{"a"}, 1)
+	if err != nil || !res.Allowed {
+		t.Fatalf("alone: %+v %v", res, err)
+	}
+	bt := &batcher{split: true}
+	var batch []*call
+	for _, id := range []string{"a", "b", "c"} {
+		batch = append(batch, &call{keys: []string{logKey("flushed", id)}, args: []any{1, 1, 0, lim.allSpec}})
+	}
+	bt.sendPipeline(c, batch)
+	for i, cl := range batch {
+		if arr, ok := cl.reply.([]any); cl.err != nil || !ok || len(arr) != 6 || arr[0] != int64(1) {
+			t.Errorf("in a pipeline, decision %d: %v %v", i, cl.reply, cl.err)
+		}
+	}
+	if c.loads != 2 || lim.batch.mode.scriptsOnly.Load() || bt.mode.scriptsOnly.Load() || !lim.batch.mode.functions() || !bt.mode.functions() {
+		t.Errorf("%d loads, scripts only %v %v; want 2 loads, and functions still tried", c.loads, lim.batch.mode.scriptsOnly.Load(), bt.mode.scriptsOnly.Load())
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		want := map[string]int64{"a": 2, "b": 1, "c": 1}[id]
+		if n := zcard(t, c, "flushed", id); n != want {
+			t.Errorf("log %s holds %d entries, want %d", id, n, want)
+		}
+	}
+}
