@@ -165,12 +165,13 @@ func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 
 // sendPipeline sends the decisions of batch in one pipeline, and again,
 // in a second one, those that met a server without the library or the
-// script (see scriptMode).
+// script, as scriptMode.run would call them again (see scriptMode.retry),
+// and, in a third, as scripts, those that met no library again.
 func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
 	cmds := make([]*redis.Cmd, len(batch))
-	functions := !b.mode.scriptsOnly.Load()
+	functions := b.mode.functions()
 	pipe := c.Pipeline()
 	for i, cl := range batch {
 		if functions {
@@ -181,7 +182,7 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
 	var retry []int
-	var again *bool // whether to retry calls that met no function; decided once
+	again, asked := rerunScript, false // how to call again those that met no function; decided once
 	for i, cmd := range cmds {
 		batch[i].reply, batch[i].err = cmd.Result()
 		err := batch[i].err
@@ -190,28 +191,33 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 		case !functions && isNoScript(err):
 			retry = append(retry, i)
 		case functions && (isNoFunction(err) || cannotRunFunctions(err)):
-			if again == nil {
-				ok := b.mode.retry(ctx, c, err)
-				again = &ok
+			if !asked {
+				again, asked = b.mode.retry(ctx, c, err), true
 			}
-			if *again {
+			if again != rerunNone {
 				retry = append(retry, i)
 			}
 		}
 	}
-	if retry == nil {
-		return
-	}
-	pipe = c.Pipeline()
-	for _, i := range retry {
-		if b.mode.scriptsOnly.Load() {
-			cmds[i] = pipe.Eval(ctx, decideCode.source, batch[i].keys, batch[i].args...)
-		} else {
-			cmds[i] = pipe.FCall(ctx, decideCode.function, batch[i].keys, batch[i].args...)
+	// Those that find no function again, flushed since the load, go once
+	// more as scripts.
+	for retry != nil {
+		pipe = c.Pipeline()
+		for _, i := range retry {
+			if again == rerunFunction {
+				cmds[i] = pipe.FCall(ctx, decideCode.function, batch[i].keys, batch[i].args...)
+			} else {
+				cmds[i] = pipe.Eval(ctx, decideCode.source, batch[i].keys, batch[i].args...)
+			}
 		}
-	}
-	_, _ = pipe.Exec(ctx)
-	for _, i := range retry {
-		batch[i].reply, batch[i].err = cmds[i].Result()
+		_, _ = pipe.Exec(ctx)
+		var still []int
+		for _, i := range retry {
+			batch[i].reply, batch[i].err = cmds[i].Result()
+			if err := batch[i].err; again == rerunFunction && err != nil && isNoFunction(err) {
+				still = append(still, i)
+			}
+		}
+		retry, again = still, rerunScript
 	}
 }

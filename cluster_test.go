@@ -37,6 +37,7 @@ var clusterSuite = []struct {
 	{"RetryAfterAcrossLimits", testRetryAfterAcrossLimits},
 	{"ScriptReloaded", testScriptReloaded},
 	{"PipelineReload", testPipelineReload},
+	{"EvictionWarning", testEvictionWarning},
 	{"FailureModes", testFailureModes},
 	{"With", testWith},
 	{"CostOption", testCostOption},

@@ -39,6 +39,9 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 	if cost < 1 {
 		return Result{}, fmt.Errorf("ratelimit: cost %d is below 1", cost)
 	}
+	if l.cfg.logger != nil && l.exec == nil {
+		l.evictions.start(l) // once per family, in the background
+	}
 	wall := time.Now()
 	local, now := wall, int64(0) // now 0: the script reads Redis TIME
 	if l.cfg.clock != nil {

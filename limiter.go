@@ -63,6 +63,8 @@ type Limiter struct {
 	batch     *batcher    // shared with derived Limiters
 	denies    *denyCache  // shared with derived Limiters
 	rollbacks *rollbacks  // shared with derived Limiters
+	// evictions checks the memory policy; shared with derived Limiters.
+	evictions *evictionCheck
 }
 
 type compiledLimit struct {
@@ -91,7 +93,8 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 }
 
 // newLimiter is New for a Limiter derived from parent (nil for none), whose
-// circuit breakers, local logs, batcher and deny cache it shares.
+// circuit breakers, local logs, batcher, deny cache and memory policy check
+// it shares.
 func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, parent *Limiter) (*Limiter, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -168,13 +171,14 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		// The same Redis, the same requests: one view of its health, and
 		// one set of local logs.
 		l.breakers, l.local, l.batch, l.denies = parent.breakers, parent.local, parent.batch, parent.denies
-		l.rollbacks = parent.rollbacks
+		l.rollbacks, l.evictions = parent.rollbacks, parent.evictions
 	} else {
 		l.breakers = &breakers{failures: int32(cfg.breakerFailures), coolDown: cfg.breakerCoolDown}
 		l.local = &localStore{}
 		l.batch = &batcher{split: l.split}
 		l.denies = &denyCache{maxAge: cfg.denyCache}
 		l.rollbacks = newRollbacks(l.logRollbackFailure)
+		l.evictions = newEvictionCheck()
 	}
 	if err := l.buildRoutes(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)

@@ -58,6 +58,14 @@ func WithObserver(o Observer) Option {
 // would have denied at Info. Client identifiers are left out unless
 // logIdentifiers is true: they are personal data in many places. Default:
 // no logging.
+//
+// With a logger, the first decision of a Limiter and of those derived from
+// it also asks Redis, once and in the background, for its maxmemory-policy
+// (CONFIG GET; on a cluster, every primary's), and logs one warning at Warn
+// if it may evict the limiter's keys: every policy but noeviction does, once
+// maxmemory is set, and an evicted log forgets what it counted, so its
+// clients are admitted again. A Redis that refuses CONFIG GET is not
+// reported on; no decision waits for the check or fails because of it.
 func WithLogger(logger *slog.Logger, logIdentifiers bool) Option {
 	return func(c *config) { c.logger, c.logIDs = logger, logIdentifiers }
 }

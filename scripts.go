@@ -5,10 +5,9 @@ import (
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
-	"errors"
-	"net"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -64,50 +63,119 @@ func codeHash() string {
 	return hex.EncodeToString(sum[:6])
 }
 
-// scriptMode says how a Limiter runs the sliding-log code: first as a
-// function; as a script from the first sign that the Redis cannot run it as
-// one (before 7.0, or an ACL that denies FCALL or FUNCTION LOAD, or
-// miniredis).
-type scriptMode struct{ scriptsOnly atomic.Bool }
+// A FUNCTION LOAD that Redis refused for a reason that can pass (out of
+// memory, BUSY, LOADING, READONLY, a timeout, a lost connection...) is tried
+// again loadRetryMin after the refusal, and after each further refusal twice
+// as long after, up to loadRetryMax; meanwhile the Limiter runs the code as a
+// script, which has the same effect. A successful load starts over at
+// loadRetryMin. The back-off is per Limiter family (New and the Limiters
+// derived from it): however many decisions it makes, a family ends up
+// sending a Redis that keeps refusing the library one FUNCTION LOAD (and one
+// FCALL that finds no function) per loadRetryMax.
+const (
+	loadRetryMin = time.Second
+	loadRetryMax = 30 * time.Second
+)
+
+// scriptMode says how a Limiter runs the sliding-log code: as a function,
+// loading the library when Redis does not have it; as a script for good from
+// the first sign that the Redis cannot run functions at all (before 7.0, an
+// ACL that denies FCALL or FUNCTION LOAD, a Lua that rejects the library,
+// miniredis); and as a script for a while (see loadRetryMin) after Redis
+// refused to load the library for a reason that can pass.
+type scriptMode struct {
+	scriptsOnly atomic.Bool      // for good: Redis cannot run functions
+	loading     atomic.Bool      // a call is loading the library
+	retryAt     atomic.Int64     // Unix nanoseconds before which the library is not loaded again; 0: not backing off
+	backoff     atomic.Int64     // the last back-off, in nanoseconds; 0 after a successful load
+	now         func() time.Time // time.Now; tests set their own
+}
+
+// rerun says how a caller whose FCALL failed runs the code again.
+type rerun uint8
+
+const (
+	rerunNone     rerun = iota // not at all: the error is the caller's
+	rerunFunction              // as a function: the library is loaded now
+	rerunScript                // as a script
+)
+
+// functions reports whether calls run the code as a function now: Redis
+// can run functions, and no refused load is waiting for its retry.
+func (m *scriptMode) functions() bool {
+	if m.scriptsOnly.Load() {
+		return false
+	}
+	at := m.retryAt.Load()
+	return at == 0 || m.clock().UnixNano() >= at
+}
+
+func (m *scriptMode) clock() time.Time {
+	if m.now != nil {
+		return m.now()
+	}
+	return time.Now()
+}
 
 // run runs entry e of the sliding-log code once with keys and args on c.
 func (m *scriptMode) run(ctx context.Context, c redis.UniversalClient, e luaEntry, keys []string, args []any) (any, error) {
-	if !m.scriptsOnly.Load() {
+	if m.functions() {
 		reply, err := c.FCall(ctx, e.function, keys, args...).Result()
-		if err == nil || !m.retry(ctx, c, err) {
-			return reply, err
+		if err == nil {
+			return reply, nil
 		}
-		if !m.scriptsOnly.Load() { // the library was loaded: once more
-			return c.FCall(ctx, e.function, keys, args...).Result()
+		switch m.retry(ctx, c, err) {
+		case rerunNone:
+			return reply, err
+		case rerunFunction:
+			reply, err = c.FCall(ctx, e.function, keys, args...).Result()
+			if err == nil || !isNoFunction(err) {
+				return reply, err
+			}
+			// Flushed again since the load: as a script, this once.
 		}
 	}
 	return runScript(ctx, c, e.script, e.source, keys, args)
 }
 
-// retry tells a caller whose FCALL failed with err whether to call again:
-// after loading the library if Redis does not have it (after a restart
-// without persistence, a FUNCTION FLUSH, on a new cluster node), or as a
-// script if Redis cannot run functions, which it then does for good. Other
-// errors (time-outs, a dead server) are the caller's.
-func (m *scriptMode) retry(ctx context.Context, c redis.UniversalClient, err error) bool {
+// retry tells a caller whose FCALL failed with err how to call again: as a
+// function after loading the library if Redis does not have it (after a
+// restart without persistence, a FUNCTION FLUSH, on a new cluster node); as
+// a script if Redis cannot run functions, which it then does for good; as a
+// script too if Redis refused to load the library for a reason that can
+// pass, until loadRetryMin or more from now. Only one call at a time loads
+// the library; the others run the script meanwhile rather than wait. Other
+// errors (time-outs, a dead server, out of memory) are the caller's.
+func (m *scriptMode) retry(ctx context.Context, c redis.UniversalClient, err error) rerun {
 	switch {
 	case cannotRunFunctions(err):
 		m.scriptsOnly.Store(true)
-		return true
+		return rerunScript
 	case !isNoFunction(err):
-		return false
+		return rerunNone
+	case !m.functions(), !m.loading.CompareAndSwap(false, true):
+		// Another call's load was refused meanwhile, or is under way.
+		return rerunScript
 	}
+	defer m.loading.Store(false)
 	err = loadLibrary(ctx, c)
 	switch {
 	case err == nil:
-		return true
-	case isTransient(err):
-		return false
+		m.backoff.Store(0)
+		m.retryAt.Store(0)
+		return rerunFunction
+	case refusesLibrary(err):
+		// A Redis that will never load it: as a script, for good.
+		m.scriptsOnly.Store(true)
+		return rerunScript
 	}
-	// A Redis that will not load it (an ACL, a Lua it rejects): as a
-	// script, which has the same effect.
-	m.scriptsOnly.Store(true)
-	return true
+	d := min(2*time.Duration(m.backoff.Load()), loadRetryMax)
+	if d == 0 {
+		d = loadRetryMin
+	}
+	m.backoff.Store(int64(d))
+	m.retryAt.Store(m.clock().Add(d).UnixNano())
+	return rerunScript
 }
 
 // loadLibrary loads the library into c's Redis server, or every primary of
@@ -141,9 +209,19 @@ func cannotRunFunctions(err error) bool {
 	return strings.Contains(msg, "unknown command") || strings.HasPrefix(msg, "NOPERM")
 }
 
-// isTransient reports whether err is about the connection, not the request.
-func isTransient(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, context.Canceled) || errors.Is(err, redis.ErrClosed)
+// refusesLibrary reports whether err, FUNCTION LOAD's error, says that
+// Redis will never load the library: it has no FUNCTION LOAD, this
+// connection may not use it, or its Lua rejects the library's code or
+// metadata. Any other refusal may pass (see loadRetryMin).
+func refusesLibrary(err error) bool {
+	if cannotRunFunctions(err) {
+		return true
+	}
+	msg := err.Error()
+	for _, s := range []string{"Error compiling function", "Error registering functions", "No functions registered", "Engine '", "metadata"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }
