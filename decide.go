@@ -65,6 +65,13 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 
 	d := decision{l: l, s: s, cost: cost, replies: s.replies(len(l.limits)), wall: wall, peek: peek, denier: -1}
 	allowed, err := l.remote(ctx, &d, keys, tags, now, deadline)
+	if err != nil && !peek && refusesWrites(err) {
+		// A denial needs no write: deny exactly what Redis would deny, and
+		// leave the failure mode to what it would admit.
+		if denied := l.checkReadOnly(ctx, &d, keys, tags, now, deadline); denied {
+			return d.result(false), nil
+		}
+	}
 	if err == nil {
 		l.denies.learn(keys, d.replies, l.shadow, l.quota, cost, allowed && !peek, local, l.localNow())
 		res := d.result(allowed)
@@ -353,6 +360,12 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 		}
 		return false, fmt.Errorf("ratelimit: redis: %w", err)
 	}
+	return d.record(raw, idx)
+}
+
+// record checks raw, a script call's reply for the limits idx, records it
+// and reports whether the request was admitted by all of them.
+func (d *decision) record(raw any, idx []int) (bool, error) {
 	arr, ok := raw.([]any)
 	if !ok || len(arr) != 3+3*len(idx) {
 		return false, fmt.Errorf("%w: %T of length %d", ErrUnexpectedReply, raw, len(arr))
@@ -422,6 +435,48 @@ func (d *decision) result(allowed bool) Result {
 	res.Limit, res.Remaining, res.Reset, res.index = c.Quota, c.Remaining, c.Reset, closest
 	res.unreverted = d.unreverted
 	return res
+}
+
+// refusesWrites reports whether err says that Redis refused to write: it
+// is out of memory (maxmemory with noeviction), or a replica.
+func refusesWrites(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "OOM command not allowed") || strings.Contains(msg, "READONLY")
+}
+
+// checkReadOnly asks Redis, with the code that writes nothing, whether the
+// exact logs of d's limits deny d's request, and reports whether they do;
+// d then holds the replies of the limits consulted (bucketed limits, and
+// those of groups after a denying one, are not).
+func (l *Limiter) checkReadOnly(ctx context.Context, d *decision, keys, tags []string, now int64, deadline time.Time) bool {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	groups := [][]int{l.all}
+	if l.split {
+		groups = l.groups(tags)
+	}
+	clear(d.replies)
+	d.denier = -1
+	for _, g := range groups {
+		gkeys := make([]string, len(g))
+		for j, i := range g {
+			gkeys[j] = keys[i]
+		}
+		raw, err := l.batch.mode.run(ctx, l.client, checkCode, gkeys, []any{1, d.cost, now, l.spec(g)})
+		if err != nil {
+			return false
+		}
+		allowed, err := d.record(raw, g)
+		for _, i := range g {
+			if l.limits[i].bucketed {
+				d.replies[i].ok = false // not consulted
+			}
+		}
+		if err == nil && !allowed {
+			return true
+		}
+	}
+	return false
 }
 
 // reloadClusterState asks a cluster client to reload its map of slots after

@@ -335,9 +335,12 @@ func testScriptReloaded(t *testing.T, b backend) {
 		}
 		forEachPrimary(t, c, func(p *redis.Client) error {
 			libs, err := p.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName()}).Result()
-			if err == nil && (len(libs) != 1 || len(libs[0].Functions) != 2 ||
+			if err == nil && (len(libs) != 1 || len(libs[0].Functions) != 3 ||
 				!slices.ContainsFunc(libs[0].Functions, func(f redis.Function) bool { return f.Name == decideCode.function }) ||
-				!slices.ContainsFunc(libs[0].Functions, func(f redis.Function) bool { return f.Name == rollbackCode.function })) {
+				!slices.ContainsFunc(libs[0].Functions, func(f redis.Function) bool { return f.Name == rollbackCode.function }) ||
+				!slices.ContainsFunc(libs[0].Functions, func(f redis.Function) bool {
+					return f.Name == checkCode.function && slices.Equal(f.Flags, []string{"no-writes"})
+				})) {
 				err = fmt.Errorf("FUNCTION LIST: %+v", libs)
 			}
 			return err

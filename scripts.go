@@ -27,12 +27,15 @@ var (
 	// libraryName is the library's name (see LibraryName).
 	libraryName = "ratelimit_" + codeHash()
 
-	decideCode   = newLuaEntry("decide", "run")
-	rollbackCode = newLuaEntry("rollback", "rollback")
+	decideCode   = newLuaEntry("decide", "run", "")
+	rollbackCode = newLuaEntry("rollback", "rollback", "")
+	// checkCode writes nothing, so that Redis runs it when it refuses
+	// writes: out of memory, or on a replica.
+	checkCode = newLuaEntry("check", "check", "no-writes")
 
 	// librarySource is the library, for FUNCTION LOAD.
 	librarySource = "#!lua name=" + libraryName + "\n" + slidingLogCode + "\n" +
-		decideCode.register + rollbackCode.register
+		decideCode.register + rollbackCode.register + checkCode.register
 )
 
 // luaEntry is one entry point of the sliding-log code: as a function of the
@@ -44,9 +47,16 @@ type luaEntry struct {
 	script   *redis.Script // the same, for EVALSHA
 }
 
-func newLuaEntry(name, lua string) luaEntry {
+// newLuaEntry returns the entry point lua of the code, as function name of
+// the library, with the given Function flag ("" for none). As a script it
+// has no flags: Redis before 7.0 would not read them, and without them a
+// script is refused only at its first write when Redis is out of memory.
+func newLuaEntry(name, lua, flag string) luaEntry {
 	e := luaEntry{function: libraryName + "_" + name, source: slidingLogCode + "\nreturn " + lua + "(KEYS, ARGV)\n"}
 	e.register = "redis.register_function('" + e.function + "', " + lua + ")\n"
+	if flag != "" {
+		e.register = "redis.register_function{function_name='" + e.function + "', callback=" + lua + ", flags={'" + flag + "'}}\n"
+	}
 	e.script = redis.NewScript(e.source)
 	return e
 }

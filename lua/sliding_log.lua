@@ -550,3 +550,68 @@ local function rollback(keys, argv)
   end
   return removed
 end
+
+
+-- check_log reads the exact log key of limit lim at now, writing nothing:
+-- the entries still in the window, when a request of cost n fits (-1 if
+-- never; now if it fits at once) and when the oldest entry leaves (0 if
+-- the log is empty).
+local function check_log(key, lim, n, now)
+  local head = call('ZRANGE', key, '0', '0', 'WITHSCORES')
+  local base = meta_base(head[1], head[2])
+  if not base then
+    return 0, now, 0
+  end
+  local live = '(' .. str(floor_div(now - lim.window - base, lim.unit)) -- later than the cut
+  local count = call('ZCOUNT', key, live, '+inf')
+  if count == 0 then
+    return 0, now, 0
+  end
+  local function leaves(rank)
+    local e = call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES', 'LIMIT', str(rank), '1')
+    return base + num(e[2]) * lim.unit + lim.window
+  end
+  local oldest, reset = leaves(0), now
+  if n > lim.quota then
+    reset = -1
+  elseif count + n > lim.quota then
+    reset = leaves(count + n - lim.quota - 1)
+  else
+    reset = oldest
+  end
+  return count, reset, oldest
+end
+
+-- check answers, writing nothing, whether one request would be admitted by
+-- the exact logs of its limits, so that Redis runs it when it refuses
+-- writes (out of memory, a replica). argv is run's for one request:
+-- {1, cost, now or 0, limits}. Bucketed limits are not consulted: their
+-- count, reset and stamp are 0. The reply is run's: a request it says
+-- would be admitted is decided by nothing yet; one it denies is denied
+-- exactly as run would deny it.
+local function check(keys, argv)
+  fmt, call = string.format, redis.call
+  local n, now, ls = num(argv[2]), num(argv[3]), specs[argv[4]] or parse_limits(argv[4])
+  if now == 0 then
+    local t = call('TIME')
+    now = t[1] * 1000000 + t[2]
+  end
+  local reply, denied, deniedAt = {0, now, 0}, 0, 0
+  for i = 1, #ls do
+    local lim = ls[i]
+    local count, reset, leaves = 0, 0, 0
+    if lim.unit > 0 then
+      count, reset, leaves = check_log(keys[i], lim, n, now)
+      if count + n > lim.quota and not lim.shadow and
+        (denied == 0 or reset == -1 or (deniedAt ~= -1 and reset > deniedAt)) then
+        denied, deniedAt = i, reset
+      end
+    end
+    reply[#reply + 1], reply[#reply + 2], reply[#reply + 3] = count, reset, leaves
+  end
+  reply[3] = denied
+  if denied == 0 then
+    reply[1] = 1
+  end
+  return reply
+end

@@ -1,0 +1,68 @@
+package ratelimit
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/slidinglog/ratelimit/redistest"
+)
+
+// TestDenialsUnderOOM: a Redis out of memory (maxmemory, noeviction)
+// refuses the limiter's writes, but a denial needs none: a client over its
+// limit is still denied, exactly, and only what would be admitted gets the
+// failure mode (here FailOpen, which used to admit the client over its
+// limit too). As a Redis Function (the check is flagged no-writes) and as a
+// script.
+func TestDenialsUnderOOM(t *testing.T) {
+	for _, scriptsOnly := range []bool{false, true} {
+		name := "function"
+		if scriptsOnly {
+			name = "script"
+		}
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
+			c := srv.Client()
+			var failures int
+			lim := mustNew(t, c, []Limit{
+				PerMinute(2, ClientIP()).Named("ip"),
+				PerMinute(100, ClientIP()).Bucketed(time.Second).Named("bk"),
+			}, WithFailureMode(FailOpen), WithErrorHandler(func(*http.Request, error) { failures++ }), WithDenyCache(0))
+			lim.batch.mode.scriptsOnly.Store(scriptsOnly)
+			h := lim.Handler(okHandler)
+			for i := range 2 {
+				if w := serve(h, "GET", "/", "192.0.2.1:1"); w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != []string{"1", "0"}[i] {
+					t.Fatalf("request %d before the OOM: %d %v", i, w.Code, w.Header())
+				}
+			}
+			fillMemory(t, c)
+			// Keep it full: below what it uses, nothing it frees lets a
+			// write through.
+			if err := c.ConfigSet(context.Background(), "maxmemory", "1mb").Err(); err != nil {
+				t.Fatal(err)
+			}
+			w := serve(h, "GET", "/", "192.0.2.1:1")
+			if w.Code != 429 || w.Header().Get("Retry-After") == "" || w.Header().Get("X-RateLimit-Remaining") != "0" {
+				t.Errorf("over its limit, under OOM: %d %v; want 429 with Retry-After", w.Code, w.Header())
+			}
+			if failures != 0 {
+				t.Errorf("the denial under OOM called the error handler %d times", failures)
+			}
+			// A request that would be admitted needs a write: the failure
+			// mode (FailOpen: served, without headers).
+			w = serve(h, "GET", "/", "192.0.2.2:1")
+			if w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "" || failures != 1 {
+				t.Errorf("within its limit, under OOM: %d %v, %d failures; want the failure mode", w.Code, w.Header(), failures)
+			}
+			res, err := lim.Allow(context.Background(), []string{"192.0.2.1", "192.0.2.1"}, 1)
+			// As a function, Redis refuses the decision before it runs, and the
+			// check, which consults no bucketed limit, denies; as a script,
+			// the decision runs until its first write, and a denial has none.
+			if err != nil || res.Allowed || res.DeniedBy != "ip" || res.Limits[1].Skipped == scriptsOnly ||
+				res.RetryAfter <= 0 || res.RetryAfter > time.Minute+time.Second {
+				t.Errorf("Allow over the limit under OOM: %+v, %v; want denied by ip, the bucketed limit consulted only by a script", res, err)
+			}
+		})
+	}
+}
