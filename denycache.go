@@ -15,9 +15,13 @@ const maxDenyEntries = 100_000
 
 // WithDenyCache sets how long, at most, the limiter answers from memory for
 // a key that Redis just reported full. Once Redis has denied a request of
-// cost n on a key, later requests of cost n or more on that key are denied
-// in-process, without a round trip, until the oldest entry of its log leaves
-// the window (when its count can first fall), or maxAge, whichever is first.
+// cost n on a key (or admitted one that left it nothing: n is then 1),
+// later requests of cost n on that key are denied in-process, without a
+// round trip, until the oldest entry of its log leaves the window (when its
+// count can first fall), or maxAge, whichever is first. When several of a
+// request's keys are known full for its cost, the one that frees up last
+// denies it. A request of a cost the cache saw no denial of, on a key it
+// knows has no room for it, asks Redis, which alone knows when it fits.
 // Headers stay exact: the count cannot change before then, except by the
 // early removal of entries, which happens only when a Redis Cluster
 // decision's reservation is rolled back or a request is refunded; a denial
@@ -43,8 +47,8 @@ type denyCache struct {
 // denial is what a key's log looked like when Redis last reported it full.
 type denial struct {
 	until     time.Time // local clock: when the log's count may first fall
-	cost      int       // the smallest cost known not to fit until then
-	remaining int
+	cost      int       // the cost whose fit is known: denied until fit
+	remaining int       // a cost up to this had room
 	fit       time.Time // Redis clock: when a request of that cost fits
 	now       time.Time // Redis clock: when Redis decided
 	replied   time.Time // local clock: when the reply arrived, not before Redis decided
@@ -59,8 +63,10 @@ type cachedDenial struct {
 // check looks up the denials of keys for a request of cost at local time
 // now; shadow(i) reports the keys of shadow limits, which never deny. It
 // stores what it found for key i in hits[i] and returns the index of the key
-// whose denial frees up last, or -1 if no key has a fresh denial that covers
-// cost.
+// whose denial frees up last, or -1 if the cache cannot answer: no key has
+// a fresh denial of that cost, or one key has no room for the cost but the
+// cache does not know when it will (a larger cost than it saw denied), so
+// that only Redis can say what it would answer.
 func (c *denyCache) check(keys []string, shadow func(i int) bool, cost int, now time.Time, hits []cachedDenial) int {
 	if c == nil || c.maxAge == 0 {
 		return -1
@@ -70,9 +76,12 @@ func (c *denyCache) check(keys []string, shadow func(i int) bool, cost int, now 
 	defer c.mu.RUnlock()
 	for i, key := range keys {
 		e, ok := c.m[key]
-		if !ok || !now.Before(e.until) || cost < e.cost || shadow(i) {
+		if !ok || !now.Before(e.until) || cost <= e.remaining || shadow(i) {
 			hits[i] = cachedDenial{}
 			continue
+		}
+		if cost != e.cost {
+			return -1 // no room, but when it fits is Redis's to say
 		}
 		hits[i] = cachedDenial{ok: true, denial: e}
 		if worst < 0 || e.fit.After(hits[worst].fit) {
@@ -86,10 +95,11 @@ func (c *denyCache) check(keys []string, shadow func(i int) bool, cost int, now 
 // with ok false were not consulted) say about each key: logged reports that
 // the request was admitted and counted. It is called at local time replied,
 // when the answer arrived, for a decision sent at local time start. A limit
-// without room for the cost is full for that cost; one that the admission
-// left with nothing remaining is full for any cost; any other is not full,
-// and a denial held for its key is dropped: its count has fallen since (a
-// rollback, a refund, a reset). Shadow limits are never recorded.
+// without room for the cost denies that cost until it fits; one that the
+// admission left with nothing remaining denies a cost of 1 until its oldest
+// entry leaves; for any other, a denial held for its key is dropped: its
+// count has fallen since (a rollback, a refund, a reset). Shadow limits are
+// never recorded.
 func (c *denyCache) learn(keys []string, replies []reply, shadow func(i int) bool, quota func(i int) int, cost int, logged bool, start, replied time.Time) {
 	if c == nil || c.maxAge == 0 {
 		return
@@ -115,9 +125,6 @@ func (c *denyCache) learn(keys []string, replies []reply, shadow func(i int) boo
 		// that it is never early.
 		e.until = start.Add(min(time.Duration(e.until.UnixMicro()-r.now)*time.Microsecond, c.maxAge))
 		e.replied = replied
-		if old, ok := c.m[key]; ok && start.Before(old.until) && old.cost < e.cost {
-			continue // keep the denial of the smaller cost: it covers more requests
-		}
 		if c.m == nil {
 			c.m = make(map[string]denial)
 		}

@@ -44,12 +44,15 @@ func testDenyCache(t *testing.T, b backend) {
 		t.Fatalf("denial from Redis: %+v after %d round trips", first, trips)
 	}
 	clock.Set(t0.Add(12 * time.Second))
-	for _, cost := range []int{2, 3} {
-		res, trips := allow(cost)
-		if res.Allowed || trips != 0 || res.RetryAfter != 48*time.Second || res.Remaining != 1 ||
-			res.Reset != first.Reset || res.DeniedBy != "d" || res.Limit != 4 {
-			t.Errorf("cost %d from the cache: %+v after %d round trips", cost, res, trips)
-		}
+	res, trips := allow(2)
+	if res.Allowed || trips != 0 || res.RetryAfter != 48*time.Second || res.Remaining != 1 ||
+		res.Reset != first.Reset || res.DeniedBy != "d" || res.Limit != 4 {
+		t.Errorf("cost 2 from the cache: %+v after %d round trips", res, trips)
+	}
+	// A larger cost is denied too, but when it fits depends on which
+	// entries leave when: Redis says.
+	if res, trips := allow(3); res.Allowed || trips == 0 || res.RetryAfter != 48*time.Second {
+		t.Errorf("cost 3: %+v after %d round trips; want Redis's denial", res, trips)
 	}
 	// A smaller cost may fit: Redis decides. Its admission leaves the
 	// limit full, which the cache learns: now cost 1 is denied from memory.
@@ -63,14 +66,14 @@ func testDenyCache(t *testing.T, b backend) {
 	// the reply it learnt it from (at 12s), even though the log's oldest
 	// entry leaves only at 60s...
 	clock.Set(t0.Add(16 * time.Second))
-	if _, trips := allow(2); trips != 0 {
+	if _, trips := allow(1); trips != 0 {
 		t.Error("the denial left the cache early")
 	}
 	if err := c.Del(ctx, logKey("d", "k")).Err(); err != nil {
 		t.Fatal(err) // an early removal, as a refund would be
 	}
 	clock.Set(t0.Add(17 * time.Second))
-	if res, trips := allow(2); !res.Allowed || trips == 0 {
+	if res, trips := allow(1); !res.Allowed || trips == 0 {
 		t.Errorf("after the maximum age: %+v after %d round trips", res, trips)
 	}
 }
