@@ -16,23 +16,39 @@ import (
 // 2-core machine 2 did better than 1, 4 or 8 (cmd/ratelimit-bench).
 var maxBatches = max(2, runtime.GOMAXPROCS(0))
 
-// batcher sends concurrent decisions to Redis together. A decision that
-// finds fewer than maxBatches batches in flight goes out at once, so a lone
-// decision waits for nothing; decisions that arrive while all are in flight
-// queue up, and when a batch comes back the first queued decision takes the
-// whole queue out as the next one. Each goroutine thus sends at most the one
-// batch its own decision is in, and a decision waits at most for the batch
-// ahead of it.
+// lateReplyWait is how long a Redis call goes on after the decision that
+// made it stopped waiting (its timeout ran out, or its request ended), so
+// that a reply Redis sends late is still read: a request it logged is then
+// taken back (see decision.abandon).
+const lateReplyWait = 5 * time.Second
+
+// batcher sends concurrent decisions to Redis together. Decisions queue
+// up; up to maxBatches goroutines each take the whole queue out as one
+// batch, and the next queue when that one comes back. So a lone decision
+// goes out at once, and decisions that arrive while every sender is busy go
+// out together in the next batch.
 //
-// On one Redis a batch is one call of the sliding-log script, which decides
+// A decision waits for its batch until its own deadline at most. The batch
+// goes on without it: a decision still queued is dropped from it, and the
+// reply of one that was sent is handed to what the decision left behind
+// (lateReply), which takes back a request Redis logged after all.
+//
+// On one Redis a batch is one call of the sliding-log code, which decides
 // its requests one after the other. On a Redis Cluster or Ring, whose keys
 // live on several servers, it is a pipeline of one call per decision.
 type batcher struct {
 	mu      sync.Mutex
 	queue   []*call
-	leaders int  // batches in flight
+	senders int  // goroutines sending batches
 	split   bool // send pipelines, not combined calls
 	mode    scriptMode
+}
+
+// lateReply is what makes a decision's call: asked when the decision stops
+// waiting for a call already sent, it returns what to do with the call's
+// reply (or error) when it comes.
+type lateReply interface {
+	abandon() func(reply any, err error)
 }
 
 // call is one decision in a batch.
@@ -40,69 +56,132 @@ type call struct {
 	keys     []string
 	args     []any // the script's ARGV for this decision alone: 1, cost, ...
 	deadline time.Time
+	done     chan struct{} // receives once the reply is in, unless abandoned
 
-	reply any // the decision's own reply
-	err   error
-	wake  chan []*call // nil: done; else: send this batch
+	mu        sync.Mutex
+	sending   bool // taken out in a batch
+	finished  bool // reply and err are set
+	abandoned bool // the decision stopped waiting
+	late      func(reply any, err error)
+	reply     any // the decision's own reply
+	err       error
 }
 
-var calls = sync.Pool{New: func() any { return &call{wake: make(chan []*call, 1)} }}
+var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
-// run runs the sliding-log script for one decision, keys and args (which
+// release returns cl to the pool.
+func (cl *call) release() {
+	cl.keys, cl.args, cl.deadline, cl.late, cl.reply, cl.err = nil, nil, time.Time{}, nil, nil, nil
+	cl.sending, cl.finished, cl.abandoned = false, false, false
+	calls.Put(cl)
+}
+
+// run runs the sliding-log code for one decision, keys and args (which
 // start with 1, the number of decisions), on c, batched with concurrent
-// decisions, by deadline, and returns the decision's reply.
-func (b *batcher) run(ctx context.Context, deadline time.Time, c redis.UniversalClient, keys []string, args []any) (any, error) {
+// decisions, and returns the decision's reply. It waits until deadline, or
+// until ctx is done, at the most; it then returns the error of that, and
+// if the call went out, owner's abandon receives its reply later. The
+// caller must then leave keys and args as they are: the call may still
+// read them.
+func (b *batcher) run(ctx context.Context, deadline time.Time, c redis.UniversalClient, keys []string, args []any, owner lateReply) (any, error) {
 	cl := calls.Get().(*call)
 	cl.keys, cl.args, cl.deadline = keys, args, deadline
 	b.mu.Lock()
-	var batch []*call
-	if b.leaders < maxBatches {
-		b.leaders++
-		batch = append(b.queue, cl)
-		b.queue = nil
-	} else {
-		b.queue = append(b.queue, cl)
+	b.queue = append(b.queue, cl)
+	start := b.senders < maxBatches
+	if start {
+		b.senders++
 	}
 	b.mu.Unlock()
-	if batch == nil {
-		batch = <-cl.wake // done, or our turn to send the queue
+	if start {
+		go b.sendLoop(c)
 	}
-	if batch != nil {
-		b.send(ctx, c, batch, cl)
+	wait := time.NewTimer(time.Until(deadline))
+	var gaveUp error
+	select {
+	case <-cl.done:
+	case <-wait.C:
+		gaveUp = context.DeadlineExceeded
+	case <-ctx.Done():
+		gaveUp = ctx.Err()
+	}
+	wait.Stop()
+	if gaveUp != nil {
+		cl.mu.Lock()
+		if !cl.finished {
+			// A call still queued is dropped by its sender; one sent goes
+			// on, and its reply goes to the owner.
+			cl.abandoned = true
+			if cl.sending && owner != nil {
+				cl.late = owner.abandon()
+			}
+			cl.mu.Unlock()
+			return nil, gaveUp
+		}
+		cl.mu.Unlock()
+		<-cl.done // finished meanwhile: the reply is ours
 	}
 	reply, err := cl.reply, cl.err
-	*cl = call{wake: cl.wake}
-	calls.Put(cl)
+	cl.release()
 	return reply, err
 }
 
-// send sends batch, which holds the caller's own call self, wakes the other
-// calls, and hands the queue, if any, to the first queued call.
-func (b *batcher) send(ctx context.Context, c redis.UniversalClient, batch []*call, self *call) {
-	b.exec(ctx, c, batch)
-	// The queue goes out first, so that Redis has the next batch while
-	// this one's callers are woken.
-	b.mu.Lock()
-	next := b.queue
-	b.queue = nil
-	if next == nil {
-		b.leaders--
-	}
-	b.mu.Unlock()
-	if next != nil {
-		next[0].wake <- next
-	}
-	for _, cl := range batch {
-		if cl != self {
-			cl.wake <- nil
+// sendLoop sends the queue as a batch, then the queue that gathered
+// meanwhile, until there is none.
+func (b *batcher) sendLoop(c redis.UniversalClient) {
+	for {
+		b.mu.Lock()
+		batch := b.queue
+		b.queue = nil
+		if len(batch) == 0 {
+			b.senders--
+			b.mu.Unlock()
+			return
 		}
+		b.mu.Unlock()
+		live := batch[:0]
+		for _, cl := range batch {
+			cl.mu.Lock()
+			if cl.abandoned { // never sent: nothing was logged
+				cl.mu.Unlock()
+				cl.release()
+				continue
+			}
+			cl.sending = true
+			cl.mu.Unlock()
+			live = append(live, cl)
+		}
+		if len(live) > 0 {
+			b.exec(c, live)
+		}
+		for _, cl := range live {
+			cl.finish()
+		}
+	}
+}
+
+// finish hands cl's reply to its decision, or, if the decision stopped
+// waiting, to what it left behind.
+func (cl *call) finish() {
+	cl.mu.Lock()
+	cl.finished = true
+	if !cl.abandoned {
+		cl.mu.Unlock()
+		cl.done <- struct{}{}
+		return
+	}
+	late, reply, err := cl.late, cl.reply, cl.err
+	cl.mu.Unlock()
+	cl.release()
+	if late != nil {
+		late(reply, err)
 	}
 }
 
 // exec runs batch. A panic on the way (a client hook's, say) becomes every
 // call's error: the decisions waiting on the batch must be woken, or every
 // later one would queue behind them for good.
-func (b *batcher) exec(ctx context.Context, c redis.UniversalClient, batch []*call) {
+func (b *batcher) exec(c redis.UniversalClient, batch []*call) {
 	defer func() {
 		if r := recover(); r != nil {
 			for _, cl := range batch {
@@ -113,7 +192,7 @@ func (b *batcher) exec(ctx context.Context, c redis.UniversalClient, batch []*ca
 	switch {
 	case len(batch) == 1:
 		cl := batch[0]
-		ctx, cancel := context.WithDeadline(ctx, cl.deadline)
+		ctx, cancel := batchContext(batch)
 		cl.reply, cl.err = b.mode.run(ctx, c, decideCode, cl.keys, cl.args)
 		cancel()
 	case b.split:
@@ -123,19 +202,21 @@ func (b *batcher) exec(ctx context.Context, c redis.UniversalClient, batch []*ca
 	}
 }
 
-// batchContext returns a context with the earliest of the deadlines of
-// batch's decisions: a batch never makes a decision wait past its own.
+// batchContext returns a context for sending batch: it ends lateReplyWait
+// after the latest of its decisions' deadlines, so that a reply that comes
+// late is still read. A batch never makes a decision wait past its own
+// deadline: the decision stops waiting then.
 func batchContext(batch []*call) (context.Context, context.CancelFunc) {
-	deadline := batch[0].deadline
-	for _, cl := range batch[1:] {
-		if !cl.deadline.IsZero() && (deadline.IsZero() || cl.deadline.Before(deadline)) {
+	var deadline time.Time
+	for _, cl := range batch {
+		if cl.deadline.After(deadline) {
 			deadline = cl.deadline
 		}
 	}
 	if deadline.IsZero() {
 		return context.WithCancel(context.Background())
 	}
-	return context.WithDeadline(context.Background(), deadline)
+	return context.WithDeadline(context.Background(), deadline.Add(lateReplyWait))
 }
 
 // sendCombined decides the batch in one call of the script.

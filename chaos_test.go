@@ -146,7 +146,8 @@ func (ld *load) waitAdmitted(n int64, within time.Duration) bool {
 // waitLogged waits until the log of limit name for id holds at least n
 // entries, for at most within, and reports whether it did. It counts what
 // Redis logged, not what the load saw admitted: a decision that times out
-// after Redis logged it counts without being admitted.
+// after Redis logged it counts, without being admitted, until its late
+// reply has it taken back.
 func waitLogged(t *testing.T, c redis.UniversalClient, name, id string, n int64, within time.Duration) bool {
 	t.Helper()
 	deadline := time.Now().Add(within)
@@ -269,8 +270,9 @@ func TestChaosRestart(t *testing.T) {
 	// The restarted Redis is empty: the quota is admitted again, never
 	// more, and its log holds exactly that. A decision that timed out after
 	// Redis had logged it (a slow reply on a loaded machine) answered 503
-	// but counts, so fewer may be admitted, by at most the failures after
-	// limiting resumed.
+	// and counts until its late reply has it taken back, which may be after
+	// the quota was used up: fewer may be admitted, by at most the failures
+	// after limiting resumed.
 	lateFailures := 0
 	for _, e := range events {
 		if e.status == 503 && e.at >= restarted+recovered {

@@ -160,6 +160,9 @@ type scratch struct {
 	args       []any
 	limits     []LimitResult
 	hits       []cachedDenial
+	// abandoned: a call that may still read ids, keys and args went on
+	// without the decision; the scratch is left to the collector.
+	abandoned bool
 }
 
 var scratches = sync.Pool{New: func() any { return new(scratch) }}
@@ -168,6 +171,9 @@ func getScratch() *scratch { return scratches.Get().(*scratch) }
 
 // put returns s to the pool. Nothing may use what it holds afterwards.
 func (s *scratch) put() {
+	if s.abandoned {
+		return
+	}
 	clear(s.ids)
 	clear(s.keys)
 	clear(s.tags)
@@ -298,6 +304,44 @@ type decision struct {
 	// unreverted counts the units of cost a Cluster decision that was denied
 	// or failed after reserving could not take back (see rollback).
 	unreverted uint64
+	// The keys and limits of the call under way, for abandon.
+	callKeys []string
+	callIdx  []int
+}
+
+// abandon is called when the decision stops waiting for its call under way
+// (d.callKeys, d.callIdx): its time ran out or its request ended, and it
+// answers with an error. It returns what takes back, in the background, a
+// request the call's reply says Redis logged after all. A call that ends
+// without a reply may or may not have been logged: its units are counted in
+// Limiter.Unreverted. The call may still read the decision's scratch, which
+// is therefore not reused.
+func (d *decision) abandon() func(reply any, err error) {
+	d.s.abandoned = true
+	l, cost, peek := d.l, d.cost, d.peek
+	keys, idx := slices.Clone(d.callKeys), slices.Clone(d.callIdx)
+	return func(raw any, err error) {
+		if peek {
+			return // nothing was logged
+		}
+		units := uint64(cost) * uint64(len(keys))
+		if err != nil {
+			l.rollbacks.fail(units, fmt.Errorf("ratelimit: a decision that timed out may stay counted in %s: its reply never came: %w", keys[0], err))
+			return
+		}
+		arr, ok := raw.([]any)
+		if !ok || len(arr) != 3+3*len(idx) || arr[0] != int64(1) {
+			return // denied: nothing was logged
+		}
+		full := make([]string, len(l.limits))
+		stamps := make([]int64, len(l.limits))
+		for j, i := range idx {
+			full[i] = keys[j]
+			stamps[i], _ = arr[5+3*j].(int64)
+		}
+		late := l.reservations(full, [][]int{idx}, func(i int) int64 { return stamps[i] })
+		l.rollback(late, cost, time.Now()) // in the background
+	}
 }
 
 // result is the part of a LimitResult that the limit itself gives.
@@ -341,7 +385,8 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 	if d.l.exec != nil {
 		raw, err = d.l.exec(keys, args)
 	} else {
-		raw, err = d.l.batch.run(ctx, deadline, d.l.client, keys, args)
+		d.callKeys, d.callIdx = keys, idx
+		raw, err = d.l.batch.run(ctx, deadline, d.l.client, keys, args, d)
 	}
 	if b != nil {
 		b.done(d.l.breakers, err, probe)

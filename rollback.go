@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // ErrNotReverted is returned (wrapped) by [Limiter.Refund] when Redis could
@@ -123,7 +125,7 @@ func (l *Limiter) removeReservations(reservations []reservation, cost int) (unre
 			ctx, cancel := context.WithTimeout(context.Background(), l.cfg.timeout)
 			_, err = l.batch.mode.run(ctx, l.client, rollbackCode, r.keys, args)
 			cancel()
-			if err == nil || !unavailable(err) || time.Now().Add(retry).After(giveUp) {
+			if err == nil || !unavailable(err) || errors.Is(err, redis.ErrClosed) || time.Now().Add(retry).After(giveUp) {
 				break
 			}
 			time.Sleep(retry) // backoff before asking a Redis that failed again

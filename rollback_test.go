@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"testing"
@@ -114,4 +115,42 @@ func (h *afterFirstCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (h *afterFirstCall) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// TestLateReplyTakenBack: a decision that gives up on Redis answers with an
+// error, but Redis may still run its call and log the request. The reply
+// that comes late is read, and the request taken back: it leaves no entry.
+// (It used to stay counted until it left the window.)
+func TestLateReplyTakenBack(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	admin := srv.Client()
+	lim := mustNew(t, c, []Limit{PerMinute(10, Global()).Named("late")}, WithTimeout(200*time.Millisecond))
+	ctx := context.Background()
+	if _, err := lim.Allow(ctx, []string{"warm-up"}, 1); err != nil {
+		t.Fatal(err) // the library loaded and a connection open
+	}
+	before := commandCalls(t, admin, "fcall")
+	proxy.SetDelay(time.Second) // the call reaches Redis after the decision gave up
+	_, err := lim.Allow(ctx, []string{"k"}, 1)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want the decision's deadline", err)
+	}
+	proxy.SetDelay(0)
+	// The decision's call, then the rollback's.
+	deadline := time.Now().Add(10 * time.Second)
+	for commandCalls(t, admin, "fcall") < before+2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls after the decision gave up in 10s: the late reply was not taken back", commandCalls(t, admin, "fcall")-before)
+		}
+		time.Sleep(20 * time.Millisecond) // polling Redis's counters
+	}
+	if n := zcard(t, admin, "late", "k"); n != 0 {
+		t.Errorf("the log holds %d entries for a request answered with an error", n)
+	}
+	if n := lim.Unreverted(); n != 0 {
+		t.Errorf("Unreverted() = %d, want 0", n)
+	}
 }
