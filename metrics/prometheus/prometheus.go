@@ -5,7 +5,7 @@
 //
 //	metrics := ratelimitprom.New()
 //	limiter, err := ratelimit.New(rdb, limits, ratelimit.WithObserver(metrics))
-//	metrics.WatchBreaker(limiter)
+//	metrics.Watch(limiter)
 //	prometheus.MustRegister(metrics)
 //
 // Labels hold limit names and outcomes, never client identifiers, so the
@@ -29,10 +29,15 @@ import (
 //	ratelimit_decision_duration_seconds         histogram of decision latency
 //	ratelimit_breaker_open                      gauge: 1 while a watched
 //	    limiter's circuit breaker is open
+//	ratelimit_unreverted_units_total            counter: units of cost the
+//	    watched limiters left counted in Redis for requests they did not
+//	    admit, because Redis could not take them back
+//	    ([ratelimit.Limiter.Unreverted])
 type Metrics struct {
-	decisions *prometheus.CounterVec
-	latency   prometheus.Histogram
-	breaker   prometheus.GaugeFunc
+	decisions  *prometheus.CounterVec
+	latency    prometheus.Histogram
+	breaker    prometheus.GaugeFunc
+	unreverted prometheus.CounterFunc
 
 	mu       sync.Mutex
 	limiters []*ratelimit.Limiter
@@ -55,11 +60,18 @@ func New() *Metrics {
 		Name: "ratelimit_breaker_open",
 		Help: "1 while the circuit breaker of a watched limiter is open.",
 	}, m.breakerOpen)
+	m.unreverted = prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "ratelimit_unreverted_units_total",
+		Help: "Units of cost left counted in Redis for requests that were not admitted, because Redis could not take them back.",
+	}, m.unrevertedUnits)
 	return m
 }
 
-// WatchBreaker makes ratelimit_breaker_open report l's circuit breaker.
-func (m *Metrics) WatchBreaker(l *ratelimit.Limiter) {
+// Watch makes ratelimit_breaker_open report l's circuit breakers and
+// ratelimit_unreverted_units_total count what l left counted. Watch each
+// Limiter from ratelimit.New once: the Limiters derived from it share its
+// breakers and its count.
+func (m *Metrics) Watch(l *ratelimit.Limiter) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.limiters = append(m.limiters, l)
@@ -74,6 +86,16 @@ func (m *Metrics) breakerOpen() float64 {
 		}
 	}
 	return 0
+}
+
+func (m *Metrics) unrevertedUnits() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var n uint64
+	for _, l := range m.limiters {
+		n += l.Unreverted()
+	}
+	return float64(n)
 }
 
 // Observe records one decision.
@@ -103,6 +125,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.decisions.Describe(ch)
 	m.latency.Describe(ch)
 	m.breaker.Describe(ch)
+	m.unreverted.Describe(ch)
 }
 
 // Collect implements [prometheus.Collector].
@@ -110,4 +133,5 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.decisions.Collect(ch)
 	m.latency.Collect(ch)
 	m.breaker.Collect(ch)
+	m.unreverted.Collect(ch)
 }

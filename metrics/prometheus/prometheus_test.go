@@ -32,7 +32,7 @@ func TestMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.WatchBreaker(lim)
+	m.Watch(lim)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(m)
 
@@ -55,8 +55,11 @@ ratelimit_decisions_total{limit="api",outcome="error"} 1
 ratelimit_decisions_total{limit="trial",outcome="allowed"} 1
 ratelimit_decisions_total{limit="trial",outcome="error"} 1
 ratelimit_decisions_total{limit="trial",outcome="shadow_denied"} 2
+# HELP ratelimit_unreverted_units_total Units of cost left counted in Redis for requests that were not admitted, because Redis could not take them back.
+# TYPE ratelimit_unreverted_units_total counter
+ratelimit_unreverted_units_total 0
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratelimit_decisions_total", "ratelimit_breaker_open"); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratelimit_decisions_total", "ratelimit_breaker_open", "ratelimit_unreverted_units_total"); err != nil {
 		t.Error(err)
 	}
 	if n := testutil.CollectAndCount(m, "ratelimit_decision_duration_seconds"); n != 1 {

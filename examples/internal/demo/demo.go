@@ -84,7 +84,7 @@ func Start() *App {
 	rdb, where := Connect()
 	metrics := ratelimitprom.New()
 	api, login := Limiters(rdb, ratelimit.WithObserver(metrics))
-	metrics.WatchBreaker(api)
+	metrics.Watch(api)
 	return &App{API: api, Login: login, Metrics: metrics, addr: *addr, where: where}
 }
 
