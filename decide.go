@@ -63,12 +63,15 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 		deadline = d
 	}
 
-	d := decision{l: l, s: s, cost: cost, replies: s.replies(len(l.limits)), wall: wall, peek: peek, denier: -1}
-	allowed, err := l.remote(ctx, &d, keys, tags, now, deadline)
+	// The decision lives in the scratch: its call may outlive this function
+	// (see decision.abandon), and a pooled one costs no allocation.
+	d := &s.d
+	*d = decision{l: l, s: s, cost: cost, replies: s.replies(len(l.limits)), wall: wall, peek: peek, denier: -1}
+	allowed, err := l.remote(ctx, d, keys, tags, now, deadline)
 	if err != nil && !peek && refusesWrites(err) {
 		// A denial needs no write: deny exactly what Redis would deny, and
 		// leave the failure mode to what it would admit.
-		if denied := l.checkReadOnly(ctx, &d, keys, tags, now, deadline); denied {
+		if denied := l.checkReadOnly(ctx, d, keys, tags, now, deadline); denied {
 			return d.result(false), nil
 		}
 	}
@@ -90,7 +93,7 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 	if now == 0 {
 		now = time.Now().UnixMicro()
 	}
-	res := d.result(l.local.decide(&d, keys, now)) // it sets every reply, now and the denier
+	res := d.result(l.local.decide(d, keys, now)) // it sets every reply, now and the denier
 
 	res.Local = true
 	return res, err
@@ -160,6 +163,7 @@ type scratch struct {
 	args       []any
 	limits     []LimitResult
 	hits       []cachedDenial
+	d          decision
 	// abandoned: a call that may still read ids, keys and args went on
 	// without the decision; the scratch is left to the collector.
 	abandoned bool
@@ -180,6 +184,7 @@ func (s *scratch) put() {
 	clear(s.args)
 	s.ids, s.keys, s.tags, s.args = s.ids[:0], s.keys[:0], s.tags[:0], s.args[:0]
 	s.wantTicket = false
+	s.d = decision{}
 	scratches.Put(s)
 }
 
