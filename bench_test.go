@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,6 +86,49 @@ func BenchmarkMiddleware(b *testing.B) {
 			WithHeaders(HeadersXRateLimit|HeadersIETF))
 		lim.exec = stub(allowTwo)
 		run(b, lim.Handler(okHandler))
+	})
+}
+
+// BenchmarkDenyCache measures the middleware denying a client from the deny
+// cache, with Redis stubbed out as in BenchmarkMiddleware (it is called
+// when the cached denial expires, once a second): the cost of a flood of
+// requests over their limit. "parallel" runs it on every core at once.
+//
+//	go test -run '^$' -bench 'DenyCache' -benchmem .
+func BenchmarkDenyCache(b *testing.B) {
+	now := t0.UnixMicro()
+	// Denied: 100 in the log, the oldest leaves in a second.
+	deny := []any{int64(0), now, int64(1), int64(100), now + 1e6, now + 1e6}
+	var calls atomic.Int64 // to Redis: once per cached denial
+	newHandler := func(b *testing.B) http.Handler {
+		calls.Store(0)
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())})
+		lim.exec = func([]string, []any) (any, error) { calls.Add(1); return deny, nil }
+		return lim.Handler(okHandler)
+	}
+	newRequest := func() *http.Request {
+		r, _ := http.NewRequest("GET", "/users/7", nil)
+		r.RemoteAddr = "203.0.113.7:5000"
+		return r
+	}
+	b.Run("serial", func(b *testing.B) {
+		h, r, w := newHandler(b), newRequest(), &nopWriter{h: make(http.Header)}
+		b.ReportAllocs()
+		for b.Loop() {
+			h.ServeHTTP(w, r)
+		}
+		b.ReportMetric(float64(calls.Load())/float64(b.N), "calls/op")
+	})
+	b.Run("parallel", func(b *testing.B) {
+		h := newHandler(b)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			r, w := newRequest(), &nopWriter{h: make(http.Header)}
+			for pb.Next() {
+				h.ServeHTTP(w, r)
+			}
+		})
+		b.ReportMetric(float64(calls.Load())/float64(b.N), "calls/op")
 	})
 }
 

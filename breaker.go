@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,15 @@ const (
 // over. Default: [DefaultBreakerFailures] failures, [DefaultBreakerCoolDown].
 // failures <= 0 turns the breaker off: every request waits for Redis up to
 // the timeout.
+//
+// A timeout counts only if it says something about Redis: not if Redis has
+// answered a decision that started after it, and not if the process was so
+// busy that the decision learnt of its deadline late (by more than a
+// quarter of the timeout, 10ms at least), which also starts the count over.
+// A flood answered from the deny cache or handlers that keep every core
+// busy thus do not open the breaker for the clients Redis is answering;
+// but while the process is that busy, a Redis that answers nobody makes
+// each request wait for the timeout rather than fail at once.
 //
 // On a Redis Cluster each primary has its own breaker: failed calls to one
 // primary do not open the others' breakers. Whether the other primaries keep
@@ -99,7 +109,13 @@ type breaker struct {
 	consecutive atomic.Int32 // failed calls in a row
 	openUntil   atomic.Int64 // Unix nanoseconds; 0 while closed
 	probing     atomic.Bool  // a probe is under way
+	answered    atomic.Int64 // start of the latest decision the server answered, in nanoseconds since epoch
 }
+
+// epoch is the origin of breaker.answered: times are kept as nanoseconds
+// since it, on the monotonic clock, so that a step of the wall clock cannot
+// reorder them.
+var epoch = time.Now()
 
 // allow reports whether a call may go to Redis now, and whether it is the
 // probe that decides if the breaker closes.
@@ -114,12 +130,36 @@ func (b *breaker) allow(now time.Time) (ok, probe bool) {
 	return true, true
 }
 
-// done records the outcome of a call allow let through.
-func (b *breaker) done(bs *breakers, err error, probe bool) {
+// done records the outcome of a call allow let through, made for a decision
+// that started at start (time.Now, with its monotonic reading) and had to
+// end by deadline.
+//
+// A call that ran out of time or was cancelled tells the breaker something
+// only if the process was able to wait for it. It counts as a failure
+// unless:
+//   - the server has answered a decision that started after this one: it
+//     is alive and answering, and this call was slow because of this one
+//     request or because of this process; or
+//   - this goroutine learnt of the deadline late, by more than a quarter of
+//     the decision's time (10ms at least): the process was too busy to run
+//     its goroutines on time (a flood answered from memory, handlers that
+//     keep every core busy), and the reply may well have been waiting for
+//     the goroutine that reads it.
+//
+// Opening the breaker then would fail, for the cool-down, the decisions
+// that do get their answers. A server that answers nobody, stalled or
+// unreachable, still opens the breaker after bs.failures calls of a
+// process that keeps time; refused connections and errors such as LOADING
+// count whatever the other calls did.
+func (b *breaker) done(bs *breakers, err error, probe bool, start, deadline time.Time) {
 	if probe {
 		defer b.probing.Store(false)
 	}
+	at := int64(start.Sub(epoch))
 	if err == nil || !unavailable(err) {
+		if at > b.answered.Load() {
+			b.answered.Store(at) // racing stores may keep an earlier time: the breaker is only stricter for it
+		}
 		if b.consecutive.Load() != 0 {
 			b.consecutive.Store(0)
 		}
@@ -127,6 +167,17 @@ func (b *breaker) done(bs *breakers, err error, probe bool) {
 			b.openUntil.Store(0)
 		}
 		return
+	}
+	if slow(err) {
+		if busy(start, deadline, time.Now()) {
+			// The calls that timed out before this one may have waited
+			// for a core as well: start the count over.
+			b.consecutive.Store(0)
+			return
+		}
+		if at < b.answered.Load() {
+			return // the server answered a later decision: it is alive
+		}
 	}
 	if n := b.consecutive.Add(1); probe || n >= bs.failures {
 		b.openUntil.Store(bs.clock(time.Now()).Add(bs.coolDown).UnixNano())
@@ -137,6 +188,28 @@ func (b *breaker) done(bs *breakers, err error, probe bool) {
 func (b *breaker) open(now time.Time) bool {
 	until := b.openUntil.Load()
 	return until != 0 && now.UnixNano() < until
+}
+
+// busy reports whether a decision that started at start and had to end by
+// deadline learnt at now that it ran out of time so late that the process
+// must have been too busy to run its goroutines on time: by more than a
+// quarter of its time, and at least minBusyLag.
+func busy(start, deadline, now time.Time) bool {
+	return now.Sub(deadline) > max(deadline.Sub(start)/4, minBusyLag)
+}
+
+// minBusyLag is how late a timer may fire in a process that is not starved
+// of cores: the scheduler lets a goroutine run for up to 10ms before it
+// preempts it for another.
+const minBusyLag = 10 * time.Millisecond
+
+// slow reports whether err says that a call ran out of time or was
+// cancelled, rather than that the server refused it or went away: the
+// decision's deadline, a socket timeout, a wait for a pooled connection.
+func slow(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, redis.ErrPoolTimeout) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // unavailable reports whether err says that Redis could not serve the call

@@ -3,7 +3,10 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -131,5 +134,137 @@ func TestFailLocal(t *testing.T) {
 	lim2 := mustNew(t, c, []Limit{PerMinute(3, Header("X-Key"))}, WithFailureMode(FailLocal))
 	if w := serve(lim2.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 503 {
 		t.Errorf("no key under FailLocal: %d", w.Code)
+	}
+}
+
+// TestBreakerSlowCalls: decisions that run out of time while Redis answers
+// decisions that started after them do not open the breaker (this process,
+// or those requests, were slow, not Redis); decisions that run out of time
+// while Redis answers nobody still do.
+func TestBreakerSlowCalls(t *testing.T) {
+	now := t0.UnixMicro()
+	admit := []any{int64(1), now, int64(0), int64(0), now + 60e6, now}
+	timeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded} // what a socket deadline gives
+	lim := mustNew(t, stubClient{}, []Limit{PerMinute(100, Header("X-Client"))}, WithCircuitBreaker(3, time.Hour))
+	blocked := make(chan chan struct{}) // a slow call's release
+	lim.exec = func(keys []string, _ []any) (any, error) {
+		if strings.Contains(keys[0], "slow") {
+			release := make(chan struct{})
+			blocked <- release
+			<-release
+			return nil, timeout
+		}
+		return admit, nil
+	}
+	ctx := context.Background()
+	// slow starts n decisions that block in Redis, then runs between
+	// while they are outstanding, then lets them time out.
+	slow := func(n int, between func()) {
+		t.Helper()
+		errs := make(chan error, n)
+		var releases []chan struct{}
+		for i := range n {
+			go func() {
+				_, err := lim.Allow(ctx, []string{fmt.Sprint("slow-", i)}, 1)
+				errs <- err
+			}()
+			select {
+			case r := <-blocked:
+				releases = append(releases, r)
+			case err := <-errs:
+				for _, r := range releases {
+					close(r)
+				}
+				t.Fatalf("slow decision %d did not reach Redis: %v", i, err)
+			}
+		}
+		between()
+		for _, r := range releases {
+			close(r)
+		}
+		for range n {
+			if err := <-errs; !errors.Is(err, timeout) {
+				t.Errorf("a slow decision: %v, want the timeout", err)
+			}
+		}
+	}
+	fast := func() error {
+		_, err := lim.Allow(ctx, []string{"fast"}, 1)
+		return err
+	}
+
+	// Five time out, but a decision that started after them was answered.
+	slow(5, func() {
+		if err := fast(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if lim.BreakerOpen() {
+		t.Error("timeouts opened the breaker while Redis answered later decisions")
+	}
+	if err := fast(); err != nil {
+		t.Errorf("after timeouts while Redis answered: %v", err)
+	}
+	// Three time out, and Redis answered nothing since they started.
+	slow(3, func() {})
+	if !lim.BreakerOpen() {
+		t.Error("timeouts while Redis answered nobody did not open the breaker")
+	}
+	if err := fast(); !errors.Is(err, ErrCircuitOpen) {
+		t.Errorf("after timeouts while Redis answered nobody: %v, want ErrCircuitOpen", err)
+	}
+}
+
+// TestBreakerBusyProcess: a decision that learns of its deadline long after
+// it passed tells the breaker nothing about Redis (the process could not run
+// its goroutines on time) and starts the count of failures over; timeouts
+// learnt on time still open the breaker.
+func TestBreakerBusyProcess(t *testing.T) {
+	bs := &breakers{failures: 3, coolDown: time.Hour}
+	b := &bs.single
+	timeout := fmt.Errorf("ratelimit: redis: %w", context.DeadlineExceeded)
+	onTime := func() { // a deadline an hour away: learnt before it passed
+		start := time.Now()
+		b.done(bs, timeout, false, start, start.Add(time.Hour))
+	}
+	late := func() { // learnt a second after the deadline of a 100ms decision
+		deadline := time.Now().Add(-time.Second)
+		b.done(bs, timeout, false, deadline.Add(-100*time.Millisecond), deadline)
+	}
+	onTime()
+	onTime()
+	late()
+	if n := b.consecutive.Load(); n != 0 || b.open(time.Now()) {
+		t.Fatalf("after a timeout learnt late: %d failures counted, open %v; want 0, closed", n, b.open(time.Now()))
+	}
+	onTime()
+	onTime()
+	if b.open(time.Now()) {
+		t.Fatal("open after 2 timeouts, with 3 to open it")
+	}
+	onTime()
+	if !b.open(time.Now()) {
+		t.Fatal("3 timeouts learnt on time did not open the breaker")
+	}
+}
+
+func TestBusy(t *testing.T) {
+	start := time.Now()
+	for _, c := range []struct {
+		timeout, lag time.Duration
+		want         bool
+	}{
+		{100 * time.Millisecond, 0, false},
+		{100 * time.Millisecond, 25 * time.Millisecond, false}, // a quarter of the timeout: not more
+		{100 * time.Millisecond, 26 * time.Millisecond, true},
+		{time.Millisecond, 10 * time.Millisecond, false}, // 10ms at least
+		{time.Millisecond, 11 * time.Millisecond, true},
+		{time.Second, 200 * time.Millisecond, false},
+		{time.Second, 300 * time.Millisecond, true},
+	} {
+		deadline := start.Add(c.timeout)
+		if got := busy(start, deadline, deadline.Add(c.lag)); got != c.want {
+			t.Errorf("busy, %v late for a %v decision: %v, want %v", c.lag, c.timeout, got, c.want)
+		}
 	}
 }

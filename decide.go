@@ -394,7 +394,7 @@ func (d *decision) run(ctx context.Context, keys []string, idx []int, now int64,
 		raw, err = d.l.batch.run(ctx, deadline, d.l.client, keys, args, d)
 	}
 	if b != nil {
-		b.done(d.l.breakers, err, probe)
+		b.done(d.l.breakers, err, probe, d.wall, deadline)
 	}
 	if err != nil {
 		d.l.reloadClusterState(ctx)

@@ -1,0 +1,315 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/slidinglog/ratelimit/redistest"
+)
+
+// The flood tests run a flood of requests on one key that Redis has denied,
+// which the deny cache answers from memory as fast as the process can, while
+// a few other clients, within their limits, make decisions that need Redis
+// at a modest rate. Before the deny cache yielded its core (see
+// denyCache.check), the flood kept both cores so busy that the goroutines
+// reading Redis's replies waited for one for up to a second: the other
+// clients' decisions ran out of time although Redis had answered them, the
+// breaker took those timeouts for a dead Redis and opened, and every other
+// client got the failure mode for the cool-down (the flood's own 429s
+// turned into 503s once the cached denial expired). They assert that none
+// of the other clients' decisions finds the breaker open and that at most
+// 5% of them fail at all.
+//
+// These tests are about timing under load: they keep the library's default
+// timeout (100ms) and default breaker (5 failures, 1s).
+const (
+	floodFor        = 3 * time.Second // how long a flood lasts at most
+	floodGoroutines = 32
+	floodMax        = 20_000_000 // flood decisions at most, in all
+	floodOthers     = 8          // other clients
+	floodPace       = 10 * time.Millisecond
+)
+
+// floodStats counts the decisions of a flood and those of the other
+// clients.
+type floodStats struct {
+	mu                    sync.Mutex
+	decisions, failed     int // the other clients'
+	circuitOpen, timeouts int // of failed: why
+	otherErrs             []error
+	worst                 time.Duration
+	began                 time.Time
+	cpu0                  time.Duration
+	share                 float64 // of its cores the process got during the flood; -1 if unknown
+
+	flood, floodDenied        atomic.Int64
+	floodFailed, floodCircuit atomic.Int64
+}
+
+// start and end bracket the flood, to measure the share of its cores the
+// process got meanwhile.
+func (st *floodStats) start() {
+	st.began = time.Now()
+	st.cpu0, _ = processCPU()
+}
+
+func (st *floodStats) end() {
+	cpu, ok := processCPU()
+	wall := time.Since(st.began)
+	st.share = -1
+	if ok {
+		st.share = float64(cpu-st.cpu0) / float64(wall) / float64(min(runtime.GOMAXPROCS(0), runtime.NumCPU()))
+	}
+}
+
+// record records one of the other clients' decisions.
+func (st *floodStats) record(latency time.Duration, failed bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.decisions++
+	st.worst = max(st.worst, latency)
+	if failed {
+		st.failed++
+	}
+}
+
+// why records why one of the other clients' decisions failed.
+func (st *floodStats) why(err error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	switch {
+	case errors.Is(err, ErrCircuitOpen):
+		st.circuitOpen++
+	case errors.Is(err, context.DeadlineExceeded):
+		st.timeouts++
+	default:
+		if len(st.otherErrs) < 5 {
+			st.otherErrs = append(st.otherErrs, err)
+		}
+	}
+}
+
+// check asserts what a flood may do to the other clients, and logs the
+// figures.
+func (st *floodStats) check(t *testing.T, what string) {
+	t.Helper()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	t.Logf("%s: process CPU share %.2f", what, st.share)
+	t.Logf("%s: flood of %d decisions: %d denied, %d failed (%d with the circuit open); other clients: %d decisions, %d failed (%d with the circuit open, %d timed out, %d otherwise); worst latency %v",
+		what, st.flood.Load(), st.floodDenied.Load(), st.floodFailed.Load(), st.floodCircuit.Load(),
+		st.decisions, st.failed, st.circuitOpen, st.timeouts, len(st.otherErrs), st.worst.Round(time.Millisecond))
+	if st.flood.Load() < 1000 || st.floodDenied.Load()+st.floodFailed.Load() != st.flood.Load() {
+		t.Errorf("the flood made %d decisions, %d denied and %d failed: not a flood of denials", st.flood.Load(), st.floodDenied.Load(), st.floodFailed.Load())
+	}
+	if st.decisions < floodOthers {
+		t.Errorf("the other clients made %d decisions", st.decisions)
+	}
+	if st.circuitOpen != 0 || st.floodCircuit.Load() != 0 {
+		t.Errorf("the breaker opened during the flood: %d of the other clients' decisions and %d of the flood's failed with ErrCircuitOpen",
+			st.circuitOpen, st.floodCircuit.Load())
+	}
+	if st.failed*20 > st.decisions {
+		t.Errorf("%d of the other clients' %d decisions failed: more than 5%%", st.failed, st.decisions)
+	}
+	for _, err := range st.otherErrs {
+		t.Errorf("another client's decision failed: %v", err)
+	}
+}
+
+// TestFloodKeepsBreakerClosed floods Allow on a denied key in-process.
+func TestFloodKeepsBreakerClosed(t *testing.T) {
+	srv := redistest.Start(t)
+	lim, err := New(srv.Client(), []Limit{PerMinute(5, Header("X-Client")).Named("flood")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// Deny the flood's key; the deny cache learns it. This is not about
+	// timing: a loaded machine may take more than the timeout, so retry.
+	for i := 0; ; i++ {
+		res, err := lim.Allow(ctx, []string{"flooder"}, 1)
+		if err == nil && !res.Allowed {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("no denial for the flood's key after %d decisions: %+v, %v", i, res, err)
+		}
+	}
+	// Let the breaker forget the failures, if any, of the set-up.
+	if _, err := lim.Allow(ctx, []string{"set-up"}, 1); err != nil {
+		t.Logf("set-up: %v", err)
+	}
+
+	st := &floodStats{}
+	st.start()
+	stop := time.Now().Add(floodFor)
+	var wg sync.WaitGroup
+	for range floodGoroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ids := []string{"flooder"}
+			for time.Now().Before(stop) && st.flood.Add(1) <= floodMax {
+				res, err := lim.Allow(ctx, ids, 1)
+				switch {
+				case err == nil && !res.Allowed:
+					st.floodDenied.Add(1)
+				case err != nil:
+					st.floodFailed.Add(1)
+					if errors.Is(err, ErrCircuitOpen) {
+						st.floodCircuit.Add(1)
+					}
+				default:
+					t.Errorf("the flood's key was admitted: %+v", res)
+					return
+				}
+			}
+		}()
+	}
+	for g := range floodOthers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Now().Before(stop); i++ {
+				begin := time.Now()
+				res, err := lim.Allow(ctx, []string{fmt.Sprintf("other-%d-%d", g, i)}, 1)
+				st.record(time.Since(begin), err != nil)
+				if err != nil {
+					st.why(err)
+				} else if !res.Allowed {
+					t.Errorf("a fresh key was denied: %+v", res)
+				}
+				time.Sleep(floodPace) // paces a client within its limits
+			}
+		}()
+	}
+	wg.Wait()
+	st.end()
+	st.flood.Store(st.floodDenied.Load() + st.floodFailed.Load()) // the last Add of each goroutine made none
+	st.check(t, "Allow")
+}
+
+// TestFloodKeepsBreakerClosedHTTP floods the middleware with requests from
+// one client address that is over its limit, while a few other addresses
+// make requests within theirs over HTTP. The flood's requests go to the
+// handler directly, as a server's connection goroutines would hand them
+// over: a flood sent over loopback by this same process spends its cores on
+// the HTTP client and reaches about 8,000 requests a second, too few to
+// starve anything.
+func TestFloodKeepsBreakerClosedHTTP(t *testing.T) {
+	redis := redistest.Start(t)
+	st := &floodStats{}
+	flooder := "192.0.2.1"
+	lim, err := New(redis.Client(), []Limit{PerMinute(5, ClientIP(TrustProxies("127.0.0.1"))).Named("flood")},
+		WithErrorHandler(func(r *http.Request, err error) {
+			if r.Header.Get("X-Forwarded-For") != flooder {
+				st.why(err)
+			} else if errors.Is(err, ErrCircuitOpen) {
+				st.floodCircuit.Add(1)
+			}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := lim.Handler(okHandler)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	tr := &http.Transport{MaxIdleConnsPerHost: floodOthers}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	get := func(ip string) (int, error) {
+		req, err := http.NewRequest("GET", srv.URL, nil)
+		if err != nil {
+			return 0, err
+		}
+		req.Header.Set("X-Forwarded-For", ip)
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	flood := func() *http.Request {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = "127.0.0.1:40000"
+		r.Header.Set("X-Forwarded-For", flooder)
+		return r
+	}
+	// Deny the flooder; a loaded machine may take more than the timeout.
+	for i := 0; ; i++ {
+		w := &codeWriter{h: make(http.Header)}
+		if h.ServeHTTP(w, flood()); w.code == http.StatusTooManyRequests {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("no 429 for the flooder after %d requests", i)
+		}
+	}
+
+	st.start()
+	stop := time.Now().Add(floodFor)
+	var wg sync.WaitGroup
+	for range floodGoroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, w := flood(), &codeWriter{h: make(http.Header)}
+			for time.Now().Before(stop) && st.flood.Add(1) <= floodMax {
+				h.ServeHTTP(w, r)
+				switch w.code {
+				case http.StatusTooManyRequests:
+					st.floodDenied.Add(1)
+				case http.StatusServiceUnavailable:
+					st.floodFailed.Add(1) // the breaker's count comes from the other clients
+				default:
+					t.Errorf("flood request: status %d", w.code)
+					return
+				}
+			}
+		}()
+	}
+	for g := range floodOthers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Now().Before(stop); i++ {
+				begin := time.Now()
+				code, err := get(fmt.Sprintf("10.%d.%d.%d", g, i/256, i%256))
+				latency := time.Since(begin)
+				if err != nil {
+					t.Errorf("request: %v", err)
+					return
+				}
+				if code != 200 && code != 503 {
+					t.Errorf("another client got status %d", code)
+				}
+				st.record(latency, code != 200) // the error hook says why
+				time.Sleep(floodPace)           // paces a client within its limits
+			}
+		}()
+	}
+	wg.Wait()
+	st.end()
+	st.flood.Store(st.floodDenied.Load() + st.floodFailed.Load()) // the last Add of each goroutine made none
+	st.check(t, "HTTP")
+}
+
+// codeWriter is a ResponseWriter that keeps the status code.
+type codeWriter struct {
+	h    http.Header
+	code int
+}
+
+func (w *codeWriter) Header() http.Header         { return w.h }
+func (w *codeWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (w *codeWriter) WriteHeader(code int)        { w.code = code }
