@@ -97,6 +97,54 @@ func (st *floodStats) why(err error) {
 	}
 }
 
+// run runs a flood for floodFor: floodGoroutines goroutines each call the
+// decision that newFlood returns them, which reports whether it failed
+// (else it was denied), and floodOthers other clients each call other(g, i)
+// for their i-th decision, paced floodPace apart, which reports whether it
+// failed. An error from either stops its goroutine and fails the test. Then
+// run checks the figures.
+func (st *floodStats) run(t *testing.T, what string, newFlood func() func() (bool, error), other func(g, i int) (bool, error)) {
+	t.Helper()
+	st.start()
+	stop := time.Now().Add(floodFor)
+	var wg sync.WaitGroup
+	for range floodGoroutines {
+		wg.Go(func() {
+			flood := newFlood()
+			for time.Now().Before(stop) && st.flood.Add(1) <= floodMax {
+				failed, err := flood()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if failed {
+					st.floodFailed.Add(1)
+				} else {
+					st.floodDenied.Add(1)
+				}
+			}
+		})
+	}
+	for g := range floodOthers {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(stop); i++ {
+				begin := time.Now()
+				failed, err := other(g, i)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				st.record(time.Since(begin), failed)
+				time.Sleep(floodPace) // paces a client within its limits
+			}
+		})
+	}
+	wg.Wait()
+	st.end()
+	st.flood.Store(st.floodDenied.Load() + st.floodFailed.Load()) // the last Add of each goroutine made none
+	st.check(t, what)
+}
+
 // check asserts what a flood may do to the other clients, and logs the
 // figures.
 func (st *floodStats) check(t *testing.T, what string) {
@@ -150,52 +198,29 @@ func TestFloodKeepsBreakerClosed(t *testing.T) {
 	}
 
 	st := &floodStats{}
-	st.start()
-	stop := time.Now().Add(floodFor)
-	var wg sync.WaitGroup
-	for range floodGoroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ids := []string{"flooder"}
-			for time.Now().Before(stop) && st.flood.Add(1) <= floodMax {
-				res, err := lim.Allow(ctx, ids, 1)
-				switch {
-				case err == nil && !res.Allowed:
-					st.floodDenied.Add(1)
-				case err != nil:
-					st.floodFailed.Add(1)
-					if errors.Is(err, ErrCircuitOpen) {
-						st.floodCircuit.Add(1)
-					}
-				default:
-					t.Errorf("the flood's key was admitted: %+v", res)
-					return
-				}
+	st.run(t, "Allow", func() func() (bool, error) {
+		ids := []string{"flooder"}
+		return func() (bool, error) {
+			res, err := lim.Allow(ctx, ids, 1)
+			if errors.Is(err, ErrCircuitOpen) {
+				st.floodCircuit.Add(1)
 			}
-		}()
-	}
-	for g := range floodOthers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; time.Now().Before(stop); i++ {
-				begin := time.Now()
-				res, err := lim.Allow(ctx, []string{fmt.Sprintf("other-%d-%d", g, i)}, 1)
-				st.record(time.Since(begin), err != nil)
-				if err != nil {
-					st.why(err)
-				} else if !res.Allowed {
-					t.Errorf("a fresh key was denied: %+v", res)
-				}
-				time.Sleep(floodPace) // paces a client within its limits
+			if err == nil && res.Allowed {
+				return false, fmt.Errorf("the flood's key was admitted: %+v", res)
 			}
-		}()
-	}
-	wg.Wait()
-	st.end()
-	st.flood.Store(st.floodDenied.Load() + st.floodFailed.Load()) // the last Add of each goroutine made none
-	st.check(t, "Allow")
+			return err != nil, nil
+		}
+	}, func(g, i int) (bool, error) {
+		res, err := lim.Allow(ctx, []string{fmt.Sprintf("other-%d-%d", g, i)}, 1)
+		if err != nil {
+			st.why(err)
+			return true, nil
+		}
+		if !res.Allowed {
+			return false, fmt.Errorf("a fresh key was denied: %+v", res)
+		}
+		return false, nil
+	})
 }
 
 // TestFloodKeepsBreakerClosedHTTP floods the middleware with requests from
@@ -256,52 +281,28 @@ func TestFloodKeepsBreakerClosedHTTP(t *testing.T) {
 		}
 	}
 
-	st.start()
-	stop := time.Now().Add(floodFor)
-	var wg sync.WaitGroup
-	for range floodGoroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, w := flood(), &codeWriter{h: make(http.Header)}
-			for time.Now().Before(stop) && st.flood.Add(1) <= floodMax {
-				h.ServeHTTP(w, r)
-				switch w.code {
-				case http.StatusTooManyRequests:
-					st.floodDenied.Add(1)
-				case http.StatusServiceUnavailable:
-					st.floodFailed.Add(1) // the breaker's count comes from the other clients
-				default:
-					t.Errorf("flood request: status %d", w.code)
-					return
-				}
+	st.run(t, "HTTP", func() func() (bool, error) {
+		r, w := flood(), &codeWriter{h: make(http.Header)}
+		return func() (bool, error) {
+			h.ServeHTTP(w, r)
+			switch w.code {
+			case http.StatusTooManyRequests:
+				return false, nil
+			case http.StatusServiceUnavailable:
+				return true, nil // the breaker's count comes from the error hook
 			}
-		}()
-	}
-	for g := range floodOthers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; time.Now().Before(stop); i++ {
-				begin := time.Now()
-				code, err := get(fmt.Sprintf("10.%d.%d.%d", g, i/256, i%256))
-				latency := time.Since(begin)
-				if err != nil {
-					t.Errorf("request: %v", err)
-					return
-				}
-				if code != 200 && code != 503 {
-					t.Errorf("another client got status %d", code)
-				}
-				st.record(latency, code != 200) // the error hook says why
-				time.Sleep(floodPace)           // paces a client within its limits
-			}
-		}()
-	}
-	wg.Wait()
-	st.end()
-	st.flood.Store(st.floodDenied.Load() + st.floodFailed.Load()) // the last Add of each goroutine made none
-	st.check(t, "HTTP")
+			return false, fmt.Errorf("flood request: status %d", w.code)
+		}
+	}, func(g, i int) (bool, error) {
+		code, err := get(fmt.Sprintf("10.%d.%d.%d", g, i/256, i%256))
+		switch {
+		case err != nil:
+			return false, err
+		case code != 200 && code != 503:
+			return false, fmt.Errorf("another client got status %d", code)
+		}
+		return code != 200, nil // the error hook says why
+	})
 }
 
 // codeWriter is a ResponseWriter that keeps the status code.
