@@ -34,7 +34,8 @@ const (
 // failures <= 0 turns the breaker off: every request waits for Redis up to
 // the timeout.
 //
-// A timeout counts only if it says something about Redis: not if Redis has
+// A decision whose context its caller cancelled does not count. A timeout
+// counts only if it says something about Redis: not if Redis has
 // answered a decision that started after it, and not if the process was so
 // busy that the decision learnt of its deadline late (by more than a
 // quarter of the timeout, 10ms at least), which also starts the count over.
@@ -134,9 +135,9 @@ func (b *breaker) allow(now time.Time) (ok, probe bool) {
 // that started at start (time.Now, with its monotonic reading) and had to
 // end by deadline.
 //
-// A call that ran out of time or was cancelled tells the breaker something
-// only if the process was able to wait for it. It counts as a failure
-// unless:
+// A call its caller cancelled tells the breaker nothing. A call that ran
+// out of time tells it something only if the process was able to wait for
+// it. It counts as a failure unless:
 //   - the server has answered a decision that started after this one: it
 //     is alive and answering, and this call was slow because of this one
 //     request or because of this process; or
@@ -154,6 +155,9 @@ func (b *breaker) allow(now time.Time) (ok, probe bool) {
 func (b *breaker) done(bs *breakers, err error, probe bool, start, deadline time.Time) {
 	if probe {
 		defer b.probing.Store(false)
+	}
+	if errors.Is(err, context.Canceled) {
+		return // the caller gave up (a client went away): nothing about Redis
 	}
 	at := int64(start.Sub(epoch))
 	if err == nil || !unavailable(err) {
@@ -203,13 +207,13 @@ func busy(start, deadline, now time.Time) bool {
 // preempts it for another.
 const minBusyLag = 10 * time.Millisecond
 
-// slow reports whether err says that a call ran out of time or was
-// cancelled, rather than that the server refused it or went away: the
-// decision's deadline, a socket timeout, a wait for a pooled connection.
+// slow reports whether err says that a call ran out of time, rather than
+// that the server refused it or went away: the decision's deadline, a
+// socket timeout, a wait for a pooled connection.
 func slow(err error) bool {
 	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
-		errors.Is(err, redis.ErrPoolTimeout) || errors.As(err, &ne) && ne.Timeout()
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) ||
+		errors.As(err, &ne) && ne.Timeout()
 }
 
 // unavailable reports whether err says that Redis could not serve the call

@@ -268,3 +268,26 @@ func TestBusy(t *testing.T) {
 		}
 	}
 }
+
+// TestBreakerIgnoresCancelled: decisions their callers cancelled (clients
+// that went away) neither count as failures nor start the count over.
+func TestBreakerIgnoresCancelled(t *testing.T) {
+	bs := &breakers{failures: 3, coolDown: time.Hour}
+	b := &bs.single
+	fail := func(err error) {
+		start := time.Now()
+		b.done(bs, fmt.Errorf("ratelimit: redis: %w", err), false, start, start.Add(time.Hour))
+	}
+	fail(context.DeadlineExceeded)
+	fail(context.DeadlineExceeded)
+	for range 10 {
+		fail(context.Canceled)
+	}
+	if b.open(time.Now()) {
+		t.Fatal("cancelled decisions opened the breaker")
+	}
+	fail(context.DeadlineExceeded)
+	if !b.open(time.Now()) {
+		t.Fatal("the third timeout did not open the breaker: cancelled decisions reset the count")
+	}
+}
