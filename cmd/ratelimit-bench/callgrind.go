@@ -44,10 +44,13 @@ import (
 //	              count starts. deny: a limit of the same name and window
 //	              but quota N/2, on the same keys, the clock standing still.
 //
+// With -callgrind-out DIR the dumps stay in DIR, callgrind.out.1 and on, one
+// per cell in the order printed, for callgrind_annotate.
+//
 // The entries column is the average count the decisions saw before
 // themselves (N/A for the references); calls/decision counts FCALL and
 // EVALSHA calls, and must be 1.
-func callgrindRun(decisions int) error {
+func callgrindRun(decisions int, keep string) error {
 	if _, err := exec.LookPath("valgrind"); err != nil {
 		return fmt.Errorf("valgrind not found: %w", err)
 	}
@@ -60,6 +63,12 @@ func callgrindRun(decisions int) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	if keep != "" {
+		if err := os.MkdirAll(keep, 0o755); err != nil {
+			return err
+		}
+		dir = keep
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err

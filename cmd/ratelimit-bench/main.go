@@ -58,9 +58,10 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the workloads to this file")
 	cg := flag.Bool("callgrind", false, "count Redis instructions per decision under callgrind instead (see callgrind.go)")
 	decisions := flag.Int("decisions", 1000, "decisions per cell with -callgrind")
+	cgOut := flag.String("callgrind-out", "", "with -callgrind, keep the callgrind dumps in this directory")
 	flag.Parse()
 	if *cg {
-		if err := callgrindRun(*decisions); err != nil {
+		if err := callgrindRun(*decisions, *cgOut); err != nil {
 			log.Fatal(err)
 		}
 		return
