@@ -19,6 +19,9 @@
 //	                 bytes per key of a full 10,000-per-hour limit, as an exact
 //	                 log and in 1-minute buckets.
 //
+// With -callgrind it instead counts the Redis server's instructions per
+// decision, beside a fixed-window reference script (see callgrind.go).
+//
 // Beside throughput and latency it prints the Redis server's CPU time per
 // operation (INFO cpu delta): on a machine where the tool and Redis share
 // cores, a steadier figure than throughput.
@@ -53,7 +56,16 @@ func main() {
 	callers := flag.Int("c", 32, "concurrent callers")
 	only := flag.String("run", "", "comma-separated workloads to run (default: all)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the workloads to this file")
+	cg := flag.Bool("callgrind", false, "count Redis instructions per decision under callgrind instead (see callgrind.go)")
+	decisions := flag.Int("decisions", 1000, "decisions per cell with -callgrind")
+	cgOut := flag.String("callgrind-out", "", "with -callgrind, keep the callgrind dumps in this directory")
 	flag.Parse()
+	if *cg {
+		if err := callgrindRun(*decisions, *cgOut); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
