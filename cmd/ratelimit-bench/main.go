@@ -15,7 +15,8 @@
 //	deny-hot-key     one key, 100 per minute, flooded.
 //	mixed            1,000 keys, 50 per 10 s.
 //	memory           Redis bytes per logged request at 1,000 keys x 100 entries
-//	                 and at 100 keys x 1,000 entries (INFO memory delta); and
+//	                 and at 100 keys x 1,000 entries (INFO memory delta, and
+//	                 the keys' own MEMORY USAGE); and
 //	                 bytes per key of a full 10,000-per-hour limit, as an exact
 //	                 log and in 1-minute buckets.
 //
@@ -154,11 +155,11 @@ func main() {
 			fmt.Println()
 		}
 		for _, m := range []struct{ keys, perKey int }{{1000, 100}, {100, 1000}} {
-			perEntry, err := b.memory(m.keys, m.perKey)
+			perEntry, inKeys, err := b.memory(m.keys, m.perKey)
 			if err != nil {
 				log.Fatal(err)
 			}
-			fmt.Printf("memory: %d keys x %d entries: %.1f bytes per logged request\n", m.keys, m.perKey, perEntry)
+			fmt.Printf("memory: %d keys x %d entries: %.1f bytes per logged request (used_memory delta), %.1f in the keys (MEMORY USAGE)\n", m.keys, m.perKey, perEntry, inKeys)
 		}
 		for _, lim := range []ratelimit.Limit{
 			ratelimit.PerHour(10_000, ratelimit.Global()).Named("mem"),
@@ -275,21 +276,22 @@ func (b bench) limiter(limit ratelimit.Limit, keys int) (stats, error) {
 	})
 }
 
-// memory logs perKey requests in each of keys keys and returns the growth of
-// Redis's used_memory per logged request.
-func (b bench) memory(keys, perKey int) (float64, error) {
+// memory logs perKey requests in each of keys keys and returns, per logged
+// request, the growth of Redis's used_memory and the keys' own memory
+// (MEMORY USAGE).
+func (b bench) memory(keys, perKey int) (delta, inKeys float64, err error) {
 	ctx := context.Background()
 	if err := b.rdb.FlushAll(ctx).Err(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	lim, err := ratelimit.New(b.rdb, []ratelimit.Limit{ratelimit.PerHour(perKey, ratelimit.Global()).Named("mem")},
 		ratelimit.WithTimeout(5*time.Second))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	before, err := usedMemory(ctx, b.rdb)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	work := make(chan string, keys)
 	for k := range keys {
@@ -315,13 +317,18 @@ func (b bench) memory(keys, perKey int) (float64, error) {
 	wg.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	after, err := usedMemory(ctx, b.rdb)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return float64(after-before) / float64(keys*perKey), nil
+	used, err := keysMemory(ctx, b.rdb)
+	if err != nil {
+		return 0, 0, err
+	}
+	entries := float64(keys * perKey)
+	return float64(after-before) / entries, float64(used) / entries, nil
 }
 
 // redisCounters returns the CPU time the Redis server has used, user and
@@ -394,6 +401,23 @@ func usedMemory(ctx context.Context, rdb *redis.Client) (int64, error) {
 		return 0, err
 	}
 	return strconv.ParseInt(field(info, "used_memory"), 10, 64)
+}
+
+// keysMemory returns the sum of MEMORY USAGE over every key: the keys'
+// own memory, without Redis's dictionary and expiry entries for them, and
+// without the allocator's and the server's noise that an INFO used_memory
+// delta picks up (some runs of the same fill differ by 6 B per entry).
+func keysMemory(ctx context.Context, rdb *redis.Client) (int64, error) {
+	var total int64
+	iter := rdb.Scan(ctx, 0, "*", 1000).Iterator()
+	for iter.Next(ctx) {
+		n, err := rdb.MemoryUsage(ctx, iter.Val(), 0).Result()
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, iter.Err()
 }
 
 // field returns the value of name in an INFO reply.
