@@ -58,10 +58,7 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 			return res, nil
 		}
 	}
-	deadline := wall.Add(l.cfg.timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
+	deadline := l.deadline(ctx, wall)
 
 	// The decision lives in the scratch: its call may outlive this function
 	// (see decision.abandon), and a pooled one costs no allocation.
@@ -97,6 +94,16 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 
 	res.Local = true
 	return res, err
+}
+
+// deadline returns when a call to Redis begun at start must end: after the
+// limiter's timeout, or at ctx's deadline if that is earlier.
+func (l *Limiter) deadline(ctx context.Context, start time.Time) time.Time {
+	deadline := start.Add(l.cfg.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		return d
+	}
+	return deadline
 }
 
 // localNow reads the clock decisions are timed by: the WithClock clock, or
@@ -589,10 +596,7 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 		groups = t.l.groups(t.l.tags(make([]string, len(t.keys)), t.keys))
 	}
 	reservations := t.l.reservations(t.keys, groups, func(i int) int64 { return t.stamps[i] })
-	deadline := time.Now().Add(t.l.cfg.timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
+	deadline := t.l.deadline(ctx, time.Now())
 	var err error
 	if n := t.l.rollback(reservations, t.cost, deadline); n > 0 {
 		err = fmt.Errorf("%w: %d units stay counted until they leave their windows", ErrNotReverted, n)
