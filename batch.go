@@ -57,6 +57,7 @@ type call struct {
 	args     []any // the script's ARGV for this decision alone: 1, cost, ...
 	deadline time.Time
 	done     chan struct{} // receives once the reply is in, unless abandoned
+	wait     *time.Timer   // the deciding goroutine's deadline; kept with the pooled call
 
 	mu        sync.Mutex
 	sending   bool // taken out in a batch
@@ -96,16 +97,20 @@ func (b *batcher) run(ctx context.Context, deadline time.Time, c redis.Universal
 	if start {
 		go b.sendLoop(c)
 	}
-	wait := time.NewTimer(time.Until(deadline))
+	if cl.wait == nil {
+		cl.wait = time.NewTimer(time.Until(deadline))
+	} else {
+		cl.wait.Reset(time.Until(deadline)) // stopped: since Go 1.23 its channel holds nothing stale
+	}
 	var gaveUp error
 	select {
 	case <-cl.done:
-	case <-wait.C:
+	case <-cl.wait.C:
 		gaveUp = context.DeadlineExceeded
 	case <-ctx.Done():
 		gaveUp = ctx.Err()
 	}
-	wait.Stop()
+	cl.wait.Stop()
 	if gaveUp != nil {
 		cl.mu.Lock()
 		if !cl.finished {
