@@ -225,3 +225,20 @@ func redisCPU(tb testing.TB, c *redis.Client) time.Duration {
 	s := infoNumber(tb, c, "cpu", "used_cpu_user") + infoNumber(tb, c, "cpu", "used_cpu_sys")
 	return time.Duration(s * float64(time.Second))
 }
+
+// BenchmarkAllowRedis measures Allow against a real redis-server the
+// benchmark starts (miniredis without one), one caller at a time: the
+// round trip and what the client side of it allocates, which
+// BenchmarkMiddleware, with Redis stubbed out, does not see.
+//
+//	go test -run '^$' -bench AllowRedis -benchmem .
+func BenchmarkAllowRedis(b *testing.B) {
+	lim := mustNew(b, redistest.Start(b).Client(), []Limit{PerMinute(1_000_000, Header("X-Client"))})
+	ctx, ids := context.Background(), []string{"client"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := lim.Allow(ctx, ids, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
