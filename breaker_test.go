@@ -13,6 +13,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
 
 // TestCircuitBreaker: after 3 failures in a row the limiter stops calling
@@ -26,7 +28,7 @@ func TestCircuitBreaker(t *testing.T) {
 	lim := mustNew(t, c, []Limit{PerMinute(100, Global())}, WithCircuitBreaker(3, 10*time.Second),
 		WithErrorHandler(func(_ *http.Request, err error) { hooked = append(hooked, err) }))
 	clock := &testClock{t: t0}
-	lim.breakers.now = clock.Now
+	lim.redis.breakers.now = clock.Now
 	allow := func() error {
 		_, err := lim.Allow(context.Background(), []string{"k"}, 1)
 		return err
@@ -84,7 +86,7 @@ func TestCircuitBreaker(t *testing.T) {
 			t.Fatalf("WRONGTYPE expected, got %v", err)
 		}
 	}
-	if lim.breakers.single.open(clock.Now()) {
+	if lim.redis.breakers.single.open(clock.Now()) {
 		t.Error("WRONGTYPE errors opened the breaker")
 	}
 }
@@ -143,11 +145,12 @@ func TestFailLocal(t *testing.T) {
 // while Redis answers nobody still do.
 func TestBreakerSlowCalls(t *testing.T) {
 	now := t0.UnixMicro()
-	admit := []any{int64(1), now, int64(0), int64(0), now + 60e6, now}
+	admit := string(slidinglog.AppendReply(nil, slidinglog.Reply{Allowed: true, Denied: -1, Now: now},
+		[]slidinglog.LimitReply{{Count: 0, Reset: now + 60e6, Stamp: now}}))
 	timeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded} // what a socket deadline gives
 	lim := mustNew(t, stubClient{}, []Limit{PerMinute(100, Header("X-Client"))}, WithCircuitBreaker(3, time.Hour))
 	blocked := make(chan chan struct{}) // a slow call's release
-	lim.exec = func(keys []string, _ []any) (any, error) {
+	lim.redis.lib = fakeLibrary{decide: func(keys []string) (any, error) {
 		if strings.Contains(keys[0], "slow") {
 			release := make(chan struct{})
 			blocked <- release
@@ -155,7 +158,7 @@ func TestBreakerSlowCalls(t *testing.T) {
 			return nil, timeout
 		}
 		return admit, nil
-	}
+	}}
 	ctx := context.Background()
 	// slow starts n decisions that block in Redis, then runs between
 	// while they are outstanding, then lets them time out.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -120,12 +121,12 @@ func testHierarchicalSpread(t *testing.T, b backend) {
 		if n > 2 {
 			t.Errorf("user %d: %d admitted, over its limit of 2", u, n)
 		}
-		if logged := zcard(t, clients[0], "user", "user-"+strconv.Itoa(u)); logged != n {
+		if logged := logEntries(t, clients[0], "user", "user-"+strconv.Itoa(u)); logged != n {
 			t.Errorf("user %d: %d admitted, %d logged", u, n, logged)
 		}
 		total += n
 	}
-	if g := zcard(t, clients[0], "global", "g"); total > global || g != total {
+	if g := logEntries(t, clients[0], "global", "g"); total > global || g != total {
 		t.Errorf("%d admitted in all, global log %d; want at most %d and equal", total, g, global)
 	}
 	// Demand (3,000) exceeds the global limit (1,500) and every user's limit
@@ -198,11 +199,11 @@ func testOddIdentifiers(t *testing.T, b backend) {
 		}
 	}
 	for _, id := range ids {
-		if n := zcard(t, c, "id", id); n != 2 {
+		if n := logEntries(t, c, "id", id); n != 2 {
 			t.Errorf("id %q: %d entries, want 2", id, n)
 		}
 	}
-	if n := zcard(t, c, "global", "global"); n != int64(2*len(ids)) {
+	if n := logEntries(t, c, "global", "global"); n != int64(2*len(ids)) {
 		t.Errorf("global: %d entries, want %d", n, 2*len(ids))
 	}
 }
@@ -215,7 +216,7 @@ func testSingleSlot(t *testing.T, b backend) {
 		PerHour(5, Global()).Named("global"),
 		PerHour(2, Header("X-User")).Named("user"),
 	}, WithSingleSlot())
-	if lim.split {
+	if lim.plan.split {
 		t.Fatal("WithSingleSlot still splits decisions")
 	}
 	admitted := 0
@@ -427,25 +428,27 @@ func testPipelineReload(t *testing.T, b backend) {
 			t.Fatal(err)
 		}
 		forEachPrimary(t, c, func(p *redis.Client) error { return p.FunctionFlush(ctx).Err() })
-		bt := &batcher{split: true}
-		bt.mode.scriptsOnly.Store(scriptsOnly)
-		var batch []*call
+		lib := slidinglog.New(c, true) // a pipeline, whatever c is
+		lib.SetScriptsOnly(scriptsOnly)
+		var keys [][]string
+		var reqs [][]byte
 		for id := range 12 { // keys on every primary
-			key := logKey("pipe", strconv.Itoa(id))
-			batch = append(batch, &call{keys: []string{key}, args: []any{1, 1, 0, lim.allSpec}})
+			keys = append(keys, []string{logKey("pipe", strconv.Itoa(id))})
+			reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.plan.specs))
 		}
-		bt.sendPipeline(c, batch)
-		for i, cl := range batch {
-			if arr, ok := cl.reply.([]any); cl.err != nil || !ok || len(arr) != 6 || arr[0] != int64(1) {
-				t.Fatalf("scripts only %v, decision %d: %v %v", scriptsOnly, i, cl.reply, cl.err)
+		replies, errs := lib.DecideAll(keys, reqs)
+		for i := range replies {
+			rep, err := slidinglog.ParseReply(replies[i], make([]slidinglog.LimitReply, 1))
+			if errs[i] != nil || err != nil || !rep.Allowed {
+				t.Fatalf("scripts only %v, decision %d: %+v %v %v", scriptsOnly, i, rep, errs[i], err)
 			}
 		}
-		if bt.mode.scriptsOnly.Load() != scriptsOnly {
-			t.Errorf("scripts only %v after the batch, want %v", bt.mode.scriptsOnly.Load(), scriptsOnly)
+		if lib.ScriptsOnly() != scriptsOnly {
+			t.Errorf("scripts only %v after the batch, want %v", lib.ScriptsOnly(), scriptsOnly)
 		}
 	}
 	for id := range 12 {
-		if n := zcard(t, c, "pipe", strconv.Itoa(id)); n != 2 {
+		if n := logEntries(t, c, "pipe", strconv.Itoa(id)); n != 2 {
 			t.Errorf("log %d holds %d entries, want 2", id, n)
 		}
 	}

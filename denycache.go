@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
 	"runtime"
@@ -213,4 +214,69 @@ func (c *denyCache) forget(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.m, key)
+}
+
+// cachedStore answers from the deny cache the decisions it knows Redis
+// would deny, and asks next the others, learning from their outcomes.
+// clock reads the clock decisions are timed by.
+type cachedStore struct {
+	next  store
+	cache *denyCache
+	clock func() time.Time
+}
+
+// hitBuffers recycles the cache's findings for one decision.
+var hitBuffers = sync.Pool{New: func() any { return new([]cachedDenial) }}
+
+func (c cachedStore) decide(ctx context.Context, q *query, out *outcome) error {
+	if !q.peek && c.answer(q, out) {
+		return nil
+	}
+	err := c.next.decide(ctx, q, out)
+	if err == nil {
+		p := q.plan
+		c.cache.learn(q.keys, out.replies, func(i int) bool { return p.limits[i].shadow }, func(i int) int { return p.limits[i].quota },
+			q.cost, out.allowed && !q.peek, q.local, c.clock())
+	}
+	return err
+}
+
+// answer answers q from the cache, if it knows a limit of q to be full
+// for q's cost. The outcome names every limit the cache knows full, and
+// denies by the one that frees up last; the limits it knows nothing of are
+// not consulted. Its time is the Redis clock's as the replies the cache
+// learnt from allow it to be at the latest, so that Retry-After and Reset
+// are never early.
+func (c cachedStore) answer(q *query, out *outcome) bool {
+	if c.cache.maxAge == 0 {
+		return false
+	}
+	p := q.plan
+	for i := range p.limits {
+		if q.cost > p.limits[i].quota {
+			return false // it never fits: Redis says so exactly
+		}
+	}
+	buf := hitBuffers.Get().(*[]cachedDenial)
+	defer hitBuffers.Put(buf)
+	hits := grow(*buf, len(q.keys))
+	*buf = hits
+	worst := c.cache.check(q.keys, func(i int) bool { return p.limits[i].shadow }, q.cost, q.local, hits)
+	if worst < 0 {
+		return false
+	}
+	var now time.Time
+	for _, h := range hits {
+		if at := h.now.Add(max(q.local.Sub(h.replied), 0)); h.ok && at.After(now) {
+			now = at
+		}
+	}
+	out.allowed, out.denier, out.cached = false, worst, true
+	out.now = now.UnixMicro() // rounded down: Retry-After is never early
+	for i, h := range hits {
+		if h.ok {
+			out.replies[i] = reply{ok: true, now: out.now, count: int64(p.limits[i].quota - h.remaining), reset: h.fit.UnixMicro(), next: h.until.UnixMicro()}
+		}
+	}
+	return true
 }

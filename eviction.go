@@ -39,13 +39,13 @@ type evictionCheck struct {
 
 func newEvictionCheck() *evictionCheck { return &evictionCheck{done: make(chan struct{})} }
 
-// start starts the check unless it was started before: l's logger gets the
-// warning, if any.
-func (e *evictionCheck) start(l *Limiter) {
+// start starts the check of c's servers unless it was started before:
+// logger gets the warning, if any.
+func (e *evictionCheck) start(c redis.UniversalClient, logger *slog.Logger) {
 	if e == nil || e.started.Load() || !e.started.CompareAndSwap(false, true) {
 		return
 	}
-	go e.run(l.client, l.cfg.logger)
+	go e.run(c, logger)
 }
 
 // evictingServer is a Redis server whose memory policy evicts the limiter's

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -134,16 +136,57 @@ func logKey(name, id string) string {
 // default prefix.
 func bucketKey(id string) string { return string(appendKey(nil, DefaultPrefix+"{", id, false)) }
 
-// zcard returns the number of entries in the log of limit name for id (the
-// meta member, whose score is -inf, left out).
-func zcard(t testing.TB, c redis.UniversalClient, name, id string) int64 {
+// logEntries returns the number of entries in the exact log of limit name
+// for id (lua/exact.lua), those that have left the window but are not yet
+// dropped included.
+func logEntries(t testing.TB, c redis.UniversalClient, name, id string) int64 {
 	t.Helper()
-	key := logKey(name, id)
-	n, err := c.ZCount(context.Background(), key, "0", "+inf").Result()
-	if err != nil {
-		t.Fatal(err)
+	s, err := c.Get(context.Background(), logKey(name, id)).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0
 	}
-	return n
+	if err != nil || len(s) < logHeader {
+		t.Fatalf("the log of %s for %s: %q %v", name, id, s, err)
+	}
+	return int64(len(s)-logHeader) / 2
+}
+
+// logHeader is the length of an exact log's header (lua/exact.lua): its
+// base, 7 bytes, and its refresh-by, 3.
+const logHeader = 10
+
+// logBase returns the base of the exact log at key.
+func logBase(t *testing.T, c redis.UniversalClient, key string) time.Time {
+	t.Helper()
+	s, err := c.Get(context.Background(), key).Result()
+	if err != nil || len(s) < logHeader {
+		t.Fatalf("the log at %s: %q %v", key, s, err)
+	}
+	var us int64
+	for i := range 7 {
+		us = us<<8 | int64(s[i])
+	}
+	return time.UnixMicro(us)
+}
+
+// fakeLibrary stands in for the Lua library in Redis: decide answers
+// Decide; the rest fail.
+type fakeLibrary struct {
+	decide func(keys []string) (any, error)
+}
+
+func (fakeLibrary) Client() redis.UniversalClient { return stubClient{} }
+func (f fakeLibrary) Decide(_ context.Context, _ time.Time, keys []string, _ []byte, _ slidinglog.Abandoner) (any, error) {
+	return f.decide(keys)
+}
+func (fakeLibrary) Status(context.Context, []string, ...[]byte) (string, error) {
+	return "", errors.New("fakeLibrary: no Status")
+}
+func (fakeLibrary) Rollback(context.Context, []string, []byte, []byte) (int64, error) {
+	return 0, errors.New("fakeLibrary: no Rollback")
+}
+func (fakeLibrary) Forget(context.Context, []string, []byte) (int64, error) {
+	return 0, errors.New("fakeLibrary: no Forget")
 }
 
 // serve sends a request from remoteAddr through h and returns the recorder.

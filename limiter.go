@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/route"
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
 
 // minClock is the earliest time a WithClock clock may read, in Unix
@@ -23,7 +24,14 @@ const minClock = 1_000_000_000_000_000
 // ErrUnexpectedReply is returned (wrapped) when Redis answers the limiter's
 // script with a reply of the wrong shape, for example because another program
 // wrote to the limiter's keys. The request gets the failure mode.
-var ErrUnexpectedReply = errors.New("ratelimit: unexpected reply from Redis")
+var ErrUnexpectedReply = slidinglog.ErrUnexpectedReply
+
+// LibraryName returns the name of the Redis Function library that
+// Limiters load: "ratelimit_" and 12 hex digits of the SHA-1 of its code.
+// Each version of the code has its own library, so instances of two
+// versions can share a Redis during a rolling deploy; the libraries of
+// versions no longer running can be removed with FUNCTION DELETE.
+func LibraryName() string { return slidinglog.LibraryName() }
 
 // A Limiter enforces a set of [Limit]s stored in Redis. Every decision runs
 // one Lua call (a Redis Function where Redis allows it, else a script) that
@@ -50,30 +58,28 @@ type Limiter struct {
 	policyHeader []string // precomputed RateLimit-Policy value
 	names        []string // the limits' names, for observers
 
-	split bool  // keys with different hash tags must be decided apart (Cluster, Ring)
-	all   []int // 0, 1, ..., len(limits)-1
-	// allSpec is the script's parameters of all the limits, boxed once.
-	allSpec any
+	plan *plan // what the stores know of the limits
+	// store decides: the Redis store, wrapped by the deny cache and
+	// FailLocal's in-process store as configured.
+	store store
 
-	// exec, if set, replaces the Redis call: benchmarks measure the rest.
-	exec func(keys []string, args []any) (any, error)
-
-	breakers  *breakers   // shared with derived Limiters
-	local     *localStore // for FailLocal; shared with derived Limiters
-	batch     *batcher    // shared with derived Limiters
-	denies    *denyCache  // shared with derived Limiters
-	rollbacks *rollbacks  // shared with derived Limiters
-	// evictions checks the memory policy; shared with derived Limiters.
+	// Shared with derived Limiters.
+	redis  *redisStore
+	local  *localStore // FailLocal's
+	denies *denyCache
+	// evictions checks the memory policy.
 	evictions *evictionCheck
+}
+
+// result is the part of a LimitResult that the limit itself gives.
+func (lim *compiledLimit) result() LimitResult {
+	return LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow}
 }
 
 type compiledLimit struct {
 	Limit
 	head       string   // "<prefix><name>:{", the Redis key up to the identifier
-	spec       string   // the script's parameters of the limit: "quota window unit[ name]" (see the script)
-	unit       any      // time unit of the log in microseconds, or minus the precision, boxed once (see the script)
 	bucketed   bool     // counted in buckets of Precision
-	nameArg    any      // Name, boxed once
 	limitHdr   []string // precomputed X-RateLimit-Limit value
 	quotedName string   // the name as an sf-string, for the RateLimit header
 	policy     string   // the limit's item in RateLimit-Policy
@@ -143,14 +149,10 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		if cfg.singleSlot {
 			head = cfg.prefix + "{" + singleSlotTag + "}" + name + "{"
 		}
-		l.all = append(l.all, len(l.limits))
 		l.limits = append(l.limits, compiledLimit{
 			Limit:      lim,
 			head:       head,
-			spec:       limitSpec(lim),
-			unit:       unitArg(lim),
 			bucketed:   lim.Precision > 0,
-			nameArg:    lim.Name,
 			limitHdr:   []string{strconv.Itoa(lim.Quota)},
 			quotedName: strconv.Quote(lim.Name),
 			policy:     policyItem(lim),
@@ -164,22 +166,28 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
 	}
 	l.policyHeader = []string{strings.Join(policies, ", ")}
-	l.allSpec = l.spec(l.all)
-	l.split = sharded(client) && !cfg.singleSlot
+	p, err := newPlan(l.limits, sharded(client) && !cfg.singleSlot)
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+	}
+	l.plan = p
 	l.parent = parent
 	if parent != nil {
 		// The same Redis, the same requests: one view of its health, and
 		// one set of local logs.
-		l.breakers, l.local, l.batch, l.denies = parent.breakers, parent.local, parent.batch, parent.denies
-		l.rollbacks, l.evictions = parent.rollbacks, parent.evictions
+		l.redis, l.local, l.denies, l.evictions = parent.redis, parent.local, parent.denies, parent.evictions
 	} else {
-		l.breakers = &breakers{failures: int32(cfg.breakerFailures), coolDown: cfg.breakerCoolDown}
+		l.redis = &redisStore{
+			lib:       slidinglog.New(client, p.split),
+			breakers:  &breakers{failures: int32(cfg.breakerFailures), coolDown: cfg.breakerCoolDown},
+			rollbacks: newRollbacks(l.logRollbackFailure),
+			timeout:   cfg.timeout,
+		}
 		l.local = &localStore{}
-		l.batch = &batcher{split: l.split}
 		l.denies = &denyCache{maxAge: cfg.denyCache}
-		l.rollbacks = newRollbacks(l.logRollbackFailure)
 		l.evictions = newEvictionCheck()
 	}
+	l.store = l.wrap(l.redis)
 	if err := l.buildRoutes(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
@@ -286,37 +294,42 @@ func (l *Limiter) With(limits []Limit, opts ...Option) (*Limiter, error) {
 	return d, nil
 }
 
-// limitSpec returns the script's parameters of one limit: its quota
-// (negated for a shadow limit), its window in microseconds and unitArg, then
-// the name of a bucketed limit, separated by spaces.
-func limitSpec(lim Limit) string {
-	q := lim.Quota
-	if lim.Shadow {
-		q = -q
+// wrap returns the store l decides with when base is the store that counts
+// across instances: base, wrapped by FailLocal's fallback and the deny
+// cache as configured.
+func (l *Limiter) wrap(base store) store {
+	s := base
+	if l.cfg.failure == FailLocal {
+		s = fallbackStore{primary: s, fallback: l.local}
 	}
-	spec := strconv.Itoa(q) + " " + strconv.FormatInt(lim.Window.Microseconds(), 10) + " " + strconv.FormatInt(unitArg(lim), 10)
-	if lim.Precision > 0 {
-		spec += " " + lim.Name
+	if l.cfg.denyCache > 0 {
+		s = cachedStore{next: s, cache: l.denies, clock: l.localNow}
 	}
-	return spec
+	return s
 }
 
-// spec returns the script's parameters of the limits idx.
-func (l *Limiter) spec(idx []int) string {
-	specs := make([]string, len(idx))
-	for j, i := range idx {
-		specs[j] = l.limits[i].spec
+// newPlan returns what the stores need of limits; split says that keys
+// with different hash tags must be decided apart.
+func newPlan(limits []compiledLimit, split bool) (*plan, error) {
+	p := &plan{split: split}
+	wire := make([]slidinglog.Limit, len(limits))
+	for i := range limits {
+		lim := &limits[i]
+		wire[i] = slidinglog.Limit{Kind: slidinglog.ExactLog, Shadow: lim.Shadow, Quota: lim.Quota, Window: lim.Window,
+			Unit: time.Duration(timeUnit(lim.Window)) * time.Microsecond}
+		if lim.bucketed {
+			wire[i].Kind, wire[i].Unit, wire[i].Name = slidinglog.Buckets, lim.Precision, lim.Name
+		}
+		spec, err := slidinglog.Encode(wire[i])
+		if err != nil {
+			return nil, fmt.Errorf("limit %s: %w", lim.Name, err)
+		}
+		p.all = append(p.all, i)
+		p.limits = append(p.limits, planLimit{quota: lim.Quota, window: lim.Window, shadow: lim.Shadow, global: lim.Key.global, wire: wire[i], spec: spec})
 	}
-	return strings.Join(specs, " ")
-}
-
-// unitArg is the third parameter of a limit in its spec: the time unit of an
-// exact log, or minus the precision of a bucketed limit, in microseconds.
-func unitArg(lim Limit) int64 {
-	if lim.Precision > 0 {
-		return -lim.Precision.Microseconds()
-	}
-	return timeUnit(lim.Window)
+	var err error
+	p.specs, err = slidinglog.Encode(wire...)
+	return p, err
 }
 
 // timeUnit returns the time unit of a log with the given window, in
@@ -496,14 +509,23 @@ func (l *Limiter) Reset(ctx context.Context, ids []string) error {
 	defer cancel()
 	var errs []error
 	for i, key := range keys {
-		name := ""
-		if l.limits[i].bucketed {
-			name = l.limits[i].Name
-		}
-		if _, err := runScript(ctx, l.client, reset, resetSource, []string{key}, []any{name}); err != nil {
+		// One call per limit: on a cluster the keys of other identifiers
+		// may live elsewhere.
+		req := slidinglog.AppendRequest(nil, 0, 1, l.plan.limits[i].spec)
+		if _, err := l.redis.lib.Forget(ctx, []string{key}, req); err != nil {
 			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", l.limits[i].Name, err))
 		}
 		l.denies.forget(key)
 	}
 	return errors.Join(errs...)
 }
+
+// Unreverted returns how many units of cost this Limiter and those derived
+// from it have left counted in Redis for requests that were not admitted
+// (or were refunded), because Redis could not take them back: a Redis
+// Cluster decision that reserved room on one primary and was then denied
+// or failed on another, or a refund, whose removal Redis did not confirm
+// within 30 seconds or before the entries would have left their
+// windows anyway. Such units stay counted until they leave their windows.
+// The count only grows; metrics export it as a counter.
+func (l *Limiter) Unreverted() uint64 { return l.redis.rollbacks.unreverted.Load() }

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"slices"
 	"sync"
 )
@@ -29,21 +30,21 @@ func (g *localLog) prune(now int64) {
 	g.stamps = g.stamps[i:]
 }
 
-// decide records in d the local decision for keys (one per limit of d.l)
-// at now, in µs, and logs the request if every limit admits it.
-func (s *localStore) decide(d *decision, keys []string, now int64) bool {
+// decide decides q at q.now in this process's logs, and logs the request
+// if every limit admits it. It never fails.
+func (s *localStore) decide(_ context.Context, q *query, out *outcome) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.logs == nil {
 		s.logs = make(map[string]*localLog)
 	}
-	l, n := d.l, int64(d.cost)
-	logs := make([]*localLog, len(keys))
-	allowed := true
-	d.now, d.denier = now, -1
+	now, n := q.now, int64(q.cost)
+	logs := make([]*localLog, len(q.keys))
+	out.allowed, out.now, out.denier = true, now, -1
 	var denierAt int64
-	for i, key := range keys {
-		window := l.limits[i].Window.Microseconds()
+	for i, key := range q.keys {
+		lim := &q.plan.limits[i]
+		window := lim.window.Microseconds()
 		g := s.logs[key]
 		if g == nil {
 			g = &localLog{window: window}
@@ -51,7 +52,7 @@ func (s *localStore) decide(d *decision, keys []string, now int64) bool {
 		g.window = max(g.window, window)
 		g.prune(now)
 		logs[i] = g
-		count, quota := int64(len(g.stamps)), int64(l.limits[i].Quota)
+		count, quota := int64(len(g.stamps)), int64(lim.quota)
 		r := reply{ok: true, now: now, count: count, reset: now}
 		switch {
 		case count+n <= quota:
@@ -63,33 +64,34 @@ func (s *localStore) decide(d *decision, keys []string, now int64) bool {
 		default:
 			r.reset = g.stamps[count+n-quota-1] + window
 		}
-		if count+n > quota && !l.limits[i].Shadow {
-			allowed = false
-			if d.denier < 0 || r.reset == -1 || denierAt != -1 && r.reset > denierAt {
-				d.denier, denierAt = i, r.reset
+		if count+n > quota && !lim.shadow {
+			out.allowed = false
+			if out.denier < 0 || r.reset == -1 || denierAt != -1 && r.reset > denierAt {
+				out.denier, denierAt = i, r.reset
 			}
 		}
-		d.replies[i] = r
+		out.replies[i] = r
 	}
-	if !allowed {
-		return false
+	if !out.allowed || q.peek {
+		return nil
 	}
 	for i, g := range logs {
-		if l.limits[i].Shadow && int64(len(g.stamps))+n > int64(l.limits[i].Quota) {
+		lim := &q.plan.limits[i]
+		if lim.shadow && int64(len(g.stamps))+n > int64(lim.quota) {
 			continue // a shadow limit without room: not logged
 		}
 		if len(g.stamps) == 0 {
-			d.replies[i].reset = now + l.limits[i].Window.Microseconds()
+			out.replies[i].reset = now + lim.window.Microseconds()
 		}
 		for range n {
 			g.stamps = append(g.stamps, now)
 		}
-		if s.logs[keys[i]] == nil {
+		if s.logs[q.keys[i]] == nil {
 			s.makeRoom(now)
-			s.logs[keys[i]] = g
+			s.logs[q.keys[i]] = g
 		}
 	}
-	return true
+	return nil
 }
 
 // makeRoom keeps the store under maxLocalKeys: it drops logs whose entries

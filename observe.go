@@ -74,7 +74,7 @@ func WithLogger(logger *slog.Logger, logIdentifiers bool) Option {
 // Redis (or, on a cluster, one of its primaries) failed repeatedly and is
 // not being called (see [WithCircuitBreaker]).
 func (l *Limiter) BreakerOpen() bool {
-	bs := l.breakers
+	bs := l.redis.breakers
 	now := bs.clock(time.Now())
 	if bs.single.open(now) {
 		return true

@@ -71,7 +71,7 @@ func TestAllowRequestLikeAllow(t *testing.T) {
 	if _, err := lim.StatusRequest(r); err != nil {
 		t.Fatal(err)
 	}
-	if n := zcard(t, c, "req", "global"); n != 0 || o.n.Load() != 1 {
+	if n := logEntries(t, c, "req", "global"); n != 0 || o.n.Load() != 1 {
 		t.Errorf("%d entries after the refund, %d decisions observed; want 0 and 1", n, o.n.Load())
 	}
 }

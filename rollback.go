@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
 
 // ErrNotReverted is returned (wrapped) by [Limiter.Refund] when Redis could
@@ -40,11 +42,13 @@ func newRollbacks(onFailure func(error)) *rollbacks {
 	return &rollbacks{slots: make(chan struct{}, maxPendingRollbacks), onFailure: onFailure}
 }
 
-// reservation is what a group's script call logged, to remove it again:
-// the logs, and the stamp and time unit of the request's entries in each.
+// reservation is what a group's call logged, to remove it again: the
+// logs, the request (its cost and limits) and the time of its entries in
+// each.
 type reservation struct {
 	keys   []string
-	args   []any
+	req    []byte
+	stamps []byte
 	window time.Duration // the longest window of its logs: then nothing is left to remove
 }
 
@@ -54,23 +58,22 @@ func (r *reservation) units(cost int) uint64 { return uint64(cost) * uint64(len(
 
 // reservations returns, for each of groups, what the rollback code needs
 // to remove a request's entries from the group's logs: their keys (from
-// keys, one per limit), and the stamp and time unit of the entries of each
-// limit i (stamp(i)).
-func (l *Limiter) reservations(keys []string, groups [][]int, stamp func(i int) int64) []reservation {
-	rs := make([]reservation, len(groups))
+// keys, one per limit of p), the request of cost, and the time of the entries of each limit i
+// (stamp(i)).
+func (rs *redisStore) reservations(p *plan, keys []string, groups [][]int, cost int, stamp func(i int) int64) []reservation {
+	out := make([]reservation, len(groups))
 	for k, g := range groups {
-		r := &rs[k]
+		r := &out[k]
 		r.keys = make([]string, len(g))
+		stamps := make([]int64, len(g))
 		for j, i := range g {
-			r.keys[j] = keys[i]
-			r.args = append(r.args, stamp(i), l.limits[i].unit)
-			if l.limits[i].bucketed {
-				r.args = append(r.args, l.limits[i].nameArg)
-			}
-			r.window = max(r.window, l.limits[i].Window)
+			r.keys[j], stamps[j] = keys[i], stamp(i)
+			r.window = max(r.window, p.limits[i].window)
 		}
+		r.stamps = slidinglog.AppendStamps(nil, stamps)
+		r.req = slidinglog.AppendRequest(nil, 0, cost, p.specsOf(g))
 	}
-	return rs
+	return out
 }
 
 // rollback removes the entries of reservations (a denied or failed cluster
@@ -81,11 +84,11 @@ func (l *Limiter) reservations(keys []string, groups [][]int, stamp func(i int) 
 // return, to stay counted: those Redis refused to remove, or that found no
 // room to run in the background. They, and those the background gives up
 // on, are added to Limiter.Unreverted.
-func (l *Limiter) rollback(reservations []reservation, cost int, deadline time.Time) (unreverted uint64) {
+func (rs *redisStore) rollback(reservations []reservation, cost int, deadline time.Time) (unreverted uint64) {
 	if len(reservations) == 0 {
 		return 0
 	}
-	rb := l.rollbacks
+	rb := rs.rollbacks
 	select {
 	case rb.slots <- struct{}{}:
 	default:
@@ -99,7 +102,7 @@ func (l *Limiter) rollback(reservations []reservation, cost int, deadline time.T
 	done := make(chan uint64, 1)
 	go func() {
 		defer func() { <-rb.slots }()
-		done <- l.removeReservations(reservations, cost)
+		done <- rs.removeReservations(reservations, cost)
 	}()
 	wait := time.NewTimer(time.Until(deadline))
 	defer wait.Stop()
@@ -114,16 +117,15 @@ func (l *Limiter) rollback(reservations []reservation, cost int, deadline time.T
 // removeReservations removes reservations, each tried until Redis answers
 // or it is no longer worth it, and returns the units it could not remove,
 // which it has counted.
-func (l *Limiter) removeReservations(reservations []reservation, cost int) (unreverted uint64) {
+func (rs *redisStore) removeReservations(reservations []reservation, cost int) (unreverted uint64) {
 	start := time.Now()
 	for i := range reservations {
 		r := &reservations[i]
 		giveUp := start.Add(min(r.window, maxRollbackTime))
-		args := append([]any{cost}, r.args...)
 		var err error
 		for retry := firstRollbackRetry; ; retry = min(2*retry, lastRollbackRetry) {
-			ctx, cancel := context.WithTimeout(context.Background(), l.cfg.timeout)
-			_, err = l.batch.mode.run(ctx, l.client, rollbackCode, r.keys, args)
+			ctx, cancel := context.WithTimeout(context.Background(), rs.timeout)
+			_, err = rs.lib.Rollback(ctx, r.keys, r.req, r.stamps)
 			cancel()
 			if err == nil || !unavailable(err) || errors.Is(err, redis.ErrClosed) || time.Now().Add(retry).After(giveUp) {
 				break
@@ -133,7 +135,7 @@ func (l *Limiter) removeReservations(reservations []reservation, cost int) (unre
 		if err != nil {
 			n := r.units(cost)
 			unreverted += n
-			l.rollbacks.fail(n, fmt.Errorf("ratelimit: removing a reservation from %s (it stays counted until it leaves the window): %w", r.keys[0], err))
+			rs.rollbacks.fail(n, fmt.Errorf("ratelimit: removing a reservation from %s (it stays counted until it leaves the window): %w", r.keys[0], err))
 		}
 	}
 	return unreverted
@@ -146,13 +148,3 @@ func (rb *rollbacks) fail(n uint64, err error) {
 		rb.onFailure(err)
 	}
 }
-
-// Unreverted returns how many units of cost this Limiter and those derived
-// from it have left counted in Redis for requests that were not admitted
-// (or were refunded), because Redis could not take them back: a Redis
-// Cluster decision that reserved room on one primary and was then denied
-// or failed on another, or a refund, whose removal Redis did not confirm
-// within 30 seconds or before the entries would have left their
-// windows anyway. Such units stay counted until they leave their windows.
-// The count only grows; metrics export it as a counter.
-func (l *Limiter) Unreverted() uint64 { return l.rollbacks.unreverted.Load() }

@@ -67,9 +67,9 @@ func TestRollbackBounded(t *testing.T) {
 	// The rollback, still under way, takes the reservation back once the
 	// user's primary answers.
 	deadline := time.Now().Add(10 * time.Second)
-	for zcard(t, rdb, "u", user) != 0 {
+	for logEntries(t, rdb, "u", user) != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("the user's log still holds %d entries 10s after its primary resumed", zcard(t, rdb, "u", user))
+			t.Fatalf("the user's log still holds %d entries 10s after its primary resumed", logEntries(t, rdb, "u", user))
 		}
 		time.Sleep(20 * time.Millisecond) // polling Redis for the background rollback
 	}
@@ -147,7 +147,7 @@ func TestLateReplyTakenBack(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // polling Redis's counters
 	}
-	if n := zcard(t, admin, "late", "k"); n != 0 {
+	if n := logEntries(t, admin, "late", "k"); n != 0 {
 		t.Errorf("the log holds %d entries for a request answered with an error", n)
 	}
 	if n := lim.Unreverted(); n != 0 {

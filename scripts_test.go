@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -45,8 +46,8 @@ func TestScriptsWhereFunctionsAreDenied(t *testing.T) {
 				admitted++
 			}
 		}
-		if admitted != 10 || lim.batch.mode.scriptsOnly.Load() != tc.scripts {
-			t.Errorf("%s: %d of 15 admitted, scripts only %v; want 10 and %v", tc.id, admitted, lim.batch.mode.scriptsOnly.Load(), tc.scripts)
+		if admitted != 10 || lim.redis.lib.(*slidinglog.Redis).ScriptsOnly() != tc.scripts {
+			t.Errorf("%s: %d of 15 admitted, scripts only %v; want 10 and %v", tc.id, admitted, lim.redis.lib.(*slidinglog.Redis).ScriptsOnly(), tc.scripts)
 		}
 		libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName()}).Result()
 		if err != nil {
@@ -56,7 +57,7 @@ func TestScriptsWhereFunctionsAreDenied(t *testing.T) {
 			t.Errorf("%s: library loaded %v, want %v", tc.id, loaded, !tc.scripts)
 		}
 	}
-	if n := zcard(t, admin, "acl", "limited"); n != 10 {
+	if n := logEntries(t, admin, "acl", "limited"); n != 10 {
 		t.Errorf("the limited user's log holds %d entries, want 10", n)
 	}
 }
@@ -140,7 +141,7 @@ func testLibraryReloadedAfterOOM(t *testing.T, pipeline bool) {
 	ctx := context.Background()
 	clock := &testClock{t: time.Now()}
 	lim := mustNew(t, c, []Limit{PerMinute(1000, Header("X-Id")).Named("oom")})
-	lim.batch.mode.now = clock.Now
+	lim.redis.lib.(*slidinglog.Redis).SetClock(clock.Now)
 	calls := 1 // per decision
 	decide := func() error {
 		res, err := lim.Allow(ctx, []string{"a"}, 1)
@@ -151,20 +152,20 @@ func testLibraryReloadedAfterOOM(t *testing.T, pipeline bool) {
 	}
 	if pipeline {
 		calls = 3
-		bt := &batcher{split: true}
-		bt.mode.now = clock.Now
+		bt := slidinglog.New(c, true)
+		bt.SetClock(clock.Now)
 		decide = func() error {
-			var batch []*call
+			var keys [][]string
+			var reqs [][]byte
 			for _, id := range []string{"a", "b", "c"} {
-				batch = append(batch, &call{keys: []string{logKey("oom", id)}, args: []any{1, 1, 0, lim.allSpec}})
+				keys = append(keys, []string{logKey("oom", id)})
+				reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.plan.specs))
 			}
-			bt.sendPipeline(c, batch)
-			var errs []error
-			for _, cl := range batch {
-				if arr, ok := cl.reply.([]any); cl.err == nil && (!ok || len(arr) != 6 || arr[0] != int64(1)) {
-					cl.err = fmt.Errorf("reply %v", cl.reply)
+			replies, errs := bt.DecideAll(keys, reqs)
+			for i := range replies {
+				if rep, err := slidinglog.ParseReply(replies[i], make([]slidinglog.LimitReply, 1)); errs[i] == nil && (err != nil || !rep.Allowed) {
+					errs[i] = fmt.Errorf("reply %+v %v", rep, err)
 				}
-				errs = append(errs, cl.err)
 			}
 			return errors.Join(errs...)
 		}
@@ -186,7 +187,7 @@ func testLibraryReloadedAfterOOM(t *testing.T, pipeline bool) {
 	if err := decide(); err != nil {
 		t.Fatalf("after freeing the memory: %v", err)
 	}
-	clock.Set(clock.Now().Add(loadRetryMax)) // past any back-off
+	clock.Set(clock.Now().Add(time.Minute)) // past any back-off
 	fcall, evalsha, eval := commandCalls(t, admin, "fcall"), commandCalls(t, admin, "evalsha"), commandCalls(t, admin, "eval")
 	for range 5 {
 		if err := decide(); err != nil {
@@ -217,7 +218,7 @@ func TestLibraryLoadBackoff(t *testing.T) {
 	start := time.Now()
 	clock := &testClock{t: start}
 	lim := mustNew(t, c, []Limit{PerMinute(1000, Global()).Named("backoff")})
-	lim.batch.mode.now = clock.Now
+	lim.redis.lib.(*slidinglog.Redis).SetClock(clock.Now)
 	if _, err := lim.Allow(ctx, []string{"x"}, 1); err != nil { // loads the library
 		t.Fatal(err)
 	}
@@ -252,7 +253,7 @@ func TestLibraryLoadBackoff(t *testing.T) {
 			t.Fatalf("%d FUNCTION LOAD %v after a refusal, want 1", got, d)
 		}
 	}
-	if lim.batch.mode.scriptsOnly.Load() {
+	if lim.redis.lib.(*slidinglog.Redis).ScriptsOnly() {
 		t.Error("the limiter runs scripts for good after refusals that can pass")
 	}
 }
@@ -282,23 +283,27 @@ func TestLibraryFlushedAfterLoad(t *testing.T) {
 	if err != nil || !res.Allowed {
 		t.Fatalf("alone: %+v %v", res, err)
 	}
-	bt := &batcher{split: true}
-	var batch []*call
+	bt := slidinglog.New(c, true) // a pipeline
+	var keys [][]string
+	var reqs [][]byte
 	for _, id := range []string{"a", "b", "c"} {
-		batch = append(batch, &call{keys: []string{logKey("flushed", id)}, args: []any{1, 1, 0, lim.allSpec}})
+		keys = append(keys, []string{logKey("flushed", id)})
+		reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.plan.specs))
 	}
-	bt.sendPipeline(c, batch)
-	for i, cl := range batch {
-		if arr, ok := cl.reply.([]any); cl.err != nil || !ok || len(arr) != 6 || arr[0] != int64(1) {
-			t.Errorf("in a pipeline, decision %d: %v %v", i, cl.reply, cl.err)
+	replies, errs := bt.DecideAll(keys, reqs)
+	for i := range replies {
+		rep, err := slidinglog.ParseReply(replies[i], make([]slidinglog.LimitReply, 1))
+		if errs[i] != nil || err != nil || !rep.Allowed {
+			t.Errorf("in a pipeline, decision %d: %+v %v %v", i, rep, errs[i], err)
 		}
 	}
-	if c.loads != 2 || lim.batch.mode.scriptsOnly.Load() || bt.mode.scriptsOnly.Load() || !lim.batch.mode.functions() || !bt.mode.functions() {
-		t.Errorf("%d loads, scripts only %v %v; want 2 loads, and functions still tried", c.loads, lim.batch.mode.scriptsOnly.Load(), bt.mode.scriptsOnly.Load())
+	lib := lim.redis.lib.(*slidinglog.Redis)
+	if c.loads != 2 || lib.ScriptsOnly() || bt.ScriptsOnly() || !lib.Functions() || !bt.Functions() {
+		t.Errorf("%d loads, scripts only %v %v; want 2 loads, and functions still tried", c.loads, lib.ScriptsOnly(), bt.ScriptsOnly())
 	}
 	for _, id := range []string{"a", "b", "c"} {
 		want := map[string]int64{"a": 2, "b": 1, "c": 1}[id]
-		if n := zcard(t, c, "flushed", id); n != want {
+		if n := logEntries(t, c, "flushed", id); n != want {
 			t.Errorf("log %s holds %d entries, want %d", id, n, want)
 		}
 	}

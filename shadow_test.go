@@ -48,10 +48,10 @@ func testShadow(t *testing.T, b backend) {
 			t.Errorf("%s: %s, want %s", tc.id, got, want)
 		}
 	}
-	if n := zcard(t, c, "enforced", "a"); n != 10 {
+	if n := logEntries(t, c, "enforced", "a"); n != 10 {
 		t.Errorf("enforced log %d, want 10", n)
 	}
-	if n := zcard(t, c, "shadow", "a"); n != 3 {
+	if n := logEntries(t, c, "shadow", "a"); n != 3 {
 		t.Errorf("shadow log %d, want 3: what enforcing it would have admitted", n)
 	}
 	if n := bucketTotal(t, c, "bshadow", "a"); n != 2 {

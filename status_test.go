@@ -39,7 +39,7 @@ func testStatus(t *testing.T, b backend) {
 	if st, err := lim.Status(ctx, ids, 2); err != nil || st.Allowed || st.DeniedBy != "exact" || st.RetryAfter != 50*time.Second {
 		t.Errorf("status of cost 2: %+v %v", st, err)
 	}
-	if n := zcard(t, c, "exact", "k"); n != 2 {
+	if n := logEntries(t, c, "exact", "k"); n != 2 {
 		t.Errorf("exact log holds %d after Status, want 2", n)
 	}
 	if n := bucketTotal(t, c, "bucketed", "k"); n != 2 {

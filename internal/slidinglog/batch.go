@@ -1,4 +1,4 @@
-package ratelimit
+package slidinglog
 
 import (
 	"context"
@@ -19,7 +19,7 @@ var maxBatches = max(2, runtime.GOMAXPROCS(0))
 // lateReplyWait is how long a Redis call goes on after the decision that
 // made it stopped waiting (its timeout ran out, or its request ended), so
 // that a reply Redis sends late is still read: a request it logged is then
-// taken back (see decision.abandon).
+// taken back (see Abandoner).
 const lateReplyWait = 5 * time.Second
 
 // batcher sends concurrent decisions to Redis together. Decisions queue
@@ -31,7 +31,7 @@ const lateReplyWait = 5 * time.Second
 // A decision waits for its batch until its own deadline at most. The batch
 // goes on without it: a decision still queued is dropped from it, and the
 // reply of one that was sent is handed to what the decision left behind
-// (lateReply), which takes back a request Redis logged after all.
+// (Abandoner), which takes back a request Redis logged after all.
 //
 // On one Redis a batch is one call of the sliding-log code, which decides
 // its requests one after the other. On a Redis Cluster or Ring, whose keys
@@ -44,17 +44,17 @@ type batcher struct {
 	mode    scriptMode
 }
 
-// lateReply is what makes a decision's call: asked when the decision stops
-// waiting for a call already sent, it returns what to do with the call's
-// reply (or error) when it comes.
-type lateReply interface {
-	abandon() func(reply any, err error)
+// Abandoner is what makes a decision's call: asked when the decision stops
+// waiting for a call already sent, Abandon returns what to do with the
+// call's reply (or error) when it comes.
+type Abandoner interface {
+	Abandon() func(reply any, err error)
 }
 
 // call is one decision in a batch.
 type call struct {
 	keys     []string
-	args     []any // the script's ARGV for this decision alone: 1, cost, ...
+	args     []any // the library's ARGV for this decision alone: its request
 	deadline time.Time
 	done     chan struct{} // receives once the reply is in, unless abandoned
 	wait     *time.Timer   // the deciding goroutine's deadline; kept with the pooled call
@@ -77,14 +77,14 @@ func (cl *call) release() {
 	calls.Put(cl)
 }
 
-// run runs the sliding-log code for one decision, keys and args (which
-// start with 1, the number of decisions), on c, batched with concurrent
+// run runs the library's decide for one decision, keys and args (its
+// request), on c, batched with concurrent
 // decisions, and returns the decision's reply. It waits until deadline, or
 // until ctx is done, at the most; it then returns the error of that, and
 // if the call went out, owner's abandon receives its reply later. The
 // caller must then leave keys and args as they are: the call may still
 // read them.
-func (b *batcher) run(ctx context.Context, deadline time.Time, c redis.UniversalClient, keys []string, args []any, owner lateReply) (any, error) {
+func (b *batcher) run(ctx context.Context, deadline time.Time, c redis.UniversalClient, keys []string, args []any, owner Abandoner) (any, error) {
 	cl := calls.Get().(*call)
 	cl.keys, cl.args, cl.deadline = keys, args, deadline
 	b.mu.Lock()
@@ -118,7 +118,7 @@ func (b *batcher) run(ctx context.Context, deadline time.Time, c redis.Universal
 			// on, and its reply goes to the owner.
 			cl.abandoned = true
 			if cl.sending && owner != nil {
-				cl.late = owner.abandon()
+				cl.late = owner.Abandon()
 			}
 			cl.mu.Unlock()
 			return nil, gaveUp
@@ -224,27 +224,28 @@ func batchContext(batch []*call) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(context.Background(), deadline.Add(lateReplyWait))
 }
 
-// sendCombined decides the batch in one call of the script.
+// sendCombined decides the batch in one call: the library decides the
+// requests one after the other, and replies with their replies in turn.
 func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
 	var keys []string
-	args := []any{len(batch)}
+	var args []any
+	size := 0
 	for _, cl := range batch {
 		keys = append(keys, cl.keys...)
-		args = append(args, cl.args[1:]...)
+		args = append(args, cl.args...)
+		size += ReplyLen(len(cl.keys))
 	}
 	reply, err := b.mode.run(ctx, c, decideCode, keys, args)
-	// One flat array: each decision's reply is 3 + 3 per limit (key) long.
-	arr, ok := reply.([]any)
-	if err == nil && (!ok || len(arr) != 3*len(batch)+3*len(keys)) {
-		err = fmt.Errorf("%w: %T of length %d for %d decisions", ErrUnexpectedReply, reply, len(arr), len(batch))
+	all, ok := reply.(string)
+	if err == nil && (!ok || len(all) != size) {
+		err = fmt.Errorf("%w: %T of length %d for %d decisions", ErrUnexpectedReply, reply, len(all), len(batch))
 	}
-	off := 0
 	for _, cl := range batch {
 		if cl.err = err; err == nil {
-			n := 3 + 3*len(cl.keys)
-			cl.reply, off = arr[off:off+n:off+n], off+n
+			n := ReplyLen(len(cl.keys))
+			cl.reply, all = all[:n], all[n:]
 		}
 	}
 }

@@ -1,41 +1,42 @@
-package ratelimit
+// Package slidinglog runs the sliding-log library of lua/ in Redis: it
+// loads it as a Redis Function library (or runs it as scripts where Redis
+// cannot), batches concurrent decisions into one call, and encodes and
+// decodes the typed wire format of requests and replies. It knows nothing
+// of HTTP, keys or policy: the root package gives it keys and limits.
+package slidinglog
 
 import (
 	"context"
 	"crypto/sha1"
-	_ "embed"
 	"encoding/hex"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/lua"
 )
 
-// The sliding-log code runs as a Redis Function where it can and as a
-// script otherwise. As a function its top level runs once, at FUNCTION
-// LOAD, and what it caches lasts from call to call, which saves Redis about
-// 80,000 instructions per call, half of what a lone decision costs as a
-// script (BenchmarkScriptCalls under callgrind); as a script the top level
-// runs on every call. Both are built from the same file, which defines
-// run(keys, argv), which decides, and rollback(keys, argv), which takes a
-// request's entries back (see lua/sliding_log.lua).
+// The library runs as a Redis Function where it can and as a script
+// otherwise. As a function its code is compiled once, at FUNCTION LOAD; as
+// a script Redis finds it by its SHA-1 on every call. Both are built from
+// lua.Source, whose entry points each become a function of the library and
+// a script of their own.
 var (
-	//go:embed lua/sliding_log.lua
-	slidingLogCode string
-
 	// libraryName is the library's name (see LibraryName).
 	libraryName = "ratelimit_" + codeHash()
 
-	decideCode   = newLuaEntry("decide", "run", "")
-	rollbackCode = newLuaEntry("rollback", "rollback", "")
-	// checkCode writes nothing, so that Redis runs it when it refuses
+	decideCode   = newLuaEntry(lua.Decide, "")
+	rollbackCode = newLuaEntry(lua.Rollback, "")
+	forgetCode   = newLuaEntry(lua.Forget, "")
+	// statusCode writes nothing, so that Redis runs it when it refuses
 	// writes: out of memory, or on a replica.
-	checkCode = newLuaEntry("check", "check", "no-writes")
+	statusCode = newLuaEntry(lua.Status, "no-writes")
 
 	// librarySource is the library, for FUNCTION LOAD.
-	librarySource = "#!lua name=" + libraryName + "\n" + slidingLogCode + "\n" +
-		decideCode.register + rollbackCode.register + checkCode.register
+	librarySource = "#!lua name=" + libraryName + "\n" + lua.Source + "\n" +
+		decideCode.register + rollbackCode.register + forgetCode.register + statusCode.register
 )
 
 // luaEntry is one entry point of the sliding-log code: as a function of the
@@ -47,15 +48,15 @@ type luaEntry struct {
 	script   *redis.Script // the same, for EVALSHA
 }
 
-// newLuaEntry returns the entry point lua of the code, as function name of
+// newLuaEntry returns the entry point name of the code, as a function of
 // the library, with the given Function flag ("" for none). As a script it
 // has no flags: Redis before 7.0 would not read them, and without them a
 // script is refused only at its first write when Redis is out of memory.
-func newLuaEntry(name, lua, flag string) luaEntry {
-	e := luaEntry{function: libraryName + "_" + name, source: slidingLogCode + "\nreturn " + lua + "(KEYS, ARGV)\n"}
-	e.register = "redis.register_function('" + e.function + "', " + lua + ")\n"
+func newLuaEntry(name, flag string) luaEntry {
+	e := luaEntry{function: libraryName + "_" + name, source: lua.Source + "\nreturn " + name + "(KEYS, ARGV)\n"}
+	e.register = "redis.register_function('" + e.function + "', " + name + ")\n"
 	if flag != "" {
-		e.register = "redis.register_function{function_name='" + e.function + "', callback=" + lua + ", flags={'" + flag + "'}}\n"
+		e.register = "redis.register_function{function_name='" + e.function + "', callback=" + name + ", flags={'" + flag + "'}}\n"
 	}
 	e.script = redis.NewScript(e.source)
 	return e
@@ -69,7 +70,7 @@ func newLuaEntry(name, lua, flag string) luaEntry {
 func LibraryName() string { return libraryName }
 
 func codeHash() string {
-	sum := sha1.Sum([]byte(slidingLogCode))
+	sum := sha1.Sum([]byte(lua.Source))
 	return hex.EncodeToString(sum[:6])
 }
 

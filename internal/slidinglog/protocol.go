@@ -1,0 +1,208 @@
+package slidinglog
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// ErrUnexpectedReply is returned (wrapped) when Redis answers the library
+// with a reply of the wrong shape.
+var ErrUnexpectedReply = errors.New("ratelimit: unexpected reply from Redis")
+
+// Kind is how a limit counts (see lua/exact.lua and lua/buckets.lua).
+type Kind uint8
+
+const (
+	// ExactLog logs every unit of cost with its time.
+	ExactLog Kind = 1
+	// Buckets counts cost per bucket of time.
+	Buckets Kind = 2
+)
+
+// Flags of a limit.
+const flagShadow = 1
+
+// Field widths of the wire format, in bytes (see lua/codec.lua).
+const (
+	timeBytes   = 7
+	costBytes   = 4
+	quotaBytes  = 4
+	windowBytes = 6
+	nameMax     = 255
+	// requestHead is a request's bytes before its limits: time, cost and
+	// the number of limits.
+	requestHead = timeBytes + costBytes + 1
+	// replyHead is a reply's bytes before its limits, replyLimit each
+	// limit's.
+	replyHead  = 2 + timeBytes
+	replyLimit = 4 + 2*timeBytes
+	maxLimits  = 255
+)
+
+// A Limit is what the Lua code needs of one limit.
+type Limit struct {
+	Kind   Kind
+	Shadow bool // reported, never denies
+	Quota  int
+	Window time.Duration
+	// Unit is the exact log's time unit, the buckets' precision.
+	Unit time.Duration
+	// Name is a bucketed limit's name: its fields in the hash start with it.
+	Name string
+}
+
+// Specs is limits encoded for requests, once.
+type Specs struct {
+	n int
+	b []byte
+}
+
+// Len returns the number of limits.
+func (s Specs) Len() int { return s.n }
+
+// Encode encodes limits for requests. It reports a limit the wire format
+// cannot carry.
+func Encode(limits ...Limit) (Specs, error) {
+	if len(limits) > maxLimits {
+		return Specs{}, fmt.Errorf("%d limits: at most %d", len(limits), maxLimits)
+	}
+	var b []byte
+	for _, l := range limits {
+		switch {
+		case l.Kind != ExactLog && l.Kind != Buckets:
+			return Specs{}, fmt.Errorf("unknown kind %d", l.Kind)
+		case l.Quota < 1 || uint64(l.Quota) >= 1<<(8*quotaBytes):
+			return Specs{}, fmt.Errorf("quota %d out of range", l.Quota)
+		case l.Window.Microseconds() < 1 || l.Window.Microseconds() >= 1<<(8*windowBytes):
+			return Specs{}, fmt.Errorf("window %v out of range", l.Window)
+		case l.Unit.Microseconds() < 1 || l.Unit > l.Window:
+			return Specs{}, fmt.Errorf("unit %v out of range", l.Unit)
+		case l.Kind == Buckets && (l.Name == "" || len(l.Name) > nameMax):
+			return Specs{}, fmt.Errorf("bucketed limit name of %d bytes: want 1 to %d", len(l.Name), nameMax)
+		}
+		flags := byte(0)
+		if l.Shadow {
+			flags |= flagShadow
+		}
+		b = append(b, byte(l.Kind), flags)
+		b = appendUint(b, uint64(l.Quota), quotaBytes)
+		b = appendUint(b, uint64(l.Window.Microseconds()), windowBytes)
+		b = appendUint(b, uint64(l.Unit.Microseconds()), windowBytes)
+		name := ""
+		if l.Kind == Buckets {
+			name = l.Name
+		}
+		b = append(b, byte(len(name)))
+		b = append(b, name...)
+	}
+	return Specs{n: len(limits), b: b}, nil
+}
+
+// Join returns the specs of several groups of limits, in turn.
+func Join(specs ...Specs) Specs {
+	var s Specs
+	for _, x := range specs {
+		s.n += x.n
+		s.b = append(s.b, x.b...)
+	}
+	return s
+}
+
+// AppendRequest appends to dst a request of cost at now over the limits of
+// specs. now is in Unix microseconds; 0 uses the Redis server's clock.
+func AppendRequest(dst []byte, now int64, cost int, s Specs) []byte {
+	dst = appendUint(dst, uint64(now), timeBytes)
+	dst = appendUint(dst, uint64(min(cost, math.MaxUint32)), costBytes)
+	dst = append(dst, byte(s.n))
+	return append(dst, s.b...)
+}
+
+// MaxCost is the largest cost a request can carry.
+const MaxCost = 1<<(8*costBytes) - 1
+
+// AppendStamps appends the times of a request's entries in each limit (0
+// where it was not logged), for Rollback.
+func AppendStamps(dst []byte, stamps []int64) []byte {
+	for _, s := range stamps {
+		dst = appendUint(dst, uint64(max(s, 0)), timeBytes)
+	}
+	return dst
+}
+
+func appendUint(b []byte, v uint64, width int) []byte {
+	for i := width - 1; i >= 0; i-- {
+		b = append(b, byte(v>>(8*i)))
+	}
+	return b
+}
+
+func readUint(s string, width int) int64 {
+	var v int64
+	for i := range width {
+		v = v<<8 | int64(s[i])
+	}
+	return v
+}
+
+// Reply is the Lua code's answer to one request.
+type Reply struct {
+	Allowed bool  // admitted, and logged in every limit with room
+	Denied  int   // the limit that denied the request, from 0; -1 if none
+	Now     int64 // the time used, in Unix microseconds
+}
+
+// LimitReply is one limit's part of a Reply.
+type LimitReply struct {
+	// Count is the cost the limit had logged in its window before the
+	// request.
+	Count int64
+	// Reset is when the limit next matters: if it has no room for the
+	// request, when the request fits (0: never, its cost exceeds the
+	// quota); else when its oldest entry leaves the window, or, if it had
+	// none, when the request's does if it was logged there, else Now.
+	Reset int64
+	// Stamp is when the request was logged in the limit, if it was; else
+	// when its oldest entry leaves the window (0 if it has none, and for a
+	// shadow limit without room in an admitted request).
+	Stamp int64
+}
+
+// ReplyLen returns the length of the reply to a request of n limits.
+func ReplyLen(n int) int { return replyHead + replyLimit*n }
+
+// ParseReply decodes raw, the reply to one request of len(limits) limits,
+// into limits.
+func ParseReply(raw any, limits []LimitReply) (Reply, error) {
+	s, ok := raw.(string)
+	if !ok || len(s) != ReplyLen(len(limits)) {
+		return Reply{}, fmt.Errorf("%w: %T of length %d for %d limits", ErrUnexpectedReply, raw, len(s), len(limits))
+	}
+	rep := Reply{Allowed: s[0] == 1, Denied: int(s[1]) - 1, Now: readUint(s[2:], timeBytes)}
+	if s[0] > 1 || rep.Denied >= len(limits) || rep.Allowed != (rep.Denied < 0) {
+		return Reply{}, fmt.Errorf("%w: allowed=%d denied=%d", ErrUnexpectedReply, s[0], s[1])
+	}
+	for i := range limits {
+		p := s[replyHead+replyLimit*i:]
+		limits[i] = LimitReply{Count: readUint(p, 4), Reset: readUint(p[4:], timeBytes), Stamp: readUint(p[4+timeBytes:], timeBytes)}
+	}
+	return rep, nil
+}
+
+// AppendReply appends to dst the reply rep with limits, as the Lua code
+// encodes it; tests stand in for Redis with it.
+func AppendReply(dst []byte, rep Reply, limits []LimitReply) []byte {
+	allowed := byte(0)
+	if rep.Allowed {
+		allowed = 1
+	}
+	dst = append(dst, allowed, byte(rep.Denied+1))
+	dst = appendUint(dst, uint64(rep.Now), timeBytes)
+	for _, l := range limits {
+		dst = appendUint(dst, uint64(l.Count), 4)
+		dst = appendUint(dst, uint64(l.Reset), timeBytes)
+		dst = appendUint(dst, uint64(l.Stamp), timeBytes)
+	}
+	return dst
+}

@@ -1,0 +1,121 @@
+package slidinglog
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis runs the library on the Redis that a client talks to: one server,
+// a failover pair, a cluster or a ring. It is safe for concurrent use.
+type Redis struct {
+	client redis.UniversalClient
+	batch  batcher
+}
+
+// New returns a Redis for client. split says that the client spreads keys
+// over several servers (a cluster, a ring), so that concurrent decisions
+// go out as a pipeline of calls rather than as one call.
+func New(client redis.UniversalClient, split bool) *Redis {
+	return &Redis{client: client, batch: batcher{split: split}}
+}
+
+// Client returns the client the Redis calls.
+func (r *Redis) Client() redis.UniversalClient { return r.client }
+
+// Decide decides the request req, whose limits' keys are keys, and logs it
+// if it is admitted; its reply is for ParseReply. Concurrent decisions go
+// out together (see batcher). Decide waits until deadline or until ctx is
+// done at the most, and then returns that error; if the call went out,
+// owner's Abandon receives its reply later. The caller must then leave
+// keys and req as they are: the call may still read them.
+func (r *Redis) Decide(ctx context.Context, deadline time.Time, keys []string, req []byte, owner Abandoner) (any, error) {
+	return r.batch.run(ctx, deadline, r.client, keys, []any{req}, owner)
+}
+
+// Status answers, writing nothing, what Decide would answer for reqs
+// (their keys in turn in keys), one reply after the other. Redis runs it
+// when it refuses writes: when it is out of memory, or a replica.
+func (r *Redis) Status(ctx context.Context, keys []string, reqs ...[]byte) (string, error) {
+	args := make([]any, len(reqs))
+	for i, req := range reqs {
+		args[i] = req
+	}
+	reply, err := r.batch.mode.run(ctx, r.client, statusCode, keys, args)
+	if err != nil {
+		return "", err
+	}
+	s, _ := reply.(string)
+	return s, nil
+}
+
+// Rollback removes the entries of the request req that a decision logged
+// in keys, at the times stamps (AppendStamps), and returns how many units
+// of cost it removed.
+func (r *Redis) Rollback(ctx context.Context, keys []string, req, stamps []byte) (int64, error) {
+	reply, err := r.batch.mode.run(ctx, r.client, rollbackCode, keys, []any{req, stamps})
+	n, _ := reply.(int64)
+	return n, err
+}
+
+// Forget removes what the limits of req counted in keys, and returns how
+// many of them had counted something.
+func (r *Redis) Forget(ctx context.Context, keys []string, req []byte) (int64, error) {
+	reply, err := r.batch.mode.run(ctx, r.client, forgetCode, keys, []any{req})
+	n, _ := reply.(int64)
+	return n, err
+}
+
+// ScriptsOnly reports whether the Redis runs the library as scripts for
+// good: it cannot run functions.
+func (r *Redis) ScriptsOnly() bool { return r.batch.mode.scriptsOnly.Load() }
+
+// SetScriptsOnly makes the Redis run the library as scripts, or try
+// functions again; tests use it.
+func (r *Redis) SetScriptsOnly(on bool) { r.batch.mode.scriptsOnly.Store(on) }
+
+// FunctionNames returns the names of the library's functions, and of the
+// one that writes nothing.
+func FunctionNames() (all []string, readOnly string) {
+	return []string{decideCode.function, statusCode.function, rollbackCode.function, forgetCode.function}, statusCode.function
+}
+
+// runScript runs a script by its SHA and falls back to sending its source
+// when Redis does not know it. Redis says NOSCRIPT after a restart, a failover
+// or SCRIPT FLUSH; some hosted Redis put the word later in the message, so
+// any error that contains it counts.
+func runScript(ctx context.Context, c redis.Scripter, s *redis.Script, src string, keys []string, args []any) (any, error) {
+	reply, err := c.EvalSha(ctx, s.Hash(), keys, args...).Result()
+	if err != nil && isNoScript(err) {
+		reply, err = c.Eval(ctx, src, keys, args...).Result()
+	}
+	return reply, err
+}
+
+// isNoScript reports whether err says that Redis does not know a script.
+func isNoScript(err error) bool { return strings.Contains(err.Error(), "NOSCRIPT") }
+
+// DecideAll sends the requests reqs, of keys keys[i] each, as one batch,
+// as concurrent decisions go out, and returns each one's reply and error.
+// Tests use it to send a batch of a known make-up.
+func (r *Redis) DecideAll(keys [][]string, reqs [][]byte) ([]any, []error) {
+	batch := make([]*call, len(reqs))
+	for i := range reqs {
+		batch[i] = &call{keys: keys[i], args: []any{reqs[i]}}
+	}
+	r.batch.exec(r.client, batch)
+	replies, errs := make([]any, len(batch)), make([]error, len(batch))
+	for i, cl := range batch {
+		replies[i], errs[i] = cl.reply, cl.err
+	}
+	return replies, errs
+}
+
+// Functions reports whether calls run the library as a function now.
+func (r *Redis) Functions() bool { return r.batch.mode.functions() }
+
+// SetClock sets the clock the back-off of library loads is timed by;
+// tests use it.
+func (r *Redis) SetClock(now func() time.Time) { r.batch.mode.now = now }

@@ -1,0 +1,154 @@
+-- Bucketed limits. A bucketed limit of window W and precision P counts
+-- requests per bucket of time [kP, (k+1)P) in a hash per identifier, which
+-- the bucketed limits of that identifier share: field '<name>:<k>' holds
+-- the count of bucket k, '<name>:t' the total of the buckets held, and
+-- '<name>:o' the oldest bucket that holds a count. A request at now counts
+-- the buckets from k = floor(now/P) - W/P + 1 to floor(now/P). Memory is
+-- bounded by W/P fields whatever the quota; the count can differ from an
+-- exact log's by the requests of one bucket at the window's edge. Only the
+-- current bucket is written, and pruning reads W/P buckets at most, however
+-- long the key was idle.
+
+local function bucket_field(name, k)
+  return name .. ':' .. string.format('%d', k)
+end
+
+-- bucket_range returns the non-empty buckets from first to last of the
+-- hash at key, as {k, count, k, count, ...}.
+local function bucket_range(key, name, first, last)
+  local fields = {}
+  for k = first, last do
+    fields[#fields + 1] = bucket_field(name, k)
+  end
+  local counts = redis.call('HMGET', key, unpack(fields))
+  local buckets = {}
+  for j = 1, #counts do
+    local c = tonumber(counts[j])
+    if c and c > 0 then
+      buckets[#buckets + 1] = first + j - 1
+      buckets[#buckets + 1] = c
+    end
+  end
+  return buckets
+end
+
+-- bucket_prune drops the buckets of state b that have left the window,
+-- and updates its total and oldest bucket, in the hash too.
+local function bucket_prune(b)
+  local gone = {}
+  for k = b.oldest, math.min(b.first - 1, b.oldest + b.span - 1) do
+    gone[#gone + 1] = bucket_field(b.name, k)
+  end
+  local counts = redis.call('HMGET', b.key, unpack(gone))
+  for j = 1, #counts do
+    b.count = b.count - (tonumber(counts[j]) or 0)
+  end
+  redis.call('HDEL', b.key, unpack(gone))
+  b.oldest = b.count > 0 and bucket_range(b.key, b.name, b.first, b.last)[1] or nil
+  if b.oldest then
+    redis.call('HSET', b.key, b.name .. ':t', string.format('%d', b.count), b.name .. ':o', string.format('%d', b.oldest))
+  else
+    b.count = 0
+    redis.call('HDEL', b.key, b.name .. ':t', b.name .. ':o')
+  end
+end
+
+-- buckets_read reads the limit's buckets at key at time now. It prunes
+-- those that have left the window if write is true; else it counts the
+-- window's buckets and writes nothing.
+local function buckets_read(key, lim, now, write)
+  local span = lim.window / lim.unit
+  local last = (now - now % lim.unit) / lim.unit
+  local b = {key = key, name = lim.name, span = span, first = last - span + 1, last = last}
+  local v = redis.call('HMGET', key, b.name .. ':t', b.name .. ':o')
+  b.count, b.oldest = tonumber(v[1]) or 0, tonumber(v[2])
+  if b.oldest and b.oldest < b.first then
+    if write then
+      bucket_prune(b)
+    else
+      local live = bucket_range(key, b.name, b.first, b.last)
+      b.count, b.oldest = 0, live[1]
+      for j = 2, #live, 2 do
+        b.count = b.count + live[j]
+      end
+    end
+  end
+  return b
+end
+
+-- buckets_leaves returns when enough of the oldest buckets have left the
+-- window for k units of cost to be freed (bucket k leaves at kP + W), or
+-- 0 if they cannot be.
+local function buckets_leaves(b, lim, k)
+  if not b.oldest then
+    return 0
+  end
+  if k <= 1 then
+    return b.oldest * lim.unit + lim.window
+  end
+  local live = bucket_range(b.key, b.name, math.max(b.oldest, b.first), b.last)
+  local freed = 0
+  for j = 1, #live, 2 do
+    freed = freed + live[j + 1]
+    if freed >= k then
+      return live[j] * lim.unit + lim.window
+    end
+  end
+  return 0
+end
+
+-- buckets_admit logs n units of cost in the current bucket, keeps the key
+-- until that bucket leaves the window (never shortening its life: other
+-- limits of the identifier may have longer windows), and returns the
+-- request's time and when its bucket leaves the window.
+local function buckets_admit(b, lim, now, n)
+  redis.call('HINCRBY', b.key, bucket_field(b.name, b.last), n)
+  redis.call('HINCRBY', b.key, b.name .. ':t', n)
+  if not b.oldest then
+    redis.call('HSET', b.key, b.name .. ':o', string.format('%d', b.last))
+  end
+  local leaves = b.last * lim.unit + lim.window
+  local ttl = math.ceil((leaves - now) / 1000) + 1
+  if redis.call('PTTL', b.key) < ttl then
+    redis.call('PEXPIRE', b.key, ttl)
+  end
+  return now, leaves
+end
+
+-- buckets_remove takes n units of cost of time at back from the bucket
+-- at falls in, if it is still there, and returns how many it took. The
+-- oldest-bucket marker may then point at an emptied bucket, which only
+-- makes a reset a little early until the next pruning moves it.
+local function buckets_remove(key, lim, at, n)
+  local field = bucket_field(lim.name, (at - at % lim.unit) / lim.unit)
+  local c = tonumber(redis.call('HGET', key, field))
+  if not c then
+    return 0
+  end
+  local take = math.min(c, n)
+  if c > take then
+    redis.call('HSET', key, field, string.format('%d', c - take))
+  else
+    redis.call('HDEL', key, field)
+  end
+  if redis.call('HINCRBY', key, lim.name .. ':t', -take) <= 0 then
+    redis.call('HDEL', key, lim.name .. ':t', lim.name .. ':o')
+  end
+  return take
+end
+
+-- buckets_forget removes the limit's fields from the hash at key, the
+-- other limits' staying.
+local function buckets_forget(key, lim)
+  local prefix, gone = lim.name .. ':', {}
+  for _, field in ipairs(redis.call('HKEYS', key)) do
+    if string.sub(field, 1, #prefix) == prefix then
+      gone[#gone + 1] = field
+    end
+  end
+  if #gone == 0 then
+    return 0
+  end
+  redis.call('HDEL', key, unpack(gone))
+  return 1
+end

@@ -1,0 +1,174 @@
+-- The exact log of one limit and one identifier: a Redis string holding a
+-- header, then one entry per logged unit of cost, oldest first.
+--
+-- The header is the log's base (7 bytes), a time that is a multiple of
+-- SPAN units, and its refresh-by (3 bytes), in units after the base: the
+-- key expires then. An entry (2 bytes) is a time, as its offset in units
+-- after the base. The unit is about window/8192 (the library picks it); a
+-- time is rounded up to it, so an entry counts up to one unit longer than
+-- its window, never shorter. Entries of the same time are interchangeable:
+-- removing any n of them undoes a request of cost n exactly.
+--
+-- Admitting a request costs one GET and one APPEND. The log is written
+-- anew (one SET, which also sets the expiry) only when it must be: when it
+-- is new, when more of its entries have left the window than half of those
+-- in it, when the new entries are older than the newest (the clocks of two
+-- servers), when their offset would not fit in 2 bytes, or when the expiry
+-- comes too soon for them. The expiry is set window/REFRESH_SLACK later
+-- than the newest entry needs, so a busy log is written anew about
+-- REFRESH_SLACK times per window, and an idle one is gone at most
+-- window/REFRESH_SLACK after its last entry left the window.
+
+local HEADER = 10
+local ENTRY = 2
+local MAX_OFFSET = 65535
+local SPAN = 128
+local REFRESH_SLACK = 8
+
+-- entry_at returns the offset of entry i (from 0) of the log string s,
+-- whose entries start after skip bytes.
+local function entry_at(s, skip, i)
+  local hi, lo = string.byte(s, skip + ENTRY * i + 1, skip + ENTRY * i + 2)
+  return hi * 256 + lo
+end
+
+-- first_after returns the first of the entries i to j - 1 of s whose
+-- offset is after cut, or j if none is.
+local function first_after(s, skip, i, j, cut)
+  while i < j do
+    local mid = (i + j - (i + j) % 2) / 2
+    if entry_at(s, skip, mid) > cut then
+      j = mid
+    else
+      i = mid + 1
+    end
+  end
+  return i
+end
+
+local function encode_entry(offset)
+  local lo = offset % 256
+  return string.char((offset - lo) / 256, lo)
+end
+
+-- exact_read reads the log at key at time now: its string, base and
+-- refresh-by, how many entries have left the window (dead, all before the
+-- others) and how many are in it (count).
+local function exact_read(key, lim, now)
+  local log = {key = key, count = 0, dead = 0, size = 0}
+  local s = redis.call('GET', key)
+  if not s then
+    return log
+  end
+  local b1, b2, b3, b4, b5, b6, b7, r1, r2, r3 = string.byte(s, 1, HEADER)
+  log.s = s
+  log.base = (((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
+  log.refresh = (r1 * 256 + r2) * 256 + r3
+  log.size = (#s - HEADER) / ENTRY
+  -- An entry at offset o is in the window until base + o * unit + window.
+  local x = now - lim.window - log.base
+  log.dead = first_after(s, HEADER, 0, log.size, (x - x % lim.unit) / lim.unit)
+  log.count = log.size - log.dead
+  return log
+end
+
+-- exact_leaves returns when the k-th oldest entry in the window (from 1)
+-- leaves it.
+local function exact_leaves(log, lim, k)
+  return log.base + entry_at(log.s, HEADER, log.dead + k - 1) * lim.unit + lim.window
+end
+
+-- live_entries returns the entries in the window, as offsets after base.
+local function live_entries(log, lim, base)
+  if log.count == 0 then
+    return ''
+  end
+  local s = string.sub(log.s, HEADER + ENTRY * log.dead + 1)
+  if base == log.base then
+    return s
+  end
+  local shift = (base - log.base) / lim.unit
+  local bytes = {}
+  for i = 0, log.count - 1 do
+    local o = entry_at(s, 0, i) - shift
+    bytes[2 * i + 1], bytes[2 * i + 2] = (o - o % 256) / 256, o % 256
+  end
+  local parts = {}
+  for i = 1, #bytes, 4096 do -- string.char takes a bounded number of arguments
+    parts[#parts + 1] = string.char(unpack(bytes, i, math.min(i + 4095, #bytes)))
+  end
+  return table.concat(parts)
+end
+
+-- encode_header returns the header of a log of the given base and
+-- refresh-by.
+local function encode_header(base, refresh)
+  local b = {}
+  put(b, base, 7)
+  put(b, refresh, 3)
+  return string.char(unpack(b))
+end
+
+-- exact_rewrite writes the log anew with n more entries of time at, and
+-- without the entries that have left the window. The base moves (down to
+-- the oldest entry's SPAN, or at's if that is older) when the log is new
+-- or an offset would not fit.
+local function exact_rewrite(log, lim, now, n, at)
+  local unit, base = lim.unit, log.base
+  if not base or at < base or (at - base) / unit > MAX_OFFSET then
+    local oldest = at
+    if log.count > 0 then
+      oldest = math.min(at, exact_leaves(log, lim, 1) - lim.window)
+    end
+    base = oldest - oldest % (unit * SPAN)
+  end
+  local live, offset = live_entries(log, lim, base), (at - base) / unit
+  local i = first_after(live, 0, 0, #live / ENTRY, offset) -- after those of its time
+  live = string.sub(live, 1, ENTRY * i) .. string.rep(encode_entry(offset), n) .. string.sub(live, ENTRY * i + 1)
+  local wunits = lim.window / unit
+  local refresh = entry_at(live, 0, #live / ENTRY - 1) + wunits + math.ceil(wunits / REFRESH_SLACK)
+  local ttl = math.ceil((base + refresh * unit - now) / 1000)
+  redis.call('SET', log.key, encode_header(base, refresh) .. live, 'PX', ttl)
+end
+
+-- exact_admit logs n entries at now and returns their time, and when they
+-- leave the window.
+local function exact_admit(log, lim, now, n)
+  local at = now + (-now) % lim.unit -- rounded up to the unit
+  local offset = log.base and (at - log.base) / lim.unit
+  if log.base and log.dead * 2 <= log.count and offset >= 0 and offset <= MAX_OFFSET and
+    offset + lim.window / lim.unit <= log.refresh and
+    (log.size == 0 or offset >= entry_at(log.s, HEADER, log.size - 1)) then
+    redis.call('APPEND', log.key, string.rep(encode_entry(offset), n))
+  else
+    exact_rewrite(log, lim, now, n, at)
+  end
+  return at, at + lim.window
+end
+
+-- exact_remove removes up to n entries of time at from the log at key, and
+-- returns how many it removed. The base may have moved since they were
+-- logged; their time has not.
+local function exact_remove(key, lim, at, n)
+  local log = exact_read(key, lim, 0)
+  local s = log.s
+  if not s then
+    return 0
+  end
+  local offset = (at - log.base) / lim.unit
+  if offset < 0 or offset > MAX_OFFSET or offset % 1 ~= 0 then
+    return 0
+  end
+  local from = first_after(s, HEADER, 0, log.size, offset - 1)
+  local k = math.min(n, first_after(s, HEADER, from, log.size, offset) - from)
+  if k > 0 then
+    local cut = HEADER + ENTRY * from
+    redis.call('SET', key, string.sub(s, 1, cut) .. string.sub(s, cut + ENTRY * k + 1), 'KEEPTTL')
+  end
+  return k
+end
+
+-- exact_forget removes the log at key.
+local function exact_forget(key)
+  return redis.call('DEL', key)
+end

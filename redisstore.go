@@ -1,0 +1,293 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
+)
+
+// redisStore decides in Redis, through the Lua library (internal/slidinglog),
+// with a circuit breaker per server, and takes back what a decision that
+// failed half-way left behind (rollback.go). Limiters derived from one
+// another share it.
+type redisStore struct {
+	lib       library
+	breakers  *breakers
+	rollbacks *rollbacks
+	timeout   time.Duration // a rollback call's
+	calls     sync.Pool     // of *call
+}
+
+// library is what the Redis store needs of the Lua library's runner
+// (*slidinglog.Redis); tests stand in for it.
+type library interface {
+	Client() redis.UniversalClient
+	Decide(ctx context.Context, deadline time.Time, keys []string, req []byte, owner slidinglog.Abandoner) (any, error)
+	Status(ctx context.Context, keys []string, reqs ...[]byte) (string, error)
+	Rollback(ctx context.Context, keys []string, req, stamps []byte) (int64, error)
+	Forget(ctx context.Context, keys []string, req []byte) (int64, error)
+}
+
+// decide decides q in Redis.
+//
+// On one Redis every limit is decided by one call. On a Redis Cluster (or
+// Ring) the keys of one call must share a hash slot, so the limits are
+// split into groups by hash tag (that is, by identifier) and decided group
+// by group: each group's call reserves the request in its logs; if a later
+// group denies it, the reservations already made are removed again. The
+// request is thus admitted only if every limit had room for it, and a
+// denied request leaves no entry behind; meanwhile, for a round trip, its
+// reservation may make another request to the same key see one entry too
+// many.
+//
+// A query that counts nothing (peek) asks every group, writing nothing.
+// When Redis refuses writes (out of memory, a replica), decide asks it,
+// with the code that writes nothing, whether the limits deny the request:
+// a denial needs no write.
+func (rs *redisStore) decide(ctx context.Context, q *query, out *outcome) error {
+	groups := [][]int{q.plan.all}
+	if q.plan.split {
+		groups = q.plan.groups(q.tags)
+	}
+	d, _ := rs.calls.Get().(*call)
+	if d == nil {
+		d = new(call)
+	}
+	*d = call{rs: rs, q: q, out: out, req: d.req[:0], lreps: d.lreps}
+	allowed, err := d.run(ctx, groups)
+	if !q.abandoned {
+		d.q, d.out, d.keys, d.idx = nil, nil, nil, nil
+		rs.calls.Put(d)
+	}
+	if err != nil && !q.peek && refusesWrites(err) && rs.deniedReadOnly(ctx, q, groups, out) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	out.allowed = allowed
+	return nil
+}
+
+// call is one decision's calls to Redis. It is recycled, unless a call
+// outlived the decision (see Abandon).
+type call struct {
+	rs    *redisStore
+	q     *query
+	out   *outcome
+	req   []byte // the request sent
+	lreps []slidinglog.LimitReply
+	// The keys and limits of the call under way, for Abandon.
+	keys []string
+	idx  []int
+}
+
+// run decides the query group by group, and reports whether the request
+// was admitted (logged) in every limit.
+func (d *call) run(ctx context.Context, groups [][]int) (bool, error) {
+	q := d.q
+	all := true
+	for k, g := range groups {
+		keys := q.keys
+		if len(groups) > 1 {
+			keys = make([]string, len(g))
+			for j, i := range g {
+				keys[j] = q.keys[i]
+			}
+		}
+		allowed, err := d.group(ctx, keys, g)
+		if err == nil && q.peek { // nothing reserved: ask every group
+			all = all && allowed
+			continue
+		}
+		if err != nil || !allowed {
+			// Take back what the groups before this one reserved. A denial
+			// stays a denial if that fails: the rollback counts it.
+			stamps := func(i int) int64 { return d.out.replies[i].next }
+			d.out.unreverted = d.rs.rollback(d.rs.reservations(q.plan, q.keys, groups[:k], q.cost, stamps), q.cost, q.deadline)
+			return false, err
+		}
+	}
+	return all, nil
+}
+
+// group calls the library for the limits idx with their keys, records the
+// replies and reports whether the request was admitted (logged) in all of
+// them.
+func (d *call) group(ctx context.Context, keys []string, idx []int) (bool, error) {
+	q, rs := d.q, d.rs
+	d.req = slidinglog.AppendRequest(d.req[:0], q.now, q.cost, q.plan.specsOf(idx))
+	b := rs.breakers.forKey(ctx, rs.lib.Client(), keys[0])
+	var probe bool
+	if b != nil {
+		var ok bool
+		if ok, probe = b.allow(rs.breakers.clock(q.wall)); !ok {
+			rs.reloadClusterState(ctx)
+			return false, ErrCircuitOpen
+		}
+	}
+	var raw any
+	var err error
+	if q.peek {
+		raw, err = rs.lib.Status(ctx, keys, d.req)
+	} else {
+		d.keys, d.idx = keys, idx
+		raw, err = rs.lib.Decide(ctx, q.deadline, keys, d.req, d)
+	}
+	if b != nil {
+		b.done(rs.breakers, err, probe, q.wall, q.deadline)
+	}
+	if err != nil {
+		return false, rs.callError(ctx, err, q.deadline)
+	}
+	return d.record(raw, idx)
+}
+
+// callError wraps err, a failed call's, and reloads a cluster's map of
+// slots. It says when the decision ran out of time, so that
+// errors.Is(err, context.DeadlineExceeded) holds: the socket deadline,
+// which go-redis takes from ctx, may expire a moment before ctx does.
+func (rs *redisStore) callError(ctx context.Context, err error, deadline time.Time) error {
+	rs.reloadClusterState(ctx)
+	ctxErr := ctx.Err()
+	if ne := net.Error(nil); ctxErr == nil && (errors.As(err, &ne) && ne.Timeout() || !time.Now().Before(deadline)) {
+		ctxErr = context.DeadlineExceeded
+	}
+	if ctxErr != nil {
+		return fmt.Errorf("ratelimit: redis: %w: %w", ctxErr, err)
+	}
+	return fmt.Errorf("ratelimit: redis: %w", err)
+}
+
+// record decodes raw, a call's reply for the limits idx, into the outcome,
+// and reports whether the request was admitted by all of them.
+func (d *call) record(raw any, idx []int) (bool, error) {
+	d.lreps = grow(d.lreps, len(idx))
+	rep, err := slidinglog.ParseReply(raw, d.lreps)
+	if err != nil {
+		return false, err
+	}
+	d.out.now = rep.Now
+	for j, i := range idx {
+		r := d.lreps[j]
+		reset := r.Reset
+		if reset == 0 {
+			reset = -1 // never
+		}
+		d.out.replies[i] = reply{ok: true, now: rep.Now, count: r.Count, reset: reset, next: r.Stamp}
+	}
+	if rep.Denied >= 0 {
+		d.out.denier = idx[rep.Denied]
+	}
+	return rep.Allowed, nil
+}
+
+// Abandon is called when the decision stops waiting for its call under
+// way (d.keys, d.idx): its time ran out or its request ended, and it
+// answers with an error. It returns what takes back, in the background, a
+// request the call's reply says Redis logged after all. A call that ends
+// without a reply may or may not have been logged: its units are counted
+// in Limiter.Unreverted. The call may still read the decision's scratch,
+// and the call, are therefore not reused.
+func (d *call) Abandon() func(reply any, err error) {
+	d.q.abandoned = true
+	rs, p, cost := d.rs, d.q.plan, d.q.cost
+	keys, idx := slices.Clone(d.keys), slices.Clone(d.idx)
+	return func(raw any, err error) {
+		units := uint64(cost) * uint64(len(keys))
+		if err != nil {
+			rs.rollbacks.fail(units, fmt.Errorf("ratelimit: a decision that timed out may stay counted in %s: its reply never came: %w", keys[0], err))
+			return
+		}
+		lreps := make([]slidinglog.LimitReply, len(idx))
+		if rep, err := slidinglog.ParseReply(raw, lreps); err != nil || !rep.Allowed {
+			return // denied: nothing was logged
+		}
+		full := make([]string, len(p.limits))
+		stamps := make([]int64, len(p.limits))
+		for j, i := range idx {
+			full[i], stamps[i] = keys[j], lreps[j].Stamp
+		}
+		late := rs.reservations(p, full, [][]int{idx}, cost, func(i int) int64 { return stamps[i] })
+		rs.rollback(late, cost, time.Now()) // in the background
+	}
+}
+
+// refusesWrites reports whether err says that Redis refused to write: it
+// is out of memory (maxmemory with noeviction), or a replica.
+func refusesWrites(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "OOM command not allowed") || strings.Contains(msg, "READONLY")
+}
+
+// deniedReadOnly asks Redis, with the code that writes nothing, whether
+// the limits deny q's request, and reports whether they do; out then holds
+// the replies of the limits consulted (those of groups after a denying one
+// are not).
+func (rs *redisStore) deniedReadOnly(ctx context.Context, q *query, groups [][]int, out *outcome) bool {
+	ctx, cancel := context.WithDeadline(ctx, q.deadline)
+	defer cancel()
+	unreverted := out.unreverted
+	out.reset(out.replies)
+	out.unreverted = unreverted
+	d := &call{rs: rs, q: q, out: out}
+	for _, g := range groups {
+		keys := make([]string, len(g))
+		for j, i := range g {
+			keys[j] = q.keys[i]
+		}
+		raw, err := rs.lib.Status(ctx, keys, slidinglog.AppendRequest(nil, q.now, q.cost, q.plan.specsOf(g)))
+		if err != nil {
+			return false
+		}
+		if allowed, err := d.record(raw, g); err == nil && !allowed {
+			return true
+		}
+	}
+	return false
+}
+
+// reloadClusterState asks a cluster client to reload its map of slots after
+// a failed call. go-redis learns of a failover from a MOVED reply or its
+// periodic reload (every minute by default); a primary that is gone sends
+// neither. A reload now moves decisions to the promoted replica within
+// moments. go-redis runs one reload at a time, 200ms apart at most.
+func (rs *redisStore) reloadClusterState(ctx context.Context) {
+	if cc, ok := rs.lib.Client().(*redis.ClusterClient); ok {
+		cc.ReloadState(ctx)
+	}
+}
+
+// groups splits the limits into groups whose keys share a hash tag. Groups
+// counted by a Global key come last: they are the hot keys, best not
+// reserved for a request that a per-client limit then denies.
+func (p *plan) groups(tags []string) [][]int {
+	var groups [][]int
+	placed := make([]bool, len(tags))
+	for pass := 0; pass < 2; pass++ {
+		for i := range tags {
+			if placed[i] || p.limits[i].global != (pass == 1) {
+				continue
+			}
+			g := []int{i}
+			placed[i] = true
+			for j := i + 1; j < len(tags); j++ {
+				if !placed[j] && tags[j] == tags[i] {
+					g = append(g, j)
+					placed[j] = true
+				}
+			}
+			groups = append(groups, g)
+		}
+	}
+	return groups
+}
