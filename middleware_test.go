@@ -432,24 +432,34 @@ func TestFailureModes(t *testing.T) { forBackends(t, testFailureModes) }
 
 func testFailureModes(t *testing.T, b backend) {
 	c := b.newClient(t)
-	// Another program wrote a string where a log should be: WRONGTYPE.
+	// Another program wrote a hash where a log should be: WRONGTYPE; or a
+	// string that is no log.
 	key := logKey("api", "global")
-	if err := c.Set(context.Background(), key, "not a log", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
 	limits := []Limit{PerMinute(5, Global()).Named("api")}
 	for _, tc := range []struct {
-		mode   FailureMode
-		status int
-	}{{FailClosed, 503}, {FailOpen, 200}} {
+		mode    FailureMode
+		status  int
+		garbage func() error
+		err     string
+	}{
+		{FailClosed, 503, func() error { return c.HSet(context.Background(), key, "not", "a log").Err() }, "WRONGTYPE"},
+		{FailOpen, 200, func() error { return c.HSet(context.Background(), key, "not", "a log").Err() }, "WRONGTYPE"},
+		{FailClosed, 503, func() error { return c.Set(context.Background(), key, "not a log", 0).Err() }, "holds no log"},
+	} {
+		if err := c.Del(context.Background(), key).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := tc.garbage(); err != nil {
+			t.Fatal(err)
+		}
 		var hooked []error
 		lim := mustNew(t, c, limits, WithFailureMode(tc.mode),
 			WithErrorHandler(func(_ *http.Request, err error) { hooked = append(hooked, err) }))
 		w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1")
-		if w.Code != tc.status || len(hooked) != 1 || !strings.Contains(hooked[0].Error(), "WRONGTYPE") {
-			t.Errorf("%v: status %d, hook got %v", tc.mode, w.Code, hooked)
+		if w.Code != tc.status || len(hooked) != 1 || !strings.Contains(hooked[0].Error(), tc.err) {
+			t.Errorf("%v: status %d, hook got %v; want %q", tc.mode, w.Code, hooked, tc.err)
 		}
-		if strings.Contains(w.Body.String(), "WRONGTYPE") || w.Header().Get("X-RateLimit-Limit") != "" {
+		if strings.Contains(w.Body.String(), tc.err) || w.Header().Get("X-RateLimit-Limit") != "" {
 			t.Errorf("%v: response leaks the error or has limit headers: %v %q", tc.mode, w.Header(), w.Body)
 		}
 		if tc.mode == FailClosed && w.Header().Get("Retry-After") != "1" {

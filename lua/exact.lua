@@ -60,6 +60,9 @@ local function exact_read(key, lim, now)
   if not s then
     return log
   end
+  if #s < HEADER or (#s - HEADER) % ENTRY ~= 0 then
+    error('ratelimit: ' .. key .. ' holds no log: another program wrote it')
+  end
   local b1, b2, b3, b4, b5, b6, b7, r1, r2, r3 = string.byte(s, 1, HEADER)
   log.s = s
   log.base = (((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
