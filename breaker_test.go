@@ -145,7 +145,7 @@ func TestFailLocal(t *testing.T) {
 // while Redis answers nobody still do.
 func TestBreakerSlowCalls(t *testing.T) {
 	now := t0.UnixMicro()
-	admit := string(slidinglog.AppendReply(nil, slidinglog.Reply{Allowed: true, Denied: -1, Now: now},
+	admit := (slidinglog.AppendReply(nil, slidinglog.Reply{Allowed: true, Denied: -1, Now: now},
 		[]slidinglog.LimitReply{{Count: 0, Reset: now + 60e6, Stamp: now}}))
 	timeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded} // what a socket deadline gives
 	lim := mustNew(t, stubClient{}, []Limit{PerMinute(100, Header("X-Client"))}, WithCircuitBreaker(3, time.Hour))

@@ -179,8 +179,8 @@ func (fakeLibrary) Client() redis.UniversalClient { return stubClient{} }
 func (f fakeLibrary) Decide(_ context.Context, _ time.Time, keys []string, _ []byte, _ slidinglog.Abandoner) (any, error) {
 	return f.decide(keys)
 }
-func (fakeLibrary) Status(context.Context, []string, ...[]byte) (string, error) {
-	return "", errors.New("fakeLibrary: no Status")
+func (fakeLibrary) Status(context.Context, []string, ...[]byte) (any, error) {
+	return nil, errors.New("fakeLibrary: no Status")
 }
 func (fakeLibrary) Rollback(context.Context, []string, []byte, []byte) (int64, error) {
 	return 0, errors.New("fakeLibrary: no Rollback")

@@ -32,7 +32,7 @@ type redisStore struct {
 type library interface {
 	Client() redis.UniversalClient
 	Decide(ctx context.Context, deadline time.Time, keys []string, req []byte, owner slidinglog.Abandoner) (any, error)
-	Status(ctx context.Context, keys []string, reqs ...[]byte) (string, error)
+	Status(ctx context.Context, keys []string, reqs ...[]byte) (any, error)
 	Rollback(ctx context.Context, keys []string, req, stamps []byte) (int64, error)
 	Forget(ctx context.Context, keys []string, req []byte) (int64, error)
 }

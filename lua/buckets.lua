@@ -44,7 +44,7 @@ local function bucket_prune(b)
     b.count = b.count - (tonumber(counts[j]) or 0)
   end
   redis.call('HDEL', b.key, unpack(gone))
-  b.oldest = b.count > 0 and bucket_range(b.key, b.name, b.first, b.last)[1] or nil
+  b.oldest = b.count > 0 and bucket_range(b.key, b.name, b.first, b.last)[1] or false
   if b.oldest then
     redis.call('HSET', b.key, b.name .. ':t', string.format('%d', b.count), b.name .. ':o', string.format('%d', b.oldest))
   else
@@ -59,15 +59,15 @@ end
 local function buckets_read(key, lim, now, write)
   local span = lim.window / lim.unit
   local last = (now - now % lim.unit) / lim.unit
-  local b = {key = key, name = lim.name, span = span, first = last - span + 1, last = last}
+  local b = {key = key, name = lim.name, span = span, first = last - span + 1, last = last, count = 0, oldest = false}
   local v = redis.call('HMGET', key, b.name .. ':t', b.name .. ':o')
-  b.count, b.oldest = tonumber(v[1]) or 0, tonumber(v[2])
+  b.count, b.oldest = tonumber(v[1]) or 0, tonumber(v[2]) or false
   if b.oldest and b.oldest < b.first then
     if write then
       bucket_prune(b)
     else
       local live = bucket_range(key, b.name, b.first, b.last)
-      b.count, b.oldest = 0, live[1]
+      b.count, b.oldest = 0, live[1] or false
       for j = 2, #live, 2 do
         b.count = b.count + live[j]
       end

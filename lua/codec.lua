@@ -1,44 +1,72 @@
 -- The wire format between the library and Redis, decoded and encoded here
--- only. Numbers are unsigned big-endian integers of fixed widths; times and
--- durations are in microseconds.
+-- only (and, on the other side, in internal/slidinglog/protocol.go).
 --
--- A request (one ARGV element per request) is
---   now    7  the time to decide at; 0: the Redis server's clock (TIME)
---   cost   4  units of cost to log in every limit
---   limits 1  the number of limits L, then L limit specs:
---     kind     1  EXACT_LOG or BUCKETS
---     flags    1  SHADOW: reported, never denies
---     quota    4
---     window   6
---     unit     6  the exact log's time unit; the buckets' precision
---     name     1 + n  its length, then the bucketed limit's name (n = 0
---                for an exact log)
+-- A request is one ARGV element of bytes, numbers in them unsigned and
+-- big-endian, times and durations in microseconds:
+--   now     7  the time to decide at; 0: the Redis server's clock (TIME)
+--   cost    4  units of cost to log in every limit
+--   limits  1  the number of limits L, then L limits:
+--     kind    1  EXACT_LOG or BUCKETS
+--     flags   1  SHADOW: checked and reported, never denies
+--     quota   4
+--     window  6
+--     unit    6  the exact log's time unit; the buckets' precision
+--     name    1 + n  n, then the bucketed limit's name (n = 0 for a log)
 -- The request's KEYS are its limits' keys, in the same order.
 --
--- A decision's reply (one per request, concatenated) is
---   allowed  1  1 if the request was admitted (and logged), else 0
---   denied   1  the limit that denied it, from 1; 0 if none did
---   now      7  the time used
---   then per limit:
---     count  4  the cost logged in its window before this request
---     reset  7  when it next matters (see decide.lua); 0: never
---     stamp  7  when the request was logged in it, if it was; else
---               when its oldest entry leaves the window (0: none)
+-- A reply to a request is 3 + 3L integers, in a flat array that holds the
+-- replies of a call's requests one after the other:
+--   allowed  1 if the request was admitted (and logged), else 0
+--   denied   the limit that denied it, from 1; 0 if none did
+--   now      the time used
+--   then per limit: count, reset and stamp (see library.lua).
 
 local EXACT_LOG = 1
 local BUCKETS = 2
 local SHADOW = 1
+local REQUEST_HEAD = 12 -- bytes before the limits
+local LIMIT_HEAD = 19 -- bytes of a limit before its name
 
--- uint reads the width-byte integer at b[p] (b: a table of bytes).
-local function uint(b, p, width)
+-- decode_limit returns the limit at byte p of the request arg, and the
+-- byte after it.
+local function decode_limit(arg, p)
+  local kind, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6, u1, u2, u3, u4, u5, u6, len =
+    string.byte(arg, p, p + LIMIT_HEAD - 1)
+  local lim = {
+    kind = kind,
+    shadow = flags % 2 == SHADOW,
+    quota = ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
+    window = ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6,
+    unit = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6,
+    name = false,
+  }
+  if len > 0 then
+    lim.name = string.sub(arg, p + LIMIT_HEAD, p + LIMIT_HEAD + len - 1)
+  end
+  return lim, p + LIMIT_HEAD + len
+end
+
+-- decode_request returns the request arg: its time, cost and limits.
+local function decode_request(arg)
+  local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, count = string.byte(arg, 1, REQUEST_HEAD)
+  local now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
+  local limits, p = {}, REQUEST_HEAD + 1
+  for i = 1, count do
+    limits[i], p = decode_limit(arg, p)
+  end
+  return now, ((c1 * 256 + c2) * 256 + c3) * 256 + c4, limits
+end
+
+-- uint reads the width-byte integer at byte p of s.
+local function uint(s, p, width)
   local v = 0
   for i = p, p + width - 1 do
-    v = v * 256 + b[i]
+    v = v * 256 + string.byte(s, i)
   end
   return v
 end
 
--- put appends v to t as width bytes.
+-- put appends v to the byte table t as width bytes.
 local function put(t, v, width)
   local n = #t
   for i = n + width, n + 1, -1 do
@@ -48,44 +76,8 @@ local function put(t, v, width)
   end
 end
 
--- decode_request returns the request in arg: its time, cost and limits.
-local function decode_request(arg)
-  local b = {string.byte(arg, 1, #arg)}
-  local now, cost, count = uint(b, 1, 7), uint(b, 8, 4), b[12]
-  local limits, p = {}, 13
-  for i = 1, count do
-    local lim = {
-      kind = b[p],
-      shadow = b[p + 1] % 2 == SHADOW,
-      quota = uint(b, p + 2, 4),
-      window = uint(b, p + 6, 6),
-      unit = uint(b, p + 12, 6),
-    }
-    local len = b[p + 18]
-    if len > 0 then
-      lim.name = string.sub(arg, p + 19, p + 18 + len)
-    end
-    limits[i] = lim
-    p = p + 19 + len
-  end
-  return now, cost, limits
-end
-
 -- server_now returns the Redis server's time.
 local function server_now()
   local t = redis.call('TIME')
   return t[1] * 1000000 + t[2]
-end
-
--- encode_reply returns the reply to one request: outcome as decide.lua
--- builds it.
-local function encode_reply(outcome)
-  local t = {outcome.allowed and 1 or 0, outcome.denied}
-  put(t, outcome.now, 7)
-  for _, r in ipairs(outcome.limits) do
-    put(t, r.count, 4)
-    put(t, r.reset, 7)
-    put(t, r.stamp, 7)
-  end
-  return string.char(unpack(t))
 end

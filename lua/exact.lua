@@ -33,11 +33,15 @@ local function entry_at(s, skip, i)
 end
 
 -- first_after returns the first of the entries i to j - 1 of s whose
--- offset is after cut, or j if none is.
+-- offset is after cut, or j if none is. (entry_at, inlined: this is the
+-- hot loop.)
 local function first_after(s, skip, i, j, cut)
+  local byte = string.byte
   while i < j do
     local mid = (i + j - (i + j) % 2) / 2
-    if entry_at(s, skip, mid) > cut then
+    local p = skip + ENTRY * mid + 1
+    local hi, lo = byte(s, p, p + 1)
+    if hi * 256 + lo > cut then
       j = mid
     else
       i = mid + 1
@@ -55,7 +59,7 @@ end
 -- refresh-by, how many entries have left the window (dead, all before the
 -- others) and how many are in it (count).
 local function exact_read(key, lim, now)
-  local log = {key = key, count = 0, dead = 0, size = 0}
+  local log = {key = key, count = 0, dead = 0, size = 0, s = false, base = false, refresh = 0}
   local s = redis.call('GET', key)
   if not s then
     return log
@@ -142,7 +146,11 @@ local function exact_admit(log, lim, now, n)
   if log.base and log.dead * 2 <= log.count and offset >= 0 and offset <= MAX_OFFSET and
     offset + lim.window / lim.unit <= log.refresh and
     (log.size == 0 or offset >= entry_at(log.s, HEADER, log.size - 1)) then
-    redis.call('APPEND', log.key, string.rep(encode_entry(offset), n))
+    local entry = encode_entry(offset)
+    if n > 1 then
+      entry = string.rep(entry, n)
+    end
+    redis.call('APPEND', log.key, entry)
   else
     exact_rewrite(log, lim, now, n, at)
   end

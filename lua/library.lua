@@ -1,6 +1,16 @@
 -- The library's entry points: decide, status, rollback and forget. Each
 -- takes the KEYS and ARGV of its call (see codec.lua) and keeps nothing
 -- from one call to the next.
+--
+-- A decision's reply gives, for each limit:
+--   count  the cost logged in its window before the request.
+--   reset  when it next matters: if it has no room for the request, when
+--          the request fits (NEVER if its cost exceeds the quota); else
+--          when its oldest entry leaves the window, or, if it had none,
+--          when the request's does if it was logged there, else now.
+--   stamp  when the request was logged in it, if it was; else when its
+--          oldest entry leaves the window (0 if it has none, and for a
+--          shadow limit without room in an admitted request).
 
 -- The operations of each kind of limit.
 local KINDS = {
@@ -8,97 +18,92 @@ local KINDS = {
   [BUCKETS] = {read = buckets_read, leaves = buckets_leaves, admit = buckets_admit, remove = buckets_remove, forget = buckets_forget},
 }
 
-local NEVER = 0 -- a reset time: the request can never fit
+local NEVER = 0 -- a reset: the request can never fit
 
--- frees_later reports whether a denial that frees up at a does so after
--- one that frees up at b.
-local function frees_later(a, b)
-  return b ~= NEVER and (a == NEVER or a > b)
-end
-
--- check reads the limits of a request of cost n at now, whose keys start at
--- keys[k], and returns the outcome: whether every enforced limit has room,
--- which one denies if not, and each limit's count, reset and stamp; and the
--- state each kind read, for admit. write says whether reading may prune.
-local function check(keys, k, limits, n, now, write)
-  local outcome, states = {allowed = true, denied = 0, now = now, limits = {}}, {}
+-- check reads the limits of a request of cost n at now, whose keys start
+-- at keys[k], and writes the reply from R[r + 1] on: whether every
+-- enforced limit has room, which one denies if not (the one that frees up
+-- last), and each limit's count, reset and stamp. It returns what each
+-- kind read, for admit. write says whether reading may prune.
+local function check(keys, k, limits, n, now, write, R, r)
+  local states, denied, worst = {}, 0, 0
   for i, lim in ipairs(limits) do
     local kind = KINDS[lim.kind]
     local state = kind.read(keys[k + i - 1], lim, now, write)
-    local r = {count = state.count, reset = now, stamp = 0}
-    if state.count > 0 then
-      r.stamp = kind.leaves(state, lim, 1)
-      r.reset = r.stamp
+    local count, reset, stamp = state.count, now, 0
+    if count > 0 then
+      stamp = kind.leaves(state, lim, 1)
+      reset = stamp
     end
-    if state.count + n > lim.quota then
-      r.reset = NEVER
+    if count + n > lim.quota then
+      reset = NEVER
       if n <= lim.quota then
-        r.reset = kind.leaves(state, lim, state.count + n - lim.quota)
+        reset = kind.leaves(state, lim, count + n - lim.quota)
       end
-      if not lim.shadow then
-        if outcome.allowed or frees_later(r.reset, outcome.limits[outcome.denied].reset) then
-          outcome.denied = i
-        end
-        outcome.allowed = false
+      -- NEVER frees up last; else the latest.
+      if not lim.shadow and (denied == 0 or worst ~= NEVER and (reset == NEVER or reset > worst)) then
+        denied, worst = i, reset
       end
     end
-    outcome.limits[i], states[i] = r, state
+    R[r + 3 * i + 1], R[r + 3 * i + 2], R[r + 3 * i + 3], states[i] = count, reset, stamp, state
   end
-  return outcome, states
+  R[r + 1], R[r + 2], R[r + 3] = denied == 0 and 1 or 0, denied, now
+  return states
 end
 
 -- admit logs a request of cost n that check admitted in every limit that
--- has room for it (a shadow limit without room logs nothing).
-local function admit(limits, n, now, outcome, states)
+-- has room for it (a shadow limit without room logs nothing), and updates
+-- the reply at R[r + 1].
+local function admit(limits, n, now, states, R, r)
   for i, lim in ipairs(limits) do
-    local r = outcome.limits[i]
-    if r.count + n > lim.quota then
-      r.stamp = 0
+    local count = R[r + 3 * i + 1]
+    if count + n > lim.quota then
+      R[r + 3 * i + 3] = 0
     else
-      local leaves
-      r.stamp, leaves = KINDS[lim.kind].admit(states[i], lim, now, n)
-      if r.count == 0 then
-        r.reset = leaves
+      local stamp, leaves = KINDS[lim.kind].admit(states[i], lim, now, n)
+      R[r + 3 * i + 3] = stamp
+      if count == 0 then
+        R[r + 3 * i + 2] = leaves
       end
     end
   end
 end
 
--- each calls fn for every request of a call, with its keys' start, its
--- limits, its cost and its time, and returns the replies fn returns,
--- concatenated. Requests of one call share the server's clock.
+-- each calls fn(k, limits, n, now, R, r) for every request of a call, with
+-- its keys' start, its limits, its cost, its time and where its reply
+-- starts in R, and returns R. Requests of one call share the server's
+-- clock.
 local function each(keys, argv, fn)
-  local replies, k, clock = {}, 1, nil
+  local R, k, clock = {}, 1, nil
   for j = 1, #argv do
     local now, n, limits = decode_request(argv[j])
     if now == 0 then
       clock = clock or server_now()
       now = clock
     end
-    replies[j] = fn(k, limits, n, now)
+    fn(k, limits, n, now, R, #R)
     k = k + #limits
   end
-  return table.concat(replies)
+  return R
 end
 
 -- decide decides each request of the call, one after the other: a request
 -- every enforced limit has room for is logged in them all; any other is
 -- logged nowhere.
 local function decide(keys, argv)
-  return each(keys, argv, function(k, limits, n, now)
-    local outcome, states = check(keys, k, limits, n, now, true)
-    if outcome.allowed then
-      admit(limits, n, now, outcome, states)
+  return each(keys, argv, function(k, limits, n, now, R, r)
+    local states = check(keys, k, limits, n, now, true, R, r)
+    if R[r + 1] == 1 then
+      admit(limits, n, now, states, R, r)
     end
-    return encode_reply(outcome)
   end)
 end
 
 -- status says, for each request of the call, whether it would be admitted
 -- now, and writes nothing: Redis runs it even when it refuses writes.
 local function status(keys, argv)
-  return each(keys, argv, function(k, limits, n, now)
-    return encode_reply((check(keys, k, limits, n, now, false)))
+  return each(keys, argv, function(k, limits, n, now, R, r)
+    check(keys, k, limits, n, now, false, R, r)
   end)
 end
 
@@ -107,9 +112,9 @@ end
 -- each; 0 where it was not logged). Returns the units of cost removed.
 local function rollback(keys, argv)
   local _, n, limits = decode_request(argv[1])
-  local stamps, removed = {string.byte(argv[2], 1, #argv[2])}, 0
+  local removed = 0
   for i, lim in ipairs(limits) do
-    local at = uint(stamps, 7 * i - 6, 7)
+    local at = uint(argv[2], 7 * i - 6, 7)
     if at > 0 then
       removed = removed + KINDS[lim.kind].remove(keys[i], lim, at, n)
     end
@@ -117,8 +122,9 @@ local function rollback(keys, argv)
   return removed
 end
 
--- forget removes what the request's limits counted (argv[1]): the whole
--- exact log, the bucketed limit's fields. Returns how many it found.
+-- forget removes what the request's limits (argv[1]) counted: the whole
+-- exact log, the bucketed limit's fields. Returns how many counted
+-- anything.
 local function forget(keys, argv)
   local _, _, limits = decode_request(argv[1])
   local found = 0

@@ -26,7 +26,7 @@ import (
 // start-up and the filling are thus never counted; what each row counts is
 // the whole call, from reading the command to writing the reply.
 //
-//	go run ./cmd/ratelimit-bench -callgrind [-decisions 1000]
+//	go run ./cmd/ratelimit-bench -callgrind [-decisions 1000] [-entries 100,1000,10000]
 //
 // Rows:
 //
@@ -50,7 +50,15 @@ import (
 // The entries column is the average count the decisions saw before
 // themselves (N/A for the references); calls/decision counts FCALL and
 // EVALSHA calls, and must be 1.
-func callgrindRun(decisions int, keep string) error {
+func callgrindRun(decisions int, keep, entries string) error {
+	var sizes []int
+	for _, f := range strings.Split(entries, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 2 {
+			return fmt.Errorf("-entries %q: want numbers of 2 or more, separated by commas", entries)
+		}
+		sizes = append(sizes, n)
+	}
 	if _, err := exec.LookPath("valgrind"); err != nil {
 		return fmt.Errorf("valgrind not found: %w", err)
 	}
@@ -164,7 +172,7 @@ func callgrindRun(decisions int, keep string) error {
 	}
 
 	const window = time.Minute
-	for _, n := range []int{100, 1000, 10_000} {
+	for _, n := range sizes {
 		if err := rdb.FlushAll(ctx).Err(); err != nil {
 			return err
 		}

@@ -60,9 +60,10 @@ func main() {
 	cg := flag.Bool("callgrind", false, "count Redis instructions per decision under callgrind instead (see callgrind.go)")
 	decisions := flag.Int("decisions", 1000, "decisions per cell with -callgrind")
 	cgOut := flag.String("callgrind-out", "", "with -callgrind, keep the callgrind dumps in this directory")
+	cgEntries := flag.String("entries", "100,1000,10000", "with -callgrind, the entries per key of the exact log's rows")
 	flag.Parse()
 	if *cg {
-		if err := callgrindRun(*decisions, *cgOut); err != nil {
+		if err := callgrindRun(*decisions, *cgOut, *cgEntries); err != nil {
 			log.Fatal(err)
 		}
 		return

@@ -238,14 +238,14 @@ func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 		size += ReplyLen(len(cl.keys))
 	}
 	reply, err := b.mode.run(ctx, c, decideCode, keys, args)
-	all, ok := reply.(string)
+	all, ok := reply.([]any)
 	if err == nil && (!ok || len(all) != size) {
 		err = fmt.Errorf("%w: %T of length %d for %d decisions", ErrUnexpectedReply, reply, len(all), len(batch))
 	}
 	for _, cl := range batch {
 		if cl.err = err; err == nil {
 			n := ReplyLen(len(cl.keys))
-			cl.reply, all = all[:n], all[n:]
+			cl.reply, all = all[:n:n], all[n:]
 		}
 	}
 }

@@ -34,11 +34,7 @@ const (
 	// requestHead is a request's bytes before its limits: time, cost and
 	// the number of limits.
 	requestHead = timeBytes + costBytes + 1
-	// replyHead is a reply's bytes before its limits, replyLimit each
-	// limit's.
-	replyHead  = 2 + timeBytes
-	replyLimit = 4 + 2*timeBytes
-	maxLimits  = 255
+	maxLimits = 255
 )
 
 // A Limit is what the Lua code needs of one limit.
@@ -138,14 +134,6 @@ func appendUint(b []byte, v uint64, width int) []byte {
 	return b
 }
 
-func readUint(s string, width int) int64 {
-	var v int64
-	for i := range width {
-		v = v<<8 | int64(s[i])
-	}
-	return v
-}
-
 // Reply is the Lua code's answer to one request.
 type Reply struct {
 	Allowed bool  // admitted, and logged in every limit with room
@@ -169,40 +157,43 @@ type LimitReply struct {
 	Stamp int64
 }
 
-// ReplyLen returns the length of the reply to a request of n limits.
-func ReplyLen(n int) int { return replyHead + replyLimit*n }
+// ReplyLen returns the length of the reply to a request of n limits: a
+// flat array of integers (see lua/codec.lua).
+func ReplyLen(n int) int { return 3 + 3*n }
 
 // ParseReply decodes raw, the reply to one request of len(limits) limits,
 // into limits.
 func ParseReply(raw any, limits []LimitReply) (Reply, error) {
-	s, ok := raw.(string)
-	if !ok || len(s) != ReplyLen(len(limits)) {
-		return Reply{}, fmt.Errorf("%w: %T of length %d for %d limits", ErrUnexpectedReply, raw, len(s), len(limits))
+	arr, ok := raw.([]any)
+	if !ok || len(arr) != ReplyLen(len(limits)) {
+		return Reply{}, fmt.Errorf("%w: %T of length %d for %d limits", ErrUnexpectedReply, raw, len(arr), len(limits))
 	}
-	rep := Reply{Allowed: s[0] == 1, Denied: int(s[1]) - 1, Now: readUint(s[2:], timeBytes)}
-	if s[0] > 1 || rep.Denied >= len(limits) || rep.Allowed != (rep.Denied < 0) {
-		return Reply{}, fmt.Errorf("%w: allowed=%d denied=%d", ErrUnexpectedReply, s[0], s[1])
+	for i, e := range arr {
+		if v, ok := e.(int64); !ok || v < 0 {
+			return Reply{}, fmt.Errorf("%w: element %d is %v", ErrUnexpectedReply, i, e)
+		}
+	}
+	v := func(i int) int64 { return arr[i].(int64) }
+	rep := Reply{Allowed: v(0) == 1, Denied: int(v(1)) - 1, Now: v(2)}
+	if v(0) > 1 || rep.Denied >= len(limits) || rep.Allowed != (rep.Denied < 0) {
+		return Reply{}, fmt.Errorf("%w: allowed=%d denied=%d", ErrUnexpectedReply, v(0), v(1))
 	}
 	for i := range limits {
-		p := s[replyHead+replyLimit*i:]
-		limits[i] = LimitReply{Count: readUint(p, 4), Reset: readUint(p[4:], timeBytes), Stamp: readUint(p[4+timeBytes:], timeBytes)}
+		limits[i] = LimitReply{Count: v(3 + 3*i), Reset: v(4 + 3*i), Stamp: v(5 + 3*i)}
 	}
 	return rep, nil
 }
 
 // AppendReply appends to dst the reply rep with limits, as the Lua code
-// encodes it; tests stand in for Redis with it.
-func AppendReply(dst []byte, rep Reply, limits []LimitReply) []byte {
-	allowed := byte(0)
+// gives it; tests stand in for Redis with it.
+func AppendReply(dst []any, rep Reply, limits []LimitReply) []any {
+	allowed := int64(0)
 	if rep.Allowed {
 		allowed = 1
 	}
-	dst = append(dst, allowed, byte(rep.Denied+1))
-	dst = appendUint(dst, uint64(rep.Now), timeBytes)
+	dst = append(dst, allowed, int64(rep.Denied+1), rep.Now)
 	for _, l := range limits {
-		dst = appendUint(dst, uint64(l.Count), 4)
-		dst = appendUint(dst, uint64(l.Reset), timeBytes)
-		dst = appendUint(dst, uint64(l.Stamp), timeBytes)
+		dst = append(dst, l.Count, l.Reset, l.Stamp)
 	}
 	return dst
 }

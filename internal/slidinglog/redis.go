@@ -38,17 +38,12 @@ func (r *Redis) Decide(ctx context.Context, deadline time.Time, keys []string, r
 // Status answers, writing nothing, what Decide would answer for reqs
 // (their keys in turn in keys), one reply after the other. Redis runs it
 // when it refuses writes: when it is out of memory, or a replica.
-func (r *Redis) Status(ctx context.Context, keys []string, reqs ...[]byte) (string, error) {
+func (r *Redis) Status(ctx context.Context, keys []string, reqs ...[]byte) (any, error) {
 	args := make([]any, len(reqs))
 	for i, req := range reqs {
 		args[i] = req
 	}
-	reply, err := r.batch.mode.run(ctx, r.client, statusCode, keys, args)
-	if err != nil {
-		return "", err
-	}
-	s, _ := reply.(string)
-	return s, nil
+	return r.batch.mode.run(ctx, r.client, statusCode, keys, args)
 }
 
 // Rollback removes the entries of the request req that a decision logged
