@@ -9,32 +9,47 @@
 -- its window, never shorter. Entries of the same time are interchangeable:
 -- removing any n of them undoes a request of cost n exactly.
 --
--- Admitting a request costs one GET and one APPEND. The log is written
--- anew (one SET, which also sets the expiry) only when it must be: when it
--- is new, when more of its entries have left the window than half of those
--- in it, when the new entries are older than the newest (the clocks of two
--- servers), when their offset would not fit in 2 bytes, or when the expiry
--- comes too soon for them. The expiry is set window/REFRESH_SLACK later
--- than the newest entry needs, so a busy log is written anew about
--- REFRESH_SLACK times per window, and an idle one is gone at most
--- window/REFRESH_SLACK after its last entry left the window.
+-- Admitting a request appends its entries: one read, one APPEND. The log
+-- is written anew (one SET, which also sets the expiry) only when it must
+-- be: when it is new, when more of its entries have left the window than
+-- half of those in it, when the new entries are older than the newest (the
+-- clocks of two servers), when their offset would not fit in 2 bytes, or
+-- when the expiry comes too soon for them. The expiry is set
+-- window/REFRESH_SLACK later than the newest entry needs, so a busy log is
+-- written anew about REFRESH_SLACK times per window, and an idle one is
+-- gone at most window/REFRESH_SLACK after its last entry left the window.
+--
+-- Reading a string into Lua costs Redis in proportion to its length (it
+-- hashes every byte), so a log that may hold more than WHOLE entries (its
+-- quota says) is never read whole: its header and entries are read with
+-- GETRANGE, the entries where its window starts found from their times.
 
 local HEADER = 10
 local ENTRY = 2
 local MAX_OFFSET = 65535
 local SPAN = 128
 local REFRESH_SLACK = 8
+local WHOLE = 256 -- quotas up to this are read whole
+local PROBE = 64 -- entries read at once where a large log's window starts
+
+-- decode_entry returns the offset in the entry bytes hi, lo.
+local function decode_entry(hi, lo)
+  return hi * 256 + lo
+end
+
+local function encode_entry(offset)
+  local lo = offset % 256
+  return string.char((offset - lo) / 256, lo)
+end
 
 -- entry_at returns the offset of entry i (from 0) of the log string s,
 -- whose entries start after skip bytes.
 local function entry_at(s, skip, i)
-  local hi, lo = string.byte(s, skip + ENTRY * i + 1, skip + ENTRY * i + 2)
-  return hi * 256 + lo
+  return decode_entry(string.byte(s, skip + ENTRY * i + 1, skip + ENTRY * i + 2))
 end
 
 -- first_after returns the first of the entries i to j - 1 of s whose
--- offset is after cut, or j if none is. (entry_at, inlined: this is the
--- hot loop.)
+-- offset is after cut, or j if none is.
 local function first_after(s, skip, i, j, cut)
   local byte = string.byte
   while i < j do
@@ -50,39 +65,118 @@ local function first_after(s, skip, i, j, cut)
   return i
 end
 
-local function encode_entry(offset)
-  local lo = offset % 256
-  return string.char((offset - lo) / 256, lo)
-end
-
--- exact_read reads the log at key at time now: its string, base and
--- refresh-by, how many entries have left the window (dead, all before the
--- others) and how many are in it (count).
-local function exact_read(key, lim, now)
-  local log = {key = key, count = 0, dead = 0, size = 0, s = false, base = false, refresh = 0}
-  local s = redis.call('GET', key)
-  if not s then
-    return log
-  end
-  if #s < HEADER or (#s - HEADER) % ENTRY ~= 0 then
-    error('ratelimit: ' .. key .. ' holds no log: another program wrote it')
-  end
-  local b1, b2, b3, b4, b5, b6, b7, r1, r2, r3 = string.byte(s, 1, HEADER)
-  log.s = s
+-- decode_header sets the log's base and refresh-by from the header bytes.
+local function decode_header(log, b1, b2, b3, b4, b5, b6, b7, r1, r2, r3)
   log.base = (((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
   log.refresh = (r1 * 256 + r2) * 256 + r3
+end
+
+-- cut returns the offset at or before which a log of base has no entry
+-- in lim's window at now: an entry at offset o is in the window until
+-- base + o * unit + window.
+local function cut(lim, now, base)
+  local x = now - lim.window - base
+  return (x - x % lim.unit) / lim.unit
+end
+
+-- read_whole reads the log at key whole: the entries are log.s's.
+local function read_whole(log, lim, now)
+  local s = redis.call('GET', log.key)
+  if not s then
+    return
+  end
   log.size = (#s - HEADER) / ENTRY
-  -- An entry at offset o is in the window until base + o * unit + window.
-  local x = now - lim.window - log.base
-  log.dead = first_after(s, HEADER, 0, log.size, (x - x % lim.unit) / lim.unit)
+  if log.size < 0 or log.size % 1 ~= 0 then
+    error('ratelimit: ' .. log.key .. ' holds no log: another program wrote it')
+  end
+  log.s = s
+  decode_header(log, string.byte(s, 1, HEADER))
+  log.dead = first_after(s, HEADER, 0, log.size, cut(lim, now, log.base))
+  if log.size > 0 then
+    log.newest = entry_at(s, HEADER, log.size - 1)
+  end
+end
+
+-- read_range returns the entries i to j - 1 of the log at key, as a
+-- string.
+local function read_range(key, i, j)
+  return redis.call('GETRANGE', key, HEADER + ENTRY * i, HEADER + ENTRY * j - 1)
+end
+
+-- read_large reads a large log at key in parts: its header and oldest
+-- entry, its newest, and PROBE entries where the window is likely to start
+-- (the entries' times are spread about evenly), or, failing that, entries
+-- found by halving.
+local function read_large(log, lim, now)
+  local head = redis.call('GETRANGE', log.key, 0, HEADER + ENTRY - 1)
+  if #head == 0 then
+    return
+  end
+  log.size = (redis.call('STRLEN', log.key) - HEADER) / ENTRY
+  if #head < HEADER or log.size < 0 or log.size % 1 ~= 0 then
+    error('ratelimit: ' .. log.key .. ' holds no log: another program wrote it')
+  end
+  decode_header(log, string.byte(head, 1, HEADER))
+  if log.size == 0 then
+    return
+  end
+  local before, oldest = cut(lim, now, log.base), entry_at(head, HEADER, 0)
+  log.newest = entry_at(read_range(log.key, log.size - 1, log.size), 0, 0)
+  local i, j = 0, log.size -- the first entry after before is in [i, j]
+  if oldest <= before and before < log.newest then
+    local guess = math.floor(log.size * (before - oldest) / (log.newest - oldest))
+    local from = math.max(0, math.min(guess - PROBE / 2, log.size - PROBE))
+    local part = read_range(log.key, from, from + PROBE)
+    local k = first_after(part, 0, 0, #part / ENTRY, before)
+    i, j = from + k, from + k
+    if k == 0 then
+      i = 0 -- before the part
+    elseif k == #part / ENTRY then
+      j = log.size -- after it
+    end
+  elseif log.newest <= before then
+    i = log.size
+  else
+    j = 0
+  end
+  while i < j do
+    local mid = (i + j - (i + j) % 2) / 2
+    if entry_at(read_range(log.key, mid, mid + 1), 0, 0) > before then
+      j = mid
+    else
+      i = mid + 1
+    end
+  end
+  log.dead = i
+end
+
+-- exact_read reads the log at key at time now: its base and refresh-by,
+-- how many entries it holds (size), how many of them have left the window
+-- (dead, all before the others), how many are in it (count), and the
+-- offset of the newest.
+local function exact_read(key, lim, now)
+  local log = {key = key, whole = lim.quota <= WHOLE, s = false, base = false, refresh = 0, size = 0, dead = 0, count = 0, newest = -1}
+  if log.whole then
+    read_whole(log, lim, now)
+  else
+    read_large(log, lim, now)
+  end
   log.count = log.size - log.dead
   return log
+end
+
+-- exact_entry returns the offset of the log's entry i (from 0).
+local function exact_entry(log, i)
+  if log.s then
+    return entry_at(log.s, HEADER, i)
+  end
+  return entry_at(read_range(log.key, i, i + 1), 0, 0)
 end
 
 -- exact_leaves returns when the k-th oldest entry in the window (from 1)
 -- leaves it.
 local function exact_leaves(log, lim, k)
-  return log.base + entry_at(log.s, HEADER, log.dead + k - 1) * lim.unit + lim.window
+  return log.base + exact_entry(log, log.dead + k - 1) * lim.unit + lim.window
 end
 
 -- live_entries returns the entries in the window, as offsets after base.
@@ -90,12 +184,11 @@ local function live_entries(log, lim, base)
   if log.count == 0 then
     return ''
   end
-  local s = string.sub(log.s, HEADER + ENTRY * log.dead + 1)
+  local s = log.s and string.sub(log.s, HEADER + ENTRY * log.dead + 1) or read_range(log.key, log.dead, log.size)
   if base == log.base then
     return s
   end
-  local shift = (base - log.base) / lim.unit
-  local bytes = {}
+  local shift, bytes = (base - log.base) / lim.unit, {}
   for i = 0, log.count - 1 do
     local o = entry_at(s, 0, i) - shift
     bytes[2 * i + 1], bytes[2 * i + 2] = (o - o % 256) / 256, o % 256
@@ -143,9 +236,8 @@ end
 local function exact_admit(log, lim, now, n)
   local at = now + (-now) % lim.unit -- rounded up to the unit
   local offset = log.base and (at - log.base) / lim.unit
-  if log.base and log.dead * 2 <= log.count and offset >= 0 and offset <= MAX_OFFSET and
-    offset + lim.window / lim.unit <= log.refresh and
-    (log.size == 0 or offset >= entry_at(log.s, HEADER, log.size - 1)) then
+  if log.base and log.dead * 2 <= log.count and offset >= log.newest and offset >= 0 and
+    offset <= MAX_OFFSET and offset + lim.window / lim.unit <= log.refresh then
     local entry = encode_entry(offset)
     if n > 1 then
       entry = string.rep(entry, n)
@@ -161,17 +253,18 @@ end
 -- returns how many it removed. The base may have moved since they were
 -- logged; their time has not.
 local function exact_remove(key, lim, at, n)
-  local log = exact_read(key, lim, 0)
-  local s = log.s
-  if not s then
+  local s = redis.call('GET', key)
+  if not s or #s < HEADER then
     return 0
   end
-  local offset = (at - log.base) / lim.unit
-  if offset < 0 or offset > MAX_OFFSET or offset % 1 ~= 0 then
+  local log = {key = key}
+  decode_header(log, string.byte(s, 1, HEADER))
+  local offset, size = (at - log.base) / lim.unit, (#s - HEADER) / ENTRY
+  if offset < 0 or offset > MAX_OFFSET or offset % 1 ~= 0 or size % 1 ~= 0 then
     return 0
   end
-  local from = first_after(s, HEADER, 0, log.size, offset - 1)
-  local k = math.min(n, first_after(s, HEADER, from, log.size, offset) - from)
+  local from = first_after(s, HEADER, 0, size, offset - 1)
+  local k = math.min(n, first_after(s, HEADER, from, size, offset) - from)
   if k > 0 then
     local cut = HEADER + ENTRY * from
     redis.call('SET', key, string.sub(s, 1, cut) .. string.sub(s, cut + ENTRY * k + 1), 'KEEPTTL')

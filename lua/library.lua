@@ -27,7 +27,8 @@ local NEVER = 0 -- a reset: the request can never fit
 -- kind read, for admit. write says whether reading may prune.
 local function check(keys, k, limits, n, now, write, R, r)
   local states, denied, worst = {}, 0, 0
-  for i, lim in ipairs(limits) do
+  for i = 1, #limits do
+    local lim = limits[i]
     local kind = KINDS[lim.kind]
     local state = kind.read(keys[k + i - 1], lim, now, write)
     local count, reset, stamp = state.count, now, 0
@@ -55,8 +56,8 @@ end
 -- has room for it (a shadow limit without room logs nothing), and updates
 -- the reply at R[r + 1].
 local function admit(limits, n, now, states, R, r)
-  for i, lim in ipairs(limits) do
-    local count = R[r + 3 * i + 1]
+  for i = 1, #limits do
+    local lim, count = limits[i], R[r + 3 * i + 1]
     if count + n > lim.quota then
       R[r + 3 * i + 3] = 0
     else
@@ -69,42 +70,37 @@ local function admit(limits, n, now, states, R, r)
   end
 end
 
--- each calls fn(k, limits, n, now, R, r) for every request of a call, with
--- its keys' start, its limits, its cost, its time and where its reply
--- starts in R, and returns R. Requests of one call share the server's
--- clock.
-local function each(keys, argv, fn)
-  local R, k, clock = {}, 1, nil
+-- each decides every request of a call, one after the other, and returns
+-- their replies: a request every enforced limit has room for is logged in
+-- them all if write is true; any other is logged nowhere. Requests of one
+-- call share the server's clock.
+local function each(keys, argv, write)
+  -- Sized for the most common reply, one request of one limit.
+  local R, k, r, clock = {0, 0, 0, 0, 0, 0}, 1, 0, nil
   for j = 1, #argv do
     local now, n, limits = decode_request(argv[j])
     if now == 0 then
       clock = clock or server_now()
       now = clock
     end
-    fn(k, limits, n, now, R, #R)
-    k = k + #limits
+    local states = check(keys, k, limits, n, now, write, R, r)
+    if write and R[r + 1] == 1 then
+      admit(limits, n, now, states, R, r)
+    end
+    k, r = k + #limits, r + 3 + 3 * #limits
   end
   return R
 end
 
--- decide decides each request of the call, one after the other: a request
--- every enforced limit has room for is logged in them all; any other is
--- logged nowhere.
+-- decide decides each request of the call, logging those it admits.
 local function decide(keys, argv)
-  return each(keys, argv, function(k, limits, n, now, R, r)
-    local states = check(keys, k, limits, n, now, true, R, r)
-    if R[r + 1] == 1 then
-      admit(limits, n, now, states, R, r)
-    end
-  end)
+  return each(keys, argv, true)
 end
 
 -- status says, for each request of the call, whether it would be admitted
 -- now, and writes nothing: Redis runs it even when it refuses writes.
 local function status(keys, argv)
-  return each(keys, argv, function(k, limits, n, now, R, r)
-    check(keys, k, limits, n, now, false, R, r)
-  end)
+  return each(keys, argv, false)
 end
 
 -- rollback removes one request's entries from its limits: argv[1] is the
@@ -113,8 +109,8 @@ end
 local function rollback(keys, argv)
   local _, n, limits = decode_request(argv[1])
   local removed = 0
-  for i, lim in ipairs(limits) do
-    local at = uint(argv[2], 7 * i - 6, 7)
+  for i = 1, #limits do
+    local lim, at = limits[i], uint(argv[2], 7 * i - 6, 7)
     if at > 0 then
       removed = removed + KINDS[lim.kind].remove(keys[i], lim, at, n)
     end
@@ -128,8 +124,8 @@ end
 local function forget(keys, argv)
   local _, _, limits = decode_request(argv[1])
   local found = 0
-  for i, lim in ipairs(limits) do
-    found = found + KINDS[lim.kind].forget(keys[i], lim)
+  for i = 1, #limits do
+    found = found + KINDS[limits[i].kind].forget(keys[i], limits[i])
   end
   return found
 end
