@@ -34,7 +34,7 @@ const (
 	// requestHead is a request's bytes before its limits: time, cost and
 	// the number of limits.
 	requestHead = timeBytes + costBytes + 1
-	maxLimits = 255
+	maxLimits   = 255
 )
 
 // A Limit is what the Lua code needs of one limit.
