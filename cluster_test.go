@@ -39,7 +39,7 @@ var clusterSuite = []struct {
 	{"PipelineReload", testPipelineReload},
 	{"EvictionWarning", testEvictionWarning},
 	{"FailureModes", testFailureModes},
-	{"With", testWith},
+	{"RouteLimits", testRouteLimits},
 	{"CostOption", testCostOption},
 	{"Expiry", testExpiry},
 	{"SpoofedForwardedFor", testSpoofedForwardedFor},

@@ -38,10 +38,9 @@ type Limiter struct {
 	limits []compiledLimit
 	cfg    config
 
-	// what New was called with, for With.
+	// what New was called with, for with.
 	declared []Limit
 	opts     []Option
-	parent   *Limiter // the Limiter this one was derived from, or nil
 
 	// routes holds the Limiters WithRoutes declared, by path template and
 	// then by method ("" for any method).
@@ -166,7 +165,6 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 	l.policyHeader = []string{strings.Join(policies, ", ")}
 	l.allSpec = l.spec(l.all)
 	l.split = sharded(client) && !cfg.singleSlot
-	l.parent = parent
 	if parent != nil {
 		// The same Redis, the same requests: one view of its health, and
 		// one set of local logs.
@@ -204,7 +202,7 @@ func (l *Limiter) buildRoutes() error {
 			cost := rl.Cost
 			opts = append(opts, WithCost(func(*http.Request) int { return cost }))
 		}
-		d, err := l.With(rl.Limits, opts...)
+		d, err := l.with(rl.Limits, opts...)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("route %q: %w", template, err))
 			continue
@@ -236,12 +234,12 @@ func splitTemplate(template string) (method, path string) {
 	return method, route.Cached(template)
 }
 
-// ForRoute returns the Limiter that decides requests to a route: the one
-// [WithRoutes] declared for method and template (for that method, else for
-// any method), or l itself. template is as [Route] reads it from
-// [http.Request.Pattern]; a method in it takes precedence over method.
-// Router adapters call it; it does not allocate.
-func (l *Limiter) ForRoute(method, template string) *Limiter {
+// forRoute returns the Limiter that decides requests to a route: the one
+// WithRoutes declared for method and template (for that method, else for
+// any method), or l itself. template is as the Route key reads it from
+// r.Pattern; a method in it takes precedence over method. It does not
+// allocate.
+func (l *Limiter) forRoute(method, template string) *Limiter {
 	if l.routes == nil || template == "" {
 		return l
 	}
@@ -259,31 +257,13 @@ func (l *Limiter) ForRoute(method, template string) *Limiter {
 	return l
 }
 
-// derivesFrom reports whether l is p or was derived from p with
-// [Limiter.With] or [WithRoutes].
-func (l *Limiter) derivesFrom(p *Limiter) bool {
-	for ; l != nil; l = l.parent {
-		if l == p {
-			return true
-		}
-	}
-	return false
-}
-
-// With returns a new Limiter that enforces l's limits and the given ones in
-// one decision, with l's options followed by opts. It shares l's circuit
-// breakers, FailLocal logs, batches and deny cache (a WithCircuitBreaker or
-// WithDenyCache in opts is ignored). Use it for a route that needs a tighter
-// limit or a cost of its own: a request to that route is checked once,
-// against every limit, and counted in all of them or in none.
-// Limits keep their counts across the two Limiters when their names match.
-func (l *Limiter) With(limits []Limit, opts ...Option) (*Limiter, error) {
+// with returns a new Limiter that enforces l's limits and the given ones in
+// one decision, with l's options followed by opts: the Limiter WithRoutes
+// declares for a route. It shares l's circuit breakers, FailLocal logs,
+// batches, deny cache, rollbacks and memory policy check.
+func (l *Limiter) with(limits []Limit, opts ...Option) (*Limiter, error) {
 	all := append(append([]Limit(nil), l.declared...), limits...)
-	d, err := newLimiter(l.client, all, append(append([]Option(nil), l.opts...), opts...), l)
-	if err != nil {
-		return nil, err
-	}
-	return d, nil
+	return newLimiter(l.client, all, append(append([]Option(nil), l.opts...), opts...), l)
 }
 
 // limitSpec returns the script's parameters of one limit: its quota

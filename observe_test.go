@@ -52,26 +52,33 @@ type countingObserver struct{ n atomic.Int64 }
 
 func (o *countingObserver) Observe(Decision) { o.n.Add(1) }
 
-// TestAllowRequestLikeAllow: AllowRequest's decisions reach the observers
-// and can be refunded, as Allow's can; StatusRequest's are not observed.
-func TestAllowRequestLikeAllow(t *testing.T) {
+// TestObservedDecisions: the decisions of Check and of Allow reach the
+// observers, and an Allow result can be refunded; StatusRequest's and
+// Status's are not observed.
+func TestObservedDecisions(t *testing.T) {
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	var o countingObserver
 	lim := mustNew(t, c, []Limit{PerMinute(5, Global()).Named("req")}, WithObserver(&o))
 	r := httptest.NewRequest("GET", "/", nil)
-	res, err := lim.AllowRequest(r)
+	if !lim.Check(httptest.NewRecorder(), r) {
+		t.Fatal("Check denied")
+	}
+	res, err := lim.Allow(context.Background(), []string{"global"}, 1)
 	if err != nil || !res.Allowed {
 		t.Fatalf("%+v %v", res, err)
 	}
 	if err := lim.Refund(context.Background(), res); err != nil {
-		t.Errorf("refunding an AllowRequest result: %v", err)
+		t.Errorf("refunding an Allow result: %v", err)
 	}
 	if _, err := lim.StatusRequest(r); err != nil {
 		t.Fatal(err)
 	}
-	if n := zcard(t, c, "req", "global"); n != 0 || o.n.Load() != 1 {
-		t.Errorf("%d entries after the refund, %d decisions observed; want 0 and 1", n, o.n.Load())
+	if _, err := lim.Status(context.Background(), []string{"global"}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := zcard(t, c, "req", "global"); n != 1 || o.n.Load() != 2 {
+		t.Errorf("%d entries after the refund, %d decisions observed; want 1 and 2", n, o.n.Load())
 	}
 }

@@ -187,9 +187,18 @@ type RouteLimits struct {
 // "/users/:id" may be written either way).
 //
 // A request to a declared route is decided once, against the Limiter's
-// limits and the route's together. The route template must be known when
-// the Limiter decides: it is with the router adapters, and with
-// [Limiter.Handler] when it wraps an [http.ServeMux] or a single route.
+// limits and the route's together, with the Limiter's options, and counted
+// in all of them or in none: a login the tight login limit denies does not
+// use up the app-wide quota. Its Result lists the Limiter's limits, then the
+// route's. A route limit's name must differ from the Limiter's limits'
+// names; two routes that declare a limit of the same name (and definition)
+// share its counts. The route template must be known when the Limiter
+// decides: it is with the router adapters, and with [Limiter.Handler] when
+// it wraps an [http.ServeMux] or a single route. A request to a route not
+// declared, or with no template, is decided by the Limiter's limits alone.
+// Default: no routes. [New] reports a template with no path, a negative
+// cost, a route declared twice (the same method and normalized path) and
+// invalid or duplicate limits.
 func WithRoutes(routes map[string]RouteLimits) Option {
 	return func(c *config) {
 		if c.routes == nil {
