@@ -47,7 +47,9 @@ type Limiter struct {
 	routes map[string]map[string]*Limiter
 
 	policyHeader []string // precomputed RateLimit-Policy value
-	names        []string // the limits' names, for observers
+	// skipped is every limit, none consulted: what observers see of a
+	// decision that could not be made.
+	skipped []LimitResult
 
 	split bool  // keys with different hash tags must be decided apart (Cluster, Ring)
 	all   []int // 0, 1, ..., len(limits)-1
@@ -157,7 +159,7 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		if !lim.Shadow {
 			policies = append(policies, policyItem(lim))
 		}
-		l.names = append(l.names, lim.Name)
+		l.skipped = append(l.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Skipped: true})
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
@@ -351,7 +353,9 @@ func closer(a, b *LimitResult) bool {
 	return a.Quota < b.Quota
 }
 
-// Result is the outcome of one decision.
+// Result is the outcome of one decision: what [Limiter.Allow],
+// [Limiter.Status] and [Limiter.StatusRequest] return, and what an
+// [Observer] and a [WithDeniedHandler] handler see.
 type Result struct {
 	// Allowed reports whether the request was admitted (and counted in every
 	// limit).
@@ -375,21 +379,38 @@ type Result struct {
 	// DeniedBy is the name of the limit that denied the request ("" if it was
 	// admitted). When several deny, it names the one that frees up last.
 	DeniedBy string
-	// Limits holds the state of every limit, in the Limiter's order.
+	// Limits holds the state of every limit that decided, shadow limits
+	// included: the Limiter's, in its order, then those [WithRoutes]
+	// declared for the request's route.
 	Limits []LimitResult
 	// Now is the time the decision was made, on the same clock as Reset.
 	Now time.Time
 	// Local reports that Redis could not decide and the limiter counted the
 	// request in this process instead ([FailLocal]).
 	Local bool
+	// Cached reports a denial answered from this process's memory
+	// ([WithDenyCache]) without calling Redis; only the limit that denied
+	// was consulted.
+	Cached bool
+	// Unreverted counts units of cost the decision left counted in Redis
+	// although it did not admit the request: a Redis Cluster decision that
+	// reserved room on one primary, was then denied or failed on another,
+	// and whose reservation Redis did not take back within the decision's
+	// time. A removal still under way then is counted by
+	// [Limiter.Unreverted] if it fails, not here.
+	Unreverted uint64
 
 	index  int     // of the limit Limit, Remaining and Reset describe
 	ticket *ticket // for Refund, when the request was admitted
-	cached bool    // a denial from the deny cache
+	cached bool    // a denial from the deny cache; exported as Cached
 	// unreverted counts units this decision reserved and could not take
-	// back (see Limiter.rollback).
+	// back (see Limiter.rollback); exported as Unreverted.
 	unreverted uint64
 }
+
+// export copies the fields the decision fills unexported into their
+// exported twins.
+func (res *Result) export() { res.Cached, res.Unreverted = res.cached, res.unreverted }
 
 // LimitResult is the state of one limit after a decision.
 type LimitResult struct {
@@ -403,7 +424,9 @@ type LimitResult struct {
 	// Skipped reports that the limit was not consulted: on a Redis Cluster, a
 	// decision whose limits span several hash slots stops at the first slot
 	// group that denies, and a denial from the deny cache consults only the
-	// limit that denied. Only Name, Quota, Window and Shadow are set then.
+	// limit that denied; an [Observer] sees every limit skipped when no
+	// decision could be made. Only Name, Quota, Window and Shadow are set
+	// then.
 	Skipped bool
 }
 
@@ -413,9 +436,15 @@ type LimitResult struct {
 // Allow is how to use a Limiter outside HTTP; the middleware calls the same
 // logic with the ids its [Key]s extract.
 //
-// The error is non-nil when no decision could be made: wrong number of ids,
-// an empty id, cost < 1, a Redis error or the timeout ([WithTimeout]) running
-// out. The Result is then the zero value.
+// The error is non-nil when Redis could not decide: wrong number of ids, an
+// empty id, cost < 1, a Redis error, an open circuit breaker
+// ([ErrCircuitOpen]) or the timeout ([WithTimeout]) running out. The Result
+// then admits nothing and has no Limits (its Unreverted may count units a
+// Redis Cluster decision left behind), except under [FailLocal], where a
+// decision the limiter could not take to Redis is made in this process: the
+// Result is that decision (Local is true, and Allowed may be), and the error
+// says why Redis did not decide. Errors in the arguments (wrong number of
+// ids, an empty id, a cost below 1) never get a local decision.
 func (l *Limiter) Allow(ctx context.Context, ids []string, cost int) (Result, error) {
 	return l.allowIDs(ctx, ids, cost, false)
 }
@@ -439,6 +468,7 @@ func (l *Limiter) allowIDs(ctx context.Context, ids []string, cost int, peek boo
 		start = time.Now()
 	}
 	res, err := l.decide(ctx, s, cost, false, peek)
+	res.export()
 	if !peek && l.watched() {
 		l.observe(nil, ids, &res, err, start)
 	}

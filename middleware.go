@@ -140,6 +140,7 @@ func (l *Limiter) StatusRequest(r *http.Request) (Result, error) {
 		return Result{}, err
 	}
 	res, err := l.decide(r.Context(), s, cost, true, true)
+	res.export()
 	res.Limits = slices.Clone(res.Limits)
 	return res, err
 }
@@ -157,6 +158,7 @@ func (l *Limiter) decideRequest(r *http.Request, s *scratch) (Result, error) {
 	if err == nil {
 		res, err = l.decide(r.Context(), s, cost, true, false)
 	}
+	res.export()
 	if watched {
 		l.observe(r, s.ids, &res, err, start)
 	}

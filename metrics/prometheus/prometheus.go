@@ -14,6 +14,7 @@ package ratelimitprom
 
 import (
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -98,23 +99,20 @@ func (m *Metrics) unrevertedUnits() float64 {
 	return float64(n)
 }
 
-// Observe records one decision.
-func (m *Metrics) Observe(d ratelimit.Decision) {
-	m.latency.Observe(d.Latency.Seconds())
-	if d.Limits == nil {
-		for _, name := range d.LimitNames {
-			m.decisions.WithLabelValues(name, "error").Inc()
-		}
-		return
-	}
-	for _, lr := range d.Limits {
+// Observe records one decision ([ratelimit.Observer]).
+func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration) {
+	m.latency.Observe(latency.Seconds())
+	failed := err != nil && !res.Local
+	for _, lr := range res.Limits {
 		switch {
+		case failed:
+			m.decisions.WithLabelValues(lr.Name, "error").Inc()
 		case lr.Skipped:
 		case lr.Shadow && lr.Denied:
 			m.decisions.WithLabelValues(lr.Name, "shadow_denied").Inc()
 		case lr.Denied:
 			m.decisions.WithLabelValues(lr.Name, "denied").Inc()
-		case d.Allowed:
+		case res.Allowed:
 			m.decisions.WithLabelValues(lr.Name, "allowed").Inc()
 		}
 	}
