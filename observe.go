@@ -23,32 +23,6 @@ type Observer interface {
 	Observe(res Result, err error, latency time.Duration)
 }
 
-// WithObserver adds an Observer of every decision. Default: none.
-func WithObserver(o Observer) Option {
-	return func(c *config) {
-		if o != nil {
-			c.observers = append(c.observers, o)
-		}
-	}
-}
-
-// WithLogger makes the middleware log through logger: failures (the
-// failure mode applied) at Warn, denials at Debug, a shadow limit that
-// would have denied at Info. Client identifiers are left out unless
-// logIdentifiers is true: they are personal data in many places. Default:
-// no logging.
-//
-// With a logger, the first decision of a Limiter and of those derived from
-// it also asks Redis, once and in the background, for its maxmemory-policy
-// (CONFIG GET; on a cluster, every primary's), and logs one warning at Warn
-// if it may evict the limiter's keys: every policy but noeviction does, once
-// maxmemory is set, and an evicted log forgets what it counted, so its
-// clients are admitted again. A Redis that refuses CONFIG GET is not
-// reported on; no decision waits for the check or fails because of it.
-func WithLogger(logger *slog.Logger, logIdentifiers bool) Option {
-	return func(c *config) { c.logger, c.logIDs = logger, logIdentifiers }
-}
-
 // BreakerOpen reports whether a circuit breaker of the limiter is open now:
 // Redis (or, on a cluster, one of its primaries) failed repeatedly and is
 // not being called (see [WithCircuitBreaker]).
