@@ -155,7 +155,7 @@ func keysPerPrimary(t *testing.T, c *redistest.Cluster) map[string]int {
 	}
 	counts := map[string]int{}
 	for _, p := range ps {
-		keys, err := p.Client().Keys(context.Background(), DefaultPrefix+"user:*").Result()
+		keys, err := p.Client().Keys(context.Background(), defaultPrefix+"user:*").Result()
 		if err != nil {
 			t.Fatal(err)
 		}

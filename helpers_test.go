@@ -127,12 +127,12 @@ func infoNumber(tb testing.TB, c *redis.Client, section, field string) float64 {
 // logKey is the Redis key of the exact log of limit name for id, under the
 // default prefix.
 func logKey(name, id string) string {
-	return string(appendKey(nil, DefaultPrefix+name+":{", id, false))
+	return string(appendKey(nil, defaultPrefix+name+":{", id, false))
 }
 
 // bucketKey is the Redis key of the hash of id's bucketed limits, under the
 // default prefix.
-func bucketKey(id string) string { return string(appendKey(nil, DefaultPrefix+"{", id, false)) }
+func bucketKey(id string) string { return string(appendKey(nil, defaultPrefix+"{", id, false)) }
 
 // zcard returns the number of entries in the log of limit name for id (the
 // meta member, whose score is -inf, left out).

@@ -52,11 +52,11 @@ func (m FailureMode) String() string {
 	return "FailureMode(" + strconv.Itoa(int(m)) + ")"
 }
 
-// DefaultTimeout bounds a decision when [WithTimeout] is not given.
-const DefaultTimeout = 100 * time.Millisecond
-
-// DefaultPrefix starts every Redis key when [WithPrefix] is not given.
-const DefaultPrefix = "ratelimit:"
+// The defaults of WithTimeout and WithPrefix.
+const (
+	defaultTimeout = 100 * time.Millisecond
+	defaultPrefix  = "ratelimit:"
+)
 
 type config struct {
 	prefix     string
@@ -82,8 +82,8 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		prefix:  DefaultPrefix,
-		timeout: DefaultTimeout,
+		prefix:  defaultPrefix,
+		timeout: defaultTimeout,
 		failure: FailClosed,
 		headers: HeadersXRateLimit,
 
@@ -94,7 +94,7 @@ func defaultConfig() config {
 }
 
 // WithPrefix sets the string that starts every Redis key the limiter writes.
-// Default: [DefaultPrefix], "ratelimit:". It may not contain '{' or '}', which
+// Default: "ratelimit:". It may not contain '{' or '}', which
 // would change the keys' Redis Cluster hash slots.
 func WithPrefix(prefix string) Option {
 	return func(c *config) {
@@ -106,7 +106,7 @@ func WithPrefix(prefix string) Option {
 }
 
 // WithTimeout bounds the time of one decision, Redis round trip included.
-// Default: [DefaultTimeout], 100ms. When it runs out the request gets the
+// Default: 100ms. When it runs out the request gets the
 // failure mode. It must be positive.
 //
 // The Redis client must honour context deadlines for the bound to hold: build
