@@ -83,11 +83,12 @@ type compiledLimit struct {
 // New returns a Limiter that enforces limits in the Redis that client talks
 // to. client may be a *redis.Client, *redis.ClusterClient, *redis.Ring or a
 // failover client; it must be built with ContextTimeoutEnabled: true so that
-// the decision timeout holds (New reports an error otherwise).
+// the decision timeout holds (New reports an error otherwise, for the
+// go-redis client types).
 //
 // New reports every configuration error at once: no limits, a quota below 1,
 // a window below 1ms, a missing or invalid [Key], invalid or duplicate limit
-// names, invalid options. It never panics on bad configuration, and a Limiter
+// names, invalid options and routes ([WithRoutes]). It never panics on bad configuration, and a Limiter
 // it returns never fails at request time because of its configuration.
 func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter, error) {
 	return newLimiter(client, limits, opts, nil)
@@ -432,9 +433,15 @@ type LimitResult struct {
 
 // Allow decides whether a request of the given cost, identified by ids, may
 // proceed, and if so counts it in every limit. ids[i] identifies the client
-// for the Limiter's i-th limit (for a [Global] limit any constant will do).
-// Allow is how to use a Limiter outside HTTP; the middleware calls the same
-// logic with the ids its [Key]s extract.
+// for the Limiter's i-th limit (for a [Global] limit any constant will do;
+// the middleware's is "global"). Allow is how to use a Limiter outside HTTP;
+// the middleware calls the same logic with the ids its [Key]s extract, and
+// an id given to Allow counts with the middleware's requests of the same
+// identifier, except for a limit counted by a [Compose] key: Allow escapes
+// every id it is given, which the middleware does not redo for a composed
+// one. Allow decides with the Limiter's own limits, never a route's
+// ([WithRoutes]). Observers ([WithObserver]) and the logger see the
+// decision, and an admitted Result can be given to [Limiter.Refund].
 //
 // The error is non-nil when Redis could not decide: wrong number of ids, an
 // empty id, cost < 1, a Redis error, an open circuit breaker
@@ -479,11 +486,12 @@ func (l *Limiter) allowIDs(ctx context.Context, ids []string, cost int, peek boo
 // Status reports, counting nothing, whether a request of the given cost
 // identified by ids (as for [Limiter.Allow]) would be admitted now, and what
 // every limit has left: Result.Limits, Remaining and Reset as Allow would
-// report them for a request that is not admitted. Use it for dashboards and
-// quota endpoints that must not spend the quota they show. It may drop
-// entries that have left their windows, which changes no count. It does not
-// consult the deny cache, and does not apply FailLocal: an error is an
-// error.
+// report them for a request that is not admitted. Use it for dashboards that
+// must not spend the quota they show; for what an HTTP request would meet,
+// use [Limiter.StatusRequest]. It may drop entries that have left their
+// windows, which changes no count. It does not consult the deny cache, is
+// not observed, and does not apply FailLocal: on an error the Result is the
+// zero value.
 func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, error) {
 	return l.allowIDs(ctx, ids, cost, true)
 }
@@ -493,7 +501,11 @@ func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, e
 // other identifiers, and other limits' fields in a shared bucketed hash,
 // are untouched. This instance's deny cache forgets the keys at once;
 // another instance may keep denying from its own for up to its maximum age
-// ([WithDenyCache]).
+// ([WithDenyCache]). All the keys share one timeout ([WithTimeout]); the
+// error joins the failures of each limit. Reset covers l's own limits: to
+// reset a limit a route declared ([WithRoutes]), call Reset on a Limiter
+// built with that limit (the same name and prefix address the same
+// counts).
 func (l *Limiter) Reset(ctx context.Context, ids []string) error {
 	if len(ids) != len(l.limits) {
 		return fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(l.limits))

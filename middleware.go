@@ -80,7 +80,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // must serve the request: that includes a request no decision could be made
 // for under [FailOpen], which gets no headers. Otherwise Check has written
 // the whole response (429 when denied; 503 when no decision could be made
-// under [FailClosed], or under [FailLocal] when a Key could not identify r)
+// under [FailClosed], or under [FailLocal] when a Key could not identify r
+// or its cost was below 1)
 // and returns false.
 func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
 	return l.forRoute(r.Method, r.Pattern).check(w, r, nil)

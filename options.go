@@ -33,9 +33,11 @@ const (
 	// instance then counts only its own requests, so across N instances a
 	// limit admits up to N times its quota; the counts of the outage are not
 	// carried over to Redis. Responses carry the local counts in their
-	// headers. A request whose Key cannot identify it gets 503, as under
-	// FailClosed. The local logs hold at most 100,000 keys; past that, idle
-	// keys and then arbitrary ones are dropped.
+	// headers. A request whose Key cannot identify it, or whose cost is
+	// below 1, gets 503, as under FailClosed. [Limiter.Allow] decides
+	// locally too, and returns the error with the local Result. The local
+	// logs hold at most 100,000 keys; past that, idle keys and then
+	// arbitrary ones are dropped.
 	FailLocal
 )
 
@@ -121,8 +123,9 @@ func WithTimeout(d time.Duration) Option {
 	}
 }
 
-// WithFailureMode sets what the middleware does when it cannot decide.
-// Default: [FailClosed].
+// WithFailureMode sets what the middleware does when it cannot decide, and
+// whether [Limiter.Allow] then decides in this process ([FailLocal]).
+// Default: [FailClosed]. An unknown mode is an error from [New].
 func WithFailureMode(m FailureMode) Option {
 	return func(c *config) {
 		if m > FailLocal {
@@ -141,9 +144,10 @@ func WithClock(now func() time.Time) Option {
 }
 
 // WithCost sets the cost of each request, for routes that should count more
-// than once (an export, a batch call). Default: every request costs 1. A cost
-// below 1 is an error handled by the failure mode; a cost above a limit's
-// quota is always denied.
+// than once (an export, a batch call). Default: every request costs 1. A
+// route's [RouteLimits].Cost, if set, takes its place for that route. A cost
+// below 1 is an error: the request gets 503, or is served under [FailOpen];
+// a cost above a limit's quota is always denied.
 func WithCost(cost func(r *http.Request) int) Option {
 	return func(c *config) { c.cost = cost }
 }
@@ -164,9 +168,11 @@ func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, res Result
 }
 
 // WithErrorHandler sets a function that receives every error that makes the
-// middleware apply its failure mode (Redis errors, timeouts, [ErrNoKey]),
-// for logging and metrics. It runs on the request's goroutine before the
-// failure response; keep it fast. Default: none.
+// middleware apply its failure mode (Redis errors, timeouts, an open circuit
+// breaker, [ErrNoKey], a bad cost), and every error of a refund
+// [WithRefund] asked for, for logging and metrics. It runs on the request's
+// goroutine, before the failure response; keep it fast. It does not see
+// [Limiter.Allow]'s errors, which Allow returns. Default: none.
 func WithErrorHandler(h func(r *http.Request, err error)) Option {
 	return func(c *config) { c.onError = h }
 }
@@ -257,7 +263,8 @@ func WithRefund(refund func(status int) bool) Option {
 	return func(c *config) { c.refund = refund }
 }
 
-// WithObserver adds an Observer of every decision. Default: none.
+// WithObserver adds an Observer of every decision of the middleware and of
+// [Limiter.Allow]. Default: none.
 func WithObserver(o Observer) Option {
 	return func(c *config) {
 		if o != nil {
@@ -266,15 +273,17 @@ func WithObserver(o Observer) Option {
 	}
 }
 
-// WithLogger makes the middleware log through logger: failures (the
-// failure mode applied) at Warn, denials at Debug, a shadow limit that
-// would have denied at Info. Client identifiers are left out unless
+// WithLogger makes the limiter log its decisions (the middleware's and
+// [Limiter.Allow]'s) through logger: failures (the failure mode applied) at
+// Warn, denials at Debug, a shadow limit that would have denied at Info; and,
+// at Warn, a rollback that left units counted ([Limiter.Unreverted]). Client identifiers are left out unless
 // logIdentifiers is true: they are personal data in many places. Default:
 // no logging.
 //
 // With a logger, the first decision of a Limiter (or of one of its
-// [WithRoutes] routes) also asks Redis, once and in the background, for its maxmemory-policy
-// (CONFIG GET; on a cluster, every primary's), and logs one warning at Warn
+// [WithRoutes] routes) also asks Redis, once and in the background, for its
+// maxmemory-policy (CONFIG GET; on a cluster, every primary's), and logs one
+// warning at Warn
 // if it may evict the limiter's keys: every policy but noeviction does, once
 // maxmemory is set, and an evicted log forgets what it counted, so its
 // clients are admitted again. A Redis that refuses CONFIG GET is not

@@ -69,9 +69,9 @@ func New() *Metrics {
 }
 
 // Watch makes ratelimit_breaker_open report l's circuit breakers and
-// ratelimit_unreverted_units_total count what l left counted. Watch each
-// Limiter from ratelimit.New once: the Limiters derived from it share its
-// breakers and its count.
+// ratelimit_unreverted_units_total count what l left counted, its
+// [ratelimit.WithRoutes] routes included. Watch each Limiter once: a
+// Limiter watched twice is counted twice.
 func (m *Metrics) Watch(l *ratelimit.Limiter) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
