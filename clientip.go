@@ -18,9 +18,6 @@ const maxHops = 64
 // port, is far shorter.
 const maxNodeLen = 128
 
-// An IPOption configures [ClientIP].
-type IPOption func(*ipConfig)
-
 type ipConfig struct {
 	trusted   []netip.Prefix // unmapped: IPv4 proxies are IPv4 prefixes
 	header    string         // canonical name of the proxy header
@@ -87,31 +84,6 @@ func ClientIP(opts ...IPOption) Key {
 	return Key{name: "ip", fn: c.key, err: c.err}
 }
 
-// TrustProxies returns an IPOption that trusts the reverse proxies at the
-// given addresses: CIDR prefixes ("10.0.0.0/8", "2001:db8::/32") or single
-// IPs ("192.0.2.1", "::1"). Only requests whose peer is one of them have
-// their proxy header read (see [ClientIP]). It may be given several times;
-// the lists add up.
-//
-// An entry that does not parse, a prefix with host bits set
-// ("10.0.0.1/8", usually a typo) or a prefix of length 0 (which would trust
-// every peer and let any client choose its key) is a configuration error.
-// Peers are compared after normalization (see [ClientIP]): IPv4-mapped
-// entries (::ffff:10.0.0.0/104) are converted to IPv4, an IPv6 prefix never
-// matches an IPv4 or IPv4-mapped peer, and zones are dropped.
-func TrustProxies(cidrs ...string) IPOption {
-	return func(c *ipConfig) {
-		for _, s := range cidrs {
-			p, err := parseTrusted(s)
-			if err != nil {
-				c.fail(fmt.Errorf("TrustProxies: invalid entry %q: %w", s, err))
-				continue
-			}
-			c.trusted = append(c.trusted, p)
-		}
-	}
-}
-
 func parseTrusted(s string) (netip.Prefix, error) {
 	var p netip.Prefix
 	if strings.Contains(s, "/") {
@@ -137,54 +109,6 @@ func parseTrusted(s string) (netip.Prefix, error) {
 		return p, errors.New("a /0 prefix trusts every peer; list the proxies' addresses")
 	}
 	return p, nil
-}
-
-// ProxyHeader returns an IPOption that sets the header trusted proxies use to
-// pass on the client address (see [ClientIP]); the default is
-// X-Forwarded-For. "Forwarded" selects RFC 7239 parsing: the for= parameter
-// of each comma-separated element, with quoted values, IPv6 in brackets and
-// optional ports. Any other name, such as "X-Real-IP", is read like
-// X-Forwarded-For: a comma-separated list of IPs, each optionally with a port
-// ("192.0.2.1:4711", "[2001:db8::1]:4711").
-//
-// The header is read only when the peer is a trusted proxy, so ProxyHeader
-// without [TrustProxies] has no effect. An empty or malformed name is a
-// configuration error.
-func ProxyHeader(name string) IPOption {
-	return func(c *ipConfig) {
-		if !isToken(name) {
-			c.fail(fmt.Errorf("ProxyHeader: invalid header name %q", name))
-			return
-		}
-		c.header = http.CanonicalHeaderKey(name)
-		c.forwarded = c.header == "Forwarded"
-	}
-}
-
-// IPv4Prefix returns an IPOption that groups IPv4 clients by their first bits
-// bits, 1 to 32: with 24, all of 198.51.100.0/24 shares one key. The default
-// is 32, one key per address.
-func IPv4Prefix(bits int) IPOption {
-	return prefixBits("IPv4Prefix", bits, 32, func(c *ipConfig) *int { return &c.v4Bits })
-}
-
-// IPv6Prefix returns an IPOption that groups IPv6 clients by their first bits
-// bits, 1 to 128. The default is 64: a host can usually pick any address in
-// its /64, so counting single addresses would let it escape the limit.
-func IPv6Prefix(bits int) IPOption {
-	return prefixBits("IPv6Prefix", bits, 128, func(c *ipConfig) *int { return &c.v6Bits })
-}
-
-// prefixBits returns an IPOption that sets *field(c) to bits, or records an
-// error if bits is not in 1..max.
-func prefixBits(name string, bits, max int, field func(*ipConfig) *int) IPOption {
-	return func(c *ipConfig) {
-		if bits < 1 || bits > max {
-			c.fail(fmt.Errorf("%s: %d bits is not in 1..%d", name, bits, max))
-			return
-		}
-		*field(c) = bits
-	}
 }
 
 // key is the Key function of ClientIP.

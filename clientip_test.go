@@ -27,8 +27,8 @@ func runIPCases(t *testing.T, cases []ipCase) {
 			if k.err != nil {
 				t.Fatalf("config error: %v", k.err)
 			}
-			if k.Name() != "ip" {
-				t.Errorf("Name() = %q, want ip", k.Name())
+			if k.name != "ip" {
+				t.Errorf("name = %q, want ip", k.name)
 			}
 			r := httptest.NewRequest("GET", "/", nil)
 			r.RemoteAddr = tc.remote

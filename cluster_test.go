@@ -40,7 +40,7 @@ var clusterSuite = []struct {
 	{"PipelineReload", testPipelineReload},
 	{"EvictionWarning", testEvictionWarning},
 	{"FailureModes", testFailureModes},
-	{"With", testWith},
+	{"RouteLimits", testRouteLimits},
 	{"CostOption", testCostOption},
 	{"Expiry", testExpiry},
 	{"SpoofedForwardedFor", testSpoofedForwardedFor},
@@ -156,7 +156,7 @@ func keysPerPrimary(t *testing.T, c *redistest.Cluster) map[string]int {
 	}
 	counts := map[string]int{}
 	for _, p := range ps {
-		keys, err := p.Client().Keys(context.Background(), DefaultPrefix+"user:*").Result()
+		keys, err := p.Client().Keys(context.Background(), defaultPrefix+"user:*").Result()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -38,7 +38,7 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 	out.reset(s.replies(len(l.limits)))
 	err := l.store.decide(ctx, q, out)
 	if err != nil && !out.local {
-		return Result{unreverted: out.unreverted}, err
+		return Result{Unreverted: out.unreverted}, err
 	}
 	res := l.result(s, out, cost, peek)
 	if err == nil && out.allowed && !peek && s.wantTicket {
@@ -152,7 +152,7 @@ func (l *Limiter) tags(dst, keys []string) []string {
 // result builds the Result of a decision of cost from its outcome; its
 // Limits are s's, which the caller copies if they are to outlive s.
 func (l *Limiter) result(s *scratch, out *outcome, cost int, peek bool) Result {
-	res := Result{Allowed: out.allowed, Now: time.UnixMicro(out.now), Limits: s.results(len(l.limits)), Local: out.local, cached: out.cached}
+	res := Result{Allowed: out.allowed, Now: time.UnixMicro(out.now), Limits: s.results(len(l.limits)), Local: out.local, Cached: out.cached}
 	closest := -1
 	for i := range l.limits {
 		lim, r := &l.limits[i], out.replies[i]
@@ -187,7 +187,7 @@ func (l *Limiter) result(s *scratch, out *outcome, cost int, peek bool) Result {
 	}
 	c := res.Limits[closest]
 	res.Limit, res.Remaining, res.Reset, res.index = c.Quota, c.Remaining, c.Reset, closest
-	res.unreverted = out.unreverted
+	res.Unreverted = out.unreverted
 	return res
 }
 

@@ -116,13 +116,13 @@ func testDenyCacheSlowReply(t *testing.T, b backend) {
 	proxy.SetDelay(350 * time.Millisecond)
 	for i, cost := range []int{1, 2} {
 		res, err := lim.Allow(ctx, []string{"k"}, cost)
-		if err != nil || res.Allowed != (i == 0) || res.cached {
+		if err != nil || res.Allowed != (i == 0) || res.Cached {
 			t.Fatalf("request %d through a slow network: %+v, %v", i, res, err)
 		}
 	}
 	proxy.SetDelay(0)
 	res, err := lim.Allow(ctx, []string{"k"}, 2)
-	if err != nil || res.Allowed || !res.cached {
+	if err != nil || res.Allowed || !res.Cached {
 		t.Fatalf("third request: %+v, %v; want a denial from the cache", res, err)
 	}
 	redisNow, err := direct.Time(ctx).Result()

@@ -12,9 +12,12 @@
 //
 // [Limiter.Handler] is net/http middleware; [Limiter.Check] is the same
 // decision without wrapping a handler, for router adapters; [Limiter.Allow]
-// decides for identifiers given directly, outside HTTP. Responses carry
-// X-RateLimit-* headers (optionally the IETF RateLimit fields) whose reset
-// times come from the log, and a denied request gets 429 with an exact
-// Retry-After. When Redis fails or is slow, the middleware fails closed (503)
-// or open, as configured ([WithFailureMode]), within [WithTimeout].
+// decides for identifiers given directly, outside HTTP; [Limiter.Status]
+// and [Limiter.StatusRequest] report what a request would meet, counting
+// nothing. Per-route limits and costs are declared in one table
+// ([WithRoutes]). Responses carry X-RateLimit-* headers (optionally the IETF
+// RateLimit fields) whose reset times come from the log, and a denied
+// request gets 429 with an exact Retry-After. When Redis fails or is slow,
+// the middleware fails closed (503), open, or to a count in this process, as
+// configured ([WithFailureMode]), within [WithTimeout].
 package ratelimit

@@ -65,15 +65,17 @@ func waitEvictionCheck(t *testing.T, lim *Limiter) {
 }
 
 // decideFamily makes decisions, some concurrent, through a Limiter with a
-// logger and through one derived from it, and waits for the family's
-// memory policy check to end. It returns the root Limiter and the log.
+// logger and through the one WithRoutes derived from it for a route, and
+// waits for the family's memory policy check to end. It returns the root
+// Limiter and the log.
 func decideFamily(t *testing.T, c redis.UniversalClient) (*Limiter, *recordHandler) {
 	t.Helper()
 	h := &recordHandler{}
-	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-Id")).Named("evict")}, WithLogger(slog.New(h), false))
-	login, err := lim.With([]Limit{PerMinute(100, Header("X-Id")).Named("evict-login")})
-	if err != nil {
-		t.Fatal(err)
+	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-Id")).Named("evict")}, WithLogger(slog.New(h), false),
+		WithRoutes(map[string]RouteLimits{"/login": {Limits: []Limit{PerMinute(100, Header("X-Id")).Named("evict-login")}}}))
+	login := lim.forRoute("POST", "/login")
+	if login == lim {
+		t.Fatal("no Limiter for the route")
 	}
 	ctx := context.Background()
 	var wg sync.WaitGroup

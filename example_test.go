@@ -99,33 +99,31 @@ func ExampleLimiter_Allow() {
 	// allowed=false remaining=2 denied-by="jobs-per-hour" retry-after=1h0m0s
 }
 
-// With gives one route a tighter limit of its own. A request to /login is
-// checked against the app-wide limit and the login limit in one step, so a
-// login the tighter limit denies does not use up the app-wide quota.
-func ExampleLimiter_With() {
+// WithRoutes gives one route a tighter limit of its own. A request to
+// /login is checked against the app-wide limit and the login limit in one
+// step, so a login the tighter limit denies does not use up the app-wide
+// quota.
+func ExampleWithRoutes() {
 	rdb, done := newRedis()
 	defer done()
 
 	api, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("api"),
-	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
-	if err != nil {
-		log.Fatal(err)
-	}
-	login, err := api.With([]ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login"),
-	})
+	}, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
+		"GET /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login")}},
+	}), ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
 	}
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
 	mux := http.NewServeMux()
-	mux.Handle("GET /", api.Handler(ok))
-	mux.Handle("GET /login", login.Handler(ok))
+	mux.Handle("GET /", ok)
+	mux.Handle("GET /login", ok)
+	h := api.Handler(mux) // it looks the route up, then decides
 
-	get(mux, "/login", "203.0.113.7:5000")
-	get(mux, "/login", "203.0.113.7:5000")
-	get(mux, "/", "203.0.113.7:5000") // 98 left: only the admitted login counted
+	get(h, "/login", "203.0.113.7:5000")
+	get(h, "/login", "203.0.113.7:5000")
+	get(h, "/", "203.0.113.7:5000") // 98 left: only the admitted login counted
 	// Output:
 	// 200 remaining=0 retry-after=
 	// 429 remaining=0 retry-after=60

@@ -129,12 +129,12 @@ func infoNumber(tb testing.TB, c *redis.Client, section, field string) float64 {
 // logKey is the Redis key of the exact log of limit name for id, under the
 // default prefix.
 func logKey(name, id string) string {
-	return string(appendKey(nil, DefaultPrefix+name+":{", id, false))
+	return string(appendKey(nil, defaultPrefix+name+":{", id, false))
 }
 
 // bucketKey is the Redis key of the hash of id's bucketed limits, under the
 // default prefix.
-func bucketKey(id string) string { return string(appendKey(nil, DefaultPrefix+"{", id, false)) }
+func bucketKey(id string) string { return string(appendKey(nil, defaultPrefix+"{", id, false)) }
 
 // logEntries returns the number of entries in the exact log of limit name
 // for id (lua/exact.lua), those that have left the window but are not yet

@@ -32,10 +32,6 @@ type Key struct {
 	global  bool  // the same identifier for every request (Global)
 }
 
-// Name returns the short name of k ("ip", "user", "route", ...). It is used to
-// build a default [Limit] name.
-func (k Key) Name() string { return k.name }
-
 // KeyFunc returns a Key that calls fn. The name is used in default limit names
 // (see [Limit]). fn must return a non-empty identifier or an error; an empty
 // identifier is turned into [ErrNoKey]. fn must be safe for concurrent use.

@@ -41,8 +41,9 @@ type Limit struct {
 
 // Shadowed returns a copy of l that is evaluated and reported but never
 // denies: a way to watch a new limit in production before enforcing it. Its
-// state appears in [Result.Limits] (Denied says it would have denied) and
-// to the error hook's and metrics' observers, not in the rate-limit headers.
+// state appears in [Result.Limits] (Denied says it would have denied), to
+// Observers ([WithObserver]) and in the log ([WithLogger], at Info), not in
+// the rate-limit headers.
 // A request it has no room for is still served and counted in the enforced
 // limits exactly as without it, and is not logged in the shadow limit, whose
 // log so shows what enforcing it would have admitted.

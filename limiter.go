@@ -46,17 +46,18 @@ type Limiter struct {
 	limits []compiledLimit
 	cfg    config
 
-	// what New was called with, for With.
+	// what New was called with, for with.
 	declared []Limit
 	opts     []Option
-	parent   *Limiter // the Limiter this one was derived from, or nil
 
 	// routes holds the Limiters WithRoutes declared, by path template and
 	// then by method ("" for any method).
 	routes map[string]map[string]*Limiter
 
 	policyHeader []string // precomputed RateLimit-Policy value
-	names        []string // the limits' names, for observers
+	// skipped is every limit, none consulted: what observers see of a
+	// decision that could not be made.
+	skipped []LimitResult
 
 	plan *plan // what the stores know of the limits
 	// store decides: the Redis store, wrapped by the deny cache and
@@ -88,11 +89,12 @@ type compiledLimit struct {
 // New returns a Limiter that enforces limits in the Redis that client talks
 // to. client may be a *redis.Client, *redis.ClusterClient, *redis.Ring or a
 // failover client; it must be built with ContextTimeoutEnabled: true so that
-// the decision timeout holds (New reports an error otherwise).
+// the decision timeout holds (New reports an error otherwise, for the
+// go-redis client types).
 //
 // New reports every configuration error at once: no limits, a quota below 1,
 // a window below 1ms, a missing or invalid [Key], invalid or duplicate limit
-// names, invalid options. It never panics on bad configuration, and a Limiter
+// names, invalid options and routes ([WithRoutes]). It never panics on bad configuration, and a Limiter
 // it returns never fails at request time because of its configuration.
 func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter, error) {
 	return newLimiter(client, limits, opts, nil)
@@ -160,7 +162,7 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		if !lim.Shadow {
 			policies = append(policies, policyItem(lim))
 		}
-		l.names = append(l.names, lim.Name)
+		l.skipped = append(l.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Skipped: true})
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
@@ -171,7 +173,6 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
 	l.plan = p
-	l.parent = parent
 	if parent != nil {
 		// The same Redis, the same requests: one view of its health, and
 		// one set of local logs.
@@ -212,7 +213,7 @@ func (l *Limiter) buildRoutes() error {
 			cost := rl.Cost
 			opts = append(opts, WithCost(func(*http.Request) int { return cost }))
 		}
-		d, err := l.With(rl.Limits, opts...)
+		d, err := l.with(rl.Limits, opts...)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("route %q: %w", template, err))
 			continue
@@ -244,12 +245,12 @@ func splitTemplate(template string) (method, path string) {
 	return method, route.Cached(template)
 }
 
-// ForRoute returns the Limiter that decides requests to a route: the one
-// [WithRoutes] declared for method and template (for that method, else for
-// any method), or l itself. template is as [Route] reads it from
-// [http.Request.Pattern]; a method in it takes precedence over method.
-// Router adapters call it; it does not allocate.
-func (l *Limiter) ForRoute(method, template string) *Limiter {
+// forRoute returns the Limiter that decides requests to a route: the one
+// WithRoutes declared for method and template (for that method, else for
+// any method), or l itself. template is as the Route key reads it from
+// r.Pattern; a method in it takes precedence over method. It does not
+// allocate.
+func (l *Limiter) forRoute(method, template string) *Limiter {
 	if l.routes == nil || template == "" {
 		return l
 	}
@@ -267,31 +268,13 @@ func (l *Limiter) ForRoute(method, template string) *Limiter {
 	return l
 }
 
-// derivesFrom reports whether l is p or was derived from p with
-// [Limiter.With] or [WithRoutes].
-func (l *Limiter) derivesFrom(p *Limiter) bool {
-	for ; l != nil; l = l.parent {
-		if l == p {
-			return true
-		}
-	}
-	return false
-}
-
-// With returns a new Limiter that enforces l's limits and the given ones in
-// one decision, with l's options followed by opts. It shares l's circuit
-// breakers, FailLocal logs, batches and deny cache (a WithCircuitBreaker or
-// WithDenyCache in opts is ignored). Use it for a route that needs a tighter
-// limit or a cost of its own: a request to that route is checked once,
-// against every limit, and counted in all of them or in none.
-// Limits keep their counts across the two Limiters when their names match.
-func (l *Limiter) With(limits []Limit, opts ...Option) (*Limiter, error) {
+// with returns a new Limiter that enforces l's limits and the given ones in
+// one decision, with l's options followed by opts: the Limiter WithRoutes
+// declares for a route. It shares l's circuit breakers, FailLocal logs,
+// batches, deny cache, rollbacks and memory policy check.
+func (l *Limiter) with(limits []Limit, opts ...Option) (*Limiter, error) {
 	all := append(append([]Limit(nil), l.declared...), limits...)
-	d, err := newLimiter(l.client, all, append(append([]Option(nil), l.opts...), opts...), l)
-	if err != nil {
-		return nil, err
-	}
-	return d, nil
+	return newLimiter(l.client, all, append(append([]Option(nil), l.opts...), opts...), l)
 }
 
 // wrap returns the store l decides with when base is the store that counts
@@ -384,7 +367,9 @@ func closer(a, b *LimitResult) bool {
 	return a.Quota < b.Quota
 }
 
-// Result is the outcome of one decision.
+// Result is the outcome of one decision: what [Limiter.Allow],
+// [Limiter.Status] and [Limiter.StatusRequest] return, and what an
+// [Observer] and a [WithDeniedHandler] handler see.
 type Result struct {
 	// Allowed reports whether the request was admitted (and counted in every
 	// limit).
@@ -408,20 +393,29 @@ type Result struct {
 	// DeniedBy is the name of the limit that denied the request ("" if it was
 	// admitted). When several deny, it names the one that frees up last.
 	DeniedBy string
-	// Limits holds the state of every limit, in the Limiter's order.
+	// Limits holds the state of every limit that decided, shadow limits
+	// included: the Limiter's, in its order, then those [WithRoutes]
+	// declared for the request's route.
 	Limits []LimitResult
 	// Now is the time the decision was made, on the same clock as Reset.
 	Now time.Time
 	// Local reports that Redis could not decide and the limiter counted the
 	// request in this process instead ([FailLocal]).
 	Local bool
+	// Cached reports a denial answered from this process's memory
+	// ([WithDenyCache]) without calling Redis; only the limit that denied
+	// was consulted.
+	Cached bool
+	// Unreverted counts units of cost the decision left counted in Redis
+	// although it did not admit the request: a Redis Cluster decision that
+	// reserved room on one primary, was then denied or failed on another,
+	// and whose reservation Redis did not take back within the decision's
+	// time. A removal still under way then is counted by
+	// [Limiter.Unreverted] if it fails, not here.
+	Unreverted uint64
 
 	index  int     // of the limit Limit, Remaining and Reset describe
 	ticket *ticket // for Refund, when the request was admitted
-	cached bool    // a denial from the deny cache
-	// unreverted counts units this decision reserved and could not take
-	// back (see Limiter.rollback).
-	unreverted uint64
 }
 
 // LimitResult is the state of one limit after a decision.
@@ -436,19 +430,33 @@ type LimitResult struct {
 	// Skipped reports that the limit was not consulted: on a Redis Cluster, a
 	// decision whose limits span several hash slots stops at the first slot
 	// group that denies, and a denial from the deny cache consults only the
-	// limit that denied. Only Name, Quota, Window and Shadow are set then.
+	// limit that denied; an [Observer] sees every limit skipped when no
+	// decision could be made. Only Name, Quota, Window and Shadow are set
+	// then.
 	Skipped bool
 }
 
 // Allow decides whether a request of the given cost, identified by ids, may
 // proceed, and if so counts it in every limit. ids[i] identifies the client
-// for the Limiter's i-th limit (for a [Global] limit any constant will do).
-// Allow is how to use a Limiter outside HTTP; the middleware calls the same
-// logic with the ids its [Key]s extract.
+// for the Limiter's i-th limit (for a [Global] limit any constant will do;
+// the middleware's is "global"). Allow is how to use a Limiter outside HTTP;
+// the middleware calls the same logic with the ids its [Key]s extract, and
+// an id given to Allow counts with the middleware's requests of the same
+// identifier, except for a limit counted by a [Compose] key: Allow escapes
+// every id it is given, which the middleware does not redo for a composed
+// one. Allow decides with the Limiter's own limits, never a route's
+// ([WithRoutes]). Observers ([WithObserver]) and the logger see the
+// decision, and an admitted Result can be given to [Limiter.Refund].
 //
-// The error is non-nil when no decision could be made: wrong number of ids,
-// an empty id, cost < 1, a Redis error or the timeout ([WithTimeout]) running
-// out. The Result is then the zero value.
+// The error is non-nil when Redis could not decide: wrong number of ids, an
+// empty id, cost < 1, a Redis error, an open circuit breaker
+// ([ErrCircuitOpen]) or the timeout ([WithTimeout]) running out. The Result
+// then admits nothing and has no Limits (its Unreverted may count units a
+// Redis Cluster decision left behind), except under [FailLocal], where a
+// decision the limiter could not take to Redis is made in this process: the
+// Result is that decision (Local is true, and Allowed may be), and the error
+// says why Redis did not decide. Errors in the arguments (wrong number of
+// ids, an empty id, a cost below 1) never get a local decision.
 func (l *Limiter) Allow(ctx context.Context, ids []string, cost int) (Result, error) {
 	return l.allowIDs(ctx, ids, cost, false)
 }
@@ -482,11 +490,12 @@ func (l *Limiter) allowIDs(ctx context.Context, ids []string, cost int, peek boo
 // Status reports, counting nothing, whether a request of the given cost
 // identified by ids (as for [Limiter.Allow]) would be admitted now, and what
 // every limit has left: Result.Limits, Remaining and Reset as Allow would
-// report them for a request that is not admitted. Use it for dashboards and
-// quota endpoints that must not spend the quota they show. It may drop
-// entries that have left their windows, which changes no count. It does not
-// consult the deny cache, and does not apply FailLocal: an error is an
-// error.
+// report them for a request that is not admitted. Use it for dashboards that
+// must not spend the quota they show; for what an HTTP request would meet,
+// use [Limiter.StatusRequest]. It may drop entries that have left their
+// windows, which changes no count. It does not consult the deny cache, is
+// not observed, and does not apply FailLocal: on an error the Result is the
+// zero value.
 func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, error) {
 	return l.allowIDs(ctx, ids, cost, true)
 }
@@ -496,7 +505,11 @@ func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, e
 // other identifiers, and other limits' fields in a shared bucketed hash,
 // are untouched. This instance's deny cache forgets the keys at once;
 // another instance may keep denying from its own for up to its maximum age
-// ([WithDenyCache]).
+// ([WithDenyCache]). All the keys share one timeout ([WithTimeout]); the
+// error joins the failures of each limit. Reset covers l's own limits: to
+// reset a limit a route declared ([WithRoutes]), call Reset on a Limiter
+// built with that limit (the same name and prefix address the same
+// counts).
 func (l *Limiter) Reset(ctx context.Context, ids []string) error {
 	if len(ids) != len(l.limits) {
 		return fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(l.limits))

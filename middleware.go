@@ -13,25 +13,26 @@ import (
 // is answered with 429 (see [WithDeniedHandler]); one the limiter cannot
 // decide gets the failure mode ([WithFailureMode]).
 //
-// Wrap a single route, or a whole [http.ServeMux]: then Handler looks the
-// route up before deciding, so that [Route] keys and [WithRoutes] work, and
-// counts requests no route matched under [UnmatchedRoute]. A route whose own
-// handler is a Limiter derived from l ([Limiter.With]) is left to it, so
-// that its requests are decided once, against all their limits:
+// A request is decided by the limits [WithRoutes] declared for its route
+// template (r.Pattern) together with l's own, once. Wrap a single route, or
+// a whole [http.ServeMux]: then Handler looks the route up before deciding,
+// so that [Route] keys and WithRoutes see the mux's template, and requests
+// no route matched share [UnmatchedRoute]:
 //
-//	login, _ := api.With([]ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP())})
-//	mux.Handle("POST /login", login.Handler(loginHandler))
+//	api, _ := ratelimit.New(rdb, limits, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
+//		"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("login")}},
+//	}))
 //	http.ListenAndServe(":8080", api.Handler(mux))
 //
 // Behind other middleware the mux is out of sight: wrap the mux itself, or
-// each route.
+// each route. Every Handler decides: a request that passes through two of
+// them is counted twice.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	mux, _ := next.(*http.ServeMux)
 	return &handler{l: l, next: next, mux: mux}
 }
 
-// handler is what Handler returns; Handler recognizes its own kind on a
-// route.
+// handler is what Handler returns.
 type handler struct {
 	l    *Limiter
 	next http.Handler
@@ -42,11 +43,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A wrapped mux decides the route, even under another mux that has set
 	// r.Pattern to its own pattern (such as "/").
 	if h.mux != nil {
-		routeHandler, pattern := h.mux.Handler(r)
-		if inner, ok := routeHandler.(*handler); ok && inner.l.derivesFrom(h.l) {
-			h.next.ServeHTTP(w, r) // the route's own Limiter decides
-			return
-		}
+		_, pattern := h.mux.Handler(r)
 		if pattern == "" {
 			pattern = UnmatchedRoute
 		}
@@ -54,7 +51,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// dispatches the request.
 		r.Pattern = pattern
 	}
-	l := h.l.ForRoute(r.Method, r.Pattern)
+	l := h.l.forRoute(r.Method, r.Pattern)
 	if l.cfg.refund == nil {
 		if l.check(w, r, nil) {
 			h.next.ServeHTTP(w, r)
@@ -76,14 +73,18 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // Check decides r without wrapping a handler; router adapters and custom
-// middleware use it. If r may proceed, Check sets the rate-limit headers on w
-// and returns true, and the caller must serve the request. Otherwise Check has
-// written the whole response (429 when denied; 503 when no decision could be
-// made under [FailClosed], or under [FailLocal] when a Key could not
-// identify r) and returns false. A route declared with [WithRoutes] is decided by its own
-// Limiter ([Limiter.ForRoute] of r.Method and r.Pattern).
+// middleware use it. It decides as [Limiter.Handler] does, with the limits
+// [WithRoutes] declared for r's route template (r.Pattern, which the caller
+// sets; "" for none) and without refunds ([WithRefund]). If r may proceed,
+// Check sets the rate-limit headers on w and returns true, and the caller
+// must serve the request: that includes a request no decision could be made
+// for under [FailOpen], which gets no headers. Otherwise Check has written
+// the whole response (429 when denied; 503 when no decision could be made
+// under [FailClosed], or under [FailLocal] when a Key could not identify r
+// or its cost was below 1)
+// and returns false.
 func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
-	return l.ForRoute(r.Method, r.Pattern).check(w, r, nil)
+	return l.forRoute(r.Method, r.Pattern).check(w, r, nil)
 }
 
 // check is Check without the route lookup. If t is not nil, an admitted
@@ -92,7 +93,7 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool
 	s := getScratch()
 	defer s.put()
 	s.wantTicket = t != nil
-	res, err := l.decideRequest(r, s, false)
+	res, err := l.decideRequest(r, s)
 	if t != nil {
 		*t = res.ticket
 	}
@@ -122,36 +123,32 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool
 	return false
 }
 
-// AllowRequest decides r like [Limiter.Check] but writes nothing: it extracts
-// r's identifiers with the limits' [Key]s and its cost ([WithCost]) and
-// decides them as [Limiter.Allow] does (observers see the decision, and an
-// admitted request can be refunded). The error is non-nil when no decision
-// could be made; it wraps [ErrNoKey] when a Key could not identify r.
-func (l *Limiter) AllowRequest(r *http.Request) (Result, error) {
-	s := getScratch()
-	defer s.put()
-	s.wantTicket = true
-	res, err := l.ForRoute(r.Method, r.Pattern).decideRequest(r, s, false)
-	res.Limits = slices.Clone(res.Limits)
-	return res, err
-}
-
-// StatusRequest is [Limiter.Status] for the request r would be, with r's
-// identifiers and cost: what a quota endpoint or dashboard shows a client,
-// counting nothing. r.Pattern decides the route, as for Check.
+// StatusRequest is [Limiter.Status] for the request r would be: it reports,
+// counting nothing, what r would meet, with the identifiers its limits'
+// [Key]s extract, its cost ([WithCost]) and the limits [WithRoutes] declared
+// for its route template (r.Pattern, as for [Limiter.Check]). Use it for an
+// endpoint that shows a client its quota: Status cannot, when a limit is
+// counted by a composed or route Key, or belongs to a route, as the ids it
+// is given are escaped again and cover only l's own limits. The error is
+// non-nil when no status could be read (it wraps [ErrNoKey] when a Key could
+// not identify r); the Result is then the zero value.
 func (l *Limiter) StatusRequest(r *http.Request) (Result, error) {
+	l = l.forRoute(r.Method, r.Pattern)
 	s := getScratch()
 	defer s.put()
-	res, err := l.ForRoute(r.Method, r.Pattern).decideRequest(r, s, true)
+	cost, err := l.requestIDs(r, s)
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := l.decide(r.Context(), s, cost, true, true)
 	res.Limits = slices.Clone(res.Limits)
 	return res, err
 }
 
-// decideRequest decides r using s (with peek, counting nothing), and
-// reports a decision that counts to the observers; the Result's Limits live
-// in s.
-func (l *Limiter) decideRequest(r *http.Request, s *scratch, peek bool) (Result, error) {
-	watched := !peek && l.watched()
+// decideRequest decides r using s and reports the decision to the
+// observers; the Result's Limits live in s.
+func (l *Limiter) decideRequest(r *http.Request, s *scratch) (Result, error) {
+	watched := l.watched()
 	var start time.Time
 	if watched {
 		start = time.Now()
@@ -159,7 +156,7 @@ func (l *Limiter) decideRequest(r *http.Request, s *scratch, peek bool) (Result,
 	var res Result
 	cost, err := l.requestIDs(r, s)
 	if err == nil {
-		res, err = l.decide(r.Context(), s, cost, true, peek)
+		res, err = l.decide(r.Context(), s, cost, true, false)
 	}
 	if watched {
 		l.observe(r, s.ids, &res, err, start)

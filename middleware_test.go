@@ -576,36 +576,41 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}
 }
 
-// TestWith: a route's own tighter limit is checked with the app-wide limits
-// in one decision, so a request it denies is not counted app-wide.
-func TestWith(t *testing.T) { forBackends(t, testWith) }
+// TestRouteLimits: a route's own tighter limit, declared with WithRoutes,
+// is checked with the app-wide limits in one decision by the Handler that
+// wraps the mux, so a request it denies is not counted app-wide.
+func TestRouteLimits(t *testing.T) { forBackends(t, testRouteLimits) }
 
-func testWith(t *testing.T, b backend) {
+func testRouteLimits(t *testing.T, b backend) {
 	c := b.newClient(t)
-	api := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("api")})
-	login, err := api.With([]Limit{PerMinute(2, ClientIP()).Named("login")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	api := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("api")}, WithRoutes(map[string]RouteLimits{
+		"POST /login": {Limits: []Limit{PerMinute(2, ClientIP()).Named("login")}},
+	}))
 	mux := http.NewServeMux()
-	mux.Handle("GET /", api.Handler(okHandler))
-	mux.Handle("POST /login", login.Handler(okHandler))
+	mux.Handle("GET /", okHandler)
+	mux.Handle("POST /login", okHandler)
+	h := api.Handler(mux)
 	codes := ""
 	for range 4 {
-		codes += strconv.Itoa(serve(mux, "POST", "/login", "192.0.2.9:1").Code) + " "
+		codes += strconv.Itoa(serve(h, "POST", "/login", "192.0.2.9:1").Code) + " "
 	}
 	if codes != "200 200 429 429 " {
 		t.Errorf("login statuses: %s", codes)
 	}
-	w := serve(mux, "GET", "/", "192.0.2.9:1")
+	w := serve(h, "GET", "/", "192.0.2.9:1")
 	if w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != "97" {
 		t.Errorf("app-wide limit after 2 admitted logins: %d remaining=%s", w.Code, w.Header().Get("X-RateLimit-Remaining"))
 	}
 	if n := logEntries(t, c, "api", "192.0.2.9"); n != 3 {
 		t.Errorf("app-wide log holds %d, want 3", n)
 	}
-	if _, err := api.With([]Limit{PerMinute(2, ClientIP()).Named("api")}); err == nil {
-		t.Error("With accepted a duplicate name")
+	if n := logEntries(t, c, "login", "192.0.2.9"); n != 2 {
+		t.Errorf("login log holds %d, want 2", n)
+	}
+	if _, err := New(c, []Limit{PerMinute(100, ClientIP()).Named("api")}, WithRoutes(map[string]RouteLimits{
+		"POST /login": {Limits: []Limit{PerMinute(2, ClientIP()).Named("api")}},
+	})); err == nil {
+		t.Error("WithRoutes accepted a duplicate name")
 	}
 }
 
@@ -804,13 +809,13 @@ func TestForRoute(t *testing.T) {
 		{"GET", "/other", 0},
 		{"GET", "", 0},
 	} {
-		got := lim.ForRoute(tc.method, tc.pattern)
+		got := lim.forRoute(tc.method, tc.pattern)
 		cost := 0
 		if got != lim {
 			cost = got.cfg.cost(nil)
 		}
 		if cost != tc.cost {
-			t.Errorf("ForRoute(%q, %q): cost %d, want %d", tc.method, tc.pattern, cost, tc.cost)
+			t.Errorf("forRoute(%q, %q): cost %d, want %d", tc.method, tc.pattern, cost, tc.cost)
 		}
 	}
 }

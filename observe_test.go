@@ -5,9 +5,12 @@ import (
 	"context"
 	"log/slog"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -50,28 +53,85 @@ func TestLogger(t *testing.T) {
 // countingObserver counts the decisions it sees.
 type countingObserver struct{ n atomic.Int64 }
 
-func (o *countingObserver) Observe(Decision) { o.n.Add(1) }
+func (o *countingObserver) Observe(Result, error, time.Duration) { o.n.Add(1) }
 
-// TestAllowRequestLikeAllow: AllowRequest's decisions reach the observers
-// and can be refunded, as Allow's can; StatusRequest's are not observed.
-func TestAllowRequestLikeAllow(t *testing.T) {
+// TestObservedDecisions: the decisions of Check and of Allow reach the
+// observers, and an Allow result can be refunded; StatusRequest's and
+// Status's are not observed.
+func TestObservedDecisions(t *testing.T) {
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	var o countingObserver
 	lim := mustNew(t, c, []Limit{PerMinute(5, Global()).Named("req")}, WithObserver(&o))
 	r := httptest.NewRequest("GET", "/", nil)
-	res, err := lim.AllowRequest(r)
+	if !lim.Check(httptest.NewRecorder(), r) {
+		t.Fatal("Check denied")
+	}
+	res, err := lim.Allow(context.Background(), []string{"global"}, 1)
 	if err != nil || !res.Allowed {
 		t.Fatalf("%+v %v", res, err)
 	}
 	if err := lim.Refund(context.Background(), res); err != nil {
-		t.Errorf("refunding an AllowRequest result: %v", err)
+		t.Errorf("refunding an Allow result: %v", err)
 	}
 	if _, err := lim.StatusRequest(r); err != nil {
 		t.Fatal(err)
 	}
-	if n := logEntries(t, c, "req", "global"); n != 0 || o.n.Load() != 1 {
-		t.Errorf("%d entries after the refund, %d decisions observed; want 0 and 1", n, o.n.Load())
+	if _, err := lim.Status(context.Background(), []string{"global"}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := logEntries(t, c, "req", "global"); n != 1 || o.n.Load() != 2 {
+		t.Errorf("%d entries after the refund, %d decisions observed; want 1 and 2", n, o.n.Load())
+	}
+}
+
+// recordingObserver keeps what it sees of each decision.
+type recordingObserver struct {
+	mu   sync.Mutex
+	seen []observed
+}
+
+type observed struct {
+	allowed, local, cached bool
+	limits                 []LimitResult
+	err                    error
+}
+
+func (o *recordingObserver) Observe(res Result, err error, _ time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.seen = append(o.seen, observed{res.Allowed, res.Local, res.Cached, slices.Clone(res.Limits), err})
+}
+
+// TestObserverSeesResult: an Observer sees the Result of each decision, a
+// denial from the deny cache marked Cached, and, for a decision that could
+// not be made, the error with every limit named and skipped.
+func TestObserverSeesResult(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	var o recordingObserver
+	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("a"), PerMinute(5, Global()).Shadowed().Named("b")},
+		WithObserver(&o), WithDenyCache(time.Hour), WithCircuitBreaker(0, 0))
+	ctx := context.Background()
+	for range 2 { // admitted, filling the limit; denied from the cache
+		_, _ = lim.Allow(ctx, []string{"g", "g"}, 1)
+	}
+	mr.SetError("LOADING Redis is loading the dataset in memory")
+	_, _ = lim.Allow(ctx, []string{"h", "h"}, 1)
+	if len(o.seen) != 3 {
+		t.Fatalf("%d decisions observed, want 3", len(o.seen))
+	}
+	for i, want := range []struct{ allowed, cached bool }{{true, false}, {false, true}} {
+		if s := o.seen[i]; s.allowed != want.allowed || s.cached != want.cached || s.err != nil || len(s.limits) != 2 || s.limits[0].Name != "a" {
+			t.Errorf("decision %d: %+v, want allowed=%v cached=%v and both limits", i, s, want.allowed, want.cached)
+		}
+	}
+	s := o.seen[2]
+	if s.err == nil || s.allowed || s.local || len(s.limits) != 2 ||
+		s.limits[0] != (LimitResult{Name: "a", Quota: 1, Window: time.Minute, Skipped: true}) ||
+		s.limits[1] != (LimitResult{Name: "b", Quota: 5, Window: time.Minute, Shadow: true, Skipped: true}) {
+		t.Errorf("failed decision: %+v, want the error and both limits skipped", s)
 	}
 }

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -32,9 +33,11 @@ const (
 	// instance then counts only its own requests, so across N instances a
 	// limit admits up to N times its quota; the counts of the outage are not
 	// carried over to Redis. Responses carry the local counts in their
-	// headers. A request whose Key cannot identify it gets 503, as under
-	// FailClosed. The local logs hold at most 100,000 keys; past that, idle
-	// keys and then arbitrary ones are dropped.
+	// headers. A request whose Key cannot identify it, or whose cost is
+	// below 1, gets 503, as under FailClosed. [Limiter.Allow] decides
+	// locally too, and returns the error with the local Result. The local
+	// logs hold at most 100,000 keys; past that, idle keys and then
+	// arbitrary ones are dropped.
 	FailLocal
 )
 
@@ -51,11 +54,11 @@ func (m FailureMode) String() string {
 	return "FailureMode(" + strconv.Itoa(int(m)) + ")"
 }
 
-// DefaultTimeout bounds a decision when [WithTimeout] is not given.
-const DefaultTimeout = 100 * time.Millisecond
-
-// DefaultPrefix starts every Redis key when [WithPrefix] is not given.
-const DefaultPrefix = "ratelimit:"
+// The defaults of WithTimeout and WithPrefix.
+const (
+	defaultTimeout = 100 * time.Millisecond
+	defaultPrefix  = "ratelimit:"
+)
 
 type config struct {
 	prefix     string
@@ -81,8 +84,8 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		prefix:  DefaultPrefix,
-		timeout: DefaultTimeout,
+		prefix:  defaultPrefix,
+		timeout: defaultTimeout,
 		failure: FailClosed,
 		headers: HeadersXRateLimit,
 
@@ -93,7 +96,7 @@ func defaultConfig() config {
 }
 
 // WithPrefix sets the string that starts every Redis key the limiter writes.
-// Default: [DefaultPrefix], "ratelimit:". It may not contain '{' or '}', which
+// Default: "ratelimit:". It may not contain '{' or '}', which
 // would change the keys' Redis Cluster hash slots.
 func WithPrefix(prefix string) Option {
 	return func(c *config) {
@@ -105,7 +108,7 @@ func WithPrefix(prefix string) Option {
 }
 
 // WithTimeout bounds the time of one decision, Redis round trip included.
-// Default: [DefaultTimeout], 100ms. When it runs out the request gets the
+// Default: 100ms. When it runs out the request gets the
 // failure mode. It must be positive.
 //
 // The Redis client must honour context deadlines for the bound to hold: build
@@ -120,8 +123,9 @@ func WithTimeout(d time.Duration) Option {
 	}
 }
 
-// WithFailureMode sets what the middleware does when it cannot decide.
-// Default: [FailClosed].
+// WithFailureMode sets what the middleware does when it cannot decide, and
+// whether [Limiter.Allow] then decides in this process ([FailLocal]).
+// Default: [FailClosed]. An unknown mode is an error from [New].
 func WithFailureMode(m FailureMode) Option {
 	return func(c *config) {
 		if m > FailLocal {
@@ -140,9 +144,10 @@ func WithClock(now func() time.Time) Option {
 }
 
 // WithCost sets the cost of each request, for routes that should count more
-// than once (an export, a batch call). Default: every request costs 1. A cost
-// below 1 is an error handled by the failure mode; a cost above a limit's
-// quota is always denied.
+// than once (an export, a batch call). Default: every request costs 1. A
+// route's [RouteLimits].Cost, if set, takes its place for that route. A cost
+// below 1 is an error: the request gets 503, or is served under [FailOpen];
+// a cost above a limit's quota is always denied.
 func WithCost(cost func(r *http.Request) int) Option {
 	return func(c *config) { c.cost = cost }
 }
@@ -163,9 +168,11 @@ func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, res Result
 }
 
 // WithErrorHandler sets a function that receives every error that makes the
-// middleware apply its failure mode (Redis errors, timeouts, [ErrNoKey]),
-// for logging and metrics. It runs on the request's goroutine before the
-// failure response; keep it fast. Default: none.
+// middleware apply its failure mode (Redis errors, timeouts, an open circuit
+// breaker, [ErrNoKey], a bad cost), and every error of a refund
+// [WithRefund] asked for, for logging and metrics. It runs on the request's
+// goroutine, before the failure response; keep it fast. It does not see
+// [Limiter.Allow]'s errors, which Allow returns. Default: none.
 func WithErrorHandler(h func(r *http.Request, err error)) Option {
 	return func(c *config) { c.onError = h }
 }
@@ -187,9 +194,18 @@ type RouteLimits struct {
 // "/users/:id" may be written either way).
 //
 // A request to a declared route is decided once, against the Limiter's
-// limits and the route's together. The route template must be known when
-// the Limiter decides: it is with the router adapters, and with
-// [Limiter.Handler] when it wraps an [http.ServeMux] or a single route.
+// limits and the route's together, with the Limiter's options, and counted
+// in all of them or in none: a login the tight login limit denies does not
+// use up the app-wide quota. Its Result lists the Limiter's limits, then the
+// route's. A route limit's name must differ from the Limiter's limits'
+// names; two routes that declare a limit of the same name (and definition)
+// share its counts. The route template must be known when the Limiter
+// decides: it is with the router adapters, and with [Limiter.Handler] when
+// it wraps an [http.ServeMux] or a single route. A request to a route not
+// declared, or with no template, is decided by the Limiter's limits alone.
+// Default: no routes. [New] reports a template with no path, a negative
+// cost, a route declared twice (the same method and normalized path) and
+// invalid or duplicate limits.
 func WithRoutes(routes map[string]RouteLimits) Option {
 	return func(c *config) {
 		if c.routes == nil {
@@ -245,4 +261,109 @@ func WithSingleSlot() Option {
 // Default: no refunds.
 func WithRefund(refund func(status int) bool) Option {
 	return func(c *config) { c.refund = refund }
+}
+
+// WithObserver adds an Observer of every decision of the middleware and of
+// [Limiter.Allow]. Default: none.
+func WithObserver(o Observer) Option {
+	return func(c *config) {
+		if o != nil {
+			c.observers = append(c.observers, o)
+		}
+	}
+}
+
+// WithLogger makes the limiter log its decisions (the middleware's and
+// [Limiter.Allow]'s) through logger: failures (the failure mode applied) at
+// Warn, denials at Debug, a shadow limit that would have denied at Info; and,
+// at Warn, a rollback that left units counted ([Limiter.Unreverted]). Client identifiers are left out unless
+// logIdentifiers is true: they are personal data in many places. Default:
+// no logging.
+//
+// With a logger, the first decision of a Limiter (or of one of its
+// [WithRoutes] routes) also asks Redis, once and in the background, for its
+// maxmemory-policy (CONFIG GET; on a cluster, every primary's), and logs one
+// warning at Warn
+// if it may evict the limiter's keys: every policy but noeviction does, once
+// maxmemory is set, and an evicted log forgets what it counted, so its
+// clients are admitted again. A Redis that refuses CONFIG GET is not
+// reported on; no decision waits for the check or fails because of it.
+func WithLogger(logger *slog.Logger, logIdentifiers bool) Option {
+	return func(c *config) { c.logger, c.logIDs = logger, logIdentifiers }
+}
+
+// An IPOption configures [ClientIP].
+type IPOption func(*ipConfig)
+
+// TrustProxies returns an IPOption that trusts the reverse proxies at the
+// given addresses: CIDR prefixes ("10.0.0.0/8", "2001:db8::/32") or single
+// IPs ("192.0.2.1", "::1"). Only requests whose peer is one of them have
+// their proxy header read (see [ClientIP]). It may be given several times;
+// the lists add up.
+//
+// An entry that does not parse, a prefix with host bits set
+// ("10.0.0.1/8", usually a typo) or a prefix of length 0 (which would trust
+// every peer and let any client choose its key) is a configuration error.
+// Peers are compared after normalization (see [ClientIP]): IPv4-mapped
+// entries (::ffff:10.0.0.0/104) are converted to IPv4, an IPv6 prefix never
+// matches an IPv4 or IPv4-mapped peer, and zones are dropped.
+func TrustProxies(cidrs ...string) IPOption {
+	return func(c *ipConfig) {
+		for _, s := range cidrs {
+			p, err := parseTrusted(s)
+			if err != nil {
+				c.fail(fmt.Errorf("TrustProxies: invalid entry %q: %w", s, err))
+				continue
+			}
+			c.trusted = append(c.trusted, p)
+		}
+	}
+}
+
+// ProxyHeader returns an IPOption that sets the header trusted proxies use to
+// pass on the client address (see [ClientIP]); the default is
+// X-Forwarded-For. "Forwarded" selects RFC 7239 parsing: the for= parameter
+// of each comma-separated element, with quoted values, IPv6 in brackets and
+// optional ports. Any other name, such as "X-Real-IP", is read like
+// X-Forwarded-For: a comma-separated list of IPs, each optionally with a port
+// ("192.0.2.1:4711", "[2001:db8::1]:4711").
+//
+// The header is read only when the peer is a trusted proxy, so ProxyHeader
+// without [TrustProxies] has no effect. An empty or malformed name is a
+// configuration error.
+func ProxyHeader(name string) IPOption {
+	return func(c *ipConfig) {
+		if !isToken(name) {
+			c.fail(fmt.Errorf("ProxyHeader: invalid header name %q", name))
+			return
+		}
+		c.header = http.CanonicalHeaderKey(name)
+		c.forwarded = c.header == "Forwarded"
+	}
+}
+
+// IPv4Prefix returns an IPOption that groups IPv4 clients by their first bits
+// bits, 1 to 32: with 24, all of 198.51.100.0/24 shares one key. The default
+// is 32, one key per address.
+func IPv4Prefix(bits int) IPOption {
+	return prefixBits("IPv4Prefix", bits, 32, func(c *ipConfig) *int { return &c.v4Bits })
+}
+
+// IPv6Prefix returns an IPOption that groups IPv6 clients by their first bits
+// bits, 1 to 128. The default is 64: a host can usually pick any address in
+// its /64, so counting single addresses would let it escape the limit.
+func IPv6Prefix(bits int) IPOption {
+	return prefixBits("IPv6Prefix", bits, 128, func(c *ipConfig) *int { return &c.v6Bits })
+}
+
+// prefixBits returns an IPOption that sets *field(c) to bits, or records an
+// error if bits is not in 1..max.
+func prefixBits(name string, bits, max int, field func(*ipConfig) *int) IPOption {
+	return func(c *ipConfig) {
+		if bits < 1 || bits > max {
+			c.fail(fmt.Errorf("%s: %d bits is not in 1..%d", name, bits, max))
+			return
+		}
+		*field(c) = bits
+	}
 }

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-const testHead = DefaultPrefix + "ip:{"
+const testHead = defaultPrefix + "ip:{"
 
 func TestRedisKey(t *testing.T) {
 	for _, tc := range []struct{ id, want string }{

@@ -6,6 +6,9 @@ import (
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestStatus: Status reports what Allow would, and counts nothing.
@@ -109,4 +112,25 @@ func TestStatusRequest(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestAllowFailLocal: under FailLocal, Allow returns the local decision
+// together with the error that kept Redis from deciding, as its doc says;
+// an error in its arguments gets no local decision.
+func TestAllowFailLocal(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("g")}, WithFailureMode(FailLocal), WithCircuitBreaker(0, 0))
+	mr.SetError("LOADING Redis is loading the dataset in memory")
+	ctx := context.Background()
+	for i, want := range []bool{true, false} {
+		res, err := lim.Allow(ctx, []string{"x"}, 1)
+		if err == nil || !res.Local || res.Allowed != want || len(res.Limits) != 1 {
+			t.Errorf("decision %d: %+v %v; want a local decision (allowed=%v) and the error", i, res, err, want)
+		}
+	}
+	if res, err := lim.Allow(ctx, []string{"x"}, 0); err == nil || res.Local || res.Limits != nil {
+		t.Errorf("cost 0: %+v %v; want the error alone", res, err)
+	}
 }

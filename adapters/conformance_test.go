@@ -28,39 +28,35 @@ import (
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
-// The app every router serves: the same routes, the same limits.
+// The app every router serves: the same routes, the same limits, all
+// declared in one table.
 //
 //	app-wide   "ip"     50 per minute per client IP
 //	           "route"  3 per minute per client IP and route template
 //	table      GET /export adds "export", 1 per minute per IP
 //	           GET /report costs 2
-//	inline     POST /login adds "login", 2 per minute per IP
+//	           POST /login adds "login", 2 per minute per IP
+//	           GET /admin/stats adds "admin", 1 per minute per IP
 //	routes     GET /users/{id}, POST /login, GET /report, GET /export,
-//	           GET /teapot (answers 418 the router's own way)
-//	group      GET /admin/stats, in a group or sub-router whose own limiter
-//	           adds "admin", 1 per minute per IP
-func limiters(t *testing.T, rdb redis.UniversalClient, opts ...ratelimit.Option) (api, login, admin *ratelimit.Limiter) {
+//	           GET /teapot (answers 418 the router's own way),
+//	           GET /admin/stats, in a group or sub-router where the router
+//	           has them
+func limiter(t *testing.T, rdb redis.UniversalClient, opts ...ratelimit.Option) *ratelimit.Limiter {
 	t.Helper()
 	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout)}, opts...)
 	api, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(50, ratelimit.ClientIP()).Named("ip"),
 		ratelimit.PerMinute(3, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
 	}, append(opts, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-		"GET /export": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("export")}},
-		"GET /report": {Cost: 2},
+		"GET /export":      {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("export")}},
+		"GET /report":      {Cost: 2},
+		"POST /login":      {Limits: []ratelimit.Limit{ratelimit.PerMinute(2, ratelimit.ClientIP()).Named("login")}},
+		"GET /admin/stats": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("admin")}},
 	}))...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	login, err = api.With([]ratelimit.Limit{ratelimit.PerMinute(2, ratelimit.ClientIP()).Named("login")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err = api.With([]ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("admin")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return api, login, admin
+	return api
 }
 
 // TestMain says how many real-Redis tests were skipped, if any.
@@ -70,58 +66,55 @@ func ok(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }
 
 var routers = []struct {
 	name  string
-	build func(t *testing.T, api, login, admin *ratelimit.Limiter) http.Handler
+	build func(api *ratelimit.Limiter) http.Handler
 }{
-	{"net/http", func(t *testing.T, api, login, admin *ratelimit.Limiter) http.Handler {
+	{"net/http", func(api *ratelimit.Limiter) http.Handler {
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /users/{id}", ok)
-		mux.Handle("POST /login", login.Handler(http.HandlerFunc(ok)))
+		mux.HandleFunc("POST /login", ok)
 		mux.HandleFunc("GET /report", ok)
 		mux.HandleFunc("GET /export", ok)
 		mux.HandleFunc("GET /teapot", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
-		mux.Handle("GET /admin/stats", admin.Handler(http.HandlerFunc(ok)))
+		mux.HandleFunc("GET /admin/stats", ok)
 		return api.Handler(mux)
 	}},
-	{"chi", func(t *testing.T, api, login, admin *ratelimit.Limiter) http.Handler {
+	{"chi", func(api *ratelimit.Limiter) http.Handler {
 		r := chi.NewRouter()
 		r.Use(chiratelimit.Middleware(api))
 		r.Get("/users/{id}", ok)
-		r.With(chiratelimit.Route(login)).Post("/login", ok)
+		r.Post("/login", ok)
 		r.Get("/report", ok)
 		r.Get("/export", ok)
 		r.Get("/teapot", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
 		r.Route("/admin", func(r chi.Router) {
-			r.Use(chiratelimit.Route(admin))
 			r.Get("/stats", ok)
 		})
 		return r
 	}},
-	{"echo", func(t *testing.T, api, login, admin *ratelimit.Limiter) http.Handler {
+	{"echo", func(api *ratelimit.Limiter) http.Handler {
 		e := echo.New()
-		if err := echoratelimit.Install(e, api); err != nil {
-			t.Fatal(err)
-		}
+		e.Use(echoratelimit.Middleware(api))
 		eok := func(c echo.Context) error { return c.String(http.StatusOK, "ok") }
 		e.GET("/users/:id", eok)
-		e.POST("/login", eok, echoratelimit.Route(login))
+		e.POST("/login", eok)
 		e.GET("/report", eok)
 		e.GET("/export", eok)
 		// echo's own error handling must survive the middleware.
 		e.GET("/teapot", func(c echo.Context) error { return echo.NewHTTPError(http.StatusTeapot, "teapot") })
-		e.Group("/admin", echoratelimit.Route(admin)).GET("/stats", eok)
+		e.Group("/admin").GET("/stats", eok)
 		return e
 	}},
-	{"gin", func(t *testing.T, api, login, admin *ratelimit.Limiter) http.Handler {
+	{"gin", func(api *ratelimit.Limiter) http.Handler {
 		gin.SetMode(gin.ReleaseMode)
 		g := gin.New()
 		g.Use(ginratelimit.Middleware(api))
 		gok := func(c *gin.Context) { c.String(http.StatusOK, "ok") }
 		g.GET("/users/:id", gok)
-		g.POST("/login", ginratelimit.Route(login), gok)
+		g.POST("/login", gok)
 		g.GET("/report", gok)
 		g.GET("/export", gok)
 		g.GET("/teapot", func(c *gin.Context) { c.AbortWithStatus(http.StatusTeapot) })
-		g.Group("/admin", ginratelimit.Route(admin)).GET("/stats", gok)
+		g.Group("/admin").GET("/stats", gok)
 		return g
 	}},
 }
@@ -140,7 +133,7 @@ var steps = []struct {
 	{"GET", "/users/2", 200, "3", "1", ""},
 	{"GET", "/users/3", 200, "3", "0", ""},
 	{"GET", "/users/4", 429, "3", "0", "60"},
-	// The inline login limit is tighter and checked in the same step.
+	// The login limit is tighter and checked in the same step.
 	{"POST", "/login", 200, "2", "1", ""},
 	{"POST", "/login", 200, "2", "0", ""},
 	{"POST", "/login", 429, "2", "0", "60"},
@@ -155,7 +148,7 @@ var steps = []struct {
 	{"GET", "/export", 429, "1", "0", "60"},
 	// The router's own error response passes through, with the headers.
 	{"GET", "/teapot", 418, "3", "2", ""},
-	// A group's (or sub-router's) own limiter.
+	// A route in a group or sub-router, with an extra limit from the table.
 	{"GET", "/admin/stats", 200, "1", "0", ""},
 	{"GET", "/admin/stats", 429, "1", "0", "60"},
 }
@@ -180,8 +173,7 @@ func TestConformance(t *testing.T) {
 	for _, rt := range routers {
 		t.Run(rt.name, func(t *testing.T) {
 			forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
-				api, login, admin := limiters(t, rdb, opts...)
-				h := rt.build(t, api, login, admin)
+				h := rt.build(limiter(t, rdb, opts...))
 				for i, s := range steps {
 					r := httptest.NewRequest(s.method, s.path, nil)
 					r.RemoteAddr = "192.0.2.1:1234"
@@ -247,15 +239,22 @@ func logs(t *testing.T, rdb *redis.Client) map[string]int64 {
 	return got
 }
 
-// TestEchoInstallAfterRoutes: echo reports a route's middleware only when it
-// is added, so Install refuses to come late instead of missing Route limiters.
-func TestEchoInstallAfterRoutes(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
-	defer rdb.Close()
-	api, _, _ := limiters(t, rdb)
-	e := echo.New()
-	e.GET("/", func(c echo.Context) error { return nil })
-	if err := echoratelimit.Install(e, api); err == nil {
-		t.Error("Install after a route: no error")
-	}
+// TestEchoMiddlewareAfterRoutes: echo applies e.Use middleware when it
+// serves, so the adapter decides routes added before it too, by their
+// template and with their declared limits.
+func TestEchoMiddlewareAfterRoutes(t *testing.T) {
+	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+		e := echo.New()
+		e.POST("/login", func(c echo.Context) error { return c.String(http.StatusOK, "ok") })
+		e.Use(echoratelimit.Middleware(limiter(t, rdb, opts...)))
+		for i, want := range []int{200, 200, 429} {
+			r := httptest.NewRequest("POST", "/login", nil)
+			r.RemoteAddr = "192.0.2.1:1234"
+			w := httptest.NewRecorder()
+			e.ServeHTTP(w, r)
+			if w.Code != want || w.Header().Get("X-RateLimit-Limit") != "2" {
+				t.Errorf("request %d: %d limit=%q, want %d limit=2", i, w.Code, w.Header().Get("X-RateLimit-Limit"), want)
+			}
+		}
+	})
 }

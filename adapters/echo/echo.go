@@ -2,22 +2,20 @@
 //
 //	import echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 //
+//	api, err := ratelimit.New(rdb, limits, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
+//		"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("login")}},
+//	}))
 //	e := echo.New()
-//	if err := echoratelimit.Install(e, api); err != nil {     // every request
-//		log.Fatal(err)
-//	}
-//	e.POST("/login", handler, echoratelimit.Route(login))     // login := api.With(...)
+//	e.Use(echoratelimit.Middleware(api))
+//	e.POST("/login", handler)
 //
-// Options live in the Limiter; this package only translates.
+// Options and per-route limits live in the Limiter; this package only
+// translates.
 package echoratelimit
 
 import (
-	"errors"
 	"net/http"
 	"reflect"
-	"slices"
-	"strconv"
-	"sync"
 
 	"github.com/labstack/echo/v4"
 
@@ -25,53 +23,14 @@ import (
 	"github.com/slidinglog/ratelimit/internal/route"
 )
 
-// Install makes l decide every request e serves, as middleware added with
-// e.Use. [ratelimit.Route] keys and [ratelimit.WithRoutes] see the route's
+// Middleware returns echo middleware that decides every request with l (see
+// [ratelimit.Limiter.Check]). Add it with e.Use, once, before or after the
+// routes: echo runs it after routing, for unmatched requests too.
+// [ratelimit.Route] keys and [ratelimit.WithRoutes] see the route's
 // template, written "/users/{id}" for echo's "/users/:id"; requests no route
-// matches share [ratelimit.UnmatchedRoute]. Routes added with a [Route]
-// limiter among their middleware are left to it.
-//
-// echo tells a route's middleware only when the route is added, so Install
-// must come before the routes: it returns an error if e already has some.
-// Errors that handlers return (echo.HTTPError included) reach e's
-// HTTPErrorHandler unchanged.
-func Install(e *echo.Echo, l *ratelimit.Limiter) error {
-	if n := len(e.Routes()); n > 0 {
-		return errors.New("echoratelimit: Install must be called before routes are added; e has " + strconv.Itoa(n))
-	}
-	var routes sync.Map // [2]string{method, normalized path} -> true, for routes with a Route limiter
-	prev := e.OnAddRouteHandler
-	e.OnAddRouteHandler = func(host string, r echo.Route, h echo.HandlerFunc, mws []echo.MiddlewareFunc) {
-		if slices.ContainsFunc(mws, func(mw echo.MiddlewareFunc) bool { return reflect.ValueOf(mw).Pointer() == routePC }) {
-			routes.Store([2]string{r.Method, route.Cached(r.Path)}, true)
-		}
-		if prev != nil {
-			prev(host, r, h, mws)
-		}
-	}
-	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
-		return func(c echo.Context) error {
-			r := resolve(c)
-			if _, has := routes.Load([2]string{r.Method, r.Pattern}); has || l.Check(c.Response(), r) {
-				return next(c)
-			}
-			return nil
-		}
-	})
-	return nil
-}
-
-// Route returns echo middleware for the routes or groups it is added to:
-// their requests are decided by l instead of by the Limiter given to
-// [Install], once, against all of l's limits. Build l with
-// [ratelimit.Limiter.With] from that Limiter, so that the app-wide limits
-// still apply.
-//
-// Route is not inlined: its middleware must be one function, whose address
-// identifies it (see routePC), and inlining would copy it into every caller.
-//
-//go:noinline
-func Route(l *ratelimit.Limiter) echo.MiddlewareFunc {
+// matches share [ratelimit.UnmatchedRoute]. Errors that handlers return
+// (echo.HTTPError included) reach e's HTTPErrorHandler unchanged.
+func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			if l.Check(c.Response(), resolve(c)) {
@@ -82,10 +41,9 @@ func Route(l *ratelimit.Limiter) echo.MiddlewareFunc {
 	}
 }
 
-// routePC identifies Route's middleware among a route's middleware.
-var routePC = reflect.ValueOf(Route(nil)).Pointer()
-
-// The handlers echo routes unmatched requests to.
+// The handlers echo routes unmatched requests to. echo gives such a request
+// the path of the nearest node of its route tree, so only the handler tells
+// it apart from a route's.
 var (
 	notFoundPC         = reflect.ValueOf(echo.NotFoundHandler).Pointer()
 	methodNotAllowedPC = reflect.ValueOf(echo.MethodNotAllowedHandler).Pointer()

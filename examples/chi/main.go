@@ -17,14 +17,12 @@ import (
 
 func main() {
 	app := demo.Start()
-	api, login := app.API, app.Login
-
 	r := chi.NewRouter()
-	r.Use(chiratelimit.Middleware(api))
+	r.Use(chiratelimit.Middleware(app.API)) // POST /login's own limit is in app.API's route table
 	r.Get("/users/{id}", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "user %s\n", chi.URLParam(r, "id"))
 	})
-	r.With(chiratelimit.Route(login)).Post("/login", func(w http.ResponseWriter, r *http.Request) {
+	r.Post("/login", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "welcome")
 	})
 	r.Get("/report", func(w http.ResponseWriter, r *http.Request) {

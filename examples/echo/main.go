@@ -6,7 +6,6 @@
 package main
 
 import (
-	"log"
 	"net/http"
 
 	"github.com/labstack/echo/v4"
@@ -17,19 +16,15 @@ import (
 
 func main() {
 	app := demo.Start()
-	api, login := app.API, app.Login
-
 	e := echo.New()
 	e.HideBanner = true
-	if err := echoratelimit.Install(e, api); err != nil { // before the routes
-		log.Fatal(err)
-	}
+	e.Use(echoratelimit.Middleware(app.API)) // POST /login's own limit is in app.API's route table
 	e.GET("/users/:id", func(c echo.Context) error {
 		return c.String(http.StatusOK, "user "+c.Param("id")+"\n")
 	})
 	e.POST("/login", func(c echo.Context) error {
 		return c.String(http.StatusOK, "welcome\n")
-	}, echoratelimit.Route(login))
+	})
 	e.GET("/report", func(c echo.Context) error {
 		return c.String(http.StatusOK, "an expensive report\n")
 	})

@@ -14,6 +14,7 @@ package ratelimitprom
 
 import (
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -68,9 +69,9 @@ func New() *Metrics {
 }
 
 // Watch makes ratelimit_breaker_open report l's circuit breakers and
-// ratelimit_unreverted_units_total count what l left counted. Watch each
-// Limiter from ratelimit.New once: the Limiters derived from it share its
-// breakers and its count.
+// ratelimit_unreverted_units_total count what l left counted, its
+// [ratelimit.WithRoutes] routes included. Watch each Limiter once: a
+// Limiter watched twice is counted twice.
 func (m *Metrics) Watch(l *ratelimit.Limiter) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -98,23 +99,20 @@ func (m *Metrics) unrevertedUnits() float64 {
 	return float64(n)
 }
 
-// Observe records one decision.
-func (m *Metrics) Observe(d ratelimit.Decision) {
-	m.latency.Observe(d.Latency.Seconds())
-	if d.Limits == nil {
-		for _, name := range d.LimitNames {
-			m.decisions.WithLabelValues(name, "error").Inc()
-		}
-		return
-	}
-	for _, lr := range d.Limits {
+// Observe records one decision ([ratelimit.Observer]).
+func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration) {
+	m.latency.Observe(latency.Seconds())
+	failed := err != nil && !res.Local
+	for _, lr := range res.Limits {
 		switch {
+		case failed:
+			m.decisions.WithLabelValues(lr.Name, "error").Inc()
 		case lr.Skipped:
 		case lr.Shadow && lr.Denied:
 			m.decisions.WithLabelValues(lr.Name, "shadow_denied").Inc()
 		case lr.Denied:
 			m.decisions.WithLabelValues(lr.Name, "denied").Inc()
-		case d.Allowed:
+		case res.Allowed:
 			m.decisions.WithLabelValues(lr.Name, "allowed").Inc()
 		}
 	}

@@ -39,15 +39,12 @@ func Connect() (*redis.Client, string) {
 	return redis.NewClient(opt), "Redis at " + opt.Addr
 }
 
-// Limiters returns the examples' limiters:
-//
-//   - api, for every route: 1,000 requests per minute in all, 10 per
-//     minute per client IP, and 5 per minute per client IP and route
-//     template (so /users/1 and /users/2 count together); GET /report costs
-//     5.
-//   - login, for POST /login: api's limits plus 3 per minute per IP, checked
-//     in the same step, with problem+json denials.
-func Limiters(rdb *redis.Client, opts ...ratelimit.Option) (api, login *ratelimit.Limiter) {
+// Limiter returns the examples' limiter, for every route: 1,000 requests
+// per minute in all, 10 per minute per client IP, and 5 per minute per
+// client IP and route template (so /users/1 and /users/2 count together);
+// POST /login adds 3 per minute per IP, checked in the same step; GET
+// /report costs 5. Denials are problem+json.
+func Limiter(rdb *redis.Client, opts ...ratelimit.Option) *ratelimit.Limiter {
 	api, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(1000, ratelimit.Global()).Named("global"),
 		ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("per-ip"),
@@ -55,37 +52,36 @@ func Limiters(rdb *redis.Client, opts ...ratelimit.Option) (api, login *ratelimi
 	}, append([]ratelimit.Option{
 		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit | ratelimit.HeadersIETF),
 		ratelimit.WithErrorHandler(func(r *http.Request, err error) { log.Printf("rate limiter: %v", err) }),
-		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"GET /report": {Cost: 5}}),
+		ratelimit.WithDeniedHandler(ratelimit.ProblemDetails),
+		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
+			"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.ClientIP()).Named("login")}},
+			"GET /report": {Cost: 5},
+		}),
 	}, opts...)...)
 	if err != nil {
 		log.Fatal(err)
 	}
-	login, err = api.With([]ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.ClientIP()).Named("login")},
-		ratelimit.WithDeniedHandler(ratelimit.ProblemDetails))
-	if err != nil {
-		log.Fatal(err)
-	}
-	return api, login
+	return api
 }
 
-// App is what an example needs: the limiters, their metrics, and where to
+// App is what an example needs: the limiter, its metrics, and where to
 // listen.
 type App struct {
-	API, Login *ratelimit.Limiter // see Limiters
-	Metrics    *ratelimitprom.Metrics
-	addr       string
-	where      string
+	API     *ratelimit.Limiter // see Limiter
+	Metrics *ratelimitprom.Metrics
+	addr    string
+	where   string
 }
 
-// Start parses the -addr flag, connects to Redis and builds the limiters.
+// Start parses the -addr flag, connects to Redis and builds the limiter.
 func Start() *App {
 	addr := flag.String("addr", "localhost:8080", "address to listen on")
 	flag.Parse()
 	rdb, where := Connect()
 	metrics := ratelimitprom.New()
-	api, login := Limiters(rdb, ratelimit.WithObserver(metrics))
+	api := Limiter(rdb, ratelimit.WithObserver(metrics))
 	metrics.Watch(api)
-	return &App{API: api, Login: login, Metrics: metrics, addr: *addr, where: where}
+	return &App{API: api, Metrics: metrics, addr: *addr, where: where}
 }
 
 // Serve prints how to try the example and serves h until it fails, which
@@ -94,7 +90,7 @@ func (a *App) Serve(h http.Handler) {
 	fmt.Printf(`Listening on http://%[1]s with %[2]s. Try:
 
   curl -i http://%[1]s/users/1          # X-RateLimit-* and RateLimit headers
-  curl -i -X POST http://%[1]s/login    # 3 per minute, on top of the app-wide limits; problem+json on 429
+  curl -i -X POST http://%[1]s/login    # 3 per minute, on top of the app-wide limits; 429s are problem+json
   curl -i http://%[1]s/report           # costs 5
   for i in $(seq 7); do curl -s -o /dev/null -w '%%{http_code} ' http://%[1]s/users/$i; done; echo
                                         # /users/{id} shares one counter: 5 per minute
