@@ -18,55 +18,8 @@ import (
 // gets the failure mode at once, without waiting for a timeout.
 var ErrCircuitOpen = errors.New("ratelimit: circuit open: Redis failed repeatedly, not calling it during the cool-down")
 
-// Circuit breaker defaults, used when [WithCircuitBreaker] is not given.
-const (
-	DefaultBreakerFailures = 5
-	DefaultBreakerCoolDown = time.Second
-)
-
-// WithCircuitBreaker sets when the limiter stops calling an unavailable
-// Redis: after failures consecutive failed calls (connection errors,
-// timeouts, LOADING, BUSY, CLUSTERDOWN...; not errors particular to one key)
-// it answers every request with the failure mode at once, wrapped in
-// [ErrCircuitOpen], for coolDown. Then one request probes Redis: if it
-// succeeds the limiter calls Redis again as usual, else the cool-down starts
-// over. Default: [DefaultBreakerFailures] failures, [DefaultBreakerCoolDown].
-// failures <= 0 turns the breaker off: every request waits for Redis up to
-// the timeout.
-//
-// A decision whose context its caller cancelled does not count. A timeout
-// counts only if it says something about Redis: not if Redis has
-// answered a decision that started after it, and not if the process was so
-// busy that the decision learnt of its deadline late (by more than a
-// quarter of the timeout, 10ms at least), which also starts the count over.
-// A flood answered from the deny cache or handlers that keep every core
-// busy thus do not open the breaker for the clients Redis is answering;
-// but while the process is that busy, a Redis that answers nobody makes
-// each request wait for the timeout rather than fail at once.
-//
-// On a Redis Cluster each primary has its own breaker: failed calls to one
-// primary do not open the others' breakers. Whether the other primaries keep
-// deciding while one is down depends on the cluster's configuration. With
-// Redis's default, cluster-require-full-coverage yes, once the cluster marks
-// the primary failed (after cluster-node-timeout) every node refuses every
-// command with CLUSTERDOWN until a replica has been promoted or the primary
-// is back: decisions for every key get the failure mode for that time, and
-// for up to coolDown longer, as those errors open every primary's breaker.
-// With cluster-require-full-coverage no, the other primaries keep serving
-// their slots and only decisions that need a key of the dead primary fail
-// (a [Global] limit's key is on one primary, so, if it is that one, every
-// decision that includes it).
-func WithCircuitBreaker(failures int, coolDown time.Duration) Option {
-	return func(c *config) {
-		if failures > 0 && coolDown <= 0 {
-			c.errs = append(c.errs, errors.New("circuit breaker cool-down "+coolDown.String()+" is not positive"))
-		}
-		c.breakerFailures, c.breakerCoolDown = failures, coolDown
-	}
-}
-
 // breakers holds a Limiter's breakers: one for a single Redis, one per
-// primary for a cluster. Limiters derived with With share their parent's.
+// primary for a cluster. The Limiters WithRoutes derives share their parent's.
 type breakers struct {
 	failures int32
 	coolDown time.Duration

@@ -233,7 +233,7 @@ func TestChaosRestart(t *testing.T) {
 			// The deny cache answers for a key Redis reported full, for
 			// up to its maximum age, whether Redis answers or not.
 			cached++
-			if e.at > killed+DefaultDenyCache+chaosTimeout {
+			if e.at > killed+defaultDenyCache+chaosTimeout {
 				t.Errorf("a denial at %v, %v after the kill: older than the deny cache keeps one", e.at, e.at-killed)
 			}
 		default:
@@ -264,7 +264,7 @@ func TestChaosRestart(t *testing.T) {
 	}
 	// Each instance has its own breaker: the last one resumes at most a
 	// cool-down (plus a probe) after the first.
-	if late := lastFail - (restarted + recovered); late > DefaultBreakerCoolDown+chaosTimeout+chaosMargin {
+	if late := lastFail - (restarted + recovered); late > defaultBreakerCoolDown+chaosTimeout+chaosMargin {
 		t.Errorf("an instance still failed %v after another had resumed", late)
 	}
 	// The restarted Redis is empty: the quota is admitted again, never

@@ -493,7 +493,7 @@ func TestClusterDeadShard(t *testing.T) {
 		// Keep the load on after the promotion for longer than a breaker
 		// opened by the CLUSTERDOWN errors stays open: an observation
 		// window, not a wait for an event.
-		observed := ld.observe(healthyAt+DefaultBreakerCoolDown+2*time.Second, 200)
+		observed := ld.observe(healthyAt+defaultBreakerCoolDown+2*time.Second, 200)
 		st := ld.finish()
 		if observed != nil {
 			t.Errorf("after the failover: %v", observed)
@@ -507,7 +507,7 @@ func TestClusterDeadShard(t *testing.T) {
 			if st.firstFail < kill {
 				t.Errorf("a decision on a healthy primary failed at %v, before the kill at %v", ms(st.firstFail), ms(kill))
 			}
-			if bound := healthyAt + DefaultBreakerCoolDown + 2*time.Second; st.lastFail > bound {
+			if bound := healthyAt + defaultBreakerCoolDown + 2*time.Second; st.lastFail > bound {
 				t.Errorf("decisions on healthy primaries still failed at %v, cluster healthy at %v: want none after %v", ms(st.lastFail), ms(healthyAt), ms(bound))
 			}
 			for kind := range st.kinds {
@@ -537,7 +537,7 @@ func TestClusterDeadShard(t *testing.T) {
 		// Hold the outage after the cluster marked the primary failed (with
 		// full coverage, every node would refuse commands from then on) for
 		// longer than a breaker cool-down: an observation window.
-		observed := ld.observe(failedAt+DefaultBreakerCoolDown+time.Second, 200)
+		observed := ld.observe(failedAt+defaultBreakerCoolDown+time.Second, 200)
 		st := ld.finish()
 		if observed != nil {
 			t.Errorf("during the outage: %v", observed)

@@ -2,42 +2,14 @@ package ratelimit
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
 	"runtime"
 	"sync"
 	"time"
 )
 
-// DefaultDenyCache is how long a denial may be served from memory when
-// [WithDenyCache] is not given.
-const DefaultDenyCache = time.Second
-
 // maxDenyEntries bounds the denials a Limiter keeps in memory.
 const maxDenyEntries = 100_000
-
-// WithDenyCache sets how long, at most, the limiter answers from memory for
-// a key that Redis just reported full. Once Redis has denied a request of
-// cost n on a key (or admitted one that left it nothing: n is then 1),
-// later requests of cost n on that key are denied in-process, without a
-// round trip, until the oldest entry of its log leaves the window (when its
-// count can first fall), or maxAge, whichever is first. When several of a
-// request's keys are known full for its cost, the one that frees up last
-// denies it. A request of a cost the cache saw no denial of, on a key it
-// knows has no room for it, asks Redis, which alone knows when it fits.
-// Headers stay exact: the count cannot change before then, except by the
-// early removal of entries, which happens only when a Redis Cluster
-// decision's reservation is rolled back or a request is refunded; a denial
-// served from memory is stale by at most maxAge after such a removal.
-// Default: [DefaultDenyCache], 1s. 0 turns the cache off.
-func WithDenyCache(maxAge time.Duration) Option {
-	return func(c *config) {
-		if maxAge < 0 {
-			c.errs = append(c.errs, errors.New("deny cache age "+maxAge.String()+" is negative"))
-		}
-		c.denyCache = maxAge
-	}
-}
 
 // denyCache remembers, per Redis key, the limits that Redis reported full:
 // denied, or left with nothing remaining by an admission.

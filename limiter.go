@@ -64,7 +64,7 @@ type Limiter struct {
 	// FailLocal's in-process store as configured.
 	store store
 
-	// Shared with derived Limiters.
+	// Shared with the Limiters WithRoutes derives.
 	redis  *redisStore
 	local  *localStore // FailLocal's
 	denies *denyCache

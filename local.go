@@ -10,10 +10,10 @@ import (
 const maxLocalKeys = 100_000
 
 // localStore is the in-process sliding log FailLocal decides with while
-// Redis cannot be reached. It applies the same rules as the script, to the
-// requests of this process only. Limiters derived with With share their
-// parent's, so that a route's requests count in the app-wide limits there
-// too.
+// Redis cannot be reached. It applies the same rules as the Lua code, to
+// the requests of this process only. The Limiters WithRoutes derives share
+// their parent's, so that a route's requests count in the app-wide limits
+// there too.
 type localStore struct {
 	mu   sync.Mutex
 	logs map[string]*localLog // by Redis key

@@ -58,6 +58,10 @@ func (m FailureMode) String() string {
 const (
 	defaultTimeout = 100 * time.Millisecond
 	defaultPrefix  = "ratelimit:"
+
+	defaultBreakerFailures = 5
+	defaultBreakerCoolDown = time.Second
+	defaultDenyCache       = time.Second
 )
 
 type config struct {
@@ -89,9 +93,9 @@ func defaultConfig() config {
 		failure: FailClosed,
 		headers: HeadersXRateLimit,
 
-		breakerFailures: DefaultBreakerFailures,
-		breakerCoolDown: DefaultBreakerCoolDown,
-		denyCache:       DefaultDenyCache,
+		breakerFailures: defaultBreakerFailures,
+		breakerCoolDown: defaultBreakerCoolDown,
+		denyCache:       defaultDenyCache,
 	}
 }
 
@@ -365,5 +369,69 @@ func prefixBits(name string, bits, max int, field func(*ipConfig) *int) IPOption
 			return
 		}
 		*field(c) = bits
+	}
+}
+
+// WithCircuitBreaker sets when the limiter stops calling an unavailable
+// Redis: after failures consecutive failed calls (connection errors,
+// timeouts, LOADING, BUSY, CLUSTERDOWN...; not errors particular to one key)
+// it answers every request with the failure mode at once, wrapped in
+// [ErrCircuitOpen], for coolDown. Then one request probes Redis: if it
+// succeeds the limiter calls Redis again as usual, else the cool-down starts
+// over. Default: 5 failures, 1s.
+// failures <= 0 turns the breaker off: every request waits for Redis up to
+// the timeout.
+//
+// A decision whose context its caller cancelled does not count. A timeout
+// counts only if it says something about Redis: not if Redis has
+// answered a decision that started after it, and not if the process was so
+// busy that the decision learnt of its deadline late (by more than a
+// quarter of the timeout, 10ms at least), which also starts the count over.
+// A flood answered from the deny cache or handlers that keep every core
+// busy thus do not open the breaker for the clients Redis is answering;
+// but while the process is that busy, a Redis that answers nobody makes
+// each request wait for the timeout rather than fail at once.
+//
+// On a Redis Cluster each primary has its own breaker: failed calls to one
+// primary do not open the others' breakers. Whether the other primaries keep
+// deciding while one is down depends on the cluster's configuration. With
+// Redis's default, cluster-require-full-coverage yes, once the cluster marks
+// the primary failed (after cluster-node-timeout) every node refuses every
+// command with CLUSTERDOWN until a replica has been promoted or the primary
+// is back: decisions for every key get the failure mode for that time, and
+// for up to coolDown longer, as those errors open every primary's breaker.
+// With cluster-require-full-coverage no, the other primaries keep serving
+// their slots and only decisions that need a key of the dead primary fail
+// (a [Global] limit's key is on one primary, so, if it is that one, every
+// decision that includes it).
+func WithCircuitBreaker(failures int, coolDown time.Duration) Option {
+	return func(c *config) {
+		if failures > 0 && coolDown <= 0 {
+			c.errs = append(c.errs, errors.New("circuit breaker cool-down "+coolDown.String()+" is not positive"))
+		}
+		c.breakerFailures, c.breakerCoolDown = failures, coolDown
+	}
+}
+
+// WithDenyCache sets how long, at most, the limiter answers from memory for
+// a key that Redis just reported full. Once Redis has denied a request of
+// cost n on a key (or admitted one that left it nothing: n is then 1),
+// later requests of cost n on that key are denied in-process, without a
+// round trip, until the oldest entry of its log leaves the window (when its
+// count can first fall), or maxAge, whichever is first. When several of a
+// request's keys are known full for its cost, the one that frees up last
+// denies it. A request of a cost the cache saw no denial of, on a key it
+// knows has no room for it, asks Redis, which alone knows when it fits.
+// Headers stay exact: the count cannot change before then, except by the
+// early removal of entries, which happens only when a Redis Cluster
+// decision's reservation is rolled back or a request is refunded; a denial
+// served from memory is stale by at most maxAge after such a removal.
+// Default: 1s. 0 turns the cache off.
+func WithDenyCache(maxAge time.Duration) Option {
+	return func(c *config) {
+		if maxAge < 0 {
+			c.errs = append(c.errs, errors.New("deny cache age "+maxAge.String()+" is negative"))
+		}
+		c.denyCache = maxAge
 	}
 }

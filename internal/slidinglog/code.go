@@ -80,7 +80,7 @@ func codeHash() string {
 // as long after, up to loadRetryMax; meanwhile the Limiter runs the code as a
 // script, which has the same effect. A successful load starts over at
 // loadRetryMin. The back-off is per Limiter family (New and the Limiters
-// derived from it): however many decisions it makes, a family ends up
+// WithRoutes derives from it, which share its Redis): however many decisions it makes, a family ends up
 // sending a Redis that keeps refusing the library one FUNCTION LOAD (and one
 // FCALL that finds no function) per loadRetryMax.
 const (
