@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// maxBatches is how many batches a Limiter keeps in flight at once; more
+// maxBatches is how many batches a Redis keeps in flight at once; more
 // concurrent decisions wait for one of them to come back and go out together
 // in the next. Fewer, larger batches cost Redis less per decision; on a
 // 2-core machine 2 did better than 1, 4 or 8 (cmd/ratelimit-bench).

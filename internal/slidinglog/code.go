@@ -63,7 +63,7 @@ func newLuaEntry(name, flag string) luaEntry {
 }
 
 // LibraryName returns the name of the Redis Function library that
-// Limiters load: "ratelimit_" and 12 hex digits of the SHA-1 of its code.
+// the Redis loads: "ratelimit_" and 12 hex digits of the SHA-1 of its code.
 // Each version of the code has its own library, so instances of two
 // versions can share a Redis during a rolling deploy; the libraries of
 // versions no longer running can be removed with FUNCTION DELETE.
@@ -77,18 +77,18 @@ func codeHash() string {
 // A FUNCTION LOAD that Redis refused for a reason that can pass (out of
 // memory, BUSY, LOADING, READONLY, a timeout, a lost connection...) is tried
 // again loadRetryMin after the refusal, and after each further refusal twice
-// as long after, up to loadRetryMax; meanwhile the Limiter runs the code as a
-// script, which has the same effect. A successful load starts over at
-// loadRetryMin. The back-off is per Limiter family (New and the Limiters
-// WithRoutes derives from it, which share its Redis): however many decisions it makes, a family ends up
-// sending a Redis that keeps refusing the library one FUNCTION LOAD (and one
-// FCALL that finds no function) per loadRetryMax.
+// as long after, up to loadRetryMax; meanwhile the code runs as a script,
+// which has the same effect. A successful load starts over at
+// loadRetryMin. The back-off is per Redis (see New): however many
+// decisions share it, it sends a Redis that keeps refusing the library
+// one FUNCTION LOAD (and one FCALL that finds no function) per
+// loadRetryMax.
 const (
 	loadRetryMin = time.Second
 	loadRetryMax = 30 * time.Second
 )
 
-// scriptMode says how a Limiter runs the sliding-log code: as a function,
+// scriptMode says how a Redis runs the library: as a function,
 // loading the library when Redis does not have it; as a script for good from
 // the first sign that the Redis cannot run functions at all (before 7.0, an
 // ACL that denies FCALL or FUNCTION LOAD, a Lua that rejects the library,
