@@ -408,14 +408,16 @@ func testNoScriptAnywhereInError(t *testing.T, b backend) {
 }
 
 // TestUnexpectedReply: a reply of the wrong shape is an error, never a panic.
+// A reply is allowed, denied, now, then count, reset and stamp per limit
+// (lua/codec.lua).
 func TestUnexpectedReply(t *testing.T) {
 	for _, reply := range []any{
 		nil, "OK", int64(1), []any{}, []any{int64(1), int64(2), int64(3)},
-		[]any{int64(1), int64(2), int64(3), int64(0), "x", int64(0)},
+		[]any{int64(1), int64(0), int64(3), int64(0), "x", int64(0)},
 		[]any{int64(2), int64(0), int64(0), int64(0), int64(0), int64(0)},  // allowed not 0/1
-		[]any{int64(1), int64(0), int64(1), int64(0), int64(0), int64(0)},  // allowed and denied
+		[]any{int64(1), int64(1), int64(0), int64(0), int64(0), int64(0)},  // allowed and denied
 		[]any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(0)},  // denied by nobody
-		[]any{int64(0), int64(0), int64(7), int64(0), int64(0), int64(0)},  // denied by limit 7 of 1
+		[]any{int64(0), int64(7), int64(0), int64(0), int64(0), int64(0)},  // denied by limit 7 of 1
 		[]any{int64(1), int64(0), int64(0), int64(-5), int64(0), int64(0)}, // negative count
 		[]any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(-1)}, // negative stamp
 	} {
