@@ -12,12 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrCircuitOpen is returned (wrapped) when the limiter did not call Redis
-// because its circuit breaker is open: Redis failed several times in a row
-// and the cool-down has not passed (see [WithCircuitBreaker]). The request
-// gets the failure mode at once, without waiting for a timeout.
-var ErrCircuitOpen = errors.New("ratelimit: circuit open: Redis failed repeatedly, not calling it during the cool-down")
-
 // breakers holds a Limiter's breakers: one for a single Redis, one per
 // primary for a cluster. The Limiters WithRoutes derives share their parent's.
 type breakers struct {

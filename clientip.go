@@ -390,3 +390,6 @@ func quoteHop(s string) string {
 	}
 	return fmt.Sprintf("%q", s)
 }
+
+// An IPOption configures [ClientIP].
+type IPOption func(*ipConfig)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"slices"
 	"sync"
 	"time"
@@ -42,7 +43,8 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 	}
 	res := l.result(s, out, cost, peek)
 	if err == nil && out.allowed && !peek && s.wantTicket {
-		t := &ticket{l: l, cost: cost, keys: slices.Clone(q.keys), stamps: make([]int64, len(q.keys))}
+		t := &ticket{rs: l.redis, denies: l.denies, plan: l.plan, keys: slices.Clone(q.keys), tags: slices.Clone(q.tags),
+			cost: cost, stamps: make([]int64, len(q.keys)), timeout: l.cfg.timeout}
 		for i := range t.stamps {
 			t.stamps[i] = out.replies[i].next
 		}
@@ -54,20 +56,7 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 // deadline returns when a call to Redis begun at start must end: after the
 // limiter's timeout, or at ctx's deadline if that is earlier.
 func (l *Limiter) deadline(ctx context.Context, start time.Time) time.Time {
-	deadline := start.Add(l.cfg.timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		return d
-	}
-	return deadline
-}
-
-// localNow reads the clock decisions are timed by: the WithClock clock, or
-// the local one.
-func (l *Limiter) localNow() time.Time {
-	if l.cfg.clock != nil {
-		return l.cfg.clock()
-	}
-	return time.Now()
+	return deadline(ctx, start, l.cfg.timeout)
 }
 
 // scratch holds what one decision needs, recycled through scratches so that
@@ -191,20 +180,6 @@ func (l *Limiter) result(s *scratch, out *outcome, cost int, peek bool) Result {
 	return res
 }
 
-// ticket is what Refund needs to take an admitted request back: its keys,
-// its cost and the time of its entries in each.
-type ticket struct {
-	l      *Limiter
-	keys   []string
-	cost   int
-	stamps []int64
-}
-
-// ErrNotRefundable is returned by [Limiter.Refund] for a Result that did
-// not admit a request, or that did not come from Allow (or the middleware
-// with [WithRefund]).
-var ErrNotRefundable = errors.New("ratelimit: nothing to refund")
-
 // Refund takes back the request res admitted: its entries leave every log
 // it was counted in, as if it had never been admitted. Exactly its own cost
 // is removed: entries of the same time are interchangeable, so no other
@@ -220,19 +195,125 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 	// Keys that share a hash tag go in one call: on a cluster they share a
 	// slot, elsewhere everything does. A refund is a rollback of the whole
 	// request.
-	p := t.l.plan
+	p := t.plan
 	groups := [][]int{p.all}
 	if p.split {
-		groups = p.groups(t.l.tags(make([]string, len(t.keys)), t.keys))
+		groups = p.groups(t.tags)
 	}
-	reservations := t.l.redis.reservations(p, t.keys, groups, t.cost, func(i int) int64 { return t.stamps[i] })
-	deadline := t.l.deadline(ctx, time.Now())
+	reservations := reservationsOf(p, t.keys, groups, t.cost, func(i int) int64 { return t.stamps[i] })
 	var err error
-	if n := t.l.redis.rollback(reservations, t.cost, deadline); n > 0 {
+	if n := t.rs.rollbacks.rollback(reservations, t.cost, deadline(ctx, time.Now(), t.timeout)); n > 0 {
 		err = fmt.Errorf("%w: %d units stay counted until they leave their windows", ErrNotReverted, n)
 	}
 	for _, key := range t.keys {
-		t.l.denies.forget(key)
+		t.denies.forget(key)
 	}
 	return err
 }
+
+// Allow decides whether a request of the given cost, identified by ids, may
+// proceed, and if so counts it in every limit. ids[i] identifies the client
+// for the Limiter's i-th limit (for a [Global] limit any constant will do;
+// the middleware's is "global"). Allow is how to use a Limiter outside HTTP;
+// the middleware calls the same logic with the ids its [Key]s extract, and
+// an id given to Allow counts with the middleware's requests of the same
+// identifier, except for a limit counted by a [Compose] key: Allow escapes
+// every id it is given, which the middleware does not redo for a composed
+// one. Allow decides with the Limiter's own limits, never a route's
+// ([WithRoutes]). Observers ([WithObserver]) and the logger see the
+// decision, and an admitted Result can be given to [Limiter.Refund].
+//
+// The error is non-nil when Redis could not decide: wrong number of ids, an
+// empty id, cost < 1, a Redis error, an open circuit breaker
+// ([ErrCircuitOpen]) or the timeout ([WithTimeout]) running out. The Result
+// then admits nothing and has no Limits (its Unreverted may count units a
+// Redis Cluster decision left behind), except under [FailLocal], where a
+// decision the limiter could not take to Redis is made in this process: the
+// Result is that decision (Local is true, and Allowed may be), and the error
+// says why Redis did not decide. Errors in the arguments (wrong number of
+// ids, an empty id, a cost below 1) never get a local decision.
+func (l *Limiter) Allow(ctx context.Context, ids []string, cost int) (Result, error) {
+	return l.allowIDs(ctx, ids, cost, false)
+}
+
+// allowIDs checks ids and decides for them; see Allow and Status.
+func (l *Limiter) allowIDs(ctx context.Context, ids []string, cost int, peek bool) (Result, error) {
+	if len(ids) != len(l.limits) {
+		return Result{}, fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(l.limits))
+	}
+	for i, id := range ids {
+		if id == "" {
+			return Result{}, fmt.Errorf("%w: empty id for limit %s", ErrNoKey, l.limits[i].Name)
+		}
+	}
+	s := getScratch()
+	defer s.put()
+	s.ids = append(s.ids, ids...)
+	s.wantTicket = true
+	var start time.Time
+	if !peek && l.watched() {
+		start = time.Now()
+	}
+	res, err := l.decide(ctx, s, cost, false, peek)
+	if !peek && l.watched() {
+		l.observe(nil, ids, &res, err, start)
+	}
+	res.Limits = slices.Clone(res.Limits)
+	return res, err
+}
+
+// Status reports, counting nothing, whether a request of the given cost
+// identified by ids (as for [Limiter.Allow]) would be admitted now, and what
+// every limit has left: Result.Limits, Remaining and Reset as Allow would
+// report them for a request that is not admitted. Use it for dashboards that
+// must not spend the quota they show; for what an HTTP request would meet,
+// use [Limiter.StatusRequest]. It may drop entries that have left their
+// windows, which changes no count. It does not consult the deny cache, is
+// not observed, and does not apply FailLocal: on an error the Result is the
+// zero value.
+func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, error) {
+	return l.allowIDs(ctx, ids, cost, true)
+}
+
+// Reset forgets everything l's limits have counted for ids (one per limit,
+// as for [Limiter.Allow]): an administrator unblocking a client. The logs of
+// other identifiers, and other limits' fields in a shared bucketed hash,
+// are untouched. This instance's deny cache forgets the keys at once;
+// another instance may keep denying from its own for up to its maximum age
+// ([WithDenyCache]). All the keys share one timeout ([WithTimeout]); the
+// error joins the failures of each limit. Reset covers l's own limits: to
+// reset a limit a route declared ([WithRoutes]), call Reset on a Limiter
+// built with that limit (the same name and prefix address the same
+// counts).
+func (l *Limiter) Reset(ctx context.Context, ids []string) error {
+	if len(ids) != len(l.limits) {
+		return fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(l.limits))
+	}
+	s := getScratch()
+	defer s.put()
+	s.ids = append(s.ids, ids...)
+	keys, _ := l.keys(s, false)
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
+	defer cancel()
+	var errs []error
+	for i, key := range keys {
+		// One call per limit: on a cluster the keys of other identifiers
+		// may live elsewhere.
+		req := slidinglog.AppendRequest(nil, 0, 1, l.plan.limits[i].spec)
+		if _, err := l.redis.lib.Forget(ctx, []string{key}, req); err != nil {
+			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", l.limits[i].Name, err))
+		}
+		l.denies.forget(key)
+	}
+	return errors.Join(errs...)
+}
+
+// Unreverted returns how many units of cost this Limiter and those derived
+// from it have left counted in Redis for requests that were not admitted
+// (or were refunded), because Redis could not take them back: a Redis
+// Cluster decision that reserved room on one primary and was then denied
+// or failed on another, or a refund, whose removal Redis did not confirm
+// within 30 seconds or before the entries would have left their
+// windows anyway. Such units stay counted until they leave their windows.
+// The count only grows; metrics export it as a counter.
+func (l *Limiter) Unreverted() uint64 { return l.redis.rollbacks.unreverted.Load() }

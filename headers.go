@@ -8,42 +8,6 @@ import (
 	"time"
 )
 
-// A HeaderSet selects the rate-limit headers the middleware writes; combine
-// sets with |.
-type HeaderSet uint8
-
-const (
-	// HeadersXRateLimit writes the de-facto standard headers on every
-	// response the limiter decided:
-	//
-	//	X-RateLimit-Limit      quota of the limit closest to denying
-	//	X-RateLimit-Remaining  cost that limit can still admit now, never negative
-	//	X-RateLimit-Reset      Unix time, in seconds rounded up, at which its
-	//	                       remaining quota next grows; on a 429, at which the
-	//	                       denied request would fit
-	//
-	// "Closest to denying" is the limit that denied, else the one with the
-	// fewest units remaining. See [Result] for the exact meaning.
-	HeadersXRateLimit HeaderSet = 1 << iota
-	// HeadersIETF writes the RateLimit and RateLimit-Policy fields of
-	// draft-ietf-httpapi-ratelimit-headers-10, one item per enforced limit
-	// (shadow limits are left out, and limits a decision skipped are left
-	// out of RateLimit):
-	//
-	//	RateLimit-Policy: "ip-100-per-1m";q=100;w=60, "global-1000-per-1h";q=1000;w=3600
-	//	RateLimit: "ip-100-per-1m";r=12;t=37, "global-1000-per-1h";r=640;t=2100
-	//
-	// q is the quota, w the window in seconds (left out for windows that are
-	// not whole seconds), r the remaining quota and t the seconds, rounded
-	// up, until r next grows. The partition key parameter pk is not sent:
-	// it would disclose how clients are identified.
-	HeadersIETF
-
-	// HeadersNone writes no rate-limit headers; Retry-After is still sent on
-	// a 429.
-	HeadersNone HeaderSet = 0
-)
-
 // Canonical header names, so that values can be assigned to the header map
 // directly.
 const (
@@ -54,15 +18,6 @@ const (
 	hdrRateLimit  = "Ratelimit"
 	hdrPolicy     = "Ratelimit-Policy"
 )
-
-// policyItem is lim's item in RateLimit-Policy.
-func policyItem(lim Limit) string {
-	s := strconv.Quote(lim.Name) + ";q=" + strconv.Itoa(lim.Quota)
-	if lim.Window%time.Second == 0 {
-		s += ";w=" + strconv.FormatInt(int64(lim.Window/time.Second), 10)
-	}
-	return s
-}
 
 // ceilSeconds returns d in whole seconds, rounded up, and 0 for d <= 0.
 func ceilSeconds(d time.Duration) int64 {

@@ -7,12 +7,6 @@ import (
 	"strings"
 )
 
-// ErrNoKey is returned (wrapped) when a [Key] cannot identify the request: a
-// missing header, no user, no route template. The middleware treats it like a
-// Redis failure and applies the failure mode; it never falls back to a bucket
-// shared with other clients.
-var ErrNoKey = errors.New("ratelimit: request has no key")
-
 // A Key says what a [Limit] counts by: the client IP, a header, the user, the
 // route template, a constant, or a composition of these. Build one with
 // [ClientIP], [Header], [User], [UserFromContext], [Route], [Global],

@@ -174,3 +174,12 @@ func (l Limit) validate() error {
 	}
 	return nil
 }
+
+// policyItem is lim's item in RateLimit-Policy.
+func policyItem(lim Limit) string {
+	s := strconv.Quote(lim.Name) + ";q=" + strconv.Itoa(lim.Quota)
+	if lim.Window%time.Second == 0 {
+		s += ";w=" + strconv.FormatInt(int64(lim.Window/time.Second), 10)
+	}
+	return s
+}

@@ -1,12 +1,11 @@
 package ratelimit
 
 import (
-	"context"
 	_ "embed"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,11 +19,6 @@ import (
 // minClock is the earliest time a WithClock clock may read, in Unix
 // microseconds (2001-09-09): earlier means the clock is broken.
 const minClock = 1_000_000_000_000_000
-
-// ErrUnexpectedReply is returned (wrapped) when Redis answers the limiter's
-// script with a reply of the wrong shape, for example because another program
-// wrote to the limiter's keys. The request gets the failure mode.
-var ErrUnexpectedReply = slidinglog.ErrUnexpectedReply
 
 // LibraryName returns the name of the Redis Function library that
 // Limiters load: "ratelimit_" and 12 hex digits of the SHA-1 of its code.
@@ -178,11 +172,11 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		// one set of local logs.
 		l.redis, l.local, l.denies, l.evictions = parent.redis, parent.local, parent.denies, parent.evictions
 	} else {
+		lib := slidinglog.New(client, p.split)
 		l.redis = &redisStore{
-			lib:       slidinglog.New(client, p.split),
+			lib:       lib,
 			breakers:  &breakers{failures: int32(cfg.breakerFailures), coolDown: cfg.breakerCoolDown},
-			rollbacks: newRollbacks(l.logRollbackFailure),
-			timeout:   cfg.timeout,
+			rollbacks: newRollbacks(lib, cfg.timeout, l.logRollbackFailure),
 		}
 		l.local = &localStore{}
 		l.denies = &denyCache{maxAge: cfg.denyCache}
@@ -355,190 +349,18 @@ func contextTimeouts(c redis.UniversalClient) (enabled, known bool) {
 	return false, false
 }
 
-// closer reports whether a is closer to denying than b: it has fewer units
-// left, or as many but for longer, or as many for as long of a smaller quota.
-func closer(a, b *LimitResult) bool {
-	if a.Remaining != b.Remaining {
-		return a.Remaining < b.Remaining
+// localNow reads the clock decisions are timed by: the WithClock clock, or
+// the local one.
+func (l *Limiter) localNow() time.Time {
+	if l.cfg.clock != nil {
+		return l.cfg.clock()
 	}
-	if !a.Reset.Equal(b.Reset) {
-		return a.Reset.After(b.Reset)
-	}
-	return a.Quota < b.Quota
+	return time.Now()
 }
 
-// Result is the outcome of one decision: what [Limiter.Allow],
-// [Limiter.Status] and [Limiter.StatusRequest] return, and what an
-// [Observer] and a [WithDeniedHandler] handler see.
-type Result struct {
-	// Allowed reports whether the request was admitted (and counted in every
-	// limit).
-	Allowed bool
-	// Limit, Remaining and Reset describe the limit closest to denying: the
-	// one that denied, or else the one with the fewest units remaining.
-	//
-	// Limit is its quota. Remaining is the cost it can still admit now, never
-	// negative. Reset is when its Remaining next grows: when its oldest
-	// logged entry leaves the window. For the limit that denied, Reset is when
-	// enough entries have left for this request to fit, RetryAfter from now.
-	// Times are on the Redis server's clock (or the [WithClock] clock).
-	Limit     int
-	Remaining int
-	Reset     time.Time
-	// RetryAfter is, for a denied request, how long until it would be admitted
-	// if nothing else were admitted meanwhile; it is exact, not a whole window.
-	// It is 0 for an admitted request, and for a request whose cost exceeds a
-	// quota, which can never be admitted.
-	RetryAfter time.Duration
-	// DeniedBy is the name of the limit that denied the request ("" if it was
-	// admitted). When several deny, it names the one that frees up last.
-	DeniedBy string
-	// Limits holds the state of every limit that decided, shadow limits
-	// included: the Limiter's, in its order, then those [WithRoutes]
-	// declared for the request's route.
-	Limits []LimitResult
-	// Now is the time the decision was made, on the same clock as Reset.
-	Now time.Time
-	// Local reports that Redis could not decide and the limiter counted the
-	// request in this process instead ([FailLocal]).
-	Local bool
-	// Cached reports a denial answered from this process's memory
-	// ([WithDenyCache]) without calling Redis; only the limit that denied
-	// was consulted.
-	Cached bool
-	// Unreverted counts units of cost the decision left counted in Redis
-	// although it did not admit the request: a Redis Cluster decision that
-	// reserved room on one primary, was then denied or failed on another,
-	// and whose reservation Redis did not take back within the decision's
-	// time. A removal still under way then is counted by
-	// [Limiter.Unreverted] if it fails, not here.
-	Unreverted uint64
-
-	index  int     // of the limit Limit, Remaining and Reset describe
-	ticket *ticket // for Refund, when the request was admitted
-}
-
-// LimitResult is the state of one limit after a decision.
-type LimitResult struct {
-	Name      string
-	Quota     int
-	Window    time.Duration
-	Remaining int       // cost it can still admit now
-	Reset     time.Time // when Remaining next grows, or when a denied request fits
-	Denied    bool      // whether this limit had no room for the request
-	Shadow    bool      // a shadow limit: Denied says it would have denied
-	// Skipped reports that the limit was not consulted: on a Redis Cluster, a
-	// decision whose limits span several hash slots stops at the first slot
-	// group that denies, and a denial from the deny cache consults only the
-	// limit that denied; an [Observer] sees every limit skipped when no
-	// decision could be made. Only Name, Quota, Window and Shadow are set
-	// then.
-	Skipped bool
-}
-
-// Allow decides whether a request of the given cost, identified by ids, may
-// proceed, and if so counts it in every limit. ids[i] identifies the client
-// for the Limiter's i-th limit (for a [Global] limit any constant will do;
-// the middleware's is "global"). Allow is how to use a Limiter outside HTTP;
-// the middleware calls the same logic with the ids its [Key]s extract, and
-// an id given to Allow counts with the middleware's requests of the same
-// identifier, except for a limit counted by a [Compose] key: Allow escapes
-// every id it is given, which the middleware does not redo for a composed
-// one. Allow decides with the Limiter's own limits, never a route's
-// ([WithRoutes]). Observers ([WithObserver]) and the logger see the
-// decision, and an admitted Result can be given to [Limiter.Refund].
-//
-// The error is non-nil when Redis could not decide: wrong number of ids, an
-// empty id, cost < 1, a Redis error, an open circuit breaker
-// ([ErrCircuitOpen]) or the timeout ([WithTimeout]) running out. The Result
-// then admits nothing and has no Limits (its Unreverted may count units a
-// Redis Cluster decision left behind), except under [FailLocal], where a
-// decision the limiter could not take to Redis is made in this process: the
-// Result is that decision (Local is true, and Allowed may be), and the error
-// says why Redis did not decide. Errors in the arguments (wrong number of
-// ids, an empty id, a cost below 1) never get a local decision.
-func (l *Limiter) Allow(ctx context.Context, ids []string, cost int) (Result, error) {
-	return l.allowIDs(ctx, ids, cost, false)
-}
-
-// allowIDs checks ids and decides for them; see Allow and Status.
-func (l *Limiter) allowIDs(ctx context.Context, ids []string, cost int, peek bool) (Result, error) {
-	if len(ids) != len(l.limits) {
-		return Result{}, fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(l.limits))
+// logRollbackFailure logs, at Warn, a rollback that left units counted.
+func (l *Limiter) logRollbackFailure(err error) {
+	if l.cfg.logger != nil {
+		l.cfg.logger.Warn("ratelimit: rollback failed", slog.Any("error", err))
 	}
-	for i, id := range ids {
-		if id == "" {
-			return Result{}, fmt.Errorf("%w: empty id for limit %s", ErrNoKey, l.limits[i].Name)
-		}
-	}
-	s := getScratch()
-	defer s.put()
-	s.ids = append(s.ids, ids...)
-	s.wantTicket = true
-	var start time.Time
-	if !peek && l.watched() {
-		start = time.Now()
-	}
-	res, err := l.decide(ctx, s, cost, false, peek)
-	if !peek && l.watched() {
-		l.observe(nil, ids, &res, err, start)
-	}
-	res.Limits = slices.Clone(res.Limits)
-	return res, err
 }
-
-// Status reports, counting nothing, whether a request of the given cost
-// identified by ids (as for [Limiter.Allow]) would be admitted now, and what
-// every limit has left: Result.Limits, Remaining and Reset as Allow would
-// report them for a request that is not admitted. Use it for dashboards that
-// must not spend the quota they show; for what an HTTP request would meet,
-// use [Limiter.StatusRequest]. It may drop entries that have left their
-// windows, which changes no count. It does not consult the deny cache, is
-// not observed, and does not apply FailLocal: on an error the Result is the
-// zero value.
-func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, error) {
-	return l.allowIDs(ctx, ids, cost, true)
-}
-
-// Reset forgets everything l's limits have counted for ids (one per limit,
-// as for [Limiter.Allow]): an administrator unblocking a client. The logs of
-// other identifiers, and other limits' fields in a shared bucketed hash,
-// are untouched. This instance's deny cache forgets the keys at once;
-// another instance may keep denying from its own for up to its maximum age
-// ([WithDenyCache]). All the keys share one timeout ([WithTimeout]); the
-// error joins the failures of each limit. Reset covers l's own limits: to
-// reset a limit a route declared ([WithRoutes]), call Reset on a Limiter
-// built with that limit (the same name and prefix address the same
-// counts).
-func (l *Limiter) Reset(ctx context.Context, ids []string) error {
-	if len(ids) != len(l.limits) {
-		return fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(l.limits))
-	}
-	s := getScratch()
-	defer s.put()
-	s.ids = append(s.ids, ids...)
-	keys, _ := l.keys(s, false)
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
-	defer cancel()
-	var errs []error
-	for i, key := range keys {
-		// One call per limit: on a cluster the keys of other identifiers
-		// may live elsewhere.
-		req := slidinglog.AppendRequest(nil, 0, 1, l.plan.limits[i].spec)
-		if _, err := l.redis.lib.Forget(ctx, []string{key}, req); err != nil {
-			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", l.limits[i].Name, err))
-		}
-		l.denies.forget(key)
-	}
-	return errors.Join(errs...)
-}
-
-// Unreverted returns how many units of cost this Limiter and those derived
-// from it have left counted in Redis for requests that were not admitted
-// (or were refunded), because Redis could not take them back: a Redis
-// Cluster decision that reserved room on one primary and was then denied
-// or failed on another, or a refund, whose removal Redis did not confirm
-// within 30 seconds or before the entries would have left their
-// windows anyway. Such units stay counted until they leave their windows.
-// The count only grows; metrics export it as a counter.
-func (l *Limiter) Unreverted() uint64 { return l.redis.rollbacks.unreverted.Load() }

@@ -7,22 +7,6 @@ import (
 	"time"
 )
 
-// An Observer receives every decision of the middleware ([Limiter.Handler],
-// [Limiter.Check]) and of [Limiter.Allow], for metrics; [Limiter.Status]
-// and [Limiter.StatusRequest] count nothing and are not observed. The
-// metrics/prometheus package has one.
-type Observer interface {
-	// Observe receives one decision's Result, the error that kept the
-	// limiter from deciding (nil if none) and how long the decision took. When err
-	// is not nil and res.Local is false, no decision was made and the
-	// failure mode applied: res.Limits then lists every limit, each with
-	// Skipped set. Under [FailLocal], err comes with the local decision
-	// (res.Local). Observe runs on the request's goroutine: it must be fast
-	// and safe for concurrent use, and must not keep or change res.Limits,
-	// which is valid only during the call.
-	Observe(res Result, err error, latency time.Duration)
-}
-
 // BreakerOpen reports whether a circuit breaker of the limiter is open now:
 // Redis (or, on a cluster, one of its primaries) failed repeatedly and is
 // not being called (see [WithCircuitBreaker]).
@@ -55,13 +39,6 @@ func (l *Limiter) observe(r *http.Request, ids []string, res *Result, err error,
 	}
 	if l.cfg.logger != nil {
 		l.log(r, ids, &seen, err)
-	}
-}
-
-// logRollbackFailure logs, at Warn, a rollback that left units counted.
-func (l *Limiter) logRollbackFailure(err error) {
-	if l.cfg.logger != nil {
-		l.cfg.logger.Warn("ratelimit: rollback failed", slog.Any("error", err))
 	}
 }
 

@@ -296,9 +296,6 @@ func WithLogger(logger *slog.Logger, logIdentifiers bool) Option {
 	return func(c *config) { c.logger, c.logIDs = logger, logIdentifiers }
 }
 
-// An IPOption configures [ClientIP].
-type IPOption func(*ipConfig)
-
 // TrustProxies returns an IPOption that trusts the reverse proxies at the
 // given addresses: CIDR prefixes ("10.0.0.0/8", "2001:db8::/32") or single
 // IPs ("192.0.2.1", "::1"). Only requests whose peer is one of them have
@@ -435,3 +432,39 @@ func WithDenyCache(maxAge time.Duration) Option {
 		c.denyCache = maxAge
 	}
 }
+
+// A HeaderSet selects the rate-limit headers the middleware writes; combine
+// sets with |.
+type HeaderSet uint8
+
+const (
+	// HeadersXRateLimit writes the de-facto standard headers on every
+	// response the limiter decided:
+	//
+	//	X-RateLimit-Limit      quota of the limit closest to denying
+	//	X-RateLimit-Remaining  cost that limit can still admit now, never negative
+	//	X-RateLimit-Reset      Unix time, in seconds rounded up, at which its
+	//	                       remaining quota next grows; on a 429, at which the
+	//	                       denied request would fit
+	//
+	// "Closest to denying" is the limit that denied, else the one with the
+	// fewest units remaining. See [Result] for the exact meaning.
+	HeadersXRateLimit HeaderSet = 1 << iota
+	// HeadersIETF writes the RateLimit and RateLimit-Policy fields of
+	// draft-ietf-httpapi-ratelimit-headers-10, one item per enforced limit
+	// (shadow limits are left out, and limits a decision skipped are left
+	// out of RateLimit):
+	//
+	//	RateLimit-Policy: "ip-100-per-1m";q=100;w=60, "global-1000-per-1h";q=1000;w=3600
+	//	RateLimit: "ip-100-per-1m";r=12;t=37, "global-1000-per-1h";r=640;t=2100
+	//
+	// q is the quota, w the window in seconds (left out for windows that are
+	// not whole seconds), r the remaining quota and t the seconds, rounded
+	// up, until r next grows. The partition key parameter pk is not sent:
+	// it would disclose how clients are identified.
+	HeadersIETF
+
+	// HeadersNone writes no rate-limit headers; Retry-After is still sent on
+	// a 429.
+	HeadersNone HeaderSet = 0
+)

@@ -23,18 +23,7 @@ type redisStore struct {
 	lib       library
 	breakers  *breakers
 	rollbacks *rollbacks
-	timeout   time.Duration // a rollback call's
-	calls     sync.Pool     // of *call
-}
-
-// library is what the Redis store needs of the Lua library's runner
-// (*slidinglog.Redis); tests stand in for it.
-type library interface {
-	Client() redis.UniversalClient
-	Decide(ctx context.Context, deadline time.Time, keys []string, req []byte, owner slidinglog.Abandoner) (any, error)
-	Status(ctx context.Context, keys []string, reqs ...[]byte) (any, error)
-	Rollback(ctx context.Context, keys []string, req, stamps []byte) (int64, error)
-	Forget(ctx context.Context, keys []string, req []byte) (int64, error)
+	calls     sync.Pool // of *call
 }
 
 // decide decides q in Redis.
@@ -113,7 +102,7 @@ func (d *call) run(ctx context.Context, groups [][]int) (bool, error) {
 			// Take back what the groups before this one reserved. A denial
 			// stays a denial if that fails: the rollback counts it.
 			stamps := func(i int) int64 { return d.out.replies[i].next }
-			d.out.unreverted = d.rs.rollback(d.rs.reservations(q.plan, q.keys, groups[:k], q.cost, stamps), q.cost, q.deadline)
+			d.out.unreverted = d.rs.rollbacks.rollback(reservationsOf(q.plan, q.keys, groups[:k], q.cost, stamps), q.cost, q.deadline)
 			return false, err
 		}
 	}
@@ -217,8 +206,8 @@ func (d *call) Abandon() func(reply any, err error) {
 		for j, i := range idx {
 			full[i], stamps[i] = keys[j], lreps[j].Stamp
 		}
-		late := rs.reservations(p, full, [][]int{idx}, cost, func(i int) int64 { return stamps[i] })
-		rs.rollback(late, cost, time.Now()) // in the background
+		late := reservationsOf(p, full, [][]int{idx}, cost, func(i int) int64 { return stamps[i] })
+		rs.rollbacks.rollback(late, cost, time.Now()) // in the background
 	}
 }
 

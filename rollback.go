@@ -12,11 +12,6 @@ import (
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
 
-// ErrNotReverted is returned (wrapped) by [Limiter.Refund] when Redis could
-// not remove the request's entries: they stay counted until they leave
-// their windows. [Limiter.Unreverted] counts such units.
-var ErrNotReverted = errors.New("ratelimit: entries could not be removed")
-
 // Rollback limits. A rollback that Redis does not answer within the
 // decision's time goes on in the background, tried again with backoff until
 // Redis answers, until its entries would have left their windows anyway, or
@@ -33,13 +28,15 @@ const (
 // rollbacks holds a Limiter family's rollbacks in flight and counts what
 // could not be taken back.
 type rollbacks struct {
+	lib        library
+	timeout    time.Duration // a rollback call's
 	slots      chan struct{} // one per rollback in flight
 	unreverted atomic.Uint64 // units of cost left counted in some log
 	onFailure  func(error)   // the logger's, if any
 }
 
-func newRollbacks(onFailure func(error)) *rollbacks {
-	return &rollbacks{slots: make(chan struct{}, maxPendingRollbacks), onFailure: onFailure}
+func newRollbacks(lib library, timeout time.Duration, onFailure func(error)) *rollbacks {
+	return &rollbacks{lib: lib, timeout: timeout, slots: make(chan struct{}, maxPendingRollbacks), onFailure: onFailure}
 }
 
 // reservation is what a group's call logged, to remove it again: the
@@ -60,7 +57,7 @@ func (r *reservation) units(cost int) uint64 { return uint64(cost) * uint64(len(
 // to remove a request's entries from the group's logs: their keys (from
 // keys, one per limit of p), the request of cost, and the time of the entries of each limit i
 // (stamp(i)).
-func (rs *redisStore) reservations(p *plan, keys []string, groups [][]int, cost int, stamp func(i int) int64) []reservation {
+func reservationsOf(p *plan, keys []string, groups [][]int, cost int, stamp func(i int) int64) []reservation {
 	out := make([]reservation, len(groups))
 	for k, g := range groups {
 		r := &out[k]
@@ -84,11 +81,10 @@ func (rs *redisStore) reservations(p *plan, keys []string, groups [][]int, cost 
 // return, to stay counted: those Redis refused to remove, or that found no
 // room to run in the background. They, and those the background gives up
 // on, are added to Limiter.Unreverted.
-func (rs *redisStore) rollback(reservations []reservation, cost int, deadline time.Time) (unreverted uint64) {
+func (rb *rollbacks) rollback(reservations []reservation, cost int, deadline time.Time) (unreverted uint64) {
 	if len(reservations) == 0 {
 		return 0
 	}
-	rb := rs.rollbacks
 	select {
 	case rb.slots <- struct{}{}:
 	default:
@@ -102,7 +98,7 @@ func (rs *redisStore) rollback(reservations []reservation, cost int, deadline ti
 	done := make(chan uint64, 1)
 	go func() {
 		defer func() { <-rb.slots }()
-		done <- rs.removeReservations(reservations, cost)
+		done <- rb.removeReservations(reservations, cost)
 	}()
 	wait := time.NewTimer(time.Until(deadline))
 	defer wait.Stop()
@@ -117,15 +113,15 @@ func (rs *redisStore) rollback(reservations []reservation, cost int, deadline ti
 // removeReservations removes reservations, each tried until Redis answers
 // or it is no longer worth it, and returns the units it could not remove,
 // which it has counted.
-func (rs *redisStore) removeReservations(reservations []reservation, cost int) (unreverted uint64) {
+func (rb *rollbacks) removeReservations(reservations []reservation, cost int) (unreverted uint64) {
 	start := time.Now()
 	for i := range reservations {
 		r := &reservations[i]
 		giveUp := start.Add(min(r.window, maxRollbackTime))
 		var err error
 		for retry := firstRollbackRetry; ; retry = min(2*retry, lastRollbackRetry) {
-			ctx, cancel := context.WithTimeout(context.Background(), rs.timeout)
-			_, err = rs.lib.Rollback(ctx, r.keys, r.req, r.stamps)
+			ctx, cancel := context.WithTimeout(context.Background(), rb.timeout)
+			_, err = rb.lib.Rollback(ctx, r.keys, r.req, r.stamps)
 			cancel()
 			if err == nil || !unavailable(err) || errors.Is(err, redis.ErrClosed) || time.Now().Add(retry).After(giveUp) {
 				break
@@ -135,7 +131,7 @@ func (rs *redisStore) removeReservations(reservations []reservation, cost int) (
 		if err != nil {
 			n := r.units(cost)
 			unreverted += n
-			rs.rollbacks.fail(n, fmt.Errorf("ratelimit: removing a reservation from %s (it stays counted until it leaves the window): %w", r.keys[0], err))
+			rb.fail(n, fmt.Errorf("ratelimit: removing a reservation from %s (it stays counted until it leaves the window): %w", r.keys[0], err))
 		}
 	}
 	return unreverted

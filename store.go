@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"github.com/redis/go-redis/v9"
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
@@ -123,6 +124,16 @@ func (f fallbackStore) decide(ctx context.Context, q *query, out *outcome) error
 	return err
 }
 
+// deadline returns when a call begun at start must end: timeout later, or
+// at ctx's deadline if that is earlier.
+func deadline(ctx context.Context, start time.Time, timeout time.Duration) time.Time {
+	end := start.Add(timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(end) {
+		return d
+	}
+	return end
+}
+
 // grow returns sl resized to n and cleared, reusing its array when it is
 // large enough.
 func grow[T any](sl []T, n int) []T {
@@ -132,4 +143,14 @@ func grow[T any](sl []T, n int) []T {
 	sl = sl[:n]
 	clear(sl)
 	return sl
+}
+
+// library is what the Redis store and the rollbacks need of the Lua
+// library's runner (*slidinglog.Redis); tests stand in for it.
+type library interface {
+	Client() redis.UniversalClient
+	Decide(ctx context.Context, deadline time.Time, keys []string, req []byte, owner slidinglog.Abandoner) (any, error)
+	Status(ctx context.Context, keys []string, reqs ...[]byte) (any, error)
+	Rollback(ctx context.Context, keys []string, req, stamps []byte) (int64, error)
+	Forget(ctx context.Context, keys []string, req []byte) (int64, error)
 }

@@ -1,0 +1,34 @@
+package ratelimit
+
+import (
+	"errors"
+
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
+)
+
+// ErrUnexpectedReply is returned (wrapped) when Redis answers the limiter's
+// script with a reply of the wrong shape, for example because another program
+// wrote to the limiter's keys. The request gets the failure mode.
+var ErrUnexpectedReply = slidinglog.ErrUnexpectedReply
+
+// ErrCircuitOpen is returned (wrapped) when the limiter did not call Redis
+// because its circuit breaker is open: Redis failed several times in a row
+// and the cool-down has not passed (see [WithCircuitBreaker]). The request
+// gets the failure mode at once, without waiting for a timeout.
+var ErrCircuitOpen = errors.New("ratelimit: circuit open: Redis failed repeatedly, not calling it during the cool-down")
+
+// ErrNotRefundable is returned by [Limiter.Refund] for a Result that did
+// not admit a request, or that did not come from Allow (or the middleware
+// with [WithRefund]).
+var ErrNotRefundable = errors.New("ratelimit: nothing to refund")
+
+// ErrNotReverted is returned (wrapped) by [Limiter.Refund] when Redis could
+// not remove the request's entries: they stay counted until they leave
+// their windows. [Limiter.Unreverted] counts such units.
+var ErrNotReverted = errors.New("ratelimit: entries could not be removed")
+
+// ErrNoKey is returned (wrapped) when a [Key] cannot identify the request: a
+// missing header, no user, no route template. The middleware treats it like a
+// Redis failure and applies the failure mode; it never falls back to a bucket
+// shared with other clients.
+var ErrNoKey = errors.New("ratelimit: request has no key")

@@ -1,0 +1,116 @@
+package ratelimit
+
+import (
+	"time"
+)
+
+// An Observer receives every decision of the middleware ([Limiter.Handler],
+// [Limiter.Check]) and of [Limiter.Allow], for metrics; [Limiter.Status]
+// and [Limiter.StatusRequest] count nothing and are not observed. The
+// metrics/prometheus package has one.
+type Observer interface {
+	// Observe receives one decision's Result, the error that kept the
+	// limiter from deciding (nil if none) and how long the decision took. When err
+	// is not nil and res.Local is false, no decision was made and the
+	// failure mode applied: res.Limits then lists every limit, each with
+	// Skipped set. Under [FailLocal], err comes with the local decision
+	// (res.Local). Observe runs on the request's goroutine: it must be fast
+	// and safe for concurrent use, and must not keep or change res.Limits,
+	// which is valid only during the call.
+	Observe(res Result, err error, latency time.Duration)
+}
+
+// Result is the outcome of one decision: what [Limiter.Allow],
+// [Limiter.Status] and [Limiter.StatusRequest] return, and what an
+// [Observer] and a [WithDeniedHandler] handler see.
+type Result struct {
+	// Allowed reports whether the request was admitted (and counted in every
+	// limit).
+	Allowed bool
+	// Limit, Remaining and Reset describe the limit closest to denying: the
+	// one that denied, or else the one with the fewest units remaining.
+	//
+	// Limit is its quota. Remaining is the cost it can still admit now, never
+	// negative. Reset is when its Remaining next grows: when its oldest
+	// logged entry leaves the window. For the limit that denied, Reset is when
+	// enough entries have left for this request to fit, RetryAfter from now.
+	// Times are on the Redis server's clock (or the [WithClock] clock).
+	Limit     int
+	Remaining int
+	Reset     time.Time
+	// RetryAfter is, for a denied request, how long until it would be admitted
+	// if nothing else were admitted meanwhile; it is exact, not a whole window.
+	// It is 0 for an admitted request, and for a request whose cost exceeds a
+	// quota, which can never be admitted.
+	RetryAfter time.Duration
+	// DeniedBy is the name of the limit that denied the request ("" if it was
+	// admitted). When several deny, it names the one that frees up last.
+	DeniedBy string
+	// Limits holds the state of every limit that decided, shadow limits
+	// included: the Limiter's, in its order, then those [WithRoutes]
+	// declared for the request's route.
+	Limits []LimitResult
+	// Now is the time the decision was made, on the same clock as Reset.
+	Now time.Time
+	// Local reports that Redis could not decide and the limiter counted the
+	// request in this process instead ([FailLocal]).
+	Local bool
+	// Cached reports a denial answered from this process's memory
+	// ([WithDenyCache]) without calling Redis; only the limit that denied
+	// was consulted.
+	Cached bool
+	// Unreverted counts units of cost the decision left counted in Redis
+	// although it did not admit the request: a Redis Cluster decision that
+	// reserved room on one primary, was then denied or failed on another,
+	// and whose reservation Redis did not take back within the decision's
+	// time. A removal still under way then is counted by
+	// [Limiter.Unreverted] if it fails, not here.
+	Unreverted uint64
+
+	index  int     // of the limit Limit, Remaining and Reset describe
+	ticket *ticket // for Refund, when the request was admitted
+}
+
+// LimitResult is the state of one limit after a decision.
+type LimitResult struct {
+	Name      string
+	Quota     int
+	Window    time.Duration
+	Remaining int       // cost it can still admit now
+	Reset     time.Time // when Remaining next grows, or when a denied request fits
+	Denied    bool      // whether this limit had no room for the request
+	Shadow    bool      // a shadow limit: Denied says it would have denied
+	// Skipped reports that the limit was not consulted: on a Redis Cluster, a
+	// decision whose limits span several hash slots stops at the first slot
+	// group that denies, and a denial from the deny cache consults only the
+	// limit that denied; an [Observer] sees every limit skipped when no
+	// decision could be made. Only Name, Quota, Window and Shadow are set
+	// then.
+	Skipped bool
+}
+
+// closer reports whether a is closer to denying than b: it has fewer units
+// left, or as many but for longer, or as many for as long of a smaller quota.
+func closer(a, b *LimitResult) bool {
+	if a.Remaining != b.Remaining {
+		return a.Remaining < b.Remaining
+	}
+	if !a.Reset.Equal(b.Reset) {
+		return a.Reset.After(b.Reset)
+	}
+	return a.Quota < b.Quota
+}
+
+// ticket is what Refund needs to take an admitted request back: where it
+// was counted (its keys, and their hash tags when the plan is split), its
+// cost and the time of its entries in each, and the stores that hold them.
+type ticket struct {
+	rs      *redisStore
+	denies  *denyCache
+	plan    *plan
+	keys    []string
+	tags    []string
+	cost    int
+	stamps  []int64
+	timeout time.Duration
+}
