@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
 
 // decide decides a request of cost over the limits' keys for s.ids.

@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	_ "embed"
 	"errors"
 	"fmt"
 	"log/slog"

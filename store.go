@@ -2,8 +2,9 @@ package ratelimit
 
 import (
 	"context"
-	"github.com/redis/go-redis/v9"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
