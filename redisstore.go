@@ -127,7 +127,10 @@ func (d *call) group(ctx context.Context, keys []string, idx []int) (bool, error
 	var raw any
 	var err error
 	if q.peek {
-		raw, err = rs.lib.Status(ctx, keys, d.req)
+		// Not batched: bound by the decision's deadline here.
+		sctx, cancel := context.WithDeadline(ctx, q.deadline)
+		raw, err = rs.lib.Status(sctx, keys, d.req)
+		cancel()
 	} else {
 		d.keys, d.idx = keys, idx
 		raw, err = rs.lib.Decide(ctx, q.deadline, keys, d.req, d)

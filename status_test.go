@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestStatus: Status reports what Allow would, and counts nothing.
@@ -132,5 +135,27 @@ func TestAllowFailLocal(t *testing.T) {
 	}
 	if res, err := lim.Allow(ctx, []string{"x"}, 0); err == nil || res.Local || res.Limits != nil {
 		t.Errorf("cost 0: %+v %v; want the error alone", res, err)
+	}
+}
+
+// TestStatusTimeout: Status waits for Redis no longer than the decision
+// timeout, like Allow, even when its context has no deadline.
+func TestStatusTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true, ReadTimeout: time.Minute})
+	t.Cleanup(func() { _ = c.Close() })
+	const timeout = 300 * time.Millisecond
+	lim := mustNew(t, c, []Limit{PerMinute(3, Global())}, WithTimeout(timeout), WithCircuitBreaker(0, 0))
+	if _, err := lim.Status(context.Background(), []string{"k"}, 1); err != nil { // loads the library
+		t.Fatal(err)
+	}
+	proxy.SetDelay(10 * time.Second)
+	start := time.Now()
+	_, err := lim.Status(context.Background(), []string{"k"}, 1)
+	// Timing is what this test is about: the bound is the timeout plus a
+	// generous margin for a slow machine, far below the proxy's delay.
+	if took := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || took > timeout+5*time.Second {
+		t.Errorf("Status through a stalled Redis: %v after %v; want the timeout after about %v", err, took, timeout)
 	}
 }
