@@ -31,6 +31,11 @@ local SPAN = 128
 local REFRESH_SLACK = 8
 local WHOLE = 256 -- quotas up to this are read whole
 local PROBE = 64 -- entries read at once where a large log's window starts
+-- A large log's header and oldest entry are its bytes 0 to HEAD_LAST
+-- (HEADER + ENTRY - 1), its newest entry its bytes NEWEST_FIRST (-ENTRY)
+-- to -1: strings, which Redis takes without formatting a number.
+local HEAD_LAST = '11'
+local NEWEST_FIRST = '-2'
 
 -- decode_entry returns the offset in the entry bytes hi, lo.
 local function decode_entry(hi, lo)
@@ -65,10 +70,13 @@ local function first_after(s, skip, i, j, cut)
   return i
 end
 
--- decode_header sets the log's base and refresh-by from the header bytes.
-local function decode_header(log, b1, b2, b3, b4, b5, b6, b7, r1, r2, r3)
+-- decode_header sets the log's base and refresh-by from the header bytes,
+-- and returns the offset of the oldest entry from the two bytes after them
+-- (nil if there are none).
+local function decode_header(log, b1, b2, b3, b4, b5, b6, b7, r1, r2, r3, o1, o2)
   log.base = (((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
   log.refresh = (r1 * 256 + r2) * 256 + r3
+  return o2 and decode_entry(o1, o2)
 end
 
 -- cut returns the offset at or before which a log of base has no entry
@@ -77,6 +85,33 @@ end
 local function cut(lim, now, base)
   local x = now - lim.window - base
   return (x - x % lim.unit) / lim.unit
+end
+
+-- guess returns where the first entry after cut likely is among size
+-- entries from oldest to newest (oldest <= cut < newest), from 1 to
+-- size - 1: the entries' times are often spread about evenly.
+local function guess(size, cut, oldest, newest)
+  return math.floor((cut - oldest) * (size - 1) / (newest - oldest)) + 1
+end
+
+-- first_after_near is first_after over the n entries of s (from 0), that
+-- first looks at the entries g - 1 and g, where the answer likely is. It
+-- also returns the offset of the entry it found, if it read it (else nil).
+local function first_after_near(s, skip, n, cut, g)
+  local i, j = 0, n
+  if g >= 1 and g < n then
+    local p = skip + ENTRY * (g - 1) + 1
+    local h1, l1, h2, l2 = string.byte(s, p, p + 3)
+    local found = decode_entry(h2, l2)
+    if found <= cut then
+      i = g + 1
+    elseif decode_entry(h1, l1) > cut then
+      j = g - 1
+    else
+      return g, found
+    end
+  end
+  return first_after(s, skip, i, j, cut)
 end
 
 -- read_whole reads the log at key whole: the entries are log.s's.
@@ -90,10 +125,18 @@ local function read_whole(log, lim, now)
     error('ratelimit: ' .. log.key .. ' holds no log: another program wrote it')
   end
   log.s = s
-  decode_header(log, string.byte(s, 1, HEADER))
-  log.dead = first_after(s, HEADER, 0, log.size, cut(lim, now, log.base))
-  if log.size > 0 then
-    log.newest = entry_at(s, HEADER, log.size - 1)
+  local oldest = decode_header(log, string.byte(s, 1, HEADER + ENTRY))
+  if log.size == 0 then
+    return
+  end
+  log.newest = decode_entry(string.byte(s, -ENTRY, -1))
+  local before = cut(lim, now, log.base)
+  if before < oldest then
+    log.first = oldest
+  elseif before >= log.newest then
+    log.dead = log.size
+  else
+    log.dead, log.first = first_after_near(s, HEADER, log.size, before, guess(log.size, before, oldest, log.newest))
   end
 end
 
@@ -103,12 +146,29 @@ local function read_range(key, i, j)
   return redis.call('GETRANGE', key, HEADER + ENTRY * i, HEADER + ENTRY * j - 1)
 end
 
+-- probe returns where the first entry after before is among the log's
+-- entries, oldest to newest, reading PROBE entries where it likely is:
+-- as found, with its offset, if it is among them; else as the entries
+-- it is among, i to j.
+local function probe(log, before, oldest)
+  local g = guess(log.size, before, oldest, log.newest)
+  local from = math.max(0, math.min(g - PROBE / 2, log.size - PROBE))
+  local part = read_range(log.key, from, from + PROBE)
+  local n = #part / ENTRY
+  local k, found = first_after_near(part, 0, n, before, g - from)
+  if k == 0 and from > 0 then
+    return nil, nil, 0, from
+  elseif k == n and from + n < log.size then
+    return nil, nil, from + n, log.size
+  end
+  return from + k, found or k < n and entry_at(part, 0, k)
+end
+
 -- read_large reads a large log at key in parts: its header and oldest
--- entry, its newest, and PROBE entries where the window is likely to start
--- (the entries' times are spread about evenly), or, failing that, entries
--- found by halving.
+-- entry, its newest, and PROBE entries where the window likely starts, or,
+-- failing that, entries found by halving.
 local function read_large(log, lim, now)
-  local head = redis.call('GETRANGE', log.key, 0, HEADER + ENTRY - 1)
+  local head = redis.call('GETRANGE', log.key, '0', HEAD_LAST)
   if #head == 0 then
     return
   end
@@ -116,30 +176,21 @@ local function read_large(log, lim, now)
   if #head < HEADER or log.size < 0 or log.size % 1 ~= 0 then
     error('ratelimit: ' .. log.key .. ' holds no log: another program wrote it')
   end
-  decode_header(log, string.byte(head, 1, HEADER))
+  local oldest = decode_header(log, string.byte(head, 1, HEADER + ENTRY))
   if log.size == 0 then
     return
   end
-  local before, oldest = cut(lim, now, log.base), entry_at(head, HEADER, 0)
-  log.newest = entry_at(read_range(log.key, log.size - 1, log.size), 0, 0)
-  local i, j = 0, log.size -- the first entry after before is in [i, j]
-  if oldest <= before and before < log.newest then
-    local guess = math.floor(log.size * (before - oldest) / (log.newest - oldest))
-    local from = math.max(0, math.min(guess - PROBE / 2, log.size - PROBE))
-    local part = read_range(log.key, from, from + PROBE)
-    local k = first_after(part, 0, 0, #part / ENTRY, before)
-    i, j = from + k, from + k
-    if k == 0 then
-      i = 0 -- before the part
-    elseif k == #part / ENTRY then
-      j = log.size -- after it
-    end
-  elseif log.newest <= before then
-    i = log.size
-  else
-    j = 0
+  log.newest = decode_entry(string.byte(redis.call('GETRANGE', log.key, NEWEST_FIRST, '-1'), 1, ENTRY))
+  local before = cut(lim, now, log.base)
+  if before < oldest then
+    log.first = oldest
+    return
+  elseif before >= log.newest then
+    log.dead = log.size
+    return
   end
-  while i < j do
+  local dead, first, i, j = probe(log, before, oldest)
+  while not dead and i < j do
     local mid = (i + j - (i + j) % 2) / 2
     if entry_at(read_range(log.key, mid, mid + 1), 0, 0) > before then
       j = mid
@@ -147,16 +198,16 @@ local function read_large(log, lim, now)
       i = mid + 1
     end
   end
-  log.dead = i
+  log.dead, log.first = dead or i, first
 end
 
 -- exact_read reads the log at key at time now: its base and refresh-by,
 -- how many entries it holds (size), how many of them have left the window
 -- (dead, all before the others), how many are in it (count), and the
--- offset of the newest.
+-- offsets of the oldest entry in it (first, if read) and of the newest.
 local function exact_read(key, lim, now)
-  local log = {key = key, whole = lim.quota <= WHOLE, s = false, base = false, refresh = 0, size = 0, dead = 0, count = 0, newest = -1}
-  if log.whole then
+  local log = {key = key, s = false, base = false, refresh = 0, size = 0, dead = 0, count = 0, first = false, newest = -1}
+  if lim.quota <= WHOLE then
     read_whole(log, lim, now)
   else
     read_large(log, lim, now)
@@ -176,7 +227,8 @@ end
 -- exact_leaves returns when the k-th oldest entry in the window (from 1)
 -- leaves it.
 local function exact_leaves(log, lim, k)
-  return log.base + exact_entry(log, log.dead + k - 1) * lim.unit + lim.window
+  local offset = k == 1 and log.first or exact_entry(log, log.dead + k - 1)
+  return log.base + offset * lim.unit + lim.window
 end
 
 -- live_entries returns the entries in the window, as offsets after base.
