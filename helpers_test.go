@@ -176,7 +176,7 @@ type fakeLibrary struct {
 }
 
 func (fakeLibrary) Client() redis.UniversalClient { return stubClient{} }
-func (f fakeLibrary) Decide(_ context.Context, _ time.Time, keys []string, _ []byte, _ slidinglog.Abandoner) (any, error) {
+func (f fakeLibrary) Decide(_ context.Context, _ time.Time, keys []string, _ []any, _ slidinglog.Abandoner) (any, error) {
 	return f.decide(keys)
 }
 func (fakeLibrary) Status(context.Context, []string, ...[]byte) (any, error) {

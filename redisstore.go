@@ -51,9 +51,10 @@ func (rs *redisStore) decide(ctx context.Context, q *query, out *outcome) error 
 	if d == nil {
 		d = new(call)
 	}
-	*d = call{rs: rs, q: q, out: out, req: d.req[:0], lreps: d.lreps}
+	*d = call{rs: rs, q: q, out: out, req: d.req[:0], args: d.args[:0], boxed: d.boxed, lreps: d.lreps}
 	allowed, err := d.run(ctx, groups)
 	if !q.abandoned {
+		clear(d.args)
 		d.q, d.out, d.keys, d.idx = nil, nil, nil, nil
 		rs.calls.Put(d)
 	}
@@ -74,6 +75,8 @@ type call struct {
 	q     *query
 	out   *outcome
 	req   []byte // the request sent
+	args  []any  // req, for Decide
+	boxed any    // req as it was last boxed: boxing a slice allocates
 	lreps []slidinglog.LimitReply
 	// The keys and limits of the call under way, for Abandon.
 	keys []string
@@ -133,7 +136,8 @@ func (d *call) group(ctx context.Context, keys []string, idx []int) (bool, error
 		cancel()
 	} else {
 		d.keys, d.idx = keys, idx
-		raw, err = rs.lib.Decide(ctx, q.deadline, keys, d.req, d)
+		d.args = append(d.args[:0], d.box())
+		raw, err = rs.lib.Decide(ctx, q.deadline, keys, d.args, d)
 	}
 	if b != nil {
 		b.done(rs.breakers, err, probe, q.wall, q.deadline)
@@ -142,6 +146,15 @@ func (d *call) group(ctx context.Context, keys []string, idx []int) (bool, error
 		return false, rs.callError(ctx, err, q.deadline)
 	}
 	return d.record(raw, idx)
+}
+
+// box returns d.req as an interface value, reusing the last one when it
+// holds the same slice (a recycled call's request of the same limits).
+func (d *call) box() any {
+	if b, ok := d.boxed.([]byte); !ok || len(b) != len(d.req) || cap(b) != cap(d.req) || len(b) == 0 || &b[0] != &d.req[0] {
+		d.boxed = d.req
+	}
+	return d.boxed
 }
 
 // callError wraps err, a failed call's, and reloads a cluster's map of

@@ -150,7 +150,7 @@ func grow[T any](sl []T, n int) []T {
 // library's runner (*slidinglog.Redis); tests stand in for it.
 type library interface {
 	Client() redis.UniversalClient
-	Decide(ctx context.Context, deadline time.Time, keys []string, req []byte, owner slidinglog.Abandoner) (any, error)
+	Decide(ctx context.Context, deadline time.Time, keys []string, args []any, owner slidinglog.Abandoner) (any, error)
 	Status(ctx context.Context, keys []string, reqs ...[]byte) (any, error)
 	Rollback(ctx context.Context, keys []string, req, stamps []byte) (int64, error)
 	Forget(ctx context.Context, keys []string, req []byte) (int64, error)

@@ -25,14 +25,15 @@ func New(client redis.UniversalClient, split bool) *Redis {
 // Client returns the client the Redis calls.
 func (r *Redis) Client() redis.UniversalClient { return r.client }
 
-// Decide decides the request req, whose limits' keys are keys, and logs it
-// if it is admitted; its reply is for ParseReply. Concurrent decisions go
-// out together (see batcher). Decide waits until deadline or until ctx is
-// done at the most, and then returns that error; if the call went out,
-// owner's Abandon receives its reply later. The caller must then leave
-// keys and req as they are: the call may still read them.
-func (r *Redis) Decide(ctx context.Context, deadline time.Time, keys []string, req []byte, owner Abandoner) (any, error) {
-	return r.batch.run(ctx, deadline, r.client, keys, []any{req}, owner)
+// Decide decides the request in args (its only element, a request of
+// AppendRequest), whose limits' keys are keys, and logs it if it is
+// admitted; its reply is for ParseReply. Concurrent decisions go out
+// together (see batcher). Decide waits until deadline or until ctx is done
+// at the most, and then returns that error; if the call went out, owner's
+// Abandon receives its reply later. The caller must then leave keys and
+// args as they are: the call may still read them.
+func (r *Redis) Decide(ctx context.Context, deadline time.Time, keys []string, args []any, owner Abandoner) (any, error) {
+	return r.batch.run(ctx, deadline, r.client, keys, args, owner)
 }
 
 // Status answers, writing nothing, what Decide would answer for reqs
