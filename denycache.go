@@ -35,14 +35,14 @@ type cachedDenial struct {
 	denial
 }
 
-// check looks up the denials of keys for a request of cost at local time
+// find looks up the denials of keys for a request of cost at local time
 // now; shadow(i) reports the keys of shadow limits, which never deny. It
 // stores what it found for key i in hits[i] and returns the index of the key
 // whose denial frees up last, or -1 if the cache cannot answer: no key has
 // a fresh denial of that cost, or one key has no room for the cost but the
 // cache does not know when it will (a larger cost than it saw denied), so
 // that only Redis can say what it would answer.
-func (c *denyCache) check(keys []string, shadow func(i int) bool, cost int, now time.Time, hits []cachedDenial) int {
+func (c *denyCache) find(keys []string, shadow func(i int) bool, cost int, now time.Time, hits []cachedDenial) int {
 	if c == nil || c.maxAge == 0 {
 		return -1
 	}
@@ -60,7 +60,7 @@ func (c *denyCache) check(keys []string, shadow func(i int) bool, cost int, now 
 	return worst
 }
 
-// lookup is check under the read lock.
+// lookup is find under the read lock.
 func (c *denyCache) lookup(keys []string, shadow func(i int) bool, cost int, now time.Time, hits []cachedDenial) int {
 	worst := -1
 	c.mu.RLock()
@@ -233,7 +233,7 @@ func (c cachedStore) answer(q *query, out *outcome) bool {
 	defer hitBuffers.Put(buf)
 	hits := grow(*buf, len(q.keys))
 	*buf = hits
-	worst := c.cache.check(q.keys, func(i int) bool { return p.limits[i].shadow }, q.cost, q.local, hits)
+	worst := c.cache.find(q.keys, func(i int) bool { return p.limits[i].shadow }, q.cost, q.local, hits)
 	if worst < 0 {
 		return false
 	}

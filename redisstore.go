@@ -52,7 +52,7 @@ func (rs *redisStore) decide(ctx context.Context, q *query, out *outcome) error 
 		d = new(call)
 	}
 	*d = call{rs: rs, q: q, out: out, req: d.req[:0], args: d.args[:0], boxed: d.boxed, lreps: d.lreps}
-	allowed, err := d.run(ctx, groups)
+	allowed, err := d.groups(ctx, groups)
 	if !q.abandoned {
 		clear(d.args)
 		d.q, d.out, d.keys, d.idx = nil, nil, nil, nil
@@ -83,9 +83,9 @@ type call struct {
 	idx  []int
 }
 
-// run decides the query group by group, and reports whether the request
+// groups decides the query group by group, and reports whether the request
 // was admitted (logged) in every limit.
-func (d *call) run(ctx context.Context, groups [][]int) (bool, error) {
+func (d *call) groups(ctx context.Context, groups [][]int) (bool, error) {
 	q := d.q
 	all := true
 	for k, g := range groups {
