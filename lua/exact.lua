@@ -104,7 +104,7 @@ end
 -- size - 1: the entries' times are often spread about evenly.
 local function guess(size, cut, oldest, newest)
   local x = (cut - oldest) * (size - 1) / (newest - oldest)
-  return x - x % 1 + 1 -- rounded down
+  return x - x % 1 + 1 -- x rounded down, plus 1
 end
 
 -- first_after_near is first_after over the n entries of s (from 0), that
