@@ -55,11 +55,11 @@ end
 
 -- buckets_read reads the limit's buckets at key at time now. It prunes
 -- those that have left the window if write is true; else it counts the
--- window's buckets and writes nothing.
+-- window's buckets and writes nothing. It returns them and their count.
 local function buckets_read(key, lim, now, write)
-  local span = lim.window / lim.unit
-  local last = (now - now % lim.unit) / lim.unit
-  local b = {key = key, name = lim.name, span = span, first = last - span + 1, last = last, count = 0, oldest = false}
+  local span = lim[WINDOW] / lim[UNIT]
+  local last = (now - now % lim[UNIT]) / lim[UNIT]
+  local b = {key = key, name = lim[NAME], span = span, first = last - span + 1, last = last, count = 0, oldest = false}
   local v = redis.call('HMGET', key, b.name .. ':t', b.name .. ':o')
   b.count, b.oldest = tonumber(v[1]) or 0, tonumber(v[2]) or false
   if b.oldest and b.oldest < b.first then
@@ -73,7 +73,7 @@ local function buckets_read(key, lim, now, write)
       end
     end
   end
-  return b
+  return b, b.count
 end
 
 -- buckets_leaves returns when enough of the oldest buckets have left the
@@ -84,14 +84,14 @@ local function buckets_leaves(b, lim, k)
     return 0
   end
   if k <= 1 then
-    return b.oldest * lim.unit + lim.window
+    return b.oldest * lim[UNIT] + lim[WINDOW]
   end
   local live = bucket_range(b.key, b.name, math.max(b.oldest, b.first), b.last)
   local freed = 0
   for j = 1, #live, 2 do
     freed = freed + live[j + 1]
     if freed >= k then
-      return live[j] * lim.unit + lim.window
+      return live[j] * lim[UNIT] + lim[WINDOW]
     end
   end
   return 0
@@ -107,7 +107,7 @@ local function buckets_admit(b, lim, now, n)
   if not b.oldest then
     redis.call('HSET', b.key, b.name .. ':o', string.format('%d', b.last))
   end
-  local leaves = b.last * lim.unit + lim.window
+  local leaves = b.last * lim[UNIT] + lim[WINDOW]
   local ttl = math.ceil((leaves - now) / 1000) + 1
   if redis.call('PTTL', b.key) < ttl then
     redis.call('PEXPIRE', b.key, ttl)
@@ -120,7 +120,7 @@ end
 -- oldest-bucket marker may then point at an emptied bucket, which only
 -- makes a reset a little early until the next pruning moves it.
 local function buckets_remove(key, lim, at, n)
-  local field = bucket_field(lim.name, (at - at % lim.unit) / lim.unit)
+  local field = bucket_field(lim[NAME], (at - at % lim[UNIT]) / lim[UNIT])
   local c = tonumber(redis.call('HGET', key, field))
   if not c then
     return 0
@@ -131,8 +131,8 @@ local function buckets_remove(key, lim, at, n)
   else
     redis.call('HDEL', key, field)
   end
-  if redis.call('HINCRBY', key, lim.name .. ':t', -take) <= 0 then
-    redis.call('HDEL', key, lim.name .. ':t', lim.name .. ':o')
+  if redis.call('HINCRBY', key, lim[NAME] .. ':t', -take) <= 0 then
+    redis.call('HDEL', key, lim[NAME] .. ':t', lim[NAME] .. ':o')
   end
   return take
 end
@@ -140,7 +140,7 @@ end
 -- buckets_forget removes the limit's fields from the hash at key, the
 -- other limits' staying.
 local function buckets_forget(key, lim)
-  local prefix, gone = lim.name .. ':', {}
+  local prefix, gone = lim[NAME] .. ':', {}
   for _, field in ipairs(redis.call('HKEYS', key)) do
     if string.sub(field, 1, #prefix) == prefix then
       gone[#gone + 1] = field

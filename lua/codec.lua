@@ -23,38 +23,55 @@
 
 local EXACT_LOG = 1
 local BUCKETS = 2
-local SHADOW = 1
+local FLAG_SHADOW = 1
 local REQUEST_HEAD = 12 -- bytes before the limits
 local LIMIT_HEAD = 19 -- bytes of a limit before its name
+
+-- A decoded limit is an array (cheaper for Redis to build than named
+-- fields); its items, at these indices:
+local KIND = 1 -- EXACT_LOG or BUCKETS
+local SHADOW = 2 -- true if the limit never denies
+local QUOTA = 3
+local WINDOW = 4
+local UNIT = 5
+local NAME = 6 -- the bucketed limit's name; false for a log
+local STATE = 7 -- what library.lua's check read of the limit, for admit
 
 -- decode_limit returns the limit at byte p of the request arg, and the
 -- byte after it.
 local function decode_limit(arg, p)
   local kind, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6, u1, u2, u3, u4, u5, u6, len =
     string.byte(arg, p, p + LIMIT_HEAD - 1)
-  local lim = {
-    kind = kind,
-    shadow = flags % 2 == SHADOW,
-    quota = ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
-    window = ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6,
-    unit = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6,
-    name = false,
-  }
+  local name, after = false, p + LIMIT_HEAD + len
   if len > 0 then
-    lim.name = string.sub(arg, p + LIMIT_HEAD, p + LIMIT_HEAD + len - 1)
+    name = string.sub(arg, p + LIMIT_HEAD, after - 1)
   end
-  return lim, p + LIMIT_HEAD + len
+  return {
+    kind,
+    flags % 2 == FLAG_SHADOW,
+    ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
+    ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6,
+    ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6,
+    name,
+    false,
+  }, after
 end
 
 -- decode_request returns the request arg: its time, cost and limits.
 local function decode_request(arg)
   local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, count = string.byte(arg, 1, REQUEST_HEAD)
   local now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
-  local limits, p = {}, REQUEST_HEAD + 1
-  for i = 1, count do
+  local cost = ((c1 * 256 + c2) * 256 + c3) * 256 + c4
+  if count == 0 then
+    return now, cost, {}
+  end
+  -- Built with its first limit: cheaper than growing an empty table.
+  local first, p = decode_limit(arg, REQUEST_HEAD + 1)
+  local limits = {first}
+  for i = 2, count do
     limits[i], p = decode_limit(arg, p)
   end
-  return now, ((c1 * 256 + c2) * 256 + c3) * 256 + c4, limits
+  return now, cost, limits
 end
 
 -- uint reads the width-byte integer at byte p of s.

@@ -37,6 +37,18 @@ local PROBE = 64 -- entries read at once where a large log's window starts
 local HEAD_LAST = '11'
 local NEWEST_FIRST = '-2'
 
+-- What exact_read read of a log is an array (cheaper for Redis to build
+-- than named fields); its items, at these indices:
+local KEY = 1
+local BYTES = 2 -- the whole log string, if it was read whole; else false
+local BASE = 3 -- false if there is no log
+local REFRESH = 4 -- the refresh-by
+local SIZE = 5 -- the entries it holds
+local DEAD = 6 -- of them, those that have left the window (the oldest)
+local COUNT = 7 -- those in the window
+local FIRST = 8 -- the offset of the oldest entry in the window, if read
+local NEWEST = 9 -- the offset of the newest entry; -1 if none
+
 -- decode_entry returns the offset in the entry bytes hi, lo.
 local function decode_entry(hi, lo)
   return hi * 256 + lo
@@ -74,8 +86,8 @@ end
 -- and returns the offset of the oldest entry from the two bytes after them
 -- (nil if there are none).
 local function decode_header(log, b1, b2, b3, b4, b5, b6, b7, r1, r2, r3, o1, o2)
-  log.base = (((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
-  log.refresh = (r1 * 256 + r2) * 256 + r3
+  log[BASE] = (((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
+  log[REFRESH] = (r1 * 256 + r2) * 256 + r3
   return o2 and decode_entry(o1, o2)
 end
 
@@ -83,15 +95,16 @@ end
 -- in lim's window at now: an entry at offset o is in the window until
 -- base + o * unit + window.
 local function cut(lim, now, base)
-  local x = now - lim.window - base
-  return (x - x % lim.unit) / lim.unit
+  local x = now - lim[WINDOW] - base
+  return (x - x % lim[UNIT]) / lim[UNIT]
 end
 
 -- guess returns where the first entry after cut likely is among size
 -- entries from oldest to newest (oldest <= cut < newest), from 1 to
 -- size - 1: the entries' times are often spread about evenly.
 local function guess(size, cut, oldest, newest)
-  return math.floor((cut - oldest) * (size - 1) / (newest - oldest)) + 1
+  local x = (cut - oldest) * (size - 1) / (newest - oldest)
+  return x - x % 1 + 1 -- x rounded down, plus 1
 end
 
 -- first_after_near is first_after over the n entries of s (from 0), that
@@ -114,29 +127,29 @@ local function first_after_near(s, skip, n, cut, g)
   return first_after(s, skip, i, j, cut)
 end
 
--- read_whole reads the log at key whole: the entries are log.s's.
+-- read_whole reads the log at key whole, into log[BYTES].
 local function read_whole(log, lim, now)
-  local s = redis.call('GET', log.key)
+  local s = redis.call('GET', log[KEY])
   if not s then
     return
   end
-  log.size = (#s - HEADER) / ENTRY
-  if log.size < 0 or log.size % 1 ~= 0 then
-    error('ratelimit: ' .. log.key .. ' holds no log: another program wrote it')
+  log[SIZE] = (#s - HEADER) / ENTRY
+  if log[SIZE] < 0 or log[SIZE] % 1 ~= 0 then
+    error('ratelimit: ' .. log[KEY] .. ' holds no log: another program wrote it')
   end
-  log.s = s
+  log[BYTES] = s
   local oldest = decode_header(log, string.byte(s, 1, HEADER + ENTRY))
-  if log.size == 0 then
+  if log[SIZE] == 0 then
     return
   end
-  log.newest = decode_entry(string.byte(s, -ENTRY, -1))
-  local before = cut(lim, now, log.base)
+  log[NEWEST] = decode_entry(string.byte(s, -ENTRY, -1))
+  local before = cut(lim, now, log[BASE])
   if before < oldest then
-    log.first = oldest
-  elseif before >= log.newest then
-    log.dead = log.size
+    log[FIRST] = oldest
+  elseif before >= log[NEWEST] then
+    log[DEAD] = log[SIZE]
   else
-    log.dead, log.first = first_after_near(s, HEADER, log.size, before, guess(log.size, before, oldest, log.newest))
+    log[DEAD], log[FIRST] = first_after_near(s, HEADER, log[SIZE], before, guess(log[SIZE], before, oldest, log[NEWEST]))
   end
 end
 
@@ -151,15 +164,15 @@ end
 -- as found, with its offset, if it is among them; else as the entries
 -- it is among, i to j.
 local function probe(log, before, oldest)
-  local g = guess(log.size, before, oldest, log.newest)
-  local from = math.max(0, math.min(g - PROBE / 2, log.size - PROBE))
-  local part = read_range(log.key, from, from + PROBE)
+  local g = guess(log[SIZE], before, oldest, log[NEWEST])
+  local from = math.max(0, math.min(g - PROBE / 2, log[SIZE] - PROBE))
+  local part = read_range(log[KEY], from, from + PROBE)
   local n = #part / ENTRY
   local k, found = first_after_near(part, 0, n, before, g - from)
   if k == 0 and from > 0 then
     return nil, nil, 0, from
-  elseif k == n and from + n < log.size then
-    return nil, nil, from + n, log.size
+  elseif k == n and from + n < log[SIZE] then
+    return nil, nil, from + n, log[SIZE]
   end
   return from + k, found or k < n and entry_at(part, 0, k)
 end
@@ -168,80 +181,79 @@ end
 -- entry, its newest, and PROBE entries where the window likely starts, or,
 -- failing that, entries found by halving.
 local function read_large(log, lim, now)
-  local head = redis.call('GETRANGE', log.key, '0', HEAD_LAST)
+  local head = redis.call('GETRANGE', log[KEY], '0', HEAD_LAST)
   if #head == 0 then
     return
   end
-  log.size = (redis.call('STRLEN', log.key) - HEADER) / ENTRY
-  if #head < HEADER or log.size < 0 or log.size % 1 ~= 0 then
-    error('ratelimit: ' .. log.key .. ' holds no log: another program wrote it')
+  log[SIZE] = (redis.call('STRLEN', log[KEY]) - HEADER) / ENTRY
+  if #head < HEADER or log[SIZE] < 0 or log[SIZE] % 1 ~= 0 then
+    error('ratelimit: ' .. log[KEY] .. ' holds no log: another program wrote it')
   end
   local oldest = decode_header(log, string.byte(head, 1, HEADER + ENTRY))
-  if log.size == 0 then
+  if log[SIZE] == 0 then
     return
   end
-  log.newest = decode_entry(string.byte(redis.call('GETRANGE', log.key, NEWEST_FIRST, '-1'), 1, ENTRY))
-  local before = cut(lim, now, log.base)
+  log[NEWEST] = decode_entry(string.byte(redis.call('GETRANGE', log[KEY], NEWEST_FIRST, '-1'), 1, ENTRY))
+  local before = cut(lim, now, log[BASE])
   if before < oldest then
-    log.first = oldest
+    log[FIRST] = oldest
     return
-  elseif before >= log.newest then
-    log.dead = log.size
+  elseif before >= log[NEWEST] then
+    log[DEAD] = log[SIZE]
     return
   end
   local dead, first, i, j = probe(log, before, oldest)
   while not dead and i < j do
     local mid = (i + j - (i + j) % 2) / 2
-    if entry_at(read_range(log.key, mid, mid + 1), 0, 0) > before then
+    if entry_at(read_range(log[KEY], mid, mid + 1), 0, 0) > before then
       j = mid
     else
       i = mid + 1
     end
   end
-  log.dead, log.first = dead or i, first
+  log[DEAD], log[FIRST] = dead or i, first
 end
 
--- exact_read reads the log at key at time now: its base and refresh-by,
--- how many entries it holds (size), how many of them have left the window
--- (dead, all before the others), how many are in it (count), and the
--- offsets of the oldest entry in it (first, if read) and of the newest.
+-- exact_read reads the log at key at time now (see KEY to NEWEST), and
+-- returns it and its count.
 local function exact_read(key, lim, now)
-  local log = {key = key, s = false, base = false, refresh = 0, size = 0, dead = 0, count = 0, first = false, newest = -1}
-  if lim.quota <= WHOLE then
+  local log = {key, false, false, 0, 0, 0, 0, false, -1}
+  if lim[QUOTA] <= WHOLE then
     read_whole(log, lim, now)
   else
     read_large(log, lim, now)
   end
-  log.count = log.size - log.dead
-  return log
+  local count = log[SIZE] - log[DEAD]
+  log[COUNT] = count
+  return log, count
 end
 
 -- exact_entry returns the offset of the log's entry i (from 0).
 local function exact_entry(log, i)
-  if log.s then
-    return entry_at(log.s, HEADER, i)
+  if log[BYTES] then
+    return entry_at(log[BYTES], HEADER, i)
   end
-  return entry_at(read_range(log.key, i, i + 1), 0, 0)
+  return entry_at(read_range(log[KEY], i, i + 1), 0, 0)
 end
 
 -- exact_leaves returns when the k-th oldest entry in the window (from 1)
 -- leaves it.
 local function exact_leaves(log, lim, k)
-  local offset = k == 1 and log.first or exact_entry(log, log.dead + k - 1)
-  return log.base + offset * lim.unit + lim.window
+  local offset = k == 1 and log[FIRST] or exact_entry(log, log[DEAD] + k - 1)
+  return log[BASE] + offset * lim[UNIT] + lim[WINDOW]
 end
 
 -- live_entries returns the entries in the window, as offsets after base.
 local function live_entries(log, lim, base)
-  if log.count == 0 then
+  if log[COUNT] == 0 then
     return ''
   end
-  local s = log.s and string.sub(log.s, HEADER + ENTRY * log.dead + 1) or read_range(log.key, log.dead, log.size)
-  if base == log.base then
+  local s = log[BYTES] and string.sub(log[BYTES], HEADER + ENTRY * log[DEAD] + 1) or read_range(log[KEY], log[DEAD], log[SIZE])
+  if base == log[BASE] then
     return s
   end
-  local shift, bytes = (base - log.base) / lim.unit, {}
-  for i = 0, log.count - 1 do
+  local shift, bytes = (base - log[BASE]) / lim[UNIT], {}
+  for i = 0, log[COUNT] - 1 do
     local o = entry_at(s, 0, i) - shift
     bytes[2 * i + 1], bytes[2 * i + 2] = (o - o % 256) / 256, o % 256
   end
@@ -266,39 +278,39 @@ end
 -- the oldest entry's SPAN, or at's if that is older) when the log is new
 -- or an offset would not fit.
 local function exact_rewrite(log, lim, now, n, at)
-  local unit, base = lim.unit, log.base
+  local unit, base = lim[UNIT], log[BASE]
   if not base or at < base or (at - base) / unit > MAX_OFFSET then
     local oldest = at
-    if log.count > 0 then
-      oldest = math.min(at, exact_leaves(log, lim, 1) - lim.window)
+    if log[COUNT] > 0 then
+      oldest = math.min(at, exact_leaves(log, lim, 1) - lim[WINDOW])
     end
     base = oldest - oldest % (unit * SPAN)
   end
   local live, offset = live_entries(log, lim, base), (at - base) / unit
   local i = first_after(live, 0, 0, #live / ENTRY, offset) -- after those of its time
   live = string.sub(live, 1, ENTRY * i) .. string.rep(encode_entry(offset), n) .. string.sub(live, ENTRY * i + 1)
-  local wunits = lim.window / unit
+  local wunits = lim[WINDOW] / unit
   local refresh = entry_at(live, 0, #live / ENTRY - 1) + wunits + math.ceil(wunits / REFRESH_SLACK)
   local ttl = math.ceil((base + refresh * unit - now) / 1000)
-  redis.call('SET', log.key, encode_header(base, refresh) .. live, 'PX', ttl)
+  redis.call('SET', log[KEY], encode_header(base, refresh) .. live, 'PX', ttl)
 end
 
 -- exact_admit logs n entries at now and returns their time, and when they
 -- leave the window.
 local function exact_admit(log, lim, now, n)
-  local at = now + (-now) % lim.unit -- rounded up to the unit
-  local offset = log.base and (at - log.base) / lim.unit
-  if log.base and log.dead * 2 <= log.count and offset >= log.newest and offset >= 0 and
-    offset <= MAX_OFFSET and offset + lim.window / lim.unit <= log.refresh then
+  local at = now + (-now) % lim[UNIT] -- rounded up to the unit
+  local offset = log[BASE] and (at - log[BASE]) / lim[UNIT]
+  if log[BASE] and log[DEAD] * 2 <= log[COUNT] and offset >= log[NEWEST] and offset >= 0 and
+    offset <= MAX_OFFSET and offset + lim[WINDOW] / lim[UNIT] <= log[REFRESH] then
     local entry = encode_entry(offset)
     if n > 1 then
       entry = string.rep(entry, n)
     end
-    redis.call('APPEND', log.key, entry)
+    redis.call('APPEND', log[KEY], entry)
   else
     exact_rewrite(log, lim, now, n, at)
   end
-  return at, at + lim.window
+  return at, at + lim[WINDOW]
 end
 
 -- exact_remove removes up to n entries of time at from the log at key, and
@@ -309,9 +321,9 @@ local function exact_remove(key, lim, at, n)
   if not s or #s < HEADER then
     return 0
   end
-  local log = {key = key}
+  local log = {key}
   decode_header(log, string.byte(s, 1, HEADER))
-  local offset, size = (at - log.base) / lim.unit, (#s - HEADER) / ENTRY
+  local offset, size = (at - log[BASE]) / lim[UNIT], (#s - HEADER) / ENTRY
   if offset < 0 or offset > MAX_OFFSET or offset % 1 ~= 0 or size % 1 ~= 0 then
     return 0
   end

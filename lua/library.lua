@@ -23,45 +23,44 @@ local NEVER = 0 -- a reset: the request can never fit
 -- check reads the limits of a request of cost n at now, whose keys start
 -- at keys[k], and writes the reply from R[r + 1] on: whether every
 -- enforced limit has room, which one denies if not (the one that frees up
--- last), and each limit's count, reset and stamp. It returns what each
--- kind read, for admit. write says whether reading may prune.
+-- last), and each limit's count, reset and stamp. It keeps what each kind
+-- read in lim[STATE], for admit. write says whether reading may prune.
 local function check(keys, k, limits, n, now, write, R, r)
-  local states, denied, worst = {}, 0, 0
+  local denied, worst = 0, 0
   for i = 1, #limits do
     local lim = limits[i]
-    local kind = KINDS[lim.kind]
-    local state = kind.read(keys[k + i - 1], lim, now, write)
-    local count, reset, stamp = state.count, now, 0
+    local kind = KINDS[lim[KIND]]
+    local state, count = kind.read(keys[k + i - 1], lim, now, write)
+    local reset, stamp = now, 0
     if count > 0 then
       stamp = kind.leaves(state, lim, 1)
       reset = stamp
     end
-    if count + n > lim.quota then
+    if count + n > lim[QUOTA] then
       reset = NEVER
-      if n <= lim.quota then
-        reset = kind.leaves(state, lim, count + n - lim.quota)
+      if n <= lim[QUOTA] then
+        reset = kind.leaves(state, lim, count + n - lim[QUOTA])
       end
       -- NEVER frees up last; else the latest.
-      if not lim.shadow and (denied == 0 or worst ~= NEVER and (reset == NEVER or reset > worst)) then
+      if not lim[SHADOW] and (denied == 0 or worst ~= NEVER and (reset == NEVER or reset > worst)) then
         denied, worst = i, reset
       end
     end
-    R[r + 3 * i + 1], R[r + 3 * i + 2], R[r + 3 * i + 3], states[i] = count, reset, stamp, state
+    R[r + 3 * i + 1], R[r + 3 * i + 2], R[r + 3 * i + 3], lim[STATE] = count, reset, stamp, state
   end
   R[r + 1], R[r + 2], R[r + 3] = denied == 0 and 1 or 0, denied, now
-  return states
 end
 
 -- admit logs a request of cost n that check admitted in every limit that
 -- has room for it (a shadow limit without room logs nothing), and updates
 -- the reply at R[r + 1].
-local function admit(limits, n, now, states, R, r)
+local function admit(limits, n, now, R, r)
   for i = 1, #limits do
     local lim, count = limits[i], R[r + 3 * i + 1]
-    if count + n > lim.quota then
+    if count + n > lim[QUOTA] then
       R[r + 3 * i + 3] = 0
     else
-      local stamp, leaves = KINDS[lim.kind].admit(states[i], lim, now, n)
+      local stamp, leaves = KINDS[lim[KIND]].admit(lim[STATE], lim, now, n)
       R[r + 3 * i + 3] = stamp
       if count == 0 then
         R[r + 3 * i + 2] = leaves
@@ -83,9 +82,9 @@ local function each(keys, argv, write)
       clock = clock or server_now()
       now = clock
     end
-    local states = check(keys, k, limits, n, now, write, R, r)
+    check(keys, k, limits, n, now, write, R, r)
     if write and R[r + 1] == 1 then
-      admit(limits, n, now, states, R, r)
+      admit(limits, n, now, R, r)
     end
     k, r = k + #limits, r + 3 + 3 * #limits
   end
@@ -112,7 +111,7 @@ local function rollback(keys, argv)
   for i = 1, #limits do
     local lim, at = limits[i], uint(argv[2], 7 * i - 6, 7)
     if at > 0 then
-      removed = removed + KINDS[lim.kind].remove(keys[i], lim, at, n)
+      removed = removed + KINDS[lim[KIND]].remove(keys[i], lim, at, n)
     end
   end
   return removed
@@ -125,7 +124,7 @@ local function forget(keys, argv)
   local _, _, limits = decode_request(argv[1])
   local found = 0
   for i = 1, #limits do
-    found = found + KINDS[limits[i].kind].forget(keys[i], limits[i])
+    found = found + KINDS[limits[i][KIND]].forget(keys[i], limits[i])
   end
   return found
 end
