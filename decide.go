@@ -197,7 +197,7 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 	// slot, elsewhere everything does. A refund is a rollback of the whole
 	// request.
 	p := t.plan
-	groups := [][]int{p.all}
+	groups := p.whole
 	if p.split {
 		groups = p.groups(t.tags)
 	}

@@ -301,8 +301,9 @@ func newPlan(limits []compiledLimit, split bool) (*plan, error) {
 			return nil, fmt.Errorf("limit %s: %w", lim.Name, err)
 		}
 		p.all = append(p.all, i)
-		p.limits = append(p.limits, planLimit{quota: lim.Quota, window: lim.Window, shadow: lim.Shadow, global: lim.Key.global, wire: wire[i], spec: spec})
+		p.limits = append(p.limits, planLimit{quota: lim.Quota, window: lim.Window, shadow: lim.Shadow, global: lim.Key.global, spec: spec})
 	}
+	p.whole = [][]int{p.all}
 	var err error
 	p.specs, err = slidinglog.Encode(wire...)
 	return p, err

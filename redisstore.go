@@ -43,7 +43,7 @@ type redisStore struct {
 // with the code that writes nothing, whether the limits deny the request:
 // a denial needs no write.
 func (rs *redisStore) decide(ctx context.Context, q *query, out *outcome) error {
-	groups := [][]int{q.plan.all}
+	groups := q.plan.whole
 	if q.plan.split {
 		groups = q.plan.groups(q.tags)
 	}

@@ -27,6 +27,7 @@ type store interface {
 type plan struct {
 	limits []planLimit
 	all    []int            // 0, 1, ..., len(limits)-1
+	whole  [][]int          // {all}: the one group of a plan that is not split
 	specs  slidinglog.Specs // every limit, for the Lua code
 	// split: keys with different hash tags must be decided apart (a
 	// Cluster, a Ring).
@@ -37,13 +38,12 @@ type plan struct {
 type planLimit struct {
 	quota  int
 	window time.Duration
-	shadow bool // reported, never denies
-	global bool // counted by a Global key: the same for every request
-	wire   slidinglog.Limit
-	spec   slidinglog.Specs // the limit alone
+	shadow bool             // reported, never denies
+	global bool             // counted by a Global key: the same for every request
+	spec   slidinglog.Specs // the limit alone, for the Lua code
 }
 
-// specs returns the encoded limits idx, in turn.
+// specsOf returns the limits idx encoded for the Lua code, in turn.
 func (p *plan) specsOf(idx []int) slidinglog.Specs {
 	if len(idx) == len(p.limits) {
 		return p.specs
@@ -87,7 +87,7 @@ type outcome struct {
 	unreverted uint64
 }
 
-// reset prepares out for a decision of n limits.
+// reset prepares out for a decision, with replies (one per limit) cleared.
 func (out *outcome) reset(replies []reply) {
 	*out = outcome{denier: -1, replies: replies}
 	clear(replies)
