@@ -7,7 +7,7 @@
 --   cost    4  units of cost to log in every limit
 --   limits  1  the number of limits L, then L limits:
 --     kind    1  EXACT_LOG or BUCKETS
---     flags   1  SHADOW: checked and reported, never denies
+--     flags   1  FLAG_SHADOW: checked and reported, never denies
 --     quota   4
 --     window  6
 --     unit    6  the exact log's time unit; the buckets' precision
