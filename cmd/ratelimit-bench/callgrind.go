@@ -35,7 +35,7 @@ import (
 //	              of INCR and PEXPIRE (the same call admits and denies).
 //	exact log     the library's Limiter (a Redis Function), with WithClock
 //	              and no deny cache, on keys each holding about N entries
-//	              (N = 100, 1,000, 10,000: a listpack, then skiplists) of a
+//	              (N = 100, 1,000, 10,000: read whole, then in parts) of a
 //	              1-minute window: 10 keys, 1 for N = 10,000. allow: a limit
 //	              of quota 2N, decided round the keys in turn, the clock
 //	              moving on so that each key sees a request every W/N: as
