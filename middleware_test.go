@@ -868,11 +868,11 @@ func testCompactLog(t *testing.T, b backend) {
 		t.Errorf("base moved by %v after 20s of a 1s window; want it to follow the log", moved)
 	}
 
-	// Out of order: a request at 60.5 s, then one at 60.2 s (another
-	// server's clock), then at 61.3 s the first has left the window but
-	// the second has not... no: the second entry leaves at 61.2 s, the
-	// first at 61.5 s. At 61.3 s one of them is left: two requests fit,
-	// not three.
+	// Out of order: a request at 60.5 s, then two at 60.2 s (another
+	// server's clock, behind). At 61.3 s the two of 60.2 s have left the
+	// window and the one of 60.5 s has not: two requests fit, not one or
+	// three, as the model says, only if the late entries were put before
+	// the earlier one.
 	model = nil
 	for _, at := range []time.Duration{60500 * time.Millisecond, 60200 * time.Millisecond, 60200 * time.Millisecond,
 		61300 * time.Millisecond, 61300 * time.Millisecond, 61300 * time.Millisecond} {
