@@ -22,6 +22,7 @@ type ipConfig struct {
 	trusted   []netip.Prefix // unmapped: IPv4 proxies are IPv4 prefixes
 	header    string         // canonical name of the proxy header
 	forwarded bool           // header is RFC 7239 Forwarded
+	headerSet bool           // ProxyHeader was given
 	v4Bits    int
 	v6Bits    int
 	err       error // first configuration error
@@ -80,6 +81,9 @@ func ClientIP(opts ...IPOption) Key {
 			continue
 		}
 		opt(c)
+	}
+	if c.headerSet && len(c.trusted) == 0 {
+		c.fail(fmt.Errorf("ProxyHeader(%q) without TrustProxies: the header is read only from trusted proxies, so it would never be read; list your proxies with TrustProxies", c.header))
 	}
 	return Key{name: "ip", fn: c.key, err: c.err}
 }

@@ -214,8 +214,8 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 
 // Allow decides whether a request of the given cost, identified by ids, may
 // proceed, and if so counts it in every limit. ids[i] identifies the client
-// for the Limiter's i-th limit (for a [Global] limit any constant will do;
-// the middleware's is "global"). Allow is how to use a Limiter outside HTTP;
+// for the Limiter's i-th limit (for a [Global] limit, [GlobalID], the id
+// the middleware uses). Allow is how to use a Limiter outside HTTP;
 // the middleware calls the same logic with the ids its [Key]s extract, and
 // an id given to Allow counts with the middleware's requests of the same
 // identifier, except for a limit counted by a [Compose] key: Allow escapes

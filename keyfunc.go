@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
+	"strconv"
 	"strings"
 )
 
@@ -41,8 +43,13 @@ func KeyFunc(name string, fn func(r *http.Request) (string, error)) Key {
 // it is one shared budget for all clients (for example 10,000 requests per
 // minute for the whole API).
 func Global() Key {
-	return Key{name: "global", global: true, fn: func(*http.Request) (string, error) { return "global", nil }}
+	return Key{name: "global", global: true, fn: func(*http.Request) (string, error) { return GlobalID, nil }}
 }
+
+// GlobalID is the identifier a [Global] key gives every request. Pass it to
+// [Limiter.Allow], [Limiter.Status] or [Limiter.Reset] for a Global limit
+// so that they count in the same log as the middleware.
+const GlobalID = "global"
 
 // Header returns a Key that identifies a request by the value of the named
 // header, such as an API key. A request without the header, or with an empty
@@ -83,19 +90,49 @@ func User(fn func(r *http.Request) (user string, ok bool)) Key {
 	return k
 }
 
-// UserFromContext returns a Key that identifies a request by the string
+// UserFromContext returns a Key that identifies a request by the user
 // stored in its context under ctxKey (typically by an authentication
-// middleware that runs first). A missing or empty value, or a value that is
-// not a string, is [ErrNoKey]; see [User].
+// middleware that runs first): a string, an integer (written in decimal:
+// the int64 7 and the string "7" are the same user), or a [fmt.Stringer]
+// (its String). A missing or empty value, a nil pointer, or a value of
+// another type is [ErrNoKey]; see [User].
 func UserFromContext(ctxKey any) Key {
 	k := User(func(r *http.Request) (string, bool) {
-		u, ok := r.Context().Value(ctxKey).(string)
-		return u, ok
+		return userID(r.Context().Value(ctxKey))
 	})
 	if ctxKey == nil {
 		k.err = errors.New("nil context key")
 	}
 	return k
+}
+
+// userID returns the identifier of a user stored in a context: a string,
+// an integer in decimal, or what a fmt.Stringer says. Anything else, and
+// an empty string, is no user.
+func userID(v any) (string, bool) {
+	var s string
+	switch u := v.(type) {
+	case string:
+		s = u
+	case int:
+		s = strconv.Itoa(u)
+	case int64:
+		s = strconv.FormatInt(u, 10)
+	case int32:
+		s = strconv.FormatInt(int64(u), 10)
+	case uint:
+		s = strconv.FormatUint(uint64(u), 10)
+	case uint64:
+		s = strconv.FormatUint(u, 10)
+	case uint32:
+		s = strconv.FormatUint(uint64(u), 10)
+	case fmt.Stringer:
+		if rv := reflect.ValueOf(u); rv.Kind() == reflect.Pointer && rv.IsNil() {
+			return "", false
+		}
+		s = u.String()
+	}
+	return s, s != ""
 }
 
 // UnmatchedRoute is the route template of a request that matched no route

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -150,29 +151,27 @@ func validName(name string) bool {
 }
 
 func (l Limit) validate() error {
-	switch {
-	case l.Quota < 1:
-		return fmt.Errorf("quota %d: must be at least 1", l.Quota)
-	case l.Quota > maxQuota:
-		return fmt.Errorf("quota %d: must be at most %d", l.Quota, maxQuota)
-	case l.Window < time.Millisecond:
-		return fmt.Errorf("window %v: must be at least 1ms", l.Window)
-	case l.Window > 366*24*time.Hour:
-		return fmt.Errorf("window %v: must be at most 366 days", l.Window)
-	case l.Key.fn == nil && l.Key.err == nil:
-		return fmt.Errorf("no key: say what the limit counts by (ClientIP(), User(...), Global(), ...)")
-	case l.Key.err != nil:
-		return fmt.Errorf("key %s: %w", l.Key.name, l.Key.err)
-	case l.Precision < 0 || l.Precision > 0 && l.Precision < time.Millisecond:
-		return fmt.Errorf("precision %v: must be 0 (exact) or at least 1ms", l.Precision)
-	case l.Precision > 0 && l.Window%l.Precision != 0:
-		return fmt.Errorf("window %v is not a whole number of %v buckets", l.Window, l.Precision)
-	case l.Precision > 0 && l.Window/l.Precision > maxBuckets:
-		return fmt.Errorf("window %v holds %d buckets of %v; at most %d", l.Window, l.Window/l.Precision, l.Precision, maxBuckets)
-	case !validName(l.Name):
-		return fmt.Errorf("name %q: use 1 to %d ASCII letters, digits, '-', '_' or '.'", l.Name, maxNameLen)
+	var errs []error
+	check := func(bad bool, format string, args ...any) {
+		if bad {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
 	}
-	return nil
+	check(l.Quota < 1, "quota %d: must be at least 1", l.Quota)
+	check(l.Quota > maxQuota, "quota %d: must be at most %d", l.Quota, maxQuota)
+	check(l.Window < time.Millisecond, "window %v: must be at least 1ms", l.Window)
+	check(l.Window > 366*24*time.Hour, "window %v: must be at most 366 days", l.Window)
+	check(l.Key.fn == nil && l.Key.err == nil, "no key: say what the limit counts by (ClientIP(), User(...), Global(), ...)")
+	if l.Key.err != nil {
+		errs = append(errs, fmt.Errorf("key %s: %w", l.Key.name, l.Key.err))
+	}
+	check(l.Precision < 0 || l.Precision > 0 && l.Precision < time.Millisecond, "precision %v: must be 0 (exact) or at least 1ms", l.Precision)
+	if l.Precision >= time.Millisecond && l.Window >= time.Millisecond {
+		check(l.Window%l.Precision != 0, "window %v is not a whole number of %v buckets", l.Window, l.Precision)
+		check(l.Window/l.Precision > maxBuckets, "window %v holds %d buckets of %v; at most %d", l.Window, l.Window/l.Precision, l.Precision, maxBuckets)
+	}
+	check(!validName(l.Name), "name %q: use 1 to %d ASCII letters, digits, '-', '_' or '.'", l.Name, maxNameLen)
+	return errors.Join(errs...)
 }
 
 // policyItem is lim's item in RateLimit-Policy.

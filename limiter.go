@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -104,7 +106,7 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		}
 	}
 	errs := append([]error(nil), cfg.errs...)
-	if client == nil {
+	if client == nil || nilPointer(client) {
 		errs = append(errs, errors.New("nil Redis client"))
 	} else if enabled, known := contextTimeouts(client); known && !enabled {
 		errs = append(errs, errors.New("the Redis client ignores context deadlines, so the decision timeout cannot hold: set ContextTimeoutEnabled: true in its options"))
@@ -193,8 +195,8 @@ func (l *Limiter) buildRoutes() error {
 	var errs []error
 	for template, rl := range l.cfg.routes {
 		method, path := splitTemplate(template)
-		if path == "" {
-			errs = append(errs, fmt.Errorf("route %q: no path", template))
+		if err := validRoute(method, path); err != nil {
+			errs = append(errs, fmt.Errorf("route %q: %w; write a path such as \"/login\" or \"/users/{id}\", or a method and a path, \"POST /login\"", template, err))
 			continue
 		}
 		opts := []Option{func(c *config) { c.routes = nil }}
@@ -237,6 +239,25 @@ func splitTemplate(template string) (method, path string) {
 	}
 	return method, route.Cached(template)
 }
+
+// validRoute reports why a WithRoutes template of method and path can
+// match no request: a path that does not start with '/', or a method that
+// is not one of HTTP's.
+func validRoute(method, path string) error {
+	switch {
+	case path == "":
+		return errors.New("no path")
+	case path != UnmatchedRoute && !strings.HasPrefix(path, "/"):
+		return fmt.Errorf("path %q does not start with '/'", path)
+	case method != "" && !slices.Contains(httpMethods, method):
+		return fmt.Errorf("unknown method %q (one of %s)", method, strings.Join(httpMethods, ", "))
+	}
+	return nil
+}
+
+// httpMethods are the methods a route template may name.
+var httpMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace}
 
 // forRoute returns the Limiter that decides requests to a route: the one
 // WithRoutes declared for method and template (for that method, else for
@@ -324,6 +345,14 @@ func timeUnit(window time.Duration) int64 {
 			}
 		}
 	}
+}
+
+// nilPointer reports whether c is a nil pointer in an interface: a
+// (*redis.Client)(nil) would otherwise pass for a client and fail at the
+// first request.
+func nilPointer(c redis.UniversalClient) bool {
+	v := reflect.ValueOf(c)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // sharded reports whether c spreads keys over several Redis servers by hash

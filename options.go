@@ -207,9 +207,11 @@ type RouteLimits struct {
 // decides: it is with the router adapters, and with [Limiter.Handler] when
 // it wraps an [http.ServeMux] or a single route. A request to a route not
 // declared, or with no template, is decided by the Limiter's limits alone.
-// Default: no routes. [New] reports a template with no path, a negative
-// cost, a route declared twice (the same method and normalized path) and
-// invalid or duplicate limits.
+// Default: no routes. [New] reports a template that can match no request
+// (no path, a path that does not start with '/', a method that is not one
+// of HTTP's, such as "GETT /x" or "login"), a negative cost, a route
+// declared twice (the same method and normalized path) and invalid or
+// duplicate limits.
 func WithRoutes(routes map[string]RouteLimits) Option {
 	return func(c *config) {
 		if c.routes == nil {
@@ -330,8 +332,8 @@ func TrustProxies(cidrs ...string) IPOption {
 // ("192.0.2.1:4711", "[2001:db8::1]:4711").
 //
 // The header is read only when the peer is a trusted proxy, so ProxyHeader
-// without [TrustProxies] has no effect. An empty or malformed name is a
-// configuration error.
+// without [TrustProxies] would have no effect: [New] reports it as a
+// configuration error, as it does an empty or malformed name.
 func ProxyHeader(name string) IPOption {
 	return func(c *ipConfig) {
 		if !isToken(name) {
@@ -340,6 +342,7 @@ func ProxyHeader(name string) IPOption {
 		}
 		c.header = http.CanonicalHeaderKey(name)
 		c.forwarded = c.header == "Forwarded"
+		c.headerSet = true
 	}
 }
 

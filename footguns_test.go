@@ -1,0 +1,127 @@
+package ratelimit
+
+import (
+	"context"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TestNewRejectsNilPointerClient: a nil *redis.Client in the interface is
+// a configuration error from New, not a panic at the first request.
+func TestNewRejectsNilPointerClient(t *testing.T) {
+	for _, c := range []redis.UniversalClient{(*redis.Client)(nil), (*redis.ClusterClient)(nil), (*redis.Ring)(nil)} {
+		_, err := New(c, []Limit{PerMinute(5, Global())})
+		if err == nil || !strings.Contains(err.Error(), "nil Redis client") {
+			t.Errorf("New(%T(nil)): %v; want the nil client reported", c, err)
+		}
+	}
+}
+
+// TestRoutesThatCannotMatch: WithRoutes templates that no request can
+// match are errors that show the valid forms.
+func TestRoutesThatCannotMatch(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	_, err := New(c, []Limit{PerMinute(5, Global())}, WithRoutes(map[string]RouteLimits{
+		"GETT /x": {Cost: 2},
+		"login":   {Cost: 2},
+		"GET /ok": {Cost: 2},
+	}))
+	if err == nil {
+		t.Fatal("New accepted route templates that cannot match")
+	}
+	for _, want := range []string{`"GETT /x": unknown method "GETT"`, `"login": path "login" does not start with '/'`, `"POST /login"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q; want it to contain %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), `"GET /ok"`) {
+		t.Errorf("error %q names a valid route", err)
+	}
+}
+
+// TestProxyHeaderNeedsTrustedProxies: a proxy header is read only from
+// trusted proxies, so naming one without any is an error.
+func TestProxyHeaderNeedsTrustedProxies(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	_, err := New(c, []Limit{PerMinute(5, ClientIP(ProxyHeader("X-Real-IP")))})
+	if err == nil || !strings.Contains(err.Error(), "without TrustProxies") {
+		t.Errorf("ProxyHeader alone: %v; want an error", err)
+	}
+	if _, err := New(c, []Limit{PerMinute(5, ClientIP(ProxyHeader("X-Real-IP"), TrustProxies("10.0.0.0/8")))}); err != nil {
+		t.Errorf("ProxyHeader with TrustProxies: %v", err)
+	}
+}
+
+// TestLimitReportsEveryError: a limit with several mistakes has them all
+// reported at once.
+func TestLimitReportsEveryError(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	_, err := New(c, []Limit{Per(0, -1, Global()).Named("bad")})
+	if err == nil || !strings.Contains(err.Error(), "quota -1") || !strings.Contains(err.Error(), "window 0s") {
+		t.Errorf("Per(0, -1): %v; want both the quota and the window reported", err)
+	}
+}
+
+type userName struct{ name string }
+
+func (u *userName) String() string { return u.name }
+
+type ctxKey struct{}
+
+// TestUserFromContextIDs: a user stored as an integer or a fmt.Stringer
+// identifies the request, and an integer is the same user as its decimal
+// string.
+func TestUserFromContextIDs(t *testing.T) { forBackends(t, testUserFromContextIDs) }
+
+func testUserFromContextIDs(t *testing.T, b backend) {
+	c := b.newClient(t)
+	lim := mustNew(t, c, []Limit{PerMinute(2, UserFromContext(ctxKey{})).Named("u")})
+	h := lim.Handler(okHandler)
+	serveAs := func(user any) int {
+		r := httptest.NewRequest("GET", "/", nil)
+		r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, user))
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	for i, tc := range []struct {
+		user any
+		code int
+	}{
+		{int64(7), 200}, {"7", 200}, {int32(7), 429}, // one user
+		{&userName{"ann"}, 200}, {&userName{"ann"}, 200}, {&userName{"ann"}, 429},
+		{(*userName)(nil), 503}, {3.5, 503}, {"", 503},
+	} {
+		if got := serveAs(tc.user); got != tc.code {
+			t.Errorf("request %d as %#v: %d, want %d", i, tc.user, got, tc.code)
+		}
+	}
+	if n := logEntries(t, c, "u", "7"); n != 2 {
+		t.Errorf("the log of user 7 holds %d entries, want 2", n)
+	}
+}
+
+// TestGlobalID: Allow with GlobalID counts in the log the middleware's
+// Global limit counts in.
+func TestGlobalID(t *testing.T) { forBackends(t, testGlobalID) }
+
+func testGlobalID(t *testing.T, b backend) {
+	c := b.newClient(t)
+	lim := mustNew(t, c, []Limit{PerMinute(2, Global()).Named("g")})
+	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 200 {
+		t.Fatalf("first request: %d", w.Code)
+	}
+	ctx := context.Background()
+	if res, err := lim.Allow(ctx, []string{GlobalID}, 1); err != nil || !res.Allowed || res.Remaining != 0 {
+		t.Fatalf("Allow(GlobalID): %+v %v; want the second of 2 admitted", res, err)
+	}
+	if res, err := lim.Allow(ctx, []string{GlobalID}, 1); err != nil || res.Allowed {
+		t.Errorf("Allow(GlobalID) over the limit: %+v %v; want denied", res, err)
+	}
+}
