@@ -13,10 +13,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/examples/internal/demo"
 )
 
@@ -52,10 +54,30 @@ func main() {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(st.Limits)
+		_ = json.NewEncoder(w).Encode(quota(st))
 	})
 	// api wraps the API's mux: it looks each route up first, so route keys
 	// and the route table work.
 	top.Handle("/", api.Handler(mux))
 	app.Serve(top)
+}
+
+// limitQuota is what GET /quota says of one limit, in JSON: durations in
+// seconds, times in RFC 3339.
+type limitQuota struct {
+	Name          string    `json:"name"`
+	Quota         int       `json:"quota"`
+	WindowSeconds float64   `json:"window_seconds"`
+	Remaining     int       `json:"remaining"`
+	Reset         time.Time `json:"reset"`
+	Shadow        bool      `json:"shadow,omitempty"`
+}
+
+// quota returns the limits of a Status result as GET /quota shows them.
+func quota(st ratelimit.Result) []limitQuota {
+	out := make([]limitQuota, len(st.Limits))
+	for i, l := range st.Limits {
+		out[i] = limitQuota{Name: l.Name, Quota: l.Quota, WindowSeconds: l.Window.Seconds(), Remaining: l.Remaining, Reset: l.Reset.UTC(), Shadow: l.Shadow}
+	}
+	return out
 }

@@ -93,7 +93,9 @@ func (a *App) Serve(h http.Handler) {
   curl -i -X POST http://%[1]s/login    # 3 per minute, on top of the app-wide limits; 429s are problem+json
   curl -i http://%[1]s/report           # costs 5
   for i in $(seq 7); do curl -s -o /dev/null -w '%%{http_code} ' http://%[1]s/users/$i; done; echo
-                                        # /users/{id} shares one counter: 5 per minute
+                                        # 200 200 200 429 429 429 429: after the commands above (7 of
+                                        # this IP's 10 a minute), the per-IP limit runs out first; from
+                                        # a fresh start, /users/{id}'s shared 5 a minute would
 `, a.addr, a.where)
 	srv := &http.Server{Addr: a.addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	log.Fatal(srv.ListenAndServe())
