@@ -132,6 +132,31 @@ func ExampleWithRoutes() {
 
 // Behind a load balancer every connection comes from the balancer. Trust it,
 // and only it, to report the client's address in X-Forwarded-For.
+// Health checks pass undecided: no Redis call, no count, no headers.
+func ExampleWithSkip() {
+	rdb, done := newRedis()
+	defer done()
+
+	api, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("api"),
+	}, ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
+		ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := api.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+
+	get(h, "/healthz", "203.0.113.7:5000")
+	get(h, "/healthz", "203.0.113.7:5000")
+	get(h, "/", "203.0.113.7:5000")
+	get(h, "/", "203.0.113.7:5000")
+	// Output:
+	// 200 remaining= retry-after=
+	// 200 remaining= retry-after=
+	// 200 remaining=0 retry-after=
+	// 429 remaining=0 retry-after=60
+}
+
 func ExampleClientIP() {
 	rdb, done := newRedis()
 	defer done()

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -123,5 +124,43 @@ func testGlobalID(t *testing.T, b backend) {
 	}
 	if res, err := lim.Allow(ctx, []string{GlobalID}, 1); err != nil || res.Allowed {
 		t.Errorf("Allow(GlobalID) over the limit: %+v %v; want denied", res, err)
+	}
+}
+
+// TestSkip: requests WithSkip lets through reach the handler without a
+// Redis call, a count or headers, and observers see them skipped; the
+// others are decided as usual.
+func TestSkip(t *testing.T) { forBackends(t, testSkip) }
+
+func testSkip(t *testing.T, b backend) {
+	c := b.newClient(t)
+	var o recordingObserver
+	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("skip")},
+		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }), WithObserver(&o))
+	h := lim.Handler(okHandler)
+	for range 3 {
+		w := serve(h, "GET", "/healthz", "192.0.2.1:1")
+		if w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "" {
+			t.Fatalf("/healthz: %d %v; want 200 without rate-limit headers", w.Code, w.Header())
+		}
+	}
+	if n := logEntries(t, c, "skip", GlobalID); n != 0 {
+		t.Errorf("%d entries after skipped requests, want 0", n)
+	}
+	for i, want := range []int{200, 429} {
+		if w := serve(h, "GET", "/", "192.0.2.1:1"); w.Code != want {
+			t.Errorf("request %d to /: %d, want %d", i, w.Code, want)
+		}
+	}
+	if len(o.seen) != 5 {
+		t.Fatalf("%d decisions observed, want 5", len(o.seen))
+	}
+	for i, s := range o.seen[:3] {
+		if !s.allowed || s.err != nil || len(s.limits) != 1 || !s.limits[0].Skipped {
+			t.Errorf("skipped request %d observed as %+v; want allowed, no error, the limit skipped", i, s)
+		}
+	}
+	if _, err := New(c, []Limit{PerMinute(1, Global())}, WithSkip(nil)); err == nil {
+		t.Error("New accepted a nil skip function")
 	}
 }

@@ -75,6 +75,7 @@ type config struct {
 	onError    func(*http.Request, error)
 	routes     map[string]RouteLimits
 	refund     func(status int) bool
+	skip       func(*http.Request) bool
 	observers  []Observer
 	logger     *slog.Logger
 	logIDs     bool
@@ -189,6 +190,24 @@ type RouteLimits struct {
 	// Cost is the cost of each request to the route. 0 keeps the
 	// Limiter's ([WithCost], default 1).
 	Cost int
+}
+
+// WithSkip makes the middleware ([Limiter.Handler], [Limiter.Check] and
+// the router adapters) let through, undecided, every request skip reports
+// true for: health checks, an internal network, a trusted client. Such a
+// request costs no Redis call, is counted in no limit and gets no
+// rate-limit headers. skip runs first, on every request, before any key is
+// read: keep it cheap. Observers see a skipped request as a Result that is
+// Allowed, with every limit Skipped and no error (metrics/prometheus counts
+// it under the outcome "skipped"); [Limiter.Allow] and [Limiter.Status]
+// never skip. Default: none. A nil skip is an error from [New].
+func WithSkip(skip func(r *http.Request) bool) Option {
+	return func(c *config) {
+		if skip == nil {
+			c.errs = append(c.errs, errors.New("nil skip function"))
+		}
+		c.skip = skip
+	}
 }
 
 // WithRoutes declares per-route limits and costs in one place, keyed by

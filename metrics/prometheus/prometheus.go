@@ -26,7 +26,8 @@ import (
 //	ratelimit_decisions_total{limit, outcome}  counter; outcome is "allowed"
 //	    (the limit had room and the request was admitted), "denied" (the
 //	    limit had no room), "shadow_denied" (a shadow limit would have
-//	    denied) or "error" (no decision: the failure mode applied)
+//	    denied), "skipped" (let through undecided, ratelimit.WithSkip) or
+//	    "error" (no decision: the failure mode applied)
 //	ratelimit_decision_duration_seconds         histogram of decision latency
 //	ratelimit_breaker_open                      gauge: 1 while a watched
 //	    limiter's circuit breaker is open
@@ -49,7 +50,7 @@ func New() *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_decisions_total",
-			Help: "Rate-limit decisions per limit and outcome (allowed, denied, shadow_denied, error).",
+			Help: "Rate-limit decisions per limit and outcome (allowed, denied, shadow_denied, skipped, error).",
 		}, []string{"limit", "outcome"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ratelimit_decision_duration_seconds",
@@ -107,7 +108,9 @@ func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration
 		switch {
 		case failed:
 			m.decisions.WithLabelValues(lr.Name, "error").Inc()
-		case lr.Skipped:
+		case lr.Skipped && res.Allowed: // every limit is: WithSkip let it through
+			m.decisions.WithLabelValues(lr.Name, "skipped").Inc()
+		case lr.Skipped: // not consulted (a denial from the deny cache)
 		case lr.Shadow && lr.Denied:
 			m.decisions.WithLabelValues(lr.Name, "shadow_denied").Inc()
 		case lr.Denied:

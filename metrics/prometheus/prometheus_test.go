@@ -2,6 +2,8 @@ package ratelimitprom_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +30,8 @@ func TestMetrics(t *testing.T) {
 		ratelimit.PerMinute(2, ratelimit.Global()).Named("api"),
 		ratelimit.PerMinute(1, ratelimit.Global()).Shadowed().Named("trial"),
 	}, ratelimit.WithObserver(m), ratelimit.WithDenyCache(0), ratelimit.WithCircuitBreaker(1, time.Hour),
-		ratelimit.WithTimeout(redistest.DecisionTimeout))
+		ratelimit.WithTimeout(redistest.DecisionTimeout),
+		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,6 +43,8 @@ func TestMetrics(t *testing.T) {
 	for range 3 { // allowed (trial allowed), allowed (trial would deny), denied by api
 		_, _ = lim.Allow(ctx, []string{"g", "g"}, 1)
 	}
+	// A health check, let through undecided.
+	lim.Handler(http.NotFoundHandler()).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/healthz", nil))
 	mr.SetError("LOADING Redis is loading the dataset in memory")
 	_, _ = lim.Allow(ctx, []string{"g", "g"}, 1) // an error opens the breaker (1 failure)
 
@@ -47,14 +52,16 @@ func TestMetrics(t *testing.T) {
 # HELP ratelimit_breaker_open 1 while the circuit breaker of a watched limiter is open.
 # TYPE ratelimit_breaker_open gauge
 ratelimit_breaker_open 1
-# HELP ratelimit_decisions_total Rate-limit decisions per limit and outcome (allowed, denied, shadow_denied, error).
+# HELP ratelimit_decisions_total Rate-limit decisions per limit and outcome (allowed, denied, shadow_denied, skipped, error).
 # TYPE ratelimit_decisions_total counter
 ratelimit_decisions_total{limit="api",outcome="allowed"} 2
 ratelimit_decisions_total{limit="api",outcome="denied"} 1
 ratelimit_decisions_total{limit="api",outcome="error"} 1
+ratelimit_decisions_total{limit="api",outcome="skipped"} 1
 ratelimit_decisions_total{limit="trial",outcome="allowed"} 1
 ratelimit_decisions_total{limit="trial",outcome="error"} 1
 ratelimit_decisions_total{limit="trial",outcome="shadow_denied"} 2
+ratelimit_decisions_total{limit="trial",outcome="skipped"} 1
 # HELP ratelimit_unreverted_units_total Units of cost left counted in Redis for requests that were not admitted, because Redis could not take them back.
 # TYPE ratelimit_unreverted_units_total counter
 ratelimit_unreverted_units_total 0
