@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -162,5 +163,46 @@ func testSkip(t *testing.T, b backend) {
 	}
 	if _, err := New(c, []Limit{PerMinute(1, Global())}, WithSkip(nil)); err == nil {
 		t.Error("New accepted a nil skip function")
+	}
+}
+
+// TestUnavailableHandler: a request the limiter cannot decide, under
+// FailClosed, is answered by WithUnavailableHandler, with Retry-After set
+// and the error that made it.
+func TestUnavailableHandler(t *testing.T) { forBackends(t, testUnavailableHandler) }
+
+func testUnavailableHandler(t *testing.T, b backend) {
+	c := b.newClient(t)
+	var got error
+	lim := mustNew(t, c, []Limit{PerMinute(5, Header("X-Api-Key")).Named("key")},
+		WithUnavailableHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+			got = err
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"error":"try again"}`))
+		}))
+	h := lim.Handler(okHandler)
+	w := serve(h, "GET", "/", "192.0.2.1:1") // no X-Api-Key: no key
+	if w.Code != 503 || w.Body.String() != `{"error":"try again"}` || w.Header().Get("Retry-After") != "1" || !errors.Is(got, ErrNoKey) {
+		t.Errorf("no key: %d %v %q, handler saw %v; want the handler's 503 with Retry-After and ErrNoKey", w.Code, w.Header(), w.Body, got)
+	}
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Set("X-Api-Key", "k")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, r)
+	if rec.Code != 200 {
+		t.Errorf("with a key: %d, want 200", rec.Code)
+	}
+	if b.mr != nil {
+		b.mr.SetError("LOADING Redis is loading the dataset in memory")
+		defer b.mr.SetError("")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		if rec.Code != 503 || rec.Body.String() != `{"error":"try again"}` || got == nil || !strings.Contains(got.Error(), "LOADING") {
+			t.Errorf("Redis failing: %d %q, handler saw %v", rec.Code, rec.Body, got)
+		}
+	}
+	if _, err := New(c, []Limit{PerMinute(1, Global())}, WithUnavailableHandler(nil)); err == nil {
+		t.Error("New accepted a nil unavailable handler")
 	}
 }

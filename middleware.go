@@ -112,6 +112,10 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool
 		case res.Local: // FailLocal decided: answer as usual
 		case l.cfg.failure == FailOpen:
 			return true
+		case l.cfg.onFailed != nil:
+			w.Header()[hdrRetryAfter] = retryAfterOne
+			l.cfg.onFailed(w, r, err)
+			return false
 		default:
 			serviceUnavailable(w)
 			return false

@@ -72,6 +72,7 @@ type config struct {
 	cost       func(*http.Request) int
 	headers    HeaderSet
 	onDenied   func(http.ResponseWriter, *http.Request, Result)
+	onFailed   func(http.ResponseWriter, *http.Request, error)
 	onError    func(*http.Request, error)
 	routes     map[string]RouteLimits
 	refund     func(status int) bool
@@ -170,6 +171,21 @@ func WithHeaders(h HeaderSet) Option {
 // is a ready-made alternative.
 func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, res Result)) Option {
 	return func(c *config) { c.onDenied = h }
+}
+
+// WithUnavailableHandler sets what answers a request the limiter could not
+// decide when the failure mode refuses it ([FailClosed]; [FailLocal] when
+// a Key cannot identify the request or its cost is invalid): the error is
+// why. It is called after Retry-After (1 second) is set, and must write the
+// status itself (503 is expected). Default: 503 with the body "Service
+// Unavailable". A nil h is an error from [New].
+func WithUnavailableHandler(h func(w http.ResponseWriter, r *http.Request, err error)) Option {
+	return func(c *config) {
+		if h == nil {
+			c.errs = append(c.errs, errors.New("nil unavailable handler"))
+		}
+		c.onFailed = h
+	}
 }
 
 // WithErrorHandler sets a function that receives every error that makes the
