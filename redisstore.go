@@ -97,7 +97,10 @@ func (d *call) groups(ctx context.Context, groups [][]int) (bool, error) {
 			}
 		}
 		allowed, err := d.group(ctx, keys, g)
-		if err == nil && q.peek { // nothing reserved: ask every group
+		if q.peek { // nothing reserved, nothing to take back: ask every group
+			if err != nil {
+				return false, err
+			}
 			all = all && allowed
 			continue
 		}

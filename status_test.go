@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -157,5 +158,41 @@ func TestStatusTimeout(t *testing.T) {
 	// generous margin for a slow machine, far below the proxy's delay.
 	if took := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || took > timeout+5*time.Second {
 		t.Errorf("Status through a stalled Redis: %v after %v; want the timeout after about %v", err, took, timeout)
+	}
+}
+
+// peekLibrary answers Status for keys of the identifier "a" and fails for
+// the others, and counts Rollback calls.
+type peekLibrary struct {
+	fakeLibrary
+	rollbacks *int
+}
+
+func (p peekLibrary) Status(_ context.Context, keys []string, _ ...[]byte) (any, error) {
+	if strings.Contains(keys[0], "{a}") {
+		return []any{int64(1), int64(0), t0.UnixMicro(), int64(1), t0.UnixMicro() + 60e6, t0.UnixMicro() + 60e6}, nil
+	}
+	return nil, errors.New("LOADING Redis is loading the dataset in memory")
+}
+
+func (p peekLibrary) Rollback(context.Context, []string, []byte, []byte) (int64, error) {
+	*p.rollbacks++
+	return 0, nil
+}
+
+// TestStatusFailsWithoutRollback: a Status split over Redis Cluster groups,
+// one of which fails, returns the error and takes nothing back: it
+// reserved nothing, and the times its replies carry are no reservation.
+func TestStatusFailsWithoutRollback(t *testing.T) {
+	lim := mustNew(t, stubClient{}, []Limit{PerMinute(5, Header("X-A")).Named("a"), PerMinute(5, Header("X-B")).Named("b")})
+	lim.plan.split = true // as on a cluster: one call per identifier
+	var rollbacks int
+	lib := peekLibrary{rollbacks: &rollbacks}
+	lim.redis.lib, lim.redis.rollbacks.lib = lib, lib
+	if _, err := lim.Status(context.Background(), []string{"a", "b"}, 1); err == nil || !strings.Contains(err.Error(), "LOADING") {
+		t.Fatalf("Status with a failing group: %v; want its error", err)
+	}
+	if rollbacks != 0 {
+		t.Errorf("Status took back %d reservations it never made", rollbacks)
 	}
 }
