@@ -127,12 +127,19 @@ func userID(v any) (string, bool) {
 	case uint32:
 		s = strconv.FormatUint(uint64(u), 10)
 	case fmt.Stringer:
-		if rv := reflect.ValueOf(u); rv.Kind() == reflect.Pointer && rv.IsNil() {
+		if nilPointer(u) {
 			return "", false
 		}
 		s = u.String()
 	}
 	return s, s != ""
+}
+
+// nilPointer reports whether v is a nil pointer in an interface, which
+// compares unequal to nil and panics when its methods are called.
+func nilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 // UnmatchedRoute is the route template of a request that matched no route

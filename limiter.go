@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -345,14 +344,6 @@ func timeUnit(window time.Duration) int64 {
 			}
 		}
 	}
-}
-
-// nilPointer reports whether c is a nil pointer in an interface: a
-// (*redis.Client)(nil) would otherwise pass for a client and fail at the
-// first request.
-func nilPointer(c redis.UniversalClient) bool {
-	v := reflect.ValueOf(c)
-	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // sharded reports whether c spreads keys over several Redis servers by hash

@@ -3,7 +3,6 @@ package slidinglog
 import (
 	"errors"
 	"fmt"
-	"math"
 	"time"
 )
 
@@ -69,7 +68,7 @@ func Encode(limits ...Limit) (Specs, error) {
 		switch {
 		case l.Kind != ExactLog && l.Kind != Buckets:
 			return Specs{}, fmt.Errorf("unknown kind %d", l.Kind)
-		case l.Quota < 1 || uint64(l.Quota) >= 1<<(8*quotaBytes):
+		case l.Quota < 1 || l.Quota >= maxCost: // a clamped cost must never fit
 			return Specs{}, fmt.Errorf("quota %d out of range", l.Quota)
 		case l.Window.Microseconds() < 1 || l.Window.Microseconds() >= 1<<(8*windowBytes):
 			return Specs{}, fmt.Errorf("window %v out of range", l.Window)
@@ -110,13 +109,15 @@ func Join(specs ...Specs) Specs {
 // specs. now is in Unix microseconds; 0 uses the Redis server's clock.
 func AppendRequest(dst []byte, now int64, cost int, s Specs) []byte {
 	dst = appendUint(dst, uint64(now), timeBytes)
-	dst = appendUint(dst, uint64(min(cost, math.MaxUint32)), costBytes)
+	dst = appendUint(dst, uint64(min(cost, maxCost)), costBytes)
 	dst = append(dst, byte(s.n))
 	return append(dst, s.b...)
 }
 
-// MaxCost is the largest cost a request can carry.
-const MaxCost = 1<<(8*costBytes) - 1
+// maxCost is the largest cost a request carries: a larger one is sent as
+// maxCost, which exceeds every quota (Encode refuses quotas from maxCost
+// up), so it is denied all the same.
+const maxCost = 1<<(8*costBytes) - 1
 
 // AppendStamps appends the times of a request's entries in each limit (0
 // where it was not logged), for Rollback.
