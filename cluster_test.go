@@ -41,6 +41,8 @@ var clusterSuite = []struct {
 	{"EvictionWarning", testEvictionWarning},
 	{"FailureModes", testFailureModes},
 	{"RouteLimits", testRouteLimits},
+	{"Plans", testPlans},
+	{"PlanChange", testPlanChange},
 	{"CostOption", testCostOption},
 	{"Expiry", testExpiry},
 	{"SpoofedForwardedFor", testSpoofedForwardedFor},

@@ -34,6 +34,19 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 			return Result{}, fmt.Errorf("ratelimit: clock reads %v, before 2001-09-09", q.local)
 		}
 	}
+	if l.tiered {
+		counted, err := l.resolvePlans(ctx, s, q.local)
+		if err != nil {
+			return Result{}, err
+		}
+		q.quotas = s.quotas
+		if !counted { // every limit exempts the client: nothing to ask
+			out := &s.out
+			out.reset(s.replies(len(l.limits)))
+			out.allowed, out.now = true, q.local.UnixMicro()
+			return l.result(s, out, cost, peek), nil
+		}
+	}
 	q.keys, q.tags = l.keys(s, fromKeys)
 	q.deadline = l.deadline(ctx, q.wall)
 	out := &s.out
@@ -54,6 +67,43 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 	return res, err
 }
 
+// resolvePlans finds the plan of the client of each limit with plans, for
+// s.ids, at now: its tier into s.tiers and its quota into s.quotas (0 for
+// Unlimited: not counted). It reports whether any limit counts the request.
+func (l *Limiter) resolvePlans(ctx context.Context, s *scratch, now time.Time) (counted bool, err error) {
+	s.tiers = grow(s.tiers, len(l.limits))
+	s.quotas = grow(s.quotas, len(l.limits))
+	for i := range l.limits {
+		lim := &l.limits[i]
+		if lim.tierOf != nil {
+			if s.tiers[i], err = lim.planOf(ctx, s.ids[i], now); err != nil {
+				return false, fmt.Errorf("ratelimit: limit %s: plan: %w", lim.Name, err)
+			}
+		}
+		s.quotas[i] = max(lim.tiers[s.tiers[i]].quota, 0)
+		counted = counted || s.quotas[i] > 0
+	}
+	return counted, nil
+}
+
+// planOf returns the tier of the client id at now, from the cache or Of.
+func (lim *compiledLimit) planOf(ctx context.Context, id string, now time.Time) (int, error) {
+	if lim.plans != nil {
+		if t, ok := lim.plans.get(id, now); ok {
+			return t, nil
+		}
+	}
+	name, err := lim.Plans.Of(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	t := lim.tierOf[name] // 0, the default, for "" and unknown plans
+	if lim.plans != nil {
+		lim.plans.put(id, t, now)
+	}
+	return t, nil
+}
+
 // deadline returns when a call to Redis begun at start must end: after the
 // limiter's timeout, or at ctx's deadline if that is earlier.
 func (l *Limiter) deadline(ctx context.Context, start time.Time) time.Time {
@@ -71,6 +121,8 @@ type scratch struct {
 	tags       []string
 	reps       []reply
 	limits     []LimitResult
+	tiers      []int // each limit's plan (tier), when the Limiter has plans
+	quotas     []int // and quota (0: not counted)
 	q          query // q.abandoned: a call that may still read the keys went on without the decision
 	out        outcome
 }
@@ -87,7 +139,7 @@ func (s *scratch) put() {
 	clear(s.ids)
 	clear(s.keys)
 	clear(s.tags)
-	s.ids, s.keys, s.tags = s.ids[:0], s.keys[:0], s.tags[:0]
+	s.ids, s.keys, s.tags, s.tiers, s.quotas = s.ids[:0], s.keys[:0], s.tags[:0], s.tiers[:0], s.quotas[:0]
 	s.wantTicket = false
 	s.q, s.out = query{}, outcome{}
 	scratches.Put(s)
@@ -147,17 +199,21 @@ func (l *Limiter) result(s *scratch, out *outcome, cost int, peek bool) Result {
 	for i := range l.limits {
 		lim, r := &l.limits[i], out.replies[i]
 		lr := &res.Limits[i]
-		*lr = lim.result()
+		t := 0
+		if len(s.tiers) > 0 {
+			t = s.tiers[i]
+		}
+		*lr = lim.result(t)
 		if !r.ok {
 			lr.Skipped = true
 			continue
 		}
-		lr.Denied = r.count+int64(cost) > int64(lim.Quota)
+		lr.Denied = r.count+int64(cost) > int64(lr.Quota)
 		used := r.count
 		if out.allowed && !peek && !lr.Denied { // a shadow limit without room logged nothing
 			used += int64(cost)
 		}
-		lr.Remaining = int(max(int64(lim.Quota)-used, 0))
+		lr.Remaining = int(max(int64(lr.Quota)-used, 0))
 		if r.reset == -1 { // the cost can never fit: the log is empty a window from now at the latest
 			r.reset = r.now + lim.Window.Microseconds()
 		}
@@ -171,13 +227,17 @@ func (l *Limiter) result(s *scratch, out *outcome, cost int, peek bool) Result {
 	if !out.allowed {
 		closest = out.denier
 		res.DeniedBy = l.limits[closest].Name
-		if cost <= l.limits[closest].Quota {
+		if cost <= res.Limits[closest].Quota {
 			res.RetryAfter = max(res.Limits[closest].Reset.Sub(res.Now), 0)
 		}
 	}
+	res.Unreverted = out.unreverted
+	if closest < 0 { // no limit counts the client (see Plans)
+		res.index = -1
+		return res
+	}
 	c := res.Limits[closest]
 	res.Limit, res.Remaining, res.Reset, res.index = c.Quota, c.Remaining, c.Reset, closest
-	res.Unreverted = out.unreverted
 	return res
 }
 

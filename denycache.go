@@ -24,6 +24,7 @@ type denial struct {
 	until     time.Time // local clock: when the log's count may first fall
 	cost      int       // the cost whose fit is known: denied until fit
 	remaining int       // a cost up to this had room
+	quota     int       // the quota it was decided under: it says nothing of another (a client's new plan)
 	fit       time.Time // Redis clock: when a request of that cost fits
 	now       time.Time // Redis clock: when Redis decided
 	replied   time.Time // local clock: when the reply arrived, not before Redis decided
@@ -42,11 +43,11 @@ type cachedDenial struct {
 // a fresh denial of that cost, or one key has no room for the cost but the
 // cache does not know when it will (a larger cost than it saw denied), so
 // that only Redis can say what it would answer.
-func (c *denyCache) find(keys []string, shadow func(i int) bool, cost int, now time.Time, hits []cachedDenial) int {
+func (c *denyCache) find(keys []string, shadow func(i int) bool, quota func(i int) int, cost int, now time.Time, hits []cachedDenial) int {
 	if c == nil || c.maxAge == 0 {
 		return -1
 	}
-	worst := c.lookup(keys, shadow, cost, now, hits)
+	worst := c.lookup(keys, shadow, quota, cost, now, hits)
 	if worst >= 0 && rand.Uint32()%yieldEvery == 0 {
 		// A denial from memory takes no I/O, so a flood of them never
 		// blocks: its goroutines leave their core only when the scheduler
@@ -61,13 +62,13 @@ func (c *denyCache) find(keys []string, shadow func(i int) bool, cost int, now t
 }
 
 // lookup is find under the read lock.
-func (c *denyCache) lookup(keys []string, shadow func(i int) bool, cost int, now time.Time, hits []cachedDenial) int {
+func (c *denyCache) lookup(keys []string, shadow func(i int) bool, quota func(i int) int, cost int, now time.Time, hits []cachedDenial) int {
 	worst := -1
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	for i, key := range keys {
 		e, ok := c.m[key]
-		if !ok || !now.Before(e.until) || cost <= e.remaining || shadow(i) {
+		if !ok || !now.Before(e.until) || cost <= e.remaining || shadow(i) || e.quota != quota(i) {
 			hits[i] = cachedDenial{}
 			continue
 		}
@@ -165,11 +166,12 @@ func fullness(r reply, quota, cost int64, logged bool) (denial, bool) {
 			return e, false // nothing will leave, or the cost can never fit
 		}
 		e.cost, e.remaining, e.fit = int(cost), int(quota-r.count), time.UnixMicro(r.reset)
+		e.quota = int(quota)
 		e.until = time.UnixMicro(r.next) // when the oldest entry leaves
 	case logged && r.count+cost == quota && r.reset > r.now:
 		// Nothing left: a request of cost 1 fits when the oldest entry
 		// leaves.
-		e.cost, e.remaining, e.fit = 1, 0, time.UnixMicro(r.reset)
+		e.cost, e.remaining, e.fit, e.quota = 1, 0, time.UnixMicro(r.reset), int(quota)
 		e.until = e.fit
 	default:
 		return e, false
@@ -207,7 +209,7 @@ func (c cachedStore) decide(ctx context.Context, q *query, out *outcome) error {
 	err := c.next.decide(ctx, q, out)
 	if err == nil {
 		p := q.plan
-		c.cache.learn(q.keys, out.replies, func(i int) bool { return p.limits[i].shadow }, func(i int) int { return p.limits[i].quota },
+		c.cache.learn(q.keys, out.replies, func(i int) bool { return p.limits[i].shadow }, q.quota,
 			q.cost, out.allowed && !q.peek, q.local, c.clock())
 	}
 	return err
@@ -225,7 +227,7 @@ func (c cachedStore) answer(q *query, out *outcome) bool {
 	}
 	p := q.plan
 	for i := range p.limits {
-		if q.cost > p.limits[i].quota {
+		if quota := q.quota(i); quota > 0 && q.cost > quota {
 			return false // it never fits: Redis says so exactly
 		}
 	}
@@ -233,7 +235,7 @@ func (c cachedStore) answer(q *query, out *outcome) bool {
 	defer hitBuffers.Put(buf)
 	hits := grow(*buf, len(q.keys))
 	*buf = hits
-	worst := c.cache.find(q.keys, func(i int) bool { return p.limits[i].shadow }, q.cost, q.local, hits)
+	worst := c.cache.find(q.keys, func(i int) bool { return p.limits[i].shadow }, q.quota, q.cost, q.local, hits)
 	if worst < 0 {
 		return false
 	}
@@ -247,7 +249,7 @@ func (c cachedStore) answer(q *query, out *outcome) bool {
 	out.now = now.UnixMicro() // rounded down: Retry-After is never early
 	for i, h := range hits {
 		if h.ok {
-			out.replies[i] = reply{ok: true, now: out.now, count: int64(p.limits[i].quota - h.remaining), reset: h.fit.UnixMicro(), next: h.until.UnixMicro()}
+			out.replies[i] = reply{ok: true, now: out.now, count: int64(h.quota - h.remaining), reset: h.fit.UnixMicro(), next: h.until.UnixMicro()}
 		}
 	}
 	return true

@@ -30,12 +30,15 @@ func ceilSeconds(d time.Duration) int64 {
 // writeHeaders sets the selected rate-limit headers for res, and Retry-After
 // if res denied a request that can succeed later.
 func (l *Limiter) writeHeaders(h http.Header, res *Result) {
+	if res.index < 0 {
+		return // no limit counts the client (Unlimited plans)
+	}
 	if l.cfg.headers&HeadersXRateLimit != 0 {
 		reset := res.Reset.Unix()
 		if res.Reset.Nanosecond() > 0 {
 			reset++
 		}
-		h[hdrLimit] = l.limits[res.index].limitHdr
+		h[hdrLimit] = l.limits[res.index].tiers[res.Limits[res.index].tier].limitHdr
 		h[hdrRemaining] = number(int64(res.Remaining))
 		h[hdrReset] = number(reset)
 	}
@@ -43,23 +46,23 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 		h[hdrPolicy] = l.policyHeader
 		var buf [256]byte // most headers fit: one allocation, the string
 		b := buf[:0]
-		skipped := false
+		other := false // policies other than l.policyHeader's
 		for i, lr := range res.Limits {
-			skipped = skipped || lr.Skipped && !lr.Shadow
+			other = other || (lr.Skipped || lr.tier != 0) && !lr.Shadow
 			if lr.Skipped || lr.Shadow {
 				continue
 			}
 			if len(b) > 0 {
 				b = append(b, ", "...)
 			}
-			b = append(b, l.limits[i].quotedName...)
+			b = append(b, l.limits[i].tiers[lr.tier].quotedName...)
 			b = append(b, ";r="...)
 			b = strconv.AppendInt(b, int64(lr.Remaining), 10)
 			b = append(b, ";t="...)
 			b = strconv.AppendInt(b, ceilSeconds(lr.Reset.Sub(res.Now)), 10)
 		}
 		h[hdrRateLimit] = []string{string(b)}
-		if skipped { // RateLimit-Policy names the limits RateLimit describes
+		if other { // RateLimit-Policy names the policies RateLimit describes
 			h[hdrPolicy] = l.policiesOf(res)
 		}
 	}
@@ -69,8 +72,8 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 }
 
 // policiesOf returns the RateLimit-Policy value of the enforced limits res
-// consulted: all of them but those a Cluster decision or the deny cache
-// skipped.
+// consulted (all of them but those a Cluster decision or the deny cache
+// skipped, or the client's plan exempts), with the client's plans.
 func (l *Limiter) policiesOf(res *Result) []string {
 	var b []byte
 	for i, lr := range res.Limits {
@@ -80,7 +83,7 @@ func (l *Limiter) policiesOf(res *Result) []string {
 		if len(b) > 0 {
 			b = append(b, ", "...)
 		}
-		b = append(b, l.limits[i].policy...)
+		b = append(b, l.limits[i].tiers[lr.tier].policy...)
 	}
 	return []string{string(b)}
 }
@@ -129,7 +132,8 @@ func tooManyRequests(w http.ResponseWriter) {
 
 // ProblemDetails answers a denied request with 429 and an RFC 9457
 // application/problem+json body of the quota-exceeded type from
-// draft-ietf-httpapi-ratelimit-headers, naming the limits that denied it:
+// draft-ietf-httpapi-ratelimit-headers, naming the policies that denied it
+// as RateLimit-Policy does:
 //
 //	{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
 //	 "title":"Too Many Requests","status":429,
@@ -150,7 +154,7 @@ func ProblemDetails(w http.ResponseWriter, _ *http.Request, res Result) {
 	}
 	for _, lr := range res.Limits {
 		if lr.Denied && !lr.Shadow { // a shadow limit is not a policy
-			body.Violated = append(body.Violated, lr.Name)
+			body.Violated = append(body.Violated, lr.policyName())
 		}
 	}
 	if res.RetryAfter > 0 {

@@ -1,8 +1,11 @@
 package ratelimit
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -38,6 +41,97 @@ type Limit struct {
 	Precision time.Duration
 	// Shadow makes the limit watch without enforcing ([Limit.Shadowed]).
 	Shadow bool
+	// Plans, if set, gives clients on some plans another quota than Quota
+	// ([Limit.Tiered]). Default: none, every client gets Quota.
+	Plans Plans
+}
+
+// Unlimited is the quota of a plan whose clients a limit does not count
+// (see [Plans]).
+const Unlimited = -1
+
+// Plans gives a limit a quota per client: tiers of service, such as free
+// users 100 requests a minute, paid users 1,000 and an internal client no
+// limit at all, decided request by request in one Limiter.
+//
+// For each request, Of names the plan of the client the limit's Key
+// identified; the limit then admits that plan's quota in its window. The
+// limit's own Quota is the default plan's: the quota of a client whose
+// plan Of names "" or a plan not in Quotas. A plan of quota [Unlimited]
+// exempts its clients from the limit: it neither counts nor consults their
+// requests (their other limits still do; a request every limit exempts
+// costs no Redis call and gets no rate-limit headers).
+//
+// The log of a client is the limit's, whatever its plan, so a change of
+// plan takes effect on the client's next request with what it has already
+// used: a client with 150 requests in the window that moves to a plan of
+// 100 is denied until its count drains below 100, and one that moves up
+// gets the new room at once.
+//
+// The headers and Results tell the client's plan: X-RateLimit-Limit is
+// the plan's quota, the plan's item in RateLimit-Policy is named
+// "<limit>.<plan>" (the default plan's keeps the limit's name), and
+// [LimitResult] carries Plan and the plan's Quota. Status and
+// [Limiter.Allow] resolve plans as the middleware does, with their ctx.
+type Plans struct {
+	// Quotas maps the name of each plan (1 to 64 ASCII letters, digits and
+	// "-_.") to its quota per window: 1 to 1,000,000, or Unlimited.
+	Quotas map[string]int
+	// Of returns the name of the plan of the client identified by id (what
+	// the limit's Key returned, or the id given to [Limiter.Allow]); ctx is
+	// the request's context (Allow's and Status's ctx), where
+	// authentication middleware usually leaves the client's account. It
+	// runs once per request and limit, before the decision, and must be
+	// safe for concurrent use. An error fails the decision as a Key that
+	// cannot identify the request does ([ErrNoKey]'s failure mode: 503
+	// under FailClosed and FailLocal, served without the limit under
+	// FailOpen).
+	Of func(ctx context.Context, id string) (string, error)
+	// Cache, if positive, makes the Limiter remember Of's answer for an id
+	// for that long, in this process (up to 100,000 ids per limit): for an
+	// Of that asks a database. A change of plan then takes effect within
+	// Cache. Errors are not remembered. Default: 0, Of runs for every
+	// request.
+	Cache time.Duration
+}
+
+// set reports whether p says anything: a limit with a zero Plans has none.
+func (p *Plans) set() bool { return p.Of != nil || p.Quotas != nil || p.Cache != 0 }
+
+// validate reports what is wrong with p.
+func (p *Plans) validate() []error {
+	var errs []error
+	if p.Of == nil {
+		errs = append(errs, errors.New("plans: no Of function to name a client's plan"))
+	}
+	if len(p.Quotas) == 0 {
+		errs = append(errs, errors.New("plans: no Quotas"))
+	}
+	for _, name := range slices.Sorted(maps.Keys(p.Quotas)) {
+		q := p.Quotas[name]
+		if !validName(name) {
+			errs = append(errs, fmt.Errorf("plan %q: use 1 to %d ASCII letters, digits, '-', '_' or '.'", name, maxNameLen))
+		}
+		if q != Unlimited && (q < 1 || q > maxQuota) {
+			errs = append(errs, fmt.Errorf("plan %q: quota %d: must be 1 to %d, or Unlimited", name, q, maxQuota))
+		}
+	}
+	if p.Cache < 0 {
+		errs = append(errs, fmt.Errorf("plans: cache time %v is negative", p.Cache))
+	}
+	return errs
+}
+
+// Tiered returns a copy of l whose quota depends on the client's plan (see
+// [Plans]), l.Quota being the default plan's:
+//
+//	ratelimit.PerMinute(100, ratelimit.User()).Tiered(ratelimit.Plans{
+//		Quotas: map[string]int{"pro": 1000, "internal": ratelimit.Unlimited},
+//		Of:     planOf, // the plan of the user, from the request's context
+//	})
+func (l Limit) Tiered(p Plans) Limit {
+	l.Plans = p
+	return l
 }
 
 // Shadowed returns a copy of l that is evaluated and reported but never
@@ -171,14 +265,18 @@ func (l Limit) validate() error {
 		check(l.Window/l.Precision > maxBuckets, "window %v holds %d buckets of %v; at most %d", l.Window, l.Window/l.Precision, l.Precision, maxBuckets)
 	}
 	check(!validName(l.Name), "name %q: use 1 to %d ASCII letters, digits, '-', '_' or '.'", l.Name, maxNameLen)
+	if l.Plans.set() {
+		errs = append(errs, l.Plans.validate()...)
+	}
 	return errors.Join(errs...)
 }
 
-// policyItem is lim's item in RateLimit-Policy.
-func policyItem(lim Limit) string {
-	s := strconv.Quote(lim.Name) + ";q=" + strconv.Itoa(lim.Quota)
-	if lim.Window%time.Second == 0 {
-		s += ";w=" + strconv.FormatInt(int64(lim.Window/time.Second), 10)
+// policyItem is the item in RateLimit-Policy of the policy named name, of
+// quota in window.
+func policyItem(name string, quota int, window time.Duration) string {
+	s := strconv.Quote(name) + ";q=" + strconv.Itoa(quota)
+	if window%time.Second == 0 {
+		s += ";w=" + strconv.FormatInt(int64(window/time.Second), 10)
 	}
 	return s
 }

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -49,6 +48,7 @@ type Limiter struct {
 	routes map[string]map[string]*Limiter
 
 	policyHeader []string // precomputed RateLimit-Policy value
+	tiered       bool     // some limit has plans
 	// skipped is every limit, none consulted: what observers see of a
 	// decision that could not be made.
 	skipped []LimitResult
@@ -66,18 +66,21 @@ type Limiter struct {
 	evictions *evictionCheck
 }
 
-// result is the part of a LimitResult that the limit itself gives.
-func (lim *compiledLimit) result() LimitResult {
-	return LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow}
+// result is the part of a LimitResult that the limit itself gives, for a
+// client of its tier t.
+func (lim *compiledLimit) result(t int) LimitResult {
+	return LimitResult{Name: lim.Name, Plan: lim.tiers[t].plan, Quota: lim.tiers[t].quota, Window: lim.Window, Shadow: lim.Shadow, tier: t}
 }
 
 type compiledLimit struct {
 	Limit
-	head       string   // "<prefix><name>:{", the Redis key up to the identifier
-	bucketed   bool     // counted in buckets of Precision
-	limitHdr   []string // precomputed X-RateLimit-Limit value
-	quotedName string   // the name as an sf-string, for the RateLimit header
-	policy     string   // the limit's item in RateLimit-Policy
+	head     string // "<prefix><name>:{", the Redis key up to the identifier
+	bucketed bool   // counted in buckets of Precision
+	// tiers are its plans, tiers[0] the default (see tiersOf); tierOf
+	// indexes them by name, nil if the limit has no plans.
+	tiers  []tier
+	tierOf map[string]int
+	plans  *planCache // Plans.Cache's, if any
 }
 
 // New returns a Limiter that enforces limits in the Redis that client talks
@@ -120,6 +123,7 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		opts:     append([]Option(nil), opts...),
 	}
 	seen := make(map[string]int, len(limits))
+	policyNames := make(map[string]struct{}, len(limits))
 	var policies []string
 	for i, lim := range limits {
 		if lim.Name == "" {
@@ -145,16 +149,24 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		if cfg.singleSlot {
 			head = cfg.prefix + "{" + singleSlotTag + "}" + name + "{"
 		}
-		l.limits = append(l.limits, compiledLimit{
-			Limit:      lim,
-			head:       head,
-			bucketed:   lim.Precision > 0,
-			limitHdr:   []string{strconv.Itoa(lim.Quota)},
-			quotedName: strconv.Quote(lim.Name),
-			policy:     policyItem(lim),
-		})
+		tiers, tierOf := tiersOf(&lim)
+		c := compiledLimit{Limit: lim, head: head, bucketed: lim.Precision > 0, tiers: tiers, tierOf: tierOf}
+		if lim.Plans.Cache > 0 {
+			c.plans = &planCache{ttl: lim.Plans.Cache}
+			if parent != nil && i < len(parent.limits) {
+				c.plans = parent.limits[i].plans // the same limit: one cache
+			}
+		}
+		l.tiered = l.tiered || tierOf != nil
+		for _, t := range tiers {
+			if _, dup := policyNames[t.quotedName]; dup {
+				errs = append(errs, fmt.Errorf("limit %s: two policies are named %s in RateLimit-Policy: rename a limit or a plan", lim.Name, t.quotedName))
+			}
+			policyNames[t.quotedName] = struct{}{}
+		}
+		l.limits = append(l.limits, c)
 		if !lim.Shadow {
-			policies = append(policies, policyItem(lim))
+			policies = append(policies, tiers[0].policy)
 		}
 		l.skipped = append(l.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Skipped: true})
 	}

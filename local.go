@@ -44,6 +44,9 @@ func (s *localStore) decide(_ context.Context, q *query, out *outcome) error {
 	var denierAt int64
 	for i, key := range q.keys {
 		lim := &q.plan.limits[i]
+		if q.quota(i) == 0 {
+			continue // the client's plan does not count it here
+		}
 		window := lim.window.Microseconds()
 		g := s.logs[key]
 		if g == nil {
@@ -52,7 +55,7 @@ func (s *localStore) decide(_ context.Context, q *query, out *outcome) error {
 		g.window = max(g.window, window)
 		g.prune(now)
 		logs[i] = g
-		count, quota := int64(len(g.stamps)), int64(lim.quota)
+		count, quota := int64(len(g.stamps)), int64(q.quota(i))
 		r := reply{ok: true, now: now, count: count, reset: now}
 		switch {
 		case count+n <= quota:
@@ -77,8 +80,8 @@ func (s *localStore) decide(_ context.Context, q *query, out *outcome) error {
 	}
 	for i, g := range logs {
 		lim := &q.plan.limits[i]
-		if lim.shadow && int64(len(g.stamps))+n > int64(lim.quota) {
-			continue // a shadow limit without room: not logged
+		if g == nil || lim.shadow && int64(len(g.stamps))+n > int64(q.quota(i)) {
+			continue // not counted, or a shadow limit without room: not logged
 		}
 		if len(g.stamps) == 0 {
 			out.replies[i].reset = now + lim.window.Microseconds()

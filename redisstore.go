@@ -43,10 +43,7 @@ type redisStore struct {
 // with the code that writes nothing, whether the limits deny the request:
 // a denial needs no write.
 func (rs *redisStore) decide(ctx context.Context, q *query, out *outcome) error {
-	groups := q.plan.whole
-	if q.plan.split {
-		groups = q.plan.groups(q.tags)
-	}
+	groups := q.groups()
 	d, _ := rs.calls.Get().(*call)
 	if d == nil {
 		d = new(call)
@@ -90,7 +87,7 @@ func (d *call) groups(ctx context.Context, groups [][]int) (bool, error) {
 	all := true
 	for k, g := range groups {
 		keys := q.keys
-		if len(groups) > 1 {
+		if len(g) < len(keys) {
 			keys = make([]string, len(g))
 			for j, i := range g {
 				keys[j] = q.keys[i]
@@ -120,7 +117,7 @@ func (d *call) groups(ctx context.Context, groups [][]int) (bool, error) {
 // them.
 func (d *call) group(ctx context.Context, keys []string, idx []int) (bool, error) {
 	q, rs := d.q, d.rs
-	d.req = slidinglog.AppendRequest(d.req[:0], q.now, q.cost, q.plan.specsOf(idx))
+	d.req = q.request(d.req[:0], idx)
 	b := rs.breakers.forKey(ctx, rs.lib.Client(), keys[0])
 	var probe bool
 	if b != nil {
@@ -253,7 +250,7 @@ func (rs *redisStore) deniedReadOnly(ctx context.Context, q *query, groups [][]i
 		for j, i := range g {
 			keys[j] = q.keys[i]
 		}
-		raw, err := rs.lib.Status(ctx, keys, slidinglog.AppendRequest(nil, q.now, q.cost, q.plan.specsOf(g)))
+		raw, err := rs.lib.Status(ctx, keys, q.request(nil, g))
 		if err != nil {
 			return false
 		}
@@ -273,6 +270,43 @@ func (rs *redisStore) reloadClusterState(ctx context.Context) {
 	if cc, ok := rs.lib.Client().(*redis.ClusterClient); ok {
 		cc.ReloadState(ctx)
 	}
+}
+
+// groups returns the groups of limits q is decided in, in turn: all of
+// them, or, when the plan is split, one group per hash tag; without the
+// limits the client's plans do not count it in.
+func (q *query) groups() [][]int {
+	groups := q.plan.whole
+	if q.plan.split {
+		groups = q.plan.groups(q.tags)
+	}
+	if q.quotas == nil || !slices.Contains(q.quotas, 0) {
+		return groups
+	}
+	var counted [][]int
+	for _, g := range groups {
+		var kept []int
+		for _, i := range g {
+			if q.quotas[i] > 0 {
+				kept = append(kept, i)
+			}
+		}
+		if len(kept) > 0 {
+			counted = append(counted, kept)
+		}
+	}
+	return counted
+}
+
+// request appends to dst q's request over the limits idx, for the Lua
+// code, with the quotas of the client's plans.
+func (q *query) request(dst []byte, idx []int) []byte {
+	start := len(dst)
+	dst = slidinglog.AppendRequest(dst, q.now, q.cost, q.plan.specsOf(idx))
+	if q.quotas != nil {
+		slidinglog.SetQuotas(dst[start:], func(j int) int { return q.quotas[idx[j]] })
+	}
+	return dst
 }
 
 // groups splits the limits into groups whose keys share a hash tag. Groups

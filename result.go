@@ -35,6 +35,8 @@ type Result struct {
 	// logged entry leaves the window. For the limit that denied, Reset is when
 	// enough entries have left for this request to fit, RetryAfter from now.
 	// Times are on the Redis server's clock (or the [WithClock] clock).
+	// All three are zero when the client's plans exempt it from every
+	// limit ([Unlimited]).
 	Limit     int
 	Remaining int
 	Reset     time.Time
@@ -67,13 +69,18 @@ type Result struct {
 	// [Limiter.Unreverted] if it fails, not here.
 	Unreverted uint64
 
-	index  int     // of the limit Limit, Remaining and Reset describe
+	index  int     // of the limit Limit, Remaining and Reset describe; -1 for none
 	ticket *ticket // for Refund, when the request was admitted
 }
 
 // LimitResult is the state of one limit after a decision.
 type LimitResult struct {
-	Name      string
+	Name string
+	// Plan is the client's plan ([Plans]): "" for the limit's default
+	// quota.
+	Plan string
+	// Quota is the plan's quota: the limit's own for the default plan;
+	// [Unlimited] (with Skipped) if the plan exempts the client.
 	Quota     int
 	Window    time.Duration
 	Remaining int       // cost it can still admit now
@@ -84,9 +91,21 @@ type LimitResult struct {
 	// decision whose limits span several hash slots stops at the first slot
 	// group that denies, and a denial from the deny cache consults only the
 	// limit that denied; an [Observer] sees every limit skipped when no
-	// decision could be made. Only Name, Quota, Window and Shadow are set
-	// then.
+	// decision could be made; and a limit the client's plan exempts
+	// ([Unlimited]) is not consulted either. Only Name, Plan, Quota,
+	// Window and Shadow are set then.
 	Skipped bool
+
+	tier int // Plan's index in the limit's tiers
+}
+
+// policyName is the name of lr's policy in RateLimit-Policy: the limit's,
+// or "<limit>.<plan>" for a client on a plan.
+func (lr *LimitResult) policyName() string {
+	if lr.Plan == "" {
+		return lr.Name
+	}
+	return lr.Name + "." + lr.Plan
 }
 
 // closer reports whether a is closer to denying than b: it has fewer units

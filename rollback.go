@@ -56,19 +56,24 @@ func (r *reservation) units(cost int) uint64 { return uint64(cost) * uint64(len(
 // reservations returns, for each of groups, what the rollback code needs
 // to remove a request's entries from the group's logs: their keys (from
 // keys, one per limit of p), the request of cost, and the time of the entries of each limit i
-// (stamp(i)).
+// (stamp(i); 0 where it was not logged: a group with none is left out).
 func reservationsOf(p *plan, keys []string, groups [][]int, cost int, stamp func(i int) int64) []reservation {
-	out := make([]reservation, len(groups))
-	for k, g := range groups {
-		r := &out[k]
-		r.keys = make([]string, len(g))
+	out := make([]reservation, 0, len(groups))
+	for _, g := range groups {
+		r := reservation{keys: make([]string, len(g))}
 		stamps := make([]int64, len(g))
+		logged := false
 		for j, i := range g {
 			r.keys[j], stamps[j] = keys[i], stamp(i)
 			r.window = max(r.window, p.limits[i].window)
+			logged = logged || stamps[j] != 0
+		}
+		if !logged {
+			continue // nothing to remove: limits the request's plans exempted it from, say
 		}
 		r.stamps = slidinglog.AppendStamps(nil, stamps)
 		r.req = slidinglog.AppendRequest(nil, 0, cost, p.specsOf(g))
+		out = append(out, r)
 	}
 	return out
 }

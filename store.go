@@ -61,6 +61,9 @@ type query struct {
 	keys []string // one per limit
 	tags []string // the keys' hash tags, when the plan is split
 	cost int
+	// quotas, if not nil, are the limits' quotas for the client's plans
+	// (see quota).
+	quotas []int
 	// now is the decision's time in Unix microseconds on the WithClock
 	// clock; 0 lets Redis use its own.
 	now int64
@@ -72,6 +75,15 @@ type query struct {
 	// abandoned: a Redis call that may still read keys went on without
 	// the decision, whose buffers must then not be reused.
 	abandoned bool
+}
+
+// quota returns the quota of limit i for q's request: the plan's, or the
+// client's plan's (0 if it does not count the request in the limit).
+func (q *query) quota(i int) int {
+	if q.quotas == nil {
+		return q.plan.limits[i].quota
+	}
+	return q.quotas[i]
 }
 
 // outcome is a store's answer to a query.

@@ -114,6 +114,29 @@ func AppendRequest(dst []byte, now int64, cost int, s Specs) []byte {
 	return append(dst, s.b...)
 }
 
+// SetQuotas sets the quota of each limit of req, a request AppendRequest
+// appended, to quota(j) for its j-th limit. The quotas must be ones Encode
+// accepts.
+func SetQuotas(req []byte, quota func(j int) int) {
+	at := requestHead
+	for j := range int(req[requestHead-1]) {
+		putUint(req[at+2:at+2+quotaBytes], uint64(quota(j)))
+		at += specHead + int(req[at+specHead-1])
+	}
+}
+
+// specHead is a limit's bytes before its name: kind, flags, quota, window,
+// unit and the name's length.
+const specHead = 2 + quotaBytes + 2*windowBytes + 1
+
+// putUint writes v into b, big-endian.
+func putUint(b []byte, v uint64) {
+	for i := len(b) - 1; i >= 0; i-- {
+		b[i] = byte(v)
+		v >>= 8
+	}
+}
+
 // maxCost is the largest cost a request carries: a larger one is sent as
 // maxCost, which exceeds every quota (Encode refuses quotas from maxCost
 // up), so it is denied all the same.

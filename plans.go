@@ -1,0 +1,85 @@
+package ratelimit
+
+import (
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// tier is one plan of a limit (see Plans), with what its headers need
+// precomputed. A limit's tiers[0] is its default plan: its own Quota,
+// under its own name.
+type tier struct {
+	plan       string   // the plan's name; "" for the default
+	quota      int      // per window; Unlimited: not counted
+	limitHdr   []string // X-RateLimit-Limit
+	quotedName string   // its name in RateLimit and RateLimit-Policy, as an sf-string
+	policy     string   // its item in RateLimit-Policy
+}
+
+// tiersOf returns the tiers of lim: its default plan, then its Plans'
+// in name order; and the index of each plan's, by name (nil without
+// plans).
+func tiersOf(lim *Limit) ([]tier, map[string]int) {
+	tiers := []tier{newTier("", lim.Name, lim.Quota, lim.Window)}
+	if !lim.Plans.set() {
+		return tiers, nil
+	}
+	index := make(map[string]int, len(lim.Plans.Quotas))
+	for _, plan := range slices.Sorted(maps.Keys(lim.Plans.Quotas)) {
+		index[plan] = len(tiers)
+		tiers = append(tiers, newTier(plan, lim.Name+"."+plan, lim.Plans.Quotas[plan], lim.Window))
+	}
+	return tiers, index
+}
+
+func newTier(plan, name string, quota int, window time.Duration) tier {
+	return tier{
+		plan:       plan,
+		quota:      quota,
+		limitHdr:   []string{strconv.Itoa(quota)},
+		quotedName: strconv.Quote(name),
+		policy:     policyItem(name, quota, window),
+	}
+}
+
+// maxCachedPlans bounds the ids a plan cache remembers.
+const maxCachedPlans = 100_000
+
+// planCache remembers the tier of ids for a while (Plans.Cache).
+type planCache struct {
+	ttl time.Duration
+	mu  sync.RWMutex
+	m   map[string]cachedTier
+}
+
+type cachedTier struct {
+	tier  int
+	until time.Time // on the clock decisions are timed by
+}
+
+// get returns the tier remembered for id at now, if any.
+func (c *planCache) get(id string, now time.Time) (int, bool) {
+	c.mu.RLock()
+	e, ok := c.m[id]
+	c.mu.RUnlock()
+	if !ok || !now.Before(e.until) {
+		return 0, false
+	}
+	return e.tier, true
+}
+
+// put remembers the tier of id from now.
+func (c *planCache) put(id string, tier int, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[string]cachedTier)
+	}
+	makeRoom(c.m, maxCachedPlans, func(e cachedTier) bool { return !now.Before(e.until) })
+	// A copy: id may be part of a larger string, such as a header.
+	c.m[strings.Clone(id)] = cachedTier{tier: tier, until: now.Add(c.ttl)}
+}
