@@ -80,6 +80,20 @@ func BenchmarkMiddleware(b *testing.B) {
 		lim.store = lim.wrap(stub(allowTwo))
 		run(b, lim.Handler(okHandler))
 	})
+	// A client on a plan: Of runs for every request (here it answers at
+	// once), and RateLimit-Policy names the plan, built per request.
+	plans := Plans{Quotas: map[string]int{"pro": 1000}, Of: func(context.Context, string) (string, error) { return "pro", nil }}
+	b.Run("global+ip/plans", func(b *testing.B) {
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Tiered(plans), PerSecond(1000, Global())})
+		lim.store = lim.wrap(stub(allowTwo))
+		run(b, lim.Handler(okHandler))
+	})
+	b.Run("global+ip/plans/ietf", func(b *testing.B) {
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Tiered(plans), PerSecond(1000, Global())},
+			WithHeaders(HeadersXRateLimit|HeadersIETF))
+		lim.store = lim.wrap(stub(allowTwo))
+		run(b, lim.Handler(okHandler))
+	})
 }
 
 // BenchmarkDenyCache measures the middleware denying a client from the deny

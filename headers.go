@@ -43,12 +43,12 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 		h[hdrReset] = number(reset)
 	}
 	if l.cfg.headers&HeadersIETF != 0 {
-		h[hdrPolicy] = l.policyHeader
 		var buf [256]byte // most headers fit: one allocation, the string
 		b := buf[:0]
-		other := false // policies other than l.policyHeader's
+		skipped, policy := false, 0 // the index of the plans in policyHeaders
 		for i, lr := range res.Limits {
-			other = other || (lr.Skipped || lr.tier != 0) && !lr.Shadow
+			skipped = skipped || lr.Skipped && !lr.Shadow
+			policy = policy*len(l.limits[i].tiers) + lr.tier
 			if lr.Skipped || lr.Shadow {
 				continue
 			}
@@ -62,7 +62,10 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 			b = strconv.AppendInt(b, ceilSeconds(lr.Reset.Sub(res.Now)), 10)
 		}
 		h[hdrRateLimit] = []string{string(b)}
-		if other { // RateLimit-Policy names the policies RateLimit describes
+		// RateLimit-Policy names the policies RateLimit describes.
+		if !skipped && policy < len(l.policyHeaders) {
+			h[hdrPolicy] = l.policyHeaders[policy]
+		} else {
 			h[hdrPolicy] = l.policiesOf(res)
 		}
 	}

@@ -47,8 +47,12 @@ type Limiter struct {
 	// then by method ("" for any method).
 	routes map[string]map[string]*Limiter
 
-	policyHeader []string // precomputed RateLimit-Policy value
-	tiered       bool     // some limit has plans
+	// policyHeaders holds the RateLimit-Policy values of a decision that
+	// consulted every limit, by the clients' plans: the tiers of the
+	// limits in turn, as the digits of a number (see policyIndex).
+	// [0] is the default plans'. Only [0] is kept when there are too many.
+	policyHeaders [][]string
+	tiered        bool // some limit has plans
 	// skipped is every limit, none consulted: what observers see of a
 	// decision that could not be made.
 	skipped []LimitResult
@@ -124,7 +128,6 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 	}
 	seen := make(map[string]int, len(limits))
 	policyNames := make(map[string]struct{}, len(limits))
-	var policies []string
 	for i, lim := range limits {
 		if lim.Name == "" {
 			lim.Name = lim.defaultName()
@@ -165,15 +168,12 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 			policyNames[t.quotedName] = struct{}{}
 		}
 		l.limits = append(l.limits, c)
-		if !lim.Shadow {
-			policies = append(policies, tiers[0].policy)
-		}
 		l.skipped = append(l.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Skipped: true})
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
 	}
-	l.policyHeader = []string{strings.Join(policies, ", ")}
+	l.policyHeaders = policyHeaders(l.limits)
 	p, err := newPlan(l.limits, sharded(client) && !cfg.singleSlot)
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)

@@ -83,3 +83,34 @@ func (c *planCache) put(id string, tier int, now time.Time) {
 	// A copy: id may be part of a larger string, such as a header.
 	c.m[strings.Clone(id)] = cachedTier{tier: tier, until: now.Add(c.ttl)}
 }
+
+// maxPolicyHeaders bounds the RateLimit-Policy values precomputed for the
+// combinations of plans.
+const maxPolicyHeaders = 64
+
+// policyHeaders returns the RateLimit-Policy values of limits for every
+// combination of their plans, by policyIndex, if there are at most
+// maxPolicyHeaders; else only the default plans' value.
+func policyHeaders(limits []compiledLimit) [][]string {
+	n := 1
+	for i := range limits {
+		if n *= len(limits[i].tiers); n > maxPolicyHeaders {
+			n = 1
+			break
+		}
+	}
+	values := make([][]string, n)
+	for k := range values {
+		var items []string
+		for i, digit := len(limits)-1, k; i >= 0; i-- {
+			t := digit % len(limits[i].tiers)
+			digit /= len(limits[i].tiers)
+			if !limits[i].Shadow {
+				items = append(items, limits[i].tiers[t].policy)
+			}
+		}
+		slices.Reverse(items)
+		values[k] = []string{strings.Join(items, ", ")}
+	}
+	return values
+}
