@@ -49,7 +49,7 @@ type Limiter struct {
 
 	// policyHeaders holds the RateLimit-Policy values of a decision that
 	// consulted every limit, by the clients' plans: the tiers of the
-	// limits in turn, as the digits of a number (see policyIndex).
+	// limits in turn, as the digits of a number (see writeHeaders).
 	// [0] is the default plans'. Only [0] is kept when there are too many.
 	policyHeaders [][]string
 	tiered        bool // some limit has plans
@@ -173,7 +173,11 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
 	}
-	l.policyHeaders = policyHeaders(l.limits)
+	tiers := make([][]tier, len(l.limits))
+	for i := range l.limits {
+		tiers[i] = l.limits[i].tiers
+	}
+	l.policyHeaders = policyHeaders(tiers, func(i int) bool { return l.limits[i].Shadow })
 	p, err := newPlan(l.limits, sharded(client) && !cfg.singleSlot)
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)

@@ -88,13 +88,14 @@ func (c *planCache) put(id string, tier int, now time.Time) {
 // combinations of plans.
 const maxPolicyHeaders = 64
 
-// policyHeaders returns the RateLimit-Policy values of limits for every
-// combination of their plans, by policyIndex, if there are at most
-// maxPolicyHeaders; else only the default plans' value.
-func policyHeaders(limits []compiledLimit) [][]string {
+// policyHeaders returns the RateLimit-Policy values of limits whose tiers
+// are tiers[i], for every combination of their plans (see Limiter.policyHeaders), if
+// there are at most maxPolicyHeaders; else only the default plans' value.
+// Shadow limits are left out.
+func policyHeaders(tiers [][]tier, shadow func(i int) bool) [][]string {
 	n := 1
-	for i := range limits {
-		if n *= len(limits[i].tiers); n > maxPolicyHeaders {
+	for _, t := range tiers {
+		if n *= len(t); n > maxPolicyHeaders {
 			n = 1
 			break
 		}
@@ -102,11 +103,11 @@ func policyHeaders(limits []compiledLimit) [][]string {
 	values := make([][]string, n)
 	for k := range values {
 		var items []string
-		for i, digit := len(limits)-1, k; i >= 0; i-- {
-			t := digit % len(limits[i].tiers)
-			digit /= len(limits[i].tiers)
-			if !limits[i].Shadow {
-				items = append(items, limits[i].tiers[t].policy)
+		for i, digit := len(tiers)-1, k; i >= 0; i-- {
+			t := digit % len(tiers[i])
+			digit /= len(tiers[i])
+			if !shadow(i) {
+				items = append(items, tiers[i][t].policy)
 			}
 		}
 		slices.Reverse(items)
