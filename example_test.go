@@ -157,6 +157,43 @@ func ExampleWithSkip() {
 	// 429 remaining=0 retry-after=60
 }
 
+// Plans give the clients of one limit their own quotas: here the default
+// plan admits 2 requests a minute per user, "pro" 5, and "internal" is
+// not limited. The plan comes from the request's context, where an
+// authentication middleware would put it.
+func ExampleLimit_Tiered() {
+	rdb, done := newRedis()
+	defer done()
+
+	type planKey struct{}
+	users := ratelimit.PerMinute(2, ratelimit.Header("X-User")).Named("user").Tiered(ratelimit.Plans{
+		Quotas: map[string]int{"pro": 5, "internal": ratelimit.Unlimited},
+		Of: func(ctx context.Context, user string) (string, error) {
+			plan, _ := ctx.Value(planKey{}).(string)
+			return plan, nil
+		},
+	})
+	api, err := ratelimit.New(rdb, []ratelimit.Limit{users},
+		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit|ratelimit.HeadersIETF),
+		ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := api.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	for _, c := range []struct{ user, plan string }{{"ann", ""}, {"bob", "pro"}, {"ops", "internal"}} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("X-User", c.user)
+		r = r.WithContext(context.WithValue(r.Context(), planKey{}, c.plan))
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Printf("%s: %d limit=%q policy=%s\n", c.user, w.Code, w.Header().Get("X-RateLimit-Limit"), w.Header().Get("RateLimit-Policy"))
+	}
+	// Output:
+	// ann: 200 limit="2" policy="user";q=2;w=60
+	// bob: 200 limit="5" policy="user.pro";q=5;w=60
+	// ops: 200 limit="" policy=
+}
+
 func ExampleClientIP() {
 	rdb, done := newRedis()
 	defer done()

@@ -4,11 +4,13 @@
 package demo
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"log"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -43,12 +45,20 @@ func Connect() (*redis.Client, string) {
 // per minute in all, 10 per minute per client IP, and 5 per minute per
 // client IP and route template (so /users/1 and /users/2 count together);
 // POST /login adds 3 per minute per IP, checked in the same step; GET
-// /report costs 5. Denials are problem+json.
+// /report costs 5. Clients on the pro plan (see Accounts) get 100 and 50
+// a minute instead of 10 and 5; internal clients are counted only in the
+// global limit. Denials are problem+json.
 func Limiter(rdb *redis.Client, opts ...ratelimit.Option) *ratelimit.Limiter {
 	api, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(1000, ratelimit.Global()).Named("global"),
-		ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("per-ip"),
-		ratelimit.PerMinute(5, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("per-route"),
+		ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("per-ip").Tiered(ratelimit.Plans{
+			Quotas: map[string]int{"pro": 100, "internal": ratelimit.Unlimited},
+			Of:     PlanOf,
+		}),
+		ratelimit.PerMinute(5, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("per-route").Tiered(ratelimit.Plans{
+			Quotas: map[string]int{"pro": 50, "internal": ratelimit.Unlimited},
+			Of:     PlanOf,
+		}),
 	}, append([]ratelimit.Option{
 		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit | ratelimit.HeadersIETF),
 		ratelimit.WithErrorHandler(func(r *http.Request, err error) { log.Printf("rate limiter: %v", err) }),
@@ -64,6 +74,39 @@ func Limiter(rdb *redis.Client, opts ...ratelimit.Option) *ratelimit.Limiter {
 	return api
 }
 
+// The demo's API keys and their plans. A real application looks its keys
+// up in its own store.
+var apiKeys = map[string]string{"demo-pro": "pro", "demo-internal": "internal"}
+
+type planKey struct{}
+
+// Accounts is the demo's authentication: a request with an X-API-Key
+// header reaches next with the key's plan in its context (see PlanOf); one
+// with an unknown key gets 401; one without a key is anonymous, on the
+// default plan. Mount it before the limiter.
+func Accounts(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-API-Key")
+		if key == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		plan, ok := apiKeys[key]
+		if !ok {
+			http.Error(w, "unknown API key", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), planKey{}, plan)))
+	})
+}
+
+// PlanOf is the limits' ratelimit.Plans.Of: the plan Accounts found, from
+// the request's context ("" for the default plan).
+func PlanOf(ctx context.Context, _ string) (string, error) {
+	plan, _ := ctx.Value(planKey{}).(string)
+	return plan, nil
+}
+
 // App is what an example needs: the limiter, its metrics, and where to
 // listen.
 type App struct {
@@ -73,20 +116,22 @@ type App struct {
 	where   string
 }
 
-// Start parses the -addr flag, connects to Redis and builds the limiter.
-func Start() *App {
+// Start parses the -addr flag, connects to Redis and builds the limiter,
+// with opts after the demo's own.
+func Start(opts ...ratelimit.Option) *App {
 	addr := flag.String("addr", "localhost:8080", "address to listen on")
 	flag.Parse()
 	rdb, where := Connect()
 	metrics := ratelimitprom.New()
-	api := Limiter(rdb, ratelimit.WithObserver(metrics))
+	api := Limiter(rdb, append([]ratelimit.Option{ratelimit.WithObserver(metrics)}, opts...)...)
 	metrics.Watch(api)
 	return &App{API: api, Metrics: metrics, addr: *addr, where: where}
 }
 
-// Serve prints how to try the example and serves h until it fails, which
-// ends the process.
-func (a *App) Serve(h http.Handler) {
+// Serve prints how to try the example, with more lines of its own (in
+// which %[1]s is the address), and serves h until it fails, which ends the
+// process.
+func (a *App) Serve(h http.Handler, more ...string) {
 	fmt.Printf(`Listening on http://%[1]s with %[2]s. Try:
 
   curl -i http://%[1]s/users/1          # X-RateLimit-* and RateLimit headers
@@ -96,7 +141,7 @@ func (a *App) Serve(h http.Handler) {
                                         # 200 200 200 429 429 429 429: after the commands above (7 of
                                         # this IP's 10 a minute), the per-IP limit runs out first; from
                                         # a fresh start, /users/{id}'s shared 5 a minute would
-`, a.addr, a.where)
+`+strings.Join(more, ""), a.addr, a.where)
 	srv := &http.Server{Addr: a.addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	log.Fatal(srv.ListenAndServe())
 }
