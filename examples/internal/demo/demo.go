@@ -140,7 +140,8 @@ func (a *App) Serve(h http.Handler, more ...string) {
   for i in $(seq 7); do curl -s -o /dev/null -w '%%{http_code} ' http://%[1]s/users/$i; done; echo
                                         # 200 200 200 429 429 429 429: after the commands above (7 of
                                         # this IP's 10 a minute), the per-IP limit runs out first; from
-                                        # a fresh start, /users/{id}'s shared 5 a minute would
+                                        # a fresh start, /users/{id}'s shared 5 a minute would deny
+                                        # the 6th
 `+strings.Join(more, ""), a.addr, a.where)
 	srv := &http.Server{Addr: a.addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	log.Fatal(srv.ListenAndServe())
