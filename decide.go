@@ -281,11 +281,12 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 // identifier, except for a limit counted by a [Compose] key: Allow escapes
 // every id it is given, which the middleware does not redo for a composed
 // one. Allow decides with the Limiter's own limits, never a route's
-// ([WithRoutes]). Observers ([WithObserver]) and the logger see the
+// ([WithRoutes]). A limit's [Plans] are resolved with ctx and the limit's
+// id. Observers ([WithObserver]) and the logger see the
 // decision, and an admitted Result can be given to [Limiter.Refund].
 //
 // The error is non-nil when Redis could not decide: wrong number of ids, an
-// empty id, cost < 1, a Redis error, an open circuit breaker
+// empty id, cost < 1, a Plans.Of error, a Redis error, an open circuit breaker
 // ([ErrCircuitOpen]) or the timeout ([WithTimeout]) running out. The Result
 // then admits nothing and has no Limits (its Unreverted may count units a
 // Redis Cluster decision left behind), except under [FailLocal], where a

@@ -95,7 +95,7 @@ type compiledLimit struct {
 //
 // New reports every configuration error at once: no limits, a quota below 1,
 // a window below 1ms, a missing or invalid [Key], invalid or duplicate limit
-// names, invalid options and routes ([WithRoutes]). It never panics on bad configuration, and a Limiter
+// names, invalid [Plans], invalid options and routes ([WithRoutes]). It never panics on bad configuration, and a Limiter
 // it returns never fails at request time because of its configuration.
 func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter, error) {
 	return newLimiter(client, limits, opts, nil)
