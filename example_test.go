@@ -194,6 +194,44 @@ func ExampleLimit_Tiered() {
 	// ops: 200 limit="" policy=
 }
 
+// The application writes its own 429 and 503; the rate-limit headers and
+// Retry-After are set before it is called.
+func ExampleWithDeniedHandler() {
+	rdb, done := newRedis()
+	defer done()
+
+	api, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("api")},
+		ratelimit.WithDeniedHandler(func(w http.ResponseWriter, r *http.Request, res ratelimit.Result) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			fmt.Fprintf(w, `{"error":"slow down","limit":%q}`, res.DeniedBy)
+		}),
+		ratelimit.WithUnavailableHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprint(w, `{"error":"try again soon"}`)
+		}),
+		ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := api.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") }))
+	send := func(addr string) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = addr
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Printf("%d retry-after=%s %s\n", w.Code, w.Header().Get("Retry-After"), w.Body)
+	}
+	send("203.0.113.7:5000")
+	send("203.0.113.7:5000")
+	rdb.Close() // Redis is out of reach: the next request cannot be decided
+	send("203.0.113.8:5000")
+	// Output:
+	// 200 retry-after= ok
+	// 429 retry-after=60 {"error":"slow down","limit":"api"}
+	// 503 retry-after=1 {"error":"try again soon"}
+}
+
 func ExampleClientIP() {
 	rdb, done := newRedis()
 	defer done()
