@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -20,19 +19,6 @@ import (
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
-// send serves one request from ip through h, with the headers given as
-// name, value pairs.
-func send(h http.Handler, method, path, ip string, header ...string) *httptest.ResponseRecorder {
-	r := httptest.NewRequest(method, path, nil)
-	r.RemoteAddr = ip + ":1234"
-	for i := 0; i+1 < len(header); i += 2 {
-		r.Header.Set(header[i], header[i+1])
-	}
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	return w
-}
-
 // answer is what a router sends for a 429 or a 503 the Limiter has no
 // handler of its own for.
 type answer struct{ contentType, body string }
@@ -44,18 +30,6 @@ var defaultAnswers = map[string]map[int]answer{
 	"chi":      {429: {"text/plain; charset=utf-8", "Too Many Requests\n"}, 503: {"text/plain; charset=utf-8", "Service Unavailable\n"}},
 	"echo":     {429: {"application/json", `{"message":"Too Many Requests"}` + "\n"}, 503: {"application/json", `{"message":"Service Unavailable"}` + "\n"}},
 	"gin":      {429: {"application/json; charset=utf-8", `{"error":"Too Many Requests"}`}, 503: {"application/json; charset=utf-8", `{"error":"Service Unavailable"}`}},
-}
-
-// perIP is a Limiter of one limit, "ip", quota requests a minute per
-// client IP.
-func perIP(t *testing.T, rdb redis.UniversalClient, quota int, opts ...ratelimit.Option) *ratelimit.Limiter {
-	t.Helper()
-	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout)}, opts...)
-	l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(quota, ratelimit.ClientIP()).Named("ip")}, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
 }
 
 // TestDefaultAnswers: a denial and a failure the Limiter has no handler for
