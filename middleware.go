@@ -86,18 +86,18 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// Check decides r without wrapping a handler, for custom middleware. It decides as [Limiter.Handler] does, with the limits
-// [WithRoutes] declared for r's route template (r.Pattern, which the caller
-// sets; "" for none) and without refunds ([WithRefund]). If r may proceed,
-// Check sets the rate-limit headers on w and returns true, and the caller
-// must serve the request: that includes a request no decision could be made
-// for under [FailOpen], which gets no headers. Otherwise Check has written
-// the whole response (429 when denied; 503 when no decision could be made
-// under [FailClosed], or under [FailLocal] when a Key could not identify r
-// or its cost was below 1)
-// and returns false. Check decides on every call: unlike Handler and the
-// router adapters, it cannot tell a request l is already deciding further
-// up the chain, as it does not see where the request ends.
+// Check decides r without wrapping a handler, for custom middleware. It
+// decides as [Limiter.Handler] does, with the limits [WithRoutes] declared
+// for r's route template (r.Pattern, which the caller sets; "" for none)
+// and without refunds ([WithRefund]). If r may proceed, Check sets the
+// rate-limit headers on w and returns true, and the caller must serve the
+// request: that includes a request no decision could be made for under
+// [FailOpen], which gets no headers. Otherwise Check has written the whole
+// response (429 when denied; 503 when no decision could be made under
+// [FailClosed], or under [FailLocal] when a Key could not identify r or its
+// cost was below 1) and returns false. Check decides on every call: unlike
+// Handler and the router adapters, it cannot tell a request l is already
+// deciding further up the chain, as it does not see where the request ends.
 func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
 	return l.forRoute(r.Method, r.Pattern).check(w, r, nil)
 }
@@ -116,6 +116,8 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool
 	return false
 }
 
+// init gives the router adapters their way to decide (adapt.Check)
+// without exported API.
 func init() {
 	adapt.Check = func(l any, w http.ResponseWriter, r *http.Request) (adapt.Verdict, error) {
 		lim := l.(*Limiter)
