@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"slices"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/adapt"
 )
 
 // Handler returns middleware that rate-limits the requests to next: an
@@ -25,8 +27,14 @@ import (
 //	http.ListenAndServe(":8080", api.Handler(mux))
 //
 // Behind other middleware the mux is out of sight: wrap the mux itself, or
-// each route. Every Handler decides: a request that passes through two of
-// them is counted twice.
+// each route.
+//
+// A request l is already deciding, further up the chain (l's Handler
+// around a mux whose routes are wrapped in l's Handler again, or around a
+// router that mounts l with its adapter), passes this Handler undecided:
+// it is counted once, and keeps the first pass's headers. A request is
+// recognised by its Header map, which the copies r.WithContext and
+// [http.StripPrefix] make share. Different Limiters each decide.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	mux, _ := next.(*http.ServeMux)
 	return &handler{l: l, next: next, mux: mux}
@@ -40,6 +48,12 @@ type handler struct {
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	pass, first := adapt.Enter(h.l, r)
+	if !first {
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	defer pass.Leave()
 	// A wrapped mux decides the route, even under another mux that has set
 	// r.Pattern to its own pattern (such as "/").
 	if h.mux != nil {
@@ -72,17 +86,18 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// Check decides r without wrapping a handler; router adapters and custom
-// middleware use it. It decides as [Limiter.Handler] does, with the limits
-// [WithRoutes] declared for r's route template (r.Pattern, which the caller
-// sets; "" for none) and without refunds ([WithRefund]). If r may proceed,
-// Check sets the rate-limit headers on w and returns true, and the caller
-// must serve the request: that includes a request no decision could be made
-// for under [FailOpen], which gets no headers. Otherwise Check has written
-// the whole response (429 when denied; 503 when no decision could be made
-// under [FailClosed], or under [FailLocal] when a Key could not identify r
-// or its cost was below 1)
-// and returns false.
+// Check decides r without wrapping a handler, for custom middleware. It
+// decides as [Limiter.Handler] does, with the limits [WithRoutes] declared
+// for r's route template (r.Pattern, which the caller sets; "" for none)
+// and without refunds ([WithRefund]). If r may proceed, Check sets the
+// rate-limit headers on w and returns true, and the caller must serve the
+// request: that includes a request no decision could be made for under
+// [FailOpen], which gets no headers. Otherwise Check has written the whole
+// response (429 when denied; 503 when no decision could be made under
+// [FailClosed], or under [FailLocal] when a Key could not identify r or its
+// cost was below 1) and returns false. Check decides on every call: unlike
+// Handler and the router adapters, it cannot tell a request l is already
+// deciding further up the chain, as it does not see where the request ends.
 func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
 	return l.forRoute(r.Method, r.Pattern).check(w, r, nil)
 }
@@ -90,12 +105,38 @@ func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
 // check is Check without the route lookup. If t is not nil, an admitted
 // request's refund ticket is stored there.
 func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool {
+	switch v, _ := l.verdict(w, r, t); v {
+	case adapt.Proceed:
+		return true
+	case adapt.Deny:
+		tooManyRequests(w)
+	case adapt.Unavailable:
+		serviceUnavailable(w)
+	}
+	return false
+}
+
+// init gives the router adapters their way to decide (adapt.Check)
+// without exported API.
+func init() {
+	adapt.Check = func(l any, w http.ResponseWriter, r *http.Request) (adapt.Verdict, error) {
+		lim := l.(*Limiter)
+		return lim.forRoute(r.Method, r.Pattern).verdict(w, r, nil)
+	}
+}
+
+// verdict decides r as check does, but leaves the default answers to the
+// caller: it sets the headers, calls the application's handlers
+// (WithDeniedHandler, WithUnavailableHandler) if it has them, and says what
+// is left to do (see adapt.Verdict). The error is the one that made it
+// apply the failure mode, nil if none did.
+func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (adapt.Verdict, error) {
 	if l.cfg.skip != nil && l.cfg.skip(r) {
 		if l.watched() {
 			res := Result{Allowed: true, Limits: l.skipped}
 			l.observe(r, nil, &res, nil, time.Now())
 		}
-		return true
+		return adapt.Proceed, nil
 	}
 	s := getScratch()
 	defer s.put()
@@ -111,27 +152,26 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool
 		switch {
 		case res.Local: // FailLocal decided: answer as usual
 		case l.cfg.failure == FailOpen:
-			return true
-		case l.cfg.onFailed != nil:
-			w.Header()[hdrRetryAfter] = retryAfterOne
-			l.cfg.onFailed(w, r, err)
-			return false
+			return adapt.Proceed, err
 		default:
-			serviceUnavailable(w)
-			return false
+			w.Header()[hdrRetryAfter] = retryAfterOne
+			if l.cfg.onFailed != nil {
+				l.cfg.onFailed(w, r, err)
+				return adapt.Answered, err
+			}
+			return adapt.Unavailable, err
 		}
 	}
 	l.writeHeaders(w.Header(), &res)
 	if res.Allowed {
-		return true
+		return adapt.Proceed, err
 	}
 	if l.cfg.onDenied != nil {
 		res.Limits = slices.Clone(res.Limits) // the handler may keep it
 		l.cfg.onDenied(w, r, res)
-	} else {
-		tooManyRequests(w)
+		return adapt.Answered, err
 	}
-	return false
+	return adapt.Deny, err
 }
 
 // StatusRequest is [Limiter.Status] for the request r would be: it reports,

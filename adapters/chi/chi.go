@@ -21,19 +21,34 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/internal/adapt"
 	"github.com/slidinglog/ratelimit/internal/route"
 )
 
 // Middleware returns chi middleware that decides every request with l (see
-// [ratelimit.Limiter.Check]). Mount it with Use on the root router, once.
-// chi routes a request only after the root's middleware, so Middleware looks
-// the route up first: [ratelimit.Route] keys and [ratelimit.WithRoutes] see
-// the route's full template ("/admin/users/{id}", also inside sub-routers
-// and groups), and requests no route matches share
-// [ratelimit.UnmatchedRoute].
+// [ratelimit.Limiter.Check]): a denied request gets 429, one l cannot decide
+// the failure mode, as plain text unless l has handlers of its own
+// ([ratelimit.WithDeniedHandler], [ratelimit.WithUnavailableHandler]).
+// Mount it with Use on the root router, or with Use, With or Group further
+// down, for example after authentication. chi routes a request only after
+// the root's middleware, so Middleware looks the route up first:
+// [ratelimit.Route] keys and [ratelimit.WithRoutes] see the route's full
+// template ("/admin/users/{id}", also inside sub-routers and groups), and
+// requests no route matches share [ratelimit.UnmatchedRoute].
+//
+// A request that l is already deciding (l mounted twice on its way: at the
+// root and in a group, say) passes the second Middleware undecided: it is
+// counted once and keeps the headers of the first. Different Limiters each
+// decide.
 func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			pass, first := adapt.Enter(l, r)
+			if !first {
+				next.ServeHTTP(w, r)
+				return
+			}
+			defer pass.Leave()
 			resolve(r)
 			if l.Check(w, r) {
 				next.ServeHTTP(w, r)

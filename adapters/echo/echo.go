@@ -20,23 +20,50 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/internal/adapt"
 	"github.com/slidinglog/ratelimit/internal/route"
 )
 
 // Middleware returns echo middleware that decides every request with l (see
-// [ratelimit.Limiter.Check]). Add it with e.Use, once, before or after the
-// routes: echo runs it after routing, for unmatched requests too.
-// [ratelimit.Route] keys and [ratelimit.WithRoutes] see the route's
-// template, written "/users/{id}" for echo's "/users/:id"; requests no route
-// matches share [ratelimit.UnmatchedRoute]. Errors that handlers return
-// (echo.HTTPError included) reach e's HTTPErrorHandler unchanged.
+// [ratelimit.Limiter.Check]). Add it with e.Use, before or after the routes:
+// echo runs it after routing, for unmatched requests too; or to a group or
+// a route, for example after authentication. [ratelimit.Route] keys and
+// [ratelimit.WithRoutes] see the route's template, written "/users/{id}"
+// for echo's "/users/:id"; requests no route matches share
+// [ratelimit.UnmatchedRoute].
+//
+// Denials and failures are echo errors, which e's HTTPErrorHandler
+// renders (echo's default: JSON {"message":"Too Many Requests"}): a denied
+// request gets echo.NewHTTPError(429), with the rate-limit headers and
+// Retry-After already set on c.Response().Header(); one the failure mode
+// refuses gets echo.NewHTTPError(503), with Retry-After set and the reason
+// in its Internal field (which echo's default handler shows the client
+// only when e.Debug is set). A Limiter with a handler of its own for the
+// case ([ratelimit.WithDeniedHandler], [ratelimit.WithUnavailableHandler])
+// answers with it instead, and Middleware returns nil. Errors that handlers
+// return (echo.HTTPError included) reach the HTTPErrorHandler unchanged.
+//
+// A request that l is already deciding (l mounted twice on its way: two
+// e.Use, or e.Use and a group's) passes the second Middleware undecided: it
+// is counted once and keeps the headers of the first. Different Limiters
+// each decide.
 func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			if l.Check(c.Response(), resolve(c)) {
+			pass, first := adapt.Enter(l, c.Request())
+			if !first {
 				return next(c)
 			}
-			return nil
+			defer pass.Leave()
+			switch v, err := adapt.Check(l, c.Response(), resolve(c)); v {
+			case adapt.Proceed:
+				return next(c)
+			case adapt.Deny:
+				return echo.NewHTTPError(http.StatusTooManyRequests)
+			case adapt.Unavailable:
+				return echo.NewHTTPError(http.StatusServiceUnavailable).SetInternal(err)
+			}
+			return nil // answered by l's handler
 		}
 	}
 }

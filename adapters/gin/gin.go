@@ -14,22 +14,58 @@
 package ginratelimit
 
 import (
+	"errors"
+	"net/http"
+
 	"github.com/gin-gonic/gin"
 
 	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/internal/adapt"
 	"github.com/slidinglog/ratelimit/internal/route"
 )
 
+// ErrTooManyRequests is the error Middleware records on the gin context
+// (c.Errors, as a private error) of a request it answers with 429.
+var ErrTooManyRequests = errors.New("ratelimit: too many requests")
+
+// The bodies of the default answers, shared: rendering only reads them.
+var (
+	tooManyBody     = gin.H{"error": "Too Many Requests"}
+	unavailableBody = gin.H{"error": "Service Unavailable"}
+)
+
 // Middleware returns gin middleware that decides every request with l (see
-// [ratelimit.Limiter.Check]). Mount it with Use, once, before adding routes,
-// as gin requires. [ratelimit.Route] keys and [ratelimit.WithRoutes] see the
-// route's template, written "/users/{id}" for gin's "/users/:id"; requests no
-// route matches share [ratelimit.UnmatchedRoute]. A request the Limiter
-// answers (429, or 503 when it fails closed) is aborted: later handlers do
-// not run.
+// [ratelimit.Limiter.Check]). Mount it with Use, before adding routes, as
+// gin requires: on the engine, or on a group, for example after
+// authentication. [ratelimit.Route] keys and [ratelimit.WithRoutes] see the
+// route's template, written "/users/{id}" for gin's "/users/:id"; requests
+// no route matches share [ratelimit.UnmatchedRoute].
+//
+// A request the Limiter does not admit is aborted (later handlers do not
+// run) and answered in gin's way: a denied one with
+// c.AbortWithStatusJSON(429, gin.H{"error": "Too Many Requests"}), one the
+// failure mode refuses with 503 and gin.H{"error": "Service Unavailable"};
+// the rate-limit headers and Retry-After are kept. The error is recorded
+// with c.Error as a private error (gin.ErrorTypePrivate), which gin's
+// Logger prints and error-rendering middleware for public errors does not
+// send to the client: [ErrTooManyRequests] for a 429, the reason the
+// Limiter could not decide for a 503 (it may name the Redis server, so it
+// is not for clients). A Limiter with a handler of its own for the case
+// ([ratelimit.WithDeniedHandler], [ratelimit.WithUnavailableHandler])
+// answers with it instead, and nothing is recorded.
+//
+// Middleware runs the rest of the chain itself (c.Next). A request that l
+// is already deciding (l mounted twice on its way: two Use, or the engine's
+// and a group's) passes the second Middleware undecided: it is counted once
+// and keeps the headers of the first. Different Limiters each decide.
 func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		r := c.Request
+		pass, first := adapt.Enter(l, r)
+		if !first {
+			return // gin runs the next handler
+		}
+		defer pass.Leave()
 		if r.Pattern == "" {
 			if t := c.FullPath(); t != "" {
 				r.Pattern = route.Cached(t)
@@ -37,7 +73,18 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 				r.Pattern = ratelimit.UnmatchedRoute
 			}
 		}
-		if !l.Check(c.Writer, r) {
+		switch v, err := adapt.Check(l, c.Writer, r); v {
+		case adapt.Proceed:
+			c.Next()
+		case adapt.Deny:
+			c.AbortWithStatusJSON(http.StatusTooManyRequests, tooManyBody)
+			_ = c.Error(ErrTooManyRequests) // private: c.Error's default type
+		case adapt.Unavailable:
+			c.AbortWithStatusJSON(http.StatusServiceUnavailable, unavailableBody)
+			if err != nil { // always, but c.Error panics on nil
+				_ = c.Error(err)
+			}
+		default: // answered by l's handler
 			c.Abort()
 		}
 	}

@@ -1,0 +1,254 @@
+package adapters_test
+
+import (
+	"context"
+	"maps"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+	"github.com/go-chi/chi/v5"
+	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit"
+	chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
+	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
+	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
+	"github.com/slidinglog/ratelimit/redistest"
+)
+
+// userKey is where the fake authentication puts the user.
+type userKey struct{}
+
+// bearer returns the user of "Authorization: Bearer <user>".
+func bearer(r *http.Request) (string, bool) {
+	u, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return u, ok && u != ""
+}
+
+// withUser returns r with user in its context, as authentication would.
+func withUser(r *http.Request, user string) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), userKey{}, user))
+}
+
+// authLimiters returns the per-IP Limiter, 5 a minute per IP and POST
+// /login 2 a minute per IP, mounted before authentication, and the
+// per-user Limiter, 3 a minute per user, mounted after it.
+func authLimiters(t *testing.T, rdb redis.UniversalClient, opts []ratelimit.Option) (ip, user *ratelimit.Limiter) {
+	t.Helper()
+	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout)}, opts...)
+	ip, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
+		append(opts, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
+			"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(2, ratelimit.ClientIP()).Named("login")}},
+		}))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, err = ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.UserFromContext(userKey{})).Named("user")}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ip, user
+}
+
+// authRouters serve POST /login to anyone and GET /me to authenticated
+// users only (401 otherwise), with the per-IP Limiter in front of
+// everything and the per-user one behind authentication, each router in its
+// own way.
+var authRouters = []struct {
+	name  string
+	build func(ip, user *ratelimit.Limiter) http.Handler
+}{
+	{"net/http", func(ip, user *ratelimit.Limiter) http.Handler {
+		auth := func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				u, ok := bearer(r)
+				if !ok {
+					http.Error(w, "unauthorized", http.StatusUnauthorized)
+					return
+				}
+				next.ServeHTTP(w, withUser(r, u))
+			})
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("POST /login", ok)
+		mux.Handle("GET /me", auth(user.Handler(http.HandlerFunc(ok))))
+		return ip.Handler(mux)
+	}},
+	{"chi", func(ip, user *ratelimit.Limiter) http.Handler {
+		auth := func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				u, ok := bearer(r)
+				if !ok {
+					http.Error(w, "unauthorized", http.StatusUnauthorized)
+					return
+				}
+				next.ServeHTTP(w, withUser(r, u))
+			})
+		}
+		r := chi.NewRouter()
+		r.Use(chiratelimit.Middleware(ip))
+		r.Post("/login", ok)
+		r.Group(func(r chi.Router) {
+			r.Use(auth, chiratelimit.Middleware(user))
+			r.Get("/me", ok)
+		})
+		return r
+	}},
+	{"echo", func(ip, user *ratelimit.Limiter) http.Handler {
+		auth := func(next echo.HandlerFunc) echo.HandlerFunc {
+			return func(c echo.Context) error {
+				u, ok := bearer(c.Request())
+				if !ok {
+					return echo.ErrUnauthorized
+				}
+				c.SetRequest(withUser(c.Request(), u))
+				return next(c)
+			}
+		}
+		eok := func(c echo.Context) error { return c.String(http.StatusOK, "ok") }
+		e := echo.New()
+		e.Use(echoratelimit.Middleware(ip))
+		e.POST("/login", eok)
+		e.GET("/me", eok, auth, echoratelimit.Middleware(user))
+		return e
+	}},
+	{"gin", func(ip, user *ratelimit.Limiter) http.Handler {
+		auth := func(c *gin.Context) {
+			u, ok := bearer(c.Request)
+			if !ok {
+				c.AbortWithStatus(http.StatusUnauthorized)
+				return
+			}
+			c.Request = withUser(c.Request, u)
+		}
+		gok := func(c *gin.Context) { c.String(http.StatusOK, "ok") }
+		gin.SetMode(gin.ReleaseMode)
+		g := gin.New()
+		g.Use(ginratelimit.Middleware(ip))
+		g.POST("/login", gok)
+		authed := g.Group("/", auth, ginratelimit.Middleware(user))
+		authed.GET("/me", gok)
+		return g
+	}},
+}
+
+// TestBehindAuth: a per-IP Limiter in front of authentication limits floods
+// of unauthenticated requests, which the per-user Limiter behind it never
+// sees; an authenticated request is counted once in each; the login limit
+// of the per-IP Limiter's route table applies to POST /login, outside
+// authentication.
+func TestBehindAuth(t *testing.T) {
+	for _, rt := range authRouters {
+		t.Run(rt.name, func(t *testing.T) {
+			forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+				h := rt.build(authLimiters(t, rdb, opts))
+				// A flood without credentials from one IP: 401 while the
+				// per-IP quota lasts, then 429. Had the per-user Limiter
+				// run, it would have found no user and failed closed (503).
+				for i, want := range []int{401, 401, 401, 401, 401, 429, 429} {
+					w := send(h, "GET", "/me", "192.0.2.1")
+					if w.Code != want || w.Header().Get("X-RateLimit-Limit") != "5" {
+						t.Errorf("unauthenticated %d: %d limit=%q, want %d limit=5 (body %q)", i, w.Code, w.Header().Get("X-RateLimit-Limit"), want, w.Body)
+					}
+				}
+				// Authenticated: counted by both, once each; the per-user
+				// limit (3) is the tighter, so its headers are the last
+				// written.
+				for i, want := range []string{"2", "1"} {
+					w := send(h, "GET", "/me", "192.0.2.2", "Authorization", "Bearer alice")
+					if w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != want {
+						t.Errorf("alice %d: %d remaining=%q, want 200 %s", i, w.Code, w.Header().Get("X-RateLimit-Remaining"), want)
+					}
+				}
+				// The login limit, outside authentication.
+				for i, want := range []int{200, 200, 429} {
+					w := send(h, "POST", "/login", "192.0.2.3")
+					if w.Code != want || w.Header().Get("X-RateLimit-Limit") != "2" {
+						t.Errorf("login %d: %d limit=%q, want %d limit=2", i, w.Code, w.Header().Get("X-RateLimit-Limit"), want)
+					}
+				}
+				want := map[string]int64{
+					"ratelimit:ip:{192.0.2.1}":    5,
+					"ratelimit:ip:{192.0.2.2}":    2,
+					"ratelimit:user:{alice}":      2,
+					"ratelimit:ip:{192.0.2.3}":    2,
+					"ratelimit:login:{192.0.2.3}": 2,
+				}
+				if got := logs(t, rdb); !maps.Equal(got, want) {
+					t.Errorf("Redis logs:\n got %v\nwant %v", got, want)
+				}
+			})
+		})
+	}
+}
+
+// twiceRouters mount one Limiter two or three times on the way of GET
+// /users/{id}: twice at the root and again in a group, or around a route
+// behind middleware that replaces the request (as authentication does).
+var twiceRouters = []struct {
+	name  string
+	build func(l *ratelimit.Limiter) http.Handler
+}{
+	{"net/http", func(l *ratelimit.Limiter) http.Handler {
+		mux := http.NewServeMux()
+		mux.Handle("GET /users/{id}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			l.Handler(http.HandlerFunc(ok)).ServeHTTP(w, withUser(r, "x"))
+		}))
+		return l.Handler(l.Handler(mux))
+	}},
+	{"chi", func(l *ratelimit.Limiter) http.Handler {
+		r := chi.NewRouter()
+		r.Use(chiratelimit.Middleware(l), chiratelimit.Middleware(l))
+		r.Group(func(r chi.Router) {
+			r.Use(func(next http.Handler) http.Handler {
+				return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { next.ServeHTTP(w, withUser(r, "x")) })
+			}, chiratelimit.Middleware(l))
+			r.Get("/users/{id}", ok)
+		})
+		return r
+	}},
+	{"echo", func(l *ratelimit.Limiter) http.Handler {
+		e := echo.New()
+		e.Use(echoratelimit.Middleware(l), echoratelimit.Middleware(l))
+		replace := func(next echo.HandlerFunc) echo.HandlerFunc {
+			return func(c echo.Context) error {
+				c.SetRequest(withUser(c.Request(), "x"))
+				return next(c)
+			}
+		}
+		e.Group("/users", replace, echoratelimit.Middleware(l)).GET("/:id", func(c echo.Context) error { return c.String(http.StatusOK, "ok") })
+		return e
+	}},
+	{"gin", func(l *ratelimit.Limiter) http.Handler {
+		gin.SetMode(gin.ReleaseMode)
+		g := gin.New()
+		g.Use(ginratelimit.Middleware(l), ginratelimit.Middleware(l))
+		replace := func(c *gin.Context) { c.Request = withUser(c.Request, "x") }
+		g.Group("/users", replace, ginratelimit.Middleware(l)).GET("/:id", func(c *gin.Context) { c.String(http.StatusOK, "ok") })
+		return g
+	}},
+}
+
+// TestMountedTwice: a Limiter that a request meets several times on its
+// way decides it once: one count, the headers of that decision.
+func TestMountedTwice(t *testing.T) {
+	for _, rt := range twiceRouters {
+		t.Run(rt.name, func(t *testing.T) {
+			forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+				h := rt.build(perIP(t, rdb, 10, opts...))
+				for i, want := range []string{"9", "8", "7"} {
+					w := send(h, "GET", "/users/1", "192.0.2.1")
+					if w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != want {
+						t.Errorf("request %d: %d remaining=%q, want 200 %s", i, w.Code, w.Header().Get("X-RateLimit-Remaining"), want)
+					}
+				}
+				if got, want := logs(t, rdb), map[string]int64{"ratelimit:ip:{192.0.2.1}": 3}; !maps.Equal(got, want) {
+					t.Errorf("Redis logs: got %v, want %v", got, want)
+				}
+			})
+		})
+	}
+}

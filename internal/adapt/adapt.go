@@ -1,0 +1,120 @@
+// Package adapt is what package ratelimit shares with its router adapters
+// beyond its exported API: a decision that leaves the default 429 and 503
+// to the caller, so that an adapter can answer them its framework's way,
+// and a record of the passes under way, so that a Limiter mounted twice on
+// one request decides it once.
+//
+// Package ratelimit imports this package and sets [Check] in its init; this
+// package never imports it, so it takes the Limiter as an any.
+package adapt
+
+import (
+	"net/http"
+	"reflect"
+	"sync"
+	"unsafe"
+)
+
+// A Verdict is what [Check] decided, and who answers.
+type Verdict uint8
+
+const (
+	// Proceed: serve the request. The rate-limit headers are set, unless
+	// no decision could be made under FailOpen or WithSkip let the request
+	// through undecided.
+	Proceed Verdict = iota
+	// Answered: the Limiter's own handler (WithDeniedHandler,
+	// WithUnavailableHandler) has written the response; write nothing more.
+	Answered
+	// Deny: the request is denied and the Limiter has no handler for it.
+	// The rate-limit headers and Retry-After are set; the caller answers
+	// 429.
+	Deny
+	// Unavailable: no decision could be made, the failure mode refuses the
+	// request and the Limiter has no handler for it. Retry-After is set;
+	// the caller answers 503. The error says why; it is for logs, not for
+	// the client.
+	Unavailable
+)
+
+// Check decides r with l, a *ratelimit.Limiter, as Limiter.Check does (the
+// route table included: r.Pattern must be set), but writes no default
+// response: see [Verdict]. The error is the one that made the Limiter apply
+// its failure mode (also under FailOpen, with Proceed), nil otherwise.
+// Package ratelimit sets it in its init.
+var Check func(l any, w http.ResponseWriter, r *http.Request) (Verdict, error)
+
+// A Pass is one Limiter's pass over one request, from [Enter] to its Leave.
+type Pass struct {
+	l  any
+	id unsafe.Pointer
+}
+
+// Enter records that l is deciding r and reports true, unless l already has
+// a pass over r under way: then l is mounted twice on r's way (two Use of
+// the same Limiter, a group's and the root's, or Limiter.Handler around a
+// router that mounts it too), and Enter records nothing and reports false,
+// so that the caller lets r through undecided and uncounted, with the
+// headers the first pass set. The caller must Leave a pass Enter reported
+// true for once the rest of the chain has served r, panics included.
+//
+// A request is known by its Header map, which r.WithContext,
+// http.StripPrefix and the routers' contexts share, so a middleware that
+// replaces the request between the two passes does not hide the first; a
+// request without a Header is known by its pointer. Two requests served at
+// the same time that share one Header map (shallow copies of one request,
+// which net/http's server never makes) would be taken for one.
+//
+// It does not allocate once the record has grown to the number of passes
+// under way.
+func Enter(l any, r *http.Request) (Pass, bool) {
+	p := Pass{l: l, id: unsafe.Pointer(r)}
+	if r.Header != nil {
+		p.id = reflect.ValueOf(r.Header).UnsafePointer()
+	}
+	s := p.shard()
+	s.mu.Lock()
+	for _, q := range s.passes {
+		if q.id == p.id && q.l == p.l {
+			s.mu.Unlock()
+			return Pass{}, false
+		}
+	}
+	s.passes = append(s.passes, p)
+	s.mu.Unlock()
+	return p, true
+}
+
+// Leave ends the pass.
+func (p Pass) Leave() {
+	s := p.shard()
+	s.mu.Lock()
+	for i, q := range s.passes {
+		if q == p {
+			last := len(s.passes) - 1
+			s.passes[i] = s.passes[last]
+			s.passes[last] = Pass{} // keeps neither the Limiter nor the request alive
+			s.passes = s.passes[:last]
+			break
+		}
+	}
+	s.mu.Unlock()
+}
+
+// The passes under way, spread over shards by request, so that concurrent
+// requests rarely wait for one another's lock.
+const shardBits = 6
+
+var shards [1 << shardBits]shard
+
+type shard struct {
+	mu     sync.Mutex
+	passes []Pass // few: the passes under way whose requests hash here
+	_      [64 - 32]byte
+}
+
+// shard returns the shard of p's request: the pointer's bits mixed by a
+// Fibonacci hash, as allocations are aligned and their low bits alike.
+func (p Pass) shard() *shard {
+	return &shards[uint64(uintptr(p.id))*0x9E3779B97F4A7C15>>(64-shardBits)]
+}
