@@ -90,12 +90,14 @@ func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
 // check is Check without the route lookup. If t is not nil, an admitted
 // request's refund ticket is stored there.
 func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool {
-	if l.cfg.skip != nil && l.cfg.skip(r) {
-		if l.watched() {
-			res := Result{Allowed: true, Limits: l.skipped}
-			l.observe(r, nil, &res, nil, time.Now())
+	for _, skip := range l.cfg.skips {
+		if skip(r) {
+			if l.watched() {
+				res := Result{Allowed: true, Limits: l.skipped}
+				l.observe(r, nil, &res, nil, time.Now())
+			}
+			return true
 		}
-		return true
 	}
 	s := getScratch()
 	defer s.put()

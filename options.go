@@ -76,7 +76,7 @@ type config struct {
 	onError    func(*http.Request, error)
 	routes     map[string]RouteLimits
 	refund     func(status int) bool
-	skip       func(*http.Request) bool
+	skips      []func(*http.Request) bool // WithSkip's and WithAllowList's, in order
 	observers  []Observer
 	logger     *slog.Logger
 	logIDs     bool
@@ -216,13 +216,17 @@ type RouteLimits struct {
 // read: keep it cheap. Observers see a skipped request as a Result that is
 // Allowed, with every limit Skipped and no error (metrics/prometheus counts
 // it under the outcome "skipped"); [Limiter.Allow] and [Limiter.Status]
-// never skip. Default: none. A nil skip is an error from [New].
+// never skip. WithSkip may be given several times: a request is skipped if
+// any of the functions reports true; they run in the order given (with
+// those of [WithAllowList]), and the first that reports true ends the
+// search. Default: none. A nil skip is an error from [New].
 func WithSkip(skip func(r *http.Request) bool) Option {
 	return func(c *config) {
 		if skip == nil {
 			c.errs = append(c.errs, errors.New("nil skip function"))
+			return
 		}
-		c.skip = skip
+		c.skips = append(c.skips, skip)
 	}
 }
 
