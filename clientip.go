@@ -85,10 +85,24 @@ func ClientIP(opts ...IPOption) Key {
 	if c.headerSet && len(c.trusted) == 0 {
 		c.fail(fmt.Errorf("ProxyHeader(%q) without TrustProxies: the header is read only from trusted proxies, so it would never be read; list your proxies with TrustProxies", c.header))
 	}
-	return Key{name: "ip", fn: c.key, err: c.err}
+	return Key{name: "ip", fn: c.key, err: c.err, ip: c, peer: len(c.trusted) == 0}
 }
 
+// parseTrusted parses a TrustProxies entry: parsePrefix's rules, and a
+// prefix may not be /0.
 func parseTrusted(s string) (netip.Prefix, error) {
+	p, err := parsePrefix(s)
+	if err == nil && p.Bits() == 0 {
+		return p, errors.New("a /0 prefix trusts every peer; list the proxies' addresses")
+	}
+	return p, err
+}
+
+// parsePrefix parses a CIDR prefix or a single IP address (a prefix of its
+// full length) as ClientIP compares addresses: without zone, IPv4-mapped
+// prefixes of at least 96 bits as IPv4. A prefix with host bits set is an
+// error, usually a typo.
+func parsePrefix(s string) (netip.Prefix, error) {
 	var p netip.Prefix
 	if strings.Contains(s, "/") {
 		var err error
@@ -108,9 +122,6 @@ func parseTrusted(s string) (netip.Prefix, error) {
 	}
 	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
 		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-	}
-	if p.Bits() == 0 {
-		return p, errors.New("a /0 prefix trusts every peer; list the proxies' addresses")
 	}
 	return p, nil
 }
