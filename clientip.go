@@ -22,7 +22,8 @@ type ipConfig struct {
 	trusted   []netip.Prefix // unmapped: IPv4 proxies are IPv4 prefixes
 	header    string         // canonical name of the proxy header
 	forwarded bool           // header is RFC 7239 Forwarded
-	headerSet bool           // ProxyHeader was given
+	headerSet bool           // ProxyHeader or TrustCloudflare was given
+	headerBy  string         // which of them
 	v4Bits    int
 	v6Bits    int
 	err       error // first configuration error
@@ -32,6 +33,29 @@ func (c *ipConfig) fail(err error) {
 	if c.err == nil {
 		c.err = err
 	}
+}
+
+// trust adds the proxies an option (by) lists.
+func (c *ipConfig) trust(by string, cidrs []string) {
+	for _, s := range cidrs {
+		p, err := parseTrusted(s)
+		if err != nil {
+			c.fail(fmt.Errorf("%s: invalid entry %q: %w", by, s, err))
+			continue
+		}
+		c.trusted = append(c.trusted, p)
+	}
+}
+
+// setHeader sets the proxy header, as an option (by) asks; a different
+// header set before is an error, as only one is read.
+func (c *ipConfig) setHeader(by, name string) {
+	name = http.CanonicalHeaderKey(name)
+	if c.headerSet && c.header != name {
+		c.fail(fmt.Errorf("%s and %s name different proxy headers (%s, %s); ClientIP reads one", c.headerBy, by, c.header, name))
+		return
+	}
+	c.header, c.forwarded, c.headerSet, c.headerBy = name, name == "Forwarded", true, by
 }
 
 // ClientIP returns a Key that identifies a request by its client's IP

@@ -392,15 +392,61 @@ func WithLogger(logger *slog.Logger, logIdentifiers bool) Option {
 // entries (::ffff:10.0.0.0/104) are converted to IPv4, an IPv6 prefix never
 // matches an IPv4 or IPv4-mapped peer, and zones are dropped.
 func TrustProxies(cidrs ...string) IPOption {
+	return func(c *ipConfig) { c.trust("TrustProxies", cidrs) }
+}
+
+// privateNetworks are the networks TrustPrivateNetworks trusts.
+var privateNetworks = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8", "fc00::/7", "::1/128"}
+
+// TrustPrivateNetworks returns an IPOption that trusts every peer in the
+// private and loopback networks, 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16,
+// 127.0.0.0/8, fc00::/7 and ::1/128, as proxies, and reads the client
+// address from X-Forwarded-For (or the [ProxyHeader] given): for an app
+// behind a load balancer or ingress in a private network, whose clients
+// come from the Internet. It is [TrustProxies] with those networks.
+//
+// Every host in those networks is then believed: any of them can set the
+// header and choose its key, or claim an allow-listed client's address
+// ([WithAllowList]). Use it only if every host that can reach the app
+// directly from a private address is one of your proxies (not, say, other
+// tenants' pods or VMs, or clients on a VPN); otherwise list the proxies'
+// own addresses with TrustProxies. Clients that reach the app from a
+// private address without a proxy are counted by that address, as long as
+// they send no header.
+func TrustPrivateNetworks() IPOption {
+	return func(c *ipConfig) { c.trust("TrustPrivateNetworks", privateNetworks) }
+}
+
+// cloudflareIPs is where Cloudflare publishes the addresses of its proxies.
+const cloudflareIPs = "https://www.cloudflare.com/ips/"
+
+// TrustCloudflare returns an IPOption for an app behind Cloudflare: it
+// trusts the given ranges as proxies, as [TrustProxies] does, and reads the
+// client address from CF-Connecting-IP, which Cloudflare sets to the
+// address of the client that connected to it. Pass Cloudflare's published
+// ranges, IPv4 and IPv6, from https://www.cloudflare.com/ips/ (also served
+// as text at https://www.cloudflare.com/ips-v4 and
+// https://www.cloudflare.com/ips-v6). The list is not built in because
+// Cloudflare changes it: load it with your configuration and keep it
+// current. A stale list makes requests through Cloudflare's new addresses
+// count as Cloudflare's own address, all clients of that address together.
+//
+// Requests that reach the app without Cloudflare, from a peer outside the
+// ranges, are counted by that peer, and their CF-Connecting-IP is ignored.
+// If other proxies stand between Cloudflare and the app (a load balancer),
+// trust them too, with TrustProxies, and make sure they pass
+// CF-Connecting-IP on unchanged.
+//
+// No ranges is a configuration error, as is a range TrustProxies refuses
+// and a [ProxyHeader] naming another header.
+func TrustCloudflare(ranges ...string) IPOption {
 	return func(c *ipConfig) {
-		for _, s := range cidrs {
-			p, err := parseTrusted(s)
-			if err != nil {
-				c.fail(fmt.Errorf("TrustProxies: invalid entry %q: %w", s, err))
-				continue
-			}
-			c.trusted = append(c.trusted, p)
+		if len(ranges) == 0 {
+			c.fail(errors.New("TrustCloudflare: no ranges; pass Cloudflare's published ranges, from " + cloudflareIPs))
+			return
 		}
+		c.trust("TrustCloudflare", ranges)
+		c.setHeader("TrustCloudflare", "CF-Connecting-IP")
 	}
 }
 
@@ -414,16 +460,16 @@ func TrustProxies(cidrs ...string) IPOption {
 //
 // The header is read only when the peer is a trusted proxy, so ProxyHeader
 // without [TrustProxies] would have no effect: [New] reports it as a
-// configuration error, as it does an empty or malformed name.
+// configuration error, as it does an empty or malformed name, and two
+// different headers (two ProxyHeader options, or one and [TrustCloudflare],
+// which reads CF-Connecting-IP).
 func ProxyHeader(name string) IPOption {
 	return func(c *ipConfig) {
 		if !isToken(name) {
 			c.fail(fmt.Errorf("ProxyHeader: invalid header name %q", name))
 			return
 		}
-		c.header = http.CanonicalHeaderKey(name)
-		c.forwarded = c.header == "Forwarded"
-		c.headerSet = true
+		c.setHeader(fmt.Sprintf("ProxyHeader(%q)", name), name)
 	}
 }
 
