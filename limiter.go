@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -64,6 +65,10 @@ type Limiter struct {
 	denies *denyCache
 	// evictions checks the memory policy.
 	evictions *evictionCheck
+	// proxyWarned says the family logged its proxy warning; watchProxy,
+	// that l looks for one (see initProxyWarning).
+	proxyWarned *atomic.Bool
+	watchProxy  bool
 }
 
 // result is the part of a LimitResult that the limit itself gives.
@@ -182,6 +187,7 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		l.denies = &denyCache{maxAge: cfg.denyCache}
 		l.evictions = newEvictionCheck()
 	}
+	l.initProxyWarning(parent)
 	l.store = l.wrap(l.redis)
 	if err := l.buildRoutes(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)

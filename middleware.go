@@ -90,6 +90,9 @@ func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
 // check is Check without the route lookup. If t is not nil, an admitted
 // request's refund ticket is stored there.
 func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool {
+	if l.watchProxy && !l.proxyWarned.Load() {
+		l.warnUntrustedProxy(r)
+	}
 	for _, skip := range l.cfg.skips {
 		if skip(r) {
 			if l.watched() {

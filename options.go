@@ -375,6 +375,17 @@ func WithObserver(o Observer) Option {
 // maxmemory is set, and an evicted log forgets what it counted, so its
 // clients are admitted again. A Redis that refuses CONFIG GET is not
 // reported on; no decision waits for the check or fails because of it.
+//
+// With a logger, a Limiter one of whose limits or allow-lists
+// ([WithAllowList]) counts by a [ClientIP] key that trusts no proxy (no
+// [TrustProxies] or preset) also logs one warning at Warn, once for it and
+// its [WithRoutes] routes together, at the first request to the middleware
+// that carries X-Forwarded-For, Forwarded, X-Real-IP, CF-Connecting-IP,
+// True-Client-IP or Fastly-Client-IP: the app is probably behind a proxy it
+// does not trust, so every client of that proxy shares the proxy's limit.
+// It names the header, and how to trust the proxy; the header's value
+// and the peer address are logged only if logIdentifiers is true. Until
+// then each request costs a few header lookups, and nothing after.
 func WithLogger(logger *slog.Logger, logIdentifiers bool) Option {
 	return func(c *config) { c.logger, c.logIDs = logger, logIdentifiers }
 }
