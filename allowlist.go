@@ -11,11 +11,11 @@ import (
 // An allowList is what WithAllowList built: the skip function of the
 // requests whose identifier under a Key is listed.
 type allowList struct {
-	// For a ClientIP key: the key's configuration, the listed prefixes
+	// For a ClientIP key: its client address, the listed prefixes
 	// (single addresses are full-length prefixes), and the distinct
 	// prefix lengths of each family, longest first, so that a lookup
 	// costs one map access per length listed.
-	ip           *ipConfig
+	addr         func(*http.Request) (netip.Addr, error)
 	prefixes     map[netip.Prefix]struct{}
 	bits4, bits6 []int
 
@@ -46,9 +46,9 @@ func newAllowList(key Key, entries []string) (*allowList, error) {
 	case key.escaped:
 		return fail(errors.New("a Compose key's identifiers are escaped and joined, not written by hand: list by one of its parts"))
 	}
-	a := &allowList{ip: key.ip, fn: key.fn}
+	a := &allowList{addr: key.addr, fn: key.fn}
 	var errs []error
-	if a.ip != nil {
+	if a.addr != nil {
 		a.prefixes = make(map[netip.Prefix]struct{}, len(entries))
 		for _, s := range entries {
 			p, err := parsePrefix(s)
@@ -98,7 +98,7 @@ func appendBits(bits []int, n int) []int {
 // identify is not. It does not allocate, beyond what the key's function
 // does (ClientIP's does not, for a request it identifies).
 func (a *allowList) skip(r *http.Request) bool {
-	if a.ip == nil {
+	if a.addr == nil {
 		id, err := a.fn(r)
 		if err != nil {
 			return false
@@ -106,7 +106,7 @@ func (a *allowList) skip(r *http.Request) bool {
 		_, ok := a.ids[id]
 		return ok
 	}
-	addr, err := a.ip.clientAddr(r)
+	addr, err := a.addr(r)
 	if err != nil {
 		return false
 	}

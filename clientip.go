@@ -109,7 +109,7 @@ func ClientIP(opts ...IPOption) Key {
 	if c.headerSet && len(c.trusted) == 0 {
 		c.fail(fmt.Errorf("ProxyHeader(%q) without TrustProxies: the header is read only from trusted proxies, so it would never be read; list your proxies with TrustProxies", c.header))
 	}
-	return Key{name: "ip", fn: c.key, err: c.err, ip: c, peer: len(c.trusted) == 0}
+	return Key{name: "ip", fn: c.key, err: c.err, addr: c.clientAddr, peer: len(c.trusted) == 0}
 }
 
 // parseTrusted parses a TrustProxies entry: parsePrefix's rules, and a

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"reflect"
 	"strconv"
 	"strings"
@@ -26,9 +27,8 @@ type Key struct {
 	err     error // configuration error, reported by New
 	escaped bool  // fn's identifiers are escaped already (Compose)
 	global  bool  // the same identifier for every request (Global)
-	// ip is ClientIP's configuration, for WithAllowList, which matches
-	// the unmasked address.
-	ip *ipConfig
+	// addr is ClientIP's client address, unmasked, for WithAllowList.
+	addr func(r *http.Request) (netip.Addr, error)
 	// peer says that the Key counts by the connection's peer address
 	// and trusts no proxy (ClientIP without TrustProxies, or a Compose of
 	// one): behind a proxy, all its clients share one identifier.

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -65,10 +64,10 @@ type Limiter struct {
 	denies *denyCache
 	// evictions checks the memory policy.
 	evictions *evictionCheck
-	// proxyWarned says the family logged its proxy warning; watchProxy,
-	// that l looks for one (see initProxyWarning).
-	proxyWarned *atomic.Bool
-	watchProxy  bool
+	// proxies logs the family's untrusted-proxy warning; watchProxies
+	// says that l looks for proxy headers.
+	proxies      *proxyWatch
+	watchProxies bool
 }
 
 // result is the part of a LimitResult that the limit itself gives.
@@ -187,7 +186,10 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		l.denies = &denyCache{maxAge: cfg.denyCache}
 		l.evictions = newEvictionCheck()
 	}
-	l.initProxyWarning(parent)
+	l.proxies, l.watchProxies = &proxyWatch{}, watchesProxies(&cfg, limits)
+	if parent != nil {
+		l.proxies = parent.proxies
+	}
 	l.store = l.wrap(l.redis)
 	if err := l.buildRoutes(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)

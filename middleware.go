@@ -90,8 +90,8 @@ func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
 // check is Check without the route lookup. If t is not nil, an admitted
 // request's refund ticket is stored there.
 func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool {
-	if l.watchProxy && !l.proxyWarned.Load() {
-		l.warnUntrustedProxy(r)
+	if l.watchProxies && !l.proxies.warned.Load() {
+		l.proxies.check(r, l.cfg.logger, l.cfg.logIDs)
 	}
 	for _, skip := range l.cfg.skips {
 		if skip(r) {

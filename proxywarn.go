@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 )
 
-// proxyWarning is the message of the warning warnUntrustedProxy logs.
+// proxyWarning is the message of the warning proxyWatch logs.
 const proxyWarning = "ratelimit: requests arrive through a proxy that is not trusted: every client behind it shares one limit, the proxy's address"
 
 // proxyHeaders are the headers proxies and CDNs set to pass on the client
@@ -26,47 +26,45 @@ var proxyHeaders = [...]struct{ name, key string }{
 // logIdentifiers only), so that a hostile header cannot make a huge line.
 const maxLoggedHeader = 256
 
-// initProxyWarning sets up the proxy warning of l, whose family's first
-// Limiter is parent (nil if l is the first): l watches requests for proxy
-// headers if it logs and one of its limits or allow-lists counts by the
-// peer address without trusting any proxy; the flag that says the warning
-// was logged is the family's.
-func (l *Limiter) initProxyWarning(parent *Limiter) {
-	if parent != nil {
-		l.proxyWarned = parent.proxyWarned
-	} else {
-		l.proxyWarned = new(atomic.Bool)
+// proxyWatch logs, once per Limiter family, the warning that requests come
+// through a proxy that ClientIP does not trust.
+type proxyWatch struct{ warned atomic.Bool }
+
+// watchesProxies reports whether a Limiter with cfg and limits looks for
+// proxy headers: it logs, and one of its limits or allow-lists counts by
+// the peer address without trusting any proxy.
+func watchesProxies(cfg *config, limits []Limit) bool {
+	if cfg.logger == nil {
+		return false
 	}
-	if l.cfg.logger == nil {
-		return
+	watch := cfg.peerAllow
+	for i := range limits {
+		watch = watch || limits[i].Key.peer
 	}
-	l.watchProxy = l.cfg.peerAllow
-	for i := range l.limits {
-		l.watchProxy = l.watchProxy || l.limits[i].Key.peer
-	}
+	return watch
 }
 
-// warnUntrustedProxy logs, once per Limiter family, that r came through a
-// proxy that ClientIP does not trust, if it carries a proxy header. It is
-// called only when l watches for them and the warning has not been logged.
-func (l *Limiter) warnUntrustedProxy(r *http.Request) {
+// check logs the warning, through logger, if r carries a proxy header and
+// the warning was not logged before; the header's value and the peer only
+// if logIDs. It does not allocate when r carries no proxy header.
+func (p *proxyWatch) check(r *http.Request, logger *slog.Logger, logIDs bool) {
 	for _, h := range proxyHeaders {
 		v := r.Header[h.key]
 		if len(v) == 0 {
 			continue
 		}
-		if !l.proxyWarned.CompareAndSwap(false, true) {
+		if !p.warned.CompareAndSwap(false, true) {
 			return
 		}
 		attrs := []any{slog.String("header", h.name), slog.String("remedy", proxyRemedy(h.name))}
-		if l.cfg.logIDs {
+		if logIDs {
 			value := v[0]
 			if len(value) > maxLoggedHeader {
 				value = value[:maxLoggedHeader] + "..."
 			}
 			attrs = append(attrs, slog.String("value", value), slog.String("peer", r.RemoteAddr))
 		}
-		l.cfg.logger.Warn(proxyWarning, attrs...)
+		logger.Warn(proxyWarning, attrs...)
 		return
 	}
 }

@@ -121,8 +121,8 @@ func testNoProxyWarning(t *testing.T, b backend) {
 	// Without a logger nothing watches for proxy headers.
 	lim := mustNew(t, c, []Limit{PerMinute(1000, ClientIP()).Named("ip")})
 	proxied(lim.Handler(okHandler), "/", "10.0.0.1:1", "X-Forwarded-For", "198.51.100.77")
-	if lim.watchProxy || lim.proxyWarned.Load() {
-		t.Errorf("without a logger: watching %v, warned %v; want neither", lim.watchProxy, lim.proxyWarned.Load())
+	if lim.watchProxies || lim.proxies.warned.Load() {
+		t.Errorf("without a logger: watching %v, warned %v; want neither", lim.watchProxies, lim.proxies.warned.Load())
 	}
 }
 
@@ -185,10 +185,10 @@ func TestProxyWatchAllocs(t *testing.T) {
 	lim := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP())}, WithLogger(logger, false))
 	r := httptest.NewRequest("GET", "/", nil)
 	r.Header.Set("X-Api-Key", "k")
-	if !lim.watchProxy {
+	if !lim.watchProxies {
 		t.Fatal("not watching for proxy headers")
 	}
-	if n := testing.AllocsPerRun(100, func() { lim.warnUntrustedProxy(r) }); n != 0 || lim.proxyWarned.Load() {
-		t.Errorf("no proxy header: %v allocations, warned %v; want 0, false", n, lim.proxyWarned.Load())
+	if n := testing.AllocsPerRun(100, func() { lim.proxies.check(r, logger, false) }); n != 0 || lim.proxies.warned.Load() {
+		t.Errorf("no proxy header: %v allocations, warned %v; want 0, false", n, lim.proxies.warned.Load())
 	}
 }
