@@ -68,8 +68,10 @@ func (c *ipConfig) setHeader(by, name string) {
 // middleware that rewrites it from request headers (such as chi's
 // middleware.RealIP) before the limiter.
 //
-// Behind reverse proxies, list their addresses with [TrustProxies]. When the
-// peer is a trusted proxy, the proxy header ([ProxyHeader], X-Forwarded-For
+// Behind reverse proxies, list their addresses with [TrustProxies], or use
+// a preset: [TrustPrivateNetworks] for a load balancer in a private
+// network, [TrustCloudflare] behind Cloudflare. When the peer is a trusted
+// proxy, the proxy header ([ProxyHeader], X-Forwarded-For
 // by default) is read from the right, starting at the last element of the
 // last header line, the one the nearest proxy appended. Elements that are
 // trusted proxy addresses are skipped; the first element that is not is the

@@ -213,8 +213,8 @@ type RouteLimits struct {
 // the router adapters) let through, undecided, every request skip reports
 // true for: health checks, an internal network, a trusted client. Such a
 // request costs no Redis call, is counted in no limit and gets no
-// rate-limit headers. skip runs first, on every request, before any key is
-// read: keep it cheap. Observers see a skipped request as a Result that is
+// rate-limit headers. skip runs first, on every request, before any limit's
+// key is read: keep it cheap. Observers see a skipped request as a Result that is
 // Allowed, with every limit Skipped and no error (metrics/prometheus counts
 // it under the outcome "skipped"); [Limiter.Allow] and [Limiter.Status]
 // never skip. WithSkip may be given several times: a request is skipped if
