@@ -22,7 +22,8 @@ type ipConfig struct {
 	trusted   []netip.Prefix // unmapped: IPv4 proxies are IPv4 prefixes
 	header    string         // canonical name of the proxy header
 	forwarded bool           // header is RFC 7239 Forwarded
-	headerSet bool           // ProxyHeader was given
+	headerSet bool           // ProxyHeader or TrustCloudflare was given
+	headerBy  string         // which of them
 	v4Bits    int
 	v6Bits    int
 	err       error // first configuration error
@@ -32,6 +33,29 @@ func (c *ipConfig) fail(err error) {
 	if c.err == nil {
 		c.err = err
 	}
+}
+
+// trust adds the proxies an option (by) lists.
+func (c *ipConfig) trust(by string, cidrs []string) {
+	for _, s := range cidrs {
+		p, err := parseTrusted(s)
+		if err != nil {
+			c.fail(fmt.Errorf("%s: invalid entry %q: %w", by, s, err))
+			continue
+		}
+		c.trusted = append(c.trusted, p)
+	}
+}
+
+// setHeader sets the proxy header, as an option (by) asks; a different
+// header set before is an error, as only one is read.
+func (c *ipConfig) setHeader(by, name string) {
+	name = http.CanonicalHeaderKey(name)
+	if c.headerSet && c.header != name {
+		c.fail(fmt.Errorf("%s and %s name different proxy headers (%s, %s); ClientIP reads one", c.headerBy, by, c.header, name))
+		return
+	}
+	c.header, c.forwarded, c.headerSet, c.headerBy = name, name == "Forwarded", true, by
 }
 
 // ClientIP returns a Key that identifies a request by its client's IP
@@ -44,8 +68,10 @@ func (c *ipConfig) fail(err error) {
 // middleware that rewrites it from request headers (such as chi's
 // middleware.RealIP) before the limiter.
 //
-// Behind reverse proxies, list their addresses with [TrustProxies]. When the
-// peer is a trusted proxy, the proxy header ([ProxyHeader], X-Forwarded-For
+// Behind reverse proxies, list their addresses with [TrustProxies], or use
+// a preset: [TrustPrivateNetworks] for a load balancer in a private
+// network, [TrustCloudflare] behind Cloudflare. When the peer is a trusted
+// proxy, the proxy header ([ProxyHeader], X-Forwarded-For
 // by default) is read from the right, starting at the last element of the
 // last header line, the one the nearest proxy appended. Elements that are
 // trusted proxy addresses are skipped; the first element that is not is the
@@ -85,10 +111,24 @@ func ClientIP(opts ...IPOption) Key {
 	if c.headerSet && len(c.trusted) == 0 {
 		c.fail(fmt.Errorf("ProxyHeader(%q) without TrustProxies: the header is read only from trusted proxies, so it would never be read; list your proxies with TrustProxies", c.header))
 	}
-	return Key{name: "ip", fn: c.key, err: c.err}
+	return Key{name: "ip", fn: c.key, err: c.err, addr: c.clientAddr, peer: len(c.trusted) == 0}
 }
 
+// parseTrusted parses a TrustProxies entry: parsePrefix's rules, and a
+// prefix may not be /0.
 func parseTrusted(s string) (netip.Prefix, error) {
+	p, err := parsePrefix(s)
+	if err == nil && p.Bits() == 0 {
+		return p, errors.New("a /0 prefix trusts every peer; list the proxies' addresses")
+	}
+	return p, err
+}
+
+// parsePrefix parses a CIDR prefix or a single IP address (a prefix of its
+// full length) as ClientIP compares addresses: without zone, IPv4-mapped
+// prefixes of at least 96 bits as IPv4. A prefix with host bits set is an
+// error, usually a typo.
+func parsePrefix(s string) (netip.Prefix, error) {
 	var p netip.Prefix
 	if strings.Contains(s, "/") {
 		var err error
@@ -108,9 +148,6 @@ func parseTrusted(s string) (netip.Prefix, error) {
 	}
 	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
 		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-	}
-	if p.Bits() == 0 {
-		return p, errors.New("a /0 prefix trusts every peer; list the proxies' addresses")
 	}
 	return p, nil
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -130,9 +132,8 @@ func ExampleWithRoutes() {
 	// 200 remaining=98 retry-after=
 }
 
-// Behind a load balancer every connection comes from the balancer. Trust it,
-// and only it, to report the client's address in X-Forwarded-For.
-// Health checks pass undecided: no Redis call, no count, no headers.
+// Health checks and metrics scrapes pass undecided: no Redis call, no
+// count, no headers. Several WithSkip options add up.
 func ExampleWithSkip() {
 	rdb, done := newRedis()
 	defer done()
@@ -140,6 +141,7 @@ func ExampleWithSkip() {
 	api, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("api"),
 	}, ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
+		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/metrics" }),
 		ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -147,7 +149,7 @@ func ExampleWithSkip() {
 	h := api.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 
 	get(h, "/healthz", "203.0.113.7:5000")
-	get(h, "/healthz", "203.0.113.7:5000")
+	get(h, "/metrics", "203.0.113.7:5000")
 	get(h, "/", "203.0.113.7:5000")
 	get(h, "/", "203.0.113.7:5000")
 	// Output:
@@ -155,6 +157,158 @@ func ExampleWithSkip() {
 	// 200 remaining= retry-after=
 	// 200 remaining=0 retry-after=
 	// 429 remaining=0 retry-after=60
+}
+
+// The monitoring network and one IPv6 host pass undecided. The listed IPv6
+// address is matched on its own, not with the /64 the limit counts it in.
+func ExampleWithAllowList() {
+	rdb, done := newRedis()
+	defer done()
+
+	ip := ratelimit.ClientIP()
+	api, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ip)},
+		ratelimit.WithAllowList(ip, "192.0.2.0/24", "2001:db8::7"),
+		ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := api.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+
+	get(h, "/", "192.0.2.10:5000")
+	get(h, "/", "192.0.2.10:5000")
+	get(h, "/", "[2001:db8::7]:5000")
+	get(h, "/", "[2001:db8::8]:5000") // the same /64, not listed
+	get(h, "/", "[2001:db8::8]:5000")
+	// Output:
+	// 200 remaining= retry-after=
+	// 200 remaining= retry-after=
+	// 200 remaining= retry-after=
+	// 200 remaining=0 retry-after=
+	// 429 remaining=0 retry-after=60
+}
+
+// sendVia sends GET / from peer with header set to value through h, and
+// prints the status.
+func sendVia(h http.Handler, peer, header, value string) {
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = peer
+	r.Header.Set(header, value)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	fmt.Println(w.Code)
+}
+
+// Behind a load balancer in a private network, every connection comes
+// from a private address, and the balancer reports the client in
+// X-Forwarded-For.
+func ExampleTrustPrivateNetworks() {
+	rdb, done := newRedis()
+	defer done()
+
+	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustPrivateNetworks())),
+	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := limiter.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	sendVia(h, "10.0.0.5:1234", "X-Forwarded-For", "198.51.100.7")    // client 198.51.100.7
+	sendVia(h, "192.168.1.9:1234", "X-Forwarded-For", "198.51.100.7") // the same client, another balancer
+	sendVia(h, "10.0.0.5:1234", "X-Forwarded-For", "198.51.100.8")    // another client
+	sendVia(h, "203.0.113.50:999", "X-Forwarded-For", "198.51.100.9") // a public peer: the header is ignored
+	sendVia(h, "203.0.113.50:999", "X-Forwarded-For", "198.51.100.10")
+	// Output:
+	// 200
+	// 429
+	// 200
+	// 200
+	// 429
+}
+
+// Behind Cloudflare, pass its published ranges (https://www.cloudflare.com/ips/),
+// loaded with your configuration so that they stay current; the client is
+// read from CF-Connecting-IP.
+func ExampleTrustCloudflare() {
+	rdb, done := newRedis()
+	defer done()
+
+	cloudflare := []string{"173.245.48.0/20", "103.21.244.0/22", "2400:cb00::/32"} // ...: the whole list
+	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustCloudflare(cloudflare...))),
+	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := limiter.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	sendVia(h, "173.245.48.1:443", "CF-Connecting-IP", "198.51.100.7")
+	sendVia(h, "[2400:cb00::1]:443", "CF-Connecting-IP", "198.51.100.7") // the same client
+	sendVia(h, "203.0.113.50:999", "CF-Connecting-IP", "198.51.100.8")   // not Cloudflare: the header is ignored
+	sendVia(h, "203.0.113.50:999", "CF-Connecting-IP", "198.51.100.9")
+	// Output:
+	// 200
+	// 429
+	// 200
+	// 429
+}
+
+// A limiter that counts by ClientIP() but receives requests through a
+// proxy it does not trust counts all the proxy's clients together. With a
+// logger it says so, once.
+func ExampleWithLogger_untrustedProxy() {
+	rdb, done := newRedis()
+	defer done()
+
+	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey || a.Key == "remedy" {
+				return slog.Attr{} // left out of the example
+			}
+			return a
+		},
+	}))
+	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerMinute(100, ratelimit.ClientIP()),
+	}, ratelimit.WithLogger(logger, false), ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := limiter.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	sendVia(h, "10.0.0.5:1234", "X-Forwarded-For", "198.51.100.7")
+	sendVia(h, "10.0.0.5:1234", "X-Forwarded-For", "198.51.100.8")
+	// Output:
+	// level=WARN msg="ratelimit: requests arrive through a proxy that is not trusted: every client behind it shares one limit, the proxy's address" header=X-Forwarded-For
+	// 200
+	// 200
+}
+
+// Behind a load balancer every connection comes from the balancer. Trust it,
+// and only it, to report the client's address in X-Forwarded-For.
+func ExampleClientIP() {
+	rdb, done := newRedis()
+	defer done()
+
+	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustProxies("10.0.0.0/8"))),
+	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := limiter.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	send := func(peer, xff string) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = peer
+		r.Header.Set("X-Forwarded-For", xff)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Println(w.Code)
+	}
+	send("10.0.0.5:1234", "198.51.100.7")              // the balancer reports client 198.51.100.7
+	send("10.0.0.5:1234", "203.0.113.9, 198.51.100.7") // the same client, with a forged first hop
+	send("198.51.100.7:999", "203.0.113.50")           // direct connection: the header is ignored
+	// Output:
+	// 200
+	// 429
+	// 429
 }
 
 // Plans give the clients of one limit their own quotas: here the default
@@ -230,32 +384,4 @@ func ExampleWithDeniedHandler() {
 	// 200 retry-after= ok
 	// 429 retry-after=60 {"error":"slow down","limit":"api"}
 	// 503 retry-after=1 {"error":"try again soon"}
-}
-
-func ExampleClientIP() {
-	rdb, done := newRedis()
-	defer done()
-
-	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustProxies("10.0.0.0/8"))),
-	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
-	if err != nil {
-		log.Fatal(err)
-	}
-	h := limiter.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	send := func(peer, xff string) {
-		r := httptest.NewRequest("GET", "/", nil)
-		r.RemoteAddr = peer
-		r.Header.Set("X-Forwarded-For", xff)
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		fmt.Println(w.Code)
-	}
-	send("10.0.0.5:1234", "198.51.100.7")              // the balancer reports client 198.51.100.7
-	send("10.0.0.5:1234", "203.0.113.9, 198.51.100.7") // the same client, with a forged first hop
-	send("198.51.100.7:999", "203.0.113.50")           // direct connection: the header is ignored
-	// Output:
-	// 200
-	// 429
-	// 429
 }

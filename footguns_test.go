@@ -166,6 +166,45 @@ func testSkip(t *testing.T, b backend) {
 	}
 }
 
+// TestSkipsAddUp: several WithSkip options all apply, the later one does
+// not replace the earlier, and a request neither picks is decided.
+func TestSkipsAddUp(t *testing.T) { forBackends(t, testSkipsAddUp) }
+
+func testSkipsAddUp(t *testing.T, b backend) {
+	c := b.newClient(t)
+	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("skips")},
+		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
+		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/metrics" }))
+	h := lim.Handler(okHandler)
+	for _, path := range []string{"/healthz", "/metrics", "/healthz", "/metrics"} {
+		if w := serve(h, "GET", path, "192.0.2.1:1"); w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "" {
+			t.Errorf("%s: %d %v; want 200 without rate-limit headers (skipped)", path, w.Code, w.Header())
+		}
+	}
+	if n := logEntries(t, c, "skips", GlobalID); n != 0 {
+		t.Errorf("%d entries after skipped requests, want 0", n)
+	}
+	for i, want := range []int{200, 429} {
+		if w := serve(h, "GET", "/", "192.0.2.1:1"); w.Code != want {
+			t.Errorf("request %d to /: %d, want %d", i, w.Code, want)
+		}
+	}
+}
+
+// TestSkipAllocs: a request that a skip function picks costs no allocation
+// in the middleware, whichever of several picks it.
+func TestSkipAllocs(t *testing.T) {
+	lim := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP())},
+		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
+		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/metrics" }))
+	h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	r := httptest.NewRequest("GET", "/metrics", nil)
+	w := &nopWriter{h: make(http.Header)}
+	if n := testing.AllocsPerRun(100, func() { h.ServeHTTP(w, r) }); n != 0 {
+		t.Errorf("skipped request: %v allocations, want 0", n)
+	}
+}
+
 // TestUnavailableHandler: a request the limiter cannot decide, under
 // FailClosed, is answered by WithUnavailableHandler, with Retry-After set
 // and the error that made it.

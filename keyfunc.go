@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"reflect"
 	"strconv"
 	"strings"
@@ -26,6 +27,12 @@ type Key struct {
 	err     error // configuration error, reported by New
 	escaped bool  // fn's identifiers are escaped already (Compose)
 	global  bool  // the same identifier for every request (Global)
+	// addr is ClientIP's client address, unmasked, for WithAllowList.
+	addr func(r *http.Request) (netip.Addr, error)
+	// peer says that the Key counts by the connection's peer address
+	// and trusts no proxy (ClientIP without TrustProxies, or a Compose of
+	// one): behind a proxy, all its clients share one identifier.
+	peer bool
 }
 
 // KeyFunc returns a Key that calls fn. The name is used in default limit names
@@ -182,9 +189,11 @@ func Compose(keys ...Key) Key {
 	names := make([]string, len(keys))
 	fns := make([]func(*http.Request) (string, error), len(keys))
 	var err error
+	peer := false
 	for i, k := range keys {
 		names[i] = k.name
 		fns[i] = k.fn
+		peer = peer || k.peer
 		if k.fn == nil && err == nil {
 			err = fmt.Errorf("part %d of Compose is the zero Key", i)
 		}
@@ -195,7 +204,7 @@ func Compose(keys ...Key) Key {
 	if len(keys) == 0 {
 		err = errors.New("Compose of no keys")
 	}
-	return Key{name: strings.Join(names, "+"), err: err, escaped: true, fn: func(r *http.Request) (string, error) {
+	return Key{name: strings.Join(names, "+"), err: err, escaped: true, peer: peer, fn: func(r *http.Request) (string, error) {
 		// Each part is escaped and the parts are joined by a byte that
 		// escaping never emits, so ("a|b", "c") and ("a", "b|c") differ.
 		var buf [128]byte // most keys fit: one allocation, the string

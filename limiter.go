@@ -68,6 +68,10 @@ type Limiter struct {
 	denies *denyCache
 	// evictions checks the memory policy.
 	evictions *evictionCheck
+	// proxies logs the family's untrusted-proxy warning; watchProxies
+	// says that l looks for proxy headers.
+	proxies      *proxyWatch
+	watchProxies bool
 }
 
 // result is the part of a LimitResult that the limit itself gives, for a
@@ -197,6 +201,10 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		l.local = &localStore{}
 		l.denies = &denyCache{maxAge: cfg.denyCache}
 		l.evictions = newEvictionCheck()
+	}
+	l.proxies, l.watchProxies = &proxyWatch{}, watchesProxies(&cfg, limits)
+	if parent != nil {
+		l.proxies = parent.proxies
 	}
 	l.store = l.wrap(l.redis)
 	if err := l.buildRoutes(); err != nil {

@@ -131,12 +131,17 @@ func init() {
 // is left to do (see adapt.Verdict). The error is the one that made it
 // apply the failure mode, nil if none did.
 func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (adapt.Verdict, error) {
-	if l.cfg.skip != nil && l.cfg.skip(r) {
-		if l.watched() {
-			res := Result{Allowed: true, Limits: l.skipped}
-			l.observe(r, nil, &res, nil, time.Now())
+	if l.watchProxies && !l.proxies.warned.Load() {
+		l.proxies.check(r, l.cfg.logger, l.cfg.logIDs)
+	}
+	for _, skip := range l.cfg.skips {
+		if skip(r) {
+			if l.watched() {
+				res := Result{Allowed: true, Limits: l.skipped}
+				l.observe(r, nil, &res, nil, time.Now())
+			}
+			return adapt.Proceed, nil
 		}
-		return adapt.Proceed, nil
 	}
 	s := getScratch()
 	defer s.put()

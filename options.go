@@ -76,7 +76,8 @@ type config struct {
 	onError    func(*http.Request, error)
 	routes     map[string]RouteLimits
 	refund     func(status int) bool
-	skip       func(*http.Request) bool
+	skips      []func(*http.Request) bool // WithSkip's and WithAllowList's, in order
+	peerAllow  bool                       // an allow-list reads the peer address, trusting no proxy
 	observers  []Observer
 	logger     *slog.Logger
 	logIDs     bool
@@ -212,17 +213,62 @@ type RouteLimits struct {
 // the router adapters) let through, undecided, every request skip reports
 // true for: health checks, an internal network, a trusted client. Such a
 // request costs no Redis call, is counted in no limit and gets no
-// rate-limit headers. skip runs first, on every request, before any key is
-// read: keep it cheap. Observers see a skipped request as a Result that is
+// rate-limit headers. skip runs first, on every request, before any limit's
+// key is read: keep it cheap. Observers see a skipped request as a Result that is
 // Allowed, with every limit Skipped and no error (metrics/prometheus counts
 // it under the outcome "skipped"); [Limiter.Allow] and [Limiter.Status]
-// never skip. Default: none. A nil skip is an error from [New].
+// never skip. WithSkip may be given several times: a request is skipped if
+// any of the functions reports true; they run in the order given (with
+// those of [WithAllowList]), and the first that reports true ends the
+// search. Default: none. A nil skip is an error from [New].
 func WithSkip(skip func(r *http.Request) bool) Option {
 	return func(c *config) {
 		if skip == nil {
 			c.errs = append(c.errs, errors.New("nil skip function"))
+			return
 		}
-		c.skip = skip
+		c.skips = append(c.skips, skip)
+	}
+}
+
+// WithAllowList makes the middleware let through, undecided, every request
+// whose identifier under key is one of entries, exactly as [WithSkip] does
+// (no Redis call, no count, no rate-limit headers; observed as skipped), for
+// monitoring probes, partners or internal clients that no limit should
+// slow down. It is one more skip function: it runs in its place among
+// those of WithSkip, before any limit is decided; [Limiter.Allow] and
+// [Limiter.Status] never skip.
+//
+// For a [ClientIP] key, entries are IP addresses or CIDR prefixes
+// ("192.0.2.7", "10.0.0.0/8", "2001:db8::/32"), matched against the client
+// address the key resolves (its [TrustProxies] and [ProxyHeader] honoured,
+// normalized as ClientIP says: IPv4-mapped addresses as IPv4, zones
+// dropped) before any [IPv4Prefix] or [IPv6Prefix] grouping: listing one
+// IPv6 address lets through that address, not its /64. For any other key,
+// such as [User], [Header], [Route] or a [KeyFunc], entries are identifiers,
+// compared exactly with what the key returns. A request the key cannot
+// identify ([ErrNoKey] or another error) is not let through: it is decided
+// as usual. A lookup is a map access (for a ClientIP key, one per distinct
+// prefix length listed) and does not allocate.
+//
+// An allow-listed client is not limited at all: list only clients you
+// trust, and only identifiers they cannot forge (a Header is the client's
+// to write; a ClientIP behind an untrusted proxy is the proxy's address).
+//
+// WithAllowList may be given several times, with the same key or others.
+// [New] reports a zero Key, the key's own configuration error, a [Global]
+// or [Compose] key, no entries, an empty identifier, and, for a ClientIP
+// key, an entry that is not an IP address or a prefix, a prefix with host
+// bits set ("10.0.0.1/8", usually a typo) or a /0 prefix. Default: none.
+func WithAllowList(key Key, entries ...string) Option {
+	a, err := newAllowList(key, entries)
+	return func(c *config) {
+		if err != nil {
+			c.errs = append(c.errs, err)
+			return
+		}
+		c.skips = append(c.skips, a.skip)
+		c.peerAllow = c.peerAllow || key.peer
 	}
 }
 
@@ -329,6 +375,17 @@ func WithObserver(o Observer) Option {
 // maxmemory is set, and an evicted log forgets what it counted, so its
 // clients are admitted again. A Redis that refuses CONFIG GET is not
 // reported on; no decision waits for the check or fails because of it.
+//
+// With a logger, a Limiter one of whose limits or allow-lists
+// ([WithAllowList]) counts by a [ClientIP] key that trusts no proxy (no
+// [TrustProxies] or preset) also logs one warning at Warn, once for it and
+// its [WithRoutes] routes together, at the first request to the middleware
+// that carries X-Forwarded-For, Forwarded, X-Real-IP, CF-Connecting-IP,
+// True-Client-IP or Fastly-Client-IP: the app is probably behind a proxy it
+// does not trust, so every client of that proxy shares the proxy's limit.
+// It names the header, and how to trust the proxy; the header's value
+// and the peer address are logged only if logIdentifiers is true. Until
+// then each request costs a few header lookups, and nothing after.
 func WithLogger(logger *slog.Logger, logIdentifiers bool) Option {
 	return func(c *config) { c.logger, c.logIDs = logger, logIdentifiers }
 }
@@ -346,15 +403,61 @@ func WithLogger(logger *slog.Logger, logIdentifiers bool) Option {
 // entries (::ffff:10.0.0.0/104) are converted to IPv4, an IPv6 prefix never
 // matches an IPv4 or IPv4-mapped peer, and zones are dropped.
 func TrustProxies(cidrs ...string) IPOption {
+	return func(c *ipConfig) { c.trust("TrustProxies", cidrs) }
+}
+
+// privateNetworks are the networks TrustPrivateNetworks trusts.
+var privateNetworks = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8", "fc00::/7", "::1/128"}
+
+// TrustPrivateNetworks returns an IPOption that trusts every peer in the
+// private and loopback networks, 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16,
+// 127.0.0.0/8, fc00::/7 and ::1/128, as proxies, and reads the client
+// address from X-Forwarded-For (or the [ProxyHeader] given): for an app
+// behind a load balancer or ingress in a private network, whose clients
+// come from the Internet. It is [TrustProxies] with those networks.
+//
+// Every host in those networks is then believed: any of them can set the
+// header and choose its key, or claim an allow-listed client's address
+// ([WithAllowList]). Use it only if every host that can reach the app
+// directly from a private address is one of your proxies (not, say, other
+// tenants' pods or VMs, or clients on a VPN); otherwise list the proxies'
+// own addresses with TrustProxies. Clients that reach the app from a
+// private address without a proxy are counted by that address, as long as
+// they send no header.
+func TrustPrivateNetworks() IPOption {
+	return func(c *ipConfig) { c.trust("TrustPrivateNetworks", privateNetworks) }
+}
+
+// cloudflareIPs is where Cloudflare publishes the addresses of its proxies.
+const cloudflareIPs = "https://www.cloudflare.com/ips/"
+
+// TrustCloudflare returns an IPOption for an app behind Cloudflare: it
+// trusts the given ranges as proxies, as [TrustProxies] does, and reads the
+// client address from CF-Connecting-IP, which Cloudflare sets to the
+// address of the client that connected to it. Pass Cloudflare's published
+// ranges, IPv4 and IPv6, from https://www.cloudflare.com/ips/ (also served
+// as text at https://www.cloudflare.com/ips-v4 and
+// https://www.cloudflare.com/ips-v6). The list is not built in because
+// Cloudflare changes it: load it with your configuration and keep it
+// current. A stale list makes requests through Cloudflare's new addresses
+// count as Cloudflare's own address, all clients of that address together.
+//
+// Requests that reach the app without Cloudflare, from a peer outside the
+// ranges, are counted by that peer, and their CF-Connecting-IP is ignored.
+// If other proxies stand between Cloudflare and the app (a load balancer),
+// trust them too, with TrustProxies, and make sure they pass
+// CF-Connecting-IP on unchanged.
+//
+// No ranges is a configuration error, as is a range TrustProxies refuses
+// and a [ProxyHeader] naming another header.
+func TrustCloudflare(ranges ...string) IPOption {
 	return func(c *ipConfig) {
-		for _, s := range cidrs {
-			p, err := parseTrusted(s)
-			if err != nil {
-				c.fail(fmt.Errorf("TrustProxies: invalid entry %q: %w", s, err))
-				continue
-			}
-			c.trusted = append(c.trusted, p)
+		if len(ranges) == 0 {
+			c.fail(errors.New("TrustCloudflare: no ranges; pass Cloudflare's published ranges, from " + cloudflareIPs))
+			return
 		}
+		c.trust("TrustCloudflare", ranges)
+		c.setHeader("TrustCloudflare", "CF-Connecting-IP")
 	}
 }
 
@@ -368,16 +471,16 @@ func TrustProxies(cidrs ...string) IPOption {
 //
 // The header is read only when the peer is a trusted proxy, so ProxyHeader
 // without [TrustProxies] would have no effect: [New] reports it as a
-// configuration error, as it does an empty or malformed name.
+// configuration error, as it does an empty or malformed name, and two
+// different headers (two ProxyHeader options, or one and [TrustCloudflare],
+// which reads CF-Connecting-IP).
 func ProxyHeader(name string) IPOption {
 	return func(c *ipConfig) {
 		if !isToken(name) {
 			c.fail(fmt.Errorf("ProxyHeader: invalid header name %q", name))
 			return
 		}
-		c.header = http.CanonicalHeaderKey(name)
-		c.forwarded = c.header == "Forwarded"
-		c.headerSet = true
+		c.setHeader(fmt.Sprintf("ProxyHeader(%q)", name), name)
 	}
 }
 

@@ -26,8 +26,9 @@ import (
 //	ratelimit_decisions_total{limit, outcome}  counter; outcome is "allowed"
 //	    (the limit had room and the request was admitted), "denied" (the
 //	    limit had no room), "shadow_denied" (a shadow limit would have
-//	    denied), "skipped" (let through undecided, ratelimit.WithSkip) or
-//	    "error" (no decision: the failure mode applied)
+//	    denied), "skipped" (let through undecided, ratelimit.WithSkip or
+//	    ratelimit.WithAllowList) or "error" (no decision: the failure mode
+//	    applied)
 //	ratelimit_decision_duration_seconds         histogram of decision latency
 //	ratelimit_breaker_open                      gauge: 1 while a watched
 //	    limiter's circuit breaker is open
@@ -108,7 +109,7 @@ func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration
 		switch {
 		case failed:
 			m.decisions.WithLabelValues(lr.Name, "error").Inc()
-		case lr.Skipped && res.Allowed: // every limit is: WithSkip let it through
+		case lr.Skipped && res.Allowed: // every limit is: WithSkip or WithAllowList let it through
 			m.decisions.WithLabelValues(lr.Name, "skipped").Inc()
 		case lr.Skipped: // not consulted (a denial from the deny cache)
 		case lr.Shadow && lr.Denied:

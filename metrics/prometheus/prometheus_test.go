@@ -31,7 +31,8 @@ func TestMetrics(t *testing.T) {
 		ratelimit.PerMinute(1, ratelimit.Global()).Shadowed().Named("trial"),
 	}, ratelimit.WithObserver(m), ratelimit.WithDenyCache(0), ratelimit.WithCircuitBreaker(1, time.Hour),
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
-		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }))
+		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
+		ratelimit.WithAllowList(ratelimit.Header("X-Probe"), "uptime"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,6 +46,10 @@ func TestMetrics(t *testing.T) {
 	}
 	// A health check, let through undecided.
 	lim.Handler(http.NotFoundHandler()).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/healthz", nil))
+	// An allow-listed probe, let through undecided too.
+	probe := httptest.NewRequest("GET", "/", nil)
+	probe.Header.Set("X-Probe", "uptime")
+	lim.Handler(http.NotFoundHandler()).ServeHTTP(httptest.NewRecorder(), probe)
 	mr.SetError("LOADING Redis is loading the dataset in memory")
 	_, _ = lim.Allow(ctx, []string{"g", "g"}, 1) // an error opens the breaker (1 failure)
 
@@ -57,11 +62,11 @@ ratelimit_breaker_open 1
 ratelimit_decisions_total{limit="api",outcome="allowed"} 2
 ratelimit_decisions_total{limit="api",outcome="denied"} 1
 ratelimit_decisions_total{limit="api",outcome="error"} 1
-ratelimit_decisions_total{limit="api",outcome="skipped"} 1
+ratelimit_decisions_total{limit="api",outcome="skipped"} 2
 ratelimit_decisions_total{limit="trial",outcome="allowed"} 1
 ratelimit_decisions_total{limit="trial",outcome="error"} 1
 ratelimit_decisions_total{limit="trial",outcome="shadow_denied"} 2
-ratelimit_decisions_total{limit="trial",outcome="skipped"} 1
+ratelimit_decisions_total{limit="trial",outcome="skipped"} 2
 # HELP ratelimit_unreverted_units_total Units of cost left counted in Redis for requests that were not admitted, because Redis could not take them back.
 # TYPE ratelimit_unreverted_units_total counter
 ratelimit_unreverted_units_total 0

@@ -1,0 +1,86 @@
+package ratelimit
+
+import (
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+)
+
+// proxyWarning is the message of the warning proxyWatch logs.
+const proxyWarning = "ratelimit: requests arrive through a proxy that is not trusted: every client behind it shares one limit, the proxy's address"
+
+// proxyHeaders are the headers proxies and CDNs set to pass on the client
+// address: a request that carries one came through a proxy, or from a
+// client that wrote it. name is how the warning spells it; key is the
+// canonical form the request's Header map holds.
+var proxyHeaders = [...]struct{ name, key string }{
+	{"X-Forwarded-For", "X-Forwarded-For"},
+	{"Forwarded", "Forwarded"},
+	{"X-Real-IP", "X-Real-Ip"},
+	{"CF-Connecting-IP", "Cf-Connecting-Ip"},
+	{"True-Client-IP", "True-Client-Ip"},
+	{"Fastly-Client-IP", "Fastly-Client-Ip"},
+}
+
+// maxLoggedHeader bounds the part of a header value the warning logs (with
+// logIdentifiers only), so that a hostile header cannot make a huge line.
+const maxLoggedHeader = 256
+
+// proxyWatch logs, once per Limiter family, the warning that requests come
+// through a proxy that ClientIP does not trust.
+type proxyWatch struct{ warned atomic.Bool }
+
+// watchesProxies reports whether a Limiter with cfg and limits looks for
+// proxy headers: it logs, and one of its limits or allow-lists counts by
+// the peer address without trusting any proxy.
+func watchesProxies(cfg *config, limits []Limit) bool {
+	if cfg.logger == nil {
+		return false
+	}
+	watch := cfg.peerAllow
+	for i := range limits {
+		watch = watch || limits[i].Key.peer
+	}
+	return watch
+}
+
+// check logs the warning, through logger, if r carries a proxy header and
+// the warning was not logged before; the header's value and the peer only
+// if logIDs. It does not allocate when r carries no proxy header.
+func (p *proxyWatch) check(r *http.Request, logger *slog.Logger, logIDs bool) {
+	for _, h := range proxyHeaders {
+		v := r.Header[h.key]
+		if len(v) == 0 {
+			continue
+		}
+		if !p.warned.CompareAndSwap(false, true) {
+			return
+		}
+		attrs := []any{slog.String("header", h.name), slog.String("remedy", proxyRemedy(h.name))}
+		if logIDs {
+			value := v[0]
+			if len(value) > maxLoggedHeader {
+				value = value[:maxLoggedHeader] + "..."
+			}
+			attrs = append(attrs, slog.String("value", value), slog.String("peer", r.RemoteAddr))
+		}
+		logger.Warn(proxyWarning, attrs...)
+		return
+	}
+}
+
+// proxyRemedy says how to trust the proxy that set header.
+func proxyRemedy(header string) string {
+	const notProxied = "; if no proxy stands in front of the app, a client sent " // + header + ...
+	const ignore = " itself, and this warning can be ignored"
+	switch header {
+	case "CF-Connecting-IP":
+		return "count by ClientIP(TrustCloudflare(ranges...)) with Cloudflare's ranges, published at " + cloudflareIPs +
+			", and list any proxy between Cloudflare and the app with TrustProxies" + notProxied + header + ignore
+	case "X-Forwarded-For":
+		return "list the proxies' addresses with ClientIP(TrustProxies(cidrs...)), or use ClientIP(TrustPrivateNetworks()) if they are all in private networks" +
+			notProxied + header + ignore
+	}
+	return "list the proxies' addresses with ClientIP(TrustProxies(cidrs...)) or ClientIP(TrustPrivateNetworks()), and add ProxyHeader(\"" + header +
+		"\") if it is the header they set the client address in" + notProxied + header + ignore
+}
