@@ -3,6 +3,7 @@ package adapters_test
 import (
 	"context"
 	"maps"
+	"strconv"
 	"net/http"
 	"strings"
 	"testing"
@@ -247,6 +248,51 @@ func TestMountedTwice(t *testing.T) {
 				}
 				if got, want := logs(t, rdb), map[string]int64{"ratelimit:ip:{192.0.2.1}": 3}; !maps.Equal(got, want) {
 					t.Errorf("Redis logs: got %v, want %v", got, want)
+				}
+			})
+		})
+	}
+}
+
+// TestPlansBehindAuth: a per-user limit with plans, behind authentication,
+// gives each user its plan's quota in every router: the plan of the user
+// authentication found, through the request's context.
+func TestPlansBehindAuth(t *testing.T) {
+	plans := map[string]string{"bob": "pro", "ops": "internal"}
+	for _, rt := range authRouters {
+		t.Run(rt.name, func(t *testing.T) {
+			forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+				ip, _ := authLimiters(t, rdb, opts)
+				user, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.UserFromContext(userKey{})).Named("user").Tiered(ratelimit.Plans{
+					Quotas: map[string]int{"pro": 6, "internal": ratelimit.Unlimited},
+					Of:     func(_ context.Context, id string) (string, error) { return plans[id], nil },
+				})}, append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout)}, opts...)...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				h := rt.build(ip, user)
+				for _, tc := range []struct {
+					user     string
+					admitted int
+					limit    string // X-RateLimit-Limit of the per-user Limiter
+				}{{"alice", 3, "3"}, {"bob", 6, "6"}, {"ops", 8, "5"}} {
+					admitted := 0
+					for i := range 8 {
+						// A new IP each time: the per-IP limit stays out of the way.
+						w := send(h, "GET", "/me", "198.51.100."+strconv.Itoa(i+1), "Authorization", "Bearer "+tc.user)
+						if w.Code == http.StatusOK {
+							admitted++
+						}
+						if got := w.Header().Get("X-RateLimit-Limit"); got != tc.limit {
+							t.Errorf("%s, request %d: X-RateLimit-Limit %q, want %s", tc.user, i+1, got, tc.limit)
+						}
+					}
+					if admitted != tc.admitted {
+						t.Errorf("%s: %d of 8 admitted, want %d", tc.user, admitted, tc.admitted)
+					}
+				}
+				if n := logs(t, rdb)["ratelimit:user:{ops}"]; n != 0 {
+					t.Errorf("the internal user has %d entries in the per-user log, want none", n)
 				}
 			})
 		})
