@@ -3,8 +3,8 @@ package adapters_test
 import (
 	"context"
 	"maps"
-	"strconv"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
