@@ -385,3 +385,49 @@ func ExampleWithDeniedHandler() {
 	// 429 retry-after=60 {"error":"slow down","limit":"api"}
 	// 503 retry-after=1 {"error":"try again soon"}
 }
+
+// Limits behind authentication: a per-IP Limiter in front of it limits
+// floods of bad credentials; a per-user Limiter behind it counts each user,
+// known only there. An authenticated request is counted once in each.
+func ExampleLimiter_Handler_behindAuthentication() {
+	rdb, done := newRedis()
+	defer done()
+
+	type userKey struct{}
+	perIP, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.ClientIP()).Named("ip")},
+		ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	perUser, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.UserFromContext(userKey{})).Named("user")},
+		ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	auth := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			user := r.Header.Get("X-Token") // a real app checks a credential
+			if user == "" {
+				http.Error(w, "unauthorized", http.StatusUnauthorized)
+				return
+			}
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, user)))
+		})
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /me", auth(perUser.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))))
+	h := perIP.Handler(mux)
+
+	for _, token := range []string{"", "ann", "ann", ""} {
+		r := httptest.NewRequest("GET", "/me", nil)
+		r.Header.Set("X-Token", token)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Printf("token=%q: %d\n", token, w.Code)
+	}
+	// Output:
+	// token="": 401
+	// token="ann": 200
+	// token="ann": 429
+	// token="": 429
+}
