@@ -48,8 +48,8 @@ const NodeTimeout = 1000 * time.Millisecond
 //	c = redistest.StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
 func StartCluster(tb testing.TB, primaries, replicas int, args ...string) *Cluster {
 	tb.Helper()
-	cli := lookPath(tb, "redis-cli")
-	bin := lookPath(tb, "redis-server")
+	cli := lookPath(tb, program(tb, "cli"))
+	bin := lookPath(tb, program(tb, "server"))
 	if primaries < 3 {
 		tb.Fatalf("redistest: a cluster needs at least 3 primaries, not %d", primaries)
 	}
@@ -95,7 +95,7 @@ func StartCluster(tb testing.TB, primaries, replicas int, args ...string) *Clust
 	}
 	create = append(create, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	if out, err := exec.Command(cli, create...).CombinedOutput(); err != nil {
-		tb.Fatalf("redistest: redis-cli %s: %v\n%s", strings.Join(create, " "), err, out)
+		tb.Fatalf("redistest: %s %s: %v\n%s", cli, strings.Join(create, " "), err, out)
 	}
 	if err := c.WaitHealthy(30 * time.Second); err != nil {
 		tb.Fatal(err)

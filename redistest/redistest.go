@@ -1,6 +1,8 @@
 // Package redistest starts real redis-server processes for tests, on free
 // loopback ports, and stops them when the test ends: a single server with
 // [Start], or a Redis Cluster of primaries and replicas with [StartCluster].
+// With RATELIMIT_SERVER=valkey ([ServerEnv]) it starts valkey-server (and
+// uses valkey-cli) instead.
 //
 // When redis-server (or, for a cluster, redis-cli) is not on PATH the test is
 // skipped, unless the environment variable RATELIMIT_REQUIRE_REDIS is set to
@@ -28,6 +30,27 @@ import (
 // RequireEnv is the environment variable that turns a missing redis-server
 // into a test failure.
 const RequireEnv = "RATELIMIT_REQUIRE_REDIS"
+
+// ServerEnv is the environment variable that selects the server the tests
+// start: "redis" (the default: redis-server and redis-cli) or "valkey"
+// (valkey-server and valkey-cli). Any other value fails the tests that
+// start a server.
+const ServerEnv = "RATELIMIT_SERVER"
+
+// program returns the name of the server's program that Redis names
+// redis-<role> ("server", "cli"), for the server ServerEnv selects.
+func program(tb testing.TB, role string) string {
+	tb.Helper()
+	switch v := os.Getenv(ServerEnv); v {
+	case "", "redis":
+		return "redis-" + role
+	case "valkey":
+		return "valkey-" + role
+	default:
+		tb.Fatalf("redistest: %s=%q: want redis or valkey", ServerEnv, v)
+		return ""
+	}
+}
 
 // DecisionTimeout is the decision timeout ([ratelimit.WithTimeout]) for
 // tests and examples that are not about timing. The library's 100ms default
@@ -82,7 +105,7 @@ func lookPath(tb testing.TB, name string) string {
 // killed when the test ends.
 func Start(tb testing.TB, args ...string) *Server {
 	tb.Helper()
-	s := &Server{tb: tb, bin: lookPath(tb, "redis-server"), dir: tb.TempDir()}
+	s := &Server{tb: tb, bin: lookPath(tb, program(tb, "server")), dir: tb.TempDir()}
 	var err error
 	for range 5 {
 		var ports []int

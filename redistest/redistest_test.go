@@ -92,3 +92,22 @@ func TestSkipNotice(t *testing.T) {
 		t.Errorf("SkipNotice(57) = %q: want one line that counts 57 tests", got)
 	}
 }
+
+// TestServerSelected: the server started is the one RATELIMIT_SERVER
+// names, so that a CI run that says it tested Valkey did.
+func TestServerSelected(t *testing.T) {
+	s := Start(t)
+	info, err := s.Client().Info(context.Background(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	valkey := strings.Contains(info, "valkey_version:")
+	if want := os.Getenv(ServerEnv) == "valkey"; valkey != want {
+		t.Errorf("%s=%q, and the server started says valkey=%v:\n%s", ServerEnv, os.Getenv(ServerEnv), valkey, info)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if strings.Contains(line, "_version:") {
+			t.Log(line) // what CI ran against
+		}
+	}
+}
