@@ -106,7 +106,8 @@ var durationBounds = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .02
 // Metrics is a [ratelimit.Observer] that records each decision in
 // OpenTelemetry instruments (see the package doc). It is safe for
 // concurrent use; give it to every Limiter it should observe
-// ([ratelimit.WithObserver]) and [Metrics.Watch] them.
+// ([ratelimit.WithObserver]) and [Metrics.Watch] them. Make it with
+// [New]: a zero Metrics records nothing.
 type Metrics struct {
 	requests metric.Int64Counter
 	duration metric.Float64Histogram
@@ -237,6 +238,9 @@ func (m *Metrics) watched() (open, units int64) {
 // the limit that denied; a Redis Cluster decision stops at the first group
 // of limits that denies) is not counted.
 func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration) {
+	if m.requests == nil {
+		return // a zero Metrics
+	}
 	ctx := context.Background()
 	m.duration.Record(ctx, latency.Seconds(), m.record...)
 	noDecision := err != nil && !res.Local

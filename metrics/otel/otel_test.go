@@ -69,7 +69,7 @@ func newLimiter(t *testing.T, b backend, m *ratelimitotel.Metrics, limits []rate
 }
 
 // newMetrics returns Metrics on an SDK MeterProvider read by hand.
-func newMetrics(t *testing.T, opts ...ratelimitotel.Option) (*ratelimitotel.Metrics, *sdkmetric.ManualReader) {
+func newMetrics(t testing.TB, opts ...ratelimitotel.Option) (*ratelimitotel.Metrics, *sdkmetric.ManualReader) {
 	t.Helper()
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
@@ -373,4 +373,12 @@ func TestGlobalProvider(t *testing.T) {
 		"ratelimit.breaker.open{}": 0,
 		"ratelimit.unreverted{}":   0,
 	})
+}
+
+// TestZeroMetrics: a zero Metrics, not made by New, records nothing and
+// does not panic at request time.
+func TestZeroMetrics(t *testing.T) {
+	var m ratelimitotel.Metrics
+	m.Observe(benchResult, nil, time.Millisecond)
+	m.Watch(nil)
 }
