@@ -233,10 +233,12 @@ func (m *Metrics) watched() (open, units int64) {
 }
 
 // Observe records one decision ([ratelimit.Observer]): its latency, and
-// one request per limit in ratelimit.requests, with the limit's result. A
-// limit that was not consulted (a denial from the deny cache consults only
-// the limit that denied; a Redis Cluster decision stops at the first group
-// of limits that denies) is not counted.
+// one request per limit in ratelimit.requests, with the limit's result.
+// Only limits that decided or applied are counted: not a limit that was not
+// consulted (a denial from the deny cache consults only the limit that
+// denied; a Redis Cluster decision stops at the first group of limits that
+// denies), nor, in a denied request, a limit that had room or that the
+// client's plan exempts (the request was not counted in it).
 func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration) {
 	if m.requests == nil {
 		return // a zero Metrics
