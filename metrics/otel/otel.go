@@ -1,0 +1,302 @@
+// Package ratelimitotel exports the decisions of [ratelimit.Limiter]s as
+// OpenTelemetry metrics, through the OpenTelemetry metric API: any
+// [metric.MeterProvider] (the SDK's, or the global one) collects them.
+//
+//	import ratelimitotel "github.com/slidinglog/ratelimit/metrics/otel"
+//
+//	metrics, err := ratelimitotel.New(provider) // nil: otel.GetMeterProvider()
+//	if err != nil { ... }
+//	limiter, err := ratelimit.New(rdb, limits, ratelimit.WithObserver(metrics))
+//	if err != nil { ... }
+//	metrics.Watch(limiter)
+//
+// The instruments, from the meter named [ScopeName]:
+//
+//	ratelimit.requests           Int64Counter {request}: a limit's decisions,
+//	    with attributes ratelimit.limit (the limit's name), ratelimit.result
+//	    ("allowed", "denied", "shadow_denied", "skipped" or "error") and,
+//	    for a client on a plan, ratelimit.plan ([ratelimit.Plans])
+//	ratelimit.decision.duration  Float64Histogram s: decision latency
+//	ratelimit.breaker.open       Int64ObservableGauge 1: 1 while a circuit
+//	    breaker of a watched limiter is open, else 0
+//	ratelimit.unreverted         Int64ObservableCounter {unit}: units of
+//	    cost the watched limiters left counted in Redis for requests they did
+//	    not admit ([ratelimit.Limiter.Unreverted])
+//
+// The names follow the shape of the OpenTelemetry semantic conventions'
+// aspnetcore.rate_limiting.* metrics (a requests counter with a result
+// attribute, a duration histogram); there is no general convention for rate
+// limiters. Attributes hold limit names, plan names and results, never
+// client identifiers, so the number of series stays bounded by the
+// configuration. The metrics/prometheus package exports the same
+// measurements to Prometheus directly.
+package ratelimitotel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/slidinglog/ratelimit"
+)
+
+// ScopeName is the name of the meter that creates the instruments: this
+// package's import path, as the OpenTelemetry Go instrumentation libraries
+// name theirs.
+const ScopeName = "github.com/slidinglog/ratelimit/metrics/otel"
+
+// The attribute keys of ratelimit.requests.
+const (
+	// LimitKey is the limit's name ([ratelimit.Limit.Named]).
+	LimitKey = attribute.Key("ratelimit.limit")
+	// ResultKey is what the limit decided: one of the Result* values.
+	ResultKey = attribute.Key("ratelimit.result")
+	// PlanKey is the client's plan ([ratelimit.LimitResult.Plan]); it is
+	// left out for the limit's default quota (no plan), so that a plan
+	// named "default" stays distinct from it.
+	PlanKey = attribute.Key("ratelimit.plan")
+)
+
+// The values of [ResultKey].
+const (
+	// ResultAllowed: the limit had room and the request was admitted.
+	ResultAllowed = "allowed"
+	// ResultDenied: the limit had no room for the request.
+	ResultDenied = "denied"
+	// ResultShadowDenied: a shadow limit ([ratelimit.Limit.Shadowed])
+	// would have denied; the request was not denied because of it.
+	ResultShadowDenied = "shadow_denied"
+	// ResultSkipped: the request was let through undecided
+	// ([ratelimit.WithSkip]), or the client's plan exempts it from the
+	// limit ([ratelimit.Unlimited]) and it was admitted.
+	ResultSkipped = "skipped"
+	// ResultError: no decision could be made (Redis failed, the timeout
+	// ran out or the circuit breaker was open) and the failure mode
+	// applied.
+	ResultError = "error"
+)
+
+// result indexes the Result* values.
+type result int
+
+const (
+	allowed result = iota
+	denied
+	shadowDenied
+	skipped
+	failed
+	numResults
+)
+
+var resultNames = [numResults]string{ResultAllowed, ResultDenied, ResultShadowDenied, ResultSkipped, ResultError}
+
+// durationBounds are the histogram's bucket boundaries, in seconds: from
+// 100µs (a decision on a local Redis) to 250ms, beyond the library's 100ms
+// default timeout.
+var durationBounds = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25}
+
+// Metrics is a [ratelimit.Observer] that records each decision in
+// OpenTelemetry instruments (see the package doc). It is safe for
+// concurrent use; give it to every Limiter it should observe
+// ([ratelimit.WithObserver]) and [Metrics.Watch] them. Make it with
+// [New]: a zero Metrics records nothing.
+type Metrics struct {
+	requests metric.Int64Counter
+	duration metric.Float64Histogram
+	extra    []attribute.KeyValue    // WithAttributes'
+	record   []metric.RecordOption   // the duration's attributes
+	sets     atomic.Pointer[setsMap] // read without locking; replaced under mu
+
+	mu       sync.Mutex
+	limiters []*ratelimit.Limiter
+}
+
+// setKey names the series of a limit for a plan.
+type setKey struct{ limit, plan string }
+
+// addOptions holds, for one limit and plan, the options that give
+// ratelimit.requests the attributes of each result: built once, so that
+// Observe does not build attribute sets.
+type addOptions [numResults][]metric.AddOption
+
+type setsMap map[setKey]*addOptions
+
+// An Option configures [New].
+type Option func(*config)
+
+type config struct {
+	attrs []attribute.KeyValue
+}
+
+// WithAttributes adds attributes to every measurement of the Metrics: to
+// tell apart, say, the limiters of two services in one process that share
+// limit names. Their keys must be valid and must not be ratelimit.limit,
+// ratelimit.result or ratelimit.plan ([New] fails). Default: none. Keep them
+// constant: never client identifiers.
+func WithAttributes(attrs ...attribute.KeyValue) Option {
+	return func(c *config) { c.attrs = append(c.attrs, attrs...) }
+}
+
+// New returns Metrics whose instruments come from mp's meter [ScopeName].
+// A nil mp means the global MeterProvider, [otel.GetMeterProvider], at the
+// time of the call: if none is set yet, the global one forwards to the
+// provider [otel.SetMeterProvider] installs later. New fails when an
+// [Option] is invalid or the provider refuses to create an instrument.
+func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
+	var cfg config
+	for _, o := range opts {
+		o(&cfg)
+	}
+	for _, kv := range cfg.attrs {
+		switch {
+		case !kv.Valid():
+			return nil, fmt.Errorf("ratelimitotel: WithAttributes: invalid attribute %q", kv.Key)
+		case kv.Key == LimitKey || kv.Key == ResultKey || kv.Key == PlanKey:
+			return nil, fmt.Errorf("ratelimitotel: WithAttributes: %s is set by the Metrics", kv.Key)
+		}
+	}
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	meter := mp.Meter(ScopeName)
+	m := &Metrics{extra: cfg.attrs}
+	var (
+		breaker    metric.Int64ObservableGauge
+		unreverted metric.Int64ObservableCounter
+		errs       [4]error
+	)
+	m.requests, errs[0] = meter.Int64Counter("ratelimit.requests",
+		metric.WithUnit("{request}"),
+		metric.WithDescription("Rate-limit decisions per limit, plan and result (allowed, denied, shadow_denied, skipped, error)."))
+	m.duration, errs[1] = meter.Float64Histogram("ratelimit.decision.duration",
+		metric.WithUnit("s"),
+		metric.WithDescription("Time taken by rate-limit decisions."),
+		metric.WithExplicitBucketBoundaries(durationBounds...))
+	breaker, errs[2] = meter.Int64ObservableGauge("ratelimit.breaker.open",
+		metric.WithUnit("1"),
+		metric.WithDescription("1 while the circuit breaker of a watched limiter is open, else 0."))
+	unreverted, errs[3] = meter.Int64ObservableCounter("ratelimit.unreverted",
+		metric.WithUnit("{unit}"),
+		metric.WithDescription("Units of cost left counted in Redis for requests that were not admitted, because Redis could not take them back."))
+	if err := errors.Join(errs[:]...); err != nil {
+		return nil, fmt.Errorf("ratelimitotel: %w", err)
+	}
+	observe := []metric.ObserveOption{metric.WithAttributeSet(attribute.NewSet(cfg.attrs...))}
+	if _, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		open, units := m.watched()
+		o.ObserveInt64(breaker, open, observe...)
+		o.ObserveInt64(unreverted, units, observe...)
+		return nil
+	}, breaker, unreverted); err != nil {
+		return nil, fmt.Errorf("ratelimitotel: %w", err)
+	}
+	m.record = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(cfg.attrs...))}
+	m.sets.Store(&setsMap{})
+	return m, nil
+}
+
+// Watch makes ratelimit.breaker.open report l's circuit breakers and
+// ratelimit.unreverted count what l left counted, its [ratelimit.WithRoutes]
+// routes included, from the next collection on. Watch each Limiter once: a
+// Limiter watched twice is counted twice. A nil l is ignored.
+func (m *Metrics) Watch(l *ratelimit.Limiter) {
+	if l == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.limiters = append(m.limiters, l)
+}
+
+// watched returns the state of the watched limiters: 1 if a breaker is
+// open, and the units they left counted.
+func (m *Metrics) watched() (open, units int64) {
+	m.mu.Lock()
+	limiters := m.limiters[:len(m.limiters):len(m.limiters)]
+	m.mu.Unlock()
+	var n uint64
+	for _, l := range limiters {
+		if l.BreakerOpen() {
+			open = 1
+		}
+		n += l.Unreverted()
+	}
+	return open, int64(min(n, math.MaxInt64))
+}
+
+// Observe records one decision ([ratelimit.Observer]): its latency, and
+// one request per limit in ratelimit.requests, with the limit's result.
+// Only limits that decided or applied are counted: not a limit that was not
+// consulted (a denial from the deny cache consults only the limit that
+// denied; a Redis Cluster decision stops at the first group of limits that
+// denies), nor, in a denied request, a limit that had room or that the
+// client's plan exempts (the request was not counted in it).
+func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration) {
+	if m.requests == nil {
+		return // a zero Metrics
+	}
+	ctx := context.Background()
+	m.duration.Record(ctx, latency.Seconds(), m.record...)
+	noDecision := err != nil && !res.Local
+	for i := range res.Limits {
+		lr := &res.Limits[i]
+		var r result
+		switch {
+		case noDecision:
+			r = failed
+		case lr.Skipped && res.Allowed: // every limit is under WithSkip; an exempting plan
+			r = skipped
+		case lr.Skipped: // not consulted
+			continue
+		case lr.Shadow && lr.Denied:
+			r = shadowDenied
+		case lr.Denied:
+			r = denied
+		case res.Allowed:
+			r = allowed
+		default: // had room, but another limit denied: it counted nothing
+			continue
+		}
+		m.requests.Add(ctx, 1, m.options(lr.Name, lr.Plan)[r]...)
+	}
+}
+
+// options returns the measurement options of limit for plan, building
+// them the first time.
+func (m *Metrics) options(limit, plan string) *addOptions {
+	if o, ok := (*m.sets.Load())[setKey{limit, plan}]; ok {
+		return o
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sets := *m.sets.Load()
+	k := setKey{limit, plan}
+	if o, ok := sets[k]; ok {
+		return o
+	}
+	o := new(addOptions)
+	for r := range numResults {
+		kvs := append(m.extra[:len(m.extra):len(m.extra)], LimitKey.String(limit), ResultKey.String(resultNames[r]))
+		if plan != "" {
+			kvs = append(kvs, PlanKey.String(plan))
+		}
+		o[r] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(kvs...))}
+	}
+	// Copy on write: the limits and plans are few, and fixed by the
+	// configuration, so this happens a few times per process.
+	next := make(setsMap, len(sets)+1)
+	for key, v := range sets {
+		next[key] = v
+	}
+	next[k] = o
+	m.sets.Store(&next)
+	return o
+}
