@@ -56,8 +56,11 @@ func TestPerPeerLimit(t *testing.T) {
 		if ri == nil {
 			t.Fatalf("no RetryInfo in %v", st.Details())
 		}
-		if d := ri.GetRetryDelay().AsDuration(); d <= 0 || d > time.Minute {
-			t.Errorf("RetryInfo delay %v, want within (0, 1m]", d)
+		// Entries are logged at their time rounded up to the log's unit
+		// (10ms for a minute), and Retry-After rounds up to a second: a
+		// denial within 10ms of the first call waits 61s.
+		if d := ri.GetRetryDelay().AsDuration(); d <= 0 || d > time.Minute+time.Second {
+			t.Errorf("RetryInfo delay %v, want within (0, 61s]", d)
 		}
 		if got, want := first(md, "retry-after"), strconv.Itoa(int(ri.GetRetryDelay().AsDuration()/time.Second)); got != want {
 			t.Errorf("retry-after %q, want %q as RetryInfo says", got, want)
@@ -170,6 +173,10 @@ func TestHeaderKey(t *testing.T) {
 		}
 		_, err := s.check(t, "x-api-key", "a")
 		mustCode(t, err, codes.ResourceExhausted)
+		// The request views are recycled: no metadata of an earlier call
+		// is left in a later one's.
+		_, err = s.check(t)
+		mustCode(t, err, codes.Unavailable) // no key: FailClosed
 
 		bin := []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.Header("X-Token-Bin")).Named("bin")}
 		s = serve(t, newLimiter(t, rdb, bin), nil)
@@ -394,5 +401,41 @@ func TestConcurrentCalls(t *testing.T) {
 				}
 			}
 		}
+	})
+}
+
+// The QuotaFailure names the limit that denied, not another one that
+// resets at the same second; without the IETF headers it still carries
+// the quota.
+func TestQuotaFailureNamesDenier(t *testing.T) {
+	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ip := ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")
+		key := ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key")).Named("key")
+		for _, order := range [][]ratelimit.Limit{{ip, key}, {key, ip}} {
+			t.Run(order[0].Name+"-first", func(t *testing.T) {
+				s := serve(t, newLimiter(t, rdb, order, ratelimit.WithPrefix(order[0].Name+":")), nil)
+				if _, err := s.check(t, "x-api-key", "k"); err != nil {
+					t.Fatal(err)
+				}
+				_, err := s.check(t, "x-api-key", "k")
+				_, qf := details(t, mustCode(t, err, codes.ResourceExhausted))
+				v := qf.GetViolations()[0]
+				if v.GetQuotaId() != "key" || v.GetQuotaValue() != 1 || v.GetDescription() != `rate limit "key" exceeded: 1 per 1m0s` {
+					t.Errorf("violation %v, want key's", v)
+				}
+			})
+		}
+		t.Run("X-RateLimit only", func(t *testing.T) {
+			l := newLimiter(t, rdb, []ratelimit.Limit{ip, key}, ratelimit.WithPrefix("x:"), ratelimit.WithHeaders(ratelimit.HeadersXRateLimit))
+			s := serve(t, l, nil)
+			if _, err := s.check(t, "x-api-key", "k"); err != nil {
+				t.Fatal(err)
+			}
+			_, err := s.check(t, "x-api-key", "k")
+			_, qf := details(t, mustCode(t, err, codes.ResourceExhausted))
+			if v := qf.GetViolations()[0]; v.GetQuotaId() != "" || v.GetQuotaValue() != 1 {
+				t.Errorf("violation %v, want no name and the quota 1", v)
+			}
+		})
 	})
 }
