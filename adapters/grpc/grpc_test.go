@@ -412,18 +412,24 @@ func TestQuotaFailureNamesDenier(t *testing.T) {
 		ip := ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")
 		key := ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key")).Named("key")
 		for _, order := range [][]ratelimit.Limit{{ip, key}, {key, ip}} {
-			t.Run(order[0].Name+"-first", func(t *testing.T) {
-				s := serve(t, newLimiter(t, rdb, order, ratelimit.WithPrefix(order[0].Name+":")), nil)
-				if _, err := s.check(t, "x-api-key", "k"); err != nil {
-					t.Fatal(err)
-				}
-				_, err := s.check(t, "x-api-key", "k")
-				_, qf := details(t, mustCode(t, err, codes.ResourceExhausted))
-				v := qf.GetViolations()[0]
-				if v.GetQuotaId() != "key" || v.GetQuotaValue() != 1 || v.GetDescription() != `rate limit "key" exceeded: 1 per 1m0s` {
-					t.Errorf("violation %v, want key's", v)
-				}
-			})
+			// Without the deny cache, Redis denies and reports both limits,
+			// which reset at the same second; with it, the denial comes
+			// from memory and reports key alone.
+			for _, cache := range []time.Duration{0, time.Second} {
+				name := fmt.Sprintf("%s-first/deny-cache-%v", order[0].Name, cache)
+				t.Run(name, func(t *testing.T) {
+					s := serve(t, newLimiter(t, rdb, order, ratelimit.WithPrefix(name+":"), ratelimit.WithDenyCache(cache)), nil)
+					if _, err := s.check(t, "x-api-key", "k"); err != nil {
+						t.Fatal(err)
+					}
+					_, err := s.check(t, "x-api-key", "k")
+					_, qf := details(t, mustCode(t, err, codes.ResourceExhausted))
+					v := qf.GetViolations()[0]
+					if v.GetQuotaId() != "key" || v.GetQuotaValue() != 1 || v.GetDescription() != `rate limit "key" exceeded: 1 per 1m0s` {
+						t.Errorf("violation %v, want key's", v)
+					}
+				})
+			}
 		}
 		t.Run("X-RateLimit only", func(t *testing.T) {
 			l := newLimiter(t, rdb, []ratelimit.Limit{ip, key}, ratelimit.WithPrefix("x:"), ratelimit.WithHeaders(ratelimit.HeadersXRateLimit))
