@@ -88,6 +88,7 @@ package grpcratelimit
 import (
 	"context"
 	"hash/maphash"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -182,7 +183,7 @@ func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered
 		base.Pattern = ratelimit.UnmatchedRoute
 	}
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		base.RemoteAddr = p.Addr.String()
+		base.RemoteAddr = addrString(p.Addr)
 	}
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		for k, v := range md {
@@ -347,3 +348,30 @@ var (
 	canonical     [256]atomic.Pointer[canonicalEntry]
 	canonicalSeed = maphash.MakeSeed()
 )
+
+// addrString returns a.String(), from a cache of recent TCP peers'
+// addresses: grpc gives every call of a connection the connection's own
+// *net.TCPAddr, so the calls of a connection format it once. An entry keeps
+// its address alive, so a cached pointer is never reused for another
+// address; the cache has a fixed size. Other kinds of address, which may
+// not even be comparable, are formatted on every call.
+func addrString(a net.Addr) string {
+	t, ok := a.(*net.TCPAddr)
+	if !ok {
+		return a.String()
+	}
+	slot := &addrs[maphash.Comparable(canonicalSeed, t)%uint64(len(addrs))]
+	if e := slot.Load(); e != nil && e.addr == t {
+		return e.s
+	}
+	e := &addrEntry{addr: t, s: t.String()}
+	slot.Store(e)
+	return e.s
+}
+
+type addrEntry struct {
+	addr *net.TCPAddr
+	s    string
+}
+
+var addrs [256]atomic.Pointer[addrEntry]
