@@ -1,0 +1,377 @@
+// Package grpcratelimit rate-limits gRPC calls with a [ratelimit.Limiter]:
+// the same limits, keys, per-route limits and failure modes as its HTTP
+// middleware, decided once per unary call and once per stream, when it
+// opens.
+//
+//	import grpcratelimit "github.com/slidinglog/ratelimit/adapters/grpc"
+//
+//	api, err := ratelimit.New(rdb,
+//		[]ratelimit.Limit{ratelimit.PerMinute(600, ratelimit.ClientIP()).Named("ip")},
+//		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
+//			"/helloworld.Greeter/SayHello": {Limits: []ratelimit.Limit{
+//				ratelimit.PerMinute(60, ratelimit.ClientIP()).Named("hello"),
+//			}},
+//		}))
+//	srv := grpc.NewServer(
+//		grpc.ChainUnaryInterceptor(auth, grpcratelimit.UnaryServerInterceptor(api)),
+//		grpc.ChainStreamInterceptor(grpcratelimit.StreamServerInterceptor(api)),
+//	)
+//
+// # What the Limiter sees
+//
+// Keys, skip, cost and handler functions receive an *http.Request view of
+// the call:
+//
+//   - Method "POST", URL.Path and Pattern the full method name
+//     ("/helloworld.Greeter/SayHello"), so that [ratelimit.Route] keys count
+//     per method and [ratelimit.WithRoutes] templates such as
+//     "/helloworld.Greeter/SayHello" or "POST /helloworld.Greeter/SayHello"
+//     apply to one method. A call to a method the server does not register,
+//     which reaches the stream interceptor only under
+//     [grpc.UnknownServiceHandler], has the Pattern
+//     [ratelimit.UnmatchedRoute]: its method name is the client's choice.
+//   - RemoteAddr the peer's address ([peer.FromContext]), so
+//     [ratelimit.ClientIP] works as over HTTP, [ratelimit.TrustProxies]
+//     included. A peer that is not an IP address (a Unix socket, bufconn)
+//     has no ClientIP key.
+//   - Header the incoming metadata under canonical header names
+//     (x-forwarded-for as X-Forwarded-For, x-api-key as X-Api-Key), so that
+//     [ratelimit.Header] and the trusted-proxy rules of ClientIP read it.
+//     Binary metadata (keys ending in "-bin") and pseudo-headers are left
+//     out; Host is the :authority.
+//   - Context the call's context, so that [ratelimit.UserFromContext] sees
+//     what an earlier interceptor stored there and a plan's Of can read it.
+//     The decision is cancelled with the call.
+//
+// The view, its Header and the ResponseWriter the Limiter's handlers get
+// are valid only during the decision: they are recycled for later calls,
+// so functions the Limiter calls must not keep them.
+//
+// # What the client sees
+//
+// An admitted call gets the rate-limit headers as response header metadata,
+// under lower-case names (x-ratelimit-limit, x-ratelimit-remaining,
+// x-ratelimit-reset, ratelimit, ratelimit-policy, as
+// [ratelimit.WithHeaders] selects), read by a client with [grpc.Header] or
+// ClientStream.Header. A refused call gets them in the same place, with
+// retry-after, and a status error:
+//
+//   - denied: codes.ResourceExhausted, with an [errdetails.RetryInfo] whose
+//     delay is Retry-After (whole seconds; none when the call's cost exceeds
+//     the quota, so that waiting never helps) and an [errdetails.QuotaFailure]
+//     with one violation for the limit that denied: its QuotaValue is the
+//     quota (from X-RateLimit-Limit or RateLimit-Policy); its QuotaId, the
+//     policy name ("ip", or "ip.pro" for a plan), and its Subject,
+//     "limit:" and that name, are set only when the Limiter sends
+//     [ratelimit.HeadersIETF], as the limit is known to this package only
+//     through the headers;
+//   - not decided, under the failure mode ([ratelimit.FailClosed], or
+//     [ratelimit.FailLocal] when a Key cannot identify the call):
+//     codes.Unavailable, with a RetryInfo of 1 second. The reason goes to
+//     [ratelimit.WithErrorHandler], never to the client.
+//
+// The headers are sent as header metadata rather than trailers so that a
+// client reads them the same way whatever the outcome, as an HTTP client
+// does; the status details travel in the trailers as usual.
+//
+// A Limiter with handlers of its own ([ratelimit.WithDeniedHandler],
+// [ratelimit.WithUnavailableHandler]) still runs them; their body is
+// dropped, and the status they write picks the code: 429 ResourceExhausted
+// (with the details above), 401 Unauthenticated, 403 PermissionDenied,
+// anything else (503 included, or no status at all) Unavailable. Only the
+// rate-limit headers and Retry-After they leave become metadata.
+//
+// Refunds ([ratelimit.WithRefund]) are not made: they are decided from an
+// HTTP status, which a gRPC call does not have.
+package grpcratelimit
+
+import (
+	"context"
+	"hash/maphash"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/internal/adapt"
+)
+
+// UnaryServerInterceptor returns an interceptor that decides every unary
+// call with l before its handler runs (see the package doc for what l sees
+// and what the client gets). Put it after the interceptors whose context
+// values its keys read (authentication), with [grpc.ChainUnaryInterceptor].
+// A call l admits reaches the handler with the rate-limit headers set as
+// header metadata; a refused one gets a status error and never reaches it.
+// It does not panic: a Limiter that cannot decide applies its failure mode.
+func UnaryServerInterceptor(l *ratelimit.Limiter) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		md, err := decide(ctx, l, info.FullMethod, true)
+		if md != nil {
+			_ = grpc.SetHeader(ctx, md) // fails only without a transport stream, as in direct calls
+		}
+		if err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamServerInterceptor returns an interceptor that decides every stream
+// with l once, when it opens, before its handler runs: the messages that
+// follow are not counted. Otherwise it is [UnaryServerInterceptor]; chain
+// it with [grpc.ChainStreamInterceptor]. The rate-limit headers are set
+// with ss.SetHeader, so they go out with the handler's first message or
+// its own headers.
+func StreamServerInterceptor(l *ratelimit.Limiter) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		// grpc passes no service implementation for a method it does not
+		// register (grpc.UnknownServiceHandler).
+		md, err := decide(ss.Context(), l, info.FullMethod, srv != nil)
+		if md != nil {
+			_ = ss.SetHeader(md) // fails only once headers were sent, which they cannot be yet
+		}
+		if err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
+
+// call is the scratch space of one decision, recycled through calls.
+type call struct {
+	url    url.URL
+	header http.Header
+	w      writer
+}
+
+var calls = sync.Pool{New: func() any {
+	return &call{header: make(http.Header, 8), w: writer{h: make(http.Header, 8)}}
+}}
+
+// decide decides the call to method with l. It returns the metadata to send
+// as headers (nil if none) and, if the call may not proceed, its status
+// error. registered reports whether the server registers method.
+func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered bool) (metadata.MD, error) {
+	c := calls.Get().(*call)
+	defer c.put()
+	base := http.Request{
+		Method:     http.MethodPost,
+		URL:        &c.url,
+		Proto:      "HTTP/2.0",
+		ProtoMajor: 2,
+		Header:     c.header,
+		Body:       http.NoBody,
+		RequestURI: method,
+		Pattern:    method,
+	}
+	c.url.Path = method
+	if !registered {
+		base.Pattern = ratelimit.UnmatchedRoute
+	}
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		base.RemoteAddr = addrString(p.Addr)
+	}
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		for k, v := range md {
+			switch {
+			case k == "" || strings.HasSuffix(k, "-bin"):
+			case k[0] == ':':
+				if k == ":authority" && len(v) > 0 {
+					base.Host = v[0]
+				}
+			default:
+				c.header[canonicalKey(k)] = v
+			}
+		}
+	}
+	v, _ := adapt.Check(l, &c.w, base.WithContext(ctx))
+	md := headerMD(c.w.h)
+	switch v {
+	case adapt.Proceed:
+		return md, nil
+	case adapt.Deny:
+		return md, refusal(codes.ResourceExhausted, c.w.h)
+	case adapt.Unavailable:
+		return md, refusal(codes.Unavailable, c.w.h)
+	}
+	// Answered by the Limiter's own handler: its status picks the code.
+	switch c.w.status {
+	case http.StatusTooManyRequests:
+		return md, refusal(codes.ResourceExhausted, c.w.h)
+	case http.StatusUnauthorized:
+		return md, refusal(codes.Unauthenticated, c.w.h)
+	case http.StatusForbidden:
+		return md, refusal(codes.PermissionDenied, c.w.h)
+	}
+	return md, refusal(codes.Unavailable, c.w.h)
+}
+
+// put clears c and recycles it.
+func (c *call) put() {
+	clear(c.header)
+	clear(c.w.h)
+	c.w.status = 0
+	c.url = url.URL{}
+	calls.Put(c)
+}
+
+// writer is the ResponseWriter the Limiter decides with: it keeps the
+// headers and the first final status, and drops the body.
+type writer struct {
+	h      http.Header
+	status int
+}
+
+// Header returns the headers set so far.
+func (w *writer) Header() http.Header { return w.h }
+
+// Write drops b, as a gRPC call has no HTTP body to write it to.
+func (w *writer) Write(b []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	return len(b), nil
+}
+
+// WriteHeader keeps the first final status.
+func (w *writer) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+}
+
+// The headers that become metadata: the canonical names the Limiter sets,
+// and the metadata keys they are sent under.
+var forwarded = [...]struct{ header, key string }{
+	{"X-Ratelimit-Limit", "x-ratelimit-limit"},
+	{"X-Ratelimit-Remaining", "x-ratelimit-remaining"},
+	{"X-Ratelimit-Reset", "x-ratelimit-reset"},
+	{"Ratelimit", "ratelimit"},
+	{"Ratelimit-Policy", "ratelimit-policy"},
+	{"Retry-After", "retry-after"},
+}
+
+// headerMD returns the rate-limit headers of h as metadata, nil if there
+// are none. The values are h's own slices, which the Limiter shares
+// between responses: metadata.MD's users copy rather than change them.
+func headerMD(h http.Header) metadata.MD {
+	var md metadata.MD
+	for _, f := range forwarded {
+		if v, ok := h[f.header]; ok && len(v) > 0 {
+			if md == nil {
+				md = make(metadata.MD, len(forwarded))
+			}
+			md[f.key] = v
+		}
+	}
+	return md
+}
+
+// refusal returns the status error of a refused call with code, with the
+// details its headers h support: RetryInfo from Retry-After, and for
+// ResourceExhausted a QuotaFailure.
+func refusal(code codes.Code, h http.Header) error {
+	var msg string
+	switch code {
+	case codes.ResourceExhausted:
+		msg = "rate limit exceeded"
+	case codes.Unavailable:
+		msg = "rate limiter unavailable"
+	default:
+		msg = "rate limiter refused the call"
+	}
+	delay := retryAfter(h)
+	if delay > 0 {
+		msg += ": retry in " + delay.String()
+	}
+	st := status.New(code, msg)
+	var details []protoadapt.MessageV1
+	if delay > 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
+	}
+	if code == codes.ResourceExhausted {
+		details = append(details, quotaFailure(h))
+	}
+	if len(details) == 0 {
+		return st.Err()
+	}
+	withDetails, err := st.WithDetails(details...)
+	if err != nil { // unreachable: the details are well-formed messages
+		return st.Err()
+	}
+	return withDetails.Err()
+}
+
+// retryAfter returns the delay of a Retry-After header in seconds, 0 if
+// there is none.
+func retryAfter(h http.Header) time.Duration {
+	v := h["Retry-After"]
+	if len(v) == 0 {
+		return 0
+	}
+	n, err := strconv.ParseInt(v[0], 10, 64)
+	if err != nil || n <= 0 || n > int64(24*365*time.Hour/time.Second) {
+		return 0
+	}
+	return time.Duration(n) * time.Second
+}
+
+// canonicalKey returns http.CanonicalHeaderKey(k), from a cache of recent
+// keys so that the usual metadata costs no allocation. The cache has a
+// fixed size: keys a client makes up evict one another, they cannot grow
+// it.
+func canonicalKey(k string) string {
+	slot := &canonical[maphash.String(canonicalSeed, k)%uint64(len(canonical))]
+	if e := slot.Load(); e != nil && e.key == k {
+		return e.canonical
+	}
+	e := &canonicalEntry{key: strings.Clone(k), canonical: http.CanonicalHeaderKey(k)}
+	slot.Store(e)
+	return e.canonical
+}
+
+type canonicalEntry struct{ key, canonical string }
+
+var (
+	canonical     [256]atomic.Pointer[canonicalEntry]
+	canonicalSeed = maphash.MakeSeed()
+)
+
+// addrString returns a.String(), from a cache of recent TCP peers'
+// addresses: grpc gives every call of a connection the connection's own
+// *net.TCPAddr, so the calls of a connection format it once. An entry keeps
+// its address alive, so a cached pointer is never reused for another
+// address; the cache has a fixed size. Other kinds of address, which may
+// not even be comparable, are formatted on every call.
+func addrString(a net.Addr) string {
+	t, ok := a.(*net.TCPAddr)
+	if !ok {
+		return a.String()
+	}
+	slot := &addrs[maphash.Comparable(canonicalSeed, t)%uint64(len(addrs))]
+	if e := slot.Load(); e != nil && e.addr == t {
+		return e.s
+	}
+	e := &addrEntry{addr: t, s: t.String()}
+	slot.Store(e)
+	return e.s
+}
+
+type addrEntry struct {
+	addr *net.TCPAddr
+	s    string
+}
+
+var addrs [256]atomic.Pointer[addrEntry]
