@@ -3,7 +3,7 @@ module github.com/slidinglog/ratelimit/adapters/chi
 go 1.26.0
 
 require (
-	github.com/go-chi/chi/v5 v5.5.0
+	github.com/go-chi/chi/v5 v5.2.0
 	github.com/slidinglog/ratelimit v0.1.0
 )
 

@@ -3,7 +3,7 @@ module github.com/slidinglog/ratelimit/adapters/echo
 go 1.26.0
 
 require (
-	github.com/labstack/echo/v4 v4.16.0
+	github.com/labstack/echo/v4 v4.11.4
 	github.com/slidinglog/ratelimit v0.1.0
 )
 
