@@ -34,6 +34,19 @@ func withUser(r *http.Request, user string) *http.Request {
 	return r.WithContext(context.WithValue(r.Context(), userKey{}, user))
 }
 
+// auth is the fake authentication as net/http middleware: 401 without a
+// bearer token, else the request goes on with its user in the context.
+func auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, ok := bearer(r)
+		if !ok {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, withUser(r, u))
+	})
+}
+
 // authLimiters returns the per-IP Limiter, 5 a minute per IP and POST
 // /login 2 a minute per IP, mounted before authentication, and the
 // per-user Limiter, 3 a minute per user, mounted after it.
@@ -63,32 +76,12 @@ var authRouters = []struct {
 	build func(ip, user *ratelimit.Limiter) http.Handler
 }{
 	{"net/http", func(ip, user *ratelimit.Limiter) http.Handler {
-		auth := func(next http.Handler) http.Handler {
-			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				u, ok := bearer(r)
-				if !ok {
-					http.Error(w, "unauthorized", http.StatusUnauthorized)
-					return
-				}
-				next.ServeHTTP(w, withUser(r, u))
-			})
-		}
 		mux := http.NewServeMux()
 		mux.HandleFunc("POST /login", ok)
 		mux.Handle("GET /me", auth(user.Handler(http.HandlerFunc(ok))))
 		return ip.Handler(mux)
 	}},
 	{"chi", func(ip, user *ratelimit.Limiter) http.Handler {
-		auth := func(next http.Handler) http.Handler {
-			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				u, ok := bearer(r)
-				if !ok {
-					http.Error(w, "unauthorized", http.StatusUnauthorized)
-					return
-				}
-				next.ServeHTTP(w, withUser(r, u))
-			})
-		}
 		r := chi.NewRouter()
 		r.Use(chiratelimit.Middleware(ip))
 		r.Post("/login", ok)
