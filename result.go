@@ -42,6 +42,9 @@ type Result struct {
 	Reset     time.Time
 	// RetryAfter is, for a denied request, how long until it would be admitted
 	// if nothing else were admitted meanwhile; it is exact, not a whole window.
+	// An exact log times its entries up to its unit (about Window/8192) late,
+	// never early, so the Retry-After header, in whole seconds rounded up,
+	// may say 61 for a one-minute window.
 	// It is 0 for an admitted request, and for a request whose cost exceeds a
 	// quota, which can never be admitted.
 	RetryAfter time.Duration
