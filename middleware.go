@@ -171,6 +171,10 @@ func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (a
 	if res.Allowed {
 		return adapt.Proceed, err
 	}
+	if dr, ok := w.(adapt.DenialRecorder); ok {
+		lr := &res.Limits[res.index]
+		dr.RecordDenial(adapt.Denial{Policy: lr.policyName(), Quota: lr.Quota, Window: lr.Window, RetryAfter: res.RetryAfter})
+	}
 	if l.cfg.onDenied != nil {
 		res.Limits = slices.Clone(res.Limits) // the handler may keep it
 		l.cfg.onDenied(w, r, res)

@@ -75,7 +75,7 @@ func Example() {
 			for _, d := range status.Convert(err).Details() {
 				switch d := d.(type) {
 				case *errdetails.RetryInfo:
-					fmt.Println("  retry in", d.GetRetryDelay().AsDuration())
+					fmt.Println("  retry in", d.GetRetryDelay().AsDuration().Round(time.Second)) // exact, to the microsecond
 				case *errdetails.QuotaFailure:
 					fmt.Println("  violated", d.GetViolations()[0].GetQuotaId())
 				}

@@ -57,14 +57,13 @@
 // retry-after, and a status error:
 //
 //   - denied: codes.ResourceExhausted, with an [errdetails.RetryInfo] whose
-//     delay is Retry-After (whole seconds; none when the call's cost exceeds
-//     the quota, so that waiting never helps) and an [errdetails.QuotaFailure]
-//     with one violation for the limit that denied: its QuotaValue is the
-//     quota (from X-RateLimit-Limit or RateLimit-Policy); its QuotaId, the
-//     policy name ("ip", or "ip.pro" for a plan), and its Subject,
-//     "limit:" and that name, are set only when the Limiter sends
-//     [ratelimit.HeadersIETF], as the limit is known to this package only
-//     through the headers;
+//     delay is exactly when the call would fit (Retry-After is that delay
+//     rounded up to a second; there is none when the call's cost exceeds
+//     the quota, so that waiting never helps) and an
+//     [errdetails.QuotaFailure] with one violation for the limit that
+//     denied: its QuotaId is the policy name ("ip", or "ip.pro" for a
+//     client on a plan), its Subject "limit:" and that name, its
+//     QuotaValue the quota;
 //   - not decided, under the failure mode ([ratelimit.FailClosed], or
 //     [ratelimit.FailLocal] when a Key cannot identify the call):
 //     codes.Unavailable, with a RetryInfo of 1 second. The reason goes to
@@ -204,37 +203,43 @@ func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered
 	case adapt.Proceed:
 		return md, nil
 	case adapt.Deny:
-		return md, refusal(codes.ResourceExhausted, c.w.h)
+		return md, c.w.refusal(codes.ResourceExhausted)
 	case adapt.Unavailable:
-		return md, refusal(codes.Unavailable, c.w.h)
+		return md, c.w.refusal(codes.Unavailable)
 	}
 	// Answered by the Limiter's own handler: its status picks the code.
 	switch c.w.status {
 	case http.StatusTooManyRequests:
-		return md, refusal(codes.ResourceExhausted, c.w.h)
+		return md, c.w.refusal(codes.ResourceExhausted)
 	case http.StatusUnauthorized:
-		return md, refusal(codes.Unauthenticated, c.w.h)
+		return md, c.w.refusal(codes.Unauthenticated)
 	case http.StatusForbidden:
-		return md, refusal(codes.PermissionDenied, c.w.h)
+		return md, c.w.refusal(codes.PermissionDenied)
 	}
-	return md, refusal(codes.Unavailable, c.w.h)
+	return md, c.w.refusal(codes.Unavailable)
 }
 
 // put clears c and recycles it.
 func (c *call) put() {
 	clear(c.header)
 	clear(c.w.h)
-	c.w.status = 0
+	c.w.status, c.w.denied = 0, false
 	c.url = url.URL{}
 	calls.Put(c)
 }
 
 // writer is the ResponseWriter the Limiter decides with: it keeps the
-// headers and the first final status, and drops the body.
+// headers, the first final status and the details of a denial, and drops
+// the body.
 type writer struct {
 	h      http.Header
 	status int
+	denied bool
+	denial adapt.Denial // if denied
 }
+
+// RecordDenial keeps the details of a denial (adapt.DenialRecorder).
+func (w *writer) RecordDenial(d adapt.Denial) { w.denied, w.denial = true, d }
 
 // Header returns the headers set so far.
 func (w *writer) Header() http.Header { return w.h }
@@ -279,10 +284,11 @@ func headerMD(h http.Header) metadata.MD {
 	return md
 }
 
-// refusal returns the status error of a refused call with code, with the
-// details its headers h support: RetryInfo from Retry-After, and for
-// ResourceExhausted a QuotaFailure.
-func refusal(code codes.Code, h http.Header) error {
+// refusal returns the status error of a call refused with code, with the
+// details the decision gave: RetryInfo (for a denial, exactly when the call
+// would fit; else from Retry-After, in seconds), and for ResourceExhausted
+// a QuotaFailure naming the limit.
+func (w *writer) refusal(code codes.Code) error {
 	var msg string
 	switch code {
 	case codes.ResourceExhausted:
@@ -292,7 +298,11 @@ func refusal(code codes.Code, h http.Header) error {
 	default:
 		msg = "rate limiter refused the call"
 	}
-	delay := retryAfter(h)
+	var d *adapt.Denial
+	delay := retryAfter(w.h)
+	if w.denied {
+		d, delay = &w.denial, w.denial.RetryAfter
+	}
 	if delay > 0 {
 		msg += ": retry in " + delay.String()
 	}
@@ -302,7 +312,7 @@ func refusal(code codes.Code, h http.Header) error {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
 	}
 	if code == codes.ResourceExhausted {
-		details = append(details, quotaFailure(h))
+		details = append(details, quotaFailure(d))
 	}
 	if len(details) == 0 {
 		return st.Err()

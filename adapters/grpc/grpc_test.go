@@ -62,8 +62,9 @@ func TestPerPeerLimit(t *testing.T) {
 		if d := ri.GetRetryDelay().AsDuration(); d <= 0 || d > time.Minute+time.Second {
 			t.Errorf("RetryInfo delay %v, want within (0, 61s]", d)
 		}
-		if got, want := first(md, "retry-after"), strconv.Itoa(int(ri.GetRetryDelay().AsDuration()/time.Second)); got != want {
-			t.Errorf("retry-after %q, want %q as RetryInfo says", got, want)
+		// RetryInfo is exact; Retry-After is the same delay rounded up.
+		if got, want := first(md, "retry-after"), strconv.Itoa(int((ri.GetRetryDelay().AsDuration()+time.Second-1)/time.Second)); got != want {
+			t.Errorf("retry-after %q, want %q: RetryInfo's %v rounded up", got, want, ri.GetRetryDelay().AsDuration())
 		}
 		if qf == nil || len(qf.GetViolations()) != 1 {
 			t.Fatalf("QuotaFailure %v, want one violation", qf)
@@ -405,8 +406,7 @@ func TestConcurrentCalls(t *testing.T) {
 }
 
 // The QuotaFailure names the limit that denied, not another one that
-// resets at the same second; without the IETF headers it still carries
-// the quota.
+// resets at the same second, whatever headers the Limiter sends.
 func TestQuotaFailureNamesDenier(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ip := ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")
@@ -439,8 +439,8 @@ func TestQuotaFailureNamesDenier(t *testing.T) {
 			}
 			_, err := s.check(t, "x-api-key", "k")
 			_, qf := details(t, mustCode(t, err, codes.ResourceExhausted))
-			if v := qf.GetViolations()[0]; v.GetQuotaId() != "" || v.GetQuotaValue() != 1 {
-				t.Errorf("violation %v, want no name and the quota 1", v)
+			if v := qf.GetViolations()[0]; v.GetQuotaId() != "key" || v.GetSubject() != "limit:key" || v.GetQuotaValue() != 1 {
+				t.Errorf("violation %v, want key's, quota 1", v)
 			}
 		})
 	})

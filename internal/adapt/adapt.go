@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"reflect"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -36,6 +37,27 @@ const (
 	// the client.
 	Unavailable
 )
+
+// A Denial is what a denied request's decision says of the limit that
+// denied it, for adapters whose protocol carries it in other ways than
+// HTTP headers (gRPC's error details).
+type Denial struct {
+	// Policy names the limit as RateLimit-Policy does: its name, or
+	// "<limit>.<plan>" for a client on a plan.
+	Policy string
+	Quota  int           // its quota (the plan's)
+	Window time.Duration // its window
+	// RetryAfter is when the request would fit, exactly; 0 if its cost
+	// exceeds the quota, so that it never fits.
+	RetryAfter time.Duration
+}
+
+// A DenialRecorder is a ResponseWriter that wants a denial's details:
+// [Check] gives them to it before the Limiter's own handler, if any,
+// answers the request.
+type DenialRecorder interface {
+	RecordDenial(Denial)
+}
 
 // Check decides r with l, a *ratelimit.Limiter, as Limiter.Check does (the
 // route table included: r.Pattern must be set), but writes no default
