@@ -88,8 +88,8 @@ func (l *Limiter) resolvePlans(ctx context.Context, s *scratch, now time.Time) (
 
 // planOf returns the tier of the client id at now, from the cache or Of.
 func (lim *compiledLimit) planOf(ctx context.Context, id string, now time.Time) (int, error) {
-	if lim.plans != nil {
-		if t, ok := lim.plans.get(id, now); ok {
+	if lim.planCache != nil {
+		if t, ok := lim.planCache.get(id, now); ok {
 			return t, nil
 		}
 	}
@@ -98,8 +98,8 @@ func (lim *compiledLimit) planOf(ctx context.Context, id string, now time.Time) 
 		return 0, err
 	}
 	t := lim.tierOf[name] // 0, the default, for "" and unknown plans
-	if lim.plans != nil {
-		lim.plans.put(id, t, now)
+	if lim.planCache != nil {
+		lim.planCache.put(id, t, now)
 	}
 	return t, nil
 }

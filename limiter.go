@@ -86,9 +86,9 @@ type compiledLimit struct {
 	bucketed bool   // counted in buckets of Precision
 	// tiers are its plans, tiers[0] the default (see tiersOf); tierOf
 	// indexes them by name, nil if the limit has no plans.
-	tiers  []tier
-	tierOf map[string]int
-	plans  *planCache // Plans.Cache's, if any
+	tiers     []tier
+	tierOf    map[string]int
+	planCache *planCache // Plans.Cache's, if any
 }
 
 // New returns a Limiter that enforces limits in the Redis that client talks
@@ -159,9 +159,9 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		tiers, tierOf := tiersOf(&lim)
 		c := compiledLimit{Limit: lim, head: head, bucketed: lim.Precision > 0, tiers: tiers, tierOf: tierOf}
 		if lim.Plans.Cache > 0 {
-			c.plans = &planCache{ttl: lim.Plans.Cache}
+			c.planCache = &planCache{ttl: lim.Plans.Cache}
 			if parent != nil && i < len(parent.limits) {
-				c.plans = parent.limits[i].plans // the same limit: one cache
+				c.planCache = parent.limits[i].planCache // the same limit: one cache
 			}
 		}
 		l.tiered = l.tiered || tierOf != nil
