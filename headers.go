@@ -45,10 +45,13 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 	if l.cfg.headers&HeadersIETF != 0 {
 		var buf [256]byte // most headers fit: one allocation, the string
 		b := buf[:0]
-		skipped, policy := false, 0 // the index of the plans in policyHeaders
+		// policy is the index of the plans in policyHeaders, or past its
+		// end once it cannot be there: kept there, so that many limits of
+		// many plans cannot overflow it.
+		skipped, policy := false, 0
 		for i, lr := range res.Limits {
 			skipped = skipped || lr.Skipped && !lr.Shadow
-			policy = policy*len(l.limits[i].tiers) + lr.tier
+			policy = min(policy*len(l.limits[i].tiers)+lr.tier, len(l.policyHeaders))
 			if lr.Skipped || lr.Shadow {
 				continue
 			}

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -371,6 +373,37 @@ func TestPlansLocal(t *testing.T) {
 		}
 		if admitted != tc.admitted {
 			t.Errorf("%s: %d of 10 admitted locally; want %d", tc.user, admitted, tc.admitted)
+		}
+	}
+}
+
+// TestPolicyOfManyPlans: RateLimit-Policy for clients on plans of limits
+// whose combinations of plans are too many to precompute. The index of a
+// combination used to be computed in full and overflowed: 5 limits of
+// 10,000 plans each made it negative, and the request panicked.
+func TestPolicyOfManyPlans(t *testing.T) {
+	quotas := make(map[string]int, 10_000)
+	for i := range 10_000 {
+		quotas[fmt.Sprintf("c%05d", i)] = 1000 + i
+	}
+	of := func(_ context.Context, id string) (string, error) { return id, nil }
+	var limits []Limit
+	for i, w := range []time.Duration{time.Second, time.Minute, time.Hour, 24 * time.Hour, 30 * 24 * time.Hour} {
+		limits = append(limits, Per(w, 100, Header("X-Customer")).Named(fmt.Sprintf("w%d", i)).Tiered(Plans{Quotas: quotas, Of: of}))
+	}
+	l := mustNew(t, backend{mr: miniredis.RunT(t)}.newClient(t), limits, WithHeaders(HeadersIETF))
+	h := l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for _, customer := range []string{"c00001", "c05000", "c09999", "nobody"} {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("X-Customer", customer)
+		w := serveRequest(h, r)
+		policy := w.Header().Get("RateLimit-Policy")
+		want := fmt.Sprintf(`"w0.%s";q=`, customer)
+		if customer == "nobody" {
+			want = `"w0";q=100;w=1, "w1";q=100;w=60`
+		}
+		if w.Code != http.StatusOK || !strings.HasPrefix(policy, want) {
+			t.Errorf("%s: %d, RateLimit-Policy %q; want 200 and a policy starting %s", customer, w.Code, policy, want)
 		}
 	}
 }
