@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -270,4 +271,39 @@ func TestBucketedWeightsAndExpiry(t *testing.T) {
 			t.Errorf("hourly counted %d, want 10", got)
 		}
 	})
+}
+
+// TestBucketedLocal: under FailLocal, two bucketed limits of one identifier
+// count in logs of their own. They share a Redis key, and the local logs
+// were kept by key: each request was logged twice in one log, which took
+// the longer window, so the minute limit admitted 5 requests, not 10.
+func TestBucketedLocal(t *testing.T) {
+	b := backend{mr: miniredis.RunT(t)}
+	c := b.newClient(t)
+	b.mr.SetError("LOADING Redis is loading the dataset in memory")
+	clock := &testClock{t: t0}
+	l := mustNew(t, c, []Limit{
+		PerMinute(10, Header("X-User")).Named("m").Bucketed(time.Second),
+		PerHour(1000, Header("X-User")).Named("h").Bucketed(time.Minute),
+	}, WithFailureMode(FailLocal), WithClock(clock.Now))
+	admitted := 0
+	for range 20 {
+		res, err := l.Allow(context.Background(), []string{"u", "u"}, 1)
+		if !res.Local || err == nil {
+			t.Fatalf("not decided locally: %+v %v", res, err)
+		}
+		if res.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Errorf("admitted %d of 20 locally; the minute limit allows 10", admitted)
+	}
+	// A minute later the minute limit has room again; the hour limit counts
+	// the 10 admitted.
+	clock.Set(t0.Add(time.Minute))
+	res, _ := l.Allow(context.Background(), []string{"u", "u"}, 1)
+	if !res.Allowed || res.Limits[1].Remaining != 1000-11 {
+		t.Errorf("a minute later: allowed %v, hour remaining %d; want admitted, %d", res.Allowed, res.Limits[1].Remaining, 1000-11)
+	}
 }

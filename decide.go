@@ -266,8 +266,8 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 	if n := t.rs.rollbacks.rollback(reservations, t.cost, deadline(ctx, time.Now(), t.timeout)); n > 0 {
 		err = fmt.Errorf("%w: %d units stay counted until they leave their windows", ErrNotReverted, n)
 	}
-	for _, key := range t.keys {
-		t.denies.forget(key)
+	for i, key := range t.keys {
+		t.denies.forget(logID{key, p.limits[i].field})
 	}
 	return err
 }
@@ -365,7 +365,7 @@ func (l *Limiter) Reset(ctx context.Context, ids []string) error {
 		if _, err := l.redis.lib.Forget(ctx, []string{key}, req); err != nil {
 			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", l.limits[i].Name, err))
 		}
-		l.denies.forget(key)
+		l.denies.forget(logID{key, l.plan.limits[i].field})
 	}
 	return errors.Join(errs...)
 }

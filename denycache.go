@@ -11,12 +11,12 @@ import (
 // maxDenyEntries bounds the denials a Limiter keeps in memory.
 const maxDenyEntries = 100_000
 
-// denyCache remembers, per Redis key, the limits that Redis reported full:
+// denyCache remembers, per log, the limits that Redis reported full:
 // denied, or left with nothing remaining by an admission.
 type denyCache struct {
 	maxAge time.Duration
 	mu     sync.RWMutex
-	m      map[string]denial
+	m      map[logID]denial
 }
 
 // denial is what a key's log looked like when Redis last reported it full.
@@ -36,18 +36,18 @@ type cachedDenial struct {
 	denial
 }
 
-// find looks up the denials of keys for a request of cost at local time
-// now; shadow(i) reports the keys of shadow limits, which never deny. It
-// stores what it found for key i in hits[i] and returns the index of the key
-// whose denial frees up last, or -1 if the cache cannot answer: no key has
-// a fresh denial of that cost, or one key has no room for the cost but the
-// cache does not know when it will (a larger cost than it saw denied), so
-// that only Redis can say what it would answer.
-func (c *denyCache) find(keys []string, shadow func(i int) bool, quota func(i int) int, cost int, now time.Time, hits []cachedDenial) int {
+// find looks up the denials of q's logs for its cost at its local time,
+// shadow limits, which never deny, aside. It stores what it found for limit
+// i in hits[i] and returns the index of the limit whose denial frees up
+// last, or -1 if the cache cannot answer: no limit has a fresh denial of
+// that cost, or one has no room for the cost but the cache does not know
+// when it will (a larger cost than it saw denied), so that only Redis can
+// say what it would answer.
+func (c *denyCache) find(q *query, hits []cachedDenial) int {
 	if c == nil || c.maxAge == 0 {
 		return -1
 	}
-	worst := c.lookup(keys, shadow, quota, cost, now, hits)
+	worst := c.lookup(q, hits)
 	if worst >= 0 && rand.Uint32()%yieldEvery == 0 {
 		// A denial from memory takes no I/O, so a flood of them never
 		// blocks: its goroutines leave their core only when the scheduler
@@ -62,17 +62,17 @@ func (c *denyCache) find(keys []string, shadow func(i int) bool, quota func(i in
 }
 
 // lookup is find under the read lock.
-func (c *denyCache) lookup(keys []string, shadow func(i int) bool, quota func(i int) int, cost int, now time.Time, hits []cachedDenial) int {
+func (c *denyCache) lookup(q *query, hits []cachedDenial) int {
 	worst := -1
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	for i, key := range keys {
-		e, ok := c.m[key]
-		if !ok || !now.Before(e.until) || cost <= e.remaining || shadow(i) || e.quota != quota(i) {
+	for i := range q.keys {
+		e, ok := c.m[q.log(i)]
+		if !ok || !q.local.Before(e.until) || q.cost <= e.remaining || q.plan.limits[i].shadow || e.quota != q.quota(i) {
 			hits[i] = cachedDenial{}
 			continue
 		}
-		if cost != e.cost {
+		if q.cost != e.cost {
 			return -1 // no room, but when it fits is Redis's to say
 		}
 		hits[i] = cachedDenial{ok: true, denial: e}
@@ -88,30 +88,32 @@ func (c *denyCache) lookup(keys []string, shadow func(i int) bool, quota func(i 
 // Gosched costs about 100ns (BenchmarkDenyCache).
 const yieldEvery = 64
 
-// learn records what the replies of a decision of cost (one per key; those
-// with ok false were not consulted) say about each key: logged reports that
-// the request was admitted and counted. It is called at local time replied,
-// when the answer arrived, for a decision sent at local time start. A limit
-// without room for the cost denies that cost until it fits; one that the
-// admission left with nothing remaining denies a cost of 1 until its oldest
-// entry leaves; for any other, a denial held for its key is dropped: its
-// count has fallen since (a rollback, a refund, a reset). Shadow limits are
-// never recorded.
-func (c *denyCache) learn(keys []string, replies []reply, shadow func(i int) bool, quota func(i int) int, cost int, logged bool, start, replied time.Time) {
-	if c == nil || c.maxAge == 0 || !c.changes(keys, replies, shadow, quota, cost, logged) {
+// learn records what the replies to q (one per limit; those with ok false
+// were not consulted) say about each log: logged reports that the request
+// was admitted and counted. It is called at local time replied, when the
+// answer arrived, for a decision sent at q's local time. A limit without
+// room for the cost denies that cost until it fits; one that the admission
+// left with nothing remaining denies a cost of 1 until its oldest entry
+// leaves; for any other, a denial held for its log is dropped: its count
+// has fallen since (a rollback, a refund, a reset). Shadow limits are never
+// recorded.
+func (c *denyCache) learn(q *query, replies []reply, logged bool, replied time.Time) {
+	if c == nil || c.maxAge == 0 || !c.changes(q, replies, logged) {
 		return
 	}
+	start := q.local
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i, key := range keys {
+	for i := range q.keys {
 		r := replies[i]
-		if !r.ok || shadow(i) {
+		if !r.ok || q.plan.limits[i].shadow {
 			continue
 		}
-		e, full := fullness(r, int64(quota(i)), int64(cost), logged)
+		id := q.log(i)
+		e, full := fullness(r, int64(q.quota(i)), int64(q.cost), logged)
 		if !full {
-			if _, held := c.m[key]; held {
-				delete(c.m, key)
+			if _, held := c.m[id]; held {
+				delete(c.m, id)
 			}
 			continue
 		}
@@ -123,31 +125,31 @@ func (c *denyCache) learn(keys []string, replies []reply, shadow func(i int) boo
 		e.until = start.Add(min(time.Duration(e.until.UnixMicro()-r.now)*time.Microsecond, c.maxAge))
 		e.replied = replied
 		if c.m == nil {
-			c.m = make(map[string]denial)
+			c.m = make(map[logID]denial)
 		}
 		makeRoom(c.m, maxDenyEntries, func(old denial) bool { return !start.Before(old.until) })
-		c.m[key] = e
+		c.m[id] = e
 	}
 }
 
-// changes reports whether learn has anything to record for the replies of
-// a decision: a limit is full, or a limit is not but the cache holds a
-// denial for its key. Most admitted decisions leave the cache as it is, and
+// changes reports whether learn has anything to record for the replies to
+// q: a limit is full, or a limit is not but the cache holds a denial for
+// its log. Most admitted decisions leave the cache as it is, and
 // a read lock lets them find out while a flood of denials reads the cache:
 // the write lock waits for every reader, and a reader that holds the read
 // lock may be waiting for a core behind the flood's other goroutines.
-func (c *denyCache) changes(keys []string, replies []reply, shadow func(i int) bool, quota func(i int) int, cost int, logged bool) bool {
+func (c *denyCache) changes(q *query, replies []reply, logged bool) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	for i, key := range keys {
+	for i := range q.keys {
 		r := replies[i]
-		if !r.ok || shadow(i) {
+		if !r.ok || q.plan.limits[i].shadow {
 			continue
 		}
-		if _, full := fullness(r, int64(quota(i)), int64(cost), logged); full {
+		if _, full := fullness(r, int64(q.quota(i)), int64(q.cost), logged); full {
 			return true
 		}
-		if _, held := c.m[key]; held {
+		if _, held := c.m[q.log(i)]; held {
 			return true
 		}
 	}
@@ -180,14 +182,14 @@ func fullness(r reply, quota, cost int64, logged bool) (denial, bool) {
 	return e, true
 }
 
-// forget drops the denial of key, if any.
-func (c *denyCache) forget(key string) {
+// forget drops the denial of a log, if any.
+func (c *denyCache) forget(id logID) {
 	if c == nil {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.m, key)
+	delete(c.m, id)
 }
 
 // cachedStore answers from the deny cache the decisions it knows Redis
@@ -208,9 +210,7 @@ func (c cachedStore) decide(ctx context.Context, q *query, out *outcome) error {
 	}
 	err := c.next.decide(ctx, q, out)
 	if err == nil {
-		p := q.plan
-		c.cache.learn(q.keys, out.replies, func(i int) bool { return p.limits[i].shadow }, q.quota,
-			q.cost, out.allowed && !q.peek, q.local, c.clock())
+		c.cache.learn(q, out.replies, out.allowed && !q.peek, c.clock())
 	}
 	return err
 }
@@ -235,7 +235,7 @@ func (c cachedStore) answer(q *query, out *outcome) bool {
 	defer hitBuffers.Put(buf)
 	hits := grow(*buf, len(q.keys))
 	*buf = hits
-	worst := c.cache.find(q.keys, func(i int) bool { return p.limits[i].shadow }, q.quota, q.cost, q.local, hits)
+	worst := c.cache.find(q, hits)
 	if worst < 0 {
 		return false
 	}

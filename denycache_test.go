@@ -228,3 +228,65 @@ func itemNames(field string) []string {
 	slices.Sort(names)
 	return names
 }
+
+// TestDenyCacheBucketedLimitsApart: two bucketed limits of one identifier
+// share a Redis hash, but the deny cache keeps their denials apart. Before,
+// it kept one denial per Redis key, so one limit's denial was applied to the
+// other (blamed on it, with its Retry-After), and a limit with room erased
+// the full limit's denial, so a flood on a full limit always reached Redis.
+func TestDenyCacheBucketedLimitsApart(t *testing.T) { forBackends(t, testDenyCacheBucketedLimitsApart) }
+
+func testDenyCacheBucketedLimitsApart(t *testing.T, b backend) {
+	ctx := context.Background()
+	for _, order := range []string{"hour first", "second first"} {
+		t.Run(order, func(t *testing.T) {
+			clock := &testClock{t: t0}
+			hour := PerHour(5, Header("X-User")).Named("hour").Bucketed(time.Minute)
+			sec := PerSecond(100, Header("X-User")).Named("sec").Bucketed(100 * time.Millisecond)
+			limits := []Limit{hour, sec}
+			if order == "second first" {
+				limits = []Limit{sec, hour}
+			}
+			l := mustNew(t, b.newClient(t), limits, WithClock(clock.Now))
+			id := []string{order, order}
+			for i := range 5 {
+				if res, err := l.Allow(ctx, id, 1); err != nil || !res.Allowed {
+					t.Fatalf("request %d: %+v %v", i, res, err)
+				}
+			}
+			for i := range 10 {
+				res, err := l.Allow(ctx, id, 1)
+				if err != nil || res.Allowed || res.DeniedBy != "hour" || !res.Cached {
+					t.Fatalf("denial %d: allowed %v, denied by %q, cached %v, err %v; want denied by hour from the cache",
+						i, res.Allowed, res.DeniedBy, res.Cached, err)
+				}
+			}
+		})
+	}
+
+	// A client whose plan gives the minute limit room again: the second
+	// limit, of the quota the minute limit had, has room too.
+	clock := &testClock{t: t0}
+	table := &planTable{plans: map[string]string{}}
+	l := mustNew(t, b.newClient(t), []Limit{
+		PerSecond(10, Header("X-User")).Named("b").Bucketed(100 * time.Millisecond),
+		PerMinute(10, Header("X-User")).Named("a").Bucketed(time.Second).Tiered(Plans{Quotas: map[string]int{"pro": 100}, Of: table.of}),
+	}, WithClock(clock.Now))
+	for i := range 10 {
+		clock.Set(t0.Add(time.Duration(i) * time.Second))
+		if res, err := l.Allow(ctx, []string{"dave", "dave"}, 1); err != nil || !res.Allowed {
+			t.Fatalf("request %d: %+v %v", i, res, err)
+		}
+	}
+	// a is full (10 of 10); b holds 1 of 10.
+	clock.Set(t0.Add(9*time.Second + 200*time.Millisecond))
+	if res, _ := l.Allow(ctx, []string{"dave", "dave"}, 1); res.Allowed || res.DeniedBy != "a" {
+		t.Fatalf("a full: allowed %v, denied by %q; want denied by a", res.Allowed, res.DeniedBy)
+	}
+	table.set("dave", "pro")
+	res, err := l.Allow(ctx, []string{"dave", "dave"}, 1)
+	if err != nil || !res.Allowed {
+		t.Fatalf("after the upgrade: allowed %v, denied by %q (cached %v), err %v; want admitted: a has 90 left, b 9",
+			res.Allowed, res.DeniedBy, res.Cached, err)
+	}
+}

@@ -345,7 +345,7 @@ func newPlan(limits []compiledLimit, split bool) (*plan, error) {
 			return nil, fmt.Errorf("limit %s: %w", lim.Name, err)
 		}
 		p.all = append(p.all, i)
-		p.limits = append(p.limits, planLimit{quota: lim.Quota, window: lim.Window, shadow: lim.Shadow, global: lim.Key.global, spec: spec})
+		p.limits = append(p.limits, planLimit{quota: lim.Quota, window: lim.Window, shadow: lim.Shadow, global: lim.Key.global, spec: spec, field: wire[i].Name})
 	}
 	p.whole = [][]int{p.all}
 	var err error

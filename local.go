@@ -16,7 +16,7 @@ const maxLocalKeys = 100_000
 // there too.
 type localStore struct {
 	mu   sync.Mutex
-	logs map[string]*localLog // by Redis key
+	logs map[logID]*localLog
 }
 
 type localLog struct {
@@ -36,19 +36,19 @@ func (s *localStore) decide(_ context.Context, q *query, out *outcome) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.logs == nil {
-		s.logs = make(map[string]*localLog)
+		s.logs = make(map[logID]*localLog)
 	}
 	now, n := q.now, int64(q.cost)
 	logs := make([]*localLog, len(q.keys))
 	out.allowed, out.now, out.denier = true, now, -1
 	var denierAt int64
-	for i, key := range q.keys {
+	for i := range q.keys {
 		lim := &q.plan.limits[i]
 		if q.quota(i) == 0 {
 			continue // the client's plan does not count it here
 		}
 		window := lim.window.Microseconds()
-		g := s.logs[key]
+		g := s.logs[q.log(i)]
 		if g == nil {
 			g = &localLog{window: window}
 		}
@@ -89,9 +89,9 @@ func (s *localStore) decide(_ context.Context, q *query, out *outcome) error {
 		for range n {
 			g.stamps = append(g.stamps, now)
 		}
-		if s.logs[q.keys[i]] == nil {
+		if id := q.log(i); s.logs[id] == nil {
 			s.makeRoom(now)
-			s.logs[q.keys[i]] = g
+			s.logs[id] = g
 		}
 	}
 	return nil
@@ -109,7 +109,7 @@ func (s *localStore) makeRoom(now int64) {
 // makeRoom keeps m under limit entries once it has reached it: it drops the
 // entries stale reports true for, then, if that is not enough, arbitrary ones
 // (map order is random) down to nine tenths of limit.
-func makeRoom[V any](m map[string]V, limit int, stale func(V) bool) {
+func makeRoom[K comparable, V any](m map[K]V, limit int, stale func(V) bool) {
 	if len(m) < limit {
 		return
 	}

@@ -41,7 +41,16 @@ type planLimit struct {
 	shadow bool             // reported, never denies
 	global bool             // counted by a Global key: the same for every request
 	spec   slidinglog.Specs // the limit alone, for the Lua code
+	// field is a bucketed limit's name in the hash its identifier's
+	// bucketed limits share; "" for an exact log, which has a key of its own.
+	field string
 }
+
+// logID names one limit's log of one client: its Redis key, and the
+// limit's field in it. The deny cache and the local logs are kept by logID,
+// not by key, so that two bucketed limits of one identifier, which share a
+// key, never read each other's denials or counts.
+type logID struct{ key, field string }
 
 // specsOf returns the limits idx encoded for the Lua code, in turn.
 func (p *plan) specsOf(idx []int) slidinglog.Specs {
@@ -76,6 +85,9 @@ type query struct {
 	// the decision, whose buffers must then not be reused.
 	abandoned bool
 }
+
+// log returns the log of q's limit i.
+func (q *query) log(i int) logID { return logID{q.keys[i], q.plan.limits[i].field} }
 
 // quota returns the quota of limit i for q's request: the plan's, or the
 // client's plan's (0 if it does not count the request in the limit).
