@@ -245,11 +245,16 @@ func (l *Limiter) result(s *scratch, out *outcome, cost int, peek bool) Result {
 // it was counted in, as if it had never been admitted. Exactly its own cost
 // is removed: entries of the same time are interchangeable, so no other
 // request loses anything. Refund a Result once; a second call removes
-// nothing more only if the first removed everything. Another instance's
+// nothing more only if the first removed everything. A Result whose plans
+// exempted it from every limit ([Unlimited]) counted nothing, and its
+// Refund returns nil. Another instance's
 // deny cache may keep denying the keys for up to its maximum age
 // ([WithDenyCache]).
 func (l *Limiter) Refund(ctx context.Context, res Result) error {
 	t := res.ticket
+	if res.Allowed && t == nil && res.index < 0 && res.Limits != nil {
+		return nil // its plans exempted it from every limit: nothing was counted
+	}
 	if !res.Allowed || t == nil {
 		return ErrNotRefundable
 	}

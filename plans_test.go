@@ -407,3 +407,46 @@ func TestPolicyOfManyPlans(t *testing.T) {
 		}
 	}
 }
+
+// TestRefundUnderPlans: a Result its plans exempted from every limit
+// counted nothing, and its Refund has nothing to do (it returned
+// ErrNotRefundable for an admitted Result); one exempted from some limits
+// is taken back from the others, and what a failed refund leaves counted is
+// its cost in those alone (the exempted limits were counted too).
+func TestRefundUnderPlans(t *testing.T) {
+	b := backend{mr: miniredis.RunT(t)}
+	table := &planTable{plans: map[string]string{"ops": "internal", "half": "internal"}}
+	l := mustNew(t, b.newClient(t), []Limit{
+		PerMinute(5, Header("X-User")).Named("a").Tiered(Plans{Quotas: map[string]int{"internal": Unlimited}, Of: table.of}),
+		PerMinute(5, Header("X-User")).Named("b").Tiered(Plans{Quotas: map[string]int{"internal": Unlimited}, Of: func(ctx context.Context, id string) (string, error) {
+			if id == "half" {
+				return "", nil
+			}
+			return table.of(ctx, id)
+		}}),
+	}, WithCircuitBreaker(0, 0))
+	ctx := context.Background()
+	res, err := l.Allow(ctx, []string{"ops", "ops"}, 1)
+	if err != nil || !res.Allowed {
+		t.Fatalf("ops: %+v %v", res, err)
+	}
+	if err := l.Refund(ctx, res); err != nil {
+		t.Errorf("refund of a request no limit counted: %v, want nil", err)
+	}
+	res, err = l.Allow(ctx, []string{"half", "half"}, 3)
+	if err != nil || !res.Allowed {
+		t.Fatalf("half: %+v %v", res, err)
+	}
+	b.mr.SetError("ERR injected") // not an outage: the refund is not retried
+	err = l.Refund(ctx, res)
+	if !errors.Is(err, ErrNotReverted) || !strings.Contains(err.Error(), ": 3 units stay counted") {
+		t.Errorf("failed refund: %v; want ErrNotReverted for 3 units (cost 3 in limit b alone)", err)
+	}
+	if n := l.Unreverted(); n != 3 {
+		t.Errorf("Unreverted() = %d, want 3", n)
+	}
+	b.mr.SetError("")
+	if got := logEntries(t, b.newClient(t), "b", "half"); got != 3 {
+		t.Errorf("limit b holds %d entries for half, want 3", got)
+	}
+}

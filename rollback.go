@@ -47,11 +47,12 @@ type reservation struct {
 	req    []byte
 	stamps []byte
 	window time.Duration // the longest window of its logs: then nothing is left to remove
+	logged int           // how many of its logs hold the request (a plan may exempt the others)
 }
 
 // units is how many units of cost r holds for a request of cost: cost in
-// each of its logs.
-func (r *reservation) units(cost int) uint64 { return uint64(cost) * uint64(len(r.keys)) }
+// each log that holds it.
+func (r *reservation) units(cost int) uint64 { return uint64(cost) * uint64(r.logged) }
 
 // reservations returns, for each of groups, what the rollback code needs
 // to remove a request's entries from the group's logs: their keys (from
@@ -62,13 +63,14 @@ func reservationsOf(p *plan, keys []string, groups [][]int, cost int, stamp func
 	for _, g := range groups {
 		r := reservation{keys: make([]string, len(g))}
 		stamps := make([]int64, len(g))
-		logged := false
 		for j, i := range g {
 			r.keys[j], stamps[j] = keys[i], stamp(i)
 			r.window = max(r.window, p.limits[i].window)
-			logged = logged || stamps[j] != 0
+			if stamps[j] != 0 {
+				r.logged++
+			}
 		}
-		if !logged {
+		if r.logged == 0 {
 			continue // nothing to remove: limits the request's plans exempted it from, say
 		}
 		r.stamps = slidinglog.AppendStamps(nil, stamps)
