@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/adapt"
 	"github.com/slidinglog/ratelimit/internal/route"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
@@ -46,6 +47,10 @@ type Limiter struct {
 	// routes holds the Limiters WithRoutes declared, by path template and
 	// then by method ("" for any method).
 	routes map[string]map[string]*Limiter
+	// own, in a route's Limiter, decides the route's own limits alone: for
+	// a request whose first pass through the parent saw no route (see
+	// Limiter.inPass). nil if the route has none.
+	own *Limiter
 
 	// policyHeaders holds the RateLimit-Policy values of a decision that
 	// consulted every limit, by the clients' plans: the tiers of the
@@ -236,6 +241,15 @@ func (l *Limiter) buildRoutes() error {
 			errs = append(errs, fmt.Errorf("route %q: %w", template, err))
 			continue
 		}
+		if len(rl.Limits) > 0 {
+			if d.own, err = newLimiter(l.client, rl.Limits, append(append([]Option(nil), l.opts...), opts...), l); err != nil {
+				errs = append(errs, fmt.Errorf("route %q: %w", template, err))
+				continue
+			}
+			for j := range d.own.limits { // the same limits as d's last ones: one plan cache each
+				d.own.limits[j].planCache = d.limits[len(l.limits)+j].planCache
+			}
+		}
 		if l.routes == nil {
 			l.routes = make(map[string]map[string]*Limiter)
 		}
@@ -303,6 +317,25 @@ func (l *Limiter) forRoute(method, template string) *Limiter {
 		return d
 	}
 	return l
+}
+
+// inPass returns the Limiter that decides r in p, l's pass over r (the
+// zero Pass for a request whose passes are not recorded): the one of r's
+// route, recorded for later passes; for a later pass, nothing (nil) if the
+// first decided with a route's limits or r has no route of its own limits,
+// else the route's own limits alone, which the first pass could not see
+// (l's Handler around middleware around a mux, and l's Handler or an
+// adapter again around the route).
+func (l *Limiter) inPass(p adapt.Pass, r *http.Request) *Limiter {
+	d := l.forRoute(r.Method, r.Pattern)
+	if !p.Again() {
+		p.Decided(d)
+		return d
+	}
+	if p.Route() != l {
+		return nil
+	}
+	return d.own
 }
 
 // with returns a new Limiter that enforces l's limits and the given ones in

@@ -27,12 +27,14 @@ import (
 //	http.ListenAndServe(":8080", api.Handler(mux))
 //
 // Behind other middleware the mux is out of sight: wrap the mux itself, or
-// each route.
+// each route too.
 //
 // A request l is already deciding, further up the chain (l's Handler
 // around a mux whose routes are wrapped in l's Handler again, or around a
-// router that mounts l with its adapter), passes this Handler undecided:
-// it is counted once, and keeps the first pass's headers. A request is
+// router that mounts l with its adapter), is counted once: the second pass
+// decides only the limits of the request's route, if the first pass saw no
+// route (it was behind other middleware), and lets the request through
+// undecided otherwise, with the first pass's headers. A request is
 // recognised by its Header map, which the copies r.WithContext and
 // [http.StripPrefix] make share. Different Limiters each decide.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
@@ -49,11 +51,9 @@ type handler struct {
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	pass, first := adapt.Enter(h.l, r)
-	if !first {
-		h.next.ServeHTTP(w, r)
-		return
+	if first {
+		defer pass.Leave()
 	}
-	defer pass.Leave()
 	// A wrapped mux decides the route, even under another mux that has set
 	// r.Pattern to its own pattern (such as "/").
 	if h.mux != nil {
@@ -65,7 +65,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// dispatches the request.
 		r.Pattern = pattern
 	}
-	l := h.l.forRoute(r.Method, r.Pattern)
+	l := h.l.inPass(pass, r)
+	if l == nil {
+		h.next.ServeHTTP(w, r)
+		return
+	}
 	if l.cfg.refund == nil {
 		if l.check(w, r, nil) {
 			h.next.ServeHTTP(w, r)
@@ -119,9 +123,16 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool
 // init gives the router adapters their way to decide (adapt.Check)
 // without exported API.
 func init() {
-	adapt.Check = func(l any, w http.ResponseWriter, r *http.Request) (adapt.Verdict, error) {
-		lim := l.(*Limiter)
-		return lim.forRoute(r.Method, r.Pattern).verdict(w, r, nil)
+	adapt.Check = func(l any, p adapt.Pass, w http.ResponseWriter, r *http.Request) (adapt.Verdict, error) {
+		d := l.(*Limiter).inPass(p, r)
+		if d == nil {
+			return adapt.Proceed, nil
+		}
+		return d.verdict(w, r, nil)
+	}
+	adapt.Serve = func(l any, p adapt.Pass, w http.ResponseWriter, r *http.Request) bool {
+		d := l.(*Limiter).inPass(p, r)
+		return d == nil || d.check(w, r, nil)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -286,6 +287,80 @@ func TestPlansBehindAuth(t *testing.T) {
 				}
 				if n := logs(t, rdb)["ratelimit:user:{ops}"]; n != 0 {
 					t.Errorf("the internal user has %d entries in the per-user log, want none", n)
+				}
+			})
+		})
+	}
+}
+
+// logging stands for any middleware between a Limiter's Handler and the
+// router: the Handler cannot see the router's routes through it.
+func logging(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { next.ServeHTTP(w, r) })
+}
+
+// outerRouters mount the per-IP Limiter twice: its Handler around logging
+// around the router, which sees no route, and again where the router knows
+// the route (the net/http mux's route wrapped in the Handler, the routers'
+// Middleware).
+var outerRouters = []struct {
+	name  string
+	build func(ip *ratelimit.Limiter) http.Handler
+}{
+	{"net/http", func(ip *ratelimit.Limiter) http.Handler {
+		mux := http.NewServeMux()
+		mux.Handle("POST /login", ip.Handler(http.HandlerFunc(ok)))
+		mux.HandleFunc("GET /me", ok)
+		return ip.Handler(logging(mux))
+	}},
+	{"chi", func(ip *ratelimit.Limiter) http.Handler {
+		r := chi.NewRouter()
+		r.Use(chiratelimit.Middleware(ip))
+		r.Post("/login", ok)
+		r.Get("/me", ok)
+		return ip.Handler(logging(r))
+	}},
+	{"echo", func(ip *ratelimit.Limiter) http.Handler {
+		eok := func(c echo.Context) error { return c.String(http.StatusOK, "ok") }
+		e := echo.New()
+		e.Use(echoratelimit.Middleware(ip))
+		e.POST("/login", eok)
+		e.GET("/me", eok)
+		return ip.Handler(logging(e))
+	}},
+	{"gin", func(ip *ratelimit.Limiter) http.Handler {
+		gok := func(c *gin.Context) { c.String(http.StatusOK, "ok") }
+		gin.SetMode(gin.ReleaseMode)
+		g := gin.New()
+		g.Use(ginratelimit.Middleware(ip))
+		g.POST("/login", gok)
+		g.GET("/me", gok)
+		return ip.Handler(logging(g))
+	}},
+}
+
+// TestRouteLimitsBehindOuterHandler: a Limiter whose Handler sits behind
+// other middleware sees no route; met again where the route is known, it
+// decides there the route's own limits, which the first pass could not
+// apply. Before, the second pass let every request through, and the login
+// limit never applied. Each request is still counted once in each limit.
+func TestRouteLimitsBehindOuterHandler(t *testing.T) {
+	for _, rt := range outerRouters {
+		t.Run(rt.name, func(t *testing.T) {
+			forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+				ip, _ := authLimiters(t, rdb, opts)
+				h := rt.build(ip)
+				var codes []int
+				for range 3 {
+					codes = append(codes, send(h, "POST", "/login", "192.0.2.1").Code)
+				}
+				codes = append(codes, send(h, "GET", "/me", "192.0.2.1").Code)
+				if want := []int{200, 200, 429, 200}; !slices.Equal(codes, want) {
+					t.Errorf("POST /login x3, GET /me: %v, want %v", codes, want)
+				}
+				want := map[string]int64{"ratelimit:ip:{192.0.2.1}": 4, "ratelimit:login:{192.0.2.1}": 2}
+				if got := logs(t, rdb); !maps.Equal(got, want) {
+					t.Errorf("Redis logs: got %v, want %v", got, want)
 				}
 			})
 		})

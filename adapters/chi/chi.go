@@ -37,20 +37,20 @@ import (
 // requests no route matches share [ratelimit.UnmatchedRoute].
 //
 // A request that l is already deciding (l mounted twice on its way: at the
-// root and in a group, say) passes the second Middleware undecided: it is
-// counted once and keeps the headers of the first. Different Limiters each
-// decide.
+// root and in a group, say) is counted once: the second Middleware lets it
+// through undecided, with the headers of the first, unless the first pass
+// saw no route (l's Handler around middleware around the router): it then
+// decides the route's own limits ([ratelimit.WithRoutes]). Different
+// Limiters each decide.
 func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			pass, first := adapt.Enter(l, r)
-			if !first {
-				next.ServeHTTP(w, r)
-				return
+			if first {
+				defer pass.Leave()
 			}
-			defer pass.Leave()
 			resolve(r)
-			if l.Check(w, r) {
+			if adapt.Serve(l, pass, w, r) {
 				next.ServeHTTP(w, r)
 			}
 		})

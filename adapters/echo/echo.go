@@ -44,18 +44,19 @@ import (
 // return (echo.HTTPError included) reach the HTTPErrorHandler unchanged.
 //
 // A request that l is already deciding (l mounted twice on its way: two
-// e.Use, or e.Use and a group's) passes the second Middleware undecided: it
-// is counted once and keeps the headers of the first. Different Limiters
-// each decide.
+// e.Use, or e.Use and a group's) is counted once: the second Middleware
+// lets it through undecided, with the headers of the first, unless the
+// first pass saw no route (l's Handler around the echo server): it then
+// decides the route's own limits ([ratelimit.WithRoutes]). Different
+// Limiters each decide.
 func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			pass, first := adapt.Enter(l, c.Request())
-			if !first {
-				return next(c)
+			if first {
+				defer pass.Leave()
 			}
-			defer pass.Leave()
-			switch v, err := adapt.Check(l, c.Response(), resolve(c)); v {
+			switch v, err := adapt.Check(l, pass, c.Response(), resolve(c)); v {
 			case adapt.Proceed:
 				return next(c)
 			case adapt.Deny:

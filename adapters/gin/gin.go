@@ -56,16 +56,17 @@ var (
 //
 // Middleware runs the rest of the chain itself (c.Next). A request that l
 // is already deciding (l mounted twice on its way: two Use, or the engine's
-// and a group's) passes the second Middleware undecided: it is counted once
-// and keeps the headers of the first. Different Limiters each decide.
+// and a group's) is counted once: the second Middleware lets it through
+// undecided, with the headers of the first, unless the first pass saw no
+// route (l's Handler around the gin engine): it then decides the route's
+// own limits ([ratelimit.WithRoutes]). Different Limiters each decide.
 func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		r := c.Request
 		pass, first := adapt.Enter(l, r)
-		if !first {
-			return // gin runs the next handler
+		if first {
+			defer pass.Leave()
 		}
-		defer pass.Leave()
 		if r.Pattern == "" {
 			if t := c.FullPath(); t != "" {
 				r.Pattern = route.Cached(t)
@@ -73,7 +74,7 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 				r.Pattern = ratelimit.UnmatchedRoute
 			}
 		}
-		switch v, err := adapt.Check(l, c.Writer, r); v {
+		switch v, err := adapt.Check(l, pass, c.Writer, r); v {
 		case adapt.Proceed:
 			c.Next()
 		case adapt.Deny:

@@ -197,7 +197,7 @@ func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered
 			}
 		}
 	}
-	v, _ := adapt.Check(l, &c.w, base.WithContext(ctx))
+	v, _ := adapt.Check(l, adapt.Pass{}, &c.w, base.WithContext(ctx))
 	md := headerMD(c.w.h)
 	switch v {
 	case adapt.Proceed:

@@ -59,26 +59,66 @@ type DenialRecorder interface {
 	RecordDenial(Denial)
 }
 
-// Check decides r with l, a *ratelimit.Limiter, as Limiter.Check does (the
-// route table included: r.Pattern must be set), but writes no default
-// response: see [Verdict]. The error is the one that made the Limiter apply
-// its failure mode (also under FailOpen, with Proceed), nil otherwise.
-// Package ratelimit sets it in its init.
-var Check func(l any, w http.ResponseWriter, r *http.Request) (Verdict, error)
+// Check decides r with l, a *ratelimit.Limiter, in pass p (from [Enter],
+// or the zero Pass for a request whose passes are not recorded) as
+// Limiter.Check does (the route table included: r.Pattern must be set),
+// but writes no default response: see [Verdict]. A pass Enter reported
+// false for decides only what the first pass could not: the limits of r's
+// route, if the first pass saw no route; otherwise it proceeds undecided.
+// The error is the one that made the Limiter apply its failure mode (also
+// under FailOpen, with Proceed), nil otherwise. Package ratelimit sets it
+// in its init.
+var Check func(l any, p Pass, w http.ResponseWriter, r *http.Request) (Verdict, error)
+
+// Serve is Check that answers a denial and a failure itself, with
+// net/http's default 429 and 503, and reports whether to serve r. Package
+// ratelimit sets it in its init.
+var Serve func(l any, p Pass, w http.ResponseWriter, r *http.Request) bool
 
 // A Pass is one Limiter's pass over one request, from [Enter] to its Leave.
 type Pass struct {
 	l  any
 	id unsafe.Pointer
+	// route is what the first pass decided with (see Decided); again, that
+	// this pass is not the first.
+	route any
+	again bool
+}
+
+// Again reports whether p is not the first pass of its Limiter over its
+// request.
+func (p Pass) Again() bool { return p.again }
+
+// Route returns what the first pass over p's request recorded with
+// Decided, nil if nothing.
+func (p Pass) Route() any { return p.route }
+
+// Decided records, for later passes of the same Limiter over the request,
+// what the first pass decided with (the Limiter of the request's route).
+// It does nothing for the zero Pass.
+func (p Pass) Decided(route any) {
+	if p.l == nil {
+		return
+	}
+	s := p.shard()
+	s.mu.Lock()
+	for i := range s.passes {
+		if q := &s.passes[i]; q.id == p.id && q.l == p.l {
+			q.route = route
+			break
+		}
+	}
+	s.mu.Unlock()
 }
 
 // Enter records that l is deciding r and reports true, unless l already has
 // a pass over r under way: then l is mounted twice on r's way (two Use of
 // the same Limiter, a group's and the root's, or Limiter.Handler around a
-// router that mounts it too), and Enter records nothing and reports false,
-// so that the caller lets r through undecided and uncounted, with the
-// headers the first pass set. The caller must Leave a pass Enter reported
-// true for once the rest of the chain has served r, panics included.
+// router that mounts it too), and Enter records nothing, reports false and
+// returns the first pass as a later one sees it (Again), so that [Check]
+// decides only what the first pass could not. The caller must Leave a pass
+// Enter reported true for once the rest of the chain has served r, panics
+// included.
 //
 // A request is known by its Header map, which r.WithContext,
 // http.StripPrefix and the routers' contexts share, so a middleware that
@@ -99,7 +139,8 @@ func Enter(l any, r *http.Request) (Pass, bool) {
 	for _, q := range s.passes {
 		if q.id == p.id && q.l == p.l {
 			s.mu.Unlock()
-			return Pass{}, false
+			q.again = true
+			return q, false
 		}
 	}
 	s.passes = append(s.passes, p)
@@ -112,7 +153,7 @@ func (p Pass) Leave() {
 	s := p.shard()
 	s.mu.Lock()
 	for i, q := range s.passes {
-		if q == p {
+		if q.id == p.id && q.l == p.l {
 			last := len(s.passes) - 1
 			s.passes[i] = s.passes[last]
 			s.passes[last] = Pass{} // keeps neither the Limiter nor the request alive

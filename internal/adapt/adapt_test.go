@@ -18,8 +18,15 @@ func TestPasses(t *testing.T) {
 	if !ok {
 		t.Fatal("first pass refused")
 	}
-	if _, ok := Enter(l1, r.WithContext(t.Context())); ok {
-		t.Error("second pass over a copy of the request allowed")
+	if again, ok := Enter(l1, r.WithContext(t.Context())); ok || !again.Again() || again.Route() != nil {
+		t.Errorf("second pass over a copy of the request: first %v, Again %v, Route %v; want false, true, nil", ok, again.Again(), again.Route())
+	}
+	// What the first pass decided with is what later passes see; the
+	// zero Pass records nothing.
+	p.Decided("route")
+	Pass{}.Decided("nothing")
+	if again, _ := Enter(l1, r); again.Route() != "route" || p.Again() {
+		t.Errorf("second pass sees Route %v (want route); first pass Again %v", again.Route(), p.Again())
 	}
 	p2, ok := Enter(l2, r)
 	if !ok {
