@@ -228,11 +228,11 @@ func TestBreakerBusyProcess(t *testing.T) {
 	timeout := fmt.Errorf("ratelimit: redis: %w", context.DeadlineExceeded)
 	onTime := func() { // a deadline an hour away: learnt before it passed
 		start := time.Now()
-		b.done(bs, timeout, false, start, start.Add(time.Hour))
+		b.done(bs, timeout, false, false, start, start.Add(time.Hour))
 	}
 	late := func() { // learnt a second after the deadline of a 100ms decision
 		deadline := time.Now().Add(-time.Second)
-		b.done(bs, timeout, false, deadline.Add(-100*time.Millisecond), deadline)
+		b.done(bs, timeout, false, false, deadline.Add(-100*time.Millisecond), deadline)
 	}
 	onTime()
 	onTime()
@@ -279,7 +279,7 @@ func TestBreakerIgnoresCancelled(t *testing.T) {
 	b := &bs.single
 	fail := func(err error) {
 		start := time.Now()
-		b.done(bs, fmt.Errorf("ratelimit: redis: %w", err), false, start, start.Add(time.Hour))
+		b.done(bs, fmt.Errorf("ratelimit: redis: %w", err), false, false, start, start.Add(time.Hour))
 	}
 	fail(context.DeadlineExceeded)
 	fail(context.DeadlineExceeded)
@@ -292,5 +292,29 @@ func TestBreakerIgnoresCancelled(t *testing.T) {
 	fail(context.DeadlineExceeded)
 	if !b.open(time.Now()) {
 		t.Fatal("the third timeout did not open the breaker: cancelled decisions reset the count")
+	}
+}
+
+// TestBreakerIgnoresCallersDeadline: decisions that run out of the time
+// their caller gave them, less than the Limiter's timeout, say nothing
+// about Redis. A gRPC client chooses its call's deadline (grpc-timeout):
+// before, a few calls of a microsecond opened the breaker for every client.
+func TestBreakerIgnoresCallersDeadline(t *testing.T) { forBackends(t, testBreakerIgnoresCallersDeadline) }
+
+func testBreakerIgnoresCallersDeadline(t *testing.T, b backend) {
+	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(100, Global())}, WithCircuitBreaker(3, time.Hour))
+	failed := 0
+	for _, d := range []time.Duration{-time.Second, 0, time.Nanosecond, time.Microsecond, time.Microsecond, 10 * time.Microsecond} {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		if _, err := lim.Allow(ctx, []string{GlobalID}, 1); err != nil {
+			failed++
+		}
+		cancel()
+	}
+	if failed < 3 {
+		t.Fatalf("only %d of 6 decisions ran out of their caller's time: the test says nothing", failed)
+	}
+	if res, err := lim.Allow(context.Background(), []string{GlobalID}, 1); err != nil || !res.Allowed {
+		t.Fatalf("after %d decisions out of their caller's time: %v (allowed %v); want admitted, the breaker closed", failed, err, res.Allowed)
 	}
 }

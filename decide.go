@@ -49,6 +49,7 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 	}
 	q.keys, q.tags = l.keys(s, fromKeys)
 	q.deadline = l.deadline(ctx, q.wall)
+	q.callers = q.deadline.Before(q.wall.Add(l.cfg.timeout))
 	out := &s.out
 	out.reset(s.replies(len(l.limits)))
 	err := l.store.decide(ctx, q, out)

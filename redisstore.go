@@ -140,7 +140,7 @@ func (d *call) group(ctx context.Context, keys []string, idx []int) (bool, error
 		raw, err = rs.lib.Decide(ctx, q.deadline, keys, d.args, d)
 	}
 	if b != nil {
-		b.done(rs.breakers, err, probe, q.wall, q.deadline)
+		b.done(rs.breakers, err, probe, q.callers, q.wall, q.deadline)
 	}
 	if err != nil {
 		return false, rs.callError(ctx, err, q.deadline)
