@@ -41,7 +41,11 @@
 //     out; Host is the :authority.
 //   - Context the call's context, so that [ratelimit.UserFromContext] sees
 //     what an earlier interceptor stored there and a plan's Of can read it.
-//     The decision is cancelled with the call.
+//     The decision is cancelled with the call, and bounded by its deadline
+//     (the client's grpc-timeout) when that is shorter than the Limiter's
+//     timeout: a call that ends so before it is decided fails with the
+//     context's code (codes.DeadlineExceeded, codes.Canceled) whatever the
+//     failure mode, and tells the circuit breaker nothing about Redis.
 //
 // The view, its Header and the ResponseWriter the Limiter's handlers get
 // are valid only during the decision: they are recycled for later calls,
@@ -197,7 +201,14 @@ func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered
 			}
 		}
 	}
-	v, _ := adapt.Check(l, adapt.Pass{}, &c.w, base.WithContext(ctx))
+	v, err := adapt.Check(l, adapt.Pass{}, &c.w, base.WithContext(ctx))
+	if err != nil && ctx.Err() != nil {
+		// The call ended (its client's deadline, a cancellation) before it
+		// was decided: it ends so, whatever the failure mode, so that a
+		// client cannot pass a fail-open Limiter uncounted by giving its
+		// calls no time.
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	md := headerMD(c.w.h)
 	switch v {
 	case adapt.Proceed:

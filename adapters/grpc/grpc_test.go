@@ -445,3 +445,31 @@ func TestQuotaFailureNamesDenier(t *testing.T) {
 		})
 	})
 }
+
+// TestCallersDeadline: a call whose own deadline (the client's
+// grpc-timeout) ends before it is decided fails with DeadlineExceeded,
+// whatever the failure mode, and says nothing to the circuit breaker.
+// Before, a few such calls opened the breaker for every client, and under
+// FailOpen each was served uncounted.
+func TestCallersDeadline(t *testing.T) {
+	// expire stands for a client that gives its calls no time.
+	expire := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		ctx, cancel := context.WithTimeout(ctx, 0)
+		defer cancel()
+		return handler(ctx, req)
+	}
+	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
+		for _, mode := range []ratelimit.FailureMode{ratelimit.FailClosed, ratelimit.FailOpen} {
+			l := newLimiter(t, rdb, perPeer(10), ratelimit.WithFailureMode(mode), ratelimit.WithCircuitBreaker(3, time.Hour))
+			hurried := serve(t, l, []grpc.UnaryServerInterceptor{expire})
+			for range 5 {
+				_, err := hurried.check(t)
+				mustCode(t, err, codes.DeadlineExceeded)
+			}
+			md, err := serve(t, l, nil).check(t)
+			if err != nil || first(md, "x-ratelimit-limit") != "10" {
+				t.Errorf("mode %v: a call with time after 5 without: %v, metadata %v; want admitted with rate-limit headers", mode, err, md)
+			}
+		}
+	})
+}
