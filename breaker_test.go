@@ -299,7 +299,9 @@ func TestBreakerIgnoresCancelled(t *testing.T) {
 // their caller gave them, less than the Limiter's timeout, say nothing
 // about Redis. A gRPC client chooses its call's deadline (grpc-timeout):
 // before, a few calls of a microsecond opened the breaker for every client.
-func TestBreakerIgnoresCallersDeadline(t *testing.T) { forBackends(t, testBreakerIgnoresCallersDeadline) }
+func TestBreakerIgnoresCallersDeadline(t *testing.T) {
+	forBackends(t, testBreakerIgnoresCallersDeadline)
+}
 
 func testBreakerIgnoresCallersDeadline(t *testing.T, b backend) {
 	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(100, Global())}, WithCircuitBreaker(3, time.Hour))
