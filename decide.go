@@ -34,8 +34,9 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 			return Result{}, fmt.Errorf("ratelimit: clock reads %v, before 2001-09-09", q.local)
 		}
 	}
+	q.deadline = l.deadline(ctx, q.wall)
 	if l.tiered {
-		counted, err := l.resolvePlans(ctx, s, q.local)
+		counted, err := l.resolvePlans(ctx, s, q.local, q.deadline)
 		if err != nil {
 			return Result{}, err
 		}
@@ -48,7 +49,6 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 		}
 	}
 	q.keys, q.tags = l.keys(s, fromKeys)
-	q.deadline = l.deadline(ctx, q.wall)
 	q.callers = q.deadline.Before(q.wall.Add(l.cfg.timeout))
 	out := &s.out
 	out.reset(s.replies(len(l.limits)))
@@ -71,13 +71,13 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 // resolvePlans finds the plan of the client of each limit with plans, for
 // s.ids, at now: its tier into s.tiers and its quota into s.quotas (0 for
 // Unlimited: not counted). It reports whether any limit counts the request.
-func (l *Limiter) resolvePlans(ctx context.Context, s *scratch, now time.Time) (counted bool, err error) {
+func (l *Limiter) resolvePlans(ctx context.Context, s *scratch, now, deadline time.Time) (counted bool, err error) {
 	s.tiers = grow(s.tiers, len(l.limits))
 	s.quotas = grow(s.quotas, len(l.limits))
 	for i := range l.limits {
 		lim := &l.limits[i]
 		if lim.tierOf != nil {
-			if s.tiers[i], err = lim.planOf(ctx, s.ids[i], now); err != nil {
+			if s.tiers[i], err = lim.planOf(ctx, s.ids[i], now, deadline); err != nil {
 				return false, fmt.Errorf("ratelimit: limit %s: plan: %w", lim.Name, err)
 			}
 		}
@@ -87,14 +87,17 @@ func (l *Limiter) resolvePlans(ctx context.Context, s *scratch, now time.Time) (
 	return counted, nil
 }
 
-// planOf returns the tier of the client id at now, from the cache or Of.
-func (lim *compiledLimit) planOf(ctx context.Context, id string, now time.Time) (int, error) {
+// planOf returns the tier of the client id at now, from the cache or Of,
+// which must answer by the decision's deadline.
+func (lim *compiledLimit) planOf(ctx context.Context, id string, now, deadline time.Time) (int, error) {
 	if lim.planCache != nil {
 		if t, ok := lim.planCache.get(id, now); ok {
 			return t, nil
 		}
 	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	name, err := lim.Plans.Of(ctx, id)
+	cancel()
 	if err != nil {
 		return 0, err
 	}

@@ -82,7 +82,10 @@ type Plans struct {
 	// the request's context (Allow's and Status's ctx), where
 	// authentication middleware usually leaves the client's account. It
 	// runs once per request and limit, before the decision, and must be
-	// safe for concurrent use. An error fails the decision as a Key that
+	// safe for concurrent use. ctx ends with the decision's time
+	// ([WithTimeout], 100ms by default, from the start of the decision):
+	// an Of that asks a database should pass it on, so that a slow
+	// database cannot hold requests past it. An error fails the decision as a Key that
 	// cannot identify the request does ([ErrNoKey]'s failure mode: 503
 	// under FailClosed and FailLocal, served without the limit under
 	// FailOpen).

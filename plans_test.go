@@ -450,3 +450,34 @@ func TestRefundUnderPlans(t *testing.T) {
 		t.Errorf("limit b holds %d entries for half, want 3", got)
 	}
 }
+
+// TestPlanOfBounded: Of gets a context that ends with the decision's time,
+// so that an Of waiting on a slow database does not hold the request past
+// the timeout. Before, it got the request's context, which had no
+// deadline, and this test waited for Of's 10 s.
+func TestPlanOfBounded(t *testing.T) {
+	slowDB := func(ctx context.Context, _ string) (string, error) {
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(10 * time.Second):
+			return "pro", nil
+		}
+	}
+	// A short timeout is what this test is about; it does not depend on
+	// the machine being quick: Of waits until the context ends.
+	l, err := New(backend{mr: miniredis.RunT(t)}.newClient(t), []Limit{
+		PerMinute(5, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"pro": 10}, Of: slowDB}),
+	}, WithTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = l.Allow(context.Background(), []string{"ann"}, 1)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Allow with a slow Of: %v, want context.DeadlineExceeded", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Allow took %v: Of's context did not end with the decision's time", took)
+	}
+}
