@@ -26,7 +26,9 @@
 //     ("/helloworld.Greeter/SayHello"), so that [ratelimit.Route] keys count
 //     per method and [ratelimit.WithRoutes] templates such as
 //     "/helloworld.Greeter/SayHello" or "POST /helloworld.Greeter/SayHello"
-//     apply to one method. A call to a method the server does not register,
+//     apply to one method. A template names one method: "/helloworld.Greeter/"
+//     matches no call (there is no subtree matching), so give each method
+//     of a service its entry. A call to a method the server does not register,
 //     which reaches the stream interceptor only under
 //     [grpc.UnknownServiceHandler], has the Pattern
 //     [ratelimit.UnmatchedRoute]: its method name is the client's choice.
