@@ -232,7 +232,9 @@ func (m *Metrics) watched() (open, units int64) {
 	return open, int64(min(n, math.MaxInt64))
 }
 
-// Observe records one decision ([ratelimit.Observer]): its latency, and
+// Observe records one decision ([ratelimit.Observer]): its latency, unless
+// no limit decided (WithSkip, an allow-list or an exempting plan let the
+// request through: a duration of nothing would skew the histogram), and
 // one request per limit in ratelimit.requests, with the limit's result.
 // Only limits that decided or applied are counted: not a limit that was not
 // consulted (a denial from the deny cache consults only the limit that
@@ -244,7 +246,9 @@ func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration
 		return // a zero Metrics
 	}
 	ctx := context.Background()
-	m.duration.Record(ctx, latency.Seconds(), m.record...)
+	if !undecided(res, err) {
+		m.duration.Record(ctx, latency.Seconds(), m.record...)
+	}
 	noDecision := err != nil && !res.Local
 	for i := range res.Limits {
 		lr := &res.Limits[i]
@@ -267,6 +271,20 @@ func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration
 		}
 		m.requests.Add(ctx, 1, m.options(lr.Name, lr.Plan)[r]...)
 	}
+}
+
+// undecided reports whether no limit decided res: every limit is skipped
+// in an admitted request without an error.
+func undecided(res ratelimit.Result, err error) bool {
+	if err != nil || !res.Allowed {
+		return false
+	}
+	for i := range res.Limits {
+		if !res.Limits[i].Skipped {
+			return false
+		}
+	}
+	return true
 }
 
 // options returns the measurement options of limit for plan, building

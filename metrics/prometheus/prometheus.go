@@ -101,9 +101,14 @@ func (m *Metrics) unrevertedUnits() float64 {
 	return float64(n)
 }
 
-// Observe records one decision ([ratelimit.Observer]).
+// Observe records one decision ([ratelimit.Observer]): its latency, unless
+// no limit decided (WithSkip, an allow-list or an exempting plan let the
+// request through: a duration of nothing would skew the histogram), and
+// the outcome of each limit.
 func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration) {
-	m.latency.Observe(latency.Seconds())
+	if !undecided(res, err) {
+		m.latency.Observe(latency.Seconds())
+	}
 	failed := err != nil && !res.Local
 	for _, lr := range res.Limits {
 		switch {
@@ -136,4 +141,18 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.latency.Collect(ch)
 	m.breaker.Collect(ch)
 	m.unreverted.Collect(ch)
+}
+
+// undecided reports whether no limit decided res: every limit is skipped
+// in an admitted request without an error.
+func undecided(res ratelimit.Result, err error) bool {
+	if err != nil || !res.Allowed {
+		return false
+	}
+	for i := range res.Limits {
+		if !res.Limits[i].Skipped {
+			return false
+		}
+	}
+	return true
 }

@@ -77,4 +77,17 @@ ratelimit_unreverted_units_total 0
 	if n := testutil.CollectAndCount(m, "ratelimit_decision_duration_seconds"); n != 1 {
 		t.Errorf("%d latency histograms, want 1", n)
 	}
+	// The latency of the 4 decisions; not of the 2 requests no limit
+	// decided, whose duration of nothing would skew it.
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "ratelimit_decision_duration_seconds" {
+			if n := f.GetMetric()[0].GetHistogram().GetSampleCount(); n != 4 {
+				t.Errorf("the latency histogram counts %d decisions, want 4", n)
+			}
+		}
+	}
 }
