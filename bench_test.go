@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -81,7 +82,8 @@ func BenchmarkMiddleware(b *testing.B) {
 		run(b, lim.Handler(okHandler))
 	})
 	// A client on a plan: Of runs for every request (here it answers at
-	// once), and RateLimit-Policy names the plan, built per request.
+	// once, under a context that ends with the decision's time), or once a
+	// minute with Cache; RateLimit-Policy names the plan.
 	plans := Plans{Quotas: map[string]int{"pro": 1000}, Of: func(context.Context, string) (string, error) { return "pro", nil }}
 	b.Run("global+ip/plans", func(b *testing.B) {
 		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Tiered(plans), PerSecond(1000, Global())})
@@ -90,6 +92,14 @@ func BenchmarkMiddleware(b *testing.B) {
 	})
 	b.Run("global+ip/plans/ietf", func(b *testing.B) {
 		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Tiered(plans), PerSecond(1000, Global())},
+			WithHeaders(HeadersXRateLimit|HeadersIETF))
+		lim.store = lim.wrap(stub(allowTwo))
+		run(b, lim.Handler(okHandler))
+	})
+	cached := plans
+	cached.Cache = time.Minute
+	b.Run("global+ip/plans/cached/ietf", func(b *testing.B) {
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Tiered(cached), PerSecond(1000, Global())},
 			WithHeaders(HeadersXRateLimit|HeadersIETF))
 		lim.store = lim.wrap(stub(allowTwo))
 		run(b, lim.Handler(okHandler))

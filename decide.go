@@ -95,9 +95,9 @@ func (lim *compiledLimit) planOf(ctx context.Context, id string, now, deadline t
 			return t, nil
 		}
 	}
-	ctx, cancel := context.WithDeadline(ctx, deadline)
-	name, err := lim.Plans.Of(ctx, id)
-	cancel()
+	bounded := &planCtx{Context: ctx, deadline: deadline}
+	name, err := lim.Plans.Of(bounded, id)
+	bounded.release()
 	if err != nil {
 		return 0, err
 	}

@@ -80,15 +80,14 @@ type Plans struct {
 	// Of returns the name of the plan of the client identified by id (what
 	// the limit's Key returned, or the id given to [Limiter.Allow]); ctx is
 	// the request's context (Allow's and Status's ctx), where
-	// authentication middleware usually leaves the client's account. It
-	// runs once per request and limit, before the decision, and must be
-	// safe for concurrent use. ctx ends with the decision's time
-	// ([WithTimeout], 100ms by default, from the start of the decision):
-	// an Of that asks a database should pass it on, so that a slow
-	// database cannot hold requests past it. An error fails the decision as a Key that
-	// cannot identify the request does ([ErrNoKey]'s failure mode: 503
-	// under FailClosed and FailLocal, served without the limit under
-	// FailOpen).
+	// authentication middleware usually leaves the client's account, ended
+	// also by the decision's time ([WithTimeout], 100ms by default, from
+	// the start of the decision): an Of that asks a database should pass
+	// it on, so that a slow database cannot hold requests past it. It runs
+	// once per request and limit, before the decision, and must be safe
+	// for concurrent use. An error fails the decision as a Key that cannot
+	// identify the request does ([ErrNoKey]'s failure mode: 503 under
+	// FailClosed and FailLocal, served without the limit under FailOpen).
 	Of func(ctx context.Context, id string) (string, error)
 	// Cache, if positive, makes the Limiter remember Of's answer for an id
 	// for that long, in this process (up to 100,000 ids per limit): for an

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"maps"
 	"slices"
 	"strconv"
@@ -114,4 +115,72 @@ func policyHeaders(tiers [][]tier, shadow func(i int) bool) [][]string {
 		values[k] = []string{strings.Join(items, ", ")}
 	}
 	return values
+}
+
+// planCtx is the context Plans.Of runs under: its parent's, ended by the
+// decision's deadline as well. It costs one allocation, and a timer only
+// if Of asks for Done: an Of that reads its answer from the context (what
+// authentication left there) never does, and context.WithDeadline would
+// cost it four allocations a request.
+type planCtx struct {
+	context.Context
+	deadline time.Time
+	mu       sync.Mutex
+	done     chan struct{} // made by Done
+	err      error         // set when done is closed
+	stop     func()        // stops what Done started
+}
+
+func (c *planCtx) Deadline() (time.Time, bool) {
+	if d, ok := c.Context.Deadline(); ok && d.Before(c.deadline) {
+		return d, true
+	}
+	return c.deadline, true
+}
+
+func (c *planCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.done = make(chan struct{})
+		t := time.AfterFunc(time.Until(c.deadline), func() { c.end(context.DeadlineExceeded) })
+		stopParent := context.AfterFunc(c.Context, func() { c.end(c.Context.Err()) })
+		c.stop = func() { t.Stop(); stopParent() }
+	}
+	return c.done
+}
+
+// end closes Done's channel with err, once.
+func (c *planCtx) end(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = err
+		close(c.done)
+	}
+}
+
+func (c *planCtx) Err() error {
+	c.mu.Lock()
+	err := c.err
+	c.mu.Unlock()
+	switch {
+	case err != nil:
+		return err
+	case c.Context.Err() != nil:
+		return c.Context.Err()
+	case !time.Now().Before(c.deadline):
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// release stops the timer Done started, if any, once Of has returned.
+func (c *planCtx) release() {
+	c.mu.Lock()
+	stop := c.stop
+	c.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }

@@ -481,3 +481,29 @@ func TestPlanOfBounded(t *testing.T) {
 		t.Errorf("Allow took %v: Of's context did not end with the decision's time", took)
 	}
 }
+
+// TestPlanCtx: the context Of runs under keeps its parent's values, ends at
+// the decision's deadline or with its parent, whether Of asks Err or Done.
+func TestPlanCtx(t *testing.T) {
+	type key struct{}
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "account"))
+	defer cancel()
+	past := &planCtx{Context: parent, deadline: time.Now().Add(-time.Millisecond)}
+	if past.Value(key{}) != "account" || !errors.Is(past.Err(), context.DeadlineExceeded) {
+		t.Errorf("past deadline: value %v, Err %v; want account, DeadlineExceeded", past.Value(key{}), past.Err())
+	}
+	<-past.Done() // closed by the deadline's timer
+	past.release()
+
+	future := &planCtx{Context: parent, deadline: time.Now().Add(time.Hour)}
+	if d, ok := future.Deadline(); !ok || !d.Equal(future.deadline) || future.Err() != nil {
+		t.Errorf("an hour ahead: Deadline %v %v, Err %v", d, ok, future.Err())
+	}
+	done := future.Done()
+	cancel()
+	<-done // closed by the parent
+	if !errors.Is(future.Err(), context.Canceled) {
+		t.Errorf("parent cancelled: Err %v, want Canceled", future.Err())
+	}
+	future.release()
+}
