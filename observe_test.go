@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -133,5 +134,48 @@ func TestObserverSeesResult(t *testing.T) {
 		s.limits[0] != (LimitResult{Name: "a", Quota: 1, Window: time.Minute, Skipped: true}) ||
 		s.limits[1] != (LimitResult{Name: "b", Quota: 5, Window: time.Minute, Shadow: true, Skipped: true}) {
 		t.Errorf("failed decision: %+v, want the error and both limits skipped", s)
+	}
+}
+
+// exemptObserver records Result.Exempt of each decision.
+type exemptObserver struct {
+	mu     sync.Mutex
+	exempt []bool
+}
+
+func (o *exemptObserver) Observe(res Result, _ error, _ time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.exempt = append(o.exempt, res.Exempt())
+}
+
+// TestResultExempt: Exempt is true for the requests no limit decided
+// (WithSkip, an allow-list, plans that exempt the client from every
+// limit), false for admissions, denials and failures.
+func TestResultExempt(t *testing.T) {
+	mr := miniredis.RunT(t)
+	var o exemptObserver
+	lim := mustNew(t, backend{mr: mr}.newClient(t), []Limit{
+		PerMinute(1, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"ops": Unlimited}, Of: func(_ context.Context, id string) (string, error) { return id, nil }}),
+	}, WithObserver(&o), WithCircuitBreaker(0, 0),
+		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
+		WithAllowList(ClientIP(), "192.0.2.9"))
+	h := lim.Handler(okHandler)
+	send := func(path, addr, user string) {
+		r := httptest.NewRequest("GET", path, nil)
+		r.RemoteAddr = addr + ":1"
+		r.Header.Set("X-User", user)
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	send("/healthz", "192.0.2.1", "ann") // skipped
+	send("/", "192.0.2.9", "ann")        // allow-listed
+	send("/", "192.0.2.1", "ops")        // exempt by its plan
+	send("/", "192.0.2.1", "ann")        // admitted
+	send("/", "192.0.2.1", "ann")        // denied
+	mr.SetError("ERR injected")
+	send("/", "192.0.2.1", "bob") // failed
+	want := []bool{true, true, true, false, false, false}
+	if !slices.Equal(o.exempt, want) {
+		t.Errorf("Exempt: %v, want %v", o.exempt, want)
 	}
 }

@@ -76,6 +76,23 @@ type Result struct {
 	ticket *ticket // for Refund, when the request was admitted
 }
 
+// Exempt reports whether res let its request through without any limit
+// deciding it: [WithSkip] or [WithAllowList] picked it, or its plans
+// exempt the client from every limit ([Unlimited]). Observers use it to
+// leave such requests out of latency figures. A request no decision could
+// be made for is not exempt: it is not Allowed.
+func (res Result) Exempt() bool {
+	if !res.Allowed {
+		return false
+	}
+	for i := range res.Limits {
+		if !res.Limits[i].Skipped {
+			return false
+		}
+	}
+	return true
+}
+
 // LimitResult is the state of one limit after a decision.
 type LimitResult struct {
 	Name string

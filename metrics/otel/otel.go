@@ -246,7 +246,7 @@ func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration
 		return // a zero Metrics
 	}
 	ctx := context.Background()
-	if !undecided(res, err) {
+	if !res.Exempt() {
 		m.duration.Record(ctx, latency.Seconds(), m.record...)
 	}
 	noDecision := err != nil && !res.Local
@@ -271,20 +271,6 @@ func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration
 		}
 		m.requests.Add(ctx, 1, m.options(lr.Name, lr.Plan)[r]...)
 	}
-}
-
-// undecided reports whether no limit decided res: every limit is skipped
-// in an admitted request without an error.
-func undecided(res ratelimit.Result, err error) bool {
-	if err != nil || !res.Allowed {
-		return false
-	}
-	for i := range res.Limits {
-		if !res.Limits[i].Skipped {
-			return false
-		}
-	}
-	return true
 }
 
 // options returns the measurement options of limit for plan, building

@@ -106,7 +106,7 @@ func (m *Metrics) unrevertedUnits() float64 {
 // request through: a duration of nothing would skew the histogram), and
 // the outcome of each limit.
 func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration) {
-	if !undecided(res, err) {
+	if !res.Exempt() {
 		m.latency.Observe(latency.Seconds())
 	}
 	failed := err != nil && !res.Local
@@ -141,18 +141,4 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.latency.Collect(ch)
 	m.breaker.Collect(ch)
 	m.unreverted.Collect(ch)
-}
-
-// undecided reports whether no limit decided res: every limit is skipped
-// in an admitted request without an error.
-func undecided(res ratelimit.Result, err error) bool {
-	if err != nil || !res.Allowed {
-		return false
-	}
-	for i := range res.Limits {
-		if !res.Limits[i].Skipped {
-			return false
-		}
-	}
-	return true
 }
