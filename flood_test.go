@@ -229,8 +229,13 @@ func TestFloodKeepsBreakerClosed(t *testing.T) {
 		t.Logf("set-up: %v", err)
 	}
 
+	// At least a twentieth of their pace alone, as over HTTP: an eighth
+	// failed once in CI's cold and loaded run with other tests running
+	// beside it (10%). Before the deny cache yielded, the pace fell to 2
+	// to 5% and 4 to 97% of the decisions failed, which the failure
+	// checks catch whatever the pace.
 	st := &floodStats{}
-	st.run(t, "Allow", 1.0/8, func() func() (bool, error) {
+	st.run(t, "Allow", 1.0/20, func() func() (bool, error) {
 		ids := []string{"flooder"}
 		return func() (bool, error) {
 			res, err := lim.Allow(ctx, ids, 1)
