@@ -80,15 +80,17 @@ func (b *breaker) allow(now time.Time) (ok, probe bool) {
 
 // done records the outcome of a call allow let through, made for a decision
 // that started at start (time.Now, with its monotonic reading) and had to
-// end by deadline; callers says that deadline was the caller's, earlier
-// than the Limiter's timeout.
+// end by deadline; hurried says that the call was left less than half the
+// Limiter's timeout.
 //
 // A call its caller cancelled tells the breaker nothing, and neither does
-// one that ran out of the time its caller gave it: a gRPC client chooses
-// its call's deadline (grpc-timeout), and a few calls of a microsecond
-// would otherwise open the breaker for every client. A call that ran out
-// of the Limiter's own time tells it something only if the process was
-// able to wait for it. It counts as a failure unless:
+// a hurried one that ran out of time: a gRPC client chooses its call's
+// deadline (grpc-timeout), and a few calls of a microsecond would
+// otherwise open the breaker for every client; a slow Plans.Of leaves the
+// call little time too. A Redis that answers nobody still opens the
+// breaker through the calls that had time. A call that ran out of time
+// tells it something only if the process was able to wait for it. It
+// counts as a failure unless:
 //   - the server has answered a decision that started after this one: it
 //     is alive and answering, and this call was slow because of this one
 //     request or because of this process; or
@@ -103,12 +105,12 @@ func (b *breaker) allow(now time.Time) (ok, probe bool) {
 // unreachable, still opens the breaker after bs.failures calls of a
 // process that keeps time; refused connections and errors such as LOADING
 // count whatever the other calls did.
-func (b *breaker) done(bs *breakers, err error, probe, callers bool, start, deadline time.Time) {
+func (b *breaker) done(bs *breakers, err error, probe, hurried bool, start, deadline time.Time) {
 	if probe {
 		defer b.probing.Store(false)
 	}
-	if errors.Is(err, context.Canceled) || callers && slow(err) {
-		return // the caller gave up (a client went away) or was in a hurry: nothing about Redis
+	if errors.Is(err, context.Canceled) || hurried && slow(err) {
+		return // the caller gave up (a client went away), or Redis had little time: nothing about Redis
 	}
 	at := int64(start.Sub(epoch))
 	if err == nil || !unavailable(err) {

@@ -320,3 +320,62 @@ func testBreakerIgnoresCallersDeadline(t *testing.T, b backend) {
 		t.Fatalf("after %d decisions out of their caller's time: %v (allowed %v); want admitted, the breaker closed", failed, err, res.Allowed)
 	}
 }
+
+// TestBreakerHurriedCalls: a timeout counts only for a call that had at
+// least half the Limiter's timeout; a Redis that answers nobody still
+// opens the breaker through the calls that had it, whatever the hurried
+// ones do in between.
+func TestBreakerHurriedCalls(t *testing.T) {
+	bs := &breakers{failures: 3, coolDown: time.Hour}
+	b := &bs.single
+	timeout := fmt.Errorf("ratelimit: redis: %w", context.DeadlineExceeded)
+	call := func(hurried bool) {
+		start := time.Now()
+		b.done(bs, timeout, false, hurried, start, start.Add(time.Hour))
+	}
+	for range 10 {
+		call(true)
+	}
+	if b.open(time.Now()) {
+		t.Fatal("hurried calls opened the breaker")
+	}
+	call(false)
+	call(true)
+	call(false)
+	call(true)
+	call(false)
+	if !b.open(time.Now()) {
+		t.Fatal("three timeouts of calls that had time, hurried ones between them, did not open the breaker")
+	}
+}
+
+// TestBreakerSlowPlanOf: an Of that takes most of the decision's time
+// leaves Redis little, and the timeouts that follow say nothing about
+// Redis: before, five of them opened the breaker on a healthy Redis.
+func TestBreakerSlowPlanOf(t *testing.T) {
+	slow := func(ctx context.Context, id string) (string, error) {
+		if id == "slow" {
+			d, _ := ctx.Deadline()
+			time.Sleep(time.Until(d.Add(-200 * time.Microsecond)))
+		}
+		return "pro", nil
+	}
+	lim := mustNew(t, backend{mr: miniredis.RunT(t)}.newClient(t), []Limit{
+		PerMinute(100, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"pro": 1000}, Of: slow}),
+	}, WithCircuitBreaker(3, time.Hour), WithTimeout(300*time.Millisecond))
+	for i := range 5 {
+		if _, err := lim.Allow(context.Background(), []string{"slow"}, 1); errors.Is(err, ErrCircuitOpen) {
+			t.Fatalf("slow Of, decision %d: %v", i, err)
+		}
+	}
+	for i := range 10 {
+		_, err := lim.Allow(context.Background(), []string{"quick"}, 1)
+		if errors.Is(err, ErrCircuitOpen) {
+			t.Fatalf("quick Of after 5 slow ones, decision %d: %v", i, err)
+		}
+		if err == nil {
+			return
+		}
+	}
+	t.Error("10 decisions with a quick Of failed")
+}

@@ -24,7 +24,7 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 		l.evictions.start(l.client, l.cfg.logger) // once per family, in the background
 	}
 	q := &s.q
-	*q = query{plan: l.plan, cost: cost, peek: peek, wall: time.Now()}
+	*q = query{plan: l.plan, cost: cost, peek: peek, wall: time.Now(), timeout: l.cfg.timeout}
 	q.local = q.wall
 	if l.cfg.clock != nil {
 		q.local = l.cfg.clock()
@@ -49,7 +49,6 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 		}
 	}
 	q.keys, q.tags = l.keys(s, fromKeys)
-	q.callers = q.deadline.Before(q.wall.Add(l.cfg.timeout))
 	out := &s.out
 	out.reset(s.replies(len(l.limits)))
 	err := l.store.decide(ctx, q, out)

@@ -127,6 +127,10 @@ func (d *call) group(ctx context.Context, keys []string, idx []int) (bool, error
 			return false, ErrCircuitOpen
 		}
 	}
+	// A call left less than half the Limiter's timeout (its caller's
+	// deadline is near, or Plans.Of took the rest) says nothing about Redis
+	// if it runs out of time.
+	hurried := time.Until(q.deadline) < q.timeout/2
 	var raw any
 	var err error
 	if q.peek {
@@ -140,7 +144,7 @@ func (d *call) group(ctx context.Context, keys []string, idx []int) (bool, error
 		raw, err = rs.lib.Decide(ctx, q.deadline, keys, d.args, d)
 	}
 	if b != nil {
-		b.done(rs.breakers, err, probe, q.callers, q.wall, q.deadline)
+		b.done(rs.breakers, err, probe, hurried, q.wall, q.deadline)
 	}
 	if err != nil {
 		return false, rs.callError(ctx, err, q.deadline)

@@ -80,11 +80,8 @@ type query struct {
 	// on the clock decisions are timed by (WithClock's, or the wall clock).
 	wall, local time.Time
 	deadline    time.Time
-	// callers: the deadline is the caller's context's, earlier than the
-	// Limiter's timeout, so that running out of time says nothing about
-	// Redis.
-	callers bool
-	peek    bool // count nothing: only say what a decision would
+	timeout     time.Duration // the Limiter's (WithTimeout): the time Redis is given when nothing else is in a hurry
+	peek        bool          // count nothing: only say what a decision would
 	// abandoned: a Redis call that may still read keys went on without
 	// the decision, whose buffers must then not be reused.
 	abandoned bool
