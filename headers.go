@@ -77,6 +77,32 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 	}
 }
 
+// joinHeaders sets the headers of res, the decision of a route's own
+// limits after a first pass decided the Limiter's (see Limiter.inPass),
+// joined with that pass's: the X-RateLimit fields describe the limit of
+// either decision closest to denying (the route's if it denied), and the
+// RateLimit fields list the limits of both.
+func (l *Limiter) joinHeaders(h http.Header, res *Result) {
+	if res.index < 0 {
+		return // the route's limits do not count the client: the first pass's stand
+	}
+	limit, remaining, reset := h[hdrLimit], h[hdrRemaining], h[hdrReset]
+	rateLimit, policy := h[hdrRateLimit], h[hdrPolicy]
+	l.writeHeaders(h, res)
+	if len(remaining) == 1 && res.Allowed {
+		if n, err := strconv.Atoi(remaining[0]); err == nil && n < res.Remaining {
+			h[hdrLimit], h[hdrRemaining], h[hdrReset] = limit, remaining, reset
+		}
+	}
+	for name, first := range map[string][]string{hdrRateLimit: rateLimit, hdrPolicy: policy} {
+		if len(first) == 1 && first[0] != "" {
+			if now := h[name]; len(now) == 1 && now[0] != "" {
+				h[name] = []string{first[0] + ", " + now[0]}
+			}
+		}
+	}
+}
+
 // policiesOf returns the RateLimit-Policy value of the enforced limits res
 // consulted (all of them but those a Cluster decision or the deny cache
 // skipped, or the client's plan exempts), with the client's plans.

@@ -33,8 +33,11 @@ import (
 // around a mux whose routes are wrapped in l's Handler again, or around a
 // router that mounts l with its adapter), is counted once: the second pass
 // decides only the limits of the request's route, if the first pass saw no
-// route (it was behind other middleware), and lets the request through
-// undecided otherwise, with the first pass's headers. A request is
+// route (it was behind other middleware), joining its headers to the first
+// pass's, and lets the request through undecided otherwise, with the first
+// pass's headers; later passes decide nothing. Those two decisions are
+// separate: a request the route's limits deny stays counted in l's own, and
+// an [Observer] sees both. A request is
 // recognised by its Header map, which the copies r.WithContext and
 // [http.StripPrefix] make share. Different Limiters each decide.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
@@ -178,7 +181,11 @@ func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (a
 			return adapt.Unavailable, err
 		}
 	}
-	l.writeHeaders(w.Header(), &res)
+	if l.second {
+		l.joinHeaders(w.Header(), &res)
+	} else {
+		l.writeHeaders(w.Header(), &res)
+	}
 	if res.Allowed {
 		return adapt.Proceed, err
 	}

@@ -299,24 +299,24 @@ func logging(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { next.ServeHTTP(w, r) })
 }
 
-// outerRouters mount the per-IP Limiter twice: its Handler around logging
-// around the router, which sees no route, and again where the router knows
-// the route (the net/http mux's route wrapped in the Handler, the routers'
-// Middleware).
+// outerRouters mount the per-IP Limiter two or three times: its Handler
+// around logging around the router, which sees no route, and again where
+// the router knows the route (the net/http mux's route wrapped in the
+// Handler, the routers' Middleware), POST /login a third time.
 var outerRouters = []struct {
 	name  string
 	build func(ip *ratelimit.Limiter) http.Handler
 }{
 	{"net/http", func(ip *ratelimit.Limiter) http.Handler {
 		mux := http.NewServeMux()
-		mux.Handle("POST /login", ip.Handler(http.HandlerFunc(ok)))
+		mux.Handle("POST /login", ip.Handler(ip.Handler(http.HandlerFunc(ok))))
 		mux.HandleFunc("GET /me", ok)
 		return ip.Handler(logging(mux))
 	}},
 	{"chi", func(ip *ratelimit.Limiter) http.Handler {
 		r := chi.NewRouter()
 		r.Use(chiratelimit.Middleware(ip))
-		r.Post("/login", ok)
+		r.With(chiratelimit.Middleware(ip)).Post("/login", ok)
 		r.Get("/me", ok)
 		return ip.Handler(logging(r))
 	}},
@@ -324,7 +324,7 @@ var outerRouters = []struct {
 		eok := func(c echo.Context) error { return c.String(http.StatusOK, "ok") }
 		e := echo.New()
 		e.Use(echoratelimit.Middleware(ip))
-		e.POST("/login", eok)
+		e.POST("/login", eok, echoratelimit.Middleware(ip))
 		e.GET("/me", eok)
 		return ip.Handler(logging(e))
 	}},
@@ -333,7 +333,7 @@ var outerRouters = []struct {
 		gin.SetMode(gin.ReleaseMode)
 		g := gin.New()
 		g.Use(ginratelimit.Middleware(ip))
-		g.POST("/login", gok)
+		g.POST("/login", ginratelimit.Middleware(ip), gok)
 		g.GET("/me", gok)
 		return ip.Handler(logging(g))
 	}},
@@ -342,13 +342,15 @@ var outerRouters = []struct {
 // TestRouteLimitsBehindOuterHandler: a Limiter whose Handler sits behind
 // other middleware sees no route; met again where the route is known, it
 // decides there the route's own limits, which the first pass could not
-// apply. Before, the second pass let every request through, and the login
-// limit never applied. Each request is still counted once in each limit.
+// apply, and a third meeting decides nothing more. Before, the second pass
+// let every request through, and the login limit never applied. Each
+// request is counted once in each limit; the headers describe the limits
+// of both decisions.
 func TestRouteLimitsBehindOuterHandler(t *testing.T) {
 	for _, rt := range outerRouters {
 		t.Run(rt.name, func(t *testing.T) {
 			forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
-				ip, _ := authLimiters(t, rdb, opts)
+				ip, _ := authLimiters(t, rdb, append(opts, ratelimit.WithHeaders(ratelimit.HeadersXRateLimit|ratelimit.HeadersIETF)))
 				h := rt.build(ip)
 				var codes []int
 				for range 3 {
@@ -361,6 +363,18 @@ func TestRouteLimitsBehindOuterHandler(t *testing.T) {
 				want := map[string]int64{"ratelimit:ip:{192.0.2.1}": 4, "ratelimit:login:{192.0.2.1}": 2}
 				if got := logs(t, rdb); !maps.Equal(got, want) {
 					t.Errorf("Redis logs: got %v, want %v", got, want)
+				}
+				// Another client, its per-IP limit nearly spent: the
+				// headers of its login tell the per-IP limit's 0, and
+				// list both limits.
+				for range 4 {
+					send(h, "GET", "/me", "192.0.2.2")
+				}
+				w := send(h, "POST", "/login", "192.0.2.2")
+				rl := w.Header().Get("RateLimit")
+				if w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != "0" || !strings.Contains(rl, `"ip";r=0`) || !strings.Contains(rl, `"login";r=1`) {
+					t.Errorf("login with the per-IP limit spent: %d, X-RateLimit-Remaining %q, RateLimit %q; want 200, 0, both limits",
+						w.Code, w.Header().Get("X-RateLimit-Remaining"), rl)
 				}
 			})
 		})
