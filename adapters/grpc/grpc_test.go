@@ -447,7 +447,9 @@ func TestQuotaFailureNamesDenier(t *testing.T) {
 }
 
 // TestCallersDeadline: a call whose own deadline (the client's
-// grpc-timeout) ends before it is decided fails with DeadlineExceeded,
+// grpc-timeout) ends before it is decided fails with DeadlineExceeded
+// (one whose decision was answered in time, although its context has
+// ended since, is admitted),
 // whatever the failure mode, and says nothing to the circuit breaker.
 // Before, a few such calls opened the breaker for every client, and under
 // FailOpen each was served uncounted.
@@ -463,8 +465,12 @@ func TestCallersDeadline(t *testing.T) {
 			l := newLimiter(t, rdb, perPeer(10), ratelimit.WithFailureMode(mode), ratelimit.WithCircuitBreaker(3, time.Hour))
 			hurried := serve(t, l, []grpc.UnaryServerInterceptor{expire})
 			for range 5 {
-				_, err := hurried.check(t)
-				mustCode(t, err, codes.DeadlineExceeded)
+				// A call whose decision Redis answered in time is
+				// admitted; the others end with their deadline, never
+				// with the failure mode.
+				if _, err := hurried.check(t); err != nil {
+					mustCode(t, err, codes.DeadlineExceeded)
+				}
 			}
 			md, err := serve(t, l, nil).check(t)
 			if err != nil || first(md, "x-ratelimit-limit") != "10" {
