@@ -126,8 +126,8 @@ type planCtx struct {
 	context.Context
 	deadline time.Time
 	mu       sync.Mutex
-	done     chan struct{} // made by Done
-	err      error         // set when done is closed
+	done     chan struct{} // made by Done, or closed by the end
+	err      error         // the end, once done is closed
 	stop     func()        // stops what Done started
 }
 
@@ -150,29 +150,39 @@ func (c *planCtx) Done() <-chan struct{} {
 	return c.done
 }
 
-// end closes Done's channel with err, once.
+// end records err as the context's end, once, and closes Done's channel.
 func (c *planCtx) end(err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.err == nil {
-		c.err = err
-		close(c.done)
-	}
+	c.endLocked(err)
 }
 
+func (c *planCtx) endLocked(err error) {
+	if c.err != nil {
+		return
+	}
+	c.err = err
+	if c.done == nil {
+		c.done = make(chan struct{}) // Done was not asked for: closed already when it is
+	}
+	close(c.done)
+}
+
+// Err reports the context's end, once it has ended: when Err first sees
+// the deadline passed or the parent ended, it ends the context there, so
+// that Done's channel is closed whenever Err is not nil, and Err never
+// changes once set.
 func (c *planCtx) Err() error {
 	c.mu.Lock()
-	err := c.err
-	c.mu.Unlock()
-	switch {
-	case err != nil:
-		return err
-	case c.Context.Err() != nil:
-		return c.Context.Err()
-	case !time.Now().Before(c.deadline):
-		return context.DeadlineExceeded
+	defer c.mu.Unlock()
+	if c.err == nil {
+		if err := c.Context.Err(); err != nil {
+			c.endLocked(err)
+		} else if !time.Now().Before(c.deadline) {
+			c.endLocked(context.DeadlineExceeded)
+		}
 	}
-	return nil
+	return c.err
 }
 
 // release stops the timer Done started, if any, once Of has returned.

@@ -492,7 +492,11 @@ func TestPlanCtx(t *testing.T) {
 	if past.Value(key{}) != "account" || !errors.Is(past.Err(), context.DeadlineExceeded) {
 		t.Errorf("past deadline: value %v, Err %v; want account, DeadlineExceeded", past.Value(key{}), past.Err())
 	}
-	<-past.Done() // closed by the deadline's timer
+	select {
+	case <-past.Done(): // Err ended it: Done is closed whenever Err is not nil
+	default:
+		t.Error("Err reports the deadline while Done is open")
+	}
 	past.release()
 
 	future := &planCtx{Context: parent, deadline: time.Now().Add(time.Hour)}
@@ -502,6 +506,11 @@ func TestPlanCtx(t *testing.T) {
 	done := future.Done()
 	cancel()
 	<-done // closed by the parent
+	if again := (&planCtx{Context: parent, deadline: time.Now().Add(time.Hour)}); again.Err() == nil {
+		t.Error("a context of an ended parent reports no Err")
+	} else {
+		<-again.Done() // closed already
+	}
 	if !errors.Is(future.Err(), context.Canceled) {
 		t.Errorf("parent cancelled: Err %v, want Canceled", future.Err())
 	}
