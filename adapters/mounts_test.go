@@ -328,15 +328,24 @@ var outerRouters = []struct {
 		e.GET("/me", eok)
 		return ip.Handler(logging(e))
 	}},
-	{"gin", func(ip *ratelimit.Limiter) http.Handler {
-		gok := func(c *gin.Context) { c.String(http.StatusOK, "ok") }
-		gin.SetMode(gin.ReleaseMode)
-		g := gin.New()
-		g.Use(ginratelimit.Middleware(ip))
-		g.POST("/login", ginratelimit.Middleware(ip), gok)
-		g.GET("/me", gok)
-		return ip.Handler(logging(g))
+	{"gin", func(ip *ratelimit.Limiter) http.Handler { return ip.Handler(logging(outerGin(ip))) }},
+	// A ServeMux between sets r.Pattern to its own "/": gin's route wins.
+	{"gin under a ServeMux", func(ip *ratelimit.Limiter) http.Handler {
+		mux := http.NewServeMux()
+		mux.Handle("/", outerGin(ip))
+		return ip.Handler(logging(mux))
 	}},
+}
+
+// outerGin is outerRouters' gin engine.
+func outerGin(ip *ratelimit.Limiter) *gin.Engine {
+	gok := func(c *gin.Context) { c.String(http.StatusOK, "ok") }
+	gin.SetMode(gin.ReleaseMode)
+	g := gin.New()
+	g.Use(ginratelimit.Middleware(ip))
+	g.POST("/login", ginratelimit.Middleware(ip), gok)
+	g.GET("/me", gok)
+	return g
 }
 
 // TestRouteLimitsBehindOuterHandler: a Limiter whose Handler sits behind

@@ -67,12 +67,12 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 		if first {
 			defer pass.Leave()
 		}
-		if r.Pattern == "" {
-			if t := c.FullPath(); t != "" {
-				r.Pattern = route.Cached(t)
-			} else {
-				r.Pattern = ratelimit.UnmatchedRoute
-			}
+		// gin's route, even under a mux that has set r.Pattern to its own
+		// pattern (such as "/"), as the other adapters do.
+		if t := c.FullPath(); t != "" {
+			r.Pattern = route.Cached(t)
+		} else {
+			r.Pattern = ratelimit.UnmatchedRoute
 		}
 		switch v, err := adapt.Check(l, pass, c.Writer, r); v {
 		case adapt.Proceed:
