@@ -320,13 +320,11 @@ var outerRouters = []struct {
 		r.Get("/me", ok)
 		return ip.Handler(logging(r))
 	}},
-	{"echo", func(ip *ratelimit.Limiter) http.Handler {
-		eok := func(c echo.Context) error { return c.String(http.StatusOK, "ok") }
-		e := echo.New()
-		e.Use(echoratelimit.Middleware(ip))
-		e.POST("/login", eok, echoratelimit.Middleware(ip))
-		e.GET("/me", eok)
-		return ip.Handler(logging(e))
+	{"echo", func(ip *ratelimit.Limiter) http.Handler { return ip.Handler(logging(outerEcho(ip))) }},
+	{"echo under a ServeMux", func(ip *ratelimit.Limiter) http.Handler {
+		mux := http.NewServeMux()
+		mux.Handle("/", outerEcho(ip))
+		return ip.Handler(logging(mux))
 	}},
 	{"gin", func(ip *ratelimit.Limiter) http.Handler { return ip.Handler(logging(outerGin(ip))) }},
 	// A ServeMux between sets r.Pattern to its own "/": gin's route wins.
@@ -335,6 +333,16 @@ var outerRouters = []struct {
 		mux.Handle("/", outerGin(ip))
 		return ip.Handler(logging(mux))
 	}},
+}
+
+// outerEcho is outerRouters' echo server.
+func outerEcho(ip *ratelimit.Limiter) *echo.Echo {
+	eok := func(c echo.Context) error { return c.String(http.StatusOK, "ok") }
+	e := echo.New()
+	e.Use(echoratelimit.Middleware(ip))
+	e.POST("/login", eok, echoratelimit.Middleware(ip))
+	e.GET("/me", eok)
+	return e
 }
 
 // outerGin is outerRouters' gin engine.

@@ -80,13 +80,13 @@ var (
 // resolve sets the request's Pattern to the route's template and returns
 // the request.
 func resolve(c echo.Context) *http.Request {
+	// echo's route, even under a mux that has set r.Pattern to its own
+	// pattern (such as "/"), as the other adapters do.
 	r := c.Request()
-	if r.Pattern == "" {
-		if pc := reflect.ValueOf(c.Handler()).Pointer(); pc == notFoundPC || pc == methodNotAllowedPC || c.Path() == "" {
-			r.Pattern = ratelimit.UnmatchedRoute
-		} else {
-			r.Pattern = route.Cached(c.Path())
-		}
+	if pc := reflect.ValueOf(c.Handler()).Pointer(); pc == notFoundPC || pc == methodNotAllowedPC || c.Path() == "" {
+		r.Pattern = ratelimit.UnmatchedRoute
+	} else {
+		r.Pattern = route.Cached(c.Path())
 	}
 	return r
 }
