@@ -33,6 +33,7 @@ var options = []ratelimit.Option{
 
 func main() {
 	app := demo.Start(options...)
+	app.Denials = "this server's own JSON"
 	app.Serve(handler(app.API, app.Metrics), `  curl -i -H 'X-API-Key: demo-pro' http://%[1]s/users/1
                                         # the pro plan: RateLimit-Policy names "per-ip.pro";q=100
   curl -i -H 'X-API-Key: demo-internal' http://%[1]s/users/1

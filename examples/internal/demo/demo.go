@@ -112,6 +112,10 @@ func PlanOf(ctx context.Context, _ string) (string, error) {
 type App struct {
 	API     *ratelimit.Limiter // see Limiter
 	Metrics *ratelimitprom.Metrics
+	// Denials says what a 429's body is, for the printed commands:
+	// "problem+json" unless an option of the example's own replaced the
+	// demo's WithDeniedHandler.
+	Denials string
 	addr    string
 	where   string
 }
@@ -125,7 +129,7 @@ func Start(opts ...ratelimit.Option) *App {
 	metrics := ratelimitprom.New()
 	api := Limiter(rdb, append([]ratelimit.Option{ratelimit.WithObserver(metrics)}, opts...)...)
 	metrics.Watch(api)
-	return &App{API: api, Metrics: metrics, addr: *addr, where: where}
+	return &App{API: api, Metrics: metrics, Denials: "problem+json", addr: *addr, where: where}
 }
 
 // Serve prints how to try the example, with more lines of its own (in
@@ -135,14 +139,14 @@ func (a *App) Serve(h http.Handler, more ...string) {
 	fmt.Printf(`Listening on http://%[1]s with %[2]s. Try:
 
   curl -i http://%[1]s/users/1          # X-RateLimit-* and RateLimit headers
-  curl -i -X POST http://%[1]s/login    # 3 per minute, on top of the app-wide limits; 429s are problem+json
+  curl -i -X POST http://%[1]s/login    # 3 per minute, on top of the app-wide limits; 429s are %[3]s
   curl -i http://%[1]s/report           # costs 5
   for i in $(seq 7); do curl -s -o /dev/null -w '%%{http_code} ' http://%[1]s/users/$i; done; echo
                                         # 200 200 200 429 429 429 429: after the commands above (7 of
                                         # this IP's 10 a minute), the per-IP limit runs out first; from
                                         # a fresh start, /users/{id}'s shared 5 a minute would deny
                                         # the 6th
-`+strings.Join(more, ""), a.addr, a.where)
+`+strings.Join(more, ""), a.addr, a.where, a.Denials)
 	srv := &http.Server{Addr: a.addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	log.Fatal(srv.ListenAndServe())
 }
