@@ -82,12 +82,17 @@ func Example() {
 			}
 		}
 	}
-	_, err = client.List(ctx, &healthpb.HealthListRequest{})
-	fmt.Println("List:", status.Code(err))
+	watch, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := client.Watch(watch, &healthpb.HealthCheckRequest{})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	fmt.Println("Watch:", status.Code(err))
 	// Output:
 	// Check: OK ["ip";r=1;t=60, "check";r=0;t=60]
 	// Check: ResourceExhausted ["check";r=0;t=60]
 	//   retry in 1m0s
 	//   violated check
-	// List: OK
+	// Watch: OK
 }

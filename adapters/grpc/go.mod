@@ -7,7 +7,7 @@ require (
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/slidinglog/ratelimit v0.1.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261104224025-d1e00e9f33ab
-	google.golang.org/grpc v1.85.0
+	google.golang.org/grpc v1.63.2
 	google.golang.org/protobuf v1.36.12
 )
 

@@ -118,15 +118,22 @@ func TestRouteLimit(t *testing.T) {
 				if id := qf.GetViolations()[0].GetQuotaId(); id != "check" {
 					t.Errorf("violated %q, want check", id)
 				}
-				// List is another method of the same service: only the
+				// Watch is another method of the same service: only the
 				// Limiter's own limit applies.
 				for i := range 3 {
-					var md metadata.MD
-					if _, err := s.client.List(callCtx(t), &healthpb.HealthListRequest{}, grpc.Header(&md)); err != nil {
-						t.Fatalf("List %d: %v", i+1, err)
+					ctx, cancel := context.WithCancel(callCtx(t))
+					stream, err := s.client.Watch(ctx, &healthpb.HealthCheckRequest{})
+					if err == nil {
+						_, err = stream.Recv()
 					}
+					if err != nil {
+						cancel()
+						t.Fatalf("Watch %d: %v", i+1, err)
+					}
+					md, _ := stream.Header()
+					cancel()
 					if got := first(md, "x-ratelimit-limit"); got != "100" {
-						t.Errorf("List %d: x-ratelimit-limit %q, want 100", i+1, got)
+						t.Errorf("Watch %d: x-ratelimit-limit %q, want 100", i+1, got)
 					}
 				}
 			})
