@@ -94,12 +94,15 @@ func (l *Limiter) joinHeaders(h http.Header, res *Result) {
 			h[hdrLimit], h[hdrRemaining], h[hdrReset] = limit, remaining, reset
 		}
 	}
-	for name, first := range map[string][]string{hdrRateLimit: rateLimit, hdrPolicy: policy} {
-		if len(first) == 1 && first[0] != "" {
-			if now := h[name]; len(now) == 1 && now[0] != "" {
-				h[name] = []string{first[0] + ", " + now[0]}
-			}
-		}
+	joinList(h, hdrRateLimit, rateLimit)
+	joinList(h, hdrPolicy, policy)
+}
+
+// joinList puts the items of first, a list field's earlier value, before
+// the items h holds under name now.
+func joinList(h http.Header, name string, first []string) {
+	if now := h[name]; len(first) == 1 && first[0] != "" && len(now) == 1 && now[0] != "" {
+		h[name] = []string{first[0] + ", " + now[0]}
 	}
 }
 
