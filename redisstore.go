@@ -105,7 +105,7 @@ func (d *call) groups(ctx context.Context, groups [][]int) (bool, error) {
 			// Take back what the groups before this one reserved. A denial
 			// stays a denial if that fails: the rollback counts it.
 			stamps := func(i int) int64 { return d.out.replies[i].next }
-			d.out.unreverted = d.rs.rollbacks.rollback(reservationsOf(q.plan, q.keys, groups[:k], q.cost, stamps), q.cost, q.deadline)
+			d.out.unreverted += d.rs.rollbacks.rollback(reservationsOf(q.plan, q.keys, groups[:k], q.cost, stamps), q.cost, q.deadline)
 			return false, err
 		}
 	}
@@ -178,11 +178,22 @@ func (rs *redisStore) callError(ctx context.Context, err error, deadline time.Ti
 }
 
 // record decodes raw, a call's reply for the limits idx, into the outcome,
-// and reports whether the request was admitted by all of them.
+// and reports whether the request was admitted by all of them. A request
+// that failed in Redis, alone (its key holds another program's data, say:
+// the call's other requests were decided), is an error for this decision
+// only; what it left logged is counted as unreverted.
 func (d *call) record(raw any, idx []int) (bool, error) {
 	d.lreps = grow(d.lreps, len(idx))
 	rep, err := slidinglog.ParseReply(raw, d.lreps)
 	if err != nil {
+		var re *slidinglog.RequestError
+		if errors.As(err, &re) {
+			err = fmt.Errorf("ratelimit: redis: %w", err)
+			if re.Left > 0 {
+				d.out.unreverted += uint64(re.Left)
+				d.rs.rollbacks.fail(uint64(re.Left), fmt.Errorf("ratelimit: a failed decision stays counted in %s: %w", d.q.keys[idx[0]], err))
+			}
+		}
 		return false, err
 	}
 	d.out.now = rep.Now
@@ -218,8 +229,13 @@ func (d *call) Abandon() func(reply any, err error) {
 			return
 		}
 		lreps := make([]slidinglog.LimitReply, len(idx))
-		if rep, err := slidinglog.ParseReply(raw, lreps); err != nil || !rep.Allowed {
-			return // denied: nothing was logged
+		rep, err := slidinglog.ParseReply(raw, lreps)
+		if re := (*slidinglog.RequestError)(nil); errors.As(err, &re) && re.Left > 0 {
+			rs.rollbacks.fail(uint64(re.Left), fmt.Errorf("ratelimit: a decision that timed out and failed stays counted in %s: %w", keys[0], err))
+			return
+		}
+		if err != nil || !rep.Allowed {
+			return // denied or failed: nothing was logged
 		}
 		full := make([]string, len(p.limits))
 		stamps := make([]int64, len(p.limits))

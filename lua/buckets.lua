@@ -1,13 +1,21 @@
 -- Bucketed limits. A bucketed limit of window W and precision P counts
 -- requests per bucket of time [kP, (k+1)P) in a hash per identifier, which
 -- the bucketed limits of that identifier share: field '<name>:<k>' holds
--- the count of bucket k, '<name>:t' the total of the buckets held, and
--- '<name>:o' the oldest bucket that holds a count. A request at now counts
--- the buckets from k = floor(now/P) - W/P + 1 to floor(now/P). Memory is
--- bounded by W/P fields whatever the quota; the count can differ from an
--- exact log's by the requests of one bucket at the window's edge. Only the
--- current bucket is written, and pruning reads W/P buckets at most, however
--- long the key was idle.
+-- the count of bucket k, '<name>:t' the total of the buckets held,
+-- '<name>:o' the oldest bucket that holds a count, and '<name>:n' the
+-- start of the newest bucket logged (kP, in microseconds, so that it
+-- stays true if P changes). A request at now counts the buckets from k =
+-- floor(now/P) - W/P + 1 to floor(now/P). Memory is bounded by W/P fields
+-- whatever the quota; the count can differ from an exact log's by the
+-- requests of one bucket at the window's edge. Only the current bucket is
+-- written, and pruning reads W/P buckets at most, however long the key was
+-- idle.
+--
+-- As for the exact log, a limit's time never runs backwards: a request
+-- whose bucket is before the newest bucket logged is decided, counted and
+-- logged at the newest bucket's start instead. '<name>:n' stays when the
+-- buckets leave the window; a rollback that empties the newest bucket
+-- moves it back to the newest bucket left in the window.
 
 local function bucket_field(name, k)
   return name .. ':' .. string.format('%d', k)
@@ -53,14 +61,21 @@ local function bucket_prune(b)
   end
 end
 
--- buckets_read reads the limit's buckets at key at time now. It prunes
--- those that have left the window if write is true; else it counts the
--- window's buckets and writes nothing. It returns them and their count.
+-- buckets_read reads the limit's buckets at key for a request at now. It
+-- prunes those that have left the window if write is true; else it counts
+-- the window's buckets and writes nothing. It returns them, their count
+-- and the time the limit is decided at: now, or the newest bucket's start
+-- if that is later.
 local function buckets_read(key, lim, now, write)
   local span = lim[WINDOW] / lim[UNIT]
-  local last = (now - now % lim[UNIT]) / lim[UNIT]
-  local b = {key = key, name = lim[NAME], span = span, first = last - span + 1, last = last, count = 0, oldest = false}
-  local v = redis.call('HMGET', key, b.name .. ':t', b.name .. ':o')
+  local name = lim[NAME]
+  local v = redis.call('HMGET', key, name .. ':t', name .. ':o', name .. ':n')
+  local newest, t = tonumber(v[3]) or false, now
+  if newest and newest > now then
+    t = newest
+  end
+  local last = (t - t % lim[UNIT]) / lim[UNIT]
+  local b = {key = key, name = name, span = span, first = last - span + 1, last = last, count = 0, oldest = false, newest = newest, time = t}
   b.count, b.oldest = tonumber(v[1]) or 0, tonumber(v[2]) or false
   if b.oldest and b.oldest < b.first then
     if write then
@@ -73,7 +88,7 @@ local function buckets_read(key, lim, now, write)
       end
     end
   end
-  return b, b.count
+  return b, b.count, t
 end
 
 -- buckets_leaves returns when enough of the oldest buckets have left the
@@ -98,29 +113,36 @@ local function buckets_leaves(b, lim, k)
 end
 
 -- buckets_admit logs n units of cost in the current bucket, keeps the key
--- until that bucket leaves the window (never shortening its life: other
--- limits of the identifier may have longer windows), and returns the
--- request's time and when its bucket leaves the window.
+-- until that bucket leaves the window on the clock of the request at now
+-- (never shortening its life: other limits of the identifier may have
+-- longer windows), and returns the time it was decided at and when its
+-- bucket leaves the window.
 local function buckets_admit(b, lim, now, n)
   redis.call('HINCRBY', b.key, bucket_field(b.name, b.last), n)
   redis.call('HINCRBY', b.key, b.name .. ':t', n)
+  local start = b.last * lim[UNIT]
   if not b.oldest then
-    redis.call('HSET', b.key, b.name .. ':o', string.format('%d', b.last))
+    redis.call('HSET', b.key, b.name .. ':o', string.format('%d', b.last), b.name .. ':n', string.format('%d', start))
+  elseif not b.newest or b.newest < start then
+    redis.call('HSET', b.key, b.name .. ':n', string.format('%d', start))
   end
-  local leaves = b.last * lim[UNIT] + lim[WINDOW]
+  local leaves = start + lim[WINDOW]
   local ttl = math.ceil((leaves - now) / 1000) + 1
   if redis.call('PTTL', b.key) < ttl then
     redis.call('PEXPIRE', b.key, ttl)
   end
-  return now, leaves
+  return b.time, leaves
 end
 
 -- buckets_remove takes n units of cost of time at back from the bucket
 -- at falls in, if it is still there, and returns how many it took. The
 -- oldest-bucket marker may then point at an emptied bucket, which only
--- makes a reset a little early until the next pruning moves it.
+-- makes a reset a little early until the next pruning moves it. Emptying
+-- the newest bucket moves the newest-bucket marker back to the newest
+-- bucket left in the window before it (or removes it).
 local function buckets_remove(key, lim, at, n)
-  local field = bucket_field(lim[NAME], (at - at % lim[UNIT]) / lim[UNIT])
+  local k = (at - at % lim[UNIT]) / lim[UNIT]
+  local field = bucket_field(lim[NAME], k)
   local c = tonumber(redis.call('HGET', key, field))
   if not c then
     return 0
@@ -130,6 +152,15 @@ local function buckets_remove(key, lim, at, n)
     redis.call('HSET', key, field, string.format('%d', c - take))
   else
     redis.call('HDEL', key, field)
+    if tonumber(redis.call('HGET', key, lim[NAME] .. ':n')) == k * lim[UNIT] then
+      local span = lim[WINDOW] / lim[UNIT]
+      local left = span > 1 and bucket_range(key, lim[NAME], k - span + 1, k - 1) or {}
+      if #left > 0 then
+        redis.call('HSET', key, lim[NAME] .. ':n', string.format('%d', left[#left - 1] * lim[UNIT]))
+      else
+        redis.call('HDEL', key, lim[NAME] .. ':n')
+      end
+    end
   end
   if redis.call('HINCRBY', key, lim[NAME] .. ':t', -take) <= 0 then
     redis.call('HDEL', key, lim[NAME] .. ':t', lim[NAME] .. ':o')

@@ -14,12 +14,17 @@
 --     name    1 + n  n, then the bucketed limit's name (n = 0 for a log)
 -- The request's KEYS are its limits' keys, in the same order.
 --
--- A reply to a request is 3 + 3L integers, in a flat array that holds the
--- replies of a call's requests one after the other:
+-- A reply to a request is 3 + 3L elements, in a flat array that holds the
+-- replies of a call's requests one after the other. A request decided:
 --   allowed  1 if the request was admitted (and logged), else 0
 --   denied   the limit that denied it, from 1; 0 if none did
---   now      the time used
---   then per limit: count, reset and stamp (see library.lua).
+--   now      the request's time
+--   then per limit: count, reset and stamp (see library.lua), integers.
+-- A request that failed (its key holds another program's data, Redis
+-- refused a command): its first element is the error's message, a string;
+-- its second the units of cost it left logged (0 unless undoing what it
+-- had logged failed too); the rest are 0. It fails alone: the call's other
+-- requests are decided.
 
 local EXACT_LOG = 1
 local BUCKETS = 2

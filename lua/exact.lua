@@ -2,29 +2,43 @@
 -- header, then one entry per logged unit of cost, oldest first.
 --
 -- The header is the log's base (7 bytes), a time that is a multiple of
--- SPAN units, and its refresh-by (3 bytes), in units after the base: the
--- key expires then. An entry (2 bytes) is a time, as its offset in units
--- after the base. The unit is about window/8192 (the library picks it); a
--- time is rounded up to it, so an entry counts up to one unit longer than
--- its window, never shorter. Entries of the same time are interchangeable:
--- removing any n of them undoes a request of cost n exactly.
+-- SPAN units; its unit (6 bytes), in microseconds; and its refresh-by (3
+-- bytes), in units after the base: the key expires then. An entry (2
+-- bytes) is a time, as its offset in units after the base. The unit is
+-- about window/8192 (the library picks it); a time is rounded up to it, so
+-- an entry counts up to one unit longer than its window, never shorter.
+-- Entries of the same time are interchangeable: removing any n of them
+-- undoes a request of cost n exactly.
+--
+-- The log carries its unit so that a limit whose window (and so unit)
+-- changes under the same name (a rolling deploy) reads the entries as they
+-- were logged: the next write converts them to its own unit, each time
+-- rounded up to it (later, never earlier).
+--
+-- A log's time never runs backwards: a decision at a time before the
+-- log's newest entry (rounded up to the unit: the clocks of two servers, a
+-- clock stepped back) is decided at that entry's time instead, counted and
+-- logged there. So entries are appended in order, and the base only moves
+-- forward while the log holds entries in its window.
 --
 -- Admitting a request appends its entries: one read, one APPEND. The log
 -- is written anew (one SET, which also sets the expiry) only when it must
 -- be: when it is new, when more of its entries have left the window than
--- half of those in it, when the new entries are older than the newest (the
--- clocks of two servers), when their offset would not fit in 2 bytes, or
--- when the expiry comes too soon for them. The expiry is set
--- window/REFRESH_SLACK later than the newest entry needs, so a busy log is
--- written anew about REFRESH_SLACK times per window, and an idle one is
--- gone at most window/REFRESH_SLACK after its last entry left the window.
+-- half of those in it, when its unit is not the limit's, when their offset
+-- would not fit in 2 bytes, or when the expiry comes too soon for them.
+-- The expiry is set window/REFRESH_SLACK later than the newest entry
+-- needs, on the clock of the request, so a busy log is written anew about
+-- REFRESH_SLACK times per window, and an idle one is gone at most
+-- window/REFRESH_SLACK after its last entry left the window; a request
+-- decided at the log's time, later than its own, makes the expiry no
+-- sooner than its own clock needs.
 --
 -- Reading a string into Lua costs Redis in proportion to its length (it
 -- hashes every byte), so a log that may hold more than WHOLE entries (its
 -- quota says) is never read whole: its header and entries are read with
 -- GETRANGE, the entries where its window starts found from their times.
 
-local HEADER = 10
+local HEADER = 16
 local ENTRY = 2
 local MAX_OFFSET = 65535
 local SPAN = 128
@@ -34,7 +48,7 @@ local PROBE = 64 -- entries read at once where a large log's window starts
 -- A large log's header and oldest entry are its bytes 0 to HEAD_LAST
 -- (HEADER + ENTRY - 1), its newest entry its bytes NEWEST_FIRST (-ENTRY)
 -- to -1: strings, which Redis takes without formatting a number.
-local HEAD_LAST = '11'
+local HEAD_LAST = '17'
 local NEWEST_FIRST = '-2'
 
 -- What exact_read read of a log is an array (cheaper for Redis to build
@@ -48,6 +62,8 @@ local DEAD = 6 -- of them, those that have left the window (the oldest)
 local COUNT = 7 -- those in the window
 local FIRST = 8 -- the offset of the oldest entry in the window, if read
 local NEWEST = 9 -- the offset of the newest entry; -1 if none
+local LUNIT = 10 -- the log's unit (its header's)
+local TIME = 11 -- the time the log is decided at (see log_time)
 
 -- decode_entry returns the offset in the entry bytes hi, lo.
 local function decode_entry(hi, lo)
@@ -82,21 +98,38 @@ local function first_after(s, skip, i, j, cut)
   return i
 end
 
--- decode_header sets the log's base and refresh-by from the header bytes,
--- and returns the offset of the oldest entry from the two bytes after them
--- (nil if there are none).
-local function decode_header(log, b1, b2, b3, b4, b5, b6, b7, r1, r2, r3, o1, o2)
+-- decode_header sets the log's base, unit and refresh-by from the header
+-- bytes, and returns the offset of the oldest entry from the two bytes
+-- after them (nil if there are none).
+local function decode_header(log, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, o1, o2)
   log[BASE] = (((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
+  log[LUNIT] = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6
   log[REFRESH] = (r1 * 256 + r2) * 256 + r3
   return o2 and decode_entry(o1, o2)
 end
 
--- cut returns the offset at or before which a log of base has no entry
--- in lim's window at now: an entry at offset o is in the window until
--- base + o * unit + window.
-local function cut(lim, now, base)
-  local x = now - lim[WINDOW] - base
-  return (x - x % lim[UNIT]) / lim[UNIT]
+-- foreign fails the request: the string at the log's key is no log.
+local function foreign(log)
+  error('ratelimit: ' .. log[KEY] .. ' holds no log: another program wrote it', 0)
+end
+
+-- log_time returns the time the log is decided at for a request at now:
+-- now, unless the log's newest entry is later than now rounded up to the
+-- limit's unit; then that entry's time.
+local function log_time(log, lim, now)
+  local newest = log[BASE] + log[NEWEST] * log[LUNIT]
+  if newest > now + (-now) % lim[UNIT] then
+    return newest
+  end
+  return now
+end
+
+-- cut returns the offset at or before which the log has no entry in lim's
+-- window at its time: an entry at offset o is in the window until base +
+-- o * unit + window.
+local function cut(log, lim)
+  local x = log[TIME] - lim[WINDOW] - log[BASE]
+  return (x - x % log[LUNIT]) / log[LUNIT]
 end
 
 -- guess returns where the first entry after cut likely is among size
@@ -135,15 +168,19 @@ local function read_whole(log, lim, now)
   end
   log[SIZE] = (#s - HEADER) / ENTRY
   if log[SIZE] < 0 or log[SIZE] % 1 ~= 0 then
-    error('ratelimit: ' .. log[KEY] .. ' holds no log: another program wrote it')
+    foreign(log)
   end
   log[BYTES] = s
   local oldest = decode_header(log, string.byte(s, 1, HEADER + ENTRY))
+  if log[LUNIT] == 0 then
+    foreign(log)
+  end
   if log[SIZE] == 0 then
     return
   end
   log[NEWEST] = decode_entry(string.byte(s, -ENTRY, -1))
-  local before = cut(lim, now, log[BASE])
+  log[TIME] = log_time(log, lim, now)
+  local before = cut(log, lim)
   if before < oldest then
     log[FIRST] = oldest
   elseif before >= log[NEWEST] then
@@ -187,14 +224,18 @@ local function read_large(log, lim, now)
   end
   log[SIZE] = (redis.call('STRLEN', log[KEY]) - HEADER) / ENTRY
   if #head < HEADER or log[SIZE] < 0 or log[SIZE] % 1 ~= 0 then
-    error('ratelimit: ' .. log[KEY] .. ' holds no log: another program wrote it')
+    foreign(log)
   end
   local oldest = decode_header(log, string.byte(head, 1, HEADER + ENTRY))
+  if log[LUNIT] == 0 then
+    foreign(log)
+  end
   if log[SIZE] == 0 then
     return
   end
   log[NEWEST] = decode_entry(string.byte(redis.call('GETRANGE', log[KEY], NEWEST_FIRST, '-1'), 1, ENTRY))
-  local before = cut(lim, now, log[BASE])
+  log[TIME] = log_time(log, lim, now)
+  local before = cut(log, lim)
   if before < oldest then
     log[FIRST] = oldest
     return
@@ -214,10 +255,10 @@ local function read_large(log, lim, now)
   log[DEAD], log[FIRST] = dead or i, first
 end
 
--- exact_read reads the log at key at time now (see KEY to NEWEST), and
--- returns it and its count.
+-- exact_read reads the log at key for a request at now (see KEY to TIME),
+-- and returns it, its count and the time it is decided at.
 local function exact_read(key, lim, now)
-  local log = {key, false, false, 0, 0, 0, 0, false, -1}
+  local log = {key, false, false, 0, 0, 0, 0, false, -1, false, now}
   if lim[QUOTA] <= WHOLE then
     read_whole(log, lim, now)
   else
@@ -225,7 +266,7 @@ local function exact_read(key, lim, now)
   end
   local count = log[SIZE] - log[DEAD]
   log[COUNT] = count
-  return log, count
+  return log, count, log[TIME]
 end
 
 -- exact_entry returns the offset of the log's entry i (from 0).
@@ -240,21 +281,24 @@ end
 -- leaves it.
 local function exact_leaves(log, lim, k)
   local offset = k == 1 and log[FIRST] or exact_entry(log, log[DEAD] + k - 1)
-  return log[BASE] + offset * lim[UNIT] + lim[WINDOW]
+  return log[BASE] + offset * log[LUNIT] + lim[WINDOW]
 end
 
--- live_entries returns the entries in the window, as offsets after base.
+-- live_entries returns the entries in the window, as offsets in the
+-- limit's unit after base: each entry's time rounded up to the unit.
 local function live_entries(log, lim, base)
   if log[COUNT] == 0 then
     return ''
   end
   local s = log[BYTES] and string.sub(log[BYTES], HEADER + ENTRY * log[DEAD] + 1) or read_range(log[KEY], log[DEAD], log[SIZE])
-  if base == log[BASE] then
+  local unit, lunit = lim[UNIT], log[LUNIT]
+  if base == log[BASE] and unit == lunit then
     return s
   end
-  local shift, bytes = (base - log[BASE]) / lim[UNIT], {}
+  local bytes = {}
   for i = 0, log[COUNT] - 1 do
-    local o = entry_at(s, 0, i) - shift
+    local x = log[BASE] + entry_at(s, 0, i) * lunit - base
+    local o = (x + (-x) % unit) / unit
     bytes[2 * i + 1], bytes[2 * i + 2] = (o - o % 256) / 256, o % 256
   end
   local parts = {}
@@ -264,49 +308,65 @@ local function live_entries(log, lim, base)
   return table.concat(parts)
 end
 
--- encode_header returns the header of a log of the given base and
+-- encode_header returns the header of a log of the given base, unit and
 -- refresh-by.
-local function encode_header(base, refresh)
+local function encode_header(base, unit, refresh)
   local b = {}
   put(b, base, 7)
+  put(b, unit, 6)
   put(b, refresh, 3)
   return string.char(unpack(b))
 end
 
--- exact_rewrite writes the log anew with n more entries of time at, and
--- without the entries that have left the window. The base moves (down to
--- the oldest entry's SPAN, or at's if that is older) when the log is new
--- or an offset would not fit.
-local function exact_rewrite(log, lim, now, n, at)
-  local unit, base = lim[UNIT], log[BASE]
-  if not base or at < base or (at - base) / unit > MAX_OFFSET then
-    local oldest = at
-    if log[COUNT] > 0 then
-      oldest = math.min(at, exact_leaves(log, lim, 1) - lim[WINDOW])
-    end
-    base = oldest - oldest % (unit * SPAN)
+-- keep_for makes the log at key live for at least ms more milliseconds,
+-- never less than it would.
+local function keep_for(key, ms)
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
   end
-  local live, offset = live_entries(log, lim, base), (at - base) / unit
-  local i = first_after(live, 0, 0, #live / ENTRY, offset) -- after those of its time
-  live = string.sub(live, 1, ENTRY * i) .. string.rep(encode_entry(offset), n) .. string.sub(live, ENTRY * i + 1)
-  local wunits = lim[WINDOW] / unit
-  local refresh = entry_at(live, 0, #live / ENTRY - 1) + wunits + math.ceil(wunits / REFRESH_SLACK)
-  local ttl = math.ceil((base + refresh * unit - now) / 1000)
-  redis.call('SET', log[KEY], encode_header(base, refresh) .. live, 'PX', ttl)
 end
 
--- exact_admit logs n entries at now and returns their time, and when they
--- leave the window.
+-- exact_rewrite writes the log anew with n more entries of time at (the
+-- latest), without the entries that have left the window, in the limit's
+-- unit. The base moves (to the oldest entry's SPAN, or at's if there is
+-- none) when the log is new, its unit is not the limit's, or an offset
+-- would not fit. now is the request's time, which the expiry is timed by.
+local function exact_rewrite(log, lim, now, n, at)
+  local unit, base = lim[UNIT], log[BASE]
+  local oldest = at
+  if log[COUNT] > 0 then
+    oldest = exact_leaves(log, lim, 1) - lim[WINDOW]
+  end
+  if not base or log[LUNIT] ~= unit or oldest < base or (at - base) / unit > MAX_OFFSET then
+    base = oldest - oldest % (unit * SPAN)
+  end
+  local offset = (at - base) / unit
+  local live = live_entries(log, lim, base) .. string.rep(encode_entry(offset), n)
+  local wunits = lim[WINDOW] / unit
+  local refresh = offset + wunits + math.ceil(wunits / REFRESH_SLACK)
+  local ttl = math.ceil((base + refresh * unit - now) / 1000)
+  if log[BASE] and log[TIME] > now then
+    ttl = math.max(ttl, redis.call('PTTL', log[KEY]))
+  end
+  redis.call('SET', log[KEY], encode_header(base, unit, refresh) .. live, 'PX', ttl)
+end
+
+-- exact_admit logs n entries at the log's time and returns their time,
+-- and when they leave the window. now is the request's time.
 local function exact_admit(log, lim, now, n)
-  local at = now + (-now) % lim[UNIT] -- rounded up to the unit
+  local t = log[TIME]
+  local at = t + (-t) % lim[UNIT] -- rounded up to the unit
   local offset = log[BASE] and (at - log[BASE]) / lim[UNIT]
-  if log[BASE] and log[DEAD] * 2 <= log[COUNT] and offset >= log[NEWEST] and offset >= 0 and
+  if log[BASE] and log[LUNIT] == lim[UNIT] and log[DEAD] * 2 <= log[COUNT] and offset >= log[NEWEST] and offset >= 0 and
     offset <= MAX_OFFSET and offset + lim[WINDOW] / lim[UNIT] <= log[REFRESH] then
     local entry = encode_entry(offset)
     if n > 1 then
       entry = string.rep(entry, n)
     end
     redis.call('APPEND', log[KEY], entry)
+    if t > now then -- the log is ahead of the request's clock: live until that clock needs
+      keep_for(log[KEY], math.ceil((log[BASE] + log[REFRESH] * lim[UNIT] - now) / 1000))
+    end
   else
     exact_rewrite(log, lim, now, n, at)
   end
@@ -323,7 +383,10 @@ local function exact_remove(key, lim, at, n)
   end
   local log = {key}
   decode_header(log, string.byte(s, 1, HEADER))
-  local offset, size = (at - log[BASE]) / lim[UNIT], (#s - HEADER) / ENTRY
+  if log[LUNIT] == 0 then
+    return 0
+  end
+  local offset, size = (at - log[BASE]) / log[LUNIT], (#s - HEADER) / ENTRY
   if offset < 0 or offset > MAX_OFFSET or offset % 1 ~= 0 or size % 1 ~= 0 then
     return 0
   end

@@ -2,12 +2,16 @@
 -- takes the KEYS and ARGV of its call (see codec.lua) and keeps nothing
 -- from one call to the next.
 --
--- A decision's reply gives, for each limit:
+-- A limit is decided at its log's time: the request's, or, if the log's
+-- newest entry is later (a clock stepped back, two servers' clocks), that
+-- entry's: a log's time never runs backwards. A decision's reply gives,
+-- for each limit, in its log's time:
 --   count  the cost logged in its window before the request.
 --   reset  when it next matters: if it has no room for the request, when
 --          the request fits (NEVER if its cost exceeds the quota); else
 --          when its oldest entry leaves the window, or, if it had none,
---          when the request's does if it was logged there, else now.
+--          when the request's does if it was logged there, else the
+--          log's time.
 --   stamp  when the request was logged in it, if it was; else when its
 --          oldest entry leaves the window (0 if it has none, and for a
 --          shadow limit without room in an admitted request).
@@ -23,15 +27,18 @@ local NEVER = 0 -- a reset: the request can never fit
 -- check reads the limits of a request of cost n at now, whose keys start
 -- at keys[k], and writes the reply from R[r + 1] on: whether every
 -- enforced limit has room, which one denies if not (the one that frees up
--- last), and each limit's count, reset and stamp. It keeps what each kind
--- read in lim[STATE], for admit. write says whether reading may prune.
+-- last), and each limit's count, reset and stamp. Each limit is read at
+-- its own time: now, or its log's newest entry if that is later (see
+-- exact.lua), so resets and stamps are never earlier than the log's time.
+-- It keeps what each kind read in lim[STATE], for admit. write says
+-- whether reading may prune.
 local function check(keys, k, limits, n, now, write, R, r)
   local denied, worst = 0, 0
   for i = 1, #limits do
     local lim = limits[i]
     local kind = KINDS[lim[KIND]]
-    local state, count = kind.read(keys[k + i - 1], lim, now, write)
-    local reset, stamp = now, 0
+    local state, count, t = kind.read(keys[k + i - 1], lim, now, write)
+    local reset, stamp = t, 0
     if count > 0 then
       stamp = kind.leaves(state, lim, 1)
       reset = stamp
@@ -51,15 +58,17 @@ local function check(keys, k, limits, n, now, write, R, r)
   R[r + 1], R[r + 2], R[r + 3] = denied == 0 and 1 or 0, denied, now
 end
 
--- admit logs a request of cost n that check admitted in every limit that
--- has room for it (a shadow limit without room logs nothing), and updates
--- the reply at R[r + 1].
+-- admit logs a request of cost n at now that check admitted in every
+-- limit that has room for it (a shadow limit without room logs nothing),
+-- and updates the reply at R[r + 1]. A limit's stamp is 0 until the
+-- request is logged there, for undo.
 local function admit(limits, n, now, R, r)
   for i = 1, #limits do
+    R[r + 3 * i + 3] = 0
+  end
+  for i = 1, #limits do
     local lim, count = limits[i], R[r + 3 * i + 1]
-    if count + n > lim[QUOTA] then
-      R[r + 3 * i + 3] = 0
-    else
+    if count + n <= lim[QUOTA] then
       local stamp, leaves = KINDS[lim[KIND]].admit(lim[STATE], lim, now, n)
       R[r + 3 * i + 3] = stamp
       if count == 0 then
@@ -69,10 +78,52 @@ local function admit(limits, n, now, R, r)
   end
 end
 
+-- LOGGING is R[r + 1] while admit logs the request: if it fails then,
+-- the limits with a stamp hold the request.
+local LOGGING = 2
+
+-- decide_one decides one request (see each), at R[r + 1].
+local function decide_one(keys, k, limits, n, now, write, R, r)
+  check(keys, k, limits, n, now, write, R, r)
+  if write and R[r + 1] == 1 then
+    R[r + 1] = LOGGING
+    admit(limits, n, now, R, r)
+    R[r + 1] = 1
+  end
+end
+
+-- undo removes what a request of cost n that failed while admit logged it
+-- logged: the entries of the limits that have a stamp. It returns the
+-- units of cost it could not remove.
+local function undo(keys, k, limits, n, R, r)
+  local left = 0
+  for i = 1, #limits do
+    local lim, at = limits[i], R[r + 3 * i + 3]
+    if at > 0 and R[r + 3 * i + 1] + n <= lim[QUOTA] then
+      local ok, removed = pcall(KINDS[lim[KIND]].remove, keys[k + i - 1], lim, at, n)
+      left = left + n - (ok and removed or 0)
+    end
+  end
+  return left
+end
+
+-- failure returns the message of the error e: a string, or a table whose
+-- err field holds it (Redis 7 raises redis.call's errors as such tables).
+local function failure(e)
+  if type(e) == 'table' then
+    e = e.err or e.message
+  end
+  return tostring(e or 'unknown error')
+end
+
 -- each decides every request of a call, one after the other, and returns
 -- their replies: a request every enforced limit has room for is logged in
 -- them all if write is true; any other is logged nowhere. Requests of one
--- call share the server's clock.
+-- call share the server's clock. A request that fails (a key holding
+-- another program's data, a command Redis refuses) fails alone: its reply
+-- is the error's message, then the units of cost it leaves logged (0
+-- unless undoing what it logged failed too), then zeros; the others are
+-- decided as if it had not been sent.
 local function each(keys, argv, write)
   -- Sized for the most common reply, one request of one limit.
   local R, k, r, clock = {0, 0, 0, 0, 0, 0}, 1, 0, nil
@@ -82,9 +133,13 @@ local function each(keys, argv, write)
       clock = clock or server_now()
       now = clock
     end
-    check(keys, k, limits, n, now, write, R, r)
-    if write and R[r + 1] == 1 then
-      admit(limits, n, now, R, r)
+    local ok, e = pcall(decide_one, keys, k, limits, n, now, write, R, r)
+    if not ok then
+      local left = R[r + 1] == LOGGING and undo(keys, k, limits, n, R, r) or 0
+      R[r + 1], R[r + 2], R[r + 3] = failure(e), left, 0
+      for i = r + 4, r + 3 + 3 * #limits do
+        R[i] = 0
+      end
     end
     k, r = k + #limits, r + 3 + 3 * #limits
   end

@@ -34,6 +34,10 @@ const (
 	// the number of limits.
 	requestHead = timeBytes + costBytes + 1
 	maxLimits   = 255
+	// maxWindowUnits is the most units an exact log's window spans: its
+	// entries' offsets (2 bytes, at most 65535 units after the log's base,
+	// lua/exact.lua) must hold a window and the base's rounding.
+	maxWindowUnits = 16384
 )
 
 // A Limit is what the Lua code needs of one limit.
@@ -74,6 +78,9 @@ func Encode(limits ...Limit) (Specs, error) {
 			return Specs{}, fmt.Errorf("window %v out of range", l.Window)
 		case l.Unit.Microseconds() < 1 || l.Unit > l.Window:
 			return Specs{}, fmt.Errorf("unit %v out of range", l.Unit)
+		case l.Kind == ExactLog && l.Window.Microseconds()/l.Unit.Microseconds() > maxWindowUnits:
+			return Specs{}, fmt.Errorf("window %v of %d units of %v: an exact log's window is at most %d units", l.Window,
+				l.Window.Microseconds()/l.Unit.Microseconds(), l.Unit, maxWindowUnits)
 		case l.Kind == Buckets && (l.Name == "" || len(l.Name) > nameMax):
 			return Specs{}, fmt.Errorf("bucketed limit name of %d bytes: want 1 to %d", len(l.Name), nameMax)
 		}
@@ -162,10 +169,13 @@ func appendUint(b []byte, v uint64, width int) []byte {
 type Reply struct {
 	Allowed bool  // admitted, and logged in every limit with room
 	Denied  int   // the limit that denied the request, from 0; -1 if none
-	Now     int64 // the time used, in Unix microseconds
+	Now     int64 // the request's time, in Unix microseconds: its own, or the Redis server's
 }
 
-// LimitReply is one limit's part of a Reply.
+// LimitReply is one limit's part of a Reply. A limit is decided at its
+// log's time: the request's, or its log's newest entry's if that is later
+// (a log's time never runs backwards, see lua/exact.lua); Reset and
+// Stamp are in the log's time, so never earlier than the request's.
 type LimitReply struct {
 	// Count is the cost the limit had logged in its window before the
 	// request.
@@ -173,7 +183,8 @@ type LimitReply struct {
 	// Reset is when the limit next matters: if it has no room for the
 	// request, when the request fits (0: never, its cost exceeds the
 	// quota); else when its oldest entry leaves the window, or, if it had
-	// none, when the request's does if it was logged there, else Now.
+	// none, when the request's does if it was logged there, else the
+	// log's time.
 	Reset int64
 	// Stamp is when the request was logged in the limit, if it was; else
 	// when its oldest entry leaves the window (0 if it has none, and for a
@@ -182,15 +193,40 @@ type LimitReply struct {
 }
 
 // ReplyLen returns the length of the reply to a request of n limits: a
-// flat array of integers (see lua/codec.lua).
+// flat array (see lua/codec.lua).
 func ReplyLen(n int) int { return 3 + 3*n }
 
+// A RequestError is a request's failure in Redis that failed it alone: the
+// other requests of its call were decided (see lua/codec.lua). Its
+// message is the error's, as Lua raised it: a Redis error reply's
+// (WRONGTYPE..., OOM..., NOPERM...) or the library's own (a key that holds
+// no log).
+type RequestError struct {
+	Msg string
+	// Left is how many units of cost the request left logged: it failed
+	// after logging them, and they could not be removed. Usually 0.
+	Left int64
+}
+
+func (e *RequestError) Error() string { return e.Msg }
+
+// RedisError marks a RequestError as an error Redis replied (see
+// redis.Error): about the request, not about Redis's health.
+func (e *RequestError) RedisError() {}
+
 // ParseReply decodes raw, the reply to one request of len(limits) limits,
-// into limits.
+// into limits. A request that failed in Redis returns a *RequestError.
 func ParseReply(raw any, limits []LimitReply) (Reply, error) {
 	arr, ok := raw.([]any)
 	if !ok || len(arr) != ReplyLen(len(limits)) {
 		return Reply{}, fmt.Errorf("%w: %T of length %d for %d limits", ErrUnexpectedReply, raw, len(arr), len(limits))
+	}
+	if msg, ok := arr[0].(string); ok {
+		left, ok := arr[1].(int64)
+		if !ok || left < 0 {
+			return Reply{}, fmt.Errorf("%w: failure %q with %v units left", ErrUnexpectedReply, msg, arr[1])
+		}
+		return Reply{}, &RequestError{Msg: msg, Left: left}
 	}
 	for i, e := range arr {
 		if v, ok := e.(int64); !ok || v < 0 {
