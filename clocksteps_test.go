@@ -180,3 +180,49 @@ func testClockStepBackWithRoom(t *testing.T, b backend) {
 		t.Fatalf("full: %+v %v; want denied for at least 61m", res, err)
 	}
 }
+
+// TestWindowChange: a limit whose window changes under the same name (a
+// rolling deploy: 1m to 2m, 2m to 1m; so does its time unit) reads the
+// log the old window wrote as it was logged: after the change, its
+// decisions are those of one log of the requests' times (the model), in
+// both directions, never admitting more, nor less. The times are
+// multiples of both units, so that rounding changes none.
+func TestWindowChange(t *testing.T) { forBackends(t, testWindowChange) }
+
+func testWindowChange(t *testing.T, b backend) {
+	const quota = 4
+	for _, windows := range [][2]time.Duration{{time.Minute, 2 * time.Minute}, {2 * time.Minute, time.Minute}} {
+		t.Run(windows[0].String()+"-to-"+windows[1].String(), func(t *testing.T) {
+			seed := time.Now().UnixNano()
+			rng := rand.New(rand.NewPCG(uint64(seed), 2))
+			c := b.newClient(t)
+			if err := c.FlushAll(context.Background()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			clock := &testClock{t: t0}
+			model := &exactModel{quota: quota}
+			now := t0
+			for phase, window := range windows {
+				lim := mustNew(t, c, []Limit{Per(window, quota, Header("X-Id")).Named("w")}, WithClock(clock.Now), WithDenyCache(0))
+				model.window, model.unit = window.Microseconds(), timeUnit(window)
+				// The first phase stays within one window of its start, so
+				// that it drops no entry the second would count.
+				steps, most := 20, 2500
+				if phase == 1 {
+					steps, most = 150, 5000
+				}
+				for i := range steps {
+					now = now.Add(time.Duration(rng.IntN(most/20+1)) * 20 * time.Millisecond)
+					clock.Set(now)
+					cost := 1 + rng.IntN(2)
+					res, err := lim.Allow(context.Background(), []string{"k"}, cost)
+					allowed, remaining, retry := model.decide(now.UnixMicro(), cost)
+					if err != nil || res.Allowed != allowed || res.Remaining != remaining || !allowed && res.RetryAfter != retry {
+						t.Fatalf("seed %d, window %v, step %d (at %v, cost %d): got %v allowed=%v remaining=%d retry=%v; the model says allowed=%v remaining=%d retry=%v",
+							seed, window, i, now.Sub(t0), cost, err, res.Allowed, res.Remaining, res.RetryAfter, allowed, remaining, retry)
+					}
+				}
+			}
+		})
+	}
+}
