@@ -3,7 +3,9 @@ package ratelimit
 import (
 	"context"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -79,6 +81,19 @@ func (m *bucketModel) decide(now int64, cost int) (bool, int, time.Duration) {
 	panic("unreachable")
 }
 
+// testSeed returns the seed of a random test: RATELIMIT_SEED's, to replay
+// a failure, or a new one.
+func testSeed(t *testing.T) int64 {
+	if s := os.Getenv("RATELIMIT_SEED"); s != "" {
+		seed, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seed
+	}
+	return time.Now().UnixNano()
+}
+
 func roundUp(t, unit int64) int64 { return t + (unit-t%unit)%unit }
 
 func floorDiv(a, b int64) int64 {
@@ -105,7 +120,7 @@ func testClockSteps(t *testing.T, b backend) {
 	}
 	for _, bucketed := range []bool{false, true} {
 		t.Run(map[bool]string{false: "exact", true: "bucketed"}[bucketed], func(t *testing.T) {
-			seed := time.Now().UnixNano()
+			seed := testSeed(t)
 			rng := rand.New(rand.NewPCG(uint64(seed), 1))
 			clock := &testClock{t: t0}
 			limit := Per(window, quota, Header("X-Id")).Named("steps")
@@ -193,7 +208,7 @@ func testWindowChange(t *testing.T, b backend) {
 	const quota = 4
 	for _, windows := range [][2]time.Duration{{time.Minute, 2 * time.Minute}, {2 * time.Minute, time.Minute}} {
 		t.Run(windows[0].String()+"-to-"+windows[1].String(), func(t *testing.T) {
-			seed := time.Now().UnixNano()
+			seed := testSeed(t)
 			rng := rand.New(rand.NewPCG(uint64(seed), 2))
 			c := b.newClient(t)
 			if err := c.FlushAll(context.Background()).Err(); err != nil {

@@ -229,7 +229,9 @@ func testFailedWriteUndone(t *testing.T, lib *slidinglog.Redis, c redis.Universa
 // string gets the failure mode (503) on every request; every other
 // request is decided (200) and counted exactly once, and nothing is left
 // unreverted.
-func TestPoisonedKeyFailsOnlyItsRequests(t *testing.T) { forBackends(t, testPoisonedKeyFailsOnlyItsRequests) }
+func TestPoisonedKeyFailsOnlyItsRequests(t *testing.T) {
+	forBackends(t, testPoisonedKeyFailsOnlyItsRequests)
+}
 
 func testPoisonedKeyFailsOnlyItsRequests(t *testing.T, b backend) {
 	c := b.newClient(t)

@@ -40,32 +40,34 @@ local function bucket_range(key, name, first, last)
   return buckets
 end
 
--- bucket_prune drops the buckets of state b that have left the window,
--- and updates its total and oldest bucket, in the hash too.
-local function bucket_prune(b)
+-- bucket_prune drops the buckets of state b before bucket bound, and
+-- updates its total (b.total) and oldest bucket (among those up to top, the newest),
+-- in the hash too.
+local function bucket_prune(b, bound, top)
   local gone = {}
-  for k = b.oldest, math.min(b.first - 1, b.oldest + b.span - 1) do
+  for k = b.oldest, math.min(bound - 1, b.oldest + b.span - 1) do
     gone[#gone + 1] = bucket_field(b.name, k)
   end
   local counts = redis.call('HMGET', b.key, unpack(gone))
   for j = 1, #counts do
-    b.count = b.count - (tonumber(counts[j]) or 0)
+    b.total = b.total - (tonumber(counts[j]) or 0)
   end
   redis.call('HDEL', b.key, unpack(gone))
-  b.oldest = b.count > 0 and bucket_range(b.key, b.name, b.first, b.last)[1] or false
+  b.oldest = b.total > 0 and bucket_range(b.key, b.name, bound, top)[1] or false
   if b.oldest then
-    redis.call('HSET', b.key, b.name .. ':t', string.format('%d', b.count), b.name .. ':o', string.format('%d', b.oldest))
+    redis.call('HSET', b.key, b.name .. ':t', string.format('%d', b.total), b.name .. ':o', string.format('%d', b.oldest))
   else
-    b.count = 0
+    b.total = 0
     redis.call('HDEL', b.key, b.name .. ':t', b.name .. ':o')
   end
 end
 
 -- buckets_read reads the limit's buckets at key for a request at now. It
--- prunes those that have left the window if write is true; else it counts
--- the window's buckets and writes nothing. It returns them, their count
--- and the time the limit is decided at: now, or the newest bucket's start
--- if that is later.
+-- returns them, their count in the window and the time the limit is
+-- decided at: now, or the newest bucket's start if that is later. If write
+-- is true it prunes the buckets that have left the window at the newest
+-- bucket's time (a later request may be decided there, so those that
+-- left it only since stay); else it writes nothing.
 local function buckets_read(key, lim, now, write)
   local span = lim[WINDOW] / lim[UNIT]
   local name = lim[NAME]
@@ -75,33 +77,41 @@ local function buckets_read(key, lim, now, write)
     t = newest
   end
   local last = (t - t % lim[UNIT]) / lim[UNIT]
-  local b = {key = key, name = name, span = span, first = last - span + 1, last = last, count = 0, oldest = false, newest = newest, time = t}
-  b.count, b.oldest = tonumber(v[1]) or 0, tonumber(v[2]) or false
+  -- b.oldest is the oldest bucket held (the hash's marker), b.live the
+  -- oldest in the window.
+  local b = {key = key, name = name, span = span, first = last - span + 1, last = last, newest = newest, time = t}
+  b.total, b.oldest = tonumber(v[1]) or 0, tonumber(v[2]) or false
+  b.count, b.live = b.total, b.oldest
   if b.oldest and b.oldest < b.first then
-    if write then
-      bucket_prune(b)
-    else
-      local live = bucket_range(key, b.name, b.first, b.last)
-      b.count, b.oldest = 0, live[1] or false
+    -- Every bucket held is at or before the newest one.
+    local top = newest and (newest - newest % lim[UNIT]) / lim[UNIT] or last
+    if write and b.oldest < top - span + 1 then
+      bucket_prune(b, top - span + 1, top)
+    end
+    if b.oldest and b.oldest < b.first then
+      local live = b.first <= top and bucket_range(key, name, b.first, math.min(top, last)) or {}
+      b.count, b.live = 0, live[1] or false
       for j = 2, #live, 2 do
         b.count = b.count + live[j]
       end
+    else
+      b.count, b.live = b.total, b.oldest
     end
   end
   return b, b.count, t
 end
 
--- buckets_leaves returns when enough of the oldest buckets have left the
--- window for k units of cost to be freed (bucket k leaves at kP + W), or
--- 0 if they cannot be.
+-- buckets_leaves returns when enough of the oldest buckets in the window
+-- have left it for k units of cost to be freed (bucket k leaves at kP +
+-- W), or 0 if they cannot be.
 local function buckets_leaves(b, lim, k)
-  if not b.oldest then
+  if not b.live then
     return 0
   end
   if k <= 1 then
-    return b.oldest * lim[UNIT] + lim[WINDOW]
+    return b.live * lim[UNIT] + lim[WINDOW]
   end
-  local live = bucket_range(b.key, b.name, math.max(b.oldest, b.first), b.last)
+  local live = bucket_range(b.key, b.name, math.max(b.live, b.first), b.last)
   local freed = 0
   for j = 1, #live, 2 do
     freed = freed + live[j + 1]
@@ -118,6 +128,11 @@ end
 -- longer windows), and returns the time it was decided at and when its
 -- bucket leaves the window.
 local function buckets_admit(b, lim, now, n)
+  if b.oldest and b.oldest < b.first then
+    -- This bucket becomes the newest: those that have left the window now
+    -- are left behind for good.
+    bucket_prune(b, b.first, b.last)
+  end
   redis.call('HINCRBY', b.key, bucket_field(b.name, b.last), n)
   redis.call('HINCRBY', b.key, b.name .. ':t', n)
   local start = b.last * lim[UNIT]
