@@ -310,3 +310,35 @@ func (w *recorder) WriteHeader(code int) {
 		w.code = code
 	}
 }
+
+// TestFailedRequestLeftCounted: a request that failed in Redis after
+// logging units it could not remove again (the failure reply's units
+// left) is an error for that decision, its units counted in
+// Result.Unreverted and Limiter.Unreverted, and its failure, about its
+// own keys, does not count against the circuit breaker.
+func TestFailedRequestLeftCounted(t *testing.T) {
+	ctx := context.Background()
+	lim := mustNew(t, stubClient{}, []Limit{PerMinute(100, Header("X-Client")), PerMinute(100, Global())}, WithCircuitBreaker(1, time.Hour))
+	failed := []any{"ERR boom", int64(2)}
+	for range slidinglog.ReplyLen(2) - 2 {
+		failed = append(failed, int64(0))
+	}
+	lim.redis.lib = fakeLibrary{decide: func([]string) (any, error) { return failed, nil }}
+	for i := range 3 {
+		res, err := lim.Allow(ctx, []string{"a", GlobalID}, 1)
+		var re *slidinglog.RequestError
+		if !errors.As(err, &re) || re.Msg != "ERR boom" || res.Allowed || res.Unreverted != 2 {
+			t.Fatalf("decision %d: %+v %v; want the RequestError, 2 units unreverted", i, res, err)
+		}
+	}
+	if n := lim.Unreverted(); n != 6 {
+		t.Errorf("Unreverted() = %d, want 6", n)
+	}
+	now := t0.UnixMicro()
+	admit := slidinglog.AppendReply(nil, slidinglog.Reply{Allowed: true, Denied: -1, Now: now},
+		[]slidinglog.LimitReply{{Reset: now + 60e6, Stamp: now}, {Reset: now + 60e6, Stamp: now}})
+	lim.redis.lib = fakeLibrary{decide: func([]string) (any, error) { return admit, nil }}
+	if res, err := lim.Allow(ctx, []string{"b", GlobalID}, 1); err != nil || !res.Allowed {
+		t.Errorf("after the failures: %+v %v; want admitted, the breaker closed", res, err)
+	}
+}
