@@ -63,7 +63,7 @@ local COUNT = 7 -- those in the window
 local FIRST = 8 -- the offset of the oldest entry in the window, if read
 local NEWEST = 9 -- the offset of the newest entry; -1 if none
 local LUNIT = 10 -- the log's unit (its header's)
-local TIME = 11 -- the time the log is decided at (see log_time)
+local TIME = 11 -- the time the log is decided at (see decide_at)
 
 -- decode_entry returns the offset in the entry bytes hi, lo.
 local function decode_entry(hi, lo)
@@ -113,23 +113,20 @@ local function foreign(log)
   error('ratelimit: ' .. log[KEY] .. ' holds no log: another program wrote it', 0)
 end
 
--- log_time returns the time the log is decided at for a request at now:
+-- decide_at sets the time the log is decided at for a request at now:
 -- now, unless the log's newest entry is later than now rounded up to the
--- limit's unit; then that entry's time.
-local function log_time(log, lim, now)
-  local newest = log[BASE] + log[NEWEST] * log[LUNIT]
+-- limit's unit; then that entry's time. It returns the offset at or before
+-- which the log has no entry in lim's window at that time: an entry at
+-- offset o is in the window until base + o * unit + window.
+local function decide_at(log, lim, now)
+  local base, unit = log[BASE], log[LUNIT]
+  local newest = base + log[NEWEST] * unit
   if newest > now + (-now) % lim[UNIT] then
-    return newest
+    now = newest
+    log[TIME] = now
   end
-  return now
-end
-
--- cut returns the offset at or before which the log has no entry in lim's
--- window at its time: an entry at offset o is in the window until base +
--- o * unit + window.
-local function cut(log, lim)
-  local x = log[TIME] - lim[WINDOW] - log[BASE]
-  return (x - x % log[LUNIT]) / log[LUNIT]
+  local x = now - lim[WINDOW] - base
+  return (x - x % unit) / unit
 end
 
 -- guess returns where the first entry after cut likely is among size
@@ -179,8 +176,7 @@ local function read_whole(log, lim, now)
     return
   end
   log[NEWEST] = decode_entry(string.byte(s, -ENTRY, -1))
-  log[TIME] = log_time(log, lim, now)
-  local before = cut(log, lim)
+  local before = decide_at(log, lim, now)
   if before < oldest then
     log[FIRST] = oldest
   elseif before >= log[NEWEST] then
@@ -234,8 +230,7 @@ local function read_large(log, lim, now)
     return
   end
   log[NEWEST] = decode_entry(string.byte(redis.call('GETRANGE', log[KEY], NEWEST_FIRST, '-1'), 1, ENTRY))
-  log[TIME] = log_time(log, lim, now)
-  local before = cut(log, lim)
+  local before = decide_at(log, lim, now)
   if before < oldest then
     log[FIRST] = oldest
     return
