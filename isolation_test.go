@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // isolationModes runs fn with the library as a Redis Function (FCALL) and
@@ -340,5 +341,27 @@ func TestFailedRequestLeftCounted(t *testing.T) {
 	lim.redis.lib = fakeLibrary{decide: func([]string) (any, error) { return admit, nil }}
 	if res, err := lim.Allow(ctx, []string{"b", GlobalID}, 1); err != nil || !res.Allowed {
 		t.Errorf("after the failures: %+v %v; want admitted, the breaker closed", res, err)
+	}
+}
+
+// TestServerErrorsFailTheCall: an error that says the server cannot write
+// now, whatever the key (here OOM, which a script meets at its first
+// write), still fails the whole call with Redis's error, as the breaker
+// and the read-only fallback expect: only errors about a request's keys
+// are isolated.
+func TestServerErrorsFailTheCall(t *testing.T) {
+	srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
+	c := srv.Client()
+	lib := slidinglog.New(c, false)
+	lib.SetScriptsOnly(true) // a function is refused before it runs; a script meets OOM inside
+	spec := mustEncode(t, slidinglog.Limit{Kind: slidinglog.ExactLog, Quota: 10, Window: time.Minute, Unit: 10 * time.Millisecond})
+	fillMemory(t, c)
+	keys := [][]string{{"oom:a"}, {"oom:b"}}
+	raw := [][]byte{slidinglog.AppendRequest(nil, 0, 1, spec), slidinglog.AppendRequest(nil, 0, 1, spec)}
+	_, errs := lib.DecideAll(keys, raw)
+	for i, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "OOM") {
+			t.Errorf("request %d: %v; want the call's OOM error", i, err)
+		}
 	}
 }

@@ -116,11 +116,18 @@ local function failure(e)
   return tostring(e or 'unknown error')
 end
 
+-- SERVER_ERRORS are the errors that say the server cannot write now,
+-- whatever the key: a request that meets one fails the whole call, as if
+-- it had not been caught (Redis then refuses every write of the call, so
+-- the requests before it logged nothing).
+local SERVER_ERRORS = {OOM = true, READONLY = true, MISCONF = true, NOREPLICAS = true, BUSY = true, LOADING = true,
+  MASTERDOWN = true, CLUSTERDOWN = true, TRYAGAIN = true}
+
 -- each decides every request of a call, one after the other, and returns
 -- their replies: a request every enforced limit has room for is logged in
 -- them all if write is true; any other is logged nowhere. Requests of one
 -- call share the server's clock. A request that fails (a key holding
--- another program's data, a command Redis refuses) fails alone: its reply
+-- another program's data, a command refused on its keys) fails alone: its reply
 -- is the error's message, then the units of cost it leaves logged (0
 -- unless undoing what it logged failed too), then zeros; the others are
 -- decided as if it had not been sent.
@@ -135,8 +142,12 @@ local function each(keys, argv, write)
     end
     local ok, e = pcall(decide_one, keys, k, limits, n, now, write, R, r)
     if not ok then
+      local msg = failure(e)
+      if SERVER_ERRORS[string.match(msg, '^%u+')] then
+        error(e, 0)
+      end
       local left = R[r + 1] == LOGGING and undo(keys, k, limits, n, R, r) or 0
-      R[r + 1], R[r + 2], R[r + 3] = failure(e), left, 0
+      R[r + 1], R[r + 2], R[r + 3] = msg, left, 0
       for i = r + 4, r + 3 + 3 * #limits do
         R[i] = 0
       end
