@@ -22,7 +22,7 @@ func bucketTotal(t testing.TB, c redis.UniversalClient, name, id string) int64 {
 	}
 	var total int64
 	for f, v := range fields {
-		if k, ok := strings.CutPrefix(f, name+":"); ok && k != "o" && k != "t" && k != "n" {
+		if k, ok := strings.CutPrefix(f, name+":"); ok && k != "o" && k != "t" && !strings.HasPrefix(k, "n") {
 			n, _ := strconv.ParseInt(v, 10, 64)
 			total += n
 		}

@@ -241,3 +241,45 @@ func testWindowChange(t *testing.T, b backend) {
 		})
 	}
 }
+
+// TestBucketPrecisionChange: a bucketed limit whose precision changes
+// under the same name (1s to 5s, 5s to 1s) does not read the old buckets
+// as if they were its own (which read them 5 times later, or earlier:
+// gone from the window): it counts them again as if logged at the first
+// request after the change, so it denies while they are in the window and
+// admits again once they have left it, a window after the change at most.
+func TestBucketPrecisionChange(t *testing.T) { forBackends(t, testBucketPrecisionChange) }
+
+func testBucketPrecisionChange(t *testing.T, b backend) {
+	for _, p := range [][2]time.Duration{{time.Second, 5 * time.Second}, {5 * time.Second, time.Second}} {
+		t.Run(p[0].String()+"-to-"+p[1].String(), func(t *testing.T) {
+			c := b.newClient(t)
+			if err := c.FlushAll(context.Background()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			clock := &testClock{t: t0}
+			ctx := context.Background()
+			before := mustNew(t, c, []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[0])}, WithClock(clock.Now), WithDenyCache(0))
+			after := mustNew(t, c, []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[1])}, WithClock(clock.Now), WithDenyCache(0))
+			for i := range 10 {
+				clock.Set(t0.Add(time.Duration(i) * time.Second))
+				if res, err := before.Allow(ctx, []string{"k"}, 1); err != nil || !res.Allowed {
+					t.Fatalf("before the change, request %d: %+v %v", i, res, err)
+				}
+			}
+			for _, at := range []time.Duration{20 * time.Second, 40 * time.Second, 68 * time.Second} {
+				clock.Set(t0.Add(at))
+				if res, err := after.Allow(ctx, []string{"k"}, 1); err != nil || res.Allowed {
+					t.Fatalf("after the change, at %v: %+v %v; want denied: 10 in the window", at, res, err)
+				}
+			}
+			clock.Set(t0.Add(90 * time.Second))
+			if res, err := after.Allow(ctx, []string{"k"}, 1); err != nil || !res.Allowed || res.Remaining != 9 {
+				t.Fatalf("a window after the change: %+v %v; want admitted, 9 left", res, err)
+			}
+			if n := bucketTotal(t, c, "p", "k"); n != 1 {
+				t.Errorf("the hash counts %d, want 1", n)
+			}
+		})
+	}
+}

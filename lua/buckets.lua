@@ -2,9 +2,13 @@
 -- requests per bucket of time [kP, (k+1)P) in a hash per identifier, which
 -- the bucketed limits of that identifier share: field '<name>:<k>' holds
 -- the count of bucket k, '<name>:t' the total of the buckets held,
--- '<name>:o' the oldest bucket that holds a count, and '<name>:n' the
--- start of the newest bucket logged (kP, in microseconds, so that it
--- stays true if P changes). A request at now counts the buckets from k =
+-- '<name>:o' the oldest bucket that holds a count, and '<name>:n<P>' the
+-- start of the newest bucket logged (kP, in microseconds). The newest
+-- marker's name carries the precision, so that a limit whose precision
+-- changes under the same name (a rolling deploy) finds buckets it cannot
+-- read: it counts their total again as one bucket at the request's time
+-- (later than they were, never sooner) and drops them. A request at now
+-- counts the buckets from k =
 -- floor(now/P) - W/P + 1 to floor(now/P). Memory is bounded by W/P fields
 -- whatever the quota; the count can differ from an exact log's by the
 -- requests of one bucket at the window's edge. Only the current bucket is
@@ -13,7 +17,7 @@
 --
 -- As for the exact log, a limit's time never runs backwards: a request
 -- whose bucket is before the newest bucket logged is decided, counted and
--- logged at the newest bucket's start instead. '<name>:n' stays when the
+-- logged at the newest bucket's start instead. The newest marker stays when the
 -- buckets leave the window; a rollback that empties the newest bucket
 -- moves it back to the newest bucket left in the window.
 
@@ -38,6 +42,52 @@ local function bucket_range(key, name, first, last)
     end
   end
   return buckets
+end
+
+-- newest_field returns the name of the limit's newest-bucket marker.
+local function newest_field(lim)
+  return lim[NAME] .. ':n' .. string.format('%d', lim[UNIT])
+end
+
+-- limit_fields returns the fields of the hash at key that the limit
+-- named name holds, in any precision.
+local function limit_fields(key, name)
+  local prefix, fields = name .. ':', {}
+  for _, f in ipairs(redis.call('HKEYS', key)) do
+    if string.sub(f, 1, #prefix) == prefix then
+      local rest = string.sub(f, #prefix + 1)
+      if rest == 't' or rest == 'o' or string.match(rest, '^n?%d+$') or rest == 'n' then
+        fields[#fields + 1] = f
+      end
+    end
+  end
+  return fields
+end
+
+-- buckets_convert reads, at now, the buckets of a limit that another
+-- precision wrote (its newest marker is not the limit's): their total,
+-- counted as one bucket at now's. If write is true it writes them so and
+-- drops the fields it cannot read. It returns what buckets_read does.
+local function buckets_convert(key, lim, now, write, total)
+  local span = lim[WINDOW] / lim[UNIT]
+  local last = (now - now % lim[UNIT]) / lim[UNIT]
+  local b = {key = key, name = lim[NAME], span = span, first = last - span + 1, last = last, newest = false, time = now,
+    nfield = newest_field(lim), total = 0, count = 0, oldest = false, live = false}
+  if write then
+    local gone = limit_fields(key, lim[NAME])
+    if #gone > 0 then
+      redis.call('HDEL', key, unpack(gone))
+    end
+  end
+  if total > 0 then
+    b.total, b.count, b.oldest, b.live = total, total, last, last
+    if write then
+      b.newest = last * lim[UNIT]
+      redis.call('HSET', key, bucket_field(b.name, last), string.format('%d', total), b.name .. ':t', string.format('%d', total),
+        b.name .. ':o', string.format('%d', last), b.nfield, string.format('%d', b.newest))
+    end
+  end
+  return b, b.count, now
 end
 
 -- bucket_prune drops the buckets of state b before bucket bound, and
@@ -71,7 +121,11 @@ end
 local function buckets_read(key, lim, now, write)
   local span = lim[WINDOW] / lim[UNIT]
   local name = lim[NAME]
-  local v = redis.call('HMGET', key, name .. ':t', name .. ':o', name .. ':n')
+  local nfield = newest_field(lim)
+  local v = redis.call('HMGET', key, name .. ':t', name .. ':o', nfield)
+  if not v[3] and (v[1] or v[2]) then
+    return buckets_convert(key, lim, now, write, tonumber(v[1]) or 0)
+  end
   local newest, t = tonumber(v[3]) or false, now
   if newest and newest > now then
     t = newest
@@ -79,7 +133,7 @@ local function buckets_read(key, lim, now, write)
   local last = (t - t % lim[UNIT]) / lim[UNIT]
   -- b.oldest is the oldest bucket held (the hash's marker), b.live the
   -- oldest in the window.
-  local b = {key = key, name = name, span = span, first = last - span + 1, last = last, newest = newest, time = t}
+  local b = {key = key, name = name, span = span, first = last - span + 1, last = last, newest = newest, time = t, nfield = nfield}
   b.total, b.oldest = tonumber(v[1]) or 0, tonumber(v[2]) or false
   b.count, b.live = b.total, b.oldest
   if b.oldest and b.oldest < b.first then
@@ -137,9 +191,9 @@ local function buckets_admit(b, lim, now, n)
   redis.call('HINCRBY', b.key, b.name .. ':t', n)
   local start = b.last * lim[UNIT]
   if not b.oldest then
-    redis.call('HSET', b.key, b.name .. ':o', string.format('%d', b.last), b.name .. ':n', string.format('%d', start))
+    redis.call('HSET', b.key, b.name .. ':o', string.format('%d', b.last), b.nfield, string.format('%d', start))
   elseif not b.newest or b.newest < start then
-    redis.call('HSET', b.key, b.name .. ':n', string.format('%d', start))
+    redis.call('HSET', b.key, b.nfield, string.format('%d', start))
   end
   local leaves = start + lim[WINDOW]
   local ttl = math.ceil((leaves - now) / 1000) + 1
@@ -167,13 +221,13 @@ local function buckets_remove(key, lim, at, n)
     redis.call('HSET', key, field, string.format('%d', c - take))
   else
     redis.call('HDEL', key, field)
-    if tonumber(redis.call('HGET', key, lim[NAME] .. ':n')) == k * lim[UNIT] then
+    if tonumber(redis.call('HGET', key, newest_field(lim))) == k * lim[UNIT] then
       local span = lim[WINDOW] / lim[UNIT]
       local left = span > 1 and bucket_range(key, lim[NAME], k - span + 1, k - 1) or {}
       if #left > 0 then
-        redis.call('HSET', key, lim[NAME] .. ':n', string.format('%d', left[#left - 1] * lim[UNIT]))
+        redis.call('HSET', key, newest_field(lim), string.format('%d', left[#left - 1] * lim[UNIT]))
       else
-        redis.call('HDEL', key, lim[NAME] .. ':n')
+        redis.call('HDEL', key, newest_field(lim))
       end
     end
   end
@@ -186,12 +240,7 @@ end
 -- buckets_forget removes the limit's fields from the hash at key, the
 -- other limits' staying.
 local function buckets_forget(key, lim)
-  local prefix, gone = lim[NAME] .. ':', {}
-  for _, field in ipairs(redis.call('HKEYS', key)) do
-    if string.sub(field, 1, #prefix) == prefix then
-      gone[#gone + 1] = field
-    end
-  end
+  local gone = limit_fields(key, lim[NAME])
   if #gone == 0 then
     return 0
   end
