@@ -978,10 +978,12 @@ func TestClusterSlotMigration(t *testing.T) {
 		t.Fatalf("a call with both keys of the migrating client: %v, want TRYAGAIN", err)
 	}
 
-	// 12 decisions for each client: the migrating one has 4 left of its 5.
+	// Rounds of 6 decisions of the migrating client (more than the
+	// breaker's 5 failures in a row, were they failures), then one of each
+	// other client: the migrating one has 4 left of its 5, the others 4.
 	admitted := map[string]int{}
-	for round := range 12 {
-		for _, id := range append([]string{migrating}, others...) {
+	for round := range 4 {
+		for _, id := range append([]string{migrating, migrating, migrating, migrating, migrating, migrating}, others...) {
 			res, err := allow(id)
 			if err != nil {
 				t.Errorf("round %d, %s (migrating: %v): %v", round, id, id == migrating, err)
