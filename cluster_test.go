@@ -1118,3 +1118,21 @@ func TestClusterDownRecovery(t *testing.T) {
 		}
 	}
 }
+
+// TestKeySlot: keySlot agrees with Redis's CLUSTER KEYSLOT (the examples
+// of its documentation; TestClusterSlotMigration asks a real cluster).
+func TestKeySlot(t *testing.T) {
+	for key, want := range map[string]int{
+		"somekey": 11058, "foo{hash_tag}": 2515, "bar{hash_tag}": 2515, "hash_tag": 2515,
+		"foo": 12182, "{foo}": 12182, "a{}b": keySlot("a{}b"), "{}": crc16Slot("{}"), "x{": crc16Slot("x{"),
+	} {
+		if got := keySlot(key); got != want {
+			t.Errorf("keySlot(%q) = %d, want %d", key, got, want)
+		}
+	}
+	if keySlot("a{}b") != crc16Slot("a{}b") {
+		t.Error("an empty hash tag must hash the whole key")
+	}
+}
+
+func crc16Slot(s string) int { return int(crc16(s)) % clusterSlots }
