@@ -516,10 +516,10 @@ func prefixBits(name string, bits, max int, field func(*ipConfig) *int) IPOption
 // BUSY, MASTERDOWN, READONLY, NOREPLICAS; not the fast replies about one
 // key, slot or command, such as WRONGTYPE, a Lua error, NOPERM on a key,
 // MOVED, ASK, TRYAGAIN, nor CLUSTERDOWN, which a node says only while the
-// cluster is down) it answers every request with the failure mode at once, wrapped in
-// [ErrCircuitOpen], for coolDown. Then one request probes Redis: if it
-// succeeds the limiter calls Redis again as usual, else the cool-down starts
-// over. Default: 5 failures, 1s.
+// cluster is down) it answers every request with the failure mode at
+// once, wrapped in [ErrCircuitOpen], for coolDown. Then one request probes
+// Redis: if it succeeds the limiter calls Redis again as usual, else the
+// cool-down starts over. Default: 5 failures, 1s.
 // failures <= 0 turns the breaker off: every request waits for Redis up to
 // the timeout.
 //
