@@ -170,8 +170,22 @@ func slow(err error) bool {
 }
 
 // unavailable reports whether err says that Redis could not serve the call
-// at all, as opposed to an error particular to the call (WRONGTYPE, a script
-// error, an unexpected reply).
+// at all, as opposed to a reply about this call alone (a Lua error,
+// WRONGTYPE, NOPERM on a key, an unexpected reply) or about one slot or the
+// cluster's state (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, CROSSSLOT).
+//
+// The breaker exists to stop waiting on a server that is slow or gone, so
+// it counts what costs time or shows the server unusable for every key:
+// timeouts, lost or refused connections, and the replies of a server that
+// is loading its data (LOADING), is blocked by a script (BUSY), is a
+// replica (READONLY), or lost its primary or replicas (MASTERDOWN,
+// NOREPLICAS). Not the fast replies about one slot, key or command: they
+// concern the requests they answer, and opening the breaker for them would
+// fail, for the cool-down, the decisions of every other client of the
+// server. Nor CLUSTERDOWN: a node says it until the cluster is whole again,
+// fast, and a breaker it opened would go on failing decisions on healthy
+// primaries for its cool-down after the cluster is ok (see the table in
+// faults_test.go).
 func unavailable(err error) bool {
 	if errors.Is(err, ErrUnexpectedReply) {
 		return false
@@ -179,7 +193,7 @@ func unavailable(err error) bool {
 	var re redis.Error
 	if errors.As(err, &re) {
 		msg := strings.TrimPrefix(re.Error(), "ERR ")
-		for _, p := range []string{"LOADING", "BUSY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "READONLY", "NOREPLICAS"} {
+		for _, p := range []string{"LOADING", "BUSY ", "MASTERDOWN", "READONLY", "NOREPLICAS"} {
 			if strings.HasPrefix(msg, p) {
 				return true
 			}
@@ -187,4 +201,26 @@ func unavailable(err error) bool {
 		return false
 	}
 	return true // connection refused, timeouts, pool timeouts, EOF...
+}
+
+// transient reports whether err may pass if the call is tried again a
+// little later: Redis is unavailable, the cluster is down, or a slot
+// migrates. A rollback is tried again for it.
+func transient(err error) bool {
+	return unavailable(err) || clusterDown(err) || tryAgain(err)
+}
+
+// clusterDown reports whether err is a cluster node's CLUSTERDOWN: the
+// cluster lost a primary, or does not serve the key's slot.
+func clusterDown(err error) bool { return redisErrorIs(err, "CLUSTERDOWN") }
+
+// tryAgain reports whether err is TRYAGAIN: the call's keys are not all on
+// the node it reached, as a slot migrates.
+func tryAgain(err error) bool { return redisErrorIs(err, "TRYAGAIN") }
+
+// redisErrorIs reports whether err is an error reply of Redis that starts
+// with prefix.
+func redisErrorIs(err error, prefix string) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), prefix)
 }

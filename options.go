@@ -514,12 +514,15 @@ func prefixBits(name string, bits, max int, field func(*ipConfig) *int) IPOption
 }
 
 // WithCircuitBreaker sets when the limiter stops calling an unavailable
-// Redis: after failures consecutive failed calls (connection errors,
-// timeouts, LOADING, BUSY, CLUSTERDOWN...; not errors particular to one key)
-// it answers every request with the failure mode at once, wrapped in
-// [ErrCircuitOpen], for coolDown. Then one request probes Redis: if it
-// succeeds the limiter calls Redis again as usual, else the cool-down starts
-// over. Default: 5 failures, 1s.
+// Redis: after failures consecutive failed calls that cost time or show the
+// server unusable for every key (connection errors, timeouts, LOADING,
+// BUSY, MASTERDOWN, READONLY, NOREPLICAS; not the fast replies about one
+// key, slot or command, such as WRONGTYPE, a Lua error, NOPERM on a key,
+// MOVED, ASK, TRYAGAIN, nor CLUSTERDOWN, which a node says only while the
+// cluster is down) it answers every request with the failure mode at
+// once, wrapped in [ErrCircuitOpen], for coolDown. Then one request probes
+// Redis: if it succeeds the limiter calls Redis again as usual, else the
+// cool-down starts over. Default: 5 failures, 1s.
 // failures <= 0 turns the breaker off: every request waits for Redis up to
 // the timeout.
 //
@@ -540,7 +543,10 @@ func prefixBits(name string, bits, max int, field func(*ipConfig) *int) IPOption
 // the primary failed (after cluster-node-timeout) every node refuses every
 // command with CLUSTERDOWN until a replica has been promoted or the primary
 // is back: decisions for every key get the failure mode for that time, and
-// for up to coolDown longer, as those errors open every primary's breaker.
+// no longer: CLUSTERDOWN does not open the healthy primaries' breakers.
+// While a slot migrates (a reshard), a decision whose limits' keys are not
+// all on one node yet (TRYAGAIN) is decided one key at a time, and so are
+// the slot's decisions for 10s after; no breaker counts it.
 // With cluster-require-full-coverage no, the other primaries keep serving
 // their slots and only decisions that need a key of the dead primary fail
 // (a [Global] limit's key is on one primary, so, if it is that one, every

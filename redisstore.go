@@ -23,7 +23,8 @@ type redisStore struct {
 	lib       library
 	breakers  *breakers
 	rollbacks *rollbacks
-	calls     sync.Pool // of *call
+	calls     sync.Pool      // of *call
+	migrating migratingSlots // a cluster's slots that answered TRYAGAIN lately
 }
 
 // decide decides q in Redis.
@@ -44,6 +45,9 @@ type redisStore struct {
 // a denial needs no write.
 func (rs *redisStore) decide(ctx context.Context, q *query, out *outcome) error {
 	groups := q.groups()
+	if q.plan.split {
+		groups = rs.migrating.split(groups, q.keys, q.wall)
+	}
 	d, _ := rs.calls.Get().(*call)
 	if d == nil {
 		d = new(call)
@@ -81,11 +85,14 @@ type call struct {
 }
 
 // groups decides the query group by group, and reports whether the request
-// was admitted (logged) in every limit.
+// was admitted (logged) in every limit. A group of several limits that a
+// migrating slot refused (TRYAGAIN) is decided again one limit at a time,
+// while the decision has time left (see migratingSlots).
 func (d *call) groups(ctx context.Context, groups [][]int) (bool, error) {
 	q := d.q
 	all := true
-	for k, g := range groups {
+	for k := 0; k < len(groups); k++ {
+		g := groups[k]
 		keys := q.keys
 		if len(g) < len(keys) {
 			keys = make([]string, len(g))
@@ -94,6 +101,14 @@ func (d *call) groups(ctx context.Context, groups [][]int) (bool, error) {
 			}
 		}
 		allowed, err := d.group(ctx, keys, g)
+		if err != nil && tryAgain(err) {
+			d.rs.migrating.mark(keys[0], time.Now())
+			if len(g) > 1 && time.Now().Before(q.deadline) {
+				groups = splitGroup(groups, k)
+				k--
+				continue
+			}
+		}
 		if q.peek { // nothing reserved, nothing to take back: ask every group
 			if err != nil {
 				return false, err
@@ -224,6 +239,9 @@ func (d *call) Abandon() func(reply any, err error) {
 	keys, idx := slices.Clone(d.keys), slices.Clone(d.idx)
 	return func(raw any, err error) {
 		units := uint64(cost) * uint64(len(keys))
+		if err != nil && tryAgain(err) {
+			rs.migrating.mark(keys[0], time.Now()) // the next decisions on the slot go one key at a time
+		}
 		if err != nil {
 			rs.rollbacks.fail(units, fmt.Errorf("ratelimit: a decision that timed out may stay counted in %s: its reply never came: %w", keys[0], err))
 			return

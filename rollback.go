@@ -130,7 +130,7 @@ func (rb *rollbacks) removeReservations(reservations []reservation, cost int) (u
 			ctx, cancel := context.WithTimeout(context.Background(), rb.timeout)
 			_, err = rb.lib.Rollback(ctx, r.keys, r.req, r.stamps)
 			cancel()
-			if err == nil || !unavailable(err) || errors.Is(err, redis.ErrClosed) || time.Now().Add(retry).After(giveUp) {
+			if err == nil || !transient(err) || errors.Is(err, redis.ErrClosed) || time.Now().Add(retry).After(giveUp) {
 				break
 			}
 			time.Sleep(retry) // backoff before asking a Redis that failed again

@@ -214,10 +214,18 @@ func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
 func isNoFunction(err error) bool { return strings.Contains(err.Error(), "Function not found") }
 
 // cannotRunFunctions reports whether err says that Redis has no FCALL, or
-// that this connection may not use it.
+// that this connection may not use it: a NOPERM that names a command
+// ("NOPERM this user has no permissions to run the 'fcall' command", or
+// "NOPERM User u has no permissions to run the 'fcall' command"). A NOPERM
+// on the keys ("... to access one of the keys used as arguments", "No
+// permissions to access a key") concerns the call's keys, which a script
+// may not access either: the call fails alone, and how the code is loaded
+// does not change, so that the operator who fixes the ACL gets functions
+// back.
 func cannotRunFunctions(err error) bool {
 	msg := err.Error()
-	return strings.Contains(msg, "unknown command") || strings.HasPrefix(msg, "NOPERM")
+	return strings.Contains(msg, "unknown command") ||
+		strings.HasPrefix(msg, "NOPERM") && strings.Contains(msg, "command") && !strings.Contains(msg, " key")
 }
 
 // refusesLibrary reports whether err, FUNCTION LOAD's error, says that
