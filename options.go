@@ -594,7 +594,10 @@ const (
 	// HeadersIETF writes the RateLimit and RateLimit-Policy fields of
 	// draft-ietf-httpapi-ratelimit-headers-10, one item per enforced limit
 	// (shadow limits are left out, and limits a decision skipped are left
-	// out of RateLimit):
+	// out of RateLimit). RateLimit-Policy lists the policies in force for
+	// the client, with its plans (a limit whose plan is [Unlimited] is
+	// none), and is the same whichever way the decision was made: by
+	// Redis, from the deny cache, or by FailLocal:
 	//
 	//	RateLimit-Policy: "ip-100-per-1m";q=100;w=60, "global-1000-per-1h";q=1000;w=3600
 	//	RateLimit: "ip-100-per-1m";r=12;t=37, "global-1000-per-1h";r=640;t=2100

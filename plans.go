@@ -92,7 +92,7 @@ const maxPolicyHeaders = 64
 // policyHeaders returns the RateLimit-Policy values of limits whose tiers
 // are tiers[i], for every combination of their plans (see Limiter.policyHeaders), if
 // there are at most maxPolicyHeaders; else only the default plans' value.
-// Shadow limits are left out.
+// Shadow limits, and limits whose plan is Unlimited, are left out.
 func policyHeaders(tiers [][]tier, shadow func(i int) bool) [][]string {
 	n := 1
 	for _, t := range tiers {
@@ -107,7 +107,7 @@ func policyHeaders(tiers [][]tier, shadow func(i int) bool) [][]string {
 		for i, digit := len(tiers)-1, k; i >= 0; i-- {
 			t := digit % len(tiers[i])
 			digit /= len(tiers[i])
-			if !shadow(i) {
+			if !shadow(i) && tiers[i][t].quota >= 0 { // an Unlimited plan is no policy
 				items = append(items, tiers[i][t].policy)
 			}
 		}
