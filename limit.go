@@ -83,7 +83,9 @@ type Plans struct {
 	// authentication middleware usually leaves the client's account, ended
 	// also by the decision's time ([WithTimeout], 100ms by default, from
 	// the start of the decision): an Of that asks a database should pass
-	// it on, so that a slow database cannot hold requests past it. It runs
+	// it on, so that a slow database cannot hold requests past it; the
+	// context ends (Done closes, Err is context.Canceled) as soon as Of
+	// returns, so work Of leaves running under it stops. It runs
 	// once per request and limit, before the decision, and must be safe
 	// for concurrent use. An error fails the decision as a Key that cannot
 	// identify the request does ([ErrNoKey]'s failure mode: 503 under

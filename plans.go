@@ -185,10 +185,15 @@ func (c *planCtx) Err() error {
 	return c.err
 }
 
-// release stops the timer Done started, if any, once Of has returned.
+// release ends the context once Of has returned, as the cancel function
+// of context.WithDeadline would: Done's channel closes and Err reports
+// context.Canceled (unless it had ended already), so that work Of started
+// under it and left running stops; and it stops the timer Done started,
+// if any.
 func (c *planCtx) release() {
 	c.mu.Lock()
 	stop := c.stop
+	c.endLocked(context.Canceled)
 	c.mu.Unlock()
 	if stop != nil {
 		stop()
