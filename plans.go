@@ -50,11 +50,16 @@ func newTier(plan, name string, quota int, window time.Duration) tier {
 // maxCachedPlans bounds the ids a plan cache remembers.
 const maxCachedPlans = 100_000
 
-// planCache remembers the tier of ids for a while (Plans.Cache).
+// planCache remembers the tier of ids for a while (Plans.Cache). It holds
+// at most maxCachedPlans ids, and when full drops expired ones, then
+// arbitrary ones (Of is then asked again: no count is lost); an id whose
+// time has passed is dropped by the next sweep (see sweeper), which its
+// lookups start.
 type planCache struct {
-	ttl time.Duration
-	mu  sync.RWMutex
-	m   map[string]cachedTier
+	ttl   time.Duration
+	mu    sync.RWMutex
+	m     map[string]cachedTier
+	sweep sweeper
 }
 
 type cachedTier struct {
@@ -64,6 +69,11 @@ type cachedTier struct {
 
 // get returns the tier remembered for id at now, if any.
 func (c *planCache) get(id string, now time.Time) (int, bool) {
+	if us := now.UnixMicro(); c.sweep.due(us) {
+		c.mu.Lock()
+		c.sweepLocked(us)
+		c.mu.Unlock()
+	}
 	c.mu.RLock()
 	e, ok := c.m[id]
 	c.mu.RUnlock()
@@ -77,12 +87,30 @@ func (c *planCache) get(id string, now time.Time) (int, bool) {
 func (c *planCache) put(id string, tier int, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.sweepLocked(now.UnixMicro())
 	if c.m == nil {
 		c.m = make(map[string]cachedTier)
 	}
 	makeRoom(c.m, maxCachedPlans, func(e cachedTier) bool { return !now.Before(e.until) })
 	// A copy: id may be part of a larger string, such as a header.
-	c.m[strings.Clone(id)] = cachedTier{tier: tier, until: now.Add(c.ttl)}
+	until := now.Add(c.ttl)
+	c.m[strings.Clone(id)] = cachedTier{tier: tier, until: until}
+	c.sweep.added(until.UnixMicro())
+}
+
+// sweepLocked drops, under the write lock, the ids whose time has passed
+// at now (µs), if a sweep is due.
+func (c *planCache) sweepLocked(now int64) {
+	if c.sweep.due(now) {
+		c.m = sweepMap(&c.sweep, c.m, now, func(e cachedTier) int64 { return e.until.UnixMicro() })
+	}
+}
+
+// len returns how many ids c holds.
+func (c *planCache) len() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.m)
 }
 
 // maxPolicyHeaders bounds the RateLimit-Policy values precomputed for the

@@ -129,12 +129,18 @@ type reply struct {
 // fallbackStore decides with fallback when primary cannot (FailLocal): the
 // outcome is then fallback's, marked local, along with primary's error.
 // Queries that count nothing are not answered by the fallback.
+// Once primary decides again, the fallback's logs are given back as they
+// expire.
 type fallbackStore struct {
-	primary, fallback store
+	primary  store
+	fallback *localStore
 }
 
 func (f fallbackStore) decide(ctx context.Context, q *query, out *outcome) error {
 	err := f.primary.decide(ctx, q, out)
+	if err == nil {
+		f.fallback.release(q.local.UnixMicro())
+	}
 	if err == nil || q.peek {
 		return err
 	}
