@@ -110,11 +110,19 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 			}
 		}
 	}
+	overflowAdmitted := 0
 	for i, id := range ids {
 		if i%1000 == 0 {
 			clock.Set(t0.Add(time.Duration(i/1000) * 100 * time.Millisecond)) // 15s in all: every log stays live
 		}
-		allow(id)
+		if allow(id).Allowed && i >= maxLocalKeys {
+			overflowAdmitted++
+		}
+	}
+	// Past maxLocalKeys logs, new identifiers share their limit's
+	// overflow log: together they get one quota, never a fresh count each.
+	if overflowAdmitted > 3 {
+		t.Errorf("%d of the %d identifiers that found no room were admitted, want at most the overflow log's quota, 3", overflowAdmitted, len(ids)-maxLocalKeys)
 	}
 	if n := lim.local.len(); n > maxLocalKeys+2 {
 		t.Errorf("FailLocal holds %d logs after %d identifiers, want at most %d (and the overflow logs)", n, len(ids), maxLocalKeys)

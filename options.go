@@ -36,8 +36,13 @@ const (
 	// headers. A request whose Key cannot identify it, or whose cost is
 	// below 1, gets 503, as under FailClosed. [Limiter.Allow] decides
 	// locally too, and returns the error with the local Result. The local
-	// logs hold at most 100,000 keys; past that, idle keys and then
-	// arbitrary ones are dropped.
+	// logs hold at most 100,000 keys, and a log is dropped only once every
+	// entry of it has left its window (on a later decision, local or, once
+	// Redis is back, Redis's): no client's traffic can erase another's
+	// count. While 100,000 logs are live, a client that has no log is
+	// counted in its limit's overflow log, which all such clients share
+	// (one quota for all of them), and a log made while that overflow log
+	// holds entries starts with them.
 	FailLocal
 )
 
