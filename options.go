@@ -288,16 +288,21 @@ func WithAllowList(key Key, entries ...string) Option {
 // in all of them or in none: a login the tight login limit denies does not
 // use up the app-wide quota. Its Result lists the Limiter's limits, then the
 // route's. A route limit's name must differ from the Limiter's limits'
-// names; two routes that declare a limit of the same name (and definition)
-// share its counts. The route template must be known when the Limiter
+// names. An unnamed route limit's default name includes the route (see
+// [Limit].Name: "ip-5-per-1m.POST_login"), so the same unnamed limit on
+// two routes counts each apart; two routes that declare a limit of the
+// same explicit name (and definition) share its counts, one budget on
+// purpose. The route template must be known when the Limiter
 // decides: it is with the router adapters, and with [Limiter.Handler] when
 // it wraps an [http.ServeMux] or a single route. A request to a route not
 // declared, or with no template, is decided by the Limiter's limits alone.
 // Default: no routes. [New] reports a template that can match no request
 // (no path, a path that does not start with '/', a method that is not one
 // of HTTP's, such as "GETT /x" or "login"), a negative cost, a route
-// declared twice (the same method and normalized path) and invalid or
-// duplicate limits.
+// declared twice (the same method and normalized path), invalid or
+// duplicate limits, and two routes that would give an unnamed limit the
+// same default name (templates that differ only in bytes a name cannot
+// hold, such as "/a.b" and "/a/b").
 func WithRoutes(routes map[string]RouteLimits) Option {
 	return func(c *config) {
 		if c.routes == nil {

@@ -133,7 +133,14 @@ type reply struct {
 // expire.
 type fallbackStore struct {
 	primary  store
-	fallback *localStore
+	fallback releaser
+}
+
+// releaser is a store whose memory release gives back, at now (Unix
+// microseconds), what has expired (localStore).
+type releaser interface {
+	store
+	release(now int64)
 }
 
 func (f fallbackStore) decide(ctx context.Context, q *query, out *outcome) error {
