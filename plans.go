@@ -191,10 +191,19 @@ func (c *planCtx) endLocked(err error) {
 	}
 	c.err = err
 	if c.done == nil {
-		c.done = make(chan struct{}) // Done was not asked for: closed already when it is
+		c.done = closedDone // Done was not asked for: closed already when it is
+		return
 	}
 	close(c.done)
 }
+
+// closedDone is the Done channel of a planCtx that ended before Done was
+// asked for: closed, shared, so that ending costs no allocation.
+var closedDone = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // Err reports the context's end, once it has ended: when Err first sees
 // the deadline passed or the parent ended, it ends the context there, so
