@@ -14,9 +14,10 @@ import (
 // scriptedStore stands in for Redis: while down it fails every decision;
 // else it admits every request with room in all limits (deny false) or
 // denies every one by its first limit, whose oldest entry leaves in 30s
-// (deny true).
+// (deny true), the others full too unless onlyFirst.
 type scriptedStore struct {
 	down, deny atomic.Bool
+	onlyFirst  bool // denying, only the first limit is full
 	calls      atomic.Int64
 }
 
@@ -33,7 +34,7 @@ func (s *scriptedStore) decide(_ context.Context, q *query, out *outcome) error 
 		out.denier = 0
 	}
 	for i := range out.replies {
-		if out.allowed {
+		if out.allowed || i > 0 && s.onlyFirst {
 			out.replies[i] = reply{ok: true, now: now, count: 0, reset: now + q.plan.limits[i].window.Microseconds(), next: now}
 		} else {
 			out.replies[i] = reply{ok: true, now: now, count: int64(q.quota(i)), reset: now + 30e6, next: now + 30e6}
@@ -245,6 +246,42 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 	t.Logf("live heap: %d KB before, %d KB during the flood, %d KB after", base>>10, held>>10, after>>10)
 	if after > base+heapSlack {
 		t.Errorf("live heap %d KB once the plans expired, %d KB before: more than %d KB kept", after>>10, base>>10, heapSlack>>10)
+	}
+	runtime.KeepAlive(ids)
+	runtime.KeepAlive(lim)
+}
+
+// TestDenyCacheEntryHoldsItsKey: a denial the cache keeps holds a copy of
+// its own key, not the string of all the request's keys, which it would
+// keep alive: with five limits of which one is full, 100,000 denials take
+// far less than those strings would.
+func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
+	ids, seed := hostileIDs(maxDenyEntries)
+	t.Logf("seed %d", seed)
+	clock := &testClock{t: t0}
+	redis := &scriptedStore{onlyFirst: true}
+	redis.deny.Store(true)
+	var limits []Limit
+	for i := range 5 {
+		limits = append(limits, PerMinute(3+i, Header("X-Id")).Named(fmt.Sprintf("a-rather-long-limit-name-%d", i)))
+	}
+	lim := mustNew(t, stubClient{}, limits, WithClock(clock.Now), WithDenyCache(5*time.Second))
+	lim.store = lim.wrap(redis)
+	ctx := context.Background()
+	base := liveHeap()
+	for _, id := range ids {
+		if res, err := lim.Allow(ctx, []string{id, id, id, id, id}, 1); err != nil || res.Allowed {
+			t.Fatalf("%.20s: %+v %v, want denied", id, res, err)
+		}
+	}
+	n := lim.denies.len()
+	held := liveHeap()
+	perEntry := (int64(held) - int64(base)) / int64(max(n, 1))
+	t.Logf("%d denials, %d bytes of live heap each", n, perEntry)
+	// A key is about 160 bytes, the five of a request 800: an entry that
+	// kept them all alive would take more than 900.
+	if n < maxDenyEntries/2 || perEntry > 600 {
+		t.Errorf("%d denials take %d bytes each, want at most 600: an entry keeps more than its own key", n, perEntry)
 	}
 	runtime.KeepAlive(ids)
 	runtime.KeepAlive(lim)

@@ -63,7 +63,11 @@ func testRouteDefaultNamesApart(t *testing.T, b backend) {
 		method, path := splitTemplate(template)
 		d := lim.routes[path][method]
 		if d == nil || d.limits[1].Name != want {
-			t.Errorf("%q: the unnamed limit is named %v, want %q", template, d.limits[1:], want)
+			var got string
+			if d != nil {
+				got = d.limits[1].Name
+			}
+			t.Errorf("%q: the unnamed limit is named %q, want %q", template, got, want)
 		}
 	}
 	for _, byMethod := range lim.routes {
