@@ -286,3 +286,38 @@ func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
 	runtime.KeepAlive(ids)
 	runtime.KeepAlive(lim)
 }
+
+// TestSweeper: a sweep is due once the earliest expiry has come and a
+// second has passed since the last, or at once after the clock stepped
+// back before the last sweep; it drops what has expired, gives the map
+// back when empty, and makes it anew when it has shrunk to a quarter.
+func TestSweeper(t *testing.T) {
+	var w sweeper
+	const s = int64(time.Second / time.Microsecond)
+	now := t0.UnixMicro()
+	m := map[int]int64{}
+	if w.due(now) {
+		t.Error("a sweep is due with nothing recorded")
+	}
+	for i := range 100 {
+		m[i] = now + int64(i+1)*s // entry i expires i+1 seconds from now
+		w.added(m[i])
+	}
+	if w.due(now) || !w.due(now+s) {
+		t.Errorf("due at now: %v, a second later: %v; want false, true", w.due(now), w.due(now+s))
+	}
+	m = sweepMap(&w, m, now+80*s, func(e int64) int64 { return e })
+	if len(m) != 20 {
+		t.Errorf("%d entries after a sweep at 80s, want 20", len(m))
+	}
+	if w.due(now + 80*s + s/2) {
+		t.Error("a sweep is due within a second of the last")
+	}
+	if !w.due(now) {
+		t.Error("after the clock stepped back before the last sweep, no sweep is due")
+	}
+	m = sweepMap(&w, m, now+200*s, func(e int64) int64 { return e })
+	if m != nil || w.due(now+300*s) {
+		t.Errorf("after every entry expired: map %v, due %v; want nil, false", m, w.due(now+300*s))
+	}
+}
