@@ -247,11 +247,12 @@ func (l *Limiter) result(s *scratch, out *outcome, cost int, peek bool) Result {
 // Refund takes back the request res admitted: its entries leave every log
 // it was counted in, as if it had never been admitted. Exactly its own cost
 // is removed: entries of the same time are interchangeable, so no other
-// request loses anything. Refund a Result once; a second call removes
-// nothing more only if the first removed everything. A Result whose plans
-// exempted it from every limit ([Unlimited]) counted nothing, and its
-// Refund returns nil. Another instance's
-// deny cache may keep denying the keys for up to its maximum age
+// request loses anything. A Result is refunded once: the first Refund of
+// it, or of any copy of it, removes its entries, even when several run at
+// once; every later one removes nothing and returns [ErrRefunded], which
+// wraps [ErrNotRefundable]. A Result whose plans exempted it from every
+// limit ([Unlimited]) counted nothing, and its Refund returns nil. Another
+// instance's deny cache may keep denying the keys for up to its maximum age
 // ([WithDenyCache]).
 func (l *Limiter) Refund(ctx context.Context, res Result) error {
 	t := res.ticket
@@ -260,6 +261,11 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 	}
 	if !res.Allowed || t == nil {
 		return ErrNotRefundable
+	}
+	if !t.refunded.CompareAndSwap(false, true) {
+		// Entries of one time are interchangeable: a second removal would
+		// take another request's.
+		return ErrRefunded
 	}
 	// Keys that share a hash tag go in one call: on a cluster they share a
 	// slot, elsewhere everything does. A refund is a rollback of the whole

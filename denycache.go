@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 )
@@ -13,10 +14,18 @@ const maxDenyEntries = 100_000
 
 // denyCache remembers, per log, the limits that Redis reported full:
 // denied, or left with nothing remaining by an admission.
+//
+// Its memory is bounded and given back: it holds at most maxDenyEntries
+// denials, and when full drops expired ones, then arbitrary ones (a
+// dropped denial costs a call to Redis, which keeps the count: no client's
+// traffic erases another's count); a denial that has expired is dropped by
+// the next sweep (see sweeper), which the cache's lookups start. An entry
+// holds a copy of its own key, not the request's string of keys.
 type denyCache struct {
 	maxAge time.Duration
 	mu     sync.RWMutex
-	m      map[logID]denial
+	m      map[logID]*denial // changed in place, under mu, so that its key is not written again
+	sweep  sweeper
 }
 
 // denial is what a key's log looked like when Redis last reported it full.
@@ -47,6 +56,7 @@ func (c *denyCache) find(q *query, hits []cachedDenial) int {
 	if c == nil || c.maxAge == 0 {
 		return -1
 	}
+	c.release(q.local)
 	worst := c.lookup(q, hits)
 	if worst >= 0 && rand.Uint32()%yieldEvery == 0 {
 		// A denial from memory takes no I/O, so a flood of them never
@@ -75,7 +85,7 @@ func (c *denyCache) lookup(q *query, hits []cachedDenial) int {
 		if q.cost != e.cost {
 			return -1 // no room, but when it fits is Redis's to say
 		}
-		hits[i] = cachedDenial{ok: true, denial: e}
+		hits[i] = cachedDenial{ok: true, denial: *e}
 		if worst < 0 || e.fit.After(hits[worst].fit) {
 			worst = i
 		}
@@ -124,12 +134,40 @@ func (c *denyCache) learn(q *query, replies []reply, logged bool, replied time.T
 		// that it is never early.
 		e.until = start.Add(min(time.Duration(e.until.UnixMicro()-r.now)*time.Microsecond, c.maxAge))
 		e.replied = replied
-		if c.m == nil {
-			c.m = make(map[logID]denial)
+		if held := c.m[id]; held != nil {
+			*held = e
+		} else {
+			if c.m == nil {
+				c.m = make(map[logID]*denial)
+			}
+			makeRoom(c.m, maxDenyEntries, func(old *denial) bool { return !start.Before(old.until) })
+			// A copy of the key: q's keys share one string with the
+			// request's other keys.
+			c.m[logID{strings.Clone(id.key), id.field}] = &e
 		}
-		makeRoom(c.m, maxDenyEntries, func(old denial) bool { return !start.Before(old.until) })
-		c.m[id] = e
+		c.sweep.added(e.until.UnixMicro())
 	}
+}
+
+// release drops the denials that have expired at now, if a sweep is due.
+// It costs an atomic load when none is.
+func (c *denyCache) release(now time.Time) {
+	us := now.UnixMicro()
+	if !c.sweep.due(us) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sweep.due(us) {
+		c.m = sweepMap(&c.sweep, c.m, us, func(e *denial) int64 { return e.until.UnixMicro() })
+	}
+}
+
+// len returns how many denials c holds.
+func (c *denyCache) len() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.m)
 }
 
 // changes reports whether learn has anything to record for the replies to

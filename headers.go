@@ -28,12 +28,22 @@ func ceilSeconds(d time.Duration) int64 {
 }
 
 // writeHeaders sets the selected rate-limit headers for res, and Retry-After
-// if res denied a request that can succeed later.
+// if res denied a request that can succeed later. The X-RateLimit fields
+// and RateLimit describe the enforced limits the decision consulted;
+// RateLimit-Policy lists the policies in force for the client, every
+// enforced limit that counts it with its plan's quota, whichever way the
+// decision was made (Redis, the deny cache, FailLocal's logs, a Cluster
+// decision that stopped at a denying slot), so that it is the same for
+// every request of one client to one route. Shadow limits appear in none:
+// a decision that consulted only shadow limits (the enforced ones exempt
+// the client by its plans) gets RateLimit-Policy alone, if any limit is in
+// force.
 func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 	if res.index < 0 {
 		return // no limit counts the client (Unlimited plans)
 	}
-	if l.cfg.headers&HeadersXRateLimit != 0 {
+	enforced := !res.Limits[res.index].Shadow // else only shadow limits were consulted
+	if l.cfg.headers&HeadersXRateLimit != 0 && enforced {
 		reset := res.Reset.Unix()
 		if res.Reset.Nanosecond() > 0 {
 			reset++
@@ -48,9 +58,8 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 		// policy is the index of the plans in policyHeaders, or past its
 		// end once it cannot be there: kept there, so that many limits of
 		// many plans cannot overflow it.
-		skipped, policy := false, 0
+		policy := 0
 		for i, lr := range res.Limits {
-			skipped = skipped || lr.Skipped && !lr.Shadow
 			policy = min(policy*len(l.limits[i].tiers)+lr.tier, len(l.policyHeaders))
 			if lr.Skipped || lr.Shadow {
 				continue
@@ -64,12 +73,19 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 			b = append(b, ";t="...)
 			b = strconv.AppendInt(b, ceilSeconds(lr.Reset.Sub(res.Now)), 10)
 		}
-		h[hdrRateLimit] = []string{string(b)}
-		// RateLimit-Policy names the policies RateLimit describes.
-		if !skipped && policy < len(l.policyHeaders) {
-			h[hdrPolicy] = l.policyHeaders[policy]
+		if len(b) > 0 {
+			h[hdrRateLimit] = []string{string(b)}
+		}
+		// RateLimit-Policy names every policy in force for the client,
+		// those the decision did not consult included.
+		var value []string
+		if policy < len(l.policyHeaders) {
+			value = l.policyHeaders[policy]
 		} else {
-			h[hdrPolicy] = l.policiesOf(res)
+			value = l.policiesOf(res)
+		}
+		if value[0] != "" {
+			h[hdrPolicy] = value
 		}
 	}
 	if !res.Allowed && res.RetryAfter > 0 {
@@ -106,19 +122,21 @@ func joinList(h http.Header, name string, first []string) {
 	}
 }
 
-// policiesOf returns the RateLimit-Policy value of the enforced limits res
-// consulted (all of them but those a Cluster decision or the deny cache
-// skipped, or the client's plan exempts), with the client's plans.
+// policiesOf returns the RateLimit-Policy value of the limits in force for
+// res's client: every enforced limit, with the client's plan, but those
+// the plan exempts ([Unlimited]); consulted or not. It is what
+// policyHeaders precomputes, for combinations of plans it does not hold.
 func (l *Limiter) policiesOf(res *Result) []string {
 	var b []byte
 	for i, lr := range res.Limits {
-		if lr.Skipped || lr.Shadow {
+		t := &l.limits[i].tiers[lr.tier]
+		if lr.Shadow || t.quota < 0 {
 			continue
 		}
 		if len(b) > 0 {
 			b = append(b, ", "...)
 		}
-		b = append(b, l.limits[i].tiers[lr.tier].policy...)
+		b = append(b, t.policy...)
 	}
 	return []string{string(b)}
 }

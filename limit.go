@@ -2,11 +2,14 @@ package ratelimit
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -21,9 +24,21 @@ type Limit struct {
 	// Name identifies the limit in Redis keys, in [Result.DeniedBy] and in the
 	// IETF RateLimit headers. It may hold ASCII letters, digits and "-_.",
 	// at most 64 bytes. Default: the key name, quota and window, such as
-	// "ip-100-per-1m". Names must be unique within a [Limiter]; two Limiters
-	// (or app replicas) that share a limit name and Redis prefix share its
-	// counts, which is how replicas enforce one limit together.
+	// "ip-100-per-1m"; for a limit a route declares ([WithRoutes]), that
+	// and the route, such as "ip-5-per-1m.POST_login" for "POST /login",
+	// so that the same unnamed limit on two routes counts each route
+	// apart. Names must be unique within a [Limiter]; two Limiters (or app
+	// replicas) that share a limit name and Redis prefix share its counts,
+	// which is how replicas enforce one limit together: give the limits
+	// the same name with [Limit.Named] to share a budget on purpose.
+	//
+	// A default name is never shared by accident within one process: [New]
+	// refuses a Limiter an unnamed limit of which would get a name that
+	// another Limiter of the process still in use (not yet garbage) uses
+	// with the same Redis client (of the go-redis types) and prefix, and
+	// asks for a name. So a Limiter built while another with the same
+	// unnamed limits is still in use (a configuration reload that swaps
+	// Limiters, two instances of one app in one test) must name them.
 	Name string
 	// Quota is the cost admitted per window, from 1 to 1,000,000. The log
 	// holds one entry per admitted unit of cost, so its memory grows with
@@ -44,6 +59,8 @@ type Limit struct {
 	// Plans, if set, gives clients on some plans another quota than Quota
 	// ([Limit.Tiered]). Default: none, every client gets Quota.
 	Plans Plans
+
+	defaulted bool // Name was given by the library, not by the user
 }
 
 // Unlimited is the quota of a plan whose clients a limit does not count
@@ -83,7 +100,9 @@ type Plans struct {
 	// authentication middleware usually leaves the client's account, ended
 	// also by the decision's time ([WithTimeout], 100ms by default, from
 	// the start of the decision): an Of that asks a database should pass
-	// it on, so that a slow database cannot hold requests past it. It runs
+	// it on, so that a slow database cannot hold requests past it; the
+	// context ends (Done closes, Err is context.Canceled) as soon as Of
+	// returns, so work Of leaves running under it stops. It runs
 	// once per request and limit, before the decision, and must be safe
 	// for concurrent use. An error fails the decision as a Key that cannot
 	// identify the request does ([ErrNoKey]'s failure mode: 503 under
@@ -281,4 +300,66 @@ func policyItem(name string, quota int, window time.Duration) string {
 		s += ";w=" + strconv.FormatInt(int64(window/time.Second), 10)
 	}
 	return s
+}
+
+// routeLimits returns limits, a route's (see WithRoutes), with the unnamed
+// ones named after the route of method and path (as splitTemplate gives
+// them): their default name, '.', and the route, the method first, with
+// its first '/' left out, the others as '.', and every other byte a name
+// cannot hold as '_': "ip-5-per-1m.POST_login", "ip-5-per-1m.users._id_",
+// "ip-5-per-1m._" for "/". A name that would be longer than a name may be
+// ends in a digest of the route instead.
+func routeLimits(limits []Limit, method, path string) []Limit {
+	out := slices.Clone(limits)
+	route := strings.TrimPrefix(path, "/")
+	if method != "" {
+		route = method + "_" + route
+	}
+	slug := []byte(route)
+	for i, c := range slug {
+		switch {
+		case c == '/':
+			slug[i] = '.'
+		case !validName(string(c)):
+			slug[i] = '_'
+		}
+	}
+	if len(slug) == 0 {
+		slug = []byte("_")
+	}
+	for i := range out {
+		if out[i].Name != "" {
+			continue
+		}
+		name := out[i].defaultName() + "." + string(slug)
+		if len(name) > maxNameLen {
+			sum := sha256.Sum256([]byte(method + " " + path))
+			digest := "-" + hex.EncodeToString(sum[:4])
+			name = name[:maxNameLen-len(digest)] + digest
+		}
+		out[i].Name, out[i].defaulted = name, true
+	}
+	return out
+}
+
+// routeNames records the names routeLimits gave, by the route template
+// they were given for.
+type routeNames map[string]string
+
+// add records the names of limits given for template, and reports one that
+// another template's unnamed limit was given: two routes whose templates
+// differ only in bytes a name cannot hold.
+func (r routeNames) add(limits []Limit, template string) error {
+	var errs []error
+	for _, lim := range limits {
+		if !lim.defaulted {
+			continue
+		}
+		if other, ok := r[lim.Name]; ok && other != template {
+			errs = append(errs, fmt.Errorf("routes %q and %q give an unnamed limit the same default name %q: name it with Named (the same name on both routes to share one budget)", other, template, lim.Name))
+			continue
+		}
+		r[lim.Name] = template
+	}
+	return errors.Join(errs...)
 }

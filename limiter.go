@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"weak"
 
 	"github.com/redis/go-redis/v9"
 
@@ -141,7 +142,7 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 	policyNames := make(map[string]struct{}, len(limits))
 	for i, lim := range limits {
 		if lim.Name == "" {
-			lim.Name = lim.defaultName()
+			lim.Name, lim.defaulted = lim.defaultName(), true
 		}
 		if err := lim.validate(); err != nil {
 			errs = append(errs, fmt.Errorf("limit %d (%s): %w", i, lim.Name, err))
@@ -217,12 +218,38 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 	if err := l.buildRoutes(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
+	if parent == nil {
+		w := weak.Make(l)
+		if err := claimNames(client, cfg.prefix, l.limitNames(), func() bool { return w.Value() != nil }); err != nil {
+			return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+		}
+	}
 	return l, nil
+}
+
+// limitNames returns the names of the limits of l and its routes, each
+// with whether it is a default name.
+func (l *Limiter) limitNames() map[string]bool {
+	mine := map[string]bool{}
+	add := func(d *Limiter) {
+		for i := 0; d != nil && i < len(d.limits); i++ {
+			mine[d.limits[i].Name] = mine[d.limits[i].Name] || d.limits[i].defaulted
+		}
+	}
+	add(l)
+	for _, byMethod := range l.routes {
+		for _, d := range byMethod {
+			add(d)
+			add(d.own)
+		}
+	}
+	return mine
 }
 
 // buildRoutes builds a derived Limiter for every route WithRoutes declared.
 func (l *Limiter) buildRoutes() error {
 	var errs []error
+	generated := make(routeNames)
 	for template, rl := range l.cfg.routes {
 		method, path := splitTemplate(template)
 		if err := validRoute(method, path); err != nil {
@@ -238,13 +265,18 @@ func (l *Limiter) buildRoutes() error {
 			cost := rl.Cost
 			opts = append(opts, WithCost(func(*http.Request) int { return cost }))
 		}
-		d, err := l.with(rl.Limits, opts...)
+		limits := routeLimits(rl.Limits, method, path) // unnamed ones named after the route
+		if err := generated.add(limits, template); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		d, err := l.with(limits, opts...)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("route %q: %w", template, err))
 			continue
 		}
 		if len(rl.Limits) > 0 {
-			if d.own, err = newLimiter(l.client, rl.Limits, append(append([]Option(nil), l.opts...), opts...), l); err != nil {
+			if d.own, err = newLimiter(l.client, limits, append(append([]Option(nil), l.opts...), opts...), l); err != nil {
 				errs = append(errs, fmt.Errorf("route %q: %w", template, err))
 				continue
 			}

@@ -2,11 +2,15 @@ package ratelimit
 
 import (
 	"context"
+	"math"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 )
 
-// maxLocalKeys bounds the logs FailLocal keeps in memory.
+// maxLocalKeys bounds the logs FailLocal keeps in memory, the overflow
+// logs (one per limit) aside.
 const maxLocalKeys = 100_000
 
 // localStore is the in-process sliding log FailLocal decides with while
@@ -14,9 +18,20 @@ const maxLocalKeys = 100_000
 // the requests of this process only. The Limiters WithRoutes derives share
 // their parent's, so that a route's requests count in the app-wide limits
 // there too.
+//
+// Its memory is bounded, and given back: a log whose entries have all left
+// its window is dropped by the next sweep (see sweeper), on a decision
+// here or, once Redis is back, on a decision Redis made (fallbackStore).
+// No log that holds an entry in its window is ever dropped to make room,
+// so no client's traffic can erase another client's count: once
+// maxLocalKeys logs are live, an identifier that has no log of its own is
+// counted in its limit's overflow log, which every such identifier shares,
+// and a log made while that overflow log holds entries starts with them
+// (a client counted there takes its count along).
 type localStore struct {
-	mu   sync.Mutex
-	logs map[logID]*localLog
+	mu    sync.Mutex
+	logs  map[logID]*localLog
+	sweep sweeper
 }
 
 type localLog struct {
@@ -28,6 +43,24 @@ type localLog struct {
 func (g *localLog) prune(now int64) {
 	i, _ := slices.BinarySearch(g.stamps, now-g.window+1)
 	g.stamps = g.stamps[i:]
+	if len(g.stamps) == 0 {
+		g.stamps = nil // give the array back
+	}
+}
+
+// expiry is when the last of g's entries leaves its window (µs).
+func (g *localLog) expiry() int64 {
+	if len(g.stamps) == 0 {
+		return math.MinInt64
+	}
+	return g.stamps[len(g.stamps)-1] + g.window
+}
+
+// overflowLog returns the overflow log of id's limit: its key up to the
+// identifier (a key that ends in '}' as every real key does never equals
+// it), and its field.
+func overflowLog(id logID) logID {
+	return logID{id.key[:strings.LastIndexByte(id.key, '{')+1], id.field}
 }
 
 // decide decides q at q.now in this process's logs, and logs the request
@@ -35,11 +68,13 @@ func (g *localLog) prune(now int64) {
 func (s *localStore) decide(_ context.Context, q *query, out *outcome) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now, n := q.now, int64(q.cost)
+	s.sweepLocked(now)
 	if s.logs == nil {
 		s.logs = make(map[logID]*localLog)
 	}
-	now, n := q.now, int64(q.cost)
 	logs := make([]*localLog, len(q.keys))
+	ids := make([]logID, len(q.keys))
 	out.allowed, out.now, out.denier = true, now, -1
 	var denierAt int64
 	for i := range q.keys {
@@ -48,9 +83,22 @@ func (s *localStore) decide(_ context.Context, q *query, out *outcome) error {
 			continue // the client's plan does not count it here
 		}
 		window := lim.window.Microseconds()
-		g := s.logs[q.log(i)]
+		ids[i] = q.log(i)
+		g := s.logs[ids[i]]
 		if g == nil {
 			g = &localLog{window: window}
+			if over := s.logs[overflowLog(ids[i])]; over != nil {
+				over.prune(now)
+				if len(s.logs) >= maxLocalKeys {
+					g, ids[i] = over, overflowLog(ids[i]) // no room: counted with the others that found none
+				} else {
+					// Those counted in the overflow log may include this
+					// client: it takes their count along.
+					g.stamps = slices.Clone(over.stamps)
+				}
+			} else if len(s.logs) >= maxLocalKeys {
+				ids[i] = overflowLog(ids[i])
+			}
 		}
 		g.window = max(g.window, window)
 		g.prune(now)
@@ -89,26 +137,114 @@ func (s *localStore) decide(_ context.Context, q *query, out *outcome) error {
 		for range n {
 			g.stamps = append(g.stamps, now)
 		}
-		if id := q.log(i); s.logs[id] == nil {
-			s.makeRoom(now)
-			s.logs[id] = g
+		if s.logs[ids[i]] == nil {
+			// A copy of the key: q's keys share one string with the
+			// request's other keys.
+			s.logs[logID{strings.Clone(ids[i].key), ids[i].field}] = g
 		}
+		s.sweep.added(g.expiry())
 	}
 	return nil
 }
 
-// makeRoom keeps the store under maxLocalKeys: it drops logs whose entries
-// have all left their window, then, if that is not enough, arbitrary ones.
-func (s *localStore) makeRoom(now int64) {
-	makeRoom(s.logs, maxLocalKeys, func(g *localLog) bool {
+// release drops, at now, the logs whose entries have all left their
+// windows, if a sweep is due: FailLocal's fallbackStore calls it on the
+// decisions Redis makes, so that the logs of an outage are given back
+// once they have expired. It costs an atomic load when nothing is due.
+func (s *localStore) release(now int64) {
+	if !s.sweep.due(now) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sweepLocked(now)
+}
+
+// sweepLocked sweeps the logs at now if a sweep is due.
+func (s *localStore) sweepLocked(now int64) {
+	if !s.sweep.due(now) {
+		return
+	}
+	s.logs = sweepMap(&s.sweep, s.logs, now, func(g *localLog) int64 {
 		g.prune(now)
-		return len(g.stamps) == 0
+		return g.expiry()
 	})
+}
+
+// len returns how many logs s holds.
+func (s *localStore) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.logs)
+}
+
+// sweepGap is the least time between two sweeps of a map keyed by client
+// input (µs on the clock its entries expire by): a sweep reads the whole
+// map, so at most one a second.
+const sweepGap = 1_000_000
+
+// sweeper says when a map keyed by client input, whose entries expire, is
+// next swept: once the earliest expiry it knows of has come, and sweepGap
+// after the last sweep. A sweep is asked for by the map's own accesses
+// (its decisions, lookups and insertions) and runs on their goroutine:
+// there is no background goroutine. A clock that steps back before the
+// last sweep makes one due at once, so that a step cannot stop sweeps.
+type sweeper struct {
+	at   atomic.Int64 // µs: when the next sweep is due; 0: nothing to sweep
+	last atomic.Int64 // µs: the last sweep's time
+	peak int          // the most entries the map held since it was made
+}
+
+// due reports whether a sweep is due at now.
+func (w *sweeper) due(now int64) bool {
+	at := w.at.Load()
+	return at != 0 && (now >= at || now < w.last.Load())
+}
+
+// added records, under the map's lock, an entry that expires at expiry.
+func (w *sweeper) added(expiry int64) {
+	next := max(expiry, w.last.Load()+sweepGap)
+	if at := w.at.Load(); at == 0 || next < at {
+		w.at.Store(next)
+	}
+}
+
+// sweepMap deletes, at now, the entries of m whose expiry (µs) has come,
+// and returns m, made anew when it holds at most a quarter of the most it
+// held (a Go map never gives back the memory of deleted entries), nil when
+// empty; sw, the map's sweeper, then says when the next is due.
+func sweepMap[K comparable, V any](sw *sweeper, m map[K]V, now int64, expiry func(V) int64) map[K]V {
+	sw.peak = max(sw.peak, len(m))
+	earliest := int64(math.MaxInt64)
+	for k, v := range m {
+		if e := expiry(v); e <= now {
+			delete(m, k)
+		} else {
+			earliest = min(earliest, e)
+		}
+	}
+	sw.last.Store(now)
+	switch {
+	case len(m) == 0:
+		m, sw.peak = nil, 0
+		sw.at.Store(0)
+		return nil
+	case len(m) <= sw.peak/4:
+		fresh := make(map[K]V, len(m))
+		for k, v := range m {
+			fresh[k] = v
+		}
+		m, sw.peak = fresh, len(fresh)
+	}
+	sw.at.Store(max(earliest, now+sweepGap))
+	return m
 }
 
 // makeRoom keeps m under limit entries once it has reached it: it drops the
 // entries stale reports true for, then, if that is not enough, arbitrary ones
-// (map order is random) down to nine tenths of limit.
+// (map order is random) down to nine tenths of limit. Only for maps whose
+// entries can be dropped without losing a count: a denial or a plan that is
+// forgotten is asked for again.
 func makeRoom[K comparable, V any](m map[K]V, limit int, stale func(V) bool) {
 	if len(m) < limit {
 		return

@@ -558,7 +558,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"too many buckets", c, []Limit{PerHour(1, Global()).Bucketed(time.Second)}, nil, "3600 buckets"},
 		{"route path", c, []Limit{ok}, []Option{WithRoutes(map[string]RouteLimits{"POST ": {Cost: 2}})}, `route "POST ": no path`},
 		{"route cost", c, []Limit{ok}, []Option{WithRoutes(map[string]RouteLimits{"/x": {Cost: -1}})}, "cost -1"},
-		{"route name", c, []Limit{ok}, []Option{WithRoutes(map[string]RouteLimits{"/x": {Limits: []Limit{ok}}})}, "both named"},
+		{"route name", c, []Limit{ok}, []Option{WithRoutes(map[string]RouteLimits{"/x": {Limits: []Limit{ok.Named(ok.defaultName())}}})}, "both named"},
 		{"route twice", c, []Limit{ok}, []Option{WithRoutes(map[string]RouteLimits{"/users/:id": {Cost: 2}, "/users/{id}": {Cost: 3}})}, "declared twice"},
 	} {
 		_, err := New(tc.client, tc.limits, tc.opts...)

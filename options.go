@@ -36,8 +36,13 @@ const (
 	// headers. A request whose Key cannot identify it, or whose cost is
 	// below 1, gets 503, as under FailClosed. [Limiter.Allow] decides
 	// locally too, and returns the error with the local Result. The local
-	// logs hold at most 100,000 keys; past that, idle keys and then
-	// arbitrary ones are dropped.
+	// logs hold at most 100,000 keys, and a log is dropped only once every
+	// entry of it has left its window (on a later decision, local or, once
+	// Redis is back, Redis's): no client's traffic can erase another's
+	// count. While 100,000 logs are live, a client that has no log is
+	// counted in its limit's overflow log, which all such clients share
+	// (one quota for all of them), and a log made while that overflow log
+	// holds entries starts with them.
 	FailLocal
 )
 
@@ -286,16 +291,21 @@ func WithAllowList(key Key, entries ...string) Option {
 // in all of them or in none: a login the tight login limit denies does not
 // use up the app-wide quota. Its Result lists the Limiter's limits, then the
 // route's. A route limit's name must differ from the Limiter's limits'
-// names; two routes that declare a limit of the same name (and definition)
-// share its counts. The route template must be known when the Limiter
+// names. An unnamed route limit's default name includes the route (see
+// [Limit].Name: "ip-5-per-1m.POST_login"), so the same unnamed limit on
+// two routes counts each apart; two routes that declare a limit of the
+// same explicit name (and definition) share its counts, one budget on
+// purpose. The route template must be known when the Limiter
 // decides: it is with the router adapters, and with [Limiter.Handler] when
 // it wraps an [http.ServeMux] or a single route. A request to a route not
 // declared, or with no template, is decided by the Limiter's limits alone.
 // Default: no routes. [New] reports a template that can match no request
 // (no path, a path that does not start with '/', a method that is not one
 // of HTTP's, such as "GETT /x" or "login"), a negative cost, a route
-// declared twice (the same method and normalized path) and invalid or
-// duplicate limits.
+// declared twice (the same method and normalized path), invalid or
+// duplicate limits, and two routes that would give an unnamed limit the
+// same default name (templates that differ only in bytes a name cannot
+// hold, such as "/a.b" and "/a/b").
 func WithRoutes(routes map[string]RouteLimits) Option {
 	return func(c *config) {
 		if c.routes == nil {
@@ -603,7 +613,10 @@ const (
 	// HeadersIETF writes the RateLimit and RateLimit-Policy fields of
 	// draft-ietf-httpapi-ratelimit-headers-10, one item per enforced limit
 	// (shadow limits are left out, and limits a decision skipped are left
-	// out of RateLimit):
+	// out of RateLimit). RateLimit-Policy lists the policies in force for
+	// the client, with its plans (a limit whose plan is [Unlimited] is
+	// none), and is the same whichever way the decision was made: by
+	// Redis, from the deny cache, or by FailLocal:
 	//
 	//	RateLimit-Policy: "ip-100-per-1m";q=100;w=60, "global-1000-per-1h";q=1000;w=3600
 	//	RateLimit: "ip-100-per-1m";r=12;t=37, "global-1000-per-1h";r=640;t=2100

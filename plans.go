@@ -50,11 +50,16 @@ func newTier(plan, name string, quota int, window time.Duration) tier {
 // maxCachedPlans bounds the ids a plan cache remembers.
 const maxCachedPlans = 100_000
 
-// planCache remembers the tier of ids for a while (Plans.Cache).
+// planCache remembers the tier of ids for a while (Plans.Cache). It holds
+// at most maxCachedPlans ids, and when full drops expired ones, then
+// arbitrary ones (Of is then asked again: no count is lost); an id whose
+// time has passed is dropped by the next sweep (see sweeper), which its
+// lookups start.
 type planCache struct {
-	ttl time.Duration
-	mu  sync.RWMutex
-	m   map[string]cachedTier
+	ttl   time.Duration
+	mu    sync.RWMutex
+	m     map[string]cachedTier
+	sweep sweeper
 }
 
 type cachedTier struct {
@@ -64,6 +69,11 @@ type cachedTier struct {
 
 // get returns the tier remembered for id at now, if any.
 func (c *planCache) get(id string, now time.Time) (int, bool) {
+	if us := now.UnixMicro(); c.sweep.due(us) {
+		c.mu.Lock()
+		c.sweepLocked(us)
+		c.mu.Unlock()
+	}
 	c.mu.RLock()
 	e, ok := c.m[id]
 	c.mu.RUnlock()
@@ -77,12 +87,30 @@ func (c *planCache) get(id string, now time.Time) (int, bool) {
 func (c *planCache) put(id string, tier int, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.sweepLocked(now.UnixMicro())
 	if c.m == nil {
 		c.m = make(map[string]cachedTier)
 	}
 	makeRoom(c.m, maxCachedPlans, func(e cachedTier) bool { return !now.Before(e.until) })
 	// A copy: id may be part of a larger string, such as a header.
-	c.m[strings.Clone(id)] = cachedTier{tier: tier, until: now.Add(c.ttl)}
+	until := now.Add(c.ttl)
+	c.m[strings.Clone(id)] = cachedTier{tier: tier, until: until}
+	c.sweep.added(until.UnixMicro())
+}
+
+// sweepLocked drops, under the write lock, the ids whose time has passed
+// at now (µs), if a sweep is due.
+func (c *planCache) sweepLocked(now int64) {
+	if c.sweep.due(now) {
+		c.m = sweepMap(&c.sweep, c.m, now, func(e cachedTier) int64 { return e.until.UnixMicro() })
+	}
+}
+
+// len returns how many ids c holds.
+func (c *planCache) len() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.m)
 }
 
 // maxPolicyHeaders bounds the RateLimit-Policy values precomputed for the
@@ -92,7 +120,7 @@ const maxPolicyHeaders = 64
 // policyHeaders returns the RateLimit-Policy values of limits whose tiers
 // are tiers[i], for every combination of their plans (see Limiter.policyHeaders), if
 // there are at most maxPolicyHeaders; else only the default plans' value.
-// Shadow limits are left out.
+// Shadow limits, and limits whose plan is Unlimited, are left out.
 func policyHeaders(tiers [][]tier, shadow func(i int) bool) [][]string {
 	n := 1
 	for _, t := range tiers {
@@ -107,7 +135,7 @@ func policyHeaders(tiers [][]tier, shadow func(i int) bool) [][]string {
 		for i, digit := len(tiers)-1, k; i >= 0; i-- {
 			t := digit % len(tiers[i])
 			digit /= len(tiers[i])
-			if !shadow(i) {
+			if !shadow(i) && tiers[i][t].quota >= 0 { // an Unlimited plan is no policy
 				items = append(items, tiers[i][t].policy)
 			}
 		}
@@ -163,10 +191,19 @@ func (c *planCtx) endLocked(err error) {
 	}
 	c.err = err
 	if c.done == nil {
-		c.done = make(chan struct{}) // Done was not asked for: closed already when it is
+		c.done = closedDone // Done was not asked for: closed already when it is
+		return
 	}
 	close(c.done)
 }
+
+// closedDone is the Done channel of a planCtx that ended before Done was
+// asked for: closed, shared, so that ending costs no allocation.
+var closedDone = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // Err reports the context's end, once it has ended: when Err first sees
 // the deadline passed or the parent ended, it ends the context there, so
@@ -185,10 +222,15 @@ func (c *planCtx) Err() error {
 	return c.err
 }
 
-// release stops the timer Done started, if any, once Of has returned.
+// release ends the context once Of has returned, as the cancel function
+// of context.WithDeadline would: Done's channel closes and Err reports
+// context.Canceled (unless it had ended already), so that work Of started
+// under it and left running stops; and it stops the timer Done started,
+// if any.
 func (c *planCtx) release() {
 	c.mu.Lock()
 	stop := c.stop
+	c.endLocked(context.Canceled)
 	c.mu.Unlock()
 	if stop != nil {
 		stop()

@@ -73,3 +73,86 @@ func testRefund(t *testing.T, b backend) {
 		t.Errorf("refunding a Status: %v", err)
 	}
 }
+
+// TestRefundTwice: a Result refunded twice (itself or a copy, one after
+// the other or at once) removes its own entries once; the later calls
+// remove nothing, so no other request of the same time loses its entry,
+// and they say so with ErrRefunded.
+func TestRefundTwice(t *testing.T) { forBackends(t, testRefundTwice) }
+
+func testRefundTwice(t *testing.T, b backend) {
+	ctx := context.Background()
+	opts, set := b.clock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	set(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)) // every request of the test at one time
+	c := b.newClient(t)
+	lim := mustNew(t, c, []Limit{PerMinute(2, Global()).Named("two")}, opts...)
+	allow := func() Result {
+		t.Helper()
+		res, err := lim.Allow(ctx, []string{GlobalID}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	a, bres := allow(), allow()
+	if !a.Allowed || !bres.Allowed {
+		t.Fatalf("the first two requests: %v %v", a.Allowed, bres.Allowed)
+	}
+	if err := lim.Refund(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	copyOfA := a
+	for _, r := range []Result{a, copyOfA} {
+		if err := lim.Refund(ctx, r); !errors.Is(err, ErrRefunded) || !errors.Is(err, ErrNotRefundable) {
+			t.Errorf("refunding a refunded Result again: %v, want ErrRefunded (an ErrNotRefundable)", err)
+		}
+	}
+	if n := logEntries(t, c, "two", GlobalID); n != 1 {
+		t.Errorf("the log holds %d entries after one of two requests was refunded (three times), want 1", n)
+	}
+	if !allow().Allowed {
+		t.Error("the refunded request's room was not given back")
+	}
+	if allow().Allowed {
+		t.Error("a fourth request was admitted in one window at quota 2: a repeated refund removed another request's entry")
+	}
+
+	// At once: ten Results of one time, each refunded by four goroutines
+	// together, beside ten others that stay.
+	lim2 := mustNew(t, c, []Limit{PerMinute(100, Global()).Named("hundred")}, opts...)
+	var refunded []Result
+	for i := range 20 {
+		res, err := lim2.Allow(ctx, []string{GlobalID}, 1)
+		if err != nil || !res.Allowed {
+			t.Fatalf("request %d: %v %v", i, res.Allowed, err)
+		}
+		if i%2 == 0 {
+			refunded = append(refunded, res)
+		}
+	}
+	var wg sync.WaitGroup
+	var ok, again atomic.Int64
+	for _, res := range refunded {
+		for range 4 {
+			wg.Add(1)
+			go func(res Result) {
+				defer wg.Done()
+				switch err := lim2.Refund(ctx, res); {
+				case err == nil:
+					ok.Add(1)
+				case errors.Is(err, ErrRefunded):
+					again.Add(1)
+				default:
+					t.Error(err)
+				}
+			}(res)
+		}
+	}
+	wg.Wait()
+	if ok.Load() != 10 || again.Load() != 30 {
+		t.Errorf("40 concurrent refunds of 10 Results: %d succeeded and %d were refused, want 10 and 30", ok.Load(), again.Load())
+	}
+	if n := logEntries(t, c, "hundred", GlobalID); n != 10 {
+		t.Errorf("the log holds %d entries, want the 10 requests not refunded", n)
+	}
+}

@@ -1,8 +1,16 @@
 package ratelimit
 
 import (
+	"fmt"
+	"sync/atomic"
 	"time"
 )
+
+// ErrRefunded is returned by [Limiter.Refund] for a Result (or a copy of
+// one) that was refunded before: it removes nothing more, since the
+// entries left of the same time are other requests'. It wraps
+// [ErrNotRefundable].
+var ErrRefunded = fmt.Errorf("%w: the request was refunded before", ErrNotRefundable)
 
 // An Observer receives every decision of the middleware ([Limiter.Handler],
 // [Limiter.Check]) and of [Limiter.Allow], for metrics; [Limiter.Status]
@@ -144,12 +152,13 @@ func closer(a, b *LimitResult) bool {
 // was counted (its keys, and their hash tags when the plan is split), its
 // cost and the time of its entries in each, and the stores that hold them.
 type ticket struct {
-	rs      *redisStore
-	denies  *denyCache
-	plan    *plan
-	keys    []string
-	tags    []string
-	cost    int
-	stamps  []int64
-	timeout time.Duration
+	refunded atomic.Bool // Refund has taken it: it removes nothing more
+	rs       *redisStore
+	denies   *denyCache
+	plan     *plan
+	keys     []string
+	tags     []string
+	cost     int
+	stamps   []int64
+	timeout  time.Duration
 }

@@ -129,12 +129,25 @@ type reply struct {
 // fallbackStore decides with fallback when primary cannot (FailLocal): the
 // outcome is then fallback's, marked local, along with primary's error.
 // Queries that count nothing are not answered by the fallback.
+// Once primary decides again, the fallback's logs are given back as they
+// expire.
 type fallbackStore struct {
-	primary, fallback store
+	primary  store
+	fallback releaser
+}
+
+// releaser is a store whose memory release gives back, at now (Unix
+// microseconds), what has expired (localStore).
+type releaser interface {
+	store
+	release(now int64)
 }
 
 func (f fallbackStore) decide(ctx context.Context, q *query, out *outcome) error {
 	err := f.primary.decide(ctx, q, out)
+	if err == nil {
+		f.fallback.release(q.local.UnixMicro())
+	}
 	if err == nil || q.peek {
 		return err
 	}
