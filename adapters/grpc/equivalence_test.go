@@ -62,7 +62,8 @@ func (s *testServer) call(t *testing.T, method string, stream bool) (served bool
 
 // TestSlashlessPathCounted (issue 24, item 2): grpc routes a :path without
 // its leading slash to the same method; the call is counted under the
-// method's limits, unary calls and streams alike.
+// method's limits, unary calls and streams alike. (grpc-go's newer
+// versions refuse such a path: then no call is served.)
 func TestSlashlessPathCounted(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		s := serve(t, routeLimiter(t, rdb, 1), nil)
@@ -70,14 +71,26 @@ func TestSlashlessPathCounted(t *testing.T) {
 			method string
 			stream bool
 		}{{"grpc.health.v1.Health/Watch", true}, {"grpc.health.v1.Health/Check", false}} {
-			served := 0
+			served, refused := 0, 0
 			for i := range 5 {
 				ok, err := s.call(t, tc.method, tc.stream)
-				if ok {
+				switch code := status.Code(err); {
+				case ok:
 					served++
-				} else if status.Code(err) != codes.ResourceExhausted {
+				case code == codes.Unimplemented:
+					// grpc-go since v1.7x refuses a :path without its
+					// slash ("malformed method name"): nothing escapes.
+					refused++
+				case code != codes.ResourceExhausted:
 					t.Errorf("%s call %d: %v, want ResourceExhausted", tc.method, i, err)
 				}
+			}
+			if refused > 0 {
+				t.Logf("%s: this grpc refuses the path (%d of 5 refused, %d served)", tc.method, refused, served)
+				if refused != 5 {
+					t.Errorf("%s: %d calls refused, %d served: grpc routes the path only sometimes", tc.method, refused, served)
+				}
+				continue
 			}
 			if served != 1 {
 				t.Errorf("%s: %d of 5 calls served under a per-method quota of 1", tc.method, served)
