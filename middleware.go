@@ -20,7 +20,9 @@ import (
 // template (r.Pattern) together with l's own, once. Wrap a single route, or
 // a whole [http.ServeMux]: then Handler looks the route up before deciding,
 // so that [Route] keys and WithRoutes see the mux's template, and requests
-// no route matched share [UnmatchedRoute]:
+// no route matched share [UnmatchedRoute] (a CONNECT the mux answers with
+// its trailing-slash redirect, whose pattern would be the client's path,
+// included):
 //
 //	api, _ := ratelimit.New(rdb, limits, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
 //		"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("login")}},
