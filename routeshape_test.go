@@ -265,3 +265,36 @@ func TestRouteTemplatesChecked(t *testing.T) {
 		t.Errorf("New with /files/* and /files/{path...}: %v, want declared twice", err)
 	}
 }
+
+// TestRouteLookupAllocs: the route look-up and the Route key of a pattern
+// that names its method do not allocate, rewrites included; a methodless
+// pattern's key allocates only the joined string.
+func TestRouteLookupAllocs(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	lim := mustNew(t, c, []Limit{PerMinute(5, Global())}, WithRoutes(map[string]RouteLimits{
+		"GET /files/{...}": {Cost: 2},
+		"GET /users/{id}":  {Cost: 3},
+	}))
+	key := Route().fn
+	for _, tc := range []struct {
+		method, pattern string
+		keyAllocs       float64
+	}{
+		{"HEAD", "GET /files/{path...}", 0},
+		{"GET", "/users/{id:[0-9]+}", 1},
+		{"HEAD", "/users/:id", 1},
+		{"get", "/files/*", 1},
+	} {
+		if lim.forRoute(tc.method, tc.pattern) == lim && tc.method != "get" {
+			t.Errorf("%s %s: no route", tc.method, tc.pattern)
+		}
+		if n := testing.AllocsPerRun(100, func() { lim.forRoute(tc.method, tc.pattern) }); n != 0 {
+			t.Errorf("forRoute(%s, %s): %v allocations", tc.method, tc.pattern, n)
+		}
+		r := &http.Request{Method: tc.method, Pattern: tc.pattern}
+		if n := testing.AllocsPerRun(100, func() { _, _ = key(r) }); n > tc.keyAllocs {
+			t.Errorf("Route key of %s %s: %v allocations, want %v", tc.method, tc.pattern, n, tc.keyAllocs)
+		}
+	}
+}
