@@ -110,6 +110,13 @@ var eqRouters = []struct {
 		}
 		return l.Handler(mux)
 	}},
+	{"net/http, per route", func(l *ratelimit.Limiter, ran *string) http.Handler {
+		mux := http.NewServeMux()
+		for _, rt := range eqRoutes {
+			mux.Handle(rt.mux, l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { *ran = rt.handler })))
+		}
+		return mux
+	}},
 	{"chi", func(l *ratelimit.Limiter, ran *string) http.Handler {
 		r := chi.NewRouter()
 		r.Use(middleware.GetHead, chiratelimit.Middleware(l))
