@@ -206,6 +206,7 @@ func testRouteMemoBounded(t *testing.T, b backend) {
 		serve(h, "CONNECT", fmt.Sprintf("/files/%d%s", rng.Uint64(), pad), fmt.Sprintf("198.51.100.%d:1", i%250))
 	}
 	after := liveHeap()
+	t.Logf("live heap %+d KB after 100,000 hostile patterns; route memo %d entries, %d bytes", (int64(after)-int64(before))>>10, route.CacheLen(), route.CacheBytes())
 	if n := route.CacheLen(); n > route.CacheCap {
 		t.Errorf("route memo holds %d templates, more than its bound %d", n, route.CacheCap)
 	}
