@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+
+	"github.com/slidinglog/ratelimit/internal/route"
 )
 
 // A Key says what a [Limit] counts by: the client IP, a header, the user, the
@@ -165,22 +167,54 @@ const UnmatchedRoute = "(unmatched)"
 // handler it dispatches to, so Route works in a limiter that wraps a single
 // route (mux.Handle("GET /users/{id}", lim.Handler(h))) or the mux itself
 // (lim.Handler(mux)), which looks the route up first. The router adapters set
-// it from the router's own template, written the same way in every router
-// (gin's "/users/:id" becomes "/users/{id}"). A method that is not part of
-// the pattern is put in front of it; [UnmatchedRoute] is used as it is. A
-// request with no pattern at all has no key ([ErrNoKey]).
+// it from the router's own template.
+//
+// Templates are written in one canonical form, whatever the router, so
+// that the same route has the same key in all of them: a parameter is
+// "{id}" (gin's and echo's ":id", chi's "{id}" and "{id:[0-9]+}"), a
+// trailing wildcard "{...}" (chi's and echo's "*", gin's "*filepath",
+// ServeMux's "{path...}"); the rest is kept as written. [WithRoutes]
+// templates are read the same way.
+//
+// A method in the pattern ("GET /reports") is used as it is; otherwise
+// the request's method is put in front of it, written so that a client
+// cannot make up keys by spelling it: HEAD is counted as GET (the router
+// serves it with the GET handler, so the two share one budget), the other
+// methods of HTTP's RFC 9110 and PATCH as they are, and any other method
+// ("get", "FOO") as "*". [UnmatchedRoute] is used as it is. A request
+// with no pattern at all has no key ([ErrNoKey]).
 func Route() Key {
 	return Key{name: "route", fn: func(r *http.Request) (string, error) {
 		switch p := r.Pattern; {
 		case p == "":
 			return "", fmt.Errorf("%w: no route template (wrap the route or the ServeMux, or use a router adapter)", ErrNoKey)
-		case p == UnmatchedRoute || p[0] != '/':
+		case p == UnmatchedRoute:
 			return p, nil
+		case p[0] != '/':
+			return route.Cached(p), nil
 		default:
-			return r.Method + " " + p, nil
+			return routeMethod(r.Method) + " " + route.Cached(p), nil
 		}
 	}}
 }
+
+// routeMethod returns how a Route key writes method, for a pattern that
+// names none: HEAD as GET, HTTP's other methods as they are, any other as
+// "*", so that a client cannot pick its key by its method's spelling.
+func routeMethod(method string) string {
+	switch method {
+	case http.MethodHead:
+		return http.MethodGet
+	case http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete,
+		http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return method
+	}
+	return otherMethod
+}
+
+// otherMethod is how a Route key writes a method that is not one of
+// HTTP's.
+const otherMethod = "*"
 
 // Compose returns a Key made of several: a request is identified by all their
 // values together, for example Compose(ClientIP(), Route()) counts each client

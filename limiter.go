@@ -253,7 +253,7 @@ func (l *Limiter) buildRoutes() error {
 	for template, rl := range l.cfg.routes {
 		method, path := splitTemplate(template)
 		if err := validRoute(method, path); err != nil {
-			errs = append(errs, fmt.Errorf("route %q: %w; write a path such as \"/login\" or \"/users/{id}\", or a method and a path, \"POST /login\"", template, err))
+			errs = append(errs, fmt.Errorf("route %q: %w; write a path such as \"/login\", \"/users/{id}\" or \"/files/{...}\", or a method and a path, \"POST /login\"", template, err))
 			continue
 		}
 		opts := []Option{func(c *config) { c.routes = nil }}
@@ -300,8 +300,9 @@ func (l *Limiter) buildRoutes() error {
 	return errors.Join(errs...)
 }
 
-// splitTemplate splits "GET /users/{id}" into its method and normalized
-// path; a template with no method gets "".
+// splitTemplate splits "GET /users/{id}" into its method and path in the
+// canonical form (see Route); a template with no method gets "". It does
+// not allocate for the templates of a route table.
 func splitTemplate(template string) (method, path string) {
 	if template == UnmatchedRoute {
 		return "", template
@@ -313,16 +314,15 @@ func splitTemplate(template string) (method, path string) {
 }
 
 // validRoute reports why a WithRoutes template of method and path can
-// match no request: a path that does not start with '/', or a method that
-// is not one of HTTP's.
+// match no request: a path that does not start with '/', that no router
+// writes (see route.Check), or a method that is not one of HTTP's.
 func validRoute(method, path string) error {
 	switch {
-	case path == "":
-		return errors.New("no path")
-	case path != UnmatchedRoute && !strings.HasPrefix(path, "/"):
-		return fmt.Errorf("path %q does not start with '/'", path)
+	case path == UnmatchedRoute:
 	case method != "" && !slices.Contains(httpMethods, method):
 		return fmt.Errorf("unknown method %q (one of %s)", method, strings.Join(httpMethods, ", "))
+	default:
+		return route.Check(path)
 	}
 	return nil
 }
@@ -334,8 +334,10 @@ var httpMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, htt
 // forRoute returns the Limiter that decides requests to a route: the one
 // WithRoutes declared for method and template (for that method, else for
 // any method), or l itself. template is as the Route key reads it from
-// r.Pattern; a method in it takes precedence over method. It does not
-// allocate.
+// r.Pattern; a method in it takes precedence over method. A HEAD request
+// with no route of its own is decided by the GET route's: net/http's
+// ServeMux and chi's middleware.GetHead serve it with the GET handler. It
+// does not allocate.
 func (l *Limiter) forRoute(method, template string) *Limiter {
 	if l.routes == nil || template == "" {
 		return l
@@ -347,6 +349,11 @@ func (l *Limiter) forRoute(method, template string) *Limiter {
 	byMethod := l.routes[path]
 	if d := byMethod[method]; d != nil {
 		return d
+	}
+	if method == http.MethodHead {
+		if d := byMethod[http.MethodGet]; d != nil {
+			return d
+		}
 	}
 	if d := byMethod[""]; d != nil {
 		return d

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"reflect"
 	"slices"
 	"time"
 
@@ -19,7 +20,9 @@ import (
 // template (r.Pattern) together with l's own, once. Wrap a single route, or
 // a whole [http.ServeMux]: then Handler looks the route up before deciding,
 // so that [Route] keys and WithRoutes see the mux's template, and requests
-// no route matched share [UnmatchedRoute]:
+// no route matched share [UnmatchedRoute] (a CONNECT the mux answers with
+// its trailing-slash redirect, whose pattern would be the client's path,
+// included):
 //
 //	api, _ := ratelimit.New(rdb, limits, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
 //		"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("login")}},
@@ -60,8 +63,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A wrapped mux decides the route, even under another mux that has set
 	// r.Pattern to its own pattern (such as "/").
 	if h.mux != nil {
-		_, pattern := h.mux.Handler(r)
-		if pattern == "" {
+		mh, pattern := h.mux.Handler(r)
+		if pattern == "" || muxRedirect(r, mh) {
 			pattern = UnmatchedRoute
 		}
 		// The mux sets r.Pattern in place too, to the same value, when it
@@ -91,6 +94,21 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			l.cfg.onError(r, err)
 		}
 	}
+}
+
+// redirectType is the type of the handler http.RedirectHandler returns,
+// which a ServeMux answers its own redirects with.
+var redirectType = reflect.TypeOf(http.RedirectHandler("/", http.StatusMovedPermanently))
+
+// muxRedirect reports whether a ServeMux answers the CONNECT request r with
+// a redirect, h: its trailing-slash redirect gives the pattern the
+// redirect's path (a CONNECT to "/users/7" when "/users/{id}/" is
+// registered gets "/users/7/"), a new one for every path the client picks.
+// Such a request matched no route, and no route's code runs. (A route
+// registered with an http.RedirectHandler of its own is taken for
+// unmatched too, for CONNECT alone: it runs no application code either.)
+func muxRedirect(r *http.Request, h http.Handler) bool {
+	return r.Method == http.MethodConnect && reflect.TypeOf(h) == redirectType
 }
 
 // Check decides r without wrapping a handler, for custom middleware. It

@@ -282,9 +282,14 @@ func WithAllowList(key Key, entries ...string) Option {
 
 // WithRoutes declares per-route limits and costs in one place, keyed by
 // route template: "POST /login" applies to one method, "/login" to all, and
-// [UnmatchedRoute] to requests no route matched. Templates are written as
-// [Route] sees them: "/users/{id}" in every router (gin's and echo's
-// "/users/:id" may be written either way).
+// [UnmatchedRoute] to requests no route matched. Templates are read in the
+// canonical form [Route] describes, so one table serves every router: a
+// parameter is "{id}" (gin's and echo's ":id" and chi's "{id:[0-9]+}" may
+// be written too, and mean the same), a trailing wildcard "{...}" (or
+// ServeMux's "{path...}", chi's and echo's "*", gin's "*filepath"). A
+// "GET" template also decides the HEAD requests to its route, unless a
+// "HEAD" template is declared for it: net/http's ServeMux and chi's
+// middleware.GetHead serve HEAD with the GET handler.
 //
 // A request to a declared route is decided once, against the Limiter's
 // limits and the route's together, with the Limiter's options, and counted
@@ -299,13 +304,16 @@ func WithAllowList(key Key, entries ...string) Option {
 // decides: it is with the router adapters, and with [Limiter.Handler] when
 // it wraps an [http.ServeMux] or a single route. A request to a route not
 // declared, or with no template, is decided by the Limiter's limits alone.
-// Default: no routes. [New] reports a template that can match no request
-// (no path, a path that does not start with '/', a method that is not one
-// of HTTP's, such as "GETT /x" or "login"), a negative cost, a route
-// declared twice (the same method and normalized path), invalid or
-// duplicate limits, and two routes that would give an unnamed limit the
-// same default name (templates that differ only in bytes a name cannot
-// hold, such as "/a.b" and "/a/b").
+// Default: no routes. [New] reports a template that can match no request,
+// saying what to write instead: no path, a path that does not start with
+// '/' ("login"), a method that is not one of HTTP's ("GETT /x", "get /x"),
+// a path that no router writes (an unclosed or empty parameter, "{id" or
+// "{}"; a wildcard before the last segment, "/files/{...}/x"; a space, a
+// query or a fragment). It also reports a negative cost, a route declared
+// twice (the same method and canonical path: "/files/*" and
+// "/files/{path...}" are one), invalid or duplicate limits, and two routes
+// that would give an unnamed limit the same default name (templates that
+// differ only in bytes a name cannot hold, such as "/a.b" and "/a/b").
 func WithRoutes(routes map[string]RouteLimits) Option {
 	return func(c *config) {
 		if c.routes == nil {

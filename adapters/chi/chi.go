@@ -33,8 +33,13 @@ import (
 // down, for example after authentication. chi routes a request only after
 // the root's middleware, so Middleware looks the route up first:
 // [ratelimit.Route] keys and [ratelimit.WithRoutes] see the route's full
-// template ("/admin/users/{id}", also inside sub-routers and groups), and
-// requests no route matches share [ratelimit.UnmatchedRoute].
+// template ("/admin/users/{id}", also inside sub-routers and groups),
+// written in the canonical form of [ratelimit.Route] ("/users/{id:[0-9]+}"
+// is "/users/{id}", "/files/*" is "/files/{...}"), and requests no route
+// matches share [ratelimit.UnmatchedRoute]. A HEAD to a route that has a
+// GET handler and no HEAD handler is decided as that GET, with its limits
+// and its Route key, as chi's middleware.GetHead serves it with the GET
+// handler.
 //
 // A request that l is already deciding (l mounted twice on its way: at the
 // root and in a group, say) is counted once: the second Middleware lets it
@@ -74,9 +79,22 @@ func resolve(r *http.Request) {
 	if path == "" {
 		path = r.URL.Path
 	}
+	// chi routes by RouteMethod when middleware.GetHead has set it.
+	method := r.Method
+	if rctx.RouteMethod != "" {
+		method = rctx.RouteMethod
+	}
 	f := finders.Get().(*chi.Context)
 	f.Reset()
-	pattern := rctx.Routes.Find(f, r.Method, path)
+	pattern := rctx.Routes.Find(f, method, path)
+	if pattern == "" && method == http.MethodHead {
+		// A HEAD to a route with no HEAD handler: chi's middleware.GetHead
+		// serves it with the GET handler, whether it runs before this
+		// middleware or after, so it is decided as that GET (without
+		// GetHead chi answers 405, which is counted as the GET too).
+		f.Reset()
+		pattern = rctx.Routes.Find(f, http.MethodGet, path)
+	}
 	finders.Put(f)
 	if pattern == "" {
 		r.Pattern = ratelimit.UnmatchedRoute

@@ -28,9 +28,11 @@ import (
 // [ratelimit.Limiter.Check]). Add it with e.Use, before or after the routes:
 // echo runs it after routing, for unmatched requests too; or to a group or
 // a route, for example after authentication. [ratelimit.Route] keys and
-// [ratelimit.WithRoutes] see the route's template, written "/users/{id}"
-// for echo's "/users/:id"; requests no route matches share
-// [ratelimit.UnmatchedRoute].
+// [ratelimit.WithRoutes] see the route's template, in the canonical form of
+// [ratelimit.Route]: "/users/{id}" for echo's "/users/:id", "/files/{...}"
+// for "/files/*"; requests no route matches share
+// [ratelimit.UnmatchedRoute]. echo answers a HEAD to a route with no HEAD
+// handler with 405: it is unmatched.
 //
 // Denials and failures are echo errors, which e's HTTPErrorHandler
 // renders (echo's default: JSON {"message":"Too Many Requests"}): a denied

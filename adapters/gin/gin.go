@@ -38,8 +38,12 @@ var (
 // [ratelimit.Limiter.Check]). Mount it with Use, before adding routes, as
 // gin requires: on the engine, or on a group, for example after
 // authentication. [ratelimit.Route] keys and [ratelimit.WithRoutes] see the
-// route's template, written "/users/{id}" for gin's "/users/:id"; requests
-// no route matches share [ratelimit.UnmatchedRoute].
+// route's template, in the canonical form of [ratelimit.Route]:
+// "/users/{id}" for gin's "/users/:id", "/files/{...}" for
+// "/files/*filepath"; requests no route matches share
+// [ratelimit.UnmatchedRoute]. A HEAD that a route of its own serves (gin
+// has no other way) is decided as a GET of the same template, when
+// [ratelimit.WithRoutes] declares no HEAD route for it.
 //
 // A request the Limiter does not admit is aborted (later handlers do not
 // run) and answered in gin's way: a denied one with

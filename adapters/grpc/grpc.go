@@ -23,7 +23,9 @@
 // the call:
 //
 //   - Method "POST", URL.Path and Pattern the full method name
-//     ("/helloworld.Greeter/SayHello"), so that [ratelimit.Route] keys count
+//     ("/helloworld.Greeter/SayHello"), always with its leading slash
+//     (grpc routes a :path without it, "helloworld.Greeter/SayHello", to
+//     the same method, and so does the Limiter), so that [ratelimit.Route] keys count
 //     per method and [ratelimit.WithRoutes] templates such as
 //     "/helloworld.Greeter/SayHello" or "POST /helloworld.Greeter/SayHello"
 //     apply to one method. A template names one method: "/helloworld.Greeter/"
@@ -171,6 +173,7 @@ var calls = sync.Pool{New: func() any {
 // as headers (nil if none) and, if the call may not proceed, its status
 // error. registered reports whether the server registers method.
 func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered bool) (metadata.MD, error) {
+	method = fullMethod(method)
 	c := calls.Get().(*call)
 	defer c.put()
 	base := http.Request{
@@ -230,6 +233,19 @@ func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered
 		return md, c.w.refusal(codes.PermissionDenied)
 	}
 	return md, c.w.refusal(codes.Unavailable)
+}
+
+// fullMethod returns the full method name grpc routes the :path method to,
+// written with its leading slash: grpc-go's server strips one leading '/'
+// if there is one and routes "grpc.health.v1.Health/Watch" to the same
+// method as "/grpc.health.v1.Health/Watch", but hands the interceptors
+// the :path as the client sent it. It allocates only for a path without
+// the slash.
+func fullMethod(method string) string {
+	if method == "" || method[0] != '/' {
+		return "/" + method
+	}
+	return method
 }
 
 // put clears c and recycles it.

@@ -1,23 +1,80 @@
 package route
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestNormalize(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"/users/:id", "/users/{id}"},
 		{"/users/{id}", "/users/{id}"},
-		{"/files/*filepath", "/files/{filepath...}"},
+		{"/users/{id:[0-9]+}", "/users/{id}"},
+		{"/users/{id:[0-9]{1,3}}/x", "/users/{id}/x"},
+		{"/files/*filepath", "/files/{...}"},
+		{"/files/{path...}", "/files/{...}"},
+		{"/files/{...}", "/files/{...}"},
 		{"/static/*", "/static/{...}"},
 		{"/a/:b/c/:d", "/a/{b}/c/{d}"},
 		{"/", "/"},
+		{"/{$}", "/{$}"},
 		{"GET /users/{id}", "GET /users/{id}"},
+		{"GET /users/:id", "GET /users/{id}"},
 		{"/time:now", "/time:now"}, // a colon inside a segment is literal
+		{"/v{version}/x", "/v{version}/x"},
+		{"/v{version:[0-9]+}/x", "/v{version}/x"},
+		{"/broken/{id", "/broken/{id"},
 	} {
 		if got := Normalize(tc.in); got != tc.want {
 			t.Errorf("Normalize(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 		if got := Cached(tc.in); got != tc.want {
 			t.Errorf("Cached(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+		if got := Normalize(tc.want); got != tc.want {
+			t.Errorf("Normalize is not idempotent on %q: %q", tc.want, got)
+		}
+	}
+}
+
+// TestCachedBounded: client-chosen strings evict one another in the memo;
+// they cannot grow it, and a long one is not kept.
+func TestCachedBounded(t *testing.T) {
+	long := "/x/:" + strings.Repeat("a", 4096)
+	for i := range 20_000 {
+		p := "/users/:id" + strings.Repeat("z", i%300) + string(rune('a'+i%26)) + "/" + itoa(i)
+		if got := Cached(p); got != Normalize(p) {
+			t.Fatalf("Cached(%q) = %q", p, got)
+		}
+		_ = Cached(long)
+	}
+	if n := CacheLen(); n > CacheCap {
+		t.Errorf("%d entries, bound %d", n, CacheCap)
+	}
+	if n := CacheBytes(); n > CacheCap*2*maxCached {
+		t.Errorf("%d bytes", n)
+	}
+}
+
+func itoa(i int) string {
+	var b []byte
+	for {
+		b = append([]byte{byte('0' + i%10)}, b...)
+		if i /= 10; i == 0 {
+			return string(b)
+		}
+	}
+}
+
+func TestCheck(t *testing.T) {
+	for _, p := range []string{"/users/{id}", "/users/:id", "/users/{id:[0-9]+}", "/files/*", "/files/{p...}", "/{$}", "/", "/v{v}/x"} {
+		if err := Check(p); err != nil {
+			t.Errorf("Check(%q): %v", p, err)
+		}
+	}
+	for _, p := range []string{"", "users", "/a/{", "/a/}", "/a/{}", "/a/{...}/b", "/a/*/b", "/a/x{...}", "/a?b", "/a#b", "/a b", "/a/{$}/b", "/a/{{x}}"} {
+		if err := Check(p); err == nil {
+			t.Errorf("Check(%q) = nil", p)
 		}
 	}
 }

@@ -1,0 +1,418 @@
+package adapters_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit"
+	chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
+	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
+	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
+	"github.com/slidinglog/ratelimit/internal/route"
+	"github.com/slidinglog/ratelimit/redistest"
+)
+
+// The equivalence suite: one set of route declarations, served by every
+// router in its own syntax; generated requests of every shape sent to each;
+// requests that reach the same handler must be decided by the same limits
+// and leave the same keys, and requests that reach none must leave no
+// state of their own.
+
+// An eqRoute is one route of the app: the handler's name, the methods it
+// serves, its template in each router's syntax, and the limit WithRoutes
+// gives it, for which methods.
+type eqRoute struct {
+	handler string
+	// mux, chi, echo, gin: the pattern in each router's syntax; methods
+	// the methods the routers other than ServeMux register it for ("*":
+	// all of the router's).
+	mux, chi, echo, gin string
+	methods             []string
+	// example is a path the route matches.
+	example string
+}
+
+var eqRoutes = []eqRoute{
+	{handler: "users", mux: "GET /users/{id}", chi: "/users/{id:[0-9]+}", echo: "/users/:id", gin: "/users/:id", methods: []string{"GET"}, example: "/users/42"},
+	{handler: "login", mux: "POST /login", chi: "/login", echo: "/login", gin: "/login", methods: []string{"POST"}, example: "/login"},
+	{handler: "files", mux: "GET /files/{path...}", chi: "/files/*", echo: "/files/*", gin: "/files/*filepath", methods: []string{"GET"}, example: "/files/a/b.txt"},
+	// A methodless ServeMux pattern, which serves HEAD with the GET
+	// handler; chi does with middleware.GetHead; echo and gin register
+	// HEAD themselves.
+	{handler: "reports", mux: "/reports", chi: "/reports", echo: "/reports", gin: "/reports", methods: []string{"GET", "HEAD"}, example: "/reports"},
+	{handler: "any", mux: "/any", chi: "/any", echo: "/any", gin: "/any", methods: []string{"*"}, example: "/any"},
+	{handler: "admin", mux: "GET /admin/stats", chi: "/admin/stats", echo: "/admin/stats", gin: "/admin/stats", methods: []string{"GET"}, example: "/admin/stats"},
+}
+
+// eqDeclared is the WithRoutes table, written once for every router (in
+// ServeMux's syntax where it has one): the limit each route adds, and the
+// methods of the request it applies to.
+var eqDeclared = []struct {
+	template, limit string
+	methods         []string // of the request; HEAD is decided as GET
+}{
+	{"GET /users/{id}", "users", []string{"GET", "HEAD"}},
+	{"POST /login", "login", []string{"POST"}},
+	{"GET /files/{path...}", "files", []string{"GET", "HEAD"}},
+	{"GET /reports", "reports", []string{"GET", "HEAD"}},
+	{"/any", "any", nil}, // every method
+	{"GET /admin/stats", "admin", []string{"GET", "HEAD"}},
+}
+
+// eqCanonical are the templates the Route key may name: the routes' in the
+// canonical form, and the unmatched route's.
+var eqCanonical = []string{"/users/{id}", "/login", "/files/{...}", "/reports", "/any", "/admin/stats"}
+
+func eqLimiter(t *testing.T, rdb redis.UniversalClient, o ratelimit.Observer, opts []ratelimit.Option) *ratelimit.Limiter {
+	t.Helper()
+	routes := map[string]ratelimit.RouteLimits{}
+	for _, d := range eqDeclared {
+		routes[d.template] = ratelimit.RouteLimits{Limits: []ratelimit.Limit{ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named(d.limit)}}
+	}
+	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithObserver(o), ratelimit.WithRoutes(routes)}, opts...)
+	l, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named("ip"),
+		ratelimit.PerMinute(1000, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
+	}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// eqRouters build the app in each router; ran is set to the name of the
+// handler that served the request.
+var eqRouters = []struct {
+	name  string
+	build func(l *ratelimit.Limiter, ran *string) http.Handler
+}{
+	{"net/http", func(l *ratelimit.Limiter, ran *string) http.Handler {
+		mux := http.NewServeMux()
+		for _, rt := range eqRoutes {
+			mux.HandleFunc(rt.mux, func(http.ResponseWriter, *http.Request) { *ran = rt.handler })
+		}
+		return l.Handler(mux)
+	}},
+	{"net/http, per route", func(l *ratelimit.Limiter, ran *string) http.Handler {
+		mux := http.NewServeMux()
+		for _, rt := range eqRoutes {
+			mux.Handle(rt.mux, l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { *ran = rt.handler })))
+		}
+		return mux
+	}},
+	{"chi", func(l *ratelimit.Limiter, ran *string) http.Handler {
+		r := chi.NewRouter()
+		r.Use(middleware.GetHead, chiratelimit.Middleware(l))
+		chiRoutes(r, ran)
+		return r
+	}},
+	{"chi, GetHead after", func(l *ratelimit.Limiter, ran *string) http.Handler {
+		r := chi.NewRouter()
+		r.Use(chiratelimit.Middleware(l), middleware.GetHead)
+		chiRoutes(r, ran)
+		return r
+	}},
+	{"echo", func(l *ratelimit.Limiter, ran *string) http.Handler {
+		e := echo.New()
+		e.Use(echoratelimit.Middleware(l))
+		for _, rt := range eqRoutes {
+			h := func(echo.Context) error { *ran = rt.handler; return nil }
+			if rt.methods[0] == "*" {
+				e.Any(rt.echo, h)
+				continue
+			}
+			for _, m := range rt.methods {
+				e.Add(m, rt.echo, h)
+			}
+		}
+		return e
+	}},
+	{"gin", func(l *ratelimit.Limiter, ran *string) http.Handler {
+		gin.SetMode(gin.ReleaseMode)
+		g := gin.New()
+		g.Use(ginratelimit.Middleware(l))
+		for _, rt := range eqRoutes {
+			h := func(*gin.Context) { *ran = rt.handler }
+			if rt.methods[0] == "*" {
+				g.Any(rt.gin, h)
+				continue
+			}
+			for _, m := range rt.methods {
+				g.Handle(m, rt.gin, h)
+			}
+		}
+		return g
+	}},
+}
+
+// chiRoutes adds the routes to a chi router, /admin in a sub-router.
+func chiRoutes(r chi.Router, ran *string) {
+	for _, rt := range eqRoutes {
+		h := func(http.ResponseWriter, *http.Request) { *ran = rt.handler }
+		switch {
+		case rt.handler == "admin":
+			r.Route("/admin", func(r chi.Router) { r.Get("/stats", h) })
+		case rt.methods[0] == "*":
+			r.Handle(rt.chi, http.HandlerFunc(h))
+		default:
+			for _, m := range rt.methods {
+				if m != http.MethodHead { // GetHead serves HEAD with the GET handler
+					r.MethodFunc(m, rt.chi, h)
+				}
+			}
+		}
+	}
+}
+
+// eqMethods are the methods requests are sent with: HTTP's, in other
+// spellings, and made up.
+var eqMethods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE",
+	"get", "Head", "PROPFIND", "FOO"}
+
+// eqShapes rewrite a path into another shape of it; tok is a string the
+// request's path alone holds, to find it in Redis's keys.
+var eqShapes = []struct {
+	name  string
+	shape func(rng *rand.Rand, p, tok string) string
+}{
+	{"as is", func(_ *rand.Rand, p, _ string) string { return p }},
+	{"trailing slash", func(_ *rand.Rand, p, _ string) string { return p + "/" }},
+	{"double slash", func(rng *rand.Rand, p, _ string) string {
+		i := slashes(p)[rng.IntN(len(slashes(p)))]
+		return p[:i] + "/" + p[i:]
+	}},
+	{"percent-encoded", func(rng *rand.Rand, p, _ string) string {
+		i := 1 + rng.IntN(len(p)-1)
+		if p[i] == '/' {
+			return p
+		}
+		return p[:i] + fmt.Sprintf("%%%02X", p[i]) + p[i+1:]
+	}},
+	{"dot segments", func(rng *rand.Rand, p, tok string) string {
+		if rng.IntN(2) == 0 {
+			return "/" + tok + "/.." + p
+		}
+		return strings.Replace(p, "/", "/./", 1)
+	}},
+	{"upper case", func(_ *rand.Rand, p, _ string) string { return strings.ToUpper(p) }},
+	{"extra segment", func(_ *rand.Rand, p, tok string) string { return p + "/" + tok }},
+	{"parameter", func(_ *rand.Rand, p, tok string) string {
+		// a parameter's value that chi's regexp refuses, or a path made
+		// up: the client's choice.
+		return strings.Replace(p, "42", tok, 1)
+	}},
+	{"made up", func(_ *rand.Rand, _, tok string) string { return "/" + tok + "/x" }},
+}
+
+func slashes(p string) (at []int) {
+	for i := range p {
+		if p[i] == '/' {
+			at = append(at, i)
+		}
+	}
+	return at
+}
+
+// eqObserver records the limits each decision consulted.
+type eqObserver struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (o *eqObserver) Observe(res ratelimit.Result, _ error, _ time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, lr := range res.Limits {
+		if !lr.Skipped {
+			o.names = append(o.names, lr.Name)
+		}
+	}
+}
+
+func (o *eqObserver) take() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := o.names
+	o.names = nil
+	slices.Sort(n)
+	return slices.Compact(n)
+}
+
+// eqOutcome is what one request did in one router.
+type eqOutcome struct {
+	router  string
+	status  int
+	handler string   // the handler that ran, "" if none
+	limits  []string // the limits that decided it
+	keys    []string // the Redis keys it left
+}
+
+func (o eqOutcome) String() string {
+	return fmt.Sprintf("%s: %d handler %q limits %q keys %q", o.router, o.status, o.handler, o.limits, o.keys)
+}
+
+// TestEquivalence sends every generated request to every router's app,
+// built from the same declarations, and checks that
+//   - the routers that ran the same handler decided the request with the
+//     same limits and left the same keys, and those are the route's: its
+//     declared limit when the request's method is one it applies to (HEAD
+//     as GET), and a Route key naming its canonical template;
+//   - a request no handler ran left no key of its own: every key names a
+//     declared route or the unmatched one, never the path;
+//   - the route memo holds no entry per path.
+//
+// Requests are generated, not picked: every method of eqMethods against
+// every route's path and a made-up one, in every shape of eqShapes, whose
+// details (where to encode, double a slash, the path's own token) a
+// seeded generator draws (printed; set RATELIMIT_EQ_SEED to replay).
+func TestEquivalence(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv("RATELIMIT_EQ_SEED"); v != "" {
+		var err error
+		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("seed %d (RATELIMIT_EQ_SEED replays it)", seed)
+	memo := route.CacheLen()
+	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+		ctx := context.Background()
+		rng := rand.New(rand.NewPCG(seed, 2))
+		obs := &eqObserver{}
+		var ran string
+		apps := make([]http.Handler, len(eqRouters))
+		for i, rt := range eqRouters {
+			apps[i] = rt.build(eqLimiter(t, rdb, obs, opts), &ran)
+		}
+		paths := []string{"/nope"}
+		for _, rt := range eqRoutes {
+			paths = append(paths, rt.example)
+		}
+		sent, compared := 0, 0
+		for _, p := range paths {
+			for _, method := range eqMethods {
+				for _, s := range rng.Perm(len(eqShapes)) {
+					tok := fmt.Sprintf("t%x", rng.Uint64())
+					path := eqShapes[s].shape(rng, p, tok)
+					desc := fmt.Sprintf("%s %s (shape %q of %s, seed %d)", method, path, eqShapes[s].name, p, seed)
+					var outs []eqOutcome
+					for i, app := range apps {
+						if err := rdb.FlushAll(ctx).Err(); err != nil {
+							t.Fatal(err)
+						}
+						obs.take()
+						ran = ""
+						r := httptest.NewRequest(http.MethodGet, "/", nil)
+						r.Method = method
+						r.URL, _ = url.Parse(path)
+						r.RequestURI = path
+						r.RemoteAddr = "192.0.2.1:1234"
+						w := httptest.NewRecorder()
+						app.ServeHTTP(w, r)
+						keys, err := rdb.Keys(ctx, "*").Result()
+						if err != nil {
+							t.Fatal(err)
+						}
+						slices.Sort(keys)
+						outs = append(outs, eqOutcome{router: eqRouters[i].name, status: w.Code, handler: ran, limits: obs.take(), keys: keys})
+						sent++
+					}
+					compared += checkOutcomes(t, desc, method, tok, outs)
+				}
+			}
+		}
+		t.Logf("%d requests sent, %d decisions compared across routers", sent, compared)
+		if compared < 100 {
+			t.Errorf("only %d decisions compared: the generator reaches too few handlers", compared)
+		}
+	})
+	if n := route.CacheLen(); n > memo+len(eqRoutes)*2 {
+		t.Errorf("the route memo grew from %d to %d entries: an entry per path", memo, n)
+	}
+}
+
+// checkOutcomes checks one request's outcomes in every router and returns
+// how many it compared with another router's.
+func checkOutcomes(t *testing.T, desc, method, tok string, outs []eqOutcome) int {
+	t.Helper()
+	compared := 0
+	byHandler := map[string]eqOutcome{}
+	for _, o := range outs {
+		// No key of the path, whatever ran.
+		for _, k := range o.keys {
+			if !allowedKey(k) || strings.Contains(k, tok) {
+				t.Errorf("%s\n  %v\n  left a key of its own: %q", desc, o, k)
+			}
+		}
+		if o.handler == "" {
+			continue
+		}
+		if want := wantLimits(o.handler, method); !slices.Equal(o.limits, want) {
+			t.Errorf("%s\n  %v\n  want limits %q", desc, o, want)
+		}
+		if first, ok := byHandler[o.handler]; ok {
+			compared++
+			if !slices.Equal(first.limits, o.limits) || !slices.Equal(first.keys, o.keys) {
+				t.Errorf("%s: the same handler, decided differently:\n  %v\n  %v", desc, first, o)
+			}
+		} else {
+			byHandler[o.handler] = o
+		}
+	}
+	return compared
+}
+
+// wantLimits returns the limits that decide a request that handler serves.
+func wantLimits(handler, method string) []string {
+	want := []string{"ip", "route"}
+	for _, d := range eqDeclared {
+		if d.limit == handler && (d.methods == nil || slices.Contains(d.methods, method)) {
+			want = append(want, d.limit)
+		}
+	}
+	slices.Sort(want)
+	return want
+}
+
+// allowedKey reports whether k is a key the app may create: a per-IP
+// limit's, or the route limit's for a method and a declared template, or
+// for the unmatched route.
+func allowedKey(k string) bool {
+	if id, ok := strings.CutPrefix(k, "ratelimit:route:{192.0.2.1|"); ok {
+		id, ok = strings.CutSuffix(id, "}")
+		tmpl, err := url.PathUnescape(id)
+		if !ok || err != nil {
+			return false
+		}
+		if tmpl == ratelimit.UnmatchedRoute {
+			return true
+		}
+		m, p, _ := strings.Cut(tmpl, " ")
+		return slices.Contains([]string{"GET", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE", "*"}, m) &&
+			slices.Contains(eqCanonical, p)
+	}
+	name, ok := strings.CutSuffix(strings.TrimPrefix(k, "ratelimit:"), ":{192.0.2.1}")
+	return ok && (name == "ip" || slices.ContainsFunc(eqDeclared, func(d struct {
+		template, limit string
+		methods         []string
+	}) bool {
+		return d.limit == name
+	}))
+}
