@@ -363,11 +363,12 @@ func (s *modelState) decide(keys, ids []string, n int, now int64, split, peek bo
 
 // refund is rule 3: the first refund of an admitted Result removes its
 // entries (those still there: up to its cost of its time in each log it
-// was logged in, entries of one time being interchangeable); any later
+// was logged in, entries of one time being interchangeable; none if only
+// shadow limits without room counted it); any later
 // refund, or one of a Result that was not admitted, removes nothing and
 // must fail with ErrNotRefundable. It reports whether it must fail.
 func (s *modelState) refund(is *issuedResult) (wantErr bool) {
-	if is.refunded || is.placed == nil {
+	if is.refunded || !is.admitted {
 		return true
 	}
 	for _, p := range is.placed {

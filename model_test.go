@@ -95,15 +95,18 @@ func runModel(t *testing.T, env modelEnv) {
 	if len(off) > 0 {
 		t.Logf("dimensions left out: %v", *modelOff)
 	}
-	steps := 0
+	steps, seen := 0, map[string]int{}
 	rapid.Check(t, func(rt *rapid.T) {
 		m := newModelRun(rt, env, off, admin, plain, ring)
 		for range env.repeats {
 			rt.Repeat(m.actions())
 		}
 		steps += m.steps
+		for k, v := range m.seen {
+			seen[k] += v
+		}
 	})
-	t.Logf("%d steps (with the shrinking runs, if any)", steps)
+	t.Logf("%d steps (with the shrinking runs, if any); seen: %v", steps, seen)
 	defaults := flag.Lookup("rapid.steps").Value.String() == "30" && flag.Lookup("rapid.checks").Value.String() == "100"
 	if env.minSteps > 0 && defaults && !testing.Short() && !t.Failed() && steps < env.minSteps {
 		t.Errorf("%d steps; want at least %d", steps, env.minSteps)
@@ -125,12 +128,14 @@ type modelRun struct {
 	model  modelState
 	issued []*issuedResult // Results an Allow returned, for refunds
 	steps  int
+	seen   map[string]int // how often the model saw each case, for the log
 }
 
 // issuedResult is a Result of Allow and what the model logged for it.
 type issuedResult struct {
 	res      Result
-	placed   []placed // nil if it was not admitted
+	admitted bool     // in the model
+	placed   []placed // where the model logged it
 	refunded bool
 	desc     string
 }
@@ -142,7 +147,7 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 	if err := admin.FlushAll(ctx).Err(); err != nil {
 		rt.Fatal(err)
 	}
-	m := &modelRun{env: env, off: off, admin: admin, ids: []string{"a", "b", "c", "d"}}
+	m := &modelRun{env: env, off: off, admin: admin, ids: []string{"a", "b", "c", "d"}, seen: map[string]int{}}
 	m.model = modelState{logs: map[logRef]*modelLog{}, foreign: map[string]string{}}
 	n := rapid.IntRange(1, 4).Draw(rt, "limits")
 	var limits []Limit
@@ -266,7 +271,7 @@ func (m *modelRun) allow(rt *rapid.T) {
 	res, err := m.lims[k].Allow(context.Background(), ids, cost)
 	desc := fmt.Sprintf("Allow(%q, %d) on instance %d at %d", ids, cost, k, m.now[k])
 	m.compare(rt, desc, res, err, want)
-	m.issued = append(m.issued, &issuedResult{res: res, placed: want.placed, desc: desc})
+	m.issued = append(m.issued, &issuedResult{res: res, admitted: want.allowed && !want.err, placed: want.placed, desc: desc})
 }
 
 func (m *modelRun) status(rt *rapid.T) {
@@ -321,7 +326,7 @@ func (m *modelRun) concurrent(rt *rapid.T) {
 	for _, c := range calls {
 		desc := fmt.Sprintf("concurrent Allow(%q, %d) on instance %d at %d", c.ids, c.cost, k, m.now[k])
 		m.compare(rt, desc, c.res, c.err, c.want)
-		m.issued = append(m.issued, &issuedResult{res: c.res, placed: c.want.placed, desc: desc})
+		m.issued = append(m.issued, &issuedResult{res: c.res, admitted: c.want.allowed && !c.want.err, placed: c.want.placed, desc: desc})
 	}
 }
 
@@ -501,9 +506,40 @@ func (m *modelRun) snapshot(rt *rapid.T, keys []string) string {
 	return b.String()
 }
 
+// count counts the cases the model decided.
+func (m *modelRun) count(o modelOutcome) {
+	switch {
+	case o.err:
+		m.seen["foreign error"]++
+		return
+	case o.allowed:
+		m.seen["admitted"]++
+	default:
+		m.seen["denied"]++
+	}
+	for i, v := range o.limits {
+		l := m.model.limits[i]
+		switch {
+		case !v.consulted:
+			m.seen["skipped (split)"]++
+		case v.at > l.stamp(o.now):
+			m.seen["out of order"]++
+		case l.quota > 256 && v.count > 64:
+			m.seen["large log read in ranges"]++
+		}
+		if v.consulted && !v.room && l.shadow {
+			m.seen["shadow without room"]++
+		}
+	}
+	if !o.allowed && len(o.limits) > 1 && m.split {
+		m.seen["denied when split"]++
+	}
+}
+
 // compare checks a decision's Result and error against the model's.
 func (m *modelRun) compare(rt *rapid.T, desc string, res Result, err error, want modelOutcome) {
 	rt.Helper()
+	m.count(want)
 	if want.err {
 		if err == nil {
 			rt.Fatalf("%s: no error; the model says key %s holds another program's data", desc, want.foreignKey)
