@@ -198,7 +198,13 @@ func drawModelLimit(rt *rapid.T, i int, minWindow time.Duration, buckets bool) m
 	min := minWindow.Microseconds()
 	if buckets && rapid.IntRange(0, 2).Draw(rt, "bucketed") == 0 {
 		ml.bucketed = true
-		p := rapid.SampledFrom([]int64{1e3, 7e3, 1e5, 1e6, 6e7, 9e8}).Draw(rt, "precision")
+		var precisions []int64 // those that make a window of min or more of at most 1,024 buckets
+		for _, p := range []int64{1e3, 7e3, 1e5, 1e6, 6e7, 9e8} {
+			if p*maxBuckets >= min {
+				precisions = append(precisions, p)
+			}
+		}
+		p := rapid.SampledFrom(precisions).Draw(rt, "precision")
 		lo := max(1, (min+p-1)/p)
 		ml.unit = p
 		ml.window = p * rapid.Int64Range(lo, max(lo, 1024)).Draw(rt, "buckets")
@@ -362,6 +368,7 @@ func (m *modelRun) clock(rt *rapid.T) {
 	for i := range m.clocks {
 		m.clocks[i].Set(time.UnixMicro(m.now[i]))
 	}
+	rt.Logf("step %d: clocks at %d and %d", m.steps, m.now[0], m.now[1])
 }
 
 // refund refunds a Result an Allow returned: one of the latest, or any.
@@ -384,6 +391,7 @@ func (m *modelRun) refund(rt *rapid.T) {
 	k := rapid.IntRange(0, 1).Draw(rt, "instance")
 	err := m.lims[k].Refund(context.Background(), is.res)
 	wantErr := m.model.refund(is)
+	rt.Logf("step %d: Refund of %s (refunded before: %v) on instance %d -> %v; the model removes %v", m.steps, is.desc, is.refunded, k, err, !wantErr)
 	switch {
 	case wantErr && !errors.Is(err, ErrNotRefundable):
 		rt.Fatalf("Refund of %s (refunded before: %v): %v; want ErrNotRefundable", is.desc, is.refunded, err)
@@ -400,6 +408,7 @@ func (m *modelRun) reset(rt *rapid.T) {
 	ids := m.drawIDs(rt)
 	wantErr := m.model.reset(m.keysOf(ids), ids)
 	err := m.lims[k].Reset(context.Background(), ids)
+	rt.Logf("step %d: Reset(%q) on instance %d -> %v", m.steps, ids, k, err)
 	if (err != nil) != wantErr {
 		rt.Fatalf("Reset(%q): %v; want an error: %v", ids, err, wantErr)
 	}
@@ -430,6 +439,7 @@ func (m *modelRun) foreign(rt *rapid.T) {
 		rt.Fatal(err)
 	}
 	m.model.takeOver(key, kind, m.refsAt(key))
+	rt.Logf("step %d: another program writes a %s at %s", m.steps, kind, key)
 }
 
 // clean has the other program delete its data.
@@ -448,6 +458,7 @@ func (m *modelRun) clean(rt *rapid.T) {
 		rt.Fatal(err)
 	}
 	delete(m.model.foreign, key)
+	rt.Logf("step %d: another program deletes %s", m.steps, key)
 }
 
 // keyOf returns the Redis key of a log, under the default prefix: an
@@ -540,6 +551,7 @@ func (m *modelRun) count(o modelOutcome) {
 func (m *modelRun) compare(rt *rapid.T, desc string, res Result, err error, want modelOutcome) {
 	rt.Helper()
 	m.count(want)
+	rt.Logf("step %d: %s -> allowed %v, err %v; %s", m.steps, desc, res.Allowed, err, want)
 	if want.err {
 		if err == nil {
 			rt.Fatalf("%s: no error; the model says key %s holds another program's data", desc, want.foreignKey)
