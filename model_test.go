@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -86,6 +87,9 @@ func runModel(t *testing.T, env modelEnv) {
 	plain := redis.NewClient(&redis.Options{Addr: env.addr, ContextTimeoutEnabled: true})
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": env.addr}, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = admin.Close(); _ = plain.Close(); _ = ring.Close() })
+	gate := &batchGate{}
+	plain.AddHook(gate)
+	ring.AddHook(gate)
 	off := map[string]bool{}
 	for _, d := range strings.Split(*modelOff, ",") {
 		if d != "" {
@@ -98,6 +102,7 @@ func runModel(t *testing.T, env modelEnv) {
 	steps, seen := 0, map[string]int{}
 	rapid.Check(t, func(rt *rapid.T) {
 		m := newModelRun(rt, env, off, admin, plain, ring)
+		m.gate = gate
 		for range env.repeats {
 			rt.Repeat(m.actions())
 		}
@@ -123,6 +128,7 @@ type modelRun struct {
 	clocks [2]*testClock
 	now    [2]int64 // the clocks, in Unix microseconds
 	split  bool     // decided group by group (as on a Cluster)
+	gate   *batchGate
 	ids    []string // identifiers the steps draw from
 
 	model  modelState
@@ -320,15 +326,43 @@ func (m *modelRun) concurrent(rt *rapid.T) {
 		c.want = m.model.decide(m.keysOf(c.ids), c.ids, c.cost, m.now[k], m.split, false)
 		calls[j] = c
 	}
+	// Every sender of the instance's batcher busy with a decision held at
+	// the client (on identifiers the model does not use), the calls queue
+	// up and go out together once the gate opens.
 	var wg sync.WaitGroup
+	m.gate.arm()
+	blockers := max(2, runtime.GOMAXPROCS(0)) // internal/slidinglog's maxBatches
+	blockErrs := make([]error, blockers)
+	for b := range blockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ids := slices.Repeat([]string{fmt.Sprintf("blocker%d", b)}, len(m.model.limits))
+			_, blockErrs[b] = m.lims[k].Allow(context.Background(), ids, 1)
+		}()
+		m.gate.entered(rt)
+	}
+	queued := make(chan struct{}, n)
 	for _, c := range calls {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c.res, c.err = m.lims[k].Allow(context.Background(), c.ids, c.cost)
+			c.res, c.err = m.lims[k].Allow(&queuedCtx{Context: context.Background(), queued: queued}, c.ids, c.cost)
 		}()
 	}
+	for range calls {
+		select {
+		case <-queued:
+		case <-time.After(10 * time.Second):
+			// The library no longer waits on ctx.Done once it has queued a
+			// call: the calls may go out in several batches.
+		}
+	}
+	m.gate.open()
 	wg.Wait()
+	if err := errors.Join(blockErrs...); err != nil {
+		rt.Fatalf("decisions of identifiers the model does not use: %v", err)
+	}
 	for _, c := range calls {
 		desc := fmt.Sprintf("concurrent Allow(%q, %d) on instance %d at %d", c.ids, c.cost, k, m.now[k])
 		m.compare(rt, desc, c.res, c.err, c.want)
@@ -610,4 +644,83 @@ func (m *modelRun) compare(rt *rapid.T, desc string, res Result, err error, want
 	} else if retry < want.retryAfter {
 		rt.Fatalf("%s: Retry-After %dµs, %dµs before the model's %dµs (%s)", desc, retry, want.retryAfter-retry, want.retryAfter, want)
 	}
+}
+
+// batchGate is a client hook that holds the library's calls while it is
+// armed, so that TestModel can keep every sender of a batcher busy and
+// have the decisions that follow go out in one batch.
+type batchGate struct {
+	mu      sync.Mutex
+	armed   bool
+	release chan struct{}
+	calls   chan struct{} // receives when a call is held
+}
+
+func (g *batchGate) arm() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.armed, g.release, g.calls = true, make(chan struct{}), make(chan struct{}, 64)
+}
+
+// entered waits until a call is held.
+func (g *batchGate) entered(rt *rapid.T) {
+	select {
+	case <-g.calls:
+	case <-time.After(10 * time.Second): // a call that never reached Redis: the batch may be split
+		rt.Logf("no call held by the gate in 10s")
+	}
+}
+
+func (g *batchGate) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.armed = false
+	close(g.release)
+}
+
+// hold holds cmds if they run the library and the gate is armed.
+func (g *batchGate) hold(cmds ...redis.Cmder) {
+	lib := false
+	for _, c := range cmds {
+		switch c.Name() {
+		case "fcall", "evalsha", "eval":
+			lib = true
+		}
+	}
+	g.mu.Lock()
+	armed, release, calls := g.armed, g.release, g.calls
+	g.mu.Unlock()
+	if lib && armed {
+		calls <- struct{}{}
+		<-release
+	}
+}
+
+func (g *batchGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *batchGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		g.hold(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (g *batchGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		g.hold(cmds...)
+		return next(ctx, cmds)
+	}
+}
+
+// queuedCtx reports the first time a decision waits on it: the library
+// has queued the decision's call by then.
+type queuedCtx struct {
+	context.Context
+	once   sync.Once
+	queued chan<- struct{}
+}
+
+func (c *queuedCtx) Done() <-chan struct{} {
+	c.once.Do(func() { c.queued <- struct{}{} })
+	return c.Context.Done()
 }
