@@ -193,7 +193,8 @@ func (l modelLimit) judge(g *modelLog, now int64, n int) verdict {
 	v.view, v.at = l.logTime(g, now)
 	v.count = l.count(g, v.view)
 	v.room = v.count+n <= l.quota
-	v.latest = max(now, v.view, v.at) + l.window
+	newest, _ := g.newest()
+	v.latest = max(now, v.view, v.at, newest) + l.window
 	switch {
 	case !v.room && n > l.quota:
 		v.never, v.reset = true, now+l.window

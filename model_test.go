@@ -236,6 +236,7 @@ func maxInt64(a, b int64) int64 {
 // actions returns the steps rapid draws from.
 func (m *modelRun) actions() map[string]func(*rapid.T) {
 	a := map[string]func(*rapid.T){
+		"":       m.check,
 		"Allow":  m.allow,
 		"Allow2": m.allow, // decisions are the common step
 		"Status": m.status,
@@ -251,6 +252,16 @@ func (m *modelRun) actions() map[string]func(*rapid.T) {
 		a["Concurrent"] = m.concurrent
 	}
 	return a
+}
+
+// check runs after every step: nothing the limiter failed to take back
+// stays counted.
+func (m *modelRun) check(rt *rapid.T) {
+	for k, l := range m.lims {
+		if n := l.Unreverted(); n != 0 {
+			rt.Fatalf("instance %d: Unreverted() = %d", k, n)
+		}
+	}
 }
 
 // drawCost draws a request's cost: mostly small, sometimes large (up to
@@ -659,7 +670,7 @@ type batchGate struct {
 func (g *batchGate) arm() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.armed, g.release, g.calls = true, make(chan struct{}), make(chan struct{}, 64)
+	g.armed, g.release, g.calls = true, make(chan struct{}), make(chan struct{}, 1024)
 }
 
 // entered waits until a call is held.
@@ -723,4 +734,13 @@ type queuedCtx struct {
 func (c *queuedCtx) Done() <-chan struct{} {
 	c.once.Do(func() { c.queued <- struct{}{} })
 	return c.Context.Done()
+}
+
+// TestModelUnit: the model's unit of an exact log is the library's.
+func TestModelUnit(t *testing.T) {
+	for _, w := range []int64{1000, 1001, 8192, 8193, 16384, 16385, 40960, 40961, 1e6, 6e7, 36e8, 3 * 36e8, 366 * 24 * 36e8} {
+		if got, want := unitOf(w), timeUnit(time.Duration(w)*time.Microsecond); got != want {
+			t.Errorf("window %dµs: the model's unit %dµs, the library's %dµs", w, got, want)
+		}
+	}
 }
