@@ -1,0 +1,404 @@
+package ratelimit
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// The reference model of TestModel: what the limiter must do, in plain Go,
+// one small function per rule. A log is a list of entry times per limit
+// and identifier; times are Unix microseconds.
+
+// modelLimit is a limit as the model sees it.
+type modelLimit struct {
+	name     string
+	quota    int
+	window   int64 // µs
+	unit     int64 // an exact log's time unit; a bucketed limit's precision
+	bucketed bool
+	shadow   bool // checked and reported, never denies
+	global   bool // counted by a Global key: its group comes last when split
+}
+
+func (l modelLimit) String() string {
+	kind := "exact"
+	if l.bucketed {
+		kind = "buckets"
+	}
+	s := fmt.Sprintf("%s:%s q=%d w=%dµs unit=%dµs", l.name, kind, l.quota, l.window, l.unit)
+	if l.shadow {
+		s += " shadow"
+	}
+	if l.global {
+		s += " global"
+	}
+	return s
+}
+
+// unitOf is an exact log's time unit for a window, as limit.go documents
+// it: the smallest of 1, 2 and 5 times a power of ten microseconds that is
+// at least window/8192.
+func unitOf(window int64) int64 {
+	for p := int64(1); ; p *= 10 {
+		for _, m := range []int64{1, 2, 5} {
+			if m*p*8192 >= window {
+				return m * p
+			}
+		}
+	}
+}
+
+// logRef names a log: a limit and an identifier.
+type logRef struct {
+	limit int
+	id    string
+}
+
+// modelLog is a log: runs of entries of one time, oldest first.
+type modelLog struct{ runs []run }
+
+type run struct {
+	t int64 // the entries' time
+	n int   // how many
+}
+
+// newest returns the time of the newest entry, and whether there is one.
+func (g *modelLog) newest() (int64, bool) {
+	if len(g.runs) == 0 {
+		return 0, false
+	}
+	return g.runs[len(g.runs)-1].t, true
+}
+
+// add logs n entries of time t.
+func (g *modelLog) add(t int64, n int) {
+	i, found := slices.BinarySearchFunc(g.runs, t, func(r run, t int64) int { return cmpInt64(r.t, t) })
+	if found {
+		g.runs[i].n += n
+		return
+	}
+	g.runs = slices.Insert(g.runs, i, run{t, n})
+}
+
+// remove removes up to n entries of time t, and returns how many it removed.
+func (g *modelLog) remove(t int64, n int) int {
+	i, found := slices.BinarySearchFunc(g.runs, t, func(r run, t int64) int { return cmpInt64(r.t, t) })
+	if !found {
+		return 0
+	}
+	k := min(n, g.runs[i].n)
+	if g.runs[i].n -= k; g.runs[i].n == 0 {
+		g.runs = slices.Delete(g.runs, i, i+1)
+	}
+	return k
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// stamp is the time a request at now is logged at when its log has no
+// later entry: an exact log rounds it up to its unit (an entry counts up to
+// a unit longer than its window, never shorter); a bucketed limit counts it
+// in its bucket, from the bucket's start.
+func (l modelLimit) stamp(now int64) int64 {
+	if l.bucketed {
+		return now - floorMod(now, l.unit)
+	}
+	return now + floorMod(-now, l.unit)
+}
+
+func floorMod(a, b int64) int64 {
+	m := a % b
+	if m < 0 {
+		m += b
+	}
+	return m
+}
+
+// logTime is rule 1, a log's time never runs backwards: a request at now
+// on a log whose newest entry is later than the request's stamp is
+// decided at that entry's time (view) and logged there (at). Otherwise the
+// window is seen from now (an exact log) or from now's bucket (a bucketed
+// limit, whose window is whole buckets), and the request logged at its
+// stamp.
+func (l modelLimit) logTime(g *modelLog, now int64) (view, at int64) {
+	at = l.stamp(now)
+	if newest, ok := g.newest(); ok && newest > at {
+		return newest, newest
+	}
+	if l.bucketed {
+		return at, at
+	}
+	return now, at
+}
+
+// alive says whether an entry of time t is in the window seen from view:
+// it leaves the window at t + window.
+func (l modelLimit) alive(t, view int64) bool { return t+l.window > view }
+
+// count returns how many entries of g are in the window seen from view.
+func (l modelLimit) count(g *modelLog, view int64) int {
+	c := 0
+	for _, r := range g.runs {
+		if l.alive(r.t, view) {
+			c += r.n
+		}
+	}
+	return c
+}
+
+// leaves returns when the k-th oldest entry in the window seen from view
+// (from 1) leaves it: when k units of cost have been freed.
+func (l modelLimit) leaves(g *modelLog, view int64, k int) int64 {
+	for _, r := range g.runs {
+		if !l.alive(r.t, view) {
+			continue
+		}
+		if k <= r.n {
+			return r.t + l.window
+		}
+		k -= r.n
+	}
+	panic("model: fewer entries in the window than counted")
+}
+
+// verdict is one limit's part of a decision.
+type verdict struct {
+	consulted bool
+	count     int   // entries in the window before the request
+	room      bool  // count + cost fits the quota
+	never     bool  // the cost exceeds the quota: it never fits
+	reset     int64 // the earliest Reset the limit may report
+	latest    int64 // the latest: a window after the log's time
+	remaining int
+	view, at  int64 // the log's time, and where the request is logged
+}
+
+// judge decides a request of cost n at now in limit l with log g, before
+// anything is logged. Reset (see library.lua): without room, when enough
+// entries have left for the request to fit (never, if the cost exceeds
+// the quota: a window after now is reported); with room, when the oldest
+// entry leaves, or now if there is none (the request's own entries' when
+// it is logged: see logged).
+func (l modelLimit) judge(g *modelLog, now int64, n int) verdict {
+	v := verdict{consulted: true}
+	v.view, v.at = l.logTime(g, now)
+	v.count = l.count(g, v.view)
+	v.room = v.count+n <= l.quota
+	newest, _ := g.newest()
+	v.latest = max(now, v.view, v.at, newest) + l.window
+	switch {
+	case !v.room && n > l.quota:
+		v.never, v.reset = true, now+l.window
+	case !v.room:
+		v.reset = l.leaves(g, v.view, v.count+n-l.quota)
+	case v.count > 0:
+		v.reset = l.leaves(g, v.view, 1)
+	default:
+		v.reset = now
+	}
+	v.remaining = max(l.quota-v.count, 0)
+	return v
+}
+
+// logged updates v for a request of cost n logged in the limit: its
+// entries count, and an empty window's reset is when they leave.
+func (l modelLimit) logged(v *verdict, n int) {
+	v.remaining = max(l.quota-v.count-n, 0)
+	if v.count == 0 {
+		v.reset = v.at + l.window
+	}
+}
+
+// modelState is the model: every log, and the keys another program holds.
+type modelState struct {
+	limits  []modelLimit
+	logs    map[logRef]*modelLog
+	foreign map[string]string // key -> "hash" or "string": another program's data
+}
+
+func (s *modelState) log(r logRef) *modelLog {
+	g := s.logs[r]
+	if g == nil {
+		g = &modelLog{}
+		s.logs[r] = g
+	}
+	return g
+}
+
+// placed is where a request was logged: n entries of time t in a log.
+type placed struct {
+	ref logRef
+	t   int64
+	n   int
+}
+
+// modelOutcome is the model's decision of one request.
+type modelOutcome struct {
+	err        bool   // a key the request needs holds foreign data
+	foreignKey string // the first such key
+	allowed    bool
+	now, cost  int64
+	limits     []verdict
+	never      bool  // an enforced limit that denies can never fit the cost
+	retryAfter int64 // the least Retry-After, µs
+	placed     []placed
+	why        string // the model's verdicts, for messages
+	// limitShadow says which limits are shadow limits.
+	limitShadow []bool
+}
+
+func (o modelOutcome) String() string { return o.why }
+
+// denies says whether limit i denies the request in the model.
+func (o modelOutcome) denies(i int) bool {
+	v := o.limits[i]
+	return v.consulted && !v.room && !o.limitShadow[i]
+}
+
+// groups returns the limits in the groups a request is decided in: all at
+// once on one Redis; split (as on a Cluster), one group per identifier
+// (hash tag) in the order of their first limits, those of the groups led
+// by a Global key last (plan.groups).
+func (s *modelState) groups(ids []string, split bool) [][]int {
+	all := make([]int, len(ids))
+	for i := range all {
+		all[i] = i
+	}
+	if !split {
+		return [][]int{all}
+	}
+	var groups [][]int
+	placed := make([]bool, len(ids))
+	for pass := range 2 {
+		for i := range ids {
+			if placed[i] || s.limits[i].global != (pass == 1) {
+				continue
+			}
+			g := []int{i}
+			placed[i] = true
+			for j := i + 1; j < len(ids); j++ {
+				if !placed[j] && ids[j] == ids[i] {
+					g, placed[j] = append(g, j), true
+				}
+			}
+			groups = append(groups, g)
+		}
+	}
+	return groups
+}
+
+// decide decides a request of cost n at now over the logs of ids (whose
+// Redis keys are keys), and logs it unless peek. Rule 2: a group whose
+// key holds foreign data fails the decision, which then logs nothing;
+// when split, the groups after one that denies are not consulted, except
+// by a peek, which asks them all. Rule 4: a request is logged in every
+// enforced limit or in none; a shadow limit without room logs nothing and
+// never denies.
+func (s *modelState) decide(keys, ids []string, n int, now int64, split, peek bool) modelOutcome {
+	o := modelOutcome{now: now, cost: int64(n), limits: make([]verdict, len(ids)), allowed: true}
+	o.limitShadow = make([]bool, len(ids))
+	for i := range ids {
+		o.limitShadow[i] = s.limits[i].shadow
+	}
+	for _, g := range s.groups(ids, split) {
+		for _, i := range g {
+			if kind := s.foreign[keys[i]]; kind != "" {
+				o.err, o.foreignKey = true, keys[i]
+				return o
+			}
+		}
+		denied := false
+		for _, i := range g {
+			o.limits[i] = s.limits[i].judge(s.log(logRef{i, ids[i]}), now, n)
+			denied = denied || !o.limits[i].room && !s.limits[i].shadow
+		}
+		if denied {
+			o.allowed = false
+			if !peek {
+				break
+			}
+		}
+	}
+	if !o.allowed {
+		// Retry-After: when every enforced limit that denies has room; 0
+		// if one never will.
+		for i, v := range o.limits {
+			if o.denies(i) {
+				o.never = o.never || v.never
+				o.retryAfter = max(o.retryAfter, v.reset-now)
+			}
+		}
+	}
+	if o.allowed && !peek {
+		for i, id := range ids {
+			v := &o.limits[i]
+			if !v.room { // a shadow limit without room
+				continue
+			}
+			s.log(logRef{i, id}).add(v.at, n)
+			s.limits[i].logged(v, n)
+			o.placed = append(o.placed, placed{logRef{i, id}, v.at, n})
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "model: allowed %v;", o.allowed)
+	for i, v := range o.limits {
+		if v.consulted {
+			fmt.Fprintf(&b, " %s[%s] count %d room %v reset>=%d view %d at %d;", s.limits[i].name, ids[i], v.count, v.room, v.reset, v.view, v.at)
+		} else {
+			fmt.Fprintf(&b, " %s not consulted;", s.limits[i].name)
+		}
+	}
+	o.why = b.String()
+	return o
+}
+
+// refund is rule 3: the first refund of an admitted Result removes its
+// entries (those still there: up to its cost of its time in each log it
+// was logged in, entries of one time being interchangeable; none if only
+// shadow limits without room counted it); any later
+// refund, or one of a Result that was not admitted, removes nothing and
+// must fail with ErrNotRefundable. It reports whether it must fail.
+func (s *modelState) refund(is *issuedResult) (wantErr bool) {
+	if is.refunded || !is.admitted {
+		return true
+	}
+	for _, p := range is.placed {
+		s.log(p.ref).remove(p.t, p.n)
+	}
+	return false
+}
+
+// reset is rule 5: Reset forgets the logs of ids, each limit's: an exact
+// log's key is deleted, whatever it holds; a bucketed limit's fields are
+// removed from the identifier's hash, which fails if another program
+// holds the key. It reports whether Reset must fail.
+func (s *modelState) reset(keys, ids []string) (wantErr bool) {
+	for i, id := range ids {
+		if s.limits[i].bucketed && s.foreign[keys[i]] != "" {
+			wantErr = true
+			continue
+		}
+		delete(s.logs, logRef{i, id})
+		delete(s.foreign, keys[i])
+	}
+	return wantErr
+}
+
+// takeOver records that another program wrote key, which held the logs
+// refs: they are gone.
+func (s *modelState) takeOver(key, kind string, refs []logRef) {
+	s.foreign[key] = kind
+	for _, r := range refs {
+		delete(s.logs, r)
+	}
+}

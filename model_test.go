@@ -1,0 +1,746 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"pgregory.net/rapid"
+
+	"github.com/slidinglog/ratelimit/redistest"
+)
+
+// TestModel drives the real limiter (the Lua library in Redis, through
+// Allow, Status, Refund and Reset) and a reference model in plain Go
+// (model.go's rules: a list of timestamps per log) with the same random
+// sequences of steps, and checks after every step that the two agree:
+// admitted or denied, each limit's count (Remaining, Denied) and whether
+// it was consulted; that Reset and Retry-After are never earlier than the
+// model's (nor later than a window after the log's time); that no call
+// errors except where the model says a key holds foreign data; and that
+// nothing stays counted that the model does not count.
+//
+// Each check draws a configuration: one to four limits, exact logs and
+// bucketed, enforced and shadow, windows from 1ms (1 minute on a real
+// server, whose keys expire on its own clock, not on the test's) to 3
+// hours, quotas from 1 to 1,000,000 (both read paths of a log: whole up to
+// 256, in ranges above), on one Redis or split by hash tag as on a
+// Cluster (a one-shard Ring: a request's keys of different identifiers
+// are reserved group by group and rolled back when a later group denies).
+// Two Limiters with clocks of their own (WithClock) share the Redis; the
+// steps are decisions of random costs and identifiers, clock steps
+// forward and back by up to hundreds of windows, refunds (repeated ones
+// too), resets, status calls, another program's data at a key (a hash, a
+// junk string) and its removal, and concurrent decisions on disjoint keys
+// (which the library may batch into one Redis call).
+//
+// Run it alone with
+//
+//	go test -run TestModel -count=1 .
+//	go test -run TestModel/miniredis -count=1 -rapid.checks=1000 -rapid.steps=100 .
+//
+// rapid shrinks a failure to a short sequence of steps and prints it,
+// with the seed and a fail file to replay it:
+//
+//	go test -run 'TestModel/miniredis' -rapid.seed=N .
+//
+// On a real server (redistest.Start; RATELIMIT_SERVER=valkey for Valkey)
+// it runs at least 10,000 steps with the default -rapid.checks and
+// -rapid.steps. -model.off switches dimensions off, for investigating a
+// failure only: every dimension runs by default.
+func TestModel(t *testing.T) {
+	t.Run("miniredis", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		runModel(t, modelEnv{addr: mr.Addr(), minWindow: time.Millisecond, repeats: 2})
+	})
+	t.Run("server", func(t *testing.T) {
+		srv := redistest.Start(t)
+		runModel(t, modelEnv{addr: srv.Addr, minWindow: time.Minute, repeats: 5, minSteps: 10_000})
+	})
+}
+
+// modelOff names dimensions to leave out, for investigating a failure:
+// "clock" (every request in time order, one clock), "isolation" (no
+// concurrent decisions), "refund2" (no repeated refunds), "foreign" (no
+// foreign data), "buckets" (exact logs only), "split" (one Redis call).
+var modelOff = flag.String("model.off", "", "TestModel: comma-separated dimensions to leave out (clock, isolation, refund2, foreign, buckets, split); for investigation only")
+
+// modelEnv is a backend the model test runs on.
+type modelEnv struct {
+	addr      string
+	minWindow time.Duration // shortest window drawn
+	repeats   int           // t.Repeat runs per check
+	minSteps  int           // steps the test must run with the default flags; 0: no minimum
+}
+
+func runModel(t *testing.T, env modelEnv) {
+	admin := redis.NewClient(&redis.Options{Addr: env.addr, ContextTimeoutEnabled: true})
+	plain := redis.NewClient(&redis.Options{Addr: env.addr, ContextTimeoutEnabled: true})
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": env.addr}, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = admin.Close(); _ = plain.Close(); _ = ring.Close() })
+	gate := &batchGate{}
+	plain.AddHook(gate)
+	ring.AddHook(gate)
+	off := map[string]bool{}
+	for _, d := range strings.Split(*modelOff, ",") {
+		if d != "" {
+			off[d] = true
+		}
+	}
+	if len(off) > 0 {
+		t.Logf("dimensions left out: %v", *modelOff)
+	}
+	steps, seen := 0, map[string]int{}
+	rapid.Check(t, func(rt *rapid.T) {
+		m := newModelRun(rt, env, off, admin, plain, ring)
+		m.gate = gate
+		for range env.repeats {
+			rt.Repeat(m.actions())
+		}
+		steps += m.steps
+		for k, v := range m.seen {
+			seen[k] += v
+		}
+	})
+	t.Logf("%d steps (with the shrinking runs, if any); seen: %v", steps, seen)
+	defaults := flag.Lookup("rapid.steps").Value.String() == "30" && flag.Lookup("rapid.checks").Value.String() == "100"
+	if env.minSteps > 0 && defaults && !testing.Short() && !t.Failed() && steps < env.minSteps {
+		t.Errorf("%d steps; want at least %d", steps, env.minSteps)
+	}
+}
+
+// modelRun is one check: the system under test and the model, driven by
+// the same steps.
+type modelRun struct {
+	env    modelEnv
+	off    map[string]bool
+	admin  *redis.Client // for foreign data and reading keys
+	lims   [2]*Limiter   // two app instances, each with its clock
+	clocks [2]*testClock
+	now    [2]int64 // the clocks, in Unix microseconds
+	split  bool     // decided group by group (as on a Cluster)
+	gate   *batchGate
+	ids    []string // identifiers the steps draw from
+
+	model  modelState
+	issued []*issuedResult // Results an Allow returned, for refunds
+	steps  int
+	seen   map[string]int // how often the model saw each case, for the log
+}
+
+// issuedResult is a Result of Allow and what the model logged for it.
+type issuedResult struct {
+	res      Result
+	admitted bool     // in the model
+	placed   []placed // where the model logged it
+	refunded bool
+	desc     string
+}
+
+var modelStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+
+func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *redis.Client, ring *redis.Ring) *modelRun {
+	ctx := context.Background()
+	if err := admin.FlushAll(ctx).Err(); err != nil {
+		rt.Fatal(err)
+	}
+	m := &modelRun{env: env, off: off, admin: admin, ids: []string{"a", "b", "c", "d"}, seen: map[string]int{}}
+	m.model = modelState{logs: map[logRef]*modelLog{}, foreign: map[string]string{}}
+	n := rapid.IntRange(1, 4).Draw(rt, "limits")
+	var limits []Limit
+	for i := range n {
+		ml := drawModelLimit(rt, i, env.minWindow, !off["buckets"])
+		m.model.limits = append(m.model.limits, ml)
+		key := Header("X-Id")
+		if ml.global {
+			key = Global()
+		}
+		l := Per(time.Duration(ml.window)*time.Microsecond, ml.quota, key).Named(ml.name)
+		if ml.bucketed {
+			l = l.Bucketed(time.Duration(ml.unit) * time.Microsecond)
+		}
+		if ml.shadow {
+			l = l.Shadowed()
+		}
+		limits = append(limits, l)
+	}
+	m.split = !off["split"] && rapid.Bool().Draw(rt, "split")
+	var client redis.UniversalClient = plain
+	if m.split {
+		client = ring
+	}
+	start := modelStart + rapid.Int64Range(0, 1e12).Draw(rt, "start")
+	for k := range m.lims {
+		m.now[k] = start
+		m.clocks[k] = &testClock{t: time.UnixMicro(start)}
+		l, err := New(client, limits, WithClock(m.clocks[k].Now), WithDenyCache(0), WithTimeout(redistest.DecisionTimeout))
+		if err != nil {
+			rt.Fatal(err)
+		}
+		m.lims[k] = l
+	}
+	rt.Logf("limits %v, split %v, clocks at %d", m.model.limits, m.split, start)
+	return m
+}
+
+// drawModelLimit draws limit i: its kind, window, quota and shadowing.
+func drawModelLimit(rt *rapid.T, i int, minWindow time.Duration, buckets bool) modelLimit {
+	ml := modelLimit{name: fmt.Sprintf("m%d", i)}
+	ml.quota = rapid.SampledFrom([]int{1, 2, 3, 5, 10, 100, 256, 257, 1000, 65536, 1_000_000}).Draw(rt, "quota")
+	if rapid.IntRange(0, 3).Draw(rt, "random quota") == 0 {
+		ml.quota = rapid.IntRange(1, 1_000_000).Draw(rt, "quota")
+	}
+	ml.shadow = rapid.IntRange(0, 3).Draw(rt, "shadow") == 0
+	ml.global = rapid.IntRange(0, 3).Draw(rt, "global") == 0
+	min := minWindow.Microseconds()
+	if buckets && rapid.IntRange(0, 2).Draw(rt, "bucketed") == 0 {
+		ml.bucketed = true
+		var precisions []int64 // those that make a window of min or more of at most 1,024 buckets
+		for _, p := range []int64{1e3, 7e3, 1e5, 1e6, 6e7, 9e8} {
+			if p*maxBuckets >= min {
+				precisions = append(precisions, p)
+			}
+		}
+		p := rapid.SampledFrom(precisions).Draw(rt, "precision")
+		lo := max(1, (min+p-1)/p)
+		ml.unit = p
+		ml.window = p * rapid.Int64Range(lo, max(lo, 1024)).Draw(rt, "buckets")
+		return ml
+	}
+	max := (3 * time.Hour).Microseconds()
+	ml.window = rapid.SampledFrom([]int64{min, 1e3, 1500, 7e3, 1e6, 6e7, 61e6, 36e8, 3 * 36e8}).Draw(rt, "window")
+	if rapid.Bool().Draw(rt, "random window") {
+		ml.window = rapid.Int64Range(min, max).Draw(rt, "window")
+	}
+	ml.window = maxInt64(ml.window, min)
+	ml.unit = unitOf(ml.window)
+	return ml
+}
+
+func maxInt64(a, b int64) int64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// actions returns the steps rapid draws from.
+func (m *modelRun) actions() map[string]func(*rapid.T) {
+	a := map[string]func(*rapid.T){
+		"":       m.check,
+		"Allow":  m.allow,
+		"Allow2": m.allow, // decisions are the common step
+		"Status": m.status,
+		"Clock":  m.clock,
+		"Refund": m.refund,
+		"Reset":  m.reset,
+	}
+	if !m.off["foreign"] {
+		a["Foreign"] = m.foreign
+		a["Clean"] = m.clean
+	}
+	if !m.off["isolation"] {
+		a["Concurrent"] = m.concurrent
+	}
+	return a
+}
+
+// check runs after every step: nothing the limiter failed to take back
+// stays counted.
+func (m *modelRun) check(rt *rapid.T) {
+	for k, l := range m.lims {
+		if n := l.Unreverted(); n != 0 {
+			rt.Fatalf("instance %d: Unreverted() = %d", k, n)
+		}
+	}
+}
+
+// drawCost draws a request's cost: mostly small, sometimes large (up to
+// a few thousand entries a request), sometimes above quotas.
+func drawCost(rt *rapid.T) int {
+	switch rapid.IntRange(0, 9).Draw(rt, "cost kind") {
+	case 0:
+		return rapid.IntRange(1, 3000).Draw(rt, "cost")
+	case 1, 2:
+		return rapid.IntRange(1, 300).Draw(rt, "cost")
+	}
+	return rapid.IntRange(1, 3).Draw(rt, "cost")
+}
+
+// drawIDs draws an identifier per limit.
+func (m *modelRun) drawIDs(rt *rapid.T) []string {
+	ids := make([]string, len(m.model.limits))
+	for i := range ids {
+		ids[i] = rapid.SampledFrom(m.ids).Draw(rt, "id")
+	}
+	return ids
+}
+
+func (m *modelRun) allow(rt *rapid.T) {
+	m.steps++
+	k := rapid.IntRange(0, 1).Draw(rt, "instance")
+	ids := m.drawIDs(rt)
+	cost := drawCost(rt)
+	want := m.model.decide(m.keysOf(ids), ids, cost, m.now[k], m.split, false)
+	res, err := m.lims[k].Allow(context.Background(), ids, cost)
+	desc := fmt.Sprintf("Allow(%q, %d) on instance %d at %d", ids, cost, k, m.now[k])
+	m.compare(rt, desc, res, err, want)
+	m.issued = append(m.issued, &issuedResult{res: res, admitted: want.allowed && !want.err, placed: want.placed, desc: desc})
+}
+
+func (m *modelRun) status(rt *rapid.T) {
+	m.steps++
+	k := rapid.IntRange(0, 1).Draw(rt, "instance")
+	ids := m.drawIDs(rt)
+	cost := drawCost(rt)
+	keys := m.keysOf(ids)
+	want := m.model.decide(keys, ids, cost, m.now[k], m.split, true)
+	before := m.snapshot(rt, keys)
+	res, err := m.lims[k].Status(context.Background(), ids, cost)
+	m.compare(rt, fmt.Sprintf("Status(%q, %d) on instance %d at %d", ids, cost, k, m.now[k]), res, err, want)
+	// Rule 5: Status writes nothing.
+	if after := m.snapshot(rt, keys); after != before {
+		rt.Fatalf("Status(%q, %d) changed its keys:\nbefore %s\nafter  %s", ids, cost, before, after)
+	}
+}
+
+// concurrent sends decisions on disjoint keys (one identifier each) at
+// once from one instance: the library may decide them in one Redis call.
+// Whatever the order, each is decided as if alone.
+func (m *modelRun) concurrent(rt *rapid.T) {
+	m.steps++
+	k := rapid.IntRange(0, 1).Draw(rt, "instance")
+	n := rapid.IntRange(2, len(m.ids)).Draw(rt, "requests")
+	perm := rapid.Permutation(m.ids).Draw(rt, "ids")[:n]
+	type call struct {
+		ids  []string
+		cost int
+		want modelOutcome
+		res  Result
+		err  error
+	}
+	calls := make([]*call, n)
+	for j := range calls {
+		c := &call{cost: drawCost(rt)}
+		for range m.model.limits {
+			c.ids = append(c.ids, perm[j])
+		}
+		c.want = m.model.decide(m.keysOf(c.ids), c.ids, c.cost, m.now[k], m.split, false)
+		calls[j] = c
+	}
+	// Every sender of the instance's batcher busy with a decision held at
+	// the client (on identifiers the model does not use), the calls queue
+	// up and go out together once the gate opens.
+	var wg sync.WaitGroup
+	m.gate.arm()
+	blockers := max(2, runtime.GOMAXPROCS(0)) // internal/slidinglog's maxBatches
+	blockErrs := make([]error, blockers)
+	for b := range blockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ids := slices.Repeat([]string{fmt.Sprintf("blocker%d", b)}, len(m.model.limits))
+			_, blockErrs[b] = m.lims[k].Allow(context.Background(), ids, 1)
+		}()
+		m.gate.entered(rt)
+	}
+	queued := make(chan struct{}, n)
+	for _, c := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.res, c.err = m.lims[k].Allow(&queuedCtx{Context: context.Background(), queued: queued}, c.ids, c.cost)
+		}()
+	}
+	for range calls {
+		select {
+		case <-queued:
+		case <-time.After(10 * time.Second):
+			// The library no longer waits on ctx.Done once it has queued a
+			// call: the calls may go out in several batches.
+		}
+	}
+	m.gate.open()
+	wg.Wait()
+	if err := errors.Join(blockErrs...); err != nil {
+		rt.Fatalf("decisions of identifiers the model does not use: %v", err)
+	}
+	for _, c := range calls {
+		desc := fmt.Sprintf("concurrent Allow(%q, %d) on instance %d at %d", c.ids, c.cost, k, m.now[k])
+		m.compare(rt, desc, c.res, c.err, c.want)
+		m.issued = append(m.issued, &issuedResult{res: c.res, admitted: c.want.allowed && !c.want.err, placed: c.want.placed, desc: desc})
+	}
+}
+
+// clock steps a clock forward or back: by less than a unit, by up to a
+// window, or by up to hundreds of windows of one of the limits. With the
+// clock dimension off, both instances share one clock that only goes
+// forward.
+func (m *modelRun) clock(rt *rapid.T) {
+	m.steps++
+	k := rapid.IntRange(0, 1).Draw(rt, "instance")
+	lim := m.model.limits[rapid.IntRange(0, len(m.model.limits)-1).Draw(rt, "scale of limit")]
+	var d int64
+	switch rapid.IntRange(0, 3).Draw(rt, "step kind") {
+	case 0:
+		d = rapid.Int64Range(0, lim.unit).Draw(rt, "step")
+	case 1:
+		d = rapid.Int64Range(0, lim.window).Draw(rt, "step")
+	case 2:
+		d = rapid.Int64Range(1, 300).Draw(rt, "windows") * lim.window
+	case 3: // the other instance's clock
+		d = m.now[1-k] - m.now[k]
+	}
+	if m.off["clock"] {
+		d = max(d, 0)
+		m.now[0] += d
+		m.now[1] = m.now[0]
+	} else {
+		if rapid.Bool().Draw(rt, "back") {
+			d = -d
+		}
+		m.now[k] += d
+	}
+	for i := range m.clocks {
+		m.clocks[i].Set(time.UnixMicro(m.now[i]))
+	}
+	rt.Logf("step %d: clocks at %d and %d", m.steps, m.now[0], m.now[1])
+}
+
+// refund refunds a Result an Allow returned: one of the latest, or any.
+// Rule 3 decides what a second refund does.
+func (m *modelRun) refund(rt *rapid.T) {
+	m.steps++
+	if len(m.issued) == 0 {
+		return
+	}
+	i := len(m.issued) - 1 - rapid.IntRange(0, len(m.issued)-1).Draw(rt, "result (from the latest)")
+	is := m.issued[i]
+	if is.refunded && m.off["refund2"] {
+		return
+	}
+	for _, p := range is.placed {
+		if m.model.foreign[m.keyOf(p.ref)] != "" {
+			return // not modelled: a refund whose key another program took over
+		}
+	}
+	k := rapid.IntRange(0, 1).Draw(rt, "instance")
+	err := m.lims[k].Refund(context.Background(), is.res)
+	wantErr := m.model.refund(is)
+	rt.Logf("step %d: Refund of %s (refunded before: %v) on instance %d -> %v; the model removes %v", m.steps, is.desc, is.refunded, k, err, !wantErr)
+	switch {
+	case wantErr && !errors.Is(err, ErrNotRefundable):
+		rt.Fatalf("Refund of %s (refunded before: %v): %v; want ErrNotRefundable", is.desc, is.refunded, err)
+	case !wantErr && err != nil:
+		rt.Fatalf("Refund of %s: %v", is.desc, err)
+	}
+	is.refunded = is.refunded || !wantErr
+}
+
+// reset resets identifiers, as an administrator would.
+func (m *modelRun) reset(rt *rapid.T) {
+	m.steps++
+	k := rapid.IntRange(0, 1).Draw(rt, "instance")
+	ids := m.drawIDs(rt)
+	wantErr := m.model.reset(m.keysOf(ids), ids)
+	err := m.lims[k].Reset(context.Background(), ids)
+	rt.Logf("step %d: Reset(%q) on instance %d -> %v", m.steps, ids, k, err)
+	if (err != nil) != wantErr {
+		rt.Fatalf("Reset(%q): %v; want an error: %v", ids, err, wantErr)
+	}
+}
+
+// foreign has another program write at one of the keys: a hash where a
+// log is, or a string that holds no log.
+func (m *modelRun) foreign(rt *rapid.T) {
+	m.steps++
+	i := rapid.IntRange(0, len(m.model.limits)-1).Draw(rt, "limit")
+	id := rapid.SampledFrom(m.ids).Draw(rt, "id")
+	ref := logRef{i, id}
+	key := m.keyOf(ref)
+	kind := "string"
+	if !m.model.limits[i].bucketed && rapid.Bool().Draw(rt, "hash") {
+		kind = "hash"
+	}
+	ctx := context.Background()
+	m.admin.Del(ctx, key)
+	var err error
+	if kind == "hash" {
+		err = m.admin.HSet(ctx, key, "owner", "another program").Err()
+	} else {
+		// Odd-length or shorter than a log's header: it cannot be read as a log.
+		err = m.admin.Set(ctx, key, rapid.SampledFrom([]string{"junk", "not a log", "{\"session\":1}"}).Draw(rt, "junk"), 0).Err()
+	}
+	if err != nil {
+		rt.Fatal(err)
+	}
+	m.model.takeOver(key, kind, m.refsAt(key))
+	rt.Logf("step %d: another program writes a %s at %s", m.steps, kind, key)
+}
+
+// clean has the other program delete its data.
+func (m *modelRun) clean(rt *rapid.T) {
+	m.steps++
+	keys := make([]string, 0, len(m.model.foreign))
+	for k := range m.model.foreign {
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return
+	}
+	slices.Sort(keys)
+	key := rapid.SampledFrom(keys).Draw(rt, "key")
+	if err := m.admin.Del(context.Background(), key).Err(); err != nil {
+		rt.Fatal(err)
+	}
+	delete(m.model.foreign, key)
+	rt.Logf("step %d: another program deletes %s", m.steps, key)
+}
+
+// keyOf returns the Redis key of a log, under the default prefix: an
+// exact log's own, or the hash of the identifier's bucketed limits.
+func (m *modelRun) keyOf(r logRef) string {
+	if m.model.limits[r.limit].bucketed {
+		return bucketKey(r.id)
+	}
+	return logKey(m.model.limits[r.limit].name, r.id)
+}
+
+func (m *modelRun) keysOf(ids []string) []string {
+	keys := make([]string, len(ids))
+	for i, id := range ids {
+		keys[i] = m.keyOf(logRef{i, id})
+	}
+	return keys
+}
+
+// refsAt returns the logs kept at key.
+func (m *modelRun) refsAt(key string) []logRef {
+	var refs []logRef
+	for i := range m.model.limits {
+		for _, id := range m.ids {
+			if m.keyOf(logRef{i, id}) == key {
+				refs = append(refs, logRef{i, id})
+			}
+		}
+	}
+	return refs
+}
+
+// snapshot returns what keys hold, to compare.
+func (m *modelRun) snapshot(rt *rapid.T, keys []string) string {
+	ctx := context.Background()
+	var b strings.Builder
+	for _, key := range slices.Compact(slices.Sorted(slices.Values(keys))) {
+		typ, err := m.admin.Type(ctx, key).Result()
+		if err != nil {
+			rt.Fatal(err)
+		}
+		var v any
+		switch typ {
+		case "string":
+			v, err = m.admin.Get(ctx, key).Result()
+		case "hash":
+			var h map[string]string
+			h, err = m.admin.HGetAll(ctx, key).Result()
+			v = fmt.Sprint(h) // fmt sorts map keys
+		}
+		if err != nil {
+			rt.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s=%s:%q ", key, typ, fmt.Sprint(v))
+	}
+	return b.String()
+}
+
+// count counts the cases the model decided.
+func (m *modelRun) count(o modelOutcome) {
+	switch {
+	case o.err:
+		m.seen["foreign error"]++
+		return
+	case o.allowed:
+		m.seen["admitted"]++
+	default:
+		m.seen["denied"]++
+	}
+	for i, v := range o.limits {
+		l := m.model.limits[i]
+		switch {
+		case !v.consulted:
+			m.seen["skipped (split)"]++
+		case v.at > l.stamp(o.now):
+			m.seen["out of order"]++
+		case l.quota > 256 && v.count > 64:
+			m.seen["large log read in ranges"]++
+		}
+		if v.consulted && !v.room && l.shadow {
+			m.seen["shadow without room"]++
+		}
+	}
+	if !o.allowed && len(o.limits) > 1 && m.split {
+		m.seen["denied when split"]++
+	}
+}
+
+// compare checks a decision's Result and error against the model's.
+func (m *modelRun) compare(rt *rapid.T, desc string, res Result, err error, want modelOutcome) {
+	rt.Helper()
+	m.count(want)
+	rt.Logf("step %d: %s -> allowed %v, err %v; %s", m.steps, desc, res.Allowed, err, want)
+	if want.err {
+		if err == nil {
+			rt.Fatalf("%s: no error; the model says key %s holds another program's data", desc, want.foreignKey)
+		}
+		return
+	}
+	if err != nil {
+		rt.Fatalf("%s: %v", desc, err)
+	}
+	if res.Allowed != want.allowed {
+		rt.Fatalf("%s: allowed %v, the model says %v (%s)", desc, res.Allowed, want.allowed, want)
+	}
+	if res.Now.UnixMicro() != want.now {
+		rt.Fatalf("%s: Now %d, want the request's time %d", desc, res.Now.UnixMicro(), want.now)
+	}
+	if res.Unreverted != 0 {
+		rt.Fatalf("%s: Unreverted %d", desc, res.Unreverted)
+	}
+	for i, lr := range res.Limits {
+		v := want.limits[i]
+		if lr.Skipped != !v.consulted {
+			rt.Fatalf("%s: limit %s skipped %v; the model consulted it: %v (%s)", desc, lr.Name, lr.Skipped, v.consulted, want)
+		}
+		if lr.Skipped {
+			continue
+		}
+		if lr.Denied != !v.room {
+			rt.Fatalf("%s: limit %s denied %v; the model says it has room: %v (%s)", desc, lr.Name, lr.Denied, v.room, want)
+		}
+		if lr.Remaining != v.remaining {
+			rt.Fatalf("%s: limit %s remaining %d, the model says %d (%s)", desc, lr.Name, lr.Remaining, v.remaining, want)
+		}
+		reset := lr.Reset.UnixMicro()
+		if reset < v.reset {
+			rt.Fatalf("%s: limit %s reset %d, %dµs before the model's %d (%s)", desc, lr.Name, reset, v.reset-reset, v.reset, want)
+		}
+		if reset > v.latest {
+			rt.Fatalf("%s: limit %s reset %d, %dµs after a window from the log's time, %d (%s)", desc, lr.Name, reset, reset-v.latest, v.latest, want)
+		}
+	}
+	if want.allowed {
+		if res.DeniedBy != "" || res.RetryAfter != 0 {
+			rt.Fatalf("%s: admitted with DeniedBy %q, RetryAfter %v", desc, res.DeniedBy, res.RetryAfter)
+		}
+		return
+	}
+	d := slices.IndexFunc(m.model.limits, func(l modelLimit) bool { return l.name == res.DeniedBy })
+	if d < 0 || !want.denies(d) {
+		rt.Fatalf("%s: denied by %q; the model says %s", desc, res.DeniedBy, want)
+	}
+	retry := res.RetryAfter.Microseconds()
+	if want.never {
+		if retry != 0 || want.cost <= int64(m.model.limits[d].quota) {
+			rt.Fatalf("%s: denied by %s with Retry-After %dµs; the model says the cost never fits (%s)", desc, res.DeniedBy, retry, want)
+		}
+	} else if retry < want.retryAfter {
+		rt.Fatalf("%s: Retry-After %dµs, %dµs before the model's %dµs (%s)", desc, retry, want.retryAfter-retry, want.retryAfter, want)
+	}
+}
+
+// batchGate is a client hook that holds the library's calls while it is
+// armed, so that TestModel can keep every sender of a batcher busy and
+// have the decisions that follow go out in one batch.
+type batchGate struct {
+	mu      sync.Mutex
+	armed   bool
+	release chan struct{}
+	calls   chan struct{} // receives when a call is held
+}
+
+func (g *batchGate) arm() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.armed, g.release, g.calls = true, make(chan struct{}), make(chan struct{}, 1024)
+}
+
+// entered waits until a call is held.
+func (g *batchGate) entered(rt *rapid.T) {
+	select {
+	case <-g.calls:
+	case <-time.After(10 * time.Second): // a call that never reached Redis: the batch may be split
+		rt.Logf("no call held by the gate in 10s")
+	}
+}
+
+func (g *batchGate) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.armed = false
+	close(g.release)
+}
+
+// hold holds cmds if they run the library and the gate is armed.
+func (g *batchGate) hold(cmds ...redis.Cmder) {
+	lib := false
+	for _, c := range cmds {
+		switch c.Name() {
+		case "fcall", "evalsha", "eval":
+			lib = true
+		}
+	}
+	g.mu.Lock()
+	armed, release, calls := g.armed, g.release, g.calls
+	g.mu.Unlock()
+	if lib && armed {
+		calls <- struct{}{}
+		<-release
+	}
+}
+
+func (g *batchGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *batchGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		g.hold(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (g *batchGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		g.hold(cmds...)
+		return next(ctx, cmds)
+	}
+}
+
+// queuedCtx reports the first time a decision waits on it: the library
+// has queued the decision's call by then.
+type queuedCtx struct {
+	context.Context
+	once   sync.Once
+	queued chan<- struct{}
+}
+
+func (c *queuedCtx) Done() <-chan struct{} {
+	c.once.Do(func() { c.queued <- struct{}{} })
+	return c.Context.Done()
+}
+
+// TestModelUnit: the model's unit of an exact log is the library's.
+func TestModelUnit(t *testing.T) {
+	for _, w := range []int64{1000, 1001, 8192, 8193, 16384, 16385, 40960, 40961, 1e6, 6e7, 36e8, 3 * 36e8, 366 * 24 * 36e8} {
+		if got, want := unitOf(w), timeUnit(time.Duration(w)*time.Microsecond); got != want {
+			t.Errorf("window %dµs: the model's unit %dµs, the library's %dµs", w, got, want)
+		}
+	}
+}
