@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -143,15 +142,6 @@ func testConnectRedirectIsUnmatched(t *testing.T, b backend) {
 	if got := redisKeys(t, b); !slices.Equal(got, want) || ran.Load() != 1 {
 		t.Errorf("after GET /users/7/: keys %q, handler ran %d times; want %q, 1", got, ran.Load(), want)
 	}
-}
-
-// liveHeap returns the bytes of live heap after a collection.
-func liveHeap() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }
 
 // TestRouteMemoBounded: 100,000 distinct hostile patterns and methods,
