@@ -286,13 +286,13 @@ func TestWatchCounts(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	m, reader := newMetrics(t)
 	opts := []ratelimit.Option{ratelimit.WithCircuitBreaker(1, time.Hour), ratelimit.WithTimeout(redistest.DecisionTimeout)}
-	watched, err := ratelimit.New(c, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global())}, opts...)
+	watched, err := ratelimit.New(c, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global()).Named("watched")}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.Watch(watched)
 	m.Watch(nil) // ignored
-	unwatched, err := ratelimit.New(c, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global())}, opts...)
+	unwatched, err := ratelimit.New(c, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global()).Named("unwatched")}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
