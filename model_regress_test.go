@@ -23,6 +23,30 @@ func modelStep(t *testing.T, lim *Limiter, setTime func(time.Time), at time.Time
 	return res
 }
 
+// TestBucketRefundKeepsResetTrue: a refund that empties the oldest bucket
+// moves the oldest-bucket marker to the next bucket that holds a count, so
+// a bucketed limit's Reset and Retry-After are never earlier than true (the
+// marker left at the emptied bucket made them a bucket early... up to a
+// window minus a bucket).
+func TestBucketRefundKeepsResetTrue(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		opts, setTime := b.clock(t0)
+		lim := mustNew(t, b.newClient(t), []Limit{PerMinute(2, Global()).Bucketed(100 * time.Millisecond).Named("bk")}, opts...)
+		first := modelStep(t, lim, setTime, t0, 1)
+		modelStep(t, lim, setTime, t0.Add(100*time.Millisecond), 1)
+		if err := lim.Refund(context.Background(), first); err != nil {
+			t.Fatal(err)
+		}
+		res := modelStep(t, lim, setTime, t0.Add(100*time.Millisecond), 2)
+		if res.Allowed || res.RetryAfter != time.Minute {
+			t.Errorf("cost 2 after the refund: allowed %v, Retry-After %v; want denied for 1m0s (the second bucket leaves then)", res.Allowed, res.RetryAfter)
+		}
+		if want := t0.Add(100*time.Millisecond + time.Minute); !res.Limits[0].Reset.Equal(want) {
+			t.Errorf("Reset %v; want %v", res.Limits[0].Reset, want)
+		}
+	})
+}
+
 // TestSplitStatusNamesLastDenier: Status on a split plan (a Ring or a
 // Cluster: one call per identifier) names the denier that frees up last,
 // as one call does, and gives its Retry-After; it named the last group's.

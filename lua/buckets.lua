@@ -204,11 +204,11 @@ local function buckets_admit(b, lim, now, n)
 end
 
 -- buckets_remove takes n units of cost of time at back from the bucket
--- at falls in, if it is still there, and returns how many it took. The
--- oldest-bucket marker may then point at an emptied bucket, which only
--- makes a reset a little early until the next pruning moves it. Emptying
--- the newest bucket moves the newest-bucket marker back to the newest
--- bucket left in the window before it (or removes it).
+-- at falls in, if it is still there, and returns how many it took.
+-- Emptying the oldest bucket moves the oldest-bucket marker to the next
+-- bucket that holds a count (a reset is never early). Emptying the newest
+-- bucket moves the newest-bucket marker back to the newest bucket left in
+-- the window before it (or removes it).
 local function buckets_remove(key, lim, at, n)
   local k = (at - at % lim[UNIT]) / lim[UNIT]
   local field = bucket_field(lim[NAME], k)
@@ -231,8 +231,19 @@ local function buckets_remove(key, lim, at, n)
       end
     end
   end
-  if redis.call('HINCRBY', key, lim[NAME] .. ':t', -take) <= 0 then
-    redis.call('HDEL', key, lim[NAME] .. ':t', lim[NAME] .. ':o')
+  local name = lim[NAME]
+  if redis.call('HINCRBY', key, name .. ':t', -take) <= 0 then
+    redis.call('HDEL', key, name .. ':t', name .. ':o')
+  elseif c == take and tonumber(redis.call('HGET', key, name .. ':o')) == k then
+    -- Every bucket held is at or before the newest, at most a window
+    -- after the oldest.
+    local span = lim[WINDOW] / lim[UNIT]
+    local newest = tonumber(redis.call('HGET', key, newest_field(lim))) or k * lim[UNIT]
+    local top = math.min((newest - newest % lim[UNIT]) / lim[UNIT], k + span - 1)
+    local next = top > k and bucket_range(key, name, k + 1, top)[1]
+    if next then
+      redis.call('HSET', key, name .. ':o', string.format('%d', next))
+    end
   end
   return take
 end
