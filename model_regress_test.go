@@ -76,3 +76,47 @@ func TestSplitStatusNamesLastDenier(t *testing.T) {
 		}
 	})
 }
+
+// TestRefundKeepsLogTime: a log's time is the latest time it logged at,
+// even after a refund removed those entries. Entries at t0 and t0+40s, one
+// at t0+60s (the log written anew without the t0 entry, which has left the
+// window then) refunded, then a request from a clock at t0+30s: decided at
+// the log's time, t0+60s, and logged there, so that a request of cost 2 at
+// t0+101s is denied. Decided at the newest entry left (t0+40s, where the
+// dropped t0 entry was still in the window and no longer counted), it was
+// logged at t0+40s and the request at t0+101s admitted: 4 entries within
+// a minute at a quota of 2.
+func TestRefundKeepsLogTime(t *testing.T) {
+	for _, bucketed := range []bool{false, true} {
+		name := "exact"
+		if bucketed {
+			name = "bucketed"
+		}
+		t.Run(name, func(t *testing.T) {
+			forBackends(t, func(t *testing.T, b backend) {
+				opts, setTime := b.clock(t0)
+				l := PerMinute(2, Global()).Named("lt")
+				if bucketed {
+					l = l.Bucketed(time.Second)
+				}
+				lim := mustNew(t, b.newClient(t), []Limit{l}, opts...)
+				modelStep(t, lim, setTime, t0, 1)
+				modelStep(t, lim, setTime, t0.Add(40*time.Second), 1)
+				third := modelStep(t, lim, setTime, t0.Add(60*time.Second), 1)
+				if !third.Allowed {
+					t.Fatalf("the request at t0+60s was denied: %+v", third)
+				}
+				if err := lim.Refund(context.Background(), third); err != nil {
+					t.Fatal(err)
+				}
+				if res := modelStep(t, lim, setTime, t0.Add(30*time.Second), 1); !res.Allowed {
+					t.Fatalf("the request at t0+30s was denied: %+v", res)
+				}
+				res := modelStep(t, lim, setTime, t0.Add(101*time.Second), 2)
+				if res.Allowed || res.RetryAfter != 19*time.Second {
+					t.Errorf("cost 2 at t0+101s: allowed %v, Retry-After %v; want denied for 19s (the request logged at t0+60s)", res.Allowed, res.RetryAfter)
+				}
+			})
+		})
+	}
+}

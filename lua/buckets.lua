@@ -18,8 +18,9 @@
 -- As for the exact log, a limit's time never runs backwards: a request
 -- whose bucket is before the newest bucket logged is decided, counted and
 -- logged at the newest bucket's start instead. The newest marker stays when the
--- buckets leave the window; a rollback that empties the newest bucket
--- moves it back to the newest bucket left in the window.
+-- buckets leave the window, and when a refund or rollback empties the
+-- newest bucket: the buckets pruned at its time had left the window then,
+-- and must not count again for a request from an earlier clock.
 
 local function bucket_field(name, k)
   return name .. ':' .. string.format('%d', k)
@@ -206,12 +207,12 @@ end
 -- buckets_remove takes n units of cost of time at back from the bucket
 -- at falls in, if it is still there, and returns how many it took.
 -- Emptying the oldest bucket moves the oldest-bucket marker to the next
--- bucket that holds a count (a reset is never early). Emptying the newest
--- bucket moves the newest-bucket marker back to the newest bucket left in
--- the window before it (or removes it).
+-- bucket that holds a count (a reset is never early). The newest-bucket
+-- marker stays (the limit's time never runs backwards).
 local function buckets_remove(key, lim, at, n)
   local k = (at - at % lim[UNIT]) / lim[UNIT]
-  local field = bucket_field(lim[NAME], k)
+  local name = lim[NAME]
+  local field = bucket_field(name, k)
   local c = tonumber(redis.call('HGET', key, field))
   if not c then
     return 0
@@ -221,17 +222,7 @@ local function buckets_remove(key, lim, at, n)
     redis.call('HSET', key, field, string.format('%d', c - take))
   else
     redis.call('HDEL', key, field)
-    if tonumber(redis.call('HGET', key, newest_field(lim))) == k * lim[UNIT] then
-      local span = lim[WINDOW] / lim[UNIT]
-      local left = span > 1 and bucket_range(key, lim[NAME], k - span + 1, k - 1) or {}
-      if #left > 0 then
-        redis.call('HSET', key, newest_field(lim), string.format('%d', left[#left - 1] * lim[UNIT]))
-      else
-        redis.call('HDEL', key, newest_field(lim))
-      end
-    end
   end
-  local name = lim[NAME]
   if redis.call('HINCRBY', key, name .. ':t', -take) <= 0 then
     redis.call('HDEL', key, name .. ':t', name .. ':o')
   elseif c == take and tonumber(redis.call('HGET', key, name .. ':o')) == k then
