@@ -120,3 +120,26 @@ func TestRefundKeepsLogTime(t *testing.T) {
 		})
 	}
 }
+
+// TestRewriteKeepsEntriesOfTheUnit: an exact log written anew keeps the
+// entries that have left the window at the log's time but not a unit
+// before it, which a request whose time rounds up to the log's time is
+// decided without them. Quota 5 a minute (unit 10ms), clocks at t0-60s
+// and t0 (+1µs each): entries at t0-59.99s and t0+10ms; a request from
+// the lagging clock is decided at t0+10ms, where the first has left, and
+// the log written anew without it; the next request at t0+1µs counts 3
+// entries (the first is in its window), not 2.
+func TestRewriteKeepsEntriesOfTheUnit(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		opts, setTime := b.clock(t0)
+		lim := mustNew(t, b.newClient(t), []Limit{PerMinute(5, Global()).Named("unit")}, opts...)
+		lag, now := t0.Add(-time.Minute+time.Microsecond), t0.Add(time.Microsecond)
+		modelStep(t, lim, setTime, lag, 1)
+		modelStep(t, lim, setTime, now, 1)
+		modelStep(t, lim, setTime, lag, 1)
+		res := modelStep(t, lim, setTime, now, 1)
+		if !res.Allowed || res.Limits[0].Remaining != 1 {
+			t.Errorf("the fourth request: allowed %v, remaining %d; want admitted with 1 left (3 entries in its window before it)", res.Allowed, res.Limits[0].Remaining)
+		}
+	})
+}

@@ -333,13 +333,43 @@ local function keep_for(key, ms)
   end
 end
 
+-- exact_search returns the first of the log's entries i to j - 1 whose
+-- offset is after cut, or j if none is.
+local function exact_search(log, i, j, cut)
+  if log[BYTES] then
+    return first_after(log[BYTES], HEADER, i, j, cut)
+  end
+  while i < j do
+    local mid = (i + j - (i + j) % 2) / 2
+    if entry_at(read_range(log[KEY], mid, mid + 1), 0, 0) > cut then
+      j = mid
+    else
+      i = mid + 1
+    end
+  end
+  return i
+end
+
 -- exact_rewrite writes the log anew with n more entries of time at (the
 -- latest), without the entries that have left the window, in the limit's
 -- unit. The base moves (to the oldest entry's SPAN, or at's if there is
 -- none) when the log is new, its unit is not the limit's, or an offset
 -- would not fit. now is the request's time, which the expiry is timed by.
+--
+-- A later request whose time rounds up to at is decided at its own time,
+-- up to a unit before at (see decide_at): the entries that have left the
+-- window at the log's time but not a unit before at stay, so that it
+-- counts them.
 local function exact_rewrite(log, lim, now, n, at)
   local unit, base = lim[UNIT], log[BASE]
+  if log[DEAD] > 0 then
+    local x = at - unit - lim[WINDOW] - base
+    local keep = exact_search(log, 0, log[DEAD], (x - x % log[LUNIT]) / log[LUNIT])
+    if keep < log[DEAD] then
+      log[COUNT], log[DEAD] = log[COUNT] + log[DEAD] - keep, keep
+      log[FIRST] = exact_entry(log, keep)
+    end
+  end
   local oldest = at
   if log[COUNT] > 0 then
     oldest = exact_leaves(log, lim, 1) - lim[WINDOW]
