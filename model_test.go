@@ -78,9 +78,7 @@ var modelOff = flag.String("model.off", "", "TestModel: comma-separated dimensio
 type modelEnv struct {
 	addr      string
 	minWindow time.Duration // shortest window drawn
-	// expires says keys expire on the server's clock, which runs while
-	// the test's clocks stand still: a key must live at least minWindow.
-	expires bool
+	expires   bool          // keys expire on the server's clock, which runs while the test's stand still
 	repeats   int           // t.Repeat runs per check
 	minSteps  int           // steps the test must run with the default flags; 0: no minimum
 }
