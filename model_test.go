@@ -415,7 +415,10 @@ func (m *modelRun) clock(rt *rapid.T) {
 		m.now[0] += d
 		m.now[1] = m.now[0]
 	} else {
-		if rapid.Bool().Draw(rt, "back") {
+		// Back, unless that reads before minClock (2001), which the
+		// library refuses as a broken clock: a long run of steps back
+		// by hundreds of 3-hour windows gets there.
+		if rapid.Bool().Draw(rt, "back") && m.now[k]-d >= minClock {
 			d = -d
 		}
 		m.now[k] += d
