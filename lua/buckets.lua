@@ -3,7 +3,8 @@
 -- the bucketed limits of that identifier share: field '<name>:<k>' holds
 -- the count of bucket k, '<name>:t' the total of the buckets held,
 -- '<name>:o' the oldest bucket that holds a count, and '<name>:n<P>' the
--- start of the newest bucket logged (kP, in microseconds). The newest
+-- start of the newest bucket logged (kP, in microseconds; it stays when a
+-- refund empties that bucket). The newest
 -- marker's name carries the precision, so that a limit whose precision
 -- changes under the same name (a rolling deploy) finds buckets it cannot
 -- read: it counts their total again as one bucket at the request's time
