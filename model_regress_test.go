@@ -143,3 +143,22 @@ func TestRewriteKeepsEntriesOfTheUnit(t *testing.T) {
 		}
 	})
 }
+
+// TestBucketDenialPrunesAtLogTime: a decision that logs nothing prunes
+// only the buckets that have left the window at the newest bucket's time,
+// not at its own: a request from a clock 31s behind it still counts the
+// bucket at t0 (1 of 2 used, so a cost of 2 is denied).
+func TestBucketDenialPrunesAtLogTime(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		opts, setTime := b.clock(t0)
+		lim := mustNew(t, b.newClient(t), []Limit{PerMinute(2, Global()).Bucketed(time.Second).Named("dp")}, opts...)
+		modelStep(t, lim, setTime, t0, 1)
+		if res := modelStep(t, lim, setTime, t0.Add(61*time.Second), 3); res.Allowed {
+			t.Fatalf("a cost above the quota was admitted: %+v", res)
+		}
+		res := modelStep(t, lim, setTime, t0.Add(30*time.Second), 2)
+		if res.Allowed || res.RetryAfter != 30*time.Second {
+			t.Errorf("cost 2 at t0+30s: allowed %v, Retry-After %v; want denied for 30s (the bucket at t0 counts)", res.Allowed, res.RetryAfter)
+		}
+	})
+}
