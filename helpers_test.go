@@ -152,8 +152,8 @@ func logEntries(t testing.TB, c redis.UniversalClient, name, id string) int64 {
 }
 
 // logHeader is the length of an exact log's header (lua/exact.lua): its
-// base, 7 bytes, its unit, 6, and its refresh-by, 3.
-const logHeader = 16
+// base, 7 bytes, its unit, 6, its refresh-by, 3, and its floor, 2.
+const logHeader = 18
 
 // logBase returns the base of the exact log at key.
 func logBase(t *testing.T, c redis.UniversalClient, key string) time.Time {

@@ -55,8 +55,26 @@ type logRef struct {
 	id    string
 }
 
-// modelLog is a log: runs of entries of one time, oldest first.
-type modelLog struct{ runs []run }
+// modelLog is a log: runs of entries of one time, oldest first, and the
+// log's time: the latest time it ever logged entries at (logged is false
+// until it does), whether they are still there or a refund or a
+// rollback removed them since.
+//
+// Why not the newest entry's time: the library drops the entries that
+// have left the window at the log's time when it writes a log anew, and
+// prunes buckets so; once a refund removes the newest entries, a request
+// from an earlier clock decided at the newest entry left would find the
+// dropped ones gone where a list of every timestamp still counts them.
+// So the library keeps the log's time (an exact log's floor, the newest
+// bucket marker) and decides there: the dropped entries had left the
+// window at that time, and count nowhere. A split decision that a later
+// group denies rolls back its reservations, which were logged: they move
+// the log's time too.
+type modelLog struct {
+	runs   []run
+	time   int64
+	logged bool
+}
 
 type run struct {
 	t int64 // the entries' time
@@ -71,8 +89,16 @@ func (g *modelLog) newest() (int64, bool) {
 	return g.runs[len(g.runs)-1].t, true
 }
 
+// touch records that the log logged entries at t: its time is t if later.
+func (g *modelLog) touch(t int64) {
+	if !g.logged || t > g.time {
+		g.time, g.logged = t, true
+	}
+}
+
 // add logs n entries of time t.
 func (g *modelLog) add(t int64, n int) {
+	g.touch(t)
 	i, found := slices.BinarySearchFunc(g.runs, t, func(r run, t int64) int { return cmpInt64(r.t, t) })
 	if found {
 		g.runs[i].n += n
@@ -124,15 +150,15 @@ func floorMod(a, b int64) int64 {
 }
 
 // logTime is rule 1, a log's time never runs backwards: a request at now
-// on a log whose newest entry is later than the request's stamp is
-// decided at that entry's time (view) and logged there (at). Otherwise the
-// window is seen from now (an exact log) or from now's bucket (a bucketed
-// limit, whose window is whole buckets), and the request logged at its
-// stamp.
+// on a log whose time (see modelLog: the latest it logged at) is later
+// than the request's stamp is decided at the log's time (view) and logged
+// there (at). Otherwise the window is seen from now (an exact log) or
+// from now's bucket (a bucketed limit, whose window is whole buckets), and
+// the request logged at its stamp.
 func (l modelLimit) logTime(g *modelLog, now int64) (view, at int64) {
 	at = l.stamp(now)
-	if newest, ok := g.newest(); ok && newest > at {
-		return newest, newest
+	if g.logged && g.time > at {
+		return g.time, g.time
 	}
 	if l.bucketed {
 		return at, at
@@ -302,17 +328,28 @@ func (s *modelState) groups(ids []string, split bool) [][]int {
 // when split, the groups after one that denies are not consulted, except
 // by a peek, which asks them all. Rule 4: a request is logged in every
 // enforced limit or in none; a shadow limit without room logs nothing and
-// never denies.
+// never denies. When split, the groups before one that denies or fails
+// reserved the request and rolled it back: their logs' times moved to it
+// (see modelLog).
 func (s *modelState) decide(keys, ids []string, n int, now int64, split, peek bool) modelOutcome {
 	o := modelOutcome{now: now, cost: int64(n), limits: make([]verdict, len(ids)), allowed: true}
 	o.limitShadow = make([]bool, len(ids))
 	for i := range ids {
 		o.limitShadow[i] = s.limits[i].shadow
 	}
+	var reserved []int // limits a split decision reserved the request in
+	rollBack := func() {
+		for _, i := range reserved {
+			s.log(logRef{i, ids[i]}).touch(o.limits[i].at)
+		}
+	}
 	for _, g := range s.groups(ids, split) {
 		for _, i := range g {
 			if kind := s.foreign[keys[i]]; kind != "" {
 				o.err, o.foreignKey = true, keys[i]
+				if !peek {
+					rollBack()
+				}
 				return o
 			}
 		}
@@ -324,7 +361,13 @@ func (s *modelState) decide(keys, ids []string, n int, now int64, split, peek bo
 		if denied {
 			o.allowed = false
 			if !peek {
+				rollBack()
 				break
+			}
+		}
+		for _, i := range g {
+			if o.limits[i].room {
+				reserved = append(reserved, i)
 			}
 		}
 	}

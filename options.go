@@ -151,8 +151,9 @@ func WithFailureMode(m FailureMode) Option {
 // server's TIME. Default: the Redis clock, which every app instance shares.
 // Use it only if all instances' clocks are synchronised, or in tests; a
 // clock that runs backwards never admits extra requests, it only delays them:
-// a log's time never runs backwards, so a request whose time is before a
-// log's newest entry is decided, and logged, at that entry's time, and its
+// a log's time never runs backwards, so a request whose time is before the
+// latest time a log logged at (its newest entry's, or that of entries a
+// refund removed since) is decided, and logged, at that time, and its
 // Retry-After counts from there.
 func WithClock(now func() time.Time) Option {
 	return func(c *config) { c.clock = now }

@@ -221,7 +221,15 @@ func (d *call) record(raw any, idx []int) (bool, error) {
 		d.out.replies[i] = reply{ok: true, now: rep.Now, count: r.Count, reset: reset, next: r.Stamp}
 	}
 	if rep.Denied >= 0 {
-		d.out.denier = idx[rep.Denied]
+		// A query that asks every group (Status, the read-only fallback)
+		// names the denier that frees up last, as the Lua check does
+		// within a call: one whose cost never fits (reset -1) counts as
+		// last.
+		i := idx[rep.Denied]
+		if w := d.out.denier; w < 0 || d.out.replies[w].reset != -1 &&
+			(d.out.replies[i].reset == -1 || d.out.replies[i].reset > d.out.replies[w].reset) {
+			d.out.denier = i
+		}
 	}
 	return rep.Allowed, nil
 }

@@ -3,7 +3,8 @@
 -- the bucketed limits of that identifier share: field '<name>:<k>' holds
 -- the count of bucket k, '<name>:t' the total of the buckets held,
 -- '<name>:o' the oldest bucket that holds a count, and '<name>:n<P>' the
--- start of the newest bucket logged (kP, in microseconds). The newest
+-- start of the newest bucket logged (kP, in microseconds; it stays when a
+-- refund empties that bucket). The newest
 -- marker's name carries the precision, so that a limit whose precision
 -- changes under the same name (a rolling deploy) finds buckets it cannot
 -- read: it counts their total again as one bucket at the request's time
@@ -18,8 +19,9 @@
 -- As for the exact log, a limit's time never runs backwards: a request
 -- whose bucket is before the newest bucket logged is decided, counted and
 -- logged at the newest bucket's start instead. The newest marker stays when the
--- buckets leave the window; a rollback that empties the newest bucket
--- moves it back to the newest bucket left in the window.
+-- buckets leave the window, and when a refund or rollback empties the
+-- newest bucket: the buckets pruned at its time had left the window then,
+-- and must not count again for a request from an earlier clock.
 
 local function bucket_field(name, k)
   return name .. ':' .. string.format('%d', k)
@@ -204,14 +206,14 @@ local function buckets_admit(b, lim, now, n)
 end
 
 -- buckets_remove takes n units of cost of time at back from the bucket
--- at falls in, if it is still there, and returns how many it took. The
--- oldest-bucket marker may then point at an emptied bucket, which only
--- makes a reset a little early until the next pruning moves it. Emptying
--- the newest bucket moves the newest-bucket marker back to the newest
--- bucket left in the window before it (or removes it).
+-- at falls in, if it is still there, and returns how many it took.
+-- Emptying the oldest bucket moves the oldest-bucket marker to the next
+-- bucket that holds a count (a reset is never early). The newest-bucket
+-- marker stays (the limit's time never runs backwards).
 local function buckets_remove(key, lim, at, n)
   local k = (at - at % lim[UNIT]) / lim[UNIT]
-  local field = bucket_field(lim[NAME], k)
+  local name = lim[NAME]
+  local field = bucket_field(name, k)
   local c = tonumber(redis.call('HGET', key, field))
   if not c then
     return 0
@@ -221,18 +223,19 @@ local function buckets_remove(key, lim, at, n)
     redis.call('HSET', key, field, string.format('%d', c - take))
   else
     redis.call('HDEL', key, field)
-    if tonumber(redis.call('HGET', key, newest_field(lim))) == k * lim[UNIT] then
-      local span = lim[WINDOW] / lim[UNIT]
-      local left = span > 1 and bucket_range(key, lim[NAME], k - span + 1, k - 1) or {}
-      if #left > 0 then
-        redis.call('HSET', key, newest_field(lim), string.format('%d', left[#left - 1] * lim[UNIT]))
-      else
-        redis.call('HDEL', key, newest_field(lim))
-      end
-    end
   end
-  if redis.call('HINCRBY', key, lim[NAME] .. ':t', -take) <= 0 then
-    redis.call('HDEL', key, lim[NAME] .. ':t', lim[NAME] .. ':o')
+  if redis.call('HINCRBY', key, name .. ':t', -take) <= 0 then
+    redis.call('HDEL', key, name .. ':t', name .. ':o')
+  elseif c == take and tonumber(redis.call('HGET', key, name .. ':o')) == k then
+    -- Every bucket held is at or before the newest, at most a window
+    -- after the oldest.
+    local span = lim[WINDOW] / lim[UNIT]
+    local newest = tonumber(redis.call('HGET', key, newest_field(lim))) or k * lim[UNIT]
+    local top = math.min((newest - newest % lim[UNIT]) / lim[UNIT], k + span - 1)
+    local next = top > k and bucket_range(key, name, k + 1, top)[1]
+    if next then
+      redis.call('HSET', key, name .. ':o', string.format('%d', next))
+    end
   end
   return take
 end

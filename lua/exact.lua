@@ -2,9 +2,11 @@
 -- header, then one entry per logged unit of cost, oldest first.
 --
 -- The header is the log's base (7 bytes), a time that is a multiple of
--- SPAN units; its unit (6 bytes), in microseconds; and its refresh-by (3
--- bytes), in units after the base: the key expires then. An entry (2
--- bytes) is a time, as its offset in units after the base. The unit is
+-- SPAN units; its unit (6 bytes), in microseconds; its refresh-by (3
+-- bytes), in units after the base: the key expires then; and its floor (2
+-- bytes), in units after the base: the time of the newest entry a refund
+-- or rollback removed (0 until one does; a write anew sets it back to 0).
+-- An entry (2 bytes) is a time, as its offset in units after the base. The unit is
 -- about window/8192 (the library picks it); a time is rounded up to it, so
 -- an entry counts up to one unit longer than its window, never shorter.
 -- Entries of the same time are interchangeable: removing any n of them
@@ -16,10 +18,14 @@
 -- rounded up to it (later, never earlier).
 --
 -- A log's time never runs backwards: a decision at a time before the
--- log's newest entry (rounded up to the unit: the clocks of two servers, a
--- clock stepped back) is decided at that entry's time instead, counted and
--- logged there. So entries are appended in order, and the base only moves
--- forward while the log holds entries in its window.
+-- log's time (rounded up to the unit: the clocks of two servers, a clock
+-- stepped back) is decided at the log's time instead, counted and logged
+-- there. The log's time is the latest time it logged entries at: its newest
+-- entry's, or its floor's if that is later (a refund removed the newest
+-- entries: the entries a write anew dropped, which had left the window at
+-- that time, must not count again for a request from an earlier clock). So
+-- entries are appended in order, and the base only moves forward while the
+-- log holds entries in its window.
 --
 -- Admitting a request appends its entries: one read, one APPEND. The log
 -- is written anew (one SET, which also sets the expiry) only when it must
@@ -38,7 +44,7 @@
 -- quota says) is never read whole: its header and entries are read with
 -- GETRANGE, the entries where its window starts found from their times.
 
-local HEADER = 16
+local HEADER = 18
 local ENTRY = 2
 local MAX_OFFSET = 65535
 local SPAN = 128
@@ -48,7 +54,7 @@ local PROBE = 64 -- entries read at once where a large log's window starts
 -- A large log's header and oldest entry are its bytes 0 to HEAD_LAST
 -- (HEADER + ENTRY - 1), its newest entry its bytes NEWEST_FIRST (-ENTRY)
 -- to -1: strings, which Redis takes without formatting a number.
-local HEAD_LAST = '17'
+local HEAD_LAST = '19'
 local NEWEST_FIRST = '-2'
 
 -- What exact_read read of a log is an array (cheaper for Redis to build
@@ -64,6 +70,7 @@ local FIRST = 8 -- the offset of the oldest entry in the window, if read
 local NEWEST = 9 -- the offset of the newest entry; -1 if none
 local LUNIT = 10 -- the log's unit (its header's)
 local TIME = 11 -- the time the log is decided at (see decide_at)
+local FLOOR = 12 -- the floor's offset (the header's)
 
 -- decode_entry returns the offset in the entry bytes hi, lo.
 local function decode_entry(hi, lo)
@@ -98,13 +105,14 @@ local function first_after(s, skip, i, j, cut)
   return i
 end
 
--- decode_header sets the log's base, unit and refresh-by from the header
--- bytes, and returns the offset of the oldest entry from the two bytes
--- after them (nil if there are none).
-local function decode_header(log, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, o1, o2)
+-- decode_header sets the log's base, unit, refresh-by and floor from the
+-- header bytes, and returns the offset of the oldest entry from the two
+-- bytes after them (nil if there are none).
+local function decode_header(log, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2)
   log[BASE] = (((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
   log[LUNIT] = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6
   log[REFRESH] = (r1 * 256 + r2) * 256 + r3
+  log[FLOOR] = decode_entry(f1, f2)
   return o2 and decode_entry(o1, o2)
 end
 
@@ -114,13 +122,14 @@ local function foreign(log)
 end
 
 -- decide_at sets the time the log is decided at for a request at now:
--- now, unless the log's newest entry is later than now rounded up to the
--- limit's unit; then that entry's time. It returns the offset at or before
--- which the log has no entry in lim's window at that time: an entry at
--- offset o is in the window until base + o * unit + window.
+-- now, unless the log's time (its newest entry's, or its floor's if later)
+-- is later than now rounded up to the limit's unit; then the log's time.
+-- It returns the offset at or before which the log has no entry in lim's
+-- window at that time: an entry at offset o is in the window until base +
+-- o * unit + window.
 local function decide_at(log, lim, now)
   local base, unit = log[BASE], log[LUNIT]
-  local newest = base + log[NEWEST] * unit
+  local newest = base + math.max(log[NEWEST], log[FLOOR]) * unit
   if newest > now + (-now) % lim[UNIT] then
     now = newest
     log[TIME] = now
@@ -172,7 +181,8 @@ local function read_whole(log, lim, now)
   if log[LUNIT] == 0 then
     foreign(log)
   end
-  if log[SIZE] == 0 then
+  if log[SIZE] == 0 then -- every entry refunded: decided at the floor, if later
+    decide_at(log, lim, now)
     return
   end
   log[NEWEST] = decode_entry(string.byte(s, -ENTRY, -1))
@@ -226,7 +236,8 @@ local function read_large(log, lim, now)
   if log[LUNIT] == 0 then
     foreign(log)
   end
-  if log[SIZE] == 0 then
+  if log[SIZE] == 0 then -- every entry refunded: decided at the floor, if later
+    decide_at(log, lim, now)
     return
   end
   log[NEWEST] = decode_entry(string.byte(redis.call('GETRANGE', log[KEY], NEWEST_FIRST, '-1'), 1, ENTRY))
@@ -253,7 +264,7 @@ end
 -- exact_read reads the log at key for a request at now (see KEY to TIME),
 -- and returns it, its count and the time it is decided at.
 local function exact_read(key, lim, now)
-  local log = {key, false, false, 0, 0, 0, 0, false, -1, false, now}
+  local log = {key, false, false, 0, 0, 0, 0, false, -1, false, now, 0}
   if lim[QUOTA] <= WHOLE then
     read_whole(log, lim, now)
   else
@@ -304,12 +315,13 @@ local function live_entries(log, lim, base)
 end
 
 -- encode_header returns the header of a log of the given base, unit and
--- refresh-by.
+-- refresh-by, its floor 0.
 local function encode_header(base, unit, refresh)
   local b = {}
   put(b, base, 7)
   put(b, unit, 6)
   put(b, refresh, 3)
+  put(b, 0, 2)
   return string.char(unpack(b))
 end
 
@@ -321,13 +333,43 @@ local function keep_for(key, ms)
   end
 end
 
+-- exact_search returns the first of the log's entries i to j - 1 whose
+-- offset is after cut, or j if none is.
+local function exact_search(log, i, j, cut)
+  if log[BYTES] then
+    return first_after(log[BYTES], HEADER, i, j, cut)
+  end
+  while i < j do
+    local mid = (i + j - (i + j) % 2) / 2
+    if entry_at(read_range(log[KEY], mid, mid + 1), 0, 0) > cut then
+      j = mid
+    else
+      i = mid + 1
+    end
+  end
+  return i
+end
+
 -- exact_rewrite writes the log anew with n more entries of time at (the
 -- latest), without the entries that have left the window, in the limit's
 -- unit. The base moves (to the oldest entry's SPAN, or at's if there is
 -- none) when the log is new, its unit is not the limit's, or an offset
 -- would not fit. now is the request's time, which the expiry is timed by.
+--
+-- A later request whose time rounds up to at is decided at its own time,
+-- up to a unit before at (see decide_at): the entries that have left the
+-- window at the log's time but not a unit before at stay, so that it
+-- counts them.
 local function exact_rewrite(log, lim, now, n, at)
   local unit, base = lim[UNIT], log[BASE]
+  if log[DEAD] > 0 then
+    local x = at - unit - lim[WINDOW] - base
+    local keep = exact_search(log, 0, log[DEAD], (x - x % log[LUNIT]) / log[LUNIT])
+    if keep < log[DEAD] then
+      log[COUNT], log[DEAD] = log[COUNT] + log[DEAD] - keep, keep
+      log[FIRST] = exact_entry(log, keep)
+    end
+  end
   local oldest = at
   if log[COUNT] > 0 then
     oldest = exact_leaves(log, lim, 1) - lim[WINDOW]
@@ -370,7 +412,9 @@ end
 
 -- exact_remove removes up to n entries of time at from the log at key, and
 -- returns how many it removed. The base may have moved since they were
--- logged; their time has not.
+-- logged; their time has not. The floor becomes the newest entry's time
+-- (if later), so that the log's time does not run back if they were the
+-- newest.
 local function exact_remove(key, lim, at, n)
   local s = redis.call('GET', key)
   if not s or #s < HEADER then
@@ -389,7 +433,9 @@ local function exact_remove(key, lim, at, n)
   local k = math.min(n, first_after(s, HEADER, from, size, offset) - from)
   if k > 0 then
     local cut = HEADER + ENTRY * from
-    redis.call('SET', key, string.sub(s, 1, cut) .. string.sub(s, cut + ENTRY * k + 1), 'KEEPTTL')
+    local floor = math.max(log[FLOOR], entry_at(s, HEADER, size - 1))
+    redis.call('SET', key, string.sub(s, 1, HEADER - ENTRY) .. encode_entry(floor) .. string.sub(s, HEADER + 1, cut) ..
+      string.sub(s, cut + ENTRY * k + 1), 'KEEPTTL')
   end
   return k
 end

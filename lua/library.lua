@@ -2,9 +2,11 @@
 -- takes the KEYS and ARGV of its call (see codec.lua) and keeps nothing
 -- from one call to the next.
 --
--- A limit is decided at its log's time: the request's, or, if the log's
--- newest entry is later (a clock stepped back, two servers' clocks), that
--- entry's: a log's time never runs backwards. A decision's reply gives,
+-- A limit is decided at its log's time: the request's, or, if the log
+-- logged entries at a later time (a clock stepped back, two servers'
+-- clocks), the latest such time, even if a refund or rollback removed
+-- those entries since: a log's time never runs backwards. A decision's
+-- reply gives,
 -- for each limit, in its log's time:
 --   count  the cost logged in its window before the request.
 --   reset  when it next matters: if it has no room for the request, when
@@ -28,8 +30,9 @@ local NEVER = 0 -- a reset: the request can never fit
 -- at keys[k], and writes the reply from R[r + 1] on: whether every
 -- enforced limit has room, which one denies if not (the one that frees up
 -- last), and each limit's count, reset and stamp. Each limit is read at
--- its own time: now, or its log's newest entry if that is later (see
--- exact.lua), so resets and stamps are never earlier than the log's time.
+-- its own time: now, or the latest time its log logged at if that is
+-- later (see exact.lua), so resets and stamps are never earlier than the
+-- log's time.
 -- It keeps what each kind read in lim[STATE], for admit. write says
 -- whether reading may prune.
 local function check(keys, k, limits, n, now, write, R, r)

@@ -173,8 +173,8 @@ type Reply struct {
 }
 
 // LimitReply is one limit's part of a Reply. A limit is decided at its
-// log's time: the request's, or its log's newest entry's if that is later
-// (a log's time never runs backwards, see lua/exact.lua); Reset and
+// log's time: the request's, or the latest time its log logged at if that
+// is later (a log's time never runs backwards, see lua/exact.lua); Reset and
 // Stamp are in the log's time, so never earlier than the request's.
 type LimitReply struct {
 	// Count is the cost the limit had logged in its window before the
