@@ -254,17 +254,22 @@ func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 // in a second one, those that met a server without the library or the
 // script, as scriptMode.run would call them again (see scriptMode.retry),
 // and, in a third, as scripts, those that met no library again.
+//
+// Each decision is run by Redis once at most per call sent: on a Redis
+// Cluster go-redis must not send a call of the pipeline again once it
+// reached Redis (see sentOnce).
 func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
+	_, once := c.(*redis.ClusterClient)
 	cmds := make([]*redis.Cmd, len(batch))
 	functions := b.mode.functions()
 	pipe := c.Pipeline()
 	for i, cl := range batch {
 		if functions {
-			cmds[i] = pipe.FCall(ctx, decideCode.function, cl.keys, cl.args...)
+			cmds[i] = queue(ctx, pipe, once, "fcall", decideCode.function, cl)
 		} else {
-			cmds[i] = pipe.EvalSha(ctx, decideCode.script.Hash(), cl.keys, cl.args...)
+			cmds[i] = queue(ctx, pipe, once, "evalsha", decideCode.script.Hash(), cl)
 		}
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
@@ -292,9 +297,9 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 		pipe = c.Pipeline()
 		for _, i := range retry {
 			if again == rerunFunction {
-				cmds[i] = pipe.FCall(ctx, decideCode.function, batch[i].keys, batch[i].args...)
+				cmds[i] = queue(ctx, pipe, once, "fcall", decideCode.function, batch[i])
 			} else {
-				cmds[i] = pipe.Eval(ctx, decideCode.source, batch[i].keys, batch[i].args...)
+				cmds[i] = queue(ctx, pipe, once, "eval", decideCode.source, batch[i])
 			}
 		}
 		_, _ = pipe.Exec(ctx)
@@ -308,3 +313,49 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 		retry, again = still, rerunScript
 	}
 }
+
+// queue adds to pipe cl's call of the library's decide: command is fcall
+// (code is the function's name), evalsha (the script's SHA-1) or eval (its
+// source). It builds the call as go-redis's FCall and EvalSha do. once says
+// that go-redis must not send the call again once it reached Redis
+// (sentOnce).
+func queue(ctx context.Context, pipe redis.Pipeliner, once bool, command, code string, cl *call) *redis.Cmd {
+	args := make([]any, 3+len(cl.keys), 3+len(cl.keys)+len(cl.args))
+	args[0], args[1], args[2] = command, code, len(cl.keys)
+	for i, key := range cl.keys {
+		args[3+i] = key
+	}
+	cmd := redis.NewCmd(ctx, append(args, cl.args...)...)
+	if len(cl.keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	if once {
+		_ = pipe.Process(ctx, sentOnce{cmd})
+	} else {
+		_ = pipe.Process(ctx, cmd)
+	}
+	return cmd
+}
+
+// sentOnce is a call of a Redis Cluster pipeline that go-redis sends to
+// Redis once at most. go-redis (v9.23.0) sends every call of a primary's
+// pipeline again, up to MaxRedirects times, when the first of them gets a
+// reply it retries: TRYAGAIN (a call with several keys of a slot that is
+// migrating, one key moved), CLUSTERDOWN, LOADING, MASTERDOWN...; and when
+// the connection fails while it reads the replies. The calls behind the
+// first were run by then, and each run logs the decision again: a healthy
+// request counted up to 4 times, never taken back. A pipeline that holds a
+// call whose NoRetry is true is never sent again (go-redis's
+// cmdsContainNoRetry); a call refused with MOVED or ASK, which Redis did
+// not run, is still sent, alone, to the node that has its key. So each
+// call runs once at most, and a retried reply (TRYAGAIN, say) is its own
+// decision's error: the root package decides a group that met TRYAGAIN one
+// key at a time. A call alone is not a pipeline: go-redis sends it again on
+// TRYAGAIN, which Redis refuses before running the call.
+//
+// Ring shards and a single Redis keep go-redis's retries: neither answers
+// TRYAGAIN, ASK or MOVED.
+type sentOnce struct{ *redis.Cmd }
+
+// NoRetry reports that go-redis must not send the call again.
+func (sentOnce) NoRetry() bool { return true }
