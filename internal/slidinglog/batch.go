@@ -267,9 +267,9 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	pipe := c.Pipeline()
 	for i, cl := range batch {
 		if functions {
-			cmds[i] = queue(ctx, pipe, once, "fcall", decideCode.function, cl)
+			cmds[i] = queue(ctx, pipe, once, fcallCommand, decideCode.function, cl)
 		} else {
-			cmds[i] = queue(ctx, pipe, once, "evalsha", decideCode.script.Hash(), cl)
+			cmds[i] = queue(ctx, pipe, once, evalshaCommand, decideCode.script.Hash(), cl)
 		}
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
@@ -297,9 +297,9 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 		pipe = c.Pipeline()
 		for _, i := range retry {
 			if again == rerunFunction {
-				cmds[i] = queue(ctx, pipe, once, "fcall", decideCode.function, batch[i])
+				cmds[i] = queue(ctx, pipe, once, fcallCommand, decideCode.function, batch[i])
 			} else {
-				cmds[i] = queue(ctx, pipe, once, "eval", decideCode.source, batch[i])
+				cmds[i] = queue(ctx, pipe, once, evalCommand, decideCode.source, batch[i])
 			}
 		}
 		_, _ = pipe.Exec(ctx)
@@ -314,12 +314,15 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	}
 }
 
-// queue adds to pipe cl's call of the library's decide: command is fcall
-// (code is the function's name), evalsha (the script's SHA-1) or eval (its
-// source). It builds the call as go-redis's FCall and EvalSha do. once says
-// that go-redis must not send the call again once it reached Redis
-// (sentOnce).
-func queue(ctx context.Context, pipe redis.Pipeliner, once bool, command, code string, cl *call) *redis.Cmd {
+// The commands a pipeline calls the library with, boxed once.
+var fcallCommand, evalshaCommand, evalCommand any = "fcall", "evalsha", "eval"
+
+// queue adds to pipe cl's call of the library's decide: command is
+// fcallCommand (code is the function's name), evalshaCommand (the script's
+// SHA-1) or evalCommand (its source). It builds the call as go-redis's
+// FCall and EvalSha do. once says that go-redis must not send the call
+// again once it reached Redis (sentOnce).
+func queue(ctx context.Context, pipe redis.Pipeliner, once bool, command any, code string, cl *call) *redis.Cmd {
 	args := make([]any, 3+len(cl.keys), 3+len(cl.keys)+len(cl.args))
 	args[0], args[1], args[2] = command, code, len(cl.keys)
 	for i, key := range cl.keys {
