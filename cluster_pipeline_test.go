@@ -2,9 +2,11 @@ package ratelimit
 
 import (
 	"context"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -190,6 +192,212 @@ func TestClusterPipelineRedirects(t *testing.T) {
 	// The map may have been reloaded meanwhile (go-redis reloads one older
 	// than 10s): MOVED is then not met, on a slow machine.
 	t.Logf("replies met: %s", seen)
+}
+
+// TestClusterBatchTryAgain: two decisions go out in one batch, the
+// pipeline of a Redis Cluster: first that of a client whose slot migrates
+// (one of its two keys moved, so Redis answers TRYAGAIN to its call), then
+// that of a healthy client of the same primary. The migrating client is
+// decided one key at a time and admitted; the healthy one is logged
+// exactly once, and nothing is left unreverted. Before, go-redis sent the
+// healthy decision 3 more times behind the TRYAGAIN one: its logs held 4
+// entries for 1 admission.
+//
+// The batch is forced as TestModel does: every sender of the batcher is
+// held at the client by a hook, on decisions of other clients, while the
+// two decisions queue up in turn.
+func TestClusterBatchTryAgain(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	ctx := context.Background()
+	rdb := c.Client()
+	gate := &senderGate{}
+	rdb.AddHook(gate)
+	lim := mustNew(t, rdb, []Limit{
+		PerMinute(100, Header("X-Id")).Named("ba"),
+		PerMinute(100, Header("X-Id")).Named("bb"),
+	})
+	allow := func(ctx context.Context, id string) (Result, error) { return lim.Allow(ctx, []string{id, id}, 1) }
+
+	source, err := c.PrimaryFor(logKey("ba", "mig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := keySlot(logKey("ba", "mig"))
+	healthy := ""
+	for i := 0; i < 10_000 && healthy == ""; i++ {
+		id := "h" + strconv.Itoa(i)
+		if p, err := c.PrimaryFor(logKey("ba", id)); err != nil {
+			t.Fatal(err)
+		} else if p == source && keySlot(logKey("ba", id)) != slot {
+			healthy = id
+		}
+	}
+	if healthy == "" {
+		t.Fatalf("no identifier on %s", source.Addr)
+	}
+	ps, err := c.Primaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := ps[0]
+	if target == source {
+		target = ps[1]
+	}
+	if res, err := allow(ctx, "mig"); err != nil || !res.Allowed {
+		t.Fatalf("before the migration: %+v, %v", res, err)
+	}
+	src, dst := source.Client(), target.Client()
+	srcID, err := src.ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dstID, err := dst.ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	host, port, _ := strings.Cut(target.Addr, ":")
+	must(dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
+	must(src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
+	must(src.Migrate(ctx, host, port, logKey("ba", "mig"), 0, 5*time.Second).Err())
+
+	// Every sender busy with a decision held at the client.
+	gate.arm()
+	var wg sync.WaitGroup
+	senders := max(2, runtime.GOMAXPROCS(0)) // internal/slidinglog's maxBatches
+	errs := make([]error, senders+2)
+	results := make([]Result, senders+2)
+	for b := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[b], errs[b] = allow(ctx, "sender"+strconv.Itoa(b))
+		}()
+		select {
+		case <-gate.held:
+		case <-time.After(time.Minute):
+			t.Fatalf("sender %d: no call held in a minute", b)
+		}
+	}
+	// The migrating client's decision queued first, then the healthy one.
+	for j, id := range []string{"mig", healthy} {
+		queued := make(chan struct{}, 1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[senders+j], errs[senders+j] = allow(&waitCtx{Context: ctx, waiting: queued}, id)
+		}()
+		select {
+		case <-queued:
+		case <-time.After(time.Minute):
+			t.Fatalf("the decision of %s never waited for its call", id)
+		}
+	}
+	gate.open()
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil || !results[i].Allowed {
+			t.Errorf("decision %d: %+v, %v; want an admission", i, results[i], err)
+		}
+	}
+	if n := logEntries(t, rdb, "ba", healthy); n != 1 {
+		t.Errorf("the healthy client's log ba holds %d entries for 1 admission", n)
+	}
+	if n := logEntries(t, rdb, "bb", healthy); n != 1 {
+		t.Errorf("the healthy client's log bb holds %d entries for 1 admission", n)
+	}
+	for _, name := range []string{"ba", "bb"} {
+		if n := logEntries(t, rdb, name, "mig"); n != 2 {
+			t.Errorf("the migrating client's log %s holds %d entries for 2 admissions", name, n)
+		}
+	}
+	if n := lim.Unreverted(); n != 0 {
+		t.Errorf("Unreverted() = %d, want 0", n)
+	}
+	if gate.tryAgain.Load() == 0 {
+		t.Error("no call met TRYAGAIN: the test did not test it")
+	}
+}
+
+// senderGate is a hook of a cluster client that holds the library's calls
+// while it is armed, and counts the TRYAGAIN replies they get.
+type senderGate struct {
+	mu       sync.Mutex
+	armed    bool
+	release  chan struct{}
+	held     chan struct{} // receives when a call is held
+	tryAgain atomic.Int64
+}
+
+func (g *senderGate) arm() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.armed, g.release, g.held = true, make(chan struct{}), make(chan struct{}, 64)
+}
+
+func (g *senderGate) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.armed = false
+	close(g.release)
+}
+
+func (g *senderGate) hold() {
+	g.mu.Lock()
+	armed, release, held := g.armed, g.release, g.held
+	g.mu.Unlock()
+	if armed {
+		held <- struct{}{}
+		<-release
+	}
+}
+
+func (g *senderGate) count(cmds ...redis.Cmder) {
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && strings.HasPrefix(err.Error(), "TRYAGAIN") {
+			g.tryAgain.Add(1)
+		}
+	}
+}
+
+func (g *senderGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *senderGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		switch cmd.Name() {
+		case "fcall", "evalsha", "eval":
+			g.hold()
+		}
+		err := next(ctx, cmd)
+		g.count(cmd)
+		return err
+	}
+}
+
+func (g *senderGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		g.count(cmds...)
+		return err
+	}
+}
+
+// waitCtx reports the first time a decision waits on it: the library has
+// queued the decision's call by then.
+type waitCtx struct {
+	context.Context
+	once    sync.Once
+	waiting chan<- struct{}
+}
+
+func (c *waitCtx) Done() <-chan struct{} {
+	c.once.Do(func() { c.waiting <- struct{}{} })
+	return c.Context.Done()
 }
 
 // replyKinds is a hook of a cluster's node clients that counts the error
