@@ -347,14 +347,17 @@ func queue(ctx context.Context, pipe redis.Pipeliner, once bool, command any, co
 // migrating, one key moved), CLUSTERDOWN, LOADING, MASTERDOWN...; and when
 // the connection fails while it reads the replies. The calls behind the
 // first were run by then, and each run logs the decision again: a healthy
-// request counted up to 4 times, never taken back. A pipeline that holds a
-// call whose NoRetry is true is never sent again (go-redis's
-// cmdsContainNoRetry); a call refused with MOVED or ASK, which Redis did
-// not run, is still sent, alone, to the node that has its key. So each
-// call runs once at most, and a retried reply (TRYAGAIN, say) is its own
-// decision's error: the root package decides a group that met TRYAGAIN one
-// key at a time. A call alone is not a pipeline: go-redis sends it again on
-// TRYAGAIN, which Redis refuses before running the call.
+// request counted up to 4 times, never taken back. A node's pipeline that
+// holds a call whose NoRetry is true is not sent again once written
+// (go-redis's cmdsContainNoRetry); one that got no connection, of which
+// nothing reached Redis, still is; a call refused with MOVED or ASK, which
+// Redis did not run, is still sent, alone, to the node that has its key.
+// So each call runs once at most, and a reply go-redis would have retried
+// (TRYAGAIN, say) is its own decision's error: the root package decides a
+// group that met TRYAGAIN one key at a time. The price: the calls of a
+// connection that fails while its replies are read get the error, where
+// go-redis sent them all again. A call alone is not a pipeline: go-redis
+// sends it again on TRYAGAIN, which Redis refuses before running the call.
 //
 // Ring shards and a single Redis keep go-redis's retries: neither answers
 // TRYAGAIN, ASK or MOVED.
