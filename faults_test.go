@@ -73,11 +73,15 @@ var faultTable = []faultRow{
 		gets: getsError, loads: loadsSame, others: "0 (decisions on the node fail only while it says CLUSTERDOWN)"},
 	// A slot migrates and the call's keys are not all on the node: the
 	// group is decided again one key at a time, with reserve and roll-back
-	// (TestClusterSlotMigration does it in a real migration).
+	// (TestClusterSlotMigration does it in a real migration). In a batch's
+	// pipeline it is that call's error alone: go-redis may not send the
+	// primary's other calls again (TestClusterPipelineRedirects).
 	{name: "TRYAGAIN", fault: fakeFault{reply: "TRYAGAIN Multiple keys request during rehashing of slot", multiKey: true},
 		gets: getsDecided, loads: loadsSame, others: "0"},
-	// go-redis's cluster client follows ASK and MOVED (MaxRedirects); one
-	// that reaches the limiter concerns the slot of this call alone.
+	// go-redis's cluster client follows ASK and MOVED (MaxRedirects), in a
+	// pipeline too, sending the refused call alone, once a redirect
+	// (TestClusterPipelineRedirects); one that reaches the limiter
+	// concerns the slot of this call alone.
 	{name: "ASK", fault: fakeFault{reply: "ASK 3999 127.0.0.1:1"},
 		gets: getsError, loads: loadsSame, others: "0"},
 	{name: "MOVED", fault: fakeFault{reply: "MOVED 3999 127.0.0.1:1"},

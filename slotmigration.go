@@ -10,10 +10,13 @@ import (
 // SETSLOT MIGRATING and IMPORTING, then MIGRATE key by key) has some of its
 // keys on each node for a while. Redis answers TRYAGAIN to a call whose
 // keys are not all on the node it reaches, as the call of a group of
-// limits of one client is when one of its keys has moved; go-redis tries
-// it again a few times, with back-off, and then returns the error. A call
-// with one key is never refused so: the source node runs it if it holds
-// the key, and sends it to the target (ASK) if not.
+// limits of one client is when one of its keys has moved. Redis refuses
+// the call before running it; go-redis tries a call alone again a few
+// times, with back-off, and then returns the error, and returns it at once
+// for a call of a batch's pipeline (internal/slidinglog's sentOnce: a
+// pipeline is never sent again). A call with one key is never refused so:
+// the source node runs it if it holds the key, and sends it to the target
+// (ASK) if not.
 //
 // So a group that meets TRYAGAIN is decided again one limit at a time, with
 // the reserve-and-roll-back of decisions split over several slots

@@ -254,17 +254,22 @@ func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 // in a second one, those that met a server without the library or the
 // script, as scriptMode.run would call them again (see scriptMode.retry),
 // and, in a third, as scripts, those that met no library again.
+//
+// Each decision is run by Redis once at most per call sent: on a Redis
+// Cluster go-redis must not send a call of the pipeline again once it
+// reached Redis (see sentOnce).
 func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
+	_, once := c.(*redis.ClusterClient)
 	cmds := make([]*redis.Cmd, len(batch))
 	functions := b.mode.functions()
 	pipe := c.Pipeline()
 	for i, cl := range batch {
 		if functions {
-			cmds[i] = pipe.FCall(ctx, decideCode.function, cl.keys, cl.args...)
+			cmds[i] = queue(ctx, pipe, once, fcallCommand, decideCode.function, cl)
 		} else {
-			cmds[i] = pipe.EvalSha(ctx, decideCode.script.Hash(), cl.keys, cl.args...)
+			cmds[i] = queue(ctx, pipe, once, evalshaCommand, decideCode.script.Hash(), cl)
 		}
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
@@ -292,9 +297,9 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 		pipe = c.Pipeline()
 		for _, i := range retry {
 			if again == rerunFunction {
-				cmds[i] = pipe.FCall(ctx, decideCode.function, batch[i].keys, batch[i].args...)
+				cmds[i] = queue(ctx, pipe, once, fcallCommand, decideCode.function, batch[i])
 			} else {
-				cmds[i] = pipe.Eval(ctx, decideCode.source, batch[i].keys, batch[i].args...)
+				cmds[i] = queue(ctx, pipe, once, evalCommand, decideCode.source, batch[i])
 			}
 		}
 		_, _ = pipe.Exec(ctx)
@@ -308,3 +313,55 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 		retry, again = still, rerunScript
 	}
 }
+
+// The commands a pipeline calls the library with, boxed once.
+var fcallCommand, evalshaCommand, evalCommand any = "fcall", "evalsha", "eval"
+
+// queue adds to pipe cl's call of the library's decide: command is
+// fcallCommand (code is the function's name), evalshaCommand (the script's
+// SHA-1) or evalCommand (its source). It builds the call as go-redis's
+// FCall and EvalSha do. once says that go-redis must not send the call
+// again once it reached Redis (sentOnce).
+func queue(ctx context.Context, pipe redis.Pipeliner, once bool, command any, code string, cl *call) *redis.Cmd {
+	args := make([]any, 3+len(cl.keys), 3+len(cl.keys)+len(cl.args))
+	args[0], args[1], args[2] = command, code, len(cl.keys)
+	for i, key := range cl.keys {
+		args[3+i] = key
+	}
+	cmd := redis.NewCmd(ctx, append(args, cl.args...)...)
+	if len(cl.keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	if once {
+		_ = pipe.Process(ctx, sentOnce{cmd})
+	} else {
+		_ = pipe.Process(ctx, cmd)
+	}
+	return cmd
+}
+
+// sentOnce is a call of a Redis Cluster pipeline that go-redis sends to
+// Redis once at most. go-redis (v9.23.0) sends every call of a primary's
+// pipeline again, up to MaxRedirects times, when the first of them gets a
+// reply it retries: TRYAGAIN (a call with several keys of a slot that is
+// migrating, one key moved), CLUSTERDOWN, LOADING, MASTERDOWN...; and when
+// the connection fails while it reads the replies. The calls behind the
+// first were run by then, and each run logs the decision again: a healthy
+// request counted up to 4 times, never taken back. A node's pipeline that
+// holds a call whose NoRetry is true is not sent again once written
+// (go-redis's cmdsContainNoRetry); one that got no connection, of which
+// nothing reached Redis, still is; a call refused with MOVED or ASK, which
+// Redis did not run, is still sent, alone, to the node that has its key.
+// So each call runs once at most, and a reply go-redis would have retried
+// (TRYAGAIN, say) is its own decision's error: the root package decides a
+// group that met TRYAGAIN one key at a time. The price: the calls of a
+// connection that fails while its replies are read get the error, where
+// go-redis sent them all again. A call alone is not a pipeline: go-redis
+// sends it again on TRYAGAIN, which Redis refuses before running the call.
+//
+// Ring shards and a single Redis keep go-redis's retries: neither answers
+// TRYAGAIN, ASK or MOVED.
+type sentOnce struct{ *redis.Cmd }
+
+// NoRetry reports that go-redis must not send the call again.
+func (sentOnce) NoRetry() bool { return true }
