@@ -228,13 +228,13 @@ func logs(t *testing.T, rdb *redis.Client) map[string]int64 {
 	sort.Strings(keys)
 	got := make(map[string]int64, len(keys))
 	for _, k := range keys {
-		// An exact log (lua/exact.lua): a 16-byte header (base, unit,
-		// refresh-by), then 2 bytes an entry.
+		// An exact log (lua/exact.lua): an 18-byte header (base, unit,
+		// refresh-by, floor), then 2 bytes an entry.
 		log, err := rdb.Get(ctx, k).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		got[k] = int64(len(log)-16) / 2
+		got[k] = int64(len(log)-18) / 2
 	}
 	return got
 }
