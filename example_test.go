@@ -276,7 +276,7 @@ func ExampleWithLogger_untrustedProxy() {
 	sendVia(h, "10.0.0.5:1234", "X-Forwarded-For", "198.51.100.7")
 	sendVia(h, "10.0.0.5:1234", "X-Forwarded-For", "198.51.100.8")
 	// Output:
-	// level=WARN msg="ratelimit: requests arrive through a proxy that is not trusted: every client behind it shares one limit, the proxy's address" header=X-Forwarded-For
+	// level=WARN msg="ratelimit: requests arrive through a proxy that is not trusted: every client behind it shares one limit, the proxy's address" header=X-Forwarded-For warning=untrusted_proxy
 	// 200
 	// 200
 }
