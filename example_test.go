@@ -253,7 +253,8 @@ func ExampleTrustCloudflare() {
 
 // A limiter that counts by ClientIP() but receives requests through a
 // proxy it does not trust counts all the proxy's clients together. With a
-// logger it says so, once.
+// logger it says so there, once; without one, through slog's default
+// logger.
 func ExampleWithLogger_untrustedProxy() {
 	rdb, done := newRedis()
 	defer done()
