@@ -107,6 +107,16 @@ type compiledLimit struct {
 	planCache *planCache // Plans.Cache's, if any
 }
 
+// A LimiterWatcher is an [Observer] that wants to know the Limiters it
+// observes, to report their state (the metrics modules' circuit-breaker
+// gauge): [New] calls Watch once with the Limiter it returns, so that
+// [WithObserver] is the one step a metrics module needs. Watch must be
+// safe to call twice for one Limiter (by New and by the application).
+type LimiterWatcher interface {
+	Observer
+	Watch(l *Limiter)
+}
+
 // New returns a Limiter that enforces limits in the Redis that client talks
 // to. client may be a *redis.Client, *redis.ClusterClient, *redis.Ring or a
 // failover client; it must be built with ContextTimeoutEnabled: true so that

@@ -144,7 +144,7 @@ func (l *Limiter) routesUnseen(p adapt.Pass, r *http.Request) {
 	case l.routeSeen.Load():
 		return
 	}
-	l.unseen.report(l, WarningRoutesUnseen, routesWarning, attrs...)
+	l.unseen.report(l.cfg.logger, l.cfg.observers, WarningRoutesUnseen, routesWarning, attrs...)
 }
 
 // redirectType is the type of the handler http.RedirectHandler returns,
@@ -216,7 +216,7 @@ func init() {
 // apply the failure mode, nil if none did.
 func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (adapt.Verdict, error) {
 	if l.watchProxies && !l.proxies.done.Load() {
-		l.proxies.check(r, l)
+		l.proxies.check(r, l.cfg.logger, l.cfg.logIDs, l.cfg.observers)
 	}
 	for _, skip := range l.cfg.skips {
 		if skip(r) {

@@ -43,11 +43,11 @@ func watchesProxies(cfg *config, limits []Limit) bool {
 	return watch
 }
 
-// check reports the warning for l if r carries a proxy header and the
-// warning was not reported before; the header's value and the peer are
-// logged only if l logs identifiers. It does not allocate when r carries
-// no proxy header.
-func (p *proxyWatch) check(r *http.Request, l *Limiter) {
+// check reports the warning, through logger (slog's default if nil) and
+// to observers, if r carries a proxy header and the warning was not
+// reported before; the header's value and the peer are logged only if
+// logIDs. It does not allocate when r carries no proxy header.
+func (p *proxyWatch) check(r *http.Request, logger *slog.Logger, logIDs bool, observers []Observer) {
 	for _, h := range proxyHeaders {
 		v := r.Header[h.key]
 		if len(v) == 0 {
@@ -57,14 +57,14 @@ func (p *proxyWatch) check(r *http.Request, l *Limiter) {
 			return
 		}
 		attrs := []any{slog.String("header", h.name), slog.String("remedy", proxyRemedy(h.name))}
-		if l.cfg.logIDs {
+		if logIDs {
 			value := v[0]
 			if len(value) > maxLoggedHeader {
 				value = value[:maxLoggedHeader] + "..."
 			}
 			attrs = append(attrs, slog.String("value", value), slog.String("peer", r.RemoteAddr))
 		}
-		p.report(l, WarningUntrustedProxy, proxyWarning, attrs...)
+		p.report(logger, observers, WarningUntrustedProxy, proxyWarning, attrs...)
 		return
 	}
 }

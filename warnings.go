@@ -37,31 +37,20 @@ type WarningObserver interface {
 	ObserveWarning(w Warning)
 }
 
-// A LimiterWatcher is an [Observer] that wants to know the Limiters it
-// observes, to report their state (the metrics modules' circuit-breaker
-// gauge): [New] calls Watch once with the Limiter it returns, so that
-// [WithObserver] is the one step a metrics module needs. Watch must be
-// safe to call twice for one Limiter (by New and by the application).
-type LimiterWatcher interface {
-	Observer
-	Watch(l *Limiter)
-}
-
 // warnOnce reports one warning kind once per Limiter family.
 type warnOnce struct{ done atomic.Bool }
 
-// report logs msg with attrs through l's logger (slog's default without
-// one) and tells l's WarningObservers, the first time only.
-func (w *warnOnce) report(l *Limiter, kind Warning, msg string, attrs ...any) {
+// report logs msg with attrs through lg (slog's default if nil) and tells
+// the WarningObservers among observers, the first time only.
+func (w *warnOnce) report(lg *slog.Logger, observers []Observer, kind Warning, msg string, attrs ...any) {
 	if !w.done.CompareAndSwap(false, true) {
 		return
 	}
-	lg := l.cfg.logger
 	if lg == nil {
 		lg = slog.Default()
 	}
 	lg.Warn(msg, append(attrs, slog.String("warning", string(kind)))...)
-	for _, o := range l.cfg.observers {
+	for _, o := range observers {
 		if wo, ok := o.(WarningObserver); ok {
 			wo.ObserveWarning(kind)
 		}
