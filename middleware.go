@@ -130,19 +130,21 @@ const routesRemedy = "wrap the mux itself, inside the other middleware: logging(
 // did shows the table reachable, and an unknown route then a request no
 // route of the table serves).
 func (l *Limiter) routesUnseen(p adapt.Pass, r *http.Request) {
+	// The cheap answers first: this runs after every such request until
+	// the warning is made.
+	switch {
+	case r.Pattern != "" && l.forRoute(r.Method, r.Pattern) == l:
+		return // a route the table does not declare
+	case r.Pattern == "" && l.routeSeen.Load():
+		return
+	}
 	if p.Resolved() != nil {
 		l.routeSeen.Store(true)
 		return
 	}
 	attrs := []any{slog.String("method", r.Method), slog.String("remedy", routesRemedy)}
-	switch {
-	case r.Pattern != "":
-		if l.forRoute(r.Method, r.Pattern) == l {
-			return
-		}
+	if r.Pattern != "" {
 		attrs = append(attrs, slog.String("route", r.Pattern))
-	case l.routeSeen.Load():
-		return
 	}
 	l.unseen.report(l.cfg.logger, l.cfg.observers, WarningRoutesUnseen, routesWarning, attrs...)
 }
