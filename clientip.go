@@ -67,7 +67,8 @@ func (c *ipConfig) setHeader(by, name string) {
 // X-Forwarded-For, Forwarded and every other header are ignored, so a client
 // cannot choose its key. RemoteAddr is trusted as it is: do not run
 // middleware that rewrites it from request headers (such as chi's
-// middleware.RealIP) before the limiter.
+// middleware.RealIP) before the limiter, unless the router is where the
+// proxies are configured: then say so with [FromRouter].
 //
 // Behind reverse proxies, list their addresses with [TrustProxies], or use
 // a preset: [TrustPrivateNetworks] for a load balancer in a private

@@ -335,7 +335,9 @@ func WithAllowList(key Key, entries ...string) Option {
 // same explicit name (and definition) share its counts, one budget on
 // purpose. The route template must be known when the Limiter
 // decides: it is with the router adapters, and with [Limiter.Handler] when
-// it wraps an [http.ServeMux] or a single route. A request to a route not
+// it wraps an [http.ServeMux] or a single route, or is given the mux with
+// [WithRoutesFrom]; Handler behind other middleware reports, once, that
+// it cannot apply the table ([WarningRoutesUnseen]). A request to a route not
 // declared, or with no template, is decided by the Limiter's limits alone.
 // Default: no routes. [New] reports a template that can match no request,
 // saying what to write instead: no path, a path that does not start with
@@ -440,10 +442,11 @@ func WithObserver(o Observer) Option {
 // clients are admitted again. A Redis that refuses CONFIG GET is not
 // reported on; no decision waits for the check or fails because of it.
 //
-// With a logger, a Limiter one of whose limits or allow-lists
-// ([WithAllowList]) counts by a [ClientIP] key that trusts no proxy (no
-// [TrustProxies] or preset) also logs one warning at Warn, once for it and
-// its [WithRoutes] routes together, at the first request to the middleware
+// A Limiter one of whose limits or allow-lists ([WithAllowList]) counts
+// by a [ClientIP] key that trusts no proxy (no [TrustProxies], preset or
+// [FromRouter]) logs one warning at Warn ([WarningUntrustedProxy]),
+// through this logger or, without WithLogger, [slog.Default], once for it
+// and its [WithRoutes] routes together, at the first request to the middleware
 // that carries X-Forwarded-For, Forwarded, X-Real-IP, CF-Connecting-IP,
 // True-Client-IP or Fastly-Client-IP: the app is probably behind a proxy it
 // does not trust, so every client of that proxy shares the proxy's limit.

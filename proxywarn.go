@@ -79,6 +79,7 @@ func proxyRemedy(header string) string {
 			", and list any proxy between Cloudflare and the app with TrustProxies" + notProxied + header + ignore
 	case "X-Forwarded-For":
 		return "list the proxies' addresses with ClientIP(TrustProxies(cidrs...)), or use ClientIP(TrustPrivateNetworks()) if they are all in private networks" +
+			", or ClientIP(FromRouter()) if the router resolves the client address (gin's SetTrustedProxies, echo's IPExtractor, chi's RealIP)" +
 			notProxied + header + ignore
 	}
 	return "list the proxies' addresses with ClientIP(TrustProxies(cidrs...)) or ClientIP(TrustPrivateNetworks()), and add ProxyHeader(\"" + header +
