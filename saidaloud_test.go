@@ -249,3 +249,38 @@ func TestObserverWatched(t *testing.T) {
 		t.Errorf("watched %v; want the Limiter New returned, once", wc.watched)
 	}
 }
+
+// TestRoutesUnseenAllocs: the check for a route table Handler cannot see
+// costs no allocation, while it runs (requests to routes the table does
+// not declare), and WithRoutesFrom no more than api.Handler(mux): the
+// Handler allocates nothing beyond what the chain it wraps does.
+func TestRoutesUnseenAllocs(t *testing.T) {
+	skipAll := WithSkip(func(*http.Request) bool { return true })
+	mux := loginMux()
+	for name, tc := range map[string]struct {
+		lim   *Limiter
+		chain http.Handler
+	}{
+		"check pending":  {mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")}, loginRoutes(), skipAll), passThrough(mux)},
+		"WithRoutesFrom": {mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")}, loginRoutes(), skipAll, WithRoutesFrom(mux)), passThrough(mux)},
+	} {
+		w := &nopWriter{h: make(http.Header)}
+		r := httptest.NewRequest("GET", "/other", nil)
+		run := func(h http.Handler) float64 {
+			return testing.AllocsPerRun(100, func() {
+				r.Pattern = "" // as a new request
+				h.ServeHTTP(w, r)
+			})
+		}
+		base := run(tc.chain)
+		if name == "WithRoutesFrom" { // what looking the route up costs when Handler wraps the mux itself
+			base = run(passThrough(tc.lim.Handler(mux)))
+		}
+		if n := run(tc.lim.Handler(tc.chain)); n != base {
+			t.Errorf("%s: %v allocations per request, want %v (the chain's own)", name, n, base)
+		}
+		if tc.lim.unseen.done.Load() {
+			t.Errorf("%s: warned for requests to a route the table does not declare", name)
+		}
+	}
+}
