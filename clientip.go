@@ -26,6 +26,7 @@ type ipConfig struct {
 	headerBy  string         // which of them
 	v4Bits    int
 	v6Bits    int
+	router    bool  // FromRouter
 	err       error // first configuration error
 }
 
@@ -66,7 +67,8 @@ func (c *ipConfig) setHeader(by, name string) {
 // X-Forwarded-For, Forwarded and every other header are ignored, so a client
 // cannot choose its key. RemoteAddr is trusted as it is: do not run
 // middleware that rewrites it from request headers (such as chi's
-// middleware.RealIP) before the limiter.
+// middleware.RealIP) before the limiter, unless the router is where the
+// proxies are configured: then say so with [FromRouter].
 //
 // Behind reverse proxies, list their addresses with [TrustProxies], or use
 // a preset: [TrustPrivateNetworks] for a load balancer in a private
@@ -108,10 +110,42 @@ func ClientIP(opts ...IPOption) Key {
 		}
 		opt(c)
 	}
-	if c.headerSet && len(c.trusted) == 0 {
+	if c.router && (len(c.trusted) > 0 || c.headerSet) {
+		c.fail(errors.New("FromRouter with TrustProxies, ProxyHeader or a preset: the router already resolved the client address; configure the proxies in one place, the router's or the limiter's"))
+	} else if c.headerSet && len(c.trusted) == 0 {
 		c.fail(fmt.Errorf("ProxyHeader(%q) without TrustProxies: the header is read only from trusted proxies, so it would never be read; list your proxies with TrustProxies", c.header))
 	}
-	return Key{name: "ip", fn: c.key, err: c.err, addr: c.clientAddr, peer: len(c.trusted) == 0}
+	return Key{name: "ip", fn: c.key, err: c.err, addr: c.clientAddr, peer: len(c.trusted) == 0 && !c.router, router: c.router}
+}
+
+// FromRouter returns an IPOption that counts by the client address the
+// router in front of the limiter resolved, so that proxies are configured
+// once, in the router:
+//
+//   - gin, with the ginratelimit adapter: c.ClientIP(), which trusts the
+//     proxies of engine.SetTrustedProxies and reads
+//     engine.RemoteIPHeaders (or engine.TrustedPlatform, such as
+//     gin.PlatformCloudflare or gin.PlatformGoogleAppEngine). gin trusts
+//     every proxy until SetTrustedProxies is called: call it (with nil to
+//     trust none).
+//   - echo, with the echoratelimit adapter: c.RealIP(), which uses
+//     e.IPExtractor (echo.ExtractIPFromXFFHeader, ExtractIPFromRealIPHeader,
+//     with their TrustOption). Without an IPExtractor echo believes any
+//     X-Forwarded-For a client sends: the adapter then counts by the peer
+//     address instead, as ClientIP() does.
+//   - net/http, chi and any other router: [http.Request.RemoteAddr] as
+//     middleware that ran before the limiter rewrote it (chi's
+//     middleware.RealIP, which believes True-Client-IP, X-Real-IP and
+//     X-Forwarded-For from every client: use it only behind a proxy that
+//     overwrites them, and only if no client can reach the app directly).
+//
+// The limiter then trusts the router: the address is not checked against
+// any proxy list, and no [WarningUntrustedProxy] is reported for such a
+// key. The address is normalized and grouped as ClientIP says. FromRouter
+// with [TrustProxies], [ProxyHeader] or a preset is an error from [New]:
+// the proxies would be configured twice.
+func FromRouter() IPOption {
+	return func(c *ipConfig) { c.router = true }
 }
 
 // parseTrusted parses a TrustProxies entry: parsePrefix's rules, and a

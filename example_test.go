@@ -253,7 +253,8 @@ func ExampleTrustCloudflare() {
 
 // A limiter that counts by ClientIP() but receives requests through a
 // proxy it does not trust counts all the proxy's clients together. With a
-// logger it says so, once.
+// logger it says so there, once; without one, through slog's default
+// logger.
 func ExampleWithLogger_untrustedProxy() {
 	rdb, done := newRedis()
 	defer done()
@@ -276,7 +277,7 @@ func ExampleWithLogger_untrustedProxy() {
 	sendVia(h, "10.0.0.5:1234", "X-Forwarded-For", "198.51.100.7")
 	sendVia(h, "10.0.0.5:1234", "X-Forwarded-For", "198.51.100.8")
 	// Output:
-	// level=WARN msg="ratelimit: requests arrive through a proxy that is not trusted: every client behind it shares one limit, the proxy's address" header=X-Forwarded-For
+	// level=WARN msg="ratelimit: requests arrive through a proxy that is not trusted: every client behind it shares one limit, the proxy's address" header=X-Forwarded-For warning=untrusted_proxy
 	// 200
 	// 200
 }

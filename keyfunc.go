@@ -35,6 +35,9 @@ type Key struct {
 	// and trusts no proxy (ClientIP without TrustProxies, or a Compose of
 	// one): behind a proxy, all its clients share one identifier.
 	peer bool
+	// router says that the Key counts by the client address the router
+	// resolved (ClientIP(FromRouter()), or a Compose of one).
+	router bool
 }
 
 // KeyFunc returns a Key that calls fn. The name is used in default limit names
@@ -223,11 +226,12 @@ func Compose(keys ...Key) Key {
 	names := make([]string, len(keys))
 	fns := make([]func(*http.Request) (string, error), len(keys))
 	var err error
-	peer := false
+	peer, router := false, false
 	for i, k := range keys {
 		names[i] = k.name
 		fns[i] = k.fn
 		peer = peer || k.peer
+		router = router || k.router
 		if k.fn == nil && err == nil {
 			err = fmt.Errorf("part %d of Compose is the zero Key", i)
 		}
@@ -238,7 +242,7 @@ func Compose(keys ...Key) Key {
 	if len(keys) == 0 {
 		err = errors.New("Compose of no keys")
 	}
-	return Key{name: strings.Join(names, "+"), err: err, escaped: true, peer: peer, fn: func(r *http.Request) (string, error) {
+	return Key{name: strings.Join(names, "+"), err: err, escaped: true, peer: peer, router: router, fn: func(r *http.Request) (string, error) {
 		// Each part is escaped and the parts are joined by a byte that
 		// escaping never emits, so ("a|b", "c") and ("a", "b|c") differ.
 		var buf [128]byte // most keys fit: one allocation, the string

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 	"weak"
 
@@ -80,6 +81,13 @@ type Limiter struct {
 	// says that l looks for proxy headers.
 	proxies      *proxyWatch
 	watchProxies bool
+	// unseen reports WarningRoutesUnseen; routeSeen says that a pass of
+	// l's Handler has seen a route (see routesUnseen). routerIP says that
+	// a limit or allow-list of l or its routes counts by the client
+	// address the router resolved (FromRouter).
+	unseen    warnOnce
+	routeSeen atomic.Bool
+	routerIP  bool
 }
 
 // result is the part of a LimitResult that the limit itself gives, for a
@@ -97,6 +105,16 @@ type compiledLimit struct {
 	tiers     []tier
 	tierOf    map[string]int
 	planCache *planCache // Plans.Cache's, if any
+}
+
+// A LimiterWatcher is an [Observer] that wants to know the Limiters it
+// observes, to report their state (the metrics modules' circuit-breaker
+// gauge): [New] calls Watch once with the Limiter it returns, so that
+// [WithObserver] is the one step a metrics module needs. Watch must be
+// safe to call twice for one Limiter (by New and by the application).
+type LimiterWatcher interface {
+	Observer
+	Watch(l *Limiter)
 }
 
 // New returns a Limiter that enforces limits in the Redis that client talks
@@ -118,12 +136,15 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 // it shares.
 func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, parent *Limiter) (*Limiter, error) {
 	cfg := defaultConfig()
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
+	var nilOpts []error
+	for i, o := range opts {
+		if o == nil {
+			nilOpts = append(nilOpts, fmt.Errorf("option %d is nil: leave it out instead", i))
+			continue
 		}
+		o(&cfg)
 	}
-	errs := append([]error(nil), cfg.errs...)
+	errs := append(nilOpts, cfg.errs...)
 	if client == nil || nilPointer(client) {
 		errs = append(errs, errors.New("nil Redis client"))
 	} else if enabled, known := contextTimeouts(client); known && !enabled {
@@ -223,8 +244,32 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		if err := claimNames(client, cfg.prefix, l.limitNames(), func() bool { return w.Value() != nil }); err != nil {
 			return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 		}
+		l.routerIP = l.countsByRouterIP()
+		for _, o := range cfg.observers {
+			if w, ok := o.(LimiterWatcher); ok {
+				w.Watch(l)
+			}
+		}
 	}
 	return l, nil
+}
+
+// countsByRouterIP reports whether a limit or allow-list of l or its
+// routes counts by the client address the router resolved (FromRouter).
+func (l *Limiter) countsByRouterIP() bool {
+	router := l.cfg.routerAllow
+	add := func(d *Limiter) {
+		for i := 0; d != nil && i < len(d.limits); i++ {
+			router = router || d.limits[i].Key.router
+		}
+	}
+	add(l)
+	for _, byMethod := range l.routes {
+		for _, d := range byMethod {
+			add(d)
+		}
+	}
+	return router
 }
 
 // limitNames returns the names of the limits of l and its routes, each
@@ -378,7 +423,13 @@ func (l *Limiter) inPass(p adapt.Pass, r *http.Request) *Limiter {
 		}
 		return d
 	}
-	if p.Route() != nil || d.own == nil {
+	if p.Route() != nil {
+		return nil
+	}
+	if d.own == nil {
+		if r.Pattern != "" {
+			p.Decided(d) // the route was seen (see Limiter.routesUnseen)
+		}
 		return nil
 	}
 	p.Decided(d) // later passes decide nothing more

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"reflect"
 	"slices"
@@ -29,8 +30,16 @@ import (
 //	}))
 //	http.ListenAndServe(":8080", api.Handler(mux))
 //
-// Behind other middleware the mux is out of sight: wrap the mux itself, or
-// each route too.
+// Behind other middleware (api.Handler(logging(mux))) the mux is out of
+// sight: wrap the mux itself, inside the other middleware
+// (logging(api.Handler(mux))), or each route too, or name the mux with
+// [WithRoutesFrom], and Handler looks every request up in it. Otherwise,
+// when l has routes, the first request whose route Handler could not see
+// (none of l's passes further in resolved it) is reported once, out loud,
+// as [WarningRoutesUnseen]: through the [WithLogger] logger, or
+// [slog.Default] without one, and to the metrics modules; after the mux
+// has served it, if the middleware passed the request itself on, the
+// warning names the declared route that was not applied.
 //
 // A request l is already deciding, further up the chain (l's Handler
 // around a mux whose routes are wrapped in l's Handler again, or around a
@@ -45,6 +54,9 @@ import (
 // [http.StripPrefix] make share. Different Limiters each decide.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	mux, _ := next.(*http.ServeMux)
+	if mux == nil {
+		mux = l.cfg.routesFrom
+	}
 	return &handler{l: l, next: next, mux: mux}
 }
 
@@ -52,7 +64,9 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 type handler struct {
 	l    *Limiter
 	next http.Handler
-	mux  *http.ServeMux // next, if it is a ServeMux
+	// mux looks the routes up: next, if it is a ServeMux, else
+	// WithRoutesFrom's.
+	mux *http.ServeMux
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -70,6 +84,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The mux sets r.Pattern in place too, to the same value, when it
 		// dispatches the request.
 		r.Pattern = pattern
+	}
+	// A route table the first pass cannot see is checked for once the
+	// rest of the chain has served the request.
+	if first && r.Pattern == "" && h.l.routes != nil && !h.l.unseen.done.Load() {
+		defer h.l.routesUnseen(pass, r)
 	}
 	l := h.l.inPass(pass, r)
 	if l == nil {
@@ -94,6 +113,40 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			l.cfg.onError(r, err)
 		}
 	}
+}
+
+// routesWarning is the message of WarningRoutesUnseen.
+const routesWarning = "ratelimit: the route table (WithRoutes) was not applied: Handler does not wrap the ServeMux, so it cannot see the request's route"
+
+// routesRemedy says how to let Handler see the routes.
+const routesRemedy = "wrap the mux itself, inside the other middleware: logging(api.Handler(mux)), not api.Handler(logging(mux)); or give the Limiter WithRoutesFrom(mux); with chi, echo or gin, mount the Limiter with its adapter"
+
+// routesUnseen reports WarningRoutesUnseen if the request r, which l's
+// first pass p decided without a route, was not decided with one by a
+// later pass either: its route table could not apply. When the mux set
+// r.Pattern in place (the middleware between passed r itself on), it
+// warns only if the route is one l declared; when r's route stays unknown,
+// only if none of l's passes has ever resolved a route (a later pass that
+// did shows the table reachable, and an unknown route then a request no
+// route of the table serves).
+func (l *Limiter) routesUnseen(p adapt.Pass, r *http.Request) {
+	// The cheap answers first: this runs after every such request until
+	// the warning is made.
+	switch {
+	case r.Pattern != "" && l.forRoute(r.Method, r.Pattern) == l:
+		return // a route the table does not declare
+	case r.Pattern == "" && l.routeSeen.Load():
+		return
+	}
+	if p.Resolved() != nil {
+		l.routeSeen.Store(true)
+		return
+	}
+	attrs := []any{slog.String("method", r.Method), slog.String("remedy", routesRemedy)}
+	if r.Pattern != "" {
+		attrs = append(attrs, slog.String("route", r.Pattern))
+	}
+	l.unseen.report(l.cfg.logger, l.cfg.observers, WarningRoutesUnseen, routesWarning, attrs...)
 }
 
 // redirectType is the type of the handler http.RedirectHandler returns,
@@ -151,6 +204,7 @@ func init() {
 		}
 		return d.verdict(w, r, nil)
 	}
+	adapt.RouterIP = func(l any) bool { return l.(*Limiter).routerIP }
 	adapt.Serve = func(l any, p adapt.Pass, w http.ResponseWriter, r *http.Request) bool {
 		d := l.(*Limiter).inPass(p, r)
 		return d == nil || d.check(w, r, nil)
@@ -163,8 +217,8 @@ func init() {
 // is left to do (see adapt.Verdict). The error is the one that made it
 // apply the failure mode, nil if none did.
 func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (adapt.Verdict, error) {
-	if l.watchProxies && !l.proxies.warned.Load() {
-		l.proxies.check(r, l.cfg.logger, l.cfg.logIDs)
+	if l.watchProxies && !l.proxies.done.Load() {
+		l.proxies.check(r, l.cfg.logger, l.cfg.logIDs, l.cfg.observers)
 	}
 	for _, skip := range l.cfg.skips {
 		if skip(r) {

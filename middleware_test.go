@@ -573,8 +573,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			t.Errorf("combined: err = %v, want it to mention %q", err, want)
 		}
 	}
-	if _, err := New(c, []Limit{ok}, nil); err != nil {
-		t.Errorf("nil option: %v", err)
+	// A nil Option is refused like every nil argument (TestNilOptions).
+	if _, err := New(c, []Limit{ok}, nil); err == nil || !strings.Contains(err.Error(), "option 0 is nil") {
+		t.Errorf("nil option: %v; want it refused", err)
 	}
 }
 

@@ -10,8 +10,16 @@ import (
 	"time"
 )
 
-// An Option configures a [Limiter]. Options are applied in order; a nil
-// Option is ignored.
+// An Option configures a [Limiter]. Options are applied in order.
+//
+// Nil is never a default: a nil Option, and an option given a nil
+// function, interface or pointer (WithClock(nil), WithCost(nil),
+// WithDeniedHandler(nil), WithUnavailableHandler(nil),
+// WithErrorHandler(nil), WithSkip(nil), WithRefund(nil),
+// WithObserver(nil), WithLogger(nil, ...), WithRoutesFrom(nil)), is an
+// error from [New] that names it: leave the option out to keep its
+// default. (A nil or empty map or list, such as WithRoutes(nil), is an
+// empty one.)
 type Option func(*config)
 
 // FailureMode says what the middleware does when it cannot decide: Redis
@@ -70,23 +78,25 @@ const (
 )
 
 type config struct {
-	prefix     string
-	timeout    time.Duration
-	failure    FailureMode
-	clock      func() time.Time
-	cost       func(*http.Request) int
-	headers    HeaderSet
-	onDenied   func(http.ResponseWriter, *http.Request, Result)
-	onFailed   func(http.ResponseWriter, *http.Request, error)
-	onError    func(*http.Request, error)
-	routes     map[string]RouteLimits
-	refund     func(status int) bool
-	skips      []func(*http.Request) bool // WithSkip's and WithAllowList's, in order
-	peerAllow  bool                       // an allow-list reads the peer address, trusting no proxy
-	observers  []Observer
-	logger     *slog.Logger
-	logIDs     bool
-	singleSlot bool
+	prefix      string
+	timeout     time.Duration
+	failure     FailureMode
+	clock       func() time.Time
+	cost        func(*http.Request) int
+	headers     HeaderSet
+	onDenied    func(http.ResponseWriter, *http.Request, Result)
+	onFailed    func(http.ResponseWriter, *http.Request, error)
+	onError     func(*http.Request, error)
+	routes      map[string]RouteLimits
+	refund      func(status int) bool
+	skips       []func(*http.Request) bool // WithSkip's and WithAllowList's, in order
+	peerAllow   bool                       // an allow-list reads the peer address, trusting no proxy
+	routerAllow bool                       // an allow-list reads the address the router resolved
+	routesFrom  *http.ServeMux
+	observers   []Observer
+	logger      *slog.Logger
+	logIDs      bool
+	singleSlot  bool
 
 	breakerFailures int
 	breakerCoolDown time.Duration
@@ -155,17 +165,34 @@ func WithFailureMode(m FailureMode) Option {
 // latest time a log logged at (its newest entry's, or that of entries a
 // refund removed since) is decided, and logged, at that time, and its
 // Retry-After counts from there.
+//
+// A nil now is an error from [New].
 func WithClock(now func() time.Time) Option {
-	return func(c *config) { c.clock = now }
+	return func(c *config) {
+		c.nilArg("WithClock", now == nil, "leave the option out to use the Redis clock")
+		c.clock = now
+	}
+}
+
+// nilArg records, if isNil, that option was given nil, and what to do
+// instead.
+func (c *config) nilArg(option string, isNil bool, instead string) {
+	if isNil {
+		c.errs = append(c.errs, errors.New(option+": nil argument; "+instead))
+	}
 }
 
 // WithCost sets the cost of each request, for routes that should count more
 // than once (an export, a batch call). Default: every request costs 1. A
 // route's [RouteLimits].Cost, if set, takes its place for that route. A cost
 // below 1 is an error: the request gets 503, or is served under [FailOpen];
-// a cost above a limit's quota is always denied.
+// a cost above a limit's quota is always denied. A nil cost is an error
+// from [New].
 func WithCost(cost func(r *http.Request) int) Option {
-	return func(c *config) { c.cost = cost }
+	return func(c *config) {
+		c.nilArg("WithCost", cost == nil, "leave the option out for a cost of 1")
+		c.cost = cost
+	}
 }
 
 // WithHeaders selects the rate-limit headers the middleware writes. Default:
@@ -178,9 +205,12 @@ func WithHeaders(h HeaderSet) Option {
 // WithDeniedHandler sets what answers a denied request. It is called after
 // the rate-limit headers and Retry-After are set, and must write the status
 // itself. Default: 429 with the body "Too Many Requests". [ProblemDetails]
-// is a ready-made alternative.
+// is a ready-made alternative. A nil h is an error from [New].
 func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, res Result)) Option {
-	return func(c *config) { c.onDenied = h }
+	return func(c *config) {
+		c.nilArg("WithDeniedHandler", h == nil, "leave the option out for the default 429")
+		c.onDenied = h
+	}
 }
 
 // WithUnavailableHandler sets what answers a request the limiter could not
@@ -191,9 +221,7 @@ func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, res Result
 // Unavailable". A nil h is an error from [New].
 func WithUnavailableHandler(h func(w http.ResponseWriter, r *http.Request, err error)) Option {
 	return func(c *config) {
-		if h == nil {
-			c.errs = append(c.errs, errors.New("nil unavailable handler"))
-		}
+		c.nilArg("WithUnavailableHandler", h == nil, "leave the option out for the default 503")
 		c.onFailed = h
 	}
 }
@@ -203,9 +231,13 @@ func WithUnavailableHandler(h func(w http.ResponseWriter, r *http.Request, err e
 // breaker, [ErrNoKey], a bad cost), and every error of a refund
 // [WithRefund] asked for, for logging and metrics. It runs on the request's
 // goroutine, before the failure response; keep it fast. It does not see
-// [Limiter.Allow]'s errors, which Allow returns. Default: none.
+// [Limiter.Allow]'s errors, which Allow returns. Default: none. A nil h is
+// an error from [New].
 func WithErrorHandler(h func(r *http.Request, err error)) Option {
-	return func(c *config) { c.onError = h }
+	return func(c *config) {
+		c.nilArg("WithErrorHandler", h == nil, "leave the option out")
+		c.onError = h
+	}
 }
 
 // RouteLimits is what one route adds to a [Limiter]; see [WithRoutes].
@@ -233,7 +265,7 @@ type RouteLimits struct {
 func WithSkip(skip func(r *http.Request) bool) Option {
 	return func(c *config) {
 		if skip == nil {
-			c.errs = append(c.errs, errors.New("nil skip function"))
+			c.nilArg("WithSkip", true, "leave the option out")
 			return
 		}
 		c.skips = append(c.skips, skip)
@@ -278,6 +310,7 @@ func WithAllowList(key Key, entries ...string) Option {
 		}
 		c.skips = append(c.skips, a.skip)
 		c.peerAllow = c.peerAllow || key.peer
+		c.routerAllow = c.routerAllow || key.router
 	}
 }
 
@@ -303,7 +336,9 @@ func WithAllowList(key Key, entries ...string) Option {
 // same explicit name (and definition) share its counts, one budget on
 // purpose. The route template must be known when the Limiter
 // decides: it is with the router adapters, and with [Limiter.Handler] when
-// it wraps an [http.ServeMux] or a single route. A request to a route not
+// it wraps an [http.ServeMux] or a single route, or is given the mux with
+// [WithRoutesFrom]; Handler behind other middleware reports, once, that
+// it cannot apply the table ([WarningRoutesUnseen]). A request to a route not
 // declared, or with no template, is decided by the Limiter's limits alone.
 // Default: no routes. [New] reports a template that can match no request,
 // saying what to write instead: no path, a path that does not start with
@@ -367,18 +402,28 @@ func WithSingleSlot() Option {
 // and only those: [http.Flusher], [http.Hijacker], [io.ReaderFrom] and
 // [http.Pusher], so streaming and protocol upgrades work behind it, and
 // [http.ResponseController] reaches the rest through its Unwrap method.
-// Default: no refunds.
+// Default: no refunds. A nil refund is an error from [New].
 func WithRefund(refund func(status int) bool) Option {
-	return func(c *config) { c.refund = refund }
+	return func(c *config) {
+		c.nilArg("WithRefund", refund == nil, "leave the option out")
+		c.refund = refund
+	}
 }
 
 // WithObserver adds an Observer of every decision of the middleware and of
-// [Limiter.Allow]. Default: none.
+// [Limiter.Allow]. If o is a [LimiterWatcher] (the metrics modules'
+// Metrics are), [New] also hands it the Limiter, so that it can report
+// the Limiter's state (its circuit breakers): WithObserver is the one step
+// metrics need. If o is a [WarningObserver], it also learns of every
+// [Warning]. Default: none. A nil o (or a nil pointer in it) is an error
+// from [New].
 func WithObserver(o Observer) Option {
 	return func(c *config) {
-		if o != nil {
-			c.observers = append(c.observers, o)
+		if o == nil || nilPointer(o) {
+			c.nilArg("WithObserver", true, "leave the option out")
+			return
 		}
+		c.observers = append(c.observers, o)
 	}
 }
 
@@ -398,18 +443,45 @@ func WithObserver(o Observer) Option {
 // clients are admitted again. A Redis that refuses CONFIG GET is not
 // reported on; no decision waits for the check or fails because of it.
 //
-// With a logger, a Limiter one of whose limits or allow-lists
-// ([WithAllowList]) counts by a [ClientIP] key that trusts no proxy (no
-// [TrustProxies] or preset) also logs one warning at Warn, once for it and
-// its [WithRoutes] routes together, at the first request to the middleware
+// A Limiter one of whose limits or allow-lists ([WithAllowList]) counts
+// by a [ClientIP] key that trusts no proxy (no [TrustProxies], preset or
+// [FromRouter]) logs one warning at Warn ([WarningUntrustedProxy]),
+// through this logger or, without WithLogger, [slog.Default], once for it
+// and its [WithRoutes] routes together, at the first request to the middleware
 // that carries X-Forwarded-For, Forwarded, X-Real-IP, CF-Connecting-IP,
 // True-Client-IP or Fastly-Client-IP: the app is probably behind a proxy it
 // does not trust, so every client of that proxy shares the proxy's limit.
 // It names the header, and how to trust the proxy; the header's value
 // and the peer address are logged only if logIdentifiers is true. Until
 // then each request costs a few header lookups, and nothing after.
+//
+// Without WithLogger, the Limiter logs nothing of its decisions, but the
+// [Warning]s, the untrusted-proxy one above and [WarningRoutesUnseen], go
+// to [slog.Default], once each: a mistake that silently weakens a limit is
+// said out loud. Give a logger of slog.DiscardHandler to silence them. A
+// nil logger is an error from [New].
 func WithLogger(logger *slog.Logger, logIdentifiers bool) Option {
-	return func(c *config) { c.logger, c.logIDs = logger, logIdentifiers }
+	return func(c *config) {
+		c.nilArg("WithLogger", logger == nil, "leave the option out to log nothing but warnings (to slog.Default), or pass slog.New(slog.DiscardHandler) to log nothing")
+		c.logger, c.logIDs = logger, logIdentifiers
+	}
+}
+
+// WithRoutesFrom makes [Limiter.Handler] look every request up in mux
+// before deciding, as it does when it wraps a ServeMux itself: for
+// Handler around middleware around mux, api.Handler(logging(mux)), which
+// cannot otherwise see the route, so that [WithRoutes] and [Route] keys
+// apply. mux must be the one the requests reach, with the paths Handler
+// sees (not a mux mounted under [http.StripPrefix], whose paths are
+// shorter); its routes may be registered after New. A Handler that wraps a
+// ServeMux looks the request up in that one. [Limiter.Check] and the
+// router adapters are not affected. Default: none. A nil mux is an error
+// from [New].
+func WithRoutesFrom(mux *http.ServeMux) Option {
+	return func(c *config) {
+		c.nilArg("WithRoutesFrom", mux == nil, "pass the ServeMux the requests reach")
+		c.routesFrom = mux
+	}
 }
 
 // TrustProxies returns an IPOption that trusts the reverse proxies at the

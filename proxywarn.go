@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"log/slog"
 	"net/http"
-	"sync/atomic"
 )
 
 // proxyWarning is the message of the warning proxyWatch logs.
@@ -26,17 +25,17 @@ var proxyHeaders = [...]struct{ name, key string }{
 // logIdentifiers only), so that a hostile header cannot make a huge line.
 const maxLoggedHeader = 256
 
-// proxyWatch logs, once per Limiter family, the warning that requests come
-// through a proxy that ClientIP does not trust.
-type proxyWatch struct{ warned atomic.Bool }
+// proxyWatch reports, once per Limiter family, the warning that requests
+// come through a proxy that ClientIP does not trust
+// ([WarningUntrustedProxy]).
+type proxyWatch struct{ warnOnce }
 
 // watchesProxies reports whether a Limiter with cfg and limits looks for
-// proxy headers: it logs, and one of its limits or allow-lists counts by
-// the peer address without trusting any proxy.
+// proxy headers: one of its limits or allow-lists counts by the peer
+// address without trusting any proxy (and not by the address a router
+// resolved, [FromRouter]). It does with or without a logger: the warning
+// goes to slog's default logger without one.
 func watchesProxies(cfg *config, limits []Limit) bool {
-	if cfg.logger == nil {
-		return false
-	}
 	watch := cfg.peerAllow
 	for i := range limits {
 		watch = watch || limits[i].Key.peer
@@ -44,16 +43,17 @@ func watchesProxies(cfg *config, limits []Limit) bool {
 	return watch
 }
 
-// check logs the warning, through logger, if r carries a proxy header and
-// the warning was not logged before; the header's value and the peer only
-// if logIDs. It does not allocate when r carries no proxy header.
-func (p *proxyWatch) check(r *http.Request, logger *slog.Logger, logIDs bool) {
+// check reports the warning, through logger (slog's default if nil) and
+// to observers, if r carries a proxy header and the warning was not
+// reported before; the header's value and the peer are logged only if
+// logIDs. It does not allocate when r carries no proxy header.
+func (p *proxyWatch) check(r *http.Request, logger *slog.Logger, logIDs bool, observers []Observer) {
 	for _, h := range proxyHeaders {
 		v := r.Header[h.key]
 		if len(v) == 0 {
 			continue
 		}
-		if !p.warned.CompareAndSwap(false, true) {
+		if p.done.Load() {
 			return
 		}
 		attrs := []any{slog.String("header", h.name), slog.String("remedy", proxyRemedy(h.name))}
@@ -64,7 +64,7 @@ func (p *proxyWatch) check(r *http.Request, logger *slog.Logger, logIDs bool) {
 			}
 			attrs = append(attrs, slog.String("value", value), slog.String("peer", r.RemoteAddr))
 		}
-		logger.Warn(proxyWarning, attrs...)
+		p.report(logger, observers, WarningUntrustedProxy, proxyWarning, attrs...)
 		return
 	}
 }
@@ -79,6 +79,7 @@ func proxyRemedy(header string) string {
 			", and list any proxy between Cloudflare and the app with TrustProxies" + notProxied + header + ignore
 	case "X-Forwarded-For":
 		return "list the proxies' addresses with ClientIP(TrustProxies(cidrs...)), or use ClientIP(TrustPrivateNetworks()) if they are all in private networks" +
+			", or ClientIP(FromRouter()) if the router resolves the client address (gin's SetTrustedProxies, echo's IPExtractor, chi's RealIP)" +
 			notProxied + header + ignore
 	}
 	return "list the proxies' addresses with ClientIP(TrustProxies(cidrs...)) or ClientIP(TrustPrivateNetworks()), and add ProxyHeader(\"" + header +

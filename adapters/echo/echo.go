@@ -45,6 +45,15 @@ import (
 // answers with it instead, and Middleware returns nil. Errors that handlers
 // return (echo.HTTPError included) reach the HTTPErrorHandler unchanged.
 //
+// A [ratelimit.ClientIP] key given [ratelimit.FromRouter] counts by echo's
+// c.RealIP(), so that the proxies are configured once, in echo's
+// e.IPExtractor: echo.ExtractIPFromXFFHeader(echo.TrustIPRange(...)) behind
+// a load balancer, echo.ExtractIPFromRealIPHeader(...) behind one that sets
+// X-Real-IP, echo.ExtractIPDirect() with none. Without an IPExtractor echo
+// believes any X-Forwarded-For or X-Real-IP a client sends, so the key
+// then counts by the peer address instead, as ClientIP() does. The Limiter
+// trusts the extractor's answer as it is.
+//
 // A request that l is already deciding (l mounted twice on its way: two
 // e.Use, or e.Use and a group's) is counted once: the second Middleware
 // lets it through undecided, with the headers of the first, unless the
@@ -58,7 +67,21 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 			if first {
 				defer pass.Leave()
 			}
-			switch v, err := adapt.Check(l, pass, c.Response(), resolve(c)); v {
+			r := resolve(c)
+			// ClientIP(FromRouter()) counts by echo's c.RealIP(), handed
+			// over in RemoteAddr while l decides, if e.IPExtractor says
+			// whom to believe; without one echo believes any client's
+			// X-Forwarded-For, so the peer address is kept.
+			routerIP := adapt.RouterIP(l) && c.Echo().IPExtractor != nil
+			var peer string
+			if routerIP {
+				peer, r.RemoteAddr = r.RemoteAddr, c.RealIP()
+			}
+			v, err := adapt.Check(l, pass, c.Response(), r)
+			if routerIP {
+				r.RemoteAddr = peer
+			}
+			switch v {
 			case adapt.Proceed:
 				return next(c)
 			case adapt.Deny:

@@ -58,6 +58,14 @@ var (
 // ([ratelimit.WithDeniedHandler], [ratelimit.WithUnavailableHandler])
 // answers with it instead, and nothing is recorded.
 //
+// A [ratelimit.ClientIP] key given [ratelimit.FromRouter] counts by gin's
+// c.ClientIP(): the proxies are configured once, in gin, with
+// engine.SetTrustedProxies (and engine.RemoteIPHeaders, or
+// engine.TrustedPlatform for a platform's header such as
+// gin.PlatformCloudflare). gin trusts every proxy by default, so that any
+// client could choose its key: call SetTrustedProxies, with nil to trust
+// none, before serving. The Limiter trusts gin's answer as it is.
+//
 // Middleware runs the rest of the chain itself (c.Next). A request that l
 // is already deciding (l mounted twice on its way: two Use, or the engine's
 // and a group's) is counted once: the second Middleware lets it through
@@ -78,7 +86,19 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 		} else {
 			r.Pattern = ratelimit.UnmatchedRoute
 		}
-		switch v, err := adapt.Check(l, pass, c.Writer, r); v {
+		// ClientIP(FromRouter()) counts by gin's c.ClientIP(), which
+		// SetTrustedProxies configures, handed over in RemoteAddr while l
+		// decides.
+		routerIP := adapt.RouterIP(l)
+		var peer string
+		if routerIP {
+			peer, r.RemoteAddr = r.RemoteAddr, c.ClientIP()
+		}
+		v, err := adapt.Check(l, pass, c.Writer, r)
+		if routerIP {
+			r.RemoteAddr = peer
+		}
+		switch v {
 		case adapt.Proceed:
 			c.Next()
 		case adapt.Deny:

@@ -93,6 +93,30 @@ func (p Pass) Again() bool { return p.again }
 // Decided, nil if nothing.
 func (p Pass) Route() any { return p.route }
 
+// Resolved returns what a pass over p's request has recorded with Decided
+// by now (a later pass records what it decided with), nil if nothing. It
+// does nothing for the zero Pass.
+func (p Pass) Resolved() any {
+	if p.l == nil {
+		return nil
+	}
+	s := p.shard()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.passes {
+		if q := &s.passes[i]; q.id == p.id && q.l == p.l {
+			return q.route
+		}
+	}
+	return nil
+}
+
+// RouterIP reports whether the Limiter l, a *ratelimit.Limiter, counts some
+// requests by the client address the router resolved (ClientIP with
+// FromRouter): an adapter then hands that address over in r.RemoteAddr
+// while l decides. Package ratelimit sets it in its init.
+var RouterIP func(l any) bool
+
 // Decided records, for later passes of the same Limiter over the request,
 // what the first pass decided with (the Limiter of the request's route).
 // It does nothing for the zero Pass.

@@ -46,7 +46,6 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	metrics.Watch(limiter)
 
 	for range 3 {
 		_, _ = limiter.Allow(context.Background(), []string{"key-1"}, 1)

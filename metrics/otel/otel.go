@@ -8,7 +8,9 @@
 //	if err != nil { ... }
 //	limiter, err := ratelimit.New(rdb, limits, ratelimit.WithObserver(metrics))
 //	if err != nil { ... }
-//	metrics.Watch(limiter)
+//
+// WithObserver is the one step: ratelimit.New hands the Limiter to the
+// Metrics ([Metrics.Watch]), for the circuit-breaker gauge.
 //
 // The instruments, from the meter named [ScopeName]:
 //
@@ -22,6 +24,11 @@
 //	ratelimit.unreverted         Int64ObservableCounter {unit}: units of
 //	    cost the watched limiters left counted in Redis for requests they did
 //	    not admit ([ratelimit.Limiter.Unreverted])
+//	ratelimit.warnings           Int64Counter {warning}: mistakes the
+//	    limiters reported ([ratelimit.Warning]), once each per Limiter, with
+//	    attribute ratelimit.warning: "untrusted_proxy" (every client behind
+//	    a proxy shares one limit), "routes_unseen" (the route table did not
+//	    apply); alert on any
 //
 // The names follow the shape of the OpenTelemetry semantic conventions'
 // aspnetcore.rate_limiting.* metrics (a requests counter with a result
@@ -40,6 +47,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -63,6 +71,8 @@ const (
 	// left out for the limit's default quota (no plan), so that a plan
 	// named "default" stays distinct from it.
 	PlanKey = attribute.Key("ratelimit.plan")
+	// WarningKey is the [ratelimit.Warning] of ratelimit.warnings.
+	WarningKey = attribute.Key("ratelimit.warning")
 )
 
 // The values of [ResultKey].
@@ -111,12 +121,22 @@ var durationBounds = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .02
 type Metrics struct {
 	requests metric.Int64Counter
 	duration metric.Float64Histogram
+	warnings metric.Int64Counter
 	extra    []attribute.KeyValue    // WithAttributes'
 	record   []metric.RecordOption   // the duration's attributes
 	sets     atomic.Pointer[setsMap] // read without locking; replaced under mu
 
 	mu       sync.Mutex
-	limiters []*ratelimit.Limiter
+	limiters []watchedLimiter
+	gone     uint64 // units left counted by watched limiters that are gone
+}
+
+// watchedLimiter is a watched Limiter, held weakly so that watching does
+// not keep a Limiter the application dropped alive, with the units it had
+// left counted when last read.
+type watchedLimiter struct {
+	l     weak.Pointer[ratelimit.Limiter]
+	units uint64
 }
 
 // setKey names the series of a limit for a plan.
@@ -171,7 +191,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	var (
 		breaker    metric.Int64ObservableGauge
 		unreverted metric.Int64ObservableCounter
-		errs       [4]error
+		errs       [5]error
 	)
 	m.requests, errs[0] = meter.Int64Counter("ratelimit.requests",
 		metric.WithUnit("{request}"),
@@ -186,6 +206,9 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	unreverted, errs[3] = meter.Int64ObservableCounter("ratelimit.unreverted",
 		metric.WithUnit("{unit}"),
 		metric.WithDescription("Units of cost left counted in Redis for requests that were not admitted, because Redis could not take them back."))
+	m.warnings, errs[4] = meter.Int64Counter("ratelimit.warnings",
+		metric.WithUnit("{warning}"),
+		metric.WithDescription("Mistakes the limiters reported (untrusted_proxy, routes_unseen), once each per limiter."))
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, fmt.Errorf("ratelimitotel: %w", err)
 	}
@@ -205,30 +228,60 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 
 // Watch makes ratelimit.breaker.open report l's circuit breakers and
 // ratelimit.unreverted count what l left counted, its [ratelimit.WithRoutes]
-// routes included, from the next collection on. Watch each Limiter once: a
-// Limiter watched twice is counted twice. A nil l is ignored.
+// routes included, from the next collection on. [ratelimit.New] calls it
+// for every Limiter the Metrics observe ([ratelimit.WithObserver]): call
+// it only for a Limiter that does not have them as an observer. A Limiter
+// watched twice is counted once; nil is ignored. A Limiter is watched
+// while the application holds it: once it is dropped, it no longer counts
+// in the gauge, and the units it had left counted stay in the counter.
 func (m *Metrics) Watch(l *ratelimit.Limiter) {
 	if l == nil {
 		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.limiters = append(m.limiters, l)
+	for _, w := range m.limiters {
+		if w.l.Value() == l {
+			return
+		}
+	}
+	m.limiters = append(m.limiters, watchedLimiter{l: weak.Make(l)})
+}
+
+// ObserveWarning counts a warning a Limiter reported
+// ([ratelimit.WarningObserver]) in ratelimit.warnings.
+func (m *Metrics) ObserveWarning(w ratelimit.Warning) {
+	if m.warnings == nil {
+		return // a zero Metrics
+	}
+	kvs := append(m.extra[:len(m.extra):len(m.extra)], WarningKey.String(string(w)))
+	m.warnings.Add(context.Background(), 1, metric.WithAttributeSet(attribute.NewSet(kvs...)))
 }
 
 // watched returns the state of the watched limiters: 1 if a breaker is
-// open, and the units they left counted.
+// open, and the units they left counted; it forgets the limiters that are
+// gone.
 func (m *Metrics) watched() (open, units int64) {
 	m.mu.Lock()
-	limiters := m.limiters[:len(m.limiters):len(m.limiters)]
-	m.mu.Unlock()
+	defer m.mu.Unlock()
 	var n uint64
-	for _, l := range limiters {
+	live := m.limiters[:0]
+	for _, w := range m.limiters {
+		l := w.l.Value()
+		if l == nil {
+			m.gone += w.units
+			continue
+		}
 		if l.BreakerOpen() {
 			open = 1
 		}
-		n += l.Unreverted()
+		w.units = l.Unreverted()
+		n += w.units
+		live = append(live, w)
 	}
+	clear(m.limiters[len(live):])
+	m.limiters = live
+	n += m.gone
 	return open, int64(min(n, math.MaxInt64))
 }
 

@@ -3,6 +3,7 @@ package ratelimitotel_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -381,4 +382,47 @@ func TestZeroMetrics(t *testing.T) {
 	var m ratelimitotel.Metrics
 	m.Observe(benchResult, nil, time.Millisecond)
 	m.Watch(nil)
+}
+
+// TestOneStep (issue 27, item 6): WithObserver is the one step: without
+// a call to Watch, the breaker gauge reports the Limiter's breaker, and
+// the Limiter's warnings are counted in ratelimit.warnings.
+func TestOneStep(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		old := slog.Default()
+		slog.SetDefault(slog.New(slog.DiscardHandler))
+		t.Cleanup(func() { slog.SetDefault(old) })
+		m, reader := newMetrics(t)
+		lim, err := ratelimit.New(b.client, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
+			ratelimit.WithObserver(m), ratelimit.WithCircuitBreaker(1, time.Hour), ratelimit.WithTimeout(redistest.DecisionTimeout),
+			ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login")}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("POST /login", func(http.ResponseWriter, *http.Request) {})
+		wrapped := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { mux.ServeHTTP(w, r.WithContext(r.Context())) })
+		h := lim.Handler(wrapped)
+		for range 2 {
+			r := httptest.NewRequest("POST", "/login", nil)
+			r.Header.Set("X-Forwarded-For", "198.51.100.1")
+			h.ServeHTTP(httptest.NewRecorder(), r)
+		}
+		got := collect(t, reader).values
+		for _, w := range []string{"untrusted_proxy", "routes_unseen"} {
+			if v := got["ratelimit.warnings{ratelimit.warning="+w+"}"]; v != 1 {
+				t.Errorf("ratelimit.warnings{%s} = %d, want 1", w, v)
+			}
+		}
+		if v := got["ratelimit.breaker.open{}"]; v != 0 {
+			t.Errorf("breaker.open = %d with Redis up, want 0", v)
+		}
+		b.kill()
+		if _, err := lim.Allow(context.Background(), []string{"198.51.100.1"}, 1); err == nil {
+			t.Fatal("Allow succeeded with Redis down")
+		}
+		if v := collect(t, reader).values["ratelimit.breaker.open{}"]; v != 1 {
+			t.Errorf("breaker.open = %d with the breaker open and no Watch call, want 1", v)
+		}
+	})
 }

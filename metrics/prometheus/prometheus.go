@@ -5,8 +5,10 @@
 //
 //	metrics := ratelimitprom.New()
 //	limiter, err := ratelimit.New(rdb, limits, ratelimit.WithObserver(metrics))
-//	metrics.Watch(limiter)
 //	prometheus.MustRegister(metrics)
+//
+// WithObserver is the one step: ratelimit.New hands the Limiter to the
+// Metrics ([Metrics.Watch]), for the circuit-breaker gauge.
 //
 // Labels hold limit names and outcomes, never client identifiers, so the
 // number of series stays bounded.
@@ -15,6 +17,7 @@ package ratelimitprom
 import (
 	"sync"
 	"time"
+	"weak"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -36,14 +39,29 @@ import (
 //	    watched limiters left counted in Redis for requests they did not
 //	    admit, because Redis could not take them back
 //	    ([ratelimit.Limiter.Unreverted])
+//	ratelimit_warnings_total{warning}           counter: mistakes the
+//	    limiters reported ([ratelimit.Warning]), once each per Limiter:
+//	    "untrusted_proxy" (every client behind a proxy shares one
+//	    limit), "routes_unseen" (the route table did not apply); alert
+//	    on any
 type Metrics struct {
 	decisions  *prometheus.CounterVec
 	latency    prometheus.Histogram
 	breaker    prometheus.GaugeFunc
 	unreverted prometheus.CounterFunc
+	warnings   *prometheus.CounterVec
 
 	mu       sync.Mutex
-	limiters []*ratelimit.Limiter
+	limiters []watched
+	gone     uint64 // units left counted by watched limiters that are gone
+}
+
+// watched is a watched Limiter, held weakly so that watching does not
+// keep a Limiter the application dropped alive, with the units it had
+// left counted when last read.
+type watched struct {
+	l     weak.Pointer[ratelimit.Limiter]
+	units uint64
 }
 
 // New returns Metrics ready to observe limiters and to be registered.
@@ -67,38 +85,77 @@ func New() *Metrics {
 		Name: "ratelimit_unreverted_units_total",
 		Help: "Units of cost left counted in Redis for requests that were not admitted, because Redis could not take them back.",
 	}, m.unrevertedUnits)
+	m.warnings = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ratelimit_warnings_total",
+		Help: "Mistakes the limiters reported (untrusted_proxy, routes_unseen), once each per limiter.",
+	}, []string{"warning"})
+	for _, w := range []ratelimit.Warning{ratelimit.WarningUntrustedProxy, ratelimit.WarningRoutesUnseen} {
+		m.warnings.WithLabelValues(string(w)) // exported at 0, for alerts on increase
+	}
 	return m
+}
+
+// ObserveWarning counts a warning a Limiter reported
+// ([ratelimit.WarningObserver]).
+func (m *Metrics) ObserveWarning(w ratelimit.Warning) {
+	m.warnings.WithLabelValues(string(w)).Inc()
 }
 
 // Watch makes ratelimit_breaker_open report l's circuit breakers and
 // ratelimit_unreverted_units_total count what l left counted, its
-// [ratelimit.WithRoutes] routes included. Watch each Limiter once: a
-// Limiter watched twice is counted twice.
+// [ratelimit.WithRoutes] routes included. [ratelimit.New] calls it for
+// every Limiter the Metrics observe ([ratelimit.WithObserver]): call it
+// only for a Limiter that does not have them as an observer. A Limiter
+// watched twice is counted once; nil is ignored. A Limiter is watched
+// while the application holds it: once it is dropped, it no longer
+// counts in the gauge, and the units it had left counted stay in the
+// counter.
 func (m *Metrics) Watch(l *ratelimit.Limiter) {
+	if l == nil {
+		return
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.limiters = append(m.limiters, l)
+	for _, w := range m.limiters {
+		if w.l.Value() == l {
+			return
+		}
+	}
+	m.limiters = append(m.limiters, watched{l: weak.Make(l)})
+}
+
+// state returns whether a watched limiter's breaker is open, and the units
+// the watched limiters left counted; it forgets the limiters that are gone.
+func (m *Metrics) state() (open bool, units uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	live := m.limiters[:0]
+	for _, w := range m.limiters {
+		l := w.l.Value()
+		if l == nil {
+			m.gone += w.units
+			continue
+		}
+		open = open || l.BreakerOpen()
+		w.units = l.Unreverted()
+		units += w.units
+		live = append(live, w)
+	}
+	clear(m.limiters[len(live):])
+	m.limiters = live
+	return open, units + m.gone
 }
 
 func (m *Metrics) breakerOpen() float64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, l := range m.limiters {
-		if l.BreakerOpen() {
-			return 1
-		}
+	if open, _ := m.state(); open {
+		return 1
 	}
 	return 0
 }
 
 func (m *Metrics) unrevertedUnits() float64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var n uint64
-	for _, l := range m.limiters {
-		n += l.Unreverted()
-	}
-	return float64(n)
+	_, units := m.state()
+	return float64(units)
 }
 
 // Observe records one decision ([ratelimit.Observer]): its latency, unless
@@ -133,6 +190,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.latency.Describe(ch)
 	m.breaker.Describe(ch)
 	m.unreverted.Describe(ch)
+	m.warnings.Describe(ch)
 }
 
 // Collect implements [prometheus.Collector].
@@ -141,4 +199,5 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.latency.Collect(ch)
 	m.breaker.Collect(ch)
 	m.unreverted.Collect(ch)
+	m.warnings.Collect(ch)
 }

@@ -2,8 +2,10 @@ package ratelimitprom_test
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -36,7 +38,7 @@ func TestMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Watch(lim)
+	m.Watch(lim) // New watched it already: counted once
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(m)
 
@@ -88,6 +90,70 @@ ratelimit_unreverted_units_total 0
 			if n := f.GetMetric()[0].GetHistogram().GetSampleCount(); n != 4 {
 				t.Errorf("the latency histogram counts %d decisions, want 4", n)
 			}
+		}
+	}
+}
+
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
+
+// TestOneStep (issue 27, item 6): WithObserver is the one step: without
+// a call to Watch, ratelimit_breaker_open reports the Limiter's breaker
+// (on a real redis-server, stopped), and the Limiter's warnings are
+// counted in ratelimit_warnings_total.
+func TestOneStep(t *testing.T) {
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.DiscardHandler))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	srv := redistest.Start(t)
+	m := ratelimitprom.New()
+	lim, err := ratelimit.New(srv.Client(), []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
+		ratelimit.WithObserver(m), ratelimit.WithCircuitBreaker(1, time.Hour), ratelimit.WithTimeout(redistest.DecisionTimeout),
+		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login")}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /login", func(http.ResponseWriter, *http.Request) {})
+	h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { mux.ServeHTTP(w, r.WithContext(r.Context())) }))
+	for range 2 {
+		r := httptest.NewRequest("POST", "/login", nil)
+		r.Header.Set("X-Forwarded-For", "198.51.100.1")
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	want := `
+# HELP ratelimit_breaker_open 1 while the circuit breaker of a watched limiter is open.
+# TYPE ratelimit_breaker_open gauge
+ratelimit_breaker_open 0
+# HELP ratelimit_warnings_total Mistakes the limiters reported (untrusted_proxy, routes_unseen), once each per limiter.
+# TYPE ratelimit_warnings_total counter
+ratelimit_warnings_total{warning="routes_unseen"} 1
+ratelimit_warnings_total{warning="untrusted_proxy"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratelimit_breaker_open", "ratelimit_warnings_total"); err != nil {
+		t.Error(err)
+	}
+	srv.Stop()
+	if _, err := lim.Allow(context.Background(), []string{"198.51.100.1"}, 1); err == nil {
+		t.Fatal("Allow succeeded with Redis stopped")
+	}
+	if v := testutil.ToFloat64(prometheus.Collector(gauge{m})); v != 1 {
+		t.Errorf("ratelimit_breaker_open = %v with the breaker open and no Watch needed, want 1", v)
+	}
+}
+
+// gauge collects only the breaker gauge of m.
+type gauge struct{ m *ratelimitprom.Metrics }
+
+func (g gauge) Describe(ch chan<- *prometheus.Desc) {}
+func (g gauge) Collect(ch chan<- prometheus.Metric) {
+	all := make(chan prometheus.Metric, 64)
+	g.m.Collect(all)
+	close(all)
+	for metric := range all {
+		if strings.Contains(metric.Desc().String(), "ratelimit_breaker_open") {
+			ch <- metric
 		}
 	}
 }

@@ -127,8 +127,8 @@ func Start(opts ...ratelimit.Option) *App {
 	flag.Parse()
 	rdb, where := Connect()
 	metrics := ratelimitprom.New()
+	// WithObserver is the one step: New hands the Limiter to the metrics.
 	api := Limiter(rdb, append([]ratelimit.Option{ratelimit.WithObserver(metrics)}, opts...)...)
-	metrics.Watch(api)
 	return &App{API: api, Metrics: metrics, Denials: "problem+json", addr: *addr, where: where}
 }
 

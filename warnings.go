@@ -1,0 +1,58 @@
+package ratelimit
+
+import (
+	"log/slog"
+	"sync/atomic"
+)
+
+// A Warning names a mistake in how a [Limiter] is mounted or configured that
+// it can see only at request time, and reports once, out loud: through the
+// [WithLogger] logger, or [slog.Default] without one, at Warn, and to every
+// [WarningObserver] among its observers.
+type Warning string
+
+const (
+	// WarningUntrustedProxy: a request counted by a [ClientIP] key that
+	// trusts no proxy carried a proxy header (X-Forwarded-For and the
+	// like): the app is probably behind a proxy it does not trust, and
+	// every client of that proxy shares the proxy's limit. Reported at the
+	// first such request of a Limiter and its [WithRoutes] routes.
+	WarningUntrustedProxy Warning = "untrusted_proxy"
+	// WarningRoutesUnseen: [Limiter.Handler] served a request whose route
+	// it could not see, so the route table of [WithRoutes] did not apply:
+	// Handler wraps something other than an [http.ServeMux] (logging or
+	// authentication middleware around the mux), and no pass of the
+	// Limiter further in resolved the route. Reported at the first such
+	// request of a Limiter. Wrap the mux itself (api.Handler(mux) inside
+	// the other middleware), or give the Limiter [WithRoutesFrom].
+	WarningRoutesUnseen Warning = "routes_unseen"
+)
+
+// A WarningObserver is an [Observer] that also learns of every [Warning] a
+// Limiter reports: the metrics modules count them. ObserveWarning runs
+// once per warning and Limiter, on the goroutine of the request that
+// revealed it.
+type WarningObserver interface {
+	Observer
+	ObserveWarning(w Warning)
+}
+
+// warnOnce reports one warning kind once per Limiter family.
+type warnOnce struct{ done atomic.Bool }
+
+// report logs msg with attrs through lg (slog's default if nil) and tells
+// the WarningObservers among observers, the first time only.
+func (w *warnOnce) report(lg *slog.Logger, observers []Observer, kind Warning, msg string, attrs ...any) {
+	if !w.done.CompareAndSwap(false, true) {
+		return
+	}
+	if lg == nil {
+		lg = slog.Default()
+	}
+	lg.Warn(msg, append(attrs, slog.String("warning", string(kind)))...)
+	for _, o := range observers {
+		if wo, ok := o.(WarningObserver); ok {
+			wo.ObserveWarning(kind)
+		}
+	}
+}
