@@ -50,10 +50,9 @@ type Limiter struct {
 	routes map[string]map[string]*Limiter
 	// own, in a route's Limiter, decides the route's own limits alone: for
 	// a request whose first pass through the parent saw no route (see
-	// Limiter.inPass). nil if the route has none. second marks such a
-	// Limiter: its headers join those of the first pass's decision.
-	own    *Limiter
-	second bool
+	// Limiter.inPass). nil if the route has none. Its headers join those
+	// of the first pass's decision (see joinHeaders).
+	own *Limiter
 
 	// policyHeaders holds the RateLimit-Policy values of a decision that
 	// consulted every limit, by the clients' plans: the tiers of the
@@ -280,7 +279,6 @@ func (l *Limiter) buildRoutes() error {
 				errs = append(errs, fmt.Errorf("route %q: %w", template, err))
 				continue
 			}
-			d.own.second = true
 			for j := range d.own.limits { // the same limits as d's last ones: one plan cache each
 				d.own.limits[j].planCache = d.limits[len(l.limits)+j].planCache
 			}

@@ -199,11 +199,7 @@ func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (a
 			return adapt.Unavailable, err
 		}
 	}
-	if l.second {
-		l.joinHeaders(w.Header(), &res)
-	} else {
-		l.writeHeaders(w.Header(), &res)
-	}
+	l.joinHeaders(w.Header(), &res)
 	if res.Allowed {
 		return adapt.Proceed, err
 	}

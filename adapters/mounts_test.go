@@ -8,7 +8,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/gin-gonic/gin"
 	"github.com/go-chi/chi/v5"
 	"github.com/labstack/echo/v4"
@@ -395,5 +397,98 @@ func TestRouteLimitsBehindOuterHandler(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// stackedLimiters returns the per-IP Limiter of authRouters, ipQuota a
+// minute per IP, counting in outer, and a per-user one, userQuota a minute
+// per user at userCost a request, counting in inner (the same Redis or
+// another); both write every header and read one stopped clock.
+func stackedLimiters(t *testing.T, outer, inner redis.UniversalClient, ipQuota, userQuota, userCost int) (ip, user *ratelimit.Limiter) {
+	t.Helper()
+	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
+	opts := []ratelimit.Option{
+		ratelimit.WithTimeout(redistest.DecisionTimeout),
+		ratelimit.WithClock(func() time.Time { return now }),
+		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit | ratelimit.HeadersIETF),
+	}
+	ip, err := ratelimit.New(outer, []ratelimit.Limit{ratelimit.PerMinute(ipQuota, ratelimit.ClientIP()).Named("ip")}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, err = ratelimit.New(inner, []ratelimit.Limit{ratelimit.PerMinute(userQuota, ratelimit.UserFromContext(userKey{})).Named("user")},
+		append(opts, ratelimit.WithCost(func(*http.Request) int { return userCost }))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ip, user
+}
+
+// TestStackedHeaders: when a per-IP Limiter in front of authentication and
+// a per-user one behind it both decide a request, the client sees one
+// answer: X-RateLimit-* describe the limit closest to denying across both
+// (the outer one, about to deny, rather than the inner one, which wrote
+// last), a denial's over an admission with fewer units left, and
+// RateLimit and RateLimit-Policy list both limits; on the same Redis and
+// on two. Before, the inner Limiter's headers replaced the outer's.
+func TestStackedHeaders(t *testing.T) {
+	for _, rt := range authRouters {
+		for _, redises := range []string{"one Redis", "two Redises"} {
+			t.Run(rt.name+"/"+redises, func(t *testing.T) {
+				forBackends(t, func(t *testing.T, rdb *redis.Client, _ []ratelimit.Option) {
+					inner := rdb
+					if redises == "two Redises" {
+						if strings.HasSuffix(t.Name(), "/miniredis") {
+							inner = redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true})
+							t.Cleanup(func() { _ = inner.Close() })
+						} else {
+							inner = redistest.Start(t).Client()
+						}
+					}
+					// The issue's app: 5 a minute per IP outside, 50 per
+					// user inside. The per-IP limit is the closer one.
+					h := rt.build(stackedLimiters(t, rdb, inner, 5, 50, 1))
+					const policy = `"ip";q=5;w=60, "user";q=50;w=60`
+					for i := range 5 {
+						w := send(h, "GET", "/me", "192.0.2.1", "Authorization", "Bearer alice")
+						hd := w.Header()
+						wantRL := `"ip";r=` + strconv.Itoa(4-i) + `;t=60, "user";r=` + strconv.Itoa(49-i) + `;t=60`
+						if w.Code != 200 || hd.Get("X-RateLimit-Limit") != "5" || hd.Get("X-RateLimit-Remaining") != strconv.Itoa(4-i) ||
+							hd.Get("RateLimit") != wantRL || hd.Get("RateLimit-Policy") != policy || len(hd["X-Ratelimit-Limit"]) != 1 {
+							t.Errorf("alice %d: %d X-RateLimit-Limit %q Remaining %q, RateLimit %q, RateLimit-Policy %q; want 200, 5, %d, %q, %q",
+								i, w.Code, hd.Get("X-RateLimit-Limit"), hd.Get("X-RateLimit-Remaining"), hd.Get("RateLimit"), hd.Get("RateLimit-Policy"), 4-i, wantRL, policy)
+						}
+					}
+					if w := send(h, "GET", "/me", "192.0.2.1", "Authorization", "Bearer alice"); w.Code != 429 ||
+						w.Header().Get("X-RateLimit-Limit") != "5" || w.Header().Get("Retry-After") != "60" {
+						t.Errorf("alice, per-IP quota spent: %d, X-RateLimit-Limit %q, Retry-After %q; want 429, 5, 60",
+							w.Code, w.Header().Get("X-RateLimit-Limit"), w.Header().Get("Retry-After"))
+					}
+					// The inner Limiter denies (a request costs 2 of its
+					// 3, 1 left) while the outer, which admitted, has
+					// fewer left (0 of 2): the denial is what the client
+					// sees.
+					h = rt.build(stackedLimiters(t, rdb, inner, 2, 3, 2))
+					for i, want := range []struct {
+						code                   int
+						limit, remaining, rl   string
+						retryAfter, policyWant string
+					}{
+						// A tie (1 left in each, same reset): the smaller quota.
+						{200, "2", "1", `"ip";r=1;t=60, "user";r=1;t=60`, "", `"ip";q=2;w=60, "user";q=3;w=60`},
+						{429, "3", "1", `"ip";r=0;t=60, "user";r=1;t=60`, "60", `"ip";q=2;w=60, "user";q=3;w=60`},
+					} {
+						w := send(h, "GET", "/me", "192.0.2.2", "Authorization", "Bearer bob")
+						hd := w.Header()
+						if w.Code != want.code || hd.Get("X-RateLimit-Limit") != want.limit || hd.Get("X-RateLimit-Remaining") != want.remaining ||
+							hd.Get("RateLimit") != want.rl || hd.Get("Retry-After") != want.retryAfter || hd.Get("RateLimit-Policy") != want.policyWant {
+							t.Errorf("bob %d: %d X-RateLimit-Limit %q Remaining %q RateLimit %q Retry-After %q Policy %q; want %d %q %q %q %q %q", i,
+								w.Code, hd.Get("X-RateLimit-Limit"), hd.Get("X-RateLimit-Remaining"), hd.Get("RateLimit"), hd.Get("Retry-After"), hd.Get("RateLimit-Policy"),
+								want.code, want.limit, want.remaining, want.rl, want.retryAfter, want.policyWant)
+						}
+					}
+				})
+			})
+		}
 	}
 }
