@@ -287,3 +287,16 @@ func serviceUnavailable(w http.ResponseWriter) {
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_, _ = w.Write(unavailableBody)
 }
+
+// unauthorizedBody is the body of the default answer to a request with no
+// key.
+var unauthorizedBody = []byte("Unauthorized\n")
+
+// unauthorized is the default answer to a request a Key cannot identify.
+func unauthorized(w http.ResponseWriter) {
+	h := w.Header()
+	h["Content-Type"] = textPlain
+	h["X-Content-Type-Options"] = nosniff
+	w.WriteHeader(http.StatusUnauthorized)
+	_, _ = w.Write(unauthorizedBody)
+}

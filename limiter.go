@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 	"weak"
 
@@ -63,6 +64,11 @@ type Limiter struct {
 	// skipped is every limit, none consulted: what observers see of a
 	// decision that could not be made.
 	skipped []LimitResult
+	// noKey[i] is what observers see of a request limit i's Key could not
+	// identify (see noKeyResults); noKeyWarned, shared with the Limiters
+	// WithRoutes derives, that the default answer to one was logged.
+	noKey       [][]LimitResult
+	noKeyWarned *atomic.Bool
 
 	plan *plan // what the stores know of the limits
 	// store decides: the Redis store, wrapped by the deny cache and
@@ -187,6 +193,10 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 	tiers := make([][]tier, len(l.limits))
 	for i := range l.limits {
 		tiers[i] = l.limits[i].tiers
+	}
+	l.noKey, l.noKeyWarned = noKeyResults(l.skipped), new(atomic.Bool)
+	if parent != nil {
+		l.noKeyWarned = parent.noKeyWarned
 	}
 	l.policyHeaders = policyHeaders(tiers, func(i int) bool { return l.limits[i].Shadow })
 	p, err := newPlan(l.limits, sharded(client) && !cfg.singleSlot)

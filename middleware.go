@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -118,9 +119,9 @@ func muxRedirect(r *http.Request, h http.Handler) bool {
 // rate-limit headers on w and returns true, and the caller must serve the
 // request: that includes a request no decision could be made for under
 // [FailOpen], which gets no headers. Otherwise Check has written the whole
-// response (429 when denied; 503 when no decision could be made under
-// [FailClosed], or under [FailLocal] when a Key could not identify r or its
-// cost was below 1) and returns false. Check decides on every call: unlike
+// response (429 when denied; 401 when a Key could not identify r, see
+// [WithMissingKey]; 503 when no decision could be made under [FailClosed],
+// or under [FailLocal] when r's cost was below 1) and returns false. Check decides on every call: unlike
 // Handler and the router adapters, it cannot tell a request l is already
 // deciding further up the chain, as it does not see where the request ends.
 func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
@@ -137,6 +138,8 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool
 		tooManyRequests(w)
 	case adapt.Unavailable:
 		serviceUnavailable(w)
+	case adapt.NoKey:
+		unauthorized(w)
 	}
 	return false
 }
@@ -185,6 +188,17 @@ func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (a
 	if err != nil {
 		if l.cfg.onError != nil {
 			l.cfg.onError(r, err)
+		}
+		if s.noKey >= 0 { // no identity: its own answer, never the failure mode's
+			switch {
+			case l.cfg.missingKey == MissingKeySkip:
+				return adapt.Proceed, err
+			case l.cfg.onNoKey != nil:
+				l.cfg.onNoKey(w, r, err)
+				return adapt.Answered, err
+			}
+			l.warnNoKey(s.noKey, err)
+			return adapt.NoKey, err
 		}
 		switch {
 		case res.Local: // FailLocal decided: answer as usual
@@ -249,6 +263,8 @@ func (l *Limiter) decideRequest(r *http.Request, s *scratch) (Result, error) {
 	cost, err := l.requestIDs(r, s)
 	if err == nil {
 		res, err = l.decide(r.Context(), s, cost, true, false)
+	} else if s.noKey >= 0 {
+		res = Result{Allowed: l.cfg.missingKey == MissingKeySkip, Limits: l.noKey[s.noKey], index: -1}
 	}
 	if watched {
 		l.observe(r, s.ids, &res, err, start)
@@ -259,12 +275,17 @@ func (l *Limiter) decideRequest(r *http.Request, s *scratch) (Result, error) {
 // requestIDs extracts r's identifiers into s.ids, and its cost.
 func (l *Limiter) requestIDs(r *http.Request, s *scratch) (cost int, err error) {
 	s.ids = grow(s.ids, len(l.limits))
+	s.noKey = -1
 	for i := range l.limits {
 		id, err := l.limits[i].Key.fn(r)
 		if err != nil {
+			if errors.Is(err, ErrNoKey) {
+				s.noKey = i
+			}
 			return 0, fmt.Errorf("limit %s: %w", l.limits[i].Name, err)
 		}
 		if id == "" {
+			s.noKey = i
 			return 0, fmt.Errorf("limit %s: %w: empty identifier", l.limits[i].Name, ErrNoKey)
 		}
 		s.ids[i] = id

@@ -36,6 +36,12 @@ const (
 	// the caller answers 503. The error says why; it is for logs, not for
 	// the client.
 	Unavailable
+	// NoKey: a Key could not identify the request (ErrNoKey), the Limiter
+	// refuses it (WithMissingKey's default) and has no handler for it. No
+	// header is set; the caller answers 401 Unauthorized (gRPC:
+	// Unauthenticated). The error says which limit and why; it is for
+	// logs, not for the client.
+	NoKey
 )
 
 // A Denial is what a denied request's decision says of the limit that
