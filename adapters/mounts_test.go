@@ -144,7 +144,7 @@ func TestBehindAuth(t *testing.T) {
 				h := rt.build(authLimiters(t, rdb, opts))
 				// A flood without credentials from one IP: 401 while the
 				// per-IP quota lasts, then 429. Had the per-user Limiter
-				// run, it would have found no user and failed closed (503).
+				// run, it would have found no user and refused the request (401).
 				for i, want := range []int{401, 401, 401, 401, 401, 429, 429} {
 					w := send(h, "GET", "/me", "192.0.2.1")
 					if w.Code != want || w.Header().Get("X-RateLimit-Limit") != "5" {
