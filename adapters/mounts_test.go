@@ -267,11 +267,20 @@ func TestPlansBehindAuth(t *testing.T) {
 					t.Fatal(err)
 				}
 				h := rt.build(ip, user)
+				// X-RateLimit-Limit is the quota of the limit closest to
+				// denying across both Limiters: bob's requests leave the
+				// per-IP limit (5) 3 (alice used each IP once), and his
+				// plan's (6) 5, 4, then 3 (a tie: the smaller quota), then
+				// fewer; ops's plan exempts him from the per-user limit.
 				for _, tc := range []struct {
 					user     string
 					admitted int
-					limit    string // X-RateLimit-Limit of the per-user Limiter
-				}{{"alice", 3, "3"}, {"bob", 6, "6"}, {"ops", 8, "5"}} {
+					limit    []string // X-RateLimit-Limit of each request
+				}{
+					{"alice", 3, []string{"3", "3", "3", "3", "3", "3", "3", "3"}},
+					{"bob", 6, []string{"5", "5", "5", "6", "6", "6", "6", "6"}},
+					{"ops", 8, []string{"5", "5", "5", "5", "5", "5", "5", "5"}},
+				} {
 					admitted := 0
 					for i := range 8 {
 						// A new IP each time: the per-IP limit stays out of the way.
@@ -279,8 +288,8 @@ func TestPlansBehindAuth(t *testing.T) {
 						if w.Code == http.StatusOK {
 							admitted++
 						}
-						if got := w.Header().Get("X-RateLimit-Limit"); got != tc.limit {
-							t.Errorf("%s, request %d: X-RateLimit-Limit %q, want %s", tc.user, i+1, got, tc.limit)
+						if got := w.Header().Get("X-RateLimit-Limit"); got != tc.limit[i] {
+							t.Errorf("%s, request %d: X-RateLimit-Limit %q, want %s", tc.user, i+1, got, tc.limit[i])
 						}
 					}
 					if admitted != tc.admitted {
