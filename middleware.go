@@ -164,7 +164,8 @@ func init() {
 // caller: it sets the headers, calls the application's handlers
 // (WithDeniedHandler, WithUnavailableHandler) if it has them, and says what
 // is left to do (see adapt.Verdict). The error is the one that made it
-// apply the failure mode, nil if none did.
+// apply the failure mode, or the ErrNoKey of a request a Key could not
+// identify (answered as WithMissingKey says), nil if neither.
 func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (adapt.Verdict, error) {
 	if l.watchProxies && !l.proxies.warned.Load() {
 		l.proxies.check(r, l.cfg.logger, l.cfg.logIDs)

@@ -59,18 +59,20 @@ func TestDefaultAnswers(t *testing.T) {
 			// any failure mode, but 401 in the router's way, with no
 			// rate-limit headers and no Retry-After (waiting does not help).
 			for _, mode := range []ratelimit.FailureMode{ratelimit.FailClosed, ratelimit.FailOpen, ratelimit.FailLocal} {
-				forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
-					l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key"))},
-						append(opts, ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithFailureMode(mode))...)
-					if err != nil {
-						t.Fatal(err)
-					}
-					w := send(rt.build(l), "GET", "/users/1", "192.0.2.1")
-					got := w.Result().Header
-					if w.Code != 401 || !sameType(got, want[401].contentType) || w.Body.String() != want[401].body ||
-						got.Get("Retry-After") != "" || got.Get("X-RateLimit-Limit") != "" {
-						t.Errorf("%v, no key: %d %v %q, want 401 %q %q without Retry-After or limit headers", mode, w.Code, got, w.Body, want[401].contentType, want[401].body)
-					}
+				t.Run("no key "+mode.String(), func(t *testing.T) {
+					forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+						l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key"))},
+							append(opts, ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithFailureMode(mode))...)
+						if err != nil {
+							t.Fatal(err)
+						}
+						w := send(rt.build(l), "GET", "/users/1", "192.0.2.1")
+						got := w.Result().Header
+						if w.Code != 401 || !sameType(got, want[401].contentType) || w.Body.String() != want[401].body ||
+							got.Get("Retry-After") != "" || got.Get("X-RateLimit-Limit") != "" {
+							t.Errorf("%v, no key: %d %v %q, want 401 %q %q without Retry-After or limit headers", mode, w.Code, got, w.Body, want[401].contentType, want[401].body)
+						}
+					})
 				})
 			}
 			// A Redis that is gone, under FailClosed (the default).

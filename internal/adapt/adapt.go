@@ -72,7 +72,9 @@ type DenialRecorder interface {
 // false for decides only what the first pass could not: the limits of r's
 // route, if the first pass saw no route; otherwise it proceeds undecided.
 // The error is the one that made the Limiter apply its failure mode (also
-// under FailOpen, with Proceed), nil otherwise. Package ratelimit sets it
+// under FailOpen, with Proceed), or the ErrNoKey of a request a Key could
+// not identify (with NoKey, Answered, or Proceed under MissingKeySkip),
+// nil otherwise. Package ratelimit sets it
 // in its init.
 var Check func(l any, p Pass, w http.ResponseWriter, r *http.Request) (Verdict, error)
 
