@@ -14,8 +14,9 @@ import (
 
 // Handler returns middleware that rate-limits the requests to next: an
 // admitted request reaches next with the rate-limit headers set; a denied one
-// is answered with 429 (see [WithDeniedHandler]); one the limiter cannot
-// decide gets the failure mode ([WithFailureMode]).
+// is answered with 429 (see [WithDeniedHandler]); one a [Key] cannot
+// identify gets 401 ([WithMissingKey]); one the limiter cannot decide gets
+// the failure mode ([WithFailureMode]).
 //
 // A request is decided by the limits [WithRoutes] declared for its route
 // template (r.Pattern) together with l's own, once. Wrap a single route, or
@@ -43,7 +44,10 @@ import (
 // separate: a request the route's limits deny stays counted in l's own, and
 // an [Observer] sees both. A request is
 // recognised by its Header map, which the copies r.WithContext and
-// [http.StripPrefix] make share. Different Limiters each decide.
+// [http.StripPrefix] make share. Different Limiters each decide, and
+// their headers compose: X-RateLimit-* describe the limit closest to
+// denying across all of them, RateLimit and RateLimit-Policy list the
+// limits of every decision (see [HeadersXRateLimit]).
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	mux, _ := next.(*http.ServeMux)
 	return &handler{l: l, next: next, mux: mux}

@@ -663,7 +663,15 @@ const (
 	//	                       denied request would fit
 	//
 	// "Closest to denying" is the limit that denied, else the one with the
-	// fewest units remaining. See [Result] for the exact meaning.
+	// fewest units remaining (then the later reset, then the smaller
+	// quota). See [Result] for the exact meaning. When several Limiters
+	// decide one request (a per-IP one in front of authentication, a
+	// per-user one behind it; on one Redis or several), it is the closest
+	// across all of them: a later Limiter's headers replace an earlier
+	// one's only if its limit is closer (its denial always is), and a later
+	// admission never hides an earlier denial. Retry-After is then the
+	// later of the denials'. HeadersIETF's lists join the items of every
+	// decision, the earlier first.
 	HeadersXRateLimit HeaderSet = 1 << iota
 	// HeadersIETF writes the RateLimit and RateLimit-Policy fields of
 	// draft-ietf-httpapi-ratelimit-headers-10, one item per enforced limit

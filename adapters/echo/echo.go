@@ -54,7 +54,8 @@ import (
 // lets it through undecided, with the headers of the first, unless the
 // first pass saw no route (l's Handler around the echo server): it then
 // decides the route's own limits ([ratelimit.WithRoutes]). Different
-// Limiters each decide.
+// Limiters each decide, and the client sees their headers composed (see
+// [ratelimit.HeadersXRateLimit]).
 func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {

@@ -67,7 +67,9 @@ var (
 // and a group's) is counted once: the second Middleware lets it through
 // undecided, with the headers of the first, unless the first pass saw no
 // route (l's Handler around the gin engine): it then decides the route's
-// own limits ([ratelimit.WithRoutes]). Different Limiters each decide.
+// own limits ([ratelimit.WithRoutes]). Different Limiters each decide, and
+// the client sees their headers composed (see
+// [ratelimit.HeadersXRateLimit]).
 func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		r := c.Request
