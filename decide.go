@@ -117,6 +117,7 @@ func (l *Limiter) deadline(ctx context.Context, start time.Time) time.Time {
 // a decision does not allocate for it.
 type scratch struct {
 	wantTicket bool // an admitted request's Result gets what Refund needs
+	noKey      int  // the limit whose Key could not identify the request (ErrNoKey), -1 if none
 	ids        []string
 	buf        []byte
 	ends       []int

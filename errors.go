@@ -28,7 +28,11 @@ var ErrNotRefundable = errors.New("ratelimit: nothing to refund")
 var ErrNotReverted = errors.New("ratelimit: entries could not be removed")
 
 // ErrNoKey is returned (wrapped) when a [Key] cannot identify the request: a
-// missing header, no user, no route template. The middleware treats it like a
-// Redis failure and applies the failure mode; it never falls back to a bucket
-// shared with other clients.
+// missing header, no user, no route template, a broken or hostile
+// forwarding header. It is not a failure: the middleware answers such a
+// request as [WithMissingKey] says (by default 401 Unauthorized, gRPC
+// Unauthenticated), never with the failure mode, and never falls back to
+// a bucket shared with other clients. [WithErrorHandler], a
+// [WithMissingKeyHandler] and observers get an error that wraps it, for
+// errors.Is.
 var ErrNoKey = errors.New("ratelimit: request has no key")

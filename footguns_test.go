@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -98,7 +97,7 @@ func testUserFromContextIDs(t *testing.T, b backend) {
 	}{
 		{int64(7), 200}, {"7", 200}, {int32(7), 429}, // one user
 		{&userName{"ann"}, 200}, {&userName{"ann"}, 200}, {&userName{"ann"}, 429},
-		{(*userName)(nil), 503}, {3.5, 503}, {"", 503},
+		{(*userName)(nil), 401}, {3.5, 401}, {"", 401}, // no key (WithMissingKey)
 	} {
 		if got := serveAs(tc.user); got != tc.code {
 			t.Errorf("request %d as %#v: %d, want %d", i, tc.user, got, tc.code)
@@ -221,9 +220,9 @@ func testUnavailableHandler(t *testing.T, b backend) {
 			_, _ = w.Write([]byte(`{"error":"try again"}`))
 		}))
 	h := lim.Handler(okHandler)
-	w := serve(h, "GET", "/", "192.0.2.1:1") // no X-Api-Key: no key
-	if w.Code != 503 || w.Body.String() != `{"error":"try again"}` || w.Header().Get("Retry-After") != "1" || !errors.Is(got, ErrNoKey) {
-		t.Errorf("no key: %d %v %q, handler saw %v; want the handler's 503 with Retry-After and ErrNoKey", w.Code, w.Header(), w.Body, got)
+	w := serve(h, "GET", "/", "192.0.2.1:1") // no X-Api-Key: no key, not a failure
+	if w.Code != 401 || w.Header().Get("Retry-After") != "" || got != nil {
+		t.Errorf("no key: %d %v %q, handler saw %v; want 401 without Retry-After, the handler not called", w.Code, w.Header(), w.Body, got)
 	}
 	r := httptest.NewRequest("GET", "/", nil)
 	r.Header.Set("X-Api-Key", "k")

@@ -44,10 +44,7 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 	}
 	enforced := !res.Limits[res.index].Shadow // else only shadow limits were consulted
 	if l.cfg.headers&HeadersXRateLimit != 0 && enforced {
-		reset := res.Reset.Unix()
-		if res.Reset.Nanosecond() > 0 {
-			reset++
-		}
+		reset := resetSeconds(res.Reset)
 		h[hdrLimit] = l.limits[res.index].tiers[res.Limits[res.index].tier].limitHdr
 		h[hdrRemaining] = number(int64(res.Remaining))
 		h[hdrReset] = number(reset)
@@ -93,25 +90,83 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 	}
 }
 
-// joinHeaders sets the headers of res, the decision of a route's own
-// limits after a first pass decided the Limiter's (see Limiter.inPass),
-// joined with that pass's: the X-RateLimit fields describe the limit of
-// either decision closest to denying (the route's if it denied), and the
-// RateLimit fields list the limits of both.
+// joinHeaders sets the headers of res on h, joined with those an earlier
+// decision of the same request left there, so that the client sees one
+// answer however many decisions it met: another Limiter further up the
+// chain (a per-IP Limiter in front of authentication, a per-user one
+// behind it, on the same Redis or another), or the first pass of l's own
+// family when this is the decision of a route's own limits (see
+// Limiter.inPass). The X-RateLimit fields describe the limit closest to
+// denying across the decisions: a denial's over an admission's, the later
+// Retry-After's of two denials, else the fewest units remaining, then the
+// later reset, then the smaller quota (as [Result] picks among one
+// decision's limits); Retry-After is the later of two denials'; the
+// RateLimit and RateLimit-Policy lists hold the items of every decision,
+// the earlier first. The state is the response's headers themselves, so it
+// is per request and costs nothing when one decision sets them: a few map
+// lookups, and one allocation per joined list when several do.
 func (l *Limiter) joinHeaders(h http.Header, res *Result) {
 	if res.index < 0 {
-		return // the route's limits do not count the client: the first pass's stand
+		return // no limit counts the client: the earlier decisions' headers stand
 	}
 	limit, remaining, reset := h[hdrLimit], h[hdrRemaining], h[hdrReset]
-	rateLimit, policy := h[hdrRateLimit], h[hdrPolicy]
+	rateLimit, policy, retry := h[hdrRateLimit], h[hdrPolicy], h[hdrRetryAfter]
 	l.writeHeaders(h, res)
-	if len(remaining) == 1 && res.Allowed {
-		if n, err := strconv.Atoi(remaining[0]); err == nil && n < res.Remaining {
+	// An earlier decision denied the request when it left Retry-After (a
+	// later Limiter then runs only if the application carries on after
+	// a refusal, as with Check): it is never hidden by a later admission.
+	earlierDenied := len(retry) == 1
+	if earlierDenied && !res.Allowed {
+		if prev, ours := headerInt(retry), ceilSeconds(res.RetryAfter); res.RetryAfter <= 0 || prev >= ours {
+			h[hdrRetryAfter] = retry
+		}
+	}
+	wroteX := l.cfg.headers&HeadersXRateLimit != 0 && !res.Limits[res.index].Shadow
+	if wroteX && len(remaining) == 1 && len(limit) == 1 && len(reset) == 1 {
+		keep := false
+		switch {
+		case earlierDenied && res.Allowed:
+			keep = true
+		case earlierDenied: // both denied: the one that frees up last
+			keep = sameSlice(h[hdrRetryAfter], retry)
+		case !res.Allowed:
+			keep = false // a denial is closest to denying
+		default:
+			n, ours := headerInt(remaining), int64(res.Remaining)
+			prevReset, ourReset := headerInt(reset), resetSeconds(res.Reset)
+			keep = n < ours || n == ours && (prevReset > ourReset || prevReset == ourReset && headerInt(limit) < int64(res.Limit))
+		}
+		if keep {
 			h[hdrLimit], h[hdrRemaining], h[hdrReset] = limit, remaining, reset
 		}
 	}
 	joinList(h, hdrRateLimit, rateLimit)
 	joinList(h, hdrPolicy, policy)
+}
+
+// headerInt returns the integer a header value holds, 0 if none.
+func headerInt(v []string) int64 {
+	if len(v) != 1 {
+		return 0
+	}
+	n, _ := strconv.ParseInt(v[0], 10, 64)
+	return n
+}
+
+// sameSlice reports whether a and b are the same header value (the same
+// backing array).
+func sameSlice(a, b []string) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+// resetSeconds is t as X-RateLimit-Reset writes it: Unix seconds, rounded
+// up.
+func resetSeconds(t time.Time) int64 {
+	s := t.Unix()
+	if t.Nanosecond() > 0 {
+		s++
+	}
+	return s
 }
 
 // joinList puts the items of first, a list field's earlier value, before
@@ -231,4 +286,17 @@ func serviceUnavailable(w http.ResponseWriter) {
 	h[hdrRetryAfter] = retryAfterOne
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_, _ = w.Write(unavailableBody)
+}
+
+// unauthorizedBody is the body of the default answer to a request with no
+// key.
+var unauthorizedBody = []byte("Unauthorized\n")
+
+// unauthorized is the default answer to a request a Key cannot identify.
+func unauthorized(w http.ResponseWriter) {
+	h := w.Header()
+	h["Content-Type"] = textPlain
+	h["X-Content-Type-Options"] = nosniff
+	w.WriteHeader(http.StatusUnauthorized)
+	_, _ = w.Write(unauthorizedBody)
 }

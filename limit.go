@@ -104,9 +104,9 @@ type Plans struct {
 	// context ends (Done closes, Err is context.Canceled) as soon as Of
 	// returns, so work Of leaves running under it stops. It runs
 	// once per request and limit, before the decision, and must be safe
-	// for concurrent use. An error fails the decision as a Key that cannot
-	// identify the request does ([ErrNoKey]'s failure mode: 503 under
-	// FailClosed and FailLocal, served without the limit under FailOpen).
+	// for concurrent use. An error fails the decision: the failure mode
+	// (503 under FailClosed and FailLocal, served without the limit under
+	// FailOpen), as a Redis failure does, for an Of that asks a database.
 	Of func(ctx context.Context, id string) (string, error)
 	// Cache, if positive, makes the Limiter remember Of's answer for an id
 	// for that long, in this process (up to 100,000 ids per limit): for an

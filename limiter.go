@@ -51,10 +51,9 @@ type Limiter struct {
 	routes map[string]map[string]*Limiter
 	// own, in a route's Limiter, decides the route's own limits alone: for
 	// a request whose first pass through the parent saw no route (see
-	// Limiter.inPass). nil if the route has none. second marks such a
-	// Limiter: its headers join those of the first pass's decision.
-	own    *Limiter
-	second bool
+	// Limiter.inPass). nil if the route has none. Its headers join those
+	// of the first pass's decision (see joinHeaders).
+	own *Limiter
 
 	// policyHeaders holds the RateLimit-Policy values of a decision that
 	// consulted every limit, by the clients' plans: the tiers of the
@@ -65,6 +64,11 @@ type Limiter struct {
 	// skipped is every limit, none consulted: what observers see of a
 	// decision that could not be made.
 	skipped []LimitResult
+	// noKey[i] is what observers see of a request limit i's Key could not
+	// identify (see noKeyResults); noKeyWarned, shared with the Limiters
+	// WithRoutes derives, that the default answer to one was logged.
+	noKey       [][]LimitResult
+	noKeyWarned *atomic.Bool
 
 	plan *plan // what the stores know of the limits
 	// store decides: the Redis store, wrapped by the deny cache and
@@ -210,6 +214,10 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 	for i := range l.limits {
 		tiers[i] = l.limits[i].tiers
 	}
+	l.noKey, l.noKeyWarned = noKeyResults(l.skipped), new(atomic.Bool)
+	if parent != nil {
+		l.noKeyWarned = parent.noKeyWarned
+	}
 	l.policyHeaders = policyHeaders(tiers, func(i int) bool { return l.limits[i].Shadow })
 	p, err := newPlan(l.limits, sharded(client) && !cfg.singleSlot)
 	if err != nil {
@@ -325,7 +333,6 @@ func (l *Limiter) buildRoutes() error {
 				errs = append(errs, fmt.Errorf("route %q: %w", template, err))
 				continue
 			}
-			d.own.second = true
 			for j := range d.own.limits { // the same limits as d's last ones: one plan cache each
 				d.own.limits[j].planCache = d.limits[len(l.limits)+j].planCache
 			}

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -14,8 +15,9 @@ import (
 
 // Handler returns middleware that rate-limits the requests to next: an
 // admitted request reaches next with the rate-limit headers set; a denied one
-// is answered with 429 (see [WithDeniedHandler]); one the limiter cannot
-// decide gets the failure mode ([WithFailureMode]).
+// is answered with 429 (see [WithDeniedHandler]); one a [Key] cannot
+// identify gets 401 ([WithMissingKey]); one the limiter cannot decide gets
+// the failure mode ([WithFailureMode]).
 //
 // A request is decided by the limits [WithRoutes] declared for its route
 // template (r.Pattern) together with l's own, once. Wrap a single route, or
@@ -51,7 +53,10 @@ import (
 // separate: a request the route's limits deny stays counted in l's own, and
 // an [Observer] sees both. A request is
 // recognised by its Header map, which the copies r.WithContext and
-// [http.StripPrefix] make share. Different Limiters each decide.
+// [http.StripPrefix] make share. Different Limiters each decide, and
+// their headers compose: X-RateLimit-* describe the limit closest to
+// denying across all of them, RateLimit and RateLimit-Policy list the
+// limits of every decision (see [HeadersXRateLimit]).
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	mux, _ := next.(*http.ServeMux)
 	if mux == nil {
@@ -171,9 +176,9 @@ func muxRedirect(r *http.Request, h http.Handler) bool {
 // rate-limit headers on w and returns true, and the caller must serve the
 // request: that includes a request no decision could be made for under
 // [FailOpen], which gets no headers. Otherwise Check has written the whole
-// response (429 when denied; 503 when no decision could be made under
-// [FailClosed], or under [FailLocal] when a Key could not identify r or its
-// cost was below 1) and returns false. Check decides on every call: unlike
+// response (429 when denied; 401 when a Key could not identify r, see
+// [WithMissingKey]; 503 when no decision could be made under [FailClosed],
+// or under [FailLocal] when r's cost was below 1) and returns false. Check decides on every call: unlike
 // Handler and the router adapters, it cannot tell a request l is already
 // deciding further up the chain, as it does not see where the request ends.
 func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
@@ -190,6 +195,8 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool
 		tooManyRequests(w)
 	case adapt.Unavailable:
 		serviceUnavailable(w)
+	case adapt.NoKey:
+		unauthorized(w)
 	}
 	return false
 }
@@ -215,7 +222,8 @@ func init() {
 // caller: it sets the headers, calls the application's handlers
 // (WithDeniedHandler, WithUnavailableHandler) if it has them, and says what
 // is left to do (see adapt.Verdict). The error is the one that made it
-// apply the failure mode, nil if none did.
+// apply the failure mode, or the ErrNoKey of a request a Key could not
+// identify (answered as WithMissingKey says), nil if neither.
 func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (adapt.Verdict, error) {
 	if l.watchProxies && !l.proxies.done.Load() {
 		l.proxies.check(r, l.cfg.logger, l.cfg.logIDs, l.cfg.observers)
@@ -240,6 +248,17 @@ func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (a
 		if l.cfg.onError != nil {
 			l.cfg.onError(r, err)
 		}
+		if s.noKey >= 0 { // no identity: its own answer, never the failure mode's
+			switch {
+			case l.cfg.missingKey == MissingKeySkip:
+				return adapt.Proceed, err
+			case l.cfg.onNoKey != nil:
+				l.cfg.onNoKey(w, r, err)
+				return adapt.Answered, err
+			}
+			l.warnNoKey(s.noKey, err)
+			return adapt.NoKey, err
+		}
 		switch {
 		case res.Local: // FailLocal decided: answer as usual
 		case l.cfg.failure == FailOpen:
@@ -253,11 +272,7 @@ func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (a
 			return adapt.Unavailable, err
 		}
 	}
-	if l.second {
-		l.joinHeaders(w.Header(), &res)
-	} else {
-		l.writeHeaders(w.Header(), &res)
-	}
+	l.joinHeaders(w.Header(), &res)
 	if res.Allowed {
 		return adapt.Proceed, err
 	}
@@ -307,6 +322,8 @@ func (l *Limiter) decideRequest(r *http.Request, s *scratch) (Result, error) {
 	cost, err := l.requestIDs(r, s)
 	if err == nil {
 		res, err = l.decide(r.Context(), s, cost, true, false)
+	} else if s.noKey >= 0 {
+		res = Result{Allowed: l.cfg.missingKey == MissingKeySkip, Limits: l.noKey[s.noKey], index: -1}
 	}
 	if watched {
 		l.observe(r, s.ids, &res, err, start)
@@ -317,12 +334,17 @@ func (l *Limiter) decideRequest(r *http.Request, s *scratch) (Result, error) {
 // requestIDs extracts r's identifiers into s.ids, and its cost.
 func (l *Limiter) requestIDs(r *http.Request, s *scratch) (cost int, err error) {
 	s.ids = grow(s.ids, len(l.limits))
+	s.noKey = -1
 	for i := range l.limits {
 		id, err := l.limits[i].Key.fn(r)
 		if err != nil {
+			if errors.Is(err, ErrNoKey) {
+				s.noKey = i
+			}
 			return 0, fmt.Errorf("limit %s: %w", l.limits[i].Name, err)
 		}
 		if id == "" {
+			s.noKey = i
 			return 0, fmt.Errorf("limit %s: %w: empty identifier", l.limits[i].Name, ErrNoKey)
 		}
 		s.ids[i] = id

@@ -468,11 +468,12 @@ func testFailureModes(t *testing.T, b backend) {
 			t.Errorf("503 without Retry-After: %v", w.Header())
 		}
 	}
-	// A key function that cannot identify the request is an error too.
+	// A key function that cannot identify the request reaches the error
+	// handler too, but is answered as WithMissingKey says (401).
 	var hooked error
 	lim := mustNew(t, c, []Limit{PerMinute(5, Header("X-Api-Key"))},
 		WithErrorHandler(func(_ *http.Request, err error) { hooked = err }))
-	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 503 || !errors.Is(hooked, ErrNoKey) {
+	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 401 || !errors.Is(hooked, ErrNoKey) {
 		t.Errorf("missing key: status %d, hook got %v", w.Code, hooked)
 	}
 }

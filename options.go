@@ -23,7 +23,9 @@ import (
 type Option func(*config)
 
 // FailureMode says what the middleware does when it cannot decide: Redis
-// failed or timed out, or a [Key] could not identify the request.
+// failed or timed out, the circuit breaker is open, a [Plans].Of or a
+// [KeyFunc] failed, a cost is below 1. A request a [Key] cannot identify
+// ([ErrNoKey]) is not one of these: see [WithMissingKey].
 type FailureMode uint8
 
 const (
@@ -33,16 +35,17 @@ const (
 	FailClosed FailureMode = iota
 	// FailOpen serves the request without rate-limit headers, as if no limit
 	// applied. Choose it when availability matters more than the limit. A
-	// request whose Key cannot identify it is served too, so count a
-	// fail-open limiter by keys a client cannot drop, such as [ClientIP].
+	// request whose Key cannot identify it is no failure: it gets
+	// [WithMissingKey]'s answer (401 by default), not this one.
 	FailOpen
 	// FailLocal enforces the same limits in this process while Redis cannot
 	// be reached, and goes back to Redis as soon as it answers. Each app
 	// instance then counts only its own requests, so across N instances a
 	// limit admits up to N times its quota; the counts of the outage are not
 	// carried over to Redis. Responses carry the local counts in their
-	// headers. A request whose Key cannot identify it, or whose cost is
-	// below 1, gets 503, as under FailClosed. [Limiter.Allow] decides
+	// headers. A request whose cost is below 1 gets 503, as under
+	// FailClosed; one whose Key cannot identify it gets [WithMissingKey]'s
+	// answer. [Limiter.Allow] decides
 	// locally too, and returns the error with the local Result. The local
 	// logs hold at most 100,000 keys, and a log is dropped only once every
 	// entry of it has left its window (on a later decision, local or, once
@@ -102,6 +105,12 @@ type config struct {
 	breakerCoolDown time.Duration
 	denyCache       time.Duration
 	errs            []error
+
+	// WithMissingKey's and WithMissingKeyHandler's; missingKeySet says
+	// that one was given.
+	missingKey    MissingKey
+	missingKeySet bool
+	onNoKey       func(http.ResponseWriter, *http.Request, error)
 }
 
 func defaultConfig() config {
@@ -215,8 +224,8 @@ func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, res Result
 
 // WithUnavailableHandler sets what answers a request the limiter could not
 // decide when the failure mode refuses it ([FailClosed]; [FailLocal] when
-// a Key cannot identify the request or its cost is invalid): the error is
-// why. It is called after Retry-After (1 second) is set, and must write the
+// its cost is invalid): the error is why. A request a Key cannot identify
+// is answered by [WithMissingKeyHandler], not by h. It is called after Retry-After (1 second) is set, and must write the
 // status itself (503 is expected). Default: 503 with the body "Service
 // Unavailable". A nil h is an error from [New].
 func WithUnavailableHandler(h func(w http.ResponseWriter, r *http.Request, err error)) Option {
@@ -228,7 +237,8 @@ func WithUnavailableHandler(h func(w http.ResponseWriter, r *http.Request, err e
 
 // WithErrorHandler sets a function that receives every error that makes the
 // middleware apply its failure mode (Redis errors, timeouts, an open circuit
-// breaker, [ErrNoKey], a bad cost), and every error of a refund
+// breaker, a bad cost), every [ErrNoKey] of a request a Key cannot identify
+// (answered as [WithMissingKey] says), and every error of a refund
 // [WithRefund] asked for, for logging and metrics. It runs on the request's
 // goroutine, before the failure response; keep it fast. It does not see
 // [Limiter.Allow]'s errors, which Allow returns. Default: none. A nil h is
@@ -237,6 +247,43 @@ func WithErrorHandler(h func(r *http.Request, err error)) Option {
 	return func(c *config) {
 		c.nilArg("WithErrorHandler", h == nil, "leave the option out")
 		c.onError = h
+	}
+}
+
+// WithMissingKey sets what the middleware ([Limiter.Handler],
+// [Limiter.Check], the router adapters and the gRPC interceptors) does
+// with a request a Key cannot identify: [MissingKeyDeny] (the default,
+// 401) or [MissingKeySkip]. Giving it, even with the default, silences the
+// one-time warning of the default. An error from a Key that does not wrap
+// [ErrNoKey] (a [KeyFunc] whose session store is down), a [Plans].Of error
+// and a cost below 1 are not missing keys: they get the failure mode.
+// [WithErrorHandler] sees the error in every case. [Limiter.Allow] returns
+// ErrNoKey for an empty id whatever this option says. An unknown value is
+// an error from [New].
+func WithMissingKey(m MissingKey) Option {
+	return func(c *config) {
+		if m > MissingKeySkip {
+			c.errs = append(c.errs, errors.New("unknown missing-key answer "+m.String()))
+		}
+		c.missingKey, c.missingKeySet = m, true
+	}
+}
+
+// WithMissingKeyHandler sets what answers a request a Key cannot identify
+// under [MissingKeyDeny], instead of 401: for a 403, a JSON body, or a 401
+// with the WWW-Authenticate challenge of the application's scheme. err
+// wraps [ErrNoKey] and says which limit and why; it may quote what the
+// client sent, so show it to no client. h must write the status itself;
+// no rate-limit headers or Retry-After are set before it. The gRPC
+// interceptors pick the code from that status (see package
+// grpcratelimit). Giving it silences the one-time warning of the default.
+// A nil h is an error from [New].
+func WithMissingKeyHandler(h func(w http.ResponseWriter, r *http.Request, err error)) Option {
+	return func(c *config) {
+		if h == nil {
+			c.errs = append(c.errs, errors.New("nil missing-key handler"))
+		}
+		c.onNoKey, c.missingKeySet = h, true
 	}
 }
 
@@ -689,7 +736,15 @@ const (
 	//	                       denied request would fit
 	//
 	// "Closest to denying" is the limit that denied, else the one with the
-	// fewest units remaining. See [Result] for the exact meaning.
+	// fewest units remaining (then the later reset, then the smaller
+	// quota). See [Result] for the exact meaning. When several Limiters
+	// decide one request (a per-IP one in front of authentication, a
+	// per-user one behind it; on one Redis or several), it is the closest
+	// across all of them: a later Limiter's headers replace an earlier
+	// one's only if its limit is closer (its denial always is), and a later
+	// admission never hides an earlier denial. Retry-After is then the
+	// later of the denials'. HeadersIETF's lists join the items of every
+	// decision, the earlier first.
 	HeadersXRateLimit HeaderSet = 1 << iota
 	// HeadersIETF writes the RateLimit and RateLimit-Policy fields of
 	// draft-ietf-httpapi-ratelimit-headers-10, one item per enforced limit

@@ -19,9 +19,11 @@ var ErrRefunded = fmt.Errorf("%w: the request was refunded before", ErrNotRefund
 type Observer interface {
 	// Observe receives one decision's Result, the error that kept the
 	// limiter from deciding (nil if none) and how long the decision took. When err
-	// is not nil and res.Local is false, no decision was made and the
-	// failure mode applied: res.Limits then lists every limit, each with
-	// Skipped set. Under [FailLocal], err comes with the local decision
+	// is not nil and res.Local is false, no decision was made: res.Limits
+	// then lists every limit, each with Skipped set, and either one has
+	// NoKey (a Key could not identify the request, err wraps [ErrNoKey],
+	// and res.Allowed says whether [WithMissingKey] let it through) or the
+	// failure mode applied. Under [FailLocal], err comes with the local decision
 	// (res.Local). Observe runs on the request's goroutine: it must be fast
 	// and safe for concurrent use, and must not keep or change res.Limits,
 	// which is valid only during the call.
@@ -101,6 +103,16 @@ func (res Result) Exempt() bool {
 	return true
 }
 
+// noKey reports whether res is of a request a Key could not identify.
+func (res *Result) noKey() bool {
+	for i := range res.Limits {
+		if res.Limits[i].NoKey {
+			return true
+		}
+	}
+	return false
+}
+
 // LimitResult is the state of one limit after a decision.
 type LimitResult struct {
 	Name string
@@ -123,6 +135,12 @@ type LimitResult struct {
 	// ([Unlimited]) is not consulted either. Only Name, Plan, Quota,
 	// Window and Shadow are set then.
 	Skipped bool
+	// NoKey reports that the limit's [Key] could not identify the request
+	// ([ErrNoKey]): no decision was made, every limit is Skipped, and the
+	// request got [WithMissingKey]'s answer (Allowed under
+	// [MissingKeySkip]). Observers count it as its own outcome, never as
+	// a failure.
+	NoKey bool
 
 	tier int // Plan's index in the limit's tiers
 }
@@ -161,4 +179,16 @@ type ticket struct {
 	cost     int
 	stamps   []int64
 	timeout  time.Duration
+}
+
+// noKeyResults returns, for each limit i, what observers see of a request
+// limit i's Key could not identify: every limit skipped, limit i with
+// NoKey.
+func noKeyResults(skipped []LimitResult) [][]LimitResult {
+	out := make([][]LimitResult, len(skipped))
+	for i := range skipped {
+		out[i] = append([]LimitResult(nil), skipped...)
+		out[i][i].NoKey = true
+	}
+	return out
 }

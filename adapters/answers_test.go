@@ -20,17 +20,17 @@ import (
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
-// answer is what a router sends for a 429 or a 503 the Limiter has no
-// handler of its own for.
+// answer is what a router sends for a 429, a 503 or a 401 (no key) the
+// Limiter has no handler of its own for.
 type answer struct{ contentType, body string }
 
 // defaultAnswers: plain text from net/http and chi, which have no error
 // convention; echo's HTTPErrorHandler's JSON; gin's AbortWithStatusJSON.
 var defaultAnswers = map[string]map[int]answer{
-	"net/http": {429: {"text/plain; charset=utf-8", "Too Many Requests\n"}, 503: {"text/plain; charset=utf-8", "Service Unavailable\n"}},
-	"chi":      {429: {"text/plain; charset=utf-8", "Too Many Requests\n"}, 503: {"text/plain; charset=utf-8", "Service Unavailable\n"}},
-	"echo":     {429: {"application/json", `{"message":"Too Many Requests"}` + "\n"}, 503: {"application/json", `{"message":"Service Unavailable"}` + "\n"}},
-	"gin":      {429: {"application/json; charset=utf-8", `{"error":"Too Many Requests"}`}, 503: {"application/json; charset=utf-8", `{"error":"Service Unavailable"}`}},
+	"net/http": {429: {"text/plain; charset=utf-8", "Too Many Requests\n"}, 503: {"text/plain; charset=utf-8", "Service Unavailable\n"}, 401: {"text/plain; charset=utf-8", "Unauthorized\n"}},
+	"chi":      {429: {"text/plain; charset=utf-8", "Too Many Requests\n"}, 503: {"text/plain; charset=utf-8", "Service Unavailable\n"}, 401: {"text/plain; charset=utf-8", "Unauthorized\n"}},
+	"echo":     {429: {"application/json", `{"message":"Too Many Requests"}` + "\n"}, 503: {"application/json", `{"message":"Service Unavailable"}` + "\n"}, 401: {"application/json", `{"message":"Unauthorized"}` + "\n"}},
+	"gin":      {429: {"application/json; charset=utf-8", `{"error":"Too Many Requests"}`}, 503: {"application/json; charset=utf-8", `{"error":"Service Unavailable"}`}, 401: {"application/json; charset=utf-8", `{"error":"Unauthorized"}`}},
 }
 
 // TestDefaultAnswers: a denial and a failure the Limiter has no handler for
@@ -55,17 +55,28 @@ func TestDefaultAnswers(t *testing.T) {
 					t.Errorf("denied: headers %v", got)
 				}
 			})
-			// A Key that cannot identify the request, and a Redis that is
-			// gone, under FailClosed (the default).
+			// A Key that cannot identify the request: not a failure, under
+			// any failure mode, but 401 in the router's way, with no
+			// rate-limit headers and no Retry-After (waiting does not help).
+			for _, mode := range []ratelimit.FailureMode{ratelimit.FailClosed, ratelimit.FailOpen, ratelimit.FailLocal} {
+				t.Run("no key "+mode.String(), func(t *testing.T) {
+					forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+						l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key"))},
+							append(opts, ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithFailureMode(mode))...)
+						if err != nil {
+							t.Fatal(err)
+						}
+						w := send(rt.build(l), "GET", "/users/1", "192.0.2.1")
+						got := w.Result().Header
+						if w.Code != 401 || !sameType(got, want[401].contentType) || w.Body.String() != want[401].body ||
+							got.Get("Retry-After") != "" || got.Get("X-RateLimit-Limit") != "" {
+							t.Errorf("%v, no key: %d %v %q, want 401 %q %q without Retry-After or limit headers", mode, w.Code, got, w.Body, want[401].contentType, want[401].body)
+						}
+					})
+				})
+			}
+			// A Redis that is gone, under FailClosed (the default).
 			failures := map[string]func(t *testing.T) *ratelimit.Limiter{
-				"key": func(t *testing.T) *ratelimit.Limiter {
-					l, err := ratelimit.New(redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true}),
-						[]ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key"))}, ratelimit.WithTimeout(redistest.DecisionTimeout))
-					if err != nil {
-						t.Fatal(err)
-					}
-					return l
-				},
 				"redis": func(t *testing.T) *ratelimit.Limiter {
 					mr := miniredis.RunT(t)
 					rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
@@ -106,14 +117,26 @@ func TestOwnHandlersWin(t *testing.T) {
 					t.Errorf("denied: %d %v %q, want ProblemDetails' 429", w.Code, w.Header(), w.Body)
 				}
 			})
+			mr := miniredis.RunT(t)
+			gone := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+			t.Cleanup(func() { _ = gone.Close() })
+			mr.Close()
+			w := send(rt.build(perIP(t, gone, 1, unavailable)), "GET", "/users/1", "192.0.2.1")
+			if w.Code != 503 || !strings.HasPrefix(w.Body.String(), "ours: ") || w.Header().Get("Retry-After") != "1" {
+				t.Errorf("failed: %d %v %q, want our 503", w.Code, w.Header(), w.Body)
+			}
 			l, err := ratelimit.New(redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true}),
-				[]ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key"))}, ratelimit.WithTimeout(redistest.DecisionTimeout), unavailable)
+				[]ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key"))}, ratelimit.WithTimeout(redistest.DecisionTimeout), unavailable,
+				ratelimit.WithMissingKeyHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+					w.WriteHeader(http.StatusForbidden)
+					_, _ = w.Write([]byte("ours: " + err.Error()))
+				}))
 			if err != nil {
 				t.Fatal(err)
 			}
-			w := send(rt.build(l), "GET", "/users/1", "192.0.2.1")
-			if w.Code != 503 || !strings.HasPrefix(w.Body.String(), "ours: ") || !strings.Contains(w.Body.String(), "X-Api-Key") || w.Header().Get("Retry-After") != "1" {
-				t.Errorf("failed: %d %v %q, want our 503", w.Code, w.Header(), w.Body)
+			w = send(rt.build(l), "GET", "/users/1", "192.0.2.1")
+			if w.Code != 403 || !strings.HasPrefix(w.Body.String(), "ours: ") || !strings.Contains(w.Body.String(), "X-Api-Key") || w.Header().Get("Retry-After") != "" {
+				t.Errorf("no key: %d %v %q, want our 403", w.Code, w.Header(), w.Body)
 			}
 		})
 	}
@@ -164,10 +187,10 @@ func TestEchoErrorHandler(t *testing.T) {
 		t.Fatal(err)
 	}
 	w = send(build(l), "GET", "/users/1", "192.0.2.1")
-	if len(seen) != 1 || !errors.As(seen[0], &he) || he.Code != 503 || !errors.Is(seen[0], ratelimit.ErrNoKey) {
-		t.Errorf("the error handler saw %v, want one echo.HTTPError 503 wrapping ErrNoKey", seen)
+	if len(seen) != 1 || !errors.As(seen[0], &he) || he.Code != 401 || !errors.Is(seen[0], ratelimit.ErrNoKey) {
+		t.Errorf("the error handler saw %v, want one echo.HTTPError 401 wrapping ErrNoKey", seen)
 	}
-	if w.Code != 503 || w.Body.String() != "app error page" || w.Header().Get("Retry-After") != "1" {
+	if w.Code != 401 || w.Body.String() != "app error page" || w.Header().Get("Retry-After") != "" {
 		t.Errorf("failed: %d %v %q", w.Code, w.Header(), w.Body)
 	}
 }
@@ -208,7 +231,7 @@ func TestGinErrors(t *testing.T) {
 	if len(errs) != 1 || !errors.Is(errs[0], ratelimit.ErrNoKey) || errs[0].Type != gin.ErrorTypePrivate {
 		t.Errorf("c.Errors = %v, want ErrNoKey, private", errs)
 	}
-	if w.Code != 503 || w.Body.String() != `{"error":"Service Unavailable"}` || !strings.Contains(log.String(), "X-Api-Key") {
+	if w.Code != 401 || w.Body.String() != `{"error":"Unauthorized"}` || !strings.Contains(log.String(), "X-Api-Key") {
 		t.Errorf("failed: %d %q; log %q", w.Code, w.Body, log.String())
 	}
 }

@@ -8,7 +8,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/gin-gonic/gin"
 	"github.com/go-chi/chi/v5"
 	"github.com/labstack/echo/v4"
@@ -142,7 +144,7 @@ func TestBehindAuth(t *testing.T) {
 				h := rt.build(authLimiters(t, rdb, opts))
 				// A flood without credentials from one IP: 401 while the
 				// per-IP quota lasts, then 429. Had the per-user Limiter
-				// run, it would have found no user and failed closed (503).
+				// run, it would have found no user and refused the request (401).
 				for i, want := range []int{401, 401, 401, 401, 401, 429, 429} {
 					w := send(h, "GET", "/me", "192.0.2.1")
 					if w.Code != want || w.Header().Get("X-RateLimit-Limit") != "5" {
@@ -265,11 +267,20 @@ func TestPlansBehindAuth(t *testing.T) {
 					t.Fatal(err)
 				}
 				h := rt.build(ip, user)
+				// X-RateLimit-Limit is the quota of the limit closest to
+				// denying across both Limiters: bob's requests leave the
+				// per-IP limit (5) 3 (alice used each IP once), and his
+				// plan's (6) 5, 4, then 3 (a tie: the smaller quota), then
+				// fewer; ops's plan exempts him from the per-user limit.
 				for _, tc := range []struct {
 					user     string
 					admitted int
-					limit    string // X-RateLimit-Limit of the per-user Limiter
-				}{{"alice", 3, "3"}, {"bob", 6, "6"}, {"ops", 8, "5"}} {
+					limit    []string // X-RateLimit-Limit of each request
+				}{
+					{"alice", 3, []string{"3", "3", "3", "3", "3", "3", "3", "3"}},
+					{"bob", 6, []string{"5", "5", "5", "6", "6", "6", "6", "6"}},
+					{"ops", 8, []string{"5", "5", "5", "5", "5", "5", "5", "5"}},
+				} {
 					admitted := 0
 					for i := range 8 {
 						// A new IP each time: the per-IP limit stays out of the way.
@@ -277,8 +288,8 @@ func TestPlansBehindAuth(t *testing.T) {
 						if w.Code == http.StatusOK {
 							admitted++
 						}
-						if got := w.Header().Get("X-RateLimit-Limit"); got != tc.limit {
-							t.Errorf("%s, request %d: X-RateLimit-Limit %q, want %s", tc.user, i+1, got, tc.limit)
+						if got := w.Header().Get("X-RateLimit-Limit"); got != tc.limit[i] {
+							t.Errorf("%s, request %d: X-RateLimit-Limit %q, want %s", tc.user, i+1, got, tc.limit[i])
 						}
 					}
 					if admitted != tc.admitted {
@@ -395,5 +406,98 @@ func TestRouteLimitsBehindOuterHandler(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// stackedLimiters returns the per-IP Limiter of authRouters, ipQuota a
+// minute per IP, counting in outer, and a per-user one, userQuota a minute
+// per user at userCost a request, counting in inner (the same Redis or
+// another); both write every header and read one stopped clock.
+func stackedLimiters(t *testing.T, outer, inner redis.UniversalClient, ipQuota, userQuota, userCost int) (ip, user *ratelimit.Limiter) {
+	t.Helper()
+	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
+	opts := []ratelimit.Option{
+		ratelimit.WithTimeout(redistest.DecisionTimeout),
+		ratelimit.WithClock(func() time.Time { return now }),
+		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit | ratelimit.HeadersIETF),
+	}
+	ip, err := ratelimit.New(outer, []ratelimit.Limit{ratelimit.PerMinute(ipQuota, ratelimit.ClientIP()).Named("ip")}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, err = ratelimit.New(inner, []ratelimit.Limit{ratelimit.PerMinute(userQuota, ratelimit.UserFromContext(userKey{})).Named("user")},
+		append(opts, ratelimit.WithCost(func(*http.Request) int { return userCost }))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ip, user
+}
+
+// TestStackedHeaders: when a per-IP Limiter in front of authentication and
+// a per-user one behind it both decide a request, the client sees one
+// answer: X-RateLimit-* describe the limit closest to denying across both
+// (the outer one, about to deny, rather than the inner one, which wrote
+// last), a denial's over an admission with fewer units left, and
+// RateLimit and RateLimit-Policy list both limits; on the same Redis and
+// on two. Before, the inner Limiter's headers replaced the outer's.
+func TestStackedHeaders(t *testing.T) {
+	for _, rt := range authRouters {
+		for _, redises := range []string{"one Redis", "two Redises"} {
+			t.Run(rt.name+"/"+redises, func(t *testing.T) {
+				forBackends(t, func(t *testing.T, rdb *redis.Client, _ []ratelimit.Option) {
+					inner := rdb
+					if redises == "two Redises" {
+						if strings.HasSuffix(t.Name(), "/miniredis") {
+							inner = redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true})
+							t.Cleanup(func() { _ = inner.Close() })
+						} else {
+							inner = redistest.Start(t).Client()
+						}
+					}
+					// The issue's app: 5 a minute per IP outside, 50 per
+					// user inside. The per-IP limit is the closer one.
+					h := rt.build(stackedLimiters(t, rdb, inner, 5, 50, 1))
+					const policy = `"ip";q=5;w=60, "user";q=50;w=60`
+					for i := range 5 {
+						w := send(h, "GET", "/me", "192.0.2.1", "Authorization", "Bearer alice")
+						hd := w.Header()
+						wantRL := `"ip";r=` + strconv.Itoa(4-i) + `;t=60, "user";r=` + strconv.Itoa(49-i) + `;t=60`
+						if w.Code != 200 || hd.Get("X-RateLimit-Limit") != "5" || hd.Get("X-RateLimit-Remaining") != strconv.Itoa(4-i) ||
+							hd.Get("RateLimit") != wantRL || hd.Get("RateLimit-Policy") != policy || len(hd["X-Ratelimit-Limit"]) != 1 {
+							t.Errorf("alice %d: %d X-RateLimit-Limit %q Remaining %q, RateLimit %q, RateLimit-Policy %q; want 200, 5, %d, %q, %q",
+								i, w.Code, hd.Get("X-RateLimit-Limit"), hd.Get("X-RateLimit-Remaining"), hd.Get("RateLimit"), hd.Get("RateLimit-Policy"), 4-i, wantRL, policy)
+						}
+					}
+					if w := send(h, "GET", "/me", "192.0.2.1", "Authorization", "Bearer alice"); w.Code != 429 ||
+						w.Header().Get("X-RateLimit-Limit") != "5" || w.Header().Get("Retry-After") != "60" {
+						t.Errorf("alice, per-IP quota spent: %d, X-RateLimit-Limit %q, Retry-After %q; want 429, 5, 60",
+							w.Code, w.Header().Get("X-RateLimit-Limit"), w.Header().Get("Retry-After"))
+					}
+					// The inner Limiter denies (a request costs 2 of its
+					// 3, 1 left) while the outer, which admitted, has
+					// fewer left (0 of 2): the denial is what the client
+					// sees.
+					h = rt.build(stackedLimiters(t, rdb, inner, 2, 3, 2))
+					for i, want := range []struct {
+						code                   int
+						limit, remaining, rl   string
+						retryAfter, policyWant string
+					}{
+						// A tie (1 left in each, same reset): the smaller quota.
+						{200, "2", "1", `"ip";r=1;t=60, "user";r=1;t=60`, "", `"ip";q=2;w=60, "user";q=3;w=60`},
+						{429, "3", "1", `"ip";r=0;t=60, "user";r=1;t=60`, "60", `"ip";q=2;w=60, "user";q=3;w=60`},
+					} {
+						w := send(h, "GET", "/me", "192.0.2.2", "Authorization", "Bearer bob")
+						hd := w.Header()
+						if w.Code != want.code || hd.Get("X-RateLimit-Limit") != want.limit || hd.Get("X-RateLimit-Remaining") != want.remaining ||
+							hd.Get("RateLimit") != want.rl || hd.Get("Retry-After") != want.retryAfter || hd.Get("RateLimit-Policy") != want.policyWant {
+							t.Errorf("bob %d: %d X-RateLimit-Limit %q Remaining %q RateLimit %q Retry-After %q Policy %q; want %d %q %q %q %q %q", i,
+								w.Code, hd.Get("X-RateLimit-Limit"), hd.Get("X-RateLimit-Remaining"), hd.Get("RateLimit"), hd.Get("Retry-After"), hd.Get("RateLimit-Policy"),
+								want.code, want.limit, want.remaining, want.rl, want.retryAfter, want.policyWant)
+						}
+					}
+				})
+			})
+		}
 	}
 }

@@ -46,7 +46,8 @@ import (
 // through undecided, with the headers of the first, unless the first pass
 // saw no route (l's Handler around middleware around the router): it then
 // decides the route's own limits ([ratelimit.WithRoutes]). Different
-// Limiters each decide.
+// Limiters each decide, and the client sees their headers composed (see
+// [ratelimit.HeadersXRateLimit]).
 func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

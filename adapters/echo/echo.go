@@ -40,8 +40,12 @@ import (
 // Retry-After already set on c.Response().Header(); one the failure mode
 // refuses gets echo.NewHTTPError(503), with Retry-After set and the reason
 // in its Internal field (which echo's default handler shows the client
-// only when e.Debug is set). A Limiter with a handler of its own for the
-// case ([ratelimit.WithDeniedHandler], [ratelimit.WithUnavailableHandler])
+// only when e.Debug is set); one a Key cannot identify (no user, see
+// [ratelimit.WithMissingKey]) gets echo.NewHTTPError(401), with no
+// rate-limit headers of l's and the error, which wraps
+// [ratelimit.ErrNoKey], in its Internal field. A Limiter with a handler
+// of its own for the case ([ratelimit.WithDeniedHandler],
+// [ratelimit.WithUnavailableHandler], [ratelimit.WithMissingKeyHandler])
 // answers with it instead, and Middleware returns nil. Errors that handlers
 // return (echo.HTTPError included) reach the HTTPErrorHandler unchanged.
 //
@@ -59,7 +63,8 @@ import (
 // lets it through undecided, with the headers of the first, unless the
 // first pass saw no route (l's Handler around the echo server): it then
 // decides the route's own limits ([ratelimit.WithRoutes]). Different
-// Limiters each decide.
+// Limiters each decide, and the client sees their headers composed (see
+// [ratelimit.HeadersXRateLimit]).
 func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
@@ -88,6 +93,8 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 				return echo.NewHTTPError(http.StatusTooManyRequests)
 			case adapt.Unavailable:
 				return echo.NewHTTPError(http.StatusServiceUnavailable).SetInternal(err)
+			case adapt.NoKey:
+				return echo.NewHTTPError(http.StatusUnauthorized).SetInternal(err)
 			}
 			return nil // answered by l's handler
 		}

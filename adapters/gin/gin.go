@@ -30,8 +30,9 @@ var ErrTooManyRequests = errors.New("ratelimit: too many requests")
 
 // The bodies of the default answers, shared: rendering only reads them.
 var (
-	tooManyBody     = gin.H{"error": "Too Many Requests"}
-	unavailableBody = gin.H{"error": "Service Unavailable"}
+	tooManyBody      = gin.H{"error": "Too Many Requests"}
+	unavailableBody  = gin.H{"error": "Service Unavailable"}
+	unauthorizedBody = gin.H{"error": "Unauthorized"}
 )
 
 // Middleware returns gin middleware that decides every request with l (see
@@ -48,14 +49,17 @@ var (
 // A request the Limiter does not admit is aborted (later handlers do not
 // run) and answered in gin's way: a denied one with
 // c.AbortWithStatusJSON(429, gin.H{"error": "Too Many Requests"}), one the
-// failure mode refuses with 503 and gin.H{"error": "Service Unavailable"};
-// the rate-limit headers and Retry-After are kept. The error is recorded
-// with c.Error as a private error (gin.ErrorTypePrivate), which gin's
-// Logger prints and error-rendering middleware for public errors does not
-// send to the client: [ErrTooManyRequests] for a 429, the reason the
-// Limiter could not decide for a 503 (it may name the Redis server, so it
-// is not for clients). A Limiter with a handler of its own for the case
-// ([ratelimit.WithDeniedHandler], [ratelimit.WithUnavailableHandler])
+// failure mode refuses with 503 and gin.H{"error": "Service Unavailable"},
+// one a Key cannot identify (no user, see [ratelimit.WithMissingKey]) with
+// 401 and gin.H{"error": "Unauthorized"}; the rate-limit headers and
+// Retry-After are kept. The error is recorded with c.Error as a private
+// error (gin.ErrorTypePrivate), which gin's Logger prints and
+// error-rendering middleware for public errors does not send to the
+// client: [ErrTooManyRequests] for a 429, the reason the Limiter could not
+// decide for a 503 (it may name the Redis server, so it is not for
+// clients), an error wrapping [ratelimit.ErrNoKey] for a 401. A Limiter
+// with a handler of its own for the case ([ratelimit.WithDeniedHandler],
+// [ratelimit.WithUnavailableHandler], [ratelimit.WithMissingKeyHandler])
 // answers with it instead, and nothing is recorded.
 //
 // A [ratelimit.ClientIP] key given [ratelimit.FromRouter] counts by gin's
@@ -71,7 +75,9 @@ var (
 // and a group's) is counted once: the second Middleware lets it through
 // undecided, with the headers of the first, unless the first pass saw no
 // route (l's Handler around the gin engine): it then decides the route's
-// own limits ([ratelimit.WithRoutes]). Different Limiters each decide.
+// own limits ([ratelimit.WithRoutes]). Different Limiters each decide, and
+// the client sees their headers composed (see
+// [ratelimit.HeadersXRateLimit]).
 func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		r := c.Request
@@ -106,6 +112,11 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 			_ = c.Error(ErrTooManyRequests) // private: c.Error's default type
 		case adapt.Unavailable:
 			c.AbortWithStatusJSON(http.StatusServiceUnavailable, unavailableBody)
+			if err != nil { // always, but c.Error panics on nil
+				_ = c.Error(err)
+			}
+		case adapt.NoKey:
+			c.AbortWithStatusJSON(http.StatusUnauthorized, unauthorizedBody)
 			if err != nil { // always, but c.Error panics on nil
 				_ = c.Error(err)
 			}

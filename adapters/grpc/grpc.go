@@ -73,16 +73,22 @@
 //     client on a plan), its Subject "limit:" and that name, its
 //     QuotaValue the quota;
 //   - not decided, under the failure mode ([ratelimit.FailClosed], or
-//     [ratelimit.FailLocal] when a Key cannot identify the call):
+//     [ratelimit.FailLocal] when the call's cost is below 1):
 //     codes.Unavailable, with a RetryInfo of 1 second. The reason goes to
-//     [ratelimit.WithErrorHandler], never to the client.
+//     [ratelimit.WithErrorHandler], never to the client;
+//   - a Key cannot identify the call (no user in its context, a missing
+//     metadata key; [ratelimit.ErrNoKey]) under [ratelimit.WithMissingKey]'s
+//     default: codes.Unauthenticated, "rate limiter cannot identify the
+//     caller", with no RetryInfo (waiting does not help). The reason goes
+//     to [ratelimit.WithErrorHandler], never to the client.
 //
 // The headers are sent as header metadata rather than trailers so that a
 // client reads them the same way whatever the outcome, as an HTTP client
 // does; the status details travel in the trailers as usual.
 //
 // A Limiter with handlers of its own ([ratelimit.WithDeniedHandler],
-// [ratelimit.WithUnavailableHandler]) still runs them; their body is
+// [ratelimit.WithUnavailableHandler], [ratelimit.WithMissingKeyHandler])
+// still runs them; their body is
 // dropped, and the status they write picks the code: 429 ResourceExhausted
 // (with the details above), 401 Unauthenticated, 403 PermissionDenied,
 // anything else (503 included, or no status at all) Unavailable. Only the
@@ -222,6 +228,8 @@ func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered
 		return md, c.w.refusal(codes.ResourceExhausted)
 	case adapt.Unavailable:
 		return md, c.w.refusal(codes.Unavailable)
+	case adapt.NoKey:
+		return md, c.w.refusal(codes.Unauthenticated)
 	}
 	// Answered by the Limiter's own handler: its status picks the code.
 	switch c.w.status {
@@ -324,6 +332,8 @@ func (w *writer) refusal(code codes.Code) error {
 		msg = "rate limit exceeded"
 	case codes.Unavailable:
 		msg = "rate limiter unavailable"
+	case codes.Unauthenticated:
+		msg = "rate limiter cannot identify the caller"
 	default:
 		msg = "rate limiter refused the call"
 	}

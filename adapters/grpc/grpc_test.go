@@ -184,12 +184,12 @@ func TestHeaderKey(t *testing.T) {
 		// The request views are recycled: no metadata of an earlier call
 		// is left in a later one's.
 		_, err = s.check(t)
-		mustCode(t, err, codes.Unavailable) // no key: FailClosed
+		mustCode(t, err, codes.Unauthenticated) // no key
 
 		bin := []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.Header("X-Token-Bin")).Named("bin")}
 		s = serve(t, newLimiter(t, rdb, bin), nil)
 		_, err = s.check(t, "x-token-bin", "secret")
-		mustCode(t, err, codes.Unavailable) // no key: FailClosed
+		mustCode(t, err, codes.Unauthenticated) // no key
 	})
 }
 
@@ -313,8 +313,18 @@ func TestUserFromContext(t *testing.T) {
 		}
 		_, err := s.check(t, "x-user", "alice")
 		mustCode(t, err, codes.ResourceExhausted)
-		_, err = s.check(t) // no user: no key, FailClosed
-		mustCode(t, err, codes.Unavailable)
+		// No user: no key, its own outcome under every failure mode,
+		// Unauthenticated without a RetryInfo (waiting does not help),
+		// and no rate-limit metadata; before, FailClosed's Unavailable
+		// "rate limiter unavailable: retry in 1s".
+		for _, mode := range []ratelimit.FailureMode{ratelimit.FailClosed, ratelimit.FailOpen, ratelimit.FailLocal} {
+			s := serve(t, newLimiter(t, rdb, limits, ratelimit.WithFailureMode(mode)), []grpc.UnaryServerInterceptor{auth})
+			md, err := s.check(t)
+			st := mustCode(t, err, codes.Unauthenticated)
+			if ri, _ := details(t, st); ri != nil || st.Message() != "rate limiter cannot identify the caller" || first(md, "retry-after") != "" || first(md, "x-ratelimit-limit") != "" {
+				t.Errorf("%v, no user: %q, RetryInfo %v, metadata %v; want no RetryInfo, no rate-limit metadata", mode, st.Message(), ri, md)
+			}
+		}
 	})
 }
 

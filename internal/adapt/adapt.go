@@ -36,6 +36,12 @@ const (
 	// the caller answers 503. The error says why; it is for logs, not for
 	// the client.
 	Unavailable
+	// NoKey: a Key could not identify the request (ErrNoKey), the Limiter
+	// refuses it (WithMissingKey's default) and has no handler for it. No
+	// header is set; the caller answers 401 Unauthorized (gRPC:
+	// Unauthenticated). The error says which limit and why; it is for
+	// logs, not for the client.
+	NoKey
 )
 
 // A Denial is what a denied request's decision says of the limit that
@@ -66,7 +72,9 @@ type DenialRecorder interface {
 // false for decides only what the first pass could not: the limits of r's
 // route, if the first pass saw no route; otherwise it proceeds undecided.
 // The error is the one that made the Limiter apply its failure mode (also
-// under FailOpen, with Proceed), nil otherwise. Package ratelimit sets it
+// under FailOpen, with Proceed), or the ErrNoKey of a request a Key could
+// not identify (with NoKey, Answered, or Proceed under MissingKeySkip),
+// nil otherwise. Package ratelimit sets it
 // in its init.
 var Check func(l any, p Pass, w http.ResponseWriter, r *http.Request) (Verdict, error)
 

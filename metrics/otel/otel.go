@@ -16,7 +16,8 @@
 //
 //	ratelimit.requests           Int64Counter {request}: a limit's decisions,
 //	    with attributes ratelimit.limit (the limit's name), ratelimit.result
-//	    ("allowed", "denied", "shadow_denied", "skipped" or "error") and,
+//	    ("allowed", "denied", "shadow_denied", "skipped", "no_key" or
+//	    "error") and,
 //	    for a client on a plan, ratelimit.plan ([ratelimit.Plans])
 //	ratelimit.decision.duration  Float64Histogram s: decision latency
 //	ratelimit.breaker.open       Int64ObservableGauge 1: 1 while a circuit
@@ -92,6 +93,10 @@ const (
 	// ran out or the circuit breaker was open) and the failure mode
 	// applied.
 	ResultError = "error"
+	// ResultNoKey: the limit's Key could not identify the request
+	// ([ratelimit.ErrNoKey]: no user, a missing header); the request got
+	// [ratelimit.WithMissingKey]'s answer (401 by default). Not a failure.
+	ResultNoKey = "no_key"
 )
 
 // result indexes the Result* values.
@@ -103,10 +108,11 @@ const (
 	shadowDenied
 	skipped
 	failed
+	missingKey
 	numResults
 )
 
-var resultNames = [numResults]string{ResultAllowed, ResultDenied, ResultShadowDenied, ResultSkipped, ResultError}
+var resultNames = [numResults]string{ResultAllowed, ResultDenied, ResultShadowDenied, ResultSkipped, ResultError, ResultNoKey}
 
 // durationBounds are the histogram's bucket boundaries, in seconds: from
 // 100µs (a decision on a local Redis) to 250ms, beyond the library's 100ms
@@ -195,7 +201,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	)
 	m.requests, errs[0] = meter.Int64Counter("ratelimit.requests",
 		metric.WithUnit("{request}"),
-		metric.WithDescription("Rate-limit decisions per limit, plan and result (allowed, denied, shadow_denied, skipped, error)."))
+		metric.WithDescription("Rate-limit decisions per limit, plan and result (allowed, denied, shadow_denied, skipped, no_key, error)."))
 	m.duration, errs[1] = meter.Float64Histogram("ratelimit.decision.duration",
 		metric.WithUnit("s"),
 		metric.WithDescription("Time taken by rate-limit decisions."),
@@ -302,11 +308,16 @@ func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration
 	if !res.Exempt() {
 		m.duration.Record(ctx, latency.Seconds(), m.record...)
 	}
-	noDecision := err != nil && !res.Local
+	noKey := err != nil && !res.Local && errors.Is(err, ratelimit.ErrNoKey)
+	noDecision := err != nil && !res.Local && !noKey
 	for i := range res.Limits {
 		lr := &res.Limits[i]
 		var r result
 		switch {
+		case noKey && lr.NoKey:
+			r = missingKey
+		case noKey: // decided nothing
+			continue
 		case noDecision:
 			r = failed
 		case lr.Skipped && res.Allowed: // every limit is under WithSkip; an exempting plan

@@ -426,3 +426,36 @@ func TestOneStep(t *testing.T) {
 		}
 	})
 }
+
+// userKey is where the tests' authentication would put the user.
+type userKey struct{}
+
+// TestMissingKey: a request whose per-user Key finds no user is counted
+// under the result no_key, for that limit alone, never as an error, and
+// does not open the circuit breaker (one failure would).
+func TestMissingKey(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		m, reader := newMetrics(t)
+		lim := newLimiter(t, b, m, []ratelimit.Limit{
+			ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("ip"),
+			ratelimit.PerMinute(10, ratelimit.UserFromContext(userKey{})).Named("user"),
+		}, ratelimit.WithCircuitBreaker(1, time.Hour))
+		h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		for range 3 {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+			if w.Code != http.StatusUnauthorized {
+				t.Fatalf("no user: status %d, want 401", w.Code)
+			}
+		}
+		r := httptest.NewRequest("GET", "/", nil)
+		h.ServeHTTP(httptest.NewRecorder(), r.WithContext(context.WithValue(r.Context(), userKey{}, "ann")))
+		requests, others := collect(t, reader).requests()
+		diff(t, "decided", requests, map[string]int64{
+			"ratelimit.requests{ratelimit.limit=user,ratelimit.result=no_key}":  3,
+			"ratelimit.requests{ratelimit.limit=ip,ratelimit.result=allowed}":   1,
+			"ratelimit.requests{ratelimit.limit=user,ratelimit.result=allowed}": 1,
+		})
+		diff(t, "watched", others, map[string]int64{"ratelimit.breaker.open{}": 0, "ratelimit.unreverted{}": 0})
+	})
+}

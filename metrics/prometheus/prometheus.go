@@ -15,6 +15,7 @@
 package ratelimitprom
 
 import (
+	"errors"
 	"sync"
 	"time"
 	"weak"
@@ -30,8 +31,10 @@ import (
 //	    (the limit had room and the request was admitted), "denied" (the
 //	    limit had no room), "shadow_denied" (a shadow limit would have
 //	    denied), "skipped" (let through undecided, ratelimit.WithSkip or
-//	    ratelimit.WithAllowList) or "error" (no decision: the failure mode
-//	    applied)
+//	    ratelimit.WithAllowList), "no_key" (the limit's Key could not
+//	    identify the request, ratelimit.ErrNoKey: answered as
+//	    ratelimit.WithMissingKey says, 401 by default; not a failure) or
+//	    "error" (no decision: the failure mode applied)
 //	ratelimit_decision_duration_seconds         histogram of decision latency
 //	ratelimit_breaker_open                      gauge: 1 while a watched
 //	    limiter's circuit breaker is open
@@ -69,7 +72,7 @@ func New() *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_decisions_total",
-			Help: "Rate-limit decisions per limit and outcome (allowed, denied, shadow_denied, skipped, error).",
+			Help: "Rate-limit decisions per limit and outcome (allowed, denied, shadow_denied, skipped, no_key, error).",
 		}, []string{"limit", "outcome"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ratelimit_decision_duration_seconds",
@@ -166,9 +169,14 @@ func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration
 	if !res.Exempt() {
 		m.latency.Observe(latency.Seconds())
 	}
-	failed := err != nil && !res.Local
+	noKey := err != nil && errors.Is(err, ratelimit.ErrNoKey) && !res.Local
+	failed := err != nil && !res.Local && !noKey
 	for _, lr := range res.Limits {
 		switch {
+		case noKey: // the limit whose Key found no identity; the others decided nothing
+			if lr.NoKey {
+				m.decisions.WithLabelValues(lr.Name, "no_key").Inc()
+			}
 		case failed:
 			m.decisions.WithLabelValues(lr.Name, "error").Inc()
 		case lr.Skipped && res.Allowed: // every limit is: WithSkip or WithAllowList let it through

@@ -59,7 +59,7 @@ func TestMetrics(t *testing.T) {
 # HELP ratelimit_breaker_open 1 while the circuit breaker of a watched limiter is open.
 # TYPE ratelimit_breaker_open gauge
 ratelimit_breaker_open 1
-# HELP ratelimit_decisions_total Rate-limit decisions per limit and outcome (allowed, denied, shadow_denied, skipped, error).
+# HELP ratelimit_decisions_total Rate-limit decisions per limit and outcome (allowed, denied, shadow_denied, skipped, no_key, error).
 # TYPE ratelimit_decisions_total counter
 ratelimit_decisions_total{limit="api",outcome="allowed"} 2
 ratelimit_decisions_total{limit="api",outcome="denied"} 1
@@ -155,5 +155,61 @@ func (g gauge) Collect(ch chan<- prometheus.Metric) {
 		if strings.Contains(metric.Desc().String(), "ratelimit_breaker_open") {
 			ch <- metric
 		}
+	}
+}
+
+// userKey is where the tests' authentication would put the user.
+type userKey struct{}
+
+// TestMissingKey: a request whose per-user Key finds no user is counted
+// under the outcome no_key, for that limit alone, never as an error, and
+// does not open the circuit breaker (one failure would); on miniredis and
+// a real Redis.
+func TestMissingKey(t *testing.T) {
+	clients := map[string]func(t *testing.T) redis.UniversalClient{
+		"miniredis": func(t *testing.T) redis.UniversalClient {
+			rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = rdb.Close() })
+			return rdb
+		},
+		"redis": func(t *testing.T) redis.UniversalClient { return redistest.Start(t).Client() },
+	}
+	for name, client := range clients {
+		t.Run(name, func(t *testing.T) {
+			m := ratelimitprom.New()
+			lim, err := ratelimit.New(client(t), []ratelimit.Limit{
+				ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("ip"),
+				ratelimit.PerMinute(10, ratelimit.UserFromContext(userKey{})).Named("user"),
+			}, ratelimit.WithObserver(m), ratelimit.WithCircuitBreaker(1, time.Hour), ratelimit.WithTimeout(redistest.DecisionTimeout))
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Watch(lim)
+			reg := prometheus.NewPedanticRegistry()
+			reg.MustRegister(m)
+			h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+			for range 3 {
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+				if w.Code != http.StatusUnauthorized {
+					t.Fatalf("no user: status %d, want 401", w.Code)
+				}
+			}
+			r := httptest.NewRequest("GET", "/", nil)
+			h.ServeHTTP(httptest.NewRecorder(), r.WithContext(context.WithValue(r.Context(), userKey{}, "ann")))
+			want := `
+# HELP ratelimit_breaker_open 1 while the circuit breaker of a watched limiter is open.
+# TYPE ratelimit_breaker_open gauge
+ratelimit_breaker_open 0
+# HELP ratelimit_decisions_total Rate-limit decisions per limit and outcome (allowed, denied, shadow_denied, skipped, no_key, error).
+# TYPE ratelimit_decisions_total counter
+ratelimit_decisions_total{limit="ip",outcome="allowed"} 1
+ratelimit_decisions_total{limit="user",outcome="allowed"} 1
+ratelimit_decisions_total{limit="user",outcome="no_key"} 3
+`
+			if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratelimit_decisions_total", "ratelimit_breaker_open"); err != nil {
+				t.Error(err)
+			}
+		})
 	}
 }
