@@ -58,6 +58,9 @@ import (
 // denying across all of them, RateLimit and RateLimit-Policy list the
 // limits of every decision (see [HeadersXRateLimit]).
 func (l *Limiter) Handler(next http.Handler) http.Handler {
+	if l == nil {
+		panic("ratelimit: Handler of a nil *Limiter: check the error New returned")
+	}
 	mux, _ := next.(*http.ServeMux)
 	if mux == nil {
 		mux = l.cfg.routesFrom

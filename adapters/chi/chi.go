@@ -49,6 +49,9 @@ import (
 // Limiters each decide, and the client sees their headers composed (see
 // [ratelimit.HeadersXRateLimit]).
 func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
+	if l == nil {
+		panic("chiratelimit: Middleware of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			pass, first := adapt.Enter(l, r)

@@ -66,6 +66,9 @@ import (
 // Limiters each decide, and the client sees their headers composed (see
 // [ratelimit.HeadersXRateLimit]).
 func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
+	if l == nil {
+		panic("echoratelimit: Middleware of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
+	}
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			pass, first := adapt.Enter(l, c.Request())

@@ -79,6 +79,9 @@ var (
 // the client sees their headers composed (see
 // [ratelimit.HeadersXRateLimit]).
 func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
+	if l == nil {
+		panic("ginratelimit: Middleware of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
+	}
 	return func(c *gin.Context) {
 		r := c.Request
 		pass, first := adapt.Enter(l, r)

@@ -131,6 +131,9 @@ import (
 // header metadata; a refused one gets a status error and never reaches it.
 // It does not panic: a Limiter that cannot decide applies its failure mode.
 func UnaryServerInterceptor(l *ratelimit.Limiter) grpc.UnaryServerInterceptor {
+	if l == nil {
+		panic("grpcratelimit: UnaryServerInterceptor of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
+	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		md, err := decide(ctx, l, info.FullMethod, true)
 		if md != nil {
@@ -150,6 +153,9 @@ func UnaryServerInterceptor(l *ratelimit.Limiter) grpc.UnaryServerInterceptor {
 // with ss.SetHeader, so they go out with the handler's first message or
 // its own headers.
 func StreamServerInterceptor(l *ratelimit.Limiter) grpc.StreamServerInterceptor {
+	if l == nil {
+		panic("grpcratelimit: StreamServerInterceptor of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
+	}
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		// grpc passes no service implementation for a method it does not
 		// register (grpc.UnknownServiceHandler).

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/slidinglog/ratelimit"
+	grpcratelimit "github.com/slidinglog/ratelimit/adapters/grpc"
 )
 
 func perPeer(quota int) []ratelimit.Limit {
@@ -495,4 +497,24 @@ func TestCallersDeadline(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestNilLimiterPanicsAtMount: building an interceptor of a nil *Limiter
+// (New's error ignored) fails where the server is built, saying what to
+// check, not at the first call with a nil dereference.
+func TestNilLimiterPanicsAtMount(t *testing.T) {
+	var l *ratelimit.Limiter
+	for name, build := range map[string]func(){
+		"unary":  func() { grpcratelimit.UnaryServerInterceptor(l) },
+		"stream": func() { grpcratelimit.StreamServerInterceptor(l) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "New returned") {
+					t.Errorf("an interceptor of a nil Limiter: recovered %v, want a panic that names New's error", r)
+				}
+			}()
+			build()
+		})
+	}
 }
