@@ -130,7 +130,11 @@ func (rb *rollbacks) removeReservations(reservations []reservation, cost int) (u
 		giveUp := start.Add(min(r.window, maxRollbackTime))
 		var err error
 		for retry := firstRollbackRetry; ; retry = min(2*retry, lastRollbackRetry) {
-			ctx, cancel := context.WithTimeout(context.Background(), rb.timeout)
+			// Bounded by when it gives up, not by a call's timeout: go-redis
+			// answers a call whose context ends after it was written with
+			// the context's error, which cannot say whether it ran; the
+			// client's ReadTimeout, which can, comes first.
+			ctx, cancel := context.WithDeadline(context.Background(), later(giveUp, time.Now().Add(rb.timeout)))
 			_, err = rb.lib.Rollback(ctx, r.keys, r.req, r.stamps)
 			cancel()
 			// A call that may have run is not sent again: it would remove
@@ -147,6 +151,14 @@ func (rb *rollbacks) removeReservations(reservations []reservation, cost int) (u
 		}
 	}
 	return unreverted
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // fail counts n units that stay counted, and reports why.
