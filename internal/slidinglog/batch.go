@@ -349,8 +349,9 @@ func newCall(ctx context.Context, command, code any, keys []string, args []any) 
 // does not come within ReadTimeout or its connection fails while the reply
 // is read (Client, Ring), and every call of a Cluster primary's pipeline
 // again, up to MaxRedirects times, when the first of them gets a reply it
-// retries (TRYAGAIN, CLUSTERDOWN, LOADING, MASTERDOWN...); a Client's or
-// Ring's pipeline again after a failed read. Redis ran the call by then,
+// retries (TRYAGAIN, CLUSTERDOWN, LOADING, MASTERDOWN...); a Client's
+// pipeline again after a failed read (a Ring's shards send theirs once,
+// sentOnce or not). Redis ran the call by then,
 // and each run logs the decision again (a call that ran 400 ms at a
 // ReadTimeout of 300 ms ran 4 times), or removes another request's entries
 // of the same time. A command, or a pipeline that holds one, whose NoRetry

@@ -34,7 +34,9 @@ func (r *Redis) Client() redis.UniversalClient { return r.client }
 // together (see batcher). Decide waits until deadline or until ctx is done
 // at the most, and then returns that error; if the call went out, owner's
 // Abandon receives its reply later. The caller must then leave keys and
-// args as they are: the call may still read them.
+// args as they are: the call may still read them. The call is sent once
+// at most (see sentOnce): an error for which MayHaveRun holds leaves the
+// request possibly logged.
 func (r *Redis) Decide(ctx context.Context, deadline time.Time, keys []string, args []any, owner Abandoner) (any, error) {
 	return r.batch.run(ctx, deadline, r.client, keys, args, owner)
 }
