@@ -27,6 +27,13 @@ func (c stubClient) FCall(ctx context.Context, _ string, _ []string, _ ...any) *
 	return redis.NewCmdResult(c.reply, nil)
 }
 
+// Process answers the library's calls, which it sends through Process
+// (once at most, see internal/slidinglog's sentOnce).
+func (c stubClient) Process(_ context.Context, cmd redis.Cmder) error {
+	cmd.(interface{ SetVal(any) }).SetVal(c.reply)
+	return nil
+}
+
 // nopWriter is a ResponseWriter that does not allocate, so that
 // b.ReportAllocs counts the middleware only.
 type nopWriter struct{ h http.Header }

@@ -396,6 +396,23 @@ func (c *noScriptClient) Eval(ctx context.Context, script string, keys []string,
 	return c.UniversalClient.Eval(ctx, script, keys, args...)
 }
 
+// Process is how the library sends its calls (each once at most, see
+// internal/slidinglog's sentOnce): FCALL and EVALSHA fail as above, EVAL
+// is counted.
+func (c *noScriptClient) Process(ctx context.Context, cmd redis.Cmder) error {
+	switch cmd.Name() {
+	case "fcall":
+		cmd.SetErr(errors.New("ERR unknown command 'FCALL', with args beginning with: "))
+		return cmd.Err()
+	case "evalsha":
+		cmd.SetErr(errors.New("ERR Error running script: NOSCRIPT No matching script. Please use EVAL."))
+		return cmd.Err()
+	case "eval":
+		c.evals++
+	}
+	return c.UniversalClient.Process(ctx, cmd)
+}
+
 func TestNoScriptAnywhereInError(t *testing.T) { forBackends(t, testNoScriptAnywhereInError) }
 
 func testNoScriptAnywhereInError(t *testing.T, b backend) {

@@ -161,6 +161,13 @@ func (d *call) group(ctx context.Context, keys []string, idx []int) (bool, error
 	if b != nil {
 		b.done(rs.breakers, err, probe, hurried, q.wall, q.deadline)
 	}
+	if err != nil && !q.peek && slidinglog.MayHaveRun(err) {
+		// Sent once (go-redis does not send it again), its reply never
+		// read: Redis may have logged the request, as a late reply does.
+		units := uint64(q.cost) * uint64(len(keys))
+		d.out.unreverted += units
+		rs.rollbacks.fail(units, fmt.Errorf("ratelimit: a decision whose reply never came may stay counted in %s: %w", keys[0], err))
+	}
 	if err != nil {
 		return false, rs.callError(ctx, err, q.deadline)
 	}

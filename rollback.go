@@ -119,7 +119,10 @@ func (rb *rollbacks) rollback(reservations []reservation, cost int, deadline tim
 
 // removeReservations removes reservations, each tried until Redis answers
 // or it is no longer worth it, and returns the units it could not remove,
-// which it has counted.
+// which it has counted. A call sent that got no reply (its reply was late,
+// its connection failed) is not tried again: it may have removed them, and
+// a second removal would take another request's entries. Its units are
+// counted as not removed.
 func (rb *rollbacks) removeReservations(reservations []reservation, cost int) (unreverted uint64) {
 	start := time.Now()
 	for i := range reservations {
@@ -127,10 +130,16 @@ func (rb *rollbacks) removeReservations(reservations []reservation, cost int) (u
 		giveUp := start.Add(min(r.window, maxRollbackTime))
 		var err error
 		for retry := firstRollbackRetry; ; retry = min(2*retry, lastRollbackRetry) {
-			ctx, cancel := context.WithTimeout(context.Background(), rb.timeout)
+			// Bounded by when it gives up, not by a call's timeout: go-redis
+			// answers a call whose context ends after it was written with
+			// the context's error, which cannot say whether it ran; the
+			// client's ReadTimeout, which can, comes first.
+			ctx, cancel := context.WithDeadline(context.Background(), later(giveUp, time.Now().Add(rb.timeout)))
 			_, err = rb.lib.Rollback(ctx, r.keys, r.req, r.stamps)
 			cancel()
-			if err == nil || !transient(err) || errors.Is(err, redis.ErrClosed) || time.Now().Add(retry).After(giveUp) {
+			// A call that may have run is not sent again: it would remove
+			// another request's entries of the same time.
+			if err == nil || !transient(err) || slidinglog.MayHaveRun(err) || errors.Is(err, redis.ErrClosed) || time.Now().Add(retry).After(giveUp) {
 				break
 			}
 			time.Sleep(retry) // backoff before asking a Redis that failed again
@@ -142,6 +151,14 @@ func (rb *rollbacks) removeReservations(reservations []reservation, cost int) (u
 		}
 	}
 	return unreverted
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // fail counts n units that stay counted, and reports why.

@@ -30,6 +30,13 @@ func (c stubRedis) FCall(context.Context, string, []string, ...any) *redis.Cmd {
 	return redis.NewCmdResult(c.reply, nil)
 }
 
+// Process answers the library's calls, which it sends through Process
+// (once at most: go-redis must not send them again).
+func (c stubRedis) Process(_ context.Context, cmd redis.Cmder) error {
+	cmd.(interface{ SetVal(any) }).SetVal(c.reply)
+	return nil
+}
+
 func newStubRedis() stubRedis {
 	now := time.Now().UnixMicro()
 	return stubRedis{reply: slidinglog.AppendReply(nil, slidinglog.Reply{Allowed: true, Denied: -1, Now: now},

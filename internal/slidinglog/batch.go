@@ -198,7 +198,7 @@ func (b *batcher) exec(c redis.UniversalClient, batch []*call) {
 	case len(batch) == 1:
 		cl := batch[0]
 		ctx, cancel := batchContext(batch)
-		cl.reply, cl.err = b.mode.run(ctx, c, decideCode, cl.keys, cl.args)
+		cl.reply, cl.err = b.mode.run(ctx, c, &decideCode, cl.keys, cl.args)
 		cancel()
 	case b.split:
 		b.sendPipeline(c, batch)
@@ -237,7 +237,7 @@ func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 		args = append(args, cl.args...)
 		size += ReplyLen(len(cl.keys))
 	}
-	reply, err := b.mode.run(ctx, c, decideCode, keys, args)
+	reply, err := b.mode.run(ctx, c, &decideCode, keys, args)
 	all, ok := reply.([]any)
 	if err == nil && (!ok || len(all) != size) {
 		err = fmt.Errorf("%w: %T of length %d for %d decisions", ErrUnexpectedReply, reply, len(all), len(batch))
@@ -255,21 +255,20 @@ func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 // script, as scriptMode.run would call them again (see scriptMode.retry),
 // and, in a third, as scripts, those that met no library again.
 //
-// Each decision is run by Redis once at most per call sent: on a Redis
-// Cluster go-redis must not send a call of the pipeline again once it
-// reached Redis (see sentOnce).
+// Each decision is run by Redis once at most per call sent: go-redis must
+// not send a call of the pipeline again once it reached Redis (see
+// sentOnce).
 func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
-	_, once := c.(*redis.ClusterClient)
 	cmds := make([]*redis.Cmd, len(batch))
 	functions := b.mode.functions()
 	pipe := c.Pipeline()
 	for i, cl := range batch {
 		if functions {
-			cmds[i] = queue(ctx, pipe, once, fcallCommand, decideCode.function, cl)
+			cmds[i] = queue(ctx, pipe, fcallCommand, decideCode.functionArg, cl)
 		} else {
-			cmds[i] = queue(ctx, pipe, once, evalshaCommand, decideCode.script.Hash(), cl)
+			cmds[i] = queue(ctx, pipe, evalshaCommand, decideCode.shaArg, cl)
 		}
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
@@ -297,9 +296,9 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 		pipe = c.Pipeline()
 		for _, i := range retry {
 			if again == rerunFunction {
-				cmds[i] = queue(ctx, pipe, once, fcallCommand, decideCode.function, batch[i])
+				cmds[i] = queue(ctx, pipe, fcallCommand, decideCode.functionArg, batch[i])
 			} else {
-				cmds[i] = queue(ctx, pipe, once, evalCommand, decideCode.source, batch[i])
+				cmds[i] = queue(ctx, pipe, evalCommand, decideCode.sourceArg, batch[i])
 			}
 		}
 		_, _ = pipe.Exec(ctx)
@@ -314,53 +313,61 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	}
 }
 
-// The commands a pipeline calls the library with, boxed once.
+// The commands the library is called with, boxed once: boxing a string
+// allocates.
 var fcallCommand, evalshaCommand, evalCommand any = "fcall", "evalsha", "eval"
 
-// queue adds to pipe cl's call of the library's decide: command is
-// fcallCommand (code is the function's name), evalshaCommand (the script's
-// SHA-1) or evalCommand (its source). It builds the call as go-redis's
-// FCall and EvalSha do. once says that go-redis must not send the call
-// again once it reached Redis (sentOnce).
-func queue(ctx context.Context, pipe redis.Pipeliner, once bool, command any, code string, cl *call) *redis.Cmd {
-	args := make([]any, 3+len(cl.keys), 3+len(cl.keys)+len(cl.args))
-	args[0], args[1], args[2] = command, code, len(cl.keys)
-	for i, key := range cl.keys {
-		args[3+i] = key
+// queue adds to pipe cl's call of the library's decide, sent once at most
+// (sentOnce): command is fcallCommand (code the function's name),
+// evalshaCommand (the script's SHA-1) or evalCommand (its source), each
+// boxed once (see luaEntry).
+func queue(ctx context.Context, pipe redis.Pipeliner, command, code any, cl *call) *redis.Cmd {
+	cmd := newCall(ctx, command, code, cl.keys, cl.args)
+	_ = pipe.Process(ctx, sentOnce{cmd})
+	return cmd
+}
+
+// newCall returns a call of the library's code with keys and args, built
+// as go-redis's FCall, EvalSha and Eval build theirs: command and code are
+// boxed already (see queue).
+func newCall(ctx context.Context, command, code any, keys []string, args []any) *redis.Cmd {
+	all := make([]any, 3+len(keys), 3+len(keys)+len(args))
+	all[0], all[1], all[2] = command, code, len(keys)
+	for i, key := range keys {
+		all[3+i] = key
 	}
-	cmd := redis.NewCmd(ctx, append(args, cl.args...)...)
-	if len(cl.keys) > 0 {
+	cmd := redis.NewCmd(ctx, append(all, args...)...)
+	if len(keys) > 0 {
 		cmd.SetFirstKeyPos(3)
-	}
-	if once {
-		_ = pipe.Process(ctx, sentOnce{cmd})
-	} else {
-		_ = pipe.Process(ctx, cmd)
 	}
 	return cmd
 }
 
-// sentOnce is a call of a Redis Cluster pipeline that go-redis sends to
-// Redis once at most. go-redis (v9.23.0) sends every call of a primary's
-// pipeline again, up to MaxRedirects times, when the first of them gets a
-// reply it retries: TRYAGAIN (a call with several keys of a slot that is
-// migrating, one key moved), CLUSTERDOWN, LOADING, MASTERDOWN...; and when
-// the connection fails while it reads the replies. The calls behind the
-// first were run by then, and each run logs the decision again: a healthy
-// request counted up to 4 times, never taken back. A node's pipeline that
-// holds a call whose NoRetry is true is not sent again once written
-// (go-redis's cmdsContainNoRetry); one that got no connection, of which
-// nothing reached Redis, still is; a call refused with MOVED or ASK, which
-// Redis did not run, is still sent, alone, to the node that has its key.
+// sentOnce is a call of the library's code that writes (decide,
+// rollback, forget), which go-redis sends to Redis once at most. go-redis
+// (v9.23.0) sends a command again, up to MaxRetries times, when its reply
+// does not come within ReadTimeout or its connection fails while the reply
+// is read (Client, Ring), and every call of a Cluster primary's pipeline
+// again, up to MaxRedirects times, when the first of them gets a reply it
+// retries (TRYAGAIN, CLUSTERDOWN, LOADING, MASTERDOWN...); a Client's
+// pipeline again after a failed read (a Ring's shards send theirs once,
+// sentOnce or not). Redis ran the call by then,
+// and each run logs the decision again (a call that ran 400 ms at a
+// ReadTimeout of 300 ms ran 4 times), or removes another request's entries
+// of the same time. A command, or a pipeline that holds one, whose NoRetry
+// is true is not sent again once written (redis.go processWithRetry,
+// cmdsContainNoRetry; osscluster.go and ring.go process). It still is when
+// it was never written: no connection, a desync found before the write. A
+// call refused with MOVED or ASK, which Redis did not run, is still sent to
+// the node that has its key: go-redis follows those before it asks NoRetry.
 // So each call runs once at most, and a reply go-redis would have retried
-// (TRYAGAIN, say) is its own decision's error: the root package decides a
-// group that met TRYAGAIN one key at a time. The price: the calls of a
-// connection that fails while its replies are read get the error, where
-// go-redis sent them all again. A call alone is not a pipeline: go-redis
-// sends it again on TRYAGAIN, which Redis refuses before running the call.
-//
-// Ring shards and a single Redis keep go-redis's retries: neither answers
-// TRYAGAIN, ASK or MOVED.
+// (TRYAGAIN, a time-out) is its own decision's error; one that leaves
+// unknown whether the call ran (MayHaveRun) is counted by the root
+// package as possibly logged. The price: a call whose reply is late or
+// whose connection fails gets the error, where go-redis sent it again.
+// NOSCRIPT and a missing function, which Redis answers without running the
+// call, are sent again by scriptMode.run and sendPipeline themselves.
+// Status, which writes nothing, keeps go-redis's retries.
 type sentOnce struct{ *redis.Cmd }
 
 // NoRetry reports that go-redis must not send the call again.

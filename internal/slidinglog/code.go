@@ -46,6 +46,13 @@ type luaEntry struct {
 	register string        // the library's line that registers it
 	source   string        // the script, for EVAL
 	script   *redis.Script // the same, for EVALSHA
+	// The same, boxed once for a call's arguments: boxing a string
+	// allocates.
+	functionArg, shaArg, sourceArg any
+	// once says that go-redis sends a call of it once at most (see
+	// sentOnce): the entry writes, and a call run twice would log or
+	// remove twice. Status, which writes nothing, keeps go-redis's retries.
+	once bool
 }
 
 // newLuaEntry returns the entry point name of the code, as a function of
@@ -59,6 +66,8 @@ func newLuaEntry(name, flag string) luaEntry {
 		e.register = "redis.register_function{function_name='" + e.function + "', callback=" + name + ", flags={'" + flag + "'}}\n"
 	}
 	e.script = redis.NewScript(e.source)
+	e.functionArg, e.shaArg, e.sourceArg = e.function, e.script.Hash(), e.source
+	e.once = flag != "no-writes"
 	return e
 }
 
@@ -129,9 +138,13 @@ func (m *scriptMode) clock() time.Time {
 }
 
 // run runs entry e of the sliding-log code once with keys and args on c.
-func (m *scriptMode) run(ctx context.Context, c redis.UniversalClient, e luaEntry, keys []string, args []any) (any, error) {
+// A call of an entry that writes is sent once at most (see sentOnce): a
+// reply that does not come in time, or a connection that fails while it is
+// read, is the caller's error (see MayHaveRun). Only a call Redis refused
+// without running it (no such function or script) is sent again, here.
+func (m *scriptMode) run(ctx context.Context, c redis.UniversalClient, e *luaEntry, keys []string, args []any) (any, error) {
 	if m.functions() {
-		reply, err := c.FCall(ctx, e.function, keys, args...).Result()
+		reply, err := e.call(ctx, c, fcallCommand, e.functionArg, keys, args)
 		if err == nil {
 			return reply, nil
 		}
@@ -139,14 +152,27 @@ func (m *scriptMode) run(ctx context.Context, c redis.UniversalClient, e luaEntr
 		case rerunNone:
 			return reply, err
 		case rerunFunction:
-			reply, err = c.FCall(ctx, e.function, keys, args...).Result()
+			reply, err = e.call(ctx, c, fcallCommand, e.functionArg, keys, args)
 			if err == nil || !isNoFunction(err) {
 				return reply, err
 			}
 			// Flushed again since the load: as a script, this once.
 		}
 	}
-	return runScript(ctx, c, e.script, e.source, keys, args)
+	return runScript(ctx, c, e, keys, args)
+}
+
+// call sends e once with keys and args on c, as command (fcallCommand,
+// evalshaCommand or evalCommand) of code (e's functionArg, shaArg or
+// sourceArg), and returns its reply.
+func (e *luaEntry) call(ctx context.Context, c redis.UniversalClient, command, code any, keys []string, args []any) (any, error) {
+	cmd := newCall(ctx, command, code, keys, args)
+	if e.once {
+		_ = c.Process(ctx, sentOnce{cmd})
+	} else {
+		_ = c.Process(ctx, cmd)
+	}
+	return cmd.Result()
 }
 
 // retry tells a caller whose FCALL failed with err how to call again: as a

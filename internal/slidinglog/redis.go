@@ -2,6 +2,9 @@ package slidinglog
 
 import (
 	"context"
+	"errors"
+	"io"
+	"net"
 	"strings"
 	"time"
 
@@ -31,7 +34,9 @@ func (r *Redis) Client() redis.UniversalClient { return r.client }
 // together (see batcher). Decide waits until deadline or until ctx is done
 // at the most, and then returns that error; if the call went out, owner's
 // Abandon receives its reply later. The caller must then leave keys and
-// args as they are: the call may still read them.
+// args as they are: the call may still read them. The call is sent once
+// at most (see sentOnce): an error for which MayHaveRun holds leaves the
+// request possibly logged.
 func (r *Redis) Decide(ctx context.Context, deadline time.Time, keys []string, args []any, owner Abandoner) (any, error) {
 	return r.batch.run(ctx, deadline, r.client, keys, args, owner)
 }
@@ -44,14 +49,16 @@ func (r *Redis) Status(ctx context.Context, keys []string, reqs ...[]byte) (any,
 	for i, req := range reqs {
 		args[i] = req
 	}
-	return r.batch.mode.run(ctx, r.client, statusCode, keys, args)
+	return r.batch.mode.run(ctx, r.client, &statusCode, keys, args)
 }
 
 // Rollback removes the entries of the request req that a decision logged
 // in keys, at the times stamps (AppendStamps), and returns how many units
-// of cost it removed.
+// of cost it removed. The call is sent once at most: removed twice, it
+// would take another request's entries of the same time. An error for
+// which MayHaveRun holds leaves unknown whether they were removed.
 func (r *Redis) Rollback(ctx context.Context, keys []string, req, stamps []byte) (int64, error) {
-	reply, err := r.batch.mode.run(ctx, r.client, rollbackCode, keys, []any{req, stamps})
+	reply, err := r.batch.mode.run(ctx, r.client, &rollbackCode, keys, []any{req, stamps})
 	n, _ := reply.(int64)
 	return n, err
 }
@@ -59,7 +66,7 @@ func (r *Redis) Rollback(ctx context.Context, keys []string, req, stamps []byte)
 // Forget removes what the limits of req counted in keys, and returns how
 // many of them had counted something.
 func (r *Redis) Forget(ctx context.Context, keys []string, req []byte) (int64, error) {
-	reply, err := r.batch.mode.run(ctx, r.client, forgetCode, keys, []any{req})
+	reply, err := r.batch.mode.run(ctx, r.client, &forgetCode, keys, []any{req})
 	n, _ := reply.(int64)
 	return n, err
 }
@@ -78,16 +85,43 @@ func FunctionNames() (all []string, readOnly string) {
 	return []string{decideCode.function, statusCode.function, rollbackCode.function, forgetCode.function}, statusCode.function
 }
 
-// runScript runs a script by its SHA and falls back to sending its source
-// when Redis does not know it. Redis says NOSCRIPT after a restart, a failover
-// or SCRIPT FLUSH; some hosted Redis put the word later in the message, so
-// any error that contains it counts.
-func runScript(ctx context.Context, c redis.Scripter, s *redis.Script, src string, keys []string, args []any) (any, error) {
-	reply, err := c.EvalSha(ctx, s.Hash(), keys, args...).Result()
+// runScript runs e as a script by its SHA and falls back to sending its
+// source when Redis does not know it. Redis says NOSCRIPT after a restart, a
+// failover or SCRIPT FLUSH; some hosted Redis put the word later in the
+// message, so any error that contains it counts.
+func runScript(ctx context.Context, c redis.UniversalClient, e *luaEntry, keys []string, args []any) (any, error) {
+	reply, err := e.call(ctx, c, evalshaCommand, e.shaArg, keys, args)
 	if err != nil && isNoScript(err) {
-		reply, err = c.Eval(ctx, src, keys, args...).Result()
+		reply, err = e.call(ctx, c, evalCommand, e.sourceArg, keys, args)
 	}
 	return reply, err
+}
+
+// MayHaveRun reports whether err, a failed call's, leaves unknown whether
+// Redis ran it: the call may have been written, and its reply never read
+// (it did not come within the client's ReadTimeout, or the connection
+// failed while it was written or read). A call of code that writes is
+// sent once at most (see sentOnce), so what it wrote, if it ran, stays:
+// its caller counts it as possibly logged. An error reply of Redis, a
+// connection that could not be made or taken from the pool, a closed
+// client and a context that ended first say that it did not run.
+func MayHaveRun(err error) bool {
+	if err == nil {
+		return false
+	}
+	var re redis.Error
+	if errors.As(err, &re) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false // Redis answered, or go-redis did not send it
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return op.Op != "dial"
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // isNoScript reports whether err says that Redis does not know a script.
