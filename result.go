@@ -78,8 +78,12 @@ type Result struct {
 	// although it did not admit the request: a Redis Cluster decision that
 	// reserved room on one primary, was then denied or failed on another,
 	// and whose reservation Redis did not take back within the decision's
-	// time. A removal still under way then is counted by
-	// [Limiter.Unreverted] if it fails, not here.
+	// time; or a call whose reply never came (its connection failed, or
+	// the reply was later than the client's ReadTimeout), which Redis may
+	// have run: the library never sends such a call again, and counts what
+	// it may have logged, so this can count units Redis never kept. A
+	// removal still under way then is counted by [Limiter.Unreverted] if it
+	// fails, not here.
 	Unreverted uint64
 
 	index  int     // of the limit Limit, Remaining and Reset describe; -1 for none
