@@ -542,6 +542,11 @@ func TestClusterDeadShard(t *testing.T) {
 		// full coverage, every node would refuse commands from then on) for
 		// longer than a breaker cool-down: an observation window.
 		observed := ld.observe(failedAt+defaultBreakerCoolDown+time.Second, 200)
+		// A decision on the dead shard that was under way at the kill can
+		// take seconds on a loaded machine under -race (go-redis dialling
+		// the dead node): keep the load on until one started after the
+		// kill has been answered, so that there is one to assert on.
+		ld.waitDeadAnswered(stopped, loadStartup)
 		st := ld.finish()
 		if observed != nil {
 			t.Errorf("during the outage: %v", observed)
@@ -693,6 +698,21 @@ func (ld *shardLoad) observe(until time.Duration, n int64) error {
 		time.Sleep(10 * time.Millisecond) // polling a clock and a count
 	}
 	return nil
+}
+
+// waitDeadAnswered keeps the load on until a decision on the dead shard
+// that started after at has been answered, for at most within.
+func (ld *shardLoad) waitDeadAnswered(at, within time.Duration) {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		ld.mu.Lock()
+		found := slices.ContainsFunc(ld.events, func(e shardEvent) bool { return !e.healthy && e.at > at })
+		ld.mu.Unlock()
+		if found {
+			return
+		}
+		time.Sleep(10 * time.Millisecond) // polling a record, not ordering events
+	}
 }
 
 // shardStats sums up a shardLoad's decisions.
