@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,14 +48,18 @@ import (
 //	exact log         the library's Limiter (a Redis Function), with
 //	                  WithClock, no deny cache and no circuit breaker, on
 //	                  keys each holding N entries of a 1-minute window (N =
-//	                  100, 1,000, 10,000). admission: a quota of 1,000,000,
-//	                  the clock moving W/N after each round of the keys, so
-//	                  that as many entries leave each window as are logged
-//	                  and each key keeps N; one window of that traffic fills
-//	                  the keys before the cells. denial: a limit of the same
-//	                  name and window with a quota of N, on the same keys,
-//	                  the clock standing still, so every decision reaches
-//	                  Redis and is denied.
+//	                  100, 1,000, 10,000). Admissions, with a quota of
+//	                  1,000,000, in two states of the keys: none leaving
+//	                  the window (the keys' entries, a request every W/2N,
+//	                  fill half the window, and the cells' join them; the
+//	                  keys hold N half-way through the cells), as in a
+//	                  short benchmark of a high quota; and one leaving per
+//	                  one logged (one window of a request every W/N fills
+//	                  the keys, and the cells go on so), a sliding log's
+//	                  steady state. Denials: a limit of the same name and
+//	                  window with a quota of N, on the keys of the second
+//	                  state, the clock standing still, so that every
+//	                  decision reaches Redis and is denied.
 //
 // A batch of exactly -batch decisions is made through the Limiter as
 // concurrent decisions batch: a client hook holds the calls of as many
@@ -254,17 +259,18 @@ func callgrindRun(decisions, batch int, keep, entries string) error {
 	}
 
 	type logCells struct {
-		n           int
-		allow, deny [2]float64 // 1 per call, batch per call
-		seen        float64    // entries the admissions saw, on average
+		n int
+		// 1 per call, batch per call: admissions while as many entries
+		// leave the window as are logged (sliding), admissions while none
+		// leaves it (growing), and denials.
+		sliding, growing, deny [2]float64
+		seen                   [2][2]float64 // entries the admissions saw, on average: sliding, growing
 	}
 	var logs []logCells
 	const window = time.Minute
 	const admitQuota = 1_000_000
 	for _, n := range sizes {
-		if err := rdb.FlushAll(ctx).Err(); err != nil {
-			return err
-		}
+		c := logCells{n: n}
 		now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 		clock := func() time.Time { return now }
 		name := "cg" + strconv.Itoa(n)
@@ -277,7 +283,6 @@ func callgrindRun(decisions, batch int, keep, entries string) error {
 		if err != nil {
 			return err
 		}
-		c := logCells{n: n}
 		var seen, admitted int64
 		admit := func(res ratelimit.Result) error {
 			if !res.Allowed {
@@ -287,45 +292,88 @@ func callgrindRun(decisions, batch int, keep, entries string) error {
 			admitted++
 			return nil
 		}
+		// admissions fills key k with the last fill[k] of rounds of
+		// requests step apart, then measures rounds more, one per call and
+		// batched, and returns their instructions per decision and the
+		// entries they saw.
+		admissions := func(label string, fill []int, step time.Duration) (instr, saw [2]float64, err error) {
+			if err := rdb.FlushAll(ctx).Err(); err != nil {
+				return instr, saw, err
+			}
+			last := slices.Max(fill)
+			for r := range last {
+				var some [][]string
+				for k, f := range fill {
+					if r >= last-f {
+						some = append(some, ids[k])
+					}
+				}
+				if err := g.batch(allow, some, admit); err != nil {
+					return instr, saw, fmt.Errorf("filling %d entries per key: %w", n, err)
+				}
+				now = now.Add(step)
+			}
+			label = fmt.Sprintf("exact log at %d entries, %s admission", n, label)
+			seen, admitted = 0, 0
+			if instr[0], err = measure(label+", 1 per call", decisions, func() error {
+				for range rounds {
+					for _, id := range ids {
+						res, err := allow.Allow(ctx, id, 1)
+						if err != nil {
+							return err
+						}
+						if err := admit(res); err != nil {
+							return err
+						}
+					}
+					now = now.Add(step)
+				}
+				return nil
+			}); err != nil {
+				return instr, saw, err
+			}
+			saw[0] = float64(seen) / float64(admitted)
+			seen, admitted = 0, 0
+			if instr[1], err = measure(label+", batched", rounds, func() error {
+				for range rounds {
+					if err := g.batch(allow, ids, admit); err != nil {
+						return err
+					}
+					now = now.Add(step)
+				}
+				return nil
+			}); err != nil {
+				return instr, saw, err
+			}
+			saw[1] = float64(seen) / float64(admitted)
+			return instr, saw, nil
+		}
+		// A log is written anew (its slow path) every window/8 or so of
+		// traffic, counted from when it was last written anew. The keys
+		// start their logs at times spread evenly over that, so that each
+		// cell counts about its share of those writes, not all the keys'
+		// at once or none.
+		stagger := func(k, period int) int { return k * period / batch }
+		// Growing: the keys' entries, a request every W/2N, fill about
+		// half a window, and the cells' entries join them, so none leaves;
+		// the keys hold n entries on average half-way through the cells.
+		fill := make([]int, batch)
+		for k := range fill {
+			fill[k] = max(n-rounds+stagger(k, n/4)-stagger(batch-1, n/4)/2, 1)
+		}
+		if c.growing, c.seen[1], err = admissions("growing", fill, window/time.Duration(2*n)); err != nil {
+			return err
+		}
+		// Sliding: a window of the traffic, a request every W/N, fills the
+		// keys (and more, whose entries have left the window), and one
+		// entry leaves each key's window for each that is logged.
+		for k := range fill {
+			fill[k] = n + stagger(k, n/8)
+		}
 		step := window / time.Duration(n)
-		// One window of the traffic, batched, fills the keys.
-		for range n {
-			if err := g.batch(allow, ids, admit); err != nil {
-				return fmt.Errorf("filling %d entries per key: %w", n, err)
-			}
-			now = now.Add(step)
-		}
-		seen, admitted = 0, 0
-		label := fmt.Sprintf("exact log at %d entries, admission", n)
-		if c.allow[0], err = measure(label+", 1 per call", decisions, func() error {
-			for range rounds {
-				for _, id := range ids {
-					res, err := allow.Allow(ctx, id, 1)
-					if err != nil {
-						return err
-					}
-					if err := admit(res); err != nil {
-						return err
-					}
-				}
-				now = now.Add(step)
-			}
-			return nil
-		}); err != nil {
+		if c.sliding, c.seen[0], err = admissions("sliding", fill, step); err != nil {
 			return err
 		}
-		if c.allow[1], err = measure(label+", batched", rounds, func() error {
-			for range rounds {
-				if err := g.batch(allow, ids, admit); err != nil {
-					return err
-				}
-				now = now.Add(step)
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
-		c.seen = float64(seen) / float64(admitted)
 		now = now.Add(-step) // the time of the last round: each key holds n entries in its window
 		deny, err := newLimiter(n)
 		if err != nil {
@@ -337,7 +385,7 @@ func callgrindRun(decisions, batch int, keep, entries string) error {
 			}
 			return nil
 		}
-		label = fmt.Sprintf("exact log at %d entries, denial", n)
+		label := fmt.Sprintf("exact log at %d entries, denial", n)
 		if c.deny[0], err = measure(label+", 1 per call", decisions, func() error {
 			for range rounds {
 				for _, id := range ids {
@@ -379,19 +427,28 @@ func callgrindRun(decisions, batch int, keep, entries string) error {
 	fmt.Printf("| `EVALSHA return 1` (the floor of one call) | | %s | |\n", num(floor))
 	fmt.Printf("| fixed window (INCRBY, PEXPIRE or PTTL, in one EVALSHA) | | %s | %s |\n", num(fixed[0]), num(fixed[1]))
 	for _, c := range logs {
-		fmt.Printf("| exact log, admission | %s | %s | %s |\n", thousands(int64(c.n)), num(c.allow[0]), num(c.allow[1]))
-		fmt.Printf("| exact log, denial (deny cache off) | %s | %s | %s |\n", thousands(int64(c.n)), num(c.deny[0]), num(c.deny[1]))
+		e := thousands(int64(c.n))
+		fmt.Printf("| exact log, admission, none leaving the window | %s | %s | %s |\n", e, num(c.growing[0]), num(c.growing[1]))
+		fmt.Printf("| exact log, admission, one leaving per one logged | %s | %s | %s |\n", e, num(c.sliding[0]), num(c.sliding[1]))
+		fmt.Printf("| exact log, denial (deny cache off) | %s | %s | %s |\n", e, num(c.deny[0]), num(c.deny[1]))
 	}
-	fmt.Printf("\n| entries per key | admission / fixed window, 1 per call (target ≤ 1.8x) | admission at %s per call / fixed window at 1 (target ≤ 0.60x) "+
+	fmt.Printf("\n| entries per key, admission | admission / fixed window, 1 per call (target ≤ 1.8x) | admission at %s per call / fixed window at 1 (target ≤ 0.60x) "+
 		"| admission / fixed window, %s per call | denial / admission, 1 per call (target ≤ 1x) | denial / admission, %s per call (target ≤ 1x) |\n"+
-		"| ---: | ---: | ---: | ---: | ---: | ---: |\n", b, b, b)
+		"| --- | ---: | ---: | ---: | ---: | ---: |\n", b, b, b)
 	for _, c := range logs {
-		fmt.Printf("| %s | %s | %s | %s | %s | %s |\n", thousands(int64(c.n)), ratio(c.allow[0], fixed[0]), ratio(c.allow[1], fixed[0]),
-			ratio(c.allow[1], fixed[1]), ratio(c.deny[0], c.allow[0]), ratio(c.deny[1], c.allow[1]))
+		for _, a := range []struct {
+			kind  string
+			instr [2]float64
+		}{{"none leaving", c.growing}, {"one leaving per one logged", c.sliding}} {
+			fmt.Printf("| %s, %s | %s | %s | %s | %s | %s |\n", thousands(int64(c.n)), a.kind, ratio(a.instr[0], fixed[0]), ratio(a.instr[1], fixed[0]),
+				ratio(a.instr[1], fixed[1]), ratio(c.deny[0], a.instr[0]), ratio(c.deny[1], a.instr[1]))
+		}
 	}
 	fmt.Println()
 	for _, c := range logs {
-		fmt.Printf("At %s entries per key the admissions saw %.1f entries in the window on average.\n", thousands(int64(c.n)), c.seen)
+		fmt.Printf("At %s entries per key the admissions saw on average %.1f (1 per call) and %.1f (%s per call) entries in the window "+
+			"with none leaving it, %.1f and %.1f with one leaving per one logged.\n",
+			thousands(int64(c.n)), c.seen[1][0], c.seen[1][1], b, c.seen[0][0], c.seen[0][1])
 	}
 	return nil
 }
