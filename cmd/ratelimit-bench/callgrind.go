@@ -61,6 +61,11 @@ import (
 //	                  state, the clock standing still, so that every
 //	                  decision reaches Redis and is denied.
 //
+// A log is written anew (its slow path) every window/8 or so of traffic,
+// counted from its last such write; the keys start their logs at times
+// spread evenly over that, so that each cell counts about its share of
+// those writes, not every key's at once or none.
+//
 // A batch of exactly -batch decisions is made through the Limiter as
 // concurrent decisions batch: a client hook holds the calls of as many
 // blocking decisions as the library keeps batches in flight (failing them
@@ -360,6 +365,9 @@ func callgrindRun(decisions, batch int, keep, entries string) error {
 		fill := make([]int, batch)
 		for k := range fill {
 			fill[k] = max(n-rounds+stagger(k, n/4)-stagger(batch-1, n/4)/2, 1)
+		}
+		if slices.Max(fill)+2*rounds >= 2*n {
+			return fmt.Errorf("-entries %d: entries would leave the window of the growing logs; want at least %d entries, or fewer -decisions", n, (slices.Max(fill)+2*rounds)/2+1)
 		}
 		if c.growing, c.seen[1], err = admissions("growing", fill, window/time.Duration(2*n)); err != nil {
 			return err
