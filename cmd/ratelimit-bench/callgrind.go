@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,38 +23,61 @@ import (
 // The -callgrind mode counts the Redis server's instructions per decision,
 // which, unlike CPU time, do not drift with the machine's speed: it starts
 // one redis-server under valgrind --tool=callgrind (--hz 1, so that the
-// server's own timer adds little) and, for each row, fills the keys, zeroes
-// callgrind's counters (callgrind_control -z), makes the row's decisions,
-// one per call from one caller, dumps the counters (callgrind_control -d)
-// and divides the dump's instruction count by the decisions. The server's
-// start-up and the filling are thus never counted; what each row counts is
-// the whole call, from reading the command to writing the reply.
+// server's own timer adds little; instrumentation off until a cell starts,
+// so that filling the keys runs at valgrind's uninstrumented speed) and,
+// for each cell, fills the keys, turns instrumentation on, zeroes
+// callgrind's counters (callgrind_control -z), makes the cell's decisions,
+// dumps the counters (callgrind_control -d) and divides the dump's
+// instruction count, less what the idle server spends in the same time
+// (measured first, over 2 seconds), by the decisions. The server's
+// start-up and the filling are thus never counted; what each cell counts
+// is the whole call, from reading the command to writing the reply.
 //
-//	go run ./cmd/ratelimit-bench -callgrind [-decisions 1000] [-entries 100,1000,10000]
+//	go run ./cmd/ratelimit-bench -callgrind [-decisions 320] [-batch 16] [-entries 100,1000,10000]
 //
-// Rows:
+// It prints a Markdown table, each cell at 1 and at -batch decisions per
+// call, on -batch keys decided round in turn:
 //
-//	ceiling       EVALSHA of `return 1`, as in the throughput workloads.
-//	fixed window  a reference fixed-window limiter: one EVALSHA per decision
-//	              of INCR and PEXPIRE (the same call admits and denies).
-//	exact log     the library's Limiter (a Redis Function), with WithClock
-//	              and no deny cache, on keys each holding about N entries
-//	              (N = 100, 1,000, 10,000: read whole, then in parts) of a
-//	              1-minute window: 10 keys, 1 for N = 10,000. allow: a limit
-//	              of quota 2N, decided round the keys in turn, the clock
-//	              moving on so that each key sees a request every W/N: as
-//	              many entries leave its window as are logged, and it keeps
-//	              N. One window of that traffic fills the keys before the
-//	              count starts. deny: a limit of the same name and window
-//	              but quota N/2, on the same keys, the clock standing still.
+//	EVALSHA return 1  the floor of one call, as in the throughput workloads.
+//	fixed window      a reference fixed-window limiter, as ulule/limiter's
+//	                  Redis store works: one EVALSHA of INCRBY, then PEXPIRE
+//	                  if that made the key or PTTL if not, replying the count
+//	                  and the time to live, on keys that exist and have a
+//	                  TTL. At -batch per call the script does that for each
+//	                  of its keys.
+//	exact log         the library's Limiter (a Redis Function), with
+//	                  WithClock, no deny cache and no circuit breaker, on
+//	                  keys each holding N entries of a 1-minute window (N =
+//	                  100, 1,000, 10,000). Admissions, with a quota of
+//	                  1,000,000, in two states of the keys: none leaving
+//	                  the window (the keys' entries, a request every W/2N,
+//	                  fill half the window, and the cells' join them; the
+//	                  keys hold N half-way through the cells), as in a
+//	                  short benchmark of a high quota; and one leaving per
+//	                  one logged (one window of a request every W/N fills
+//	                  the keys, and the cells go on so), a sliding log's
+//	                  steady state. Denials: a limit of the same name and
+//	                  window with a quota of N, on the keys of the second
+//	                  state, the clock standing still, so that every
+//	                  decision reaches Redis and is denied.
+//
+// A log is written anew (its slow path) every window/8 or so of traffic,
+// counted from its last such write; the keys start their logs at times
+// spread evenly over that, so that each cell counts about its share of
+// those writes, not every key's at once or none.
+//
+// A batch of exactly -batch decisions is made through the Limiter as
+// concurrent decisions batch: a client hook holds the calls of as many
+// blocking decisions as the library keeps batches in flight (failing them
+// without sending anything, once released), the batch's decisions queue
+// behind them meanwhile, and go out together when the hook lets go. The
+// tool checks with INFO commandstats that every cell made exactly one call
+// per decision, or one per batch.
 //
 // With -callgrind-out DIR the dumps stay in DIR, callgrind.out.1 and on, one
-// per cell in the order printed, for callgrind_annotate.
-//
-// The entries column is the average count the decisions saw before
-// themselves (N/A for the references); calls/decision counts FCALL and
-// EVALSHA calls, and must be 1.
-func callgrindRun(decisions int, keep, entries string) error {
+// per cell in the order measured (the idle server first), for
+// callgrind_annotate.
+func callgrindRun(decisions, batch int, keep, entries string) error {
 	var sizes []int
 	for _, f := range strings.Split(entries, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -59,6 +86,10 @@ func callgrindRun(decisions int, keep, entries string) error {
 		}
 		sizes = append(sizes, n)
 	}
+	if batch < 2 || decisions < batch || decisions%batch != 0 {
+		return fmt.Errorf("-batch %d, -decisions %d: want a batch of 2 or more, and decisions a multiple of it", batch, decisions)
+	}
+	rounds := decisions / batch
 	if _, err := exec.LookPath("valgrind"); err != nil {
 		return fmt.Errorf("valgrind not found: %w", err)
 	}
@@ -85,15 +116,18 @@ func callgrindRun(decisions int, keep, entries string) error {
 	_ = l.Close()
 	_, port, _ := net.SplitHostPort(addr)
 	out := filepath.Join(dir, "callgrind.out")
-	srv := exec.Command("valgrind", "--tool=callgrind", "--callgrind-out-file="+out,
+	srv := exec.Command("valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file="+out,
 		"redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--hz", "1", "--dir", dir)
 	if err := srv.Start(); err != nil {
 		return err
 	}
 	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
 	pid := strconv.Itoa(srv.Process.Pid)
+	started := time.Now()
 
-	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, ReadTimeout: -1, PoolSize: 1})
+	g := &gate{}
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, ReadTimeout: -1, PoolSize: 4 * batch})
+	rdb.AddHook(g)
 	defer rdb.Close()
 	ctx := context.Background()
 	for i := 0; ; i++ {
@@ -106,133 +140,523 @@ func callgrindRun(decisions int, keep, entries string) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	info, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return err
+	}
 
+	control := func(args ...string) error {
+		if out, err := exec.Command(ctl, append(args, pid)...).CombinedOutput(); err != nil {
+			return fmt.Errorf("callgrind_control %s: %w: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
 	dumps := 0
-	// measure runs op decisions times between a zero and a dump of the
-	// counters, and returns the instructions and calls per decision.
-	measure := func(op func(i int) error) (instr, calls float64, err error) {
+	// count runs op with instrumentation on, between a zero and a dump of
+	// the counters, and returns the instructions counted, the time op
+	// took and the calls of scripts and functions it made.
+	count := func(op func() error) (instr int64, took time.Duration, calls int64, err error) {
 		_, calls0, err := redisCounters(ctx, rdb)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
-		if err := exec.Command(ctl, "-z", pid).Run(); err != nil {
-			return 0, 0, fmt.Errorf("callgrind_control -z: %w", err)
+		if err := control("-i", "on"); err != nil {
+			return 0, 0, 0, err
 		}
-		for i := range decisions {
-			if err := op(i); err != nil {
-				return 0, 0, err
-			}
+		if err := control("-z"); err != nil {
+			return 0, 0, 0, err
 		}
-		if err := exec.Command(ctl, "-d", pid).Run(); err != nil {
-			return 0, 0, fmt.Errorf("callgrind_control -d: %w", err)
+		t0 := time.Now()
+		if err := op(); err != nil {
+			return 0, 0, 0, err
+		}
+		if err := control("-d"); err != nil {
+			return 0, 0, 0, err
+		}
+		took = time.Since(t0)
+		if err := control("-i", "off"); err != nil {
+			return 0, 0, 0, err
 		}
 		_, calls1, err := redisCounters(ctx, rdb)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		dumps++
 		n, err := dumpInstructions(out + "." + strconv.Itoa(dumps))
+		return n, took, calls1 - calls0, err
+	}
+	// The idle server: what its timer and event loop cost per second.
+	idle, idleTook, _, err := count(func() error { time.Sleep(2 * time.Second); return nil })
+	if err != nil {
+		return err
+	}
+	idleRate := float64(idle) / idleTook.Seconds()
+	// measure runs op (decisions decisions, in wantCalls calls) and
+	// returns the instructions per decision.
+	measure := func(name string, wantCalls int, op func() error) (float64, error) {
+		n, took, calls, err := count(op)
 		if err != nil {
-			return 0, 0, err
+			return 0, fmt.Errorf("%s: %w", name, err)
 		}
-		return float64(n) / float64(decisions), float64(calls1-calls0) / float64(decisions), nil
-	}
-	row := func(name string, cells ...string) {
-		fmt.Printf("%-36s", name)
-		for _, c := range cells {
-			fmt.Printf(" %12s", c)
+		if calls != int64(wantCalls) {
+			return 0, fmt.Errorf("%s: %d calls of scripts and functions for %d decisions, want %d", name, calls, decisions, wantCalls)
 		}
-		fmt.Println()
+		return (float64(n) - idleRate*took.Seconds()) / float64(decisions), nil
 	}
-	cell := func(instr float64) string { return strconv.FormatFloat(instr, 'f', 0, 64) }
-	fmt.Printf("Redis instructions per decision under callgrind (%d decisions per cell, one per call)\n\n", decisions)
-	row("workload", "allow", "deny", "entries", "calls/dec")
 
-	script := func(name, src string, args func(i int) []any) error {
-		s := redis.NewScript(src)
+	// The keys, -batch of them, decided round in turn.
+	ids := make([][]string, batch)
+	fwKeys := make([]string, batch)
+	for k := range ids {
+		ids[k] = []string{"client-" + strconv.Itoa(k)}
+		fwKeys[k] = "fw:client-" + strconv.Itoa(k)
+	}
+
+	var floor float64
+	var fixed [2]float64 // 1 per call, batch per call
+	{
+		s := redis.NewScript("return 1")
 		if err := s.Load(ctx, rdb).Err(); err != nil {
 			return err
 		}
-		instr, calls, err := measure(func(i int) error {
-			return rdb.EvalSha(ctx, s.Hash(), []string{"fw:client-" + strconv.Itoa(i%10)}, args(i)...).Err()
-		})
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
-		row(name, cell(instr), "", "", strconv.FormatFloat(calls, 'f', 2, 64))
-		return nil
-	}
-	if err := script("ceiling: EVALSHA return 1", "return 1", func(int) []any { return nil }); err != nil {
-		return err
-	}
-	if err := script("fixed window: INCR + PEXPIRE",
-		"local c = redis.call('INCR', KEYS[1]) redis.call('PEXPIRE', KEYS[1], ARGV[1]) return c",
-		func(int) []any { return []any{60000} }); err != nil {
-		return err
-	}
-
-	const window = time.Minute
-	for _, n := range sizes {
-		if err := rdb.FlushAll(ctx).Err(); err != nil {
+		if floor, err = measure("EVALSHA return 1", decisions, func() error {
+			for i := range decisions {
+				if err := rdb.EvalSha(ctx, s.Hash(), []string{fwKeys[i%batch]}).Err(); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
 			return err
 		}
+	}
+	{
+		one, many := redis.NewScript(fixedWindowScript), redis.NewScript(fixedWindowBatchScript)
+		for _, s := range []*redis.Script{one, many} {
+			if err := s.Load(ctx, rdb).Err(); err != nil {
+				return err
+			}
+		}
+		// The keys exist, with a TTL, as in a fixed window's steady state.
+		if err := many.EvalSha(ctx, rdb, fwKeys, 1, 60_000).Err(); err != nil {
+			return err
+		}
+		if fixed[0], err = measure("fixed window, 1 per call", decisions, func() error {
+			for i := range decisions {
+				if err := one.EvalSha(ctx, rdb, fwKeys[i%batch:][:1], 1, 60_000).Err(); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if fixed[1], err = measure("fixed window, "+strconv.Itoa(batch)+" per call", rounds, func() error {
+			for range rounds {
+				if err := many.EvalSha(ctx, rdb, fwKeys, 1, 60_000).Err(); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+
+	type logCells struct {
+		n int
+		// 1 per call, batch per call: admissions while as many entries
+		// leave the window as are logged (sliding), admissions while none
+		// leaves it (growing), and denials.
+		sliding, growing, deny [2]float64
+		seen                   [2][2]float64 // entries the admissions saw, on average: sliding, growing
+	}
+	var logs []logCells
+	const window = time.Minute
+	const admitQuota = 1_000_000
+	for _, n := range sizes {
+		c := logCells{n: n}
 		now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 		clock := func() time.Time { return now }
 		name := "cg" + strconv.Itoa(n)
 		newLimiter := func(quota int) (*ratelimit.Limiter, error) {
 			return ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(window, quota, ratelimit.Global()).Named(name)},
-				ratelimit.WithClock(clock), ratelimit.WithDenyCache(0), ratelimit.WithTimeout(time.Minute))
+				ratelimit.WithClock(clock), ratelimit.WithDenyCache(0), ratelimit.WithCircuitBreaker(0, 0),
+				ratelimit.WithTimeout(10*time.Minute))
 		}
-		allow, err := newLimiter(2 * n)
+		allow, err := newLimiter(admitQuota)
 		if err != nil {
 			return err
 		}
-		// Fewer keys for the largest logs, so that filling them takes
-		// tens of seconds, not minutes.
-		keys := min(10, 10_000/n)
-		ids := make([][]string, keys)
-		for k := range ids {
-			ids[k] = []string{"client-" + strconv.Itoa(k)}
-		}
-		var seen int64
-		step := window / time.Duration(n*keys)
-		decide := func(i int) error {
-			res, err := allow.Allow(ctx, ids[i%keys], 1)
-			if err != nil || !res.Allowed {
-				return fmt.Errorf("allow at %d entries: %+v %v", n, res, err)
+		var seen, admitted int64
+		admit := func(res ratelimit.Result) error {
+			if !res.Allowed {
+				return fmt.Errorf("exact log at %d entries: denied an admission: %+v", n, res)
 			}
-			seen += int64(2*n - res.Remaining - 1)
-			now = now.Add(step)
+			seen += int64(admitQuota - res.Remaining - 1)
+			admitted++
 			return nil
 		}
-		for i := range n * keys { // one window of the same traffic
-			if err := decide(i); err != nil {
-				return err
+		// admissions fills key k with the last fill[k] of rounds of
+		// requests step apart, then measures rounds more, one per call and
+		// batched, and returns their instructions per decision and the
+		// entries they saw.
+		admissions := func(label string, fill []int, step time.Duration) (instr, saw [2]float64, err error) {
+			if err := rdb.FlushAll(ctx).Err(); err != nil {
+				return instr, saw, err
 			}
+			last := slices.Max(fill)
+			for r := range last {
+				var some [][]string
+				for k, f := range fill {
+					if r >= last-f {
+						some = append(some, ids[k])
+					}
+				}
+				if err := g.batch(allow, some, admit); err != nil {
+					return instr, saw, fmt.Errorf("filling %d entries per key: %w", n, err)
+				}
+				now = now.Add(step)
+			}
+			label = fmt.Sprintf("exact log at %d entries, %s admission", n, label)
+			seen, admitted = 0, 0
+			if instr[0], err = measure(label+", 1 per call", decisions, func() error {
+				for range rounds {
+					for _, id := range ids {
+						res, err := allow.Allow(ctx, id, 1)
+						if err != nil {
+							return err
+						}
+						if err := admit(res); err != nil {
+							return err
+						}
+					}
+					now = now.Add(step)
+				}
+				return nil
+			}); err != nil {
+				return instr, saw, err
+			}
+			saw[0] = float64(seen) / float64(admitted)
+			seen, admitted = 0, 0
+			if instr[1], err = measure(label+", batched", rounds, func() error {
+				for range rounds {
+					if err := g.batch(allow, ids, admit); err != nil {
+						return err
+					}
+					now = now.Add(step)
+				}
+				return nil
+			}); err != nil {
+				return instr, saw, err
+			}
+			saw[1] = float64(seen) / float64(admitted)
+			return instr, saw, nil
 		}
-		seen = 0
-		allowInstr, calls, err := measure(decide)
+		// A log is written anew (its slow path) every window/8 or so of
+		// traffic, counted from when it was last written anew. The keys
+		// start their logs at times spread evenly over that, so that each
+		// cell counts about its share of those writes, not all the keys'
+		// at once or none.
+		stagger := func(k, period int) int { return k * period / batch }
+		// Growing: the keys' entries, a request every W/2N, fill about
+		// half a window, and the cells' entries join them, so none leaves;
+		// the keys hold n entries on average half-way through the cells.
+		fill := make([]int, batch)
+		for k := range fill {
+			fill[k] = max(n-rounds+stagger(k, n/4)-stagger(batch-1, n/4)/2, 1)
+		}
+		if slices.Max(fill)+2*rounds >= 2*n {
+			return fmt.Errorf("-entries %d: entries would leave the window of the growing logs; want at least %d entries, or fewer -decisions", n, (slices.Max(fill)+2*rounds)/2+1)
+		}
+		if c.growing, c.seen[1], err = admissions("growing", fill, window/time.Duration(2*n)); err != nil {
+			return err
+		}
+		// Sliding: a window of the traffic, a request every W/N, fills the
+		// keys (and more, whose entries have left the window), and one
+		// entry leaves each key's window for each that is logged.
+		for k := range fill {
+			fill[k] = n + stagger(k, n/8)
+		}
+		step := window / time.Duration(n)
+		if c.sliding, c.seen[0], err = admissions("sliding", fill, step); err != nil {
+			return err
+		}
+		now = now.Add(-step) // the time of the last round: each key holds n entries in its window
+		deny, err := newLimiter(n)
 		if err != nil {
 			return err
 		}
-		deny, err := newLimiter(n / 2)
-		if err != nil {
-			return err
-		}
-		denyInstr, _, err := measure(func(i int) error {
-			res, err := deny.Allow(ctx, ids[i%keys], 1)
-			if err != nil || res.Allowed {
-				return fmt.Errorf("deny at %d entries: %+v %v", n, res, err)
+		denied := func(res ratelimit.Result) error {
+			if res.Allowed {
+				return fmt.Errorf("exact log at %d entries: admitted a denial: %+v", n, res)
 			}
 			return nil
-		})
-		if err != nil {
+		}
+		label := fmt.Sprintf("exact log at %d entries, denial", n)
+		if c.deny[0], err = measure(label+", 1 per call", decisions, func() error {
+			for range rounds {
+				for _, id := range ids {
+					res, err := deny.Allow(ctx, id, 1)
+					if err != nil {
+						return err
+					}
+					if err := denied(res); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}); err != nil {
 			return err
 		}
-		row("exact log, "+strconv.Itoa(n)+" entries x "+strconv.Itoa(keys)+" keys", cell(allowInstr), cell(denyInstr),
-			strconv.FormatInt(seen/int64(decisions), 10), strconv.FormatFloat(calls, 'f', 2, 64))
+		if c.deny[1], err = measure(label+", batched", rounds, func() error {
+			for range rounds {
+				if err := g.batch(deny, ids, denied); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		logs = append(logs, c)
+	}
+
+	// The tables.
+	num := func(v float64) string { return thousands(int64(v + 0.5)) }
+	ratio := func(a, b float64) string { return strconv.FormatFloat(a/b, 'f', 2, 64) + "x" }
+	b := strconv.Itoa(batch)
+	fmt.Printf("Redis instructions per decision, %s under callgrind, %d decisions per cell, %d keys decided in turn; "+
+		"the idle server's %s instructions per second subtracted. %s elapsed.\n\n",
+		"Redis "+field(info, "redis_version"), decisions, batch, num(idleRate), time.Since(started).Round(time.Second))
+	fmt.Printf("    go run ./cmd/ratelimit-bench -callgrind -decisions %d -batch %d -entries %s\n\n", decisions, batch, entries)
+	fmt.Printf("| workload | entries per key | 1 per call | %s per call |\n| --- | ---: | ---: | ---: |\n", b)
+	fmt.Printf("| `EVALSHA return 1` (the floor of one call) | | %s | |\n", num(floor))
+	fmt.Printf("| fixed window (INCRBY, PEXPIRE or PTTL, in one EVALSHA) | | %s | %s |\n", num(fixed[0]), num(fixed[1]))
+	for _, c := range logs {
+		e := thousands(int64(c.n))
+		fmt.Printf("| exact log, admission, none leaving the window | %s | %s | %s |\n", e, num(c.growing[0]), num(c.growing[1]))
+		fmt.Printf("| exact log, admission, one leaving per one logged | %s | %s | %s |\n", e, num(c.sliding[0]), num(c.sliding[1]))
+		fmt.Printf("| exact log, denial (deny cache off) | %s | %s | %s |\n", e, num(c.deny[0]), num(c.deny[1]))
+	}
+	fmt.Printf("\n| entries per key, admission | admission / fixed window, 1 per call (target ≤ 1.8x) | admission at %s per call / fixed window at 1 (target ≤ 0.60x) "+
+		"| admission / fixed window, %s per call | denial / admission, 1 per call (target ≤ 1x) | denial / admission, %s per call (target ≤ 1x) |\n"+
+		"| --- | ---: | ---: | ---: | ---: | ---: |\n", b, b, b)
+	for _, c := range logs {
+		for _, a := range []struct {
+			kind  string
+			instr [2]float64
+		}{{"none leaving", c.growing}, {"one leaving per one logged", c.sliding}} {
+			fmt.Printf("| %s, %s | %s | %s | %s | %s | %s |\n", thousands(int64(c.n)), a.kind, ratio(a.instr[0], fixed[0]), ratio(a.instr[1], fixed[0]),
+				ratio(a.instr[1], fixed[1]), ratio(c.deny[0], a.instr[0]), ratio(c.deny[1], a.instr[1]))
+		}
+	}
+	fmt.Println()
+	for _, c := range logs {
+		fmt.Printf("At %s entries per key the admissions saw on average %.1f (1 per call) and %.1f (%s per call) entries in the window "+
+			"with none leaving it, %.1f and %.1f with one leaving per one logged.\n",
+			thousands(int64(c.n)), c.seen[1][0], c.seen[1][1], b, c.seen[0][0], c.seen[0][1])
 	}
 	return nil
+}
+
+// fixedWindowScript is the fixed-window reference: it counts a request of
+// ARGV[1] in KEYS[1] and gives a key it creates a time to live of ARGV[2]
+// ms, replying the count and the time to live left.
+const fixedWindowScript = `
+local n = redis.call('INCRBY', KEYS[1], ARGV[1])
+if n == tonumber(ARGV[1]) then
+	redis.call('PEXPIRE', KEYS[1], ARGV[2])
+	return {n, tonumber(ARGV[2])}
+end
+return {n, redis.call('PTTL', KEYS[1])}
+`
+
+// fixedWindowBatchScript does what fixedWindowScript does for each of its
+// keys in turn, replying their counts and times to live one after the
+// other.
+const fixedWindowBatchScript = `
+local reply = {}
+for i, key in ipairs(KEYS) do
+	local n = redis.call('INCRBY', key, ARGV[1])
+	local ttl
+	if n == tonumber(ARGV[1]) then
+		redis.call('PEXPIRE', key, ARGV[2])
+		ttl = tonumber(ARGV[2])
+	else
+		ttl = redis.call('PTTL', key)
+	end
+	reply[2*i-1], reply[2*i] = n, ttl
+end
+return reply
+`
+
+// errHeld is the error of a blocking decision's call: the gate never
+// sends it.
+var errHeld = errors.New("ratelimit-bench: a blocking call, never sent")
+
+// gate is a client hook that makes a batch of a known size through a
+// Limiter, as concurrent decisions batch: while it is armed, it holds
+// every call of the library (FCALL, EVALSHA, EVAL) until it opens, then
+// fails it without sending it.
+type gate struct {
+	mu      sync.Mutex
+	armed   bool
+	release chan struct{}
+	held    chan struct{} // receives when a call is held
+}
+
+// batch decides one request of cost 1 for each of ids (one identifier
+// list per decision) with lim, all in one batch, and passes each result
+// to check. It keeps every sender of lim's batcher busy with a blocking
+// decision whose call the gate holds, so that the decisions queue behind
+// them; when the gate opens the blocking calls fail unsent, and the queue
+// goes out as one batch.
+func (g *gate) batch(lim *ratelimit.Limiter, ids [][]string, check func(ratelimit.Result) error) error {
+	g.mu.Lock()
+	g.armed, g.release, g.held = true, make(chan struct{}), make(chan struct{}, 64)
+	release, held := g.release, g.held
+	g.mu.Unlock()
+	opened := false
+	open := func() {
+		if !opened {
+			opened = true
+			g.mu.Lock()
+			g.armed = false
+			g.mu.Unlock()
+			close(release)
+		}
+	}
+	defer open()
+	// As many as internal/slidinglog keeps batches in flight (maxBatches).
+	blockers := max(2, runtime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
+	blockErrs := make([]error, blockers)
+	for i := range blockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, blockErrs[i] = lim.Allow(context.Background(), []string{"blocker-" + strconv.Itoa(i)}, 1)
+		}()
+		select {
+		case <-held:
+		case <-time.After(time.Minute):
+			open()
+			wg.Wait()
+			return errors.New("a blocking decision's call never reached the client")
+		}
+	}
+	queued := make(chan struct{}, len(ids))
+	results := make([]ratelimit.Result, len(ids))
+	errs := make([]error, len(ids))
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = lim.Allow(&queuedCtx{Context: context.Background(), queued: queued}, id, 1)
+		}()
+	}
+	for range ids {
+		select {
+		case <-queued:
+		case <-time.After(time.Minute):
+			open()
+			wg.Wait()
+			return errors.New("a decision never waited for its call: the library no longer waits on ctx.Done once it has queued it")
+		}
+	}
+	open()
+	wg.Wait()
+	for _, err := range blockErrs {
+		if !errors.Is(err, errHeld) {
+			return fmt.Errorf("a blocking decision: %v, want %v", err, errHeld)
+		}
+	}
+	for i := range ids {
+		if errs[i] != nil {
+			return errs[i]
+		}
+		if err := check(results[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// hold holds and fails cmds if they run the library and the gate is
+// armed.
+func (g *gate) hold(cmds ...redis.Cmder) error {
+	lib := false
+	for _, c := range cmds {
+		switch c.Name() {
+		case "fcall", "evalsha", "eval":
+			lib = true
+		}
+	}
+	g.mu.Lock()
+	armed, release, held := g.armed, g.release, g.held
+	g.mu.Unlock()
+	if !lib || !armed {
+		return nil
+	}
+	held <- struct{}{}
+	<-release
+	for _, c := range cmds {
+		c.SetErr(errHeld)
+	}
+	return errHeld
+}
+
+func (g *gate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if err := g.hold(cmd); err != nil {
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if err := g.hold(cmds...); err != nil {
+			return err
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// queuedCtx reports the first time a decision waits on it: the library
+// has queued the decision's call by then.
+type queuedCtx struct {
+	context.Context
+	once   sync.Once
+	queued chan<- struct{}
+}
+
+func (c *queuedCtx) Done() <-chan struct{} {
+	c.once.Do(func() { c.queued <- struct{}{} })
+	return c.Context.Done()
+}
+
+// thousands formats v with commas between thousands.
+func thousands(v int64) string {
+	s := strconv.FormatInt(v, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(r)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
 }
 
 // dumpInstructions returns the instruction count of a callgrind dump: its

@@ -21,7 +21,9 @@
 //	                 log and in 1-minute buckets.
 //
 // With -callgrind it instead counts the Redis server's instructions per
-// decision, beside a fixed-window reference script (see callgrind.go).
+// decision, at 1 and at 16 decisions per call, beside the floor of one
+// call and a fixed-window reference script, and prints them as a Markdown
+// table (see callgrind.go).
 //
 // Beside throughput and latency it prints the Redis server's CPU time per
 // operation (INFO cpu delta): on a machine where the tool and Redis share
@@ -58,12 +60,13 @@ func main() {
 	only := flag.String("run", "", "comma-separated workloads to run (default: all)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the workloads to this file")
 	cg := flag.Bool("callgrind", false, "count Redis instructions per decision under callgrind instead (see callgrind.go)")
-	decisions := flag.Int("decisions", 1000, "decisions per cell with -callgrind")
+	decisions := flag.Int("decisions", 320, "decisions per cell with -callgrind, a multiple of -batch")
+	batch := flag.Int("batch", 16, "with -callgrind, the decisions per call of the batched cells, and the keys decided in turn")
 	cgOut := flag.String("callgrind-out", "", "with -callgrind, keep the callgrind dumps in this directory")
 	cgEntries := flag.String("entries", "100,1000,10000", "with -callgrind, the entries per key of the exact log's rows")
 	flag.Parse()
 	if *cg {
-		if err := callgrindRun(*decisions, *cgOut, *cgEntries); err != nil {
+		if err := callgrindRun(*decisions, *batch, *cgOut, *cgEntries); err != nil {
 			log.Fatal(err)
 		}
 		return
