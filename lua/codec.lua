@@ -62,7 +62,31 @@ local function decode_limit(arg, p)
   }, after
 end
 
--- decode_request returns the request arg: its time, cost and limits.
+-- decode_head returns the request arg's time and cost.
+local function decode_head(arg)
+  local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4 = string.byte(arg, 1, REQUEST_HEAD - 1)
+  return (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7,
+    ((c1 * 256 + c2) * 256 + c3) * 256 + c4
+end
+
+-- decode_limits returns the limits of the request arg.
+local function decode_limits(arg)
+  local count = string.byte(arg, REQUEST_HEAD)
+  if count == 0 then
+    return {}
+  end
+  -- Built with its first limit: cheaper than growing an empty table.
+  local first, p = decode_limit(arg, REQUEST_HEAD + 1)
+  local limits = {first}
+  for i = 2, count do
+    limits[i], p = decode_limit(arg, p)
+  end
+  return limits
+end
+
+-- decode_request returns the request arg: its time, cost and limits (what
+-- decode_head and decode_limits return, in one call: a call to Lua
+-- functions costs Redis more than the code it saves).
 local function decode_request(arg)
   local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, count = string.byte(arg, 1, REQUEST_HEAD)
   local now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
@@ -70,7 +94,6 @@ local function decode_request(arg)
   if count == 0 then
     return now, cost, {}
   end
-  -- Built with its first limit: cheaper than growing an empty table.
   local first, p = decode_limit(arg, REQUEST_HEAD + 1)
   local limits = {first}
   for i = 2, count do

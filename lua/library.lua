@@ -137,8 +137,24 @@ local SERVER_ERRORS = {OOM = true, READONLY = true, MISCONF = true, NOREPLICAS =
 local function each(keys, argv, write)
   -- Sized for the most common reply, one request of one limit.
   local R, k, r, clock = {0, 0, 0, 0, 0, 0}, 1, 0, nil
+  -- The limits of a call's requests, decoded once: by their bytes (from
+  -- the number of limits on), which requests of one limiter share. A
+  -- request's limits keep nothing of it past its decision (check sets
+  -- each limit's STATE before admit reads it), so requests can share them.
+  local decoded = #argv > 1 and {} or nil
   for j = 1, #argv do
-    local now, n, limits = decode_request(argv[j])
+    local arg, now, n, limits = argv[j]
+    if decoded then
+      local specs = string.sub(arg, REQUEST_HEAD)
+      limits = decoded[specs]
+      if not limits then
+        limits = decode_limits(arg)
+        decoded[specs] = limits
+      end
+      now, n = decode_head(arg)
+    else
+      now, n, limits = decode_request(arg)
+    end
     if now == 0 then
       clock = clock or server_now()
       now = clock
