@@ -202,6 +202,20 @@ local function read_range(key, i, j)
   return redis.call('GETRANGE', key, HEADER + ENTRY * i, HEADER + ENTRY * j - 1)
 end
 
+-- range_first_after is first_after over the entries i to j - 1 of the log
+-- at key, read from Redis one entry at a time by halving.
+local function range_first_after(key, i, j, cut)
+  while i < j do
+    local mid = (i + j - (i + j) % 2) / 2
+    if entry_at(read_range(key, mid, mid + 1), 0, 0) > cut then
+      j = mid
+    else
+      i = mid + 1
+    end
+  end
+  return i
+end
+
 -- probe returns where the first entry after before is among the log's
 -- entries, oldest to newest, reading PROBE entries where it likely is:
 -- as found, with its offset, if it is among them; else as the entries
@@ -250,15 +264,10 @@ local function read_large(log, lim, now)
     return
   end
   local dead, first, i, j = probe(log, before, oldest)
-  while not dead and i < j do
-    local mid = (i + j - (i + j) % 2) / 2
-    if entry_at(read_range(log[KEY], mid, mid + 1), 0, 0) > before then
-      j = mid
-    else
-      i = mid + 1
-    end
+  if not dead then
+    dead = range_first_after(log[KEY], i, j, before)
   end
-  log[DEAD], log[FIRST] = dead or i, first
+  log[DEAD], log[FIRST] = dead, first
 end
 
 -- exact_read reads the log at key for a request at now (see KEY to TIME),
@@ -339,15 +348,7 @@ local function exact_search(log, i, j, cut)
   if log[BYTES] then
     return first_after(log[BYTES], HEADER, i, j, cut)
   end
-  while i < j do
-    local mid = (i + j - (i + j) % 2) / 2
-    if entry_at(read_range(log[KEY], mid, mid + 1), 0, 0) > cut then
-      j = mid
-    else
-      i = mid + 1
-    end
-  end
-  return i
+  return range_first_after(log[KEY], i, j, cut)
 end
 
 -- exact_rewrite writes the log anew with n more entries of time at (the
