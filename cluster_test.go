@@ -18,8 +18,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // clusterSuite is the part of the core suite that runs on a Redis Cluster

@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/redistest"
+	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
 // TestDenyCache: once Redis has denied a key, requests of that cost or more

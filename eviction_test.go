@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/redistest"
+	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
 // recordHandler is a slog.Handler that keeps every record.

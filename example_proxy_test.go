@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/redistest"
+	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
 // The README's proxy section: one complete setup per common front end.

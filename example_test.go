@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/redistest"
+	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
 // newRedis starts an embedded Redis with its clock stopped at a fixed time,

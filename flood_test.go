@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidinglog/ratelimit/redistest"
+	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
 // The flood tests run a flood of requests on one key that Redis has denied,

@@ -16,7 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 
-	"github.com/slidinglog/ratelimit/redistest"
+	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
 // TestModel drives the real limiter (the Lua library in Redis, through

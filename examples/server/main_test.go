@@ -14,8 +14,8 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/examples/internal/demo"
+	"github.com/slidinglog/ratelimit/internal/redistest"
 	ratelimitprom "github.com/slidinglog/ratelimit/metrics/prometheus"
-	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestQuotaJSON: GET /quota speaks JSON of its own: snake_case names and
