@@ -13,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/examples/internal/demo"
 	"github.com/slidinglog/ratelimit/internal/redistest"
 	ratelimitprom "github.com/slidinglog/ratelimit/metrics/prometheus"
 )
@@ -35,13 +34,16 @@ func TestQuotaJSON(t *testing.T) {
 }
 
 // TestServer: the commands the server prints do what their comments say,
-// on the demo's limits with this server's options.
+// on the server's limits.
 func TestServer(t *testing.T) {
 	mr := miniredis.RunT(t)
 	mr.SetTime(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC))
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
-	api := demo.Limiter(rdb, append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout)}, options...)...)
+	api, err := newLimiter(rdb, ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
 	h := handler(api, ratelimitprom.New())
 	do := func(method, path, key string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(method, path, nil)
