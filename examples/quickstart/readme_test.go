@@ -39,7 +39,7 @@ func readmeSnippets(limiter *ratelimit.Limiter, mux *http.ServeMux, r chi.Router
 	ratelimit.ClientIP(ratelimit.TrustProxies("127.0.0.1", "::1"), ratelimit.ProxyHeader("X-Real-IP"))
 	// Cloudflare: its ranges from https://www.cloudflare.com/ips/, kept current by you
 	ratelimit.ClientIP(ratelimit.TrustCloudflare(cloudflareRanges...))
-	// the proxies configured once, in gin or echo
+	// the proxies configured once, in the router (gin, echo, or middleware that sets RemoteAddr)
 	ratelimit.ClientIP(ratelimit.FromRouter())
 }
 
