@@ -3,6 +3,7 @@ package main
 import (
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -105,4 +106,21 @@ func trimLines(s string) string {
 		lines[i] = strings.TrimSpace(l)
 	}
 	return strings.Join(lines, "\n")
+}
+
+// TestReadmeLinksEveryDoc: the README is the way in to every page of docs/.
+func TestReadmeLinksEveryDoc(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages, err := filepath.Glob("../../docs/*.md")
+	if err != nil || len(pages) == 0 {
+		t.Fatalf("docs/*.md: %v %v", pages, err)
+	}
+	for _, p := range pages {
+		if link := "](docs/" + filepath.Base(p) + ")"; !strings.Contains(string(readme), link) {
+			t.Errorf("README.md does not link %s (no %q)", p[len("../../"):], link)
+		}
+	}
 }
