@@ -13,7 +13,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/adapt"
 	"github.com/slidinglog/ratelimit/internal/route"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
@@ -413,8 +412,7 @@ func (l *Limiter) forRoute(method, template string) *Limiter {
 	return l
 }
 
-// inPass returns the Limiter that decides r in p, l's pass over r (the
-// zero Pass for a request whose passes are not recorded): the one of r's
+// inPass returns the Limiter that decides r in p, l's pass over r: the one of r's
 // route, recorded for later passes if it is not l; for a later pass,
 // nothing (nil) if the first decided with a route's limits or r has no
 // route of its own limits, else the route's own limits alone, which the
@@ -422,24 +420,24 @@ func (l *Limiter) forRoute(method, template string) *Limiter {
 // and l's Handler or an adapter again around the route). A pass that sees
 // no route records nothing, so that the Limiters without routes, and the
 // requests of none, pay nothing for this.
-func (l *Limiter) inPass(p adapt.Pass, r *http.Request) *Limiter {
+func (l *Limiter) inPass(p Pass, r *http.Request) *Limiter {
 	d := l.forRoute(r.Method, r.Pattern)
-	if !p.Again() {
+	if !p.again() {
 		if d != l {
-			p.Decided(d)
+			p.decided(d)
 		}
 		return d
 	}
-	if p.Route() != nil {
+	if p.firstRoute() != nil {
 		return nil
 	}
 	if d.own == nil {
 		if r.Pattern != "" {
-			p.Decided(d) // the route was seen (see Limiter.routesUnseen)
+			p.decided(d) // the route was seen (see Limiter.routesUnseen)
 		}
 		return nil
 	}
-	p.Decided(d) // later passes decide nothing more
+	p.decided(d) // later passes decide nothing more
 	return d.own
 }
 
