@@ -412,35 +412,6 @@ func (l *Limiter) forRoute(method, template string) *Limiter {
 	return l
 }
 
-// inPass returns the Limiter that decides r in p, l's pass over r: the one of r's
-// route, recorded for later passes if it is not l; for a later pass,
-// nothing (nil) if the first decided with a route's limits or r has no
-// route of its own limits, else the route's own limits alone, which the
-// first pass could not see (l's Handler around middleware around a mux,
-// and l's Handler or an adapter again around the route). A pass that sees
-// no route records nothing, so that the Limiters without routes, and the
-// requests of none, pay nothing for this.
-func (l *Limiter) inPass(p Pass, r *http.Request) *Limiter {
-	d := l.forRoute(r.Method, r.Pattern)
-	if !p.again() {
-		if d != l {
-			p.decided(d)
-		}
-		return d
-	}
-	if p.firstRoute() != nil {
-		return nil
-	}
-	if d.own == nil {
-		if r.Pattern != "" {
-			p.decided(d) // the route was seen (see Limiter.routesUnseen)
-		}
-		return nil
-	}
-	p.decided(d) // later passes decide nothing more
-	return d.own
-}
-
 // with returns a new Limiter that enforces l's limits and the given ones in
 // one decision, with l's options followed by opts: the Limiter WithRoutes
 // declares for a route. It shares l's circuit breakers, FailLocal logs,
