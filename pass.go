@@ -124,8 +124,12 @@ type Pass struct {
 // for one.
 //
 // Enter does not allocate once its record has grown to the number of
-// passes under way.
+// passes under way. It panics if l is nil: an adapter checks that when it
+// is built, as [Limiter.Handler] does.
 func (l *Limiter) Enter(r *http.Request) Pass {
+	if l == nil {
+		panic("ratelimit: Enter of a nil *Limiter: check the error New returned")
+	}
 	p := Pass{l: l, h: r.Header, r: r}
 	if p.h != nil {
 		p.hid = headerID(p.h)
