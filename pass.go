@@ -151,9 +151,10 @@ func (l *Limiter) Enter(r *http.Request) Pass {
 }
 
 // headerID returns the address of the map h, which the copies of a request
-// share. Go has no other way to tell two maps apart than their address;
-// the Pass that holds it keeps h alive, so that the address is not reused
-// for another request's map while the pass is under way.
+// share. Go tells two maps apart by their address alone, which only reflect
+// (or unsafe) reads: this is the one use of either on the request path, and
+// no type of it crosses the API. The Pass holds h, so that its address is
+// not reused for another request's map while the pass is under way.
 func headerID(h http.Header) uintptr {
 	return reflect.ValueOf(h).Pointer()
 }
@@ -252,14 +253,14 @@ func (p Pass) shard() *passShard {
 	return &passShards[h*0x9E3779B97F4A7C15>>(64-shardBits)]
 }
 
-// inPass returns the Limiter that decides r in p, l's pass over r: the one of r's
-// route, recorded for later passes if it is not l; for a later pass,
+// inPass returns the Limiter that decides r in p, l's pass over r: the one
+// of r's route, recorded for later passes if it is not l; for a later pass,
 // nothing (nil) if the first decided with a route's limits or r has no
 // route of its own limits, else the route's own limits alone, which the
 // first pass could not see (l's Handler around middleware around a mux,
-// and l's Handler or an adapter again around the route). A pass that sees
-// no route records nothing, so that the Limiters without routes, and the
-// requests of none, pay nothing for this.
+// and l's Handler or an adapter again around the route). A first pass that
+// sees no route records nothing more than Enter did, so that the Limiters
+// without routes, and the requests of none, pay nothing more for this.
 func (l *Limiter) inPass(p Pass, r *http.Request) *Limiter {
 	d := l.forRoute(r.Method, r.Pattern)
 	if !p.again() {
