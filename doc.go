@@ -11,7 +11,9 @@
 // clock.
 //
 // [Limiter.Handler] is net/http middleware; [Limiter.Check] is the same
-// decision without wrapping a handler, for router adapters; [Limiter.Allow]
+// decision without wrapping a handler, for custom middleware;
+// [Limiter.Enter] and [Pass.Decide] are the seam for router adapters
+// (docs/adapters.md in the repository); [Limiter.Allow]
 // decides for identifiers given directly, outside HTTP; [Limiter.Status]
 // and [Limiter.StatusRequest] report what a request would meet, counting
 // nothing. Per-route limits and costs are declared in one table

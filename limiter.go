@@ -13,7 +13,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/adapt"
 	"github.com/slidinglog/ratelimit/internal/route"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
@@ -411,36 +410,6 @@ func (l *Limiter) forRoute(method, template string) *Limiter {
 		return d
 	}
 	return l
-}
-
-// inPass returns the Limiter that decides r in p, l's pass over r (the
-// zero Pass for a request whose passes are not recorded): the one of r's
-// route, recorded for later passes if it is not l; for a later pass,
-// nothing (nil) if the first decided with a route's limits or r has no
-// route of its own limits, else the route's own limits alone, which the
-// first pass could not see (l's Handler around middleware around a mux,
-// and l's Handler or an adapter again around the route). A pass that sees
-// no route records nothing, so that the Limiters without routes, and the
-// requests of none, pay nothing for this.
-func (l *Limiter) inPass(p adapt.Pass, r *http.Request) *Limiter {
-	d := l.forRoute(r.Method, r.Pattern)
-	if !p.Again() {
-		if d != l {
-			p.Decided(d)
-		}
-		return d
-	}
-	if p.Route() != nil {
-		return nil
-	}
-	if d.own == nil {
-		if r.Pattern != "" {
-			p.Decided(d) // the route was seen (see Limiter.routesUnseen)
-		}
-		return nil
-	}
-	p.Decided(d) // later passes decide nothing more
-	return d.own
 }
 
 // with returns a new Limiter that enforces l's limits and the given ones in

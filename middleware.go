@@ -9,8 +9,6 @@ import (
 	"reflect"
 	"slices"
 	"time"
-
-	"github.com/slidinglog/ratelimit/internal/adapt"
 )
 
 // Handler returns middleware that rate-limits the requests to next: an
@@ -78,10 +76,8 @@ type handler struct {
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	pass, first := adapt.Enter(h.l, r)
-	if first {
-		defer pass.Leave()
-	}
+	pass := h.l.Enter(r)
+	defer pass.Leave()
 	// A wrapped mux decides the route, even under another mux that has set
 	// r.Pattern to its own pattern (such as "/").
 	if h.mux != nil {
@@ -95,7 +91,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// A route table the first pass cannot see is checked for once the
 	// rest of the chain has served the request.
-	if first && r.Pattern == "" && h.l.routes != nil && !h.l.unseen.done.Load() {
+	if !pass.again() && r.Pattern == "" && h.l.routes != nil && !h.l.unseen.done.Load() {
 		defer h.l.routesUnseen(pass, r)
 	}
 	l := h.l.inPass(pass, r)
@@ -137,7 +133,7 @@ const routesRemedy = "wrap the mux itself, inside the other middleware: logging(
 // only if none of l's passes has ever resolved a route (a later pass that
 // did shows the table reachable, and an unknown route then a request no
 // route of the table serves).
-func (l *Limiter) routesUnseen(p adapt.Pass, r *http.Request) {
+func (l *Limiter) routesUnseen(p Pass, r *http.Request) {
 	// The cheap answers first: this runs after every such request until
 	// the warning is made.
 	switch {
@@ -146,7 +142,7 @@ func (l *Limiter) routesUnseen(p adapt.Pass, r *http.Request) {
 	case r.Pattern == "" && l.routeSeen.Load():
 		return
 	}
-	if p.Resolved() != nil {
+	if p.resolved() != nil {
 		l.routeSeen.Store(true)
 		return
 	}
@@ -192,42 +188,25 @@ func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
 // request's refund ticket is stored there.
 func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool {
 	switch v, _ := l.verdict(w, r, t); v {
-	case adapt.Proceed:
+	case Proceed:
 		return true
-	case adapt.Deny:
+	case Denied:
 		tooManyRequests(w)
-	case adapt.Unavailable:
+	case Unavailable:
 		serviceUnavailable(w)
-	case adapt.NoKey:
+	case NoKey:
 		unauthorized(w)
 	}
 	return false
 }
 
-// init gives the router adapters their way to decide (adapt.Check)
-// without exported API.
-func init() {
-	adapt.Check = func(l any, p adapt.Pass, w http.ResponseWriter, r *http.Request) (adapt.Verdict, error) {
-		d := l.(*Limiter).inPass(p, r)
-		if d == nil {
-			return adapt.Proceed, nil
-		}
-		return d.verdict(w, r, nil)
-	}
-	adapt.RouterIP = func(l any) bool { return l.(*Limiter).routerIP }
-	adapt.Serve = func(l any, p adapt.Pass, w http.ResponseWriter, r *http.Request) bool {
-		d := l.(*Limiter).inPass(p, r)
-		return d == nil || d.check(w, r, nil)
-	}
-}
-
 // verdict decides r as check does, but leaves the default answers to the
 // caller: it sets the headers, calls the application's handlers
 // (WithDeniedHandler, WithUnavailableHandler) if it has them, and says what
-// is left to do (see adapt.Verdict). The error is the one that made it
+// is left to do (see Verdict). The error is the one that made it
 // apply the failure mode, or the ErrNoKey of a request a Key could not
 // identify (answered as WithMissingKey says), nil if neither.
-func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (adapt.Verdict, error) {
+func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (Verdict, error) {
 	if l.watchProxies && !l.proxies.done.Load() {
 		l.proxies.check(r, l.cfg.logger, l.cfg.logIDs, l.cfg.observers)
 	}
@@ -237,7 +216,7 @@ func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (a
 				res := Result{Allowed: true, Limits: l.skipped}
 				l.observe(r, nil, &res, nil, time.Now())
 			}
-			return adapt.Proceed, nil
+			return Proceed, nil
 		}
 	}
 	s := getScratch()
@@ -254,41 +233,41 @@ func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (a
 		if s.noKey >= 0 { // no identity: its own answer, never the failure mode's
 			switch {
 			case l.cfg.missingKey == MissingKeySkip:
-				return adapt.Proceed, err
+				return Proceed, err
 			case l.cfg.onNoKey != nil:
 				l.cfg.onNoKey(w, r, err)
-				return adapt.Answered, err
+				return Answered, err
 			}
 			l.warnNoKey(s.noKey, err)
-			return adapt.NoKey, err
+			return NoKey, err
 		}
 		switch {
 		case res.Local: // FailLocal decided: answer as usual
 		case l.cfg.failure == FailOpen:
-			return adapt.Proceed, err
+			return Proceed, err
 		default:
 			w.Header()[hdrRetryAfter] = retryAfterOne
 			if l.cfg.onFailed != nil {
 				l.cfg.onFailed(w, r, err)
-				return adapt.Answered, err
+				return Answered, err
 			}
-			return adapt.Unavailable, err
+			return Unavailable, err
 		}
 	}
 	l.joinHeaders(w.Header(), &res)
 	if res.Allowed {
-		return adapt.Proceed, err
+		return Proceed, err
 	}
-	if dr, ok := w.(adapt.DenialRecorder); ok {
+	if dr, ok := w.(DenialRecorder); ok {
 		lr := &res.Limits[res.index]
-		dr.RecordDenial(adapt.Denial{Policy: lr.policyName(), Quota: lr.Quota, Window: lr.Window, RetryAfter: res.RetryAfter})
+		dr.RecordDenial(Denial{Policy: lr.policyName(), Quota: lr.Quota, Window: lr.Window, RetryAfter: res.RetryAfter})
 	}
 	if l.cfg.onDenied != nil {
 		res.Limits = slices.Clone(res.Limits) // the handler may keep it
 		l.cfg.onDenied(w, r, res)
-		return adapt.Answered, err
+		return Answered, err
 	}
-	return adapt.Deny, err
+	return Denied, err
 }
 
 // StatusRequest is [Limiter.Status] for the request r would be: it reports,

@@ -27,10 +27,11 @@ type answer struct{ contentType, body string }
 // defaultAnswers: plain text from net/http and chi, which have no error
 // convention; echo's HTTPErrorHandler's JSON; gin's AbortWithStatusJSON.
 var defaultAnswers = map[string]map[int]answer{
-	"net/http": {429: {"text/plain; charset=utf-8", "Too Many Requests\n"}, 503: {"text/plain; charset=utf-8", "Service Unavailable\n"}, 401: {"text/plain; charset=utf-8", "Unauthorized\n"}},
-	"chi":      {429: {"text/plain; charset=utf-8", "Too Many Requests\n"}, 503: {"text/plain; charset=utf-8", "Service Unavailable\n"}, 401: {"text/plain; charset=utf-8", "Unauthorized\n"}},
-	"echo":     {429: {"application/json", `{"message":"Too Many Requests"}` + "\n"}, 503: {"application/json", `{"message":"Service Unavailable"}` + "\n"}, 401: {"application/json", `{"message":"Unauthorized"}` + "\n"}},
-	"gin":      {429: {"application/json; charset=utf-8", `{"error":"Too Many Requests"}`}, 503: {"application/json; charset=utf-8", `{"error":"Service Unavailable"}`}, 401: {"application/json; charset=utf-8", `{"error":"Unauthorized"}`}},
+	"net/http":    {429: {"text/plain; charset=utf-8", "Too Many Requests\n"}, 503: {"text/plain; charset=utf-8", "Service Unavailable\n"}, 401: {"text/plain; charset=utf-8", "Unauthorized\n"}},
+	"chi":         {429: {"text/plain; charset=utf-8", "Too Many Requests\n"}, 503: {"text/plain; charset=utf-8", "Service Unavailable\n"}, 401: {"text/plain; charset=utf-8", "Unauthorized\n"}},
+	"echo":        {429: {"application/json", `{"message":"Too Many Requests"}` + "\n"}, 503: {"application/json", `{"message":"Service Unavailable"}` + "\n"}, 401: {"application/json", `{"message":"Unauthorized"}` + "\n"}},
+	"gin":         {429: {"application/json; charset=utf-8", `{"error":"Too Many Requests"}`}, 503: {"application/json; charset=utf-8", `{"error":"Service Unavailable"}`}, 401: {"application/json; charset=utf-8", `{"error":"Unauthorized"}`}},
+	"third party": {429: {"application/json", `{"error":"Too Many Requests"}` + "\n"}, 503: {"application/json", `{"error":"Service Unavailable"}` + "\n"}, 401: {"application/json", `{"error":"Unauthorized"}` + "\n"}},
 }
 
 // TestDefaultAnswers: a denial and a failure the Limiter has no handler for

@@ -117,6 +117,17 @@ var routers = []struct {
 		g.Group("/admin").GET("/stats", gok)
 		return g
 	}},
+	{"third party", func(api *ratelimit.Limiter) http.Handler {
+		t := &tinyRouter{}
+		t.Use(tinyRateLimit(api, t))
+		t.Handle("GET", "/users/:id", ok)
+		t.Handle("POST", "/login", ok)
+		t.Handle("GET", "/report", ok)
+		t.Handle("GET", "/export", ok)
+		t.Handle("GET", "/teapot", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
+		t.Handle("GET", "/admin/stats", ok)
+		return t
+	}},
 }
 
 // steps are sent in order from one client; each names the limit that must be

@@ -160,6 +160,23 @@ var eqRouters = []struct {
 		}
 		return g
 	}},
+	// A third party's adapter, on the exported API alone
+	// (thirdparty_test.go), with gin's syntax.
+	{"third party", func(l *ratelimit.Limiter, ran *string) http.Handler {
+		t := &tinyRouter{}
+		t.Use(tinyRateLimit(l, t))
+		for _, rt := range eqRoutes {
+			h := func(http.ResponseWriter, *http.Request) { *ran = rt.handler }
+			if rt.methods[0] == "*" {
+				t.Handle("", rt.gin, h)
+				continue
+			}
+			for _, m := range rt.methods {
+				t.Handle(m, rt.gin, h)
+			}
+		}
+		return t
+	}},
 }
 
 // chiRoutes adds the routes to a chi router, /admin in a sub-router.

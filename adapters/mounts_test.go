@@ -227,6 +227,17 @@ var twiceRouters = []struct {
 		g.Group("/users", replace, ginratelimit.Middleware(l)).GET("/:id", func(c *gin.Context) { c.String(http.StatusOK, "ok") })
 		return g
 	}},
+	{"third party", func(l *ratelimit.Limiter) http.Handler {
+		t := &tinyRouter{}
+		t.Use(tinyRateLimit(l, t))
+		t.Use(tinyRateLimit(l, t))
+		t.Use(func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { next.ServeHTTP(w, withUser(r, "x")) })
+		})
+		t.Use(tinyRateLimit(l, t))
+		t.Handle("GET", "/users/:id", ok)
+		return t
+	}},
 }
 
 // TestMountedTwice: a Limiter that a request meets several times on its
@@ -338,6 +349,13 @@ var outerRouters = []struct {
 		return ip.Handler(logging(mux))
 	}},
 	{"gin", func(ip *ratelimit.Limiter) http.Handler { return ip.Handler(logging(outerGin(ip))) }},
+	{"third party", func(ip *ratelimit.Limiter) http.Handler {
+		t := &tinyRouter{}
+		t.Use(tinyRateLimit(ip, t))
+		t.Handle("POST", "/login", tinyRateLimit(ip, t)(http.HandlerFunc(ok)).ServeHTTP)
+		t.Handle("GET", "/me", ok)
+		return ip.Handler(logging(t))
+	}},
 	// A ServeMux between sets r.Pattern to its own "/": gin's route wins.
 	{"gin under a ServeMux", func(ip *ratelimit.Limiter) http.Handler {
 		mux := http.NewServeMux()

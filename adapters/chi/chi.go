@@ -21,7 +21,6 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/adapt"
 	"github.com/slidinglog/ratelimit/internal/route"
 )
 
@@ -54,12 +53,10 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			pass, first := adapt.Enter(l, r)
-			if first {
-				defer pass.Leave()
-			}
+			pass := l.Enter(r)
+			defer pass.Leave()
 			resolve(r)
-			if adapt.Serve(l, pass, w, r) {
+			if pass.Check(w, r) {
 				next.ServeHTTP(w, r)
 			}
 		})

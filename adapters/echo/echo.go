@@ -20,7 +20,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/adapt"
 	"github.com/slidinglog/ratelimit/internal/route"
 )
 
@@ -71,32 +70,30 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 	}
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			pass, first := adapt.Enter(l, c.Request())
-			if first {
-				defer pass.Leave()
-			}
+			pass := l.Enter(c.Request())
+			defer pass.Leave()
 			r := resolve(c)
 			// ClientIP(FromRouter()) counts by echo's c.RealIP(), handed
 			// over in RemoteAddr while l decides, if e.IPExtractor says
 			// whom to believe; without one echo believes any client's
 			// X-Forwarded-For, so the peer address is kept.
-			routerIP := adapt.RouterIP(l) && c.Echo().IPExtractor != nil
+			routerIP := l.UsesRouterIP() && c.Echo().IPExtractor != nil
 			var peer string
 			if routerIP {
 				peer, r.RemoteAddr = r.RemoteAddr, c.RealIP()
 			}
-			v, err := adapt.Check(l, pass, c.Response(), r)
+			v, err := pass.Decide(c.Response(), r)
 			if routerIP {
 				r.RemoteAddr = peer
 			}
 			switch v {
-			case adapt.Proceed:
+			case ratelimit.Proceed:
 				return next(c)
-			case adapt.Deny:
+			case ratelimit.Denied:
 				return echo.NewHTTPError(http.StatusTooManyRequests)
-			case adapt.Unavailable:
+			case ratelimit.Unavailable:
 				return echo.NewHTTPError(http.StatusServiceUnavailable).SetInternal(err)
-			case adapt.NoKey:
+			case ratelimit.NoKey:
 				return echo.NewHTTPError(http.StatusUnauthorized).SetInternal(err)
 			}
 			return nil // answered by l's handler

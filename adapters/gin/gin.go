@@ -20,7 +20,6 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/adapt"
 	"github.com/slidinglog/ratelimit/internal/route"
 )
 
@@ -84,10 +83,8 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 	}
 	return func(c *gin.Context) {
 		r := c.Request
-		pass, first := adapt.Enter(l, r)
-		if first {
-			defer pass.Leave()
-		}
+		pass := l.Enter(r)
+		defer pass.Leave()
 		// gin's route, even under a mux that has set r.Pattern to its own
 		// pattern (such as "/"), as the other adapters do.
 		if t := c.FullPath(); t != "" {
@@ -98,27 +95,27 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 		// ClientIP(FromRouter()) counts by gin's c.ClientIP(), which
 		// SetTrustedProxies configures, handed over in RemoteAddr while l
 		// decides.
-		routerIP := adapt.RouterIP(l)
+		routerIP := l.UsesRouterIP()
 		var peer string
 		if routerIP {
 			peer, r.RemoteAddr = r.RemoteAddr, c.ClientIP()
 		}
-		v, err := adapt.Check(l, pass, c.Writer, r)
+		v, err := pass.Decide(c.Writer, r)
 		if routerIP {
 			r.RemoteAddr = peer
 		}
 		switch v {
-		case adapt.Proceed:
+		case ratelimit.Proceed:
 			c.Next()
-		case adapt.Deny:
+		case ratelimit.Denied:
 			c.AbortWithStatusJSON(http.StatusTooManyRequests, tooManyBody)
 			_ = c.Error(ErrTooManyRequests) // private: c.Error's default type
-		case adapt.Unavailable:
+		case ratelimit.Unavailable:
 			c.AbortWithStatusJSON(http.StatusServiceUnavailable, unavailableBody)
 			if err != nil { // always, but c.Error panics on nil
 				_ = c.Error(err)
 			}
-		case adapt.NoKey:
+		case ratelimit.NoKey:
 			c.AbortWithStatusJSON(http.StatusUnauthorized, unauthorizedBody)
 			if err != nil { // always, but c.Error panics on nil
 				_ = c.Error(err)

@@ -120,7 +120,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/adapt"
 )
 
 // UnaryServerInterceptor returns an interceptor that decides every unary
@@ -218,7 +217,7 @@ func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered
 			}
 		}
 	}
-	v, err := adapt.Check(l, adapt.Pass{}, &c.w, base.WithContext(ctx))
+	v, err := l.Decide(&c.w, base.WithContext(ctx))
 	if err != nil && ctx.Err() != nil {
 		// The call ended (its client's deadline, a cancellation) before it
 		// was decided: it ends so, whatever the failure mode, so that a
@@ -228,13 +227,13 @@ func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered
 	}
 	md := headerMD(c.w.h)
 	switch v {
-	case adapt.Proceed:
+	case ratelimit.Proceed:
 		return md, nil
-	case adapt.Deny:
+	case ratelimit.Denied:
 		return md, c.w.refusal(codes.ResourceExhausted)
-	case adapt.Unavailable:
+	case ratelimit.Unavailable:
 		return md, c.w.refusal(codes.Unavailable)
-	case adapt.NoKey:
+	case ratelimit.NoKey:
 		return md, c.w.refusal(codes.Unauthenticated)
 	}
 	// Answered by the Limiter's own handler: its status picks the code.
@@ -278,11 +277,14 @@ type writer struct {
 	h      http.Header
 	status int
 	denied bool
-	denial adapt.Denial // if denied
+	denial ratelimit.Denial // if denied
 }
 
-// RecordDenial keeps the details of a denial (adapt.DenialRecorder).
-func (w *writer) RecordDenial(d adapt.Denial) { w.denied, w.denial = true, d }
+// The Limiter gives writer a denial's details.
+var _ ratelimit.DenialRecorder = (*writer)(nil)
+
+// RecordDenial keeps the details of a denial (ratelimit.DenialRecorder).
+func (w *writer) RecordDenial(d ratelimit.Denial) { w.denied, w.denial = true, d }
 
 // Header returns the headers set so far.
 func (w *writer) Header() http.Header { return w.h }
@@ -343,7 +345,7 @@ func (w *writer) refusal(code codes.Code) error {
 	default:
 		msg = "rate limiter refused the call"
 	}
-	var d *adapt.Denial
+	var d *ratelimit.Denial
 	delay := retryAfter(w.h)
 	if w.denied {
 		d, delay = &w.denial, w.denial.RetryAfter

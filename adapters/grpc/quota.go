@@ -5,13 +5,13 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
-	"github.com/slidinglog/ratelimit/internal/adapt"
+	"github.com/slidinglog/ratelimit"
 )
 
 // quotaFailure describes the limit that denied a call: d, what the
 // Limiter recorded of it, or, if it recorded nothing (a call its own
 // handler answered 429 without a denial), an anonymous violation.
-func quotaFailure(d *adapt.Denial) *errdetails.QuotaFailure {
+func quotaFailure(d *ratelimit.Denial) *errdetails.QuotaFailure {
 	v := &errdetails.QuotaFailure_Violation{Description: "rate limit exceeded"}
 	if d != nil {
 		v.Subject = "limit:" + d.Policy

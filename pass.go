@@ -1,0 +1,283 @@
+package ratelimit
+
+import (
+	"hash/maphash"
+	"net/http"
+	"reflect"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// The passes of a Limiter over a request (see Limiter.Enter) and the
+// verdicts of a decision, which adapter.go exports to router adapters.
+
+// A Verdict is what [Pass.Decide] or [Limiter.Decide] decided, and who
+// answers the request.
+type Verdict uint8
+
+const (
+	// Proceed: serve the request. The rate-limit headers are set, unless
+	// no decision could be made under FailOpen, or WithSkip or
+	// MissingKeySkip let the request through undecided.
+	Proceed Verdict = iota
+	// Answered: the Limiter's own handler ([WithDeniedHandler],
+	// [WithUnavailableHandler], [WithMissingKeyHandler]) has written the
+	// response; write nothing more and do not serve the request.
+	Answered
+	// Denied: a limit denied the request and the Limiter has no handler
+	// for it. The rate-limit headers and Retry-After are set; answer 429
+	// Too Many Requests (gRPC: ResourceExhausted).
+	Denied
+	// Unavailable: no decision could be made, the failure mode
+	// ([WithFailureMode]) refuses the request and the Limiter has no
+	// handler for it. Retry-After is set; answer 503 Service Unavailable
+	// (gRPC: Unavailable). The error says why; it is for logs, not for
+	// the client.
+	Unavailable
+	// NoKey: a [Key] could not identify the request ([ErrNoKey]), the
+	// Limiter refuses it ([WithMissingKey]'s default) and has no handler
+	// for it. No header is set; answer 401 Unauthorized (gRPC:
+	// Unauthenticated). The error says which limit and why; it is for
+	// logs, not for the client.
+	NoKey
+)
+
+// String returns the constant's name.
+func (v Verdict) String() string {
+	switch v {
+	case Proceed:
+		return "Proceed"
+	case Answered:
+		return "Answered"
+	case Denied:
+		return "Denied"
+	case Unavailable:
+		return "Unavailable"
+	case NoKey:
+		return "NoKey"
+	}
+	return "Verdict(" + strconv.Itoa(int(v)) + ")"
+}
+
+// A Denial is what a denied request's decision says of the limit that
+// denied it, for adapters whose protocol carries it otherwise than in HTTP
+// headers (gRPC's error details): see [DenialRecorder].
+type Denial struct {
+	// Policy names the limit as RateLimit-Policy does: its name, or
+	// "<limit>.<plan>" for a client on a plan.
+	Policy string
+	Quota  int           // its quota (the plan's)
+	Window time.Duration // its window
+	// RetryAfter is when the request would fit, exactly; 0 if its cost
+	// exceeds the quota, so that it never fits.
+	RetryAfter time.Duration
+}
+
+// A DenialRecorder is a ResponseWriter that wants a denial's details: a
+// decision that denies a request gives them to the ResponseWriter it was
+// given, if that is a DenialRecorder, before the Limiter's own handler,
+// if any, answers.
+type DenialRecorder interface {
+	RecordDenial(Denial)
+}
+
+// A Pass is one Limiter's pass over one request, from [Limiter.Enter] to
+// [Pass.Leave]: it lets a Limiter mounted twice on a request's way (two
+// Use of the same Limiter, a group's and the root's, or [Limiter.Handler]
+// around a router that mounts it with its adapter) count the request once.
+// The zero Pass is not valid: Decide and Check panic on it.
+type Pass struct {
+	l *Limiter
+	// h is the request's Header map, known by its address hid; r is the
+	// request, for one without a Header.
+	h   http.Header
+	hid uintptr
+	r   *http.Request
+	// first: Enter recorded this pass, and Leave removes it. For a later
+	// pass, route is what the first pass decided with (see decided).
+	first bool
+	route *Limiter
+}
+
+// Enter begins l's pass over r. An adapter calls it before anything else
+// and defers [Pass.Leave], so that the pass ends once the rest of the
+// chain has served r, panics included:
+//
+//	p := l.Enter(r)
+//	defer p.Leave()
+//	r.Pattern = template // the route the router matched
+//	switch v, err := p.Decide(w, r); v { ... }
+//
+// If l already has a pass over r under way (a Limiter mounted twice),
+// Enter records nothing and returns a later pass, whose Decide decides
+// only what the first pass could not: the limits of r's route, if the
+// first pass saw no route; otherwise it proceeds undecided, with the first
+// pass's headers.
+//
+// A request is known by its Header map, which r.WithContext,
+// [http.StripPrefix] and the routers' contexts share, so that a
+// middleware that replaces the request between two passes does not hide
+// the first; a request without a Header is known by its pointer. Two
+// requests served at the same time that share one Header map (shallow
+// copies of one request, which net/http's server never makes) are taken
+// for one.
+//
+// Enter does not allocate once its record has grown to the number of
+// passes under way. It panics if l is nil: an adapter checks that when it
+// is built, as [Limiter.Handler] does.
+func (l *Limiter) Enter(r *http.Request) Pass {
+	if l == nil {
+		panic("ratelimit: Enter of a nil *Limiter: check the error New returned")
+	}
+	p := Pass{l: l, h: r.Header, r: r}
+	if p.h != nil {
+		p.hid = headerID(p.h)
+		p.r = nil
+	}
+	s := p.shard()
+	s.mu.Lock()
+	for _, q := range s.passes {
+		if q.same(p) {
+			s.mu.Unlock()
+			q.first = false
+			return q
+		}
+	}
+	p.first = true
+	s.passes = append(s.passes, p)
+	s.mu.Unlock()
+	return p
+}
+
+// headerID returns the address of the map h, which the copies of a request
+// share. Go tells two maps apart by their address alone, which only reflect
+// (or unsafe) reads: this is the one use of either on the request path, and
+// no type of it crosses the API. The Pass holds h, so that its address is
+// not reused for another request's map while the pass is under way.
+func headerID(h http.Header) uintptr {
+	return reflect.ValueOf(h).Pointer()
+}
+
+// Leave ends the pass Enter began. It does nothing for a later pass, so
+// that an adapter defers it whatever Enter returned.
+func (p Pass) Leave() {
+	if !p.first {
+		return
+	}
+	s := p.shard()
+	s.mu.Lock()
+	for i := range s.passes {
+		if s.passes[i].same(p) {
+			last := len(s.passes) - 1
+			s.passes[i] = s.passes[last]
+			s.passes[last] = Pass{} // keeps neither the Limiter nor the request alive
+			s.passes = s.passes[:last]
+			break
+		}
+	}
+	s.mu.Unlock()
+}
+
+// limiter returns p's Limiter, and says so if p is not from Enter.
+func (p Pass) limiter() *Limiter {
+	if p.l == nil {
+		panic("ratelimit: Decide or Check of a Pass that Limiter.Enter did not return")
+	}
+	return p.l
+}
+
+// again reports whether p is not the first pass of its Limiter over its
+// request.
+func (p Pass) again() bool { return !p.first }
+
+// firstRoute returns what the first pass over p's request recorded with
+// decided by the time p entered, nil if nothing.
+func (p Pass) firstRoute() *Limiter { return p.route }
+
+// resolved returns what a pass over p's request has recorded with decided
+// by now (a later pass records what it decided with), nil if nothing.
+func (p Pass) resolved() *Limiter {
+	s := p.shard()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.passes {
+		if q := &s.passes[i]; q.same(p) {
+			return q.route
+		}
+	}
+	return nil
+}
+
+// decided records, for later passes of the same Limiter over the request,
+// what a pass decided with (the Limiter of the request's route).
+func (p Pass) decided(route *Limiter) {
+	s := p.shard()
+	s.mu.Lock()
+	for i := range s.passes {
+		if q := &s.passes[i]; q.same(p) {
+			q.route = route
+			break
+		}
+	}
+	s.mu.Unlock()
+}
+
+// same reports whether q and p are passes of one Limiter over one request.
+func (q Pass) same(p Pass) bool {
+	return q.l == p.l && q.hid == p.hid && q.r == p.r
+}
+
+// The passes under way, spread over shards by request, so that concurrent
+// requests rarely wait for one another's lock.
+const shardBits = 6
+
+var passShards [1 << shardBits]passShard
+
+type passShard struct {
+	mu     sync.Mutex
+	passes []Pass // few: the passes under way whose requests hash here
+	_      [64 - 32]byte
+}
+
+// requestSeed hashes the requests without a Header.
+var requestSeed = maphash.MakeSeed()
+
+// shard returns the shard of p's request: its Header's address mixed by a
+// Fibonacci hash, as allocations are aligned and their low bits alike.
+func (p Pass) shard() *passShard {
+	h := uint64(p.hid)
+	if p.r != nil {
+		h = maphash.Comparable(requestSeed, p.r)
+	}
+	return &passShards[h*0x9E3779B97F4A7C15>>(64-shardBits)]
+}
+
+// inPass returns the Limiter that decides r in p, l's pass over r: the one
+// of r's route, recorded for later passes if it is not l; for a later pass,
+// nothing (nil) if the first decided with a route's limits or r has no
+// route of its own limits, else the route's own limits alone, which the
+// first pass could not see (l's Handler around middleware around a mux,
+// and l's Handler or an adapter again around the route). A first pass that
+// sees no route records nothing more than Enter did, so that the Limiters
+// without routes, and the requests of none, pay nothing more for this.
+func (l *Limiter) inPass(p Pass, r *http.Request) *Limiter {
+	d := l.forRoute(r.Method, r.Pattern)
+	if !p.again() {
+		if d != l {
+			p.decided(d)
+		}
+		return d
+	}
+	if p.firstRoute() != nil {
+		return nil
+	}
+	if d.own == nil {
+		if r.Pattern != "" {
+			p.decided(d) // the route was seen (see Limiter.routesUnseen)
+		}
+		return nil
+	}
+	p.decided(d) // later passes decide nothing more
+	return d.own
+}
