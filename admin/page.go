@@ -16,6 +16,7 @@ type page struct {
 	Error   string
 	Minutes int
 	Names   []string // for the look-up form
+	JSON    string   // the link to the page's JSON
 }
 
 func urlValues(limit, id string) string {
@@ -43,7 +44,7 @@ form.inline { display: inline; margin: 0; }
 </head>
 <body>
 <h1>{{.Title}}</h1>
-<p><a href="./">Top denied</a> · <a href="?format=json">JSON</a></p>
+<p><a href="./">Top denied</a> · <a href="{{.JSON}}">JSON</a></p>
 {{with .Error}}<p class="error" id="error">{{.}}</p>{{end}}
 <form method="get" action="id">
 <label>Limit <select name="limit">{{range .Names}}<option>{{.}}</option>{{end}}</select></label>
@@ -91,6 +92,10 @@ form.inline { display: inline; margin: 0; }
 
 // render writes p as HTML.
 func render(w http.ResponseWriter, status int, p page) {
+	p.JSON = "?format=json"
+	if p.State != nil {
+		p.JSON = "id?format=json&" + urlValues(p.State.Limit, p.State.ID)
+	}
 	var buf bytes.Buffer
 	if err := pageTemplate.Execute(&buf, p); err != nil {
 		http.Error(w, "admin: "+err.Error(), http.StatusInternalServerError)
