@@ -196,7 +196,15 @@ type LimitIndex struct {
 	Denied uint64 `json:"denied"`
 	// Top lists identifiers with an upper bound of their denials
 	// (count) and how far over the truth it may be (err).
-	Top []topk.Entry `json:"top"`
+	Top []Entry `json:"top"`
+}
+
+// Entry is an identifier and its denials over the window, counted in
+// bounded memory: Count is an upper bound, over the truth by at most Err.
+type Entry struct {
+	ID    string `json:"id"`
+	Count uint64 `json:"count"`
+	Err   uint64 `json:"err"`
 }
 
 // IDState is the JSON of one identifier's state in one limit.
@@ -259,9 +267,9 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request) {
 	idx := Index{WindowSeconds: h.opts.Minutes * 60, Limits: []LimitIndex{}}
 	for _, name := range h.names() {
 		win := h.top.Window(name)
-		top := win.Top(n, now)
-		if top == nil {
-			top = []topk.Entry{}
+		top := []Entry{}
+		for _, e := range win.Top(n, now) {
+			top = append(top, Entry(e))
 		}
 		idx.Limits = append(idx.Limits, LimitIndex{Name: name, Denied: win.Total(now), Top: top})
 	}
