@@ -253,3 +253,27 @@ func TestObserveDenialNoAlloc(t *testing.T) {
 		t.Errorf("%v allocations per denial", a)
 	}
 }
+
+// BenchmarkObserveDenial: the cost the Handler adds to a denial, for a
+// client denied again (known) and for a spray of new identities.
+func BenchmarkObserveDenial(b *testing.B) {
+	adm := admin.New(admin.Options{})
+	ids := make([]string, 100_000)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("198.51.%d.%d", i/256, i%256)
+	}
+	b.Run("known", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			adm.ObserveDenial("api", "203.0.113.9")
+		}
+	})
+	b.Run("spray", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			adm.ObserveDenial("api", ids[i%len(ids)])
+			i++
+		}
+	})
+}
