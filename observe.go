@@ -37,6 +37,7 @@ func (l *Limiter) observe(r *http.Request, ids []string, res *Result, err error,
 	for _, o := range l.cfg.observers {
 		o.Observe(seen, err, latency)
 	}
+	l.observeDenial(ids, res, err) // denied.go
 	if l.cfg.logger != nil {
 		l.log(r, ids, &seen, err)
 	}

@@ -42,6 +42,9 @@ import (
 //	    watched limiters left counted in Redis for requests they did not
 //	    admit, because Redis could not take them back
 //	    ([ratelimit.Limiter.Unreverted])
+//	ratelimit_deny_cache_hits_total{limit}      counter: denials answered
+//	    from this process's memory without calling Redis
+//	    (ratelimit.WithDenyCache), also counted as "denied" above
 //	ratelimit_warnings_total{warning}           counter: mistakes the
 //	    limiters reported ([ratelimit.Warning]), once each per Limiter:
 //	    "untrusted_proxy" (every client behind a proxy shares one
@@ -53,6 +56,7 @@ type Metrics struct {
 	breaker    prometheus.GaugeFunc
 	unreverted prometheus.CounterFunc
 	warnings   *prometheus.CounterVec
+	cacheHits  *prometheus.CounterVec
 
 	mu       sync.Mutex
 	limiters []watched
@@ -80,6 +84,10 @@ func New() *Metrics {
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 		}),
 	}
+	m.cacheHits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ratelimit_deny_cache_hits_total",
+		Help: "Denials answered from the deny cache, without calling Redis.",
+	}, []string{"limit"})
 	m.breaker = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "ratelimit_breaker_open",
 		Help: "1 while the circuit breaker of a watched limiter is open.",
@@ -186,6 +194,9 @@ func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration
 			m.decisions.WithLabelValues(lr.Name, "shadow_denied").Inc()
 		case lr.Denied:
 			m.decisions.WithLabelValues(lr.Name, "denied").Inc()
+			if res.Cached {
+				m.cacheHits.WithLabelValues(lr.Name).Inc()
+			}
 		case res.Allowed:
 			m.decisions.WithLabelValues(lr.Name, "allowed").Inc()
 		}
@@ -199,6 +210,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.breaker.Describe(ch)
 	m.unreverted.Describe(ch)
 	m.warnings.Describe(ch)
+	m.cacheHits.Describe(ch)
 }
 
 // Collect implements [prometheus.Collector].
@@ -208,4 +220,5 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.breaker.Collect(ch)
 	m.unreverted.Collect(ch)
 	m.warnings.Collect(ch)
+	m.cacheHits.Collect(ch)
 }

@@ -1,0 +1,371 @@
+// Package admin serves, on an application's admin port, who its
+// [ratelimit.Limiter]s deny: for each limit, the identifiers denied most
+// in the last minutes, the state of one identifier in a limit, and a way
+// to reset it. In the style of net/http/pprof, for people (one plain HTML
+// page, no external assets) and for tools (the same as JSON).
+//
+//	adm := admin.New(admin.Options{})
+//	limiter, err := ratelimit.New(rdb, limits, ratelimit.WithObserver(adm))
+//	adminMux.Handle("/debug/ratelimit/", adm) // never on the public port
+//
+// WithObserver is the one step: the Handler is a
+// [ratelimit.DenialObserver], told of every denial, and a
+// [ratelimit.LimiterWatcher], given the Limiter to read and reset
+// identifiers with. One Handler may observe several Limiters.
+//
+// The Handler counts denials in this process only, in bounded memory
+// whatever the number of clients (a heavy-hitters sketch: see
+// [Options.Capacity]); the state of an identifier and a reset are read
+// and made in Redis, for every replica.
+//
+// Endpoints, relative to where the Handler is mounted (a path ending in
+// "/"); each answers JSON when the query has format=json or the Accept
+// header asks for application/json:
+//
+//	GET  ./              the top denied identifiers of every limit
+//	GET  ./id?limit=L&id=I  the state of identifier I in limit L
+//	POST ./reset  (form: limit, id)  forget what L counted for I, then
+//	                     redirect to its state (JSON: {"reset": true})
+//
+// The Handler trusts whoever reaches it: mount it on a port only
+// operators reach. It refuses cross-origin POSTs from browsers
+// ([http.CrossOriginProtection]), so that a page elsewhere cannot make an
+// operator's browser reset counts. Identifiers are the clients' input:
+// they are escaped in HTML and JSON, and an identifier longer than
+// [MaxID] bytes is refused.
+//
+// Runtime overrides of quotas and blocks are not available yet: the JSON
+// has their fields (always null) and the page their sections, so that
+// tools need not change when they come.
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"weak"
+
+	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/internal/topk"
+)
+
+// MaxID is the longest identifier, in bytes, the Handler takes in a
+// request.
+const MaxID = 4096
+
+// Options configure a Handler. The zero value is the defaults.
+type Options struct {
+	// Capacity is how many identifiers each limit's sketch counts per
+	// minute; 100 if 0 or less. An identifier denied more than 1/Capacity
+	// of a limit's denials over the window is always listed, and counts
+	// are over the truth by at most that much, never under.
+	Capacity int
+	// Minutes is the window the top identifiers are counted over, in
+	// whole minutes; 10 if 0 or less.
+	Minutes int
+	// Top is how many identifiers the page and JSON list per limit; 20
+	// if 0 or less. A request may ask for up to Capacity with n=.
+	Top int
+	// Timeout bounds each call to Redis the Handler makes (the state of
+	// an identifier, a reset), on top of the Limiter's own timeout; 5
+	// seconds if 0 or less.
+	Timeout time.Duration
+	// Now is the clock the sketch counts minutes by; time.Now if nil.
+	Now func() time.Time
+}
+
+// Handler is an [http.Handler] that shows the denials of the Limiters it
+// observes (see the package documentation). Create it with New. It is
+// safe for concurrent use.
+type Handler struct {
+	opts     Options
+	top      *topk.Set
+	origin   *http.CrossOriginProtection
+	mu       sync.Mutex
+	limiters []weak.Pointer[ratelimit.Limiter]
+}
+
+// New returns a Handler with the given options (defaults for zero
+// fields).
+func New(o Options) *Handler {
+	if o.Capacity <= 0 {
+		o.Capacity = 100
+	}
+	if o.Minutes <= 0 {
+		o.Minutes = 10
+	}
+	if o.Top <= 0 {
+		o.Top = 20
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Handler{opts: o, top: topk.NewSet(o.Capacity, o.Minutes, time.Minute), origin: http.NewCrossOriginProtection()}
+}
+
+// Observe implements [ratelimit.Observer]; the Handler needs only the
+// denials (ObserveDenial), and does nothing here.
+func (h *Handler) Observe(ratelimit.Result, error, time.Duration) {}
+
+// ObserveDenial counts a denial of id by limit ([ratelimit.DenialObserver]).
+// It does not allocate for an identifier already counted this minute.
+func (h *Handler) ObserveDenial(limit, id string) {
+	h.top.Add(limit, id, h.opts.Now())
+}
+
+// Watch gives the Handler a Limiter to read and reset identifiers with
+// ([ratelimit.LimiterWatcher]); [ratelimit.New] calls it for a Limiter
+// the Handler observes. Watching twice is watching once; nil is ignored.
+// A Limiter is held weakly: once the application drops it, the Handler
+// forgets it.
+func (h *Handler) Watch(l *ratelimit.Limiter) {
+	if l == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, w := range h.limiters {
+		if w.Value() == l {
+			return
+		}
+	}
+	h.limiters = append(h.limiters, weak.Make(l))
+}
+
+// live returns the watched Limiters still held by the application.
+func (h *Handler) live() []*ratelimit.Limiter {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []*ratelimit.Limiter
+	kept := h.limiters[:0]
+	for _, w := range h.limiters {
+		if l := w.Value(); l != nil {
+			out = append(out, l)
+			kept = append(kept, w)
+		}
+	}
+	clear(h.limiters[len(kept):])
+	h.limiters = kept
+	return out
+}
+
+// limiterOf returns a watched Limiter with a limit called name.
+func (h *Handler) limiterOf(name string) *ratelimit.Limiter {
+	for _, l := range h.live() {
+		if slices.Contains(l.LimitNames(), name) {
+			return l
+		}
+	}
+	return nil
+}
+
+// names returns the limits to show: the watched Limiters' and those
+// with denials, sorted.
+func (h *Handler) names() []string {
+	names := h.top.Names()
+	for _, l := range h.live() {
+		names = append(names, l.LimitNames()...)
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
+// Index is the JSON of the top denied identifiers.
+type Index struct {
+	// WindowSeconds is the window the denials are counted over.
+	WindowSeconds int          `json:"window_seconds"`
+	Limits        []LimitIndex `json:"limits"`
+	// Overrides and Blocks are not available yet: always null.
+	Overrides []any `json:"overrides"`
+	Blocks    []any `json:"blocks"`
+}
+
+// LimitIndex is one limit's top denied identifiers, most denied first.
+type LimitIndex struct {
+	Name string `json:"name"`
+	// Denied counts the limit's denials in the window (exact).
+	Denied uint64 `json:"denied"`
+	// Top lists identifiers with an upper bound of their denials
+	// (count) and how far over the truth it may be (err).
+	Top []Entry `json:"top"`
+}
+
+// Entry is an identifier and its denials over the window, counted in
+// bounded memory: Count is an upper bound, over the truth by at most Err.
+type Entry struct {
+	ID    string `json:"id"`
+	Count uint64 `json:"count"`
+	Err   uint64 `json:"err"`
+}
+
+// IDState is the JSON of one identifier's state in one limit.
+type IDState struct {
+	Limit         string    `json:"limit"`
+	ID            string    `json:"id"`
+	Plan          string    `json:"plan"`
+	Quota         int       `json:"quota"`
+	WindowSeconds float64   `json:"window_seconds"`
+	Remaining     int       `json:"remaining"`
+	Reset         time.Time `json:"reset"`
+	// Denied reports whether a request of cost 1 would be denied now.
+	Denied bool `json:"denied"`
+	// DeniedRecently is an upper bound of the identifier's denials by
+	// this limit in this process over the window.
+	DeniedRecently uint64 `json:"denied_recently"`
+	// Override and Block are not available yet: always null.
+	Override any `json:"override"`
+	Block    any `json:"block"`
+}
+
+// ServeHTTP serves the endpoints the package documentation lists.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hd := w.Header()
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("Cache-Control", "no-store")
+	hd.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'")
+	switch p := r.URL.Path; {
+	case strings.HasSuffix(p, "/reset"):
+		h.reset(w, r)
+	case strings.HasSuffix(p, "/id"):
+		h.id(w, r)
+	case p == "" || strings.HasSuffix(p, "/"):
+		h.index(w, r)
+	default:
+		h.fail(w, r, http.StatusNotFound, errors.New("no such page"))
+	}
+}
+
+// wantsJSON reports whether r asks for JSON.
+func wantsJSON(r *http.Request) bool {
+	return r.URL.Query().Get("format") == "json" || strings.Contains(r.Header.Get("Accept"), "application/json")
+}
+
+func (h *Handler) index(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		h.fail(w, r, http.StatusMethodNotAllowed, errors.New("GET only"))
+		return
+	}
+	n := h.opts.Top
+	if s := r.URL.Query().Get("n"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			h.fail(w, r, http.StatusBadRequest, errors.New("n must be a positive number"))
+			return
+		}
+		n = min(v, h.opts.Capacity)
+	}
+	now := h.opts.Now()
+	idx := Index{WindowSeconds: h.opts.Minutes * 60, Limits: []LimitIndex{}}
+	for _, name := range h.names() {
+		win := h.top.Window(name)
+		top := []Entry{}
+		for _, e := range win.Top(n, now) {
+			top = append(top, Entry(e))
+		}
+		idx.Limits = append(idx.Limits, LimitIndex{Name: name, Denied: win.Total(now), Top: top})
+	}
+	if wantsJSON(r) {
+		writeJSON(w, http.StatusOK, idx)
+		return
+	}
+	render(w, http.StatusOK, page{Title: "Rate limits: top denied identifiers", Index: &idx, Minutes: h.opts.Minutes, Names: h.names()})
+}
+
+// query returns r's limit and id, checked.
+func (h *Handler) query(r *http.Request) (limit, id string, l *ratelimit.Limiter, status int, err error) {
+	limit, id = r.FormValue("limit"), r.FormValue("id")
+	switch {
+	case limit == "" || id == "":
+		return "", "", nil, http.StatusBadRequest, errors.New("limit and id are required")
+	case len(id) > MaxID || len(limit) > MaxID:
+		return "", "", nil, http.StatusBadRequest, errors.New("id too long")
+	}
+	if l = h.limiterOf(limit); l == nil {
+		return "", "", nil, http.StatusNotFound, errors.New("no watched limiter has this limit")
+	}
+	return limit, id, l, 0, nil
+}
+
+func (h *Handler) id(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		h.fail(w, r, http.StatusMethodNotAllowed, errors.New("GET only"))
+		return
+	}
+	limit, id, l, status, err := h.query(r)
+	if err != nil {
+		h.fail(w, r, status, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
+	defer cancel()
+	lr, err := l.LimitStatus(ctx, limit, id)
+	if err != nil {
+		h.fail(w, r, http.StatusServiceUnavailable, err)
+		return
+	}
+	st := IDState{Limit: limit, ID: id, Plan: lr.Plan, Quota: lr.Quota, WindowSeconds: lr.Window.Seconds(),
+		Remaining: lr.Remaining, Reset: lr.Reset, Denied: lr.Denied}
+	for _, e := range h.top.Window(limit).Top(0, h.opts.Now()) {
+		if e.ID == id {
+			st.DeniedRecently = e.Count
+		}
+	}
+	if wantsJSON(r) {
+		writeJSON(w, http.StatusOK, st)
+		return
+	}
+	render(w, http.StatusOK, page{Title: "Rate limits: one identifier", State: &st, Minutes: h.opts.Minutes, Names: h.names()})
+}
+
+func (h *Handler) reset(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		h.fail(w, r, http.StatusMethodNotAllowed, errors.New("POST only"))
+		return
+	}
+	if err := h.origin.Check(r); err != nil {
+		h.fail(w, r, http.StatusForbidden, err)
+		return
+	}
+	limit, id, l, status, err := h.query(r)
+	if err != nil {
+		h.fail(w, r, status, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
+	defer cancel()
+	if err := l.ResetLimit(ctx, limit, id); err != nil {
+		h.fail(w, r, http.StatusServiceUnavailable, err)
+		return
+	}
+	if wantsJSON(r) {
+		writeJSON(w, http.StatusOK, map[string]any{"reset": true, "limit": limit, "id": id})
+		return
+	}
+	http.Redirect(w, r, "id?"+urlValues(limit, id), http.StatusSeeOther)
+}
+
+// fail answers an error, as JSON or as the page.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
+	if wantsJSON(r) {
+		writeJSON(w, status, map[string]string{"error": err.Error()})
+		return
+	}
+	render(w, status, page{Title: "Rate limits: " + http.StatusText(status), Error: err.Error(), Minutes: h.opts.Minutes, Names: h.names()})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w) // escapes <, > and & in the clients' identifiers
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

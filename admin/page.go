@@ -1,0 +1,107 @@
+package admin
+
+import (
+	"bytes"
+	"html/template"
+	"net/http"
+	"net/url"
+)
+
+// page is what the HTML template shows: an index, an identifier's state,
+// or an error.
+type page struct {
+	Title   string
+	Index   *Index
+	State   *IDState
+	Error   string
+	Minutes int
+	Names   []string // for the look-up form
+	JSON    string   // the link to the page's JSON
+}
+
+func urlValues(limit, id string) string {
+	return url.Values{"limit": {limit}, "id": {id}}.Encode()
+}
+
+// html/template escapes every value for where it stands: identifiers are
+// the clients' input.
+var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{"inc": func(i int) int { return i + 1 }}).Parse(`<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{{.Title}}</title>
+<style>
+body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.3em; } h2 { font-size: 1.1em; margin-top: 1.5em; }
+table { border-collapse: collapse; margin: .5em 0; }
+th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; vertical-align: top; }
+td.n { text-align: right; font-variant-numeric: tabular-nums; }
+td.id { font-family: ui-monospace, monospace; max-width: 40em; overflow-wrap: anywhere; }
+.error { color: #a00; font-weight: bold; }
+.muted { color: #777; }
+form.inline { display: inline; margin: 0; }
+</style>
+</head>
+<body>
+<h1>{{.Title}}</h1>
+<p><a href="./">Top denied</a> · <a href="{{.JSON}}">JSON</a></p>
+{{with .Error}}<p class="error" id="error">{{.}}</p>{{end}}
+<form method="get" action="id">
+<label>Limit <select name="limit">{{range .Names}}<option>{{.}}</option>{{end}}</select></label>
+<label>Identifier <input name="id" size="40" required></label>
+<button type="submit">Look up</button>
+</form>
+{{with .Index}}
+<p>Identifiers denied most in the last {{$.Minutes}} minutes, in this process. Counts are upper bounds, over by at most ±.</p>
+{{range .Limits}}
+<h2 id="limit-{{.Name}}">Limit {{.Name}}</h2>
+<p>{{.Denied}} denials in the window.</p>
+{{if .Top}}
+<table class="top" data-limit="{{.Name}}">
+<tr><th>#</th><th>Identifier</th><th>Denials</th><th>±</th><th></th></tr>
+{{$limit := .Name}}{{range $i, $e := .Top}}<tr>
+<td class="n">{{inc $i}}</td>
+<td class="id"><a href="id?limit={{$limit}}&amp;id={{$e.ID}}">{{$e.ID}}</a></td>
+<td class="n">{{$e.Count}}</td><td class="n">{{$e.Err}}</td>
+<td><form class="inline" method="post" action="reset"><input type="hidden" name="limit" value="{{$limit}}"><input type="hidden" name="id" value="{{$e.ID}}"><button type="submit">Reset</button></form></td>
+</tr>{{end}}
+</table>
+{{else}}<p class="muted">No denials.</p>{{end}}
+{{end}}
+<h2>Overrides</h2><p class="muted">Runtime overrides of quotas are not available in this version.</p>
+<h2>Blocks</h2><p class="muted">Blocks are not available in this version.</p>
+{{end}}
+{{with .State}}
+<table class="state">
+<tr><th>Limit</th><td>{{.Limit}}</td></tr>
+<tr><th>Identifier</th><td class="id" id="id">{{.ID}}</td></tr>
+<tr><th>Plan</th><td>{{if .Plan}}{{.Plan}}{{else}}<span class="muted">default</span>{{end}}</td></tr>
+<tr><th>Quota</th><td>{{.Quota}} per {{.WindowSeconds}} s</td></tr>
+<tr><th>Remaining</th><td id="remaining">{{.Remaining}}</td></tr>
+<tr><th>Reset</th><td>{{.Reset.UTC.Format "2006-01-02 15:04:05.000 MST"}}</td></tr>
+<tr><th>Denied now</th><td>{{if .Denied}}yes{{else}}no{{end}}</td></tr>
+<tr><th>Denials recently</th><td>{{.DeniedRecently}} in the last {{$.Minutes}} minutes, in this process</td></tr>
+<tr><th>Override</th><td class="muted">not available in this version</td></tr>
+<tr><th>Block</th><td class="muted">not available in this version</td></tr>
+</table>
+<form method="post" action="reset"><input type="hidden" name="limit" value="{{.Limit}}"><input type="hidden" name="id" value="{{.ID}}"><button type="submit">Reset this identifier in {{.Limit}}</button></form>
+{{end}}
+</body>
+</html>
+`))
+
+// render writes p as HTML.
+func render(w http.ResponseWriter, status int, p page) {
+	p.JSON = "?format=json"
+	if p.State != nil {
+		p.JSON = "id?format=json&" + urlValues(p.State.Limit, p.State.ID)
+	}
+	var buf bytes.Buffer
+	if err := pageTemplate.Execute(&buf, p); err != nil {
+		http.Error(w, "admin: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}

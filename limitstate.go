@@ -1,0 +1,106 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
+)
+
+// One limit's state and reset, by the limit's name, for the admin
+// handler (the admin package) and other operators' tools.
+
+// LimitNames returns, sorted, the names of the limits of l and of the
+// routes it declares ([WithRoutes]): the names [Limiter.LimitStatus] and
+// [Limiter.ResetLimit] take.
+func (l *Limiter) LimitNames() []string {
+	var names []string
+	for name := range l.limitNames() {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// limitNamed returns a Limiter of l's family that enforces the limit
+// called name, and its index there; nil if none does.
+func (l *Limiter) limitNamed(name string) (*Limiter, int) {
+	find := func(d *Limiter) int {
+		for i := 0; d != nil && i < len(d.limits); i++ {
+			if d.limits[i].Name == name {
+				return i
+			}
+		}
+		return -1
+	}
+	if i := find(l); i >= 0 {
+		return l, i
+	}
+	for _, byMethod := range l.routes {
+		for _, d := range byMethod {
+			if i := find(d); i >= 0 {
+				return d, i // every Limiter with the limit addresses the same counts
+			}
+		}
+	}
+	return nil, -1
+}
+
+// LimitStatus reports, counting nothing, the state of the limit called
+// name (one of l's or of its routes', see [Limiter.LimitNames]) for the
+// identifier id, as [Limiter.Allow] takes it: Remaining, Reset, and
+// Denied if a request of cost 1 would be denied now. It is
+// [Limiter.Status] for one limit, and has its failure behaviour (an
+// error, the zero LimitResult); it fails for an unknown name or an empty
+// id. For a limit counted by a composed or route Key, id is escaped as
+// Allow escapes it, which may not address the counts of HTTP requests
+// (see [Limiter.StatusRequest]).
+func (l *Limiter) LimitStatus(ctx context.Context, name, id string) (LimitResult, error) {
+	d, i := l.limitNamed(name)
+	if d == nil {
+		return LimitResult{}, fmt.Errorf("ratelimit: no limit named %q", name)
+	}
+	ids := make([]string, len(d.limits))
+	for j := range ids {
+		ids[j] = id // the other limits are read, never counted
+	}
+	res, err := d.Status(ctx, ids, 1)
+	if err != nil {
+		return LimitResult{}, err
+	}
+	return res.Limits[i], nil
+}
+
+// ResetLimit forgets everything the limit called name (one of l's or of
+// its routes', see [Limiter.LimitNames]) counted for id, as
+// [Limiter.Reset] does for every limit; other limits, and other
+// identifiers, are untouched. It fails for an unknown name or an empty
+// id, and has Reset's timeout and deny-cache behaviour: another instance
+// may keep denying from its own deny cache for up to its maximum age.
+// For a limit counted by a composed or route Key, id is escaped as
+// [Limiter.Allow] escapes it.
+func (l *Limiter) ResetLimit(ctx context.Context, name, id string) error {
+	d, i := l.limitNamed(name)
+	if d == nil {
+		return fmt.Errorf("ratelimit: no limit named %q", name)
+	}
+	if id == "" {
+		return fmt.Errorf("%w: empty id for limit %s", ErrNoKey, name)
+	}
+	s := getScratch()
+	defer s.put()
+	for range d.limits {
+		s.ids = append(s.ids, id)
+	}
+	keys, _ := d.keys(s, false)
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
+	defer cancel()
+	req := slidinglog.AppendRequest(nil, 0, 1, d.plan.limits[i].spec)
+	_, err := d.redis.lib.Forget(ctx, []string{keys[i]}, req)
+	d.denies.forget(logID{keys[i], d.plan.limits[i].field})
+	if err != nil {
+		return fmt.Errorf("ratelimit: reset %s: %w", name, err)
+	}
+	return nil
+}
