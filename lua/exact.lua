@@ -445,3 +445,109 @@ end
 local function exact_forget(key)
   return redis.call('DEL', key)
 end
+
+-- The fast path. Most decisions are of one enforced exact log that holds
+-- entries in its window, at a time at or after the log's, whose new
+-- entries fit without writing the log anew: exact_fast decides those with
+-- the fewest commands and Lua operations, in locals, with no table, no
+-- pcall and its only write last. It reads what check and exact_read read
+-- (a large log: its header and oldest entry, its length, its newest entry
+-- and, if entries have left the window, PROBE entries where the window
+-- starts; a small one: whole) and replies as check and admit do. Anything
+-- else (no log, a log another program wrote, a rewrite due, a clock
+-- behind the log's, a window start not found among the entries probed)
+-- it leaves to the general path, before writing anything.
+
+-- exact_fast decides a request of cost n at now over the one limit lim,
+-- whose log is at key, writing its reply at R[r + 1] (see check). It
+-- returns true if it decided it; false if the general path must, having
+-- written nothing; or the error table of an APPEND Redis refused (nothing
+-- written either).
+local function exact_fast(key, lim, n, now, R, r)
+  local quota, unit, window = lim[QUOTA], lim[UNIT], lim[WINDOW]
+  local s, size, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2
+  if quota <= WHOLE then
+    s = redis.pcall('GET', key)
+    if type(s) ~= 'string' then
+      return false
+    end
+    size = (#s - HEADER) / ENTRY
+    b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2 = string.byte(s, 1, HEADER + ENTRY)
+  else
+    local head = redis.pcall('GETRANGE', key, '0', HEAD_LAST)
+    if type(head) ~= 'string' then
+      return false
+    end
+    size = (redis.pcall('STRLEN', key) - HEADER) / ENTRY
+    b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2 = string.byte(head, 1, HEADER + ENTRY)
+  end
+  if not o2 or size % 1 ~= 0 then -- no entry, or no log
+    return false
+  end
+  if ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6 ~= unit then
+    return false
+  end
+  local base = (((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
+  local hi, lo
+  if s then
+    hi, lo = string.byte(s, -ENTRY, -1)
+  else
+    hi, lo = string.byte(redis.pcall('GETRANGE', key, NEWEST_FIRST, '-1'), 1, ENTRY)
+  end
+  local newest, floor, oldest = hi * 256 + lo, f1 * 256 + f2, o1 * 256 + o2
+  local at = now + (-now) % unit -- now rounded up to the unit
+  if base + math.max(newest, floor) * unit > at then -- the log is ahead of now
+    return false
+  end
+  local x = now - window - base
+  local cut = (x - x % unit) / unit -- entries at or before it have left the window
+  local dead, first = 0, oldest
+  if cut >= oldest then
+    if cut >= newest then -- none in the window: the log is written anew
+      return false
+    end
+    local g = guess(size, cut, oldest, newest)
+    if s then
+      dead, first = first_after_near(s, HEADER, size, cut, g)
+      first = first or entry_at(s, HEADER, dead)
+    else
+      local from = math.max(0, math.min(g - PROBE / 2, size - PROBE))
+      local part = redis.pcall('GETRANGE', key, HEADER + ENTRY * from, HEADER + ENTRY * (from + PROBE) - 1)
+      local m = #part / ENTRY
+      local k, found = first_after_near(part, 0, m, cut, g - from)
+      if k == 0 and from > 0 or k == m then
+        return false
+      end
+      dead, first = from + k, found or entry_at(part, 0, k)
+    end
+  end
+  local count = size - dead
+  local stamp = base + first * unit + window
+  if count + n > quota then
+    local reset = 0 -- never: the cost exceeds the quota
+    if n <= quota then
+      reset = stamp
+      local k = count + n - quota
+      if k > 1 then
+        local i = dead + k - 1
+        reset = base + (s and entry_at(s, HEADER, i) or entry_at(read_range(key, i, i + 1), 0, 0)) * unit + window
+      end
+    end
+    R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 0, 1, now, count, reset, stamp
+    return true
+  end
+  local offset = (at - base) / unit
+  if dead * 2 > count or offset > MAX_OFFSET or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
+    return false -- written anew
+  end
+  local entry = string.char((offset - offset % 256) / 256, offset % 256)
+  if n > 1 then
+    entry = string.rep(entry, n)
+  end
+  local e = redis.pcall('APPEND', key, entry)
+  if type(e) == 'table' then
+    return e
+  end
+  R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 1, 0, now, count, stamp, at
+  return true
+end

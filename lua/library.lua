@@ -159,7 +159,17 @@ local function each(keys, argv, write)
       clock = clock or server_now()
       now = clock
     end
-    local ok, e = pcall(decide_one, keys, k, limits, n, now, write, R, r)
+    local ok, e = false, nil
+    local lim = limits[1]
+    if write and #limits == 1 and lim[KIND] == EXACT_LOG and not lim[SHADOW] then
+      ok = exact_fast(keys[k], lim, n, now, R, r)
+      if ok ~= true and ok then -- an APPEND refused, nothing written
+        R[r + 1], e, ok = 0, ok, false
+      end
+    end
+    if ok == false and not e then
+      ok, e = pcall(decide_one, keys, k, limits, n, now, write, R, r)
+    end
     if not ok then
       local msg = failure(e)
       if SERVER_ERRORS[string.match(msg, '^%u+')] then
