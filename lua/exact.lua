@@ -464,7 +464,7 @@ end
 -- written nothing; or the error table of an APPEND Redis refused (nothing
 -- written either).
 local function exact_fast(key, lim, n, now, R, r)
-  local quota, unit, window = lim[QUOTA], lim[UNIT], lim[WINDOW]
+  local quota, unit, window, byte = lim[QUOTA], lim[UNIT], lim[WINDOW], string.byte
   local s, size, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2
   if quota <= WHOLE then
     s = redis.pcall('GET', key)
@@ -472,54 +472,93 @@ local function exact_fast(key, lim, n, now, R, r)
       return false
     end
     size = (#s - HEADER) / ENTRY
-    b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2 = string.byte(s, 1, HEADER + ENTRY)
+    b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2 = byte(s, 1, HEADER + ENTRY)
   else
     local head = redis.pcall('GETRANGE', key, '0', HEAD_LAST)
     if type(head) ~= 'string' then
       return false
     end
     size = (redis.pcall('STRLEN', key) - HEADER) / ENTRY
-    b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2 = string.byte(head, 1, HEADER + ENTRY)
+    b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2 = byte(head, 1, HEADER + ENTRY)
   end
-  if not o2 or size % 1 ~= 0 then -- no entry, or no log
-    return false
-  end
-  if ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6 ~= unit then
-    return false
+  if not o2 or size % 1 ~= 0 or ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6 ~= unit then
+    return false -- no entry, no log, or a log of another unit
   end
   local base = (((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
   local hi, lo
   if s then
-    hi, lo = string.byte(s, -ENTRY, -1)
+    hi, lo = byte(s, -ENTRY, -1)
   else
-    hi, lo = string.byte(redis.pcall('GETRANGE', key, NEWEST_FIRST, '-1'), 1, ENTRY)
+    hi, lo = byte(redis.pcall('GETRANGE', key, NEWEST_FIRST, '-1'), 1, ENTRY)
   end
-  local newest, floor, oldest = hi * 256 + lo, f1 * 256 + f2, o1 * 256 + o2
+  local newest, floor, first = hi * 256 + lo, f1 * 256 + f2, o1 * 256 + o2
   local at = now + (-now) % unit -- now rounded up to the unit
-  if base + math.max(newest, floor) * unit > at then -- the log is ahead of now
+  if floor > newest then
+    newest = floor
+  end
+  if base + newest * unit > at then -- the log is ahead of now
     return false
   end
+  newest = hi * 256 + lo
   local x = now - window - base
   local cut = (x - x % unit) / unit -- entries at or before it have left the window
-  local dead, first = 0, oldest
-  if cut >= oldest then
+  local dead = 0
+  if cut >= first then
     if cut >= newest then -- none in the window: the log is written anew
       return false
     end
-    local g = guess(size, cut, oldest, newest)
-    if s then
-      dead, first = first_after_near(s, HEADER, size, cut, g)
-      first = first or entry_at(s, HEADER, dead)
-    else
-      local from = math.max(0, math.min(g - PROBE / 2, size - PROBE))
-      local part = redis.pcall('GETRANGE', key, HEADER + ENTRY * from, HEADER + ENTRY * (from + PROBE) - 1)
-      local m = #part / ENTRY
-      local k, found = first_after_near(part, 0, m, cut, g - from)
-      if k == 0 and from > 0 or k == m then
-        return false
+    -- Where the first entry after cut likely is (see guess), then the
+    -- entries around it, in str: s whole, or PROBE entries from from.
+    x = (cut - first) * (size - 1) / (newest - first)
+    local g = x - x % 1 + 1
+    local str, skip, from, m = s, HEADER, 0, size
+    if not s then
+      from = g - PROBE / 2
+      if from > size - PROBE then
+        from = size - PROBE
       end
-      dead, first = from + k, found or entry_at(part, 0, k)
+      if from < 0 then
+        from = 0
+      end
+      str, skip = redis.pcall('GETRANGE', key, string.format('%d', HEADER + ENTRY * from),
+        string.format('%d', HEADER + ENTRY * (from + PROBE) - 1)), 0
+      m = #str / ENTRY
     end
+    -- The first of str's entries i to j - 1 after cut is k: its entries
+    -- g - 1 and g first, then by halving.
+    local i, j, k = 0, m, nil
+    g = g - from
+    if g >= 1 and g < m then
+      local p = skip + ENTRY * g - 1
+      local h1, l1, h2, l2 = byte(str, p, p + 3)
+      if h2 * 256 + l2 <= cut then
+        i = g + 1
+      elseif h1 * 256 + l1 > cut then
+        j = g - 1
+      else
+        k, first = g, h2 * 256 + l2
+      end
+    end
+    if not k then
+      while i < j do
+        local mid = (i + j - (i + j) % 2) / 2
+        local p = skip + ENTRY * mid + 1
+        local h, l = byte(str, p, p + 1)
+        if h * 256 + l > cut then
+          j = mid
+        else
+          i = mid + 1
+        end
+      end
+      if i == 0 and from > 0 or i == m then
+        return false -- not among the entries probed
+      end
+      k = i
+      local p = skip + ENTRY * i + 1
+      local h, l = byte(str, p, p + 1)
+      first = h * 256 + l
+    end
+    dead = from + k
   end
   local count = size - dead
   local stamp = base + first * unit + window
@@ -540,7 +579,8 @@ local function exact_fast(key, lim, n, now, R, r)
   if dead * 2 > count or offset > MAX_OFFSET or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
     return false -- written anew
   end
-  local entry = string.char((offset - offset % 256) / 256, offset % 256)
+  lo = offset % 256
+  local entry = string.char((offset - lo) / 256, lo)
   if n > 1 then
     entry = string.rep(entry, n)
   end
