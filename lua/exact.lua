@@ -502,7 +502,7 @@ local function exact_fast(key, lim, n, now, R, r)
   newest = hi * 256 + lo
   local x = now - window - base
   local cut = (x - x % unit) / unit -- entries at or before it have left the window
-  local dead = 0
+  local dead, str, skip, from, m = 0, s, HEADER, 0, size
   if cut >= first then
     if cut >= newest then -- none in the window: the log is written anew
       return false
@@ -511,7 +511,6 @@ local function exact_fast(key, lim, n, now, R, r)
     -- entries around it, in str: s whole, or PROBE entries from from.
     x = (cut - first) * (size - 1) / (newest - first)
     local g = x - x % 1 + 1
-    local str, skip, from, m = s, HEADER, 0, size
     if not s then
       from = g - PROBE / 2
       if from > size - PROBE then
@@ -566,10 +565,16 @@ local function exact_fast(key, lim, n, now, R, r)
     local reset = 0 -- never: the cost exceeds the quota
     if n <= quota then
       reset = stamp
-      local k = count + n - quota
-      if k > 1 then
-        local i = dead + k - 1
-        reset = base + (s and entry_at(s, HEADER, i) or entry_at(read_range(key, i, i + 1), 0, 0)) * unit + window
+      local i = dead + count + n - quota - 1 -- the entry whose leaving frees room
+      if i > dead then
+        if str and i < from + m then -- among the entries read
+          i = skip + ENTRY * (i - from) + 1
+          hi, lo = byte(str, i, i + 1)
+        else
+          i = HEADER + ENTRY * i
+          hi, lo = byte(redis.pcall('GETRANGE', key, string.format('%d', i), string.format('%d', i + 1)), 1, ENTRY)
+        end
+        reset = base + (hi * 256 + lo) * unit + window
       end
     end
     R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 0, 1, now, count, reset, stamp
