@@ -458,13 +458,14 @@ end
 -- behind the log's, a window start not found among the entries probed)
 -- it leaves to the general path, before writing anything.
 
--- exact_fast decides a request of cost n at now over the one limit lim,
--- whose log is at key, writing its reply at R[r + 1] (see check). It
+-- exact_fast decides a request of cost n at now over the one limit of the
+-- given quota, window and unit, whose log is at key, writing its reply at
+-- R[r + 1] (see check). It
 -- returns true if it decided it; false if the general path must, having
 -- written nothing; or the error table of an APPEND Redis refused (nothing
 -- written either).
-local function exact_fast(key, lim, n, now, R, r)
-  local quota, unit, window, byte = lim[QUOTA], lim[UNIT], lim[WINDOW], string.byte
+local function exact_fast(key, quota, window, unit, n, now, R, r)
+  local byte = string.byte
   local s, size, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2
   if quota <= WHOLE then
     s = redis.pcall('GET', key)

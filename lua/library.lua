@@ -144,44 +144,59 @@ local function each(keys, argv, write)
   local decoded = #argv > 1 and {} or nil
   for j = 1, #argv do
     local arg, now, n, limits = argv[j]
-    if decoded then
-      local specs = string.sub(arg, REQUEST_HEAD)
-      limits = decoded[specs]
-      if not limits then
-        limits = decode_limits(arg)
-        decoded[specs] = limits
+    -- The fast path (exact_fast): a request of one enforced exact log,
+    -- decoded here in locals. It leaves the request to what follows if
+    -- it cannot decide it, having written nothing.
+    local fast = false
+    if write and #arg == REQUEST_HEAD + LIMIT_HEAD then
+      local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, count, kind, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6,
+        u1, u2, u3, u4, u5, u6 = string.byte(arg, 1, REQUEST_HEAD + LIMIT_HEAD - 1)
+      if count == 1 and kind == EXACT_LOG and flags == 0 then
+        now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
+        if now == 0 then
+          clock = clock or server_now()
+          now = clock
+        end
+        fast = exact_fast(keys[k], ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
+          ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6,
+          ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, ((c1 * 256 + c2) * 256 + c3) * 256 + c4, now, R, r)
       end
-      now, n = decode_head(arg)
+    end
+    if fast == true then
+      k, r = k + 1, r + 6
     else
-      now, n, limits = decode_request(arg)
-    end
-    if now == 0 then
-      clock = clock or server_now()
-      now = clock
-    end
-    local ok, e = false, nil
-    local lim = limits[1]
-    if write and #limits == 1 and lim[KIND] == EXACT_LOG and not lim[SHADOW] then
-      ok = exact_fast(keys[k], lim, n, now, R, r)
-      if ok ~= true and ok then -- an APPEND refused, nothing written
-        R[r + 1], e, ok = 0, ok, false
+      if decoded then
+        local specs = string.sub(arg, REQUEST_HEAD)
+        limits = decoded[specs]
+        if not limits then
+          limits = decode_limits(arg)
+          decoded[specs] = limits
+        end
+        now, n = decode_head(arg)
+      else
+        now, n, limits = decode_request(arg)
       end
-    end
-    if ok == false and not e then
-      ok, e = pcall(decide_one, keys, k, limits, n, now, write, R, r)
-    end
-    if not ok then
-      local msg = failure(e)
-      if SERVER_ERRORS[string.match(msg, '^%u+')] then
-        error(e, 0)
+      if now == 0 then
+        clock = clock or server_now()
+        now = clock
       end
-      local left = R[r + 1] == LOGGING and undo(keys, k, limits, n, R, r) or 0
-      R[r + 1], R[r + 2], R[r + 3] = msg, left, 0
-      for i = r + 4, r + 3 + 3 * #limits do
-        R[i] = 0
+      local ok, e = false, fast -- fast: the error of an APPEND refused
+      if not fast then
+        ok, e = pcall(decide_one, keys, k, limits, n, now, write, R, r)
       end
+      if not ok then
+        local msg = failure(e)
+        if SERVER_ERRORS[string.match(msg, '^%u+')] then
+          error(e, 0)
+        end
+        local left = R[r + 1] == LOGGING and undo(keys, k, limits, n, R, r) or 0
+        R[r + 1], R[r + 2], R[r + 3] = msg, left, 0
+        for i = r + 4, r + 3 + 3 * #limits do
+          R[i] = 0
+        end
+      end
+      k, r = k + #limits, r + 3 + 3 * #limits
     end
-    k, r = k + #limits, r + 3 + 3 * #limits
   end
   return R
 end
