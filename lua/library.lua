@@ -1,6 +1,7 @@
 -- The library's entry points: decide, status, rollback and forget. Each
 -- takes the KEYS and ARGV of its call (see codec.lua) and keeps nothing
--- from one call to the next.
+-- of it from one call to the next (exact.lua's BOUNDS keeps formatted
+-- numbers only).
 --
 -- A limit is decided at its log's time: the request's, or, if the log
 -- logged entries at a later time (a clock stepped back, two servers'
