@@ -497,14 +497,30 @@ local function exact_fast(key, quota, window, unit, n, now, R, r)
     size = (#s - HEADER) / ENTRY
     b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2 = byte(s, 1, HEADER + ENTRY)
   else
-    local head = redis.pcall('GETRANGE', key, '0', HEAD_LAST)
-    if type(head) ~= 'string' then
-      return false
+    -- Bytes from the (quota - n + 1)-th newest entry's place to the
+    -- oldest entry's last: the header and the oldest entry (all 20) if
+    -- the log has no more than quota - n - 8 entries, so that the request
+    -- fits whatever their times (its length, unread, comes with APPEND's
+    -- reply); else fewer, and the header and length are read.
+    local head = '' -- a log of at least quota - n - 8 entries (fewer bytes), or none
+    if quota - n >= HEADER / ENTRY then
+      local fits = -ENTRY * (quota - n + 1)
+      head = BOUNDS[fits] or bounds(fits, fits)
+      head = redis.pcall('GETRANGE', key, head, HEAD_LAST)
+      if type(head) ~= 'string' then
+        return false
+      end
     end
-    size = (redis.pcall('STRLEN', key) - HEADER) / ENTRY
+    if #head < HEADER + ENTRY then
+      head = redis.pcall('GETRANGE', key, '0', HEAD_LAST)
+      if type(head) ~= 'string' then
+        return false
+      end
+      size = (redis.pcall('STRLEN', key) - HEADER) / ENTRY
+    end
     b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2 = byte(head, 1, HEADER + ENTRY)
   end
-  if not o2 or size % 1 ~= 0 or ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6 ~= unit then
+  if not o2 or size and size % 1 ~= 0 or ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6 ~= unit then
     return false -- no entry, no log, or a log of another unit
   end
   local base = (((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
@@ -529,6 +545,12 @@ local function exact_fast(key, quota, window, unit, n, now, R, r)
   if cut >= first then
     if cut >= newest then -- none in the window: the log is written anew
       return false
+    end
+    if not size then
+      size = (redis.pcall('STRLEN', key) - HEADER) / ENTRY
+      if size % 1 ~= 0 then
+        return false
+      end
     end
     -- Where the first entry after cut likely is (see guess), then the
     -- entries around it, in str: s whole, or PROBE entries from from.
@@ -584,9 +606,9 @@ local function exact_fast(key, quota, window, unit, n, now, R, r)
     end
     dead = from + k
   end
-  local count = size - dead
+  local count = size and size - dead -- nil: it fits (see head), read with APPEND
   local stamp = base + first * unit + window
-  if count + n > quota then
+  if count and count + n > quota then
     local reset = 0 -- never: the cost exceeds the quota
     if n <= quota then
       reset = stamp
@@ -606,7 +628,7 @@ local function exact_fast(key, quota, window, unit, n, now, R, r)
     return true
   end
   local offset = (at - base) / unit
-  if dead * 2 > count or offset > MAX_OFFSET or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
+  if count and dead * 2 > count or offset > MAX_OFFSET or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
     return false -- written anew
   end
   lo = offset % 256
@@ -618,6 +640,7 @@ local function exact_fast(key, quota, window, unit, n, now, R, r)
   if type(e) == 'table' then
     return e
   end
+  count = count or (e - HEADER) / ENTRY - n -- none has left the window
   R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 1, 0, now, count, stamp, at
   return true
 end
