@@ -570,19 +570,27 @@ local function exact_fast(key, quota, window, unit, n, now, R, r)
       str, skip = redis.pcall('GETRANGE', key, first_byte, last_byte), 0
       m = #str / ENTRY
     end
-    -- The first of str's entries i to j - 1 after cut is k: its entries
-    -- g - 1 and g first, then by halving.
+    -- The first of str's entries i to j - 1 after cut is k: among its
+    -- entries g - 2 to g + 3 (read at once), else by halving.
     local i, j, k = 0, m, nil
     g = g - from
-    if g >= 1 and g < m then
-      local p = skip + ENTRY * g - 1
-      local h1, l1, h2, l2 = byte(str, p, p + 3)
-      if h2 * 256 + l2 <= cut then
-        i = g + 1
-      elseif h1 * 256 + l1 > cut then
-        j = g - 1
+    if g >= 2 and g + 3 < m then
+      local p = skip + ENTRY * g - 3
+      local a1, a2, b1, b2, c1, c2, d1, d2, e1, e2, f1, f2 = byte(str, p, p + 11)
+      if a1 * 256 + a2 > cut then
+        j = g - 2
+      elseif b1 * 256 + b2 > cut then
+        k, first = g - 1, b1 * 256 + b2
+      elseif c1 * 256 + c2 > cut then
+        k, first = g, c1 * 256 + c2
+      elseif d1 * 256 + d2 > cut then
+        k, first = g + 1, d1 * 256 + d2
+      elseif e1 * 256 + e2 > cut then
+        k, first = g + 2, e1 * 256 + e2
+      elseif f1 * 256 + f2 > cut then
+        k, first = g + 3, f1 * 256 + f2
       else
-        k, first = g, h2 * 256 + l2
+        i = g + 4
       end
     end
     if not k then
