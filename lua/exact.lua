@@ -636,8 +636,48 @@ local function exact_fast(key, quota, window, unit, n, now, R, r)
     return true
   end
   local offset = (at - base) / unit
-  if count and dead * 2 > count or offset > MAX_OFFSET or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
-    return false -- written anew
+  if offset > MAX_OFFSET then
+    return false -- written anew at another base
+  end
+  if count and dead * 2 > count or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
+    -- Written anew at the same base (see exact_rewrite): without the
+    -- entries that have left the window a unit before at.
+    if dead > 0 then
+      x = at - unit - window - base
+      x = (x - x % unit) / unit
+      if x < cut then -- keep those after x, at cut
+        local i = dead - from -- of str
+        while i > 0 do
+          local p = skip + ENTRY * i - 1
+          hi, lo = byte(str, p, p + 1)
+          if hi * 256 + lo <= x then
+            break
+          end
+          i = i - 1
+        end
+        if i == 0 and from > 0 then
+          return false -- not among the entries read
+        end
+        dead = from + i
+      end
+    end
+    local live
+    if s then
+      live = string.sub(s, HEADER + ENTRY * dead + 1)
+    else
+      live = redis.pcall('GETRANGE', key, string.format('%d', HEADER + ENTRY * dead), '-1')
+    end
+    count = count or #live / ENTRY
+    local wunits = window / unit
+    local refresh = offset + wunits + math.ceil(wunits / REFRESH_SLACK)
+    lo = offset % 256
+    local e = redis.pcall('SET', key, encode_header(base, unit, refresh) .. live .. string.rep(string.char((offset - lo) / 256, lo), n),
+      'PX', string.format('%d', math.ceil((base + refresh * unit - now) / 1000)))
+    if e.err then -- refused; else {ok = 'OK'}
+      return e
+    end
+    R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 1, 0, now, count, stamp, at
+    return true
   end
   lo = offset % 256
   local entry = string.char((offset - lo) / 256, lo)
