@@ -27,7 +27,8 @@
 -- entries are appended in order, and the base only moves forward while the
 -- log holds entries in its window.
 --
--- Admitting a request appends its entries: one read, one APPEND. The log
+-- Admitting a request appends its entries: reads, then one APPEND (see
+-- exact_fast for the common case's commands). The log
 -- is written anew (one SET, which also sets the expiry) only when it must
 -- be: when it is new, when more of its entries have left the window than
 -- half of those in it, when its unit is not the limit's, when their offset
@@ -447,16 +448,21 @@ local function exact_forget(key)
 end
 
 -- The fast path. Most decisions are of one enforced exact log that holds
--- entries in its window, at a time at or after the log's, whose new
--- entries fit without writing the log anew: exact_fast decides those with
--- the fewest commands and Lua operations, in locals, with no table, no
--- pcall and its only write last. It reads what check and exact_read read
--- (a large log: its header and oldest entry, its length, its newest entry
--- and, if entries have left the window, PROBE entries where the window
--- starts; a small one: whole) and replies as check and admit do. Anything
--- else (no log, a log another program wrote, a rewrite due, a clock
--- behind the log's, a window start not found among the entries probed)
--- it leaves to the general path, before writing anything.
+-- entries in its window, at a time at or after the log's: exact_fast
+-- decides those with the fewest commands and Lua operations, in locals,
+-- with no table and no pcall, its one write (APPEND, or SET when the log
+-- is written anew at the same base) last. A large log far below its
+-- quota takes three commands: its header and oldest entry (read from
+-- the (quota - n + 1)-th newest entry's place, so that fewer bytes say
+-- the log is nearer its quota), its newest entry, and APPEND, whose reply
+-- gives its length; with entries that have left the window, also its
+-- length (STRLEN) and FAST_PROBE entries where the window likely starts.
+-- A log nearer its quota reads its header and length as before; a small
+-- one is read whole. It replies as check and admit do, and writes what
+-- exact_admit and exact_rewrite would. Anything else (no log, a log
+-- another program wrote or of another unit, a base that must move, a
+-- clock behind the log's, a window start not among the entries read) it
+-- leaves to the general path, before writing anything.
 
 -- The fast path reads FAST_PROBE entries where the window likely starts,
 -- from a multiple of FAST_QUANTUM entries at least FAST_QUANTUM before
@@ -482,10 +488,9 @@ end
 
 -- exact_fast decides a request of cost n at now over the one limit of the
 -- given quota, window and unit, whose log is at key, writing its reply at
--- R[r + 1] (see check). It
--- returns true if it decided it; false if the general path must, having
--- written nothing; or the error table of an APPEND Redis refused (nothing
--- written either).
+-- R[r + 1] (see check). It returns true if it decided it; false if the
+-- general path must, having written nothing; or the error table of a
+-- write Redis refused (nothing written either).
 local function exact_fast(key, quota, window, unit, n, now, R, r)
   local byte = string.byte
   local s, size, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2
