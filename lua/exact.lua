@@ -491,7 +491,15 @@ end
 -- R[r + 1] (see check). It returns true if it decided it; false if the
 -- general path must, having written nothing; or the error table of a
 -- write Redis refused (nothing written either).
-local function exact_fast(key, quota, window, unit, n, now, R, r)
+--
+-- With plan true it writes nothing, neither the log nor R, and returns
+-- false as above, or what it found and would write: 0 (no room), the
+-- count, reset and stamp as check sets them; or 1 (room), the count (nil
+-- if unread: the log is far below its quota and none of its entries has
+-- left the window, see head), when its oldest entry leaves the window,
+-- the request's time in it, and the command that logs the request with
+-- its arguments after the key.
+local function exact_fast(key, quota, window, unit, n, now, R, r, plan)
   local byte = string.byte
   local s, size, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2
   if quota <= WHOLE then
@@ -637,6 +645,9 @@ local function exact_fast(key, quota, window, unit, n, now, R, r)
         reset = base + (hi * 256 + lo) * unit + window
       end
     end
+    if plan then
+      return 0, count, reset, stamp
+    end
     R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 0, 1, now, count, reset, stamp
     return true
   end
@@ -676,8 +687,12 @@ local function exact_fast(key, quota, window, unit, n, now, R, r)
     local wunits = window / unit
     local refresh = offset + wunits + math.ceil(wunits / REFRESH_SLACK)
     lo = offset % 256
-    local e = redis.pcall('SET', key, encode_header(base, unit, refresh) .. live .. string.rep(string.char((offset - lo) / 256, lo), n),
-      'PX', string.format('%d', math.ceil((base + refresh * unit - now) / 1000)))
+    live = encode_header(base, unit, refresh) .. live .. string.rep(string.char((offset - lo) / 256, lo), n)
+    local ttl = string.format('%d', math.ceil((base + refresh * unit - now) / 1000))
+    if plan then
+      return 1, count, stamp, at, 'SET', live, ttl
+    end
+    local e = redis.pcall('SET', key, live, 'PX', ttl)
     if e.err then -- refused; else {ok = 'OK'}
       return e
     end
@@ -688,6 +703,9 @@ local function exact_fast(key, quota, window, unit, n, now, R, r)
   local entry = string.char((offset - lo) / 256, lo)
   if n > 1 then
     entry = string.rep(entry, n)
+  end
+  if plan then
+    return 1, count, stamp, at, 'APPEND', entry
   end
   local e = redis.pcall('APPEND', key, entry)
   if type(e) == 'table' then
