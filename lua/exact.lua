@@ -27,7 +27,8 @@
 -- entries are appended in order, and the base only moves forward while the
 -- log holds entries in its window.
 --
--- Admitting a request appends its entries: one read, one APPEND. The log
+-- Admitting a request appends its entries: reads, then one APPEND (see
+-- exact_fast for the common case's commands). The log
 -- is written anew (one SET, which also sets the expiry) only when it must
 -- be: when it is new, when more of its entries have left the window than
 -- half of those in it, when its unit is not the limit's, when their offset
@@ -444,4 +445,273 @@ end
 -- exact_forget removes the log at key.
 local function exact_forget(key)
   return redis.call('DEL', key)
+end
+
+-- The fast path. Most decisions are of one enforced exact log that holds
+-- entries in its window, at a time at or after the log's: exact_fast
+-- decides those with the fewest commands and Lua operations, in locals,
+-- with no table and no pcall, its one write (APPEND, or SET when the log
+-- is written anew at the same base) last. A large log far below its
+-- quota takes three commands: its header and oldest entry (read from
+-- the (quota - n + 1)-th newest entry's place, so that fewer bytes say
+-- the log is nearer its quota), its newest entry, and APPEND, whose reply
+-- gives its length; with entries that have left the window, also its
+-- length (STRLEN) and FAST_PROBE entries where the window likely starts.
+-- A log nearer its quota reads its header and length as before; a small
+-- one is read whole. It replies as check and admit do, and writes what
+-- exact_admit and exact_rewrite would. Anything else (no log, a log
+-- another program wrote or of another unit, a base that must move, a
+-- clock behind the log's, a window start not among the entries read) it
+-- leaves to the general path, before writing anything.
+
+-- The fast path reads FAST_PROBE entries where the window likely starts,
+-- from a multiple of FAST_QUANTUM entries at least FAST_QUANTUM before
+-- it, so that the same few byte positions come back: it keeps up to
+-- BOUNDS_MAX of them formatted, in BOUNDS, across the calls of a Function
+-- library (a script starts afresh each call). Formatting a number for
+-- GETRANGE costs Redis about 1,300 instructions with string.format, 2,900
+-- as a Lua number (%.17g); a lookup costs a few dozen. BOUNDS keeps
+-- nothing of any log.
+local FAST_QUANTUM = 32
+local FAST_PROBE = 3 * FAST_QUANTUM
+local BOUNDS, BOUNDS_MAX, bounds_n = {}, 8192, 0
+
+-- bounds returns the byte positions a and b as strings, kept in BOUNDS
+-- while it has room.
+local function bounds(a, b)
+  local sa, sb = string.format('%d', a), string.format('%d', b)
+  if bounds_n < BOUNDS_MAX then
+    BOUNDS[a], BOUNDS[b], bounds_n = sa, sb, bounds_n + 2
+  end
+  return sa, sb
+end
+
+-- exact_fast decides a request of cost n at now over the one limit of the
+-- given quota, window and unit, whose log is at key, writing its reply at
+-- R[r + 1] (see check). It returns true if it decided it; false if the
+-- general path must, having written nothing; or the error table of a
+-- write Redis refused (nothing written either).
+--
+-- With plan true it writes nothing, neither the log nor R, and returns
+-- false as above, or what it found and would write: 0 (no room), the
+-- count, reset and stamp as check sets them; or 1 (room), the count (nil
+-- if unread: the log is far below its quota and none of its entries has
+-- left the window, see head), when its oldest entry leaves the window,
+-- the request's time in it, and the command that logs the request with
+-- its arguments after the key.
+local function exact_fast(key, quota, window, unit, n, now, R, r, plan)
+  local byte = string.byte
+  local s, size, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2
+  if quota <= WHOLE then
+    s = redis.pcall('GET', key)
+    if type(s) ~= 'string' then
+      return false
+    end
+    size = (#s - HEADER) / ENTRY
+    b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2 = byte(s, 1, HEADER + ENTRY)
+  else
+    -- Bytes from the (quota - n + 1)-th newest entry's place to the
+    -- oldest entry's last: the header and the oldest entry (all 20) if
+    -- the log has no more than quota - n - 8 entries, so that the request
+    -- fits whatever their times (its length, unread, comes with APPEND's
+    -- reply); else fewer, and the header and length are read.
+    local head = '' -- a log of at least quota - n - 8 entries (fewer bytes), or none
+    if quota - n >= HEADER / ENTRY then
+      local fits = -ENTRY * (quota - n + 1)
+      head = BOUNDS[fits] or bounds(fits, fits)
+      head = redis.pcall('GETRANGE', key, head, HEAD_LAST)
+      if type(head) ~= 'string' then
+        return false
+      end
+    end
+    if #head < HEADER + ENTRY then
+      head = redis.pcall('GETRANGE', key, '0', HEAD_LAST)
+      if type(head) ~= 'string' then
+        return false
+      end
+      size = (redis.pcall('STRLEN', key) - HEADER) / ENTRY
+    end
+    b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2 = byte(head, 1, HEADER + ENTRY)
+  end
+  if not o2 or size and size % 1 ~= 0 or ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6 ~= unit then
+    return false -- no entry, no log, or a log of another unit
+  end
+  local base = (((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
+  local hi, lo
+  if s then
+    hi, lo = byte(s, -ENTRY, -1)
+  else
+    hi, lo = byte(redis.pcall('GETRANGE', key, NEWEST_FIRST, '-1'), 1, ENTRY)
+  end
+  local newest, floor, first = hi * 256 + lo, f1 * 256 + f2, o1 * 256 + o2
+  local at = now + (-now) % unit -- now rounded up to the unit
+  if floor > newest then
+    newest = floor
+  end
+  if base + newest * unit > at then -- the log is ahead of now
+    return false
+  end
+  newest = hi * 256 + lo
+  local x = now - window - base
+  local cut = (x - x % unit) / unit -- entries at or before it have left the window
+  local dead, str, skip, from, m = 0, s, HEADER, 0, size
+  if cut >= first then
+    if cut >= newest then -- none in the window: the log is written anew
+      return false
+    end
+    if not size then
+      size = (redis.pcall('STRLEN', key) - HEADER) / ENTRY
+      if size % 1 ~= 0 then
+        return false
+      end
+    end
+    -- Where the first entry after cut likely is (see guess), then the
+    -- entries around it, in str: s whole, or PROBE entries from from.
+    x = (cut - first) * (size - 1) / (newest - first)
+    local g = x - x % 1 + 1
+    if not s then
+      from = g - FAST_QUANTUM
+      from = from - from % FAST_QUANTUM
+      if from < 0 then
+        from = 0
+      end
+      local p = HEADER + ENTRY * from
+      local first_byte, last_byte = BOUNDS[p], BOUNDS[p + ENTRY * FAST_PROBE - 1]
+      if not last_byte then
+        first_byte, last_byte = bounds(p, p + ENTRY * FAST_PROBE - 1)
+      end
+      str, skip = redis.pcall('GETRANGE', key, first_byte, last_byte), 0
+      m = #str / ENTRY
+    end
+    -- The first of str's entries i to j - 1 after cut is k: among its
+    -- entries g - 2 to g + 3 (read at once), else by halving.
+    local i, j, k = 0, m, nil
+    g = g - from
+    if g >= 2 and g + 3 < m then
+      local p = skip + ENTRY * g - 3
+      local a1, a2, b1, b2, c1, c2, d1, d2, e1, e2, f1, f2 = byte(str, p, p + 11)
+      if a1 * 256 + a2 > cut then
+        j = g - 2
+      elseif b1 * 256 + b2 > cut then
+        k, first = g - 1, b1 * 256 + b2
+      elseif c1 * 256 + c2 > cut then
+        k, first = g, c1 * 256 + c2
+      elseif d1 * 256 + d2 > cut then
+        k, first = g + 1, d1 * 256 + d2
+      elseif e1 * 256 + e2 > cut then
+        k, first = g + 2, e1 * 256 + e2
+      elseif f1 * 256 + f2 > cut then
+        k, first = g + 3, f1 * 256 + f2
+      else
+        i = g + 4
+      end
+    end
+    if not k then
+      while i < j do
+        local mid = (i + j - (i + j) % 2) / 2
+        local p = skip + ENTRY * mid + 1
+        local h, l = byte(str, p, p + 1)
+        if h * 256 + l > cut then
+          j = mid
+        else
+          i = mid + 1
+        end
+      end
+      if i == 0 and from > 0 or i == m then
+        return false -- not among the entries probed
+      end
+      k = i
+      local p = skip + ENTRY * i + 1
+      local h, l = byte(str, p, p + 1)
+      first = h * 256 + l
+    end
+    dead = from + k
+  end
+  local count = size and size - dead -- nil: it fits (see head), read with APPEND
+  local stamp = base + first * unit + window
+  if count and count + n > quota then
+    local reset = 0 -- never: the cost exceeds the quota
+    if n <= quota then
+      reset = stamp
+      local i = dead + count + n - quota - 1 -- the entry whose leaving frees room
+      if i > dead then
+        if str and i < from + m then -- among the entries read
+          i = skip + ENTRY * (i - from) + 1
+          hi, lo = byte(str, i, i + 1)
+        else
+          i = HEADER + ENTRY * i
+          hi, lo = byte(redis.pcall('GETRANGE', key, bounds(i, i + 1)), 1, ENTRY)
+        end
+        reset = base + (hi * 256 + lo) * unit + window
+      end
+    end
+    if plan then
+      return 0, count, reset, stamp
+    end
+    R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 0, 1, now, count, reset, stamp
+    return true
+  end
+  local offset = (at - base) / unit
+  if offset > MAX_OFFSET then
+    return false -- written anew at another base
+  end
+  if count and dead * 2 > count or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
+    -- Written anew at the same base (see exact_rewrite): without the
+    -- entries that have left the window a unit before at.
+    if dead > 0 then
+      x = at - unit - window - base
+      x = (x - x % unit) / unit
+      if x < cut then -- keep those after x, at cut
+        local i = dead - from -- of str
+        while i > 0 do
+          local p = skip + ENTRY * i - 1
+          hi, lo = byte(str, p, p + 1)
+          if hi * 256 + lo <= x then
+            break
+          end
+          i = i - 1
+        end
+        if i == 0 and from > 0 then
+          return false -- not among the entries read
+        end
+        dead = from + i
+      end
+    end
+    local live
+    if s then
+      live = string.sub(s, HEADER + ENTRY * dead + 1)
+    else
+      live = redis.pcall('GETRANGE', key, string.format('%d', HEADER + ENTRY * dead), '-1')
+    end
+    count = count or #live / ENTRY
+    local wunits = window / unit
+    local refresh = offset + wunits + math.ceil(wunits / REFRESH_SLACK)
+    lo = offset % 256
+    live = encode_header(base, unit, refresh) .. live .. string.rep(string.char((offset - lo) / 256, lo), n)
+    local ttl = string.format('%d', math.ceil((base + refresh * unit - now) / 1000))
+    if plan then
+      return 1, count, stamp, at, 'SET', live, ttl
+    end
+    local e = redis.pcall('SET', key, live, 'PX', ttl)
+    if e.err then -- refused; else {ok = 'OK'}
+      return e
+    end
+    R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 1, 0, now, count, stamp, at
+    return true
+  end
+  lo = offset % 256
+  local entry = string.char((offset - lo) / 256, lo)
+  if n > 1 then
+    entry = string.rep(entry, n)
+  end
+  if plan then
+    return 1, count, stamp, at, 'APPEND', entry
+  end
+  local e = redis.pcall('APPEND', key, entry)
+  if type(e) == 'table' then
+    return e
+  end
+  count = count or (e - HEADER) / ENTRY - n -- none has left the window
+  R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 1, 0, now, count, stamp, at
+  return true
 end

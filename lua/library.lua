@@ -1,6 +1,7 @@
 -- The library's entry points: decide, status, rollback and forget. Each
 -- takes the KEYS and ARGV of its call (see codec.lua) and keeps nothing
--- from one call to the next.
+-- of it from one call to the next (exact.lua's BOUNDS keeps formatted
+-- numbers only).
 --
 -- A limit is decided at its log's time: the request's, or, if the log
 -- logged entries at a later time (a clock stepped back, two servers'
@@ -126,6 +127,88 @@ end
 local SERVER_ERRORS = {OOM = true, READONLY = true, MISCONF = true, NOREPLICAS = true, BUSY = true, LOADING = true,
   MASTERDOWN = true, CLUSTERDOWN = true, TRYAGAIN = true}
 
+-- FAST_LIMITS is the most exact logs of a request that fast_many decides.
+local FAST_LIMITS = 4
+
+-- fast_many is exact_fast for a request arg of count (2 to FAST_LIMITS)
+-- limits, whose keys start at keys[k], writing its reply at R[r + 1]: it
+-- reads every limit first (exact_fast's plans), as check does, then, if
+-- each has room, logs the request in each in turn, as admit does. If a
+-- limit is not an enforced exact log (before reading any), or exact_fast
+-- leaves one to the general path, it leaves the request to it, having
+-- written nothing. It
+-- returns what exact_fast does, the server's time if it read it (clock,
+-- or nil), and, if a write was refused, the units of cost it could not
+-- take back from the limits written before.
+local function fast_many(keys, k, arg, count, R, r, clock)
+  local byte = string.byte
+  for p = REQUEST_HEAD + 1, REQUEST_HEAD + LIMIT_HEAD * (count - 1) + 1, LIMIT_HEAD do
+    local kind, flags = byte(arg, p, p + 1)
+    if kind ~= EXACT_LOG or flags ~= 0 or byte(arg, p + LIMIT_HEAD - 1) ~= 0 then
+      return false, clock
+    end
+  end
+  local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4 = byte(arg, 1, REQUEST_HEAD - 1)
+  local now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
+  local n = ((c1 * 256 + c2) * 256 + c3) * 256 + c4
+  if now == 0 then
+    clock = clock or server_now()
+    now = clock
+  end
+  -- Each limit's plan, 7 items from P[7 * i - 6] (see exact_fast).
+  local P, denied, worst, p = {}, 0, 0, REQUEST_HEAD + 1
+  for i = 1, count do
+    local q1, q2, q3, q4, w1, w2, w3, w4, w5, w6, u1, u2, u3, u4, u5, u6 = byte(arg, p + 2, p + LIMIT_HEAD - 2)
+    local q = 7 * i - 6
+    P[q], P[q + 1], P[q + 2], P[q + 3], P[q + 4], P[q + 5], P[q + 6] = exact_fast(keys[k + i - 1],
+      ((q1 * 256 + q2) * 256 + q3) * 256 + q4, ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6,
+      ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, n, now, nil, 0, true)
+    if P[q] == false then
+      return false, clock
+    end
+    -- NEVER frees up last; else the latest (see check).
+    if P[q] == 0 and (denied == 0 or worst ~= NEVER and (P[q + 2] == NEVER or P[q + 2] > worst)) then
+      denied, worst = i, P[q + 2]
+    end
+    p = p + LIMIT_HEAD
+  end
+  if denied > 0 then
+    for i = 1, count do
+      local q, key = 7 * i - 6, keys[k + i - 1]
+      local c, reset, stamp = P[q + 1], P[q + 2], P[q + 3]
+      if P[q] == 1 then -- room: reset and stamp when its oldest entry leaves
+        reset, stamp = P[q + 2], P[q + 2]
+        if not c then -- none has left the window
+          c = (redis.pcall('STRLEN', key) - HEADER) / ENTRY
+        end
+      end
+      R[r + 3 * i + 1], R[r + 3 * i + 2], R[r + 3 * i + 3] = c, reset, stamp
+    end
+    R[r + 1], R[r + 2], R[r + 3] = 0, denied, now
+    return true, clock
+  end
+  for i = 1, count do
+    local q, key = 7 * i - 6, keys[k + i - 1]
+    local e
+    if P[q + 4] == 'APPEND' then
+      e = redis.pcall('APPEND', key, P[q + 5])
+    else
+      e = redis.pcall('SET', key, P[q + 5], 'PX', P[q + 6])
+    end
+    if type(e) == 'table' and e.err then -- take back what the limits before logged
+      local left = 0
+      for j = 1, i - 1 do
+        local ok, removed = pcall(exact_remove, keys[k + j - 1], nil, P[7 * j - 3], n)
+        left = left + n - (ok and removed or 0)
+      end
+      return e, clock, left
+    end
+    R[r + 3 * i + 1], R[r + 3 * i + 2], R[r + 3 * i + 3] = P[q + 1] or (e - HEADER) / ENTRY - n, P[q + 2], P[q + 3]
+  end
+  R[r + 1], R[r + 2], R[r + 3] = 1, 0, now
+  return true, clock
+end
+
 -- each decides every request of a call, one after the other, and returns
 -- their replies: a request every enforced limit has room for is logged in
 -- them all if write is true; any other is logged nowhere. Requests of one
@@ -144,34 +227,66 @@ local function each(keys, argv, write)
   local decoded = #argv > 1 and {} or nil
   for j = 1, #argv do
     local arg, now, n, limits = argv[j]
-    if decoded then
-      local specs = string.sub(arg, REQUEST_HEAD)
-      limits = decoded[specs]
-      if not limits then
-        limits = decode_limits(arg)
-        decoded[specs] = limits
+    -- The fast path (exact_fast): a request of one enforced exact log,
+    -- decoded here in locals. It leaves the request to what follows if
+    -- it cannot decide it, having written nothing.
+    local fast, left, L = false, 0, 1
+    if write and #arg == REQUEST_HEAD + LIMIT_HEAD then
+      local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, count, kind, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6,
+        u1, u2, u3, u4, u5, u6 = string.byte(arg, 1, REQUEST_HEAD + LIMIT_HEAD - 1)
+      if count == 1 and kind == EXACT_LOG and flags == 0 then
+        now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
+        if now == 0 then
+          clock = clock or server_now()
+          now = clock
+        end
+        fast = exact_fast(keys[k], ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
+          ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6,
+          ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, ((c1 * 256 + c2) * 256 + c3) * 256 + c4, now, R, r)
       end
-      now, n = decode_head(arg)
+    elseif write and #arg > REQUEST_HEAD + LIMIT_HEAD then
+      L = string.byte(arg, REQUEST_HEAD)
+      if L <= FAST_LIMITS and #arg == REQUEST_HEAD + LIMIT_HEAD * L then
+        fast, clock, left = fast_many(keys, k, arg, L, R, r, clock)
+      end
+    end
+    if fast == true then
+      k, r = k + L, r + 3 + 3 * L
     else
-      now, n, limits = decode_request(arg)
-    end
-    if now == 0 then
-      clock = clock or server_now()
-      now = clock
-    end
-    local ok, e = pcall(decide_one, keys, k, limits, n, now, write, R, r)
-    if not ok then
-      local msg = failure(e)
-      if SERVER_ERRORS[string.match(msg, '^%u+')] then
-        error(e, 0)
+      if decoded then
+        local specs = string.sub(arg, REQUEST_HEAD)
+        limits = decoded[specs]
+        if not limits then
+          limits = decode_limits(arg)
+          decoded[specs] = limits
+        end
+        now, n = decode_head(arg)
+      else
+        now, n, limits = decode_request(arg)
       end
-      local left = R[r + 1] == LOGGING and undo(keys, k, limits, n, R, r) or 0
-      R[r + 1], R[r + 2], R[r + 3] = msg, left, 0
-      for i = r + 4, r + 3 + 3 * #limits do
-        R[i] = 0
+      if now == 0 then
+        clock = clock or server_now()
+        now = clock
       end
+      local ok, e = false, fast -- fast: the error of an APPEND refused
+      if not fast then
+        ok, e = pcall(decide_one, keys, k, limits, n, now, write, R, r)
+      end
+      if not ok then
+        local msg = failure(e)
+        if SERVER_ERRORS[string.match(msg, '^%u+')] then
+          error(e, 0)
+        end
+        if not fast then
+          left = R[r + 1] == LOGGING and undo(keys, k, limits, n, R, r) or 0
+        end
+        R[r + 1], R[r + 2], R[r + 3] = msg, left, 0
+        for i = r + 4, r + 3 + 3 * #limits do
+          R[i] = 0
+        end
+      end
+      k, r = k + #limits, r + 3 + 3 * #limits
     end
-    k, r = k + #limits, r + 3 + 3 * #limits
   end
   return R
 end
