@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // decide decides a request of cost over the limits' keys for s.ids.
@@ -21,46 +22,46 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 		return Result{}, fmt.Errorf("ratelimit: cost %d is below 1", cost)
 	}
 	if l.cfg.logger != nil {
-		l.evictions.start(l.client, l.cfg.logger) // once per family, in the background
+		l.evictions.Start(l.client, l.cfg.logger) // once per family, in the background
 	}
 	q := &s.q
-	*q = query{plan: l.plan, cost: cost, peek: peek, wall: time.Now(), timeout: l.cfg.timeout}
-	q.local = q.wall
+	*q = store.Query{Spec: l.plan, Cost: cost, Peek: peek, Wall: time.Now(), Timeout: l.cfg.timeout}
+	q.Local = q.Wall
 	if l.cfg.clock != nil {
-		q.local = l.cfg.clock()
-		if q.now = q.local.UnixMicro(); q.now < minClock {
+		q.Local = l.cfg.clock()
+		if q.Now = q.Local.UnixMicro(); q.Now < minClock {
 			// A broken clock (a zero time.Time, say); 0 would even
 			// make Redis use its own.
-			return Result{}, fmt.Errorf("ratelimit: clock reads %v, before 2001-09-09", q.local)
+			return Result{}, fmt.Errorf("ratelimit: clock reads %v, before 2001-09-09", q.Local)
 		}
 	}
-	q.deadline = l.deadline(ctx, q.wall)
+	q.Deadline = l.deadline(ctx, q.Wall)
 	if l.tiered {
-		counted, err := l.resolvePlans(ctx, s, q.local, q.deadline)
+		counted, err := l.resolvePlans(ctx, s, q.Local, q.Deadline)
 		if err != nil {
 			return Result{}, err
 		}
-		q.quotas = s.quotas
+		q.Quotas = s.quotas
 		if !counted { // every limit exempts the client: nothing to ask
 			out := &s.out
-			out.reset(s.replies(len(l.limits)))
-			out.allowed, out.now = true, q.local.UnixMicro()
+			out.Reset(s.replies(len(l.limits)))
+			out.Allowed, out.Now = true, q.Local.UnixMicro()
 			return l.result(s, out, cost, peek), nil
 		}
 	}
-	q.keys, q.tags = l.keys(s, fromKeys)
+	q.Keys, q.Tags = l.keys(s, fromKeys)
 	out := &s.out
-	out.reset(s.replies(len(l.limits)))
-	err := l.store.decide(ctx, q, out)
-	if err != nil && !out.local {
-		return Result{Unreverted: out.unreverted}, err
+	out.Reset(s.replies(len(l.limits)))
+	err := l.store.Decide(ctx, q, out)
+	if err != nil && !out.Local {
+		return Result{Unreverted: out.Unreverted}, err
 	}
 	res := l.result(s, out, cost, peek)
-	if err == nil && out.allowed && !peek && s.wantTicket {
-		t := &ticket{rs: l.redis, denies: l.denies, plan: l.plan, keys: slices.Clone(q.keys), tags: slices.Clone(q.tags),
-			cost: cost, stamps: make([]int64, len(q.keys)), timeout: l.cfg.timeout}
+	if err == nil && out.Allowed && !peek && s.wantTicket {
+		t := &ticket{rs: l.redis, denies: l.denies, plan: l.plan, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
+			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: l.cfg.timeout}
 		for i := range t.stamps {
-			t.stamps[i] = out.replies[i].next
+			t.stamps[i] = out.Replies[i].Next
 		}
 		res.ticket = t
 	}
@@ -110,7 +111,7 @@ func (lim *compiledLimit) planOf(ctx context.Context, id string, now, deadline t
 // deadline returns when a call to Redis begun at start must end: after the
 // limiter's timeout, or at ctx's deadline if that is earlier.
 func (l *Limiter) deadline(ctx context.Context, start time.Time) time.Time {
-	return deadline(ctx, start, l.cfg.timeout)
+	return store.Deadline(ctx, start, l.cfg.timeout)
 }
 
 // scratch holds what one decision needs, recycled through scratches so that
@@ -123,12 +124,12 @@ type scratch struct {
 	ends       []int
 	keys       []string
 	tags       []string
-	reps       []reply
+	reps       []store.Reply
 	limits     []LimitResult
-	tiers      []int // each limit's plan (tier), when the Limiter has plans
-	quotas     []int // and quota (0: not counted)
-	q          query // q.abandoned: a call that may still read the keys went on without the decision
-	out        outcome
+	tiers      []int       // each limit's plan (tier), when the Limiter has plans
+	quotas     []int       // and quota (0: not counted)
+	q          store.Query // q.abandoned: a call that may still read the keys went on without the decision
+	out        store.Outcome
 }
 
 var scratches = sync.Pool{New: func() any { return new(scratch) }}
@@ -137,7 +138,7 @@ func getScratch() *scratch { return scratches.Get().(*scratch) }
 
 // put returns s to the pool. Nothing may use what it holds afterwards.
 func (s *scratch) put() {
-	if s.q.abandoned {
+	if s.q.Abandoned {
 		return // left to the collector
 	}
 	clear(s.ids)
@@ -145,11 +146,11 @@ func (s *scratch) put() {
 	clear(s.tags)
 	s.ids, s.keys, s.tags, s.tiers, s.quotas = s.ids[:0], s.keys[:0], s.tags[:0], s.tiers[:0], s.quotas[:0]
 	s.wantTicket = false
-	s.q, s.out = query{}, outcome{}
+	s.q, s.out = store.Query{}, store.Outcome{}
 	scratches.Put(s)
 }
 
-func (s *scratch) replies(n int) []reply {
+func (s *scratch) replies(n int) []store.Reply {
 	s.reps = grow(s.reps, n)
 	return s.reps
 }
@@ -179,7 +180,7 @@ func (l *Limiter) keys(s *scratch, fromKeys bool) (keys, tags []string) {
 	for i := range l.limits {
 		s.keys[i] = all[s.ends[2*i]:s.ends[2*i+1]]
 	}
-	if !l.plan.split {
+	if !l.plan.Split {
 		return s.keys, nil
 	}
 	s.tags = l.tags(grow(s.tags, n), s.keys)
@@ -197,45 +198,45 @@ func (l *Limiter) tags(dst, keys []string) []string {
 
 // result builds the Result of a decision of cost from its outcome; its
 // Limits are s's, which the caller copies if they are to outlive s.
-func (l *Limiter) result(s *scratch, out *outcome, cost int, peek bool) Result {
-	res := Result{Allowed: out.allowed, Now: time.UnixMicro(out.now), Limits: s.results(len(l.limits)), Local: out.local, Cached: out.cached}
+func (l *Limiter) result(s *scratch, out *store.Outcome, cost int, peek bool) Result {
+	res := Result{Allowed: out.Allowed, Now: time.UnixMicro(out.Now), Limits: s.results(len(l.limits)), Local: out.Local, Cached: out.Cached}
 	closest := -1
 	for i := range l.limits {
-		lim, r := &l.limits[i], out.replies[i]
+		lim, r := &l.limits[i], out.Replies[i]
 		lr := &res.Limits[i]
 		t := 0
 		if len(s.tiers) > 0 {
 			t = s.tiers[i]
 		}
 		*lr = lim.result(t)
-		if !r.ok {
+		if !r.OK {
 			lr.Skipped = true
 			continue
 		}
-		lr.Denied = r.count+int64(cost) > int64(lr.Quota)
-		used := r.count
-		if out.allowed && !peek && !lr.Denied { // a shadow limit without room logged nothing
+		lr.Denied = r.Count+int64(cost) > int64(lr.Quota)
+		used := r.Count
+		if out.Allowed && !peek && !lr.Denied { // a shadow limit without room logged nothing
 			used += int64(cost)
 		}
 		lr.Remaining = int(max(int64(lr.Quota)-used, 0))
-		if r.reset == -1 { // the cost can never fit: the log is empty a window from now at the latest
-			r.reset = r.now + lim.Window.Microseconds()
+		if r.Reset == -1 { // the cost can never fit: the log is empty a window from now at the latest
+			r.Reset = r.Now + lim.Window.Microseconds()
 		}
-		lr.Reset = time.UnixMicro(r.reset)
+		lr.Reset = time.UnixMicro(r.Reset)
 		// The headers describe an enforced limit if there is one.
 		if c := &res.Limits[max(closest, 0)]; closest < 0 ||
 			!lr.Shadow && c.Shadow || lr.Shadow == c.Shadow && closer(lr, c) {
 			closest = i
 		}
 	}
-	if !out.allowed {
-		closest = out.denier
+	if !out.Allowed {
+		closest = out.Denier
 		res.DeniedBy = l.limits[closest].Name
 		if cost <= res.Limits[closest].Quota {
 			res.RetryAfter = max(res.Limits[closest].Reset.Sub(res.Now), 0)
 		}
 	}
-	res.Unreverted = out.unreverted
+	res.Unreverted = out.Unreverted
 	if closest < 0 { // no limit counts the client (see Plans)
 		res.index = -1
 		return res
@@ -272,17 +273,17 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 	// slot, elsewhere everything does. A refund is a rollback of the whole
 	// request.
 	p := t.plan
-	groups := p.whole
-	if p.split {
-		groups = p.groups(t.tags)
+	groups := p.Whole
+	if p.Split {
+		groups = p.Groups(t.tags)
 	}
-	reservations := reservationsOf(p, t.keys, groups, t.cost, func(i int) int64 { return t.stamps[i] })
+	reservations := store.Reservations(p, t.keys, groups, t.cost, func(i int) int64 { return t.stamps[i] })
 	var err error
-	if n := t.rs.rollbacks.rollback(reservations, t.cost, deadline(ctx, time.Now(), t.timeout)); n > 0 {
+	if n := t.rs.Rollbacks.Rollback(reservations, t.cost, store.Deadline(ctx, time.Now(), t.timeout)); n > 0 {
 		err = fmt.Errorf("%w: %d units stay counted until they leave their windows", ErrNotReverted, n)
 	}
 	for i, key := range t.keys {
-		t.denies.forget(logID{key, p.limits[i].field})
+		t.denies.Forget(store.LogID{Key: key, Field: p.Limits[i].Field})
 	}
 	return err
 }
@@ -376,11 +377,11 @@ func (l *Limiter) Reset(ctx context.Context, ids []string) error {
 	for i, key := range keys {
 		// One call per limit: on a cluster the keys of other identifiers
 		// may live elsewhere.
-		req := slidinglog.AppendRequest(nil, 0, 1, l.plan.limits[i].spec)
-		if _, err := l.redis.lib.Forget(ctx, []string{key}, req); err != nil {
+		req := slidinglog.AppendRequest(nil, 0, 1, l.plan.Limits[i].Lua)
+		if _, err := l.redis.Lib.Forget(ctx, []string{key}, req); err != nil {
 			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", l.limits[i].Name, err))
 		}
-		l.denies.forget(logID{key, l.plan.limits[i].field})
+		l.denies.Forget(store.LogID{Key: key, Field: l.plan.Limits[i].Field})
 	}
 	return errors.Join(errs...)
 }
@@ -393,4 +394,15 @@ func (l *Limiter) Reset(ctx context.Context, ids []string) error {
 // within 30 seconds or before the entries would have left their
 // windows anyway. Such units stay counted until they leave their windows.
 // The count only grows; metrics export it as a counter.
-func (l *Limiter) Unreverted() uint64 { return l.redis.rollbacks.unreverted.Load() }
+func (l *Limiter) Unreverted() uint64 { return l.redis.Rollbacks.Unreverted.Load() }
+
+// grow returns sl resized to n and cleared, reusing its array when it is
+// large enough.
+func grow[T any](sl []T, n int) []T {
+	if cap(sl) < n {
+		return make([]T, n)
+	}
+	sl = sl[:n]
+	clear(sl)
+	return sl
+}

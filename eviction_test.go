@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // recordHandler is a slog.Handler that keeps every record.
@@ -39,7 +40,7 @@ func (h *recordHandler) evictionWarnings() []map[string]string {
 	defer h.mu.Unlock()
 	var ws []map[string]string
 	for _, r := range h.records {
-		if r.Message != evictionWarning {
+		if r.Message != store.EvictionWarning {
 			continue
 		}
 		attrs := map[string]string{"level": r.Level.String()}
@@ -58,8 +59,8 @@ func (h *recordHandler) evictionWarnings() []map[string]string {
 func waitEvictionCheck(t *testing.T, lim *Limiter) {
 	t.Helper()
 	select {
-	case <-lim.evictions.done:
-	case <-time.After(evictionCheckTimeout + 20*time.Second):
+	case <-lim.evictions.Done:
+	case <-time.After(store.EvictionCheckTimeout + 20*time.Second):
 		t.Fatal("the memory policy check did not end")
 	}
 }
@@ -196,7 +197,7 @@ func TestEvictionWarningPolicies(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				if lim.evictions.started.Load() {
+				if lim.evictions.Started.Load() {
 					t.Error("a Limiter without a logger checked the memory policy")
 				}
 				if n := commandCalls(t, admin, "config|get"); n != 0 {

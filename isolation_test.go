@@ -324,7 +324,7 @@ func TestFailedRequestLeftCounted(t *testing.T) {
 	for range slidinglog.ReplyLen(2) - 2 {
 		failed = append(failed, int64(0))
 	}
-	lim.redis.lib = fakeLibrary{decide: func([]string) (any, error) { return failed, nil }}
+	lim.redis.Lib = fakeLibrary{decide: func([]string) (any, error) { return failed, nil }}
 	for i := range 3 {
 		res, err := lim.Allow(ctx, []string{"a", GlobalID}, 1)
 		var re *slidinglog.RequestError
@@ -338,7 +338,7 @@ func TestFailedRequestLeftCounted(t *testing.T) {
 	now := t0.UnixMicro()
 	admit := slidinglog.AppendReply(nil, slidinglog.Reply{Allowed: true, Denied: -1, Now: now},
 		[]slidinglog.LimitReply{{Reset: now + 60e6, Stamp: now}, {Reset: now + 60e6, Stamp: now}})
-	lim.redis.lib = fakeLibrary{decide: func([]string) (any, error) { return admit, nil }}
+	lim.redis.Lib = fakeLibrary{decide: func([]string) (any, error) { return admit, nil }}
 	if res, err := lim.Allow(ctx, []string{"b", GlobalID}, 1); err != nil || !res.Allowed {
 		t.Errorf("after the failures: %+v %v; want admitted, the breaker closed", res, err)
 	}

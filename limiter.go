@@ -16,6 +16,7 @@ import (
 	"github.com/slidinglog/ratelimit/internal/adapt"
 	"github.com/slidinglog/ratelimit/internal/route"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // minClock is the earliest time a WithClock clock may read, in Unix
@@ -70,17 +71,17 @@ type Limiter struct {
 	noKey       [][]LimitResult
 	noKeyWarned *atomic.Bool
 
-	plan *plan // what the stores know of the limits
+	plan *store.Spec // what the stores know of the limits
 	// store decides: the Redis store, wrapped by the deny cache and
 	// FailLocal's in-process store as configured.
-	store store
+	store store.Store
 
 	// Shared with the Limiters WithRoutes derives.
-	redis  *redisStore
-	local  *localStore // FailLocal's
-	denies *denyCache
+	redis  *store.Redis
+	local  *store.Local // FailLocal's
+	denies *store.DenyCache
 	// evictions checks the memory policy.
-	evictions *evictionCheck
+	evictions *store.EvictionCheck
 	// proxies logs the family's untrusted-proxy warning; watchProxies
 	// says that l looks for proxy headers.
 	proxies      *proxyWatch
@@ -229,15 +230,15 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		// one set of local logs.
 		l.redis, l.local, l.denies, l.evictions = parent.redis, parent.local, parent.denies, parent.evictions
 	} else {
-		lib := slidinglog.New(client, p.split)
-		l.redis = &redisStore{
-			lib:       lib,
-			breakers:  &breakers{failures: int32(cfg.breakerFailures), coolDown: cfg.breakerCoolDown},
-			rollbacks: newRollbacks(lib, cfg.timeout, l.logRollbackFailure),
+		lib := slidinglog.New(client, p.Split)
+		l.redis = &store.Redis{
+			Lib:       lib,
+			Breakers:  &store.Breakers{Failures: int32(cfg.breakerFailures), CoolDown: cfg.breakerCoolDown},
+			Rollbacks: store.NewRollbacks(lib, cfg.timeout, l.logRollbackFailure),
 		}
-		l.local = &localStore{}
-		l.denies = &denyCache{maxAge: cfg.denyCache}
-		l.evictions = newEvictionCheck()
+		l.local = &store.Local{}
+		l.denies = &store.DenyCache{MaxAge: cfg.denyCache}
+		l.evictions = store.NewEvictionCheck()
 	}
 	l.proxies, l.watchProxies = &proxyWatch{}, watchesProxies(&cfg, limits)
 	if parent != nil {
@@ -455,21 +456,21 @@ func (l *Limiter) with(limits []Limit, opts ...Option) (*Limiter, error) {
 // wrap returns the store l decides with when base is the store that counts
 // across instances: base, wrapped by FailLocal's fallback and the deny
 // cache as configured.
-func (l *Limiter) wrap(base store) store {
+func (l *Limiter) wrap(base store.Store) store.Store {
 	s := base
 	if l.cfg.failure == FailLocal {
-		s = fallbackStore{primary: s, fallback: l.local}
+		s = store.Fallback{Primary: s, Local: l.local}
 	}
 	if l.cfg.denyCache > 0 {
-		s = cachedStore{next: s, cache: l.denies, clock: l.localNow}
+		s = store.Cached{Next: s, Cache: l.denies, Clock: l.localNow}
 	}
 	return s
 }
 
 // newPlan returns what the stores need of limits; split says that keys
 // with different hash tags must be decided apart.
-func newPlan(limits []compiledLimit, split bool) (*plan, error) {
-	p := &plan{split: split}
+func newPlan(limits []compiledLimit, split bool) (*store.Spec, error) {
+	p := &store.Spec{Split: split}
 	wire := make([]slidinglog.Limit, len(limits))
 	for i := range limits {
 		lim := &limits[i]
@@ -482,12 +483,12 @@ func newPlan(limits []compiledLimit, split bool) (*plan, error) {
 		if err != nil {
 			return nil, fmt.Errorf("limit %s: %w", lim.Name, err)
 		}
-		p.all = append(p.all, i)
-		p.limits = append(p.limits, planLimit{quota: lim.Quota, window: lim.Window, shadow: lim.Shadow, global: lim.Key.global, spec: spec, field: wire[i].Name})
+		p.All = append(p.All, i)
+		p.Limits = append(p.Limits, store.LimitSpec{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Global: lim.Key.global, Lua: spec, Field: wire[i].Name})
 	}
-	p.whole = [][]int{p.all}
+	p.Whole = [][]int{p.All}
 	var err error
-	p.specs, err = slidinglog.Encode(wire...)
+	p.Lua, err = slidinglog.Encode(wire...)
 	return p, err
 }
 

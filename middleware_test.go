@@ -332,7 +332,7 @@ func testScriptReloaded(t *testing.T, b backend) {
 		if b.mr != nil {
 			continue // miniredis has no functions: the script it is
 		}
-		if lim.redis.lib.(*slidinglog.Redis).ScriptsOnly() {
+		if lim.redis.Lib.(*slidinglog.Redis).ScriptsOnly() {
 			t.Fatal("the limiter fell back to scripts on a Redis that has functions")
 		}
 		forEachPrimary(t, c, func(p *redis.Client) error {

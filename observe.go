@@ -10,19 +10,7 @@ import (
 // BreakerOpen reports whether a circuit breaker of the limiter is open now:
 // Redis (or, on a cluster, one of its primaries) failed repeatedly and is
 // not being called (see [WithCircuitBreaker]).
-func (l *Limiter) BreakerOpen() bool {
-	bs := l.redis.breakers
-	now := bs.clock(time.Now())
-	if bs.single.open(now) {
-		return true
-	}
-	open := false
-	bs.nodes.Range(func(_, b any) bool {
-		open = b.(*breaker).open(now)
-		return !open
-	})
-	return open
-}
+func (l *Limiter) BreakerOpen() bool { return l.redis.Breakers.Open() }
 
 // watched reports whether anything observes the limiter's decisions.
 func (l *Limiter) watched() bool { return len(l.cfg.observers) > 0 || l.cfg.logger != nil }

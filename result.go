@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"fmt"
+	"github.com/slidinglog/ratelimit/internal/store"
 	"sync/atomic"
 	"time"
 )
@@ -175,9 +176,9 @@ func closer(a, b *LimitResult) bool {
 // cost and the time of its entries in each, and the stores that hold them.
 type ticket struct {
 	refunded atomic.Bool // Refund has taken it: it removes nothing more
-	rs       *redisStore
-	denies   *denyCache
-	plan     *plan
+	rs       *store.Redis
+	denies   *store.DenyCache
+	plan     *store.Spec
 	keys     []string
 	tags     []string
 	cost     int
