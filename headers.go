@@ -46,8 +46,8 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 	if l.cfg.headers&HeadersXRateLimit != 0 && enforced {
 		reset := resetSeconds(res.Reset)
 		h[hdrLimit] = l.limits[res.index].tiers[res.Limits[res.index].tier].limitHdr
-		h[hdrRemaining] = number(int64(res.Remaining))
-		h[hdrReset] = number(reset)
+		h[hdrRemaining] = headerNumber(int64(res.Remaining))
+		h[hdrReset] = headerNumber(reset)
 	}
 	if l.cfg.headers&HeadersIETF != 0 {
 		var buf [256]byte // most headers fit: one allocation, the string
@@ -86,7 +86,7 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 		}
 	}
 	if !res.Allowed && res.RetryAfter > 0 {
-		h[hdrRetryAfter] = number(ceilSeconds(res.RetryAfter))
+		h[hdrRetryAfter] = headerNumber(ceilSeconds(res.RetryAfter))
 	}
 }
 
@@ -207,8 +207,8 @@ type numberValue struct {
 	v []string
 }
 
-// number returns a header value holding n in decimal.
-func number(n int64) []string {
+// headerNumber returns a header value holding n in decimal.
+func headerNumber(n int64) []string {
 	slot := &numbers[uint64(n)%uint64(len(numbers))]
 	if e := slot.Load(); e != nil && e.n == n {
 		return e.v
@@ -219,7 +219,7 @@ func number(n int64) []string {
 }
 
 // Header values and bodies of the limiter's own answers, shared by every
-// response (as number's are): a flood of denials allocates none of them.
+// response (as headerNumber's are): a flood of denials allocates none of them.
 var (
 	textPlain       = []string{"text/plain; charset=utf-8"}
 	problemJSON     = []string{"application/problem+json"}
@@ -299,4 +299,11 @@ func unauthorized(w http.ResponseWriter) {
 	h["X-Content-Type-Options"] = nosniff
 	w.WriteHeader(http.StatusUnauthorized)
 	_, _ = w.Write(unauthorizedBody)
+}
+
+// WithHeaders selects the rate-limit headers the middleware writes. Default:
+// [HeadersXRateLimit]. Retry-After is always written on a 429 that can
+// succeed later.
+func WithHeaders(h HeaderSet) Option {
+	return func(c *config) { c.headers = h }
 }

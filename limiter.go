@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 	"weak"
@@ -14,7 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/adapt"
-	"github.com/slidinglog/ratelimit/internal/route"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
 )
@@ -300,6 +297,100 @@ func (l *Limiter) limitNames() map[string]bool {
 	return mine
 }
 
+// inPass returns the Limiter that decides r in p, l's pass over r (the
+// zero Pass for a request whose passes are not recorded): the one of r's
+// route, recorded for later passes if it is not l; for a later pass,
+// nothing (nil) if the first decided with a route's limits or r has no
+// route of its own limits, else the route's own limits alone, which the
+// first pass could not see (l's Handler around middleware around a mux,
+// and l's Handler or an adapter again around the route). A pass that sees
+// no route records nothing, so that the Limiters without routes, and the
+// requests of none, pay nothing for this.
+func (l *Limiter) inPass(p adapt.Pass, r *http.Request) *Limiter {
+	d := l.forRoute(r.Method, r.Pattern)
+	if !p.Again() {
+		if d != l {
+			p.Decided(d)
+		}
+		return d
+	}
+	if p.Route() != nil {
+		return nil
+	}
+	if d.own == nil {
+		if r.Pattern != "" {
+			p.Decided(d) // the route was seen (see Limiter.routesUnseen)
+		}
+		return nil
+	}
+	p.Decided(d) // later passes decide nothing more
+	return d.own
+}
+
+// with returns a new Limiter that enforces l's limits and the given ones in
+// one decision, with l's options followed by opts: the Limiter WithRoutes
+// declares for a route. It shares l's circuit breakers, FailLocal logs,
+// batches, deny cache, rollbacks and memory policy check.
+func (l *Limiter) with(limits []Limit, opts ...Option) (*Limiter, error) {
+	all := append(append([]Limit(nil), l.declared...), limits...)
+	return newLimiter(l.client, all, append(append([]Option(nil), l.opts...), opts...), l)
+}
+
+// localNow reads the clock decisions are timed by: the WithClock clock, or
+// the local one.
+func (l *Limiter) localNow() time.Time {
+	if l.cfg.clock != nil {
+		return l.cfg.clock()
+	}
+	return time.Now()
+}
+
+// logRollbackFailure logs, at Warn, a rollback that left units counted.
+func (l *Limiter) logRollbackFailure(err error) {
+	if l.cfg.logger != nil {
+		l.cfg.logger.Warn("ratelimit: rollback failed", slog.Any("error", err))
+	}
+}
+
+// wrap returns the store l decides with when base is the store that counts
+// across instances: base, wrapped by FailLocal's fallback and the deny
+// cache as configured.
+func (l *Limiter) wrap(base store.Store) store.Store {
+	s := base
+	if l.cfg.failure == FailLocal {
+		s = store.Fallback{Primary: s, Local: l.local}
+	}
+	if l.cfg.denyCache > 0 {
+		s = store.Cached{Next: s, Cache: l.denies, Clock: l.localNow}
+	}
+	return s
+}
+
+// newPlan returns what the stores need of limits; split says that keys
+// with different hash tags must be decided apart.
+func newPlan(limits []compiledLimit, split bool) (*store.Spec, error) {
+	p := &store.Spec{Split: split}
+	wire := make([]slidinglog.Limit, len(limits))
+	for i := range limits {
+		lim := &limits[i]
+		wire[i] = slidinglog.Limit{Kind: slidinglog.ExactLog, Shadow: lim.Shadow, Quota: lim.Quota, Window: lim.Window,
+			Unit: time.Duration(timeUnit(lim.Window)) * time.Microsecond}
+		if lim.bucketed {
+			wire[i].Kind, wire[i].Unit, wire[i].Name = slidinglog.Buckets, lim.Precision, lim.Name
+		}
+		spec, err := slidinglog.Encode(wire[i])
+		if err != nil {
+			return nil, fmt.Errorf("limit %s: %w", lim.Name, err)
+		}
+		p.All = append(p.All, i)
+		p.Limits = append(p.Limits, store.LimitSpec{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Global: lim.Key.global, Lua: spec, Field: wire[i].Name})
+	}
+	p.Whole = [][]int{p.All}
+	var err error
+	p.Lua, err = slidinglog.Encode(wire...)
+	return p, err
+}
+
 // buildRoutes builds a derived Limiter for every route WithRoutes declared.
 func (l *Limiter) buildRoutes() error {
 	var errs []error
@@ -353,37 +444,6 @@ func (l *Limiter) buildRoutes() error {
 	return errors.Join(errs...)
 }
 
-// splitTemplate splits "GET /users/{id}" into its method and path in the
-// canonical form (see Route); a template with no method gets "". It does
-// not allocate for the templates of a route table.
-func splitTemplate(template string) (method, path string) {
-	if template == UnmatchedRoute {
-		return "", template
-	}
-	if m, p, ok := strings.Cut(template, " "); ok && !strings.HasPrefix(template, "/") {
-		method, template = m, strings.TrimLeft(p, " ")
-	}
-	return method, route.Cached(template)
-}
-
-// validRoute reports why a WithRoutes template of method and path can
-// match no request: a path that does not start with '/', that no router
-// writes (see route.Check), or a method that is not one of HTTP's.
-func validRoute(method, path string) error {
-	switch {
-	case path == UnmatchedRoute:
-	case method != "" && !slices.Contains(httpMethods, method):
-		return fmt.Errorf("unknown method %q (one of %s)", method, strings.Join(httpMethods, ", "))
-	default:
-		return route.Check(path)
-	}
-	return nil
-}
-
-// httpMethods are the methods a route template may name.
-var httpMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
-	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace}
-
 // forRoute returns the Limiter that decides requests to a route: the one
 // WithRoutes declared for method and template (for that method, else for
 // any method), or l itself. template is as the Route key reads it from
@@ -412,139 +472,4 @@ func (l *Limiter) forRoute(method, template string) *Limiter {
 		return d
 	}
 	return l
-}
-
-// inPass returns the Limiter that decides r in p, l's pass over r (the
-// zero Pass for a request whose passes are not recorded): the one of r's
-// route, recorded for later passes if it is not l; for a later pass,
-// nothing (nil) if the first decided with a route's limits or r has no
-// route of its own limits, else the route's own limits alone, which the
-// first pass could not see (l's Handler around middleware around a mux,
-// and l's Handler or an adapter again around the route). A pass that sees
-// no route records nothing, so that the Limiters without routes, and the
-// requests of none, pay nothing for this.
-func (l *Limiter) inPass(p adapt.Pass, r *http.Request) *Limiter {
-	d := l.forRoute(r.Method, r.Pattern)
-	if !p.Again() {
-		if d != l {
-			p.Decided(d)
-		}
-		return d
-	}
-	if p.Route() != nil {
-		return nil
-	}
-	if d.own == nil {
-		if r.Pattern != "" {
-			p.Decided(d) // the route was seen (see Limiter.routesUnseen)
-		}
-		return nil
-	}
-	p.Decided(d) // later passes decide nothing more
-	return d.own
-}
-
-// with returns a new Limiter that enforces l's limits and the given ones in
-// one decision, with l's options followed by opts: the Limiter WithRoutes
-// declares for a route. It shares l's circuit breakers, FailLocal logs,
-// batches, deny cache, rollbacks and memory policy check.
-func (l *Limiter) with(limits []Limit, opts ...Option) (*Limiter, error) {
-	all := append(append([]Limit(nil), l.declared...), limits...)
-	return newLimiter(l.client, all, append(append([]Option(nil), l.opts...), opts...), l)
-}
-
-// wrap returns the store l decides with when base is the store that counts
-// across instances: base, wrapped by FailLocal's fallback and the deny
-// cache as configured.
-func (l *Limiter) wrap(base store.Store) store.Store {
-	s := base
-	if l.cfg.failure == FailLocal {
-		s = store.Fallback{Primary: s, Local: l.local}
-	}
-	if l.cfg.denyCache > 0 {
-		s = store.Cached{Next: s, Cache: l.denies, Clock: l.localNow}
-	}
-	return s
-}
-
-// newPlan returns what the stores need of limits; split says that keys
-// with different hash tags must be decided apart.
-func newPlan(limits []compiledLimit, split bool) (*store.Spec, error) {
-	p := &store.Spec{Split: split}
-	wire := make([]slidinglog.Limit, len(limits))
-	for i := range limits {
-		lim := &limits[i]
-		wire[i] = slidinglog.Limit{Kind: slidinglog.ExactLog, Shadow: lim.Shadow, Quota: lim.Quota, Window: lim.Window,
-			Unit: time.Duration(timeUnit(lim.Window)) * time.Microsecond}
-		if lim.bucketed {
-			wire[i].Kind, wire[i].Unit, wire[i].Name = slidinglog.Buckets, lim.Precision, lim.Name
-		}
-		spec, err := slidinglog.Encode(wire[i])
-		if err != nil {
-			return nil, fmt.Errorf("limit %s: %w", lim.Name, err)
-		}
-		p.All = append(p.All, i)
-		p.Limits = append(p.Limits, store.LimitSpec{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Global: lim.Key.global, Lua: spec, Field: wire[i].Name})
-	}
-	p.Whole = [][]int{p.All}
-	var err error
-	p.Lua, err = slidinglog.Encode(wire...)
-	return p, err
-}
-
-// timeUnit returns the time unit of a log with the given window, in
-// microseconds: the smallest of 1, 2 and 5 times a power of ten that is at
-// least window/8192. Whole seconds and milliseconds are then whole numbers of
-// units (for units up to a second), and a window is at most 8192 units, so
-// offsets within seven windows fit in an exact log's 2-byte entries (see
-// lua/exact.lua).
-func timeUnit(window time.Duration) int64 {
-	target := (window.Microseconds() + 8191) / 8192
-	for p := int64(1); ; p *= 10 {
-		for _, m := range []int64{1, 2, 5} {
-			if m*p >= target {
-				return m * p
-			}
-		}
-	}
-}
-
-// sharded reports whether c spreads keys over several Redis servers by hash
-// tag, so that one script call may touch only keys that share a tag.
-func sharded(c redis.UniversalClient) bool {
-	switch c.(type) {
-	case *redis.ClusterClient, *redis.Ring:
-		return true
-	}
-	return false
-}
-
-// contextTimeouts reports whether a go-redis client honours context deadlines
-// on socket reads and writes; known is false for other implementations.
-func contextTimeouts(c redis.UniversalClient) (enabled, known bool) {
-	switch c := c.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled, true
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled, true
-	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled, true
-	}
-	return false, false
-}
-
-// localNow reads the clock decisions are timed by: the WithClock clock, or
-// the local one.
-func (l *Limiter) localNow() time.Time {
-	if l.cfg.clock != nil {
-		return l.cfg.clock()
-	}
-	return time.Now()
-}
-
-// logRollbackFailure logs, at Warn, a rollback that left units counted.
-func (l *Limiter) logRollbackFailure(err error) {
-	if l.cfg.logger != nil {
-		l.cfg.logger.Warn("ratelimit: rollback failed", slog.Any("error", err))
-	}
 }

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/internal/store"
 	"math/rand/v2"
 	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // scriptedStore stands in for Redis: while down it fails every decision;

@@ -65,11 +65,11 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 	if mux == nil {
 		mux = l.cfg.routesFrom
 	}
-	return &handler{l: l, next: next, mux: mux}
+	return &limitHandler{l: l, next: next, mux: mux}
 }
 
-// handler is what Handler returns.
-type handler struct {
+// limitHandler is what Handler returns.
+type limitHandler struct {
 	l    *Limiter
 	next http.Handler
 	// mux looks the routes up: next, if it is a ServeMux, else
@@ -77,7 +77,7 @@ type handler struct {
 	mux *http.ServeMux
 }
 
-func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h *limitHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	pass, first := adapt.Enter(h.l, r)
 	if first {
 		defer pass.Leave()
@@ -357,4 +357,43 @@ func (l *Limiter) requestIDs(r *http.Request, s *scratch) (cost int, err error) 
 		cost = l.cfg.cost(r)
 	}
 	return cost, nil
+}
+
+// WithDeniedHandler sets what answers a denied request. It is called after
+// the rate-limit headers and Retry-After are set, and must write the status
+// itself. Default: 429 with the body "Too Many Requests". [ProblemDetails]
+// is a ready-made alternative. A nil h is an error from [New].
+func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, res Result)) Option {
+	return func(c *config) {
+		c.nilArg("WithDeniedHandler", h == nil, "leave the option out for the default 429")
+		c.onDenied = h
+	}
+}
+
+// WithUnavailableHandler sets what answers a request the limiter could not
+// decide when the failure mode refuses it ([FailClosed]; [FailLocal] when
+// its cost is invalid): the error is why. A request a Key cannot identify
+// is answered by [WithMissingKeyHandler], not by h. It is called after Retry-After (1 second) is set, and must write the
+// status itself (503 is expected). Default: 503 with the body "Service
+// Unavailable". A nil h is an error from [New].
+func WithUnavailableHandler(h func(w http.ResponseWriter, r *http.Request, err error)) Option {
+	return func(c *config) {
+		c.nilArg("WithUnavailableHandler", h == nil, "leave the option out for the default 503")
+		c.onFailed = h
+	}
+}
+
+// WithErrorHandler sets a function that receives every error that makes the
+// middleware apply its failure mode (Redis errors, timeouts, an open circuit
+// breaker, a bad cost), every [ErrNoKey] of a request a Key cannot identify
+// (answered as [WithMissingKey] says), and every error of a refund
+// [WithRefund] asked for, for logging and metrics. It runs on the request's
+// goroutine, before the failure response; keep it fast. It does not see
+// [Limiter.Allow]'s errors, which Allow returns. Default: none. A nil h is
+// an error from [New].
+func WithErrorHandler(h func(r *http.Request, err error)) Option {
+	return func(c *config) {
+		c.nilArg("WithErrorHandler", h == nil, "leave the option out")
+		c.onError = h
+	}
 }

@@ -2,13 +2,14 @@ package ratelimit
 
 import (
 	"context"
-	"github.com/slidinglog/ratelimit/internal/store"
 	"maps"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // tier is one plan of a limit (see Plans), with what its headers need

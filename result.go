@@ -2,9 +2,10 @@ package ratelimit
 
 import (
 	"fmt"
-	"github.com/slidinglog/ratelimit/internal/store"
 	"sync/atomic"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // ErrRefunded is returned by [Limiter.Refund] for a Result (or a copy of
