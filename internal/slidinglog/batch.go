@@ -13,7 +13,7 @@ import (
 // maxBatches is how many batches a Redis keeps in flight at once; more
 // concurrent decisions wait for one of them to come back and go out together
 // in the next. Fewer, larger batches cost Redis less per decision; on a
-// 2-core machine 2 did better than 1, 4 or 8 (internal/cmd/ratelimit-bench).
+// 2-core machine 2 did better than 1, 4 or 8 (tools/ratelimit-bench).
 var maxBatches = max(2, runtime.GOMAXPROCS(0))
 
 // lateReplyWait is how long a Redis call goes on after the decision that
