@@ -431,7 +431,7 @@ func testPipelineReload(t *testing.T, b backend) {
 			t.Fatal(err)
 		}
 		forEachPrimary(t, c, func(p *redis.Client) error { return p.FunctionFlush(ctx).Err() })
-		lib := slidinglog.New(c, true) // a pipeline, whatever c is
+		lib := slidinglog.New(luaCode, c, true) // a pipeline, whatever c is
 		lib.SetScriptsOnly(scriptsOnly)
 		var keys [][]string
 		var reqs [][]byte

@@ -489,7 +489,7 @@ func (ff fakeFault) applies(args []string) bool {
 	if len(args) < 3 {
 		return false
 	}
-	if _, readOnly := slidinglog.FunctionNames(); ff.writes && args[1] == readOnly {
+	if _, readOnly := luaCode.FunctionNames(); ff.writes && args[1] == readOnly {
 		return false
 	}
 	n, err := strconv.Atoi(args[2])

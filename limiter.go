@@ -20,13 +20,6 @@ import (
 // microseconds (2001-09-09): earlier means the clock is broken.
 const minClock = 1_000_000_000_000_000
 
-// LibraryName returns the name of the Redis Function library that
-// Limiters load: "ratelimit_" and 12 hex digits of the SHA-1 of its code.
-// Each version of the code has its own library, so instances of two
-// versions can share a Redis during a rolling deploy; the libraries of
-// versions no longer running can be removed with FUNCTION DELETE.
-func LibraryName() string { return slidinglog.LibraryName() }
-
 // A Limiter enforces a set of [Limit]s stored in Redis. Every decision runs
 // one Lua call (a Redis Function where Redis allows it, else a script) that
 // checks all the limits and logs the request in all of them, or in none: a
@@ -227,7 +220,7 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		// one set of local logs.
 		l.redis, l.local, l.denies, l.evictions = parent.redis, parent.local, parent.denies, parent.evictions
 	} else {
-		lib := slidinglog.New(client, p.Split)
+		lib := slidinglog.New(luaCode, client, p.Split)
 		l.redis = &store.Redis{
 			Lib:       lib,
 			Breakers:  &store.Breakers{Failures: int32(cfg.breakerFailures), CoolDown: cfg.breakerCoolDown},

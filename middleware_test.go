@@ -337,7 +337,7 @@ func testScriptReloaded(t *testing.T, b backend) {
 		}
 		forEachPrimary(t, c, func(p *redis.Client) error {
 			libs, err := p.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName()}).Result()
-			names, readOnly := slidinglog.FunctionNames()
+			names, readOnly := luaCode.FunctionNames()
 			if err == nil && (len(libs) != 1 || len(libs[0].Functions) != len(names)) {
 				err = fmt.Errorf("FUNCTION LIST: %+v; want the functions %v", libs, names)
 			}

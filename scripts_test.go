@@ -152,7 +152,7 @@ func testLibraryReloadedAfterOOM(t *testing.T, pipeline bool) {
 	}
 	if pipeline {
 		calls = 3
-		bt := slidinglog.New(c, true)
+		bt := slidinglog.New(luaCode, c, true)
 		bt.SetClock(clock.Now)
 		decide = func() error {
 			var keys [][]string
@@ -283,7 +283,7 @@ func TestLibraryFlushedAfterLoad(t *testing.T) {
 	if err != nil || !res.Allowed {
 		t.Fatalf("alone: %+v %v", res, err)
 	}
-	bt := slidinglog.New(c, true) // a pipeline
+	bt := slidinglog.New(luaCode, c, true) // a pipeline
 	var keys [][]string
 	var reqs [][]byte
 	for _, id := range []string{"a", "b", "c"} {
