@@ -25,7 +25,7 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 		l.evictions.Start(l.client, l.cfg.logger) // once per family, in the background
 	}
 	q := &s.q
-	*q = store.Query{Spec: l.plan, Cost: cost, Peek: peek, Wall: time.Now(), Timeout: l.cfg.timeout}
+	*q = store.Query{Spec: l.spec, Cost: cost, Peek: peek, Wall: time.Now(), Timeout: l.cfg.timeout}
 	q.Local = q.Wall
 	if l.cfg.clock != nil {
 		q.Local = l.cfg.clock()
@@ -58,7 +58,7 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 	}
 	res := l.result(s, out, cost, peek)
 	if err == nil && out.Allowed && !peek && s.wantTicket {
-		t := &ticket{rs: l.redis, denies: l.denies, plan: l.plan, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
+		t := &ticket{rs: l.redis, denies: l.denies, spec: l.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
 			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: l.cfg.timeout}
 		for i := range t.stamps {
 			t.stamps[i] = out.Replies[i].Next
@@ -180,7 +180,7 @@ func (l *Limiter) keys(s *scratch, fromKeys bool) (keys, tags []string) {
 	for i := range l.limits {
 		s.keys[i] = all[s.ends[2*i]:s.ends[2*i+1]]
 	}
-	if !l.plan.Split {
+	if !l.spec.Split {
 		return s.keys, nil
 	}
 	s.tags = l.tags(grow(s.tags, n), s.keys)
@@ -272,7 +272,7 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 	// Keys that share a hash tag go in one call: on a cluster they share a
 	// slot, elsewhere everything does. A refund is a rollback of the whole
 	// request.
-	p := t.plan
+	p := t.spec
 	groups := p.Whole
 	if p.Split {
 		groups = p.Groups(t.tags)
@@ -377,11 +377,11 @@ func (l *Limiter) Reset(ctx context.Context, ids []string) error {
 	for i, key := range keys {
 		// One call per limit: on a cluster the keys of other identifiers
 		// may live elsewhere.
-		req := slidinglog.AppendRequest(nil, 0, 1, l.plan.Limits[i].Lua)
+		req := slidinglog.AppendRequest(nil, 0, 1, l.spec.Limits[i].Lua)
 		if _, err := l.redis.Lib.Forget(ctx, []string{key}, req); err != nil {
 			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", l.limits[i].Name, err))
 		}
-		l.denies.Forget(store.LogID{Key: key, Field: l.plan.Limits[i].Field})
+		l.denies.Forget(store.LogID{Key: key, Field: l.spec.Limits[i].Field})
 	}
 	return errors.Join(errs...)
 }

@@ -61,7 +61,7 @@ type Limiter struct {
 	noKey       [][]LimitResult
 	noKeyWarned *atomic.Bool
 
-	plan *store.Spec // what the stores know of the limits
+	spec *store.Spec // what the stores know of the limits
 	// store decides: the Redis store, wrapped by the deny cache and
 	// FailLocal's in-process store as configured.
 	store store.Store
@@ -210,11 +210,11 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 		l.noKeyWarned = parent.noKeyWarned
 	}
 	l.policyHeaders = policyHeaders(tiers, func(i int) bool { return l.limits[i].Shadow })
-	p, err := newPlan(l.limits, sharded(client) && !cfg.singleSlot)
+	p, err := newSpec(l.limits, sharded(client) && !cfg.singleSlot)
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
-	l.plan = p
+	l.spec = p
 	if parent != nil {
 		// The same Redis, the same requests: one view of its health, and
 		// one set of local logs.
@@ -359,9 +359,9 @@ func (l *Limiter) wrap(base store.Store) store.Store {
 	return s
 }
 
-// newPlan returns what the stores need of limits; split says that keys
+// newSpec returns what the stores need of limits; split says that keys
 // with different hash tags must be decided apart.
-func newPlan(limits []compiledLimit, split bool) (*store.Spec, error) {
+func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
 	p := &store.Spec{Split: split}
 	wire := make([]slidinglog.Limit, len(limits))
 	for i := range limits {

@@ -229,7 +229,7 @@ func init() {
 // identify (answered as WithMissingKey says), nil if neither.
 func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (adapt.Verdict, error) {
 	if l.watchProxies && !l.proxies.done.Load() {
-		l.proxies.check(r, l.cfg.logger, l.cfg.logIDs, l.cfg.observers)
+		l.proxies.watch(r, l.cfg.logger, l.cfg.logIDs, l.cfg.observers)
 	}
 	for _, skip := range l.cfg.skips {
 		if skip(r) {

@@ -47,7 +47,7 @@ func watchesProxies(cfg *config, limits []Limit) bool {
 // to observers, if r carries a proxy header and the warning was not
 // reported before; the header's value and the peer are logged only if
 // logIDs. It does not allocate when r carries no proxy header.
-func (p *proxyWatch) check(r *http.Request, logger *slog.Logger, logIDs bool, observers []Observer) {
+func (p *proxyWatch) watch(r *http.Request, logger *slog.Logger, logIDs bool, observers []Observer) {
 	for _, h := range proxyHeaders {
 		v := r.Header[h.key]
 		if len(v) == 0 {

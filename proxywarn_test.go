@@ -182,7 +182,7 @@ func TestProxyWatchAllocs(t *testing.T) {
 	if !lim.watchProxies {
 		t.Fatal("not watching for proxy headers")
 	}
-	if n := testing.AllocsPerRun(100, func() { lim.proxies.check(r, logger, false, nil) }); n != 0 || lim.proxies.done.Load() {
+	if n := testing.AllocsPerRun(100, func() { lim.proxies.watch(r, logger, false, nil) }); n != 0 || lim.proxies.done.Load() {
 		t.Errorf("no proxy header: %v allocations, warned %v; want 0, false", n, lim.proxies.done.Load())
 	}
 }

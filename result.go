@@ -179,7 +179,7 @@ type ticket struct {
 	refunded atomic.Bool // Refund has taken it: it removes nothing more
 	rs       *store.Redis
 	denies   *store.DenyCache
-	plan     *store.Spec
+	spec     *store.Spec
 	keys     []string
 	tags     []string
 	cost     int

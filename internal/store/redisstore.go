@@ -48,11 +48,11 @@ func (rs *Redis) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	if q.Spec.Split {
 		groups = rs.migrating.split(groups, q.Keys, q.Wall)
 	}
-	d, _ := rs.calls.Get().(*call)
+	d, _ := rs.calls.Get().(*decision)
 	if d == nil {
-		d = new(call)
+		d = new(decision)
 	}
-	*d = call{rs: rs, q: q, out: out, req: d.req[:0], args: d.args[:0], boxed: d.boxed, lreps: d.lreps}
+	*d = decision{rs: rs, q: q, out: out, req: d.req[:0], args: d.args[:0], boxed: d.boxed, lreps: d.lreps}
 	allowed, err := d.groups(ctx, groups)
 	if !q.Abandoned {
 		clear(d.args)
@@ -69,9 +69,9 @@ func (rs *Redis) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	return nil
 }
 
-// call is one decision's calls to Redis. It is recycled, unless a call
+// decision is one decision's calls to Redis. It is recycled, unless a call
 // outlived the decision (see Abandon).
-type call struct {
+type decision struct {
 	rs    *Redis
 	q     *Query
 	out   *Outcome
@@ -88,7 +88,7 @@ type call struct {
 // was admitted (logged) in every limit. A group of several limits that a
 // migrating slot refused (TRYAGAIN) is decided again one limit at a time,
 // while the decision has time left (see migratingSlots).
-func (d *call) groups(ctx context.Context, groups [][]int) (bool, error) {
+func (d *decision) groups(ctx context.Context, groups [][]int) (bool, error) {
 	q := d.q
 	all := true
 	for k := 0; k < len(groups); k++ {
@@ -130,7 +130,7 @@ func (d *call) groups(ctx context.Context, groups [][]int) (bool, error) {
 // group calls the library for the limits idx with their keys, records the
 // replies and reports whether the request was admitted (logged) in all of
 // them.
-func (d *call) group(ctx context.Context, keys []string, idx []int) (bool, error) {
+func (d *decision) group(ctx context.Context, keys []string, idx []int) (bool, error) {
 	q, rs := d.q, d.rs
 	d.req = q.request(d.req[:0], idx)
 	b := rs.Breakers.forKey(ctx, rs.Lib.Client(), keys[0])
@@ -176,7 +176,7 @@ func (d *call) group(ctx context.Context, keys []string, idx []int) (bool, error
 
 // box returns d.req as an interface value, reusing the last one when it
 // holds the same slice (a recycled call's request of the same limits).
-func (d *call) box() any {
+func (d *decision) box() any {
 	if b, ok := d.boxed.([]byte); !ok || len(b) != len(d.req) || cap(b) != cap(d.req) || len(b) == 0 || &b[0] != &d.req[0] {
 		d.boxed = d.req
 	}
@@ -204,7 +204,7 @@ func (rs *Redis) callError(ctx context.Context, err error, deadline time.Time) e
 // that failed in Redis, alone (its key holds another program's data, say:
 // the call's other requests were decided), is an error for this decision
 // only; what it left logged is counted as unreverted.
-func (d *call) record(raw any, idx []int) (bool, error) {
+func (d *decision) record(raw any, idx []int) (bool, error) {
 	d.lreps = grow(d.lreps, len(idx))
 	rep, err := slidinglog.ParseReply(raw, d.lreps)
 	if err != nil {
@@ -248,7 +248,7 @@ func (d *call) record(raw any, idx []int) (bool, error) {
 // without a reply may or may not have been logged: its units are counted
 // in Limiter.Unreverted. The call may still read the decision's scratch,
 // and the call, are therefore not reused.
-func (d *call) Abandon() func(reply any, err error) {
+func (d *decision) Abandon() func(reply any, err error) {
 	d.q.Abandoned = true
 	rs, p, cost := d.rs, d.q.Spec, d.q.Cost
 	keys, idx := slices.Clone(d.keys), slices.Clone(d.idx)
@@ -297,7 +297,7 @@ func (rs *Redis) deniedReadOnly(ctx context.Context, q *Query, groups [][]int, o
 	unreverted := out.Unreverted
 	out.Reset(out.Replies)
 	out.Unreverted = unreverted
-	d := &call{rs: rs, q: q, out: out}
+	d := &decision{rs: rs, q: q, out: out}
 	for _, g := range groups {
 		keys := make([]string, len(g))
 		for j, i := range g {
@@ -326,7 +326,7 @@ func (rs *Redis) reloadClusterState(ctx context.Context) {
 }
 
 // groups returns the groups of limits q is decided in, in turn: all of
-// them, or, when the plan is split, one group per hash tag; without the
+// them, or, when the Spec is split, one group per hash tag; without the
 // limits the client's plans do not count it in.
 func (q *Query) groups() [][]int {
 	groups := q.Spec.Whole

@@ -44,7 +44,7 @@ type Store interface {
 type Spec struct {
 	Limits []LimitSpec
 	All    []int            // 0, 1, ..., len(limits)-1
-	Whole  [][]int          // {all}: the one group of a plan that is not split
+	Whole  [][]int          // {all}: the one group of a Spec that is not split
 	Lua    slidinglog.Specs // every limit, for the Lua code
 	// Split: keys with different hash tags must be decided apart (a
 	// Cluster, a Ring).
@@ -85,7 +85,7 @@ func (p *Spec) LuaOf(idx []int) slidinglog.Specs {
 type Query struct {
 	Spec *Spec
 	Keys []string // one per limit
-	Tags []string // the keys' hash tags, when the plan is split
+	Tags []string // the keys' hash tags, when the Spec is split
 	Cost int
 	// Quotas, if not nil, are the limits' quotas for the client's plans
 	// (see quota).
@@ -107,7 +107,7 @@ type Query struct {
 // Log returns the log of q's limit i.
 func (q *Query) Log(i int) LogID { return LogID{q.Keys[i], q.Spec.Limits[i].Field} }
 
-// Quota returns the quota of limit i for q's request: the plan's, or the
+// Quota returns the quota of limit i for q's request: the Spec's, or the
 // client's plan's (0 if it does not count the request in the limit).
 func (q *Query) Quota(i int) int {
 	if q.Quotas == nil {
