@@ -74,15 +74,15 @@ func decideFamily(t *testing.T, c redis.UniversalClient) (*Limiter, *recordHandl
 	h := &recordHandler{}
 	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-Id")).Named("evict")}, WithLogger(slog.New(h), false),
 		WithRoutes(map[string]RouteLimits{"/login": {Limits: []Limit{PerMinute(100, Header("X-Id")).Named("evict-login")}}}))
-	login := lim.forRoute("POST", "/login")
-	if login == lim {
-		t.Fatal("no Limiter for the route")
+	login := lim.forRoute("POST", "/login").all
+	if login == lim.policy {
+		t.Fatal("no policy for the route")
 	}
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Go(func() {
-			l := lim
+			l := lim.policy
 			if i%2 == 1 {
 				l = login
 			}
@@ -90,7 +90,7 @@ func decideFamily(t *testing.T, c redis.UniversalClient) (*Limiter, *recordHandl
 			for j := range ids {
 				ids[j] = strconv.Itoa(i)
 			}
-			if _, err := l.Allow(ctx, ids, 1); err != nil {
+			if _, err := l.allowIDs(ctx, ids, 1, false); err != nil {
 				t.Error(err)
 			}
 		})
@@ -98,11 +98,11 @@ func decideFamily(t *testing.T, c redis.UniversalClient) (*Limiter, *recordHandl
 	wg.Wait()
 	waitEvictionCheck(t, lim)
 	if login.evictions != lim.evictions {
-		t.Error("a derived Limiter checks the memory policy apart from its parent")
+		t.Error("a route's policy checks the memory policy apart from its Limiter")
 	}
 	// Decisions after the check ask nothing more.
 	for i := range 3 {
-		if _, err := login.Allow(ctx, []string{"late", strconv.Itoa(i)}, 1); err != nil {
+		if _, err := login.allowIDs(ctx, []string{"late", strconv.Itoa(i)}, 1, false); err != nil {
 			t.Fatal(err)
 		}
 	}

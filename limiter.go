@@ -30,21 +30,52 @@ const minClock = 1_000_000_000_000_000
 // the limits together, exactly.
 type Limiter struct {
 	client redis.UniversalClient
-	limits []compiledLimit
 	cfg    config
 
-	// what New was called with, for with.
-	declared []Limit
-	opts     []Option
+	// policy decides the requests of no declared route, and Allow,
+	// Status and Reset.
+	policy *policy
+	// routes holds the routes WithRoutes declared, by path template and
+	// then by method ("" for any method); base is l's policy as a route,
+	// what forRoute answers for a request of none.
+	routes map[string]map[string]*routePolicies
+	base   *routePolicies
 
-	// routes holds the Limiters WithRoutes declared, by path template and
-	// then by method ("" for any method).
-	routes map[string]map[string]*Limiter
-	// own, in a route's Limiter, decides the route's own limits alone: for
-	// a request whose first pass through the parent saw no route (see
-	// Limiter.inPass). nil if the route has none. Its headers join those
-	// of the first pass's decision (see joinHeaders).
-	own *Limiter
+	// store decides: the Redis store, wrapped by the deny cache and
+	// FailLocal's in-process store as configured. Every policy of l
+	// decides with it.
+	store  store.Store
+	redis  *store.Redis
+	local  *store.Local // FailLocal's
+	denies *store.DenyCache
+	// evictions checks the memory policy.
+	evictions *store.EvictionCheck
+	// proxies logs the untrusted-proxy warning, once.
+	proxies *proxyWatch
+	// noKeyWarned says that the default answer to a request a Key could
+	// not identify was logged.
+	noKeyWarned atomic.Bool
+	// unseen reports WarningRoutesUnseen; routeSeen says that a pass of
+	// l's Handler has seen a route (see routesUnseen). routerIP says that
+	// a limit or allow-list of l or its routes counts by the client
+	// address the router resolved (FromRouter).
+	unseen    warnOnce
+	routeSeen atomic.Bool
+	routerIP  bool
+}
+
+// A policy is what decides one request, built once by New and never
+// changed: the compiled limits of the Limiter's own, or of a route (the
+// Limiter's limits followed by the route's, or the route's alone), with
+// their spec for the stores, their plans and the request's cost. It
+// reads the Limiter's shared stores and options through the embedded
+// *Limiter.
+type policy struct {
+	*Limiter
+	limits []compiledLimit
+	spec   *store.Spec // what the stores know of the limits
+	// cost is the request's cost: WithCost's, a route's Cost, or nil for 1.
+	cost func(*http.Request) int
 
 	// policyHeaders holds the RateLimit-Policy values of a decision that
 	// consulted every limit, by the clients' plans: the tiers of the
@@ -56,33 +87,19 @@ type Limiter struct {
 	// decision that could not be made.
 	skipped []LimitResult
 	// noKey[i] is what observers see of a request limit i's Key could not
-	// identify (see noKeyResults); noKeyWarned, shared with the Limiters
-	// WithRoutes derives, that the default answer to one was logged.
-	noKey       [][]LimitResult
-	noKeyWarned *atomic.Bool
-
-	spec *store.Spec // what the stores know of the limits
-	// store decides: the Redis store, wrapped by the deny cache and
-	// FailLocal's in-process store as configured.
-	store store.Store
-
-	// Shared with the Limiters WithRoutes derives.
-	redis  *store.Redis
-	local  *store.Local // FailLocal's
-	denies *store.DenyCache
-	// evictions checks the memory policy.
-	evictions *store.EvictionCheck
-	// proxies logs the family's untrusted-proxy warning; watchProxies
-	// says that l looks for proxy headers.
-	proxies      *proxyWatch
+	// identify (see noKeyResults).
+	noKey [][]LimitResult
+	// watchProxies says that the policy's limits look for proxy headers.
 	watchProxies bool
-	// unseen reports WarningRoutesUnseen; routeSeen says that a pass of
-	// l's Handler has seen a route (see routesUnseen). routerIP says that
-	// a limit or allow-list of l or its routes counts by the client
-	// address the router resolved (FromRouter).
-	unseen    warnOnce
-	routeSeen atomic.Bool
-	routerIP  bool
+}
+
+// routePolicies is what WithRoutes declared for one template: all decides its
+// requests (the Limiter's limits and the route's, in one decision); own,
+// the route's limits alone, for a request whose first pass saw no route
+// (see Limiter.inPass), nil if the route has none. Its headers join those
+// of the first pass's decision (see joinHeaders).
+type routePolicies struct {
+	all, own *policy
 }
 
 // result is the part of a LimitResult that the limit itself gives, for a
@@ -123,37 +140,76 @@ type LimiterWatcher interface {
 // names, invalid [Plans], invalid options and routes ([WithRoutes]). It never panics on bad configuration, and a Limiter
 // it returns never fails at request time because of its configuration.
 func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter, error) {
-	return newLimiter(client, limits, opts, nil)
-}
-
-// newLimiter is New for a Limiter derived from parent (nil for none), whose
-// circuit breakers, local logs, batcher, deny cache and memory policy check
-// it shares.
-func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, parent *Limiter) (*Limiter, error) {
-	cfg := defaultConfig()
-	var nilOpts []error
-	for i, o := range opts {
-		if o == nil {
-			nilOpts = append(nilOpts, fmt.Errorf("option %d is nil: leave it out instead", i))
-			continue
-		}
-		o(&cfg)
-	}
-	errs := append(nilOpts, cfg.errs...)
+	cfg, errs := configure(opts)
 	if client == nil || nilPointer(client) {
 		errs = append(errs, errors.New("nil Redis client"))
 	} else if enabled, known := contextTimeouts(client); known && !enabled {
 		errs = append(errs, errors.New("the Redis client ignores context deadlines, so the decision timeout cannot hold: set ContextTimeoutEnabled: true in its options"))
 	}
+	l := &Limiter{client: client, cfg: cfg}
+	split := client != nil && !nilPointer(client) && sharded(client) && !cfg.singleSlot
+	p, err := l.compile(limits, cfg.cost, split, nil)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
+	}
+	l.policy, l.base = p, &routePolicies{all: p}
+	lib := slidinglog.New(luaCode, client, split)
+	l.redis = &store.Redis{
+		Lib:       lib,
+		Breakers:  &store.Breakers{Failures: int32(cfg.breakerFailures), CoolDown: cfg.breakerCoolDown},
+		Rollbacks: store.NewRollbacks(lib, cfg.timeout, l.logRollbackFailure),
+	}
+	l.local = &store.Local{}
+	l.denies = &store.DenyCache{MaxAge: cfg.denyCache}
+	l.evictions = store.NewEvictionCheck()
+	l.proxies = &proxyWatch{}
+	l.store = l.wrap(l.redis)
+	if err := l.buildRoutes(split); err != nil {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+	}
+	w := weak.Make(l)
+	if err := claimNames(client, cfg.prefix, l.limitNames(), func() bool { return w.Value() != nil }); err != nil {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+	}
+	l.routerIP = l.countsByRouterIP()
+	for _, o := range cfg.observers {
+		if w, ok := o.(LimiterWatcher); ok {
+			w.Watch(l)
+		}
+	}
+	return l, nil
+}
+
+// configure applies opts to the default configuration, and returns it
+// with the errors of the options.
+func configure(opts []Option) (config, []error) {
+	cfg := defaultConfig()
+	var errs []error
+	for i, o := range opts {
+		if o == nil {
+			errs = append(errs, fmt.Errorf("option %d is nil: leave it out instead", i))
+			continue
+		}
+		o(&cfg)
+	}
+	return cfg, append(errs, cfg.errs...)
+}
+
+// compile returns the policy that decides over limits, for requests of
+// the given cost (nil for 1): it validates and names them, compiles their
+// keys and plans, and their spec for the stores (split: keys with
+// different hash tags are decided apart). caches[i], if there is one, is
+// the plan cache of limit i, which another policy counts too: one cache
+// per limit of l.
+func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bool, caches []*planCache) (*policy, error) {
+	var errs []error
 	if len(limits) == 0 {
 		errs = append(errs, errors.New("no limits"))
 	}
-	l := &Limiter{
-		client:   client,
-		cfg:      cfg,
-		declared: append([]Limit(nil), limits...),
-		opts:     append([]Option(nil), opts...),
-	}
+	p := &policy{Limiter: l, cost: cost}
 	seen := make(map[string]int, len(limits))
 	policyNames := make(map[string]struct{}, len(limits))
 	for i, lim := range limits {
@@ -169,105 +225,68 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 			continue
 		}
 		seen[lim.Name] = i
-		// An exact log per limit and identifier; a hash per identifier for
-		// the bucketed limits, whose head has no name (names are not empty,
-		// so the two never meet).
-		name := lim.Name + ":"
-		if lim.Precision > 0 {
-			name = ""
+		c := l.compileLimit(lim)
+		if i < len(caches) && caches[i] != nil {
+			c.planCache = caches[i] // the same limit: one cache
 		}
-		head := cfg.prefix + name + "{"
-		if cfg.singleSlot {
-			head = cfg.prefix + "{" + singleSlotTag + "}" + name + "{"
-		}
-		tiers, tierOf := tiersOf(&lim)
-		c := compiledLimit{Limit: lim, head: head, bucketed: lim.Precision > 0, tiers: tiers, tierOf: tierOf}
-		if lim.Plans.Cache > 0 {
-			c.planCache = &planCache{ttl: lim.Plans.Cache}
-			if parent != nil && i < len(parent.limits) {
-				c.planCache = parent.limits[i].planCache // the same limit: one cache
-			}
-		}
-		l.tiered = l.tiered || tierOf != nil
-		for _, t := range tiers {
+		p.tiered = p.tiered || c.tierOf != nil
+		for _, t := range c.tiers {
 			if _, dup := policyNames[t.quotedName]; dup {
 				errs = append(errs, fmt.Errorf("limit %s: two policies are named %s in RateLimit-Policy: rename a limit or a plan", lim.Name, t.quotedName))
 			}
 			policyNames[t.quotedName] = struct{}{}
 		}
-		l.limits = append(l.limits, c)
-		l.skipped = append(l.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Skipped: true})
+		p.limits = append(p.limits, c)
+		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Skipped: true})
 	}
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
+		return nil, errors.Join(errs...)
 	}
-	tiers := make([][]tier, len(l.limits))
-	for i := range l.limits {
-		tiers[i] = l.limits[i].tiers
+	tiers := make([][]tier, len(p.limits))
+	for i := range p.limits {
+		tiers[i] = p.limits[i].tiers
 	}
-	l.noKey, l.noKeyWarned = noKeyResults(l.skipped), new(atomic.Bool)
-	if parent != nil {
-		l.noKeyWarned = parent.noKeyWarned
+	p.noKey = noKeyResults(p.skipped)
+	p.policyHeaders = policyHeaders(tiers, func(i int) bool { return p.limits[i].Shadow })
+	var err error
+	if p.spec, err = newSpec(p.limits, split); err != nil {
+		return nil, err
 	}
-	l.policyHeaders = policyHeaders(tiers, func(i int) bool { return l.limits[i].Shadow })
-	p, err := newSpec(l.limits, sharded(client) && !cfg.singleSlot)
-	if err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+	p.watchProxies = watchesProxies(&l.cfg, limits)
+	return p, nil
+}
+
+// compileLimit returns lim, valid and named, with its Redis key's head and
+// its plans.
+func (l *Limiter) compileLimit(lim Limit) compiledLimit {
+	// An exact log per limit and identifier; a hash per identifier for
+	// the bucketed limits, whose head has no name (names are not empty,
+	// so the two never meet).
+	name := lim.Name + ":"
+	if lim.Precision > 0 {
+		name = ""
 	}
-	l.spec = p
-	if parent != nil {
-		// The same Redis, the same requests: one view of its health, and
-		// one set of local logs.
-		l.redis, l.local, l.denies, l.evictions = parent.redis, parent.local, parent.denies, parent.evictions
-	} else {
-		lib := slidinglog.New(luaCode, client, p.Split)
-		l.redis = &store.Redis{
-			Lib:       lib,
-			Breakers:  &store.Breakers{Failures: int32(cfg.breakerFailures), CoolDown: cfg.breakerCoolDown},
-			Rollbacks: store.NewRollbacks(lib, cfg.timeout, l.logRollbackFailure),
-		}
-		l.local = &store.Local{}
-		l.denies = &store.DenyCache{MaxAge: cfg.denyCache}
-		l.evictions = store.NewEvictionCheck()
+	head := l.cfg.prefix + name + "{"
+	if l.cfg.singleSlot {
+		head = l.cfg.prefix + "{" + singleSlotTag + "}" + name + "{"
 	}
-	l.proxies, l.watchProxies = &proxyWatch{}, watchesProxies(&cfg, limits)
-	if parent != nil {
-		l.proxies = parent.proxies
+	tiers, tierOf := tiersOf(&lim)
+	c := compiledLimit{Limit: lim, head: head, bucketed: lim.Precision > 0, tiers: tiers, tierOf: tierOf}
+	if lim.Plans.Cache > 0 {
+		c.planCache = &planCache{ttl: lim.Plans.Cache}
 	}
-	l.store = l.wrap(l.redis)
-	if err := l.buildRoutes(); err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
-	}
-	if parent == nil {
-		w := weak.Make(l)
-		if err := claimNames(client, cfg.prefix, l.limitNames(), func() bool { return w.Value() != nil }); err != nil {
-			return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
-		}
-		l.routerIP = l.countsByRouterIP()
-		for _, o := range cfg.observers {
-			if w, ok := o.(LimiterWatcher); ok {
-				w.Watch(l)
-			}
-		}
-	}
-	return l, nil
+	return c
 }
 
 // countsByRouterIP reports whether a limit or allow-list of l or its
 // routes counts by the client address the router resolved (FromRouter).
 func (l *Limiter) countsByRouterIP() bool {
 	router := l.cfg.routerAllow
-	add := func(d *Limiter) {
-		for i := 0; d != nil && i < len(d.limits); i++ {
-			router = router || d.limits[i].Key.router
+	l.eachPolicy(func(p *policy) {
+		for i := range p.limits {
+			router = router || p.limits[i].Key.router
 		}
-	}
-	add(l)
-	for _, byMethod := range l.routes {
-		for _, d := range byMethod {
-			add(d)
-		}
-	}
+	})
 	return router
 }
 
@@ -275,58 +294,55 @@ func (l *Limiter) countsByRouterIP() bool {
 // with whether it is a default name.
 func (l *Limiter) limitNames() map[string]bool {
 	mine := map[string]bool{}
-	add := func(d *Limiter) {
-		for i := 0; d != nil && i < len(d.limits); i++ {
-			mine[d.limits[i].Name] = mine[d.limits[i].Name] || d.limits[i].defaulted
+	l.eachPolicy(func(p *policy) {
+		for i := range p.limits {
+			mine[p.limits[i].Name] = mine[p.limits[i].Name] || p.limits[i].defaulted
 		}
-	}
-	add(l)
-	for _, byMethod := range l.routes {
-		for _, d := range byMethod {
-			add(d)
-			add(d.own)
-		}
-	}
+	})
 	return mine
 }
 
-// inPass returns the Limiter that decides r in p, l's pass over r (the
+// eachPolicy calls f with l's policy and each of its routes'.
+func (l *Limiter) eachPolicy(f func(p *policy)) {
+	f(l.policy)
+	for _, byMethod := range l.routes {
+		for _, rt := range byMethod {
+			f(rt.all)
+			if rt.own != nil {
+				f(rt.own)
+			}
+		}
+	}
+}
+
+// inPass returns the policy that decides r in p, l's pass over r (the
 // zero Pass for a request whose passes are not recorded): the one of r's
-// route, recorded for later passes if it is not l; for a later pass,
-// nothing (nil) if the first decided with a route's limits or r has no
-// route of its own limits, else the route's own limits alone, which the
+// route, which is recorded for later passes if r has a route; for a later
+// pass, nothing (nil) if the first decided with a route's limits or r has
+// no route of its own limits, else the route's own limits alone, which the
 // first pass could not see (l's Handler around middleware around a mux,
 // and l's Handler or an adapter again around the route). A pass that sees
 // no route records nothing, so that the Limiters without routes, and the
 // requests of none, pay nothing for this.
-func (l *Limiter) inPass(p adapt.Pass, r *http.Request) *Limiter {
-	d := l.forRoute(r.Method, r.Pattern)
+func (l *Limiter) inPass(p adapt.Pass, r *http.Request) *policy {
+	rt := l.forRoute(r.Method, r.Pattern)
 	if !p.Again() {
-		if d != l {
-			p.Decided(d)
+		if rt != l.base {
+			p.Decided(rt)
 		}
-		return d
+		return rt.all
 	}
 	if p.Route() != nil {
 		return nil
 	}
-	if d.own == nil {
+	if rt.own == nil {
 		if r.Pattern != "" {
-			p.Decided(d) // the route was seen (see Limiter.routesUnseen)
+			p.Decided(rt) // the route was seen (see Limiter.routesUnseen)
 		}
 		return nil
 	}
-	p.Decided(d) // later passes decide nothing more
-	return d.own
-}
-
-// with returns a new Limiter that enforces l's limits and the given ones in
-// one decision, with l's options followed by opts: the Limiter WithRoutes
-// declares for a route. It shares l's circuit breakers, FailLocal logs,
-// batches, deny cache, rollbacks and memory policy check.
-func (l *Limiter) with(limits []Limit, opts ...Option) (*Limiter, error) {
-	all := append(append([]Limit(nil), l.declared...), limits...)
-	return newLimiter(l.client, all, append(append([]Option(nil), l.opts...), opts...), l)
+	p.Decided(rt) // later passes decide nothing more
+	return rt.own
 }
 
 // localNow reads the clock decisions are timed by: the WithClock clock, or
@@ -384,85 +400,105 @@ func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
 	return p, err
 }
 
-// buildRoutes builds a derived Limiter for every route WithRoutes declared.
-func (l *Limiter) buildRoutes() error {
+// buildRoutes compiles the policies of every route WithRoutes declared:
+// l's limits and the route's, and the route's alone.
+func (l *Limiter) buildRoutes(split bool) error {
 	var errs []error
 	generated := make(routeNames)
+	mine := make([]*planCache, len(l.policy.limits))
+	for i := range l.policy.limits {
+		mine[i] = l.policy.limits[i].planCache
+	}
 	for template, rl := range l.cfg.routes {
 		method, path := splitTemplate(template)
 		if err := validRoute(method, path); err != nil {
 			errs = append(errs, fmt.Errorf("route %q: %w; write a path such as \"/login\", \"/users/{id}\" or \"/files/{...}\", or a method and a path, \"POST /login\"", template, err))
 			continue
 		}
-		opts := []Option{func(c *config) { c.routes = nil }}
+		cost := l.cfg.cost
 		if rl.Cost != 0 {
 			if rl.Cost < 0 {
 				errs = append(errs, fmt.Errorf("route %q: cost %d is negative", template, rl.Cost))
 				continue
 			}
-			cost := rl.Cost
-			opts = append(opts, WithCost(func(*http.Request) int { return cost }))
+			n := rl.Cost
+			cost = func(*http.Request) int { return n }
 		}
 		limits := routeLimits(rl.Limits, method, path) // unnamed ones named after the route
 		if err := generated.add(limits, template); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		d, err := l.with(limits, opts...)
+		all, err := l.compile(append(l.policy.declared(), limits...), cost, split, mine)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("route %q: %w", template, err))
 			continue
 		}
+		rt := &routePolicies{all: all}
 		if len(rl.Limits) > 0 {
-			if d.own, err = newLimiter(l.client, limits, append(append([]Option(nil), l.opts...), opts...), l); err != nil {
+			// The same limits as all's last ones: one plan cache each.
+			var theirs []*planCache
+			for _, c := range all.limits[len(mine):] {
+				theirs = append(theirs, c.planCache)
+			}
+			if rt.own, err = l.compile(limits, cost, split, theirs); err != nil {
 				errs = append(errs, fmt.Errorf("route %q: %w", template, err))
 				continue
 			}
-			for j := range d.own.limits { // the same limits as d's last ones: one plan cache each
-				d.own.limits[j].planCache = d.limits[len(l.limits)+j].planCache
-			}
 		}
 		if l.routes == nil {
-			l.routes = make(map[string]map[string]*Limiter)
+			l.routes = make(map[string]map[string]*routePolicies)
 		}
 		if l.routes[path] == nil {
-			l.routes[path] = make(map[string]*Limiter)
+			l.routes[path] = make(map[string]*routePolicies)
 		}
 		if _, dup := l.routes[path][method]; dup {
 			errs = append(errs, fmt.Errorf("route %q is declared twice", template))
 			continue
 		}
-		l.routes[path][method] = d
+		l.routes[path][method] = rt
 	}
 	return errors.Join(errs...)
 }
 
-// forRoute returns the Limiter that decides requests to a route: the one
+// declared returns the limits p was compiled from, as declared.
+func (p *policy) declared() []Limit {
+	out := make([]Limit, len(p.limits))
+	for i := range p.limits {
+		out[i] = p.limits[i].Limit
+		if out[i].defaulted {
+			out[i].Name, out[i].defaulted = "", false
+		}
+	}
+	return out
+}
+
+// forRoute returns the policies that decide requests to a route: those
 // WithRoutes declared for method and template (for that method, else for
-// any method), or l itself. template is as the Route key reads it from
-// r.Pattern; a method in it takes precedence over method. A HEAD request
-// with no route of its own is decided by the GET route's: net/http's
-// ServeMux and chi's middleware.GetHead serve it with the GET handler. It
-// does not allocate.
-func (l *Limiter) forRoute(method, template string) *Limiter {
+// any method), or l.base, l's own policy. template is as the Route key
+// reads it from r.Pattern; a method in it takes precedence over method. A
+// HEAD request with no route of its own is decided by the GET route's:
+// net/http's ServeMux and chi's middleware.GetHead serve it with the GET
+// handler. It does not allocate.
+func (l *Limiter) forRoute(method, template string) *routePolicies {
 	if l.routes == nil || template == "" {
-		return l
+		return l.base
 	}
 	m, path := splitTemplate(template)
 	if m != "" {
 		method = m
 	}
 	byMethod := l.routes[path]
-	if d := byMethod[method]; d != nil {
-		return d
+	if rt := byMethod[method]; rt != nil {
+		return rt
 	}
 	if method == http.MethodHead {
-		if d := byMethod[http.MethodGet]; d != nil {
-			return d
+		if rt := byMethod[http.MethodGet]; rt != nil {
+			return rt
 		}
 	}
-	if d := byMethod[""]; d != nil {
-		return d
+	if rt := byMethod[""]; rt != nil {
+		return rt
 	}
-	return l
+	return l.base
 }

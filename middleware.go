@@ -141,7 +141,7 @@ func (l *Limiter) routesUnseen(p adapt.Pass, r *http.Request) {
 	// The cheap answers first: this runs after every such request until
 	// the warning is made.
 	switch {
-	case r.Pattern != "" && l.forRoute(r.Method, r.Pattern) == l:
+	case r.Pattern != "" && l.forRoute(r.Method, r.Pattern) == l.base:
 		return // a route the table does not declare
 	case r.Pattern == "" && l.routeSeen.Load():
 		return
@@ -185,13 +185,13 @@ func muxRedirect(r *http.Request, h http.Handler) bool {
 // Handler and the router adapters, it cannot tell a request l is already
 // deciding further up the chain, as it does not see where the request ends.
 func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
-	return l.forRoute(r.Method, r.Pattern).check(w, r, nil)
+	return l.forRoute(r.Method, r.Pattern).all.check(w, r, nil)
 }
 
 // check is Check without the route lookup. If t is not nil, an admitted
 // request's refund ticket is stored there.
-func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool {
-	switch v, _ := l.verdict(w, r, t); v {
+func (p *policy) check(w http.ResponseWriter, r *http.Request, t **ticket) bool {
+	switch v, _ := p.verdict(w, r, t); v {
 	case adapt.Proceed:
 		return true
 	case adapt.Deny:
@@ -227,15 +227,15 @@ func init() {
 // is left to do (see adapt.Verdict). The error is the one that made it
 // apply the failure mode, or the ErrNoKey of a request a Key could not
 // identify (answered as WithMissingKey says), nil if neither.
-func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (adapt.Verdict, error) {
-	if l.watchProxies && !l.proxies.done.Load() {
-		l.proxies.watch(r, l.cfg.logger, l.cfg.logIDs, l.cfg.observers)
+func (p *policy) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (adapt.Verdict, error) {
+	if p.watchProxies && !p.proxies.done.Load() {
+		p.proxies.watch(r, p.cfg.logger, p.cfg.logIDs, p.cfg.observers)
 	}
-	for _, skip := range l.cfg.skips {
+	for _, skip := range p.cfg.skips {
 		if skip(r) {
-			if l.watched() {
-				res := Result{Allowed: true, Limits: l.skipped}
-				l.observe(r, nil, &res, nil, time.Now())
+			if p.watched() {
+				res := Result{Allowed: true, Limits: p.skipped}
+				p.observe(r, nil, &res, nil, time.Now())
 			}
 			return adapt.Proceed, nil
 		}
@@ -243,39 +243,39 @@ func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (a
 	s := getScratch()
 	defer s.put()
 	s.wantTicket = t != nil
-	res, err := l.decideRequest(r, s)
+	res, err := p.decideRequest(r, s)
 	if t != nil {
 		*t = res.ticket
 	}
 	if err != nil {
-		if l.cfg.onError != nil {
-			l.cfg.onError(r, err)
+		if p.cfg.onError != nil {
+			p.cfg.onError(r, err)
 		}
 		if s.noKey >= 0 { // no identity: its own answer, never the failure mode's
 			switch {
-			case l.cfg.missingKey == MissingKeySkip:
+			case p.cfg.missingKey == MissingKeySkip:
 				return adapt.Proceed, err
-			case l.cfg.onNoKey != nil:
-				l.cfg.onNoKey(w, r, err)
+			case p.cfg.onNoKey != nil:
+				p.cfg.onNoKey(w, r, err)
 				return adapt.Answered, err
 			}
-			l.warnNoKey(s.noKey, err)
+			p.warnNoKey(s.noKey, err)
 			return adapt.NoKey, err
 		}
 		switch {
 		case res.Local: // FailLocal decided: answer as usual
-		case l.cfg.failure == FailOpen:
+		case p.cfg.failure == FailOpen:
 			return adapt.Proceed, err
 		default:
 			w.Header()[hdrRetryAfter] = retryAfterOne
-			if l.cfg.onFailed != nil {
-				l.cfg.onFailed(w, r, err)
+			if p.cfg.onFailed != nil {
+				p.cfg.onFailed(w, r, err)
 				return adapt.Answered, err
 			}
 			return adapt.Unavailable, err
 		}
 	}
-	l.joinHeaders(w.Header(), &res)
+	p.joinHeaders(w.Header(), &res)
 	if res.Allowed {
 		return adapt.Proceed, err
 	}
@@ -283,9 +283,9 @@ func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (a
 		lr := &res.Limits[res.index]
 		dr.RecordDenial(adapt.Denial{Policy: lr.policyName(), Quota: lr.Quota, Window: lr.Window, RetryAfter: res.RetryAfter})
 	}
-	if l.cfg.onDenied != nil {
+	if p.cfg.onDenied != nil {
 		res.Limits = slices.Clone(res.Limits) // the handler may keep it
-		l.cfg.onDenied(w, r, res)
+		p.cfg.onDenied(w, r, res)
 		return adapt.Answered, err
 	}
 	return adapt.Deny, err
@@ -301,60 +301,64 @@ func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (a
 // non-nil when no status could be read (it wraps [ErrNoKey] when a Key could
 // not identify r); the Result is then the zero value.
 func (l *Limiter) StatusRequest(r *http.Request) (Result, error) {
-	l = l.forRoute(r.Method, r.Pattern)
+	return l.forRoute(r.Method, r.Pattern).all.statusRequest(r)
+}
+
+// statusRequest is StatusRequest with p's limits.
+func (p *policy) statusRequest(r *http.Request) (Result, error) {
 	s := getScratch()
 	defer s.put()
-	cost, err := l.requestIDs(r, s)
+	cost, err := p.requestIDs(r, s)
 	if err != nil {
 		return Result{}, err
 	}
-	res, err := l.decide(r.Context(), s, cost, true, true)
+	res, err := p.decide(r.Context(), s, cost, true, true)
 	res.Limits = slices.Clone(res.Limits)
 	return res, err
 }
 
 // decideRequest decides r using s and reports the decision to the
 // observers; the Result's Limits live in s.
-func (l *Limiter) decideRequest(r *http.Request, s *scratch) (Result, error) {
-	watched := l.watched()
+func (p *policy) decideRequest(r *http.Request, s *scratch) (Result, error) {
+	watched := p.watched()
 	var start time.Time
 	if watched {
 		start = time.Now()
 	}
 	var res Result
-	cost, err := l.requestIDs(r, s)
+	cost, err := p.requestIDs(r, s)
 	if err == nil {
-		res, err = l.decide(r.Context(), s, cost, true, false)
+		res, err = p.decide(r.Context(), s, cost, true, false)
 	} else if s.noKey >= 0 {
-		res = Result{Allowed: l.cfg.missingKey == MissingKeySkip, Limits: l.noKey[s.noKey], index: -1}
+		res = Result{Allowed: p.cfg.missingKey == MissingKeySkip, Limits: p.noKey[s.noKey], index: -1}
 	}
 	if watched {
-		l.observe(r, s.ids, &res, err, start)
+		p.observe(r, s.ids, &res, err, start)
 	}
 	return res, err
 }
 
 // requestIDs extracts r's identifiers into s.ids, and its cost.
-func (l *Limiter) requestIDs(r *http.Request, s *scratch) (cost int, err error) {
-	s.ids = grow(s.ids, len(l.limits))
+func (p *policy) requestIDs(r *http.Request, s *scratch) (cost int, err error) {
+	s.ids = grow(s.ids, len(p.limits))
 	s.noKey = -1
-	for i := range l.limits {
-		id, err := l.limits[i].Key.fn(r)
+	for i := range p.limits {
+		id, err := p.limits[i].Key.fn(r)
 		if err != nil {
 			if errors.Is(err, ErrNoKey) {
 				s.noKey = i
 			}
-			return 0, fmt.Errorf("limit %s: %w", l.limits[i].Name, err)
+			return 0, fmt.Errorf("limit %s: %w", p.limits[i].Name, err)
 		}
 		if id == "" {
 			s.noKey = i
-			return 0, fmt.Errorf("limit %s: %w: empty identifier", l.limits[i].Name, ErrNoKey)
+			return 0, fmt.Errorf("limit %s: %w: empty identifier", p.limits[i].Name, ErrNoKey)
 		}
 		s.ids[i] = id
 	}
 	cost = 1
-	if l.cfg.cost != nil {
-		cost = l.cfg.cost(r)
+	if p.cost != nil {
+		cost = p.cost(r)
 	}
 	return cost, nil
 }

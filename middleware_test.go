@@ -832,8 +832,8 @@ func TestForRoute(t *testing.T) {
 	} {
 		got := lim.forRoute(tc.method, tc.pattern)
 		cost := 0
-		if got != lim {
-			cost = got.cfg.cost(nil)
+		if got != lim.base {
+			cost = got.all.cost(nil)
 		}
 		if cost != tc.cost {
 			t.Errorf("forRoute(%q, %q): cost %d, want %d", tc.method, tc.pattern, cost, tc.cost)

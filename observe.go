@@ -16,17 +16,17 @@ func (l *Limiter) BreakerOpen() bool { return l.redis.Breakers.Open() }
 func (l *Limiter) watched() bool { return len(l.cfg.observers) > 0 || l.cfg.logger != nil }
 
 // observe reports a decision to the observers and the logger.
-func (l *Limiter) observe(r *http.Request, ids []string, res *Result, err error, start time.Time) {
+func (p *policy) observe(r *http.Request, ids []string, res *Result, err error, start time.Time) {
 	latency := time.Since(start)
 	seen := *res
 	if err != nil && !res.Local && !res.noKey() {
-		seen.Allowed, seen.Limits = false, l.skipped
+		seen.Allowed, seen.Limits = false, p.skipped
 	}
-	for _, o := range l.cfg.observers {
+	for _, o := range p.cfg.observers {
 		o.Observe(seen, err, latency)
 	}
-	if l.cfg.logger != nil {
-		l.log(r, ids, &seen, err)
+	if p.cfg.logger != nil {
+		p.log(r, ids, &seen, err)
 	}
 }
 
@@ -63,18 +63,18 @@ func (l *Limiter) log(r *http.Request, ids []string, res *Result, err error) {
 	}
 }
 
-// warnNoKey says once, for l and the Limiters WithRoutes derives from it,
+// warnNoKey says once per Limiter, its routes included,
 // that the default answer refused a request with no key for limit i.
-func (l *Limiter) warnNoKey(i int, err error) {
-	if l.cfg.missingKeySet || l.noKeyWarned.Load() || l.noKeyWarned.Swap(true) {
+func (p *policy) warnNoKey(i int, err error) {
+	if p.cfg.missingKeySet || p.noKeyWarned.Load() || p.noKeyWarned.Swap(true) {
 		return
 	}
-	lg := l.cfg.logger
+	lg := p.cfg.logger
 	if lg == nil {
 		lg = slog.Default()
 	}
-	attrs := []any{slog.String("limit", l.limits[i].Name)}
-	if l.cfg.logIDs {
+	attrs := []any{slog.String("limit", p.limits[i].Name)}
+	if p.cfg.logIDs {
 		attrs = append(attrs, slog.Any("error", err)) // it may quote the client's headers
 	}
 	lg.Warn("ratelimit: a request the limit's key cannot identify was refused with 401 Unauthorized, "+

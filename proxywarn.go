@@ -25,7 +25,7 @@ var proxyHeaders = [...]struct{ name, key string }{
 // logIdentifiers only), so that a hostile header cannot make a huge line.
 const maxLoggedHeader = 256
 
-// proxyWatch reports, once per Limiter family, the warning that requests
+// proxyWatch reports, once per Limiter, the warning that requests
 // come through a proxy that ClientIP does not trust
 // ([WarningUntrustedProxy]).
 type proxyWatch struct{ warnOnce }

@@ -15,7 +15,7 @@ import (
 )
 
 // Breakers holds a Limiter's breakers: one for a single Redis, one per
-// primary for a cluster. The Limiters WithRoutes derives share their parent's.
+// primary for a cluster. Every route of a Limiter shares them.
 type Breakers struct {
 	Failures int32
 	CoolDown time.Duration

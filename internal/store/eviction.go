@@ -20,14 +20,14 @@ const EvictionCheckTimeout = 10 * time.Second
 // EvictionWarning is the message of the warning EvictionCheck logs.
 const EvictionWarning = "ratelimit: Redis may evict the limiter's keys when it is out of memory"
 
-// EvictionCheck asks, once per Limiter family, whether the Redis servers
+// EvictionCheck asks, once per Limiter, whether the Redis servers
 // may evict the limiter's keys, and warns through the logger if they may.
 // Every key the limiter writes has a TTL, so every maxmemory-policy but
 // noeviction (allkeys-* and volatile-* alike) evicts them once Redis reaches
 // maxmemory, and an evicted log forgets what it counted: its clients are
 // admitted again, over their quota.
 //
-// The family's first decision by a Limiter with a logger starts the check,
+// The Limiter's first decision, if it has a logger, starts the check,
 // in a goroutine of its own, which ends within evictionCheckTimeout: New
 // does not talk to Redis, and a Limiter that never decides, or logs
 // nothing, never asks. A Redis that does not answer CONFIG GET (a managed

@@ -15,8 +15,8 @@ const MaxLocalKeys = 100_000
 
 // Local is the in-process sliding log FailLocal decides with while
 // Redis cannot be reached. It applies the same rules as the Lua code, to
-// the requests of this process only. The Limiters WithRoutes derives share
-// their parent's, so that a route's requests count in the app-wide limits
+// the requests of this process only. Every route of a Limiter shares it,
+// so that a route's requests count in the app-wide limits
 // there too.
 //
 // Its memory is bounded, and given back: a log whose entries have all left

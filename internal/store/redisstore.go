@@ -17,8 +17,8 @@ import (
 
 // Redis decides in Redis, through the Lua library (internal/slidinglog),
 // with a circuit breaker per server, and takes back what a decision that
-// failed half-way left behind (rollback.go). Limiters derived from one
-// another share it.
+// failed half-way left behind (rollback.go). Every route of a Limiter
+// decides with it.
 type Redis struct {
 	Lib       Library
 	Breakers  *Breakers

@@ -16,7 +16,7 @@ import (
 // decision's time goes on in the background, tried again with backoff until
 // Redis answers, until its entries would have left their windows anyway, or
 // until maxRollbackTime has passed; at most maxPendingRollbacks run in the
-// background at once per Limiter family, and a rollback beyond that is not
+// background at once per Limiter, and a rollback beyond that is not
 // tried (and counted).
 const (
 	maxPendingRollbacks = 1024
@@ -25,7 +25,7 @@ const (
 	lastRollbackRetry   = 2 * time.Second
 )
 
-// Rollbacks holds a Limiter family's rollbacks in flight and counts what
+// Rollbacks holds a Limiter's rollbacks in flight and counts what
 // could not be taken back.
 type Rollbacks struct {
 	Lib        Library
