@@ -43,9 +43,9 @@ func TestClusterPipelineRedirects(t *testing.T) {
 		PerMinute(100, Header("X-Id")).Named("pb"),
 	})
 	lib := slidinglog.New(luaCode, rdb, true)
-	both := slidinglog.AppendRequest(nil, 0, 1, lim.policy.spec.Lua)
-	onlyA := slidinglog.AppendRequest(nil, 0, 1, lim.policy.spec.LuaOf([]int{0}))
-	onlyB := slidinglog.AppendRequest(nil, 0, 1, lim.policy.spec.LuaOf([]int{1}))
+	both := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua)
+	onlyA := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.LuaOf([]int{0}))
+	onlyB := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.LuaOf([]int{1}))
 	pair := func(id string) []string { return []string{logKey("pa", id), logKey("pb", id)} }
 
 	// The migrating client, and healthy ones on the same primary, each in

@@ -219,7 +219,7 @@ func testSingleSlot(t *testing.T, b backend) {
 		PerHour(5, Global()).Named("global"),
 		PerHour(2, Header("X-User")).Named("user"),
 	}, WithSingleSlot())
-	if lim.policy.spec.Split {
+	if lim.rules.spec.Split {
 		t.Fatal("WithSingleSlot still splits decisions")
 	}
 	admitted := 0
@@ -437,7 +437,7 @@ func testPipelineReload(t *testing.T, b backend) {
 		var reqs [][]byte
 		for id := range 12 { // keys on every primary
 			keys = append(keys, []string{logKey("pipe", strconv.Itoa(id))})
-			reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.policy.spec.Lua))
+			reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua))
 		}
 		replies, errs := lib.DecideAll(keys, reqs)
 		for i := range replies {

@@ -17,49 +17,49 @@ import (
 // Key escaped itself need not be escaped again; ids from elsewhere always
 // are. With peek, nothing is logged: the Result says whether the request
 // would be admitted and what each limit has left.
-func (p *policy) decide(ctx context.Context, s *scratch, cost int, fromKeys, peek bool) (Result, error) {
+func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, peek bool) (Result, error) {
 	if cost < 1 {
 		return Result{}, fmt.Errorf("ratelimit: cost %d is below 1", cost)
 	}
-	if p.cfg.logger != nil {
-		p.evictions.Start(p.client, p.cfg.logger) // once per Limiter, in the background
+	if rs.cfg.logger != nil {
+		rs.evictions.Start(rs.client, rs.cfg.logger) // once per Limiter, in the background
 	}
 	q := &s.q
-	*q = store.Query{Spec: p.spec, Cost: cost, Peek: peek, Wall: time.Now(), Timeout: p.cfg.timeout}
+	*q = store.Query{Spec: rs.spec, Cost: cost, Peek: peek, Wall: time.Now(), Timeout: rs.cfg.timeout}
 	q.Local = q.Wall
-	if p.cfg.clock != nil {
-		q.Local = p.cfg.clock()
+	if rs.cfg.clock != nil {
+		q.Local = rs.cfg.clock()
 		if q.Now = q.Local.UnixMicro(); q.Now < minClock {
 			// A broken clock (a zero time.Time, say); 0 would even
 			// make Redis use its own.
 			return Result{}, fmt.Errorf("ratelimit: clock reads %v, before 2001-09-09", q.Local)
 		}
 	}
-	q.Deadline = p.deadline(ctx, q.Wall)
-	if p.tiered {
-		counted, err := p.resolvePlans(ctx, s, q.Local, q.Deadline)
+	q.Deadline = rs.deadline(ctx, q.Wall)
+	if rs.tiered {
+		counted, err := rs.resolvePlans(ctx, s, q.Local, q.Deadline)
 		if err != nil {
 			return Result{}, err
 		}
 		q.Quotas = s.quotas
 		if !counted { // every limit exempts the client: nothing to ask
 			out := &s.out
-			out.Reset(s.replies(len(p.limits)))
+			out.Reset(s.replies(len(rs.limits)))
 			out.Allowed, out.Now = true, q.Local.UnixMicro()
-			return p.result(s, out, cost, peek), nil
+			return rs.result(s, out, cost, peek), nil
 		}
 	}
-	q.Keys, q.Tags = p.keys(s, fromKeys)
+	q.Keys, q.Tags = rs.keys(s, fromKeys)
 	out := &s.out
-	out.Reset(s.replies(len(p.limits)))
-	err := p.store.Decide(ctx, q, out)
+	out.Reset(s.replies(len(rs.limits)))
+	err := rs.store.Decide(ctx, q, out)
 	if err != nil && !out.Local {
 		return Result{Unreverted: out.Unreverted}, err
 	}
-	res := p.result(s, out, cost, peek)
+	res := rs.result(s, out, cost, peek)
 	if err == nil && out.Allowed && !peek && s.wantTicket {
-		t := &ticket{rs: p.redis, denies: p.denies, spec: p.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
-			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: p.cfg.timeout}
+		t := &ticket{rs: rs.redis, denies: rs.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
+			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout}
 		for i := range t.stamps {
 			t.stamps[i] = out.Replies[i].Next
 		}
@@ -71,11 +71,11 @@ func (p *policy) decide(ctx context.Context, s *scratch, cost int, fromKeys, pee
 // resolvePlans finds the plan of the client of each limit with plans, for
 // s.ids, at now: its tier into s.tiers and its quota into s.quotas (0 for
 // Unlimited: not counted). It reports whether any limit counts the request.
-func (p *policy) resolvePlans(ctx context.Context, s *scratch, now, deadline time.Time) (counted bool, err error) {
-	s.tiers = grow(s.tiers, len(p.limits))
-	s.quotas = grow(s.quotas, len(p.limits))
-	for i := range p.limits {
-		lim := &p.limits[i]
+func (rs *ruleset) resolvePlans(ctx context.Context, s *scratch, now, deadline time.Time) (counted bool, err error) {
+	s.tiers = grow(s.tiers, len(rs.limits))
+	s.quotas = grow(s.quotas, len(rs.limits))
+	for i := range rs.limits {
+		lim := &rs.limits[i]
 		if lim.tierOf != nil {
 			if s.tiers[i], err = lim.planOf(ctx, s.ids[i], now, deadline); err != nil {
 				return false, fmt.Errorf("ratelimit: limit %s: plan: %w", lim.Name, err)
@@ -164,12 +164,12 @@ func (s *scratch) results(n int) []LimitResult {
 
 // keys builds the Redis key of every limit for s.ids, and returns each key's
 // hash tag. All keys share one allocation, a string that may outlive s.
-func (p *policy) keys(s *scratch, fromKeys bool) (keys, tags []string) {
-	n := len(p.limits)
+func (rs *ruleset) keys(s *scratch, fromKeys bool) (keys, tags []string) {
+	n := len(rs.limits)
 	buf := s.buf[:0]
 	s.ends = grow(s.ends, 2*n)
-	for i := range p.limits {
-		lim := &p.limits[i]
+	for i := range rs.limits {
+		lim := &rs.limits[i]
 		start := len(buf)
 		buf = appendKey(buf, lim.head, s.ids[i], fromKeys && lim.Key.escaped)
 		s.ends[2*i], s.ends[2*i+1] = start, len(buf)
@@ -177,32 +177,32 @@ func (p *policy) keys(s *scratch, fromKeys bool) (keys, tags []string) {
 	s.buf = buf
 	all := string(buf)
 	s.keys = grow(s.keys, n)
-	for i := range p.limits {
+	for i := range rs.limits {
 		s.keys[i] = all[s.ends[2*i]:s.ends[2*i+1]]
 	}
-	if !p.spec.Split {
+	if !rs.spec.Split {
 		return s.keys, nil
 	}
-	s.tags = p.tags(grow(s.tags, n), s.keys)
+	s.tags = rs.tags(grow(s.tags, n), s.keys)
 	return s.keys, s.tags
 }
 
 // tags stores in dst the hash tag of each of keys, one per limit: what
 // stands between the key's head and its closing '}'. It returns dst.
-func (p *policy) tags(dst, keys []string) []string {
+func (rs *ruleset) tags(dst, keys []string) []string {
 	for i, key := range keys {
-		dst[i] = key[len(p.limits[i].head) : len(key)-1]
+		dst[i] = key[len(rs.limits[i].head) : len(key)-1]
 	}
 	return dst
 }
 
 // result builds the Result of a decision of cost from its outcome; its
 // Limits are s's, which the caller copies if they are to outlive s.
-func (p *policy) result(s *scratch, out *store.Outcome, cost int, peek bool) Result {
-	res := Result{Allowed: out.Allowed, Now: time.UnixMicro(out.Now), Limits: s.results(len(p.limits)), Local: out.Local, Cached: out.Cached}
+func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) Result {
+	res := Result{Allowed: out.Allowed, Now: time.UnixMicro(out.Now), Limits: s.results(len(rs.limits)), Local: out.Local, Cached: out.Cached}
 	closest := -1
-	for i := range p.limits {
-		lim, r := &p.limits[i], out.Replies[i]
+	for i := range rs.limits {
+		lim, r := &rs.limits[i], out.Replies[i]
 		lr := &res.Limits[i]
 		t := 0
 		if len(s.tiers) > 0 {
@@ -231,7 +231,7 @@ func (p *policy) result(s *scratch, out *store.Outcome, cost int, peek bool) Res
 	}
 	if !out.Allowed {
 		closest = out.Denier
-		res.DeniedBy = p.limits[closest].Name
+		res.DeniedBy = rs.limits[closest].Name
 		if cost <= res.Limits[closest].Quota {
 			res.RetryAfter = max(res.Limits[closest].Reset.Sub(res.Now), 0)
 		}
@@ -311,17 +311,17 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 // says why Redis did not decide. Errors in the arguments (wrong number of
 // ids, an empty id, a cost below 1) never get a local decision.
 func (l *Limiter) Allow(ctx context.Context, ids []string, cost int) (Result, error) {
-	return l.policy.allowIDs(ctx, ids, cost, false)
+	return l.rules.allowIDs(ctx, ids, cost, false)
 }
 
 // allowIDs checks ids and decides for them; see Allow and Status.
-func (p *policy) allowIDs(ctx context.Context, ids []string, cost int, peek bool) (Result, error) {
-	if len(ids) != len(p.limits) {
-		return Result{}, fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(p.limits))
+func (rs *ruleset) allowIDs(ctx context.Context, ids []string, cost int, peek bool) (Result, error) {
+	if len(ids) != len(rs.limits) {
+		return Result{}, fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(rs.limits))
 	}
 	for i, id := range ids {
 		if id == "" {
-			return Result{}, fmt.Errorf("%w: empty id for limit %s", ErrNoKey, p.limits[i].Name)
+			return Result{}, fmt.Errorf("%w: empty id for limit %s", ErrNoKey, rs.limits[i].Name)
 		}
 	}
 	s := getScratch()
@@ -329,12 +329,12 @@ func (p *policy) allowIDs(ctx context.Context, ids []string, cost int, peek bool
 	s.ids = append(s.ids, ids...)
 	s.wantTicket = true
 	var start time.Time
-	if !peek && p.watched() {
+	if !peek && rs.watched() {
 		start = time.Now()
 	}
-	res, err := p.decide(ctx, s, cost, false, peek)
-	if !peek && p.watched() {
-		p.observe(nil, ids, &res, err, start)
+	res, err := rs.decide(ctx, s, cost, false, peek)
+	if !peek && rs.watched() {
+		rs.observe(nil, ids, &res, err, start)
 	}
 	res.Limits = slices.Clone(res.Limits)
 	return res, err
@@ -350,7 +350,7 @@ func (p *policy) allowIDs(ctx context.Context, ids []string, cost int, peek bool
 // not observed, and does not apply FailLocal: on an error the Result is the
 // zero value.
 func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, error) {
-	return l.policy.allowIDs(ctx, ids, cost, true)
+	return l.rules.allowIDs(ctx, ids, cost, true)
 }
 
 // Reset forgets everything l's limits have counted for ids (one per limit,
@@ -363,28 +363,28 @@ func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, e
 // reset a limit a route declared ([WithRoutes]), call Reset on a Limiter
 // built with that limit (the same name and prefix address the same
 // counts).
-func (l *Limiter) Reset(ctx context.Context, ids []string) error { return l.policy.reset(ctx, ids) }
+func (l *Limiter) Reset(ctx context.Context, ids []string) error { return l.rules.reset(ctx, ids) }
 
 // reset is Reset over p's limits.
-func (p *policy) reset(ctx context.Context, ids []string) error {
-	if len(ids) != len(p.limits) {
-		return fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(p.limits))
+func (rs *ruleset) reset(ctx context.Context, ids []string) error {
+	if len(ids) != len(rs.limits) {
+		return fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(rs.limits))
 	}
 	s := getScratch()
 	defer s.put()
 	s.ids = append(s.ids, ids...)
-	keys, _ := p.keys(s, false)
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.timeout)
+	keys, _ := rs.keys(s, false)
+	ctx, cancel := context.WithTimeout(ctx, rs.cfg.timeout)
 	defer cancel()
 	var errs []error
 	for i, key := range keys {
 		// One call per limit: on a cluster the keys of other identifiers
 		// may live elsewhere.
-		req := slidinglog.AppendRequest(nil, 0, 1, p.spec.Limits[i].Lua)
-		if _, err := p.redis.Lib.Forget(ctx, []string{key}, req); err != nil {
-			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", p.limits[i].Name, err))
+		req := slidinglog.AppendRequest(nil, 0, 1, rs.spec.Limits[i].Lua)
+		if _, err := rs.redis.Lib.Forget(ctx, []string{key}, req); err != nil {
+			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", rs.limits[i].Name, err))
 		}
-		p.denies.Forget(store.LogID{Key: key, Field: p.spec.Limits[i].Field})
+		rs.denies.Forget(store.LogID{Key: key, Field: rs.spec.Limits[i].Field})
 	}
 	return errors.Join(errs...)
 }

@@ -75,14 +75,14 @@ func decideFamily(t *testing.T, c redis.UniversalClient) (*Limiter, *recordHandl
 	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-Id")).Named("evict")}, WithLogger(slog.New(h), false),
 		WithRoutes(map[string]RouteLimits{"/login": {Limits: []Limit{PerMinute(100, Header("X-Id")).Named("evict-login")}}}))
 	login := lim.forRoute("POST", "/login").all
-	if login == lim.policy {
-		t.Fatal("no policy for the route")
+	if login == lim.rules {
+		t.Fatal("no ruleset for the route")
 	}
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Go(func() {
-			l := lim.policy
+			l := lim.rules
 			if i%2 == 1 {
 				l = login
 			}

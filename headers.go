@@ -38,18 +38,18 @@ func ceilSeconds(d time.Duration) int64 {
 // a decision that consulted only shadow limits (the enforced ones exempt
 // the client by its plans) gets RateLimit-Policy alone, if any limit is in
 // force.
-func (p *policy) writeHeaders(h http.Header, res *Result) {
+func (rs *ruleset) writeHeaders(h http.Header, res *Result) {
 	if res.index < 0 {
 		return // no limit counts the client (Unlimited plans)
 	}
 	enforced := !res.Limits[res.index].Shadow // else only shadow limits were consulted
-	if p.cfg.headers&HeadersXRateLimit != 0 && enforced {
+	if rs.cfg.headers&HeadersXRateLimit != 0 && enforced {
 		reset := resetSeconds(res.Reset)
-		h[hdrLimit] = p.limits[res.index].tiers[res.Limits[res.index].tier].limitHdr
+		h[hdrLimit] = rs.limits[res.index].tiers[res.Limits[res.index].tier].limitHdr
 		h[hdrRemaining] = headerNumber(int64(res.Remaining))
 		h[hdrReset] = headerNumber(reset)
 	}
-	if p.cfg.headers&HeadersIETF != 0 {
+	if rs.cfg.headers&HeadersIETF != 0 {
 		var buf [256]byte // most headers fit: one allocation, the string
 		b := buf[:0]
 		// policy is the index of the plans in policyHeaders, or past its
@@ -57,14 +57,14 @@ func (p *policy) writeHeaders(h http.Header, res *Result) {
 		// many plans cannot overflow it.
 		policy := 0
 		for i, lr := range res.Limits {
-			policy = min(policy*len(p.limits[i].tiers)+lr.tier, len(p.policyHeaders))
+			policy = min(policy*len(rs.limits[i].tiers)+lr.tier, len(rs.policyHeaders))
 			if lr.Skipped || lr.Shadow {
 				continue
 			}
 			if len(b) > 0 {
 				b = append(b, ", "...)
 			}
-			b = append(b, p.limits[i].tiers[lr.tier].quotedName...)
+			b = append(b, rs.limits[i].tiers[lr.tier].quotedName...)
 			b = append(b, ";r="...)
 			b = strconv.AppendInt(b, int64(lr.Remaining), 10)
 			b = append(b, ";t="...)
@@ -76,10 +76,10 @@ func (p *policy) writeHeaders(h http.Header, res *Result) {
 		// RateLimit-Policy names every policy in force for the client,
 		// those the decision did not consult included.
 		var value []string
-		if policy < len(p.policyHeaders) {
-			value = p.policyHeaders[policy]
+		if policy < len(rs.policyHeaders) {
+			value = rs.policyHeaders[policy]
 		} else {
-			value = p.policiesOf(res)
+			value = rs.policiesOf(res)
 		}
 		if value[0] != "" {
 			h[hdrPolicy] = value
@@ -105,13 +105,13 @@ func (p *policy) writeHeaders(h http.Header, res *Result) {
 // the earlier first. The state is the response's headers themselves, so it
 // is per request and costs nothing when one decision sets them: a few map
 // lookups, and one allocation per joined list when several do.
-func (p *policy) joinHeaders(h http.Header, res *Result) {
+func (rs *ruleset) joinHeaders(h http.Header, res *Result) {
 	if res.index < 0 {
 		return // no limit counts the client: the earlier decisions' headers stand
 	}
 	limit, remaining, reset := h[hdrLimit], h[hdrRemaining], h[hdrReset]
 	rateLimit, policy, retry := h[hdrRateLimit], h[hdrPolicy], h[hdrRetryAfter]
-	p.writeHeaders(h, res)
+	rs.writeHeaders(h, res)
 	// An earlier decision denied the request when it left Retry-After (a
 	// later Limiter then runs only if the application carries on after
 	// a refusal, as with Check): it is never hidden by a later admission.
@@ -121,7 +121,7 @@ func (p *policy) joinHeaders(h http.Header, res *Result) {
 			h[hdrRetryAfter] = retry
 		}
 	}
-	wroteX := p.cfg.headers&HeadersXRateLimit != 0 && !res.Limits[res.index].Shadow
+	wroteX := rs.cfg.headers&HeadersXRateLimit != 0 && !res.Limits[res.index].Shadow
 	if wroteX && len(remaining) == 1 && len(limit) == 1 && len(reset) == 1 {
 		keep := false
 		switch {
@@ -181,10 +181,10 @@ func joinList(h http.Header, name string, first []string) {
 // res's client: every enforced limit, with the client's plan, but those
 // the plan exempts ([Unlimited]); consulted or not. It is what
 // policyHeaders precomputes, for combinations of plans it does not hold.
-func (p *policy) policiesOf(res *Result) []string {
+func (rs *ruleset) policiesOf(res *Result) []string {
 	var b []byte
 	for i, lr := range res.Limits {
-		t := &p.limits[i].tiers[lr.tier]
+		t := &rs.limits[i].tiers[lr.tier]
 		if lr.Shadow || t.quota < 0 {
 			continue
 		}

@@ -32,17 +32,17 @@ type Limiter struct {
 	client redis.UniversalClient
 	cfg    config
 
-	// policy decides the requests of no declared route, and Allow,
+	// rules decide the requests of no declared route, and Allow,
 	// Status and Reset.
-	policy *policy
+	rules *ruleset
 	// routes holds the routes WithRoutes declared, by path template and
-	// then by method ("" for any method); base is l's policy as a route,
+	// then by method ("" for any method); base is l's rules as a route,
 	// what forRoute answers for a request of none.
-	routes map[string]map[string]*routePolicies
-	base   *routePolicies
+	routes map[string]map[string]*routeRules
+	base   *routeRules
 
 	// store decides: the Redis store, wrapped by the deny cache and
-	// FailLocal's in-process store as configured. Every policy of l
+	// FailLocal's in-process store as configured. Every ruleset of l
 	// decides with it.
 	store  store.Store
 	redis  *store.Redis
@@ -64,13 +64,13 @@ type Limiter struct {
 	routerIP  bool
 }
 
-// A policy is what decides one request, built once by New and never
+// A ruleset is what decides one request, built once by New and never
 // changed: the compiled limits of the Limiter's own, or of a route (the
 // Limiter's limits followed by the route's, or the route's alone), with
 // their spec for the stores, their plans and the request's cost. It
 // reads the Limiter's shared stores and options through the embedded
 // *Limiter.
-type policy struct {
+type ruleset struct {
 	*Limiter
 	limits []compiledLimit
 	spec   *store.Spec // what the stores know of the limits
@@ -89,17 +89,17 @@ type policy struct {
 	// noKey[i] is what observers see of a request limit i's Key could not
 	// identify (see noKeyResults).
 	noKey [][]LimitResult
-	// watchProxies says that the policy's limits look for proxy headers.
+	// watchProxies says that the ruleset's limits look for proxy headers.
 	watchProxies bool
 }
 
-// routePolicies is what WithRoutes declared for one template: all decides its
+// routeRules is what WithRoutes declared for one template: all decides its
 // requests (the Limiter's limits and the route's, in one decision); own,
 // the route's limits alone, for a request whose first pass saw no route
 // (see Limiter.inPass), nil if the route has none. Its headers join those
 // of the first pass's decision (see joinHeaders).
-type routePolicies struct {
-	all, own *policy
+type routeRules struct {
+	all, own *ruleset
 }
 
 // result is the part of a LimitResult that the limit itself gives, for a
@@ -140,7 +140,7 @@ type LimiterWatcher interface {
 // names, invalid [Plans], invalid options and routes ([WithRoutes]). It never panics on bad configuration, and a Limiter
 // it returns never fails at request time because of its configuration.
 func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter, error) {
-	cfg, errs := configure(opts)
+	cfg, errs := applyOptions(opts)
 	if client == nil || nilPointer(client) {
 		errs = append(errs, errors.New("nil Redis client"))
 	} else if enabled, known := contextTimeouts(client); known && !enabled {
@@ -155,7 +155,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
 	}
-	l.policy, l.base = p, &routePolicies{all: p}
+	l.rules, l.base = p, &routeRules{all: p}
 	lib := slidinglog.New(luaCode, client, split)
 	l.redis = &store.Redis{
 		Lib:       lib,
@@ -183,9 +183,9 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	return l, nil
 }
 
-// configure applies opts to the default configuration, and returns it
+// applyOptions applies opts to the default configuration, and returns it
 // with the errors of the options.
-func configure(opts []Option) (config, []error) {
+func applyOptions(opts []Option) (config, []error) {
 	cfg := defaultConfig()
 	var errs []error
 	for i, o := range opts {
@@ -198,18 +198,18 @@ func configure(opts []Option) (config, []error) {
 	return cfg, append(errs, cfg.errs...)
 }
 
-// compile returns the policy that decides over limits, for requests of
+// compile returns the ruleset that decides over limits, for requests of
 // the given cost (nil for 1): it validates and names them, compiles their
 // keys and plans, and their spec for the stores (split: keys with
 // different hash tags are decided apart). caches[i], if there is one, is
-// the plan cache of limit i, which another policy counts too: one cache
+// the plan cache of limit i, which another ruleset counts too: one cache
 // per limit of l.
-func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bool, caches []*planCache) (*policy, error) {
+func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bool, caches []*planCache) (*ruleset, error) {
 	var errs []error
 	if len(limits) == 0 {
 		errs = append(errs, errors.New("no limits"))
 	}
-	p := &policy{Limiter: l, cost: cost}
+	p := &ruleset{Limiter: l, cost: cost}
 	seen := make(map[string]int, len(limits))
 	policyNames := make(map[string]struct{}, len(limits))
 	for i, lim := range limits {
@@ -282,7 +282,7 @@ func (l *Limiter) compileLimit(lim Limit) compiledLimit {
 // routes counts by the client address the router resolved (FromRouter).
 func (l *Limiter) countsByRouterIP() bool {
 	router := l.cfg.routerAllow
-	l.eachPolicy(func(p *policy) {
+	l.eachRuleset(func(p *ruleset) {
 		for i := range p.limits {
 			router = router || p.limits[i].Key.router
 		}
@@ -294,7 +294,7 @@ func (l *Limiter) countsByRouterIP() bool {
 // with whether it is a default name.
 func (l *Limiter) limitNames() map[string]bool {
 	mine := map[string]bool{}
-	l.eachPolicy(func(p *policy) {
+	l.eachRuleset(func(p *ruleset) {
 		for i := range p.limits {
 			mine[p.limits[i].Name] = mine[p.limits[i].Name] || p.limits[i].defaulted
 		}
@@ -302,9 +302,9 @@ func (l *Limiter) limitNames() map[string]bool {
 	return mine
 }
 
-// eachPolicy calls f with l's policy and each of its routes'.
-func (l *Limiter) eachPolicy(f func(p *policy)) {
-	f(l.policy)
+// eachRuleset calls f with l's rules and each of its routes'..
+func (l *Limiter) eachRuleset(f func(p *ruleset)) {
+	f(l.rules)
 	for _, byMethod := range l.routes {
 		for _, rt := range byMethod {
 			f(rt.all)
@@ -315,7 +315,7 @@ func (l *Limiter) eachPolicy(f func(p *policy)) {
 	}
 }
 
-// inPass returns the policy that decides r in p, l's pass over r (the
+// inPass returns the ruleset that decides r in p, l's pass over r (the
 // zero Pass for a request whose passes are not recorded): the one of r's
 // route, which is recorded for later passes if r has a route; for a later
 // pass, nothing (nil) if the first decided with a route's limits or r has
@@ -324,7 +324,7 @@ func (l *Limiter) eachPolicy(f func(p *policy)) {
 // and l's Handler or an adapter again around the route). A pass that sees
 // no route records nothing, so that the Limiters without routes, and the
 // requests of none, pay nothing for this.
-func (l *Limiter) inPass(p adapt.Pass, r *http.Request) *policy {
+func (l *Limiter) inPass(p adapt.Pass, r *http.Request) *ruleset {
 	rt := l.forRoute(r.Method, r.Pattern)
 	if !p.Again() {
 		if rt != l.base {
@@ -400,14 +400,14 @@ func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
 	return p, err
 }
 
-// buildRoutes compiles the policies of every route WithRoutes declared:
+// buildRoutes compiles the rulesets of every route WithRoutes declared:
 // l's limits and the route's, and the route's alone.
 func (l *Limiter) buildRoutes(split bool) error {
 	var errs []error
 	generated := make(routeNames)
-	mine := make([]*planCache, len(l.policy.limits))
-	for i := range l.policy.limits {
-		mine[i] = l.policy.limits[i].planCache
+	mine := make([]*planCache, len(l.rules.limits))
+	for i := range l.rules.limits {
+		mine[i] = l.rules.limits[i].planCache
 	}
 	for template, rl := range l.cfg.routes {
 		method, path := splitTemplate(template)
@@ -429,12 +429,12 @@ func (l *Limiter) buildRoutes(split bool) error {
 			errs = append(errs, err)
 			continue
 		}
-		all, err := l.compile(append(l.policy.declared(), limits...), cost, split, mine)
+		all, err := l.compile(append(l.rules.declared(), limits...), cost, split, mine)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("route %q: %w", template, err))
 			continue
 		}
-		rt := &routePolicies{all: all}
+		rt := &routeRules{all: all}
 		if len(rl.Limits) > 0 {
 			// The same limits as all's last ones: one plan cache each.
 			var theirs []*planCache
@@ -447,10 +447,10 @@ func (l *Limiter) buildRoutes(split bool) error {
 			}
 		}
 		if l.routes == nil {
-			l.routes = make(map[string]map[string]*routePolicies)
+			l.routes = make(map[string]map[string]*routeRules)
 		}
 		if l.routes[path] == nil {
-			l.routes[path] = make(map[string]*routePolicies)
+			l.routes[path] = make(map[string]*routeRules)
 		}
 		if _, dup := l.routes[path][method]; dup {
 			errs = append(errs, fmt.Errorf("route %q is declared twice", template))
@@ -462,10 +462,10 @@ func (l *Limiter) buildRoutes(split bool) error {
 }
 
 // declared returns the limits p was compiled from, as declared.
-func (p *policy) declared() []Limit {
-	out := make([]Limit, len(p.limits))
-	for i := range p.limits {
-		out[i] = p.limits[i].Limit
+func (rs *ruleset) declared() []Limit {
+	out := make([]Limit, len(rs.limits))
+	for i := range rs.limits {
+		out[i] = rs.limits[i].Limit
 		if out[i].defaulted {
 			out[i].Name, out[i].defaulted = "", false
 		}
@@ -473,14 +473,14 @@ func (p *policy) declared() []Limit {
 	return out
 }
 
-// forRoute returns the policies that decide requests to a route: those
+// forRoute returns the rulesets that decide requests to a route: those
 // WithRoutes declared for method and template (for that method, else for
-// any method), or l.base, l's own policy. template is as the Route key
+// any method), or l.base, l's own rules. template is as the Route key
 // reads it from r.Pattern; a method in it takes precedence over method. A
 // HEAD request with no route of its own is decided by the GET route's:
 // net/http's ServeMux and chi's middleware.GetHead serve it with the GET
 // handler. It does not allocate.
-func (l *Limiter) forRoute(method, template string) *routePolicies {
+func (l *Limiter) forRoute(method, template string) *routeRules {
 	if l.routes == nil || template == "" {
 		return l.base
 	}

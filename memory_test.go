@@ -232,7 +232,7 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 			t.Fatalf("%.20s: %+v %v", id, res, err)
 		}
 	}
-	pc := lim.policy.limits[0].planCache
+	pc := lim.rules.limits[0].planCache
 	if n := pc.len(); n > maxCachedPlans || n < maxCachedPlans/2 {
 		t.Errorf("the plan cache holds %d ids, want at most %d (and the most recent)", n, maxCachedPlans)
 	}

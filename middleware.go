@@ -190,8 +190,8 @@ func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
 
 // check is Check without the route lookup. If t is not nil, an admitted
 // request's refund ticket is stored there.
-func (p *policy) check(w http.ResponseWriter, r *http.Request, t **ticket) bool {
-	switch v, _ := p.verdict(w, r, t); v {
+func (rs *ruleset) check(w http.ResponseWriter, r *http.Request, t **ticket) bool {
+	switch v, _ := rs.verdict(w, r, t); v {
 	case adapt.Proceed:
 		return true
 	case adapt.Deny:
@@ -227,15 +227,15 @@ func init() {
 // is left to do (see adapt.Verdict). The error is the one that made it
 // apply the failure mode, or the ErrNoKey of a request a Key could not
 // identify (answered as WithMissingKey says), nil if neither.
-func (p *policy) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (adapt.Verdict, error) {
-	if p.watchProxies && !p.proxies.done.Load() {
-		p.proxies.watch(r, p.cfg.logger, p.cfg.logIDs, p.cfg.observers)
+func (rs *ruleset) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (adapt.Verdict, error) {
+	if rs.watchProxies && !rs.proxies.done.Load() {
+		rs.proxies.watch(r, rs.cfg.logger, rs.cfg.logIDs, rs.cfg.observers)
 	}
-	for _, skip := range p.cfg.skips {
+	for _, skip := range rs.cfg.skips {
 		if skip(r) {
-			if p.watched() {
-				res := Result{Allowed: true, Limits: p.skipped}
-				p.observe(r, nil, &res, nil, time.Now())
+			if rs.watched() {
+				res := Result{Allowed: true, Limits: rs.skipped}
+				rs.observe(r, nil, &res, nil, time.Now())
 			}
 			return adapt.Proceed, nil
 		}
@@ -243,39 +243,39 @@ func (p *policy) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (ad
 	s := getScratch()
 	defer s.put()
 	s.wantTicket = t != nil
-	res, err := p.decideRequest(r, s)
+	res, err := rs.decideRequest(r, s)
 	if t != nil {
 		*t = res.ticket
 	}
 	if err != nil {
-		if p.cfg.onError != nil {
-			p.cfg.onError(r, err)
+		if rs.cfg.onError != nil {
+			rs.cfg.onError(r, err)
 		}
 		if s.noKey >= 0 { // no identity: its own answer, never the failure mode's
 			switch {
-			case p.cfg.missingKey == MissingKeySkip:
+			case rs.cfg.missingKey == MissingKeySkip:
 				return adapt.Proceed, err
-			case p.cfg.onNoKey != nil:
-				p.cfg.onNoKey(w, r, err)
+			case rs.cfg.onNoKey != nil:
+				rs.cfg.onNoKey(w, r, err)
 				return adapt.Answered, err
 			}
-			p.warnNoKey(s.noKey, err)
+			rs.warnNoKey(s.noKey, err)
 			return adapt.NoKey, err
 		}
 		switch {
 		case res.Local: // FailLocal decided: answer as usual
-		case p.cfg.failure == FailOpen:
+		case rs.cfg.failure == FailOpen:
 			return adapt.Proceed, err
 		default:
 			w.Header()[hdrRetryAfter] = retryAfterOne
-			if p.cfg.onFailed != nil {
-				p.cfg.onFailed(w, r, err)
+			if rs.cfg.onFailed != nil {
+				rs.cfg.onFailed(w, r, err)
 				return adapt.Answered, err
 			}
 			return adapt.Unavailable, err
 		}
 	}
-	p.joinHeaders(w.Header(), &res)
+	rs.joinHeaders(w.Header(), &res)
 	if res.Allowed {
 		return adapt.Proceed, err
 	}
@@ -283,9 +283,9 @@ func (p *policy) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (ad
 		lr := &res.Limits[res.index]
 		dr.RecordDenial(adapt.Denial{Policy: lr.policyName(), Quota: lr.Quota, Window: lr.Window, RetryAfter: res.RetryAfter})
 	}
-	if p.cfg.onDenied != nil {
+	if rs.cfg.onDenied != nil {
 		res.Limits = slices.Clone(res.Limits) // the handler may keep it
-		p.cfg.onDenied(w, r, res)
+		rs.cfg.onDenied(w, r, res)
 		return adapt.Answered, err
 	}
 	return adapt.Deny, err
@@ -305,60 +305,60 @@ func (l *Limiter) StatusRequest(r *http.Request) (Result, error) {
 }
 
 // statusRequest is StatusRequest with p's limits.
-func (p *policy) statusRequest(r *http.Request) (Result, error) {
+func (rs *ruleset) statusRequest(r *http.Request) (Result, error) {
 	s := getScratch()
 	defer s.put()
-	cost, err := p.requestIDs(r, s)
+	cost, err := rs.requestIDs(r, s)
 	if err != nil {
 		return Result{}, err
 	}
-	res, err := p.decide(r.Context(), s, cost, true, true)
+	res, err := rs.decide(r.Context(), s, cost, true, true)
 	res.Limits = slices.Clone(res.Limits)
 	return res, err
 }
 
 // decideRequest decides r using s and reports the decision to the
 // observers; the Result's Limits live in s.
-func (p *policy) decideRequest(r *http.Request, s *scratch) (Result, error) {
-	watched := p.watched()
+func (rs *ruleset) decideRequest(r *http.Request, s *scratch) (Result, error) {
+	watched := rs.watched()
 	var start time.Time
 	if watched {
 		start = time.Now()
 	}
 	var res Result
-	cost, err := p.requestIDs(r, s)
+	cost, err := rs.requestIDs(r, s)
 	if err == nil {
-		res, err = p.decide(r.Context(), s, cost, true, false)
+		res, err = rs.decide(r.Context(), s, cost, true, false)
 	} else if s.noKey >= 0 {
-		res = Result{Allowed: p.cfg.missingKey == MissingKeySkip, Limits: p.noKey[s.noKey], index: -1}
+		res = Result{Allowed: rs.cfg.missingKey == MissingKeySkip, Limits: rs.noKey[s.noKey], index: -1}
 	}
 	if watched {
-		p.observe(r, s.ids, &res, err, start)
+		rs.observe(r, s.ids, &res, err, start)
 	}
 	return res, err
 }
 
 // requestIDs extracts r's identifiers into s.ids, and its cost.
-func (p *policy) requestIDs(r *http.Request, s *scratch) (cost int, err error) {
-	s.ids = grow(s.ids, len(p.limits))
+func (rs *ruleset) requestIDs(r *http.Request, s *scratch) (cost int, err error) {
+	s.ids = grow(s.ids, len(rs.limits))
 	s.noKey = -1
-	for i := range p.limits {
-		id, err := p.limits[i].Key.fn(r)
+	for i := range rs.limits {
+		id, err := rs.limits[i].Key.fn(r)
 		if err != nil {
 			if errors.Is(err, ErrNoKey) {
 				s.noKey = i
 			}
-			return 0, fmt.Errorf("limit %s: %w", p.limits[i].Name, err)
+			return 0, fmt.Errorf("limit %s: %w", rs.limits[i].Name, err)
 		}
 		if id == "" {
 			s.noKey = i
-			return 0, fmt.Errorf("limit %s: %w: empty identifier", p.limits[i].Name, ErrNoKey)
+			return 0, fmt.Errorf("limit %s: %w: empty identifier", rs.limits[i].Name, ErrNoKey)
 		}
 		s.ids[i] = id
 	}
 	cost = 1
-	if p.cost != nil {
-		cost = p.cost(r)
+	if rs.cost != nil {
+		cost = rs.cost(r)
 	}
 	return cost, nil
 }

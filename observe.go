@@ -16,17 +16,17 @@ func (l *Limiter) BreakerOpen() bool { return l.redis.Breakers.Open() }
 func (l *Limiter) watched() bool { return len(l.cfg.observers) > 0 || l.cfg.logger != nil }
 
 // observe reports a decision to the observers and the logger.
-func (p *policy) observe(r *http.Request, ids []string, res *Result, err error, start time.Time) {
+func (rs *ruleset) observe(r *http.Request, ids []string, res *Result, err error, start time.Time) {
 	latency := time.Since(start)
 	seen := *res
 	if err != nil && !res.Local && !res.noKey() {
-		seen.Allowed, seen.Limits = false, p.skipped
+		seen.Allowed, seen.Limits = false, rs.skipped
 	}
-	for _, o := range p.cfg.observers {
+	for _, o := range rs.cfg.observers {
 		o.Observe(seen, err, latency)
 	}
-	if p.cfg.logger != nil {
-		p.log(r, ids, &seen, err)
+	if rs.cfg.logger != nil {
+		rs.log(r, ids, &seen, err)
 	}
 }
 
@@ -65,16 +65,16 @@ func (l *Limiter) log(r *http.Request, ids []string, res *Result, err error) {
 
 // warnNoKey says once per Limiter, its routes included,
 // that the default answer refused a request with no key for limit i.
-func (p *policy) warnNoKey(i int, err error) {
-	if p.cfg.missingKeySet || p.noKeyWarned.Load() || p.noKeyWarned.Swap(true) {
+func (rs *ruleset) warnNoKey(i int, err error) {
+	if rs.cfg.missingKeySet || rs.noKeyWarned.Load() || rs.noKeyWarned.Swap(true) {
 		return
 	}
-	lg := p.cfg.logger
+	lg := rs.cfg.logger
 	if lg == nil {
 		lg = slog.Default()
 	}
-	attrs := []any{slog.String("limit", p.limits[i].Name)}
-	if p.cfg.logIDs {
+	attrs := []any{slog.String("limit", rs.limits[i].Name)}
+	if rs.cfg.logIDs {
 		attrs = append(attrs, slog.Any("error", err)) // it may quote the client's headers
 	}
 	lg.Warn("ratelimit: a request the limit's key cannot identify was refused with 401 Unauthorized, "+

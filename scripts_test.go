@@ -159,7 +159,7 @@ func testLibraryReloadedAfterOOM(t *testing.T, pipeline bool) {
 			var reqs [][]byte
 			for _, id := range []string{"a", "b", "c"} {
 				keys = append(keys, []string{logKey("oom", id)})
-				reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.policy.spec.Lua))
+				reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua))
 			}
 			replies, errs := bt.DecideAll(keys, reqs)
 			for i := range replies {
@@ -288,7 +288,7 @@ func TestLibraryFlushedAfterLoad(t *testing.T) {
 	var reqs [][]byte
 	for _, id := range []string{"a", "b", "c"} {
 		keys = append(keys, []string{logKey("flushed", id)})
-		reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.policy.spec.Lua))
+		reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua))
 	}
 	replies, errs := bt.DecideAll(keys, reqs)
 	for i := range replies {
