@@ -809,6 +809,38 @@ func testAllowEscapesIDs(t *testing.T, b backend) {
 	}
 }
 
+// TestRouteCostCounted: a route's Cost is what its requests count, through
+// Handler and Check alike, and a request of no route counts WithCost's.
+func TestRouteCostCounted(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		lim := mustNew(t, b.newClient(t), []Limit{PerMinute(20, Global()).Named("cost")},
+			WithCost(func(*http.Request) int { return 2 }),
+			WithRoutes(map[string]RouteLimits{"GET /report": {Cost: 5}}))
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /report", func(http.ResponseWriter, *http.Request) {})
+		mux.HandleFunc("GET /other", func(http.ResponseWriter, *http.Request) {})
+		h := lim.Handler(mux)
+		for _, step := range []struct {
+			path, remaining string
+			check           bool
+		}{
+			{"/report", "15", false}, {"/other", "13", false}, {"/report", "8", true}, {"/other", "6", true},
+		} {
+			w := httptest.NewRecorder()
+			r := httptest.NewRequest("GET", step.path, nil)
+			if step.check {
+				_, r.Pattern = mux.Handler(r)
+				lim.Check(w, r)
+			} else {
+				h.ServeHTTP(w, r)
+			}
+			if got := w.Header().Get("X-RateLimit-Remaining"); w.Code != 200 || got != step.remaining {
+				t.Errorf("GET %s (Check %v): %d remaining=%s, want 200 remaining=%s", step.path, step.check, w.Code, got, step.remaining)
+			}
+		}
+	})
+}
+
 // TestForRoute: route limiters are found by method and template, for one
 // method before any method, whatever the router's parameter syntax.
 func TestForRoute(t *testing.T) {
