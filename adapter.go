@@ -23,7 +23,7 @@ import "net/http"
 // otherwise. Decide does not allocate beyond what the decision itself
 // needs.
 func (l *Limiter) Decide(w http.ResponseWriter, r *http.Request) (Verdict, error) {
-	return l.forRoute(r.Method, r.Pattern).verdict(w, r, nil)
+	return l.forRoute(r.Method, r.Pattern).all.verdict(w, r, nil)
 }
 
 // Decide decides r in the pass p as [Limiter.Decide] does (r.Pattern, which

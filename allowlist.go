@@ -125,3 +125,67 @@ func (a *allowList) skip(r *http.Request) bool {
 	}
 	return false
 }
+
+// WithSkip makes the middleware ([Limiter.Handler], [Limiter.Check] and
+// the router adapters) let through, undecided, every request skip reports
+// true for: health checks, an internal network, a trusted client. Such a
+// request costs no Redis call, is counted in no limit and gets no
+// rate-limit headers. skip runs first, on every request, before any limit's
+// key is read: keep it cheap. Observers see a skipped request as a Result that is
+// Allowed, with every limit Skipped and no error (metrics/prometheus counts
+// it under the outcome "skipped"); [Limiter.Allow] and [Limiter.Status]
+// never skip. WithSkip may be given several times: a request is skipped if
+// any of the functions reports true; they run in the order given (with
+// those of [WithAllowList]), and the first that reports true ends the
+// search. Default: none. A nil skip is an error from [New].
+func WithSkip(skip func(r *http.Request) bool) Option {
+	return func(c *config) {
+		if skip == nil {
+			c.nilArg("WithSkip", true, "leave the option out")
+			return
+		}
+		c.skips = append(c.skips, skip)
+	}
+}
+
+// WithAllowList makes the middleware let through, undecided, every request
+// whose identifier under key is one of entries, exactly as [WithSkip] does
+// (no Redis call, no count, no rate-limit headers; observed as skipped), for
+// monitoring probes, partners or internal clients that no limit should
+// slow down. It is one more skip function: it runs in its place among
+// those of WithSkip, before any limit is decided; [Limiter.Allow] and
+// [Limiter.Status] never skip.
+//
+// For a [ClientIP] key, entries are IP addresses or CIDR prefixes
+// ("192.0.2.7", "10.0.0.0/8", "2001:db8::/32"), matched against the client
+// address the key resolves (its [TrustProxies] and [ProxyHeader] honoured,
+// normalized as ClientIP says: IPv4-mapped addresses as IPv4, zones
+// dropped) before any [IPv4Prefix] or [IPv6Prefix] grouping: listing one
+// IPv6 address lets through that address, not its /64. For any other key,
+// such as [User], [Header], [Route] or a [KeyFunc], entries are identifiers,
+// compared exactly with what the key returns. A request the key cannot
+// identify ([ErrNoKey] or another error) is not let through: it is decided
+// as usual. A lookup is a map access (for a ClientIP key, one per distinct
+// prefix length listed) and does not allocate.
+//
+// An allow-listed client is not limited at all: list only clients you
+// trust, and only identifiers they cannot forge (a Header is the client's
+// to write; a ClientIP behind an untrusted proxy is the proxy's address).
+//
+// WithAllowList may be given several times, with the same key or others.
+// [New] reports a zero Key, the key's own configuration error, a [Global]
+// or [Compose] key, no entries, an empty identifier, and, for a ClientIP
+// key, an entry that is not an IP address or a prefix, a prefix with host
+// bits set ("10.0.0.1/8", usually a typo) or a /0 prefix. Default: none.
+func WithAllowList(key Key, entries ...string) Option {
+	a, err := newAllowList(key, entries)
+	return func(c *config) {
+		if err != nil {
+			c.errs = append(c.errs, err)
+			return
+		}
+		c.skips = append(c.skips, a.skip)
+		c.peerAllow = c.peerAllow || key.peer
+		c.routerAllow = c.routerAllow || key.router
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // stubClient answers every script call with a fixed reply, without a
@@ -49,9 +50,9 @@ func (w *nopWriter) WriteHeader(int)             {}
 //	go test -run '^$' -bench Middleware -benchmem .
 func BenchmarkMiddleware(b *testing.B) {
 	now := t0.UnixMicro()
-	allowOne := outcome{allowed: true, denier: -1, now: now, replies: []reply{{ok: true, now: now, count: 3, reset: now + 60e6, next: now}}}
-	allowTwo := outcome{allowed: true, denier: -1, now: now, replies: []reply{{ok: true, now: now, count: 3, reset: now + 60e6, next: now},
-		{ok: true, now: now, count: 40, reset: now + 1e6, next: now}}}
+	allowOne := store.Outcome{Allowed: true, Denier: -1, Now: now, Replies: []store.Reply{{OK: true, Now: now, Count: 3, Reset: now + 60e6, Next: now}}}
+	allowTwo := store.Outcome{Allowed: true, Denier: -1, Now: now, Replies: []store.Reply{{OK: true, Now: now, Count: 3, Reset: now + 60e6, Next: now},
+		{OK: true, Now: now, Count: 40, Reset: now + 1e6, Next: now}}}
 	r, _ := http.NewRequest("GET", "/users/7", nil)
 	r.RemoteAddr = "203.0.113.7:5000"
 	run := func(b *testing.B, h http.Handler) {
@@ -62,7 +63,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		}
 	}
 	b.Run("bare", func(b *testing.B) { run(b, okHandler) })
-	stub := func(o outcome) store { return stubStore{o: o} }
+	stub := func(o store.Outcome) store.Store { return stubStore{o: o} }
 	b.Run("ip", func(b *testing.B) {
 		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())})
 		lim.store = lim.wrap(stub(allowOne))
@@ -122,7 +123,7 @@ func BenchmarkMiddleware(b *testing.B) {
 func BenchmarkDenyCache(b *testing.B) {
 	now := t0.UnixMicro()
 	// Denied: 100 in the log, the oldest leaves in a second.
-	deny := outcome{denier: 0, now: now, replies: []reply{{ok: true, now: now, count: 100, reset: now + 1e6, next: now + 1e6}}}
+	deny := store.Outcome{Denier: 0, Now: now, Replies: []store.Reply{{OK: true, Now: now, Count: 100, Reset: now + 1e6, Next: now + 1e6}}}
 	var calls atomic.Int64 // to Redis: once per cached denial
 	newHandler := func(b *testing.B) http.Handler {
 		calls.Store(0)
@@ -176,17 +177,17 @@ func BenchmarkAllowRedis(b *testing.B) {
 // stubStore answers every query with o, in place of Redis, without
 // allocating, and counts its calls if calls is set.
 type stubStore struct {
-	o     outcome
+	o     store.Outcome
 	calls *atomic.Int64
 }
 
-func (s stubStore) decide(_ context.Context, _ *query, out *outcome) error {
+func (s stubStore) Decide(_ context.Context, _ *store.Query, out *store.Outcome) error {
 	if s.calls != nil {
 		s.calls.Add(1)
 	}
-	replies := out.replies
+	replies := out.Replies
 	*out = s.o
-	out.replies = replies
-	copy(out.replies, s.o.replies)
+	out.Replies = replies
+	copy(out.Replies, s.o.Replies)
 	return nil
 }

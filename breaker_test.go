@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // TestCircuitBreaker: after 3 failures in a row the limiter stops calling
@@ -28,7 +29,7 @@ func TestCircuitBreaker(t *testing.T) {
 	lim := mustNew(t, c, []Limit{PerMinute(100, Global())}, WithCircuitBreaker(3, 10*time.Second),
 		WithErrorHandler(func(_ *http.Request, err error) { hooked = append(hooked, err) }))
 	clock := &testClock{t: t0}
-	lim.redis.breakers.now = clock.Now
+	lim.redis.Breakers.Now = clock.Now
 	allow := func() error {
 		_, err := lim.Allow(context.Background(), []string{"k"}, 1)
 		return err
@@ -86,7 +87,7 @@ func TestCircuitBreaker(t *testing.T) {
 			t.Fatalf("WRONGTYPE expected, got %v", err)
 		}
 	}
-	if lim.redis.breakers.single.open(clock.Now()) {
+	if lim.redis.Breakers.Single.Open(clock.Now()) {
 		t.Error("WRONGTYPE errors opened the breaker")
 	}
 }
@@ -150,7 +151,7 @@ func TestBreakerSlowCalls(t *testing.T) {
 	timeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded} // what a socket deadline gives
 	lim := mustNew(t, stubClient{}, []Limit{PerMinute(100, Header("X-Client"))}, WithCircuitBreaker(3, time.Hour))
 	blocked := make(chan chan struct{}) // a slow call's release
-	lim.redis.lib = fakeLibrary{decide: func(keys []string) (any, error) {
+	lim.redis.Lib = fakeLibrary{decide: func(keys []string) (any, error) {
 		if strings.Contains(keys[0], "slow") {
 			release := make(chan struct{})
 			blocked <- release
@@ -223,74 +224,53 @@ func TestBreakerSlowCalls(t *testing.T) {
 // its goroutines on time) and starts the count of failures over; timeouts
 // learnt on time still open the breaker.
 func TestBreakerBusyProcess(t *testing.T) {
-	bs := &breakers{failures: 3, coolDown: time.Hour}
-	b := &bs.single
+	bs := &store.Breakers{Failures: 3, CoolDown: time.Hour}
+	b := &bs.Single
 	timeout := fmt.Errorf("ratelimit: redis: %w", context.DeadlineExceeded)
 	onTime := func() { // a deadline an hour away: learnt before it passed
 		start := time.Now()
-		b.done(bs, timeout, false, false, start, start.Add(time.Hour))
+		b.Done(bs, timeout, false, false, start, start.Add(time.Hour))
 	}
 	late := func() { // learnt a second after the deadline of a 100ms decision
 		deadline := time.Now().Add(-time.Second)
-		b.done(bs, timeout, false, false, deadline.Add(-100*time.Millisecond), deadline)
+		b.Done(bs, timeout, false, false, deadline.Add(-100*time.Millisecond), deadline)
 	}
 	onTime()
 	onTime()
 	late()
-	if n := b.consecutive.Load(); n != 0 || b.open(time.Now()) {
-		t.Fatalf("after a timeout learnt late: %d failures counted, open %v; want 0, closed", n, b.open(time.Now()))
+	if n := b.Consecutive.Load(); n != 0 || b.Open(time.Now()) {
+		t.Fatalf("after a timeout learnt late: %d failures counted, open %v; want 0, closed", n, b.Open(time.Now()))
 	}
 	onTime()
 	onTime()
-	if b.open(time.Now()) {
+	if b.Open(time.Now()) {
 		t.Fatal("open after 2 timeouts, with 3 to open it")
 	}
 	onTime()
-	if !b.open(time.Now()) {
+	if !b.Open(time.Now()) {
 		t.Fatal("3 timeouts learnt on time did not open the breaker")
-	}
-}
-
-func TestBusy(t *testing.T) {
-	start := time.Now()
-	for _, c := range []struct {
-		timeout, lag time.Duration
-		want         bool
-	}{
-		{100 * time.Millisecond, 0, false},
-		{100 * time.Millisecond, 25 * time.Millisecond, false}, // a quarter of the timeout: not more
-		{100 * time.Millisecond, 26 * time.Millisecond, true},
-		{time.Millisecond, 10 * time.Millisecond, false}, // 10ms at least
-		{time.Millisecond, 11 * time.Millisecond, true},
-		{time.Second, 200 * time.Millisecond, false},
-		{time.Second, 300 * time.Millisecond, true},
-	} {
-		deadline := start.Add(c.timeout)
-		if got := busy(start, deadline, deadline.Add(c.lag)); got != c.want {
-			t.Errorf("busy, %v late for a %v decision: %v, want %v", c.lag, c.timeout, got, c.want)
-		}
 	}
 }
 
 // TestBreakerIgnoresCancelled: decisions their callers cancelled (clients
 // that went away) neither count as failures nor start the count over.
 func TestBreakerIgnoresCancelled(t *testing.T) {
-	bs := &breakers{failures: 3, coolDown: time.Hour}
-	b := &bs.single
+	bs := &store.Breakers{Failures: 3, CoolDown: time.Hour}
+	b := &bs.Single
 	fail := func(err error) {
 		start := time.Now()
-		b.done(bs, fmt.Errorf("ratelimit: redis: %w", err), false, false, start, start.Add(time.Hour))
+		b.Done(bs, fmt.Errorf("ratelimit: redis: %w", err), false, false, start, start.Add(time.Hour))
 	}
 	fail(context.DeadlineExceeded)
 	fail(context.DeadlineExceeded)
 	for range 10 {
 		fail(context.Canceled)
 	}
-	if b.open(time.Now()) {
+	if b.Open(time.Now()) {
 		t.Fatal("cancelled decisions opened the breaker")
 	}
 	fail(context.DeadlineExceeded)
-	if !b.open(time.Now()) {
+	if !b.Open(time.Now()) {
 		t.Fatal("the third timeout did not open the breaker: cancelled decisions reset the count")
 	}
 }
@@ -326,17 +306,17 @@ func testBreakerIgnoresCallersDeadline(t *testing.T, b backend) {
 // opens the breaker through the calls that had it, whatever the hurried
 // ones do in between.
 func TestBreakerHurriedCalls(t *testing.T) {
-	bs := &breakers{failures: 3, coolDown: time.Hour}
-	b := &bs.single
+	bs := &store.Breakers{Failures: 3, CoolDown: time.Hour}
+	b := &bs.Single
 	timeout := fmt.Errorf("ratelimit: redis: %w", context.DeadlineExceeded)
 	call := func(hurried bool) {
 		start := time.Now()
-		b.done(bs, timeout, false, hurried, start, start.Add(time.Hour))
+		b.Done(bs, timeout, false, hurried, start, start.Add(time.Hour))
 	}
 	for range 10 {
 		call(true)
 	}
-	if b.open(time.Now()) {
+	if b.Open(time.Now()) {
 		t.Fatal("hurried calls opened the breaker")
 	}
 	call(false)
@@ -344,7 +324,7 @@ func TestBreakerHurriedCalls(t *testing.T) {
 	call(false)
 	call(true)
 	call(false)
-	if !b.open(time.Now()) {
+	if !b.Open(time.Now()) {
 		t.Fatal("three timeouts of calls that had time, hurried ones between them, did not open the breaker")
 	}
 }

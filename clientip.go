@@ -390,7 +390,7 @@ func lastForwardedElement(s string) (rest, elem string, more bool) {
 			// not escaped by an odd number of backslashes.
 			j := i - 1
 			for ; j >= 0; j-- {
-				if s[j] == '"' && !escaped(s, j) {
+				if s[j] == '"' && !backslashed(s, j) {
 					break
 				}
 			}
@@ -403,8 +403,8 @@ func lastForwardedElement(s string) (rest, elem string, more bool) {
 	return "", s, false
 }
 
-// escaped reports whether s[i] is preceded by an odd number of backslashes.
-func escaped(s string, i int) bool {
+// backslashed reports whether s[i] is preceded by an odd number of backslashes.
+func backslashed(s string, i int) bool {
 	n := 0
 	for i--; i >= 0 && s[i] == '\\'; i-- {
 		n++
@@ -468,3 +468,123 @@ func quoteHop(s string) string {
 
 // An IPOption configures [ClientIP].
 type IPOption func(*ipConfig)
+
+// TrustProxies returns an IPOption that trusts the reverse proxies at the
+// given addresses: CIDR prefixes ("10.0.0.0/8", "2001:db8::/32") or single
+// IPs ("192.0.2.1", "::1"). Only requests whose peer is one of them have
+// their proxy header read (see [ClientIP]). It may be given several times;
+// the lists add up.
+//
+// An entry that does not parse, a prefix with host bits set
+// ("10.0.0.1/8", usually a typo) or a prefix of length 0 (which would trust
+// every peer and let any client choose its key) is a configuration error.
+// Peers are compared after normalization (see [ClientIP]): IPv4-mapped
+// entries (::ffff:10.0.0.0/104) are converted to IPv4, an IPv6 prefix never
+// matches an IPv4 or IPv4-mapped peer, and zones are dropped.
+func TrustProxies(cidrs ...string) IPOption {
+	return func(c *ipConfig) { c.trust("TrustProxies", cidrs) }
+}
+
+// privateNetworks are the networks TrustPrivateNetworks trusts.
+var privateNetworks = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8", "fc00::/7", "::1/128"}
+
+// TrustPrivateNetworks returns an IPOption that trusts every peer in the
+// private and loopback networks, 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16,
+// 127.0.0.0/8, fc00::/7 and ::1/128, as proxies, and reads the client
+// address from X-Forwarded-For (or the [ProxyHeader] given): for an app
+// behind a load balancer or ingress in a private network, whose clients
+// come from the Internet. It is [TrustProxies] with those networks.
+//
+// Every host in those networks is then believed: any of them can set the
+// header and choose its key, or claim an allow-listed client's address
+// ([WithAllowList]). Use it only if every host that can reach the app
+// directly from a private address is one of your proxies (not, say, other
+// tenants' pods or VMs, or clients on a VPN); otherwise list the proxies'
+// own addresses with TrustProxies. Clients that reach the app from a
+// private address without a proxy are counted by that address, as long as
+// they send no header.
+func TrustPrivateNetworks() IPOption {
+	return func(c *ipConfig) { c.trust("TrustPrivateNetworks", privateNetworks) }
+}
+
+// cloudflareIPs is where Cloudflare publishes the addresses of its proxies.
+const cloudflareIPs = "https://www.cloudflare.com/ips/"
+
+// TrustCloudflare returns an IPOption for an app behind Cloudflare: it
+// trusts the given ranges as proxies, as [TrustProxies] does, and reads the
+// client address from CF-Connecting-IP, which Cloudflare sets to the
+// address of the client that connected to it. Pass Cloudflare's published
+// ranges, IPv4 and IPv6, from https://www.cloudflare.com/ips/ (also served
+// as text at https://www.cloudflare.com/ips-v4 and
+// https://www.cloudflare.com/ips-v6). The list is not built in because
+// Cloudflare changes it: load it with your configuration and keep it
+// current. A stale list makes requests through Cloudflare's new addresses
+// count as Cloudflare's own address, all clients of that address together.
+//
+// Requests that reach the app without Cloudflare, from a peer outside the
+// ranges, are counted by that peer, and their CF-Connecting-IP is ignored.
+// If other proxies stand between Cloudflare and the app (a load balancer),
+// trust them too, with TrustProxies, and make sure they pass
+// CF-Connecting-IP on unchanged.
+//
+// No ranges is a configuration error, as is a range TrustProxies refuses
+// and a [ProxyHeader] naming another header.
+func TrustCloudflare(ranges ...string) IPOption {
+	return func(c *ipConfig) {
+		if len(ranges) == 0 {
+			c.fail(errors.New("TrustCloudflare: no ranges; pass Cloudflare's published ranges, from " + cloudflareIPs))
+			return
+		}
+		c.trust("TrustCloudflare", ranges)
+		c.setHeader("TrustCloudflare", "CF-Connecting-IP")
+	}
+}
+
+// ProxyHeader returns an IPOption that sets the header trusted proxies use to
+// pass on the client address (see [ClientIP]); the default is
+// X-Forwarded-For. "Forwarded" selects RFC 7239 parsing: the for= parameter
+// of each comma-separated element, with quoted values, IPv6 in brackets and
+// optional ports. Any other name, such as "X-Real-IP", is read like
+// X-Forwarded-For: a comma-separated list of IPs, each optionally with a port
+// ("192.0.2.1:4711", "[2001:db8::1]:4711").
+//
+// The header is read only when the peer is a trusted proxy, so ProxyHeader
+// without [TrustProxies] would have no effect: [New] reports it as a
+// configuration error, as it does an empty or malformed name, and two
+// different headers (two ProxyHeader options, or one and [TrustCloudflare],
+// which reads CF-Connecting-IP).
+func ProxyHeader(name string) IPOption {
+	return func(c *ipConfig) {
+		if !isToken(name) {
+			c.fail(fmt.Errorf("ProxyHeader: invalid header name %q", name))
+			return
+		}
+		c.setHeader(fmt.Sprintf("ProxyHeader(%q)", name), name)
+	}
+}
+
+// IPv4Prefix returns an IPOption that groups IPv4 clients by their first bits
+// bits, 1 to 32: with 24, all of 198.51.100.0/24 shares one key. The default
+// is 32, one key per address.
+func IPv4Prefix(bits int) IPOption {
+	return prefixBits("IPv4Prefix", bits, 32, func(c *ipConfig) *int { return &c.v4Bits })
+}
+
+// IPv6Prefix returns an IPOption that groups IPv6 clients by their first bits
+// bits, 1 to 128. The default is 64: a host can usually pick any address in
+// its /64, so counting single addresses would let it escape the limit.
+func IPv6Prefix(bits int) IPOption {
+	return prefixBits("IPv6Prefix", bits, 128, func(c *ipConfig) *int { return &c.v6Bits })
+}
+
+// prefixBits returns an IPOption that sets *field(c) to bits, or records an
+// error if bits is not in 1..max.
+func prefixBits(name string, bits, max int, field func(*ipConfig) *int) IPOption {
+	return func(c *ipConfig) {
+		if bits < 1 || bits > max {
+			c.fail(fmt.Errorf("%s: %d bits is not in 1..%d", name, bits, max))
+			return
+		}
+		*field(c) = bits
+	}
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // TestClusterPipelineRedirects sends batches of decisions, as the pipeline
@@ -41,10 +42,10 @@ func TestClusterPipelineRedirects(t *testing.T) {
 		PerMinute(100, Header("X-Id")).Named("pa"),
 		PerMinute(100, Header("X-Id")).Named("pb"),
 	})
-	lib := slidinglog.New(rdb, true)
-	both := slidinglog.AppendRequest(nil, 0, 1, lim.plan.specs)
-	onlyA := slidinglog.AppendRequest(nil, 0, 1, lim.plan.specsOf([]int{0}))
-	onlyB := slidinglog.AppendRequest(nil, 0, 1, lim.plan.specsOf([]int{1}))
+	lib := slidinglog.New(luaCode, rdb, true)
+	both := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua)
+	onlyA := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.LuaOf([]int{0}))
+	onlyB := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.LuaOf([]int{1}))
 	pair := func(id string) []string { return []string{logKey("pa", id), logKey("pb", id)} }
 
 	// The migrating client, and healthy ones on the same primary, each in
@@ -53,7 +54,7 @@ func TestClusterPipelineRedirects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slot := keySlot(logKey("pa", "mig"))
+	slot := store.KeySlot(logKey("pa", "mig"))
 	var healthy []string
 	slots := map[int]bool{slot: true}
 	for i := 0; i < 10_000 && len(healthy) < 5; i++ {
@@ -62,7 +63,7 @@ func TestClusterPipelineRedirects(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s := keySlot(logKey("pa", id)); p == source && !slots[s] {
+		if s := store.KeySlot(logKey("pa", id)); p == source && !slots[s] {
 			slots[s] = true
 			healthy = append(healthy, id)
 		}
@@ -222,13 +223,13 @@ func TestClusterBatchTryAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slot := keySlot(logKey("ba", "mig"))
+	slot := store.KeySlot(logKey("ba", "mig"))
 	healthy := ""
 	for i := 0; i < 10_000 && healthy == ""; i++ {
 		id := "h" + strconv.Itoa(i)
 		if p, err := c.PrimaryFor(logKey("ba", id)); err != nil {
 			t.Fatal(err)
-		} else if p == source && keySlot(logKey("ba", id)) != slot {
+		} else if p == source && store.KeySlot(logKey("ba", id)) != slot {
 			healthy = id
 		}
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // clusterSuite is the part of the core suite that runs on a Redis Cluster
@@ -218,7 +219,7 @@ func testSingleSlot(t *testing.T, b backend) {
 		PerHour(5, Global()).Named("global"),
 		PerHour(2, Header("X-User")).Named("user"),
 	}, WithSingleSlot())
-	if lim.plan.split {
+	if lim.rules.spec.Split {
 		t.Fatal("WithSingleSlot still splits decisions")
 	}
 	admitted := 0
@@ -430,13 +431,13 @@ func testPipelineReload(t *testing.T, b backend) {
 			t.Fatal(err)
 		}
 		forEachPrimary(t, c, func(p *redis.Client) error { return p.FunctionFlush(ctx).Err() })
-		lib := slidinglog.New(c, true) // a pipeline, whatever c is
+		lib := slidinglog.New(luaCode, c, true) // a pipeline, whatever c is
 		lib.SetScriptsOnly(scriptsOnly)
 		var keys [][]string
 		var reqs [][]byte
 		for id := range 12 { // keys on every primary
 			keys = append(keys, []string{logKey("pipe", strconv.Itoa(id))})
-			reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.plan.specs))
+			reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua))
 		}
 		replies, errs := lib.DecideAll(keys, reqs)
 		for i := range replies {
@@ -956,7 +957,7 @@ func TestClusterSlotMigration(t *testing.T) {
 		switch {
 		case migrating == "":
 			migrating = id
-		case keySlot(logKey("ma", id)) != keySlot(logKey("ma", migrating)):
+		case store.KeySlot(logKey("ma", id)) != store.KeySlot(logKey("ma", migrating)):
 			others = append(others, id)
 		}
 	}
@@ -970,7 +971,7 @@ func TestClusterSlotMigration(t *testing.T) {
 		}
 	}
 
-	slot := keySlot(logKey("ma", migrating))
+	slot := store.KeySlot(logKey("ma", migrating))
 	if got, err := rdb.ClusterKeySlot(ctx, logKey("ma", migrating)).Result(); err != nil || got != int64(slot) {
 		t.Fatalf("CLUSTER KEYSLOT %d, %v; keySlot %d", got, err, slot)
 	}
@@ -1060,7 +1061,7 @@ func TestClusterDownRecovery(t *testing.T) {
 	ctx := context.Background()
 	lim := mustNew(t, c.Client(), []Limit{PerHour(1_000_000, Header("X-Id")).Named("cd")})
 	clock := &testClock{t: t0}
-	lim.redis.breakers.now = clock.Now
+	lim.redis.Breakers.Now = clock.Now
 	ps, err := c.Primaries()
 	if err != nil {
 		t.Fatal(err)
@@ -1096,7 +1097,7 @@ func TestClusterDownRecovery(t *testing.T) {
 	slot := -1
 	for _, s := range slots {
 		if len(s.Nodes) > 0 && s.Nodes[0].Addr == down.Addr {
-			if slot = s.Start; slot == keySlot(logKey("cd", ids[down])) {
+			if slot = s.Start; slot == store.KeySlot(logKey("cd", ids[down])) {
 				slot++
 			}
 			break
@@ -1136,53 +1137,5 @@ func TestClusterDownRecovery(t *testing.T) {
 		if err := allow(id); err != nil {
 			t.Errorf("once the cluster is ok again, %s on %s (the node that said CLUSTERDOWN: %v): %v", id, p.Addr, p == down, err)
 		}
-	}
-}
-
-// TestKeySlot: keySlot agrees with Redis's CLUSTER KEYSLOT (the examples
-// of its documentation; TestClusterSlotMigration asks a real cluster).
-func TestKeySlot(t *testing.T) {
-	for key, want := range map[string]int{
-		"somekey": 11058, "foo{hash_tag}": 2515, "bar{hash_tag}": 2515, "hash_tag": 2515,
-		"foo": 12182, "{foo}": 12182, "a{}b": keySlot("a{}b"), "{}": crc16Slot("{}"), "x{": crc16Slot("x{"),
-	} {
-		if got := keySlot(key); got != want {
-			t.Errorf("keySlot(%q) = %d, want %d", key, got, want)
-		}
-	}
-	if keySlot("a{}b") != crc16Slot("a{}b") {
-		t.Error("an empty hash tag must hash the whole key")
-	}
-}
-
-func crc16Slot(s string) int { return int(crc16(s)) % clusterSlots }
-
-// TestMigratingSlots: a slot that answered TRYAGAIN has its groups of
-// several limits decided one limit at a time for migrationMemory, and
-// only its own.
-func TestMigratingSlots(t *testing.T) {
-	var m migratingSlots
-	now := time.Now()
-	keys := []string{"a:{x}", "b:{x}", "a:{y}", "b:{y}", "g:{global}"}
-	groups := [][]int{{0, 1}, {2, 3}, {4}}
-	if got := m.split(groups, keys, now); fmt.Sprint(got) != fmt.Sprint(groups) {
-		t.Errorf("nothing marked: %v", got)
-	}
-	m.mark("c:{y}", now)
-	want := [][]int{{0, 1}, {2}, {3}, {4}}
-	if got := m.split(groups, keys, now.Add(migrationMemory-time.Millisecond)); fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("{y} marked: %v, want %v", got, want)
-	}
-	if fmt.Sprint(groups) != "[[0 1] [2 3] [4]]" {
-		t.Errorf("split changed its argument: %v", groups)
-	}
-	if got := m.split(groups, keys, now.Add(migrationMemory)); fmt.Sprint(got) != fmt.Sprint(groups) {
-		t.Errorf("after migrationMemory: %v", got)
-	}
-	if got := splitGroup(groups, 0); fmt.Sprint(got) != "[[0] [1] [2 3] [4]]" {
-		t.Errorf("splitGroup: %v", got)
-	}
-	if allocs := testing.AllocsPerRun(100, func() { m.split(groups, keys, now.Add(time.Hour)) }); allocs != 0 {
-		t.Errorf("split with no slot marked allocates %v times", allocs)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // decide decides a request of cost over the limits' keys for s.ids.
@@ -16,51 +17,51 @@ import (
 // Key escaped itself need not be escaped again; ids from elsewhere always
 // are. With peek, nothing is logged: the Result says whether the request
 // would be admitted and what each limit has left.
-func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, peek bool) (Result, error) {
+func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, peek bool) (Result, error) {
 	if cost < 1 {
 		return Result{}, fmt.Errorf("ratelimit: cost %d is below 1", cost)
 	}
-	if l.cfg.logger != nil {
-		l.evictions.start(l.client, l.cfg.logger) // once per family, in the background
+	if rs.cfg.logger != nil {
+		rs.evictions.Start(rs.client, rs.cfg.logger) // once per Limiter, in the background
 	}
 	q := &s.q
-	*q = query{plan: l.plan, cost: cost, peek: peek, wall: time.Now(), timeout: l.cfg.timeout}
-	q.local = q.wall
-	if l.cfg.clock != nil {
-		q.local = l.cfg.clock()
-		if q.now = q.local.UnixMicro(); q.now < minClock {
+	*q = store.Query{Spec: rs.spec, Cost: cost, Peek: peek, Wall: time.Now(), Timeout: rs.cfg.timeout}
+	q.Local = q.Wall
+	if rs.cfg.clock != nil {
+		q.Local = rs.cfg.clock()
+		if q.Now = q.Local.UnixMicro(); q.Now < minClock {
 			// A broken clock (a zero time.Time, say); 0 would even
 			// make Redis use its own.
-			return Result{}, fmt.Errorf("ratelimit: clock reads %v, before 2001-09-09", q.local)
+			return Result{}, fmt.Errorf("ratelimit: clock reads %v, before 2001-09-09", q.Local)
 		}
 	}
-	q.deadline = l.deadline(ctx, q.wall)
-	if l.tiered {
-		counted, err := l.resolvePlans(ctx, s, q.local, q.deadline)
+	q.Deadline = rs.deadline(ctx, q.Wall)
+	if rs.tiered {
+		counted, err := rs.resolvePlans(ctx, s, q.Local, q.Deadline)
 		if err != nil {
 			return Result{}, err
 		}
-		q.quotas = s.quotas
+		q.Quotas = s.quotas
 		if !counted { // every limit exempts the client: nothing to ask
 			out := &s.out
-			out.reset(s.replies(len(l.limits)))
-			out.allowed, out.now = true, q.local.UnixMicro()
-			return l.result(s, out, cost, peek), nil
+			out.Reset(s.replies(len(rs.limits)))
+			out.Allowed, out.Now = true, q.Local.UnixMicro()
+			return rs.result(s, out, cost, peek), nil
 		}
 	}
-	q.keys, q.tags = l.keys(s, fromKeys)
+	q.Keys, q.Tags = rs.keys(s, fromKeys)
 	out := &s.out
-	out.reset(s.replies(len(l.limits)))
-	err := l.store.decide(ctx, q, out)
-	if err != nil && !out.local {
-		return Result{Unreverted: out.unreverted}, err
+	out.Reset(s.replies(len(rs.limits)))
+	err := rs.store.Decide(ctx, q, out)
+	if err != nil && !out.Local {
+		return Result{Unreverted: out.Unreverted}, err
 	}
-	res := l.result(s, out, cost, peek)
-	if err == nil && out.allowed && !peek && s.wantTicket {
-		t := &ticket{rs: l.redis, denies: l.denies, plan: l.plan, keys: slices.Clone(q.keys), tags: slices.Clone(q.tags),
-			cost: cost, stamps: make([]int64, len(q.keys)), timeout: l.cfg.timeout}
+	res := rs.result(s, out, cost, peek)
+	if err == nil && out.Allowed && !peek && s.wantTicket {
+		t := &ticket{rs: rs.redis, denies: rs.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
+			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout}
 		for i := range t.stamps {
-			t.stamps[i] = out.replies[i].next
+			t.stamps[i] = out.Replies[i].Next
 		}
 		res.ticket = t
 	}
@@ -70,11 +71,11 @@ func (l *Limiter) decide(ctx context.Context, s *scratch, cost int, fromKeys, pe
 // resolvePlans finds the plan of the client of each limit with plans, for
 // s.ids, at now: its tier into s.tiers and its quota into s.quotas (0 for
 // Unlimited: not counted). It reports whether any limit counts the request.
-func (l *Limiter) resolvePlans(ctx context.Context, s *scratch, now, deadline time.Time) (counted bool, err error) {
-	s.tiers = grow(s.tiers, len(l.limits))
-	s.quotas = grow(s.quotas, len(l.limits))
-	for i := range l.limits {
-		lim := &l.limits[i]
+func (rs *ruleset) resolvePlans(ctx context.Context, s *scratch, now, deadline time.Time) (counted bool, err error) {
+	s.tiers = grow(s.tiers, len(rs.limits))
+	s.quotas = grow(s.quotas, len(rs.limits))
+	for i := range rs.limits {
+		lim := &rs.limits[i]
 		if lim.tierOf != nil {
 			if s.tiers[i], err = lim.planOf(ctx, s.ids[i], now, deadline); err != nil {
 				return false, fmt.Errorf("ratelimit: limit %s: plan: %w", lim.Name, err)
@@ -110,7 +111,7 @@ func (lim *compiledLimit) planOf(ctx context.Context, id string, now, deadline t
 // deadline returns when a call to Redis begun at start must end: after the
 // limiter's timeout, or at ctx's deadline if that is earlier.
 func (l *Limiter) deadline(ctx context.Context, start time.Time) time.Time {
-	return deadline(ctx, start, l.cfg.timeout)
+	return store.Deadline(ctx, start, l.cfg.timeout)
 }
 
 // scratch holds what one decision needs, recycled through scratches so that
@@ -123,12 +124,12 @@ type scratch struct {
 	ends       []int
 	keys       []string
 	tags       []string
-	reps       []reply
+	reps       []store.Reply
 	limits     []LimitResult
-	tiers      []int // each limit's plan (tier), when the Limiter has plans
-	quotas     []int // and quota (0: not counted)
-	q          query // q.abandoned: a call that may still read the keys went on without the decision
-	out        outcome
+	tiers      []int       // each limit's plan (tier), when the Limiter has plans
+	quotas     []int       // and quota (0: not counted)
+	q          store.Query // q.abandoned: a call that may still read the keys went on without the decision
+	out        store.Outcome
 }
 
 var scratches = sync.Pool{New: func() any { return new(scratch) }}
@@ -137,7 +138,7 @@ func getScratch() *scratch { return scratches.Get().(*scratch) }
 
 // put returns s to the pool. Nothing may use what it holds afterwards.
 func (s *scratch) put() {
-	if s.q.abandoned {
+	if s.q.Abandoned {
 		return // left to the collector
 	}
 	clear(s.ids)
@@ -145,11 +146,11 @@ func (s *scratch) put() {
 	clear(s.tags)
 	s.ids, s.keys, s.tags, s.tiers, s.quotas = s.ids[:0], s.keys[:0], s.tags[:0], s.tiers[:0], s.quotas[:0]
 	s.wantTicket = false
-	s.q, s.out = query{}, outcome{}
+	s.q, s.out = store.Query{}, store.Outcome{}
 	scratches.Put(s)
 }
 
-func (s *scratch) replies(n int) []reply {
+func (s *scratch) replies(n int) []store.Reply {
 	s.reps = grow(s.reps, n)
 	return s.reps
 }
@@ -163,12 +164,12 @@ func (s *scratch) results(n int) []LimitResult {
 
 // keys builds the Redis key of every limit for s.ids, and returns each key's
 // hash tag. All keys share one allocation, a string that may outlive s.
-func (l *Limiter) keys(s *scratch, fromKeys bool) (keys, tags []string) {
-	n := len(l.limits)
+func (rs *ruleset) keys(s *scratch, fromKeys bool) (keys, tags []string) {
+	n := len(rs.limits)
 	buf := s.buf[:0]
 	s.ends = grow(s.ends, 2*n)
-	for i := range l.limits {
-		lim := &l.limits[i]
+	for i := range rs.limits {
+		lim := &rs.limits[i]
 		start := len(buf)
 		buf = appendKey(buf, lim.head, s.ids[i], fromKeys && lim.Key.escaped)
 		s.ends[2*i], s.ends[2*i+1] = start, len(buf)
@@ -176,66 +177,66 @@ func (l *Limiter) keys(s *scratch, fromKeys bool) (keys, tags []string) {
 	s.buf = buf
 	all := string(buf)
 	s.keys = grow(s.keys, n)
-	for i := range l.limits {
+	for i := range rs.limits {
 		s.keys[i] = all[s.ends[2*i]:s.ends[2*i+1]]
 	}
-	if !l.plan.split {
+	if !rs.spec.Split {
 		return s.keys, nil
 	}
-	s.tags = l.tags(grow(s.tags, n), s.keys)
+	s.tags = rs.tags(grow(s.tags, n), s.keys)
 	return s.keys, s.tags
 }
 
 // tags stores in dst the hash tag of each of keys, one per limit: what
 // stands between the key's head and its closing '}'. It returns dst.
-func (l *Limiter) tags(dst, keys []string) []string {
+func (rs *ruleset) tags(dst, keys []string) []string {
 	for i, key := range keys {
-		dst[i] = key[len(l.limits[i].head) : len(key)-1]
+		dst[i] = key[len(rs.limits[i].head) : len(key)-1]
 	}
 	return dst
 }
 
 // result builds the Result of a decision of cost from its outcome; its
 // Limits are s's, which the caller copies if they are to outlive s.
-func (l *Limiter) result(s *scratch, out *outcome, cost int, peek bool) Result {
-	res := Result{Allowed: out.allowed, Now: time.UnixMicro(out.now), Limits: s.results(len(l.limits)), Local: out.local, Cached: out.cached}
+func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) Result {
+	res := Result{Allowed: out.Allowed, Now: time.UnixMicro(out.Now), Limits: s.results(len(rs.limits)), Local: out.Local, Cached: out.Cached}
 	closest := -1
-	for i := range l.limits {
-		lim, r := &l.limits[i], out.replies[i]
+	for i := range rs.limits {
+		lim, r := &rs.limits[i], out.Replies[i]
 		lr := &res.Limits[i]
 		t := 0
 		if len(s.tiers) > 0 {
 			t = s.tiers[i]
 		}
 		*lr = lim.result(t)
-		if !r.ok {
+		if !r.OK {
 			lr.Skipped = true
 			continue
 		}
-		lr.Denied = r.count+int64(cost) > int64(lr.Quota)
-		used := r.count
-		if out.allowed && !peek && !lr.Denied { // a shadow limit without room logged nothing
+		lr.Denied = r.Count+int64(cost) > int64(lr.Quota)
+		used := r.Count
+		if out.Allowed && !peek && !lr.Denied { // a shadow limit without room logged nothing
 			used += int64(cost)
 		}
 		lr.Remaining = int(max(int64(lr.Quota)-used, 0))
-		if r.reset == -1 { // the cost can never fit: the log is empty a window from now at the latest
-			r.reset = r.now + lim.Window.Microseconds()
+		if r.Reset == -1 { // the cost can never fit: the log is empty a window from now at the latest
+			r.Reset = r.Now + lim.Window.Microseconds()
 		}
-		lr.Reset = time.UnixMicro(r.reset)
+		lr.Reset = time.UnixMicro(r.Reset)
 		// The headers describe an enforced limit if there is one.
 		if c := &res.Limits[max(closest, 0)]; closest < 0 ||
 			!lr.Shadow && c.Shadow || lr.Shadow == c.Shadow && closer(lr, c) {
 			closest = i
 		}
 	}
-	if !out.allowed {
-		closest = out.denier
-		res.DeniedBy = l.limits[closest].Name
+	if !out.Allowed {
+		closest = out.Denier
+		res.DeniedBy = rs.limits[closest].Name
 		if cost <= res.Limits[closest].Quota {
 			res.RetryAfter = max(res.Limits[closest].Reset.Sub(res.Now), 0)
 		}
 	}
-	res.Unreverted = out.unreverted
+	res.Unreverted = out.Unreverted
 	if closest < 0 { // no limit counts the client (see Plans)
 		res.index = -1
 		return res
@@ -271,18 +272,18 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 	// Keys that share a hash tag go in one call: on a cluster they share a
 	// slot, elsewhere everything does. A refund is a rollback of the whole
 	// request.
-	p := t.plan
-	groups := p.whole
-	if p.split {
-		groups = p.groups(t.tags)
+	p := t.spec
+	groups := p.Whole
+	if p.Split {
+		groups = p.Groups(t.tags)
 	}
-	reservations := reservationsOf(p, t.keys, groups, t.cost, func(i int) int64 { return t.stamps[i] })
+	reservations := store.Reservations(p, t.keys, groups, t.cost, func(i int) int64 { return t.stamps[i] })
 	var err error
-	if n := t.rs.rollbacks.rollback(reservations, t.cost, deadline(ctx, time.Now(), t.timeout)); n > 0 {
+	if n := t.rs.Rollbacks.Rollback(reservations, t.cost, store.Deadline(ctx, time.Now(), t.timeout)); n > 0 {
 		err = fmt.Errorf("%w: %d units stay counted until they leave their windows", ErrNotReverted, n)
 	}
 	for i, key := range t.keys {
-		t.denies.forget(logID{key, p.limits[i].field})
+		t.denies.Forget(store.LogID{Key: key, Field: p.Limits[i].Field})
 	}
 	return err
 }
@@ -310,17 +311,17 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 // says why Redis did not decide. Errors in the arguments (wrong number of
 // ids, an empty id, a cost below 1) never get a local decision.
 func (l *Limiter) Allow(ctx context.Context, ids []string, cost int) (Result, error) {
-	return l.allowIDs(ctx, ids, cost, false)
+	return l.rules.allowIDs(ctx, ids, cost, false)
 }
 
 // allowIDs checks ids and decides for them; see Allow and Status.
-func (l *Limiter) allowIDs(ctx context.Context, ids []string, cost int, peek bool) (Result, error) {
-	if len(ids) != len(l.limits) {
-		return Result{}, fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(l.limits))
+func (rs *ruleset) allowIDs(ctx context.Context, ids []string, cost int, peek bool) (Result, error) {
+	if len(ids) != len(rs.limits) {
+		return Result{}, fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(rs.limits))
 	}
 	for i, id := range ids {
 		if id == "" {
-			return Result{}, fmt.Errorf("%w: empty id for limit %s", ErrNoKey, l.limits[i].Name)
+			return Result{}, fmt.Errorf("%w: empty id for limit %s", ErrNoKey, rs.limits[i].Name)
 		}
 	}
 	s := getScratch()
@@ -328,12 +329,12 @@ func (l *Limiter) allowIDs(ctx context.Context, ids []string, cost int, peek boo
 	s.ids = append(s.ids, ids...)
 	s.wantTicket = true
 	var start time.Time
-	if !peek && l.watched() {
+	if !peek && rs.watched() {
 		start = time.Now()
 	}
-	res, err := l.decide(ctx, s, cost, false, peek)
-	if !peek && l.watched() {
-		l.observe(nil, ids, &res, err, start)
+	res, err := rs.decide(ctx, s, cost, false, peek)
+	if !peek && rs.watched() {
+		rs.observe(nil, ids, &res, err, start)
 	}
 	res.Limits = slices.Clone(res.Limits)
 	return res, err
@@ -349,7 +350,7 @@ func (l *Limiter) allowIDs(ctx context.Context, ids []string, cost int, peek boo
 // not observed, and does not apply FailLocal: on an error the Result is the
 // zero value.
 func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, error) {
-	return l.allowIDs(ctx, ids, cost, true)
+	return l.rules.allowIDs(ctx, ids, cost, true)
 }
 
 // Reset forgets everything l's limits have counted for ids (one per limit,
@@ -362,35 +363,49 @@ func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, e
 // reset a limit a route declared ([WithRoutes]), call Reset on a Limiter
 // built with that limit (the same name and prefix address the same
 // counts).
-func (l *Limiter) Reset(ctx context.Context, ids []string) error {
-	if len(ids) != len(l.limits) {
-		return fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(l.limits))
+func (l *Limiter) Reset(ctx context.Context, ids []string) error { return l.rules.reset(ctx, ids) }
+
+// reset is Reset over p's limits.
+func (rs *ruleset) reset(ctx context.Context, ids []string) error {
+	if len(ids) != len(rs.limits) {
+		return fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(rs.limits))
 	}
 	s := getScratch()
 	defer s.put()
 	s.ids = append(s.ids, ids...)
-	keys, _ := l.keys(s, false)
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
+	keys, _ := rs.keys(s, false)
+	ctx, cancel := context.WithTimeout(ctx, rs.cfg.timeout)
 	defer cancel()
 	var errs []error
 	for i, key := range keys {
 		// One call per limit: on a cluster the keys of other identifiers
 		// may live elsewhere.
-		req := slidinglog.AppendRequest(nil, 0, 1, l.plan.limits[i].spec)
-		if _, err := l.redis.lib.Forget(ctx, []string{key}, req); err != nil {
-			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", l.limits[i].Name, err))
+		req := slidinglog.AppendRequest(nil, 0, 1, rs.spec.Limits[i].Lua)
+		if _, err := rs.redis.Lib.Forget(ctx, []string{key}, req); err != nil {
+			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", rs.limits[i].Name, err))
 		}
-		l.denies.forget(logID{key, l.plan.limits[i].field})
+		rs.denies.Forget(store.LogID{Key: key, Field: rs.spec.Limits[i].Field})
 	}
 	return errors.Join(errs...)
 }
 
-// Unreverted returns how many units of cost this Limiter and those derived
-// from it have left counted in Redis for requests that were not admitted
+// Unreverted returns how many units of cost this Limiter, its routes included,
+// has left counted in Redis for requests that were not admitted
 // (or were refunded), because Redis could not take them back: a Redis
 // Cluster decision that reserved room on one primary and was then denied
 // or failed on another, or a refund, whose removal Redis did not confirm
 // within 30 seconds or before the entries would have left their
 // windows anyway. Such units stay counted until they leave their windows.
 // The count only grows; metrics export it as a counter.
-func (l *Limiter) Unreverted() uint64 { return l.redis.rollbacks.unreverted.Load() }
+func (l *Limiter) Unreverted() uint64 { return l.redis.Rollbacks.Unreverted.Load() }
+
+// grow returns sl resized to n and cleared, reusing its array when it is
+// large enough.
+func grow[T any](sl []T, n int) []T {
+	if cap(sl) < n {
+		return make([]T, n)
+	}
+	sl = sl[:n]
+	clear(sl)
+	return sl
+}

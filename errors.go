@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // ErrUnexpectedReply is returned (wrapped) when Redis answers the limiter's
@@ -15,7 +16,7 @@ var ErrUnexpectedReply = slidinglog.ErrUnexpectedReply
 // because its circuit breaker is open: Redis failed several times in a row
 // and the cool-down has not passed (see [WithCircuitBreaker]). The request
 // gets the failure mode at once, without waiting for a timeout.
-var ErrCircuitOpen = errors.New("ratelimit: circuit open: Redis failed repeatedly, not calling it during the cool-down")
+var ErrCircuitOpen = store.ErrCircuitOpen
 
 // ErrNotRefundable is returned by [Limiter.Refund] for a Result that did
 // not admit a request, or that did not come from Allow (or the middleware

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // recordHandler is a slog.Handler that keeps every record.
@@ -39,7 +40,7 @@ func (h *recordHandler) evictionWarnings() []map[string]string {
 	defer h.mu.Unlock()
 	var ws []map[string]string
 	for _, r := range h.records {
-		if r.Message != evictionWarning {
+		if r.Message != store.EvictionWarning {
 			continue
 		}
 		attrs := map[string]string{"level": r.Level.String()}
@@ -58,8 +59,8 @@ func (h *recordHandler) evictionWarnings() []map[string]string {
 func waitEvictionCheck(t *testing.T, lim *Limiter) {
 	t.Helper()
 	select {
-	case <-lim.evictions.done:
-	case <-time.After(evictionCheckTimeout + 20*time.Second):
+	case <-lim.evictions.Done:
+	case <-time.After(store.EvictionCheckTimeout + 20*time.Second):
 		t.Fatal("the memory policy check did not end")
 	}
 }
@@ -73,15 +74,15 @@ func decideFamily(t *testing.T, c redis.UniversalClient) (*Limiter, *recordHandl
 	h := &recordHandler{}
 	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-Id")).Named("evict")}, WithLogger(slog.New(h), false),
 		WithRoutes(map[string]RouteLimits{"/login": {Limits: []Limit{PerMinute(100, Header("X-Id")).Named("evict-login")}}}))
-	login := lim.forRoute("POST", "/login")
-	if login == lim {
-		t.Fatal("no Limiter for the route")
+	login := lim.forRoute("POST", "/login").all
+	if login == lim.rules {
+		t.Fatal("no ruleset for the route")
 	}
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Go(func() {
-			l := lim
+			l := lim.rules
 			if i%2 == 1 {
 				l = login
 			}
@@ -89,7 +90,7 @@ func decideFamily(t *testing.T, c redis.UniversalClient) (*Limiter, *recordHandl
 			for j := range ids {
 				ids[j] = strconv.Itoa(i)
 			}
-			if _, err := l.Allow(ctx, ids, 1); err != nil {
+			if _, err := l.allowIDs(ctx, ids, 1, false); err != nil {
 				t.Error(err)
 			}
 		})
@@ -97,11 +98,11 @@ func decideFamily(t *testing.T, c redis.UniversalClient) (*Limiter, *recordHandl
 	wg.Wait()
 	waitEvictionCheck(t, lim)
 	if login.evictions != lim.evictions {
-		t.Error("a derived Limiter checks the memory policy apart from its parent")
+		t.Error("a route's policy checks the memory policy apart from its Limiter")
 	}
 	// Decisions after the check ask nothing more.
 	for i := range 3 {
-		if _, err := login.Allow(ctx, []string{"late", strconv.Itoa(i)}, 1); err != nil {
+		if _, err := login.allowIDs(ctx, []string{"late", strconv.Itoa(i)}, 1, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -196,7 +197,7 @@ func TestEvictionWarningPolicies(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				if lim.evictions.started.Load() {
+				if lim.evictions.Started.Load() {
 					t.Error("a Limiter without a logger checked the memory policy")
 				}
 				if n := commandCalls(t, admin, "config|get"); n != 0 {

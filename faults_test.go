@@ -127,7 +127,7 @@ var faultTable = []faultRow{
 	// source is sent.
 	{name: "NOSCRIPT", fault: fakeFault{reply: "NOSCRIPT No matching script. Please use EVAL.", commands: []string{"EVALSHA"}},
 		setup: func(_ *testing.T, lim *Limiter, _ *redis.Client) {
-			lim.redis.lib.(*slidinglog.Redis).SetScriptsOnly(true)
+			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(true)
 		},
 		gets: getsDecided, loads: loadsScriptsNS, others: "0"},
 	// The library is not loaded (restart, FUNCTION FLUSH, a new node): it
@@ -200,8 +200,8 @@ func TestRedisAnswers(t *testing.T) {
 				PerHour(100, Header("X-Id")).Named("fb"),
 			}, WithCircuitBreaker(failures, time.Second), WithTimeout(timeout), WithDenyCache(0)) // every decision reaches the server
 			clock := &testClock{t: t0}
-			lim.redis.breakers.now = clock.Now
-			lib := lim.redis.lib.(*slidinglog.Redis)
+			lim.redis.Breakers.Now = clock.Now
+			lib := lim.redis.Lib.(*slidinglog.Redis)
 			allow := func(id string) (Result, error) { return lim.Allow(ctx, []string{id, id}, 1) }
 			if _, err := allow("warm-up"); err != nil { // loads the library
 				t.Fatal(err)
@@ -253,7 +253,7 @@ func TestRedisAnswers(t *testing.T) {
 			}
 
 			// The breaker.
-			if open := lim.redis.breakers.single.open(clock.Now()); open != row.counts {
+			if open := lim.redis.Breakers.Single.Open(clock.Now()); open != row.counts {
 				t.Errorf("after %d replies in a row the breaker is open: %v, want %v", failures, open, row.counts)
 			}
 			// How the code is loaded.
@@ -319,7 +319,7 @@ func TestNOPERMOnKeysKeepsFunctions(t *testing.T) {
 	app := redis.NewClient(&opts)
 	t.Cleanup(func() { _ = app.Close() })
 	lim := mustNew(t, app, []Limit{PerMinute(10, Header("X-Id")).Named("acl")})
-	lib := lim.redis.lib.(*slidinglog.Redis)
+	lib := lim.redis.Lib.(*slidinglog.Redis)
 	for i := range 6 {
 		if _, err := lim.Allow(ctx, []string{"denied"}, 1); err == nil || !strings.Contains(err.Error(), "NOPERM") {
 			t.Fatalf("decision %d on a denied key: %v, want NOPERM", i, err)
@@ -331,7 +331,7 @@ func TestNOPERMOnKeysKeepsFunctions(t *testing.T) {
 	if lib.ScriptsOnly() || !lib.Functions() {
 		t.Errorf("after NOPERM on keys: scripts for good %v, functions %v; want false, true", lib.ScriptsOnly(), lib.Functions())
 	}
-	if lim.redis.breakers.single.open(time.Now()) {
+	if lim.redis.Breakers.Single.Open(time.Now()) {
 		t.Error("NOPERM on keys opened the breaker")
 	}
 	// The operator fixes the ACL.
@@ -489,7 +489,7 @@ func (ff fakeFault) applies(args []string) bool {
 	if len(args) < 3 {
 		return false
 	}
-	if _, readOnly := slidinglog.FunctionNames(); ff.writes && args[1] == readOnly {
+	if _, readOnly := luaCode.FunctionNames(); ff.writes && args[1] == readOnly {
 		return false
 	}
 	n, err := strconv.Atoi(args[2])

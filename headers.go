@@ -38,18 +38,18 @@ func ceilSeconds(d time.Duration) int64 {
 // a decision that consulted only shadow limits (the enforced ones exempt
 // the client by its plans) gets RateLimit-Policy alone, if any limit is in
 // force.
-func (l *Limiter) writeHeaders(h http.Header, res *Result) {
+func (rs *ruleset) writeHeaders(h http.Header, res *Result) {
 	if res.index < 0 {
 		return // no limit counts the client (Unlimited plans)
 	}
 	enforced := !res.Limits[res.index].Shadow // else only shadow limits were consulted
-	if l.cfg.headers&HeadersXRateLimit != 0 && enforced {
+	if rs.cfg.headers&HeadersXRateLimit != 0 && enforced {
 		reset := resetSeconds(res.Reset)
-		h[hdrLimit] = l.limits[res.index].tiers[res.Limits[res.index].tier].limitHdr
-		h[hdrRemaining] = number(int64(res.Remaining))
-		h[hdrReset] = number(reset)
+		h[hdrLimit] = rs.limits[res.index].tiers[res.Limits[res.index].tier].limitHdr
+		h[hdrRemaining] = headerNumber(int64(res.Remaining))
+		h[hdrReset] = headerNumber(reset)
 	}
-	if l.cfg.headers&HeadersIETF != 0 {
+	if rs.cfg.headers&HeadersIETF != 0 {
 		var buf [256]byte // most headers fit: one allocation, the string
 		b := buf[:0]
 		// policy is the index of the plans in policyHeaders, or past its
@@ -57,14 +57,14 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 		// many plans cannot overflow it.
 		policy := 0
 		for i, lr := range res.Limits {
-			policy = min(policy*len(l.limits[i].tiers)+lr.tier, len(l.policyHeaders))
+			policy = min(policy*len(rs.limits[i].tiers)+lr.tier, len(rs.policyHeaders))
 			if lr.Skipped || lr.Shadow {
 				continue
 			}
 			if len(b) > 0 {
 				b = append(b, ", "...)
 			}
-			b = append(b, l.limits[i].tiers[lr.tier].quotedName...)
+			b = append(b, rs.limits[i].tiers[lr.tier].quotedName...)
 			b = append(b, ";r="...)
 			b = strconv.AppendInt(b, int64(lr.Remaining), 10)
 			b = append(b, ";t="...)
@@ -76,17 +76,17 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 		// RateLimit-Policy names every policy in force for the client,
 		// those the decision did not consult included.
 		var value []string
-		if policy < len(l.policyHeaders) {
-			value = l.policyHeaders[policy]
+		if policy < len(rs.policyHeaders) {
+			value = rs.policyHeaders[policy]
 		} else {
-			value = l.policiesOf(res)
+			value = rs.policiesOf(res)
 		}
 		if value[0] != "" {
 			h[hdrPolicy] = value
 		}
 	}
 	if !res.Allowed && res.RetryAfter > 0 {
-		h[hdrRetryAfter] = number(ceilSeconds(res.RetryAfter))
+		h[hdrRetryAfter] = headerNumber(ceilSeconds(res.RetryAfter))
 	}
 }
 
@@ -94,8 +94,8 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 // decision of the same request left there, so that the client sees one
 // answer however many decisions it met: another Limiter further up the
 // chain (a per-IP Limiter in front of authentication, a per-user one
-// behind it, on the same Redis or another), or the first pass of l's own
-// family when this is the decision of a route's own limits (see
+// behind it, on the same Redis or another), or the first pass of the same
+// Limiter when this is the decision of a route's own limits (see
 // Limiter.inPass). The X-RateLimit fields describe the limit closest to
 // denying across the decisions: a denial's over an admission's, the later
 // Retry-After's of two denials, else the fewest units remaining, then the
@@ -105,13 +105,13 @@ func (l *Limiter) writeHeaders(h http.Header, res *Result) {
 // the earlier first. The state is the response's headers themselves, so it
 // is per request and costs nothing when one decision sets them: a few map
 // lookups, and one allocation per joined list when several do.
-func (l *Limiter) joinHeaders(h http.Header, res *Result) {
+func (rs *ruleset) joinHeaders(h http.Header, res *Result) {
 	if res.index < 0 {
 		return // no limit counts the client: the earlier decisions' headers stand
 	}
 	limit, remaining, reset := h[hdrLimit], h[hdrRemaining], h[hdrReset]
 	rateLimit, policy, retry := h[hdrRateLimit], h[hdrPolicy], h[hdrRetryAfter]
-	l.writeHeaders(h, res)
+	rs.writeHeaders(h, res)
 	// An earlier decision denied the request when it left Retry-After (a
 	// later Limiter then runs only if the application carries on after
 	// a refusal, as with Check): it is never hidden by a later admission.
@@ -121,7 +121,7 @@ func (l *Limiter) joinHeaders(h http.Header, res *Result) {
 			h[hdrRetryAfter] = retry
 		}
 	}
-	wroteX := l.cfg.headers&HeadersXRateLimit != 0 && !res.Limits[res.index].Shadow
+	wroteX := rs.cfg.headers&HeadersXRateLimit != 0 && !res.Limits[res.index].Shadow
 	if wroteX && len(remaining) == 1 && len(limit) == 1 && len(reset) == 1 {
 		keep := false
 		switch {
@@ -181,10 +181,10 @@ func joinList(h http.Header, name string, first []string) {
 // res's client: every enforced limit, with the client's plan, but those
 // the plan exempts ([Unlimited]); consulted or not. It is what
 // policyHeaders precomputes, for combinations of plans it does not hold.
-func (l *Limiter) policiesOf(res *Result) []string {
+func (rs *ruleset) policiesOf(res *Result) []string {
 	var b []byte
 	for i, lr := range res.Limits {
-		t := &l.limits[i].tiers[lr.tier]
+		t := &rs.limits[i].tiers[lr.tier]
 		if lr.Shadow || t.quota < 0 {
 			continue
 		}
@@ -207,8 +207,8 @@ type numberValue struct {
 	v []string
 }
 
-// number returns a header value holding n in decimal.
-func number(n int64) []string {
+// headerNumber returns a header value holding n in decimal.
+func headerNumber(n int64) []string {
 	slot := &numbers[uint64(n)%uint64(len(numbers))]
 	if e := slot.Load(); e != nil && e.n == n {
 		return e.v
@@ -219,7 +219,7 @@ func number(n int64) []string {
 }
 
 // Header values and bodies of the limiter's own answers, shared by every
-// response (as number's are): a flood of denials allocates none of them.
+// response (as headerNumber's are): a flood of denials allocates none of them.
 var (
 	textPlain       = []string{"text/plain; charset=utf-8"}
 	problemJSON     = []string{"application/problem+json"}
@@ -299,4 +299,11 @@ func unauthorized(w http.ResponseWriter) {
 	h["X-Content-Type-Options"] = nosniff
 	w.WriteHeader(http.StatusUnauthorized)
 	_, _ = w.Write(unauthorizedBody)
+}
+
+// WithHeaders selects the rate-limit headers the middleware writes. Default:
+// [HeadersXRateLimit]. Retry-After is always written on a 429 that can
+// succeed later.
+func WithHeaders(h HeaderSet) Option {
+	return func(c *config) { c.headers = h }
 }

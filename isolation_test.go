@@ -29,7 +29,7 @@ func isolationModes(t *testing.T, b backend, fn func(t *testing.T, lib *slidingl
 			if err := c.FlushAll(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}
-			lib := slidinglog.New(c, false)
+			lib := slidinglog.New(luaCode, c, false)
 			lib.SetScriptsOnly(scripts)
 			fn(t, lib, c)
 			if !scripts && !lib.Functions() {
@@ -324,7 +324,7 @@ func TestFailedRequestLeftCounted(t *testing.T) {
 	for range slidinglog.ReplyLen(2) - 2 {
 		failed = append(failed, int64(0))
 	}
-	lim.redis.lib = fakeLibrary{decide: func([]string) (any, error) { return failed, nil }}
+	lim.redis.Lib = fakeLibrary{decide: func([]string) (any, error) { return failed, nil }}
 	for i := range 3 {
 		res, err := lim.Allow(ctx, []string{"a", GlobalID}, 1)
 		var re *slidinglog.RequestError
@@ -338,7 +338,7 @@ func TestFailedRequestLeftCounted(t *testing.T) {
 	now := t0.UnixMicro()
 	admit := slidinglog.AppendReply(nil, slidinglog.Reply{Allowed: true, Denied: -1, Now: now},
 		[]slidinglog.LimitReply{{Reset: now + 60e6, Stamp: now}, {Reset: now + 60e6, Stamp: now}})
-	lim.redis.lib = fakeLibrary{decide: func([]string) (any, error) { return admit, nil }}
+	lim.redis.Lib = fakeLibrary{decide: func([]string) (any, error) { return admit, nil }}
 	if res, err := lim.Allow(ctx, []string{"b", GlobalID}, 1); err != nil || !res.Allowed {
 		t.Errorf("after the failures: %+v %v; want admitted, the breaker closed", res, err)
 	}
@@ -352,7 +352,7 @@ func TestFailedRequestLeftCounted(t *testing.T) {
 func TestServerErrorsFailTheCall(t *testing.T) {
 	srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
 	c := srv.Client()
-	lib := slidinglog.New(c, false)
+	lib := slidinglog.New(luaCode, c, false)
 	lib.SetScriptsOnly(true) // a function is refused before it runs; a script meets OOM inside
 	spec := mustEncode(t, slidinglog.Limit{Kind: slidinglog.ExactLog, Quota: 10, Window: time.Minute, Unit: 10 * time.Millisecond})
 	fillMemory(t, c)

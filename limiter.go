@@ -5,28 +5,19 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 	"weak"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/route"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // minClock is the earliest time a WithClock clock may read, in Unix
 // microseconds (2001-09-09): earlier means the clock is broken.
 const minClock = 1_000_000_000_000_000
-
-// LibraryName returns the name of the Redis Function library that
-// Limiters load: "ratelimit_" and 12 hex digits of the SHA-1 of its code.
-// Each version of the code has its own library, so instances of two
-// versions can share a Redis during a rolling deploy; the libraries of
-// versions no longer running can be removed with FUNCTION DELETE.
-func LibraryName() string { return slidinglog.LibraryName() }
 
 // A Limiter enforces a set of [Limit]s stored in Redis. Every decision runs
 // one Lua call (a Redis Function where Redis allows it, else a script) that
@@ -38,21 +29,52 @@ func LibraryName() string { return slidinglog.LibraryName() }
 // the limits together, exactly.
 type Limiter struct {
 	client redis.UniversalClient
-	limits []compiledLimit
 	cfg    config
 
-	// what New was called with, for with.
-	declared []Limit
-	opts     []Option
+	// rules decide the requests of no declared route, and Allow,
+	// Status and Reset.
+	rules *ruleset
+	// routes holds the routes WithRoutes declared, by path template and
+	// then by method ("" for any method); base is l's rules as a route,
+	// what forRoute answers for a request of none.
+	routes map[string]map[string]*routeRules
+	base   *routeRules
 
-	// routes holds the Limiters WithRoutes declared, by path template and
-	// then by method ("" for any method).
-	routes map[string]map[string]*Limiter
-	// own, in a route's Limiter, decides the route's own limits alone: for
-	// a request whose first pass through the parent saw no route (see
-	// Limiter.inPass). nil if the route has none. Its headers join those
-	// of the first pass's decision (see joinHeaders).
-	own *Limiter
+	// store decides: the Redis store, wrapped by the deny cache and
+	// FailLocal's in-process store as configured. Every ruleset of l
+	// decides with it.
+	store  store.Store
+	redis  *store.Redis
+	local  *store.Local // FailLocal's
+	denies *store.DenyCache
+	// evictions checks the memory policy.
+	evictions *store.EvictionCheck
+	// proxies logs the untrusted-proxy warning, once.
+	proxies *proxyWatch
+	// noKeyWarned says that the default answer to a request a Key could
+	// not identify was logged.
+	noKeyWarned atomic.Bool
+	// unseen reports WarningRoutesUnseen; routeSeen says that a pass of
+	// l's Handler has seen a route (see routesUnseen). routerIP says that
+	// a limit or allow-list of l or its routes counts by the client
+	// address the router resolved (FromRouter).
+	unseen    warnOnce
+	routeSeen atomic.Bool
+	routerIP  bool
+}
+
+// A ruleset is what decides one request, built once by New and never
+// changed: the compiled limits of the Limiter's own, or of a route (the
+// Limiter's limits followed by the route's, or the route's alone), with
+// their spec for the stores, their plans and the request's cost. It
+// reads the Limiter's shared stores and options through the embedded
+// *Limiter.
+type ruleset struct {
+	*Limiter
+	limits []compiledLimit
+	spec   *store.Spec // what the stores know of the limits
+	// cost is the request's cost: WithCost's, a route's Cost, or nil for 1.
+	cost func(*http.Request) int
 
 	// policyHeaders holds the RateLimit-Policy values of a decision that
 	// consulted every limit, by the clients' plans: the tiers of the
@@ -64,33 +86,19 @@ type Limiter struct {
 	// decision that could not be made.
 	skipped []LimitResult
 	// noKey[i] is what observers see of a request limit i's Key could not
-	// identify (see noKeyResults); noKeyWarned, shared with the Limiters
-	// WithRoutes derives, that the default answer to one was logged.
-	noKey       [][]LimitResult
-	noKeyWarned *atomic.Bool
-
-	plan *plan // what the stores know of the limits
-	// store decides: the Redis store, wrapped by the deny cache and
-	// FailLocal's in-process store as configured.
-	store store
-
-	// Shared with the Limiters WithRoutes derives.
-	redis  *redisStore
-	local  *localStore // FailLocal's
-	denies *denyCache
-	// evictions checks the memory policy.
-	evictions *evictionCheck
-	// proxies logs the family's untrusted-proxy warning; watchProxies
-	// says that l looks for proxy headers.
-	proxies      *proxyWatch
+	// identify (see noKeyResults).
+	noKey [][]LimitResult
+	// watchProxies says that the ruleset's limits look for proxy headers.
 	watchProxies bool
-	// unseen reports WarningRoutesUnseen; routeSeen says that a pass of
-	// l's Handler has seen a route (see routesUnseen). routerIP says that
-	// a limit or allow-list of l or its routes counts by the client
-	// address the router resolved (FromRouter).
-	unseen    warnOnce
-	routeSeen atomic.Bool
-	routerIP  bool
+}
+
+// routeRules is what WithRoutes declared for one template: all decides its
+// requests (the Limiter's limits and the route's, in one decision); own,
+// the route's limits alone, for a request whose first pass saw no route
+// (see Limiter.inPass), nil if the route has none. Its headers join those
+// of the first pass's decision (see joinHeaders).
+type routeRules struct {
+	all, own *ruleset
 }
 
 // result is the part of a LimitResult that the limit itself gives, for a
@@ -131,37 +139,76 @@ type LimiterWatcher interface {
 // names, invalid [Plans], invalid options and routes ([WithRoutes]). It never panics on bad configuration, and a Limiter
 // it returns never fails at request time because of its configuration.
 func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter, error) {
-	return newLimiter(client, limits, opts, nil)
-}
-
-// newLimiter is New for a Limiter derived from parent (nil for none), whose
-// circuit breakers, local logs, batcher, deny cache and memory policy check
-// it shares.
-func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, parent *Limiter) (*Limiter, error) {
-	cfg := defaultConfig()
-	var nilOpts []error
-	for i, o := range opts {
-		if o == nil {
-			nilOpts = append(nilOpts, fmt.Errorf("option %d is nil: leave it out instead", i))
-			continue
-		}
-		o(&cfg)
-	}
-	errs := append(nilOpts, cfg.errs...)
+	cfg, errs := applyOptions(opts)
 	if client == nil || nilPointer(client) {
 		errs = append(errs, errors.New("nil Redis client"))
 	} else if enabled, known := contextTimeouts(client); known && !enabled {
 		errs = append(errs, errors.New("the Redis client ignores context deadlines, so the decision timeout cannot hold: set ContextTimeoutEnabled: true in its options"))
 	}
+	l := &Limiter{client: client, cfg: cfg}
+	split := client != nil && !nilPointer(client) && sharded(client) && !cfg.singleSlot
+	p, err := l.compile(limits, cfg.cost, split, nil)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
+	}
+	l.rules, l.base = p, &routeRules{all: p}
+	lib := slidinglog.New(luaCode, client, split)
+	l.redis = &store.Redis{
+		Lib:       lib,
+		Breakers:  &store.Breakers{Failures: int32(cfg.breakerFailures), CoolDown: cfg.breakerCoolDown},
+		Rollbacks: store.NewRollbacks(lib, cfg.timeout, l.logRollbackFailure),
+	}
+	l.local = &store.Local{}
+	l.denies = &store.DenyCache{MaxAge: cfg.denyCache}
+	l.evictions = store.NewEvictionCheck()
+	l.proxies = &proxyWatch{}
+	l.store = l.wrap(l.redis)
+	if err := l.buildRoutes(split); err != nil {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+	}
+	w := weak.Make(l)
+	if err := claimNames(client, cfg.prefix, l.limitNames(), func() bool { return w.Value() != nil }); err != nil {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+	}
+	l.routerIP = l.countsByRouterIP()
+	for _, o := range cfg.observers {
+		if w, ok := o.(LimiterWatcher); ok {
+			w.Watch(l)
+		}
+	}
+	return l, nil
+}
+
+// applyOptions applies opts to the default configuration, and returns it
+// with the errors of the options.
+func applyOptions(opts []Option) (config, []error) {
+	cfg := defaultConfig()
+	var errs []error
+	for i, o := range opts {
+		if o == nil {
+			errs = append(errs, fmt.Errorf("option %d is nil: leave it out instead", i))
+			continue
+		}
+		o(&cfg)
+	}
+	return cfg, append(errs, cfg.errs...)
+}
+
+// compile returns the ruleset that decides over limits, for requests of
+// the given cost (nil for 1): it validates and names them, compiles their
+// keys and plans, and their spec for the stores (split: keys with
+// different hash tags are decided apart). caches[i], if there is one, is
+// the plan cache of limit i, which another ruleset counts too: one cache
+// per limit of l.
+func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bool, caches []*planCache) (*ruleset, error) {
+	var errs []error
 	if len(limits) == 0 {
 		errs = append(errs, errors.New("no limits"))
 	}
-	l := &Limiter{
-		client:   client,
-		cfg:      cfg,
-		declared: append([]Limit(nil), limits...),
-		opts:     append([]Option(nil), opts...),
-	}
+	p := &ruleset{Limiter: l, cost: cost}
 	seen := make(map[string]int, len(limits))
 	policyNames := make(map[string]struct{}, len(limits))
 	for i, lim := range limits {
@@ -177,105 +224,68 @@ func newLimiter(client redis.UniversalClient, limits []Limit, opts []Option, par
 			continue
 		}
 		seen[lim.Name] = i
-		// An exact log per limit and identifier; a hash per identifier for
-		// the bucketed limits, whose head has no name (names are not empty,
-		// so the two never meet).
-		name := lim.Name + ":"
-		if lim.Precision > 0 {
-			name = ""
+		c := l.compileLimit(lim)
+		if i < len(caches) && caches[i] != nil {
+			c.planCache = caches[i] // the same limit: one cache
 		}
-		head := cfg.prefix + name + "{"
-		if cfg.singleSlot {
-			head = cfg.prefix + "{" + singleSlotTag + "}" + name + "{"
-		}
-		tiers, tierOf := tiersOf(&lim)
-		c := compiledLimit{Limit: lim, head: head, bucketed: lim.Precision > 0, tiers: tiers, tierOf: tierOf}
-		if lim.Plans.Cache > 0 {
-			c.planCache = &planCache{ttl: lim.Plans.Cache}
-			if parent != nil && i < len(parent.limits) {
-				c.planCache = parent.limits[i].planCache // the same limit: one cache
-			}
-		}
-		l.tiered = l.tiered || tierOf != nil
-		for _, t := range tiers {
+		p.tiered = p.tiered || c.tierOf != nil
+		for _, t := range c.tiers {
 			if _, dup := policyNames[t.quotedName]; dup {
 				errs = append(errs, fmt.Errorf("limit %s: two policies are named %s in RateLimit-Policy: rename a limit or a plan", lim.Name, t.quotedName))
 			}
 			policyNames[t.quotedName] = struct{}{}
 		}
-		l.limits = append(l.limits, c)
-		l.skipped = append(l.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Skipped: true})
+		p.limits = append(p.limits, c)
+		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Skipped: true})
 	}
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
+		return nil, errors.Join(errs...)
 	}
-	tiers := make([][]tier, len(l.limits))
-	for i := range l.limits {
-		tiers[i] = l.limits[i].tiers
+	tiers := make([][]tier, len(p.limits))
+	for i := range p.limits {
+		tiers[i] = p.limits[i].tiers
 	}
-	l.noKey, l.noKeyWarned = noKeyResults(l.skipped), new(atomic.Bool)
-	if parent != nil {
-		l.noKeyWarned = parent.noKeyWarned
+	p.noKey = noKeyResults(p.skipped)
+	p.policyHeaders = policyHeaders(tiers, func(i int) bool { return p.limits[i].Shadow })
+	var err error
+	if p.spec, err = newSpec(p.limits, split); err != nil {
+		return nil, err
 	}
-	l.policyHeaders = policyHeaders(tiers, func(i int) bool { return l.limits[i].Shadow })
-	p, err := newPlan(l.limits, sharded(client) && !cfg.singleSlot)
-	if err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+	p.watchProxies = watchesProxies(&l.cfg, limits)
+	return p, nil
+}
+
+// compileLimit returns lim, valid and named, with its Redis key's head and
+// its plans.
+func (l *Limiter) compileLimit(lim Limit) compiledLimit {
+	// An exact log per limit and identifier; a hash per identifier for
+	// the bucketed limits, whose head has no name (names are not empty,
+	// so the two never meet).
+	name := lim.Name + ":"
+	if lim.Precision > 0 {
+		name = ""
 	}
-	l.plan = p
-	if parent != nil {
-		// The same Redis, the same requests: one view of its health, and
-		// one set of local logs.
-		l.redis, l.local, l.denies, l.evictions = parent.redis, parent.local, parent.denies, parent.evictions
-	} else {
-		lib := slidinglog.New(client, p.split)
-		l.redis = &redisStore{
-			lib:       lib,
-			breakers:  &breakers{failures: int32(cfg.breakerFailures), coolDown: cfg.breakerCoolDown},
-			rollbacks: newRollbacks(lib, cfg.timeout, l.logRollbackFailure),
-		}
-		l.local = &localStore{}
-		l.denies = &denyCache{maxAge: cfg.denyCache}
-		l.evictions = newEvictionCheck()
+	head := l.cfg.prefix + name + "{"
+	if l.cfg.singleSlot {
+		head = l.cfg.prefix + "{" + singleSlotTag + "}" + name + "{"
 	}
-	l.proxies, l.watchProxies = &proxyWatch{}, watchesProxies(&cfg, limits)
-	if parent != nil {
-		l.proxies = parent.proxies
+	tiers, tierOf := tiersOf(&lim)
+	c := compiledLimit{Limit: lim, head: head, bucketed: lim.Precision > 0, tiers: tiers, tierOf: tierOf}
+	if lim.Plans.Cache > 0 {
+		c.planCache = &planCache{ttl: lim.Plans.Cache}
 	}
-	l.store = l.wrap(l.redis)
-	if err := l.buildRoutes(); err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
-	}
-	if parent == nil {
-		w := weak.Make(l)
-		if err := claimNames(client, cfg.prefix, l.limitNames(), func() bool { return w.Value() != nil }); err != nil {
-			return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
-		}
-		l.routerIP = l.countsByRouterIP()
-		for _, o := range cfg.observers {
-			if w, ok := o.(LimiterWatcher); ok {
-				w.Watch(l)
-			}
-		}
-	}
-	return l, nil
+	return c
 }
 
 // countsByRouterIP reports whether a limit or allow-list of l or its
 // routes counts by the client address the router resolved (FromRouter).
 func (l *Limiter) countsByRouterIP() bool {
 	router := l.cfg.routerAllow
-	add := func(d *Limiter) {
-		for i := 0; d != nil && i < len(d.limits); i++ {
-			router = router || d.limits[i].Key.router
+	l.eachRuleset(func(p *ruleset) {
+		for i := range p.limits {
+			router = router || p.limits[i].Key.router
 		}
-	}
-	add(l)
-	for _, byMethod := range l.routes {
-		for _, d := range byMethod {
-			add(d)
-		}
-	}
+	})
 	return router
 }
 
@@ -283,222 +293,25 @@ func (l *Limiter) countsByRouterIP() bool {
 // with whether it is a default name.
 func (l *Limiter) limitNames() map[string]bool {
 	mine := map[string]bool{}
-	add := func(d *Limiter) {
-		for i := 0; d != nil && i < len(d.limits); i++ {
-			mine[d.limits[i].Name] = mine[d.limits[i].Name] || d.limits[i].defaulted
+	l.eachRuleset(func(p *ruleset) {
+		for i := range p.limits {
+			mine[p.limits[i].Name] = mine[p.limits[i].Name] || p.limits[i].defaulted
 		}
-	}
-	add(l)
-	for _, byMethod := range l.routes {
-		for _, d := range byMethod {
-			add(d)
-			add(d.own)
-		}
-	}
+	})
 	return mine
 }
 
-// buildRoutes builds a derived Limiter for every route WithRoutes declared.
-func (l *Limiter) buildRoutes() error {
-	var errs []error
-	generated := make(routeNames)
-	for template, rl := range l.cfg.routes {
-		method, path := splitTemplate(template)
-		if err := validRoute(method, path); err != nil {
-			errs = append(errs, fmt.Errorf("route %q: %w; write a path such as \"/login\", \"/users/{id}\" or \"/files/{...}\", or a method and a path, \"POST /login\"", template, err))
-			continue
-		}
-		opts := []Option{func(c *config) { c.routes = nil }}
-		if rl.Cost != 0 {
-			if rl.Cost < 0 {
-				errs = append(errs, fmt.Errorf("route %q: cost %d is negative", template, rl.Cost))
-				continue
-			}
-			cost := rl.Cost
-			opts = append(opts, WithCost(func(*http.Request) int { return cost }))
-		}
-		limits := routeLimits(rl.Limits, method, path) // unnamed ones named after the route
-		if err := generated.add(limits, template); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		d, err := l.with(limits, opts...)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("route %q: %w", template, err))
-			continue
-		}
-		if len(rl.Limits) > 0 {
-			if d.own, err = newLimiter(l.client, limits, append(append([]Option(nil), l.opts...), opts...), l); err != nil {
-				errs = append(errs, fmt.Errorf("route %q: %w", template, err))
-				continue
-			}
-			for j := range d.own.limits { // the same limits as d's last ones: one plan cache each
-				d.own.limits[j].planCache = d.limits[len(l.limits)+j].planCache
-			}
-		}
-		if l.routes == nil {
-			l.routes = make(map[string]map[string]*Limiter)
-		}
-		if l.routes[path] == nil {
-			l.routes[path] = make(map[string]*Limiter)
-		}
-		if _, dup := l.routes[path][method]; dup {
-			errs = append(errs, fmt.Errorf("route %q is declared twice", template))
-			continue
-		}
-		l.routes[path][method] = d
-	}
-	return errors.Join(errs...)
-}
-
-// splitTemplate splits "GET /users/{id}" into its method and path in the
-// canonical form (see Route); a template with no method gets "". It does
-// not allocate for the templates of a route table.
-func splitTemplate(template string) (method, path string) {
-	if template == UnmatchedRoute {
-		return "", template
-	}
-	if m, p, ok := strings.Cut(template, " "); ok && !strings.HasPrefix(template, "/") {
-		method, template = m, strings.TrimLeft(p, " ")
-	}
-	return method, route.Cached(template)
-}
-
-// validRoute reports why a WithRoutes template of method and path can
-// match no request: a path that does not start with '/', that no router
-// writes (see route.Check), or a method that is not one of HTTP's.
-func validRoute(method, path string) error {
-	switch {
-	case path == UnmatchedRoute:
-	case method != "" && !slices.Contains(httpMethods, method):
-		return fmt.Errorf("unknown method %q (one of %s)", method, strings.Join(httpMethods, ", "))
-	default:
-		return route.Check(path)
-	}
-	return nil
-}
-
-// httpMethods are the methods a route template may name.
-var httpMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
-	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace}
-
-// forRoute returns the Limiter that decides requests to a route: the one
-// WithRoutes declared for method and template (for that method, else for
-// any method), or l itself. template is as the Route key reads it from
-// r.Pattern; a method in it takes precedence over method. A HEAD request
-// with no route of its own is decided by the GET route's: net/http's
-// ServeMux and chi's middleware.GetHead serve it with the GET handler. It
-// does not allocate.
-func (l *Limiter) forRoute(method, template string) *Limiter {
-	if l.routes == nil || template == "" {
-		return l
-	}
-	m, path := splitTemplate(template)
-	if m != "" {
-		method = m
-	}
-	byMethod := l.routes[path]
-	if d := byMethod[method]; d != nil {
-		return d
-	}
-	if method == http.MethodHead {
-		if d := byMethod[http.MethodGet]; d != nil {
-			return d
-		}
-	}
-	if d := byMethod[""]; d != nil {
-		return d
-	}
-	return l
-}
-
-// with returns a new Limiter that enforces l's limits and the given ones in
-// one decision, with l's options followed by opts: the Limiter WithRoutes
-// declares for a route. It shares l's circuit breakers, FailLocal logs,
-// batches, deny cache, rollbacks and memory policy check.
-func (l *Limiter) with(limits []Limit, opts ...Option) (*Limiter, error) {
-	all := append(append([]Limit(nil), l.declared...), limits...)
-	return newLimiter(l.client, all, append(append([]Option(nil), l.opts...), opts...), l)
-}
-
-// wrap returns the store l decides with when base is the store that counts
-// across instances: base, wrapped by FailLocal's fallback and the deny
-// cache as configured.
-func (l *Limiter) wrap(base store) store {
-	s := base
-	if l.cfg.failure == FailLocal {
-		s = fallbackStore{primary: s, fallback: l.local}
-	}
-	if l.cfg.denyCache > 0 {
-		s = cachedStore{next: s, cache: l.denies, clock: l.localNow}
-	}
-	return s
-}
-
-// newPlan returns what the stores need of limits; split says that keys
-// with different hash tags must be decided apart.
-func newPlan(limits []compiledLimit, split bool) (*plan, error) {
-	p := &plan{split: split}
-	wire := make([]slidinglog.Limit, len(limits))
-	for i := range limits {
-		lim := &limits[i]
-		wire[i] = slidinglog.Limit{Kind: slidinglog.ExactLog, Shadow: lim.Shadow, Quota: lim.Quota, Window: lim.Window,
-			Unit: time.Duration(timeUnit(lim.Window)) * time.Microsecond}
-		if lim.bucketed {
-			wire[i].Kind, wire[i].Unit, wire[i].Name = slidinglog.Buckets, lim.Precision, lim.Name
-		}
-		spec, err := slidinglog.Encode(wire[i])
-		if err != nil {
-			return nil, fmt.Errorf("limit %s: %w", lim.Name, err)
-		}
-		p.all = append(p.all, i)
-		p.limits = append(p.limits, planLimit{quota: lim.Quota, window: lim.Window, shadow: lim.Shadow, global: lim.Key.global, spec: spec, field: wire[i].Name})
-	}
-	p.whole = [][]int{p.all}
-	var err error
-	p.specs, err = slidinglog.Encode(wire...)
-	return p, err
-}
-
-// timeUnit returns the time unit of a log with the given window, in
-// microseconds: the smallest of 1, 2 and 5 times a power of ten that is at
-// least window/8192. Whole seconds and milliseconds are then whole numbers of
-// units (for units up to a second), and a window is at most 8192 units, so
-// offsets within seven windows fit in an exact log's 2-byte entries (see
-// lua/exact.lua).
-func timeUnit(window time.Duration) int64 {
-	target := (window.Microseconds() + 8191) / 8192
-	for p := int64(1); ; p *= 10 {
-		for _, m := range []int64{1, 2, 5} {
-			if m*p >= target {
-				return m * p
+// eachRuleset calls f with l's rules and each of its routes'..
+func (l *Limiter) eachRuleset(f func(p *ruleset)) {
+	f(l.rules)
+	for _, byMethod := range l.routes {
+		for _, rt := range byMethod {
+			f(rt.all)
+			if rt.own != nil {
+				f(rt.own)
 			}
 		}
 	}
-}
-
-// sharded reports whether c spreads keys over several Redis servers by hash
-// tag, so that one script call may touch only keys that share a tag.
-func sharded(c redis.UniversalClient) bool {
-	switch c.(type) {
-	case *redis.ClusterClient, *redis.Ring:
-		return true
-	}
-	return false
-}
-
-// contextTimeouts reports whether a go-redis client honours context deadlines
-// on socket reads and writes; known is false for other implementations.
-func contextTimeouts(c redis.UniversalClient) (enabled, known bool) {
-	switch c := c.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled, true
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled, true
-	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled, true
-	}
-	return false, false
 }
 
 // localNow reads the clock decisions are timed by: the WithClock clock, or
@@ -515,4 +328,146 @@ func (l *Limiter) logRollbackFailure(err error) {
 	if l.cfg.logger != nil {
 		l.cfg.logger.Warn("ratelimit: rollback failed", slog.Any("error", err))
 	}
+}
+
+// wrap returns the store l decides with when base is the store that counts
+// across instances: base, wrapped by FailLocal's fallback and the deny
+// cache as configured.
+func (l *Limiter) wrap(base store.Store) store.Store {
+	s := base
+	if l.cfg.failure == FailLocal {
+		s = store.Fallback{Primary: s, Local: l.local}
+	}
+	if l.cfg.denyCache > 0 {
+		s = store.Cached{Next: s, Cache: l.denies, Clock: l.localNow}
+	}
+	return s
+}
+
+// newSpec returns what the stores need of limits; split says that keys
+// with different hash tags must be decided apart.
+func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
+	p := &store.Spec{Split: split}
+	wire := make([]slidinglog.Limit, len(limits))
+	for i := range limits {
+		lim := &limits[i]
+		wire[i] = slidinglog.Limit{Kind: slidinglog.ExactLog, Shadow: lim.Shadow, Quota: lim.Quota, Window: lim.Window,
+			Unit: time.Duration(timeUnit(lim.Window)) * time.Microsecond}
+		if lim.bucketed {
+			wire[i].Kind, wire[i].Unit, wire[i].Name = slidinglog.Buckets, lim.Precision, lim.Name
+		}
+		spec, err := slidinglog.Encode(wire[i])
+		if err != nil {
+			return nil, fmt.Errorf("limit %s: %w", lim.Name, err)
+		}
+		p.All = append(p.All, i)
+		p.Limits = append(p.Limits, store.LimitSpec{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Global: lim.Key.global, Lua: spec, Field: wire[i].Name})
+	}
+	p.Whole = [][]int{p.All}
+	var err error
+	p.Lua, err = slidinglog.Encode(wire...)
+	return p, err
+}
+
+// buildRoutes compiles the rulesets of every route WithRoutes declared:
+// l's limits and the route's, and the route's alone.
+func (l *Limiter) buildRoutes(split bool) error {
+	var errs []error
+	generated := make(routeNames)
+	mine := make([]*planCache, len(l.rules.limits))
+	for i := range l.rules.limits {
+		mine[i] = l.rules.limits[i].planCache
+	}
+	for template, rl := range l.cfg.routes {
+		method, path := splitTemplate(template)
+		if err := validRoute(method, path); err != nil {
+			errs = append(errs, fmt.Errorf("route %q: %w; write a path such as \"/login\", \"/users/{id}\" or \"/files/{...}\", or a method and a path, \"POST /login\"", template, err))
+			continue
+		}
+		cost := l.cfg.cost
+		if rl.Cost != 0 {
+			if rl.Cost < 0 {
+				errs = append(errs, fmt.Errorf("route %q: cost %d is negative", template, rl.Cost))
+				continue
+			}
+			n := rl.Cost
+			cost = func(*http.Request) int { return n }
+		}
+		limits := routeLimits(rl.Limits, method, path) // unnamed ones named after the route
+		if err := generated.add(limits, template); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		all, err := l.compile(append(l.rules.declared(), limits...), cost, split, mine)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("route %q: %w", template, err))
+			continue
+		}
+		rt := &routeRules{all: all}
+		if len(rl.Limits) > 0 {
+			// The same limits as all's last ones: one plan cache each.
+			var theirs []*planCache
+			for _, c := range all.limits[len(mine):] {
+				theirs = append(theirs, c.planCache)
+			}
+			if rt.own, err = l.compile(limits, cost, split, theirs); err != nil {
+				errs = append(errs, fmt.Errorf("route %q: %w", template, err))
+				continue
+			}
+		}
+		if l.routes == nil {
+			l.routes = make(map[string]map[string]*routeRules)
+		}
+		if l.routes[path] == nil {
+			l.routes[path] = make(map[string]*routeRules)
+		}
+		if _, dup := l.routes[path][method]; dup {
+			errs = append(errs, fmt.Errorf("route %q is declared twice", template))
+			continue
+		}
+		l.routes[path][method] = rt
+	}
+	return errors.Join(errs...)
+}
+
+// declared returns the limits p was compiled from, as declared.
+func (rs *ruleset) declared() []Limit {
+	out := make([]Limit, len(rs.limits))
+	for i := range rs.limits {
+		out[i] = rs.limits[i].Limit
+		if out[i].defaulted {
+			out[i].Name, out[i].defaulted = "", false
+		}
+	}
+	return out
+}
+
+// forRoute returns the rulesets that decide requests to a route: those
+// WithRoutes declared for method and template (for that method, else for
+// any method), or l.base, l's own rules. template is as the Route key
+// reads it from r.Pattern; a method in it takes precedence over method. A
+// HEAD request with no route of its own is decided by the GET route's:
+// net/http's ServeMux and chi's middleware.GetHead serve it with the GET
+// handler. It does not allocate.
+func (l *Limiter) forRoute(method, template string) *routeRules {
+	if l.routes == nil || template == "" {
+		return l.base
+	}
+	m, path := splitTemplate(template)
+	if m != "" {
+		method = m
+	}
+	byMethod := l.routes[path]
+	if rt := byMethod[method]; rt != nil {
+		return rt
+	}
+	if method == http.MethodHead {
+		if rt := byMethod[http.MethodGet]; rt != nil {
+			return rt
+		}
+	}
+	if rt := byMethod[""]; rt != nil {
+		return rt
+	}
+	return l.base
 }

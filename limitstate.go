@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // One limit's state and reset, by the limit's name, for the admin
@@ -23,24 +24,24 @@ func (l *Limiter) LimitNames() []string {
 	return names
 }
 
-// limitNamed returns a Limiter of l's family that enforces the limit
-// called name, and its index there; nil if none does.
-func (l *Limiter) limitNamed(name string) (*Limiter, int) {
-	find := func(d *Limiter) int {
-		for i := 0; d != nil && i < len(d.limits); i++ {
-			if d.limits[i].Name == name {
+// limitNamed returns a ruleset of l that enforces the limit called name,
+// and its index there; nil if none does.
+func (l *Limiter) limitNamed(name string) (*ruleset, int) {
+	find := func(rs *ruleset) int {
+		for i := 0; rs != nil && i < len(rs.limits); i++ {
+			if rs.limits[i].Name == name {
 				return i
 			}
 		}
 		return -1
 	}
-	if i := find(l); i >= 0 {
-		return l, i
+	if i := find(l.rules); i >= 0 {
+		return l.rules, i
 	}
 	for _, byMethod := range l.routes {
-		for _, d := range byMethod {
-			if i := find(d); i >= 0 {
-				return d, i // every Limiter with the limit addresses the same counts
+		for _, rt := range byMethod {
+			if i := find(rt.all); i >= 0 {
+				return rt.all, i // every ruleset with the limit addresses the same counts
 			}
 		}
 	}
@@ -65,7 +66,7 @@ func (l *Limiter) LimitStatus(ctx context.Context, name, id string) (LimitResult
 	for j := range ids {
 		ids[j] = id // the other limits are read, never counted
 	}
-	res, err := d.Status(ctx, ids, 1)
+	res, err := d.allowIDs(ctx, ids, 1, true)
 	if err != nil {
 		return LimitResult{}, err
 	}
@@ -96,9 +97,9 @@ func (l *Limiter) ResetLimit(ctx context.Context, name, id string) error {
 	keys, _ := d.keys(s, false)
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
 	defer cancel()
-	req := slidinglog.AppendRequest(nil, 0, 1, d.plan.limits[i].spec)
-	_, err := d.redis.lib.Forget(ctx, []string{keys[i]}, req)
-	d.denies.forget(logID{keys[i], d.plan.limits[i].field})
+	req := slidinglog.AppendRequest(nil, 0, 1, d.spec.Limits[i].Lua)
+	_, err := d.redis.Lib.Forget(ctx, []string{keys[i]}, req)
+	d.denies.Forget(store.LogID{Key: keys[i], Field: d.spec.Limits[i].Field})
 	if err != nil {
 		return fmt.Errorf("ratelimit: reset %s: %w", name, err)
 	}

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // scriptedStore stands in for Redis: while down it fails every decision;
@@ -23,21 +25,21 @@ type scriptedStore struct {
 
 var errScriptedDown = errors.New("scripted Redis: down")
 
-func (s *scriptedStore) decide(_ context.Context, q *query, out *outcome) error {
+func (s *scriptedStore) Decide(_ context.Context, q *store.Query, out *store.Outcome) error {
 	s.calls.Add(1)
 	if s.down.Load() {
 		return errScriptedDown
 	}
-	now := q.local.UnixMicro()
-	out.allowed, out.now, out.denier = !s.deny.Load(), now, -1
-	if !out.allowed {
-		out.denier = 0
+	now := q.Local.UnixMicro()
+	out.Allowed, out.Now, out.Denier = !s.deny.Load(), now, -1
+	if !out.Allowed {
+		out.Denier = 0
 	}
-	for i := range out.replies {
-		if out.allowed || i > 0 && s.onlyFirst {
-			out.replies[i] = reply{ok: true, now: now, count: 0, reset: now + q.plan.limits[i].window.Microseconds(), next: now}
+	for i := range out.Replies {
+		if out.Allowed || i > 0 && s.onlyFirst {
+			out.Replies[i] = store.Reply{OK: true, Now: now, Count: 0, Reset: now + q.Spec.Limits[i].Window.Microseconds(), Next: now}
 		} else {
-			out.replies[i] = reply{ok: true, now: now, count: int64(q.quota(i)), reset: now + 30e6, next: now + 30e6}
+			out.Replies[i] = store.Reply{OK: true, Now: now, Count: int64(q.Quota(i)), Reset: now + 30e6, Next: now + 30e6}
 		}
 	}
 	return nil
@@ -83,7 +85,7 @@ const heapSlack = 4 << 20
 // count and by the live heap after a collection. The clock is set, not
 // waited for.
 func TestBoundedMemoryFailLocal(t *testing.T) {
-	ids, seed := hostileIDs(maxLocalKeys + maxLocalKeys/2)
+	ids, seed := hostileIDs(store.MaxLocalKeys + store.MaxLocalKeys/2)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
 	redis := &scriptedStore{}
@@ -116,17 +118,17 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 		if i%1000 == 0 {
 			clock.Set(t0.Add(time.Duration(i/1000) * 100 * time.Millisecond)) // 15s in all: every log stays live
 		}
-		if allow(id).Allowed && i >= maxLocalKeys {
+		if allow(id).Allowed && i >= store.MaxLocalKeys {
 			overflowAdmitted++
 		}
 	}
 	// Past maxLocalKeys logs, new identifiers share their limit's
 	// overflow log: together they get one quota, never a fresh count each.
 	if overflowAdmitted > 3 {
-		t.Errorf("%d of the %d identifiers that found no room were admitted, want at most the overflow log's quota, 3", overflowAdmitted, len(ids)-maxLocalKeys)
+		t.Errorf("%d of the %d identifiers that found no room were admitted, want at most the overflow log's quota, 3", overflowAdmitted, len(ids)-store.MaxLocalKeys)
 	}
-	if n := lim.local.len(); n > maxLocalKeys+2 {
-		t.Errorf("FailLocal holds %d logs after %d identifiers, want at most %d (and the overflow logs)", n, len(ids), maxLocalKeys)
+	if n := lim.local.Len(); n > store.MaxLocalKeys+2 {
+		t.Errorf("FailLocal holds %d logs after %d identifiers, want at most %d (and the overflow logs)", n, len(ids), store.MaxLocalKeys)
 	}
 	escaped := 0
 	for _, v := range victims {
@@ -147,7 +149,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 	if res, err := lim.Allow(ctx, []string{"after", GlobalID}, 1); err != nil || res.Local || !res.Allowed {
 		t.Fatalf("after the outage: %+v %v", res, err)
 	}
-	if n := lim.local.len(); n != 0 {
+	if n := lim.local.Len(); n != 0 {
 		t.Errorf("FailLocal holds %d logs once Redis is back and every entry has left its window, want 0", n)
 	}
 	after := liveHeap()
@@ -165,7 +167,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 // string of keys, and once they have expired, the next decision gives
 // them back: by entry count and by live heap after a collection.
 func TestBoundedMemoryDenyCache(t *testing.T) {
-	ids, seed := hostileIDs(maxDenyEntries)
+	ids, seed := hostileIDs(store.MaxDenyEntries)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
 	redis := &scriptedStore{}
@@ -183,8 +185,8 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 			t.Fatalf("%.20s: %+v %v, want denied by Redis", id, res, err)
 		}
 	}
-	if n := lim.denies.len(); n > maxDenyEntries {
-		t.Errorf("the deny cache holds %d denials, want at most %d", n, maxDenyEntries)
+	if n := lim.denies.Len(); n > store.MaxDenyEntries {
+		t.Errorf("the deny cache holds %d denials, want at most %d", n, store.MaxDenyEntries)
 	}
 	// The cache answers the flood's identifiers, so it held them.
 	calls := redis.calls.Load()
@@ -196,7 +198,7 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 	if _, err := lim.Allow(ctx, []string{"after", "after", "after"}, 1); err != nil {
 		t.Fatal(err)
 	}
-	if n := lim.denies.len(); n > 3 {
+	if n := lim.denies.Len(); n > 3 {
 		t.Errorf("the deny cache holds %d denials once all have expired, want at most the last decision's 3", n)
 	}
 	after := liveHeap()
@@ -230,7 +232,7 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 			t.Fatalf("%.20s: %+v %v", id, res, err)
 		}
 	}
-	pc := lim.limits[0].planCache
+	pc := lim.rules.limits[0].planCache
 	if n := pc.len(); n > maxCachedPlans || n < maxCachedPlans/2 {
 		t.Errorf("the plan cache holds %d ids, want at most %d (and the most recent)", n, maxCachedPlans)
 	}
@@ -256,7 +258,7 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 // keep alive: with five limits of which one is full, 100,000 denials take
 // far less than those strings would.
 func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
-	ids, seed := hostileIDs(maxDenyEntries)
+	ids, seed := hostileIDs(store.MaxDenyEntries)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
 	redis := &scriptedStore{onlyFirst: true}
@@ -274,50 +276,15 @@ func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
 			t.Fatalf("%.20s: %+v %v, want denied", id, res, err)
 		}
 	}
-	n := lim.denies.len()
+	n := lim.denies.Len()
 	held := liveHeap()
 	perEntry := (int64(held) - int64(base)) / int64(max(n, 1))
 	t.Logf("%d denials, %d bytes of live heap each", n, perEntry)
 	// A key is about 160 bytes, the five of a request 800: an entry that
 	// kept them all alive would take more than 900.
-	if n < maxDenyEntries/2 || perEntry > 600 {
+	if n < store.MaxDenyEntries/2 || perEntry > 600 {
 		t.Errorf("%d denials take %d bytes each, want at most 600: an entry keeps more than its own key", n, perEntry)
 	}
 	runtime.KeepAlive(ids)
 	runtime.KeepAlive(lim)
-}
-
-// TestSweeper: a sweep is due once the earliest expiry has come and a
-// second has passed since the last, or at once after the clock stepped
-// back before the last sweep; it drops what has expired, gives the map
-// back when empty, and makes it anew when it has shrunk to a quarter.
-func TestSweeper(t *testing.T) {
-	var w sweeper
-	const s = int64(time.Second / time.Microsecond)
-	now := t0.UnixMicro()
-	m := map[int]int64{}
-	if w.due(now) {
-		t.Error("a sweep is due with nothing recorded")
-	}
-	for i := range 100 {
-		m[i] = now + int64(i+1)*s // entry i expires i+1 seconds from now
-		w.added(m[i])
-	}
-	if w.due(now) || !w.due(now+s) {
-		t.Errorf("due at now: %v, a second later: %v; want false, true", w.due(now), w.due(now+s))
-	}
-	m = sweepMap(&w, m, now+80*s, func(e int64) int64 { return e })
-	if len(m) != 20 {
-		t.Errorf("%d entries after a sweep at 80s, want 20", len(m))
-	}
-	if w.due(now + 80*s + s/2) {
-		t.Error("a sweep is due within a second of the last")
-	}
-	if !w.due(now) {
-		t.Error("after the clock stepped back before the last sweep, no sweep is due")
-	}
-	m = sweepMap(&w, m, now+200*s, func(e int64) int64 { return e })
-	if m != nil || w.due(now+300*s) {
-		t.Errorf("after every entry expired: map %v, due %v; want nil, false", m, w.due(now+300*s))
-	}
 }

@@ -63,11 +63,11 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 	if mux == nil {
 		mux = l.cfg.routesFrom
 	}
-	return &handler{l: l, next: next, mux: mux}
+	return &limitHandler{l: l, next: next, mux: mux}
 }
 
-// handler is what Handler returns.
-type handler struct {
+// limitHandler is what Handler returns.
+type limitHandler struct {
 	l    *Limiter
 	next http.Handler
 	// mux looks the routes up: next, if it is a ServeMux, else
@@ -75,7 +75,7 @@ type handler struct {
 	mux *http.ServeMux
 }
 
-func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h *limitHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	pass := h.l.Enter(r)
 	defer pass.Leave()
 	// A wrapped mux decides the route, even under another mux that has set
@@ -137,7 +137,7 @@ func (l *Limiter) routesUnseen(p Pass, r *http.Request) {
 	// The cheap answers first: this runs after every such request until
 	// the warning is made.
 	switch {
-	case r.Pattern != "" && l.forRoute(r.Method, r.Pattern) == l:
+	case r.Pattern != "" && l.forRoute(r.Method, r.Pattern) == l.base:
 		return // a route the table does not declare
 	case r.Pattern == "" && l.routeSeen.Load():
 		return
@@ -181,13 +181,13 @@ func muxRedirect(r *http.Request, h http.Handler) bool {
 // Handler and the router adapters, it cannot tell a request l is already
 // deciding further up the chain, as it does not see where the request ends.
 func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
-	return l.forRoute(r.Method, r.Pattern).check(w, r, nil)
+	return l.forRoute(r.Method, r.Pattern).all.check(w, r, nil)
 }
 
 // check is Check without the route lookup. If t is not nil, an admitted
 // request's refund ticket is stored there.
-func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool {
-	switch v, _ := l.verdict(w, r, t); v {
+func (rs *ruleset) check(w http.ResponseWriter, r *http.Request, t **ticket) bool {
+	switch v, _ := rs.verdict(w, r, t); v {
 	case Proceed:
 		return true
 	case Denied:
@@ -206,15 +206,15 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, t **ticket) bool
 // is left to do (see Verdict). The error is the one that made it
 // apply the failure mode, or the ErrNoKey of a request a Key could not
 // identify (answered as WithMissingKey says), nil if neither.
-func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (Verdict, error) {
-	if l.watchProxies && !l.proxies.done.Load() {
-		l.proxies.check(r, l.cfg.logger, l.cfg.logIDs, l.cfg.observers)
+func (rs *ruleset) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (Verdict, error) {
+	if rs.watchProxies && !rs.proxies.done.Load() {
+		rs.proxies.watch(r, rs.cfg.logger, rs.cfg.logIDs, rs.cfg.observers)
 	}
-	for _, skip := range l.cfg.skips {
+	for _, skip := range rs.cfg.skips {
 		if skip(r) {
-			if l.watched() {
-				res := Result{Allowed: true, Limits: l.skipped}
-				l.observe(r, nil, &res, nil, time.Now())
+			if rs.watched() {
+				res := Result{Allowed: true, Limits: rs.skipped}
+				rs.observe(r, nil, &res, nil, time.Now())
 			}
 			return Proceed, nil
 		}
@@ -222,39 +222,39 @@ func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (V
 	s := getScratch()
 	defer s.put()
 	s.wantTicket = t != nil
-	res, err := l.decideRequest(r, s)
+	res, err := rs.decideRequest(r, s)
 	if t != nil {
 		*t = res.ticket
 	}
 	if err != nil {
-		if l.cfg.onError != nil {
-			l.cfg.onError(r, err)
+		if rs.cfg.onError != nil {
+			rs.cfg.onError(r, err)
 		}
 		if s.noKey >= 0 { // no identity: its own answer, never the failure mode's
 			switch {
-			case l.cfg.missingKey == MissingKeySkip:
+			case rs.cfg.missingKey == MissingKeySkip:
 				return Proceed, err
-			case l.cfg.onNoKey != nil:
-				l.cfg.onNoKey(w, r, err)
+			case rs.cfg.onNoKey != nil:
+				rs.cfg.onNoKey(w, r, err)
 				return Answered, err
 			}
-			l.warnNoKey(s.noKey, err)
+			rs.warnNoKey(s.noKey, err)
 			return NoKey, err
 		}
 		switch {
 		case res.Local: // FailLocal decided: answer as usual
-		case l.cfg.failure == FailOpen:
+		case rs.cfg.failure == FailOpen:
 			return Proceed, err
 		default:
 			w.Header()[hdrRetryAfter] = retryAfterOne
-			if l.cfg.onFailed != nil {
-				l.cfg.onFailed(w, r, err)
+			if rs.cfg.onFailed != nil {
+				rs.cfg.onFailed(w, r, err)
 				return Answered, err
 			}
 			return Unavailable, err
 		}
 	}
-	l.joinHeaders(w.Header(), &res)
+	rs.joinHeaders(w.Header(), &res)
 	if res.Allowed {
 		return Proceed, err
 	}
@@ -262,9 +262,9 @@ func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (V
 		lr := &res.Limits[res.index]
 		dr.RecordDenial(Denial{Policy: lr.policyName(), Quota: lr.Quota, Window: lr.Window, RetryAfter: res.RetryAfter})
 	}
-	if l.cfg.onDenied != nil {
+	if rs.cfg.onDenied != nil {
 		res.Limits = slices.Clone(res.Limits) // the handler may keep it
-		l.cfg.onDenied(w, r, res)
+		rs.cfg.onDenied(w, r, res)
 		return Answered, err
 	}
 	return Denied, err
@@ -280,60 +280,103 @@ func (l *Limiter) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (V
 // non-nil when no status could be read (it wraps [ErrNoKey] when a Key could
 // not identify r); the Result is then the zero value.
 func (l *Limiter) StatusRequest(r *http.Request) (Result, error) {
-	l = l.forRoute(r.Method, r.Pattern)
+	return l.forRoute(r.Method, r.Pattern).all.statusRequest(r)
+}
+
+// statusRequest is StatusRequest with p's limits.
+func (rs *ruleset) statusRequest(r *http.Request) (Result, error) {
 	s := getScratch()
 	defer s.put()
-	cost, err := l.requestIDs(r, s)
+	cost, err := rs.requestIDs(r, s)
 	if err != nil {
 		return Result{}, err
 	}
-	res, err := l.decide(r.Context(), s, cost, true, true)
+	res, err := rs.decide(r.Context(), s, cost, true, true)
 	res.Limits = slices.Clone(res.Limits)
 	return res, err
 }
 
 // decideRequest decides r using s and reports the decision to the
 // observers; the Result's Limits live in s.
-func (l *Limiter) decideRequest(r *http.Request, s *scratch) (Result, error) {
-	watched := l.watched()
+func (rs *ruleset) decideRequest(r *http.Request, s *scratch) (Result, error) {
+	watched := rs.watched()
 	var start time.Time
 	if watched {
 		start = time.Now()
 	}
 	var res Result
-	cost, err := l.requestIDs(r, s)
+	cost, err := rs.requestIDs(r, s)
 	if err == nil {
-		res, err = l.decide(r.Context(), s, cost, true, false)
+		res, err = rs.decide(r.Context(), s, cost, true, false)
 	} else if s.noKey >= 0 {
-		res = Result{Allowed: l.cfg.missingKey == MissingKeySkip, Limits: l.noKey[s.noKey], index: -1}
+		res = Result{Allowed: rs.cfg.missingKey == MissingKeySkip, Limits: rs.noKey[s.noKey], index: -1}
 	}
 	if watched {
-		l.observe(r, s.ids, &res, err, start)
+		rs.observe(r, s.ids, &res, err, start)
 	}
 	return res, err
 }
 
 // requestIDs extracts r's identifiers into s.ids, and its cost.
-func (l *Limiter) requestIDs(r *http.Request, s *scratch) (cost int, err error) {
-	s.ids = grow(s.ids, len(l.limits))
+func (rs *ruleset) requestIDs(r *http.Request, s *scratch) (cost int, err error) {
+	s.ids = grow(s.ids, len(rs.limits))
 	s.noKey = -1
-	for i := range l.limits {
-		id, err := l.limits[i].Key.fn(r)
+	for i := range rs.limits {
+		id, err := rs.limits[i].Key.fn(r)
 		if err != nil {
 			if errors.Is(err, ErrNoKey) {
 				s.noKey = i
 			}
-			return 0, fmt.Errorf("limit %s: %w", l.limits[i].Name, err)
+			return 0, fmt.Errorf("limit %s: %w", rs.limits[i].Name, err)
 		}
 		if id == "" {
 			s.noKey = i
-			return 0, fmt.Errorf("limit %s: %w: empty identifier", l.limits[i].Name, ErrNoKey)
+			return 0, fmt.Errorf("limit %s: %w: empty identifier", rs.limits[i].Name, ErrNoKey)
 		}
 		s.ids[i] = id
 	}
 	cost = 1
-	if l.cfg.cost != nil {
-		cost = l.cfg.cost(r)
+	if rs.cost != nil {
+		cost = rs.cost(r)
 	}
 	return cost, nil
+}
+
+// WithDeniedHandler sets what answers a denied request. It is called after
+// the rate-limit headers and Retry-After are set, and must write the status
+// itself. Default: 429 with the body "Too Many Requests". [ProblemDetails]
+// is a ready-made alternative. A nil h is an error from [New].
+func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, res Result)) Option {
+	return func(c *config) {
+		c.nilArg("WithDeniedHandler", h == nil, "leave the option out for the default 429")
+		c.onDenied = h
+	}
+}
+
+// WithUnavailableHandler sets what answers a request the limiter could not
+// decide when the failure mode refuses it ([FailClosed]; [FailLocal] when
+// its cost is invalid): the error is why. A request a Key cannot identify
+// is answered by [WithMissingKeyHandler], not by h. It is called after Retry-After (1 second) is set, and must write the
+// status itself (503 is expected). Default: 503 with the body "Service
+// Unavailable". A nil h is an error from [New].
+func WithUnavailableHandler(h func(w http.ResponseWriter, r *http.Request, err error)) Option {
+	return func(c *config) {
+		c.nilArg("WithUnavailableHandler", h == nil, "leave the option out for the default 503")
+		c.onFailed = h
+	}
+}
+
+// WithErrorHandler sets a function that receives every error that makes the
+// middleware apply its failure mode (Redis errors, timeouts, an open circuit
+// breaker, a bad cost), every [ErrNoKey] of a request a Key cannot identify
+// (answered as [WithMissingKey] says), and every error of a refund
+// [WithRefund] asked for, for logging and metrics. It runs on the request's
+// goroutine, before the failure response; keep it fast. It does not see
+// [Limiter.Allow]'s errors, which Allow returns. Default: none. A nil h is
+// an error from [New].
+func WithErrorHandler(h func(r *http.Request, err error)) Option {
+	return func(c *config) {
+		c.nilArg("WithErrorHandler", h == nil, "leave the option out")
+		c.onError = h
+	}
 }

@@ -332,12 +332,12 @@ func testScriptReloaded(t *testing.T, b backend) {
 		if b.mr != nil {
 			continue // miniredis has no functions: the script it is
 		}
-		if lim.redis.lib.(*slidinglog.Redis).ScriptsOnly() {
+		if lim.redis.Lib.(*slidinglog.Redis).ScriptsOnly() {
 			t.Fatal("the limiter fell back to scripts on a Redis that has functions")
 		}
 		forEachPrimary(t, c, func(p *redis.Client) error {
 			libs, err := p.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName()}).Result()
-			names, readOnly := slidinglog.FunctionNames()
+			names, readOnly := luaCode.FunctionNames()
 			if err == nil && (len(libs) != 1 || len(libs[0].Functions) != len(names)) {
 				err = fmt.Errorf("FUNCTION LIST: %+v; want the functions %v", libs, names)
 			}
@@ -809,6 +809,38 @@ func testAllowEscapesIDs(t *testing.T, b backend) {
 	}
 }
 
+// TestRouteCostCounted: a route's Cost is what its requests count, through
+// Handler and Check alike, and a request of no route counts WithCost's.
+func TestRouteCostCounted(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		lim := mustNew(t, b.newClient(t), []Limit{PerMinute(20, Global()).Named("cost")},
+			WithCost(func(*http.Request) int { return 2 }),
+			WithRoutes(map[string]RouteLimits{"GET /report": {Cost: 5}}))
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /report", func(http.ResponseWriter, *http.Request) {})
+		mux.HandleFunc("GET /other", func(http.ResponseWriter, *http.Request) {})
+		h := lim.Handler(mux)
+		for _, step := range []struct {
+			path, remaining string
+			check           bool
+		}{
+			{"/report", "15", false}, {"/other", "13", false}, {"/report", "8", true}, {"/other", "6", true},
+		} {
+			w := httptest.NewRecorder()
+			r := httptest.NewRequest("GET", step.path, nil)
+			if step.check {
+				_, r.Pattern = mux.Handler(r)
+				lim.Check(w, r)
+			} else {
+				h.ServeHTTP(w, r)
+			}
+			if got := w.Header().Get("X-RateLimit-Remaining"); w.Code != 200 || got != step.remaining {
+				t.Errorf("GET %s (Check %v): %d remaining=%s, want 200 remaining=%s", step.path, step.check, w.Code, got, step.remaining)
+			}
+		}
+	})
+}
+
 // TestForRoute: route limiters are found by method and template, for one
 // method before any method, whatever the router's parameter syntax.
 func TestForRoute(t *testing.T) {
@@ -832,8 +864,8 @@ func TestForRoute(t *testing.T) {
 	} {
 		got := lim.forRoute(tc.method, tc.pattern)
 		cost := 0
-		if got != lim {
-			cost = got.cfg.cost(nil)
+		if got != lim.base {
+			cost = got.all.cost(nil)
 		}
 		if cost != tc.cost {
 			t.Errorf("forRoute(%q, %q): cost %d, want %d", tc.method, tc.pattern, cost, tc.cost)

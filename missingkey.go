@@ -1,50 +1,43 @@
 package ratelimit
 
-import "strconv"
-
-// MissingKey says what the middleware does with a request that one of a
-// Limiter's [Key]s cannot identify ([ErrNoKey]): no user under a [User]
-// key, a missing [Header], a [ClientIP] whose forwarding header is broken
-// or hostile, no route template under a [Route] key. Nothing failed: the
-// request has no identity to count it by. It is never the failure mode's
-// answer (no 503, no FailOpen pass, no local decision), never a Redis
-// failure for the circuit breaker, and observers see it as its own
-// outcome (metrics/prometheus and metrics/otel: "no_key"). See
-// [WithMissingKey].
-type MissingKey uint8
-
-const (
-	// MissingKeyDeny refuses the request: 401 Unauthorized with the body
-	// "Unauthorized", no rate-limit headers and no Retry-After (waiting
-	// does not help), counted in no limit; gRPC calls get
-	// codes.Unauthenticated, echo an echo.HTTPError 401, gin 401 and
-	// {"error":"Unauthorized"}. [WithMissingKeyHandler] answers instead,
-	// if given. It is the default: a client that could escape a per-user
-	// limit by dropping its credentials would not be limited at all. A
-	// per-user limit belongs behind authentication, which refuses such a
-	// request before the Limiter sees it; when the Limiter refuses one
-	// under this default, it says so once, at Warn, through the
-	// [WithLogger] logger or else [slog.Default], naming the limit.
-	MissingKeyDeny MissingKey = iota
-	// MissingKeySkip lets the request through undecided by this Limiter,
-	// as [WithSkip] does: counted in none of its limits, no Redis call,
-	// no rate-limit headers of its own. For a Limiter whose limits all
-	// count by an identity some requests lack on purpose (optional
-	// authentication), behind another Limiter that counts every request
-	// by something a client cannot drop (its [ClientIP]): the anonymous
-	// requests then meet that one alone. Never use it for a Limiter that
-	// also holds the per-IP limits: a client would escape them too by
-	// dropping its identity.
-	MissingKeySkip
+import (
+	"errors"
+	"net/http"
 )
 
-// String returns "deny" or "skip".
-func (m MissingKey) String() string {
-	switch m {
-	case MissingKeyDeny:
-		return "deny"
-	case MissingKeySkip:
-		return "skip"
+// WithMissingKey sets what the middleware ([Limiter.Handler],
+// [Limiter.Check], the router adapters and the gRPC interceptors) does
+// with a request a Key cannot identify: [MissingKeyDeny] (the default,
+// 401) or [MissingKeySkip]. Giving it, even with the default, silences the
+// one-time warning of the default. An error from a Key that does not wrap
+// [ErrNoKey] (a [KeyFunc] whose session store is down), a [Plans].Of error
+// and a cost below 1 are not missing keys: they get the failure mode.
+// [WithErrorHandler] sees the error in every case. [Limiter.Allow] returns
+// ErrNoKey for an empty id whatever this option says. An unknown value is
+// an error from [New].
+func WithMissingKey(m MissingKey) Option {
+	return func(c *config) {
+		if m > MissingKeySkip {
+			c.errs = append(c.errs, errors.New("unknown missing-key answer "+m.String()))
+		}
+		c.missingKey, c.missingKeySet = m, true
 	}
-	return "MissingKey(" + strconv.Itoa(int(m)) + ")"
+}
+
+// WithMissingKeyHandler sets what answers a request a Key cannot identify
+// under [MissingKeyDeny], instead of 401: for a 403, a JSON body, or a 401
+// with the WWW-Authenticate challenge of the application's scheme. err
+// wraps [ErrNoKey] and says which limit and why; it may quote what the
+// client sent, so show it to no client. h must write the status itself;
+// no rate-limit headers or Retry-After are set before it. The gRPC
+// interceptors pick the code from that status (see package
+// grpcratelimit). Giving it silences the one-time warning of the default.
+// A nil h is an error from [New].
+func WithMissingKeyHandler(h func(w http.ResponseWriter, r *http.Request, err error)) Option {
+	return func(c *config) {
+		if h == nil {
+			c.errs = append(c.errs, errors.New("nil missing-key handler"))
+		}
+		c.onNoKey, c.missingKeySet = h, true
+	}
 }

@@ -77,7 +77,7 @@ func claimNames(client redis.UniversalClient, prefix string, mine map[string]boo
 	if clash := clashes(); len(clash) > 0 {
 		var errs []error
 		for _, name := range clash {
-			errs = append(errs, fmt.Errorf("limit %s: another Limiter of this process uses the name %q with the same Redis client and prefix, and this limit has no name of its own: the two would share one count; name it with Named (the same name in both to share one budget on purpose)", name, name))
+			errs = append(errs, fmt.Errorf("limit %s: another limiter of this process uses the name %q with the same Redis client and prefix, and this limit has no name of its own: the two would share one count; name it with Named (the same name in both to share one budget on purpose)", name, name))
 		}
 		return errors.Join(errs...)
 	}

@@ -62,17 +62,17 @@ func testRouteDefaultNamesApart(t *testing.T, b backend) {
 	} {
 		method, path := splitTemplate(template)
 		d := lim.routes[path][method]
-		if d == nil || d.limits[1].Name != want {
+		if d == nil || d.all.limits[1].Name != want {
 			var got string
 			if d != nil {
-				got = d.limits[1].Name
+				got = d.all.limits[1].Name
 			}
 			t.Errorf("%q: the unnamed limit is named %q, want %q", template, got, want)
 		}
 	}
 	for _, byMethod := range lim.routes {
 		for _, d := range byMethod {
-			if name := d.limits[1].Name; !validName(name) {
+			if name := d.all.limits[1].Name; !validName(name) {
 				t.Errorf("default route limit name %q is not a valid name", name)
 			}
 		}

@@ -30,7 +30,7 @@ func TestDenialsUnderOOM(t *testing.T) {
 				PerMinute(2, ClientIP()).Named("ip"),
 				PerMinute(100, ClientIP()).Bucketed(time.Second).Named("bk"),
 			}, WithFailureMode(FailOpen), WithErrorHandler(func(*http.Request, error) { failures++ }), WithDenyCache(0))
-			lim.redis.lib.(*slidinglog.Redis).SetScriptsOnly(scriptsOnly)
+			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(scriptsOnly)
 			h := lim.Handler(okHandler)
 			for i := range 2 {
 				if w := serve(h, "GET", "/", "192.0.2.1:1"); w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != []string{"1", "0"}[i] {

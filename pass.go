@@ -97,7 +97,7 @@ type Pass struct {
 	// first: Enter recorded this pass, and Leave removes it. For a later
 	// pass, route is what the first pass decided with (see decided).
 	first bool
-	route *Limiter
+	route *routeRules
 }
 
 // Enter begins l's pass over r. An adapter calls it before anything else
@@ -193,11 +193,11 @@ func (p Pass) again() bool { return !p.first }
 
 // firstRoute returns what the first pass over p's request recorded with
 // decided by the time p entered, nil if nothing.
-func (p Pass) firstRoute() *Limiter { return p.route }
+func (p Pass) firstRoute() *routeRules { return p.route }
 
 // resolved returns what a pass over p's request has recorded with decided
 // by now (a later pass records what it decided with), nil if nothing.
-func (p Pass) resolved() *Limiter {
+func (p Pass) resolved() *routeRules {
 	s := p.shard()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -210,8 +210,8 @@ func (p Pass) resolved() *Limiter {
 }
 
 // decided records, for later passes of the same Limiter over the request,
-// what a pass decided with (the Limiter of the request's route).
-func (p Pass) decided(route *Limiter) {
+// what a pass decided with (the rules of the request's route).
+func (p Pass) decided(route *routeRules) {
 	s := p.shard()
 	s.mu.Lock()
 	for i := range s.passes {
@@ -253,31 +253,31 @@ func (p Pass) shard() *passShard {
 	return &passShards[h*0x9E3779B97F4A7C15>>(64-shardBits)]
 }
 
-// inPass returns the Limiter that decides r in p, l's pass over r: the one
-// of r's route, recorded for later passes if it is not l; for a later pass,
-// nothing (nil) if the first decided with a route's limits or r has no
-// route of its own limits, else the route's own limits alone, which the
-// first pass could not see (l's Handler around middleware around a mux,
+// inPass returns the ruleset that decides r in p, l's pass over r: that of
+// r's route, which is recorded for later passes if r has a route; for a
+// later pass, nothing (nil) if the first decided with a route's limits or r
+// has no route of its own limits, else the route's own limits alone, which
+// the first pass could not see (l's Handler around middleware around a mux,
 // and l's Handler or an adapter again around the route). A first pass that
 // sees no route records nothing more than Enter did, so that the Limiters
 // without routes, and the requests of none, pay nothing more for this.
-func (l *Limiter) inPass(p Pass, r *http.Request) *Limiter {
-	d := l.forRoute(r.Method, r.Pattern)
+func (l *Limiter) inPass(p Pass, r *http.Request) *ruleset {
+	rt := l.forRoute(r.Method, r.Pattern)
 	if !p.again() {
-		if d != l {
-			p.decided(d)
+		if rt != l.base {
+			p.decided(rt)
 		}
-		return d
+		return rt.all
 	}
 	if p.firstRoute() != nil {
 		return nil
 	}
-	if d.own == nil {
+	if rt.own == nil {
 		if r.Pattern != "" {
-			p.decided(d) // the route was seen (see Limiter.routesUnseen)
+			p.decided(rt) // the route was seen (see Limiter.routesUnseen)
 		}
 		return nil
 	}
-	p.decided(d) // later passes decide nothing more
-	return d.own
+	p.decided(rt) // later passes decide nothing more
+	return rt.own
 }

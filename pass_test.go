@@ -22,7 +22,7 @@ func TestPasses(t *testing.T) {
 		t.Errorf("second pass over a copy of the request: again %v, route %v; want true, nil", again.again(), again.firstRoute())
 	}
 	// What the first pass decided with is what later passes see.
-	route := new(Limiter)
+	route := new(routeRules)
 	p.decided(route)
 	if again := l1.Enter(r); again.firstRoute() != route || p.again() {
 		t.Errorf("second pass sees route %p (want %p); first pass again %v", again.firstRoute(), route, p.again())

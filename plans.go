@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // tier is one plan of a limit (see Plans), with what its headers need
@@ -59,7 +61,7 @@ type planCache struct {
 	ttl   time.Duration
 	mu    sync.RWMutex
 	m     map[string]cachedTier
-	sweep sweeper
+	sweep store.Sweeper
 }
 
 type cachedTier struct {
@@ -69,7 +71,7 @@ type cachedTier struct {
 
 // get returns the tier remembered for id at now, if any.
 func (c *planCache) get(id string, now time.Time) (int, bool) {
-	if us := now.UnixMicro(); c.sweep.due(us) {
+	if us := now.UnixMicro(); c.sweep.Due(us) {
 		c.mu.Lock()
 		c.sweepLocked(us)
 		c.mu.Unlock()
@@ -91,18 +93,18 @@ func (c *planCache) put(id string, tier int, now time.Time) {
 	if c.m == nil {
 		c.m = make(map[string]cachedTier)
 	}
-	makeRoom(c.m, maxCachedPlans, func(e cachedTier) bool { return !now.Before(e.until) })
+	store.MakeRoom(c.m, maxCachedPlans, func(e cachedTier) bool { return !now.Before(e.until) })
 	// A copy: id may be part of a larger string, such as a header.
 	until := now.Add(c.ttl)
 	c.m[strings.Clone(id)] = cachedTier{tier: tier, until: until}
-	c.sweep.added(until.UnixMicro())
+	c.sweep.Added(until.UnixMicro())
 }
 
 // sweepLocked drops, under the write lock, the ids whose time has passed
 // at now (µs), if a sweep is due.
 func (c *planCache) sweepLocked(now int64) {
-	if c.sweep.due(now) {
-		c.m = sweepMap(&c.sweep, c.m, now, func(e cachedTier) int64 { return e.until.UnixMicro() })
+	if c.sweep.Due(now) {
+		c.m = store.SweepMap(&c.sweep, c.m, now, func(e cachedTier) int64 { return e.until.UnixMicro() })
 	}
 }
 

@@ -25,7 +25,7 @@ var proxyHeaders = [...]struct{ name, key string }{
 // logIdentifiers only), so that a hostile header cannot make a huge line.
 const maxLoggedHeader = 256
 
-// proxyWatch reports, once per Limiter family, the warning that requests
+// proxyWatch reports, once per Limiter, the warning that requests
 // come through a proxy that ClientIP does not trust
 // ([WarningUntrustedProxy]).
 type proxyWatch struct{ warnOnce }
@@ -47,7 +47,7 @@ func watchesProxies(cfg *config, limits []Limit) bool {
 // to observers, if r carries a proxy header and the warning was not
 // reported before; the header's value and the peer are logged only if
 // logIDs. It does not allocate when r carries no proxy header.
-func (p *proxyWatch) check(r *http.Request, logger *slog.Logger, logIDs bool, observers []Observer) {
+func (p *proxyWatch) watch(r *http.Request, logger *slog.Logger, logIDs bool, observers []Observer) {
 	for _, h := range proxyHeaders {
 		v := r.Header[h.key]
 		if len(v) == 0 {

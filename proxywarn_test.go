@@ -179,10 +179,10 @@ func TestProxyWatchAllocs(t *testing.T) {
 	lim := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP())}, WithLogger(logger, false))
 	r := httptest.NewRequest("GET", "/", nil)
 	r.Header.Set("X-Api-Key", "k")
-	if !lim.watchProxies {
+	if !lim.rules.watchProxies {
 		t.Fatal("not watching for proxy headers")
 	}
-	if n := testing.AllocsPerRun(100, func() { lim.proxies.check(r, logger, false, nil) }); n != 0 || lim.proxies.done.Load() {
+	if n := testing.AllocsPerRun(100, func() { lim.proxies.watch(r, logger, false, nil) }); n != 0 || lim.proxies.done.Load() {
 		t.Errorf("no proxy header: %v allocations, warned %v; want 0, false", n, lim.proxies.done.Load())
 	}
 }

@@ -188,3 +188,31 @@ func (w rwRP) Push(target string, opts *http.PushOptions) error   { return w.pus
 func (w rwFRP) Push(target string, opts *http.PushOptions) error  { return w.push(target, opts) }
 func (w rwHRP) Push(target string, opts *http.PushOptions) error  { return w.push(target, opts) }
 func (w rwFHRP) Push(target string, opts *http.PushOptions) error { return w.push(target, opts) }
+
+// WithRefund makes the middleware take back requests whose response status
+// refund reports true, as if they had never been admitted ([Limiter.Refund]),
+// for example failures that should not cost the client:
+//
+//	ratelimit.WithRefund(func(status int) bool { return status >= 500 })
+//
+// refund sees the response's final status: the first status the handler
+// wrote other than an informational 1xx (such as 103 Early Hints), or 200 if
+// it wrote a body, flushed or wrote nothing at all. A request whose handler
+// hijacked the connection before writing a status (a WebSocket upgrade, say)
+// counts as 101 Switching Protocols: it was served, and a refund func such as
+// the one above does not refund it.
+//
+// Only [Limiter.Handler] sees the status; router adapters that call
+// [Limiter.Check] do not refund. It costs the middleware a wrapped
+// ResponseWriter (one allocation per request) and a Redis call per refunded
+// request. The wrapper keeps the optional interfaces of the writer it wraps,
+// and only those: [http.Flusher], [http.Hijacker], [io.ReaderFrom] and
+// [http.Pusher], so streaming and protocol upgrades work behind it, and
+// [http.ResponseController] reaches the rest through its Unwrap method.
+// Default: no refunds. A nil refund is an error from [New].
+func WithRefund(refund func(status int) bool) Option {
+	return func(c *config) {
+		c.nilArg("WithRefund", refund == nil, "leave the option out")
+		c.refund = refund
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // ErrRefunded is returned by [Limiter.Refund] for a Result (or a copy of
@@ -175,9 +177,9 @@ func closer(a, b *LimitResult) bool {
 // cost and the time of its entries in each, and the stores that hold them.
 type ticket struct {
 	refunded atomic.Bool // Refund has taken it: it removes nothing more
-	rs       *redisStore
-	denies   *denyCache
-	plan     *plan
+	rs       *store.Redis
+	denies   *store.DenyCache
+	spec     *store.Spec
 	keys     []string
 	tags     []string
 	cost     int

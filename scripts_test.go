@@ -46,8 +46,8 @@ func TestScriptsWhereFunctionsAreDenied(t *testing.T) {
 				admitted++
 			}
 		}
-		if admitted != 10 || lim.redis.lib.(*slidinglog.Redis).ScriptsOnly() != tc.scripts {
-			t.Errorf("%s: %d of 15 admitted, scripts only %v; want 10 and %v", tc.id, admitted, lim.redis.lib.(*slidinglog.Redis).ScriptsOnly(), tc.scripts)
+		if admitted != 10 || lim.redis.Lib.(*slidinglog.Redis).ScriptsOnly() != tc.scripts {
+			t.Errorf("%s: %d of 15 admitted, scripts only %v; want 10 and %v", tc.id, admitted, lim.redis.Lib.(*slidinglog.Redis).ScriptsOnly(), tc.scripts)
 		}
 		libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName()}).Result()
 		if err != nil {
@@ -141,7 +141,7 @@ func testLibraryReloadedAfterOOM(t *testing.T, pipeline bool) {
 	ctx := context.Background()
 	clock := &testClock{t: time.Now()}
 	lim := mustNew(t, c, []Limit{PerMinute(1000, Header("X-Id")).Named("oom")})
-	lim.redis.lib.(*slidinglog.Redis).SetClock(clock.Now)
+	lim.redis.Lib.(*slidinglog.Redis).SetClock(clock.Now)
 	calls := 1 // per decision
 	decide := func() error {
 		res, err := lim.Allow(ctx, []string{"a"}, 1)
@@ -152,14 +152,14 @@ func testLibraryReloadedAfterOOM(t *testing.T, pipeline bool) {
 	}
 	if pipeline {
 		calls = 3
-		bt := slidinglog.New(c, true)
+		bt := slidinglog.New(luaCode, c, true)
 		bt.SetClock(clock.Now)
 		decide = func() error {
 			var keys [][]string
 			var reqs [][]byte
 			for _, id := range []string{"a", "b", "c"} {
 				keys = append(keys, []string{logKey("oom", id)})
-				reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.plan.specs))
+				reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua))
 			}
 			replies, errs := bt.DecideAll(keys, reqs)
 			for i := range replies {
@@ -218,7 +218,7 @@ func TestLibraryLoadBackoff(t *testing.T) {
 	start := time.Now()
 	clock := &testClock{t: start}
 	lim := mustNew(t, c, []Limit{PerMinute(1000, Global()).Named("backoff")})
-	lim.redis.lib.(*slidinglog.Redis).SetClock(clock.Now)
+	lim.redis.Lib.(*slidinglog.Redis).SetClock(clock.Now)
 	if _, err := lim.Allow(ctx, []string{"x"}, 1); err != nil { // loads the library
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestLibraryLoadBackoff(t *testing.T) {
 			t.Fatalf("%d FUNCTION LOAD %v after a refusal, want 1", got, d)
 		}
 	}
-	if lim.redis.lib.(*slidinglog.Redis).ScriptsOnly() {
+	if lim.redis.Lib.(*slidinglog.Redis).ScriptsOnly() {
 		t.Error("the limiter runs scripts for good after refusals that can pass")
 	}
 }
@@ -283,12 +283,12 @@ func TestLibraryFlushedAfterLoad(t *testing.T) {
 	if err != nil || !res.Allowed {
 		t.Fatalf("alone: %+v %v", res, err)
 	}
-	bt := slidinglog.New(c, true) // a pipeline
+	bt := slidinglog.New(luaCode, c, true) // a pipeline
 	var keys [][]string
 	var reqs [][]byte
 	for _, id := range []string{"a", "b", "c"} {
 		keys = append(keys, []string{logKey("flushed", id)})
-		reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.plan.specs))
+		reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua))
 	}
 	replies, errs := bt.DecideAll(keys, reqs)
 	for i := range replies {
@@ -297,7 +297,7 @@ func TestLibraryFlushedAfterLoad(t *testing.T) {
 			t.Errorf("in a pipeline, decision %d: %+v %v %v", i, rep, errs[i], err)
 		}
 	}
-	lib := lim.redis.lib.(*slidinglog.Redis)
+	lib := lim.redis.Lib.(*slidinglog.Redis)
 	if c.loads != 2 || lib.ScriptsOnly() || bt.ScriptsOnly() || !lib.Functions() || !bt.Functions() {
 		t.Errorf("%d loads, scripts only %v %v; want 2 loads, and functions still tried", c.loads, lib.ScriptsOnly(), bt.ScriptsOnly())
 	}

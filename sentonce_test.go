@@ -234,8 +234,8 @@ func TestPipelineSentOnceOnLateReply(t *testing.T) {
 	forOnceClients(t, func(t *testing.T, env *onceEnv) {
 		rdb := env.rdb
 		lim := mustNew(t, rdb, []Limit{PerMinute(100, Header("X-Id")).Named("pipe")})
-		lib := slidinglog.New(rdb, true)
-		req := slidinglog.AppendRequest(nil, 0, 1, lim.plan.specs)
+		lib := slidinglog.New(luaCode, rdb, true)
+		req := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua)
 		if _, errs := lib.DecideAll([][]string{{logKey("pipe", "warm")}, {logKey("pipe", "warm2")}}, [][]byte{req, req}); errs[0] != nil || errs[1] != nil {
 			t.Fatal(errs)
 		}

@@ -185,10 +185,10 @@ func (p peekLibrary) Rollback(context.Context, []string, []byte, []byte) (int64,
 // reserved nothing, and the times its replies carry are no reservation.
 func TestStatusFailsWithoutRollback(t *testing.T) {
 	lim := mustNew(t, stubClient{}, []Limit{PerMinute(5, Header("X-A")).Named("a"), PerMinute(5, Header("X-B")).Named("b")})
-	lim.plan.split = true // as on a cluster: one call per identifier
+	lim.rules.spec.Split = true // as on a cluster: one call per identifier
 	var rollbacks int
 	lib := peekLibrary{rollbacks: &rollbacks}
-	lim.redis.lib, lim.redis.rollbacks.lib = lib, lib
+	lim.redis.Lib, lim.redis.Rollbacks.Lib = lib, lib
 	if _, err := lim.Status(context.Background(), []string{"a", "b"}, 1); err == nil || !strings.Contains(err.Error(), "LOADING") {
 		t.Fatalf("Status with a failing group: %v; want its error", err)
 	}

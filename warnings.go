@@ -37,7 +37,7 @@ type WarningObserver interface {
 	ObserveWarning(w Warning)
 }
 
-// warnOnce reports one warning kind once per Limiter family.
+// warnOnce reports one warning kind once per Limiter.
 type warnOnce struct{ done atomic.Bool }
 
 // report logs msg with attrs through lg (slog's default if nil) and tells

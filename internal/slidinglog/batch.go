@@ -13,7 +13,7 @@ import (
 // maxBatches is how many batches a Redis keeps in flight at once; more
 // concurrent decisions wait for one of them to come back and go out together
 // in the next. Fewer, larger batches cost Redis less per decision; on a
-// 2-core machine 2 did better than 1, 4 or 8 (internal/cmd/ratelimit-bench).
+// 2-core machine 2 did better than 1, 4 or 8 (tools/ratelimit-bench).
 var maxBatches = max(2, runtime.GOMAXPROCS(0))
 
 // lateReplyWait is how long a Redis call goes on after the decision that
@@ -198,7 +198,7 @@ func (b *batcher) exec(c redis.UniversalClient, batch []*call) {
 	case len(batch) == 1:
 		cl := batch[0]
 		ctx, cancel := batchContext(batch)
-		cl.reply, cl.err = b.mode.run(ctx, c, &decideCode, cl.keys, cl.args)
+		cl.reply, cl.err = b.mode.run(ctx, c, &b.mode.code.decide, cl.keys, cl.args)
 		cancel()
 	case b.split:
 		b.sendPipeline(c, batch)
@@ -237,7 +237,7 @@ func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 		args = append(args, cl.args...)
 		size += ReplyLen(len(cl.keys))
 	}
-	reply, err := b.mode.run(ctx, c, &decideCode, keys, args)
+	reply, err := b.mode.run(ctx, c, &b.mode.code.decide, keys, args)
 	all, ok := reply.([]any)
 	if err == nil && (!ok || len(all) != size) {
 		err = fmt.Errorf("%w: %T of length %d for %d decisions", ErrUnexpectedReply, reply, len(all), len(batch))
@@ -266,9 +266,9 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 	pipe := c.Pipeline()
 	for i, cl := range batch {
 		if functions {
-			cmds[i] = queue(ctx, pipe, fcallCommand, decideCode.functionArg, cl)
+			cmds[i] = queue(ctx, pipe, fcallCommand, b.mode.code.decide.functionArg, cl)
 		} else {
-			cmds[i] = queue(ctx, pipe, evalshaCommand, decideCode.shaArg, cl)
+			cmds[i] = queue(ctx, pipe, evalshaCommand, b.mode.code.decide.shaArg, cl)
 		}
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
@@ -296,9 +296,9 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 		pipe = c.Pipeline()
 		for _, i := range retry {
 			if again == rerunFunction {
-				cmds[i] = queue(ctx, pipe, fcallCommand, decideCode.functionArg, batch[i])
+				cmds[i] = queue(ctx, pipe, fcallCommand, b.mode.code.decide.functionArg, batch[i])
 			} else {
-				cmds[i] = queue(ctx, pipe, evalCommand, decideCode.sourceArg, batch[i])
+				cmds[i] = queue(ctx, pipe, evalCommand, b.mode.code.decide.sourceArg, batch[i])
 			}
 		}
 		_, _ = pipe.Exec(ctx)

@@ -9,35 +9,78 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"fmt"
+	"io/fs"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/slidinglog/ratelimit/lua"
 )
 
-// The library runs as a Redis Function where it can and as a script
-// otherwise. As a function its code is compiled once, at FUNCTION LOAD; as
-// a script Redis finds it by its SHA-1 on every call. Both are built from
-// lua.Source, whose entry points each become a function of the library and
-// a script of their own.
-var (
-	// libraryName is the library's name (see LibraryName).
-	libraryName = "ratelimit_" + codeHash()
+// Files are the library's source files (lua/ in the repository), in the
+// order they are joined, each building on those before it:
+//
+//   - codec.lua: the wire format of requests and replies;
+//   - exact.lua: the exact log, one Redis string per limit and identifier;
+//   - buckets.lua: bucketed limits, one Redis hash per identifier;
+//   - library.lua: the entry points, which decide over several limits of
+//     either kind at once.
+//
+// Their code defines the functions (locals of the chunk) named by the
+// entry points, each called with the KEYS and ARGV of a call, and runs
+// nothing else at its top level.
+var Files = []string{"codec.lua", "exact.lua", "buckets.lua", "library.lua"}
 
-	decideCode   = newLuaEntry(lua.Decide, "")
-	rollbackCode = newLuaEntry(lua.Rollback, "")
-	forgetCode   = newLuaEntry(lua.Forget, "")
-	// statusCode writes nothing, so that Redis runs it when it refuses
+// The library's entry points.
+const (
+	entryDecide   = "decide"   // decides requests, logging those it admits
+	entryStatus   = "status"   // says whether requests would be admitted, writing nothing
+	entryRollback = "rollback" // removes one admitted request's entries
+	entryForget   = "forget"   // removes what limits counted for one identifier
+)
+
+// Code is the library, built once from its sources (see Load) and shared
+// by every Redis that runs it. The library runs as a Redis Function where
+// it can and as a script otherwise. As a function its code is compiled
+// once, at FUNCTION LOAD; as a script Redis finds it by its SHA-1 on every
+// call. Each entry point becomes a function of the library and a script of
+// its own.
+type Code struct {
+	name                             string // the library's name (see LibraryName)
+	decide, rollback, forget, status luaEntry
+	// status writes nothing, so that Redis runs it when it refuses
 	// writes: out of memory, or on a replica.
-	statusCode = newLuaEntry(lua.Status, "no-writes")
 
-	// librarySource is the library, for FUNCTION LOAD.
-	librarySource = "#!lua name=" + libraryName + "\n" + lua.Source + "\n" +
-		decideCode.register + rollbackCode.register + forgetCode.register + statusCode.register
-)
+	library string // the library, for FUNCTION LOAD
+}
+
+// Load builds the library's Code from the Files that fsys holds (the
+// root package embeds lua/; tests read it from disk).
+func Load(fsys fs.FS) (*Code, error) {
+	parts := make([]string, len(Files))
+	for i, f := range Files {
+		b, err := fs.ReadFile(fsys, f)
+		if err != nil {
+			return nil, fmt.Errorf("slidinglog: the library's source: %w", err)
+		}
+		parts[i] = string(b)
+	}
+	return build(strings.Join(parts, "\n")), nil
+}
+
+// build returns the Code of source, the library's files joined.
+func build(source string) *Code {
+	sum := sha1.Sum([]byte(source))
+	c := &Code{name: "ratelimit_" + hex.EncodeToString(sum[:6])}
+	c.decide = c.newEntry(source, entryDecide, "")
+	c.rollback = c.newEntry(source, entryRollback, "")
+	c.forget = c.newEntry(source, entryForget, "")
+	c.status = c.newEntry(source, entryStatus, "no-writes")
+	c.library = "#!lua name=" + c.name + "\n" + source + "\n" +
+		c.decide.register + c.rollback.register + c.forget.register + c.status.register
+	return c
+}
 
 // luaEntry is one entry point of the sliding-log code: as a function of the
 // library, and as a script.
@@ -55,12 +98,12 @@ type luaEntry struct {
 	once bool
 }
 
-// newLuaEntry returns the entry point name of the code, as a function of
-// the library, with the given Function flag ("" for none). As a script it
-// has no flags: Redis before 7.0 would not read them, and without them a
+// newEntry returns the entry point name of source, as a function of the
+// library, with the given Function flag ("" for none). As a script it has
+// no flags: Redis before 7.0 would not read them, and without them a
 // script is refused only at its first write when Redis is out of memory.
-func newLuaEntry(name, flag string) luaEntry {
-	e := luaEntry{function: libraryName + "_" + name, source: lua.Source + "\nreturn " + name + "(KEYS, ARGV)\n"}
+func (c *Code) newEntry(source, name, flag string) luaEntry {
+	e := luaEntry{function: c.name + "_" + name, source: source + "\nreturn " + name + "(KEYS, ARGV)\n"}
 	e.register = "redis.register_function('" + e.function + "', " + name + ")\n"
 	if flag != "" {
 		e.register = "redis.register_function{function_name='" + e.function + "', callback=" + name + ", flags={'" + flag + "'}}\n"
@@ -76,12 +119,7 @@ func newLuaEntry(name, flag string) luaEntry {
 // Each version of the code has its own library, so instances of two
 // versions can share a Redis during a rolling deploy; the libraries of
 // versions no longer running can be removed with FUNCTION DELETE.
-func LibraryName() string { return libraryName }
-
-func codeHash() string {
-	sum := sha1.Sum([]byte(lua.Source))
-	return hex.EncodeToString(sum[:6])
-}
+func (c *Code) LibraryName() string { return c.name }
 
 // A FUNCTION LOAD that Redis refused for a reason that can pass (out of
 // memory, BUSY, LOADING, READONLY, a timeout, a lost connection...) is tried
@@ -104,6 +142,7 @@ const (
 // miniredis); and as a script for a while (see loadRetryMin) after Redis
 // refused to load the library for a reason that can pass.
 type scriptMode struct {
+	code        *Code            // what it runs
 	scriptsOnly atomic.Bool      // for good: Redis cannot run functions
 	loading     atomic.Bool      // a call is loading the library
 	retryAt     atomic.Int64     // Unix nanoseconds before which the library is not loaded again; 0: not backing off
@@ -195,7 +234,7 @@ func (m *scriptMode) retry(ctx context.Context, c redis.UniversalClient, err err
 		return rerunScript
 	}
 	defer m.loading.Store(false)
-	err = loadLibrary(ctx, c)
+	err = loadLibrary(ctx, c, m.code.library)
 	switch {
 	case err == nil:
 		m.backoff.Store(0)
@@ -215,11 +254,11 @@ func (m *scriptMode) retry(ctx context.Context, c redis.UniversalClient, err err
 	return rerunScript
 }
 
-// loadLibrary loads the library into c's Redis server, or every primary of
+// loadLibrary loads library, the library's source, into c's Redis server, or every primary of
 // a cluster or shard of a ring.
-func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
+func loadLibrary(ctx context.Context, c redis.UniversalClient, library string) error {
 	load := func(ctx context.Context, c redis.Cmdable) error {
-		err := c.FunctionLoad(ctx, librarySource).Err()
+		err := c.FunctionLoad(ctx, library).Err()
 		if err != nil && strings.Contains(err.Error(), "already exists") {
 			return nil // another instance was first
 		}

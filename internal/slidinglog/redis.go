@@ -18,11 +18,11 @@ type Redis struct {
 	batch  batcher
 }
 
-// New returns a Redis for client. split says that the client spreads keys
+// New returns a Redis that runs code for client. split says that the client spreads keys
 // over several servers (a cluster, a ring), so that concurrent decisions
 // go out as a pipeline of calls rather than as one call.
-func New(client redis.UniversalClient, split bool) *Redis {
-	return &Redis{client: client, batch: batcher{split: split}}
+func New(code *Code, client redis.UniversalClient, split bool) *Redis {
+	return &Redis{client: client, batch: batcher{split: split, mode: scriptMode{code: code}}}
 }
 
 // Client returns the client the Redis calls.
@@ -49,7 +49,7 @@ func (r *Redis) Status(ctx context.Context, keys []string, reqs ...[]byte) (any,
 	for i, req := range reqs {
 		args[i] = req
 	}
-	return r.batch.mode.run(ctx, r.client, &statusCode, keys, args)
+	return r.batch.mode.run(ctx, r.client, &r.batch.mode.code.status, keys, args)
 }
 
 // Rollback removes the entries of the request req that a decision logged
@@ -58,7 +58,7 @@ func (r *Redis) Status(ctx context.Context, keys []string, reqs ...[]byte) (any,
 // would take another request's entries of the same time. An error for
 // which MayHaveRun holds leaves unknown whether they were removed.
 func (r *Redis) Rollback(ctx context.Context, keys []string, req, stamps []byte) (int64, error) {
-	reply, err := r.batch.mode.run(ctx, r.client, &rollbackCode, keys, []any{req, stamps})
+	reply, err := r.batch.mode.run(ctx, r.client, &r.batch.mode.code.rollback, keys, []any{req, stamps})
 	n, _ := reply.(int64)
 	return n, err
 }
@@ -66,7 +66,7 @@ func (r *Redis) Rollback(ctx context.Context, keys []string, req, stamps []byte)
 // Forget removes what the limits of req counted in keys, and returns how
 // many of them had counted something.
 func (r *Redis) Forget(ctx context.Context, keys []string, req []byte) (int64, error) {
-	reply, err := r.batch.mode.run(ctx, r.client, &forgetCode, keys, []any{req})
+	reply, err := r.batch.mode.run(ctx, r.client, &r.batch.mode.code.forget, keys, []any{req})
 	n, _ := reply.(int64)
 	return n, err
 }
@@ -81,8 +81,8 @@ func (r *Redis) SetScriptsOnly(on bool) { r.batch.mode.scriptsOnly.Store(on) }
 
 // FunctionNames returns the names of the library's functions, and of the
 // one that writes nothing.
-func FunctionNames() (all []string, readOnly string) {
-	return []string{decideCode.function, statusCode.function, rollbackCode.function, forgetCode.function}, statusCode.function
+func (c *Code) FunctionNames() (all []string, readOnly string) {
+	return []string{c.decide.function, c.status.function, c.rollback.function, c.forget.function}, c.status.function
 }
 
 // runScript runs e as a script by its SHA and falls back to sending its

@@ -37,21 +37,21 @@ func TestCallSentOnce(t *testing.T) {
 	defer c.Close()
 	h := &answerHook{sent: []redis.Cmder{}}
 	c.AddHook(h)
-	var m scriptMode
+	m := scriptMode{code: testCode}
 	ctx := context.Background()
 	keys, args := []string{"k"}, []any{[]byte("req")}
-	for _, e := range []*luaEntry{&decideCode, &rollbackCode, &forgetCode, &statusCode} {
+	for _, e := range []*luaEntry{&testCode.decide, &testCode.rollback, &testCode.forget, &testCode.status} {
 		h.sent = h.sent[:0]
 		if _, err := m.run(ctx, c, e, keys, args); err != nil {
 			t.Fatal(err)
 		}
-		if len(h.sent) != 1 || h.sent[0].NoRetry() != (e != &statusCode) || h.sent[0].Name() != "fcall" {
+		if len(h.sent) != 1 || h.sent[0].NoRetry() != (e != &testCode.status) || h.sent[0].Name() != "fcall" {
 			t.Errorf("%s: sent %v (NoRetry %v)", e.function, h.sent, len(h.sent) == 1 && h.sent[0].NoRetry())
 		}
 	}
 	h.sent = nil
-	own := testing.AllocsPerRun(100, func() { _, _ = c.FCall(ctx, decideCode.function, keys, args...).Result() })
-	ours := testing.AllocsPerRun(100, func() { _, _ = m.run(ctx, c, &decideCode, keys, args) })
+	own := testing.AllocsPerRun(100, func() { _, _ = c.FCall(ctx, testCode.decide.function, keys, args...).Result() })
+	ours := testing.AllocsPerRun(100, func() { _, _ = m.run(ctx, c, &testCode.decide, keys, args) })
 	t.Logf("allocations per call: go-redis's FCall %v, the library's %v", own, ours)
 	if ours > own {
 		t.Errorf("a call costs %v allocations, go-redis's FCall %v", ours, own)

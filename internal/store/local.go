@@ -1,4 +1,4 @@
-package ratelimit
+package store
 
 import (
 	"context"
@@ -9,29 +9,29 @@ import (
 	"sync/atomic"
 )
 
-// maxLocalKeys bounds the logs FailLocal keeps in memory, the overflow
+// MaxLocalKeys bounds the logs FailLocal keeps in memory, the overflow
 // logs (one per limit) aside.
-const maxLocalKeys = 100_000
+const MaxLocalKeys = 100_000
 
-// localStore is the in-process sliding log FailLocal decides with while
+// Local is the in-process sliding log FailLocal decides with while
 // Redis cannot be reached. It applies the same rules as the Lua code, to
-// the requests of this process only. The Limiters WithRoutes derives share
-// their parent's, so that a route's requests count in the app-wide limits
+// the requests of this process only. Every route of a Limiter shares it,
+// so that a route's requests count in the app-wide limits
 // there too.
 //
 // Its memory is bounded, and given back: a log whose entries have all left
 // its window is dropped by the next sweep (see sweeper), on a decision
-// here or, once Redis is back, on a decision Redis made (fallbackStore).
+// here or, once Redis is back, on a decision Redis made (Fallback).
 // No log that holds an entry in its window is ever dropped to make room,
 // so no client's traffic can erase another client's count: once
 // maxLocalKeys logs are live, an identifier that has no log of its own is
 // counted in its limit's overflow log, which every such identifier shares,
 // and a log made while that overflow log holds entries starts with them
 // (a client counted there takes its count along).
-type localStore struct {
+type Local struct {
 	mu    sync.Mutex
-	logs  map[logID]*localLog
-	sweep sweeper
+	logs  map[LogID]*localLog
+	sweep Sweeper
 }
 
 type localLog struct {
@@ -59,80 +59,80 @@ func (g *localLog) expiry() int64 {
 // overflowLog returns the overflow log of id's limit: its key up to the
 // identifier (a key that ends in '}' as every real key does never equals
 // it), and its field.
-func overflowLog(id logID) logID {
-	return logID{id.key[:strings.LastIndexByte(id.key, '{')+1], id.field}
+func overflowLog(id LogID) LogID {
+	return LogID{id.Key[:strings.LastIndexByte(id.Key, '{')+1], id.Field}
 }
 
-// decide decides q at q.now in this process's logs, and logs the request
+// Decide decides q at q.now in this process's logs, and logs the request
 // if every limit admits it. It never fails.
-func (s *localStore) decide(_ context.Context, q *query, out *outcome) error {
+func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now, n := q.now, int64(q.cost)
+	now, n := q.Now, int64(q.Cost)
 	s.sweepLocked(now)
 	if s.logs == nil {
-		s.logs = make(map[logID]*localLog)
+		s.logs = make(map[LogID]*localLog)
 	}
-	logs := make([]*localLog, len(q.keys))
-	ids := make([]logID, len(q.keys))
-	out.allowed, out.now, out.denier = true, now, -1
+	logs := make([]*localLog, len(q.Keys))
+	ids := make([]LogID, len(q.Keys))
+	out.Allowed, out.Now, out.Denier = true, now, -1
 	var denierAt int64
-	for i := range q.keys {
-		lim := &q.plan.limits[i]
-		if q.quota(i) == 0 {
+	for i := range q.Keys {
+		lim := &q.Spec.Limits[i]
+		if q.Quota(i) == 0 {
 			continue // the client's plan does not count it here
 		}
-		window := lim.window.Microseconds()
-		ids[i] = q.log(i)
+		window := lim.Window.Microseconds()
+		ids[i] = q.Log(i)
 		g := s.logs[ids[i]]
 		if g == nil {
 			g = &localLog{window: window}
 			if over := s.logs[overflowLog(ids[i])]; over != nil {
 				over.prune(now)
-				if len(s.logs) >= maxLocalKeys {
+				if len(s.logs) >= MaxLocalKeys {
 					g, ids[i] = over, overflowLog(ids[i]) // no room: counted with the others that found none
 				} else {
 					// Those counted in the overflow log may include this
 					// client: it takes their count along.
 					g.stamps = slices.Clone(over.stamps)
 				}
-			} else if len(s.logs) >= maxLocalKeys {
+			} else if len(s.logs) >= MaxLocalKeys {
 				ids[i] = overflowLog(ids[i])
 			}
 		}
 		g.window = max(g.window, window)
 		g.prune(now)
 		logs[i] = g
-		count, quota := int64(len(g.stamps)), int64(q.quota(i))
-		r := reply{ok: true, now: now, count: count, reset: now}
+		count, quota := int64(len(g.stamps)), int64(q.Quota(i))
+		r := Reply{OK: true, Now: now, Count: count, Reset: now}
 		switch {
 		case count+n <= quota:
 			if count > 0 {
-				r.reset = g.stamps[0] + window
+				r.Reset = g.stamps[0] + window
 			}
 		case n > quota:
-			r.reset = -1
+			r.Reset = -1
 		default:
-			r.reset = g.stamps[count+n-quota-1] + window
+			r.Reset = g.stamps[count+n-quota-1] + window
 		}
-		if count+n > quota && !lim.shadow {
-			out.allowed = false
-			if out.denier < 0 || r.reset == -1 || denierAt != -1 && r.reset > denierAt {
-				out.denier, denierAt = i, r.reset
+		if count+n > quota && !lim.Shadow {
+			out.Allowed = false
+			if out.Denier < 0 || r.Reset == -1 || denierAt != -1 && r.Reset > denierAt {
+				out.Denier, denierAt = i, r.Reset
 			}
 		}
-		out.replies[i] = r
+		out.Replies[i] = r
 	}
-	if !out.allowed || q.peek {
+	if !out.Allowed || q.Peek {
 		return nil
 	}
 	for i, g := range logs {
-		lim := &q.plan.limits[i]
-		if g == nil || lim.shadow && int64(len(g.stamps))+n > int64(q.quota(i)) {
+		lim := &q.Spec.Limits[i]
+		if g == nil || lim.Shadow && int64(len(g.stamps))+n > int64(q.Quota(i)) {
 			continue // not counted, or a shadow limit without room: not logged
 		}
 		if len(g.stamps) == 0 {
-			out.replies[i].reset = now + lim.window.Microseconds()
+			out.Replies[i].Reset = now + lim.Window.Microseconds()
 		}
 		for range n {
 			g.stamps = append(g.stamps, now)
@@ -140,19 +140,19 @@ func (s *localStore) decide(_ context.Context, q *query, out *outcome) error {
 		if s.logs[ids[i]] == nil {
 			// A copy of the key: q's keys share one string with the
 			// request's other keys.
-			s.logs[logID{strings.Clone(ids[i].key), ids[i].field}] = g
+			s.logs[LogID{strings.Clone(ids[i].Key), ids[i].Field}] = g
 		}
-		s.sweep.added(g.expiry())
+		s.sweep.Added(g.expiry())
 	}
 	return nil
 }
 
 // release drops, at now, the logs whose entries have all left their
-// windows, if a sweep is due: FailLocal's fallbackStore calls it on the
+// windows, if a sweep is due: FailLocal's Fallback calls it on the
 // decisions Redis makes, so that the logs of an outage are given back
 // once they have expired. It costs an atomic load when nothing is due.
-func (s *localStore) release(now int64) {
-	if !s.sweep.due(now) {
+func (s *Local) release(now int64) {
+	if !s.sweep.Due(now) {
 		return
 	}
 	s.mu.Lock()
@@ -161,18 +161,18 @@ func (s *localStore) release(now int64) {
 }
 
 // sweepLocked sweeps the logs at now if a sweep is due.
-func (s *localStore) sweepLocked(now int64) {
-	if !s.sweep.due(now) {
+func (s *Local) sweepLocked(now int64) {
+	if !s.sweep.Due(now) {
 		return
 	}
-	s.logs = sweepMap(&s.sweep, s.logs, now, func(g *localLog) int64 {
+	s.logs = SweepMap(&s.sweep, s.logs, now, func(g *localLog) int64 {
 		g.prune(now)
 		return g.expiry()
 	})
 }
 
-// len returns how many logs s holds.
-func (s *localStore) len() int {
+// Len returns how many logs s holds.
+func (s *Local) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.logs)
@@ -183,37 +183,37 @@ func (s *localStore) len() int {
 // map, so at most one a second.
 const sweepGap = 1_000_000
 
-// sweeper says when a map keyed by client input, whose entries expire, is
+// Sweeper says when a map keyed by client input, whose entries expire, is
 // next swept: once the earliest expiry it knows of has come, and sweepGap
 // after the last sweep. A sweep is asked for by the map's own accesses
 // (its decisions, lookups and insertions) and runs on their goroutine:
 // there is no background goroutine. A clock that steps back before the
 // last sweep makes one due at once, so that a step cannot stop sweeps.
-type sweeper struct {
+type Sweeper struct {
 	at   atomic.Int64 // µs: when the next sweep is due; 0: nothing to sweep
 	last atomic.Int64 // µs: the last sweep's time
 	peak int          // the most entries the map held since it was made
 }
 
-// due reports whether a sweep is due at now.
-func (w *sweeper) due(now int64) bool {
+// Due reports whether a sweep is due at now.
+func (w *Sweeper) Due(now int64) bool {
 	at := w.at.Load()
 	return at != 0 && (now >= at || now < w.last.Load())
 }
 
-// added records, under the map's lock, an entry that expires at expiry.
-func (w *sweeper) added(expiry int64) {
+// Added records, under the map's lock, an entry that expires at expiry.
+func (w *Sweeper) Added(expiry int64) {
 	next := max(expiry, w.last.Load()+sweepGap)
 	if at := w.at.Load(); at == 0 || next < at {
 		w.at.Store(next)
 	}
 }
 
-// sweepMap deletes, at now, the entries of m whose expiry (µs) has come,
+// SweepMap deletes, at now, the entries of m whose expiry (µs) has come,
 // and returns m, made anew when it holds at most a quarter of the most it
 // held (a Go map never gives back the memory of deleted entries), nil when
 // empty; sw, the map's sweeper, then says when the next is due.
-func sweepMap[K comparable, V any](sw *sweeper, m map[K]V, now int64, expiry func(V) int64) map[K]V {
+func SweepMap[K comparable, V any](sw *Sweeper, m map[K]V, now int64, expiry func(V) int64) map[K]V {
 	sw.peak = max(sw.peak, len(m))
 	earliest := int64(math.MaxInt64)
 	for k, v := range m {
@@ -240,12 +240,12 @@ func sweepMap[K comparable, V any](sw *sweeper, m map[K]V, now int64, expiry fun
 	return m
 }
 
-// makeRoom keeps m under limit entries once it has reached it: it drops the
+// MakeRoom keeps m under limit entries once it has reached it: it drops the
 // entries stale reports true for, then, if that is not enough, arbitrary ones
 // (map order is random) down to nine tenths of limit. Only for maps whose
 // entries can be dropped without losing a count: a denial or a plan that is
 // forgotten is asked for again.
-func makeRoom[K comparable, V any](m map[K]V, limit int, stale func(V) bool) {
+func MakeRoom[K comparable, V any](m map[K]V, limit int, stale func(V) bool) {
 	if len(m) < limit {
 		return
 	}

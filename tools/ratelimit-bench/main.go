@@ -3,8 +3,8 @@
 // the round-trip ceiling of the same client, and Redis memory per logged
 // request.
 //
-//	go run ./internal/cmd/ratelimit-bench                    # starts its own redis-server
-//	REDIS_URL=redis://host:6379/0 go run ./internal/cmd/ratelimit-bench -duration 10s
+//	go run ./tools/ratelimit-bench                    # starts its own redis-server
+//	REDIS_URL=redis://host:6379/0 go run ./tools/ratelimit-bench -duration 10s
 //
 // Workloads:
 //

@@ -1,4 +1,4 @@
-package ratelimit
+package store
 
 import (
 	"context"
@@ -12,37 +12,37 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// evictionCheckTimeout bounds the check of the memory policy (see
-// evictionCheck): it runs beside the decisions and delays none, and its
+// EvictionCheckTimeout bounds the check of the memory policy (see
+// EvictionCheck): it runs beside the decisions and delays none, and its
 // goroutine is gone by then at the latest.
-const evictionCheckTimeout = 10 * time.Second
+const EvictionCheckTimeout = 10 * time.Second
 
-// evictionWarning is the message of the warning evictionCheck logs.
-const evictionWarning = "ratelimit: Redis may evict the limiter's keys when it is out of memory"
+// EvictionWarning is the message of the warning EvictionCheck logs.
+const EvictionWarning = "ratelimit: Redis may evict the limiter's keys when it is out of memory"
 
-// evictionCheck asks, once per Limiter family, whether the Redis servers
+// EvictionCheck asks, once per Limiter, whether the Redis servers
 // may evict the limiter's keys, and warns through the logger if they may.
 // Every key the limiter writes has a TTL, so every maxmemory-policy but
 // noeviction (allkeys-* and volatile-* alike) evicts them once Redis reaches
 // maxmemory, and an evicted log forgets what it counted: its clients are
 // admitted again, over their quota.
 //
-// The family's first decision by a Limiter with a logger starts the check,
+// The Limiter's first decision, if it has a logger, starts the check,
 // in a goroutine of its own, which ends within evictionCheckTimeout: New
 // does not talk to Redis, and a Limiter that never decides, or logs
 // nothing, never asks. A Redis that does not answer CONFIG GET (a managed
 // Redis that renames or denies it, miniredis) is not reported on.
-type evictionCheck struct {
-	started atomic.Bool
-	done    chan struct{} // closed when the check is over
+type EvictionCheck struct {
+	Started atomic.Bool
+	Done    chan struct{} // closed when the check is over
 }
 
-func newEvictionCheck() *evictionCheck { return &evictionCheck{done: make(chan struct{})} }
+func NewEvictionCheck() *EvictionCheck { return &EvictionCheck{Done: make(chan struct{})} }
 
-// start starts the check of c's servers unless it was started before:
+// Start starts the check of c's servers unless it was started before:
 // logger gets the warning, if any.
-func (e *evictionCheck) start(c redis.UniversalClient, logger *slog.Logger) {
-	if e == nil || e.started.Load() || !e.started.CompareAndSwap(false, true) {
+func (e *EvictionCheck) Start(c redis.UniversalClient, logger *slog.Logger) {
+	if e == nil || e.Started.Load() || !e.Started.CompareAndSwap(false, true) {
 		return
 	}
 	go e.run(c, logger)
@@ -52,10 +52,10 @@ func (e *evictionCheck) start(c redis.UniversalClient, logger *slog.Logger) {
 // keys.
 type evictingServer struct{ addr, policy string }
 
-func (e *evictionCheck) run(c redis.UniversalClient, logger *slog.Logger) {
-	defer close(e.done)
+func (e *EvictionCheck) run(c redis.UniversalClient, logger *slog.Logger) {
+	defer close(e.Done)
 	defer func() { _ = recover() }() // a client hook's panic: say nothing
-	ctx, cancel := context.WithTimeout(context.Background(), evictionCheckTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), EvictionCheckTimeout)
 	defer cancel()
 	var mu sync.Mutex
 	var found []evictingServer
@@ -96,7 +96,7 @@ func (e *evictionCheck) run(c redis.UniversalClient, logger *slog.Logger) {
 			policies = append(policies, s.policy)
 		}
 	}
-	logger.Warn(evictionWarning,
+	logger.Warn(EvictionWarning,
 		slog.String("policy", strings.Join(policies, ", ")),
 		slog.String("server", strings.Join(addrs, ", ")),
 		slog.String("effect", "an evicted log forgets what it counted: its clients are admitted again, over their quota"),

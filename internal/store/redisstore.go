@@ -1,4 +1,4 @@
-package ratelimit
+package store
 
 import (
 	"context"
@@ -15,19 +15,19 @@ import (
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
 
-// redisStore decides in Redis, through the Lua library (internal/slidinglog),
+// Redis decides in Redis, through the Lua library (internal/slidinglog),
 // with a circuit breaker per server, and takes back what a decision that
-// failed half-way left behind (rollback.go). Limiters derived from one
-// another share it.
-type redisStore struct {
-	lib       library
-	breakers  *breakers
-	rollbacks *rollbacks
+// failed half-way left behind (rollback.go). Every route of a Limiter
+// decides with it.
+type Redis struct {
+	Lib       Library
+	Breakers  *Breakers
+	Rollbacks *Rollbacks
 	calls     sync.Pool      // of *call
 	migrating migratingSlots // a cluster's slots that answered TRYAGAIN lately
 }
 
-// decide decides q in Redis.
+// Decide decides q in Redis.
 //
 // On one Redis every limit is decided by one call. On a Redis Cluster (or
 // Ring) the keys of one call must share a hash slot, so the limits are
@@ -43,38 +43,38 @@ type redisStore struct {
 // When Redis refuses writes (out of memory, a replica), decide asks it,
 // with the code that writes nothing, whether the limits deny the request:
 // a denial needs no write.
-func (rs *redisStore) decide(ctx context.Context, q *query, out *outcome) error {
+func (rs *Redis) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	groups := q.groups()
-	if q.plan.split {
-		groups = rs.migrating.split(groups, q.keys, q.wall)
+	if q.Spec.Split {
+		groups = rs.migrating.split(groups, q.Keys, q.Wall)
 	}
-	d, _ := rs.calls.Get().(*call)
+	d, _ := rs.calls.Get().(*decision)
 	if d == nil {
-		d = new(call)
+		d = new(decision)
 	}
-	*d = call{rs: rs, q: q, out: out, req: d.req[:0], args: d.args[:0], boxed: d.boxed, lreps: d.lreps}
+	*d = decision{rs: rs, q: q, out: out, req: d.req[:0], args: d.args[:0], boxed: d.boxed, lreps: d.lreps}
 	allowed, err := d.groups(ctx, groups)
-	if !q.abandoned {
+	if !q.Abandoned {
 		clear(d.args)
 		d.q, d.out, d.keys, d.idx = nil, nil, nil, nil
 		rs.calls.Put(d)
 	}
-	if err != nil && !q.peek && refusesWrites(err) && rs.deniedReadOnly(ctx, q, groups, out) {
+	if err != nil && !q.Peek && refusesWrites(err) && rs.deniedReadOnly(ctx, q, groups, out) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	out.allowed = allowed
+	out.Allowed = allowed
 	return nil
 }
 
-// call is one decision's calls to Redis. It is recycled, unless a call
+// decision is one decision's calls to Redis. It is recycled, unless a call
 // outlived the decision (see Abandon).
-type call struct {
-	rs    *redisStore
-	q     *query
-	out   *outcome
+type decision struct {
+	rs    *Redis
+	q     *Query
+	out   *Outcome
 	req   []byte // the request sent
 	args  []any  // req, for Decide
 	boxed any    // req as it was last boxed: boxing a slice allocates
@@ -88,28 +88,28 @@ type call struct {
 // was admitted (logged) in every limit. A group of several limits that a
 // migrating slot refused (TRYAGAIN) is decided again one limit at a time,
 // while the decision has time left (see migratingSlots).
-func (d *call) groups(ctx context.Context, groups [][]int) (bool, error) {
+func (d *decision) groups(ctx context.Context, groups [][]int) (bool, error) {
 	q := d.q
 	all := true
 	for k := 0; k < len(groups); k++ {
 		g := groups[k]
-		keys := q.keys
+		keys := q.Keys
 		if len(g) < len(keys) {
 			keys = make([]string, len(g))
 			for j, i := range g {
-				keys[j] = q.keys[i]
+				keys[j] = q.Keys[i]
 			}
 		}
 		allowed, err := d.group(ctx, keys, g)
 		if err != nil && tryAgain(err) {
 			d.rs.migrating.mark(keys[0], time.Now())
-			if len(g) > 1 && time.Now().Before(q.deadline) {
+			if len(g) > 1 && time.Now().Before(q.Deadline) {
 				groups = splitGroup(groups, k)
 				k--
 				continue
 			}
 		}
-		if q.peek { // nothing reserved, nothing to take back: ask every group
+		if q.Peek { // nothing reserved, nothing to take back: ask every group
 			if err != nil {
 				return false, err
 			}
@@ -119,8 +119,8 @@ func (d *call) groups(ctx context.Context, groups [][]int) (bool, error) {
 		if err != nil || !allowed {
 			// Take back what the groups before this one reserved. A denial
 			// stays a denial if that fails: the rollback counts it.
-			stamps := func(i int) int64 { return d.out.replies[i].next }
-			d.out.unreverted += d.rs.rollbacks.rollback(reservationsOf(q.plan, q.keys, groups[:k], q.cost, stamps), q.cost, q.deadline)
+			stamps := func(i int) int64 { return d.out.Replies[i].Next }
+			d.out.Unreverted += d.rs.Rollbacks.Rollback(Reservations(q.Spec, q.Keys, groups[:k], q.Cost, stamps), q.Cost, q.Deadline)
 			return false, err
 		}
 	}
@@ -130,14 +130,14 @@ func (d *call) groups(ctx context.Context, groups [][]int) (bool, error) {
 // group calls the library for the limits idx with their keys, records the
 // replies and reports whether the request was admitted (logged) in all of
 // them.
-func (d *call) group(ctx context.Context, keys []string, idx []int) (bool, error) {
+func (d *decision) group(ctx context.Context, keys []string, idx []int) (bool, error) {
 	q, rs := d.q, d.rs
 	d.req = q.request(d.req[:0], idx)
-	b := rs.breakers.forKey(ctx, rs.lib.Client(), keys[0])
+	b := rs.Breakers.forKey(ctx, rs.Lib.Client(), keys[0])
 	var probe bool
 	if b != nil {
 		var ok bool
-		if ok, probe = b.allow(rs.breakers.clock(q.wall)); !ok {
+		if ok, probe = b.allow(rs.Breakers.clock(q.Wall)); !ok {
 			rs.reloadClusterState(ctx)
 			return false, ErrCircuitOpen
 		}
@@ -145,38 +145,38 @@ func (d *call) group(ctx context.Context, keys []string, idx []int) (bool, error
 	// A call left less than half the Limiter's timeout (its caller's
 	// deadline is near, or Plans.Of took the rest) says nothing about Redis
 	// if it runs out of time.
-	hurried := time.Until(q.deadline) < q.timeout/2
+	hurried := time.Until(q.Deadline) < q.Timeout/2
 	var raw any
 	var err error
-	if q.peek {
+	if q.Peek {
 		// Not batched: bound by the decision's deadline here.
-		sctx, cancel := context.WithDeadline(ctx, q.deadline)
-		raw, err = rs.lib.Status(sctx, keys, d.req)
+		sctx, cancel := context.WithDeadline(ctx, q.Deadline)
+		raw, err = rs.Lib.Status(sctx, keys, d.req)
 		cancel()
 	} else {
 		d.keys, d.idx = keys, idx
 		d.args = append(d.args[:0], d.box())
-		raw, err = rs.lib.Decide(ctx, q.deadline, keys, d.args, d)
+		raw, err = rs.Lib.Decide(ctx, q.Deadline, keys, d.args, d)
 	}
 	if b != nil {
-		b.done(rs.breakers, err, probe, hurried, q.wall, q.deadline)
+		b.Done(rs.Breakers, err, probe, hurried, q.Wall, q.Deadline)
 	}
-	if err != nil && !q.peek && slidinglog.MayHaveRun(err) {
+	if err != nil && !q.Peek && slidinglog.MayHaveRun(err) {
 		// Sent once (go-redis does not send it again), its reply never
 		// read: Redis may have logged the request, as a late reply does.
-		units := uint64(q.cost) * uint64(len(keys))
-		d.out.unreverted += units
-		rs.rollbacks.fail(units, fmt.Errorf("ratelimit: a decision whose reply never came may stay counted in %s: %w", keys[0], err))
+		units := uint64(q.Cost) * uint64(len(keys))
+		d.out.Unreverted += units
+		rs.Rollbacks.fail(units, fmt.Errorf("ratelimit: a decision whose reply never came may stay counted in %s: %w", keys[0], err))
 	}
 	if err != nil {
-		return false, rs.callError(ctx, err, q.deadline)
+		return false, rs.callError(ctx, err, q.Deadline)
 	}
 	return d.record(raw, idx)
 }
 
 // box returns d.req as an interface value, reusing the last one when it
 // holds the same slice (a recycled call's request of the same limits).
-func (d *call) box() any {
+func (d *decision) box() any {
 	if b, ok := d.boxed.([]byte); !ok || len(b) != len(d.req) || cap(b) != cap(d.req) || len(b) == 0 || &b[0] != &d.req[0] {
 		d.boxed = d.req
 	}
@@ -187,7 +187,7 @@ func (d *call) box() any {
 // slots. It says when the decision ran out of time, so that
 // errors.Is(err, context.DeadlineExceeded) holds: the socket deadline,
 // which go-redis takes from ctx, may expire a moment before ctx does.
-func (rs *redisStore) callError(ctx context.Context, err error, deadline time.Time) error {
+func (rs *Redis) callError(ctx context.Context, err error, deadline time.Time) error {
 	rs.reloadClusterState(ctx)
 	ctxErr := ctx.Err()
 	if ne := net.Error(nil); ctxErr == nil && (errors.As(err, &ne) && ne.Timeout() || !time.Now().Before(deadline)) {
@@ -204,7 +204,7 @@ func (rs *redisStore) callError(ctx context.Context, err error, deadline time.Ti
 // that failed in Redis, alone (its key holds another program's data, say:
 // the call's other requests were decided), is an error for this decision
 // only; what it left logged is counted as unreverted.
-func (d *call) record(raw any, idx []int) (bool, error) {
+func (d *decision) record(raw any, idx []int) (bool, error) {
 	d.lreps = grow(d.lreps, len(idx))
 	rep, err := slidinglog.ParseReply(raw, d.lreps)
 	if err != nil {
@@ -212,20 +212,20 @@ func (d *call) record(raw any, idx []int) (bool, error) {
 		if errors.As(err, &re) {
 			err = fmt.Errorf("ratelimit: redis: %w", err)
 			if re.Left > 0 {
-				d.out.unreverted += uint64(re.Left)
-				d.rs.rollbacks.fail(uint64(re.Left), fmt.Errorf("ratelimit: a failed decision stays counted in %s: %w", d.q.keys[idx[0]], err))
+				d.out.Unreverted += uint64(re.Left)
+				d.rs.Rollbacks.fail(uint64(re.Left), fmt.Errorf("ratelimit: a failed decision stays counted in %s: %w", d.q.Keys[idx[0]], err))
 			}
 		}
 		return false, err
 	}
-	d.out.now = rep.Now
+	d.out.Now = rep.Now
 	for j, i := range idx {
 		r := d.lreps[j]
 		reset := r.Reset
 		if reset == 0 {
 			reset = -1 // never
 		}
-		d.out.replies[i] = reply{ok: true, now: rep.Now, count: r.Count, reset: reset, next: r.Stamp}
+		d.out.Replies[i] = Reply{OK: true, Now: rep.Now, Count: r.Count, Reset: reset, Next: r.Stamp}
 	}
 	if rep.Denied >= 0 {
 		// A query that asks every group (Status, the read-only fallback)
@@ -233,9 +233,9 @@ func (d *call) record(raw any, idx []int) (bool, error) {
 		// within a call: one whose cost never fits (reset -1) counts as
 		// last.
 		i := idx[rep.Denied]
-		if w := d.out.denier; w < 0 || d.out.replies[w].reset != -1 &&
-			(d.out.replies[i].reset == -1 || d.out.replies[i].reset > d.out.replies[w].reset) {
-			d.out.denier = i
+		if w := d.out.Denier; w < 0 || d.out.Replies[w].Reset != -1 &&
+			(d.out.Replies[i].Reset == -1 || d.out.Replies[i].Reset > d.out.Replies[w].Reset) {
+			d.out.Denier = i
 		}
 	}
 	return rep.Allowed, nil
@@ -248,9 +248,9 @@ func (d *call) record(raw any, idx []int) (bool, error) {
 // without a reply may or may not have been logged: its units are counted
 // in Limiter.Unreverted. The call may still read the decision's scratch,
 // and the call, are therefore not reused.
-func (d *call) Abandon() func(reply any, err error) {
-	d.q.abandoned = true
-	rs, p, cost := d.rs, d.q.plan, d.q.cost
+func (d *decision) Abandon() func(reply any, err error) {
+	d.q.Abandoned = true
+	rs, p, cost := d.rs, d.q.Spec, d.q.Cost
 	keys, idx := slices.Clone(d.keys), slices.Clone(d.idx)
 	return func(raw any, err error) {
 		units := uint64(cost) * uint64(len(keys))
@@ -258,25 +258,25 @@ func (d *call) Abandon() func(reply any, err error) {
 			rs.migrating.mark(keys[0], time.Now()) // the next decisions on the slot go one key at a time
 		}
 		if err != nil {
-			rs.rollbacks.fail(units, fmt.Errorf("ratelimit: a decision that timed out may stay counted in %s: its reply never came: %w", keys[0], err))
+			rs.Rollbacks.fail(units, fmt.Errorf("ratelimit: a decision that timed out may stay counted in %s: its reply never came: %w", keys[0], err))
 			return
 		}
 		lreps := make([]slidinglog.LimitReply, len(idx))
 		rep, err := slidinglog.ParseReply(raw, lreps)
 		if re := (*slidinglog.RequestError)(nil); errors.As(err, &re) && re.Left > 0 {
-			rs.rollbacks.fail(uint64(re.Left), fmt.Errorf("ratelimit: a decision that timed out and failed stays counted in %s: %w", keys[0], err))
+			rs.Rollbacks.fail(uint64(re.Left), fmt.Errorf("ratelimit: a decision that timed out and failed stays counted in %s: %w", keys[0], err))
 			return
 		}
 		if err != nil || !rep.Allowed {
 			return // denied or failed: nothing was logged
 		}
-		full := make([]string, len(p.limits))
-		stamps := make([]int64, len(p.limits))
+		full := make([]string, len(p.Limits))
+		stamps := make([]int64, len(p.Limits))
 		for j, i := range idx {
 			full[i], stamps[i] = keys[j], lreps[j].Stamp
 		}
-		late := reservationsOf(p, full, [][]int{idx}, cost, func(i int) int64 { return stamps[i] })
-		rs.rollbacks.rollback(late, cost, time.Now()) // in the background
+		late := Reservations(p, full, [][]int{idx}, cost, func(i int) int64 { return stamps[i] })
+		rs.Rollbacks.Rollback(late, cost, time.Now()) // in the background
 	}
 }
 
@@ -291,19 +291,19 @@ func refusesWrites(err error) bool {
 // the limits deny q's request, and reports whether they do; out then holds
 // the replies of the limits consulted (those of groups after a denying one
 // are not).
-func (rs *redisStore) deniedReadOnly(ctx context.Context, q *query, groups [][]int, out *outcome) bool {
-	ctx, cancel := context.WithDeadline(ctx, q.deadline)
+func (rs *Redis) deniedReadOnly(ctx context.Context, q *Query, groups [][]int, out *Outcome) bool {
+	ctx, cancel := context.WithDeadline(ctx, q.Deadline)
 	defer cancel()
-	unreverted := out.unreverted
-	out.reset(out.replies)
-	out.unreverted = unreverted
-	d := &call{rs: rs, q: q, out: out}
+	unreverted := out.Unreverted
+	out.Reset(out.Replies)
+	out.Unreverted = unreverted
+	d := &decision{rs: rs, q: q, out: out}
 	for _, g := range groups {
 		keys := make([]string, len(g))
 		for j, i := range g {
-			keys[j] = q.keys[i]
+			keys[j] = q.Keys[i]
 		}
-		raw, err := rs.lib.Status(ctx, keys, q.request(nil, g))
+		raw, err := rs.Lib.Status(ctx, keys, q.request(nil, g))
 		if err != nil {
 			return false
 		}
@@ -319,28 +319,28 @@ func (rs *redisStore) deniedReadOnly(ctx context.Context, q *query, groups [][]i
 // periodic reload (every minute by default); a primary that is gone sends
 // neither. A reload now moves decisions to the promoted replica within
 // moments. go-redis runs one reload at a time, 200ms apart at most.
-func (rs *redisStore) reloadClusterState(ctx context.Context) {
-	if cc, ok := rs.lib.Client().(*redis.ClusterClient); ok {
+func (rs *Redis) reloadClusterState(ctx context.Context) {
+	if cc, ok := rs.Lib.Client().(*redis.ClusterClient); ok {
 		cc.ReloadState(ctx)
 	}
 }
 
 // groups returns the groups of limits q is decided in, in turn: all of
-// them, or, when the plan is split, one group per hash tag; without the
+// them, or, when the Spec is split, one group per hash tag; without the
 // limits the client's plans do not count it in.
-func (q *query) groups() [][]int {
-	groups := q.plan.whole
-	if q.plan.split {
-		groups = q.plan.groups(q.tags)
+func (q *Query) groups() [][]int {
+	groups := q.Spec.Whole
+	if q.Spec.Split {
+		groups = q.Spec.Groups(q.Tags)
 	}
-	if q.quotas == nil || !slices.Contains(q.quotas, 0) {
+	if q.Quotas == nil || !slices.Contains(q.Quotas, 0) {
 		return groups
 	}
 	var counted [][]int
 	for _, g := range groups {
 		var kept []int
 		for _, i := range g {
-			if q.quotas[i] > 0 {
+			if q.Quotas[i] > 0 {
 				kept = append(kept, i)
 			}
 		}
@@ -353,24 +353,24 @@ func (q *query) groups() [][]int {
 
 // request appends to dst q's request over the limits idx, for the Lua
 // code, with the quotas of the client's plans.
-func (q *query) request(dst []byte, idx []int) []byte {
+func (q *Query) request(dst []byte, idx []int) []byte {
 	start := len(dst)
-	dst = slidinglog.AppendRequest(dst, q.now, q.cost, q.plan.specsOf(idx))
-	if q.quotas != nil {
-		slidinglog.SetQuotas(dst[start:], func(j int) int { return q.quotas[idx[j]] })
+	dst = slidinglog.AppendRequest(dst, q.Now, q.Cost, q.Spec.LuaOf(idx))
+	if q.Quotas != nil {
+		slidinglog.SetQuotas(dst[start:], func(j int) int { return q.Quotas[idx[j]] })
 	}
 	return dst
 }
 
-// groups splits the limits into groups whose keys share a hash tag. Groups
+// Groups splits the limits into groups whose keys share a hash tag. Groups
 // counted by a Global key come last: they are the hot keys, best not
 // reserved for a request that a per-client limit then denies.
-func (p *plan) groups(tags []string) [][]int {
+func (p *Spec) Groups(tags []string) [][]int {
 	var groups [][]int
 	placed := make([]bool, len(tags))
 	for pass := 0; pass < 2; pass++ {
 		for i := range tags {
-			if placed[i] || p.limits[i].global != (pass == 1) {
+			if placed[i] || p.Limits[i].Global != (pass == 1) {
 				continue
 			}
 			g := []int{i}

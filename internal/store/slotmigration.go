@@ -1,4 +1,4 @@
-package ratelimit
+package store
 
 import (
 	"strings"
@@ -45,7 +45,7 @@ func (m *migratingSlots) mark(key string, now time.Time) {
 		t = m.slots.Load()
 	}
 	end := int64(now.Sub(epoch) + migrationMemory)
-	t[keySlot(key)].Store(end)
+	t[KeySlot(key)].Store(end)
 	for {
 		u := m.until.Load()
 		if end <= u || m.until.CompareAndSwap(u, end) {
@@ -68,7 +68,7 @@ func (m *migratingSlots) split(groups [][]int, keys []string, now time.Time) [][
 	}
 	var out [][]int
 	for k, g := range groups {
-		if len(g) > 1 && at < t[keySlot(keys[g[0]])].Load() {
+		if len(g) > 1 && at < t[KeySlot(keys[g[0]])].Load() {
 			if out == nil {
 				out = append(make([][]int, 0, len(groups)+len(g)), groups[:k]...)
 			}
@@ -100,10 +100,10 @@ func appendSingles(dst [][]int, g []int) [][]int {
 	return dst
 }
 
-// keySlot returns the hash slot of key in a Redis Cluster: CRC16 of its
+// KeySlot returns the hash slot of key in a Redis Cluster: CRC16 of its
 // hash tag, the part between the first { and the next }, if not empty, or
 // of the whole key.
-func keySlot(key string) int {
+func KeySlot(key string) int {
 	if i := strings.IndexByte(key, '{'); i >= 0 {
 		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
 			key = key[i+1 : i+1+j]

@@ -1,4 +1,4 @@
-package ratelimit
+package store
 
 import (
 	"context"
@@ -9,10 +9,10 @@ import (
 	"time"
 )
 
-// maxDenyEntries bounds the denials a Limiter keeps in memory.
-const maxDenyEntries = 100_000
+// MaxDenyEntries bounds the denials a Limiter keeps in memory.
+const MaxDenyEntries = 100_000
 
-// denyCache remembers, per log, the limits that Redis reported full:
+// DenyCache remembers, per log, the limits that Redis reported full:
 // denied, or left with nothing remaining by an admission.
 //
 // Its memory is bounded and given back: it holds at most maxDenyEntries
@@ -21,11 +21,11 @@ const maxDenyEntries = 100_000
 // traffic erases another's count); a denial that has expired is dropped by
 // the next sweep (see sweeper), which the cache's lookups start. An entry
 // holds a copy of its own key, not the request's string of keys.
-type denyCache struct {
-	maxAge time.Duration
+type DenyCache struct {
+	MaxAge time.Duration
 	mu     sync.RWMutex
-	m      map[logID]*denial // changed in place, under mu, so that its key is not written again
-	sweep  sweeper
+	m      map[LogID]*denial // changed in place, under mu, so that its key is not written again
+	sweep  Sweeper
 }
 
 // denial is what a key's log looked like when Redis last reported it full.
@@ -52,11 +52,11 @@ type cachedDenial struct {
 // that cost, or one has no room for the cost but the cache does not know
 // when it will (a larger cost than it saw denied), so that only Redis can
 // say what it would answer.
-func (c *denyCache) find(q *query, hits []cachedDenial) int {
-	if c == nil || c.maxAge == 0 {
+func (c *DenyCache) find(q *Query, hits []cachedDenial) int {
+	if c == nil || c.MaxAge == 0 {
 		return -1
 	}
-	c.release(q.local)
+	c.release(q.Local)
 	worst := c.lookup(q, hits)
 	if worst >= 0 && rand.Uint32()%yieldEvery == 0 {
 		// A denial from memory takes no I/O, so a flood of them never
@@ -72,17 +72,17 @@ func (c *denyCache) find(q *query, hits []cachedDenial) int {
 }
 
 // lookup is find under the read lock.
-func (c *denyCache) lookup(q *query, hits []cachedDenial) int {
+func (c *DenyCache) lookup(q *Query, hits []cachedDenial) int {
 	worst := -1
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	for i := range q.keys {
-		e, ok := c.m[q.log(i)]
-		if !ok || !q.local.Before(e.until) || q.cost <= e.remaining || q.plan.limits[i].shadow || e.quota != q.quota(i) {
+	for i := range q.Keys {
+		e, ok := c.m[q.Log(i)]
+		if !ok || !q.Local.Before(e.until) || q.Cost <= e.remaining || q.Spec.Limits[i].Shadow || e.quota != q.Quota(i) {
 			hits[i] = cachedDenial{}
 			continue
 		}
-		if q.cost != e.cost {
+		if q.Cost != e.cost {
 			return -1 // no room, but when it fits is Redis's to say
 		}
 		hits[i] = cachedDenial{ok: true, denial: *e}
@@ -107,20 +107,20 @@ const yieldEvery = 64
 // leaves; for any other, a denial held for its log is dropped: its count
 // has fallen since (a rollback, a refund, a reset). Shadow limits are never
 // recorded.
-func (c *denyCache) learn(q *query, replies []reply, logged bool, replied time.Time) {
-	if c == nil || c.maxAge == 0 || !c.changes(q, replies, logged) {
+func (c *DenyCache) learn(q *Query, replies []Reply, logged bool, replied time.Time) {
+	if c == nil || c.MaxAge == 0 || !c.changes(q, replies, logged) {
 		return
 	}
-	start := q.local
+	start := q.Local
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i := range q.keys {
+	for i := range q.Keys {
 		r := replies[i]
-		if !r.ok || q.plan.limits[i].shadow {
+		if !r.OK || q.Spec.Limits[i].Shadow {
 			continue
 		}
-		id := q.log(i)
-		e, full := fullness(r, int64(q.quota(i)), int64(q.cost), logged)
+		id := q.Log(i)
+		e, full := fullness(r, int64(q.Quota(i)), int64(q.Cost), logged)
 		if !full {
 			if _, held := c.m[id]; held {
 				delete(c.m, id)
@@ -132,39 +132,39 @@ func (c *denyCache) learn(q *query, replies []reply, logged bool, replied time.T
 		// after the decision was sent. Retry-After counts down from when the
 		// reply arrived, the latest instant Redis can have decided at, so
 		// that it is never early.
-		e.until = start.Add(min(time.Duration(e.until.UnixMicro()-r.now)*time.Microsecond, c.maxAge))
+		e.until = start.Add(min(time.Duration(e.until.UnixMicro()-r.Now)*time.Microsecond, c.MaxAge))
 		e.replied = replied
 		if held := c.m[id]; held != nil {
 			*held = e
 		} else {
 			if c.m == nil {
-				c.m = make(map[logID]*denial)
+				c.m = make(map[LogID]*denial)
 			}
-			makeRoom(c.m, maxDenyEntries, func(old *denial) bool { return !start.Before(old.until) })
+			MakeRoom(c.m, MaxDenyEntries, func(old *denial) bool { return !start.Before(old.until) })
 			// A copy of the key: q's keys share one string with the
 			// request's other keys.
-			c.m[logID{strings.Clone(id.key), id.field}] = &e
+			c.m[LogID{strings.Clone(id.Key), id.Field}] = &e
 		}
-		c.sweep.added(e.until.UnixMicro())
+		c.sweep.Added(e.until.UnixMicro())
 	}
 }
 
 // release drops the denials that have expired at now, if a sweep is due.
 // It costs an atomic load when none is.
-func (c *denyCache) release(now time.Time) {
+func (c *DenyCache) release(now time.Time) {
 	us := now.UnixMicro()
-	if !c.sweep.due(us) {
+	if !c.sweep.Due(us) {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.sweep.due(us) {
-		c.m = sweepMap(&c.sweep, c.m, us, func(e *denial) int64 { return e.until.UnixMicro() })
+	if c.sweep.Due(us) {
+		c.m = SweepMap(&c.sweep, c.m, us, func(e *denial) int64 { return e.until.UnixMicro() })
 	}
 }
 
-// len returns how many denials c holds.
-func (c *denyCache) len() int {
+// Len returns how many denials c holds.
+func (c *DenyCache) Len() int {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return len(c.m)
@@ -176,18 +176,18 @@ func (c *denyCache) len() int {
 // a read lock lets them find out while a flood of denials reads the cache:
 // the write lock waits for every reader, and a reader that holds the read
 // lock may be waiting for a core behind the flood's other goroutines.
-func (c *denyCache) changes(q *query, replies []reply, logged bool) bool {
+func (c *DenyCache) changes(q *Query, replies []Reply, logged bool) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	for i := range q.keys {
+	for i := range q.Keys {
 		r := replies[i]
-		if !r.ok || q.plan.limits[i].shadow {
+		if !r.OK || q.Spec.Limits[i].Shadow {
 			continue
 		}
-		if _, full := fullness(r, int64(q.quota(i)), int64(q.cost), logged); full {
+		if _, full := fullness(r, int64(q.Quota(i)), int64(q.Cost), logged); full {
 			return true
 		}
-		if _, held := c.m[q.log(i)]; held {
+		if _, held := c.m[q.Log(i)]; held {
 			return true
 		}
 	}
@@ -198,30 +198,30 @@ func (c *denyCache) changes(q *query, replies []reply, logged bool) bool {
 // of cost (logged: admitted and counted) shows the limit full, and the
 // denial to keep; its until holds, on the Redis clock, when the count may
 // first fall.
-func fullness(r reply, quota, cost int64, logged bool) (denial, bool) {
+func fullness(r Reply, quota, cost int64, logged bool) (denial, bool) {
 	var e denial
 	switch {
-	case r.count+cost > quota: // no room for the cost
-		if r.next <= r.now || r.count == 0 || r.reset == -1 {
+	case r.Count+cost > quota: // no room for the cost
+		if r.Next <= r.Now || r.Count == 0 || r.Reset == -1 {
 			return e, false // nothing will leave, or the cost can never fit
 		}
-		e.cost, e.remaining, e.fit = int(cost), int(quota-r.count), time.UnixMicro(r.reset)
+		e.cost, e.remaining, e.fit = int(cost), int(quota-r.Count), time.UnixMicro(r.Reset)
 		e.quota = int(quota)
-		e.until = time.UnixMicro(r.next) // when the oldest entry leaves
-	case logged && r.count+cost == quota && r.reset > r.now:
+		e.until = time.UnixMicro(r.Next) // when the oldest entry leaves
+	case logged && r.Count+cost == quota && r.Reset > r.Now:
 		// Nothing left: a request of cost 1 fits when the oldest entry
 		// leaves.
-		e.cost, e.remaining, e.fit, e.quota = 1, 0, time.UnixMicro(r.reset), int(quota)
+		e.cost, e.remaining, e.fit, e.quota = 1, 0, time.UnixMicro(r.Reset), int(quota)
 		e.until = e.fit
 	default:
 		return e, false
 	}
-	e.now = time.UnixMicro(r.now)
+	e.now = time.UnixMicro(r.Now)
 	return e, true
 }
 
-// forget drops the denial of a log, if any.
-func (c *denyCache) forget(id logID) {
+// Forget drops the denial of a log, if any.
+func (c *DenyCache) Forget(id LogID) {
 	if c == nil {
 		return
 	}
@@ -230,25 +230,25 @@ func (c *denyCache) forget(id logID) {
 	delete(c.m, id)
 }
 
-// cachedStore answers from the deny cache the decisions it knows Redis
+// Cached answers from the deny cache the decisions it knows Redis
 // would deny, and asks next the others, learning from their outcomes.
 // clock reads the clock decisions are timed by.
-type cachedStore struct {
-	next  store
-	cache *denyCache
-	clock func() time.Time
+type Cached struct {
+	Next  Store
+	Cache *DenyCache
+	Clock func() time.Time
 }
 
 // hitBuffers recycles the cache's findings for one decision.
 var hitBuffers = sync.Pool{New: func() any { return new([]cachedDenial) }}
 
-func (c cachedStore) decide(ctx context.Context, q *query, out *outcome) error {
-	if !q.peek && c.answer(q, out) {
+func (c Cached) Decide(ctx context.Context, q *Query, out *Outcome) error {
+	if !q.Peek && c.answer(q, out) {
 		return nil
 	}
-	err := c.next.decide(ctx, q, out)
+	err := c.Next.Decide(ctx, q, out)
 	if err == nil {
-		c.cache.learn(q, out.replies, out.allowed && !q.peek, c.clock())
+		c.Cache.learn(q, out.Replies, out.Allowed && !q.Peek, c.Clock())
 	}
 	return err
 }
@@ -259,35 +259,35 @@ func (c cachedStore) decide(ctx context.Context, q *query, out *outcome) error {
 // not consulted. Its time is the Redis clock's as the replies the cache
 // learnt from allow it to be at the latest, so that Retry-After and Reset
 // are never early.
-func (c cachedStore) answer(q *query, out *outcome) bool {
-	if c.cache.maxAge == 0 {
+func (c Cached) answer(q *Query, out *Outcome) bool {
+	if c.Cache.MaxAge == 0 {
 		return false
 	}
-	p := q.plan
-	for i := range p.limits {
-		if quota := q.quota(i); quota > 0 && q.cost > quota {
+	p := q.Spec
+	for i := range p.Limits {
+		if quota := q.Quota(i); quota > 0 && q.Cost > quota {
 			return false // it never fits: Redis says so exactly
 		}
 	}
 	buf := hitBuffers.Get().(*[]cachedDenial)
 	defer hitBuffers.Put(buf)
-	hits := grow(*buf, len(q.keys))
+	hits := grow(*buf, len(q.Keys))
 	*buf = hits
-	worst := c.cache.find(q, hits)
+	worst := c.Cache.find(q, hits)
 	if worst < 0 {
 		return false
 	}
 	var now time.Time
 	for _, h := range hits {
-		if at := h.now.Add(max(q.local.Sub(h.replied), 0)); h.ok && at.After(now) {
+		if at := h.now.Add(max(q.Local.Sub(h.replied), 0)); h.ok && at.After(now) {
 			now = at
 		}
 	}
-	out.allowed, out.denier, out.cached = false, worst, true
-	out.now = now.UnixMicro() // rounded down: Retry-After is never early
+	out.Allowed, out.Denier, out.Cached = false, worst, true
+	out.Now = now.UnixMicro() // rounded down: Retry-After is never early
 	for i, h := range hits {
 		if h.ok {
-			out.replies[i] = reply{ok: true, now: out.now, count: int64(h.quota - h.remaining), reset: h.fit.UnixMicro(), next: h.until.UnixMicro()}
+			out.Replies[i] = Reply{OK: true, Now: out.Now, Count: int64(h.quota - h.remaining), Reset: h.fit.UnixMicro(), Next: h.until.UnixMicro()}
 		}
 	}
 	return true

@@ -33,7 +33,7 @@ import (
 // start-up and the filling are thus never counted; what each cell counts
 // is the whole call, from reading the command to writing the reply.
 //
-//	go run ./internal/cmd/ratelimit-bench -callgrind [-decisions 320] [-batch 16] [-entries 100,1000,10000]
+//	go run ./tools/ratelimit-bench -callgrind [-decisions 320] [-batch 16] [-entries 100,1000,10000]
 //
 // It prints a Markdown table, each cell at 1 and at -batch decisions per
 // call, on -batch keys decided round in turn:
@@ -430,7 +430,7 @@ func callgrindRun(decisions, batch int, keep, entries string) error {
 	fmt.Printf("Redis instructions per decision, %s under callgrind, %d decisions per cell, %d keys decided in turn; "+
 		"the idle server's %s instructions per second subtracted. %s elapsed.\n\n",
 		"Redis "+field(info, "redis_version"), decisions, batch, num(idleRate), time.Since(started).Round(time.Second))
-	fmt.Printf("    go run ./internal/cmd/ratelimit-bench -callgrind -decisions %d -batch %d -entries %s\n\n", decisions, batch, entries)
+	fmt.Printf("    go run ./tools/ratelimit-bench -callgrind -decisions %d -batch %d -entries %s\n\n", decisions, batch, entries)
 	fmt.Printf("| workload | entries per key | 1 per call | %s per call |\n| --- | ---: | ---: | ---: |\n", b)
 	fmt.Printf("| `EVALSHA return 1` (the floor of one call) | | %s | |\n", num(floor))
 	fmt.Printf("| fixed window (INCRBY, PEXPIRE or PTTL, in one EVALSHA) | | %s | %s |\n", num(fixed[0]), num(fixed[1]))

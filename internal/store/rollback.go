@@ -1,4 +1,4 @@
-package ratelimit
+package store
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 // decision's time goes on in the background, tried again with backoff until
 // Redis answers, until its entries would have left their windows anyway, or
 // until maxRollbackTime has passed; at most maxPendingRollbacks run in the
-// background at once per Limiter family, and a rollback beyond that is not
+// background at once per Limiter, and a rollback beyond that is not
 // tried (and counted).
 const (
 	maxPendingRollbacks = 1024
@@ -25,18 +25,18 @@ const (
 	lastRollbackRetry   = 2 * time.Second
 )
 
-// rollbacks holds a Limiter family's rollbacks in flight and counts what
+// Rollbacks holds a Limiter's rollbacks in flight and counts what
 // could not be taken back.
-type rollbacks struct {
-	lib        library
+type Rollbacks struct {
+	Lib        Library
 	timeout    time.Duration // a rollback call's
 	slots      chan struct{} // one per rollback in flight
-	unreverted atomic.Uint64 // units of cost left counted in some log
+	Unreverted atomic.Uint64 // units of cost left counted in some log
 	onFailure  func(error)   // the logger's, if any
 }
 
-func newRollbacks(lib library, timeout time.Duration, onFailure func(error)) *rollbacks {
-	return &rollbacks{lib: lib, timeout: timeout, slots: make(chan struct{}, maxPendingRollbacks), onFailure: onFailure}
+func NewRollbacks(lib Library, timeout time.Duration, onFailure func(error)) *Rollbacks {
+	return &Rollbacks{Lib: lib, timeout: timeout, slots: make(chan struct{}, maxPendingRollbacks), onFailure: onFailure}
 }
 
 // reservation is what a group's call logged, to remove it again: the
@@ -54,18 +54,18 @@ type reservation struct {
 // each log that holds it.
 func (r *reservation) units(cost int) uint64 { return uint64(cost) * uint64(r.logged) }
 
-// reservations returns, for each of groups, what the rollback code needs
+// Reservations returns, for each of groups, what the rollback code needs
 // to remove a request's entries from the group's logs: their keys (from
 // keys, one per limit of p), the request of cost, and the time of the entries of each limit i
 // (stamp(i); 0 where it was not logged: a group with none is left out).
-func reservationsOf(p *plan, keys []string, groups [][]int, cost int, stamp func(i int) int64) []reservation {
+func Reservations(p *Spec, keys []string, groups [][]int, cost int, stamp func(i int) int64) []reservation {
 	out := make([]reservation, 0, len(groups))
 	for _, g := range groups {
 		r := reservation{keys: make([]string, len(g))}
 		stamps := make([]int64, len(g))
 		for j, i := range g {
 			r.keys[j], stamps[j] = keys[i], stamp(i)
-			r.window = max(r.window, p.limits[i].window)
+			r.window = max(r.window, p.Limits[i].Window)
 			if stamps[j] != 0 {
 				r.logged++
 			}
@@ -74,13 +74,13 @@ func reservationsOf(p *plan, keys []string, groups [][]int, cost int, stamp func
 			continue // nothing to remove: limits the request's plans exempted it from, say
 		}
 		r.stamps = slidinglog.AppendStamps(nil, stamps)
-		r.req = slidinglog.AppendRequest(nil, 0, cost, p.specsOf(g))
+		r.req = slidinglog.AppendRequest(nil, 0, cost, p.LuaOf(g))
 		out = append(out, r)
 	}
 	return out
 }
 
-// rollback removes the entries of reservations (a denied or failed cluster
+// Rollback removes the entries of reservations (a denied or failed cluster
 // decision's, or a refunded request's) of a request of cost. It waits for
 // Redis until deadline at the latest; what Redis has not confirmed by then
 // goes on in the background (see maxRollbackTime), so that a rollback never
@@ -88,7 +88,7 @@ func reservationsOf(p *plan, keys []string, groups [][]int, cost int, stamp func
 // return, to stay counted: those Redis refused to remove, or that found no
 // room to run in the background. They, and those the background gives up
 // on, are added to Limiter.Unreverted.
-func (rb *rollbacks) rollback(reservations []reservation, cost int, deadline time.Time) (unreverted uint64) {
+func (rb *Rollbacks) Rollback(reservations []reservation, cost int, deadline time.Time) (unreverted uint64) {
 	if len(reservations) == 0 {
 		return 0
 	}
@@ -123,7 +123,7 @@ func (rb *rollbacks) rollback(reservations []reservation, cost int, deadline tim
 // its connection failed) is not tried again: it may have removed them, and
 // a second removal would take another request's entries. Its units are
 // counted as not removed.
-func (rb *rollbacks) removeReservations(reservations []reservation, cost int) (unreverted uint64) {
+func (rb *Rollbacks) removeReservations(reservations []reservation, cost int) (unreverted uint64) {
 	start := time.Now()
 	for i := range reservations {
 		r := &reservations[i]
@@ -135,7 +135,7 @@ func (rb *rollbacks) removeReservations(reservations []reservation, cost int) (u
 			// the context's error, which cannot say whether it ran; the
 			// client's ReadTimeout, which can, comes first.
 			ctx, cancel := context.WithDeadline(context.Background(), later(giveUp, time.Now().Add(rb.timeout)))
-			_, err = rb.lib.Rollback(ctx, r.keys, r.req, r.stamps)
+			_, err = rb.Lib.Rollback(ctx, r.keys, r.req, r.stamps)
 			cancel()
 			// A call that may have run is not sent again: it would remove
 			// another request's entries of the same time.
@@ -162,8 +162,8 @@ func later(a, b time.Time) time.Time {
 }
 
 // fail counts n units that stay counted, and reports why.
-func (rb *rollbacks) fail(n uint64, err error) {
-	rb.unreverted.Add(n)
+func (rb *Rollbacks) fail(n uint64, err error) {
+	rb.Unreverted.Add(n)
 	if rb.onFailure != nil {
 		rb.onFailure(err)
 	}

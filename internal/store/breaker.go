@@ -1,4 +1,4 @@
-package ratelimit
+package store
 
 import (
 	"context"
@@ -10,51 +10,67 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
 
-// breakers holds a Limiter's breakers: one for a single Redis, one per
-// primary for a cluster. The Limiters WithRoutes derives share their parent's.
-type breakers struct {
-	failures int32
-	coolDown time.Duration
-	single   breaker
+// Breakers holds a Limiter's breakers: one for a single Redis, one per
+// primary for a cluster. Every route of a Limiter shares them.
+type Breakers struct {
+	Failures int32
+	CoolDown time.Duration
+	Single   Breaker
 	nodes    sync.Map         // *redis.Client (a cluster primary) -> *breaker
-	now      func() time.Time // time.Now; tests set their own
+	Now      func() time.Time // time.Now; tests set their own
 }
 
 // clock returns the time for the breakers: wall, the time a decision
 // started, unless a test set a clock.
-func (bs *breakers) clock(wall time.Time) time.Time {
-	if bs.now != nil {
-		return bs.now()
+func (bs *Breakers) clock(wall time.Time) time.Time {
+	if bs.Now != nil {
+		return bs.Now()
 	}
 	return wall
 }
 
 // forKey returns the breaker of the Redis server that holds key, or nil if
 // breakers are off.
-func (bs *breakers) forKey(ctx context.Context, c redis.UniversalClient, key string) *breaker {
-	if bs == nil || bs.failures <= 0 {
+func (bs *Breakers) forKey(ctx context.Context, c redis.UniversalClient, key string) *Breaker {
+	if bs == nil || bs.Failures <= 0 {
 		return nil
 	}
 	cc, ok := c.(*redis.ClusterClient)
 	if !ok {
-		return &bs.single
+		return &bs.Single
 	}
 	node, err := cc.MasterForKey(ctx, key)
 	if err != nil {
-		return &bs.single // no cluster state yet: share one
+		return &bs.Single // no cluster state yet: share one
 	}
 	if b, ok := bs.nodes.Load(node); ok {
-		return b.(*breaker)
+		return b.(*Breaker)
 	}
-	b, _ := bs.nodes.LoadOrStore(node, &breaker{})
-	return b.(*breaker)
+	b, _ := bs.nodes.LoadOrStore(node, &Breaker{})
+	return b.(*Breaker)
 }
 
-// breaker is a circuit breaker for one Redis server.
-type breaker struct {
-	consecutive atomic.Int32 // failed calls in a row
+// Open reports whether a breaker of bs is open now.
+func (bs *Breakers) Open() bool {
+	now := bs.clock(time.Now())
+	if bs.Single.Open(now) {
+		return true
+	}
+	open := false
+	bs.nodes.Range(func(_, b any) bool {
+		open = b.(*Breaker).Open(now)
+		return !open
+	})
+	return open
+}
+
+// Breaker is a circuit breaker for one Redis server.
+type Breaker struct {
+	Consecutive atomic.Int32 // failed calls in a row
 	openUntil   atomic.Int64 // Unix nanoseconds; 0 while closed
 	probing     atomic.Bool  // a probe is under way
 	answered    atomic.Int64 // start of the latest decision the server answered, in nanoseconds since epoch
@@ -67,7 +83,7 @@ var epoch = time.Now()
 
 // allow reports whether a call may go to Redis now, and whether it is the
 // probe that decides if the breaker closes.
-func (b *breaker) allow(now time.Time) (ok, probe bool) {
+func (b *Breaker) allow(now time.Time) (ok, probe bool) {
 	until := b.openUntil.Load()
 	if until == 0 {
 		return true, false
@@ -78,7 +94,7 @@ func (b *breaker) allow(now time.Time) (ok, probe bool) {
 	return true, true
 }
 
-// done records the outcome of a call allow let through, made for a decision
+// Done records the outcome of a call allow let through, made for a decision
 // that started at start (time.Now, with its monotonic reading) and had to
 // end by deadline; hurried says that the call was left less than half the
 // Limiter's timeout.
@@ -105,7 +121,7 @@ func (b *breaker) allow(now time.Time) (ok, probe bool) {
 // unreachable, still opens the breaker after bs.failures calls of a
 // process that keeps time; refused connections and errors such as LOADING
 // count whatever the other calls did.
-func (b *breaker) done(bs *breakers, err error, probe, hurried bool, start, deadline time.Time) {
+func (b *Breaker) Done(bs *Breakers, err error, probe, hurried bool, start, deadline time.Time) {
 	if probe {
 		defer b.probing.Store(false)
 	}
@@ -117,8 +133,8 @@ func (b *breaker) done(bs *breakers, err error, probe, hurried bool, start, dead
 		if at > b.answered.Load() {
 			b.answered.Store(at) // racing stores may keep an earlier time: the breaker is only stricter for it
 		}
-		if b.consecutive.Load() != 0 {
-			b.consecutive.Store(0)
+		if b.Consecutive.Load() != 0 {
+			b.Consecutive.Store(0)
 		}
 		if b.openUntil.Load() != 0 {
 			b.openUntil.Store(0)
@@ -129,20 +145,20 @@ func (b *breaker) done(bs *breakers, err error, probe, hurried bool, start, dead
 		if busy(start, deadline, time.Now()) {
 			// The calls that timed out before this one may have waited
 			// for a core as well: start the count over.
-			b.consecutive.Store(0)
+			b.Consecutive.Store(0)
 			return
 		}
 		if at < b.answered.Load() {
 			return // the server answered a later decision: it is alive
 		}
 	}
-	if n := b.consecutive.Add(1); probe || n >= bs.failures {
-		b.openUntil.Store(bs.clock(time.Now()).Add(bs.coolDown).UnixNano())
+	if n := b.Consecutive.Add(1); probe || n >= bs.Failures {
+		b.openUntil.Store(bs.clock(time.Now()).Add(bs.CoolDown).UnixNano())
 	}
 }
 
-// open reports whether the breaker is open now.
-func (b *breaker) open(now time.Time) bool {
+// Open reports whether the breaker is open now.
+func (b *Breaker) Open(now time.Time) bool {
 	until := b.openUntil.Load()
 	return until != 0 && now.UnixNano() < until
 }
@@ -187,7 +203,7 @@ func slow(err error) bool {
 // primaries for its cool-down after the cluster is ok (see the table in
 // faults_test.go).
 func unavailable(err error) bool {
-	if errors.Is(err, ErrUnexpectedReply) {
+	if errors.Is(err, slidinglog.ErrUnexpectedReply) {
 		return false
 	}
 	var re redis.Error
