@@ -481,6 +481,7 @@ func testPipelineReload(t *testing.T, b backend) {
 // this test counts failed decisions, and on a loaded machine a short
 // timeout would add timeouts that have nothing to do with the dead shard.
 func TestClusterDeadShard(t *testing.T) {
+	redistest.SkipUnlessLong(t) // two Clusters, each through an outage: 20s
 	t.Run("FullCoverage", func(t *testing.T) {
 		c := redistest.StartCluster(t, 3, 1)
 		quietRedisLog(t) // go-redis logs every failed dial to the dead node

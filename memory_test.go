@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
 // scriptedStore stands in for Redis: while down it fails every decision;
@@ -83,6 +85,7 @@ const heapSlack = 4 << 20
 // count and by the live heap after a collection. The clock is set, not
 // waited for.
 func TestBoundedMemoryFailLocal(t *testing.T) {
+	redistest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
 	ids, seed := hostileIDs(maxLocalKeys + maxLocalKeys/2)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
@@ -165,6 +168,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 // string of keys, and once they have expired, the next decision gives
 // them back: by entry count and by live heap after a collection.
 func TestBoundedMemoryDenyCache(t *testing.T) {
+	redistest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
 	ids, seed := hostileIDs(maxDenyEntries)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
@@ -212,6 +216,7 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 // 100,000 distinct identifiers leave at most maxCachedPlans entries, and
 // once their time has passed the next lookup gives them back.
 func TestBoundedMemoryPlanCache(t *testing.T) {
+	redistest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
 	ids, seed := hostileIDs(maxCachedPlans)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
@@ -256,6 +261,7 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 // keep alive: with five limits of which one is full, 100,000 denials take
 // far less than those strings would.
 func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
+	redistest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
 	ids, seed := hostileIDs(maxDenyEntries)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
