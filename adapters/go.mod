@@ -7,7 +7,7 @@ require (
 	github.com/gin-gonic/gin v1.9.1
 	github.com/go-chi/chi/v5 v5.2.0
 	github.com/labstack/echo/v4 v4.11.4
-	github.com/redis/go-redis/v9 v9.19.0
+	github.com/redis/go-redis/v9 v9.20.0
 	github.com/slidinglog/ratelimit v0.1.0
 	github.com/slidinglog/ratelimit/adapters/chi v0.1.0
 	github.com/slidinglog/ratelimit/adapters/echo v0.1.0

@@ -8,7 +8,7 @@ require (
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/prometheus/client_golang v1.24.0
-	github.com/redis/go-redis/v9 v9.19.0
+	github.com/redis/go-redis/v9 v9.20.0
 	github.com/slidinglog/ratelimit v0.1.0
 	github.com/slidinglog/ratelimit/adapters/chi v0.1.0
 	github.com/slidinglog/ratelimit/adapters/echo v0.1.0
