@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -405,18 +404,7 @@ func freshIDOn(t *testing.T, c *redistest.Cluster, key string) string {
 }
 
 // quietRedisLog silences go-redis's own logging for the rest of the test.
-func quietRedisLog(t *testing.T) {
-	redis.SetLogger(quietLogger{})
-	t.Cleanup(func() { redis.SetLogger(stdLogger{}) })
-}
-
-type quietLogger struct{}
-
-func (quietLogger) Printf(context.Context, string, ...any) {}
-
-type stdLogger struct{}
-
-func (stdLogger) Printf(_ context.Context, format string, v ...any) { log.Printf(format, v...) }
+func quietRedisLog(t *testing.T) { redistest.QuietRedisLog(t) }
 
 // testPipelineReload: a batch sent as a pipeline to primaries that have
 // forgotten the library (or, for a Redis without functions, the script) is

@@ -1,14 +1,19 @@
 package redistest
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"log"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // LongEnv is the environment variable that runs the long tests in full:
@@ -72,7 +77,13 @@ func shortened(name string) {
 // go test shows a passing package's output only with -v, so without -v the
 // line goes to the terminal the tests run in (/dev/tty) when there is one;
 // with -v, or without a terminal, it goes to standard output.
+//
+// Main also installs go-redis's logger for the test binary, before any test
+// runs, so that [QuietRedisLog] can silence it without calling
+// redis.SetLogger while clients' goroutines run (which go-redis before
+// v9.23.0 reads without synchronization: a data race under -race).
 func Main(m *testing.M) int {
+	redis.SetLogger(redisLogger)
 	code := m.Run()
 	var notice string
 	if n := skipped.Load(); n > 0 {
@@ -131,4 +142,28 @@ func notices() (io.Writer, func()) {
 		}
 	}
 	return os.Stdout, func() {}
+}
+
+// redisLog is go-redis's logger in a test binary whose TestMain calls
+// Main: it writes as go-redis's default logger does, unless a test has
+// silenced it.
+type redisLog struct {
+	quiet atomic.Int64 // tests that silenced it and have not ended
+	std   *log.Logger
+}
+
+var redisLogger = &redisLog{std: log.New(os.Stderr, "redis: ", log.LstdFlags|log.Lshortfile)}
+
+func (l *redisLog) Printf(_ context.Context, format string, v ...any) {
+	if l.quiet.Load() == 0 {
+		_ = l.std.Output(2, fmt.Sprintf(format, v...))
+	}
+}
+
+// QuietRedisLog silences go-redis's own logging (a failed dial to a
+// server the test killed, say) until tb ends, in a test binary whose
+// TestMain calls [Main]; elsewhere it does nothing.
+func QuietRedisLog(tb testing.TB) {
+	redisLogger.quiet.Add(1)
+	tb.Cleanup(func() { redisLogger.quiet.Add(-1) })
 }
