@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -406,18 +405,7 @@ func freshIDOn(t *testing.T, c *redistest.Cluster, key string) string {
 }
 
 // quietRedisLog silences go-redis's own logging for the rest of the test.
-func quietRedisLog(t *testing.T) {
-	redis.SetLogger(quietLogger{})
-	t.Cleanup(func() { redis.SetLogger(stdLogger{}) })
-}
-
-type quietLogger struct{}
-
-func (quietLogger) Printf(context.Context, string, ...any) {}
-
-type stdLogger struct{}
-
-func (stdLogger) Printf(_ context.Context, format string, v ...any) { log.Printf(format, v...) }
+func quietRedisLog(t *testing.T) { redistest.QuietRedisLog(t) }
 
 // testPipelineReload: a batch sent as a pipeline to primaries that have
 // forgotten the library (or, for a Redis without functions, the script) is
@@ -482,6 +470,7 @@ func testPipelineReload(t *testing.T, b backend) {
 // this test counts failed decisions, and on a loaded machine a short
 // timeout would add timeouts that have nothing to do with the dead shard.
 func TestClusterDeadShard(t *testing.T) {
+	redistest.SkipUnlessLong(t) // two Clusters, each through an outage: 20s
 	t.Run("FullCoverage", func(t *testing.T) {
 		c := redistest.StartCluster(t, 3, 1)
 		quietRedisLog(t) // go-redis logs every failed dial to the dead node

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/store"
 )
 
@@ -85,6 +86,7 @@ const heapSlack = 4 << 20
 // count and by the live heap after a collection. The clock is set, not
 // waited for.
 func TestBoundedMemoryFailLocal(t *testing.T) {
+	redistest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
 	ids, seed := hostileIDs(store.MaxLocalKeys + store.MaxLocalKeys/2)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
@@ -167,6 +169,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 // string of keys, and once they have expired, the next decision gives
 // them back: by entry count and by live heap after a collection.
 func TestBoundedMemoryDenyCache(t *testing.T) {
+	redistest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
 	ids, seed := hostileIDs(store.MaxDenyEntries)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
@@ -214,6 +217,7 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 // 100,000 distinct identifiers leave at most maxCachedPlans entries, and
 // once their time has passed the next lookup gives them back.
 func TestBoundedMemoryPlanCache(t *testing.T) {
+	redistest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
 	ids, seed := hostileIDs(maxCachedPlans)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
@@ -258,6 +262,7 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 // keep alive: with five limits of which one is full, 100,000 denials take
 // far less than those strings would.
 func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
+	redistest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
 	ids, seed := hostileIDs(store.MaxDenyEntries)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}

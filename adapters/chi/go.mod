@@ -1,6 +1,6 @@
 module github.com/slidinglog/ratelimit/adapters/chi
 
-go 1.26.0
+go 1.25.0
 
 require (
 	github.com/go-chi/chi/v5 v5.2.0
@@ -9,9 +9,8 @@ require (
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/redis/go-redis/v9 v9.23.0 // indirect
-	go.uber.org/atomic v1.12.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
+	github.com/redis/go-redis/v9 v9.20.0 // indirect
+	go.uber.org/atomic v1.11.0 // indirect
 )
 
 replace github.com/slidinglog/ratelimit => ../..

@@ -24,6 +24,8 @@ type Proxy struct {
 	mu     sync.Mutex
 	conns  []net.Conn
 	closed bool
+	done   chan struct{} // closed with the proxy: ends the delays under way
+	held   chan struct{} // gets a value (if it has room) when a chunk is held back
 }
 
 // NewProxy starts a proxy to the server at target.
@@ -33,7 +35,7 @@ func NewProxy(tb testing.TB, target string) *Proxy {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	p := &Proxy{Addr: ln.Addr().String(), target: target, ln: ln}
+	p := &Proxy{Addr: ln.Addr().String(), target: target, ln: ln, done: make(chan struct{}), held: make(chan struct{}, 1)}
 	p.wg.Add(1)
 	go p.accept()
 	tb.Cleanup(p.close)
@@ -42,7 +44,9 @@ func NewProxy(tb testing.TB, target string) *Proxy {
 
 // SetDelay makes the proxy hold back every chunk a client sends for d
 // before it passes it to the server, in order: a request reaches the server
-// d after it was sent. Replies are passed on at once. 0 turns it off.
+// d after it was sent. Replies are passed on at once. 0 turns it off. A
+// chunk held back when the test ends is dropped: closing the proxy does
+// not wait out the delay.
 func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 func (p *Proxy) accept() {
@@ -101,7 +105,17 @@ func (p *Proxy) forward(dst, src net.Conn, delayed bool) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			if d := time.Duration(p.delay.Load()); d > 0 {
-				time.Sleep(d) // the simulated latency itself
+				t := time.NewTimer(d) // the simulated latency itself
+				select {
+				case p.held <- struct{}{}:
+				default:
+				}
+				select {
+				case <-t.C:
+				case <-p.done:
+					t.Stop()
+					return
+				}
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
@@ -115,6 +129,9 @@ func (p *Proxy) forward(dst, src net.Conn, delayed bool) {
 
 func (p *Proxy) close() {
 	p.mu.Lock()
+	if !p.closed {
+		close(p.done)
+	}
 	p.closed = true
 	conns := p.conns
 	p.mu.Unlock()

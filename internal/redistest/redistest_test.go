@@ -3,9 +3,13 @@ package redistest
 import (
 	"context"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func TestStart(t *testing.T) {
@@ -109,5 +113,66 @@ func TestServerSelected(t *testing.T) {
 		if strings.Contains(line, "_version:") {
 			t.Log(line) // what CI ran against
 		}
+	}
+}
+
+// TestLongNotice: the line names the tests left out and says how to run
+// them; nothing is said when none were.
+func TestLongNotice(t *testing.T) {
+	if got := LongNotice(nil, nil); got != "" {
+		t.Errorf("LongNotice(nil, nil) = %q, want nothing", got)
+	}
+	got := LongNotice([]string{"TestA", "TestB"}, []string{"TestC/sub"})
+	for _, want := range []string{"skipped TestA, TestB", "shortened TestC/sub", LongEnv + "=1"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("LongNotice = %q, want it to mention %q", got, want)
+		}
+	}
+	if strings.Count(got, "\n") != 1 || !strings.HasSuffix(got, "\n") {
+		t.Errorf("LongNotice = %q: want one line", got)
+	}
+}
+
+// TestLongOr: the long value with LongEnv=1, else the short one, and the
+// test is named for Main's notice.
+func TestLongOr(t *testing.T) {
+	t.Setenv(LongEnv, "1")
+	if got := LongOr(t, 1, 2); got != 2 {
+		t.Errorf("LongOr with %s=1: %d, want the long value", LongEnv, got)
+	}
+	t.Setenv(LongEnv, "")
+	if got := LongOr(t, 1, 2); got != 1 {
+		t.Errorf("LongOr without %s: %d, want the short value", LongEnv, got)
+	}
+	long.Lock()
+	defer long.Unlock()
+	if !slices.Equal(long.shortened, []string{t.Name()}) {
+		t.Errorf("shortened %v, want [%s]", long.shortened, t.Name())
+	}
+	long.shortened = nil // this package's own run is not short
+}
+
+// TestProxyCloseDropsDelay: a proxy closed while it holds a request back
+// does not wait out the delay (a test that stalled Redis would otherwise
+// take the delay to end).
+func TestProxyCloseDropsDelay(t *testing.T) {
+	s := Start(t)
+	p := NewProxy(t, s.Addr)
+	c := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
+	defer c.Close()
+	if err := c.Ping(context.Background()).Err(); err != nil { // connects
+		t.Fatal(err)
+	}
+	p.SetDelay(time.Hour)
+	sent := make(chan error, 1)
+	go func() { sent <- c.Ping(context.Background()).Err() }()
+	<-p.held // the PING is held back
+	start := time.Now()
+	p.close()
+	if took := time.Since(start); took > time.Minute {
+		t.Errorf("close took %v with a request held back for an hour", took)
+	}
+	if err := <-sent; err == nil {
+		t.Error("a PING held back when the proxy closed was answered")
 	}
 }

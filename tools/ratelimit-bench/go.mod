@@ -1,16 +1,15 @@
 module github.com/slidinglog/ratelimit/tools/ratelimit-bench
 
-go 1.26.0
+go 1.25.0
 
 require (
-	github.com/redis/go-redis/v9 v9.23.0
+	github.com/redis/go-redis/v9 v9.20.0
 	github.com/slidinglog/ratelimit v0.1.0
 )
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	go.uber.org/atomic v1.12.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
+	go.uber.org/atomic v1.11.0 // indirect
 )
 
 replace github.com/slidinglog/ratelimit => ../..
