@@ -98,7 +98,7 @@ func (l *Limiter) ResetLimit(ctx context.Context, name, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
 	defer cancel()
 	req := slidinglog.AppendRequest(nil, 0, 1, d.spec.Limits[i].Lua)
-	_, err := d.redis.Lib.Forget(ctx, []string{keys[i]}, req)
+	_, err := d.redis.Lib.Forget(ctx, d.spec.LuaKeys([]string{keys[i]}, []int{i}), req) // lifts a block too
 	d.denies.Forget(store.LogID{Key: keys[i], Field: d.spec.Limits[i].Field})
 	if err != nil {
 		return fmt.Errorf("ratelimit: reset %s: %w", name, err)

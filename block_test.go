@@ -1,0 +1,241 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/store"
+)
+
+// blockKey returns the block key of the exact log of limit name and id.
+func blockKey(name, id string) string { return store.BlockKey(store.LogID{Key: logKey(name, id)}) }
+
+// endBlock makes the block at key end now on the Redis clock: on
+// miniredis by moving its clock on past it, on a real server by giving
+// the key a millisecond to live and waiting until it is gone (Redis's
+// clock cannot be set).
+func endBlock(t *testing.T, mr *miniredis.Miniredis, c redis.UniversalClient, key string) {
+	t.Helper()
+	ctx := context.Background()
+	if mr != nil {
+		mr.FastForward(mr.TTL(key) + time.Millisecond)
+	} else if err := c.PExpire(ctx, key, time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		n, err := c.Exists(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("block %s never ended", key)
+		}
+		time.Sleep(time.Millisecond) // polls Redis's own expiry, which no clock of the test drives
+	}
+}
+
+// TestBlockAcrossReplicas: a denial of a limit with Block blocks the
+// client, in Redis, for every replica: a second Limiter (its own client
+// and deny cache off) is denied after the log's window has passed, with
+// Retry-After the block's remaining time; the replica that denied answers
+// from memory without a round trip; the block lasts as long as Redis
+// keeps it, whatever the clock of the decisions; it counted nothing; and
+// once it ends the log's own rules hold again.
+func TestBlockAcrossReplicas(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) { testBlockAcrossReplicas(t, b) })
+	t.Run("cluster", func(t *testing.T) {
+		testBlockAcrossReplicas(t, backend{cluster: redistest.StartCluster(t, 3, 0)})
+	})
+}
+
+func testBlockAcrossReplicas(t *testing.T, b backend) {
+	ctx := context.Background()
+	limit := PerMinute(2, Header("X-Id")).Named("blk").Block(15 * time.Minute)
+	clock := &testClock{t: t0}
+	ca, cb := b.newClient(t), b.newClient(t)
+	hook := &countingHook{}
+	ca.AddHook(hook)
+	a := mustNew(t, ca, []Limit{limit, PerMinute(100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), WithDenyCache(time.Hour))
+	rb := mustNew(t, cb, []Limit{limit, PerMinute(100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), WithDenyCache(0))
+	ids := []string{"c1", "c1"}
+	allow := func(l *Limiter) Result {
+		t.Helper()
+		res, err := l.Allow(ctx, ids, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	for i := range 2 {
+		if res := allow(a); !res.Allowed {
+			t.Fatalf("request %d: %+v", i, res)
+		}
+	}
+	res := allow(a)
+	if res.Allowed || res.DeniedBy != "blk" || res.RetryAfter != 15*time.Minute || !res.Limits[0].Blocked.Equal(t0.Add(15*time.Minute)) {
+		t.Fatalf("the denial that blocks: %+v", res)
+	}
+	if n := logEntries(t, ca, "blk", "c1"); n != 2 {
+		t.Fatalf("the blocking denial counted: %d entries", n)
+	}
+	// Two minutes on, on the decisions' clock: the log's window holds
+	// nothing, yet every replica denies until the block ends, which
+	// Redis's clock says (it has not moved on as the decisions' has: a
+	// block is timed by Redis, never shorter than asked).
+	clock.Set(t0.Add(2 * time.Minute))
+	res = allow(rb)
+	if res.Allowed || res.DeniedBy != "blk" || res.Cached || res.Remaining != 0 || !res.Limits[0].Blocked.Equal(res.Reset) ||
+		res.RetryAfter < 14*time.Minute || res.RetryAfter > 15*time.Minute+time.Millisecond {
+		t.Fatalf("replica B during the block: %+v", res)
+	}
+	before := hook.trips.Load()
+	res = allow(a)
+	if res.Allowed || !res.Cached || hook.trips.Load() != before || res.RetryAfter != 13*time.Minute {
+		t.Fatalf("replica A from memory: %+v after %d round trips", res, hook.trips.Load()-before)
+	}
+	if n := logEntries(t, ca, "blk", "c1"); n != 2 {
+		t.Fatalf("denials during the block counted: %d entries", n)
+	}
+	if n, _ := ca.Get(ctx, logKey("wide", "c1")).Result(); len(n) == 0 {
+		t.Fatal("the wide limit's log is gone")
+	}
+	// The decisions' clock jumps a day ahead: Redis's clock says the
+	// block still holds, so it does.
+	clock.Set(t0.Add(24 * time.Hour))
+	if res = allow(rb); res.Allowed || res.DeniedBy != "blk" {
+		t.Fatalf("after the decisions' clock jumped: %+v", res)
+	}
+	endBlock(t, b.mr, ca, blockKey("blk", "c1"))
+	if res = allow(rb); !res.Allowed || !res.Limits[0].Blocked.IsZero() || res.Limits[0].Remaining != 1 {
+		t.Fatalf("after the block: %+v", res)
+	}
+	// Another client was never blocked.
+	if res, err := rb.Allow(ctx, []string{"c2", "c2"}, 1); err != nil || !res.Allowed {
+		t.Fatalf("another client: %+v, %v", res, err)
+	}
+}
+
+// TestBlockReset: Reset and ResetLimit lift a block, and the calling
+// replica's memory of it, at once.
+func TestBlockReset(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := &testClock{t: t0}
+		c := b.newClient(t)
+		for _, viaLimit := range []bool{false, true} {
+			l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("rst").Block(time.Hour)}, WithClock(clock.Now), WithDenyCache(time.Hour))
+			ids := []string{"x"}
+			l.Allow(ctx, ids, 1)
+			if res, err := l.Allow(ctx, ids, 1); err != nil || res.Allowed || res.RetryAfter != time.Hour {
+				t.Fatalf("the blocking denial: %+v, %v", res, err)
+			}
+			if n, _ := c.Exists(ctx, blockKey("rst", "x")).Result(); n != 1 {
+				t.Fatal("no block key")
+			}
+			var err error
+			if viaLimit {
+				err = l.ResetLimit(ctx, "rst", "x")
+			} else {
+				err = l.Reset(ctx, ids)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n, _ := c.Exists(ctx, blockKey("rst", "x"), logKey("rst", "x")).Result(); n != 0 {
+				t.Fatalf("reset left %d keys", n)
+			}
+			if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed || res.Cached {
+				t.Fatalf("after reset (ResetLimit %v): %+v, %v", viaLimit, res, err)
+			}
+			_ = l.Reset(ctx, ids)
+		}
+	})
+}
+
+// TestBlockFailedDecision: a decision that fails in Redis (another of its
+// limits' keys holds another program's data) leaves no block behind, and
+// a block key that holds no block fails the decision alone.
+func TestBlockFailedDecision(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := b.newClient(t)
+		l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("fa").Block(time.Hour), PerMinute(5, Header("X-Id")).Named("fb")}, WithDenyCache(0))
+		ids := []string{"y", "y"}
+		if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed {
+			t.Fatalf("%+v, %v", res, err)
+		}
+		if err := c.Set(ctx, logKey("fb", "y"), "not a log", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Allow(ctx, ids, 1); err == nil || !strings.Contains(err.Error(), "holds no log") {
+			t.Fatalf("want the foreign log's error, got %v", err)
+		}
+		if n, _ := c.Exists(ctx, blockKey("fa", "y")).Result(); n != 0 {
+			t.Fatal("a failed decision left a block")
+		}
+		// A block key without expiry is another program's.
+		c.Del(ctx, logKey("fb", "y"))
+		c.Set(ctx, blockKey("fa", "y"), "x", 0)
+		if _, err := l.Allow(ctx, ids, 1); err == nil || !strings.Contains(err.Error(), "holds no block") {
+			t.Fatalf("want the foreign block's error, got %v", err)
+		}
+		if res, err := l.Allow(ctx, []string{"z", "z"}, 1); err != nil || !res.Allowed {
+			t.Fatalf("another client: %+v, %v", res, err)
+		}
+	})
+}
+
+// TestBlockHeaders: a blocked client's HTTP answer, from Redis and from
+// memory, says the block's remaining time, rounded up, in Retry-After.
+func TestBlockHeaders(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		clock := &testClock{t: t0}
+		l := mustNew(t, b.newClient(t), []Limit{PerSecond(1, ClientIP()).Named("hb").Block(90 * time.Second)}, WithClock(clock.Now), WithDenyCache(time.Hour))
+		h := l.Handler(okHandler)
+		serve(h, "GET", "/", "10.0.0.1:1")
+		w := serve(h, "GET", "/", "10.0.0.1:1")
+		if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "90" || w.Header().Get("X-Ratelimit-Remaining") != "0" {
+			t.Fatalf("the blocking denial: %d %v", w.Code, w.Header())
+		}
+		clock.Set(t0.Add(30*time.Second + 500*time.Millisecond))
+		w = serve(h, "GET", "/", "10.0.0.1:1")
+		if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "60" {
+			t.Fatalf("from memory: %d %v", w.Code, w.Header())
+		}
+	})
+}
+
+// TestBlockValidation: New refuses a block it cannot keep.
+func TestBlockValidation(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true})
+	for _, tc := range []struct {
+		limit Limit
+		want  string
+	}{
+		{PerMinute(1, ClientIP()).Block(-time.Second), "block -1s"},
+		{PerMinute(1, ClientIP()).Block(time.Microsecond), "block 1µs"},
+		{PerMinute(1, ClientIP()).Block(31 * 24 * time.Hour), "block 744h"},
+		{PerMinute(1, ClientIP()).Block(time.Minute).Shadowed(), "shadow"},
+		{PerMinute(1, Global()).Block(time.Minute), "Global"},
+	} {
+		_, err := New(c, []Limit{tc.limit})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: got %v, want an error about %q", tc.limit, err, tc.want)
+		}
+	}
+	if _, err := New(c, []Limit{PerMinute(1, ClientIP()).Block(time.Minute).Bucketed(time.Second)}); err != nil {
+		t.Errorf("a bucketed limit that blocks: %v", err)
+	}
+	_ = errors.New
+}
