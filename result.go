@@ -136,7 +136,7 @@ type LimitResult struct {
 	// ([Limit.Block]): it denies any request until then, and Remaining
 	// is 0.
 	Blocked time.Time
-	Shadow    bool      // a shadow limit: Denied says it would have denied
+	Shadow  bool // a shadow limit: Denied says it would have denied
 	// Skipped reports that the limit was not consulted: on a Redis Cluster, a
 	// decision whose limits span several hash slots stops at the first slot
 	// group that denies, and a denial from the deny cache consults only the
