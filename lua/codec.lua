@@ -49,6 +49,7 @@ local NAME = 6 -- the bucketed limit's name; false for a log
 local STATE = 7 -- what library.lua's check read of the limit, for admit
 local BLOCK = 8 -- how long a denial blocks the client (FLAG_BLOCK); false if it never does
 local BKEY = 9 -- the block key's place among the request's block keys, from 1
+local AT = 10 -- the time library.lua's check decided the limit at, for block
 
 -- decode_limit returns the limit at byte p of the request arg, and the
 -- byte after it.
@@ -74,6 +75,7 @@ local function decode_limit(arg, p)
     name,
     false,
     block,
+    false,
     false,
   }, after
 end

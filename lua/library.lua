@@ -37,7 +37,7 @@ local NEVER = 0 -- a reset: the request can never fit
 
 -- blocked_until returns when the block at key ends, on the clock of now
 -- (its remaining time on the Redis clock, rounded up to the millisecond,
--- after now), or nil if the client is not blocked. The block key is a
+-- after now: the limit's time), or nil if the client is not blocked. The block key is a
 -- string that exists, with an expiry, while the block lasts.
 local function blocked_until(key, now)
   local ms = redis.call('PTTL', key)
@@ -77,7 +77,9 @@ local function check(keys, k, limits, n, now, write, R, r)
       end
     end
     if lim[BLOCK] then
-      local until_ = blocked_until(keys[k + #limits + lim[BKEY] - 1], now)
+      -- Timed from the limit's time, never earlier than its log's.
+      lim[AT] = math.max(now, t)
+      local until_ = blocked_until(keys[k + #limits + lim[BKEY] - 1], lim[AT])
       if until_ then
         full, stamp = true, -until_
         if reset ~= NEVER and (not (count + n > lim[QUOTA]) or reset < until_) then
@@ -99,7 +101,9 @@ end
 -- (FLAG_BLOCK), have no room for it and do not block it yet: their block
 -- keys are set to expire the limit's block later, on the Redis clock
 -- (rounded up to the millisecond). It updates their reset and stamp in the
--- reply at R[r + 1], and names the limit that frees up last as the denier.
+-- reply at R[r + 1] (the block's end, from the time check decided the
+-- limit at: never earlier than its log's time, as every reset), and names
+-- the limit that frees up last as the denier.
 -- It writes last: nothing is written before a decision fails.
 local function block(keys, k, limits, n, now, R, r)
   local denied, worst = 0, 0
@@ -108,7 +112,7 @@ local function block(keys, k, limits, n, now, R, r)
     local reset, stamp = R[r + 3 * i + 2], R[r + 3 * i + 3]
     if lim[BLOCK] and stamp >= 0 and R[r + 3 * i + 1] + n > lim[QUOTA] then
       redis.call('SET', keys[k + #limits + lim[BKEY] - 1], '1', 'PX', math.ceil(lim[BLOCK] / 1000))
-      stamp = -(now + lim[BLOCK])
+      stamp = -(lim[AT] + lim[BLOCK])
       if reset ~= NEVER and reset < -stamp then
         reset = -stamp
       end
