@@ -17,8 +17,8 @@ type modelLimit struct {
 	window   int64 // µs
 	unit     int64 // an exact log's time unit; a bucketed limit's precision
 	bucketed bool
-	shadow   bool // checked and reported, never denies
-	global   bool // counted by a Global key: its group comes last when split
+	shadow   bool  // checked and reported, never denies
+	global   bool  // counted by a Global key: its group comes last when split
 	block    int64 // µs a denial blocks the client for (Limit.Block); 0: none
 }
 
