@@ -279,6 +279,9 @@ func ParseReply(raw any, limits []LimitReply) (Reply, error) {
 	for i := range limits {
 		limits[i] = LimitReply{Count: v(3 + 3*i), Reset: v(4 + 3*i), Stamp: v(5 + 3*i)}
 		if s := limits[i].Stamp; s < 0 {
+			if rep.Allowed { // a block denies
+				return Reply{}, fmt.Errorf("%w: limit %d blocks an admitted request", ErrUnexpectedReply, i)
+			}
 			limits[i].Stamp, limits[i].Block = 0, -s
 		}
 	}
