@@ -129,7 +129,12 @@ func testBlockAcrossReplicas(t *testing.T, b backend) {
 // TestBlockReset: Reset and ResetLimit lift a block, and the calling
 // replica's memory of it, at once.
 func TestBlockReset(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
+	forBackends(t, testBlockReset)
+	t.Run("cluster", func(t *testing.T) { testBlockReset(t, backend{cluster: redistest.StartCluster(t, 3, 0)}) })
+}
+
+func testBlockReset(t *testing.T, b backend) {
+	{
 		ctx := context.Background()
 		clock := &testClock{t: t0}
 		c := b.newClient(t)
@@ -160,7 +165,7 @@ func TestBlockReset(t *testing.T) {
 			}
 			_ = l.Reset(ctx, ids)
 		}
-	})
+	}
 }
 
 // TestBlockFailedDecision: a decision that fails in Redis (another of its
@@ -238,4 +243,33 @@ func TestBlockValidation(t *testing.T) {
 		t.Errorf("a bucketed limit that blocks: %v", err)
 	}
 	_ = errors.New
+}
+
+// TestBlockClockSteps: a block is timed by the Redis clock, not by the
+// clock of the decisions: stepping that clock back or forward neither
+// shortens nor ends it, and Retry-After never says it ends before Redis
+// will end it.
+func TestBlockClockSteps(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := &testClock{t: t0}
+		c := b.newClient(t)
+		l := mustNew(t, c, []Limit{PerSecond(1, Header("X-Id")).Named("cs").Block(10 * time.Minute)}, WithClock(clock.Now), WithDenyCache(0))
+		ids := []string{"s"}
+		l.Allow(ctx, ids, 1)
+		if res, err := l.Allow(ctx, ids, 1); err != nil || res.Allowed || res.RetryAfter != 10*time.Minute {
+			t.Fatalf("the blocking denial: %+v, %v", res, err)
+		}
+		for _, step := range []time.Duration{-time.Hour, -time.Second, time.Second, 48 * time.Hour} {
+			clock.Set(t0.Add(step))
+			res, err := l.Allow(ctx, ids, 1)
+			if err != nil || res.Allowed || res.DeniedBy != "cs" || res.RetryAfter < 9*time.Minute {
+				t.Fatalf("clock stepped by %v: %+v, %v", step, res, err)
+			}
+		}
+		endBlock(t, b.mr, c, blockKey("cs", "s"))
+		if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed {
+			t.Fatalf("after the block: %+v, %v", res, err)
+		}
+	})
 }
