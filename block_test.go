@@ -273,3 +273,35 @@ func TestBlockClockSteps(t *testing.T) {
 		}
 	})
 }
+
+// TestUnblockLimit: unblockLimit lifts a block and leaves the count: the
+// client is admitted again once its log has room, and denied (and blocked
+// again) while it has none.
+func TestUnblockLimit(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := &testClock{t: t0}
+		l := mustNew(t, b.newClient(t), []Limit{PerMinute(1, Header("X-Id")).Named("ub").Block(time.Hour)}, WithClock(clock.Now), WithDenyCache(time.Hour))
+		ids := []string{"u"}
+		l.Allow(ctx, ids, 1)
+		if res, _ := l.Allow(ctx, ids, 1); res.Allowed || res.Limits[0].Blocked.IsZero() {
+			t.Fatalf("not blocked: %+v", res)
+		}
+		if lifted, err := l.unblockLimit(ctx, "ub", "u"); err != nil || !lifted {
+			t.Fatalf("unblock: %v, %v", lifted, err)
+		}
+		if lifted, err := l.unblockLimit(ctx, "ub", "u"); err != nil || lifted {
+			t.Fatalf("unblock again: %v, %v; want nothing lifted", lifted, err)
+		}
+		if st, err := l.LimitStatus(ctx, "ub", "u"); err != nil || !st.Blocked.IsZero() || st.Remaining != 0 {
+			t.Fatalf("status after unblock: %+v, %v; want the count kept, no block", st, err)
+		}
+		clock.Set(t0.Add(61 * time.Second))
+		if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed || res.Cached {
+			t.Fatalf("after unblock, with room: %+v, %v", res, err)
+		}
+		if _, err := l.unblockLimit(ctx, "nope", "u"); err == nil {
+			t.Fatal("an unknown limit: no error")
+		}
+	})
+}
