@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
 )
 
@@ -302,6 +303,74 @@ func TestUnblockLimit(t *testing.T) {
 		}
 		if _, err := l.unblockLimit(ctx, "nope", "u"); err == nil {
 			t.Fatal("an unknown limit: no error")
+		}
+	})
+}
+
+// TestBlockUnderOOM: a Redis out of memory (noeviction) still denies a
+// blocked client (the read-only status reads the block), and denies a
+// client over its limit, but records no new block: it cannot write.
+func TestBlockUnderOOM(t *testing.T) {
+	for _, scriptsOnly := range []bool{false, true} {
+		t.Run(map[bool]string{false: "function", true: "script"}[scriptsOnly], func(t *testing.T) {
+			srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
+			c := srv.Client()
+			ctx := context.Background()
+			clock := &testClock{t: t0}
+			lim := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("oom").Block(time.Hour)}, WithClock(clock.Now), WithDenyCache(0), WithFailureMode(FailOpen))
+			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(scriptsOnly)
+			for _, id := range []string{"blocked", "over"} {
+				if res, err := lim.Allow(ctx, []string{id}, 1); err != nil || !res.Allowed {
+					t.Fatalf("%s: %+v, %v", id, res, err)
+				}
+			}
+			if res, _ := lim.Allow(ctx, []string{"blocked"}, 1); res.Allowed || res.Limits[0].Blocked.IsZero() {
+				t.Fatalf("not blocked: %+v", res)
+			}
+			fillMemory(t, c)
+			if err := c.ConfigSet(ctx, "maxmemory", "1mb").Err(); err != nil {
+				t.Fatal(err)
+			}
+			clock.Set(t0.Add(2 * time.Minute)) // the logs have room again
+			res, err := lim.Allow(ctx, []string{"blocked"}, 1)
+			if err != nil || res.Allowed || res.Limits[0].Blocked.IsZero() || res.RetryAfter < 50*time.Minute {
+				t.Errorf("blocked, under OOM: %+v, %v; want denied by the block", res, err)
+			}
+			clock.Set(t0.Add(10 * time.Second))
+			res, err = lim.Allow(ctx, []string{"over"}, 1)
+			if err != nil || res.Allowed || !res.Limits[0].Blocked.IsZero() {
+				t.Errorf("over its limit, under OOM: %+v, %v; want denied, not blocked", res, err)
+			}
+			if n, _ := c.Exists(ctx, blockKey("oom", "over")).Result(); n != 0 {
+				t.Error("a block was written under OOM")
+			}
+		})
+	}
+}
+
+// TestBlockWithPlans: a limit that blocks and has plans: the client's
+// plan's quota is the one that blocks it, and the limits after it in the
+// request keep their own quotas (a request's plans' quotas are written
+// past the block's bytes).
+func TestBlockWithPlans(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		plans := Plans{Quotas: map[string]int{"pro": 3}, Of: func(_ context.Context, id string) (string, error) { return "pro", nil }}
+		l := mustNew(t, b.newClient(t), []Limit{
+			PerMinute(1, Header("X-Id")).Named("pb").Block(time.Hour).Tiered(plans),
+			PerMinute(10, Header("X-Id")).Named("pc"),
+			PerMinute(5, Header("X-Id")).Named("pd").Tiered(Plans{Quotas: map[string]int{"pro": 7}, Of: plans.Of}),
+		}, WithDenyCache(0))
+		ids := []string{"p", "p", "p"}
+		for i := range 3 {
+			res, err := l.Allow(ctx, ids, 1)
+			if err != nil || !res.Allowed || res.Limits[0].Quota != 3 || res.Limits[1].Remaining != 9-i || res.Limits[2].Remaining != 6-i {
+				t.Fatalf("request %d: %+v, %v", i, res, err)
+			}
+		}
+		res, err := l.Allow(ctx, ids, 1)
+		if err != nil || res.Allowed || res.DeniedBy != "pb" || res.Limits[0].Blocked.IsZero() || res.Limits[1].Remaining != 7 || res.Limits[2].Remaining != 4 {
+			t.Fatalf("the blocking denial: %+v, %v", res, err)
 		}
 	})
 }
