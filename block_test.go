@@ -374,3 +374,32 @@ func TestBlockWithPlans(t *testing.T) {
 		}
 	})
 }
+
+// TestBlockResetOtherReplica: a Reset on one replica lifts the block for
+// another that holds it in its deny cache within the cache's maximum age:
+// it denies from memory until then, and asks Redis after.
+func TestBlockResetOtherReplica(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := &testClock{t: t0}
+		limit := PerMinute(1, Header("X-Id")).Named("ro").Block(time.Hour)
+		a := mustNew(t, b.newClient(t), []Limit{limit}, WithClock(clock.Now), WithDenyCache(5*time.Second))
+		other := mustNew(t, b.newClient(t), []Limit{limit}, WithClock(clock.Now), WithDenyCache(5*time.Second))
+		ids := []string{"r"}
+		a.Allow(ctx, ids, 1)
+		if res, _ := a.Allow(ctx, ids, 1); res.Allowed || res.Limits[0].Blocked.IsZero() {
+			t.Fatalf("not blocked: %+v", res)
+		}
+		if err := other.Reset(ctx, ids); err != nil {
+			t.Fatal(err)
+		}
+		clock.Set(t0.Add(4 * time.Second))
+		if res, _ := a.Allow(ctx, ids, 1); res.Allowed || !res.Cached {
+			t.Fatalf("within the cache's maximum age: %+v; want a denial from memory", res)
+		}
+		clock.Set(t0.Add(5 * time.Second))
+		if res, err := a.Allow(ctx, ids, 1); err != nil || !res.Allowed || res.Cached {
+			t.Fatalf("past the cache's maximum age: %+v, %v; want Redis's admission", res, err)
+		}
+	})
+}
