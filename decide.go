@@ -219,6 +219,9 @@ func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) R
 			used += int64(cost)
 		}
 		lr.Remaining = int(max(int64(lr.Quota)-used, 0))
+		if r.Block != 0 {
+			lr.Denied, lr.Remaining, lr.Blocked = true, 0, time.UnixMicro(r.Block)
+		}
 		if r.Reset == -1 { // the cost can never fit: the log is empty a window from now at the latest
 			r.Reset = r.Now + lim.Window.Microseconds()
 		}
@@ -381,7 +384,8 @@ func (rs *ruleset) reset(ctx context.Context, ids []string) error {
 		// One call per limit: on a cluster the keys of other identifiers
 		// may live elsewhere.
 		req := slidinglog.AppendRequest(nil, 0, 1, rs.spec.Limits[i].Lua)
-		if _, err := rs.redis.Lib.Forget(ctx, []string{key}, req); err != nil {
+		// And the block key, if the limit blocks: forget lifts the block.
+		if _, err := rs.redis.Lib.Forget(ctx, rs.spec.LuaKeys([]string{key}, []int{i}), req); err != nil {
 			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", rs.limits[i].Name, err))
 		}
 		rs.denies.Forget(store.LogID{Key: key, Field: rs.spec.Limits[i].Field})

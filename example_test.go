@@ -432,3 +432,38 @@ func ExampleLimiter_Handler_behindAuthentication() {
 	// token="ann": 429
 	// token="": 429
 }
+
+// A login limit that blocks a client for 15 minutes once it is over: the
+// third attempt within a minute is denied, and so is every attempt of
+// that client until the block ends, on every replica, however long ago
+// its attempts were. Reset lifts the block.
+func ExampleLimit_Block() {
+	rdb, done := newRedis()
+	defer done()
+
+	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerMinute(2, ratelimit.ClientIP()).Named("login").Block(15 * time.Minute),
+	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	ip := []string{"203.0.113.7"}
+	for range 3 {
+		res, err := limiter.Allow(ctx, ip, 1)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(res.Allowed, res.RetryAfter.Round(time.Minute), !res.Limits[0].Blocked.IsZero())
+	}
+	if err := limiter.Reset(ctx, ip); err != nil {
+		log.Fatal(err)
+	}
+	res, _ := limiter.Allow(ctx, ip, 1)
+	fmt.Println("after Reset:", res.Allowed)
+	// Output:
+	// true 0s false
+	// true 0s false
+	// false 15m0s true
+	// after Reset: true
+}

@@ -59,6 +59,10 @@ type Limit struct {
 	// Plans, if set, gives clients on some plans another quota than Quota
 	// ([Limit.Tiered]). Default: none, every client gets Quota.
 	Plans Plans
+	// BlockFor, if not zero, blocks a client for that long once the limit
+	// denies it ([Limit.Block]): from 1ms to 30 days. Default: zero, no
+	// block.
+	BlockFor time.Duration
 
 	defaulted bool // Name was given by the library, not by the user
 }
@@ -208,6 +212,38 @@ func PerMinute(quota int, key Key) Limit { return Per(time.Minute, quota, key) }
 // PerHour returns a Limit of quota per hour, counted by key.
 func PerHour(quota int, key Key) Limit { return Per(time.Hour, quota, key) }
 
+// maxBlock bounds Limit.BlockFor.
+const maxBlock = 30 * 24 * time.Hour
+
+// Block returns a copy of l that blocks a client for d once it denies it:
+// a request the limit has no room for (its count and the request's cost
+// over its quota) blocks the client in this limit, and every request of
+// the client that the limit decides until the block ends is denied,
+// counting nothing, whatever the log holds; the limit then counts as
+// before. d is from 1ms to 30 days; a shadow limit ([Limit.Shadowed]) or
+// a [Global] one cannot block ([New] reports it).
+//
+// The block is kept in Redis, written by the same atomic call that denied,
+// beside the client's log (the same hash slot), so every replica that
+// shares the limit's name and prefix sees it from its next decision on,
+// and it lasts at least d on the Redis clock (rounded up to the
+// millisecond), whatever the application servers' clocks. A replica that
+// learns of a block (its own denial, or a decision that met it) answers
+// the client from its deny cache ([WithDenyCache]) without calling Redis
+// for up to the cache's maximum age at a time, with Retry-After and Reset
+// the block's end; with the deny cache off, each decision asks Redis.
+// [Limiter.Reset] and [Limiter.ResetLimit] lift the block with the count;
+// other replicas may keep denying from memory for up to the deny cache's
+// maximum age. [LimitResult.Blocked] says when a block ends.
+//
+// When Redis cannot decide, FailLocal's in-process store knows of no
+// block; a Redis out of memory (noeviction) still denies a blocked client,
+// but records no new block.
+func (l Limit) Block(d time.Duration) Limit {
+	l.BlockFor = d
+	return l
+}
+
 // Named returns a copy of l with the given name.
 func (l Limit) Named(name string) Limit {
 	l.Name = name
@@ -285,6 +321,10 @@ func (l Limit) validate() error {
 		check(l.Window%l.Precision != 0, "window %v is not a whole number of %v buckets", l.Window, l.Precision)
 		check(l.Window/l.Precision > maxBuckets, "window %v holds %d buckets of %v; at most %d", l.Window, l.Window/l.Precision, l.Precision, maxBuckets)
 	}
+	check(l.BlockFor < 0 || l.BlockFor > 0 && l.BlockFor < time.Millisecond || l.BlockFor > maxBlock,
+		"block %v: must be 0 (no block) or from 1ms to %v", l.BlockFor, maxBlock)
+	check(l.BlockFor > 0 && l.Shadow, "block %v: a shadow limit never denies, so it cannot block", l.BlockFor)
+	check(l.BlockFor > 0 && l.Key.global, "block %v: a Global limit counts every client together: its block would block them all", l.BlockFor)
 	check(!validName(l.Name), "name %q: use 1 to %d ASCII letters, digits, '-', '_' or '.'", l.Name, maxNameLen)
 	if l.Plans.set() {
 		errs = append(errs, l.Plans.validate()...)

@@ -352,7 +352,7 @@ func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
 	for i := range limits {
 		lim := &limits[i]
 		wire[i] = slidinglog.Limit{Kind: slidinglog.ExactLog, Shadow: lim.Shadow, Quota: lim.Quota, Window: lim.Window,
-			Unit: time.Duration(timeUnit(lim.Window)) * time.Microsecond}
+			Unit: time.Duration(timeUnit(lim.Window)) * time.Microsecond, Block: lim.BlockFor}
 		if lim.bucketed {
 			wire[i].Kind, wire[i].Unit, wire[i].Name = slidinglog.Buckets, lim.Precision, lim.Name
 		}
@@ -361,7 +361,7 @@ func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
 			return nil, fmt.Errorf("limit %s: %w", lim.Name, err)
 		}
 		p.All = append(p.All, i)
-		p.Limits = append(p.Limits, store.LimitSpec{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Global: lim.Key.global, Lua: spec, Field: wire[i].Name})
+		p.Limits = append(p.Limits, store.LimitSpec{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Global: lim.Key.global, Lua: spec, Field: wire[i].Name, Block: lim.BlockFor})
 	}
 	p.Whole = [][]int{p.All}
 	var err error

@@ -98,10 +98,45 @@ func (l *Limiter) ResetLimit(ctx context.Context, name, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
 	defer cancel()
 	req := slidinglog.AppendRequest(nil, 0, 1, d.spec.Limits[i].Lua)
-	_, err := d.redis.Lib.Forget(ctx, []string{keys[i]}, req)
+	_, err := d.redis.Lib.Forget(ctx, d.spec.LuaKeys([]string{keys[i]}, []int{i}), req) // lifts a block too
 	d.denies.Forget(store.LogID{Key: keys[i], Field: d.spec.Limits[i].Field})
 	if err != nil {
 		return fmt.Errorf("ratelimit: reset %s: %w", name, err)
 	}
 	return nil
+}
+
+// unblockLimit lifts the block ([Limit.Block]) that the limit called name
+// holds for id, if any, and leaves its count: the block's key is deleted
+// (one key: a Redis Cluster finds its slot), and this instance's deny
+// cache forgets the log; another instance may keep denying from its own
+// for up to its maximum age. It reports whether a block was lifted; a
+// limit that does not block lifts none. It has ResetLimit's errors and
+// timeout. (The seam for an operator's Unblock, issue 28.)
+func (l *Limiter) unblockLimit(ctx context.Context, name, id string) (bool, error) {
+	d, i := l.limitNamed(name)
+	if d == nil {
+		return false, fmt.Errorf("ratelimit: no limit named %q", name)
+	}
+	if id == "" {
+		return false, fmt.Errorf("%w: empty id for limit %s", ErrNoKey, name)
+	}
+	if d.spec.Limits[i].Block == 0 {
+		return false, nil
+	}
+	s := getScratch()
+	defer s.put()
+	for range d.limits {
+		s.ids = append(s.ids, id)
+	}
+	keys, _ := d.keys(s, false)
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
+	defer cancel()
+	log := store.LogID{Key: keys[i], Field: d.spec.Limits[i].Field}
+	n, err := d.redis.Lib.Client().Del(ctx, store.BlockKey(log)).Result()
+	d.denies.Forget(log)
+	if err != nil {
+		return false, fmt.Errorf("ratelimit: unblock %s: %w", name, err)
+	}
+	return n > 0, nil
 }

@@ -436,7 +436,8 @@ func TestUnexpectedReply(t *testing.T) {
 		[]any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(0)},  // denied by nobody
 		[]any{int64(0), int64(7), int64(0), int64(0), int64(0), int64(0)},  // denied by limit 7 of 1
 		[]any{int64(1), int64(0), int64(0), int64(-5), int64(0), int64(0)}, // negative count
-		[]any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(-1)}, // negative stamp
+		[]any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(-1)}, // negative stamp (a block) when admitted
+		[]any{int64(0), int64(1), int64(0), int64(0), int64(-1), int64(0)}, // negative reset
 	} {
 		lim := mustNew(t, stubClient{reply: reply}, []Limit{PerMinute(5, Global())})
 		if _, err := lim.Allow(context.Background(), []string{"k"}, 1); !errors.Is(err, ErrUnexpectedReply) {

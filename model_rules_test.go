@@ -17,8 +17,9 @@ type modelLimit struct {
 	window   int64 // µs
 	unit     int64 // an exact log's time unit; a bucketed limit's precision
 	bucketed bool
-	shadow   bool // checked and reported, never denies
-	global   bool // counted by a Global key: its group comes last when split
+	shadow   bool  // checked and reported, never denies
+	global   bool  // counted by a Global key: its group comes last when split
+	block    int64 // µs a denial blocks the client for (Limit.Block); 0: none
 }
 
 func (l modelLimit) String() string {
@@ -32,6 +33,9 @@ func (l modelLimit) String() string {
 	}
 	if l.global {
 		s += " global"
+	}
+	if l.block > 0 {
+		s += fmt.Sprintf(" block=%dµs", l.block)
 	}
 	return s
 }
@@ -206,6 +210,7 @@ type verdict struct {
 	latest    int64 // the latest: a window after the log's time
 	remaining int
 	view, at  int64 // the log's time, and where the request is logged
+	blocked   bool  // the limit blocks the client: it denies whatever its count
 }
 
 // judge decides a request of cost n at now in limit l with log g, before
@@ -249,6 +254,38 @@ type modelState struct {
 	limits  []modelLimit
 	logs    map[logRef]*modelLog
 	foreign map[string]string // key -> "hash" or "string": another program's data
+	// blocked holds the logs whose limit blocks their client (rule 6).
+	blocked map[logRef]bool
+	// blockSlack is how much of a block may have passed on the Redis
+	// clock, which the test's clocks do not drive, since it was set.
+	blockSlack int64
+}
+
+// block is rule 6's verdict for limit i of a blocked client: it denies
+// (no room, whatever the count), nothing remains, and it fits when the
+// block ends (if it fits at all): its block's duration after now, less
+// what may have passed of it on the Redis clock, at the earliest; a
+// millisecond more (rounded up) at the latest.
+//
+// The block's end is timed from the limit's time: now, or its log's time
+// if that is later (rule 1). With room for the cost, the client fits
+// when the block ends; else when both the block has ended and the cost
+// fits.
+func (s *modelState) block(i int, v *verdict, g *modelLog, now int64) {
+	l := s.limits[i]
+	base := now
+	if g.logged && g.time > l.stamp(now) {
+		base = g.time
+	}
+	if !v.never {
+		if v.room {
+			v.reset = base + l.block - s.blockSlack
+		} else {
+			v.reset = max(v.reset, base+l.block-s.blockSlack)
+		}
+	}
+	v.latest = max(v.latest, max(base, v.view, v.at)+l.block+1000)
+	v.blocked, v.room, v.remaining = true, false, 0
 }
 
 func (s *modelState) log(r logRef) *modelLog {
@@ -323,7 +360,11 @@ func (s *modelState) groups(ids []string, split bool) [][]int {
 }
 
 // decide decides a request of cost n at now over the logs of ids (whose
-// Redis keys are keys), and logs it unless peek. Rule 2: a group whose
+// Redis keys are keys), and logs it unless peek. Rule 6: a limit that
+// blocks denies a client it blocks, counting nothing, whatever its log
+// holds, until the block ends (blockEnds) or a Reset; a decision (not a
+// peek) that a group denies blocks the client in that group's limits that
+// block and have no room for the cost. Rule 2: a group whose
 // key holds foreign data fails the decision, which then logs nothing;
 // when split, the groups after one that denies are not consulted, except
 // by a peek, which asks them all. Rule 4: a request is logged in every
@@ -356,11 +397,23 @@ func (s *modelState) decide(keys, ids []string, n int, now int64, split, peek bo
 		denied := false
 		for _, i := range g {
 			o.limits[i] = s.limits[i].judge(s.log(logRef{i, ids[i]}), now, n)
+			if s.blocked[logRef{i, ids[i]}] {
+				s.block(i, &o.limits[i], s.log(logRef{i, ids[i]}), now)
+			}
 			denied = denied || !o.limits[i].room && !s.limits[i].shadow
 		}
 		if denied {
 			o.allowed = false
 			if !peek {
+				// Rule 6: the limits of the group that denied that block,
+				// without room for the cost, block the client.
+				for _, i := range g {
+					v := &o.limits[i]
+					if ref := (logRef{i, ids[i]}); s.limits[i].block > 0 && !v.blocked && v.count+n > s.limits[i].quota {
+						s.blocked[ref] = true
+						s.block(i, v, s.log(ref), now)
+					}
+				}
 				rollBack()
 				break
 			}
@@ -396,7 +449,7 @@ func (s *modelState) decide(keys, ids []string, n int, now int64, split, peek bo
 	fmt.Fprintf(&b, "model: allowed %v;", o.allowed)
 	for i, v := range o.limits {
 		if v.consulted {
-			fmt.Fprintf(&b, " %s[%s] count %d room %v reset>=%d view %d at %d;", s.limits[i].name, ids[i], v.count, v.room, v.reset, v.view, v.at)
+			fmt.Fprintf(&b, " %s[%s] count %d room %v blocked %v reset>=%d view %d at %d;", s.limits[i].name, ids[i], v.count, v.room, v.blocked, v.reset, v.view, v.at)
 		} else {
 			fmt.Fprintf(&b, " %s not consulted;", s.limits[i].name)
 		}
@@ -424,7 +477,8 @@ func (s *modelState) refund(is *issuedResult) (wantErr bool) {
 // reset is rule 5: Reset forgets the logs of ids, each limit's: an exact
 // log's key is deleted, whatever it holds; a bucketed limit's fields are
 // removed from the identifier's hash, which fails if another program
-// holds the key. It reports whether Reset must fail.
+// holds the key. It lifts their blocks (rule 6), but where it fails. It
+// reports whether Reset must fail.
 func (s *modelState) reset(keys, ids []string) (wantErr bool) {
 	for i, id := range ids {
 		if s.limits[i].bucketed && s.foreign[keys[i]] != "" {
@@ -433,6 +487,7 @@ func (s *modelState) reset(keys, ids []string) (wantErr bool) {
 		}
 		delete(s.logs, logRef{i, id})
 		delete(s.foreign, keys[i])
+		delete(s.blocked, logRef{i, id}) // rule 6: Reset lifts a block
 	}
 	return wantErr
 }

@@ -17,6 +17,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // TestModel drives the real limiter (the Lua library in Redis, through
@@ -41,7 +42,11 @@ import (
 // forward and back by up to hundreds of windows, refunds (repeated ones
 // too), resets, status calls, another program's data at a key (a hash, a
 // junk string) and its removal, and concurrent decisions on disjoint keys
-// (which the library may batch into one Redis call).
+// (which the library may batch into one Redis call). A third of the
+// enforced limits that are not Global block a client they deny (Block, an
+// hour to a day; rule 6): the model says which clients are blocked, and
+// a block ends by a step that deletes its key, as its expiry on the
+// Redis clock would.
 //
 // Run it alone with
 //
@@ -71,8 +76,9 @@ func TestModel(t *testing.T) {
 // modelOff names dimensions to leave out, for investigating a failure:
 // "clock" (every request in time order, one clock), "isolation" (no
 // concurrent decisions), "refund2" (no repeated refunds), "foreign" (no
-// foreign data), "buckets" (exact logs only), "split" (one Redis call).
-var modelOff = flag.String("model.off", "", "TestModel: comma-separated dimensions to leave out (clock, isolation, refund2, foreign, buckets, split); for investigation only")
+// foreign data), "buckets" (exact logs only), "split" (one Redis call),
+// "block" (no limit blocks).
+var modelOff = flag.String("model.off", "", "TestModel: comma-separated dimensions to leave out (clock, isolation, refund2, foreign, buckets, split, block); for investigation only")
 
 // modelEnv is a backend the model test runs on.
 type modelEnv struct {
@@ -155,11 +161,14 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 		rt.Fatal(err)
 	}
 	m := &modelRun{env: env, off: off, admin: admin, ids: []string{"a", "b", "c", "d"}, seen: map[string]int{}}
-	m.model = modelState{logs: map[logRef]*modelLog{}, foreign: map[string]string{}}
+	m.model = modelState{logs: map[logRef]*modelLog{}, foreign: map[string]string{}, blocked: map[logRef]bool{}}
+	if env.expires {
+		m.model.blockSlack = (30 * time.Minute).Microseconds() // far more than a check takes
+	}
 	n := rapid.IntRange(1, 4).Draw(rt, "limits")
 	var limits []Limit
 	for i := range n {
-		ml := drawModelLimit(rt, i, env, !off["buckets"])
+		ml := drawModelLimit(rt, i, env, !off["buckets"], !off["block"])
 		m.model.limits = append(m.model.limits, ml)
 		key := Header("X-Id")
 		if ml.global {
@@ -171,6 +180,9 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 		}
 		if ml.shadow {
 			l = l.Shadowed()
+		}
+		if ml.block > 0 {
+			l = l.Block(time.Duration(ml.block) * time.Microsecond)
 		}
 		limits = append(limits, l)
 	}
@@ -194,7 +206,7 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 }
 
 // drawModelLimit draws limit i: its kind, window, quota and shadowing.
-func drawModelLimit(rt *rapid.T, i int, env modelEnv, buckets bool) modelLimit {
+func drawModelLimit(rt *rapid.T, i int, env modelEnv, buckets, block bool) modelLimit {
 	minWindow := env.minWindow
 	ml := modelLimit{name: fmt.Sprintf("m%d", i)}
 	ml.quota = rapid.SampledFrom([]int{1, 2, 3, 5, 10, 100, 256, 257, 1000, 65536, 1_000_000}).Draw(rt, "quota")
@@ -203,6 +215,11 @@ func drawModelLimit(rt *rapid.T, i int, env modelEnv, buckets bool) modelLimit {
 	}
 	ml.shadow = rapid.IntRange(0, 3).Draw(rt, "shadow") == 0
 	ml.global = rapid.IntRange(0, 3).Draw(rt, "global") == 0
+	if block && !ml.shadow && !ml.global && rapid.IntRange(0, 2).Draw(rt, "blocks") == 0 {
+		// Blocks outlast a check, even on a real server, whose clock
+		// they are timed by: they end by the EndBlock step.
+		ml.block = rapid.SampledFrom([]int64{36e8, 6 * 36e8, 24 * 36e8}).Draw(rt, "block")
+	}
 	min := minWindow.Microseconds()
 	if buckets && rapid.IntRange(0, 2).Draw(rt, "bucketed") == 0 {
 		ml.bucketed = true
@@ -260,6 +277,9 @@ func (m *modelRun) actions() map[string]func(*rapid.T) {
 	}
 	if !m.off["isolation"] {
 		a["Concurrent"] = m.concurrent
+	}
+	if !m.off["block"] {
+		a["EndBlock"] = m.endBlock
 	}
 	return a
 }
@@ -472,6 +492,37 @@ func (m *modelRun) reset(rt *rapid.T) {
 	}
 }
 
+// endBlock ends a block, as its expiry on the Redis clock would: its key
+// is deleted.
+func (m *modelRun) endBlock(rt *rapid.T) {
+	m.steps++
+	var refs []logRef
+	for r := range m.model.blocked {
+		refs = append(refs, r)
+	}
+	if len(refs) == 0 {
+		return
+	}
+	slices.SortFunc(refs, func(a, b logRef) int { return cmpInt64(int64(a.limit), int64(b.limit))*2 + strings.Compare(a.id, b.id) })
+	r := rapid.SampledFrom(refs).Draw(rt, "block")
+	key := m.blockKeyOf(r)
+	n, err := m.admin.Del(context.Background(), key).Result()
+	if err != nil || n != 1 {
+		rt.Fatalf("the block at %s: deleted %d, %v; the model says it exists", key, n, err)
+	}
+	delete(m.model.blocked, r)
+	rt.Logf("step %d: the block at %s ends", m.steps, key)
+}
+
+// blockKeyOf returns the key of the block of a log.
+func (m *modelRun) blockKeyOf(r logRef) string {
+	id := store.LogID{Key: m.keyOf(r)}
+	if m.model.limits[r.limit].bucketed {
+		id.Field = m.model.limits[r.limit].name
+	}
+	return store.BlockKey(id)
+}
+
 // foreign has another program write at one of the keys: a hash where a
 // log is, or a string that holds no log.
 func (m *modelRun) foreign(rt *rapid.T) {
@@ -599,6 +650,9 @@ func (m *modelRun) count(o modelOutcome) {
 		if v.consulted && !v.room && l.shadow {
 			m.seen["shadow without room"]++
 		}
+		if v.blocked {
+			m.seen["blocked"]++
+		}
 	}
 	if !o.allowed && len(o.limits) > 1 && m.split {
 		m.seen["denied when split"]++
@@ -638,6 +692,9 @@ func (m *modelRun) compare(rt *rapid.T, desc string, res Result, err error, want
 		}
 		if lr.Denied != !v.room {
 			rt.Fatalf("%s: limit %s denied %v; the model says it has room: %v (%s)", desc, lr.Name, lr.Denied, v.room, want)
+		}
+		if lr.Blocked.IsZero() == v.blocked {
+			rt.Fatalf("%s: limit %s blocked until %v; the model says blocked: %v (%s)", desc, lr.Name, lr.Blocked, v.blocked, want)
 		}
 		if lr.Remaining != v.remaining {
 			rt.Fatalf("%s: limit %s remaining %d, the model says %d (%s)", desc, lr.Name, lr.Remaining, v.remaining, want)

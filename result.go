@@ -131,8 +131,12 @@ type LimitResult struct {
 	Window    time.Duration
 	Remaining int       // cost it can still admit now
 	Reset     time.Time // when Remaining next grows, or when a denied request fits
-	Denied    bool      // whether this limit had no room for the request
-	Shadow    bool      // a shadow limit: Denied says it would have denied
+	Denied    bool      // whether this limit had no room for the request, or blocks the client
+	// Blocked, if not zero, is when the limit's block of the client ends
+	// ([Limit.Block]): it denies any request until then, and Remaining
+	// is 0.
+	Blocked time.Time
+	Shadow  bool // a shadow limit: Denied says it would have denied
 	// Skipped reports that the limit was not consulted: on a Redis Cluster, a
 	// decision whose limits span several hash slots stops at the first slot
 	// group that denies, and a denial from the deny cache consults only the

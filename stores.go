@@ -85,6 +85,9 @@ func WithCircuitBreaker(failures int, coolDown time.Duration) Option {
 // early removal of entries, which happens only when a Redis Cluster
 // decision's reservation is rolled back or a request is refunded; a denial
 // served from memory is stale by at most maxAge after such a removal.
+// A client that a limit blocks ([Limit.Block]) is denied from memory,
+// whatever the cost, until the block ends or maxAge, whichever is first:
+// so another replica's Reset reaches this one within maxAge.
 // Default: 1s. 0 turns the cache off.
 func WithDenyCache(maxAge time.Duration) Option {
 	return func(c *config) {

@@ -12,14 +12,19 @@
 --     window  6
 --     unit    6  the exact log's time unit; the buckets' precision
 --     name    1 + n  n, then the bucketed limit's name (n = 0 for a log)
--- The request's KEYS are its limits' keys, in the same order.
+--     block   6  only with FLAG_BLOCK: how long a denial blocks the client
+-- The request's KEYS are its limits' keys, in the same order, then the
+-- block key of each limit with FLAG_BLOCK, in the same order: a key of
+-- the limit's hash tag that exists while the client is blocked (see
+-- library.lua's check).
 --
 -- A reply to a request is 3 + 3L elements, in a flat array that holds the
 -- replies of a call's requests one after the other. A request decided:
 --   allowed  1 if the request was admitted (and logged), else 0
 --   denied   the limit that denied it, from 1; 0 if none did
 --   now      the request's time
---   then per limit: count, reset and stamp (see library.lua), integers.
+--   then per limit: count, reset and stamp (see library.lua), integers;
+--   a stamp below 0 says the limit blocks the client until -stamp.
 -- A request that failed (its key holds another program's data, Redis
 -- refused a command): its first element is the error's message, a string;
 -- its second the units of cost it left logged (0 unless undoing what it
@@ -29,6 +34,7 @@
 local EXACT_LOG = 1
 local BUCKETS = 2
 local FLAG_SHADOW = 1
+local FLAG_BLOCK = 2
 local REQUEST_HEAD = 12 -- bytes before the limits
 local LIMIT_HEAD = 19 -- bytes of a limit before its name
 
@@ -41,6 +47,9 @@ local WINDOW = 4
 local UNIT = 5
 local NAME = 6 -- the bucketed limit's name; false for a log
 local STATE = 7 -- what library.lua's check read of the limit, for admit
+local BLOCK = 8 -- how long a denial blocks the client (FLAG_BLOCK); false if it never does
+local BKEY = 9 -- the block key's place among the request's block keys, from 1
+local AT = 10 -- the time library.lua's check decided the limit at, for block
 
 -- decode_limit returns the limit at byte p of the request arg, and the
 -- byte after it.
@@ -51,6 +60,12 @@ local function decode_limit(arg, p)
   if len > 0 then
     name = string.sub(arg, p + LIMIT_HEAD, after - 1)
   end
+  local block = false
+  if flags % 4 >= FLAG_BLOCK then
+    local d1, d2, d3, d4, d5, d6 = string.byte(arg, after, after + 5)
+    block = ((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6
+    after = after + 6
+  end
   return {
     kind,
     flags % 2 == FLAG_SHADOW,
@@ -59,7 +74,23 @@ local function decode_limit(arg, p)
     ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6,
     name,
     false,
+    block,
+    false,
+    false,
   }, after
+end
+
+-- number_blocks numbers the limits that block (BKEY) and returns how
+-- many do: the request's KEYS hold that many block keys after its limits'.
+local function number_blocks(limits)
+  local nb = 0
+  for i = 1, #limits do
+    if limits[i][BLOCK] then
+      nb = nb + 1
+      limits[i][BKEY] = nb
+    end
+  end
+  return nb
 end
 
 -- decode_head returns the request arg's time and cost.
@@ -73,7 +104,7 @@ end
 local function decode_limits(arg)
   local count = string.byte(arg, REQUEST_HEAD)
   if count == 0 then
-    return {}
+    return {keys = 0}
   end
   -- Built with its first limit: cheaper than growing an empty table.
   local first, p = decode_limit(arg, REQUEST_HEAD + 1)
@@ -81,6 +112,7 @@ local function decode_limits(arg)
   for i = 2, count do
     limits[i], p = decode_limit(arg, p)
   end
+  limits.keys = count + number_blocks(limits)
   return limits
 end
 
@@ -92,13 +124,14 @@ local function decode_request(arg)
   local now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
   local cost = ((c1 * 256 + c2) * 256 + c3) * 256 + c4
   if count == 0 then
-    return now, cost, {}
+    return now, cost, {keys = 0}
   end
   local first, p = decode_limit(arg, REQUEST_HEAD + 1)
   local limits = {first}
   for i = 2, count do
     limits[i], p = decode_limit(arg, p)
   end
+  limits.keys = count + number_blocks(limits)
   return now, cost, limits
 end
 

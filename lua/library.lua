@@ -17,7 +17,15 @@
 --          log's time.
 --   stamp  when the request was logged in it, if it was; else when its
 --          oldest entry leaves the window (0 if it has none, and for a
---          shadow limit without room in an admitted request).
+--          shadow limit without room in an admitted request); below 0
+--          if the limit blocks the client (FLAG_BLOCK): until -stamp.
+--
+-- A limit that blocks (FLAG_BLOCK) and denies a request it has no room
+-- for blocks the client for its block duration: its block key (a string
+-- of the log's hash tag, see codec.lua) is set with that expiry, in the
+-- same call, and while it exists every decision of the limit for the
+-- client is denied, counting nothing, whatever the log holds. forget
+-- lifts the block.
 
 -- The operations of each kind of limit.
 local KINDS = {
@@ -26,6 +34,20 @@ local KINDS = {
 }
 
 local NEVER = 0 -- a reset: the request can never fit
+
+-- blocked_until returns when the block at key ends, on the clock of now
+-- (its remaining time on the Redis clock, rounded up to the millisecond,
+-- after now: the limit's time), or nil if the client is not blocked. The block key is a
+-- string that exists, with an expiry, while the block lasts.
+local function blocked_until(key, now)
+  local ms = redis.call('PTTL', key)
+  if ms == -2 then
+    return nil
+  elseif ms == -1 then
+    error('ratelimit: ' .. key .. ' holds no block: another program wrote it', 0)
+  end
+  return now + (ms + 1) * 1000
+end
 
 -- check reads the limits of a request of cost n at now, whose keys start
 -- at keys[k], and writes the reply from R[r + 1] on: whether every
@@ -47,19 +69,61 @@ local function check(keys, k, limits, n, now, write, R, r)
       stamp = kind.leaves(state, lim, 1)
       reset = stamp
     end
-    if count + n > lim[QUOTA] then
+    local full = count + n > lim[QUOTA]
+    if full then
       reset = NEVER
       if n <= lim[QUOTA] then
         reset = kind.leaves(state, lim, count + n - lim[QUOTA])
       end
-      -- NEVER frees up last; else the latest.
-      if not lim[SHADOW] and (denied == 0 or worst ~= NEVER and (reset == NEVER or reset > worst)) then
-        denied, worst = i, reset
+    end
+    if lim[BLOCK] then
+      -- Timed from the limit's time, never earlier than its log's.
+      lim[AT] = math.max(now, t)
+      local until_ = blocked_until(keys[k + #limits + lim[BKEY] - 1], lim[AT])
+      if until_ then
+        full, stamp = true, -until_
+        if reset ~= NEVER and (not (count + n > lim[QUOTA]) or reset < until_) then
+          reset = until_
+        end
       end
+    end
+    -- NEVER frees up last; else the latest.
+    if full and not lim[SHADOW] and (denied == 0 or worst ~= NEVER and (reset == NEVER or reset > worst)) then
+      denied, worst = i, reset
     end
     R[r + 3 * i + 1], R[r + 3 * i + 2], R[r + 3 * i + 3], lim[STATE] = count, reset, stamp, state
   end
   R[r + 1], R[r + 2], R[r + 3] = denied == 0 and 1 or 0, denied, now
+end
+
+-- block blocks the client in the limits of a request of cost n at now
+-- that check denied, whose keys start at keys[k], that block
+-- (FLAG_BLOCK), have no room for it and do not block it yet: their block
+-- keys are set to expire the limit's block later, on the Redis clock
+-- (rounded up to the millisecond). It updates their reset and stamp in the
+-- reply at R[r + 1] (the block's end, from the time check decided the
+-- limit at: never earlier than its log's time, as every reset), and names
+-- the limit that frees up last as the denier.
+-- It writes last: nothing is written before a decision fails.
+local function block(keys, k, limits, n, now, R, r)
+  local denied, worst = 0, 0
+  for i = 1, #limits do
+    local lim = limits[i]
+    local reset, stamp = R[r + 3 * i + 2], R[r + 3 * i + 3]
+    if lim[BLOCK] and stamp >= 0 and R[r + 3 * i + 1] + n > lim[QUOTA] then
+      redis.call('SET', keys[k + #limits + lim[BKEY] - 1], '1', 'PX', math.ceil(lim[BLOCK] / 1000))
+      stamp = -(lim[AT] + lim[BLOCK])
+      if reset ~= NEVER and reset < -stamp then
+        reset = -stamp
+      end
+      R[r + 3 * i + 2], R[r + 3 * i + 3] = reset, stamp
+    end
+    if not lim[SHADOW] and (stamp < 0 or R[r + 3 * i + 1] + n > lim[QUOTA]) and
+      (denied == 0 or worst ~= NEVER and (reset == NEVER or reset > worst)) then
+      denied, worst = i, reset
+    end
+  end
+  R[r + 2] = denied
 end
 
 -- admit logs a request of cost n at now that check admitted in every
@@ -93,6 +157,8 @@ local function decide_one(keys, k, limits, n, now, write, R, r)
     R[r + 1] = LOGGING
     admit(limits, n, now, R, r)
     R[r + 1] = 1
+  elseif write and #limits < limits.keys then
+    block(keys, k, limits, n, now, R, r)
   end
 end
 
@@ -285,7 +351,7 @@ local function each(keys, argv, write)
           R[i] = 0
         end
       end
-      k, r = k + #limits, r + 3 + 3 * #limits
+      k, r = k + limits.keys, r + 3 + 3 * #limits
     end
   end
   return R
@@ -318,13 +384,17 @@ local function rollback(keys, argv)
 end
 
 -- forget removes what the request's limits (argv[1]) counted: the whole
--- exact log, the bucketed limit's fields. Returns how many counted
--- anything.
+-- exact log, the bucketed limit's fields; and lifts the block of each
+-- limit with FLAG_BLOCK (its block key follows the limits' keys, as in
+-- decide). Returns how many counted anything.
 local function forget(keys, argv)
   local _, _, limits = decode_request(argv[1])
   local found = 0
   for i = 1, #limits do
     found = found + KINDS[limits[i][KIND]].forget(keys[i], limits[i])
+    if limits[i][BLOCK] then -- and lifts its block
+      redis.call('DEL', keys[#limits + limits[i][BKEY]])
+    end
   end
   return found
 end

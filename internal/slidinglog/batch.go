@@ -68,6 +68,18 @@ type call struct {
 	err       error
 }
 
+// replyLen returns the length of the reply to cl's request: a limit per
+// key, but for the block keys that follow its limits' (see
+// RequestLimits).
+func (cl *call) replyLen() int {
+	if len(cl.args) == 1 {
+		if req, ok := cl.args[0].([]byte); ok {
+			return ReplyLen(RequestLimits(req))
+		}
+	}
+	return ReplyLen(len(cl.keys))
+}
+
 var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 // release returns cl to the pool.
@@ -235,7 +247,7 @@ func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 	for _, cl := range batch {
 		keys = append(keys, cl.keys...)
 		args = append(args, cl.args...)
-		size += ReplyLen(len(cl.keys))
+		size += cl.replyLen()
 	}
 	reply, err := b.mode.run(ctx, c, &b.mode.code.decide, keys, args)
 	all, ok := reply.([]any)
@@ -244,7 +256,7 @@ func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 	}
 	for _, cl := range batch {
 		if cl.err = err; err == nil {
-			n := ReplyLen(len(cl.keys))
+			n := cl.replyLen()
 			cl.reply, all = all[:n:n], all[n:]
 		}
 	}

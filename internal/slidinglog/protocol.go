@@ -21,7 +21,13 @@ const (
 )
 
 // Flags of a limit.
-const flagShadow = 1
+const (
+	flagShadow = 1
+	flagBlock  = 2 // a block duration (windowBytes) follows the name
+)
+
+// MaxBlock is the longest block the wire format carries.
+const MaxBlock = time.Duration(1<<(8*windowBytes)-1) * time.Microsecond
 
 // Field widths of the wire format, in bytes (see lua/codec.lua).
 const (
@@ -50,16 +56,26 @@ type Limit struct {
 	Unit time.Duration
 	// Name is a bucketed limit's name: its fields in the hash start with it.
 	Name string
+	// Block, if not 0, is how long the limit blocks a client once it
+	// denies it a request it has no room for (rounded up to the
+	// millisecond): its request then carries one more key, the block key,
+	// after the keys of its limits (see lua/codec.lua).
+	Block time.Duration
 }
 
 // Specs is limits encoded for requests, once.
 type Specs struct {
-	n int
-	b []byte
+	n      int
+	blocks int // limits with a block duration
+	b      []byte
 }
 
 // Len returns the number of limits.
 func (s Specs) Len() int { return s.n }
+
+// Blocks returns the number of limits that block: the request's block
+// keys, which follow its limits' keys.
+func (s Specs) Blocks() int { return s.blocks }
 
 // Encode encodes limits for requests. It reports a limit the wire format
 // cannot carry.
@@ -68,6 +84,7 @@ func Encode(limits ...Limit) (Specs, error) {
 		return Specs{}, fmt.Errorf("%d limits: at most %d", len(limits), maxLimits)
 	}
 	var b []byte
+	var s Specs
 	for _, l := range limits {
 		switch {
 		case l.Kind != ExactLog && l.Kind != Buckets:
@@ -83,10 +100,16 @@ func Encode(limits ...Limit) (Specs, error) {
 				l.Window.Microseconds()/l.Unit.Microseconds(), l.Unit, maxWindowUnits)
 		case l.Kind == Buckets && (l.Name == "" || len(l.Name) > nameMax):
 			return Specs{}, fmt.Errorf("bucketed limit name of %d bytes: want 1 to %d", len(l.Name), nameMax)
+		case l.Block < 0 || l.Block > MaxBlock || l.Block > 0 && l.Shadow:
+			return Specs{}, fmt.Errorf("block %v (shadow %v) out of range", l.Block, l.Shadow)
 		}
 		flags := byte(0)
 		if l.Shadow {
 			flags |= flagShadow
+		}
+		block := (l.Block + time.Microsecond - 1) / time.Microsecond
+		if block > 0 {
+			flags |= flagBlock
 		}
 		b = append(b, byte(l.Kind), flags)
 		b = appendUint(b, uint64(l.Quota), quotaBytes)
@@ -98,8 +121,13 @@ func Encode(limits ...Limit) (Specs, error) {
 		}
 		b = append(b, byte(len(name)))
 		b = append(b, name...)
+		if block > 0 {
+			b = appendUint(b, uint64(block), windowBytes)
+			s.blocks++
+		}
 	}
-	return Specs{n: len(limits), b: b}, nil
+	s.n, s.b = len(limits), b
+	return s, nil
 }
 
 // Join returns the specs of several groups of limits, in turn.
@@ -107,6 +135,7 @@ func Join(specs ...Specs) Specs {
 	var s Specs
 	for _, x := range specs {
 		s.n += x.n
+		s.blocks += x.blocks
 		s.b = append(s.b, x.b...)
 	}
 	return s
@@ -128,7 +157,11 @@ func SetQuotas(req []byte, quota func(j int) int) {
 	at := requestHead
 	for j := range int(req[requestHead-1]) {
 		putUint(req[at+2:at+2+quotaBytes], uint64(quota(j)))
-		at += specHead + int(req[at+specHead-1])
+		next := at + specHead + int(req[at+specHead-1])
+		if req[at+1]&flagBlock != 0 {
+			next += windowBytes
+		}
+		at = next
 	}
 }
 
@@ -190,6 +223,10 @@ type LimitReply struct {
 	// when its oldest entry leaves the window (0 if it has none, and for a
 	// shadow limit without room in an admitted request).
 	Stamp int64
+	// Block, if not 0, is when the limit's block of the client ends: the
+	// limit denies the request, whatever its count (the Lua code replies
+	// it as a stamp below 0).
+	Block int64
 }
 
 // ReplyLen returns the length of the reply to a request of n limits: a
@@ -229,7 +266,8 @@ func ParseReply(raw any, limits []LimitReply) (Reply, error) {
 		return Reply{}, &RequestError{Msg: msg, Left: left}
 	}
 	for i, e := range arr {
-		if v, ok := e.(int64); !ok || v < 0 {
+		// A stamp below 0 is a block's end (see LimitReply.Block).
+		if v, ok := e.(int64); !ok || v < 0 && (i < 3 || i%3 != 2) {
 			return Reply{}, fmt.Errorf("%w: element %d is %v", ErrUnexpectedReply, i, e)
 		}
 	}
@@ -240,6 +278,12 @@ func ParseReply(raw any, limits []LimitReply) (Reply, error) {
 	}
 	for i := range limits {
 		limits[i] = LimitReply{Count: v(3 + 3*i), Reset: v(4 + 3*i), Stamp: v(5 + 3*i)}
+		if s := limits[i].Stamp; s < 0 {
+			if rep.Allowed { // a block denies
+				return Reply{}, fmt.Errorf("%w: limit %d blocks an admitted request", ErrUnexpectedReply, i)
+			}
+			limits[i].Stamp, limits[i].Block = 0, -s
+		}
 	}
 	return rep, nil
 }
@@ -253,7 +297,21 @@ func AppendReply(dst []any, rep Reply, limits []LimitReply) []any {
 	}
 	dst = append(dst, allowed, int64(rep.Denied+1), rep.Now)
 	for _, l := range limits {
-		dst = append(dst, l.Count, l.Reset, l.Stamp)
+		stamp := l.Stamp
+		if l.Block != 0 {
+			stamp = -l.Block
+		}
+		dst = append(dst, l.Count, l.Reset, stamp)
 	}
 	return dst
+}
+
+// RequestLimits returns the number of limits of req, a request
+// AppendRequest appended (0 if it is too short to be one): the keys of
+// its call are as many, then one per limit that blocks.
+func RequestLimits(req []byte) int {
+	if len(req) < requestHead {
+		return 0
+	}
+	return int(req[requestHead-1])
 }

@@ -13,7 +13,8 @@ import (
 const MaxDenyEntries = 100_000
 
 // DenyCache remembers, per log, the limits that Redis reported full:
-// denied, or left with nothing remaining by an admission.
+// denied, or left with nothing remaining by an admission; or blocking the
+// client (a limit's Block), until the block ends, or MaxAge at most.
 //
 // Its memory is bounded and given back: it holds at most maxDenyEntries
 // denials, and when full drops expired ones, then arbitrary ones (a
@@ -37,6 +38,10 @@ type denial struct {
 	fit       time.Time // Redis clock: when a request of that cost fits
 	now       time.Time // Redis clock: when Redis decided
 	replied   time.Time // local clock: when the reply arrived, not before Redis decided
+	// block, if not zero, is when the limit's block of the client ends,
+	// on the Redis clock: until then any cost is denied, a cost up to
+	// remaining until block, the cost until fit.
+	block time.Time
 }
 
 // cachedDenial is a fresh denial the cache holds for one key of a decision.
@@ -78,14 +83,20 @@ func (c *DenyCache) lookup(q *Query, hits []cachedDenial) int {
 	defer c.mu.RUnlock()
 	for i := range q.Keys {
 		e, ok := c.m[q.Log(i)]
-		if !ok || !q.Local.Before(e.until) || q.Cost <= e.remaining || q.Spec.Limits[i].Shadow || e.quota != q.Quota(i) {
+		if !ok || !q.Local.Before(e.until) || q.Cost <= e.remaining && e.block.IsZero() || q.Spec.Limits[i].Shadow ||
+			e.quota != q.Quota(i) {
 			hits[i] = cachedDenial{}
 			continue
 		}
-		if q.Cost != e.cost {
-			return -1 // no room, but when it fits is Redis's to say
+		if e.block.IsZero() && q.Spec.Limits[i].Block > 0 {
+			return -1 // no room, and a limit that blocks: only Redis can block the client
 		}
 		hits[i] = cachedDenial{ok: true, denial: *e}
+		if !e.block.IsZero() && q.Cost <= e.remaining {
+			hits[i].fit = e.block // blocked, with room: it fits when the block ends
+		} else if q.Cost != e.cost {
+			return -1 // no room, but when it fits is Redis's to say
+		}
 		if worst < 0 || e.fit.After(hits[worst].fit) {
 			worst = i
 		}
@@ -201,6 +212,10 @@ func (c *DenyCache) changes(q *Query, replies []Reply, logged bool) bool {
 func fullness(r Reply, quota, cost int64, logged bool) (denial, bool) {
 	var e denial
 	switch {
+	case r.Block > r.Now: // blocked: any cost is denied until the block ends
+		e.cost, e.remaining, e.quota = int(cost), int(max(quota-r.Count, 0)), int(quota)
+		e.block, e.fit = time.UnixMicro(r.Block), time.UnixMicro(max(r.Reset, r.Block))
+		e.until = e.block
 	case r.Count+cost > quota: // no room for the cost
 		if r.Next <= r.Now || r.Count == 0 || r.Reset == -1 {
 			return e, false // nothing will leave, or the cost can never fit
@@ -288,6 +303,9 @@ func (c Cached) answer(q *Query, out *Outcome) bool {
 	for i, h := range hits {
 		if h.ok {
 			out.Replies[i] = Reply{OK: true, Now: out.Now, Count: int64(h.quota - h.remaining), Reset: h.fit.UnixMicro(), Next: h.until.UnixMicro()}
+			if !h.block.IsZero() {
+				out.Replies[i].Block = h.block.UnixMicro()
+			}
 		}
 	}
 	return true

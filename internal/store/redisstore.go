@@ -148,15 +148,16 @@ func (d *decision) group(ctx context.Context, keys []string, idx []int) (bool, e
 	hurried := time.Until(q.Deadline) < q.Timeout/2
 	var raw any
 	var err error
+	luaKeys := q.Spec.LuaKeys(keys, idx) // and the block keys
 	if q.Peek {
 		// Not batched: bound by the decision's deadline here.
 		sctx, cancel := context.WithDeadline(ctx, q.Deadline)
-		raw, err = rs.Lib.Status(sctx, keys, d.req)
+		raw, err = rs.Lib.Status(sctx, luaKeys, d.req)
 		cancel()
 	} else {
 		d.keys, d.idx = keys, idx
 		d.args = append(d.args[:0], d.box())
-		raw, err = rs.Lib.Decide(ctx, q.Deadline, keys, d.args, d)
+		raw, err = rs.Lib.Decide(ctx, q.Deadline, luaKeys, d.args, d)
 	}
 	if b != nil {
 		b.Done(rs.Breakers, err, probe, hurried, q.Wall, q.Deadline)
@@ -225,7 +226,7 @@ func (d *decision) record(raw any, idx []int) (bool, error) {
 		if reset == 0 {
 			reset = -1 // never
 		}
-		d.out.Replies[i] = Reply{OK: true, Now: rep.Now, Count: r.Count, Reset: reset, Next: r.Stamp}
+		d.out.Replies[i] = Reply{OK: true, Now: rep.Now, Count: r.Count, Reset: reset, Next: r.Stamp, Block: r.Block}
 	}
 	if rep.Denied >= 0 {
 		// A query that asks every group (Status, the read-only fallback)
@@ -303,7 +304,7 @@ func (rs *Redis) deniedReadOnly(ctx context.Context, q *Query, groups [][]int, o
 		for j, i := range g {
 			keys[j] = q.Keys[i]
 		}
-		raw, err := rs.Lib.Status(ctx, keys, q.request(nil, g))
+		raw, err := rs.Lib.Status(ctx, q.Spec.LuaKeys(keys, g), q.request(nil, g))
 		if err != nil {
 			return false
 		}

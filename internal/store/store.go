@@ -61,6 +61,44 @@ type LimitSpec struct {
 	// Field is a bucketed limit's name in the hash its identifier's
 	// bucketed limits share; "" for an exact log, which has a key of its own.
 	Field string
+	// Block, if not 0, is how long the limit blocks a client once it
+	// denies it (its Lua carries it): the block lives in Redis at the
+	// log's block key (BlockKey).
+	Block time.Duration
+}
+
+// BlockKey returns the key of the block of the log id, of its hash tag:
+// the log's key and ":block", then ":" and the field for a bucketed
+// limit. A log's key ends with its hash tag's '}', so no log's key is a
+// block key.
+func BlockKey(id LogID) string {
+	if id.Field == "" {
+		return id.Key + ":block"
+	}
+	return id.Key + ":block:" + id.Field
+}
+
+// LuaKeys returns the keys of a call for the limits idx of p, whose keys
+// are keys (one per limit of idx, in turn): keys itself, unless some of
+// them block; then a new slice, keys followed by the block key of each
+// limit that blocks, in turn (see lua/codec.lua).
+func (p *Spec) LuaKeys(keys []string, idx []int) []string {
+	if p.Lua.Blocks() == 0 {
+		return keys
+	}
+	var out []string
+	for j, i := range idx {
+		if l := &p.Limits[i]; l.Block > 0 {
+			if out == nil {
+				out = append(make([]string, 0, len(keys)+len(idx)), keys...)
+			}
+			out = append(out, BlockKey(LogID{keys[j], l.Field}))
+		}
+	}
+	if out == nil {
+		return keys
+	}
+	return out
 }
 
 // LogID names one limit's log of one client: its Redis key, and the
@@ -141,6 +179,9 @@ type Reply struct {
 	Now          int64 // the time it was decided at (a cluster's groups may read different servers' clocks)
 	Count, Reset int64 // reset -1: the cost never fits
 	Next         int64 // admitted: the time of the request's entries; denied: when the oldest entry leaves
+	// Block, if not 0, is when the limit's block of the client ends, on
+	// the clock of Now: the limit denies any cost until then.
+	Block int64
 }
 
 // Fallback decides with fallback when primary cannot (FailLocal): the

@@ -1,0 +1,405 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/internal/store"
+)
+
+// blockKey returns the block key of the exact log of limit name and id.
+func blockKey(name, id string) string { return store.BlockKey(store.LogID{Key: logKey(name, id)}) }
+
+// endBlock makes the block at key end now on the Redis clock: on
+// miniredis by moving its clock on past it, on a real server by giving
+// the key a millisecond to live and waiting until it is gone (Redis's
+// clock cannot be set).
+func endBlock(t *testing.T, mr *miniredis.Miniredis, c redis.UniversalClient, key string) {
+	t.Helper()
+	ctx := context.Background()
+	if mr != nil {
+		mr.FastForward(mr.TTL(key) + time.Millisecond)
+	} else if err := c.PExpire(ctx, key, time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		n, err := c.Exists(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("block %s never ended", key)
+		}
+		time.Sleep(time.Millisecond) // polls Redis's own expiry, which no clock of the test drives
+	}
+}
+
+// TestBlockAcrossReplicas: a denial of a limit with Block blocks the
+// client, in Redis, for every replica: a second Limiter (its own client
+// and deny cache off) is denied after the log's window has passed, with
+// Retry-After the block's remaining time; the replica that denied answers
+// from memory without a round trip; the block lasts as long as Redis
+// keeps it, whatever the clock of the decisions; it counted nothing; and
+// once it ends the log's own rules hold again.
+func TestBlockAcrossReplicas(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) { testBlockAcrossReplicas(t, b) })
+	t.Run("cluster", func(t *testing.T) {
+		testBlockAcrossReplicas(t, backend{cluster: redistest.StartCluster(t, 3, 0)})
+	})
+}
+
+func testBlockAcrossReplicas(t *testing.T, b backend) {
+	ctx := context.Background()
+	limit := PerMinute(2, Header("X-Id")).Named("blk").Block(15 * time.Minute)
+	clock := &testClock{t: t0}
+	ca, cb := b.newClient(t), b.newClient(t)
+	hook := &countingHook{}
+	ca.AddHook(hook)
+	a := mustNew(t, ca, []Limit{limit, PerMinute(100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), WithDenyCache(time.Hour))
+	rb := mustNew(t, cb, []Limit{limit, PerMinute(100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), WithDenyCache(0))
+	ids := []string{"c1", "c1"}
+	allow := func(l *Limiter) Result {
+		t.Helper()
+		res, err := l.Allow(ctx, ids, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	for i := range 2 {
+		if res := allow(a); !res.Allowed {
+			t.Fatalf("request %d: %+v", i, res)
+		}
+	}
+	res := allow(a)
+	if res.Allowed || res.DeniedBy != "blk" || res.RetryAfter != 15*time.Minute || !res.Limits[0].Blocked.Equal(t0.Add(15*time.Minute)) {
+		t.Fatalf("the denial that blocks: %+v", res)
+	}
+	if n := logEntries(t, ca, "blk", "c1"); n != 2 {
+		t.Fatalf("the blocking denial counted: %d entries", n)
+	}
+	// Two minutes on, on the decisions' clock: the log's window holds
+	// nothing, yet every replica denies until the block ends, which
+	// Redis's clock says (it has not moved on as the decisions' has: a
+	// block is timed by Redis, never shorter than asked).
+	clock.Set(t0.Add(2 * time.Minute))
+	res = allow(rb)
+	if res.Allowed || res.DeniedBy != "blk" || res.Cached || res.Remaining != 0 || !res.Limits[0].Blocked.Equal(res.Reset) ||
+		res.RetryAfter < 14*time.Minute || res.RetryAfter > 15*time.Minute+time.Millisecond {
+		t.Fatalf("replica B during the block: %+v", res)
+	}
+	before := hook.trips.Load()
+	res = allow(a)
+	if res.Allowed || !res.Cached || hook.trips.Load() != before || res.RetryAfter != 13*time.Minute {
+		t.Fatalf("replica A from memory: %+v after %d round trips", res, hook.trips.Load()-before)
+	}
+	if n := logEntries(t, ca, "blk", "c1"); n != 2 {
+		t.Fatalf("denials during the block counted: %d entries", n)
+	}
+	if n, _ := ca.Get(ctx, logKey("wide", "c1")).Result(); len(n) == 0 {
+		t.Fatal("the wide limit's log is gone")
+	}
+	// The decisions' clock jumps a day ahead: Redis's clock says the
+	// block still holds, so it does.
+	clock.Set(t0.Add(24 * time.Hour))
+	if res = allow(rb); res.Allowed || res.DeniedBy != "blk" {
+		t.Fatalf("after the decisions' clock jumped: %+v", res)
+	}
+	endBlock(t, b.mr, ca, blockKey("blk", "c1"))
+	if res = allow(rb); !res.Allowed || !res.Limits[0].Blocked.IsZero() || res.Limits[0].Remaining != 1 {
+		t.Fatalf("after the block: %+v", res)
+	}
+	// Another client was never blocked.
+	if res, err := rb.Allow(ctx, []string{"c2", "c2"}, 1); err != nil || !res.Allowed {
+		t.Fatalf("another client: %+v, %v", res, err)
+	}
+}
+
+// TestBlockReset: Reset and ResetLimit lift a block, and the calling
+// replica's memory of it, at once.
+func TestBlockReset(t *testing.T) {
+	forBackends(t, testBlockReset)
+	t.Run("cluster", func(t *testing.T) { testBlockReset(t, backend{cluster: redistest.StartCluster(t, 3, 0)}) })
+}
+
+func testBlockReset(t *testing.T, b backend) {
+	{
+		ctx := context.Background()
+		clock := &testClock{t: t0}
+		c := b.newClient(t)
+		for _, viaLimit := range []bool{false, true} {
+			l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("rst").Block(time.Hour)}, WithClock(clock.Now), WithDenyCache(time.Hour))
+			ids := []string{"x"}
+			l.Allow(ctx, ids, 1)
+			if res, err := l.Allow(ctx, ids, 1); err != nil || res.Allowed || res.RetryAfter != time.Hour {
+				t.Fatalf("the blocking denial: %+v, %v", res, err)
+			}
+			if n, _ := c.Exists(ctx, blockKey("rst", "x")).Result(); n != 1 {
+				t.Fatal("no block key")
+			}
+			var err error
+			if viaLimit {
+				err = l.ResetLimit(ctx, "rst", "x")
+			} else {
+				err = l.Reset(ctx, ids)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n, _ := c.Exists(ctx, blockKey("rst", "x"), logKey("rst", "x")).Result(); n != 0 {
+				t.Fatalf("reset left %d keys", n)
+			}
+			if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed || res.Cached {
+				t.Fatalf("after reset (ResetLimit %v): %+v, %v", viaLimit, res, err)
+			}
+			_ = l.Reset(ctx, ids)
+		}
+	}
+}
+
+// TestBlockFailedDecision: a decision that fails in Redis (another of its
+// limits' keys holds another program's data) leaves no block behind, and
+// a block key that holds no block fails the decision alone.
+func TestBlockFailedDecision(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		c := b.newClient(t)
+		l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("fa").Block(time.Hour), PerMinute(5, Header("X-Id")).Named("fb")}, WithDenyCache(0))
+		ids := []string{"y", "y"}
+		if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed {
+			t.Fatalf("%+v, %v", res, err)
+		}
+		if err := c.Set(ctx, logKey("fb", "y"), "not a log", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Allow(ctx, ids, 1); err == nil || !strings.Contains(err.Error(), "holds no log") {
+			t.Fatalf("want the foreign log's error, got %v", err)
+		}
+		if n, _ := c.Exists(ctx, blockKey("fa", "y")).Result(); n != 0 {
+			t.Fatal("a failed decision left a block")
+		}
+		// A block key without expiry is another program's.
+		c.Del(ctx, logKey("fb", "y"))
+		c.Set(ctx, blockKey("fa", "y"), "x", 0)
+		if _, err := l.Allow(ctx, ids, 1); err == nil || !strings.Contains(err.Error(), "holds no block") {
+			t.Fatalf("want the foreign block's error, got %v", err)
+		}
+		if res, err := l.Allow(ctx, []string{"z", "z"}, 1); err != nil || !res.Allowed {
+			t.Fatalf("another client: %+v, %v", res, err)
+		}
+	})
+}
+
+// TestBlockHeaders: a blocked client's HTTP answer, from Redis and from
+// memory, says the block's remaining time, rounded up, in Retry-After.
+func TestBlockHeaders(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		clock := &testClock{t: t0}
+		l := mustNew(t, b.newClient(t), []Limit{PerSecond(1, ClientIP()).Named("hb").Block(90 * time.Second)}, WithClock(clock.Now), WithDenyCache(time.Hour))
+		h := l.Handler(okHandler)
+		serve(h, "GET", "/", "10.0.0.1:1")
+		w := serve(h, "GET", "/", "10.0.0.1:1")
+		if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "90" || w.Header().Get("X-Ratelimit-Remaining") != "0" {
+			t.Fatalf("the blocking denial: %d %v", w.Code, w.Header())
+		}
+		clock.Set(t0.Add(30*time.Second + 500*time.Millisecond))
+		w = serve(h, "GET", "/", "10.0.0.1:1")
+		if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "60" {
+			t.Fatalf("from memory: %d %v", w.Code, w.Header())
+		}
+	})
+}
+
+// TestBlockValidation: New refuses a block it cannot keep.
+func TestBlockValidation(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true})
+	for _, tc := range []struct {
+		limit Limit
+		want  string
+	}{
+		{PerMinute(1, ClientIP()).Block(-time.Second), "block -1s"},
+		{PerMinute(1, ClientIP()).Block(time.Microsecond), "block 1µs"},
+		{PerMinute(1, ClientIP()).Block(31 * 24 * time.Hour), "block 744h"},
+		{PerMinute(1, ClientIP()).Block(time.Minute).Shadowed(), "shadow"},
+		{PerMinute(1, Global()).Block(time.Minute), "Global"},
+	} {
+		_, err := New(c, []Limit{tc.limit})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: got %v, want an error about %q", tc.limit, err, tc.want)
+		}
+	}
+	if _, err := New(c, []Limit{PerMinute(1, ClientIP()).Block(time.Minute).Bucketed(time.Second)}); err != nil {
+		t.Errorf("a bucketed limit that blocks: %v", err)
+	}
+	_ = errors.New
+}
+
+// TestBlockClockSteps: a block is timed by the Redis clock, not by the
+// clock of the decisions: stepping that clock back or forward neither
+// shortens nor ends it, and Retry-After never says it ends before Redis
+// will end it.
+func TestBlockClockSteps(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := &testClock{t: t0}
+		c := b.newClient(t)
+		l := mustNew(t, c, []Limit{PerSecond(1, Header("X-Id")).Named("cs").Block(10 * time.Minute)}, WithClock(clock.Now), WithDenyCache(0))
+		ids := []string{"s"}
+		l.Allow(ctx, ids, 1)
+		if res, err := l.Allow(ctx, ids, 1); err != nil || res.Allowed || res.RetryAfter != 10*time.Minute {
+			t.Fatalf("the blocking denial: %+v, %v", res, err)
+		}
+		for _, step := range []time.Duration{-time.Hour, -time.Second, time.Second, 48 * time.Hour} {
+			clock.Set(t0.Add(step))
+			res, err := l.Allow(ctx, ids, 1)
+			if err != nil || res.Allowed || res.DeniedBy != "cs" || res.RetryAfter < 9*time.Minute {
+				t.Fatalf("clock stepped by %v: %+v, %v", step, res, err)
+			}
+		}
+		endBlock(t, b.mr, c, blockKey("cs", "s"))
+		if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed {
+			t.Fatalf("after the block: %+v, %v", res, err)
+		}
+	})
+}
+
+// TestUnblockLimit: unblockLimit lifts a block and leaves the count: the
+// client is admitted again once its log has room, and denied (and blocked
+// again) while it has none.
+func TestUnblockLimit(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := &testClock{t: t0}
+		l := mustNew(t, b.newClient(t), []Limit{PerMinute(1, Header("X-Id")).Named("ub").Block(time.Hour)}, WithClock(clock.Now), WithDenyCache(time.Hour))
+		ids := []string{"u"}
+		l.Allow(ctx, ids, 1)
+		if res, _ := l.Allow(ctx, ids, 1); res.Allowed || res.Limits[0].Blocked.IsZero() {
+			t.Fatalf("not blocked: %+v", res)
+		}
+		if lifted, err := l.unblockLimit(ctx, "ub", "u"); err != nil || !lifted {
+			t.Fatalf("unblock: %v, %v", lifted, err)
+		}
+		if lifted, err := l.unblockLimit(ctx, "ub", "u"); err != nil || lifted {
+			t.Fatalf("unblock again: %v, %v; want nothing lifted", lifted, err)
+		}
+		if st, err := l.LimitStatus(ctx, "ub", "u"); err != nil || !st.Blocked.IsZero() || st.Remaining != 0 {
+			t.Fatalf("status after unblock: %+v, %v; want the count kept, no block", st, err)
+		}
+		clock.Set(t0.Add(61 * time.Second))
+		if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed || res.Cached {
+			t.Fatalf("after unblock, with room: %+v, %v", res, err)
+		}
+		if _, err := l.unblockLimit(ctx, "nope", "u"); err == nil {
+			t.Fatal("an unknown limit: no error")
+		}
+	})
+}
+
+// TestBlockUnderOOM: a Redis out of memory (noeviction) still denies a
+// blocked client (the read-only status reads the block), and denies a
+// client over its limit, but records no new block: it cannot write.
+func TestBlockUnderOOM(t *testing.T) {
+	for _, scriptsOnly := range []bool{false, true} {
+		t.Run(map[bool]string{false: "function", true: "script"}[scriptsOnly], func(t *testing.T) {
+			srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
+			c := srv.Client()
+			ctx := context.Background()
+			clock := &testClock{t: t0}
+			lim := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("oom").Block(time.Hour)}, WithClock(clock.Now), WithDenyCache(0), WithFailureMode(FailOpen))
+			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(scriptsOnly)
+			for _, id := range []string{"blocked", "over"} {
+				if res, err := lim.Allow(ctx, []string{id}, 1); err != nil || !res.Allowed {
+					t.Fatalf("%s: %+v, %v", id, res, err)
+				}
+			}
+			if res, _ := lim.Allow(ctx, []string{"blocked"}, 1); res.Allowed || res.Limits[0].Blocked.IsZero() {
+				t.Fatalf("not blocked: %+v", res)
+			}
+			fillMemory(t, c)
+			if err := c.ConfigSet(ctx, "maxmemory", "1mb").Err(); err != nil {
+				t.Fatal(err)
+			}
+			clock.Set(t0.Add(2 * time.Minute)) // the logs have room again
+			res, err := lim.Allow(ctx, []string{"blocked"}, 1)
+			if err != nil || res.Allowed || res.Limits[0].Blocked.IsZero() || res.RetryAfter < 50*time.Minute {
+				t.Errorf("blocked, under OOM: %+v, %v; want denied by the block", res, err)
+			}
+			clock.Set(t0.Add(10 * time.Second))
+			res, err = lim.Allow(ctx, []string{"over"}, 1)
+			if err != nil || res.Allowed || !res.Limits[0].Blocked.IsZero() {
+				t.Errorf("over its limit, under OOM: %+v, %v; want denied, not blocked", res, err)
+			}
+			if n, _ := c.Exists(ctx, blockKey("oom", "over")).Result(); n != 0 {
+				t.Error("a block was written under OOM")
+			}
+		})
+	}
+}
+
+// TestBlockWithPlans: a limit that blocks and has plans: the client's
+// plan's quota is the one that blocks it, and the limits after it in the
+// request keep their own quotas (a request's plans' quotas are written
+// past the block's bytes).
+func TestBlockWithPlans(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		plans := Plans{Quotas: map[string]int{"pro": 3}, Of: func(_ context.Context, id string) (string, error) { return "pro", nil }}
+		l := mustNew(t, b.newClient(t), []Limit{
+			PerMinute(1, Header("X-Id")).Named("pb").Block(time.Hour).Tiered(plans),
+			PerMinute(10, Header("X-Id")).Named("pc"),
+			PerMinute(5, Header("X-Id")).Named("pd").Tiered(Plans{Quotas: map[string]int{"pro": 7}, Of: plans.Of}),
+		}, WithDenyCache(0))
+		ids := []string{"p", "p", "p"}
+		for i := range 3 {
+			res, err := l.Allow(ctx, ids, 1)
+			if err != nil || !res.Allowed || res.Limits[0].Quota != 3 || res.Limits[1].Remaining != 9-i || res.Limits[2].Remaining != 6-i {
+				t.Fatalf("request %d: %+v, %v", i, res, err)
+			}
+		}
+		res, err := l.Allow(ctx, ids, 1)
+		if err != nil || res.Allowed || res.DeniedBy != "pb" || res.Limits[0].Blocked.IsZero() || res.Limits[1].Remaining != 7 || res.Limits[2].Remaining != 4 {
+			t.Fatalf("the blocking denial: %+v, %v", res, err)
+		}
+	})
+}
+
+// TestBlockResetOtherReplica: a Reset on one replica lifts the block for
+// another that holds it in its deny cache within the cache's maximum age:
+// it denies from memory until then, and asks Redis after.
+func TestBlockResetOtherReplica(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := &testClock{t: t0}
+		limit := PerMinute(1, Header("X-Id")).Named("ro").Block(time.Hour)
+		a := mustNew(t, b.newClient(t), []Limit{limit}, WithClock(clock.Now), WithDenyCache(5*time.Second))
+		other := mustNew(t, b.newClient(t), []Limit{limit}, WithClock(clock.Now), WithDenyCache(5*time.Second))
+		ids := []string{"r"}
+		a.Allow(ctx, ids, 1)
+		if res, _ := a.Allow(ctx, ids, 1); res.Allowed || res.Limits[0].Blocked.IsZero() {
+			t.Fatalf("not blocked: %+v", res)
+		}
+		if err := other.Reset(ctx, ids); err != nil {
+			t.Fatal(err)
+		}
+		clock.Set(t0.Add(4 * time.Second))
+		if res, _ := a.Allow(ctx, ids, 1); res.Allowed || !res.Cached {
+			t.Fatalf("within the cache's maximum age: %+v; want a denial from memory", res)
+		}
+		clock.Set(t0.Add(5 * time.Second))
+		if res, err := a.Allow(ctx, ids, 1); err != nil || !res.Allowed || res.Cached {
+			t.Fatalf("past the cache's maximum age: %+v, %v; want Redis's admission", res, err)
+		}
+	})
+}
