@@ -61,6 +61,11 @@ type Limiter struct {
 	unseen    warnOnce
 	routeSeen atomic.Bool
 	routerIP  bool
+
+	// ops is the operator state in force (overrides and blocks, see
+	// live.go), nil before it was first read; opsRun refreshes it.
+	ops    atomic.Pointer[liveOps]
+	opsRun opsRunner
 }
 
 // A ruleset is what decides one request, built once by New and never
@@ -90,6 +95,9 @@ type ruleset struct {
 	noKey [][]LimitResult
 	// watchProxies says that the ruleset's limits look for proxy headers.
 	watchProxies bool
+	// live is this ruleset recompiled with the quota overrides in force,
+	// nil when none changes it (see current).
+	live atomic.Pointer[ruleset]
 }
 
 // routeRules is what WithRoutes declared for one template: all decides its
@@ -174,6 +182,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
 	l.routerIP = l.countsByRouterIP()
+	l.startOperatorRefresh()
 	for _, o := range cfg.observers {
 		if w, ok := o.(LimiterWatcher); ok {
 			w.Watch(l)

@@ -31,6 +31,13 @@ const (
 )
 
 type config struct {
+	// opsRefresh is WithOperatorRefresh's interval; opsTicks, in tests,
+	// replaces its ticker.
+	opsRefresh    time.Duration
+	opsRefreshSet bool
+	opsTicks      <-chan time.Time
+	opsRefreshed  func(error) // in tests, told of every refresh
+
 	prefix      string
 	timeout     time.Duration
 	failure     FailureMode
@@ -73,6 +80,8 @@ func defaultConfig() config {
 		breakerFailures: defaultBreakerFailures,
 		breakerCoolDown: defaultBreakerCoolDown,
 		denyCache:       defaultDenyCache,
+
+		opsRefresh: defaultOperatorRefresh,
 	}
 }
 
