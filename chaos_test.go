@@ -422,6 +422,7 @@ func TestChaosPoolExhaustion(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // waiting for the pause to end
 	}
+	_ = lim.Close() // its operator-state refresh (WithOperatorRefresh)
 	_ = c.Close()
 	lc.verify(t)
 }

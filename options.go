@@ -28,6 +28,9 @@ const (
 	defaultBreakerFailures = 5
 	defaultBreakerCoolDown = time.Second
 	defaultDenyCache       = time.Second
+	// defaultOperatorRefresh is how often a Limiter reads the operator
+	// state's version by default: the deny cache's default maximum age.
+	defaultOperatorRefresh = time.Second
 )
 
 type config struct {
