@@ -359,3 +359,57 @@ func (d *denials) last() string {
 	}
 	return d.seen[len(d.seen)-1]
 }
+
+// TestOperatorLapse: an override with a ttl lapses at the first refresh
+// after its expiry on the Limiter's clock, even with Redis unreachable; a
+// block lapses at its expiry exactly, without a refresh.
+func TestOperatorLapse(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		start := time.Now()
+		clock := &testClock{t: start}
+		l := newDriven(t, b.newClient(t), []Limit{PerMinute(2, Header("X-User")).Named("user")}, WithClock(clock.Now))
+		op := l.Operator()
+		if err := op.SetQuota(ctx, "user", "", 5, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := op.Block(ctx, "eve", 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		quota := func() int {
+			res, err := l.Status(ctx, []string{"bob"}, 1)
+			if err != nil && !res.Blocked {
+				return -1
+			}
+			return res.Limit
+		}
+		if q := quota(); q != 5 {
+			t.Fatalf("the override: quota %d", q)
+		}
+		clock.Set(start.Add(10*time.Second - time.Microsecond))
+		if res, _ := l.Status(ctx, []string{"eve"}, 1); !res.Blocked || res.RetryAfter != time.Microsecond {
+			t.Fatalf("a microsecond before the block's end: %+v", res)
+		}
+		clock.Set(start.Add(10 * time.Second))
+		if res, _ := l.Status(ctx, []string{"eve"}, 1); res.Blocked {
+			t.Fatal("the block outlived its expiry")
+		}
+		if q := quota(); q != 5 {
+			t.Fatalf("before a refresh: quota %d, the override still in force", q)
+		}
+		if b.mr != nil {
+			b.mr.Close() // the lapse needs no Redis
+		}
+		_ = l.tick()
+		if b.mr != nil {
+			res, _ := l.Status(ctx, []string{"bob"}, 1)
+			if len(l.OperatorState().Quotas) != 0 || l.rules.current().limits[0].Quota != 2 || res.Limit != 0 {
+				t.Fatalf("after a refresh with Redis down: %+v, quota %d", l.OperatorState(), l.rules.current().limits[0].Quota)
+			}
+			return
+		}
+		if q := quota(); q != 2 {
+			t.Fatalf("after the refresh past its expiry: quota %d, want the declared 2", q)
+		}
+	})
+}

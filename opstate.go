@@ -37,9 +37,10 @@ type liveOps struct {
 	nextExpiry int64
 }
 
-// newLiveOps indexes st as it stands at now (Unix µs).
+// newLiveOps indexes st as it stands at now (Unix µs): the entries that
+// have expired left out.
 func newLiveOps(st OperatorState, now int64) *liveOps {
-	o := &liveOps{state: st}
+	o := &liveOps{state: OperatorState{Version: st.Version}}
 	for _, q := range st.Quotas {
 		exp := q.Expires.UnixMicro()
 		if q.Expires.IsZero() {
@@ -47,6 +48,7 @@ func newLiveOps(st OperatorState, now int64) *liveOps {
 		} else if exp <= now {
 			continue
 		}
+		o.state.Quotas = append(o.state.Quotas, q)
 		if o.quotas == nil {
 			o.quotas = make(map[[2]string]int)
 		}
@@ -60,6 +62,7 @@ func newLiveOps(st OperatorState, now int64) *liveOps {
 		if exp <= now {
 			continue
 		}
+		o.state.Blocks = append(o.state.Blocks, b)
 		o.blocking = true
 		if !b.Prefix.IsValid() {
 			if o.ids == nil {
