@@ -105,7 +105,10 @@ type ManualBlock struct {
 // OperatorState is the operator state of a prefix: what [Operator.List]
 // reads, and what a Limiter applies ([Limiter.OperatorState]).
 type OperatorState struct {
-	// Version counts the changes made; 0 for a prefix never changed.
+	// Version identifies the state: every change makes it larger. It is
+	// 0 for a prefix never changed; the first change sets it to the Redis
+	// server's clock in µs, so that a state made again after a flush has
+	// other versions than the one before.
 	Version int64
 	Quotas  []QuotaOverride // sorted by limit, then plan
 	Blocks  []ManualBlock   // sorted by target
@@ -114,7 +117,10 @@ type OperatorState struct {
 // opScript changes one field of the operator hash and increments its
 // version, atomically. KEYS[1]: the hash; ARGV: "set" or "del", the
 // field, its value, now (Unix µs), the cap. It returns the new version, or
-// -1 when "del" found nothing (no version change), or the error FULL.
+// -1 when "del" found nothing (no version change), or the error FULL. A
+// hash with no version (new, or flushed) starts from the server's clock
+// in µs, so that a Limiter that read version n before a flush never takes
+// the n-th version after it for the same state.
 var opScript = redis.NewScript(`
 local h = KEYS[1]
 if ARGV[1] == 'set' then
@@ -133,6 +139,12 @@ if ARGV[1] == 'set' then
   redis.call('HSET', h, ARGV[2], ARGV[3])
 elseif redis.call('HDEL', h, ARGV[2]) == 0 then
   return -1
+end
+if redis.call('HEXISTS', h, 'v') == 0 then
+  local t = redis.call('TIME')
+  local v = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('HSET', h, 'v', string.format('%d', v))
+  return v
 end
 return redis.call('HINCRBY', h, 'v', 1)
 `)
