@@ -12,11 +12,11 @@ import (
 // operator state ([Operator]: quota overrides and manual blocks) in Redis,
 // from a background goroutine, and reloads the state when it changed: one
 // HGET per interval, and one HGETALL per change. A change an Operator made
-// is in force here at most every + one decision timeout ([WithTimeout])
+// is in force here within every plus one decision timeout ([WithTimeout])
 // after it returned (at once for a change made with this Limiter's own
-// [Limiter.Operator]); an override or block that expires lapses by its own
-// expiry time, on this Limiter's clock, without waiting for a refresh. The
-// state is read once at once when the Limiter is built, in the
+// [Limiter.Operator]); a block ends at its expiry exactly, on this
+// Limiter's clock, and an override lapses at the first refresh after its
+// expiry. The state is first read when the Limiter is built, in the
 // background: a Limiter takes up to one timeout to apply the state that
 // was there before it. While Redis cannot be read, the last state read
 // stays in force. Default: 1s (the deny cache's default maximum age). 0
