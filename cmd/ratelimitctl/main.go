@@ -17,7 +17,8 @@
 // -redis is a redis:// or rediss:// URL (default redis://localhost:6379);
 // with -cluster it names one or more nodes of a Redis Cluster
 // (redis://host1:port?addr=host2:port). The exit status is 0 on success,
-// 1 when Redis failed, 2 on a usage error; unblock and clear-quota exit 0
+// 1 when the change was refused (an invalid quota, name or CIDR, a full
+// state) or Redis failed, 2 on a usage error; unblock and clear-quota exit 0
 // and say so when there was nothing to lift.
 package main
 
