@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -446,4 +447,49 @@ func TestOperatorFlush(t *testing.T) {
 			t.Error("eve is still blocked after the flush")
 		}
 	})
+}
+
+// TestBlockHostile: random identifiers, blocked or not, never crash the
+// look-up and never block another client: a request is blocked only by its
+// own identifier, or by a CIDR that holds the address it names.
+func TestBlockHostile(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	r := rand.New(rand.NewPCG(seed, 0))
+	pieces := []string{"10.0.0.1", "::1", "2001:db8::/64", "/", ":", "%", "{", "}", "\x00", "é", "a", "1", ".", "ffff", "10.0.0.0/8"}
+	random := func() string {
+		var b strings.Builder
+		for range 1 + r.IntN(4) {
+			b.WriteString(pieces[r.IntN(len(pieces))])
+		}
+		return b.String()
+	}
+	var st OperatorState
+	far := time.Now().Add(time.Hour)
+	blocked := map[string]bool{}
+	for range 50 {
+		target, err := blockTarget(random())
+		if err != nil {
+			continue
+		}
+		b := ManualBlock{Target: target, Expires: far}
+		if p, ok := parseCIDR(target); ok && strings.Contains(target, "/") {
+			b.Prefix = p
+		}
+		st.Blocks = append(st.Blocks, b)
+		blocked[target] = true
+	}
+	o := newLiveOps(st, time.Now().UnixMicro())
+	for range 2000 {
+		id := random()
+		_, _, got := o.blocked([]string{id}, time.Now().UnixMicro())
+		want := blocked[id]
+		if a, ok := idAddr(id); ok {
+			for _, b := range st.Blocks {
+				want = want || b.Prefix.IsValid() && b.Prefix.Contains(a)
+			}
+		}
+		if got != want {
+			t.Fatalf("seed %d: %q blocked %v, want %v (blocks %+v)", seed, id, got, want, st.Blocks)
+		}
+	}
 }

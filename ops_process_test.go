@@ -210,7 +210,8 @@ func TestOperatorProcesses(t *testing.T) {
 	})
 }
 
-// TestOperatorProcessesCluster: the override, on a Redis Cluster.
+// TestOperatorProcessesCluster: the override and a block, on a Redis
+// Cluster, where the state's key has a slot of its own.
 func TestOperatorProcessesCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	url := "redis://" + c.Nodes[0].Addr
@@ -223,13 +224,17 @@ func TestOperatorProcessesCluster(t *testing.T) {
 	eventually(t, "override on a cluster", apps, func(base string, n int) bool {
 		return appGet(t, base, fmt.Sprintf("u-%s-%d", base, n)).Header.Get("X-RateLimit-Limit") == "9"
 	})
+	ctl("block", "mallory", "1m")
+	eventually(t, "block on a cluster", apps, func(base string, _ int) bool {
+		return appGet(t, base, "mallory").StatusCode == 429
+	})
 	ctl("block", "10.1.0.0/16", "1m")
 	op, err := NewOperator(c.Client(), defaultPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}
 	st, err := op.List(context.Background())
-	if err != nil || len(st.Blocks) != 1 || st.Blocks[0].Target != "10.1.0.0/16" || len(st.Quotas) != 1 {
+	if err != nil || len(st.Blocks) != 2 || st.Blocks[0].Target != "10.1.0.0/16" || len(st.Quotas) != 1 {
 		t.Fatalf("List on a cluster: %+v %v", st, err)
 	}
 }
