@@ -32,7 +32,7 @@ func WithOperatorRefresh(every time.Duration) Option {
 		if every < 0 {
 			c.errs = append(c.errs, errors.New("WithOperatorRefresh: negative interval "+every.String()+" (0 turns the refresh off)"))
 		}
-		c.opsRefresh, c.opsRefreshSet = every, true
+		c.opsRefresh = every
 	}
 }
 

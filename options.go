@@ -36,10 +36,9 @@ const (
 type config struct {
 	// opsRefresh is WithOperatorRefresh's interval; opsTicks, in tests,
 	// replaces its ticker.
-	opsRefresh    time.Duration
-	opsRefreshSet bool
-	opsTicks      <-chan time.Time
-	opsRefreshed  func(error) // in tests, told of every refresh
+	opsRefresh   time.Duration
+	opsTicks     <-chan time.Time
+	opsRefreshed func(error) // in tests, told of every refresh
 
 	prefix      string
 	timeout     time.Duration
