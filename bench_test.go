@@ -3,6 +3,9 @@ package ratelimit
 import (
 	"context"
 	"net/http"
+	"net/netip"
+	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -67,6 +70,41 @@ func BenchmarkMiddleware(b *testing.B) {
 	b.Run("ip", func(b *testing.B) {
 		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())})
 		lim.store = lim.wrap(stub(allowOne))
+		run(b, lim.Handler(okHandler))
+	})
+	// Operator state (live.go): 100 identifiers and 10 networks blocked,
+	// none of them the client's; the client's address blocked (429 from
+	// memory); the limit's quota overridden.
+	far := time.Now().Add(time.Hour)
+	var blocks OperatorState
+	for i := range 100 {
+		blocks.Blocks = append(blocks.Blocks, ManualBlock{Target: "user-" + strconv.Itoa(i), Expires: far})
+	}
+	for i := range 10 {
+		p := netip.MustParsePrefix("198.51." + strconv.Itoa(i) + ".0/24")
+		blocks.Blocks = append(blocks.Blocks, ManualBlock{Target: p.String(), Prefix: p, Expires: far})
+	}
+	withState := func(lim *Limiter, st OperatorState) {
+		lim.opsRun.latest.Store(newLiveOps(st, time.Now().UnixMicro()))
+	}
+	b.Run("ip/blocks", func(b *testing.B) {
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, WithOperatorRefresh(0))
+		lim.store = lim.wrap(stub(allowOne))
+		withState(lim, blocks)
+		run(b, lim.Handler(okHandler))
+	})
+	b.Run("ip/blocked", func(b *testing.B) {
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, WithOperatorRefresh(0))
+		lim.store = lim.wrap(stub(allowOne))
+		st := blocks
+		st.Blocks = append(slices.Clone(st.Blocks), ManualBlock{Target: "203.0.113.0/24", Prefix: netip.MustParsePrefix("203.0.113.0/24"), Expires: far})
+		withState(lim, st)
+		run(b, lim.Handler(okHandler))
+	})
+	b.Run("ip/override", func(b *testing.B) {
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Named("ip")}, WithOperatorRefresh(0))
+		lim.store = lim.wrap(stub(allowOne))
+		withState(lim, OperatorState{Version: 1, Quotas: []QuotaOverride{{Limit: "ip", Quota: 500}}})
 		run(b, lim.Handler(okHandler))
 	})
 	// With WithRefund the middleware keeps the refund ticket and wraps the

@@ -84,7 +84,7 @@ func testBlockAcrossReplicas(t *testing.T, b backend) {
 		}
 	}
 	res := allow(a)
-	if res.Allowed || res.DeniedBy != "blk" || res.RetryAfter != 15*time.Minute || !res.Limits[0].Blocked.Equal(t0.Add(15*time.Minute)) {
+	if res.Allowed || !res.Blocked || res.DeniedBy != "blk" || res.RetryAfter != 15*time.Minute || !res.Limits[0].Blocked.Equal(t0.Add(15*time.Minute)) {
 		t.Fatalf("the denial that blocks: %+v", res)
 	}
 	if n := logEntries(t, ca, "blk", "c1"); n != 2 {
@@ -400,6 +400,43 @@ func TestBlockResetOtherReplica(t *testing.T) {
 		clock.Set(t0.Add(5 * time.Second))
 		if res, err := a.Allow(ctx, ids, 1); err != nil || !res.Allowed || res.Cached {
 			t.Fatalf("past the cache's maximum age: %+v, %v; want Redis's admission", res, err)
+		}
+	})
+}
+
+// TestBlockOperatorUnblock: a Limiter's own Operator lifts the blocks its
+// limits set for an identifier (and only them: the count stays), while an
+// Operator that knows no limits lifts none.
+func TestBlockOperatorUnblock(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		clock := &testClock{t: t0}
+		c := b.newClient(t)
+		l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("ou").Block(time.Hour)}, WithClock(clock.Now), WithDenyCache(time.Hour), WithOperatorRefresh(0))
+		ids := []string{"x"}
+		l.Allow(ctx, ids, 1)
+		if res, _ := l.Allow(ctx, ids, 1); res.Allowed || !res.Blocked {
+			t.Fatalf("not blocked: %+v", res)
+		}
+		bare, err := NewOperator(c, "ratelimit:")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lifted, err := bare.Unblock(ctx, "x"); err != nil || lifted {
+			t.Fatalf("an Operator without limits: lifted %v, %v; want false, nil", lifted, err)
+		}
+		clock.Set(t0.Add(2 * time.Minute)) // the log has room again; the block has not ended
+		if res, _ := l.Allow(ctx, ids, 1); res.Allowed || !res.Blocked {
+			t.Fatalf("blocked client admitted after its window: %+v", res)
+		}
+		if lifted, err := l.Operator().Unblock(ctx, "x"); err != nil || !lifted {
+			t.Fatalf("the Limiter's Operator: lifted %v, %v; want true, nil", lifted, err)
+		}
+		if n, _ := c.Exists(ctx, blockKey("ou", "x")).Result(); n != 0 {
+			t.Fatal("the block key is still there")
+		}
+		if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed {
+			t.Fatalf("after Unblock: %+v, %v", res, err)
 		}
 	})
 }

@@ -72,6 +72,7 @@ func connectedClients(t *testing.T, c *redis.Client) int {
 // goroutine each, until finish, and records every answer.
 type load struct {
 	clients  []*redis.Client // closed by finish
+	limiters []*Limiter      // closed by finish: their operator-state refresh
 	mu       sync.Mutex
 	events   []event
 	admitted atomic.Int64 // answers 200 so far
@@ -90,13 +91,16 @@ type event struct {
 func startLoad(t *testing.T, srv *redistest.Server, limits []Limit, opts ...Option) *load {
 	var clients []*redis.Client
 	var handlers []http.Handler
+	var limiters []*Limiter
 	for range 8 {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 		clients = append(clients, c)
-		handlers = append(handlers, mustNew(t, c, limits, append([]Option{WithTimeout(chaosTimeout)}, opts...)...).Handler(okHandler))
+		lim := mustNew(t, c, limits, append([]Option{WithTimeout(chaosTimeout)}, opts...)...)
+		limiters = append(limiters, lim)
+		handlers = append(handlers, lim.Handler(okHandler))
 	}
 	ld := runLoad(handlers, func() *http.Request { return httptest.NewRequest("GET", "/", nil) })
-	ld.clients = clients
+	ld.clients, ld.limiters = clients, limiters
 	return ld
 }
 
@@ -168,6 +172,9 @@ func waitLogged(t *testing.T, c redis.UniversalClient, name, id string, n int64,
 func (ld *load) finish() []event {
 	close(ld.stop)
 	ld.wg.Wait()
+	for _, l := range ld.limiters {
+		_ = l.Close()
+	}
 	for _, c := range ld.clients {
 		_ = c.Close()
 	}
@@ -422,6 +429,7 @@ func TestChaosPoolExhaustion(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // waiting for the pause to end
 	}
+	_ = lim.Close() // its operator-state refresh (WithOperatorRefresh)
 	_ = c.Close()
 	lc.verify(t)
 }

@@ -35,6 +35,16 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 			return Result{}, fmt.Errorf("ratelimit: clock reads %v, before 2001-09-09", q.Local)
 		}
 	}
+	// A manual block answers from memory (see live.go); one atomic load
+	// when there is none.
+	if out := &s.out; rs.blockedOutcome(s.ids, q.Local.UnixMicro(), out, s.replies(len(rs.limits))) {
+		res := rs.result(s, out, cost, peek)
+		res.Blocked = true
+		if res.index >= 0 {
+			res.Limits[res.index].Blocked = res.Limits[res.index].Reset
+		}
+		return res, nil
+	}
 	q.Deadline = rs.deadline(ctx, q.Wall)
 	if rs.tiered {
 		counted, err := rs.resolvePlans(ctx, s, q.Local, q.Deadline)
@@ -235,6 +245,7 @@ func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) R
 	if !out.Allowed {
 		closest = out.Denier
 		res.DeniedBy = rs.limits[closest].Name
+		res.Blocked = !res.Limits[closest].Blocked.IsZero() // a Limit.Block's
 		if cost <= res.Limits[closest].Quota {
 			res.RetryAfter = max(res.Limits[closest].Reset.Sub(res.Now), 0)
 		}
@@ -319,6 +330,7 @@ func (l *Limiter) Allow(ctx context.Context, ids []string, cost int) (Result, er
 
 // allowIDs checks ids and decides for them; see Allow and Status.
 func (rs *ruleset) allowIDs(ctx context.Context, ids []string, cost int, peek bool) (Result, error) {
+	rs = rs.current()
 	if len(ids) != len(rs.limits) {
 		return Result{}, fmt.Errorf("ratelimit: %d ids for %d limits", len(ids), len(rs.limits))
 	}

@@ -92,7 +92,14 @@ func (c *testClock) Set(t time.Time) {
 }
 
 // TestMain says how many real-Redis tests were skipped, if any.
-func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
+// With RATELIMIT_TEST_APP set, the test binary is an app process of
+// TestOperatorProcesses instead (see serveApp).
+func TestMain(m *testing.M) {
+	if os.Getenv(appEnv) != "" {
+		os.Exit(serveApp())
+	}
+	os.Exit(redistest.Main(m))
+}
 
 // mustNew is New that fails the test on error. Its Limiter's decisions have
 // the timeout redistest.DecisionTimeout, which a loaded machine meets,

@@ -1,10 +1,13 @@
 package ratelimit
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 	"weak"
@@ -61,6 +64,13 @@ type Limiter struct {
 	unseen    warnOnce
 	routeSeen atomic.Bool
 	routerIP  bool
+
+	// ops is the operator state in force (overrides and blocks, see
+	// live.go), nil before it was first read; opsRun reads it, and
+	// syncOps applies what it read under opsApply.
+	ops      atomic.Pointer[liveOps]
+	opsApply sync.Mutex
+	opsRun   *opsRunner
 }
 
 // A ruleset is what decides one request, built once by New and never
@@ -90,6 +100,9 @@ type ruleset struct {
 	noKey [][]LimitResult
 	// watchProxies says that the ruleset's limits look for proxy headers.
 	watchProxies bool
+	// live is this ruleset recompiled with the quota overrides in force,
+	// nil when none changes it (see current).
+	live atomic.Pointer[ruleset]
 }
 
 // routeRules is what WithRoutes declared for one template: all decides its
@@ -145,7 +158,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	} else if enabled, known := contextTimeouts(client); known && !enabled {
 		errs = append(errs, errors.New("the Redis client ignores context deadlines, so the decision timeout cannot hold: set ContextTimeoutEnabled: true in its options"))
 	}
-	l := &Limiter{client: client, cfg: cfg}
+	l := &Limiter{client: client, cfg: cfg, opsRun: &opsRunner{key: OperatorKey(cfg.prefix)}}
 	split := client != nil && !nilPointer(client) && sharded(client) && !cfg.singleSlot
 	p, err := l.compile(limits, cfg.cost, split, nil)
 	if err != nil {
@@ -174,6 +187,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
 	l.routerIP = l.countsByRouterIP()
+	l.startOperatorRefresh()
 	for _, o := range cfg.observers {
 		if w, ok := o.(LimiterWatcher); ok {
 			w.Watch(l)
@@ -470,4 +484,142 @@ func (l *Limiter) forRoute(method, template string) *routeRules {
 		return rt
 	}
 	return l.base
+}
+
+// startOperatorRefresh starts the goroutine that reads the operator state
+// (WithOperatorRefresh), unless the refresh is off. The goroutine refers
+// to l only weakly: a Limiter nobody refers to is collected, and the
+// goroutine ends at its next tick.
+func (l *Limiter) startOperatorRefresh() {
+	run := l.opsRun
+	run.client, run.timeout, run.logger = l.client, l.cfg.timeout, l.cfg.logger
+	if l.cfg.clock != nil {
+		run.now = l.cfg.clock
+	} else {
+		run.now = time.Now
+	}
+	if run.logger == nil {
+		run.logger = slog.Default()
+	}
+	if l.cfg.opsRefresh <= 0 {
+		return
+	}
+	run.stop, run.done = make(chan struct{}), make(chan struct{})
+	run.refreshed = l.cfg.opsRefreshed
+	w := weak.Make(l)
+	every, ticks := l.cfg.opsRefresh, l.cfg.opsTicks
+	go func() {
+		defer close(run.done)
+		if ticks == nil {
+			t := time.NewTicker(every)
+			defer t.Stop()
+			ticks = t.C
+		}
+		for {
+			err := run.refresh(context.Background(), false)
+			if run.refreshed != nil {
+				run.refreshed(err)
+			}
+			select {
+			case <-run.stop:
+				return
+			case <-ticks:
+			}
+			if w.Value() == nil {
+				return
+			}
+		}
+	}()
+}
+
+// refreshOperator reads the operator state now (see opsRunner.refresh)
+// and applies it.
+func (l *Limiter) refreshOperator(ctx context.Context, force bool) error {
+	err := l.opsRun.refresh(ctx, force)
+	l.syncOps()
+	return err
+}
+
+// syncOps applies the operator state last read, if l does not apply it
+// yet: its blocks, and rulesets recompiled with its overrides. It costs
+// two atomic loads when nothing changed.
+func (l *Limiter) syncOps() {
+	o := l.opsRun.latest.Load()
+	if o == l.ops.Load() {
+		return
+	}
+	l.opsApply.Lock()
+	defer l.opsApply.Unlock()
+	if o = l.opsRun.latest.Load(); o == l.ops.Load() {
+		return
+	}
+	l.eachRuleset(func(rs *ruleset) {
+		rs.live.Store(rs.overridden(o.quotas))
+	})
+	l.ops.Store(o)
+}
+
+func (l *Limiter) opsLogger() *slog.Logger { return l.opsRun.logger }
+
+// current returns the ruleset that decides in rs's place: rs recompiled
+// with the quota overrides in force, or rs. It applies the operator state
+// last read first (syncOps).
+func (rs *ruleset) current() *ruleset {
+	rs.syncOps()
+	if o := rs.live.Load(); o != nil {
+		return o
+	}
+	return rs
+}
+
+// overridden returns rs recompiled with the quotas of quotas (by limit and
+// plan), or nil if none of them changes a quota of rs.
+func (rs *ruleset) overridden(quotas map[[2]string]int) *ruleset {
+	if len(quotas) == 0 {
+		return nil
+	}
+	limits := slices.Clone(rs.limits)
+	changed := false
+	for i := range limits {
+		lim := &limits[i]
+		var tiers []tier
+		for t, tr := range lim.tiers {
+			q, ok := quotas[[2]string{lim.Name, tr.plan}]
+			if !ok || q == tr.quota {
+				continue
+			}
+			if tiers == nil {
+				tiers = slices.Clone(lim.tiers)
+			}
+			name := lim.Name
+			if tr.plan != "" {
+				name += "." + tr.plan
+			}
+			tiers[t] = newTier(tr.plan, name, q, lim.Window)
+		}
+		if tiers != nil {
+			lim.tiers, lim.Quota, changed = tiers, tiers[0].quota, true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	p := &ruleset{Limiter: rs.Limiter, limits: limits, cost: rs.cost, tiered: rs.tiered, watchProxies: rs.watchProxies}
+	tiers := make([][]tier, len(limits))
+	for i := range limits {
+		lim := &limits[i]
+		tiers[i] = lim.tiers
+		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Skipped: true})
+	}
+	p.noKey = noKeyResults(p.skipped)
+	p.policyHeaders = policyHeaders(tiers, func(i int) bool { return p.limits[i].Shadow })
+	spec, err := newSpec(limits, rs.spec.Split)
+	if err != nil {
+		// Quotas >= 1 always encode; keep the declared rules if not.
+		l := rs.Limiter
+		l.opsLogger().Error("ratelimit: cannot apply a quota override", slog.Any("error", err))
+		return nil
+	}
+	p.spec = spec
+	return p
 }

@@ -36,12 +36,12 @@ func (l *Limiter) limitNamed(name string) (*ruleset, int) {
 		return -1
 	}
 	if i := find(l.rules); i >= 0 {
-		return l.rules, i
+		return l.rules.current(), i
 	}
 	for _, byMethod := range l.routes {
 		for _, rt := range byMethod {
 			if i := find(rt.all); i >= 0 {
-				return rt.all, i // every ruleset with the limit addresses the same counts
+				return rt.all.current(), i // every ruleset with the limit addresses the same counts
 			}
 		}
 	}

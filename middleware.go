@@ -207,6 +207,7 @@ func (rs *ruleset) check(w http.ResponseWriter, r *http.Request, t **ticket) boo
 // apply the failure mode, or the ErrNoKey of a request a Key could not
 // identify (answered as WithMissingKey says), nil if neither.
 func (rs *ruleset) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (Verdict, error) {
+	rs = rs.current() // the quota overrides in force
 	if rs.watchProxies && !rs.proxies.done.Load() {
 		rs.proxies.watch(r, rs.cfg.logger, rs.cfg.logIDs, rs.cfg.observers)
 	}
@@ -285,6 +286,7 @@ func (l *Limiter) StatusRequest(r *http.Request) (Result, error) {
 
 // statusRequest is StatusRequest with p's limits.
 func (rs *ruleset) statusRequest(r *http.Request) (Result, error) {
+	rs = rs.current()
 	s := getScratch()
 	defer s.put()
 	cost, err := rs.requestIDs(r, s)

@@ -28,9 +28,18 @@ const (
 	defaultBreakerFailures = 5
 	defaultBreakerCoolDown = time.Second
 	defaultDenyCache       = time.Second
+	// defaultOperatorRefresh is how often a Limiter reads the operator
+	// state's version by default: the deny cache's default maximum age.
+	defaultOperatorRefresh = time.Second
 )
 
 type config struct {
+	// opsRefresh is WithOperatorRefresh's interval; opsTicks, in tests,
+	// replaces its ticker.
+	opsRefresh   time.Duration
+	opsTicks     <-chan time.Time
+	opsRefreshed func(error) // in tests, told of every refresh
+
 	prefix      string
 	timeout     time.Duration
 	failure     FailureMode
@@ -73,6 +82,8 @@ func defaultConfig() config {
 		breakerFailures: defaultBreakerFailures,
 		breakerCoolDown: defaultBreakerCoolDown,
 		denyCache:       defaultDenyCache,
+
+		opsRefresh: defaultOperatorRefresh,
 	}
 }
 

@@ -76,6 +76,12 @@ type Result struct {
 	// ([WithDenyCache]) without calling Redis; only the limit that denied
 	// was consulted.
 	Cached bool
+	// Blocked reports a denial because the client is blocked: by an
+	// operator ([Operator.Block], answered from memory), or by a limit
+	// that denied it before ([Limit.Block]). DeniedBy names the limit
+	// whose identifier is blocked, which reads full; its
+	// [LimitResult.Blocked], Reset and RetryAfter say when the block ends.
+	Blocked bool
 	// Unreverted counts units of cost the decision left counted in Redis
 	// although it did not admit the request: a Redis Cluster decision that
 	// reserved room on one primary, was then denied or failed on another,

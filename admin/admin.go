@@ -26,6 +26,14 @@
 //	GET  ./id?limit=L&id=I  the state of identifier I in limit L
 //	POST ./reset  (form: limit, id)  forget what L counted for I, then
 //	                     redirect to its state (JSON: {"reset": true})
+//	POST ./unblock (form: target)  lift a manual block (ratelimit.Operator)
+//	POST ./clear  (form: limit, plan)  clear a quota override
+//
+// The index and an identifier's state show the quota overrides and manual
+// blocks the watched Limiters apply ([ratelimit.Limiter.OperatorState]);
+// unblock and clear change them in Redis through each watched Limiter's
+// [ratelimit.Limiter.Operator], for every replica (each within its
+// refresh interval, [ratelimit.WithOperatorRefresh]).
 //
 // The Handler trusts whoever reaches it: mount it on a port only
 // operators reach. It refuses cross-origin POSTs from browsers
@@ -44,6 +52,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -184,9 +193,25 @@ type Index struct {
 	// WindowSeconds is the window the denials are counted over.
 	WindowSeconds int          `json:"window_seconds"`
 	Limits        []LimitIndex `json:"limits"`
-	// Overrides and Blocks are not available yet: always null.
-	Overrides []any `json:"overrides"`
-	Blocks    []any `json:"blocks"`
+	// Overrides and Blocks are the quota overrides and manual blocks the
+	// watched Limiters apply ([ratelimit.Operator]), of every prefix.
+	Overrides []Override `json:"overrides"`
+	Blocks    []Block    `json:"blocks"`
+}
+
+// Override is a quota override in force ([ratelimit.QuotaOverride]).
+type Override struct {
+	Limit string `json:"limit"`
+	Plan  string `json:"plan"` // "" for the limit's own quota
+	Quota int    `json:"quota"`
+	// Expires is when it lapses, null for never.
+	Expires *time.Time `json:"expires"`
+}
+
+// Block is a manual block in force ([ratelimit.ManualBlock]).
+type Block struct {
+	Target  string    `json:"target"` // an identifier, or a CIDR
+	Expires time.Time `json:"expires"`
 }
 
 // LimitIndex is one limit's top denied identifiers, most denied first.
@@ -221,9 +246,11 @@ type IDState struct {
 	// DeniedRecently is an upper bound of the identifier's denials by
 	// this limit in this process over the window.
 	DeniedRecently uint64 `json:"denied_recently"`
-	// Override and Block are not available yet: always null.
-	Override any `json:"override"`
-	Block    any `json:"block"`
+	// Override is the override of the identifier's plan's quota in
+	// force, Block the manual block that denies the identifier (the
+	// identifier itself, or a CIDR that holds it); null if none.
+	Override *Override `json:"override"`
+	Block    *Block    `json:"block"`
 }
 
 // ServeHTTP serves the endpoints the package documentation lists.
@@ -235,6 +262,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch p := r.URL.Path; {
 	case strings.HasSuffix(p, "/reset"):
 		h.reset(w, r)
+	case strings.HasSuffix(p, "/unblock"):
+		h.unblock(w, r)
+	case strings.HasSuffix(p, "/clear"):
+		h.clear(w, r)
 	case strings.HasSuffix(p, "/id"):
 		h.id(w, r)
 	case p == "" || strings.HasSuffix(p, "/"):
@@ -265,6 +296,7 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request) {
 	}
 	now := h.opts.Now()
 	idx := Index{WindowSeconds: h.opts.Minutes * 60, Limits: []LimitIndex{}}
+	idx.Overrides, idx.Blocks = h.operatorState()
 	for _, name := range h.names() {
 		win := h.top.Window(name)
 		top := []Entry{}
@@ -319,6 +351,19 @@ func (h *Handler) id(w http.ResponseWriter, r *http.Request) {
 			st.DeniedRecently = e.Count
 		}
 	}
+	overrides, blocks := h.operatorState()
+	for i := range overrides {
+		if o := &overrides[i]; o.Limit == limit && o.Plan == lr.Plan {
+			st.Override = o
+		}
+	}
+	addr, isAddr := idAddr(id)
+	for i := range blocks {
+		b := &blocks[i]
+		if p, err := netip.ParsePrefix(b.Target); b.Target == id || err == nil && isAddr && p.Contains(addr) {
+			st.Block = b
+		}
+	}
 	if wantsJSON(r) {
 		writeJSON(w, http.StatusOK, st)
 		return
@@ -351,6 +396,97 @@ func (h *Handler) reset(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.Redirect(w, r, "id?"+urlValues(limit, id), http.StatusSeeOther)
+}
+
+// operatorState returns the overrides and blocks the watched Limiters
+// apply, each once.
+func (h *Handler) operatorState() ([]Override, []Block) {
+	overrides, blocks := []Override{}, []Block{}
+	seenQ, seenB := map[[2]string]bool{}, map[string]bool{}
+	for _, l := range h.live() {
+		st := l.OperatorState()
+		for _, q := range st.Quotas {
+			if k := [2]string{q.Limit, q.Plan}; !seenQ[k] {
+				seenQ[k] = true
+				o := Override{Limit: q.Limit, Plan: q.Plan, Quota: q.Quota}
+				if !q.Expires.IsZero() {
+					exp := q.Expires
+					o.Expires = &exp
+				}
+				overrides = append(overrides, o)
+			}
+		}
+		for _, b := range st.Blocks {
+			if !seenB[b.Target] {
+				seenB[b.Target] = true
+				blocks = append(blocks, Block{Target: b.Target, Expires: b.Expires})
+			}
+		}
+	}
+	return overrides, blocks
+}
+
+// idAddr returns the address an identifier names, if it is an IP address
+// or a network (ClientIP's "2001:db8::/64").
+func idAddr(id string) (netip.Addr, bool) {
+	if p, err := netip.ParsePrefix(id); err == nil {
+		return p.Masked().Addr(), true
+	}
+	a, err := netip.ParseAddr(id)
+	return a.Unmap(), err == nil
+}
+
+// unblock lifts the block of the form's target, for every replica
+// ([ratelimit.Operator.Unblock], through each watched Limiter's prefix).
+func (h *Handler) unblock(w http.ResponseWriter, r *http.Request) {
+	h.operate(w, r, "target", func(ctx context.Context, op *ratelimit.Operator, target string) (bool, error) {
+		return op.Unblock(ctx, target)
+	})
+}
+
+// clear removes the override of the form's limit and plan
+// ([ratelimit.Operator.ClearQuota]).
+func (h *Handler) clear(w http.ResponseWriter, r *http.Request) {
+	plan := r.FormValue("plan")
+	h.operate(w, r, "limit", func(ctx context.Context, op *ratelimit.Operator, limit string) (bool, error) {
+		return op.ClearQuota(ctx, limit, plan)
+	})
+}
+
+// operate runs a change of the operator state, the form's field what its
+// argument, through the Operator of every watched Limiter (each applies it
+// at once; the other replicas within their refresh interval), and answers
+// as reset does, redirecting to the index.
+func (h *Handler) operate(w http.ResponseWriter, r *http.Request, field string, change func(context.Context, *ratelimit.Operator, string) (bool, error)) {
+	if r.Method != http.MethodPost {
+		h.fail(w, r, http.StatusMethodNotAllowed, errors.New("POST only"))
+		return
+	}
+	if err := h.origin.Check(r); err != nil {
+		h.fail(w, r, http.StatusForbidden, err)
+		return
+	}
+	arg := r.FormValue(field)
+	if arg == "" || len(arg) > MaxID {
+		h.fail(w, r, http.StatusBadRequest, errors.New(field+" is required, of at most MaxID bytes"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
+	defer cancel()
+	done := false
+	for _, l := range h.live() {
+		ok, err := change(ctx, l.Operator(), arg)
+		if err != nil {
+			h.fail(w, r, http.StatusServiceUnavailable, err)
+			return
+		}
+		done = done || ok
+	}
+	if wantsJSON(r) {
+		writeJSON(w, http.StatusOK, map[string]any{"done": done, field: arg})
+		return
+	}
+	http.Redirect(w, r, "./", http.StatusSeeOther)
 }
 
 // fail answers an error, as JSON or as the page.

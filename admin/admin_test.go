@@ -127,7 +127,7 @@ func TestTopDenied(t *testing.T) {
 	if len(idx.Limits) != 2 || idx.Limits[0].Name != "all" || idx.Limits[1].Name != "client" {
 		t.Fatalf("seed %d: limits %+v", seed, idx.Limits)
 	}
-	if idx.WindowSeconds != 600 || idx.Overrides != nil || idx.Blocks != nil {
+	if idx.WindowSeconds != 600 || len(idx.Overrides) != 0 || len(idx.Blocks) != 0 {
 		t.Errorf("seed %d: %+v", seed, idx)
 	}
 	top := idx.Limits[1].Top
@@ -190,6 +190,71 @@ func TestTopDenied(t *testing.T) {
 		if lr, err := f.lim.LimitStatus(ctx, "client", e.ID); err != nil || lr.Remaining != 3 {
 			t.Errorf("seed %d: after the reset of %q: %+v %v", seed, e.ID, lr, err)
 		}
+	}
+}
+
+// TestOperatorState: the index and an identifier's state show the
+// overrides and blocks in force, and the page's Unblock and Clear forms
+// lift them.
+func TestOperatorState(t *testing.T) {
+	f := newFixture(t, admin.Options{})
+	ctx := context.Background()
+	op := f.lim.Operator() // applied by f.lim at once
+	if err := op.SetQuota(ctx, "client", "", 9, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := op.Block(ctx, `<b>mallory</b>`, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := op.Block(ctx, "10.0.0.0/8", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var idx admin.Index
+	if code, body := f.get(t, "?format=json", &idx); code != http.StatusOK {
+		t.Fatalf("%d %s", code, body)
+	}
+	if len(idx.Overrides) != 1 || idx.Overrides[0].Limit != "client" || idx.Overrides[0].Quota != 9 || idx.Overrides[0].Expires != nil {
+		t.Errorf("overrides: %+v", idx.Overrides)
+	}
+	if len(idx.Blocks) != 2 || idx.Blocks[0].Target != "10.0.0.0/8" || idx.Blocks[1].Target != `<b>mallory</b>` {
+		t.Errorf("blocks: %+v", idx.Blocks)
+	}
+	var st admin.IDState
+	q := url.Values{"limit": {"client"}, "id": {"10.1.2.3"}}.Encode()
+	if code, body := f.get(t, "id?format=json&"+q, &st); code != http.StatusOK {
+		t.Fatalf("%d %s", code, body)
+	}
+	if st.Quota != 9 || st.Override == nil || st.Override.Quota != 9 || st.Block == nil || st.Block.Target != "10.0.0.0/8" || !st.Denied {
+		t.Errorf("state of an address in a blocked network: %+v", st)
+	}
+	code, page := f.get(t, "", nil)
+	if code != http.StatusOK || strings.Contains(page, "<b>mallory") || !strings.Contains(page, `action="unblock"`) || !strings.Contains(page, `action="clear"`) {
+		t.Errorf("the page: %d\n%s", code, page)
+	}
+	for _, form := range []struct {
+		path string
+		v    url.Values
+	}{
+		{"unblock", url.Values{"target": {`<b>mallory</b>`}}},
+		{"unblock", url.Values{"target": {"10.0.0.0/8"}}},
+		{"clear", url.Values{"limit": {"client"}, "plan": {""}}},
+	} {
+		resp, err := http.PostForm(f.base+form.path, form.v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Request.URL.Path != "/debug/ratelimit/" {
+			t.Errorf("POST %s %v: %d at %s", form.path, form.v, resp.StatusCode, resp.Request.URL)
+		}
+	}
+	idx = admin.Index{}
+	f.get(t, "?format=json", &idx)
+	if len(idx.Overrides) != 0 || len(idx.Blocks) != 0 {
+		t.Errorf("after the forms: %+v %+v", idx.Overrides, idx.Blocks)
+	}
+	if res, err := f.lim.Allow(ctx, []string{`<b>mallory</b>`, ratelimit.GlobalID}, 1); err != nil || !res.Allowed || res.Limit != 3 {
+		t.Errorf("mallory after the unblock: %+v %v", res, err)
 	}
 }
 

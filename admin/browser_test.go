@@ -144,6 +144,15 @@ func TestBrowser(t *testing.T) {
 		}
 	}
 
+	// An override and a block, shown with their Clear and Unblock forms.
+	op := lim.Operator()
+	if err := op.SetQuota(context.Background(), "per-client", "", 7, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := op.Block(context.Background(), abusers[0], time.Hour); err != nil {
+		t.Fatal(err)
+	}
+
 	mux := http.NewServeMux()
 	mux.Handle("/debug/ratelimit/", adm)
 	adminSrv := httptest.NewServer(mux)
@@ -171,6 +180,17 @@ func TestBrowser(t *testing.T) {
 		if i >= len(listed) || listed[i] != domText(id) {
 			t.Fatalf("seed %d: the rendered table lists %q first, want the abusers %q in order:\n%s", seed, listed, abusers, table)
 		}
+	}
+
+	blocks := dom[strings.Index(dom, `class="blocks"`):]
+	blocks = blocks[:strings.Index(blocks, "</table>")]
+	if !strings.Contains(blocks, abusers[0]) || !strings.Contains(blocks, "Unblock") {
+		t.Errorf("seed %d: the blocks table does not show %q with its Unblock form:\n%s", seed, abusers[0], blocks)
+	}
+	overrides := dom[strings.Index(dom, `class="overrides"`):]
+	overrides = overrides[:strings.Index(overrides, "</table>")]
+	if !strings.Contains(overrides, "per-client") || !strings.Contains(overrides, ">7<") || !strings.Contains(overrides, "Clear") {
+		t.Errorf("seed %d: the overrides table does not show per-client's 7:\n%s", seed, overrides)
 	}
 
 	shot := os.Getenv(ScreenshotEnv)

@@ -68,8 +68,23 @@ form.inline { display: inline; margin: 0; }
 </table>
 {{else}}<p class="muted">No denials.</p>{{end}}
 {{end}}
-<h2>Overrides</h2><p class="muted">Runtime overrides of quotas are not available in this version.</p>
-<h2>Blocks</h2><p class="muted">Blocks are not available in this version.</p>
+<h2 id="overrides">Quota overrides</h2>
+{{if .Overrides}}<table class="overrides">
+<tr><th>Limit</th><th>Plan</th><th>Quota</th><th>Expires</th><th></th></tr>
+{{range .Overrides}}<tr>
+<td>{{.Limit}}</td><td>{{if .Plan}}{{.Plan}}{{else}}<span class="muted">default</span>{{end}}</td><td class="n">{{.Quota}}</td>
+<td>{{with .Expires}}{{.UTC.Format "2006-01-02 15:04:05 MST"}}{{else}}<span class="muted">until cleared</span>{{end}}</td>
+<td><form class="inline" method="post" action="clear"><input type="hidden" name="limit" value="{{.Limit}}"><input type="hidden" name="plan" value="{{.Plan}}"><button type="submit">Clear</button></form></td>
+</tr>{{end}}
+</table>{{else}}<p class="muted">None: the declared quotas apply.</p>{{end}}
+<h2 id="blocks">Blocks</h2>
+{{if .Blocks}}<table class="blocks">
+<tr><th>Target</th><th>Expires</th><th></th></tr>
+{{range .Blocks}}<tr>
+<td class="id">{{.Target}}</td><td>{{.Expires.UTC.Format "2006-01-02 15:04:05 MST"}}</td>
+<td><form class="inline" method="post" action="unblock"><input type="hidden" name="target" value="{{.Target}}"><button type="submit">Unblock</button></form></td>
+</tr>{{end}}
+</table>{{else}}<p class="muted">None.</p>{{end}}
 {{end}}
 {{with .State}}
 <table class="state">
@@ -81,8 +96,9 @@ form.inline { display: inline; margin: 0; }
 <tr><th>Reset</th><td>{{.Reset.UTC.Format "2006-01-02 15:04:05.000 MST"}}</td></tr>
 <tr><th>Denied now</th><td>{{if .Denied}}yes{{else}}no{{end}}</td></tr>
 <tr><th>Denials recently</th><td>{{.DeniedRecently}} in the last {{$.Minutes}} minutes, in this process</td></tr>
-<tr><th>Override</th><td class="muted">not available in this version</td></tr>
-<tr><th>Block</th><td class="muted">not available in this version</td></tr>
+<tr><th>Override</th><td id="override">{{with .Override}}quota {{.Quota}}{{with .Expires}} until {{.UTC.Format "2006-01-02 15:04:05 MST"}}{{end}}{{else}}<span class="muted">none</span>{{end}}</td></tr>
+<tr><th>Block</th><td id="block">{{with .Block}}blocked ({{.Target}}) until {{.Expires.UTC.Format "2006-01-02 15:04:05 MST"}}
+<form class="inline" method="post" action="unblock"><input type="hidden" name="target" value="{{.Target}}"><button type="submit">Unblock</button></form>{{else}}<span class="muted">none</span>{{end}}</td></tr>
 </table>
 <form method="post" action="reset"><input type="hidden" name="limit" value="{{.Limit}}"><input type="hidden" name="id" value="{{.ID}}"><button type="submit">Reset this identifier in {{.Limit}}</button></form>
 {{end}}

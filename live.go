@@ -1,0 +1,107 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/slidinglog/ratelimit/internal/store"
+)
+
+// WithOperatorRefresh sets how often the Limiter reads the version of the
+// operator state ([Operator]: quota overrides and manual blocks) in Redis,
+// from a background goroutine, and reloads the state when it changed: one
+// HGET per interval, and one HGETALL per change. A change an Operator made
+// is in force here within every plus one decision timeout ([WithTimeout])
+// after it returned (at once for a change made with this Limiter's own
+// [Limiter.Operator]); a block ends at its expiry exactly, on this
+// Limiter's clock, and an override lapses at the first refresh after its
+// expiry. The state is first read when the Limiter is built, in the
+// background: a Limiter takes up to one timeout to apply the state that
+// was there before it. While Redis cannot be read, the last state read
+// stays in force. Default: 1s (the deny cache's default maximum age). 0
+// turns the refresh off: overrides and blocks are then never applied. A
+// negative interval is an error from [New]. [Limiter.Close] stops the
+// goroutine.
+//
+// On a Redis Cluster the operator state's key is in its own slot, apart
+// from the counts, so it cannot be read by the script call that decides: a
+// change is applied within the bound above, not from the next decision on.
+func WithOperatorRefresh(every time.Duration) Option {
+	return func(c *config) {
+		if every < 0 {
+			c.errs = append(c.errs, errors.New("WithOperatorRefresh: negative interval "+every.String()+" (0 turns the refresh off)"))
+		}
+		c.opsRefresh = every
+	}
+}
+
+// Close stops the Limiter's background work: the refresh of the operator
+// state ([WithOperatorRefresh]). The Limiter still decides afterwards,
+// with the operator state last read. Close is safe to call more than once
+// and always returns nil.
+func (l *Limiter) Close() error {
+	run := l.opsRun
+	run.closeOnce.Do(func() {
+		if run.stop != nil {
+			close(run.stop)
+			<-run.done
+		}
+	})
+	return nil
+}
+
+// blockedOutcome fills out with the denial of a request of ids that a
+// manual block answers, at now (Unix µs), and reports whether there is
+// one.
+func (rs *ruleset) blockedOutcome(ids []string, now int64, out *store.Outcome, replies []store.Reply) bool {
+	o := rs.ops.Load()
+	if o == nil || !o.blocking {
+		return false
+	}
+	i, until, ok := o.blocked(ids, now)
+	if !ok {
+		return false
+	}
+	out.Reset(replies)
+	out.Now, out.Denier = now, i
+	// The limit that names the client reads full until the block ends:
+	// Remaining 0, Reset and Retry-After the block's end.
+	out.Replies[i] = store.Reply{OK: true, Now: now, Count: int64(rs.limits[i].tiers[0].quota), Reset: until, Next: until}
+	return true
+}
+
+// Operator returns an [Operator] for l's Redis client and prefix whose
+// changes l applies at once, when they return (the other Limiters within
+// their refresh interval, see [WithOperatorRefresh]).
+func (l *Limiter) Operator() *Operator {
+	return &Operator{client: l.client, key: l.opsRun.key, now: l.localNow, after: func(ctx context.Context) {
+		_ = l.refreshOperator(context.WithoutCancel(ctx), true)
+	}, unblock: l.unblockAll}
+}
+
+// unblockAll lifts the blocks that l's blocking limits ([Limit.Block]) set
+// for id, as [Limiter.ResetLimit] would without forgetting the counts.
+func (l *Limiter) unblockAll(ctx context.Context, id string) (bool, error) {
+	var lifted bool
+	var errs []error
+	for _, name := range l.LimitNames() {
+		ok, err := l.unblockLimit(ctx, name, id)
+		lifted = lifted || ok
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return lifted, errors.Join(errs...)
+}
+
+// OperatorState returns the operator state l applies: the overrides and
+// blocks it last read ([WithOperatorRefresh]), those expired since
+// included until the next refresh. Version is 0 before the first read.
+func (l *Limiter) OperatorState() OperatorState {
+	l.syncOps()
+	if o := l.ops.Load(); o != nil {
+		return o.state
+	}
+	return OperatorState{}
+}

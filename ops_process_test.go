@@ -1,0 +1,252 @@
+package ratelimit
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/redistest"
+)
+
+// appEnv, set to a Redis URL, makes the test binary an app process (see
+// TestMain): a Limiter that refreshes its operator state every 100ms,
+// serving HTTP on a loopback port it prints, until its stdin closes.
+// appEnv+"_CLUSTER" set says that the URL names Cluster nodes.
+const appEnv = "RATELIMIT_TEST_APP"
+
+// appRefresh is the app processes' WithOperatorRefresh interval.
+const appRefresh = 100 * time.Millisecond
+
+func serveApp() int {
+	var client redis.UniversalClient
+	if os.Getenv(appEnv+"_CLUSTER") != "" {
+		opt, err := redis.ParseClusterURL(os.Getenv(appEnv))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		opt.ContextTimeoutEnabled = true
+		client = redis.NewClusterClient(opt)
+	} else {
+		opt, err := redis.ParseURL(os.Getenv(appEnv))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		opt.ContextTimeoutEnabled = true
+		client = redis.NewClient(opt)
+	}
+	l, err := New(client, []Limit{PerMinute(2, Header("X-User")).Named("user")},
+		WithOperatorRefresh(appRefresh), WithTimeout(2*time.Second), WithDenyCache(0))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/", l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	// A block made by this process, through its own Limiter.
+	mux.HandleFunc("POST /block", func(w http.ResponseWriter, r *http.Request) {
+		if err := l.Operator().Block(r.Context(), r.FormValue("target"), time.Hour); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("LISTEN", ln.Addr())
+	go http.Serve(ln, mux)
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+// startApps starts n app processes on the Redis at url and returns their
+// base URLs; they end with the test.
+func startApps(t *testing.T, n int, url string, cluster bool) []string {
+	t.Helper()
+	var bases []string
+	for i := range n {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), appEnv+"="+url)
+		if cluster {
+			cmd.Env = append(cmd.Env, appEnv+"_CLUSTER=1")
+		}
+		cmd.Stderr = os.Stderr
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Wait() })
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		addr, ok := strings.CutPrefix(strings.TrimSpace(line), "LISTEN ")
+		if err != nil || !ok {
+			t.Fatalf("app %d: %q %v", i, line, err)
+		}
+		bases = append(bases, "http://"+addr)
+	}
+	return bases
+}
+
+// buildCtl builds cmd/ratelimitctl and returns a function that runs it.
+func buildCtl(t *testing.T, url string, cluster bool) func(args ...string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ratelimitctl")
+	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/ratelimitctl").CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/ratelimitctl: %v\n%s", err, out)
+	}
+	return func(args ...string) string {
+		t.Helper()
+		flags := []string{"-redis", url}
+		if cluster {
+			flags = append(flags, "-cluster")
+		}
+		out, err := exec.Command(bin, append(flags, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ratelimitctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+}
+
+// blockedFor returns how long resp's Retry-After says a block holds its
+// client, 0 if resp is not a block's answer: the limit's own denials say
+// at most its window, a minute.
+func blockedFor(resp *http.Response) int {
+	ra, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if resp.StatusCode != http.StatusTooManyRequests || ra <= 60 {
+		return 0
+	}
+	return ra
+}
+
+// get sends a request as user to base and returns the response.
+func appGet(t *testing.T, base, user string) *http.Response {
+	t.Helper()
+	r, _ := http.NewRequest("GET", base+"/", nil)
+	r.Header.Set("X-User", user)
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp
+}
+
+// eventually waits until every app satisfies ok, within a generous
+// deadline (the bound itself is TestOperatorPropagation's), and reports
+// how long the slowest took.
+func eventually(t *testing.T, what string, bases []string, ok func(base string, i int) bool) {
+	t.Helper()
+	start := time.Now()
+	deadline := start.Add(30 * time.Second)
+	for i, base := range bases {
+		for n := 0; !ok(base, n); n++ {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: app %d (%s) not within 30s", what, i, base)
+			}
+			time.Sleep(20 * time.Millisecond) // polling other processes: no clock to drive
+		}
+	}
+	t.Logf("%s: in force on %d apps after %v (refresh %v)", what, len(bases), time.Since(start).Round(time.Millisecond), appRefresh)
+}
+
+// TestOperatorProcesses: three app processes on one redis-server; an
+// override, a block and an unblock made by ratelimitctl (a fourth
+// process), and a block made by one app, are applied by every app.
+func TestOperatorProcesses(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr
+	ctl := buildCtl(t, url, false)
+	apps := startApps(t, 3, url, false)
+	for _, base := range apps {
+		if got := appGet(t, base, "u-start").Header.Get("X-RateLimit-Limit"); got != "2" {
+			t.Fatalf("%s before any override: X-RateLimit-Limit %q", base, got)
+		}
+	}
+	ctl("quota", "user", "7", "-ttl", "1h")
+	eventually(t, "override", apps, func(base string, n int) bool {
+		return appGet(t, base, fmt.Sprintf("u-q-%s-%d", base, n)).Header.Get("X-RateLimit-Limit") == "7"
+	})
+	if out := ctl("list"); !strings.Contains(out, "user") || !strings.Contains(out, "7") {
+		t.Errorf("ratelimitctl list: %q", out)
+	}
+	ctl("block", "mallory", "10m")
+	eventually(t, "block", apps, func(base string, _ int) bool {
+		ra := blockedFor(appGet(t, base, "mallory"))
+		return ra > 590 && ra <= 600 // the block's remaining time, rounded up
+	})
+	ctl("unblock", "mallory")
+	// Not the block's answer any more (mallory's requests before the
+	// block was applied count in the limit, which may deny by itself).
+	eventually(t, "unblock", apps, func(base string, n int) bool {
+		return blockedFor(appGet(t, base, "mallory")) == 0
+	})
+	if out := ctl("unblock", "mallory"); !strings.Contains(out, "not blocked") {
+		t.Errorf("unblocking again: %q", out)
+	}
+	ctl("clear-quota", "user")
+	eventually(t, "cleared override", apps, func(base string, n int) bool {
+		return appGet(t, base, fmt.Sprintf("u-c-%s-%d", base, n)).Header.Get("X-RateLimit-Limit") == "2"
+	})
+	// A block one app makes with its own Limiter: in force there when
+	// the call returns, and on the others within the bound.
+	resp, err := http.PostForm(apps[0]+"/block", map[string][]string{"target": {"trudy"}})
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("block through app 0: %v %v", resp, err)
+	}
+	if ra := blockedFor(appGet(t, apps[0], "trudy")); ra < 3590 {
+		t.Fatalf("app 0 right after its own block: Retry-After %d, want the hour's block", ra)
+	}
+	eventually(t, "block by app 0", apps[1:], func(base string, _ int) bool {
+		return blockedFor(appGet(t, base, "trudy")) >= 3590
+	})
+}
+
+// TestOperatorProcessesCluster: the override and a block, on a Redis
+// Cluster, where the state's key has a slot of its own.
+func TestOperatorProcessesCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	url := "redis://" + c.Nodes[0].Addr
+	for _, n := range c.Nodes[1:] {
+		url += map[bool]string{true: "?", false: "&"}[!strings.Contains(url, "?")] + "addr=" + n.Addr
+	}
+	ctl := buildCtl(t, url, true)
+	apps := startApps(t, 3, url, true)
+	ctl("quota", "user", "9")
+	eventually(t, "override on a cluster", apps, func(base string, n int) bool {
+		return appGet(t, base, fmt.Sprintf("u-%s-%d", base, n)).Header.Get("X-RateLimit-Limit") == "9"
+	})
+	ctl("block", "mallory", "10m")
+	eventually(t, "block on a cluster", apps, func(base string, _ int) bool {
+		return blockedFor(appGet(t, base, "mallory")) > 590
+	})
+	ctl("block", "10.1.0.0/16", "1m")
+	op, err := NewOperator(c.Client(), defaultPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := op.List(context.Background())
+	if err != nil || len(st.Blocks) != 2 || st.Blocks[0].Target != "10.1.0.0/16" || len(st.Quotas) != 1 {
+		t.Fatalf("List on a cluster: %+v %v", st, err)
+	}
+}
