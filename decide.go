@@ -78,6 +78,26 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	return res, err
 }
 
+// blockedOutcome fills out with the denial of a request of ids that a
+// manual block answers, at now (Unix µs), and reports whether there is
+// one.
+func (rs *ruleset) blockedOutcome(ids []string, now int64, out *store.Outcome, replies []store.Reply) bool {
+	o := rs.ops.Load()
+	if o == nil || !o.blocking {
+		return false
+	}
+	i, until, ok := o.blocked(ids, now)
+	if !ok {
+		return false
+	}
+	out.Reset(replies)
+	out.Now, out.Denier = now, i
+	// The limit that names the client reads full until the block ends:
+	// Remaining 0, Reset and Retry-After the block's end.
+	out.Replies[i] = store.Reply{OK: true, Now: now, Count: int64(rs.limits[i].tiers[0].quota), Reset: until, Next: until}
+	return true
+}
+
 // resolvePlans finds the plan of the client of each limit with plans, for
 // s.ids, at now: its tier into s.tiers and its quota into s.quotas (0 for
 // Unlimited: not counted). It reports whether any limit counts the request.

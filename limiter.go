@@ -486,6 +486,85 @@ func (l *Limiter) forRoute(method, template string) *routeRules {
 	return l.base
 }
 
+// opsRunner reads a Limiter's operator state: from its refresh goroutine
+// (WithOperatorRefresh), and after a change made by the Limiter's own
+// Operator. It holds no reference to the Limiter, so that the goroutine
+// does not keep it alive: it publishes the state it read in latest, and
+// the Limiter applies it at its next decision (Limiter.syncOps).
+type opsRunner struct {
+	key     string
+	client  redis.UniversalClient
+	timeout time.Duration
+	now     func() time.Time // the clock decisions are timed by
+	logger  *slog.Logger
+
+	mu      sync.Mutex // one read at a time
+	latest  atomic.Pointer[liveOps]
+	failing atomic.Bool // the last read failed, and it was logged
+
+	stop, done chan struct{}
+	closeOnce  sync.Once
+	// refreshed, in tests, is told of every refresh of the goroutine.
+	refreshed func(error)
+}
+
+// refresh reads the state's version and, if it moved (or force, or
+// nothing was read yet), the whole state, and publishes it; when the
+// version stands, it publishes the state again if an override has lapsed
+// since. It takes at most the decision timeout. On an error the state
+// last read stays published, and the first error of a streak is logged.
+func (run *opsRunner) refresh(ctx context.Context, force bool) error {
+	run.mu.Lock()
+	defer run.mu.Unlock()
+	now := run.now().UnixMicro()
+	cur := run.latest.Load()
+	all, changed, err := run.fetch(ctx, cur, force)
+	switch {
+	case changed:
+		st, dropped := parseOperatorState(all, now)
+		if dropped > 0 {
+			run.logger.Error("ratelimit: the operator state holds more entries than a Limiter keeps; the rest are ignored",
+				slog.String("key", run.key), slog.Int("kept", MaxOperatorEntries), slog.Int("ignored", dropped))
+		}
+		run.latest.Store(newLiveOps(st, now))
+	case cur != nil && cur.nextExpiry != 0 && now >= cur.nextExpiry:
+		run.latest.Store(newLiveOps(cur.state, now)) // an override lapsed
+	}
+	if err != nil {
+		if !run.failing.Swap(true) {
+			run.logger.Warn("ratelimit: cannot read the operator state; the state last read stays in force", slog.String("key", run.key), slog.Any("error", err))
+		}
+	} else if run.failing.Swap(false) {
+		run.logger.Info("ratelimit: the operator state can be read again", slog.String("key", run.key))
+	}
+	return err
+}
+
+// fetch reads the state's version and, if it moved from cur's (or force,
+// or cur is nil), the whole state: changed reports that all is it.
+func (run *opsRunner) fetch(ctx context.Context, cur *liveOps, force bool) (all map[string]string, changed bool, err error) {
+	defer func() {
+		// A client hook that panics must not take the process down from
+		// a goroutine the application does not know of.
+		if p := recover(); p != nil {
+			err = fmt.Errorf("ratelimit: panic while reading the operator state: %v", p)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(ctx, run.timeout)
+	defer cancel()
+	if cur != nil && !force {
+		v, err := run.client.HGet(ctx, run.key, "v").Int64()
+		if errors.Is(err, redis.Nil) {
+			v, err = 0, nil
+		}
+		if err != nil || v == cur.state.Version {
+			return nil, false, err
+		}
+	}
+	all, err = run.client.HGetAll(ctx, run.key).Result()
+	return all, err == nil, err
+}
+
 // startOperatorRefresh starts the goroutine that reads the operator state
 // (WithOperatorRefresh), unless the refresh is off. The goroutine refers
 // to l only weakly: a Limiter nobody refers to is collected, and the

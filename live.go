@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"time"
-
-	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // WithOperatorRefresh sets how often the Limiter reads the version of the
@@ -49,26 +47,6 @@ func (l *Limiter) Close() error {
 		}
 	})
 	return nil
-}
-
-// blockedOutcome fills out with the denial of a request of ids that a
-// manual block answers, at now (Unix µs), and reports whether there is
-// one.
-func (rs *ruleset) blockedOutcome(ids []string, now int64, out *store.Outcome, replies []store.Reply) bool {
-	o := rs.ops.Load()
-	if o == nil || !o.blocking {
-		return false
-	}
-	i, until, ok := o.blocked(ids, now)
-	if !ok {
-		return false
-	}
-	out.Reset(replies)
-	out.Now, out.Denier = now, i
-	// The limit that names the client reads full until the block ends:
-	// Remaining 0, Reset and Retry-After the block's end.
-	out.Replies[i] = store.Reply{OK: true, Now: now, Count: int64(rs.limits[i].tiers[0].quota), Reset: until, Next: until}
-	return true
 }
 
 // Operator returns an [Operator] for l's Redis client and prefix whose

@@ -4,61 +4,12 @@ import (
 	"hash/maphash"
 	"net/http"
 	"reflect"
-	"strconv"
 	"sync"
 	"time"
 )
 
-// The passes of a Limiter over a request (see Limiter.Enter) and the
-// verdicts of a decision, which adapter.go exports to router adapters.
-
-// A Verdict is what [Pass.Decide] or [Limiter.Decide] decided, and who
-// answers the request.
-type Verdict uint8
-
-const (
-	// Proceed: serve the request. The rate-limit headers are set, unless
-	// no decision could be made under FailOpen, or WithSkip or
-	// MissingKeySkip let the request through undecided.
-	Proceed Verdict = iota
-	// Answered: the Limiter's own handler ([WithDeniedHandler],
-	// [WithUnavailableHandler], [WithMissingKeyHandler]) has written the
-	// response; write nothing more and do not serve the request.
-	Answered
-	// Denied: a limit denied the request and the Limiter has no handler
-	// for it. The rate-limit headers and Retry-After are set; answer 429
-	// Too Many Requests (gRPC: ResourceExhausted).
-	Denied
-	// Unavailable: no decision could be made, the failure mode
-	// ([WithFailureMode]) refuses the request and the Limiter has no
-	// handler for it. Retry-After is set; answer 503 Service Unavailable
-	// (gRPC: Unavailable). The error says why; it is for logs, not for
-	// the client.
-	Unavailable
-	// NoKey: a [Key] could not identify the request ([ErrNoKey]), the
-	// Limiter refuses it ([WithMissingKey]'s default) and has no handler
-	// for it. No header is set; answer 401 Unauthorized (gRPC:
-	// Unauthenticated). The error says which limit and why; it is for
-	// logs, not for the client.
-	NoKey
-)
-
-// String returns the constant's name.
-func (v Verdict) String() string {
-	switch v {
-	case Proceed:
-		return "Proceed"
-	case Answered:
-		return "Answered"
-	case Denied:
-		return "Denied"
-	case Unavailable:
-		return "Unavailable"
-	case NoKey:
-		return "NoKey"
-	}
-	return "Verdict(" + strconv.Itoa(int(v)) + ")"
-}
+// The passes of a Limiter over a request (see Limiter.Enter), which
+// adapter.go exports to router adapters with the verdicts of result.go.
 
 // A Denial is what a denied request's decision says of the limit that
 // denied it, for adapters whose protocol carries it otherwise than in HTTP
