@@ -82,28 +82,39 @@ func (l *Limiter) LimitStatus(ctx context.Context, name, id string) (LimitResult
 // For a limit counted by a composed or route Key, id is escaped as
 // [Limiter.Allow] escapes it.
 func (l *Limiter) ResetLimit(ctx context.Context, name, id string) error {
-	d, i := l.limitNamed(name)
-	if d == nil {
-		return fmt.Errorf("ratelimit: no limit named %q", name)
-	}
-	if id == "" {
-		return fmt.Errorf("%w: empty id for limit %s", ErrNoKey, name)
-	}
 	s := getScratch()
 	defer s.put()
-	for range d.limits {
-		s.ids = append(s.ids, id)
+	d, i, log, err := l.limitLog(s, name, id)
+	if err != nil {
+		return err
 	}
-	keys, _ := d.keys(s, false)
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
 	defer cancel()
 	req := slidinglog.AppendRequest(nil, 0, 1, d.spec.Limits[i].Lua)
-	_, err := d.redis.Lib.Forget(ctx, d.spec.LuaKeys([]string{keys[i]}, []int{i}), req) // lifts a block too
-	d.denies.Forget(store.LogID{Key: keys[i], Field: d.spec.Limits[i].Field})
+	_, err = d.redis.Lib.Forget(ctx, d.spec.LuaKeys([]string{log.Key}, []int{i}), req) // lifts a block too
+	d.denies.Forget(log)
 	if err != nil {
 		return fmt.Errorf("ratelimit: reset %s: %w", name, err)
 	}
 	return nil
+}
+
+// limitLog returns the ruleset and index of the limit called name, and
+// that limit's log of id, built in s: the name must be one of l's and id
+// must not be empty.
+func (l *Limiter) limitLog(s *scratch, name, id string) (*ruleset, int, store.LogID, error) {
+	d, i := l.limitNamed(name)
+	if d == nil {
+		return nil, 0, store.LogID{}, fmt.Errorf("ratelimit: no limit named %q", name)
+	}
+	if id == "" {
+		return nil, 0, store.LogID{}, fmt.Errorf("%w: empty id for limit %s", ErrNoKey, name)
+	}
+	for range d.limits {
+		s.ids = append(s.ids, id)
+	}
+	keys, _ := d.keys(s, false)
+	return d, i, store.LogID{Key: keys[i], Field: d.spec.Limits[i].Field}, nil
 }
 
 // unblockLimit lifts the block ([Limit.Block]) that the limit called name
@@ -114,25 +125,14 @@ func (l *Limiter) ResetLimit(ctx context.Context, name, id string) error {
 // limit that does not block lifts none. It has ResetLimit's errors and
 // timeout. (The seam for an operator's Unblock, issue 28.)
 func (l *Limiter) unblockLimit(ctx context.Context, name, id string) (bool, error) {
-	d, i := l.limitNamed(name)
-	if d == nil {
-		return false, fmt.Errorf("ratelimit: no limit named %q", name)
-	}
-	if id == "" {
-		return false, fmt.Errorf("%w: empty id for limit %s", ErrNoKey, name)
-	}
-	if d.spec.Limits[i].Block == 0 {
-		return false, nil
-	}
 	s := getScratch()
 	defer s.put()
-	for range d.limits {
-		s.ids = append(s.ids, id)
+	d, i, log, err := l.limitLog(s, name, id)
+	if err != nil || d.spec.Limits[i].Block == 0 {
+		return false, err
 	}
-	keys, _ := d.keys(s, false)
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
 	defer cancel()
-	log := store.LogID{Key: keys[i], Field: d.spec.Limits[i].Field}
 	n, err := d.redis.Lib.Client().Del(ctx, store.BlockKey(log)).Result()
 	d.denies.Forget(log)
 	if err != nil {
