@@ -49,7 +49,7 @@ func serveApp() int {
 		client = redis.NewClient(opt)
 	}
 	l, err := New(client, []Limit{PerMinute(2, Header("X-User")).Named("user")},
-		WithOperatorRefresh(appRefresh), WithTimeout(2*time.Second), WithDenyCache(0))
+		WithOperatorRefresh(appRefresh), WithTimeout(redistest.DecisionTimeout), WithDenyCache(0))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
