@@ -607,16 +607,7 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan)
       end
     end
     if not k then
-      while i < j do
-        local mid = (i + j - (i + j) % 2) / 2
-        local p = skip + ENTRY * mid + 1
-        local h, l = byte(str, p, p + 1)
-        if h * 256 + l > cut then
-          j = mid
-        else
-          i = mid + 1
-        end
-      end
+      i = first_after(str, skip, i, j, cut)
       if i == 0 and from > 0 or i == m then
         return false -- not among the entries probed
       end
