@@ -531,6 +531,9 @@ func (run *opsRunner) refresh(ctx context.Context, force bool) error {
 		run.latest.Store(newLiveOps(cur.state, now)) // an override lapsed
 	}
 	if err != nil {
+		if errors.Is(err, redis.ErrClosed) {
+			return err // the application closed the client: nothing to warn of (see startOperatorRefresh)
+		}
 		if !run.failing.Swap(true) {
 			run.logger.Warn("ratelimit: cannot read the operator state; the state last read stays in force", slog.String("key", run.key), slog.Any("error", err))
 		}
@@ -568,7 +571,8 @@ func (run *opsRunner) fetch(ctx context.Context, cur *liveOps, force bool) (all 
 // startOperatorRefresh starts the goroutine that reads the operator state
 // (WithOperatorRefresh), unless the refresh is off. The goroutine refers
 // to l only weakly: a Limiter nobody refers to is collected, and the
-// goroutine ends at its next tick.
+// goroutine ends at its next tick. It ends too, silently, once the
+// client is closed (redis.ErrClosed).
 func (l *Limiter) startOperatorRefresh() {
 	run := l.opsRun
 	run.client, run.timeout, run.logger = l.client, l.cfg.timeout, l.cfg.logger
@@ -598,6 +602,9 @@ func (l *Limiter) startOperatorRefresh() {
 			err := run.refresh(context.Background(), false)
 			if run.refreshed != nil {
 				run.refreshed(err)
+			}
+			if errors.Is(err, redis.ErrClosed) {
+				return // the client is closed for good: no read will ever succeed
 			}
 			select {
 			case <-run.stop:

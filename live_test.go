@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -12,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
 // driven is a Limiter whose operator-state refresh the test drives: tick
@@ -494,5 +498,28 @@ func TestBlockHostile(t *testing.T) {
 		if got != want {
 			t.Fatalf("seed %d: %q blocked %v, want %v (blocks %+v)", seed, id, got, want, st.Blocks)
 		}
+	}
+}
+
+// TestOperatorRefreshEndsWithClient: once the application closes the Redis
+// client, the refresh goroutine ends, and says nothing: no read can succeed
+// again, and it is not a failure of Redis.
+func TestOperatorRefreshEndsWithClient(t *testing.T) {
+	var logged strings.Builder
+	logger := slog.New(slog.NewTextHandler(&logged, nil))
+	c := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true})
+	d := newDriven(t, c, []Limit{PerMinute(100, Header("X-User")).Named("user")}, WithLogger(logger, false))
+	_ = c.Close()
+	d.ticks <- time.Now()
+	if err := <-d.refreshed; !errors.Is(err, redis.ErrClosed) {
+		t.Fatalf("refresh after Close: %v, want redis.ErrClosed", err)
+	}
+	select {
+	case <-d.opsRun.done:
+	case <-time.After(redistest.DecisionTimeout):
+		t.Fatal("the refresh goroutine still runs after its client was closed")
+	}
+	if strings.Contains(logged.String(), "operator state") {
+		t.Errorf("logged: %s", logged.String())
 	}
 }
