@@ -143,6 +143,16 @@ func (r *Redis) DecideAll(keys [][]string, reqs [][]byte) ([]any, []error) {
 	return replies, errs
 }
 
+// Sending reports how many batches of decisions are on their way to Redis
+// or back: 0 once every call sent has come back and its reply has gone to
+// its decision or, for a decision that stopped waiting, to what it left
+// behind (see Abandoner). Tests wait for it.
+func (r *Redis) Sending() int {
+	r.batch.mu.Lock()
+	defer r.batch.mu.Unlock()
+	return r.batch.senders
+}
+
 // Functions reports whether calls run the library as a function now.
 func (r *Redis) Functions() bool { return r.batch.mode.functions() }
 

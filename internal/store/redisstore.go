@@ -246,9 +246,11 @@ func (d *decision) record(raw any, idx []int) (bool, error) {
 // way (d.keys, d.idx): its time ran out or its request ended, and it
 // answers with an error. It returns what takes back, in the background, a
 // request the call's reply says Redis logged after all. A call that ends
-// without a reply may or may not have been logged: its units are counted
-// in Limiter.Unreverted. The call may still read the decision's scratch,
-// and the call, are therefore not reused.
+// without a reply may or may not have been logged (lateMayHaveRun): its
+// units are counted in Limiter.Unreverted. One whose error proves it never
+// ran (a connection that could not be made, an error reply) counts
+// nothing. The call may still read the decision's scratch, and the call,
+// are therefore not reused.
 func (d *decision) Abandon() func(reply any, err error) {
 	d.q.Abandoned = true
 	rs, p, cost := d.rs, d.q.Spec, d.q.Cost
@@ -259,7 +261,9 @@ func (d *decision) Abandon() func(reply any, err error) {
 			rs.migrating.mark(keys[0], time.Now()) // the next decisions on the slot go one key at a time
 		}
 		if err != nil {
-			rs.Rollbacks.fail(units, fmt.Errorf("ratelimit: a decision that timed out may stay counted in %s: its reply never came: %w", keys[0], err))
+			if lateMayHaveRun(err) {
+				rs.Rollbacks.fail(units, fmt.Errorf("ratelimit: a decision that timed out may stay counted in %s: its reply never came: %w", keys[0], err))
+			}
 			return
 		}
 		lreps := make([]slidinglog.LimitReply, len(idx))
@@ -279,6 +283,21 @@ func (d *decision) Abandon() func(reply any, err error) {
 		late := Reservations(p, full, [][]int{idx}, cost, func(i int) int64 { return stamps[i] })
 		rs.Rollbacks.Rollback(late, cost, time.Now()) // in the background
 	}
+}
+
+// lateMayHaveRun reports whether err, the error of a call whose decision
+// stopped waiting for it, leaves unknown whether Redis ran it: as
+// slidinglog.MayHaveRun says, and also when the call's own context ended
+// (lateReplyWait after the decision's deadline), which may be after it was
+// written. A connection that could not be made (a refused dial, even one
+// go-redis wraps in a context error), an error reply, a closed client or
+// a pool with no connection to give say that it never ran.
+func lateMayHaveRun(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	return slidinglog.MayHaveRun(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 // refusesWrites reports whether err says that Redis refused to write: it

@@ -1,0 +1,124 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
+)
+
+// gatedDialer dials addr, but while it is closed a dial waits until it
+// opens: a decision whose connection is being made then stops waiting
+// first, and its call is abandoned before it is sent.
+type gatedDialer struct {
+	closed atomic.Bool
+	open   chan struct{}
+}
+
+func (g *gatedDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if g.closed.Load() {
+		<-g.open
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, network, addr)
+}
+
+// waitSent waits until every call the Limiter sent has come back, and
+// what a decision that stopped waiting left behind has its reply.
+func waitSent(t *testing.T, lim *Limiter) {
+	t.Helper()
+	lib := lim.redis.Lib.(*slidinglog.Redis)
+	for deadline := time.Now().Add(redistest.DecisionTimeout); lib.Sending() > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("calls still on their way to Redis")
+		}
+	}
+}
+
+// TestUnrevertedOnlyWhatMayHaveRun: a decision that stopped waiting for its
+// call (its timeout ran out) counts in Unreverted the units its call may
+// have left in Redis, and only those. Seeded: costs and numbers of limits
+// at random, against
+//
+//   - a server that refuses connections (stopped), whose call's
+//     connection is still being made when the decision stops waiting: the
+//     call fails with a refused dial, was never sent, and counts 0;
+//   - a server that stalls after the call is written (paused): the reply
+//     never comes, Redis may have logged the request, and it counts cost ×
+//     limits.
+func TestUnrevertedOnlyWhatMayHaveRun(t *testing.T) {
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewSource(seed))
+	t.Logf("seed %d", seed)
+	limitsOf := func(n int) []Limit {
+		var ls []Limit
+		for i := range n {
+			ls = append(ls, PerMinute(1000, Header("X-Id")).Named(fmt.Sprintf("u%d", i)))
+		}
+		return ls
+	}
+	ids := func(n int, id string) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = id
+		}
+		return out
+	}
+	t.Run("refused", func(t *testing.T) {
+		srv := redistest.Start(t)
+		for i := range 4 {
+			n, cost := 1+rng.Intn(3), 1+rng.Intn(5)
+			g := &gatedDialer{open: make(chan struct{})}
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, Dialer: g.dial})
+			t.Cleanup(func() { _ = rdb.Close() })
+			lim := mustNew(t, rdb, limitsOf(n), WithTimeout(200*time.Millisecond), WithCircuitBreaker(0, 0), WithOperatorRefresh(0))
+			if i == 0 {
+				srv.Stop()
+			}
+			g.closed.Store(true)
+			res, err := lim.Allow(context.Background(), ids(n, "refused"), cost)
+			if err == nil {
+				t.Fatalf("decided with no server: %+v", res)
+			}
+			close(g.open)
+			waitSent(t, lim)
+			if u := lim.Unreverted(); u != 0 || res.Unreverted != 0 {
+				t.Errorf("seed %d: %d limits, cost %d, a refused connection (%v): Unreverted %d (Result %d); want 0: the call was never sent",
+					seed, n, cost, err, u, res.Unreverted)
+			}
+		}
+	})
+	t.Run("stalled", func(t *testing.T) {
+		srv := redistest.Start(t)
+		for range 2 {
+			n, cost := 1+rng.Intn(3), 1+rng.Intn(5)
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, ReadTimeout: time.Second, MaxRetries: -1})
+			t.Cleanup(func() { _ = rdb.Close() })
+			lim := mustNew(t, rdb, limitsOf(n), WithTimeout(200*time.Millisecond), WithCircuitBreaker(0, 0), WithOperatorRefresh(0))
+			// The library loaded and a connection open before the server stalls.
+			if _, err := lim.Allow(context.Background(), ids(n, "warm"), 1); err != nil {
+				t.Fatal(err)
+			}
+			srv.Pause()
+			res, err := lim.Allow(context.Background(), ids(n, "stalled"), cost)
+			if err == nil {
+				srv.Resume()
+				t.Fatalf("decided with a paused server: %+v", res)
+			}
+			waitSent(t, lim)
+			srv.Resume()
+			if u := lim.Unreverted(); u != uint64(n*cost) {
+				t.Errorf("seed %d: %d limits, cost %d, a stalled server (%v): Unreverted %d; want %d: Redis may have logged the request",
+					seed, n, cost, err, u, n*cost)
+			}
+		}
+	})
+}
