@@ -265,7 +265,8 @@ func (b *batcher) sendCombined(c redis.UniversalClient, batch []*call) {
 // sendPipeline sends the decisions of batch in one pipeline, and again,
 // in a second one, those that met a server without the library or the
 // script, as scriptMode.run would call them again (see scriptMode.retry),
-// and, in a third, as scripts, those that met no library again.
+// and, in a third, as scripts, those that met no library again. A call
+// Redis refuses to run as a script too fails with a NoScriptingError.
 //
 // Each decision is run by Redis once at most per call sent: go-redis must
 // not send a call of the pipeline again once it reached Redis (see
@@ -322,6 +323,11 @@ func (b *batcher) sendPipeline(c redis.UniversalClient, batch []*call) {
 			}
 		}
 		retry, again = still, rerunScript
+	}
+	// A function's refusal was sent again as a script: a refusal left is
+	// the script's, and says whether Redis runs no Lua at all.
+	for _, cl := range batch {
+		cl.err = b.mode.scriptError(cl.err)
 	}
 }
 

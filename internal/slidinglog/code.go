@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"strings"
@@ -148,6 +149,9 @@ type scriptMode struct {
 	retryAt     atomic.Int64     // Unix nanoseconds before which the library is not loaded again; 0: not backing off
 	backoff     atomic.Int64     // the last back-off, in nanoseconds; 0 after a successful load
 	now         func() time.Time // time.Now; tests set their own
+	// noFunctions is why scriptsOnly was set: the refusal of FCALL or
+	// FUNCTION LOAD, for NoScriptingError.
+	noFunctions atomic.Pointer[string]
 }
 
 // rerun says how a caller whose FCALL failed runs the code again.
@@ -198,7 +202,65 @@ func (m *scriptMode) run(ctx context.Context, c redis.UniversalClient, e *luaEnt
 			// Flushed again since the load: as a script, this once.
 		}
 	}
-	return runScript(ctx, c, e, keys, args)
+	reply, err := runScript(ctx, c, e, keys, args)
+	return reply, m.scriptError(err)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// ErrNoScripting is wrapped by the error of every call to a Redis that
+// cannot run the library at all: it refuses FCALL or FUNCTION LOAD, and
+// EVALSHA or EVAL (commands renamed away, an ACL without @scripting, a
+// server without its Lua engine). See NoScriptingError.
+var ErrNoScripting = errors.New("the Redis server cannot run Lua")
+
+// A NoScriptingError is the error of a call to a Redis that refused to
+// run the library as a function and as a script. It wraps ErrNoScripting
+// and Redis's refusal of the script (a redis.Error).
+type NoScriptingError struct {
+	Functions string // why the library does not run as a function
+	Script    error  // Redis's refusal of EVALSHA or EVAL
+}
+
+func (e *NoScriptingError) Error() string {
+	return "the Redis server cannot run the limiter's Lua code: functions refused (" + brief(e.Functions) +
+		"), scripts refused (" + brief(e.Script.Error()) + "); the limiter needs FCALL and FUNCTION LOAD (Redis 7 or later), or EVALSHA and EVAL: " +
+		"allow the @scripting commands to its user (ACL), undo their rename-command, or use a server with Lua scripting"
+}
+
+// brief returns msg, a Redis error, without the arguments Redis quotes
+// after an unknown command: a script's source, keys.
+func brief(msg string) string {
+	msg, _, _ = strings.Cut(msg, ", with args beginning with")
+	return msg
+}
+
+func (e *NoScriptingError) Unwrap() []error { return []error{ErrNoScripting, e.Script} }
+
+// scriptError returns err, a script call's error, as a NoScriptingError
+// when it says that Redis will not run scripts at all: it does not know
+// the command, this connection may not use it, or it has no Lua engine.
+// Other errors are returned as they are.
+func (m *scriptMode) scriptError(err error) error {
+	if err == nil || !refusesScripts(err) || errors.Is(err, ErrNoScripting) {
+		return err
+	}
+	why := "not tried"
+	if p := m.noFunctions.Load(); p != nil {
+		why = *p
+	}
+	return &NoScriptingError{Functions: why, Script: err}
+}
+
+// refusesScripts reports whether err, the error of EVALSHA or EVAL, says
+// that Redis does not run scripts at all: an unknown command, a NOPERM on
+// the command, or an error that names a missing scripting engine.
+func refusesScripts(err error) bool {
+	if cannotRunFunctions(err) {
+		return true
+	}
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, "engine") && (strings.Contains(msg, "not found") || strings.Contains(msg, "not available") || strings.Contains(msg, "disabled"))
 }
 
 // call sends e once with keys and args on c, as command (fcallCommand,
@@ -225,6 +287,7 @@ func (e *luaEntry) call(ctx context.Context, c redis.UniversalClient, command, c
 func (m *scriptMode) retry(ctx context.Context, c redis.UniversalClient, err error) rerun {
 	switch {
 	case cannotRunFunctions(err):
+		m.noFunctions.Store(ptr(err.Error()))
 		m.scriptsOnly.Store(true)
 		return rerunScript
 	case !isNoFunction(err):
@@ -242,6 +305,7 @@ func (m *scriptMode) retry(ctx context.Context, c redis.UniversalClient, err err
 		return rerunFunction
 	case refusesLibrary(err):
 		// A Redis that will never load it: as a script, for good.
+		m.noFunctions.Store(ptr("FUNCTION LOAD: " + err.Error()))
 		m.scriptsOnly.Store(true)
 		return rerunScript
 	}
