@@ -122,3 +122,67 @@ func TestUnrevertedOnlyWhatMayHaveRun(t *testing.T) {
 		}
 	})
 }
+
+// TestUnrevertedClusterDeadPrimary: on a Redis Cluster, a decision whose
+// first group reserved room on a live primary and whose second group's
+// primary is down (its connection refused once the decision stopped
+// waiting for it) leaves nothing counted: the reservation is taken back,
+// and the call that was never sent counts 0 in Unreverted. Seeded costs.
+func TestUnrevertedClusterDeadPrimary(t *testing.T) {
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewSource(seed))
+	t.Logf("seed %d", seed)
+	c := redistest.StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
+	// An identifier served by a primary that stays (live) and one by the
+	// primary that is stopped (dead).
+	dead, err := c.PrimaryFor(logKey("dead", "victim"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live string
+	var liveNode *redistest.Server
+	for i := 0; liveNode == nil; i++ {
+		id := fmt.Sprint("live", i)
+		s, err := c.PrimaryFor(logKey("live", id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s != dead {
+			live, liveNode = id, s
+		}
+	}
+	g := &gatedDialer{open: make(chan struct{})}
+	// Seeded with the live primary only: the client never dials the dead
+	// one before it is stopped.
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{liveNode.Addr}, ContextTimeoutEnabled: true, Dialer: g.dial})
+	t.Cleanup(func() { _ = rdb.Close() })
+	lim := mustNew(t, rdb, []Limit{
+		PerMinute(1000, Header("X-Live")).Named("live"),
+		PerMinute(1000, Header("X-Dead")).Named("dead"),
+	}, WithTimeout(300*time.Millisecond), WithCircuitBreaker(0, 0), WithOperatorRefresh(0))
+	// Scripts: a function would be loaded on every primary, the dead one too.
+	lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(true)
+	// The map of slots loaded, from the live primary.
+	if err := rdb.Get(context.Background(), logKey("live", live)).Err(); err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+	dead.Stop()
+	g.closed.Store(true)
+	cost := 1 + rng.Intn(5)
+	res, err := lim.Allow(context.Background(), []string{live, "victim"}, cost)
+	if err == nil {
+		t.Fatalf("decided with a primary down: %+v", res)
+	}
+	close(g.open)
+	waitSent(t, lim)
+	direct := liveNode.Client()
+	for deadline := time.Now().Add(redistest.DecisionTimeout); logEntries(t, direct, "live", live) != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the reservation on the live primary was never taken back")
+		}
+	}
+	if u := lim.Unreverted(); u != 0 || res.Unreverted != 0 {
+		t.Errorf("seed %d: cost %d, a dead primary (%v): Unreverted %d (Result %d); want 0: the reservation was taken back, the other call never sent",
+			seed, cost, err, u, res.Unreverted)
+	}
+}
