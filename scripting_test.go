@@ -60,7 +60,8 @@ var noScriptings = []noScripting{
 // Redis or Valkey, and on miniredis refusing them) makes every decision
 // fail with one clear error: it wraps ErrNoScripting, names the commands
 // refused and says what to change. New does not fail. Seeded over the
-// ways of refusing × a single client or a split one (a Ring: pipelines) ×
+// ways of refusing × a single client and a split one (a Ring: pipelines)
+// ×
 // the failure modes × the number of decisions (Status and Reset say
 // it too): the failure mode answers
 // each request, and the circuit breaker never opens (it would hide the cause
@@ -123,15 +124,15 @@ func TestNoScripting(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				var c redis.UniversalClient
-				if rng.Intn(2) == 0 {
-					c = redis.NewClient(&redis.Options{Addr: srv.Addr, Username: ns.user, Password: ns.pass, ContextTimeoutEnabled: true})
-				} else {
-					c = redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": srv.Addr}, Username: ns.user, Password: ns.pass, ContextTimeoutEnabled: true})
+				// One call per decision (a Client), and pipelines (a Ring).
+				for _, c := range []redis.UniversalClient{
+					redis.NewClient(&redis.Options{Addr: srv.Addr, Username: ns.user, Password: ns.pass, ContextTimeoutEnabled: true}),
+					redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": srv.Addr}, Username: ns.user, Password: ns.pass, ContextTimeoutEnabled: true}),
+				} {
+					t.Cleanup(func() { _ = c.Close() })
+					t.Logf("%T", c)
+					check(t, c, ns)
 				}
-				t.Cleanup(func() { _ = c.Close() })
-				t.Logf("%T", c)
-				check(t, c, ns)
 			})
 		}
 	})

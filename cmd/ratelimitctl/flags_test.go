@@ -250,6 +250,24 @@ func TestFlagsNeverIgnored(t *testing.T) {
 			}
 		}
 
+		// ratelimitctl's own flags before the command are honoured:
+		// -prefix changes the state of another prefix, not this one.
+		other, err := ratelimit.NewOperator(b.client, "other:")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range ctlCommands {
+			prepare(t, b)
+			var out, errs bytes.Buffer
+			args := append([]string{"-redis", b.url, "-timeout", "7s", "-prefix", "other:", c.name}, c.pos...)
+			if code := run(args, &out, &errs); code != 0 || state(t, op) != initial {
+				t.Errorf("ratelimitctl %q: exit %d, %q, state of ratelimit: %q; want exit 0 and that state unchanged", args, code, errs.String(), state(t, op))
+			}
+			if want := map[string]string{"quota": "q api/=7 exp=never;", "block": "b 203.0.113.7/32 exp=15m0s;"}[c.name]; state(t, other) != want {
+				t.Errorf("ratelimitctl %q: state of other: %q, want %q", args, state(t, other), want)
+			}
+		}
+
 		seed := time.Now().UnixNano()
 		rng := rand.New(rand.NewSource(seed))
 		defer func() {
