@@ -80,12 +80,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	pos, err := parseFlags(fs, args, false, func(name string) string {
+		var of []string
 		for sub, c := range subcommands {
 			if slices.Contains(c.flags, name) {
-				return fmt.Sprintf("-%s is a flag of %s: write it after the command", name, sub)
+				of = append(of, sub)
 			}
 		}
-		return ""
+		if of == nil {
+			return ""
+		}
+		slices.Sort(of)
+		return fmt.Sprintf("-%s is a flag of %s: write it after the command", name, strings.Join(of, " and "))
 	})
 	if errors.Is(err, flag.ErrHelp) {
 		usage()
