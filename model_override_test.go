@@ -53,6 +53,7 @@ type modelOverrides struct {
 	// applied is what each instance applies, read at version read[k].
 	applied [2]map[overrideKey]modelOverride
 	read    [2]int
+	lapsed  int // overrides the model saw lapse, for the log
 	// ticks and refreshed drive each instance's refresh.
 	ticks     [2]chan time.Time
 	refreshed [2]chan error
@@ -143,7 +144,13 @@ func (ov *modelOverrides) plannedQuota(i int, plan string) int {
 
 // lapse drops the overrides instance k applies that have lapsed at now.
 func (ov *modelOverrides) lapse(k int, now int64) {
-	maps.DeleteFunc(ov.applied[k], func(_ overrideKey, o modelOverride) bool { return o.exp != 0 && o.exp <= now })
+	maps.DeleteFunc(ov.applied[k], func(_ overrideKey, o modelOverride) bool {
+		if o.exp != 0 && o.exp <= now {
+			ov.lapsed++
+			return true
+		}
+		return false
+	})
 }
 
 // readAll is instance k reading the whole state at now.
@@ -301,4 +308,6 @@ func (m *modelRun) checkQuotas(rt *rapid.T, desc string, res Result, want modelO
 			m.seen["overridden quota"]++
 		}
 	}
+	m.seen["override lapsed"] += m.ov.lapsed
+	m.ov.lapsed = 0
 }

@@ -47,6 +47,12 @@ import (
 // hour to a day; rule 6): the model says which clients are blocked, and
 // a block ends by a step that deletes its key, as its expiry on the
 // Redis clock would.
+// Quota overrides are a dimension too (model_override_test.go): limits
+// with a "pro" plan, overrides of limits and plans set with and without a
+// ttl and cleared, by an instance's own Operator or another process's,
+// with the operator refresh on (driven by the steps) or off; the model
+// knows the quota in force on each instance at its clock, and every
+// decision must decide with it and report it.
 //
 // Run it alone with
 //
