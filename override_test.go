@@ -70,7 +70,7 @@ func TestOverrideLapsesOnTheDecisionClock(t *testing.T) {
 					desc("Status"), res.Limit, res.Remaining, res.Allowed, declared, max(declared-used, 0), used < declared)
 			}
 			admitted := 0
-			for range quota + 1 {
+			for range max(quota, declared) + 1 {
 				if res, err := l.Allow(ctx, id, 1); err != nil {
 					t.Fatal(err)
 				} else if res.Allowed {
