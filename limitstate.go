@@ -52,7 +52,9 @@ func (l *Limiter) limitNamed(name string) (*ruleset, int) {
 // LimitStatus reports, counting nothing, the state of the limit called
 // name (one of l's or of its routes', see [Limiter.LimitNames]) for the
 // identifier id, as [Limiter.Allow] takes it: Remaining, Reset, and
-// Denied if a request of cost 1 would be denied now. It is
+// Denied if a request of cost 1 would be denied now; an identifier an
+// [Operator] blocks reads Denied, with Remaining 0 and Blocked and Reset
+// the block's end, at every limit. It is
 // [Limiter.Status] for one limit, and has its failure behaviour (an
 // error, the zero LimitResult); it fails for an unknown name or an empty
 // id. For a limit counted by a composed or route Key, id is escaped as
