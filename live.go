@@ -10,7 +10,7 @@ import (
 // operator state ([Operator]: quota overrides and manual blocks) in Redis,
 // from a background goroutine, and reloads the state when it changed: one
 // HGET per interval, and one HGETALL per change. A change an Operator made
-// is in force here within every plus one decision timeout ([WithTimeout])
+// is in force here within the interval plus one decision timeout ([WithTimeout])
 // after it returned (at once for a change made with this Limiter's own
 // [Limiter.Operator]). A block ends and an override lapses at its expiry
 // exactly, on the clock decisions are timed by ([WithClock]), whether or
