@@ -543,6 +543,22 @@ func (run *opsRunner) refresh(ctx context.Context, force bool) error {
 	return err
 }
 
+// lapse returns cur, the state last read, or, if an override of it has
+// lapsed on the decision clock, cur without the overrides that have,
+// which it publishes in cur's place (unless a refresh published another
+// state meanwhile: that one is returned, to be checked at the next call).
+func (run *opsRunner) lapse(cur *liveOps) *liveOps {
+	now := run.now().UnixMicro()
+	if now < cur.nextExpiry {
+		return cur
+	}
+	next := newLiveOps(cur.state, now)
+	if run.latest.CompareAndSwap(cur, next) {
+		return next
+	}
+	return run.latest.Load()
+}
+
 // fetch reads the state's version and, if it moved from cur's (or force,
 // or cur is nil), the whole state: changed reports that all is it.
 func (run *opsRunner) fetch(ctx context.Context, cur *liveOps, force bool) (all map[string]string, changed bool, err error) {
@@ -627,10 +643,15 @@ func (l *Limiter) refreshOperator(ctx context.Context, force bool) error {
 }
 
 // syncOps applies the operator state last read, if l does not apply it
-// yet: its blocks, and rulesets recompiled with its overrides. It costs
-// two atomic loads when nothing changed.
+// yet: its blocks, and rulesets recompiled with its overrides; an
+// override lapses here at its expiry on the decision clock, refresh or
+// none (see opsRunner.lapse). It costs two atomic loads when nothing
+// changed and no override has an expiry, and a clock read when one has.
 func (l *Limiter) syncOps() {
 	o := l.opsRun.latest.Load()
+	if o != nil && o.nextExpiry != 0 {
+		o = l.opsRun.lapse(o)
+	}
 	if o == l.ops.Load() {
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
@@ -51,7 +52,9 @@ func (l *Limiter) limitNamed(name string) (*ruleset, int) {
 // LimitStatus reports, counting nothing, the state of the limit called
 // name (one of l's or of its routes', see [Limiter.LimitNames]) for the
 // identifier id, as [Limiter.Allow] takes it: Remaining, Reset, and
-// Denied if a request of cost 1 would be denied now. It is
+// Denied if a request of cost 1 would be denied now; an identifier an
+// [Operator] blocks reads Denied, with Remaining 0 and Blocked and Reset
+// the block's end, at every limit. It is
 // [Limiter.Status] for one limit, and has its failure behaviour (an
 // error, the zero LimitResult); it fails for an unknown name or an empty
 // id. For a limit counted by a composed or route Key, id is escaped as
@@ -70,7 +73,27 @@ func (l *Limiter) LimitStatus(ctx context.Context, name, id string) (LimitResult
 	if err != nil {
 		return LimitResult{}, err
 	}
-	return res.Limits[i], nil
+	lr := res.Limits[i]
+	if res.Blocked && lr.Skipped {
+		// A manual block answered for the first limit whose identifier it
+		// names, here the first limit, and asked no other: id is blocked
+		// at this one too (see blockedOutcome).
+		d.manualBlock(&lr, id, res.Now)
+	}
+	return lr, nil
+}
+
+// manualBlock makes lr, a limit's skipped result for id at now, what a
+// manual block of id answers for it: denied, full until the block ends.
+func (rs *ruleset) manualBlock(lr *LimitResult, id string, now time.Time) {
+	o := rs.ops.Load()
+	if o == nil || !o.blocking {
+		return
+	}
+	if _, until, ok := o.blocked([]string{id}, now.UnixMicro()); ok {
+		end := time.UnixMicro(until)
+		lr.Skipped, lr.Denied, lr.Remaining, lr.Reset, lr.Blocked = false, true, 0, end, end
+	}
 }
 
 // ResetLimit forgets everything the limit called name (one of l's or of
@@ -123,7 +146,7 @@ func (l *Limiter) limitLog(s *scratch, name, id string) (*ruleset, int, store.Lo
 // cache forgets the log; another instance may keep denying from its own
 // for up to its maximum age. It reports whether a block was lifted; a
 // limit that does not block lifts none. It has ResetLimit's errors and
-// timeout. (The seam for an operator's Unblock, issue 28.)
+// timeout. ([Operator.Unblock] of the Limiter's own Operator calls it.)
 func (l *Limiter) unblockLimit(ctx context.Context, name, id string) (bool, error) {
 	s := getScratch()
 	defer s.put()

@@ -10,17 +10,23 @@ import (
 // operator state ([Operator]: quota overrides and manual blocks) in Redis,
 // from a background goroutine, and reloads the state when it changed: one
 // HGET per interval, and one HGETALL per change. A change an Operator made
-// is in force here within every plus one decision timeout ([WithTimeout])
+// is in force here within the interval plus one decision timeout ([WithTimeout])
 // after it returned (at once for a change made with this Limiter's own
-// [Limiter.Operator]); a block ends at its expiry exactly, on this
-// Limiter's clock, and an override lapses at the first refresh after its
-// expiry. The state is first read when the Limiter is built, in the
-// background: a Limiter takes up to one timeout to apply the state that
-// was there before it. While Redis cannot be read, the last state read
-// stays in force. Default: 1s (the deny cache's default maximum age). 0
-// turns the refresh off: overrides and blocks are then never applied. A
-// negative interval is an error from [New]. [Limiter.Close] stops the
-// goroutine.
+// [Limiter.Operator]). A block ends and an override lapses at its expiry
+// exactly, on the clock decisions are timed by ([WithClock]), whether or
+// not a refresh runs in between; a lapsed override stays lapsed if that
+// clock then steps back, until the state is read again. The state is
+// first read when the Limiter is built, in the background: a Limiter
+// takes up to one timeout to apply the state that was there before it.
+// While Redis cannot be read, the last state read stays in force.
+// Default: 1s (the deny cache's default maximum age).
+//
+// 0 turns the refresh off: no goroutine, and no read at New. The
+// Limiter then applies no operator state but what it reads when its own
+// Operator ([Limiter.Operator]) makes a change, which reads the whole
+// state (the changes other Operators made before included); it never sees
+// a change made elsewhere until then. Expiries apply as above. A negative
+// interval is an error from [New]. [Limiter.Close] stops the goroutine.
 //
 // On a Redis Cluster the operator state's key is in its own slot, apart
 // from the counts, so it cannot be read by the script call that decides: a
@@ -74,8 +80,10 @@ func (l *Limiter) unblockAll(ctx context.Context, id string) (bool, error) {
 }
 
 // OperatorState returns the operator state l applies: the overrides and
-// blocks it last read ([WithOperatorRefresh]), those expired since
-// included until the next refresh. Version is 0 before the first read.
+// blocks it last read ([WithOperatorRefresh]), less the overrides that
+// have lapsed since on l's clock; blocks that have ended since are listed
+// until the state is read again or an override lapses. Version is 0
+// before the first read.
 func (l *Limiter) OperatorState() OperatorState {
 	l.syncOps()
 	if o := l.ops.Load(); o != nil {

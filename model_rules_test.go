@@ -317,9 +317,14 @@ type modelOutcome struct {
 	why        string // the model's verdicts, for messages
 	// limitShadow says which limits are shadow limits.
 	limitShadow []bool
+	// quotas holds each limit's quota in force for the decision.
+	quotas []int
 }
 
 func (o modelOutcome) String() string { return o.why }
+
+// quota returns limit i's quota in force for the decision.
+func (o modelOutcome) quota(i int) int { return o.quotas[i] }
 
 // denies says whether limit i denies the request in the model.
 func (o modelOutcome) denies(i int) bool {
@@ -377,6 +382,7 @@ func (s *modelState) decide(keys, ids []string, n int, now int64, split, peek bo
 	o.limitShadow = make([]bool, len(ids))
 	for i := range ids {
 		o.limitShadow[i] = s.limits[i].shadow
+		o.quotas = append(o.quotas, s.limits[i].quota)
 	}
 	var reserved []int // limits a split decision reserved the request in
 	rollBack := func() {

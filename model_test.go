@@ -47,6 +47,12 @@ import (
 // hour to a day; rule 6): the model says which clients are blocked, and
 // a block ends by a step that deletes its key, as its expiry on the
 // Redis clock would.
+// Quota overrides are a dimension too (model_override_test.go): limits
+// with a "pro" plan, overrides of limits and plans set with and without a
+// ttl and cleared, by an instance's own Operator or another process's,
+// with the operator refresh on (driven by the steps) or off; the model
+// knows the quota in force on each instance at its clock, and every
+// decision must decide with it and report it.
 //
 // Run it alone with
 //
@@ -65,11 +71,11 @@ import (
 func TestModel(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
 		mr := miniredis.RunT(t)
-		runModel(t, modelEnv{addr: mr.Addr(), minWindow: time.Millisecond, repeats: redistest.LongOr(t, 1, 2)})
+		runModel(t, modelEnv{addr: mr.Addr(), minWindow: time.Millisecond, repeats: redistest.LongOr(t, 1, 2), overrides: true})
 	})
 	t.Run("server", func(t *testing.T) {
 		srv := redistest.Start(t)
-		runModel(t, modelEnv{addr: srv.Addr, minWindow: time.Minute, expires: true, repeats: 5, minSteps: 10_000})
+		runModel(t, modelEnv{addr: srv.Addr, minWindow: time.Minute, expires: true, repeats: 5, minSteps: 10_000, overrides: true})
 	})
 }
 
@@ -77,8 +83,9 @@ func TestModel(t *testing.T) {
 // "clock" (every request in time order, one clock), "isolation" (no
 // concurrent decisions), "refund2" (no repeated refunds), "foreign" (no
 // foreign data), "buckets" (exact logs only), "split" (one Redis call),
-// "block" (no limit blocks).
-var modelOff = flag.String("model.off", "", "TestModel: comma-separated dimensions to leave out (clock, isolation, refund2, foreign, buckets, split, block); for investigation only")
+// "block" (no limit blocks), "override" (no quota overrides, see
+// model_override_test.go).
+var modelOff = flag.String("model.off", "", "TestModel: comma-separated dimensions to leave out (clock, isolation, refund2, foreign, buckets, split, block, override); for investigation only")
 
 // modelEnv is a backend the model test runs on.
 type modelEnv struct {
@@ -87,6 +94,7 @@ type modelEnv struct {
 	expires   bool          // keys expire on the server's clock, which runs while the test's stand still
 	repeats   int           // t.Repeat runs per check
 	minSteps  int           // steps the test must run with the default flags; 0: no minimum
+	overrides bool          // the overrides dimension runs (model_override_test.go)
 }
 
 func runModel(t *testing.T, env modelEnv) {
@@ -141,7 +149,8 @@ type modelRun struct {
 	model  modelState
 	issued []*issuedResult // Results an Allow returned, for refunds
 	steps  int
-	seen   map[string]int // how often the model saw each case, for the log
+	seen   map[string]int  // how often the model saw each case, for the log
+	ov     *modelOverrides // the overrides dimension, nil if left out
 }
 
 // issuedResult is a Result of Allow and what the model logged for it.
@@ -166,6 +175,7 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 		m.model.blockSlack = (30 * time.Minute).Microseconds() // far more than a check takes
 	}
 	n := rapid.IntRange(1, 4).Draw(rt, "limits")
+	m.ov = newModelOverrides(rt, env, off)
 	var limits []Limit
 	for i := range n {
 		ml := drawModelLimit(rt, i, env, !off["buckets"], !off["block"])
@@ -184,6 +194,7 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 		if ml.block > 0 {
 			l = l.Block(time.Duration(ml.block) * time.Microsecond)
 		}
+		l = m.drawPlans(rt, i, l)
 		limits = append(limits, l)
 	}
 	m.split = !off["split"] && rapid.Bool().Draw(rt, "split")
@@ -195,11 +206,12 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 	for k := range m.lims {
 		m.now[k] = start
 		m.clocks[k] = &testClock{t: time.UnixMicro(start)}
-		l, err := New(client, limits, WithClock(m.clocks[k].Now), WithDenyCache(0), WithTimeout(redistest.DecisionTimeout))
+		l, err := New(client, limits, append([]Option{WithClock(m.clocks[k].Now), WithDenyCache(0), WithTimeout(redistest.DecisionTimeout)}, m.overrideOptions(k)...)...)
 		if err != nil {
 			rt.Fatal(err)
 		}
 		m.lims[k] = l
+		m.overrideStarted(rt, k)
 	}
 	rt.Logf("limits %v, split %v, clocks at %d", m.model.limits, m.split, start)
 	return m
@@ -281,6 +293,7 @@ func (m *modelRun) actions() map[string]func(*rapid.T) {
 	if !m.off["block"] {
 		a["EndBlock"] = m.endBlock
 	}
+	m.overrideActions(a)
 	return a
 }
 
@@ -320,6 +333,7 @@ func (m *modelRun) allow(rt *rapid.T) {
 	k := rapid.IntRange(0, 1).Draw(rt, "instance")
 	ids := m.drawIDs(rt)
 	cost := drawCost(rt)
+	m.applyQuotas(k, ids)
 	want := m.model.decide(m.keysOf(ids), ids, cost, m.now[k], m.split, false)
 	res, err := m.lims[k].Allow(context.Background(), ids, cost)
 	desc := fmt.Sprintf("Allow(%q, %d) on instance %d at %d", ids, cost, k, m.now[k])
@@ -333,6 +347,7 @@ func (m *modelRun) status(rt *rapid.T) {
 	ids := m.drawIDs(rt)
 	cost := drawCost(rt)
 	keys := m.keysOf(ids)
+	m.applyQuotas(k, ids)
 	want := m.model.decide(keys, ids, cost, m.now[k], m.split, true)
 	before := m.snapshot(rt, keys)
 	res, err := m.lims[k].Status(context.Background(), ids, cost)
@@ -364,6 +379,7 @@ func (m *modelRun) concurrent(rt *rapid.T) {
 		for range m.model.limits {
 			c.ids = append(c.ids, perm[j])
 		}
+		m.applyQuotas(k, c.ids)
 		c.want = m.model.decide(m.keysOf(c.ids), c.ids, c.cost, m.now[k], m.split, false)
 		calls[j] = c
 	}
@@ -682,6 +698,7 @@ func (m *modelRun) compare(rt *rapid.T, desc string, res Result, err error, want
 	if res.Unreverted != 0 {
 		rt.Fatalf("%s: Unreverted %d", desc, res.Unreverted)
 	}
+	m.checkQuotas(rt, desc, res, want)
 	for i, lr := range res.Limits {
 		v := want.limits[i]
 		if lr.Skipped != !v.consulted {
@@ -719,7 +736,7 @@ func (m *modelRun) compare(rt *rapid.T, desc string, res Result, err error, want
 	}
 	retry := res.RetryAfter.Microseconds()
 	if want.never {
-		if retry != 0 || want.cost <= int64(m.model.limits[d].quota) {
+		if retry != 0 || want.cost <= int64(want.quota(d)) {
 			rt.Fatalf("%s: denied by %s with Retry-After %dµs; the model says the cost never fits (%s)", desc, res.DeniedBy, retry, want)
 		}
 	} else if retry < want.retryAfter {
