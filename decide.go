@@ -148,6 +148,7 @@ func (l *Limiter) deadline(ctx context.Context, start time.Time) time.Time {
 // a decision does not allocate for it.
 type scratch struct {
 	wantTicket bool // an admitted request's Result gets what Refund needs
+	digests    bool // ids are digests (IDDigest): the keys hold them as they are
 	noKey      int  // the limit whose Key could not identify the request (ErrNoKey), -1 if none
 	ids        []string
 	buf        []byte
@@ -175,7 +176,7 @@ func (s *scratch) put() {
 	clear(s.keys)
 	clear(s.tags)
 	s.ids, s.keys, s.tags, s.tiers, s.quotas = s.ids[:0], s.keys[:0], s.tags[:0], s.tiers[:0], s.quotas[:0]
-	s.wantTicket = false
+	s.wantTicket, s.digests = false, false
 	s.q, s.out = store.Query{}, store.Outcome{}
 	scratches.Put(s)
 }
@@ -201,7 +202,7 @@ func (rs *ruleset) keys(s *scratch, fromKeys bool) (keys, tags []string) {
 	for i := range rs.limits {
 		lim := &rs.limits[i]
 		start := len(buf)
-		buf = appendKey(buf, lim.head, s.ids[i], fromKeys && lim.Key.escaped)
+		buf = appendKey(buf, lim.head, s.ids[i], s.digests || fromKeys && lim.Key.escaped)
 		s.ends[2*i], s.ends[2*i+1] = start, len(buf)
 	}
 	s.buf = buf
