@@ -31,6 +31,8 @@
 //	GET  ./              the top denied identifiers of every limit
 //	GET  ./id?limit=L&id=I  the state of identifier I in limit L
 //	GET  ./id?limit=L&digest=D  the same, by the identifier's digest
+//	                     (id64=, the identifier in base64url, also
+//	                     stands for id=)
 //	POST ./reset  (form: limit, id or digest)  forget what L counted for
 //	                     the identifier, then redirect to its state
 //	                     (JSON: {"reset": true})
@@ -66,6 +68,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 	"weak"
 
 	"github.com/slidinglog/ratelimit"
@@ -193,6 +196,8 @@ func entryOf(e topk.Entry) Entry {
 	out := Entry{ID: e.ID, Count: e.Count, Err: e.Err}
 	if len(e.ID) > ratelimit.MaxKeyID {
 		out.Digest, out.ID = e.ID[:digestLen], e.ID[digestLen:]
+	} else if !utf8.ValidString(e.ID) {
+		out.ID64 = base64.RawURLEncoding.EncodeToString([]byte(e.ID))
 	}
 	return out
 }
@@ -295,8 +300,13 @@ type LimitIndex struct {
 // For an identifier longer than [ratelimit.MaxKeyID] bytes, Digest is its
 // digest ([ratelimit.IDDigest]), which looks it up and resets it, and ID
 // only its first bytes; Digest is empty for the others.
+//
+// JSON cannot carry an identifier that is not valid UTF-8 (the encoder
+// puts U+FFFD in place of its invalid bytes): ID64 then holds the
+// identifier in unpadded base64url, which id64= takes in place of id=.
 type Entry struct {
 	ID     string `json:"id"`
+	ID64   string `json:"id64,omitempty"`
 	Digest string `json:"digest,omitempty"`
 	Count  uint64 `json:"count"`
 	Err    uint64 `json:"err"`
