@@ -31,7 +31,7 @@ func TestOperatorStateBytes(t *testing.T) {
 	bound := MaxOperatorEntries * (MaxBlockTarget + operatorEntryBytes)
 	var live *liveOps
 	var st OperatorState
-	before := heapAlloc()
+	before := operatorHeap()
 	func() {
 		all := map[string]string{"v": "7"}
 		for i := range 3 * MaxOperatorEntries {
@@ -60,7 +60,7 @@ func TestOperatorStateBytes(t *testing.T) {
 		}
 		live = newLiveOps(st, now)
 	}()
-	after := heapAlloc()
+	after := operatorHeap()
 	held := after - min(before, after)
 	n := 0
 	for _, b := range st.Blocks {
@@ -86,9 +86,9 @@ func TestOperatorStateBytes(t *testing.T) {
 	runtime.KeepAlive(st)
 }
 
-// heapAlloc returns the bytes allocated and still reachable, after a
+// operatorHeap returns the bytes allocated and still reachable, after a
 // collection.
-func heapAlloc() uint64 {
+func operatorHeap() uint64 {
 	runtime.GC()
 	runtime.GC()
 	var ms runtime.MemStats
