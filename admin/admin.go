@@ -31,13 +31,14 @@
 //	GET  ./              the top denied identifiers of every limit
 //	GET  ./id?limit=L&id=I  the state of identifier I in limit L
 //	GET  ./id?limit=L&digest=D  the same, by the identifier's digest
-//	                     (id64=, the identifier in base64url, also
-//	                     stands for id=)
 //	POST ./reset  (form: limit, id or digest)  forget what L counted for
 //	                     the identifier, then redirect to its state
 //	                     (JSON: {"reset": true})
 //	POST ./unblock (form: target)  lift a manual block (ratelimit.Operator)
 //	POST ./clear  (form: limit, plan)  clear a quota override
+//
+// id64 and target64, the value in unpadded base64url, stand for id and
+// target everywhere.
 //
 // The index and an identifier's state show the quota overrides and manual
 // blocks the watched Limiters apply ([ratelimit.Limiter.OperatorState]);
