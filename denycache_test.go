@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
@@ -301,12 +300,13 @@ func testDenyCacheBucketedLimitsApart(t *testing.T, b backend) {
 // defaults), all distinct, of escaped and safe bytes, and checks that the
 // deny cache holds each by a key of at most the prefix, the limit's name
 // and 131 bytes, within MaxDenyBytes of that: it keeps no identifier whole.
-func TestDenyCacheHostileBytes(t *testing.T) {
+func TestDenyCacheHostileBytes(t *testing.T) { forBackends(t, testDenyCacheHostileBytes) }
+
+func testDenyCacheHostileBytes(t *testing.T, b backend) {
 	seed := rand.Uint64()
 	r := rand.New(rand.NewPCG(seed, 0))
-	mr := miniredis.RunT(t)
 	const prefix, name = "hostile:", "per-client"
-	lim := mustNew(t, redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true}), []Limit{PerMinute(1, Header("X-Client")).Named(name)},
+	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(1, Header("X-Client")).Named(name)},
 		WithPrefix(prefix), WithDenyCache(time.Minute))
 	h := lim.Handler(okHandler)
 	buf := make([]byte, 2<<20)
