@@ -37,7 +37,7 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	}
 	// A manual block answers from memory (see live.go); one atomic load
 	// when there is none.
-	if out := &s.out; rs.blockedOutcome(s.ids, q.Local.UnixMicro(), out, s.replies(len(rs.limits))) {
+	if out := &s.out; rs.blockedOutcome(rs.enforcedIDs(s), q.Local.UnixMicro(), out, s.replies(len(rs.limits))) {
 		res := rs.result(s, out, cost, peek)
 		res.Blocked = true
 		if res.index >= 0 {
@@ -67,6 +67,7 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 		return Result{Unreverted: out.Unreverted}, err
 	}
 	res := rs.result(s, out, cost, peek)
+	rs.reportShadowBlocks(s, &res, q.Local.UnixMicro())
 	if err == nil && out.Allowed && !peek && s.wantTicket {
 		t := &ticket{rs: rs.redis, denies: rs.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
 			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout}
@@ -76,6 +77,53 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 		res.ticket = t
 	}
 	return res, err
+}
+
+// enforcedIDs returns s.ids with those of shadow limits left empty, so
+// that a manual block is enforced only through enforced limits (a shadow
+// limit never denies: it reports a block, see reportShadowBlocks). It is
+// s.ids itself when no limit is a shadow one or nothing is blocked.
+func (rs *ruleset) enforcedIDs(s *scratch) []string {
+	if o := rs.ops.Load(); o == nil || !o.blocking || !rs.anyShadow() {
+		return s.ids
+	}
+	s.enforced = append(s.enforced[:0], s.ids...)
+	for i := range rs.limits {
+		if rs.limits[i].Shadow {
+			s.enforced[i] = "" // no block names the empty identifier
+		}
+	}
+	return s.enforced
+}
+
+// anyShadow reports whether a limit of rs is a shadow one.
+func (rs *ruleset) anyShadow() bool {
+	for i := range rs.limits {
+		if rs.limits[i].Shadow {
+			return true
+		}
+	}
+	return false
+}
+
+// reportShadowBlocks marks, in res, each shadow limit whose identifier a
+// manual block names at now as one that would deny: Denied, and Blocked
+// the block's end. The block is reported, never enforced, as a shadow
+// limit's denials are.
+func (rs *ruleset) reportShadowBlocks(s *scratch, res *Result, now int64) {
+	o := rs.ops.Load()
+	if o == nil || !o.blocking || len(res.Limits) != len(rs.limits) || len(s.ids) != len(rs.limits) {
+		return
+	}
+	for i := range rs.limits {
+		if !rs.limits[i].Shadow {
+			continue
+		}
+		s.enforced = append(s.enforced[:0], s.ids[i])
+		if _, until, ok := o.blocked(s.enforced, now); ok {
+			res.Limits[i].Denied, res.Limits[i].Blocked = true, time.UnixMicro(until)
+		}
+	}
 }
 
 // blockedOutcome fills out with the denial of a request of ids that a
@@ -148,8 +196,10 @@ func (l *Limiter) deadline(ctx context.Context, start time.Time) time.Time {
 // a decision does not allocate for it.
 type scratch struct {
 	wantTicket bool // an admitted request's Result gets what Refund needs
+	digests    bool // ids are digests (IDDigest): the keys hold them as they are
 	noKey      int  // the limit whose Key could not identify the request (ErrNoKey), -1 if none
 	ids        []string
+	enforced   []string // ids as manual blocks see them (enforcedIDs)
 	buf        []byte
 	ends       []int
 	keys       []string
@@ -172,10 +222,11 @@ func (s *scratch) put() {
 		return // left to the collector
 	}
 	clear(s.ids)
+	clear(s.enforced)
 	clear(s.keys)
 	clear(s.tags)
 	s.ids, s.keys, s.tags, s.tiers, s.quotas = s.ids[:0], s.keys[:0], s.tags[:0], s.tiers[:0], s.quotas[:0]
-	s.wantTicket = false
+	s.wantTicket, s.digests = false, false
 	s.q, s.out = store.Query{}, store.Outcome{}
 	scratches.Put(s)
 }
@@ -201,7 +252,7 @@ func (rs *ruleset) keys(s *scratch, fromKeys bool) (keys, tags []string) {
 	for i := range rs.limits {
 		lim := &rs.limits[i]
 		start := len(buf)
-		buf = appendKey(buf, lim.head, s.ids[i], fromKeys && lim.Key.escaped)
+		buf = appendKey(buf, lim.head, s.ids[i], s.digests || fromKeys && lim.Key.escaped)
 		s.ends[2*i], s.ends[2*i+1] = start, len(buf)
 	}
 	s.buf = buf

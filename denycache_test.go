@@ -2,6 +2,8 @@ package ratelimit
 
 import (
 	"context"
+	"math/rand/v2"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // TestDenyCache: once Redis has denied a key, requests of that cost or more
@@ -289,5 +292,49 @@ func testDenyCacheBucketedLimitsApart(t *testing.T, b backend) {
 	if err != nil || !res.Allowed {
 		t.Fatalf("after the upgrade: allowed %v, denied by %q (cached %v), err %v; want admitted: a has 90 left, b 9",
 			res.Allowed, res.DeniedBy, res.Cached, err)
+	}
+}
+
+// TestDenyCacheHostileBytes denies clients of identifiers of maximal
+// length (1 MB, the most a header value can be under net/http's
+// defaults), all distinct, of escaped and safe bytes, and checks that the
+// deny cache holds each by a key of at most the prefix, the limit's name
+// and 131 bytes, within MaxDenyBytes of that: it keeps no identifier whole.
+func TestDenyCacheHostileBytes(t *testing.T) { forBackends(t, testDenyCacheHostileBytes) }
+
+func testDenyCacheHostileBytes(t *testing.T, b backend) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 0))
+	const prefix, name = "hostile:", "per-client"
+	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(1, Header("X-Client")).Named(name)},
+		WithPrefix(prefix), WithDenyCache(time.Minute))
+	h := lim.Handler(okHandler)
+	buf := make([]byte, 2<<20)
+	for i := range buf {
+		const alphabet = " !%{}#|~azAZ09\xff"
+		buf[i] = alphabet[r.IntN(len(alphabet))]
+	}
+	big := strings.Map(func(c rune) rune { // a header value: no control bytes
+		if c < ' ' {
+			return 'x'
+		}
+		return c
+	}, string(buf))
+	n := 50 + r.IntN(100)
+	for i := range n {
+		id := big[i : i+1<<20]
+		for range 2 {
+			req := httptest.NewRequest("GET", "/", nil)
+			req.Header.Set("X-Client", id)
+			h.ServeHTTP(httptest.NewRecorder(), req)
+		}
+	}
+	maxKey := len(prefix) + len(name) + len(":{}") + maxIDLen
+	held := lim.denies.Len()
+	if held < n/2 || held > n {
+		t.Fatalf("seed %d: %d denials held for %d clients", seed, held, n)
+	}
+	if b := lim.denies.Bytes(); b > held*(maxKey+store.DenyEntryOverhead) || b > store.MaxDenyBytes(maxKey) {
+		t.Errorf("seed %d: %d denials hold %d bytes, more than %d each", seed, held, b, maxKey+store.DenyEntryOverhead)
 	}
 }

@@ -166,7 +166,11 @@ func (l Limit) Tiered(p Plans) Limit {
 // the rate-limit headers.
 // A request it has no room for is still served and counted in the enforced
 // limits exactly as without it, and is not logged in the shadow limit, whose
-// log so shows what enforcing it would have admitted.
+// log so shows what enforcing it would have admitted. A manual block
+// ([Operator.Block]) of the identifier it counts by is likewise reported,
+// never enforced: its LimitResult says Denied, and Blocked until when; the
+// block denies only through an enforced limit that counts by a blocked
+// identifier.
 func (l Limit) Shadowed() Limit {
 	l.Shadow = true
 	return l

@@ -319,7 +319,12 @@ func parseCIDR(s string) (netip.Prefix, bool) {
 
 // parseOperatorState reads the fields of the operator hash, those expired
 // at now (Unix µs) and malformed ones left out; at most
-// MaxOperatorEntries, and dropped reports how many more there were.
+// MaxOperatorEntries, and dropped reports how many more there were. A
+// block of a target longer than MaxBlockTarget, which an Operator never
+// writes, is malformed: what a Limiter keeps of the hash is bounded in
+// bytes, MaxOperatorEntries entries of at most MaxBlockTarget bytes of
+// target (or two names of at most maxNameLen), whatever is written into
+// Redis.
 func parseOperatorState(all map[string]string, now int64) (st OperatorState, dropped int) {
 	st.Version, _ = strconv.ParseInt(all["v"], 10, 64)
 	fields := make([]string, 0, len(all))
@@ -348,7 +353,7 @@ func parseOperatorState(all map[string]string, now int64) (st OperatorState, dro
 			st.Quotas = append(st.Quotas, QuotaOverride{Limit: limit, Plan: plan, Quota: quota, Expires: microTime(exp)})
 		case strings.HasPrefix(f, "b/"):
 			exp, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || exp <= 0 || expired(exp, now) || len(f) == 2 {
+			if err != nil || exp <= 0 || expired(exp, now) || len(f) == 2 || len(f)-2 > MaxBlockTarget {
 				continue
 			}
 			b := ManualBlock{Target: f[2:], Expires: microTime(exp)}

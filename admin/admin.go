@@ -13,10 +13,16 @@
 // [ratelimit.LimiterWatcher], given the Limiter to read and reset
 // identifiers with. One Handler may observe several Limiters.
 //
-// The Handler counts denials in this process only, in bounded memory
-// whatever the number of clients (a heavy-hitters sketch: see
-// [Options.Capacity]); the state of an identifier and a reset are read
-// and made in Redis, for every replica.
+// The Handler counts denials in this process only, in memory bounded in
+// bytes whatever the number and the length of the identifiers (a
+// heavy-hitters sketch: see [Options.Capacity]); the state of an
+// identifier and a reset are read and made in Redis, for every replica.
+//
+// An identifier longer than [ratelimit.MaxKeyID] bytes is not kept whole:
+// the Redis keys hold its digest ([ratelimit.IDDigest]) instead, and so
+// does the sketch, with its first bytes to recognise it by. Such an entry
+// is looked up and reset by its digest (digest=, in place of id=), as the
+// page's links and forms do.
 //
 // Endpoints, relative to where the Handler is mounted (a path ending in
 // "/"); each answers JSON when the query has format=json or the Accept
@@ -24,10 +30,15 @@
 //
 //	GET  ./              the top denied identifiers of every limit
 //	GET  ./id?limit=L&id=I  the state of identifier I in limit L
-//	POST ./reset  (form: limit, id)  forget what L counted for I, then
-//	                     redirect to its state (JSON: {"reset": true})
+//	GET  ./id?limit=L&digest=D  the same, by the identifier's digest
+//	POST ./reset  (form: limit, id or digest)  forget what L counted for
+//	                     the identifier, then redirect to its state
+//	                     (JSON: {"reset": true})
 //	POST ./unblock (form: target)  lift a manual block (ratelimit.Operator)
 //	POST ./clear  (form: limit, plan)  clear a quota override
+//
+// id64 and target64, the value in unpadded base64url, stand for id and
+// target everywhere.
 //
 // The index and an identifier's state show the quota overrides and manual
 // blocks the watched Limiters apply ([ratelimit.Limiter.OperatorState]);
@@ -40,15 +51,15 @@
 // ([http.CrossOriginProtection]), so that a page elsewhere cannot make an
 // operator's browser reset counts. Identifiers are the clients' input:
 // they are escaped in HTML and JSON, and an identifier longer than
-// [MaxID] bytes is refused.
-//
-// Runtime overrides of quotas and blocks are not available yet: the JSON
-// has their fields (always null) and the page their sections, so that
-// tools need not change when they come.
+// [MaxID] bytes is refused in a request (look a longer one up by its
+// digest). The page's forms carry identifiers base64url-encoded (id64=,
+// in place of id=), so that form encoding, which turns a lone CR or LF
+// into CRLF, cannot make a Reset act on another identifier.
 package admin
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -58,6 +69,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 	"weak"
 
 	"github.com/slidinglog/ratelimit"
@@ -74,6 +86,11 @@ type Options struct {
 	// minute; 100 if 0 or less. An identifier denied more than 1/Capacity
 	// of a limit's denials over the window is always listed, and counts
 	// are over the truth by at most that much, never under.
+	//
+	// Each limit's sketch holds at most Capacity*Minutes entries, each of
+	// at most [ratelimit.MaxKeyID]+1 bytes of identifier (a longer one is
+	// kept as its digest and first bytes): [SketchBytes] is the bound,
+	// about 380 KB per limit with the defaults, whatever the clients send.
 	Capacity int
 	// Minutes is the window the top identifiers are counted over, in
 	// whole minutes; 10 if 0 or less.
@@ -87,6 +104,16 @@ type Options struct {
 	Timeout time.Duration
 	// Now is the clock the sketch counts minutes by; time.Now if nil.
 	Now func() time.Time
+}
+
+// SketchBytes is the most memory, in bytes, the sketch of one limit
+// holds under o (defaults for zero fields), whatever the identifiers:
+// Capacity*Minutes entries of at most 256 bytes of identifier and their
+// bookkeeping. The sketches of a Handler hold at most one per limit name
+// the observed Limiters deny by.
+func SketchBytes(o Options) int {
+	o = o.withDefaults()
+	return topk.MaxBytes(o.Capacity, o.Minutes)
 }
 
 // Handler is an [http.Handler] that shows the denials of the Limiters it
@@ -103,6 +130,12 @@ type Handler struct {
 // New returns a Handler with the given options (defaults for zero
 // fields).
 func New(o Options) *Handler {
+	o = o.withDefaults()
+	return &Handler{opts: o, top: topk.NewSet(o.Capacity, o.Minutes, time.Minute), origin: http.NewCrossOriginProtection()}
+}
+
+// withDefaults returns o with the defaults for its zero fields.
+func (o Options) withDefaults() Options {
 	if o.Capacity <= 0 {
 		o.Capacity = 100
 	}
@@ -118,7 +151,7 @@ func New(o Options) *Handler {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Handler{opts: o, top: topk.NewSet(o.Capacity, o.Minutes, time.Minute), origin: http.NewCrossOriginProtection()}
+	return o
 }
 
 // Observe implements [ratelimit.Observer]; the Handler needs only the
@@ -126,9 +159,48 @@ func New(o Options) *Handler {
 func (h *Handler) Observe(ratelimit.Result, error, time.Duration) {}
 
 // ObserveDenial counts a denial of id by limit ([ratelimit.DenialObserver]).
-// It does not allocate for an identifier already counted this minute.
+// It does not allocate for an identifier of at most
+// [ratelimit.MaxKeyID] bytes already counted this minute; a longer one
+// costs its digest.
 func (h *Handler) ObserveDenial(limit, id string) {
-	h.top.Add(limit, id, h.opts.Now())
+	h.top.Add(limit, sketchRef(id), h.opts.Now())
+}
+
+// The sketch holds an identifier of at most ratelimit.MaxKeyID bytes as
+// it is, and a longer one as a ref: its digest (ratelimit.IDDigest), then
+// its first shownLen bytes, so that a ref is longer than MaxKeyID and
+// never taken for an identifier, and at most MaxKeyID+1 bytes.
+var digestLen = len(ratelimit.IDDigest(strings.Repeat("x", ratelimit.MaxKeyID+1)))
+
+var shownLen = ratelimit.MaxKeyID + 1 - digestLen
+
+// isDigest reports whether d has the form of ratelimit.IDDigest's digests.
+func isDigest(d string) bool {
+	if len(d) != digestLen || d[0] != '#' {
+		return false
+	}
+	_, err := base64.RawURLEncoding.DecodeString(d[1:])
+	return err == nil
+}
+
+// sketchRef returns what the sketch holds for id.
+func sketchRef(id string) string {
+	d := ratelimit.IDDigest(id)
+	if d == "" {
+		return id
+	}
+	return d + id[:shownLen]
+}
+
+// entryOf returns the Entry of a sketch's entry.
+func entryOf(e topk.Entry) Entry {
+	out := Entry{ID: e.ID, Count: e.Count, Err: e.Err}
+	if len(e.ID) > ratelimit.MaxKeyID {
+		out.Digest, out.ID = e.ID[:digestLen], e.ID[digestLen:]
+	} else if !utf8.ValidString(e.ID) {
+		out.ID64 = base64.RawURLEncoding.EncodeToString([]byte(e.ID))
+	}
+	return out
 }
 
 // Watch gives the Handler a Limiter to read and reset identifiers with
@@ -226,16 +298,29 @@ type LimitIndex struct {
 
 // Entry is an identifier and its denials over the window, counted in
 // bounded memory: Count is an upper bound, over the truth by at most Err.
+// For an identifier longer than [ratelimit.MaxKeyID] bytes, Digest is its
+// digest ([ratelimit.IDDigest]), which looks it up and resets it, and ID
+// only its first bytes; Digest is empty for the others.
+//
+// JSON cannot carry an identifier that is not valid UTF-8 (the encoder
+// puts U+FFFD in place of its invalid bytes): ID64 then holds the
+// identifier in unpadded base64url, which id64= takes in place of id=.
 type Entry struct {
-	ID    string `json:"id"`
-	Count uint64 `json:"count"`
-	Err   uint64 `json:"err"`
+	ID     string `json:"id"`
+	ID64   string `json:"id64,omitempty"`
+	Digest string `json:"digest,omitempty"`
+	Count  uint64 `json:"count"`
+	Err    uint64 `json:"err"`
 }
 
 // IDState is the JSON of one identifier's state in one limit.
 type IDState struct {
-	Limit         string    `json:"limit"`
+	Limit string `json:"limit"`
+	// ID is the identifier, "" when looked up by its digest; Digest is
+	// its digest if it is longer than [ratelimit.MaxKeyID] bytes (see
+	// [Entry]), else "".
 	ID            string    `json:"id"`
+	Digest        string    `json:"digest,omitempty"`
 	Plan          string    `json:"plan"`
 	Quota         int       `json:"quota"`
 	WindowSeconds float64   `json:"window_seconds"`
@@ -301,7 +386,7 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request) {
 		win := h.top.Window(name)
 		top := []Entry{}
 		for _, e := range win.Top(n, now) {
-			top = append(top, Entry(e))
+			top = append(top, entryOf(e))
 		}
 		idx.Limits = append(idx.Limits, LimitIndex{Name: name, Denied: win.Total(now), Top: top})
 	}
@@ -312,19 +397,38 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request) {
 	render(w, http.StatusOK, page{Title: "Rate limits: top denied identifiers", Index: &idx, Minutes: h.opts.Minutes, Names: h.names()})
 }
 
-// query returns r's limit and id, checked.
-func (h *Handler) query(r *http.Request) (limit, id string, l *ratelimit.Limiter, status int, err error) {
-	limit, id = r.FormValue("limit"), r.FormValue("id")
+// query returns r's limit, and its identifier (id, or id64 decoded) or
+// the digest of one, checked: an id of more than ratelimit.MaxKeyID
+// bytes comes with its digest.
+func (h *Handler) query(r *http.Request) (limit, id, digest string, l *ratelimit.Limiter, status int, err error) {
+	fail := func(status int, msg string) (string, string, string, *ratelimit.Limiter, int, error) {
+		return "", "", "", nil, status, errors.New(msg)
+	}
+	limit, id, digest = r.FormValue("limit"), r.FormValue("id"), r.FormValue("digest")
+	if s := r.FormValue("id64"); s != "" && id == "" {
+		b, err := base64.RawURLEncoding.DecodeString(s)
+		if err != nil || len(b) == 0 {
+			return fail(http.StatusBadRequest, "id64 is not an identifier in base64url (unpadded)")
+		}
+		id = string(b)
+	}
 	switch {
-	case limit == "" || id == "":
-		return "", "", nil, http.StatusBadRequest, errors.New("limit and id are required")
+	case limit == "" || id == "" && digest == "":
+		return fail(http.StatusBadRequest, "limit, and id or digest, are required")
+	case id != "" && digest != "":
+		return fail(http.StatusBadRequest, "give id or digest, not both")
 	case len(id) > MaxID || len(limit) > MaxID:
-		return "", "", nil, http.StatusBadRequest, errors.New("id too long")
+		return fail(http.StatusBadRequest, "id too long: look it up by its digest")
+	case digest != "" && !isDigest(digest):
+		return fail(http.StatusBadRequest, "digest is not an identifier's digest ('#' and 43 base64url characters)")
+	}
+	if id != "" {
+		digest = ratelimit.IDDigest(id)
 	}
 	if l = h.limiterOf(limit); l == nil {
-		return "", "", nil, http.StatusNotFound, errors.New("no watched limiter has this limit")
+		return fail(http.StatusNotFound, "no watched limiter has this limit")
 	}
-	return limit, id, l, 0, nil
+	return limit, id, digest, l, 0, nil
 }
 
 func (h *Handler) id(w http.ResponseWriter, r *http.Request) {
@@ -332,22 +436,27 @@ func (h *Handler) id(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusMethodNotAllowed, errors.New("GET only"))
 		return
 	}
-	limit, id, l, status, err := h.query(r)
+	limit, id, digest, l, status, err := h.query(r)
 	if err != nil {
 		h.fail(w, r, status, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
 	defer cancel()
-	lr, err := l.LimitStatus(ctx, limit, id)
+	var lr ratelimit.LimitResult
+	if id != "" {
+		lr, err = l.LimitStatus(ctx, limit, id)
+	} else {
+		lr, err = l.LimitStatusDigest(ctx, limit, digest)
+	}
 	if err != nil {
 		h.fail(w, r, http.StatusServiceUnavailable, err)
 		return
 	}
-	st := IDState{Limit: limit, ID: id, Plan: lr.Plan, Quota: lr.Quota, WindowSeconds: lr.Window.Seconds(),
+	st := IDState{Limit: limit, ID: id, Digest: digest, Plan: lr.Plan, Quota: lr.Quota, WindowSeconds: lr.Window.Seconds(),
 		Remaining: lr.Remaining, Reset: lr.Reset, Denied: lr.Denied}
-	for _, e := range h.top.Window(limit).Top(0, h.opts.Now()) {
-		if e.ID == id {
+	for _, te := range h.top.Window(limit).Top(0, h.opts.Now()) {
+		if e := entryOf(te); e.Digest == digest && (digest != "" || e.ID == id) {
 			st.DeniedRecently = e.Count
 		}
 	}
@@ -380,22 +489,27 @@ func (h *Handler) reset(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusForbidden, err)
 		return
 	}
-	limit, id, l, status, err := h.query(r)
+	limit, id, digest, l, status, err := h.query(r)
 	if err != nil {
 		h.fail(w, r, status, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
 	defer cancel()
-	if err := l.ResetLimit(ctx, limit, id); err != nil {
+	if id != "" {
+		err = l.ResetLimit(ctx, limit, id)
+	} else {
+		err = l.ResetLimitDigest(ctx, limit, digest)
+	}
+	if err != nil {
 		h.fail(w, r, http.StatusServiceUnavailable, err)
 		return
 	}
 	if wantsJSON(r) {
-		writeJSON(w, http.StatusOK, map[string]any{"reset": true, "limit": limit, "id": id})
+		writeJSON(w, http.StatusOK, map[string]any{"reset": true, "limit": limit, "id": id, "digest": digest})
 		return
 	}
-	http.Redirect(w, r, "id?"+urlValues(limit, id), http.StatusSeeOther)
+	http.Redirect(w, r, "id?"+urlValues(limit, id, digest), http.StatusSeeOther)
 }
 
 // operatorState returns the overrides and blocks the watched Limiters
@@ -467,6 +581,14 @@ func (h *Handler) operate(w http.ResponseWriter, r *http.Request, field string, 
 		return
 	}
 	arg := r.FormValue(field)
+	if s := r.FormValue(field + "64"); s != "" && arg == "" { // the page's forms: see the package doc
+		b, err := base64.RawURLEncoding.DecodeString(s)
+		if err != nil {
+			h.fail(w, r, http.StatusBadRequest, errors.New(field+"64 is not base64url (unpadded)"))
+			return
+		}
+		arg = string(b)
+	}
 	if arg == "" || len(arg) > MaxID {
 		h.fail(w, r, http.StatusBadRequest, errors.New(field+" is required, of at most MaxID bytes"))
 		return

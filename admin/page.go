@@ -2,6 +2,7 @@ package admin
 
 import (
 	"bytes"
+	"encoding/base64"
 	"html/template"
 	"net/http"
 	"net/url"
@@ -19,13 +20,23 @@ type page struct {
 	JSON    string   // the link to the page's JSON
 }
 
-func urlValues(limit, id string) string {
+// urlValues returns the query of an identifier's state: by id, or by
+// digest if it has no id.
+func urlValues(limit, id, digest string) string {
+	if id == "" {
+		return url.Values{"limit": {limit}, "digest": {digest}}.Encode()
+	}
 	return url.Values{"limit": {limit}, "id": {id}}.Encode()
 }
 
+// b64 is how the page's forms carry identifiers (id64, target64): form
+// encoding turns a lone CR or LF of a field into CRLF, but leaves these
+// bytes as they are.
+func b64(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
 // html/template escapes every value for where it stands: identifiers are
 // the clients' input.
-var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{"inc": func(i int) int { return i + 1 }}).Parse(`<!DOCTYPE html>
+var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{"inc": func(i int) int { return i + 1 }, "b64": b64}).Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -61,9 +72,9 @@ form.inline { display: inline; margin: 0; }
 <tr><th>#</th><th>Identifier</th><th>Denials</th><th>±</th><th></th></tr>
 {{$limit := .Name}}{{range $i, $e := .Top}}<tr>
 <td class="n">{{inc $i}}</td>
-<td class="id"><a href="id?limit={{$limit}}&amp;id={{$e.ID}}">{{$e.ID}}</a></td>
+{{if $e.Digest}}<td class="id"><a href="id?limit={{$limit}}&amp;digest={{$e.Digest}}">{{$e.ID}}…</a> <span class="muted">({{len $e.ID}} bytes shown; digest {{$e.Digest}})</span></td>{{else}}<td class="id"><a href="id?limit={{$limit}}&amp;id={{$e.ID}}">{{$e.ID}}</a></td>{{end}}
 <td class="n">{{$e.Count}}</td><td class="n">{{$e.Err}}</td>
-<td><form class="inline" method="post" action="reset"><input type="hidden" name="limit" value="{{$limit}}"><input type="hidden" name="id" value="{{$e.ID}}"><button type="submit">Reset</button></form></td>
+<td><form class="inline" method="post" action="reset"><input type="hidden" name="limit" value="{{$limit}}">{{if $e.Digest}}<input type="hidden" name="digest" value="{{$e.Digest}}">{{else}}<input type="hidden" name="id64" value="{{b64 $e.ID}}">{{end}}<button type="submit">Reset</button></form></td>
 </tr>{{end}}
 </table>
 {{else}}<p class="muted">No denials.</p>{{end}}
@@ -82,14 +93,15 @@ form.inline { display: inline; margin: 0; }
 <tr><th>Target</th><th>Expires</th><th></th></tr>
 {{range .Blocks}}<tr>
 <td class="id">{{.Target}}</td><td>{{.Expires.UTC.Format "2006-01-02 15:04:05 MST"}}</td>
-<td><form class="inline" method="post" action="unblock"><input type="hidden" name="target" value="{{.Target}}"><button type="submit">Unblock</button></form></td>
+<td><form class="inline" method="post" action="unblock"><input type="hidden" name="target64" value="{{b64 .Target}}"><button type="submit">Unblock</button></form></td>
 </tr>{{end}}
 </table>{{else}}<p class="muted">None.</p>{{end}}
 {{end}}
 {{with .State}}
 <table class="state">
 <tr><th>Limit</th><td>{{.Limit}}</td></tr>
-<tr><th>Identifier</th><td class="id" id="id">{{.ID}}</td></tr>
+<tr><th>Identifier</th><td class="id" id="id">{{if .ID}}{{.ID}}{{else}}<span class="muted">known by its digest only</span>{{end}}</td></tr>
+{{with .Digest}}<tr><th>Digest</th><td class="id" id="digest">{{.}}</td></tr>{{end}}
 <tr><th>Plan</th><td>{{if .Plan}}{{.Plan}}{{else}}<span class="muted">default</span>{{end}}</td></tr>
 <tr><th>Quota</th><td>{{.Quota}} per {{.WindowSeconds}} s</td></tr>
 <tr><th>Remaining</th><td id="remaining">{{.Remaining}}</td></tr>
@@ -98,9 +110,9 @@ form.inline { display: inline; margin: 0; }
 <tr><th>Denials recently</th><td>{{.DeniedRecently}} in the last {{$.Minutes}} minutes, in this process</td></tr>
 <tr><th>Override</th><td id="override">{{with .Override}}quota {{.Quota}}{{with .Expires}} until {{.UTC.Format "2006-01-02 15:04:05 MST"}}{{end}}{{else}}<span class="muted">none</span>{{end}}</td></tr>
 <tr><th>Block</th><td id="block">{{with .Block}}blocked ({{.Target}}) until {{.Expires.UTC.Format "2006-01-02 15:04:05 MST"}}
-<form class="inline" method="post" action="unblock"><input type="hidden" name="target" value="{{.Target}}"><button type="submit">Unblock</button></form>{{else}}<span class="muted">none</span>{{end}}</td></tr>
+<form class="inline" method="post" action="unblock"><input type="hidden" name="target64" value="{{b64 .Target}}"><button type="submit">Unblock</button></form>{{else}}<span class="muted">none</span>{{end}}</td></tr>
 </table>
-<form method="post" action="reset"><input type="hidden" name="limit" value="{{.Limit}}"><input type="hidden" name="id" value="{{.ID}}"><button type="submit">Reset this identifier in {{.Limit}}</button></form>
+<form method="post" action="reset"><input type="hidden" name="limit" value="{{.Limit}}">{{if .ID}}<input type="hidden" name="id64" value="{{b64 .ID}}">{{else}}<input type="hidden" name="digest" value="{{.Digest}}">{{end}}<button type="submit">Reset this identifier in {{.Limit}}</button></form>
 {{end}}
 </body>
 </html>
@@ -110,7 +122,7 @@ form.inline { display: inline; margin: 0; }
 func render(w http.ResponseWriter, status int, p page) {
 	p.JSON = "?format=json"
 	if p.State != nil {
-		p.JSON = "id?format=json&" + urlValues(p.State.Limit, p.State.ID)
+		p.JSON = "id?format=json&" + urlValues(p.State.Limit, p.State.ID, p.State.Digest)
 	}
 	var buf bytes.Buffer
 	if err := pageTemplate.Execute(&buf, p); err != nil {

@@ -12,12 +12,25 @@ import (
 // MaxDenyEntries bounds the denials a Limiter keeps in memory.
 const MaxDenyEntries = 100_000
 
+// DenyEntryOverhead is what a denial costs beside its key's bytes, at
+// most: its map entry, its denial, and the rounding of its key's copy.
+const DenyEntryOverhead = 320
+
+// MaxDenyBytes is the most memory, in bytes, a DenyCache holds for its
+// denials when no key is longer than maxKey bytes: MaxDenyEntries of them,
+// each its key's bytes and DenyEntryOverhead. A Limiter's keys are its
+// prefix, a limit's name and at most 131 bytes more (an identifier is
+// held by its digest beyond 128 bytes, see the root package's rediskey.go),
+// whatever the clients send. [DenyCache.Bytes] is what it holds now.
+func MaxDenyBytes(maxKey int) int { return MaxDenyEntries * (maxKey + DenyEntryOverhead) }
+
 // DenyCache remembers, per log, the limits that Redis reported full:
 // denied, or left with nothing remaining by an admission; or blocking the
 // client (a limit's Block), until the block ends, or MaxAge at most.
 //
-// Its memory is bounded and given back: it holds at most maxDenyEntries
-// denials, and when full drops expired ones, then arbitrary ones (a
+// Its memory is bounded in bytes and given back: it holds at most
+// MaxDenyEntries denials (see MaxDenyBytes), and when full drops expired
+// ones, then arbitrary ones (a
 // dropped denial costs a call to Redis, which keeps the count: no client's
 // traffic erases another's count); a denial that has expired is dropped by
 // the next sweep (see sweeper), which the cache's lookups start. An entry
@@ -172,6 +185,18 @@ func (c *DenyCache) release(now time.Time) {
 	if c.sweep.Due(us) {
 		c.m = SweepMap(&c.sweep, c.m, us, func(e *denial) int64 { return e.until.UnixMicro() })
 	}
+}
+
+// Bytes returns the memory c's denials hold, in bytes: each its key's
+// bytes and DenyEntryOverhead; at most MaxDenyBytes of the longest key.
+func (c *DenyCache) Bytes() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	n := 0
+	for id := range c.m {
+		n += len(id.Key) + DenyEntryOverhead
+	}
+	return n
 }
 
 // Len returns how many denials c holds.

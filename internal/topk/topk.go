@@ -12,9 +12,12 @@
 // (N all the additions to its slots) is always reported, with a count
 // over the truth by at most its reported Err, itself at most N/k.
 //
-// Memory is k entries per slot whatever the number of distinct strings,
-// plus the strings themselves; adding a string already counted does not
-// allocate, adding another allocates its copy.
+// Memory is bounded in bytes: k entries per slot whatever the number of
+// distinct strings, each of a string of at most MaxLen bytes (a longer one
+// is counted under its first MaxLen bytes: callers that need to tell long
+// strings apart shorten them first, as the admin package does); see
+// [Window.Bytes]. Adding a string already counted does not allocate,
+// adding another allocates its copy.
 package topk
 
 import (
@@ -56,8 +59,26 @@ func NewWindow(k, slots int, span time.Duration) *Window {
 	return w
 }
 
-// Add counts id once at now.
+// MaxLen is the longest string a Window keeps: Add counts a longer one
+// under its first MaxLen bytes.
+const MaxLen = 256
+
+// EntryOverhead is what an entry costs beside its string's bytes, at
+// most: its place in a slot's heap and index.
+const EntryOverhead = 128
+
+// MaxBytes is the most memory a Window of k strings per slot over slots
+// slots holds for its entries, in bytes: k*slots entries of MaxLen bytes
+// and EntryOverhead each. [Window.Bytes] is what it holds now.
+func MaxBytes(k, slots int) int {
+	return max(k, 1) * max(slots, 1) * (MaxLen + EntryOverhead)
+}
+
+// Add counts id once at now (its first MaxLen bytes).
 func (w *Window) Add(id string, now time.Time) {
+	if len(id) > MaxLen {
+		id = id[:MaxLen]
+	}
 	epoch := now.UnixNano() / int64(w.span)
 	w.mu.Lock()
 	s := &w.slots[int(uint64(epoch)%uint64(len(w.slots)))]
@@ -85,6 +106,25 @@ func (w *Window) Total(now time.Time) uint64 {
 	for i := range w.slots {
 		if s := &w.slots[i]; w.live(s, epoch) {
 			n += s.total
+		}
+	}
+	return n
+}
+
+// Bytes returns the memory w's entries hold, in bytes: their strings'
+// bytes and EntryOverhead each, slots out of the window included (their
+// memory is kept until reused). It is at most MaxBytes of w's k and
+// slots; 0 for a nil Window.
+func (w *Window) Bytes() int {
+	if w == nil {
+		return 0
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for i := range w.slots {
+		for _, e := range w.slots[i].heap {
+			n += len(e.id) + EntryOverhead
 		}
 	}
 	return n

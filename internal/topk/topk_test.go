@@ -195,3 +195,48 @@ func TestSetNamesBounded(t *testing.T) {
 		t.Errorf("%d names, want %d", n, MaxNames)
 	}
 }
+
+// heapAlloc returns the bytes allocated and still reachable, after a
+// collection.
+func heapAlloc() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// TestWindowBytes fills a Window with hostile strings of maximal length
+// (1 MB, the most a header value can be under net/http's defaults; a Key
+// may return longer), distinct, over every slot and beyond, and checks
+// that what it holds, by its own accounting (Bytes) and by the heap, is
+// within MaxBytes: the strings are not kept whole.
+func TestWindowBytes(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 0))
+	k, slots := 1+r.IntN(16), 1+r.IntN(4)
+	buf := make([]byte, 2<<20)
+	for i := range buf {
+		buf[i] = byte(r.Uint32())
+	}
+	big := string(buf) // every id is a 1 MB window of it, all distinct
+	before := heapAlloc()
+	w := NewWindow(k, slots, time.Minute)
+	for i := range 4 * k * (slots + 1) {
+		id := big[i : i+1<<20]
+		w.Add(id, t0.Add(time.Duration(i%(slots+1))*time.Minute))
+	}
+	after := heapAlloc()
+	held := after - min(before, after)
+	runtime.KeepAlive(big)
+	bound := MaxBytes(k, slots)
+	if b := w.Bytes(); b > bound || b == 0 {
+		t.Errorf("seed %d: k=%d slots=%d: Bytes %d, bound %d", seed, k, slots, b, bound)
+	}
+	// The slots' initial allocation (heap and index of k) is part of
+	// what the Window holds; allow a page for the allocator's rounding.
+	if held > uint64(bound)+8192 {
+		t.Errorf("seed %d: k=%d slots=%d: the Window holds %d bytes, bound %d", seed, k, slots, held, bound)
+	}
+	runtime.KeepAlive(w)
+}

@@ -1,0 +1,118 @@
+package ratelimit
+
+import (
+	"context"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// TestIDDigest generates identifiers of every length around MaxKeyID and
+// beyond (up to 1 MB, as a header can be), of safe and escaped bytes,
+// denies them through the middleware by a Header limit and a Compose
+// limit, and checks that what a DenialObserver is told, once digested by
+// IDDigest, addresses the client's counts: LimitStatusDigest reports the
+// denial as LimitStatus of the identifier does, and ResetLimitDigest
+// forgets that limit's counts for it and nothing else. Identifiers of at
+// most MaxKeyID bytes have no digest.
+func TestIDDigest(t *testing.T) { forBackends(t, testIDDigest) }
+
+func testIDDigest(t *testing.T, b backend) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 0))
+	opts, _ := b.clock(t0)
+	log := &denialLog{}
+	lim := mustNew(t, b.newClient(t), []Limit{
+		PerMinute(1, Header("X-A")).Named("a"),
+		PerMinute(1, Compose(Header("X-B"), Header("X-A"))).Named("ab"),
+	}, append(opts, WithObserver(log))...)
+	h := lim.Handler(okHandler)
+	ctx := context.Background()
+	const alphabet = "abcXYZ019-._~ %{}#|\x01\xff"
+	gen := func() string {
+		var n int
+		switch r.IntN(4) {
+		case 0:
+			n = 1 + r.IntN(MaxKeyID)
+		case 1:
+			n = MaxKeyID - 4 + r.IntN(9)
+		case 2:
+			n = MaxKeyID + 1 + r.IntN(4*MaxKeyID)
+		default:
+			n = 1 << 20
+		}
+		var sb strings.Builder
+		for sb.Len() < n {
+			sb.WriteByte(alphabet[r.IntN(len(alphabet))])
+		}
+		return strings.Map(func(c rune) rune { // a header value holds no control bytes
+			if c < ' ' || c == 0x7f {
+				return 'x'
+			}
+			return c
+		}, sb.String())
+	}
+	for step := range 30 { // fresh identifiers every step (distinct but with a tiny chance)
+		a, bv := gen(), gen()
+		if step%3 == 0 {
+			bv = "b" // a Compose id just over MaxKeyID
+		}
+		req := func() int {
+			q := httptest.NewRequest("GET", "/", nil)
+			q.Header.Set("X-A", a)
+			q.Header.Set("X-B", bv)
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, q)
+			return w.Code
+		}
+		if c := req(); c != http.StatusOK {
+			t.Fatalf("seed %d step %d: first request %d", seed, step, c)
+		}
+		if c := req(); c != http.StatusTooManyRequests {
+			t.Fatalf("seed %d step %d: second request %d", seed, step, c)
+		}
+		got := log.take()
+		if len(got) != 1 {
+			t.Fatalf("seed %d step %d: observer told %d denials", seed, step, len(got))
+		}
+		limit, id, _ := strings.Cut(got[0], "\x00")
+		digest := IDDigest(id)
+		if len(id) <= MaxKeyID {
+			if digest != "" {
+				t.Fatalf("seed %d step %d: IDDigest of %d bytes = %q, want none", seed, step, len(id), digest)
+			}
+			continue
+		}
+		lr, err := lim.LimitStatusDigest(ctx, limit, digest)
+		if err != nil {
+			t.Fatalf("seed %d step %d: %v", seed, step, err)
+		}
+		if !lr.Denied || lr.Remaining != 0 || lr.Name != limit {
+			t.Fatalf("seed %d step %d: LimitStatusDigest(%s, %d bytes) = %+v, want denied", seed, step, limit, len(id), lr)
+		}
+		if err := lim.ResetLimitDigest(ctx, limit, digest); err != nil {
+			t.Fatalf("seed %d step %d: %v", seed, step, err)
+		}
+		if lr, err := lim.LimitStatusDigest(ctx, limit, digest); err != nil || lr.Denied || lr.Remaining != 1 {
+			t.Fatalf("seed %d step %d: after ResetLimitDigest(%s): %+v, %v", seed, step, limit, lr, err)
+		}
+		if limit == "a" {
+			if lr, err := lim.LimitStatus(ctx, "a", a); err != nil || lr.Remaining != 1 {
+				t.Fatalf("seed %d step %d: LimitStatus after ResetLimitDigest: %+v, %v", seed, step, lr, err)
+			}
+		}
+	}
+	for _, bad := range []string{"", "#", "#abc", "x" + IDDigest(strings.Repeat("y", 200))[1:], IDDigest(strings.Repeat("y", 200)) + "="} {
+		if _, err := lim.LimitStatusDigest(ctx, "a", bad); err == nil {
+			t.Errorf("LimitStatusDigest(%q): no error", bad)
+		}
+		if err := lim.ResetLimitDigest(ctx, "a", bad); err == nil {
+			t.Errorf("ResetLimitDigest(%q): no error", bad)
+		}
+	}
+	if _, err := lim.LimitStatusDigest(ctx, "nope", IDDigest(strings.Repeat("y", 200))); err == nil {
+		t.Error("LimitStatusDigest of an unknown limit: no error")
+	}
+}
