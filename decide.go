@@ -59,6 +59,9 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 			return rs.result(s, out, cost, peek), nil
 		}
 	}
+	if rs.shadowBlocks(s, q.Local.UnixMicro()) {
+		q.Quotas = s.quotas
+	}
 	q.Keys, q.Tags = rs.keys(s, fromKeys)
 	out := &s.out
 	out.Reset(s.replies(len(rs.limits)))
@@ -67,7 +70,7 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 		return Result{Unreverted: out.Unreverted}, err
 	}
 	res := rs.result(s, out, cost, peek)
-	rs.reportShadowBlocks(s, &res, q.Local.UnixMicro())
+	rs.reportShadowBlocks(s, &res)
 	if err == nil && out.Allowed && !peek && s.wantTicket {
 		t := &ticket{rs: rs.redis, denies: rs.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
 			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout}
@@ -106,23 +109,64 @@ func (rs *ruleset) anyShadow() bool {
 	return false
 }
 
-// reportShadowBlocks marks, in res, each shadow limit whose identifier a
-// manual block names at now as one that would deny: Denied, and Blocked
-// the block's end. The block is reported, never enforced, as a shadow
-// limit's denials are.
-func (rs *ruleset) reportShadowBlocks(s *scratch, res *Result, now int64) {
+// shadowBlocks finds, at now, each shadow limit whose identifier a manual
+// block names, and sets its until in s.shadowUntil (0 for the others) and
+// its quota in s.quotas to 0, so that the request is not logged there: a
+// shadow limit logs only what enforcing it would have admitted, and an
+// enforced limit would have denied the blocked client. It reports whether
+// there is one; s.quotas then holds every limit's quota.
+func (rs *ruleset) shadowBlocks(s *scratch, now int64) bool {
 	o := rs.ops.Load()
-	if o == nil || !o.blocking || len(res.Limits) != len(rs.limits) || len(s.ids) != len(rs.limits) {
-		return
+	if o == nil || !o.blocking || !rs.anyShadow() {
+		return false
 	}
+	any := false
+	s.shadowUntil = grow(s.shadowUntil, len(rs.limits))
 	for i := range rs.limits {
+		s.shadowUntil[i] = 0
 		if !rs.limits[i].Shadow {
 			continue
 		}
 		s.enforced = append(s.enforced[:0], s.ids[i])
 		if _, until, ok := o.blocked(s.enforced, now); ok {
-			res.Limits[i].Denied, res.Limits[i].Blocked = true, time.UnixMicro(until)
+			s.shadowUntil[i], any = until, true
 		}
+	}
+	if !any {
+		return false
+	}
+	if !rs.tiered {
+		s.quotas = grow(s.quotas, len(rs.limits))
+		for i := range rs.limits {
+			s.quotas[i] = max(rs.limits[i].tiers[0].quota, 0)
+		}
+	}
+	for i, until := range s.shadowUntil {
+		if until != 0 {
+			s.quotas[i] = 0
+		}
+	}
+	return true
+}
+
+// reportShadowBlocks marks, in res, each shadow limit that shadowBlocks
+// found blocked as one that would deny: Denied, Remaining 0, and Reset and
+// Blocked the block's end, with the default plan, as an enforced limit's
+// block reads. The block
+// is reported, never enforced, as a shadow limit's denials are.
+func (rs *ruleset) reportShadowBlocks(s *scratch, res *Result) {
+	if len(s.shadowUntil) != len(rs.limits) || len(res.Limits) != len(rs.limits) {
+		return
+	}
+	for i, until := range s.shadowUntil {
+		if until == 0 {
+			continue
+		}
+		lr := &res.Limits[i]
+		*lr = rs.limits[i].result(0) // a blocked client shows the default plan, as a block's denial does
+		lr.Denied, lr.Remaining = true, 0
+		lr.Blocked = time.UnixMicro(until)
+		lr.Reset = lr.Blocked
 	}
 }
 
@@ -206,10 +250,13 @@ type scratch struct {
 	tags       []string
 	reps       []store.Reply
 	limits     []LimitResult
-	tiers      []int       // each limit's plan (tier), when the Limiter has plans
-	quotas     []int       // and quota (0: not counted)
-	q          store.Query // q.abandoned: a call that may still read the keys went on without the decision
-	out        store.Outcome
+	tiers      []int // each limit's plan (tier), when the Limiter has plans
+	quotas     []int // and quota (0: not counted)
+	// shadowUntil: when the manual block of each shadow limit's
+	// identifier ends, 0 if none (shadowBlocks)
+	shadowUntil []int64
+	q           store.Query // q.abandoned: a call that may still read the keys went on without the decision
+	out         store.Outcome
 }
 
 var scratches = sync.Pool{New: func() any { return new(scratch) }}
@@ -225,7 +272,7 @@ func (s *scratch) put() {
 	clear(s.enforced)
 	clear(s.keys)
 	clear(s.tags)
-	s.ids, s.keys, s.tags, s.tiers, s.quotas = s.ids[:0], s.keys[:0], s.tags[:0], s.tiers[:0], s.quotas[:0]
+	s.ids, s.keys, s.tags, s.tiers, s.quotas, s.shadowUntil = s.ids[:0], s.keys[:0], s.tags[:0], s.tiers[:0], s.quotas[:0], s.shadowUntil[:0]
 	s.wantTicket, s.digests = false, false
 	s.q, s.out = store.Query{}, store.Outcome{}
 	scratches.Put(s)

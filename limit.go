@@ -168,9 +168,9 @@ func (l Limit) Tiered(p Plans) Limit {
 // limits exactly as without it, and is not logged in the shadow limit, whose
 // log so shows what enforcing it would have admitted. A manual block
 // ([Operator.Block]) of the identifier it counts by is likewise reported,
-// never enforced: its LimitResult says Denied, and Blocked until when; the
-// block denies only through an enforced limit that counts by a blocked
-// identifier.
+// never enforced, and the request is not logged in it: its LimitResult
+// says Denied, and Blocked until when; the block denies only through an
+// enforced limit that counts by a blocked identifier.
 func (l Limit) Shadowed() Limit {
 	l.Shadow = true
 	return l
