@@ -51,7 +51,7 @@ func newAllowList(key Key, entries []string) (*allowList, error) {
 	if a.addr != nil {
 		a.prefixes = make(map[netip.Prefix]struct{}, len(entries))
 		for _, s := range entries {
-			p, err := parsePrefix(s)
+			p, err := parseEntry(s)
 			if err == nil && p.Bits() == 0 {
 				err = errors.New("a /0 prefix would skip every client")
 			}
