@@ -98,7 +98,10 @@ func (c *ipConfig) setHeader(by, name string) {
 // (default 32) or [IPv6Prefix] bits (default 64, since a single host usually
 // owns a whole /64), in canonical form: "203.0.113.7" or "2001:db8::1" for a
 // full-length prefix, "198.51.100.0/24" or "2001:db8:1:2::/64" otherwise.
-// Different clients, after masking, never share an identifier.
+// Different clients, after masking, never share an identifier. The same
+// rules read the entries of [TrustProxies], [WithAllowList] and
+// [Operator.Block], and the identifiers given to [Limiter.LimitStatus] and
+// [Limiter.ResetLimit], so that no spelling of an address escapes them.
 //
 // The Key is named "ip". Invalid options are reported by [New].
 func ClientIP(opts ...IPOption) Key {
@@ -442,11 +445,14 @@ type IPOption func(*ipConfig)
 // the lists add up.
 //
 // An entry that does not parse, a prefix with host bits set
-// ("10.0.0.1/8", usually a typo) or a prefix of length 0 (which would trust
-// every peer and let any client choose its key) is a configuration error.
-// Peers are compared after normalization (see [ClientIP]): IPv4-mapped
-// entries (::ffff:10.0.0.0/104) are converted to IPv4, an IPv6 prefix never
-// matches an IPv4 or IPv4-mapped peer, and zones are dropped.
+// ("10.0.0.1/8", usually a typo: the error names 10.0.0.0/8), an
+// IPv4-mapped prefix shorter than /96, or a prefix of length 0 (which would
+// trust every peer and let any client choose its key) is a configuration
+// error. Entries and peers are read as every address is (see [ClientIP]):
+// IPv4-mapped entries (::ffff:10.0.0.0/104) are IPv4 (10.0.0.0/8), an IPv6
+// prefix never matches an IPv4 or IPv4-mapped peer, zones are dropped, and
+// an entry matches the peer's address, before any [IPv4Prefix] or
+// [IPv6Prefix] grouping.
 func TrustProxies(cidrs ...string) IPOption {
 	return func(c *ipConfig) { c.trust("TrustProxies", cidrs) }
 }

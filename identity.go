@@ -127,7 +127,7 @@ func normPrefix(p netip.Prefix) netip.Prefix {
 // Both are normalised as addresses are. It does not allocate for an
 // identifier ClientIP returns.
 func readIdentifier(id string) (netip.Prefix, bool) {
-	if len(id) > maxEntryLen || len(id) < 2 {
+	if len(id) > maxEntryLen || !mayBeIP(id) {
 		return netip.Prefix{}, false
 	}
 	if strings.IndexByte(id, '/') >= 0 {
@@ -151,6 +151,28 @@ func readIdentifier(id string) (netip.Prefix, bool) {
 	}
 	a = normAddr(a)
 	return netip.PrefixFrom(a, a.BitLen()), true
+}
+
+// mayBeIP reports whether s may be an IP address or CIDR, with or without
+// zone: before any '%', only hex digits, '.', ':' and '/', and three dots
+// or two colons. It spares the parser, whose errors allocate, the
+// identifiers that are plainly something else.
+func mayBeIP(s string) bool {
+	dots, colons := 0, 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '%':
+			return dots >= 3 || colons >= 2
+		case c == '.':
+			dots++
+		case c == ':':
+			colons++
+		case c == '/' || '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F':
+		default:
+			return false
+		}
+	}
+	return dots >= 3 || colons >= 2
 }
 
 // lookupIdentifier returns the identifier ClientIP, grouping by v4 and v6
