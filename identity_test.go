@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+
+	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
 // The class test of the identity rules (identity.go): generated client
@@ -294,7 +296,7 @@ func TestIdentityAllowList(t *testing.T) {
 		for i := range 40 {
 			base := g.addr(g.r.IntN(2) == 0)
 			e := g.entry(base)
-			l, err := New(c, []Limit{PerMinute(1000, key).Named("al" + strconv.Itoa(i))}, WithAllowList(key, e.text), WithOperatorRefresh(0))
+			l, err := New(c, []Limit{PerMinute(1000, key).Named("al" + strconv.Itoa(i))}, WithAllowList(key, e.text), WithOperatorRefresh(0), WithTimeout(redistest.DecisionTimeout))
 			refused := e.refused || e.net.Bits() == 0
 			fail := func(format string, args ...any) {
 				t.Helper()
