@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -532,6 +533,37 @@ func TestBlockLongIPv6(t *testing.T) {
 			}
 			if ok, err := op.Unblock(ctx, tc.target); err != nil || !ok {
 				t.Fatalf("Unblock(%q): %v, %v", tc.target, ok, err)
+			}
+		}
+	})
+}
+
+// TestBlockStoredOtherwise: a block target stored by other means in a
+// form Block does not write (a mapped network, a zone, host bits) is
+// applied as Block's rules read it, and Unblock lifts it as List shows it.
+func TestBlockStoredOtherwise(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		op, blocked := blockProbe(t, b)
+		c := b.newClient(t)
+		far := strconv.FormatInt(time.Now().Add(time.Hour).UnixMicro(), 10)
+		for _, tc := range []struct{ target, remote string }{
+			{"::ffff:203.0.113.0/120", "203.0.113.9:1"}, {"fe80::1%eth0", "[fe80::1]:1"}, {"198.51.100.7/24", "198.51.100.1:1"},
+		} {
+			if err := c.HSet(ctx, OperatorKey("ratelimit:"), "b/"+tc.target, far).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := op.Block(ctx, "unrelated", time.Minute); err != nil { // a change, which the Limiter applies at once
+				t.Fatal(err)
+			}
+			if !blocked(tc.remote) {
+				t.Errorf("%s stored: %s admitted", tc.target, tc.remote)
+			}
+			if ok, err := op.Unblock(ctx, tc.target); err != nil || !ok {
+				t.Errorf("Unblock(%q): %v, %v", tc.target, ok, err)
+			}
+			if blocked(tc.remote) {
+				t.Errorf("%s unblocked: %s still blocked", tc.target, tc.remote)
 			}
 		}
 	})

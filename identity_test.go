@@ -416,3 +416,40 @@ func TestIdentityLookupSpellings(t *testing.T) {
 		}
 	}
 }
+
+// TestIdentityLookup: LimitStatus, ResetLimit and the Limiter's own
+// Operator's Unblock, given another spelling of a client's address than
+// ClientIP's identifier (mapped, upper case, with a zone or a port, an
+// address of its /64), reach that client's log and block.
+func TestIdentityLookup(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		l := mustNew(t, b.newClient(t), []Limit{PerMinute(2, ClientIP()).Named("lk").Block(time.Hour)}, WithDenyCache(0), WithOperatorRefresh(0))
+		h := l.Handler(okHandler)
+		for _, tc := range []struct{ remote, id, spelled string }{
+			{"203.0.113.7:1", "203.0.113.7", "::ffff:203.0.113.7"},
+			{"203.0.113.8:1", "203.0.113.8", "[::FFFF:CB00:7108]:443"},
+			{"[2001:db8::5]:1", "2001:db8::/64", "2001:DB8::1%eth0"},
+		} {
+			serve(h, "GET", "/", tc.remote)
+			if st, err := l.LimitStatus(ctx, "lk", tc.spelled); err != nil || st.Remaining != 1 {
+				t.Errorf("LimitStatus(%q) = %+v, %v; want the log of %s, one request in it", tc.spelled, st, err, tc.id)
+			}
+			if err := l.ResetLimit(ctx, "lk", tc.spelled); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := l.LimitStatus(ctx, "lk", tc.id); err != nil || st.Remaining != 2 {
+				t.Errorf("after ResetLimit(%q): %+v, %v; want the log of %s empty", tc.spelled, st, err, tc.id)
+			}
+			for range 3 {
+				serve(h, "GET", "/", tc.remote)
+			}
+			if st, _ := l.LimitStatus(ctx, "lk", tc.id); st.Blocked.IsZero() {
+				t.Fatalf("%s: not blocked", tc.id)
+			}
+			if ok, err := l.Operator().Unblock(ctx, tc.spelled); err != nil || !ok {
+				t.Errorf("Unblock(%q): %v, %v; want the block of %s lifted", tc.spelled, ok, err, tc.id)
+			}
+		}
+	})
+}
