@@ -29,7 +29,7 @@ import (
 //     with a mapped address: ClientIP counts that client as IPv4.
 //   - Trusted proxies and allow-list entries match the client's address,
 //     before any grouping (a listed address lets that address through, not
-//     its group). A block matches every identity it overlaps (blockMatch):
+//     its group). A block matches every identity it overlaps (liveOps.blocked):
 //     a network blocks each group inside it, and an address or a network
 //     longer than the grouping blocks the group that holds it, since the
 //     limiter cannot tell that address's requests from its group's.
