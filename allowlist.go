@@ -51,7 +51,7 @@ func newAllowList(key Key, entries []string) (*allowList, error) {
 	if a.addr != nil {
 		a.prefixes = make(map[netip.Prefix]struct{}, len(entries))
 		for _, s := range entries {
-			p, err := parsePrefix(s)
+			p, err := parseEntry(s)
 			if err == nil && p.Bits() == 0 {
 				err = errors.New("a /0 prefix would skip every client")
 			}
@@ -161,7 +161,10 @@ func WithSkip(skip func(r *http.Request) bool) Option {
 // address the key resolves (its [TrustProxies] and [ProxyHeader] honoured,
 // normalized as ClientIP says: IPv4-mapped addresses as IPv4, zones
 // dropped) before any [IPv4Prefix] or [IPv6Prefix] grouping: listing one
-// IPv6 address lets through that address, not its /64. For any other key,
+// IPv6 address lets through that address, not its /64. Entries are read
+// as TrustProxies reads them: any spelling, zones dropped, an IPv4-mapped
+// entry (::ffff:192.0.2.0/120) as IPv4 (192.0.2.0/24); an IPv6 entry never
+// lets an IPv4 client through. For any other key,
 // such as [User], [Header], [Route] or a [KeyFunc], entries are identifiers,
 // compared exactly with what the key returns. A request the key cannot
 // identify ([ErrNoKey] or another error) is not let through: it is decided
@@ -176,7 +179,8 @@ func WithSkip(skip func(r *http.Request) bool) Option {
 // [New] reports a zero Key, the key's own configuration error, a [Global]
 // or [Compose] key, no entries, an empty identifier, and, for a ClientIP
 // key, an entry that is not an IP address or a prefix, a prefix with host
-// bits set ("10.0.0.1/8", usually a typo) or a /0 prefix. Default: none.
+// bits set ("10.0.0.1/8", usually a typo: the error names 10.0.0.0/8), an
+// IPv4-mapped prefix shorter than /96 or a /0 prefix. Default: none.
 func WithAllowList(key Key, entries ...string) Option {
 	a, err := newAllowList(key, entries)
 	return func(c *config) {

@@ -139,7 +139,7 @@ func TestAllowListErrors(t *testing.T) {
 		{WithAllowList(Key{}, "x"), "zero Key"},
 		{WithAllowList(ClientIP()), "no entries"},
 		{WithAllowList(User(func(*http.Request) (string, bool) { return "", false })), "no entries"},
-		{WithAllowList(ClientIP(), "10.0.0.1/8"), `"10.0.0.1/8": host bits set (did you mean 10.0.0.0/8?)`},
+		{WithAllowList(ClientIP(), "10.0.0.1/8"), `"10.0.0.1/8": host bits set: write 10.0.0.0/8 for the network, or 10.0.0.1 for the one address`},
 		{WithAllowList(ClientIP(), "example.com"), `invalid entry "example.com"`},
 		{WithAllowList(ClientIP(), "192.0.2.1:80"), `invalid entry "192.0.2.1:80"`},
 		{WithAllowList(ClientIP(), "0.0.0.0/0"), "/0 prefix would skip every client"},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -437,6 +438,133 @@ func TestBlockOperatorUnblock(t *testing.T) {
 		}
 		if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed {
 			t.Fatalf("after Unblock: %+v, %v", res, err)
+		}
+	})
+}
+
+// blockProbe is a Limiter counted by ClientIP (with opts) whose own
+// Operator blocks, and a probe that says whether a request from a
+// RemoteAddr is answered 429.
+func blockProbe(t *testing.T, b backend, opts ...IPOption) (*Operator, func(remote string) bool) {
+	t.Helper()
+	l := newDriven(t, b.newClient(t), []Limit{PerMinute(1000, ClientIP(opts...)).Named("ip")}, WithDenyCache(0))
+	h := l.Handler(okHandler)
+	return l.Operator(), func(remote string) bool {
+		t.Helper()
+		w := serve(h, "GET", "/", remote)
+		if w.Code != http.StatusOK && w.Code != http.StatusTooManyRequests {
+			t.Fatalf("%s: status %d", remote, w.Code)
+		}
+		return w.Code == http.StatusTooManyRequests
+	}
+}
+
+// TestBlockMappedNetwork: an IPv4-mapped network or address blocks the
+// IPv4 clients it names, as ClientIP counts them (as IPv4), whichever way
+// they connect; a zone is dropped, as ClientIP drops it; a network with
+// host bits set is refused, naming the network, and blocks nobody.
+func TestBlockMappedNetwork(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		op, blocked := blockProbe(t, b)
+		for _, target := range []string{"::ffff:203.0.113.0/120", "::FFFF:cb00:7100/120", "::ffff:203.0.113.9"} {
+			if err := op.Block(ctx, target, time.Minute); err != nil {
+				t.Fatalf("Block(%q): %v", target, err)
+			}
+			for _, remote := range []string{"203.0.113.9:1", "[::ffff:203.0.113.9]:1", "203.0.113.9"} {
+				if !blocked(remote) {
+					t.Errorf("Block(%q): a request from %s was admitted", target, remote)
+				}
+			}
+			st, err := op.List(ctx)
+			if err != nil || len(st.Blocks) != 1 || !st.Blocks[0].Prefix.Addr().Is4() {
+				t.Errorf("Block(%q): listed %+v, %v; want one IPv4 network", target, st.Blocks, err)
+			}
+			if ok, err := op.Unblock(ctx, target); err != nil || !ok {
+				t.Fatalf("Unblock(%q): %v, %v", target, ok, err)
+			}
+			if blocked("203.0.113.9:1") {
+				t.Errorf("Unblock(%q) left the client blocked", target)
+			}
+		}
+		if err := op.Block(ctx, "fe80::1%eth0", time.Minute); err != nil {
+			t.Fatalf("Block of a zoned address: %v", err)
+		}
+		for _, remote := range []string{"[fe80::1%eth0]:1", "[fe80::1]:1", "[fe80::1%2]:1"} {
+			if !blocked(remote) {
+				t.Errorf("Block(fe80::1%%eth0): a request from %s was admitted", remote)
+			}
+		}
+		if ok, err := op.Unblock(ctx, "fe80::1%eth0"); err != nil || !ok {
+			t.Fatalf("Unblock of a zoned address: %v, %v", ok, err)
+		}
+		err := op.Block(ctx, "203.0.113.7/24", time.Minute)
+		if err == nil || !strings.Contains(err.Error(), "203.0.113.0/24") || !strings.Contains(err.Error(), "host bits") {
+			t.Errorf("Block(203.0.113.7/24): %v; want a host-bits error naming 203.0.113.0/24", err)
+		}
+		if blocked("203.0.113.9:1") {
+			t.Error("a refused block blocks")
+		}
+	})
+}
+
+// TestBlockLongIPv6: every spelling of an IPv6 network or address within
+// one /64 blocks that /64, the identifier ClientIP counts its clients by,
+// and no other; a network shorter than /64 blocks every /64 it holds.
+func TestBlockLongIPv6(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		op, blocked := blockProbe(t, b)
+		for _, tc := range []struct {
+			target string
+			other  bool // also blocks 2001:db8:0:1::/64
+		}{
+			{"2001:db8::1", false}, {"2001:db8::", false}, {"2001:db8::/96", false}, {"2001:db8::/128", false},
+			{"2001:db8::/64", false}, {"2001:DB8:0:0:0:0:0:1", false}, {"2001:db8::/63", true}, {"2001:db8::/48", true},
+		} {
+			if err := op.Block(ctx, tc.target, time.Minute); err != nil {
+				t.Fatalf("Block(%q): %v", tc.target, err)
+			}
+			if !blocked("[2001:db8::77]:1") || !blocked("[2001:db8::1]:1") {
+				t.Errorf("Block(%q): a client of 2001:db8::/64 was admitted", tc.target)
+			}
+			if got := blocked("[2001:db8:0:1::1]:1"); got != tc.other {
+				t.Errorf("Block(%q): a client of 2001:db8:0:1::/64 blocked %v, want %v", tc.target, got, tc.other)
+			}
+			if ok, err := op.Unblock(ctx, tc.target); err != nil || !ok {
+				t.Fatalf("Unblock(%q): %v, %v", tc.target, ok, err)
+			}
+		}
+	})
+}
+
+// TestBlockStoredOtherwise: a block target stored by other means in a
+// form Block does not write (a mapped network, a zone, host bits) is
+// applied as Block's rules read it, and Unblock lifts it as List shows it.
+func TestBlockStoredOtherwise(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		op, blocked := blockProbe(t, b)
+		c := b.newClient(t)
+		far := strconv.FormatInt(time.Now().Add(time.Hour).UnixMicro(), 10)
+		for _, tc := range []struct{ target, remote string }{
+			{"::ffff:203.0.113.0/120", "203.0.113.9:1"}, {"fe80::1%eth0", "[fe80::1]:1"}, {"198.51.100.7/24", "198.51.100.1:1"},
+		} {
+			if err := c.HSet(ctx, OperatorKey("ratelimit:"), "b/"+tc.target, far).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := op.Block(ctx, "unrelated", time.Minute); err != nil { // a change, which the Limiter applies at once
+				t.Fatal(err)
+			}
+			if !blocked(tc.remote) {
+				t.Errorf("%s stored: %s admitted", tc.target, tc.remote)
+			}
+			if ok, err := op.Unblock(ctx, tc.target); err != nil || !ok {
+				t.Errorf("Unblock(%q): %v, %v", tc.target, ok, err)
+			}
+			if blocked(tc.remote) {
+				t.Errorf("%s unblocked: %s still blocked", tc.target, tc.remote)
+			}
 		}
 	})
 }

@@ -98,7 +98,10 @@ func (c *ipConfig) setHeader(by, name string) {
 // (default 32) or [IPv6Prefix] bits (default 64, since a single host usually
 // owns a whole /64), in canonical form: "203.0.113.7" or "2001:db8::1" for a
 // full-length prefix, "198.51.100.0/24" or "2001:db8:1:2::/64" otherwise.
-// Different clients, after masking, never share an identifier.
+// Different clients, after masking, never share an identifier. The same
+// rules read the entries of [TrustProxies], [WithAllowList] and
+// [Operator.Block], and the identifiers given to [Limiter.LimitStatus] and
+// [Limiter.ResetLimit], so that no spelling of an address escapes them.
 //
 // The Key is named "ip". Invalid options are reported by [New].
 func ClientIP(opts ...IPOption) Key {
@@ -115,7 +118,7 @@ func ClientIP(opts ...IPOption) Key {
 	} else if c.headerSet && len(c.trusted) == 0 {
 		c.fail(fmt.Errorf("ProxyHeader(%q) without TrustProxies: the header is read only from trusted proxies, so it would never be read; list your proxies with TrustProxies", c.header))
 	}
-	return Key{name: "ip", fn: c.key, err: c.err, addr: c.clientAddr, peer: len(c.trusted) == 0 && !c.router, router: c.router}
+	return Key{name: "ip", fn: c.key, err: c.err, addr: c.clientAddr, lookup: c.lookup, peer: len(c.trusted) == 0 && !c.router, router: c.router}
 }
 
 // FromRouter returns an IPOption that counts by the client address the
@@ -148,42 +151,14 @@ func FromRouter() IPOption {
 	return func(c *ipConfig) { c.router = true }
 }
 
-// parseTrusted parses a TrustProxies entry: parsePrefix's rules, and a
+// parseTrusted parses a TrustProxies entry: parseEntry's rules, and a
 // prefix may not be /0.
 func parseTrusted(s string) (netip.Prefix, error) {
-	p, err := parsePrefix(s)
+	p, err := parseEntry(s)
 	if err == nil && p.Bits() == 0 {
 		return p, errors.New("a /0 prefix trusts every peer; list the proxies' addresses")
 	}
 	return p, err
-}
-
-// parsePrefix parses a CIDR prefix or a single IP address (a prefix of its
-// full length) as ClientIP compares addresses: without zone, IPv4-mapped
-// prefixes of at least 96 bits as IPv4. A prefix with host bits set is an
-// error, usually a typo.
-func parsePrefix(s string) (netip.Prefix, error) {
-	var p netip.Prefix
-	if strings.Contains(s, "/") {
-		var err error
-		if p, err = netip.ParsePrefix(s); err != nil {
-			return p, err
-		}
-		if p != p.Masked() {
-			return p, fmt.Errorf("host bits set (did you mean %s?)", p.Masked())
-		}
-	} else {
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return p, err
-		}
-		a = a.WithZone("")
-		p = netip.PrefixFrom(a, a.BitLen())
-	}
-	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
-		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-	}
-	return p, nil
 }
 
 // key is the Key function of ClientIP.
@@ -192,27 +167,21 @@ func (c *ipConfig) key(r *http.Request) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	bits := c.v6Bits
-	if a.Is4() {
-		bits = c.v4Bits
-	}
+	id := identity(a, c.v4Bits, c.v6Bits)
 	var buf [64]byte // the longest identifier is 43 bytes
-	if bits == a.BitLen() {
-		b := a.AppendTo(buf[:0])
-		// Common case, an IPv4 peer "203.0.113.7:1234": reuse its host
-		// part rather than allocate. Header substrings are not reused, as
-		// they would keep a header of up to 1 MB alive with the identifier.
-		if host, _, _ := strings.Cut(r.RemoteAddr, ":"); host == string(b) {
-			return host, nil
-		}
-		return string(b), nil
+	b := appendIdentifier(buf[:0], id)
+	// Common case, an IPv4 peer "203.0.113.7:1234": reuse its host part
+	// rather than allocate. Header substrings are not reused, as they
+	// would keep a header of up to 1 MB alive with the identifier.
+	if host, _, _ := strings.Cut(r.RemoteAddr, ":"); host == string(b) {
+		return host, nil
 	}
-	p, err := a.Prefix(bits)
-	if err != nil { // unreachable: bits are validated and a has no zone
-		return "", fmt.Errorf("%w: %v", ErrNoKey, err)
-	}
-	return string(p.AppendTo(buf[:0])), nil
+	return string(b), nil
 }
+
+// lookup returns the identifier c gives the clients id names, for
+// Limiter.LimitStatus and ResetLimit (see lookupIdentifier).
+func (c *ipConfig) lookup(id string) string { return lookupIdentifier(id, c.v4Bits, c.v6Bits) }
 
 // clientAddr returns the client address of r as described in ClientIP,
 // unmasked, without zone and unmapped.
@@ -290,7 +259,7 @@ func parseNode(s string) (netip.Addr, bool) {
 	// below would cut short.
 	if strings.HasPrefix(s, "[") {
 		if ap, err := netip.ParseAddrPort(s); err == nil {
-			return ap.Addr().WithZone("").Unmap(), true
+			return normAddr(ap.Addr()), true
 		}
 	}
 	host, port, hasPort := s, "", false
@@ -315,7 +284,7 @@ func parseNode(s string) (netip.Addr, bool) {
 	if err != nil {
 		return netip.Addr{}, false
 	}
-	return a.WithZone("").Unmap(), true
+	return normAddr(a), true
 }
 
 // isPort reports whether s is a decimal port (0 to 65535) or an RFC 7239
@@ -476,11 +445,14 @@ type IPOption func(*ipConfig)
 // the lists add up.
 //
 // An entry that does not parse, a prefix with host bits set
-// ("10.0.0.1/8", usually a typo) or a prefix of length 0 (which would trust
-// every peer and let any client choose its key) is a configuration error.
-// Peers are compared after normalization (see [ClientIP]): IPv4-mapped
-// entries (::ffff:10.0.0.0/104) are converted to IPv4, an IPv6 prefix never
-// matches an IPv4 or IPv4-mapped peer, and zones are dropped.
+// ("10.0.0.1/8", usually a typo: the error names 10.0.0.0/8), an
+// IPv4-mapped prefix shorter than /96, or a prefix of length 0 (which would
+// trust every peer and let any client choose its key) is a configuration
+// error. Entries and peers are read as every address is (see [ClientIP]):
+// IPv4-mapped entries (::ffff:10.0.0.0/104) are IPv4 (10.0.0.0/8), an IPv6
+// prefix never matches an IPv4 or IPv4-mapped peer, zones are dropped, and
+// an entry matches the peer's address, before any [IPv4Prefix] or
+// [IPv6Prefix] grouping.
 func TrustProxies(cidrs ...string) IPOption {
 	return func(c *ipConfig) { c.trust("TrustProxies", cidrs) }
 }

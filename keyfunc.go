@@ -31,6 +31,9 @@ type Key struct {
 	global  bool  // the same identifier for every request (Global)
 	// addr is ClientIP's client address, unmasked, for WithAllowList.
 	addr func(r *http.Request) (netip.Addr, error)
+	// lookup, if set, turns an identifier typed by hand into the one
+	// the Key returns for that client (ClientIP's, see lookupIdentifier).
+	lookup func(id string) string
 	// peer says that the Key counts by the connection's peer address
 	// and trusts no proxy (ClientIP without TrustProxies, or a Compose of
 	// one): behind a proxy, all its clients share one identifier.

@@ -57,10 +57,14 @@ func (l *Limiter) limitNamed(name string) (*ruleset, int) {
 // the block's end, at every limit. It is
 // [Limiter.Status] for one limit, and has its failure behaviour (an
 // error, the zero LimitResult); it fails for an unknown name or an empty
-// id. For a limit counted by a composed or route Key, id is escaped as
-// Allow escapes it, which may not address the counts of HTTP requests
-// (see [Limiter.StatusRequest]).
+// id. For a limit counted by [ClientIP], id may be any spelling of a
+// client's address ("::ffff:203.0.113.7", "[2001:db8::1]:443") or a
+// network within one of its groups: it reads that client's identifier
+// ("203.0.113.7", "2001:db8::/64"). For a limit counted by a composed or
+// route Key, id is escaped as Allow escapes it, which may not address the
+// counts of HTTP requests (see [Limiter.StatusRequest]).
 func (l *Limiter) LimitStatus(ctx context.Context, name, id string) (LimitResult, error) {
+	id = l.lookupID(name, id)
 	d, i := l.limitNamed(name)
 	if d == nil {
 		return LimitResult{}, fmt.Errorf("ratelimit: no limit named %q", name)
@@ -102,9 +106,11 @@ func (rs *ruleset) manualBlock(lr *LimitResult, id string, now time.Time) {
 // identifiers, are untouched. It fails for an unknown name or an empty
 // id, and has Reset's timeout and deny-cache behaviour: another instance
 // may keep denying from its own deny cache for up to its maximum age.
+// For a limit counted by [ClientIP], id is read as LimitStatus reads it.
 // For a limit counted by a composed or route Key, id is escaped as
 // [Limiter.Allow] escapes it.
 func (l *Limiter) ResetLimit(ctx context.Context, name, id string) error {
+	id = l.lookupID(name, id)
 	s := getScratch()
 	defer s.put()
 	d, i, log, err := l.limitLog(s, name, id)
@@ -148,6 +154,7 @@ func (l *Limiter) limitLog(s *scratch, name, id string) (*ruleset, int, store.Lo
 // limit that does not block lifts none. It has ResetLimit's errors and
 // timeout. ([Operator.Unblock] of the Limiter's own Operator calls it.)
 func (l *Limiter) unblockLimit(ctx context.Context, name, id string) (bool, error) {
+	id = l.lookupID(name, id)
 	s := getScratch()
 	defer s.put()
 	d, i, log, err := l.limitLog(s, name, id)

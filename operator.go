@@ -97,10 +97,10 @@ type QuotaOverride struct {
 type ManualBlock struct {
 	// Target is what is blocked: an identifier (as a limit's Key extracts
 	// it), or a CIDR in canonical form ("203.0.113.0/24", "2001:db8::/48",
-	// "198.51.100.7/32" for one address).
+	// "198.51.100.7/32" for one address, IPv4-mapped ones as IPv4).
 	Target string
-	// Prefix is Target's network when Target is a CIDR, else the zero
-	// Prefix.
+	// Prefix is Target's network when Target is an IP address or a
+	// CIDR, else the zero Prefix.
 	Prefix  netip.Prefix
 	Expires time.Time
 }
@@ -209,14 +209,22 @@ func (o *Operator) ClearQuota(ctx context.Context, limit, plan string) (bool, er
 // Block denies every request of target, for d, on every Limiter of the
 // Operator's prefix: a request any of whose limits' identifiers is target,
 // or, when target is an IP address or a CIDR ("203.0.113.7",
-// "203.0.113.0/24", "2001:db8::/48"), any of whose identifiers is an
-// address inside it (as [ClientIP] identifies clients; an IPv6 client it
-// groups by /64 is inside a CIDR of 64 bits or fewer that holds its
-// network). Such a request is answered from memory, without a call to
-// Redis, with Retry-After the block's remaining time. Blocking a target
-// again replaces its expiry. It fails for an empty target or one longer
-// than [MaxBlockTarget], d <= 0, a full state ([ErrOperatorFull]), or a
-// Redis error.
+// "203.0.113.0/24", "2001:db8::/48", in any spelling: upper case,
+// expanded, IPv4-mapped, with an IPv6 zone, which is dropped), any of
+// whose identifiers is an address or network that overlaps it, as
+// [ClientIP] identifies clients: a network blocks every client inside it,
+// and an address or network longer than ClientIP's grouping blocks the
+// whole group that holds it ("2001:db8::1" and "2001:db8::/96" block
+// 2001:db8::/64 with the default [IPv6Prefix]), since the limiter cannot
+// tell its requests from its group's. An IPv4-mapped address or network
+// blocks IPv4 clients; an IPv6 network never holds an IPv4 client. Such a
+// request is answered from memory, without a call to Redis, with
+// Retry-After the block's remaining time. Blocking a target again replaces
+// its expiry. It fails for an empty target or one longer than
+// [MaxBlockTarget], a CIDR that does not parse, has host bits set
+// ("203.0.113.7/24": the error names 203.0.113.0/24) or is a mapped
+// network shorter than /96, d <= 0, a full state ([ErrOperatorFull]), or
+// a Redis error.
 func (o *Operator) Block(ctx context.Context, target string, d time.Duration) error {
 	t, err := blockTarget(target)
 	if err != nil {
@@ -230,20 +238,36 @@ func (o *Operator) Block(ctx context.Context, target string, d time.Duration) er
 }
 
 // Unblock lifts target's block, if any (target as [Operator.Block] takes
-// it: "203.0.113.7" lifts "203.0.113.7/32"). It reports whether there was
-// one. The Operator of a Limiter ([Limiter.Operator]) also lifts the
+// it: "203.0.113.7" and "::ffff:203.0.113.7" lift "203.0.113.7/32"; or as
+// [Operator.List] shows it, even in a form Block refuses, if it was
+// stored by other means). It reports whether there was one, and fails for
+// a target Block refuses that is not stored as written. The Operator of a Limiter ([Limiter.Operator]) also lifts the
 // blocks that Limiter's own limits set for target as an identifier
 // ([Limit.Block]), keeping their counts; other replicas' deny caches
 // forget them within their maximum age ([WithDenyCache]). An Operator from
 // [NewOperator] knows no limits, and lifts only what [Operator.Block] set.
 func (o *Operator) Unblock(ctx context.Context, target string) (bool, error) {
 	t, err := blockTarget(target)
-	if err != nil {
+	if target == "" || len(target) > MaxBlockTarget {
 		return false, err
 	}
-	lifted, err := o.change(ctx, "del", "b/"+t, "")
-	if err != nil || o.unblock == nil {
-		return lifted, err
+	fields := []string{target} // as written, as List may show it
+	if err == nil && t != target {
+		fields = []string{t, target}
+	}
+	var lifted bool
+	for _, f := range fields {
+		ok, cerr := o.change(ctx, "del", "b/"+f, "")
+		if cerr != nil {
+			return lifted, cerr
+		}
+		lifted = lifted || ok
+	}
+	if err != nil && !lifted {
+		return false, err
+	}
+	if o.unblock == nil {
+		return lifted, nil
 	}
 	auto, err := o.unblock(ctx, target)
 	return lifted || auto, err
@@ -274,7 +298,11 @@ func validOverride(limit, plan string) error {
 func quotaField(limit, plan string) string { return "q/" + limit + "/" + plan }
 
 // blockTarget returns target in the form it is stored in: an IP address
-// or CIDR as its canonical CIDR (the network), an identifier as it is.
+// or CIDR, in any spelling parseEntry takes, as its canonical CIDR (the
+// network: "203.0.113.7/32", "203.0.113.0/24", "2001:db8::/64"); any other
+// identifier as it is. A target written as an IP address or CIDR that
+// parseEntry refuses ("10.0.0.0/33", "203.0.113.7/24") is an error that
+// says what to write, never an identifier.
 func blockTarget(target string) (string, error) {
 	if target == "" {
 		return "", errors.New("ratelimit: empty block target")
@@ -282,40 +310,19 @@ func blockTarget(target string) (string, error) {
 	if len(target) > MaxBlockTarget {
 		return "", fmt.Errorf("ratelimit: block target of %d bytes (at most %d)", len(target), MaxBlockTarget)
 	}
-	if p, ok := parseCIDR(target); ok {
-		return p.String(), nil
+	if !looksLikeIP(target) {
+		return target, nil
 	}
-	if strings.Contains(target, "/") && looksLikeIP(target) {
-		// "10.0.0.0/33", "10.0.0.1/x": a CIDR mistyped, never an identifier.
-		return "", fmt.Errorf("ratelimit: invalid CIDR %q", target)
+	p, err := parseEntry(target)
+	if err != nil {
+		return "", fmt.Errorf("ratelimit: invalid CIDR %q: %w", target, err)
 	}
-	return target, nil
+	return p.String(), nil
 }
 
-// looksLikeIP reports whether s starts like an IP address.
-func looksLikeIP(s string) bool {
-	addr, _, _ := strings.Cut(s, "/")
-	_, err := netip.ParseAddr(addr)
-	return err == nil
-}
-
-// parseCIDR parses an IP address (as a single-address CIDR) or a CIDR,
-// masked to its network; zones are refused.
-func parseCIDR(s string) (netip.Prefix, bool) {
-	if strings.Contains(s, "/") {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return netip.Prefix{}, false
-		}
-		return p.Masked(), true
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil || a.Zone() != "" {
-		return netip.Prefix{}, false
-	}
-	a = a.Unmap()
-	return netip.PrefixFrom(a, a.BitLen()), true
-}
+// parseCIDR reads a stored block target as a network, if it is written
+// as an IP address or CIDR (see readIdentifier).
+func parseCIDR(s string) (netip.Prefix, bool) { return readIdentifier(s) }
 
 // parseOperatorState reads the fields of the operator hash, those expired
 // at now (Unix µs) and malformed ones left out; at most
@@ -357,7 +364,7 @@ func parseOperatorState(all map[string]string, now int64) (st OperatorState, dro
 				continue
 			}
 			b := ManualBlock{Target: f[2:], Expires: microTime(exp)}
-			if p, ok := parseCIDR(b.Target); ok && strings.Contains(b.Target, "/") {
+			if p, ok := parseCIDR(b.Target); ok {
 				b.Prefix = p
 			}
 			st.Blocks = append(st.Blocks, b)

@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"net/netip"
 	"slices"
-	"strings"
 )
 
 // The operator state a Limiter applies (see operator.go, and
@@ -15,10 +14,12 @@ type liveOps struct {
 	state OperatorState
 	// ids and nets hold the blocks' expiries (Unix µs, local clock), of
 	// identifiers and of networks by family ([0] IPv4, [1] IPv6); bits
-	// lists the prefix lengths nets holds, per family.
-	ids  map[string]int64
-	nets [2]map[netip.Prefix]int64
-	bits [2][]int
+	// lists the prefix lengths nets holds, per family, and sorted the
+	// networks, per family, sorted by sortNetBlocks.
+	ids    map[string]int64
+	nets   [2]map[netip.Prefix]int64
+	bits   [2][]int
+	sorted [2][]netBlock
 	// blocking says that there is any block.
 	blocking bool
 	// quotas holds the overrides in force, by limit and plan.
@@ -62,15 +63,21 @@ func newLiveOps(st OperatorState, now int64) *liveOps {
 			o.ids[b.Target] = exp
 			continue
 		}
-		f := family(b.Prefix.Addr())
+		p := normPrefix(b.Prefix.Masked())
+		f := family(p.Addr())
 		if o.nets[f] == nil {
 			o.nets[f] = make(map[netip.Prefix]int64)
 		}
-		o.nets[f][b.Prefix] = exp
-		if !slices.Contains(o.bits[f], b.Prefix.Bits()) {
-			o.bits[f] = append(o.bits[f], b.Prefix.Bits())
+		if old, dup := o.nets[f][p]; !dup || exp > old {
+			o.nets[f][p] = exp
+		}
+		o.sorted[f] = append(o.sorted[f], netBlock{p: p, exp: exp})
+		if !slices.Contains(o.bits[f], p.Bits()) {
+			o.bits[f] = append(o.bits[f], p.Bits())
 		}
 	}
+	sortNetBlocks(o.sorted[0])
+	sortNetBlocks(o.sorted[1])
 	return o
 }
 
@@ -83,7 +90,11 @@ func family(a netip.Addr) int {
 
 // blocked returns the limit whose identifier among ids is blocked at now
 // (Unix µs), and until when: the block that lasts longest if several
-// match. ok is false if none is.
+// match. ok is false if none is. An identifier is blocked by a block of
+// the same identifier, and, if it is an IP address or network (as
+// ClientIP's identifiers are, see readIdentifier), by every network block
+// that overlaps it: one that holds it, and one inside it (an address or a
+// network longer than ClientIP's grouping blocks the group that holds it).
 func (o *liveOps) blocked(ids []string, now int64) (limit int, until int64, ok bool) {
 	limit = -1
 	for i, id := range ids {
@@ -93,16 +104,18 @@ func (o *liveOps) blocked(ids []string, now int64) (limit int, until int64, ok b
 		if len(o.bits[0])+len(o.bits[1]) == 0 {
 			continue
 		}
-		a, isIP := idAddr(id)
+		g, isIP := readIdentifier(id)
 		if !isIP {
 			continue
 		}
-		f := family(a)
+		f := family(g.Addr())
+		longer := false
 		for _, bits := range o.bits[f] {
-			if bits > a.BitLen() {
+			if bits > g.Bits() {
+				longer = true // inside g, if at all: blockedInside
 				continue
 			}
-			p, err := a.Prefix(bits)
+			p, err := g.Addr().Prefix(bits)
 			if err != nil {
 				continue
 			}
@@ -110,26 +123,12 @@ func (o *liveOps) blocked(ids []string, now int64) (limit int, until int64, ok b
 				limit, until = i, exp
 			}
 		}
+		if !longer {
+			continue
+		}
+		if u := blockedInside(o.sorted[f], g, now, until); u > until {
+			limit, until = i, u
+		}
 	}
 	return limit, until, limit >= 0
-}
-
-// idAddr returns the address an identifier names, if it is an IP address
-// or a network such as ClientIP's "2001:db8::/64" (its first address).
-func idAddr(id string) (netip.Addr, bool) {
-	if len(id) > len("ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255/128") {
-		return netip.Addr{}, false
-	}
-	if strings.IndexByte(id, '/') >= 0 {
-		p, err := netip.ParsePrefix(id)
-		if err != nil {
-			return netip.Addr{}, false
-		}
-		return p.Masked().Addr(), true
-	}
-	a, err := netip.ParseAddr(id)
-	if err != nil || a.Zone() != "" {
-		return netip.Addr{}, false
-	}
-	return a.Unmap(), true
 }

@@ -1,0 +1,239 @@
+package ratelimit
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+)
+
+// Client identity: the rules by which an address, as a request carries it,
+// and an entry, as a configuration or an operator writes it, become the
+// network the limiter compares. ClientIP, TrustProxies and the presets,
+// WithAllowList, Operator.Block and Unblock, the blocks a Limiter applies,
+// and the look-ups of Limiter.LimitStatus and ResetLimit all go through
+// the functions of this file.
+//
+//   - An address is compared without its IPv6 zone, and an IPv4-mapped
+//     IPv6 address (::ffff:192.0.2.1) as the IPv4 address it maps
+//     (normAddr).
+//   - ClientIP counts a client by its identity: its address masked to the
+//     IPv4Prefix or IPv6Prefix grouping (identity), written as the address
+//     for a full-length prefix, as the CIDR otherwise (appendIdentifier).
+//   - An entry is an address or a CIDR in any spelling netip reads (upper
+//     case, compressed or not, an IPv6 zone, which is dropped, a mapped
+//     address or a mapped network of /96 or longer, which is IPv4's); a
+//     network with host bits set, or a mapped network shorter than /96, is
+//     refused, with what to write instead (parseEntry).
+//   - An IPv6 network never holds an IPv4 client, even one that connected
+//     with a mapped address: ClientIP counts that client as IPv4.
+//   - Trusted proxies and allow-list entries match the client's address,
+//     before any grouping (a listed address lets that address through, not
+//     its group). A block matches every identity it overlaps (liveOps.blocked):
+//     a network blocks each group inside it, and an address or a network
+//     longer than the grouping blocks the group that holds it, since the
+//     limiter cannot tell that address's requests from its group's.
+
+// normAddr returns a as ClientIP compares addresses: without zone, and an
+// IPv4-mapped address as IPv4.
+func normAddr(a netip.Addr) netip.Addr { return a.WithZone("").Unmap() }
+
+// identity returns the network ClientIP counts the normalised address a
+// by: a masked to v4 bits if it is IPv4, to v6 bits otherwise.
+func identity(a netip.Addr, v4, v6 int) netip.Prefix {
+	bits := v6
+	if a.Is4() {
+		bits = v4
+	}
+	p, _ := a.Prefix(bits) // bits are validated; a has no zone
+	return p
+}
+
+// appendIdentifier appends to b the identifier of the identity p: its
+// address if p is full-length ("203.0.113.7"), its CIDR otherwise
+// ("2001:db8::/64").
+func appendIdentifier(b []byte, p netip.Prefix) []byte {
+	if p.Bits() == p.Addr().BitLen() {
+		return p.Addr().AppendTo(b)
+	}
+	return p.AppendTo(b)
+}
+
+// maxEntryLen bounds the length of an entry or identifier read as an
+// address or network: the longest real one, an expanded IPv6 address with
+// a zone and a prefix length, is far shorter.
+const maxEntryLen = 128
+
+// looksLikeIP reports whether s is written as an IP address or network:
+// its part before any "/" parses as an IP address, with or without zone.
+func looksLikeIP(s string) bool {
+	if len(s) > maxEntryLen {
+		return false
+	}
+	addr, _, _ := strings.Cut(s, "/")
+	_, err := netip.ParseAddr(addr)
+	return err == nil
+}
+
+// parseEntry parses an entry of TrustProxies, WithAllowList or
+// Operator.Block: an IP address (a network of its full length) or a CIDR,
+// into the network it names, normalised as addresses are (no zone, mapped
+// as IPv4). It refuses, saying what to write instead, a network with host
+// bits set ("203.0.113.7/24", usually a typo) and a mapped network shorter
+// than /96 (it is not IPv4's, and ClientIP counts every mapped client as
+// IPv4).
+func parseEntry(s string) (netip.Prefix, error) {
+	if len(s) > maxEntryLen {
+		return netip.Prefix{}, fmt.Errorf("%d bytes, not an IP address or CIDR", len(s))
+	}
+	addr, bits, isNet := strings.Cut(s, "/")
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	if !isNet {
+		a = normAddr(a)
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	a = a.WithZone("")
+	p, err := netip.ParsePrefix(a.String() + "/" + bits)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	if a.Is4In6() && p.Bits() < 96 {
+		return netip.Prefix{}, fmt.Errorf("an IPv4-mapped network is /96 or longer (::ffff:0:0/96 is all of IPv4); write the IPv4 network, such as %s", netip.PrefixFrom(a.Unmap(), 24).Masked())
+	}
+	p = normPrefix(p)
+	if p != p.Masked() {
+		m := normPrefix(p.Masked())
+		return netip.Prefix{}, fmt.Errorf("host bits set: write %s for the network, or %s for the one address", m, a.Unmap())
+	}
+	return p, nil
+}
+
+// normPrefix returns p normalised as addresses are: a mapped network of
+// /96 or longer as the IPv4 network it maps, without zone. Other networks
+// are returned as they are.
+func normPrefix(p netip.Prefix) netip.Prefix {
+	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+		return netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+	}
+	return p
+}
+
+// readIdentifier reads an identifier (or a block target stored in the
+// operator state) as a network, if it is written as an IP address or a
+// CIDR: an address is a network of its full length; a network is masked.
+// Both are normalised as addresses are. It does not allocate for an
+// identifier ClientIP returns.
+func readIdentifier(id string) (netip.Prefix, bool) {
+	if len(id) > maxEntryLen || !mayBeIP(id) {
+		return netip.Prefix{}, false
+	}
+	if strings.IndexByte(id, '/') >= 0 {
+		p, err := netip.ParsePrefix(id)
+		if err != nil {
+			// A zone, which ParsePrefix refuses, is dropped.
+			addr, bits, _ := strings.Cut(id, "/")
+			a, err := netip.ParseAddr(addr)
+			if err != nil || a.Zone() == "" {
+				return netip.Prefix{}, false
+			}
+			if p, err = netip.ParsePrefix(a.WithZone("").String() + "/" + bits); err != nil {
+				return netip.Prefix{}, false
+			}
+		}
+		return normPrefix(p.Masked()), true
+	}
+	a, err := netip.ParseAddr(id)
+	if err != nil {
+		return netip.Prefix{}, false
+	}
+	a = normAddr(a)
+	return netip.PrefixFrom(a, a.BitLen()), true
+}
+
+// mayBeIP reports whether s may be an IP address or CIDR, with or without
+// zone: before any '%', only hex digits, '.', ':' and '/', and three dots
+// or two colons. It spares the parser, whose errors allocate, the
+// identifiers that are plainly something else.
+func mayBeIP(s string) bool {
+	dots, colons := 0, 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '%':
+			return dots >= 3 || colons >= 2
+		case c == '.':
+			dots++
+		case c == ':':
+			colons++
+		case c == '/' || '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F':
+		default:
+			return false
+		}
+	}
+	return dots >= 3 || colons >= 2
+}
+
+// lookupIdentifier returns the identifier ClientIP, grouping by v4 and v6
+// bits, gives the clients that id names, for a look-up by hand: id is an
+// address in any spelling ClientIP reads ("::ffff:203.0.113.7",
+// "[2001:DB8::1%eth0]:443") or a network no larger than one group
+// ("2001:db8::/96" with the /64 grouping). Anything else, which names no
+// one identity, is returned as it is.
+func lookupIdentifier(id string, v4, v6 int) string {
+	var p netip.Prefix
+	if a, ok := parseNode(id); ok {
+		p = netip.PrefixFrom(a, a.BitLen())
+	} else if p, ok = readIdentifier(strings.TrimSpace(id)); !ok {
+		return id
+	}
+	g := identity(p.Addr(), v4, v6)
+	if p.Bits() < g.Bits() {
+		return id // several identities
+	}
+	return string(appendIdentifier(nil, g))
+}
+
+// A netBlock is a blocked network and the block's expiry (Unix µs).
+type netBlock struct {
+	p   netip.Prefix
+	exp int64
+}
+
+// sortNetBlocks sorts blocks by their first address, then length.
+func sortNetBlocks(blocks []netBlock) {
+	sort.Slice(blocks, func(i, j int) bool {
+		if c := blocks[i].p.Addr().Compare(blocks[j].p.Addr()); c != 0 {
+			return c < 0
+		}
+		return blocks[i].p.Bits() < blocks[j].p.Bits()
+	})
+}
+
+// blockedInside returns the latest expiry after now (Unix µs) of the
+// blocks of sorted (sorted by sortNetBlocks) that lie inside g, and
+// until if none is later. It does not allocate.
+func blockedInside(sorted []netBlock, g netip.Prefix, now, until int64) int64 {
+	first := g.Addr()
+	i := sort.Search(len(sorted), func(i int) bool { return sorted[i].p.Addr().Compare(first) >= 0 })
+	for ; i < len(sorted) && g.Contains(sorted[i].p.Addr()); i++ {
+		if exp := sorted[i].exp; exp > now && exp > until {
+			until = exp
+		}
+	}
+	return until
+}
+
+// lookupID returns id as the limit called name counts it, for a look-up by
+// hand ([Limiter.LimitStatus], [Limiter.ResetLimit], an unblock): for a
+// limit counted by [ClientIP], the identifier of the client id names, in
+// any spelling ClientIP reads (see lookupIdentifier); id as it is for any
+// other limit, and for an unknown name.
+func (l *Limiter) lookupID(name, id string) string {
+	d, i := l.limitNamed(name)
+	if d == nil || d.limits[i].Key.lookup == nil {
+		return id
+	}
+	return d.limits[i].Key.lookup(id)
+}
