@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // An Option configures a [Limiter]. Options are applied in order.
@@ -63,6 +65,8 @@ type config struct {
 	breakerFailures int
 	breakerCoolDown time.Duration
 	denyCache       time.Duration
+	localBytes      int64        // WithLocalMemory's; 0: the default
+	local           *store.Local // in tests, a store shared by Limiters
 	errs            []error
 
 	// WithMissingKey's and WithMissingKeyHandler's; missingKeySet says
