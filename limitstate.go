@@ -77,7 +77,7 @@ func (l *Limiter) LimitStatus(ctx context.Context, name, id string) (LimitResult
 // its routes', see [Limiter.LimitNames]) counted for id, as
 // [Limiter.Reset] does for every limit; other limits, and other
 // identifiers, are untouched. It fails for an unknown name or an empty
-// id, and has Reset's timeout and deny-cache behaviour: another instance
+// id, and has Reset's timeout, deny-cache and FailLocal behaviour: another instance
 // may keep denying from its own deny cache for up to its maximum age.
 // For a limit counted by a composed or route Key, id is escaped as
 // [Limiter.Allow] escapes it.
@@ -93,6 +93,7 @@ func (l *Limiter) ResetLimit(ctx context.Context, name, id string) error {
 	req := slidinglog.AppendRequest(nil, 0, 1, d.spec.Limits[i].Lua)
 	_, err = d.redis.Lib.Forget(ctx, d.spec.LuaKeys([]string{log.Key}, []int{i}), req) // lifts a block too
 	d.denies.Forget(log)
+	d.local.Forget(log) // FailLocal's count, and block
 	if err != nil {
 		return fmt.Errorf("ratelimit: reset %s: %w", name, err)
 	}

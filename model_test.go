@@ -71,6 +71,7 @@ func TestModel(t *testing.T) {
 		srv := redistest.Start(t)
 		runModel(t, modelEnv{addr: srv.Addr, minWindow: time.Minute, expires: true, repeats: 5, minSteps: 10_000})
 	})
+	t.Run("local", testModelLocal) // FailLocal's store: see model_store_test.go
 }
 
 // modelOff names dimensions to leave out, for investigating a failure:
@@ -87,6 +88,8 @@ type modelEnv struct {
 	expires   bool          // keys expire on the server's clock, which runs while the test's stand still
 	repeats   int           // t.Repeat runs per check
 	minSteps  int           // steps the test must run with the default flags; 0: no minimum
+	local     bool          // FailLocal's in-process store decides (Redis is down): see model_store_test.go
+	off       []string      // dimensions the store leaves out
 }
 
 func runModel(t *testing.T, env modelEnv) {
@@ -103,8 +106,11 @@ func runModel(t *testing.T, env modelEnv) {
 			off[d] = true
 		}
 	}
+	for _, d := range env.off {
+		off[d] = true
+	}
 	if len(off) > 0 {
-		t.Logf("dimensions left out: %v", *modelOff)
+		t.Logf("dimensions left out: %v", off)
 	}
 	steps, seen := 0, map[string]int{}
 	rapid.Check(t, func(rt *rapid.T) {
@@ -140,6 +146,7 @@ type modelRun struct {
 
 	model  modelState
 	issued []*issuedResult // Results an Allow returned, for refunds
+	local  *store.Local    // the store both instances decide in, if env.local
 	steps  int
 	seen   map[string]int // how often the model saw each case, for the log
 }
@@ -191,11 +198,15 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 	if m.split {
 		client = ring
 	}
+	var extra []Option
+	if env.local {
+		client, extra = m.useLocalStore()
+	}
 	start := modelStart + rapid.Int64Range(0, 1e12).Draw(rt, "start")
 	for k := range m.lims {
 		m.now[k] = start
 		m.clocks[k] = &testClock{t: time.UnixMicro(start)}
-		l, err := New(client, limits, WithClock(m.clocks[k].Now), WithDenyCache(0), WithTimeout(redistest.DecisionTimeout))
+		l, err := New(client, limits, append([]Option{WithClock(m.clocks[k].Now), WithDenyCache(0), WithTimeout(redistest.DecisionTimeout)}, extra...)...)
 		if err != nil {
 			rt.Fatal(err)
 		}
@@ -280,6 +291,11 @@ func (m *modelRun) actions() map[string]func(*rapid.T) {
 	}
 	if !m.off["block"] {
 		a["EndBlock"] = m.endBlock
+	}
+	for _, d := range []string{"Status", "Refund"} {
+		if m.off[strings.ToLower(d)] {
+			delete(a, d)
+		}
 	}
 	return a
 }
@@ -485,7 +501,7 @@ func (m *modelRun) reset(rt *rapid.T) {
 	k := rapid.IntRange(0, 1).Draw(rt, "instance")
 	ids := m.drawIDs(rt)
 	wantErr := m.model.reset(m.keysOf(ids), ids)
-	err := m.lims[k].Reset(context.Background(), ids)
+	err := m.localErr(m.lims[k].Reset(context.Background(), ids))
 	rt.Logf("step %d: Reset(%q) on instance %d -> %v", m.steps, ids, k, err)
 	if (err != nil) != wantErr {
 		rt.Fatalf("Reset(%q): %v; want an error: %v", ids, err, wantErr)
@@ -662,6 +678,7 @@ func (m *modelRun) count(o modelOutcome) {
 // compare checks a decision's Result and error against the model's.
 func (m *modelRun) compare(rt *rapid.T, desc string, res Result, err error, want modelOutcome) {
 	rt.Helper()
+	err = m.localDecision(rt, desc, res, err)
 	m.count(want)
 	rt.Logf("step %d: %s -> allowed %v, err %v; %s", m.steps, desc, res.Allowed, err, want)
 	if want.err {

@@ -276,7 +276,8 @@ func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
 		sl := &slots[i]
 		lim := &q.Spec.Limits[i]
 		if sl.g == nil || lim.Shadow && out.Replies[i].Count+n > int64(q.Quota(i)) {
-			continue // not counted, or a shadow limit without room: not logged
+			out.Replies[i].Next = 0 // not counted, or a shadow limit without room: not logged
+			continue
 		}
 		g := sl.g
 		if out.Replies[i].Count == 0 {
@@ -362,6 +363,41 @@ func (s *Local) addLocked(g *localLog, at, n int64) {
 		s.bytes.Add(extra)
 	}
 	g.runs = append(g.runs, localRun{at, n})
+}
+
+// Refund removes a request of cost that was logged at stamps[i] (0: not
+// logged) in the log of ids[i], for each i: up to cost entries of that
+// time, those still there (entries of one time are interchangeable); in
+// the limit's overflow log if the identifier has no log of its own. The
+// logs' times stay: a refund never lets a log's time run backwards.
+// Entries a full store logged later than their request (see Local) are
+// not found, and stay counted.
+func (s *Local) Refund(ids []LogID, stamps []int64, cost int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.logs == nil {
+		return
+	}
+	for i, id := range ids {
+		if stamps[i] == 0 {
+			continue
+		}
+		h := s.hash(id)
+		g := s.logs[h]
+		if g == nil {
+			if g = s.logs[s.overflowHash(id, h)]; g == nil {
+				continue
+			}
+		}
+		for j := range g.runs {
+			if r := &g.runs[j]; r.t == stamps[i] {
+				if r.n -= min(int64(cost), r.n); r.n == 0 {
+					g.runs = append(g.runs[:j], g.runs[j+1:]...)
+				}
+				break
+			}
+		}
+	}
 }
 
 // Forget drops the logs of ids, and reports how many it held. An overflow
