@@ -136,8 +136,9 @@ func (l *Limiter) unblockLimit(ctx context.Context, name, id string) (bool, erro
 	defer cancel()
 	n, err := d.redis.Lib.Client().Del(ctx, store.BlockKey(log)).Result()
 	d.denies.Forget(log)
+	lifted := d.local.EndBlock(log) // FailLocal's block
 	if err != nil {
-		return false, fmt.Errorf("ratelimit: unblock %s: %w", name, err)
+		return lifted, fmt.Errorf("ratelimit: unblock %s: %w", name, err)
 	}
-	return n > 0, nil
+	return n > 0 || lifted, nil
 }

@@ -28,9 +28,10 @@ import (
 // Left out, as Redis's alone: another program's data at a key
 // ("foreign"), decisions the library batches into one Redis call
 // ("isolation"), decisions split by hash tag as on a Cluster ("split"),
-// Status, which does not apply FailLocal ("status"), and a block's expiry
-// on the Redis clock (the EndBlock step ends a local block as Reset
-// would). The sweep that gives back the logs whose entries have left
+// and Status, which does not apply FailLocal ("status"). A local block
+// ends on the wall clock, as a Redis block ends on the server's: the
+// clocks the test sets do not end it, the EndBlock step does
+// (Local.EndBlock, as an operator's unblock would). The sweep that gives back the logs whose entries have left
 // their windows on the decisions' clock is off too (Local.KeepExpired),
 // as the expiry of Redis keys on the server's clock is: a step back past
 // a window after a sweep would find the log forgotten, as it would find
@@ -41,7 +42,7 @@ import (
 func testModelLocal(t *testing.T) {
 	mr := miniredis.RunT(t) // only for the test's own resets of the keys: the Limiters never reach it
 	runModel(t, modelEnv{addr: mr.Addr(), minWindow: time.Millisecond, repeats: 5, minSteps: 10_000, local: true,
-		off: []string{"foreign", "isolation", "split", "status", "block"}})
+		off: []string{"foreign", "isolation", "split", "status"}})
 }
 
 // errLocalDown is the dial error of the model's Redis under FailLocal.
@@ -80,4 +81,14 @@ func (m *modelRun) localErr(err error) error {
 	return err
 }
 
-var _ = testing.Short
+// endLocalBlock ends the local store's block of the log r, which the
+// model says exists.
+func (m *modelRun) endLocalBlock(rt *rapid.T, r logRef) {
+	id := store.LogID{Key: m.keyOf(r)}
+	if m.model.limits[r.limit].bucketed {
+		id.Field = m.model.limits[r.limit].name
+	}
+	if !m.local.EndBlock(id) {
+		rt.Fatalf("no local block of %v; the model says it exists", id)
+	}
+}

@@ -169,7 +169,7 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 	}
 	m := &modelRun{env: env, off: off, admin: admin, ids: []string{"a", "b", "c", "d"}, seen: map[string]int{}}
 	m.model = modelState{logs: map[logRef]*modelLog{}, foreign: map[string]string{}, blocked: map[logRef]bool{}}
-	if env.expires {
+	if env.expires || env.local {
 		m.model.blockSlack = (30 * time.Minute).Microseconds() // far more than a check takes
 	}
 	n := rapid.IntRange(1, 4).Draw(rt, "limits")
@@ -522,8 +522,9 @@ func (m *modelRun) endBlock(rt *rapid.T) {
 	slices.SortFunc(refs, func(a, b logRef) int { return cmpInt64(int64(a.limit), int64(b.limit))*2 + strings.Compare(a.id, b.id) })
 	r := rapid.SampledFrom(refs).Draw(rt, "block")
 	key := m.blockKeyOf(r)
-	n, err := m.admin.Del(context.Background(), key).Result()
-	if err != nil || n != 1 {
+	if m.env.local {
+		m.endLocalBlock(rt, r)
+	} else if n, err := m.admin.Del(context.Background(), key).Result(); err != nil || n != 1 {
 		rt.Fatalf("the block at %s: deleted %d, %v; the model says it exists", key, n, err)
 	}
 	delete(m.model.blocked, r)

@@ -80,6 +80,10 @@ type localLog struct {
 	window int64      // the longest window of the limits counted in it (µs)
 	unit   int64      // the largest unit of those limits (µs)
 	logged bool
+	// A limit's block of the client (LimitSpec.Block): it ends at
+	// blockWall on the wall clock, and at blockEnd on the decisions'
+	// clock; 0: none.
+	blockWall, blockEnd int64
 }
 
 // localRun is n entries of one time.
@@ -118,9 +122,9 @@ func (g *localLog) prune() {
 // window (µs); every entry has then.
 func (g *localLog) expiry() int64 {
 	if !g.logged {
-		return math.MinInt64
+		return g.blockEnd
 	}
-	return g.time + g.window
+	return max(g.time+g.window, g.blockEnd)
 }
 
 // count returns the entries alive at view in a window.
@@ -202,6 +206,10 @@ func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now, n := q.Now, int64(q.Cost)
+	wall := now
+	if !q.Wall.IsZero() {
+		wall = q.Wall.UnixMicro()
+	}
 	s.sweepLocked(now)
 	if s.logs == nil {
 		s.logs = make(map[uint64]*localLog)
@@ -243,7 +251,7 @@ func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
 			if g.logged && g.time > at {
 				view, at = g.time, g.time
 			}
-			sl.g, sl.at = g, at
+			sl.g, sl.at, sl.view = g, at, view
 			count = g.count(view, window)
 			r.Count = count
 			switch {
@@ -260,14 +268,31 @@ func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
 			if count+n > quota && count > 0 {
 				r.Next = g.leaves(view, window, 1)
 			}
+			if g.blockWall > wall { // blocked: any cost is denied until the block ends
+				count = quota + n
+				s.blocked(&r, g.blockWall-wall, r.Count+n <= quota, view)
+			}
 		}
 		if count+n > quota && !lim.Shadow {
 			out.Allowed = false
+		}
+		out.Replies[i] = r
+	}
+	if !out.Allowed {
+		if !q.Peek {
+			s.blockLocked(q, slots, out, wall)
+		}
+		// The denier: the enforced limit without room that frees up
+		// last, or one whose cost never fits.
+		for i := range out.Replies {
+			r := &out.Replies[i]
+			if !r.OK || q.Spec.Limits[i].Shadow || r.Count+n <= int64(q.Quota(i)) && r.Block == 0 {
+				continue
+			}
 			if out.Denier < 0 || r.Reset == -1 || denierAt != -1 && r.Reset > denierAt {
 				out.Denier, denierAt = i, r.Reset
 			}
 		}
-		out.Replies[i] = r
 	}
 	if !out.Allowed || q.Peek {
 		return nil
@@ -299,11 +324,77 @@ func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
 	return nil
 }
 
+// blocked makes r the reply of a limit that blocks its client for left
+// more µs: it ends that long after the time the log is decided at (view,
+// which may be later than now), and the request fits then (room), or once
+// both the block has ended and the cost fits.
+func (s *Local) blocked(r *Reply, left int64, room bool, view int64) {
+	r.Block = max(r.Now, view) + left
+	switch {
+	case r.Reset == -1: // never fits
+	case room:
+		r.Reset = r.Block
+	default:
+		r.Reset = max(r.Reset, r.Block)
+	}
+	if r.Next < r.Block {
+		r.Next = r.Block
+	}
+}
+
+// blockLocked blocks the client of q, which was denied, in the limits
+// that block (LimitSpec.Block) and had no room for its cost, where it has
+// a log of its own, or room for one: a block in an overflow log would
+// block the clients that share it.
+func (s *Local) blockLocked(q *Query, slots []localSlot, out *Outcome, wall int64) {
+	n := int64(q.Cost)
+	for i := range slots {
+		sl, lim := &slots[i], &q.Spec.Limits[i]
+		r := &out.Replies[i]
+		if sl.g == nil || lim.Block <= 0 || lim.Shadow || r.Block != 0 || r.Count+n <= int64(q.Quota(i)) ||
+			sl.h != s.hash(q.Log(i)) {
+			continue
+		}
+		g := sl.g
+		if sl.made > 0 {
+			if s.logs[sl.h] != nil {
+				g = s.logs[sl.h]
+			} else {
+				s.logs[sl.h] = g
+				s.bytes.Add(sl.made)
+			}
+		}
+		d := lim.Block.Microseconds()
+		s.blocked(r, d, false, sl.view)
+		g.blockWall, g.blockEnd = wall+d, r.Block
+		if !s.KeepExpired {
+			s.sweep.Added(g.expiry())
+		}
+	}
+}
+
+// EndBlock lifts the block of the log id, if any, and reports whether
+// there was one.
+func (s *Local) EndBlock(id LogID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.logs == nil {
+		return false
+	}
+	g := s.logs[s.hash(id)]
+	if g == nil || g.blockWall == 0 {
+		return false
+	}
+	g.blockWall, g.blockEnd = 0, 0
+	return true
+}
+
 // localSlot is what Decide found for one limit.
 type localSlot struct {
 	g    *localLog
 	h    uint64 // its hash
 	at   int64  // where the request is logged
+	view int64  // the time the log is decided at
 	made int64  // the bytes of g, made for the request and not in the map yet
 }
 
