@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/store"
 )
 
@@ -43,6 +44,28 @@ func testModelLocal(t *testing.T) {
 	mr := miniredis.RunT(t) // only for the test's own resets of the keys: the Limiters never reach it
 	runModel(t, modelEnv{addr: mr.Addr(), minWindow: time.Millisecond, repeats: 5, minSteps: 10_000, local: true,
 		off: []string{"foreign", "isolation", "split", "status"}})
+}
+
+// testModelScripts runs TestModel on a real server (Redis, or Valkey with
+// RATELIMIT_SERVER=valkey) as a user whose ACL denies FCALL and FUNCTION,
+// so that the library runs as scripts (EVALSHA), not as a Redis Function
+// as in the "server" run; miniredis, which has no functions, runs scripts
+// too. The library must never have been loaded.
+func testModelScripts(t *testing.T) {
+	srv := redistest.Start(t)
+	full := srv.Client()
+	ctx := context.Background()
+	if err := full.Do(ctx, "ACL", "SETUSER", "scripts", "on", ">scripts", "~*", "&*", "+@all", "-fcall", "-function").Err(); err != nil {
+		t.Fatal(err)
+	}
+	runModel(t, modelEnv{addr: srv.Addr, user: "scripts", minWindow: time.Minute, expires: true, repeats: redistest.LongOr(t, 2, 5)})
+	libs, err := full.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName()}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(libs) != 0 {
+		t.Errorf("the library was loaded as a function: %v", libs)
+	}
 }
 
 // errLocalDown is the dial error of the model's Redis under FailLocal.

@@ -71,7 +71,8 @@ func TestModel(t *testing.T) {
 		srv := redistest.Start(t)
 		runModel(t, modelEnv{addr: srv.Addr, minWindow: time.Minute, expires: true, repeats: 5, minSteps: 10_000})
 	})
-	t.Run("local", testModelLocal) // FailLocal's store: see model_store_test.go
+	t.Run("server scripts", testModelScripts) // see model_store_test.go
+	t.Run("local", testModelLocal)            // FailLocal's store: see model_store_test.go
 }
 
 // modelOff names dimensions to leave out, for investigating a failure:
@@ -90,12 +91,13 @@ type modelEnv struct {
 	minSteps  int           // steps the test must run with the default flags; 0: no minimum
 	local     bool          // FailLocal's in-process store decides (Redis is down): see model_store_test.go
 	off       []string      // dimensions the store leaves out
+	user      string        // the Redis user (its password is its name), if not the default
 }
 
 func runModel(t *testing.T, env modelEnv) {
-	admin := redis.NewClient(&redis.Options{Addr: env.addr, ContextTimeoutEnabled: true})
-	plain := redis.NewClient(&redis.Options{Addr: env.addr, ContextTimeoutEnabled: true})
-	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": env.addr}, ContextTimeoutEnabled: true})
+	admin := redis.NewClient(&redis.Options{Addr: env.addr, Username: env.user, Password: env.user, ContextTimeoutEnabled: true})
+	plain := redis.NewClient(&redis.Options{Addr: env.addr, Username: env.user, Password: env.user, ContextTimeoutEnabled: true})
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": env.addr}, Username: env.user, Password: env.user, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = admin.Close(); _ = plain.Close(); _ = ring.Close() })
 	gate := &batchGate{}
 	plain.AddHook(gate)

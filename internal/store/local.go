@@ -10,7 +10,7 @@ import (
 )
 
 // DefaultLocalBytes is the default bound of FailLocal's store, in bytes:
-// 64 MiB, room for about 500,000 logs of a few requests each.
+// 64 MiB, room for about 400,000 logs of a few requests each.
 const DefaultLocalBytes = 64 << 20
 
 // MinLocalBytes is the least bound FailLocal's store may be given: 64 KiB.
@@ -25,7 +25,7 @@ const OverflowLogs = 4096
 // of any length costs no more, for the map keeps a 64-bit hash of the
 // log's key, not the key. runBytes is one run of entries.
 const (
-	logBytes = 112
+	logBytes = 128
 	runBytes = 16
 )
 
@@ -43,7 +43,8 @@ const (
 // set), and given back: a log whose entries have all left its window on
 // the clock of the decisions is dropped by the next sweep (see Sweeper),
 // on a decision here or, once Redis is back, on a decision Redis made
-// (Fallback). Logs are kept by a 64-bit keyed hash of their key (a
+// (Fallback); a later step back of that clock does not bring it back, as
+// it does not bring back a Redis key that expired on the server's clock. Logs are kept by a 64-bit keyed hash of their key (a
 // random seed per store): two logs whose hashes meet are counted as one,
 // which may deny early and never admits over a quota. No log that holds
 // an entry in its window is ever dropped to make room, so no client's
@@ -299,22 +300,28 @@ func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
 	}
 	for i := range slots {
 		sl := &slots[i]
-		lim := &q.Spec.Limits[i]
-		if sl.g == nil || lim.Shadow && out.Replies[i].Count+n > int64(q.Quota(i)) {
+		if sl.g == nil || q.Spec.Limits[i].Shadow && out.Replies[i].Count+n > int64(q.Quota(i)) {
 			out.Replies[i].Next = 0 // not counted, or a shadow limit without room: not logged
+			sl.g = nil
 			continue
 		}
-		g := sl.g
-		if out.Replies[i].Count == 0 {
-			out.Replies[i].Reset = sl.at + lim.Window.Microseconds()
-		}
-		if sl.made > 0 {
+		if sl.made > 0 { // the logs made first: their bytes count when a log grows
 			if s.logs[sl.h] != nil { // another limit of q made it first
-				g = s.logs[sl.h]
+				sl.g = s.logs[sl.h]
 			} else {
-				s.logs[sl.h] = g
+				s.logs[sl.h] = sl.g
 				s.bytes.Add(sl.made)
 			}
+		}
+	}
+	for i := range slots {
+		sl, lim := &slots[i], &q.Spec.Limits[i]
+		g := sl.g
+		if g == nil {
+			continue
+		}
+		if out.Replies[i].Count == 0 {
+			out.Replies[i].Reset = sl.at + lim.Window.Microseconds()
 		}
 		s.addLocked(g, sl.at, n)
 		if !s.KeepExpired {
@@ -406,17 +413,16 @@ func (s *Local) placeLocked(id LogID, h uint64, made int64) (*localLog, uint64, 
 	max, used := s.max(), s.bytes.Load()+made
 	oh := s.overflowHash(id, h)
 	over := s.logs[oh]
-	if used+logBytes+runBytes <= max-max/8 {
-		g := &localLog{}
-		cost := int64(logBytes)
+	const cost = logBytes + runBytes // a log, with room for one run
+	if used+cost <= max-max/8 {
+		g := &localLog{runs: make([]localRun, 0, 1), alloc: 1}
 		if over != nil && over.logged {
 			// Those counted in the overflow log may include this client:
 			// it takes their count along, as of the newest entry
 			// (later, so never counted shorter).
 			g.time, g.logged, g.window, g.unit = over.time, true, over.window, over.unit
 			if total := over.count(math.MinInt64, 0); total > 0 {
-				g.runs, g.alloc = []localRun{{over.runs[len(over.runs)-1].t, total}}, 1
-				cost += runBytes
+				g.runs = append(g.runs, localRun{over.runs[len(over.runs)-1].t, total})
 			}
 		}
 		return g, h, cost
@@ -424,8 +430,8 @@ func (s *Local) placeLocked(id LogID, h uint64, made int64) (*localLog, uint64, 
 	if over != nil {
 		return over, oh, 0
 	}
-	if used+logBytes+runBytes <= max {
-		return &localLog{}, oh, logBytes
+	if used+cost <= max {
+		return &localLog{runs: make([]localRun, 0, 1), alloc: 1}, oh, cost
 	}
 	return nil, 0, 0
 }
@@ -448,6 +454,9 @@ func (s *Local) addLocked(g *localLog, at, n int64) {
 			g.runs[k-1].n += n
 			return
 		}
+		// A log without runs has an array of one (see placeLocked), or
+		// had none to grow: it grows by one run, in the room its making
+		// checked for.
 		runs := make([]localRun, len(g.runs), grown)
 		copy(runs, g.runs)
 		g.runs, g.alloc = runs, grown
