@@ -58,6 +58,11 @@ import (
 //
 //	go test -run 'TestModel/miniredis' -rapid.seed=N .
 //
+// The same model holds on every store: miniredis (the library as
+// scripts), a real server with the library as a Redis Function
+// ("server") and as scripts ("server scripts"), and FailLocal's
+// in-process store ("local"), whose runs model_store_test.go describes.
+//
 // On a real server (redistest.Start; RATELIMIT_SERVER=valkey for Valkey)
 // it runs at least 10,000 steps with the default -rapid.checks and
 // -rapid.steps. -model.off switches dimensions off, for investigating a
