@@ -179,3 +179,20 @@ func soakFailLocal(t *testing.T, bytes int64) {
 	}
 	runtime.KeepAlive(lim)
 }
+
+// TestWithLocalMemory: a bound below 64 KiB is an error from New, never
+// a panic; a valid one is the local store's.
+func TestWithLocalMemory(t *testing.T) {
+	for _, n := range []int64{-1, 0, 65535} {
+		if _, err := New(stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithLocalMemory(n)); err == nil {
+			t.Errorf("WithLocalMemory(%d): no error", n)
+		}
+	}
+	lim := mustNew(t, stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithLocalMemory(1<<20), WithOperatorRefresh(0))
+	if got := lim.local.Bound(); got != 1<<20 {
+		t.Errorf("bound %d, want %d", got, 1<<20)
+	}
+	if got := mustNew(t, stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithOperatorRefresh(0)).local.Bound(); got != DefaultLocalMemory {
+		t.Errorf("default bound %d, want %d", got, DefaultLocalMemory)
+	}
+}
