@@ -71,9 +71,12 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	}
 	res := rs.result(s, out, cost, peek)
 	rs.reportShadowBlocks(s, &res)
-	if err == nil && out.Allowed && !peek && s.wantTicket {
+	if (err == nil || out.Local) && out.Allowed && !peek && s.wantTicket {
 		t := &ticket{rs: rs.redis, denies: rs.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
 			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout}
+		if out.Local {
+			t.local = rs.local
+		}
 		for i := range t.stamps {
 			t.stamps[i] = out.Replies[i].Next
 		}
@@ -387,7 +390,8 @@ func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) R
 // wraps [ErrNotRefundable]. A Result whose plans exempted it from every
 // limit ([Unlimited]) counted nothing, and its Refund returns nil. Another
 // instance's deny cache may keep denying the keys for up to its maximum age
-// ([WithDenyCache]).
+// ([WithDenyCache]). A Result [FailLocal] decided is refunded in this
+// process's logs, where it was counted.
 func (l *Limiter) Refund(ctx context.Context, res Result) error {
 	t := res.ticket
 	if res.Allowed && t == nil && res.index < 0 && res.Limits != nil {
@@ -401,10 +405,18 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 		// take another request's.
 		return ErrRefunded
 	}
+	p := t.spec
+	if t.local != nil { // FailLocal decided: its entries are in this process
+		ids := make([]store.LogID, len(t.keys))
+		for i, key := range t.keys {
+			ids[i] = store.LogID{Key: key, Field: p.Limits[i].Field}
+		}
+		t.local.Refund(ids, t.stamps, t.cost)
+		return nil
+	}
 	// Keys that share a hash tag go in one call: on a cluster they share a
 	// slot, elsewhere everything does. A refund is a rollback of the whole
 	// request.
-	p := t.spec
 	groups := p.Whole
 	if p.Split {
 		groups = p.Groups(t.tags)
@@ -489,7 +501,9 @@ func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, e
 // Reset forgets everything l's limits have counted for ids (one per limit,
 // as for [Limiter.Allow]): an administrator unblocking a client. The logs of
 // other identifiers, and other limits' fields in a shared bucketed hash,
-// are untouched. This instance's deny cache forgets the keys at once;
+// are untouched. FailLocal's in-process logs of ids are forgotten too
+// (not an overflow log that other clients share), even when Redis cannot
+// be reached, whose error Reset then returns. This instance's deny cache forgets the keys at once;
 // another instance may keep denying from its own for up to its maximum age
 // ([WithDenyCache]). All the keys share one timeout ([WithTimeout]); the
 // error joins the failures of each limit. Reset covers l's own limits: to
@@ -519,6 +533,7 @@ func (rs *ruleset) reset(ctx context.Context, ids []string) error {
 			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", rs.limits[i].Name, err))
 		}
 		rs.denies.Forget(store.LogID{Key: key, Field: rs.spec.Limits[i].Field})
+		rs.local.Forget(store.LogID{Key: key, Field: rs.spec.Limits[i].Field}) // FailLocal's count, and block
 	}
 	return errors.Join(errs...)
 }

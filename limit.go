@@ -240,9 +240,12 @@ const maxBlock = 30 * 24 * time.Hour
 // other replicas may keep denying from memory for up to the deny cache's
 // maximum age. [LimitResult.Blocked] says when a block ends.
 //
-// When Redis cannot decide, FailLocal's in-process store knows of no
-// block; a Redis out of memory (noeviction) still denies a blocked client,
-// but records no new block.
+// When Redis cannot decide, FailLocal's in-process store blocks as Redis
+// does, in this process (a block ends on the wall clock; Reset and an
+// operator's unblock lift it), but knows nothing of the blocks in Redis,
+// and blocks no client counted in an overflow log of a full store (see
+// [WithLocalMemory]); a Redis out of memory (noeviction) still denies a
+// blocked client, but records no new block.
 func (l Limit) Block(d time.Duration) Limit {
 	l.BlockFor = d
 	return l

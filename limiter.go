@@ -174,7 +174,10 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		Breakers:  &store.Breakers{Failures: int32(cfg.breakerFailures), CoolDown: cfg.breakerCoolDown},
 		Rollbacks: store.NewRollbacks(lib, cfg.timeout, l.logRollbackFailure),
 	}
-	l.local = &store.Local{}
+	l.local = cfg.local
+	if l.local == nil {
+		l.local = &store.Local{MaxBytes: cfg.localBytes}
+	}
 	l.denies = &store.DenyCache{MaxAge: cfg.denyCache}
 	l.evictions = store.NewEvictionCheck()
 	l.proxies = &proxyWatch{}
@@ -375,7 +378,8 @@ func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
 			return nil, fmt.Errorf("limit %s: %w", lim.Name, err)
 		}
 		p.All = append(p.All, i)
-		p.Limits = append(p.Limits, store.LimitSpec{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Global: lim.Key.global, Lua: spec, Field: wire[i].Name, Block: lim.BlockFor})
+		p.Limits = append(p.Limits, store.LimitSpec{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Global: lim.Key.global, Lua: spec, Field: wire[i].Name, Block: lim.BlockFor,
+			Unit: wire[i].Unit, Bucketed: lim.bucketed})
 	}
 	p.Whole = [][]int{p.All}
 	var err error

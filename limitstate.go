@@ -104,7 +104,7 @@ func (rs *ruleset) manualBlock(lr *LimitResult, id string, now time.Time) {
 // its routes', see [Limiter.LimitNames]) counted for id, as
 // [Limiter.Reset] does for every limit; other limits, and other
 // identifiers, are untouched. It fails for an unknown name or an empty
-// id, and has Reset's timeout and deny-cache behaviour: another instance
+// id, and has Reset's timeout, deny-cache and FailLocal behaviour: another instance
 // may keep denying from its own deny cache for up to its maximum age.
 // For a limit counted by [ClientIP], id is read as LimitStatus reads it.
 // For a limit counted by a composed or route Key, id is escaped as
@@ -122,6 +122,7 @@ func (l *Limiter) ResetLimit(ctx context.Context, name, id string) error {
 	req := slidinglog.AppendRequest(nil, 0, 1, d.spec.Limits[i].Lua)
 	_, err = d.redis.Lib.Forget(ctx, d.spec.LuaKeys([]string{log.Key}, []int{i}), req) // lifts a block too
 	d.denies.Forget(log)
+	d.local.Forget(log) // FailLocal's count, and block
 	if err != nil {
 		return fmt.Errorf("ratelimit: reset %s: %w", name, err)
 	}
@@ -165,8 +166,9 @@ func (l *Limiter) unblockLimit(ctx context.Context, name, id string) (bool, erro
 	defer cancel()
 	n, err := d.redis.Lib.Client().Del(ctx, store.BlockKey(log)).Result()
 	d.denies.Forget(log)
+	lifted := d.local.EndBlock(log) // FailLocal's block
 	if err != nil {
-		return false, fmt.Errorf("ratelimit: unblock %s: %w", name, err)
+		return lifted, fmt.Errorf("ratelimit: unblock %s: %w", name, err)
 	}
-	return n > 0, nil
+	return n > 0 || lifted, nil
 }

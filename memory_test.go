@@ -80,14 +80,15 @@ const heapSlack = 4 << 20
 
 // TestBoundedMemoryFailLocal guards FailLocal's logs, which are keyed by
 // client input: a flood of distinct identifiers during an outage holds
-// at most maxLocalKeys logs, never erases the count of a client it does
+// at most its bound in bytes (1 MiB here, full a tenth of the way in),
+// never erases the count of a client it does
 // not control (20 clients at their limit stay denied), and what it held is
-// given back once Redis is back and the logs have expired: by the entry
-// count and by the live heap after a collection. The clock is set, not
+// given back once Redis is back and the logs have expired: by the log
+// count, the store's byte count and the live heap after a collection. The clock is set, not
 // waited for.
 func TestBoundedMemoryFailLocal(t *testing.T) {
 	redistest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
-	ids, seed := hostileIDs(store.MaxLocalKeys + store.MaxLocalKeys/2)
+	ids, seed := hostileIDs(150_000)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
 	redis := &scriptedStore{}
@@ -95,7 +96,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 	lim := mustNew(t, stubClient{}, []Limit{
 		PerMinute(3, Header("X-Id")).Named("id"),
 		PerMinute(1_000_000, Global()).Named("all"),
-	}, WithFailureMode(FailLocal), WithClock(clock.Now), WithDenyCache(0))
+	}, WithFailureMode(FailLocal), WithClock(clock.Now), WithDenyCache(0), WithLocalMemory(1<<20))
 	lim.store = lim.wrap(redis)
 	ctx := context.Background()
 	allow := func(id string) Result {
@@ -115,22 +116,17 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 			}
 		}
 	}
-	overflowAdmitted := 0
 	for i, id := range ids {
 		if i%1000 == 0 {
 			clock.Set(t0.Add(time.Duration(i/1000) * 100 * time.Millisecond)) // 15s in all: every log stays live
 		}
-		if allow(id).Allowed && i >= store.MaxLocalKeys {
-			overflowAdmitted++
-		}
+		allow(id)
 	}
-	// Past maxLocalKeys logs, new identifiers share their limit's
-	// overflow log: together they get one quota, never a fresh count each.
-	if overflowAdmitted > 3 {
-		t.Errorf("%d of the %d identifiers that found no room were admitted, want at most the overflow log's quota, 3", overflowAdmitted, len(ids)-store.MaxLocalKeys)
-	}
-	if n := lim.local.Len(); n > store.MaxLocalKeys+2 {
-		t.Errorf("FailLocal holds %d logs after %d identifiers, want at most %d (and the overflow logs)", n, len(ids), store.MaxLocalKeys)
+	// Past the bound, new identifiers share their limit's overflow logs:
+	// together they get one quota per overflow log, never a fresh count
+	// each.
+	if n, bound := lim.local.Bytes(), lim.local.Bound(); n > bound {
+		t.Errorf("FailLocal accounts %d bytes after %d identifiers, over its bound %d", n, len(ids), bound)
 	}
 	escaped := 0
 	for _, v := range victims {

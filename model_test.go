@@ -64,6 +64,11 @@ import (
 //
 //	go test -run 'TestModel/miniredis' -rapid.seed=N .
 //
+// The same model holds on every store: miniredis (the library as
+// scripts), a real server with the library as a Redis Function
+// ("server") and as scripts ("server scripts"), and FailLocal's
+// in-process store ("local"), whose runs model_store_test.go describes.
+//
 // On a real server (redistest.Start; RATELIMIT_SERVER=valkey for Valkey)
 // it runs at least 10,000 steps with the default -rapid.checks and
 // -rapid.steps. -model.off switches dimensions off, for investigating a
@@ -77,6 +82,8 @@ func TestModel(t *testing.T) {
 		srv := redistest.Start(t)
 		runModel(t, modelEnv{addr: srv.Addr, minWindow: time.Minute, expires: true, repeats: 5, minSteps: 10_000, overrides: true})
 	})
+	t.Run("server scripts", testModelScripts) // see model_store_test.go
+	t.Run("local", testModelLocal)            // FailLocal's store: see model_store_test.go
 }
 
 // modelOff names dimensions to leave out, for investigating a failure:
@@ -95,12 +102,15 @@ type modelEnv struct {
 	repeats   int           // t.Repeat runs per check
 	minSteps  int           // steps the test must run with the default flags; 0: no minimum
 	overrides bool          // the overrides dimension runs (model_override_test.go)
+	local     bool          // FailLocal's in-process store decides (Redis is down): see model_store_test.go
+	off       []string      // dimensions the store leaves out
+	user      string        // the Redis user (its password is its name), if not the default
 }
 
 func runModel(t *testing.T, env modelEnv) {
-	admin := redis.NewClient(&redis.Options{Addr: env.addr, ContextTimeoutEnabled: true})
-	plain := redis.NewClient(&redis.Options{Addr: env.addr, ContextTimeoutEnabled: true})
-	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": env.addr}, ContextTimeoutEnabled: true})
+	admin := redis.NewClient(&redis.Options{Addr: env.addr, Username: env.user, Password: env.user, ContextTimeoutEnabled: true})
+	plain := redis.NewClient(&redis.Options{Addr: env.addr, Username: env.user, Password: env.user, ContextTimeoutEnabled: true})
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": env.addr}, Username: env.user, Password: env.user, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = admin.Close(); _ = plain.Close(); _ = ring.Close() })
 	gate := &batchGate{}
 	plain.AddHook(gate)
@@ -111,8 +121,11 @@ func runModel(t *testing.T, env modelEnv) {
 			off[d] = true
 		}
 	}
+	for _, d := range env.off {
+		off[d] = true
+	}
 	if len(off) > 0 {
-		t.Logf("dimensions left out: %v", *modelOff)
+		t.Logf("dimensions left out: %v", off)
 	}
 	steps, seen := 0, map[string]int{}
 	rapid.Check(t, func(rt *rapid.T) {
@@ -148,6 +161,7 @@ type modelRun struct {
 
 	model  modelState
 	issued []*issuedResult // Results an Allow returned, for refunds
+	local  *store.Local    // the store both instances decide in, if env.local
 	steps  int
 	seen   map[string]int  // how often the model saw each case, for the log
 	ov     *modelOverrides // the overrides dimension, nil if left out
@@ -171,7 +185,7 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 	}
 	m := &modelRun{env: env, off: off, admin: admin, ids: []string{"a", "b", "c", "d"}, seen: map[string]int{}}
 	m.model = modelState{logs: map[logRef]*modelLog{}, foreign: map[string]string{}, blocked: map[logRef]bool{}}
-	if env.expires {
+	if env.expires || env.local {
 		m.model.blockSlack = (30 * time.Minute).Microseconds() // far more than a check takes
 	}
 	n := rapid.IntRange(1, 4).Draw(rt, "limits")
@@ -202,11 +216,15 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 	if m.split {
 		client = ring
 	}
+	var extra []Option
+	if env.local {
+		client, extra = m.useLocalStore()
+	}
 	start := modelStart + rapid.Int64Range(0, 1e12).Draw(rt, "start")
 	for k := range m.lims {
 		m.now[k] = start
 		m.clocks[k] = &testClock{t: time.UnixMicro(start)}
-		l, err := New(client, limits, append([]Option{WithClock(m.clocks[k].Now), WithDenyCache(0), WithTimeout(redistest.DecisionTimeout)}, m.overrideOptions(k)...)...)
+		l, err := New(client, limits, append(append([]Option{WithClock(m.clocks[k].Now), WithDenyCache(0), WithTimeout(redistest.DecisionTimeout)}, extra...), m.overrideOptions(k)...)...)
 		if err != nil {
 			rt.Fatal(err)
 		}
@@ -294,6 +312,11 @@ func (m *modelRun) actions() map[string]func(*rapid.T) {
 		a["EndBlock"] = m.endBlock
 	}
 	m.overrideActions(a)
+	for _, d := range []string{"Status", "Refund"} {
+		if m.off[strings.ToLower(d)] {
+			delete(a, d)
+		}
+	}
 	return a
 }
 
@@ -501,7 +524,7 @@ func (m *modelRun) reset(rt *rapid.T) {
 	k := rapid.IntRange(0, 1).Draw(rt, "instance")
 	ids := m.drawIDs(rt)
 	wantErr := m.model.reset(m.keysOf(ids), ids)
-	err := m.lims[k].Reset(context.Background(), ids)
+	err := m.localErr(m.lims[k].Reset(context.Background(), ids))
 	rt.Logf("step %d: Reset(%q) on instance %d -> %v", m.steps, ids, k, err)
 	if (err != nil) != wantErr {
 		rt.Fatalf("Reset(%q): %v; want an error: %v", ids, err, wantErr)
@@ -522,8 +545,9 @@ func (m *modelRun) endBlock(rt *rapid.T) {
 	slices.SortFunc(refs, func(a, b logRef) int { return cmpInt64(int64(a.limit), int64(b.limit))*2 + strings.Compare(a.id, b.id) })
 	r := rapid.SampledFrom(refs).Draw(rt, "block")
 	key := m.blockKeyOf(r)
-	n, err := m.admin.Del(context.Background(), key).Result()
-	if err != nil || n != 1 {
+	if m.env.local {
+		m.endLocalBlock(rt, r)
+	} else if n, err := m.admin.Del(context.Background(), key).Result(); err != nil || n != 1 {
 		rt.Fatalf("the block at %s: deleted %d, %v; the model says it exists", key, n, err)
 	}
 	delete(m.model.blocked, r)
@@ -678,6 +702,7 @@ func (m *modelRun) count(o modelOutcome) {
 // compare checks a decision's Result and error against the model's.
 func (m *modelRun) compare(rt *rapid.T, desc string, res Result, err error, want modelOutcome) {
 	rt.Helper()
+	err = m.localDecision(rt, desc, res, err)
 	m.count(want)
 	rt.Logf("step %d: %s -> allowed %v, err %v; %s", m.steps, desc, res.Allowed, err, want)
 	if want.err {

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // An Option configures a [Limiter]. Options are applied in order.
@@ -63,6 +65,8 @@ type config struct {
 	breakerFailures int
 	breakerCoolDown time.Duration
 	denyCache       time.Duration
+	localBytes      int64        // WithLocalMemory's; 0: the default
+	local           *store.Local // in tests, a store shared by Limiters
 	errs            []error
 
 	// WithMissingKey's and WithMissingKeyHandler's; missingKeySet says
@@ -160,13 +164,15 @@ const (
 	// FailClosed; one whose Key cannot identify it gets [WithMissingKey]'s
 	// answer. [Limiter.Allow] decides
 	// locally too, and returns the error with the local Result. The local
-	// logs hold at most 100,000 keys, and a log is dropped only once every
-	// entry of it has left its window (on a later decision, local or, once
-	// Redis is back, Redis's): no client's traffic can erase another's
-	// count. While 100,000 logs are live, a client that has no log is
-	// counted in its limit's overflow log, which all such clients share
-	// (one quota for all of them), and a log made while that overflow log
-	// holds entries starts with them.
+	// logs follow Redis's rules (a log's time never runs backwards; blocks,
+	// refunds and Reset apply to them too) and are bounded in bytes
+	// ([WithLocalMemory], 64 MiB by default); a log is dropped only once
+	// every entry of it has left its window (on a later decision, local
+	// or, once Redis is back, Redis's): no client's traffic can erase
+	// another's count. A full store counts a client that has no log in one
+	// of its limit's many overflow logs, picked by a hash of the client
+	// (see [WithLocalMemory]): it may deny early, never admits over a
+	// quota.
 	FailLocal
 )
 

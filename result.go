@@ -189,6 +189,7 @@ func closer(a, b *LimitResult) bool {
 type ticket struct {
 	refunded atomic.Bool // Refund has taken it: it removes nothing more
 	rs       *store.Redis
+	local    *store.Local // FailLocal's, if it decided: the entries are there
 	denies   *store.DenyCache
 	spec     *store.Spec
 	keys     []string

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // WithTimeout bounds the time of one decision, Redis round trip included.
@@ -182,4 +184,38 @@ const singleSlotTag = "ratelimit"
 // the key names.
 func WithSingleSlot() Option {
 	return func(c *config) { c.singleSlot = true }
+}
+
+// DefaultLocalMemory is the default bound of [FailLocal]'s in-process
+// store: 64 MiB (see [WithLocalMemory]).
+const DefaultLocalMemory = store.DefaultLocalBytes
+
+// WithLocalMemory bounds the memory of [FailLocal]'s in-process store, in
+// bytes: the logs it keeps while Redis cannot decide, whatever the length
+// of the identifiers (it keeps a 64-bit hash of each log's key, not the
+// key). Default: [DefaultLocalMemory], 64 MiB, room for about 500,000
+// clients of a few requests each. A bound below 64 KiB is an error from
+// [New]. The bound changes nothing under another failure mode.
+//
+// A full store degrades as follows, and never admits a client over its
+// quota: once 7/8 of the bound is taken, a client that has no log of its
+// own is counted in one of its limit's 4,096 overflow logs, picked by a
+// hash of the client (those that share one share its quota, so such a
+// client may be denied early); with the whole bound taken, a client with
+// no overflow log yet is denied, and a log that cannot grow counts its
+// newest entries as of the latest request (longer, never shorter). No log
+// that holds an entry in its window is dropped to make room.
+func WithLocalMemory(bytes int64) Option {
+	return func(c *config) {
+		if bytes < store.MinLocalBytes {
+			c.errs = append(c.errs, errors.New("local memory "+strconv.FormatInt(bytes, 10)+" bytes is below 64 KiB"))
+		}
+		c.localBytes = bytes
+	}
+}
+
+// withLocalStore has the Limiter decide FailLocal's decisions in s, which
+// other Limiters may share (for tests).
+func withLocalStore(s *store.Local) Option {
+	return func(c *config) { c.local = s }
 }

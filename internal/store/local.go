@@ -2,65 +2,203 @@ package store
 
 import (
 	"context"
+	"hash/maphash"
 	"math"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 )
 
-// MaxLocalKeys bounds the logs FailLocal keeps in memory, the overflow
-// logs (one per limit) aside.
-const MaxLocalKeys = 100_000
+// DefaultLocalBytes is the default bound of FailLocal's store, in bytes:
+// 64 MiB, room for about 400,000 logs of a few requests each.
+const DefaultLocalBytes = 64 << 20
+
+// MinLocalBytes is the least bound FailLocal's store may be given: 64 KiB.
+const MinLocalBytes = 64 << 10
+
+// OverflowLogs is how many overflow logs each limit has in a full store.
+const OverflowLogs = 4096
+
+// Bytes the store accounts for its logs. logBytes covers a log's struct
+// (64 bytes) and its share of the map (a 16-byte slot, which a map may
+// hold at well under half its load after growing): a hostile identifier
+// of any length costs no more, for the map keeps a 64-bit hash of the
+// log's key, not the key. runBytes is one run of entries.
+const (
+	logBytes = 128
+	runBytes = 16
+)
 
 // Local is the in-process sliding log FailLocal decides with while
-// Redis cannot be reached. It applies the same rules as the Lua code, to
-// the requests of this process only. Every route of a Limiter shares it,
-// so that a route's requests count in the app-wide limits
-// there too.
+// Redis cannot be reached. It applies the rules of the Lua code (see
+// docs/design.md), to the requests of this process only: an exact log
+// rounds an entry's time up to the limit's unit, a bucketed limit counts
+// it in its bucket from the bucket's start, and a log's time never runs
+// backwards: a request at a time before the latest time its log logged
+// at (the clock stepped back) is decided and logged at that time. Every
+// route of a Limiter shares it, so that a route's requests count in the
+// app-wide limits there too.
 //
-// Its memory is bounded, and given back: a log whose entries have all left
-// its window is dropped by the next sweep (see sweeper), on a decision
-// here or, once Redis is back, on a decision Redis made (Fallback).
-// No log that holds an entry in its window is ever dropped to make room,
-// so no client's traffic can erase another client's count: once
-// maxLocalKeys logs are live, an identifier that has no log of its own is
-// counted in its limit's overflow log, which every such identifier shares,
-// and a log made while that overflow log holds entries starts with them
-// (a client counted there takes its count along).
+// Its memory is bounded in bytes (MaxBytes, DefaultLocalBytes unless
+// set), and given back: a log whose entries have all left its window on
+// the clock of the decisions is dropped by the next sweep (see Sweeper),
+// on a decision here or, once Redis is back, on a decision Redis made
+// (Fallback); a later step back of that clock does not bring it back, as
+// it does not bring back a Redis key that expired on the server's clock. Logs are kept by a 64-bit keyed hash of their key (a
+// random seed per store): two logs whose hashes meet are counted as one,
+// which may deny early and never admits over a quota. No log that holds
+// an entry in its window is ever dropped to make room, so no client's
+// traffic can erase another client's count. Once 7/8 of the bound is
+// taken, an identifier that has no log of its own is counted in one of
+// its limit's OverflowLogs overflow logs, picked by the hash of its log:
+// those that share it share its quota; a log made while that overflow
+// log holds entries starts with them, as of its newest entry (a client
+// counted there takes its count along); with the whole bound taken and
+// no overflow log for it yet, such a request is denied. A log that would
+// grow past the bound logs its new entries at the time of its newest
+// run, moved later to theirs: they count longer, never shorter.
 type Local struct {
+	// MaxBytes bounds the memory the logs take (as the store accounts
+	// it); 0 is DefaultLocalBytes. Set it before the first decision.
+	MaxBytes int64
+	// KeepExpired turns the sweep off, for tests that step the clock
+	// back past a window after it moved on (as a Redis key's expiry on
+	// the server's clock is left out of the model test): a log is then
+	// kept until Reset.
+	KeepExpired bool
+
 	mu    sync.Mutex
-	logs  map[LogID]*localLog
+	seed  maphash.Seed
+	logs  map[uint64]*localLog
+	bytes atomic.Int64 // accounted
 	sweep Sweeper
 }
 
 type localLog struct {
-	stamps []int64 // times of the logged units of cost, ascending, in µs
-	window int64   // µs
+	runs   []localRun // entries by time, ascending
+	alloc  int        // runs' array length, as accounted
+	time   int64      // the log's time: the latest time it logged at (µs); valid once logged
+	window int64      // the longest window of the limits counted in it (µs)
+	unit   int64      // the largest unit of those limits (µs)
+	logged bool
+	// A limit's block of the client (LimitSpec.Block): it ends at
+	// blockWall on the wall clock, and at blockEnd on the decisions'
+	// clock; 0: none.
+	blockWall, blockEnd int64
 }
 
-// prune drops the entries that have left the window at now.
-func (g *localLog) prune(now int64) {
-	i, _ := slices.BinarySearch(g.stamps, now-g.window+1)
-	g.stamps = g.stamps[i:]
-	if len(g.stamps) == 0 {
-		g.stamps = nil // give the array back
+// localRun is n entries of one time.
+type localRun struct{ t, n int64 }
+
+func (s *Local) max() int64 {
+	if s.MaxBytes > 0 {
+		return s.MaxBytes
+	}
+	return DefaultLocalBytes
+}
+
+// Bound returns the store's bound in bytes.
+func (s *Local) Bound() int64 { return s.max() }
+
+// Bytes returns the bytes the store accounts for its logs.
+func (s *Local) Bytes() int64 { return s.bytes.Load() }
+
+// prune drops the entries that have left the window at every time the
+// log may still be decided at: a unit before its time, for an exact log
+// is decided at now when now rounded up reaches its time.
+func (g *localLog) prune() {
+	if !g.logged {
+		return
+	}
+	i := 0
+	for i < len(g.runs) && g.runs[i].t+g.window <= g.time-g.unit {
+		i++
+	}
+	if i > 0 {
+		g.runs = g.runs[:copy(g.runs, g.runs[i:])]
 	}
 }
 
-// expiry is when the last of g's entries leaves its window (µs).
+// expiry is when the log may be forgotten: when its time has left its
+// window (µs); every entry has then.
 func (g *localLog) expiry() int64 {
-	if len(g.stamps) == 0 {
-		return math.MinInt64
+	if !g.logged {
+		return g.blockEnd
 	}
-	return g.stamps[len(g.stamps)-1] + g.window
+	return max(g.time+g.window, g.blockEnd)
 }
 
-// overflowLog returns the overflow log of id's limit: its key up to the
-// identifier (a key that ends in '}' as every real key does never equals
-// it), and its field.
-func overflowLog(id LogID) LogID {
-	return LogID{id.Key[:strings.LastIndexByte(id.Key, '{')+1], id.Field}
+// count returns the entries alive at view in a window.
+func (g *localLog) count(view, window int64) int64 {
+	c := int64(0)
+	for _, r := range g.runs {
+		if r.t+window > view {
+			c += r.n
+		}
+	}
+	return c
+}
+
+// leaves returns when the k-th oldest entry alive at view (from 1) leaves
+// the window.
+func (g *localLog) leaves(view, window, k int64) int64 {
+	for _, r := range g.runs {
+		if r.t+window <= view {
+			continue
+		}
+		if k <= r.n {
+			return r.t + window
+		}
+		k -= r.n
+	}
+	return view + window // not reached: k is at most the count
+}
+
+// hash returns the hash of the log id.
+func (s *Local) hash(id LogID) uint64 {
+	var h maphash.Hash
+	h.SetSeed(s.seed)
+	h.WriteString(id.Key)
+	h.WriteByte(0)
+	h.WriteString(id.Field)
+	return h.Sum64()
+}
+
+// overflowHash returns the hash of the overflow log of id, whose hash is
+// h: one of its limit's OverflowLogs, picked by h. The limit is named by
+// the key up to the identifier, and the field.
+func (s *Local) overflowHash(id LogID, h uint64) uint64 {
+	var o maphash.Hash
+	o.SetSeed(s.seed)
+	o.WriteString(id.Key[:strings.LastIndexByte(id.Key, '{')+1])
+	o.WriteByte(1)
+	o.WriteString(id.Field)
+	slot := h % OverflowLogs
+	o.WriteByte(byte(slot))
+	o.WriteByte(byte(slot >> 8))
+	return o.Sum64()
+}
+
+// stamp returns the time a request at now is logged at in limit lim when
+// its log has no later time: an exact log rounds now up to its unit; a
+// bucketed limit counts it from its bucket's start. view is the time its
+// window is seen from.
+func stamp(lim *LimitSpec, now int64) (view, at int64) {
+	u := lim.Unit.Microseconds()
+	if u <= 0 {
+		return now, now
+	}
+	m := now % u
+	if m < 0 {
+		m += u
+	}
+	if lim.Bucketed {
+		return now - m, now - m
+	}
+	if m == 0 {
+		return now, now
+	}
+	return now, now - m + u
 }
 
 // Decide decides q at q.now in this process's logs, and logs the request
@@ -69,83 +207,321 @@ func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now, n := q.Now, int64(q.Cost)
+	wall := now
+	if !q.Wall.IsZero() {
+		wall = q.Wall.UnixMicro()
+	}
 	s.sweepLocked(now)
 	if s.logs == nil {
-		s.logs = make(map[LogID]*localLog)
+		s.logs = make(map[uint64]*localLog)
+		s.seed = maphash.MakeSeed()
 	}
-	logs := make([]*localLog, len(q.Keys))
-	ids := make([]LogID, len(q.Keys))
+	var buf [8]localSlot
+	slots := buf[:0]
+	if len(q.Keys) > len(buf) {
+		slots = make([]localSlot, 0, len(q.Keys))
+	}
+	made := int64(0) // bytes of the logs made for q, not in the map yet
 	out.Allowed, out.Now, out.Denier = true, now, -1
 	var denierAt int64
 	for i := range q.Keys {
 		lim := &q.Spec.Limits[i]
+		slots = append(slots, localSlot{})
+		sl := &slots[i]
 		if q.Quota(i) == 0 {
 			continue // the client's plan does not count it here
 		}
 		window := lim.Window.Microseconds()
-		ids[i] = q.Log(i)
-		g := s.logs[ids[i]]
+		sl.h = s.hash(q.Log(i))
+		g := s.logs[sl.h]
 		if g == nil {
-			g = &localLog{window: window}
-			if over := s.logs[overflowLog(ids[i])]; over != nil {
-				over.prune(now)
-				if len(s.logs) >= MaxLocalKeys {
-					g, ids[i] = over, overflowLog(ids[i]) // no room: counted with the others that found none
-				} else {
-					// Those counted in the overflow log may include this
-					// client: it takes their count along.
-					g.stamps = slices.Clone(over.stamps)
-				}
-			} else if len(s.logs) >= MaxLocalKeys {
-				ids[i] = overflowLog(ids[i])
-			}
+			g, sl.h, sl.made = s.placeLocked(q.Log(i), sl.h, made)
+			made += sl.made
 		}
-		g.window = max(g.window, window)
-		g.prune(now)
-		logs[i] = g
-		count, quota := int64(len(g.stamps)), int64(q.Quota(i))
-		r := Reply{OK: true, Now: now, Count: count, Reset: now}
-		switch {
-		case count+n <= quota:
-			if count > 0 {
-				r.Reset = g.stamps[0] + window
+		count, quota := int64(0), int64(q.Quota(i))
+		r := Reply{OK: true, Now: now, Reset: now}
+		if g == nil {
+			// No room for a log, nor an overflow log for it: denied, as
+			// a full log would be.
+			count = quota
+			r.Count, r.Reset, r.Next = count, now+window, now+window
+		} else {
+			g.window, g.unit = max(g.window, window), max(g.unit, lim.Unit.Microseconds())
+			g.prune()
+			view, at := stamp(lim, now)
+			if g.logged && g.time > at {
+				view, at = g.time, g.time
 			}
-		case n > quota:
-			r.Reset = -1
-		default:
-			r.Reset = g.stamps[count+n-quota-1] + window
+			sl.g, sl.at, sl.view = g, at, view
+			count = g.count(view, window)
+			r.Count = count
+			switch {
+			case count+n <= quota:
+				if count > 0 {
+					r.Reset = g.leaves(view, window, 1)
+				}
+			case n > quota:
+				r.Reset = -1
+			default:
+				r.Reset = g.leaves(view, window, count+n-quota)
+			}
+			r.Next = at
+			if count+n > quota && count > 0 {
+				r.Next = g.leaves(view, window, 1)
+			}
+			if g.blockWall > wall { // blocked: any cost is denied until the block ends
+				count = quota + n
+				s.blocked(&r, g.blockWall-wall, r.Count+n <= quota, view)
+			}
 		}
 		if count+n > quota && !lim.Shadow {
 			out.Allowed = false
+		}
+		out.Replies[i] = r
+	}
+	if !out.Allowed {
+		if !q.Peek {
+			s.blockLocked(q, slots, out, wall)
+		}
+		// The denier: the enforced limit without room that frees up
+		// last, or one whose cost never fits.
+		for i := range out.Replies {
+			r := &out.Replies[i]
+			if !r.OK || q.Spec.Limits[i].Shadow || r.Count+n <= int64(q.Quota(i)) && r.Block == 0 {
+				continue
+			}
 			if out.Denier < 0 || r.Reset == -1 || denierAt != -1 && r.Reset > denierAt {
 				out.Denier, denierAt = i, r.Reset
 			}
 		}
-		out.Replies[i] = r
 	}
 	if !out.Allowed || q.Peek {
 		return nil
 	}
-	for i, g := range logs {
-		lim := &q.Spec.Limits[i]
-		if g == nil || lim.Shadow && int64(len(g.stamps))+n > int64(q.Quota(i)) {
-			continue // not counted, or a shadow limit without room: not logged
+	for i := range slots {
+		sl := &slots[i]
+		if sl.g == nil || q.Spec.Limits[i].Shadow && out.Replies[i].Count+n > int64(q.Quota(i)) {
+			out.Replies[i].Next = 0 // not counted, or a shadow limit without room: not logged
+			sl.g = nil
+			continue
 		}
-		if len(g.stamps) == 0 {
-			out.Replies[i].Reset = now + lim.Window.Microseconds()
+		if sl.made > 0 { // the logs made first: their bytes count when a log grows
+			if s.logs[sl.h] != nil { // another limit of q made it first
+				sl.g = s.logs[sl.h]
+			} else {
+				s.logs[sl.h] = sl.g
+				s.bytes.Add(sl.made)
+			}
 		}
-		for range n {
-			g.stamps = append(g.stamps, now)
+	}
+	for i := range slots {
+		sl, lim := &slots[i], &q.Spec.Limits[i]
+		g := sl.g
+		if g == nil {
+			continue
 		}
-		if s.logs[ids[i]] == nil {
-			// A copy of the key: q's keys share one string with the
-			// request's other keys.
-			s.logs[LogID{strings.Clone(ids[i].Key), ids[i].Field}] = g
+		if out.Replies[i].Count == 0 {
+			out.Replies[i].Reset = sl.at + lim.Window.Microseconds()
 		}
-		s.sweep.Added(g.expiry())
+		s.addLocked(g, sl.at, n)
+		if !s.KeepExpired {
+			s.sweep.Added(g.expiry())
+		}
 	}
 	return nil
 }
+
+// blocked makes r the reply of a limit that blocks its client for left
+// more µs: it ends that long after the time the log is decided at (view,
+// which may be later than now), and the request fits then (room), or once
+// both the block has ended and the cost fits.
+func (s *Local) blocked(r *Reply, left int64, room bool, view int64) {
+	r.Block = max(r.Now, view) + left
+	switch {
+	case r.Reset == -1: // never fits
+	case room:
+		r.Reset = r.Block
+	default:
+		r.Reset = max(r.Reset, r.Block)
+	}
+	if r.Next < r.Block {
+		r.Next = r.Block
+	}
+}
+
+// blockLocked blocks the client of q, which was denied, in the limits
+// that block (LimitSpec.Block) and had no room for its cost, where it has
+// a log of its own, or room for one: a block in an overflow log would
+// block the clients that share it.
+func (s *Local) blockLocked(q *Query, slots []localSlot, out *Outcome, wall int64) {
+	n := int64(q.Cost)
+	for i := range slots {
+		sl, lim := &slots[i], &q.Spec.Limits[i]
+		r := &out.Replies[i]
+		if sl.g == nil || lim.Block <= 0 || lim.Shadow || r.Block != 0 || r.Count+n <= int64(q.Quota(i)) ||
+			sl.h != s.hash(q.Log(i)) {
+			continue
+		}
+		g := sl.g
+		if sl.made > 0 {
+			if s.logs[sl.h] != nil {
+				g = s.logs[sl.h]
+			} else {
+				s.logs[sl.h] = g
+				s.bytes.Add(sl.made)
+			}
+		}
+		d := lim.Block.Microseconds()
+		s.blocked(r, d, false, sl.view)
+		g.blockWall, g.blockEnd = wall+d, r.Block
+		if !s.KeepExpired {
+			s.sweep.Added(g.expiry())
+		}
+	}
+}
+
+// EndBlock lifts the block of the log id, if any, and reports whether
+// there was one.
+func (s *Local) EndBlock(id LogID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.logs == nil {
+		return false
+	}
+	g := s.logs[s.hash(id)]
+	if g == nil || g.blockWall == 0 {
+		return false
+	}
+	g.blockWall, g.blockEnd = 0, 0
+	return true
+}
+
+// localSlot is what Decide found for one limit.
+type localSlot struct {
+	g    *localLog
+	h    uint64 // its hash
+	at   int64  // where the request is logged
+	view int64  // the time the log is decided at
+	made int64  // the bytes of g, made for the request and not in the map yet
+}
+
+// placeLocked returns the log a request of id (whose hash is h) that has
+// none is counted in, its hash, and the bytes to account for it if it is
+// new (else 0); nil if there is no room for it. made is the bytes of the
+// logs the decision made so far.
+func (s *Local) placeLocked(id LogID, h uint64, made int64) (*localLog, uint64, int64) {
+	max, used := s.max(), s.bytes.Load()+made
+	oh := s.overflowHash(id, h)
+	over := s.logs[oh]
+	const cost = logBytes + runBytes // a log, with room for one run
+	if used+cost <= max-max/8 {
+		g := &localLog{runs: make([]localRun, 0, 1), alloc: 1}
+		if over != nil && over.logged {
+			// Those counted in the overflow log may include this client:
+			// it takes their count along, as of the newest entry
+			// (later, so never counted shorter).
+			g.time, g.logged, g.window, g.unit = over.time, true, over.window, over.unit
+			if total := over.count(math.MinInt64, 0); total > 0 {
+				g.runs = append(g.runs, localRun{over.runs[len(over.runs)-1].t, total})
+			}
+		}
+		return g, h, cost
+	}
+	if over != nil {
+		return over, oh, 0
+	}
+	if used+cost <= max {
+		return &localLog{runs: make([]localRun, 0, 1), alloc: 1}, oh, cost
+	}
+	return nil, 0, 0
+}
+
+// addLocked logs n entries of time at in g: g's time is at if later. A
+// log that would grow past the bound moves its newest run to at instead.
+func (s *Local) addLocked(g *localLog, at, n int64) {
+	if !g.logged || at > g.time {
+		g.time, g.logged = at, true
+	}
+	if k := len(g.runs); k > 0 && g.runs[k-1].t == at {
+		g.runs[k-1].n += n
+		return
+	}
+	if len(g.runs) == g.alloc {
+		grown := max(2, 2*g.alloc)
+		extra := int64(grown-g.alloc) * runBytes
+		if k := len(g.runs); k > 0 && s.bytes.Load()+extra > s.max() {
+			g.runs[k-1].t = at // at is the log's time: no entry is later
+			g.runs[k-1].n += n
+			return
+		}
+		// A log without runs has an array of one (see placeLocked), or
+		// had none to grow: it grows by one run, in the room its making
+		// checked for.
+		runs := make([]localRun, len(g.runs), grown)
+		copy(runs, g.runs)
+		g.runs, g.alloc = runs, grown
+		s.bytes.Add(extra)
+	}
+	g.runs = append(g.runs, localRun{at, n})
+}
+
+// Refund removes a request of cost that was logged at stamps[i] (0: not
+// logged) in the log of ids[i], for each i: up to cost entries of that
+// time, those still there (entries of one time are interchangeable); in
+// the limit's overflow log if the identifier has no log of its own. The
+// logs' times stay: a refund never lets a log's time run backwards.
+// Entries a full store logged later than their request (see Local) are
+// not found, and stay counted.
+func (s *Local) Refund(ids []LogID, stamps []int64, cost int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.logs == nil {
+		return
+	}
+	for i, id := range ids {
+		if stamps[i] == 0 {
+			continue
+		}
+		h := s.hash(id)
+		g := s.logs[h]
+		if g == nil {
+			if g = s.logs[s.overflowHash(id, h)]; g == nil {
+				continue
+			}
+		}
+		for j := range g.runs {
+			if r := &g.runs[j]; r.t == stamps[i] {
+				if r.n -= min(int64(cost), r.n); r.n == 0 {
+					g.runs = append(g.runs[:j], g.runs[j+1:]...)
+				}
+				break
+			}
+		}
+	}
+}
+
+// Forget drops the logs of ids, and reports how many it held. An overflow
+// log is kept: it counts other clients too.
+func (s *Local) Forget(ids ...LogID) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.logs == nil {
+		return 0
+	}
+	dropped := 0
+	for _, id := range ids {
+		h := s.hash(id)
+		if g := s.logs[h]; g != nil {
+			delete(s.logs, h)
+			s.bytes.Add(-g.bytes())
+			dropped++
+		}
+	}
+	return dropped
+}
+
+// bytes is what the store accounts for g.
+func (g *localLog) bytes() int64 { return logBytes + int64(g.alloc)*runBytes }
 
 // release drops, at now, the logs whose entries have all left their
 // windows, if a sweep is due: FailLocal's Fallback calls it on the
@@ -162,11 +538,14 @@ func (s *Local) release(now int64) {
 
 // sweepLocked sweeps the logs at now if a sweep is due.
 func (s *Local) sweepLocked(now int64) {
-	if !s.sweep.Due(now) {
+	if s.KeepExpired || !s.sweep.Due(now) {
 		return
 	}
 	s.logs = SweepMap(&s.sweep, s.logs, now, func(g *localLog) int64 {
-		g.prune(now)
+		if e := g.expiry(); e <= now {
+			s.bytes.Add(-g.bytes())
+			return e
+		}
 		return g.expiry()
 	})
 }

@@ -1,6 +1,11 @@
 package store
 
 import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -40,5 +45,89 @@ func TestSweeper(t *testing.T) {
 	m = SweepMap(&w, m, now+200*s, func(e int64) int64 { return e })
 	if m != nil || w.Due(now+300*s) {
 		t.Errorf("after every entry expired: map %v, due %v; want nil, false", m, w.Due(now+300*s))
+	}
+}
+
+// TestLocalBoundedByBytes floods a small local store (256 KiB) with
+// hostile identifiers of the longest length a key holds (a 64-byte limit
+// name and a 128-byte identifier; longer ones are digested to less), on
+// an exact and a bucketed limit, each client sending 1 to 4 requests of
+// cost 1 to 2 over a second while the store is full: its byte count never
+// passes its bound, the live heap grows by less than the bound, and no
+// client is ever admitted over its quota, whichever log (its own, an
+// overflow log) counted it. Seeded; the seed is printed.
+func TestLocalBoundedByBytes(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 3))
+	const bound, quota = 256 << 10, 3
+	name := strings.Repeat("n", 64)
+	spec := &Spec{Limits: []LimitSpec{
+		{Quota: quota, Window: time.Minute, Unit: 10 * time.Millisecond},
+		{Quota: quota, Window: time.Minute, Unit: time.Second, Bucketed: true, Field: name},
+	}}
+	s := &Local{MaxBytes: bound}
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	const clients = 20_000
+	admitted := make([]int8, clients)
+	id := make([]byte, 128)
+	out := Outcome{Replies: make([]Reply, 2)}
+	now := t0.UnixMicro()
+	for c := range clients {
+		for i := range id {
+			id[i] = "abcdefghijklmnopqrstuvwxyz0123456789"[r.IntN(36)]
+		}
+		key := "ratelimit:" + name + ":{" + string(id) + "}"
+		for range 1 + r.IntN(4) {
+			now += r.Int64N(50_000) // a second for 40 clients or so
+			cost := 1 + r.IntN(2)
+			q := &Query{Spec: spec, Keys: []string{key, key}, Cost: cost, Now: now}
+			out.Reset(out.Replies)
+			if err := s.Decide(context.Background(), q, &out); err != nil {
+				t.Fatal(err)
+			}
+			if out.Allowed {
+				if admitted[c] += int8(cost); admitted[c] > quota {
+					t.Fatalf("seed %d: client %d admitted %d, quota %d", seed, c, admitted[c], quota)
+				}
+			}
+			if n := s.Bytes(); n > bound {
+				t.Fatalf("seed %d: %d bytes accounted, bound %d", seed, n, bound)
+			}
+		}
+	}
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc) - clients // the test's own counts
+	t.Logf("seed %d: %d logs, %d bytes accounted, live heap grown by about %d bytes (bound %d)", seed, s.Len(), s.Bytes(), grown, bound)
+	if grown > bound {
+		t.Errorf("seed %d: live heap grew by %d bytes, over the bound %d", seed, grown, bound)
+	}
+	runtime.KeepAlive(s)
+}
+
+// BenchmarkLocalDecide measures a FailLocal decision over an exact and a
+// bucketed limit, for clients drawn from 100,000, 25,000 decisions a
+// second.
+func BenchmarkLocalDecide(b *testing.B) {
+	spec := &Spec{Limits: []LimitSpec{
+		{Quota: 100, Window: time.Minute, Unit: 10 * time.Millisecond},
+		{Quota: 1000, Window: time.Hour, Unit: time.Minute, Bucketed: true, Field: "hour"},
+	}}
+	keys := make([]string, 100_000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("ratelimit:ip-100-per-1m:{10.0.%d.%d}", i>>8, i&255)
+	}
+	s := &Local{}
+	out := Outcome{Replies: make([]Reply, 2)}
+	now := t0.UnixMicro()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		key := keys[i%len(keys)]
+		q := &Query{Spec: spec, Keys: []string{key, key}, Cost: 1, Now: now + int64(i)*40}
+		out.Reset(out.Replies)
+		_ = s.Decide(context.Background(), q, &out)
 	}
 }

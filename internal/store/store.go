@@ -55,9 +55,13 @@ type Spec struct {
 type LimitSpec struct {
 	Quota  int
 	Window time.Duration
-	Shadow bool             // reported, never denies
-	Global bool             // counted by a Global key: the same for every request
-	Lua    slidinglog.Specs // the limit alone, for the Lua code
+	Shadow bool // reported, never denies
+	Global bool // counted by a Global key: the same for every request
+	// Unit is an exact log's time unit, a bucketed limit's precision
+	// (its Lua carries it too); Bucketed says which.
+	Unit     time.Duration
+	Bucketed bool
+	Lua      slidinglog.Specs // the limit alone, for the Lua code
 	// Field is a bucketed limit's name in the hash its identifier's
 	// bucketed limits share; "" for an exact log, which has a key of its own.
 	Field string
