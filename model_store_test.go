@@ -58,7 +58,7 @@ func testModelScripts(t *testing.T) {
 	if err := full.Do(ctx, "ACL", "SETUSER", "scripts", "on", ">scripts", "~*", "&*", "+@all", "-fcall", "-function").Err(); err != nil {
 		t.Fatal(err)
 	}
-	runModel(t, modelEnv{addr: srv.Addr, user: "scripts", minWindow: time.Minute, expires: true, repeats: redistest.LongOr(t, 2, 5)})
+	runModel(t, modelEnv{addr: srv.Addr, user: "scripts", minWindow: time.Minute, expires: true, repeats: redistest.LongOr(t, 2, 5), overrides: true})
 	libs, err := full.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName()}).Result()
 	if err != nil {
 		t.Fatal(err)
