@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
 
 // Operator state: quota overrides and manual blocks an operator sets while
@@ -158,6 +160,9 @@ func (o *Operator) change(ctx context.Context, op, field, value string) (changed
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "FULL") {
 			return false, fmt.Errorf("%w: it holds %d overrides and blocks in force; clear or unblock some first", ErrOperatorFull, MaxOperatorEntries)
+		}
+		if slidinglog.RefusesScripts(err) {
+			return false, fmt.Errorf("ratelimit: operator: %w: %w; allow the @scripting commands to its user (ACL), undo their rename-command, or use a server with Lua scripting", ErrNoScripting, err)
 		}
 		return false, fmt.Errorf("ratelimit: operator: %w", err)
 	}

@@ -96,6 +96,16 @@ func TestNoScripting(t *testing.T) {
 			if !strings.Contains(msg, "@scripting") || !strings.Contains(msg, "rename-command") {
 				t.Errorf("seed %d, %s: the error does not say what to do: %s", seed, ns.name, msg)
 			}
+			if i == 0 {
+				// The Operator's changes run a script of their own.
+				op, err := NewOperator(c, "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := op.Block(context.Background(), "x", time.Minute); !errors.Is(err, ErrNoScripting) || !strings.Contains(err.Error(), "@scripting") {
+					t.Errorf("seed %d, %s: Operator.Block: %v; want ErrNoScripting, saying what to do", seed, ns.name, err)
+				}
+			}
 			if mode == FailLocal && !res.Local || mode != FailLocal && (res.Allowed || res.Local) {
 				t.Errorf("seed %d, %s, %v: Allow's Result %+v", seed, ns.name, mode, res)
 			}

@@ -252,6 +252,11 @@ func (m *scriptMode) scriptError(err error) error {
 	return &NoScriptingError{Functions: why, Script: err}
 }
 
+// RefusesScripts reports whether err, the error of a script call
+// (EVALSHA or EVAL) that is not the library's, says that Redis does not
+// run scripts at all (see refusesScripts).
+func RefusesScripts(err error) bool { return err != nil && refusesScripts(err) }
+
 // refusesScripts reports whether err, the error of EVALSHA or EVAL, says
 // that Redis does not run scripts at all: an unknown command, a NOPERM on
 // the command, or an error that names a missing scripting engine.
