@@ -63,6 +63,8 @@ type Limiter struct {
 	// address the router resolved (FromRouter).
 	unseen    warnOnce
 	routeSeen atomic.Bool
+	// unmatched reports WarningRouteUnmatched (see routes.go).
+	unmatched warnOnce
 	routerIP  bool
 
 	// ops is the operator state in force (overrides and blocks, see
@@ -180,6 +182,9 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	l.proxies = &proxyWatch{}
 	l.store = l.wrap(l.redis)
 	if err := l.buildRoutes(split); err != nil {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+	}
+	if err := l.checkRoutesFrom(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
 	w := weak.Make(l)
