@@ -160,10 +160,9 @@ func (l *Limiter) CheckRoutes(routes []string) error {
 // CheckMux asks mux which route each entry's requests reach (a request of
 // the entry's method, every method for an entry without one, to its path
 // with each parameter filled in). An entry matches when that route's
-// pattern is the entry (a "HEAD" entry does not match a "GET" route: the
-// HEAD requests the GET route serves are decided as that GET, see
-// [WithRoutes]; a path the mux redirects, "/login" to "/login/", does not
-// match either). The nearest route is found by asking mux for the paths
+// pattern is the entry (a "HEAD" entry matches a "GET" route, which
+// serves HEAD requests too; a path the mux redirects, "/login" to
+// "/login/", does not match). The nearest route is found by asking mux for the paths
 // one edit away from the entry's, the entry's path under every method, and
 // its path with a trailing slash added or removed or a segment left out.
 // [New] calls it for the mux of [WithRoutesFrom] when the mux has routes
@@ -378,7 +377,7 @@ func muxServes(mux *http.ServeMux, method, path string) bool {
 	}
 	for _, m := range methods {
 		pm, pp := splitTemplate(muxPattern(mux, m, probe, false))
-		if pp == path && (pm == "" || method == "" || pm == method) {
+		if pp == path && (pm == "" || method == "" || pm == method || method == http.MethodHead && pm == http.MethodGet) {
 			return true
 		}
 	}
@@ -410,7 +409,7 @@ func muxNear(mux *http.ServeMux, method, path string) []knownRoute {
 	}
 	methods := []string{method}
 	if method == "" {
-		methods = []string{http.MethodGet, http.MethodPost}
+		methods = httpMethods
 	}
 	variants := map[string]bool{}
 	if strings.HasSuffix(path, "/") {
