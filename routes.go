@@ -391,7 +391,8 @@ const probeAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789-_./"
 // muxNear returns the routes of mux near the entry of method and path:
 // those its path reaches under every method, and those that the paths one
 // edit away, with a trailing slash added or removed, or with a segment
-// left out, reach.
+// left out, reach under the entry's method (GET and POST for an entry
+// without one).
 func muxNear(mux *http.ServeMux, method, path string) []knownRoute {
 	var out []knownRoute
 	seen := map[string]bool{}
@@ -409,7 +410,10 @@ func muxNear(mux *http.ServeMux, method, path string) []knownRoute {
 	}
 	methods := []string{method}
 	if method == "" {
-		methods = httpMethods
+		// Most routes are GET or POST: the edits of a methodless entry's
+		// path are asked for those alone, to bound the work (the entry's
+		// own path was asked for under every method above).
+		methods = []string{http.MethodGet, http.MethodPost}
 	}
 	variants := map[string]bool{}
 	if strings.HasSuffix(path, "/") {
