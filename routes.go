@@ -384,15 +384,26 @@ func muxServes(mux *http.ServeMux, method, path string) bool {
 	return false
 }
 
+// methods are the methods CheckMux asks a mux about the edits of an
+// entry's path with: the entry's; GET and POST, which most routes are,
+// for an entry without one (its own path is asked for under every method),
+// to bound the work.
+func methods(method string) []string {
+	if method == "" {
+		return []string{http.MethodGet, http.MethodPost}
+	}
+	return []string{method}
+}
+
 // probeAlphabet is what CheckMux inserts into and substitutes in an
 // entry's path when it looks for the nearest route.
 const probeAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789-_./"
 
 // muxNear returns the routes of mux near the entry of method and path:
 // those its path reaches under every method, and those that the paths one
-// edit away, with a trailing slash added or removed, or with a segment
-// left out, reach under the entry's method (GET and POST for an entry
-// without one).
+// edit away, with a trailing slash added or removed, with a segment left
+// out or a parameter's segment added, reach under the entry's method (GET
+// and POST for an entry without one).
 func muxNear(mux *http.ServeMux, method, path string) []knownRoute {
 	var out []knownRoute
 	seen := map[string]bool{}
@@ -408,12 +419,14 @@ func muxNear(mux *http.ServeMux, method, path string) []knownRoute {
 	for _, m := range httpMethods {
 		add(muxPattern(mux, m, probe, true))
 	}
-	methods := []string{method}
-	if method == "" {
-		// Most routes are GET or POST: the edits of a methodless entry's
-		// path are asked for those alone, to bound the work (the entry's
-		// own path was asked for under every method above).
-		methods = []string{http.MethodGet, http.MethodPost}
+	// A segment left out of the entry: its path with a parameter's value
+	// inserted, which reaches a route with a parameter there.
+	for i := 1; i <= len(path); i++ {
+		if i == len(path) || path[i] == '/' {
+			for _, m := range methods(method) {
+				add(muxPattern(mux, m, instantiate(path[:i]+"/{p}"+path[i:]), true))
+			}
+		}
 	}
 	variants := map[string]bool{}
 	if strings.HasSuffix(path, "/") {
@@ -441,7 +454,7 @@ func muxNear(mux *http.ServeMux, method, path string) []knownRoute {
 			continue
 		}
 		v = route.Normalize(v)
-		for _, m := range methods {
+		for _, m := range methods(method) {
 			pattern := muxPattern(mux, m, instantiate(v), false)
 			if _, pp := splitTemplate(pattern); pp == v {
 				add(pattern)

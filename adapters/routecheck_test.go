@@ -35,9 +35,11 @@ import (
 // slash). Every router with a route list must give the same verdict: a
 // valid table accepted, a mistyped one refused naming the entry, and for
 // the mistakes one edit away, naming the route it was typed from. The
-// checks are New with WithRoutesFrom (net/http), the adapters' CheckRoutes
-// (chi, echo, gin), and the warning the chi and echo middleware and
-// Handler around the mux report at their first request.
+// checks are CheckMux (net/http; New with WithRoutesFrom must agree with
+// it whenever it refuses, and must refuse when the mux serves one of the
+// entries), the adapters' CheckRoutes (chi, echo, gin), and the warning
+// the chi and echo middleware and Handler around the mux report at their
+// first request.
 
 // A genRoute is a generated route: its method and segments, each a
 // literal, a parameter ("p<i>") or a final wildcard ("*").
@@ -198,7 +200,21 @@ var genCheckers = []struct {
 		for _, g := range app {
 			mux.HandleFunc(g.method+" "+g.write("mux"), ok)
 		}
-		_, err := ratelimit.New(newStubRedis(), genLimits(), ratelimit.WithRoutes(table), ratelimit.WithRoutesFrom(mux), ratelimit.WithOperatorRefresh(0))
+		l, _ := genLimiter(t, table)
+		err := l.CheckMux(mux)
+		// New refuses the same, once it can see that the mux has routes:
+		// it serves one of the entries.
+		_, newErr := ratelimit.New(newStubRedis(), genLimits(), ratelimit.WithRoutes(table), ratelimit.WithRoutesFrom(mux), ratelimit.WithOperatorRefresh(0))
+		served := false
+		for e := range table {
+			served = served || e != ratelimit.UnmatchedRoute && genMatches(app, e)
+		}
+		switch {
+		case newErr != nil && (err == nil || !strings.Contains(newErr.Error(), strings.TrimPrefix(err.Error(), "ratelimit: "))):
+			t.Fatalf("New with WithRoutesFrom: %v; CheckMux: %v", newErr, err)
+		case newErr == nil && err != nil && served:
+			t.Fatalf("New with WithRoutesFrom accepted a table that CheckMux refuses (%v), with a mux that serves one of its entries", err)
+		}
 		// The warning, with the routes registered after New.
 		late := http.NewServeMux()
 		l, lg := genLimiter(t, table, ratelimit.WithRoutesFrom(late))
