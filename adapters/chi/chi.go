@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-chi/chi/v5"
 
@@ -52,13 +53,15 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 	if l == nil {
 		panic("chiratelimit: Middleware of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
 	}
-	var checked sync.Once
+	var checked atomic.Bool // the routes were checked, at the first request
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			pass := l.Enter(r)
 			defer pass.Leave()
 			if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.Routes != nil {
-				checked.Do(func() { _ = l.WarnUnmatchedRoutes(routeList(rctx.Routes)) })
+				if !checked.Load() && checked.CompareAndSwap(false, true) {
+					_ = l.WarnUnmatchedRoutes(routeList(rctx.Routes))
+				}
 			}
 			resolve(r)
 			if pass.Check(w, r) {

@@ -17,7 +17,7 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
-	"sync"
+	"sync/atomic"
 
 	"github.com/labstack/echo/v4"
 
@@ -70,13 +70,15 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 	if l == nil {
 		panic("echoratelimit: Middleware of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
 	}
-	var checked sync.Once
+	var checked atomic.Bool // the routes were checked, at the first request
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			pass := l.Enter(c.Request())
 			defer pass.Leave()
 			if e := c.Echo(); e != nil {
-				checked.Do(func() { _ = l.WarnUnmatchedRoutes(routeList(e)) })
+				if !checked.Load() && checked.CompareAndSwap(false, true) {
+					_ = l.WarnUnmatchedRoutes(routeList(e))
+				}
 			}
 			r := resolve(c)
 			// ClientIP(FromRouter()) counts by echo's c.RealIP(), handed
