@@ -18,6 +18,7 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 	mux.Handle("POST /login", okHandler)
 	mux.Handle("GET /users/{id}", okHandler)
 	mux.Handle("/files/", okHandler)
+	mux.Handle("GET /old", http.RedirectHandler("/new", http.StatusMovedPermanently))
 	limit := RouteLimits{Limits: []Limit{PerMinute(5, ClientIP()).Named("route")}}
 	for _, tc := range []struct{ entry, want string }{
 		{"POST /logn", `route "POST /logn" matches no route of the mux; did you mean "POST /login"?`},
@@ -32,6 +33,8 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 		{"GET /users/:id", ""},
 		{"HEAD /users/{id}", ""}, // the GET route serves HEAD
 		{"/files/", ""},
+		{"GET /old", ""}, // a route of the app's that redirects
+		{"GET /files", `did you mean "/files/"?`}, // the mux redirects it
 		{UnmatchedRoute, ""},
 	} {
 		_, err := New(stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")},

@@ -370,7 +370,10 @@ func muxPattern(mux *http.ServeMux, method, path string, follow bool) string {
 	for range 2 {
 		r := &http.Request{Method: method, URL: &url.URL{Path: path}, Header: http.Header{}}
 		h, pattern := mux.Handler(r)
-		if reflect.TypeOf(h) != redirectType {
+		// The mux's own trailing-slash redirect gives the path it
+		// redirects to; a route of the app's that redirects (an
+		// http.RedirectHandler) its pattern.
+		if reflect.TypeOf(h) != redirectType || pattern != path+"/" {
 			return pattern
 		}
 		if !follow || pattern == "" {
