@@ -33,7 +33,7 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 		{"GET /users/:id", ""},
 		{"HEAD /users/{id}", ""}, // the GET route serves HEAD
 		{"/files/", ""},
-		{"GET /old", ""}, // a route of the app's that redirects
+		{"GET /old", ""},                          // a route of the app's that redirects
 		{"GET /files", `did you mean "/files/"?`}, // the mux redirects it
 		{UnmatchedRoute, ""},
 	} {
