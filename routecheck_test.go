@@ -39,11 +39,15 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 	} {
 		_, err := New(stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")},
 			WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithRoutesFrom(mux), WithOperatorRefresh(0))
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%q: %v; want no error", tc.entry, err)
-		case tc.want != "" && (err == nil || !errors.Is(err, ErrUnmatchedRoute) || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%q: %v; want an error that says %s", tc.entry, err, tc.want)
+		api := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")},
+			WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithOperatorRefresh(0))
+		for by, err := range map[string]error{"New": err, "CheckMux": api.CheckMux(mux)} {
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("%s %q: %v; want no error", by, tc.entry, err)
+			case tc.want != "" && (err == nil || !errors.Is(err, ErrUnmatchedRoute) || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("%s %q: %v; want an error that says %s", by, tc.entry, err, tc.want)
+			}
 		}
 	}
 	// Routes added after New: nothing to check yet.
