@@ -184,7 +184,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	if err := l.buildRoutes(split); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
-	if err := l.checkRoutesFrom(); err != nil {
+	if err := checkRoutesFrom(cfg.routes, cfg.routesFrom); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
 	w := weak.Make(l)

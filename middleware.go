@@ -160,10 +160,6 @@ func (l *Limiter) routesUnseen(p Pass, r *http.Request) {
 	l.unseen.report(l.cfg.logger, l.cfg.observers, WarningRoutesUnseen, routesWarning, attrs...)
 }
 
-// redirectType is the type of the handler http.RedirectHandler returns,
-// which a ServeMux answers its own redirects with.
-var redirectType = reflect.TypeOf(http.RedirectHandler("/", http.StatusMovedPermanently))
-
 // muxRedirect reports whether a ServeMux answers the CONNECT request r with
 // a redirect, h: its trailing-slash redirect gives the pattern the
 // redirect's path (a CONNECT to "/users/7" when "/users/{id}/" is
