@@ -63,6 +63,8 @@ type Limiter struct {
 	// address the router resolved (FromRouter).
 	unseen    warnOnce
 	routeSeen atomic.Bool
+	// unmatched reports WarningRouteUnmatched (see routes.go).
+	unmatched warnOnce
 	routerIP  bool
 
 	// ops is the operator state in force (overrides and blocks, see
@@ -183,6 +185,9 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	l.proxies = &proxyWatch{}
 	l.store = l.wrap(l.redis)
 	if err := l.buildRoutes(split); err != nil {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+	}
+	if err := checkRoutesFrom(cfg.routes, cfg.routesFrom); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
 	w := weak.Make(l)
@@ -463,8 +468,10 @@ func (rs *ruleset) declared() []Limit {
 // forRoute returns the rulesets that decide requests to a route: those
 // WithRoutes declared for method and template (for that method, else for
 // any method), or l.base, l's own rules. template is as the Route key
-// reads it from r.Pattern; a method in it takes precedence over method. A
-// HEAD request with no route of its own is decided by the GET route's:
+// reads it from r.Pattern; a method in it takes precedence over method,
+// but for a HEAD request that a "GET" pattern serves, which a "HEAD" entry
+// decides if there is one. A HEAD request with no route of its own is
+// decided by the GET route's:
 // net/http's ServeMux and chi's middleware.GetHead serve it with the GET
 // handler. It does not allocate.
 func (l *Limiter) forRoute(method, template string) *routeRules {
@@ -472,8 +479,8 @@ func (l *Limiter) forRoute(method, template string) *routeRules {
 		return l.base
 	}
 	m, path := splitTemplate(template)
-	if m != "" {
-		method = m
+	if m != "" && (method != http.MethodHead || m != http.MethodGet) {
+		method = m // a HEAD the "GET" route serves looks for a "HEAD" entry first
 	}
 	byMethod := l.routes[path]
 	if rt := byMethod[method]; rt != nil {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
+	"sync/atomic"
 	"time"
 )
 
@@ -73,6 +74,9 @@ type limitHandler struct {
 	// mux looks the routes up: next, if it is a ServeMux, else
 	// WithRoutesFrom's.
 	mux *http.ServeMux
+	// checked: the route table was checked against mux, at the first
+	// request (see Limiter.CheckMux).
+	checked atomic.Bool
 }
 
 func (h *limitHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -81,6 +85,9 @@ func (h *limitHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A wrapped mux decides the route, even under another mux that has set
 	// r.Pattern to its own pattern (such as "/").
 	if h.mux != nil {
+		if h.l.routes != nil && !h.checked.Load() && h.checked.CompareAndSwap(false, true) {
+			h.l.warnUnmatched(h.l.CheckMux(h.mux))
+		}
 		mh, pattern := h.mux.Handler(r)
 		if pattern == "" || muxRedirect(r, mh) {
 			pattern = UnmatchedRoute
@@ -152,10 +159,6 @@ func (l *Limiter) routesUnseen(p Pass, r *http.Request) {
 	}
 	l.unseen.report(l.cfg.logger, l.cfg.observers, WarningRoutesUnseen, routesWarning, attrs...)
 }
-
-// redirectType is the type of the handler http.RedirectHandler returns,
-// which a ServeMux answers its own redirects with.
-var redirectType = reflect.TypeOf(http.RedirectHandler("/", http.StatusMovedPermanently))
 
 // muxRedirect reports whether a ServeMux answers the CONNECT request r with
 // a redirect, h: its trailing-slash redirect gives the pattern the

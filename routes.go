@@ -45,6 +45,18 @@ import (
 // "/files/{path...}" are one), invalid or duplicate limits, and two routes
 // that would give an unnamed limit the same default name (templates that
 // differ only in bytes a name cannot hold, such as "/a.b" and "/a/b").
+//
+// An entry that no route of the router serves ("POST /logn" for "POST
+// /login", the wrong method, a trailing slash or parameter name the route
+// does not have) would never apply. Where the router's routes can be
+// listed it is refused, naming the nearest route: by [New] with
+// [WithRoutesFrom] when the mux has its routes by then, by
+// [Limiter.CheckMux], [Limiter.CheckRoutes] and the adapters' CheckRoutes
+// (chi, echo, gin, gRPC), which an app calls once its routes are
+// registered. Otherwise it is reported once, as [WarningRouteUnmatched],
+// at the first request served by [Limiter.Handler] around a ServeMux (or
+// with WithRoutesFrom) and by the chi and echo middleware, which list the
+// routes then; gin's and gRPC's middleware cannot, and warn of nothing.
 func WithRoutes(routes map[string]RouteLimits) Option {
 	return func(c *config) {
 		if c.routes == nil {
@@ -65,7 +77,10 @@ func WithRoutes(routes map[string]RouteLimits) Option {
 // shorter); its routes may be registered after New. A Handler that wraps a
 // ServeMux looks the request up in that one. [Limiter.Check] and the
 // router adapters are not affected. Default: none. A nil mux is an error
-// from [New].
+// from [New], and so is a [WithRoutes] entry that no route of mux serves
+// when mux has its routes by New (it serves one of the entries, or has a
+// route near one; see [Limiter.CheckMux]); routes registered after New
+// are checked at Handler's first request ([WarningRouteUnmatched]).
 func WithRoutesFrom(mux *http.ServeMux) Option {
 	return func(c *config) {
 		c.nilArg("WithRoutesFrom", mux == nil, "pass the ServeMux the requests reach")

@@ -26,6 +26,18 @@ const (
 	// request of a Limiter. Wrap the mux itself (api.Handler(mux) inside
 	// the other middleware), or give the Limiter [WithRoutesFrom].
 	WarningRoutesUnseen Warning = "routes_unseen"
+	// WarningRouteUnmatched: an entry of the route table of [WithRoutes]
+	// matches no route of the router, so its limits never apply (a typo,
+	// "POST /logn" for "POST /login"; the wrong method; a trailing slash
+	// the route does not have). Reported once per Limiter, naming every
+	// such entry and the nearest route, at the first request served by a
+	// mount that can list the router's routes then: [Limiter.Handler]
+	// around a ServeMux or with [WithRoutesFrom], and the chi and echo
+	// adapters. Where the routes are known earlier the mistake is an
+	// error instead: from [New] with [WithRoutesFrom] (a mux with its
+	// routes registered), and from [Limiter.CheckRoutes],
+	// [Limiter.CheckMux] and the adapters' CheckRoutes.
+	WarningRouteUnmatched Warning = "route_unmatched"
 )
 
 // A WarningObserver is an [Observer] that also learns of every [Warning] a

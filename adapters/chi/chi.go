@@ -14,9 +14,11 @@
 package chiratelimit
 
 import (
+	"errors"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-chi/chi/v5"
 
@@ -51,16 +53,54 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 	if l == nil {
 		panic("chiratelimit: Middleware of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
 	}
+	var checked atomic.Bool // the routes were checked, at the first request
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			pass := l.Enter(r)
 			defer pass.Leave()
+			if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.Routes != nil {
+				if !checked.Load() && checked.CompareAndSwap(false, true) {
+					_ = l.WarnUnmatchedRoutes(routeList(rctx.Routes))
+				}
+			}
 			resolve(r)
 			if pass.Check(w, r) {
 				next.ServeHTTP(w, r)
 			}
 		})
 	}
+}
+
+// CheckRoutes reports every [ratelimit.WithRoutes] entry of l that no
+// route of r serves, so that its limits would never apply: a typo ("POST
+// /logn"), the wrong method, a trailing slash the route does not have
+// (Middleware reads "/login/" as "/login", as chi's RoutePattern does: the
+// entry is "/login"). The error names each such entry and the nearest
+// route, and wraps [ratelimit.ErrUnmatchedRoute]; nil if every entry
+// matches a route (see [ratelimit.Limiter.CheckRoutes]). A GET route
+// counts as a HEAD route too, as chi's middleware.GetHead serves it. r is
+// the root router, with its routes registered: call CheckRoutes before
+// serving, or in a test. Middleware checks the same at its first request
+// and reports the error as [ratelimit.WarningRouteUnmatched].
+func CheckRoutes(l *ratelimit.Limiter, r chi.Routes) error {
+	if r == nil {
+		return errors.New("chiratelimit: CheckRoutes: nil router")
+	}
+	return l.CheckRoutes(routeList(r))
+}
+
+// routeList lists the routes of r as Middleware resolves them: "METHOD
+// /pattern", a HEAD for every GET.
+func routeList(r chi.Routes) []string {
+	var out []string
+	_ = chi.Walk(r, func(method, pattern string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+		out = append(out, method+" "+trim(pattern))
+		if method == http.MethodGet {
+			out = append(out, http.MethodHead+" "+trim(pattern))
+		}
+		return nil
+	})
+	return out
 }
 
 // finders recycles the chi contexts resolve searches the routes with.

@@ -14,8 +14,10 @@
 package echoratelimit
 
 import (
+	"errors"
 	"net/http"
 	"reflect"
+	"sync/atomic"
 
 	"github.com/labstack/echo/v4"
 
@@ -68,10 +70,16 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 	if l == nil {
 		panic("echoratelimit: Middleware of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
 	}
+	var checked atomic.Bool // the routes were checked, at the first request
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			pass := l.Enter(c.Request())
 			defer pass.Leave()
+			if e := c.Echo(); e != nil {
+				if !checked.Load() && checked.CompareAndSwap(false, true) {
+					_ = l.WarnUnmatchedRoutes(routeList(e))
+				}
+			}
 			r := resolve(c)
 			// ClientIP(FromRouter()) counts by echo's c.RealIP(), handed
 			// over in RemoteAddr while l decides, if e.IPExtractor says
@@ -99,6 +107,33 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 			return nil // answered by l's handler
 		}
 	}
+}
+
+// CheckRoutes reports every [ratelimit.WithRoutes] entry of l that no
+// route of e serves, so that its limits would never apply: a typo ("POST
+// /logn"), the wrong method (echo answers a HEAD to a route with no HEAD
+// handler with 405, so a "HEAD" entry needs a HEAD route), a trailing
+// slash the route does not have. The error names each such entry and the
+// nearest route, and wraps [ratelimit.ErrUnmatchedRoute]; nil if every
+// entry matches a route (see [ratelimit.Limiter.CheckRoutes]). Call it
+// once the routes are added, before serving or in a test. Middleware
+// checks the same at its first request and reports the error as
+// [ratelimit.WarningRouteUnmatched].
+func CheckRoutes(l *ratelimit.Limiter, e *echo.Echo) error {
+	if e == nil {
+		return errors.New("echoratelimit: CheckRoutes: nil *echo.Echo")
+	}
+	return l.CheckRoutes(routeList(e))
+}
+
+// routeList lists the routes of e: "METHOD /path" in echo's syntax.
+func routeList(e *echo.Echo) []string {
+	routes := e.Routes()
+	out := make([]string, 0, len(routes))
+	for _, rt := range routes {
+		out = append(out, rt.Method+" "+rt.Path)
+	}
+	return out
 }
 
 // The handlers echo routes unmatched requests to. echo gives such a request

@@ -125,3 +125,25 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 		}
 	}
 }
+
+// CheckRoutes reports every [ratelimit.WithRoutes] entry of l that no
+// route of g serves, so that its limits would never apply: a typo ("POST
+// /logn"), the wrong method (gin serves HEAD only with a HEAD route, so a
+// "HEAD" entry needs one), a trailing slash the route does not have. The
+// error names each such entry and the nearest route, and wraps
+// [ratelimit.ErrUnmatchedRoute]; nil if every entry matches a route (see
+// [ratelimit.Limiter.CheckRoutes]). g is the engine (or anything that
+// lists gin's routes), with its routes added: call CheckRoutes before
+// serving, or in a test. Middleware cannot check this itself, as a gin
+// handler cannot reach its engine's routes.
+func CheckRoutes(l *ratelimit.Limiter, g interface{ Routes() gin.RoutesInfo }) error {
+	if g == nil {
+		return errors.New("ginratelimit: CheckRoutes: nil engine")
+	}
+	routes := g.Routes()
+	out := make([]string, 0, len(routes))
+	for _, rt := range routes {
+		out = append(out, rt.Method+" "+rt.Path)
+	}
+	return l.CheckRoutes(out)
+}

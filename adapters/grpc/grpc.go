@@ -100,6 +100,7 @@ package grpcratelimit
 
 import (
 	"context"
+	"errors"
 	"hash/maphash"
 	"net"
 	"net/http"
@@ -432,3 +433,30 @@ type addrEntry struct {
 }
 
 var addrs [256]atomic.Pointer[addrEntry]
+
+// CheckRoutes reports every [ratelimit.WithRoutes] entry of l that no
+// method of s serves, so that its limits would never apply: a typo in a
+// service or method name ("/helloworld.Greeter/SayHelo"), a method other
+// than POST ("GET /helloworld.Greeter/SayHello": every call is decided as
+// a POST), a service prefix ("/helloworld.Greeter/": a template names one
+// method). The error names each such entry and the nearest method, and
+// wraps [ratelimit.ErrUnmatchedRoute]; nil if every entry names a method
+// of s (see [ratelimit.Limiter.CheckRoutes]). s is the server (a
+// *grpc.Server, or anything with its GetServiceInfo), with its services
+// registered: call CheckRoutes before Serve, or in a test. The
+// interceptors cannot check this themselves, as they do not see the
+// server.
+func CheckRoutes(l *ratelimit.Limiter, s interface {
+	GetServiceInfo() map[string]grpc.ServiceInfo
+}) error {
+	if s == nil {
+		return errors.New("grpcratelimit: CheckRoutes: nil server")
+	}
+	var routes []string
+	for name, info := range s.GetServiceInfo() {
+		for _, m := range info.Methods {
+			routes = append(routes, http.MethodPost+" /"+name+"/"+m.Name)
+		}
+	}
+	return l.CheckRoutes(routes)
+}
