@@ -560,3 +560,23 @@ func prefixBits(name string, bits, max int, field func(*ipConfig) *int) IPOption
 		*field(c) = bits
 	}
 }
+
+// lookupIdentifier returns the identifier ClientIP, grouping by v4 and v6
+// bits, gives the clients that id names, for a look-up by hand: id is an
+// address in any spelling ClientIP reads ("::ffff:203.0.113.7",
+// "[2001:DB8::1%eth0]:443") or a network no larger than one group
+// ("2001:db8::/96" with the /64 grouping). Anything else, which names no
+// one identity, is returned as it is.
+func lookupIdentifier(id string, v4, v6 int) string {
+	var p netip.Prefix
+	if a, ok := parseNode(id); ok {
+		p = netip.PrefixFrom(a, a.BitLen())
+	} else if p, ok = readIdentifier(strings.TrimSpace(id)); !ok {
+		return id
+	}
+	g := identity(p.Addr(), v4, v6)
+	if p.Bits() < g.Bits() {
+		return id // several identities
+	}
+	return string(appendIdentifier(nil, g))
+}

@@ -175,26 +175,6 @@ func mayBeIP(s string) bool {
 	return dots >= 3 || colons >= 2
 }
 
-// lookupIdentifier returns the identifier ClientIP, grouping by v4 and v6
-// bits, gives the clients that id names, for a look-up by hand: id is an
-// address in any spelling ClientIP reads ("::ffff:203.0.113.7",
-// "[2001:DB8::1%eth0]:443") or a network no larger than one group
-// ("2001:db8::/96" with the /64 grouping). Anything else, which names no
-// one identity, is returned as it is.
-func lookupIdentifier(id string, v4, v6 int) string {
-	var p netip.Prefix
-	if a, ok := parseNode(id); ok {
-		p = netip.PrefixFrom(a, a.BitLen())
-	} else if p, ok = readIdentifier(strings.TrimSpace(id)); !ok {
-		return id
-	}
-	g := identity(p.Addr(), v4, v6)
-	if p.Bits() < g.Bits() {
-		return id // several identities
-	}
-	return string(appendIdentifier(nil, g))
-}
-
 // A netBlock is a blocked network and the block's expiry (Unix µs).
 type netBlock struct {
 	p   netip.Prefix
@@ -223,17 +203,4 @@ func blockedInside(sorted []netBlock, g netip.Prefix, now, until int64) int64 {
 		}
 	}
 	return until
-}
-
-// lookupID returns id as the limit called name counts it, for a look-up by
-// hand ([Limiter.LimitStatus], [Limiter.ResetLimit], an unblock): for a
-// limit counted by [ClientIP], the identifier of the client id names, in
-// any spelling ClientIP reads (see lookupIdentifier); id as it is for any
-// other limit, and for an unknown name.
-func (l *Limiter) lookupID(name, id string) string {
-	d, i := l.limitNamed(name)
-	if d == nil || d.limits[i].Key.lookup == nil {
-		return id
-	}
-	return d.limits[i].Key.lookup(id)
 }

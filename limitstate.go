@@ -172,3 +172,16 @@ func (l *Limiter) unblockLimit(ctx context.Context, name, id string) (bool, erro
 	}
 	return n > 0 || lifted, nil
 }
+
+// lookupID returns id as the limit called name counts it, for a look-up by
+// hand ([Limiter.LimitStatus], [Limiter.ResetLimit], an unblock): for a
+// limit counted by [ClientIP], the identifier of the client id names, in
+// any spelling ClientIP reads (see lookupIdentifier); id as it is for any
+// other limit, and for an unknown name.
+func (l *Limiter) lookupID(name, id string) string {
+	d, i := l.limitNamed(name)
+	if d == nil || d.limits[i].Key.lookup == nil {
+		return id
+	}
+	return d.limits[i].Key.lookup(id)
+}
