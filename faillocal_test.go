@@ -130,7 +130,7 @@ func soakFailLocal(t *testing.T, bytes int64) {
 	if bytes > 0 {
 		opts = append(opts, WithLocalMemory(bytes))
 	}
-	base := liveHeap()
+	base := redistest.LiveHeap()
 	lim := failLocalLimiter(t, clock, []Limit{PerMinute(quota, Header("X-Forwarded-For")).Named("ip"), PerMinute(1_000_000, Global()).Named("all")}, opts...)
 	admitted := make([]int8, clients)
 	seen := make([]bool, clients)
@@ -157,7 +157,7 @@ func soakFailLocal(t *testing.T, bytes int64) {
 			}
 		}
 	}
-	held := liveHeap()
+	held := redistest.LiveHeap()
 	worst := 1.0
 	for s := range firsts {
 		if firsts[s] == 0 {

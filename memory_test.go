@@ -64,15 +64,6 @@ func hostileIDs(n int) ([]string, uint64) {
 	return ids, seed
 }
 
-// liveHeap returns the bytes of live heap after a collection.
-func liveHeap() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
-}
-
 // heapSlack is how much more live heap than before a flood the test
 // accepts once what the flood left has expired: ample, so that it holds
 // on any machine, and far below what the flood held (tens of MB).
@@ -92,7 +83,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
 	redis := &scriptedStore{}
-	base := liveHeap()
+	base := redistest.LiveHeap()
 	lim := mustNew(t, stubClient{}, []Limit{
 		PerMinute(3, Header("X-Id")).Named("id"),
 		PerMinute(1_000_000, Global()).Named("all"),
@@ -139,7 +130,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 	}
 	// A new identifier while the store is full is decided by its limit's
 	// overflow log, shared: conservative, never a fresh count.
-	held := liveHeap()
+	held := redistest.LiveHeap()
 
 	// Redis is back; the logs expire.
 	redis.down.Store(false)
@@ -150,7 +141,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 	if n := lim.local.Len(); n != 0 {
 		t.Errorf("FailLocal holds %d logs once Redis is back and every entry has left its window, want 0", n)
 	}
-	after := liveHeap()
+	after := redistest.LiveHeap()
 	t.Logf("live heap: %d KB before, %d KB during the flood, %d KB after", base>>10, held>>10, after>>10)
 	if after > base+heapSlack {
 		t.Errorf("live heap %d KB once the logs expired, %d KB before the flood: more than %d KB kept", after>>10, base>>10, heapSlack>>10)
@@ -171,7 +162,7 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 	clock := &testClock{t: t0}
 	redis := &scriptedStore{}
 	redis.deny.Store(true)
-	base := liveHeap()
+	base := redistest.LiveHeap()
 	lim := mustNew(t, stubClient{}, []Limit{
 		PerMinute(3, Header("X-Id")).Named("id"),
 		PerMinute(30, Header("X-Id")).Named("id-30"),
@@ -192,7 +183,7 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 	if res, err := lim.Allow(ctx, []string{ids[len(ids)-1], ids[len(ids)-1], ids[len(ids)-1]}, 1); err != nil || !res.Cached || redis.calls.Load() != calls {
 		t.Fatalf("a repeated denial: %+v %v, want it from the cache", res, err)
 	}
-	held := liveHeap()
+	held := redistest.LiveHeap()
 	clock.Set(t0.Add(time.Minute))
 	if _, err := lim.Allow(ctx, []string{"after", "after", "after"}, 1); err != nil {
 		t.Fatal(err)
@@ -200,7 +191,7 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 	if n := lim.denies.Len(); n > 3 {
 		t.Errorf("the deny cache holds %d denials once all have expired, want at most the last decision's 3", n)
 	}
-	after := liveHeap()
+	after := redistest.LiveHeap()
 	t.Logf("live heap: %d KB before, %d KB during the flood, %d KB after", base>>10, held>>10, after>>10)
 	if after > base+heapSlack {
 		t.Errorf("live heap %d KB once the denials expired, %d KB before the flood: more than %d KB kept", after>>10, base>>10, heapSlack>>10)
@@ -217,7 +208,7 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 	ids, seed := hostileIDs(maxCachedPlans)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
-	base := liveHeap()
+	base := redistest.LiveHeap()
 	lim := mustNew(t, stubClient{}, []Limit{
 		PerMinute(3, Header("X-Id")).Named("id").Tiered(Plans{
 			Quotas: map[string]int{"pro": 30},
@@ -236,7 +227,7 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 	if n := pc.len(); n > maxCachedPlans || n < maxCachedPlans/2 {
 		t.Errorf("the plan cache holds %d ids, want at most %d (and the most recent)", n, maxCachedPlans)
 	}
-	held := liveHeap()
+	held := redistest.LiveHeap()
 	clock.Set(t0.Add(time.Minute))
 	if _, err := lim.Allow(ctx, []string{"after"}, 1); err != nil {
 		t.Fatal(err)
@@ -244,7 +235,7 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 	if n := pc.len(); n > 1 {
 		t.Errorf("the plan cache holds %d ids once all have expired, want at most the last decision's", n)
 	}
-	after := liveHeap()
+	after := redistest.LiveHeap()
 	t.Logf("live heap: %d KB before, %d KB during the flood, %d KB after", base>>10, held>>10, after>>10)
 	if after > base+heapSlack {
 		t.Errorf("live heap %d KB once the plans expired, %d KB before: more than %d KB kept", after>>10, base>>10, heapSlack>>10)
@@ -271,14 +262,14 @@ func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
 	lim := mustNew(t, stubClient{}, limits, WithClock(clock.Now), WithDenyCache(5*time.Second))
 	lim.store = lim.wrap(redis)
 	ctx := context.Background()
-	base := liveHeap()
+	base := redistest.LiveHeap()
 	for _, id := range ids {
 		if res, err := lim.Allow(ctx, []string{id, id, id, id, id}, 1); err != nil || res.Allowed {
 			t.Fatalf("%.20s: %+v %v, want denied", id, res, err)
 		}
 	}
 	n := lim.denies.Len()
-	held := liveHeap()
+	held := redistest.LiveHeap()
 	perEntry := (int64(held) - int64(base)) / int64(max(n, 1))
 	t.Logf("%d denials, %d bytes of live heap each", n, perEntry)
 	// A key is about 160 bytes, the five of a request 800: an entry that

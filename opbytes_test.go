@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
 // operatorEntryBytes bounds what one entry of the operator state costs a
@@ -31,7 +33,7 @@ func TestOperatorStateBytes(t *testing.T) {
 	bound := MaxOperatorEntries * (MaxBlockTarget + operatorEntryBytes)
 	var live *liveOps
 	var st OperatorState
-	before := operatorHeap()
+	before := redistest.LiveHeap()
 	func() {
 		all := map[string]string{"v": "7"}
 		for i := range 3 * MaxOperatorEntries {
@@ -60,7 +62,7 @@ func TestOperatorStateBytes(t *testing.T) {
 		}
 		live = newLiveOps(st, now)
 	}()
-	after := operatorHeap()
+	after := redistest.LiveHeap()
 	held := after - min(before, after)
 	n := 0
 	for _, b := range st.Blocks {
@@ -84,14 +86,4 @@ func TestOperatorStateBytes(t *testing.T) {
 	t.Logf("%d blocks, %d overrides: %d bytes of targets; %d bytes on the heap, bound %d", len(st.Blocks), len(st.Quotas), n, held, bound)
 	runtime.KeepAlive(live)
 	runtime.KeepAlive(st)
-}
-
-// operatorHeap returns the bytes allocated and still reachable, after a
-// collection.
-func operatorHeap() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
 }

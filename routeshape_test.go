@@ -15,6 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/route"
+
+	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
 // redisKeys returns the keys in the backend's Redis, sorted.
@@ -172,7 +174,7 @@ func testRouteMemoBounded(t *testing.T, b backend) {
 	}
 
 	key := Route().fn
-	before := liveHeap()
+	before := redistest.LiveHeap()
 	methods := []string{"GET", "HEAD", "get", "CONNECT", "OPTIONS"}
 	pad := strings.Repeat("x", 200)
 	for i := range 100_000 {
@@ -195,7 +197,7 @@ func testRouteMemoBounded(t *testing.T, b backend) {
 	for i := range 300 {
 		serve(h, "CONNECT", fmt.Sprintf("/files/%d%s", rng.Uint64(), pad), fmt.Sprintf("198.51.100.%d:1", i%250))
 	}
-	after := liveHeap()
+	after := redistest.LiveHeap()
 	t.Logf("live heap %+d KB after 100,000 hostile patterns; route memo %d entries, %d bytes", (int64(after)-int64(before))>>10, route.CacheLen(), route.CacheBytes())
 	if n := route.CacheLen(); n > route.CacheCap {
 		t.Errorf("route memo holds %d templates, more than its bound %d", n, route.CacheCap)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/admin"
+
+	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
 // longID returns a random hostile identifier of a random length: short,
@@ -138,14 +140,6 @@ func TestLongIdentifiers(t *testing.T) {
 	}
 }
 
-func heapAlloc() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
-
 // TestSketchBytes denies hostile identifiers of maximal length (1 MB),
 // all distinct, in several limits over every minute of the window and
 // beyond, and checks that the Handler holds no more than SketchBytes per
@@ -161,13 +155,13 @@ func TestSketchBytes(t *testing.T) {
 	}
 	big := string(buf)
 	limits := []string{"a", "b", "c"}
-	before := heapAlloc()
+	before := redistest.LiveHeap()
 	adm := admin.New(o)
 	for i := range 2 * o.Capacity * (o.Minutes + 1) {
 		now = t0.Add(time.Duration(i%(o.Minutes+1)) * time.Minute)
 		adm.ObserveDenial(limits[i%len(limits)], big[i:i+1<<20])
 	}
-	after := heapAlloc()
+	after := redistest.LiveHeap()
 	held := after - min(before, after)
 	runtime.KeepAlive(big)
 	runtime.KeepAlive(adm)

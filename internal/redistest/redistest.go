@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -230,4 +231,15 @@ func (s *Server) Client() *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true})
 	s.tb.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// LiveHeap returns the bytes of heap still reachable, after two
+// collections (the second frees what the first's finalizers released):
+// what a test of a memory bound compares with the bound.
+func LiveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
 }

@@ -7,15 +7,9 @@ import (
 	"strings"
 	"testing"
 	"time"
-)
 
-func heapAlloc() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
+	"github.com/slidinglog/ratelimit/internal/redistest"
+)
 
 // TestDenyCacheBytes fills a DenyCache with denials of keys of the
 // greatest length a Limiter makes (a long prefix and limit name, and an
@@ -30,7 +24,7 @@ func TestDenyCacheBytes(t *testing.T) {
 	spec := &Spec{Limits: []LimitSpec{{Quota: 1, Window: time.Minute}}}
 	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	us := now.UnixMicro()
-	before := heapAlloc()
+	before := redistest.LiveHeap()
 	c := &DenyCache{MaxAge: time.Hour}
 	var key [1]string
 	replies := []Reply{{OK: true, Now: us, Count: 1, Next: us + 60e6, Reset: us + 60e6}}
@@ -45,7 +39,7 @@ func TestDenyCacheBytes(t *testing.T) {
 		q := &Query{Spec: spec, Keys: key[:], Cost: 1, Local: now.Add(time.Duration(i))}
 		c.learn(q, replies, false, q.Local)
 	}
-	after := heapAlloc()
+	after := redistest.LiveHeap()
 	held := after - min(before, after)
 	bound := MaxDenyBytes(maxKey)
 	if n := c.Len(); n > MaxDenyEntries || n < MaxDenyEntries/2 {

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
 var t0 = time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
@@ -196,16 +198,6 @@ func TestSetNamesBounded(t *testing.T) {
 	}
 }
 
-// heapAlloc returns the bytes allocated and still reachable, after a
-// collection.
-func heapAlloc() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
-
 // TestWindowBytes fills a Window with hostile strings of maximal length
 // (1 MB, the most a header value can be under net/http's defaults; a Key
 // may return longer), distinct, over every slot and beyond, and checks
@@ -220,13 +212,13 @@ func TestWindowBytes(t *testing.T) {
 		buf[i] = byte(r.Uint32())
 	}
 	big := string(buf) // every id is a 1 MB window of it, all distinct
-	before := heapAlloc()
+	before := redistest.LiveHeap()
 	w := NewWindow(k, slots, time.Minute)
 	for i := range 4 * k * (slots + 1) {
 		id := big[i : i+1<<20]
 		w.Add(id, t0.Add(time.Duration(i%(slots+1))*time.Minute))
 	}
-	after := heapAlloc()
+	after := redistest.LiveHeap()
 	held := after - min(before, after)
 	runtime.KeepAlive(big)
 	bound := MaxBytes(k, slots)
