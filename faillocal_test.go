@@ -97,22 +97,30 @@ func TestFailLocalClockStepsBack(t *testing.T) {
 // bound of 4 MiB, full after a few seconds, it degrades (the figure is
 // logged). Either way no client is ever admitted over its quota, the
 // store's accounting stays within its bound and the live heap grows by
-// less than it. A seeded order; the seed is printed.
+// less than it. A seeded order; the seed is printed. Under the race
+// detector it runs a tenth of the clients against a tenth of the full
+// store's bound.
 func TestFailLocalWideOutage(t *testing.T) {
 	redistest.SkipUnlessLong(t) // 500,000 decisions
 	for _, c := range []struct {
 		name  string
 		bytes int64 // 0: the default
 	}{{"default bound", 0}, {"full store", 4 << 20}} {
-		t.Run(c.name, func(t *testing.T) { soakFailLocal(t, c.bytes) })
+		t.Run(c.name, func(t *testing.T) {
+			if raceEnabled { // a tenth of the clients, and of a full store's bound
+				soakFailLocal(t, 20_000, c.bytes/10)
+				return
+			}
+			soakFailLocal(t, 200_000, c.bytes)
+		})
 	}
 }
 
-func soakFailLocal(t *testing.T, bytes int64) {
+func soakFailLocal(t *testing.T, clients int, bytes int64) {
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 2))
-	const clients, outage, quota = 200_000, 30 * time.Second, 3
+	const outage, quota = 30 * time.Second, 3
 	type event struct {
 		at     time.Duration
 		client int32

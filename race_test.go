@@ -1,0 +1,8 @@
+//go:build race
+
+package ratelimit
+
+// raceEnabled: the tests run under the race detector, which makes a
+// decision some ten times slower; the longest soaks run a tenth of their
+// load then (and in full without it, as CI's other stages do).
+const raceEnabled = true
