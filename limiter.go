@@ -190,6 +190,9 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	if err := checkRoutesFrom(cfg.routes, cfg.routesFrom); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
+	if err := l.definitionClashes(); err != nil {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+	}
 	w := weak.Make(l)
 	if err := claimNames(client, cfg.prefix, l.limitNames(), func() bool { return w.Value() != nil }); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
@@ -232,6 +235,7 @@ func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bo
 	}
 	p := &ruleset{Limiter: l, cost: cost}
 	seen := make(map[string]int, len(limits))
+	defaulted := make(map[string]bool, len(limits))
 	policyNames := make(map[string]struct{}, len(limits))
 	for i, lim := range limits {
 		if lim.Name == "" {
@@ -242,10 +246,14 @@ func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bo
 			continue
 		}
 		if j, dup := seen[lim.Name]; dup {
-			errs = append(errs, fmt.Errorf("limits %d and %d are both named %q: give them distinct names with Named", j, i, lim.Name))
+			if lim.defaulted || defaulted[lim.Name] {
+				errs = append(errs, fmt.Errorf("limits %d and %d are both named %q (a default name is the key and the window, not the quota): give them distinct names with Named", j, i, lim.Name))
+			} else {
+				errs = append(errs, fmt.Errorf("limits %d and %d are both named %q: give them distinct names with Named", j, i, lim.Name))
+			}
 			continue
 		}
-		seen[lim.Name] = i
+		seen[lim.Name], defaulted[lim.Name] = i, lim.defaulted
 		c := l.compileLimit(lim)
 		if i < len(caches) && caches[i] != nil {
 			c.planCache = caches[i] // the same limit: one cache
@@ -312,15 +320,43 @@ func (l *Limiter) countsByRouterIP() bool {
 }
 
 // limitNames returns the names of the limits of l and its routes, each
-// with whether it is a default name.
-func (l *Limiter) limitNames() map[string]bool {
-	mine := map[string]bool{}
+// with its definition.
+func (l *Limiter) limitNames() map[string]definition {
+	mine := map[string]definition{}
 	l.eachRuleset(func(p *ruleset) {
 		for i := range p.limits {
-			mine[p.limits[i].Name] = mine[p.limits[i].Name] || p.limits[i].defaulted
+			lim := &p.limits[i]
+			d := definitionOf(&lim.Limit)
+			if old, ok := mine[lim.Name]; ok && old.defaulted {
+				d.defaulted = true
+			}
+			mine[lim.Name] = d
 		}
 	})
 	return mine
+}
+
+// definitionClashes reports the names of l's limits that stand for two
+// definitions within l (an explicit name given to limits of two routes
+// that count other keys or windows).
+func (l *Limiter) definitionClashes() error {
+	seen := map[string]definition{}
+	var errs []error
+	reported := map[string]bool{}
+	l.eachRuleset(func(p *ruleset) {
+		for i := range p.limits {
+			lim := &p.limits[i]
+			d := definitionOf(&lim.Limit)
+			if old, ok := seen[lim.Name]; ok && !old.same(d) && !reported[lim.Name] {
+				reported[lim.Name] = true
+				errs = append(errs, fmt.Errorf("limit %s: the name stands for two limits of this Limiter, %s and %s: one name is one log in Redis; give them distinct names with Named", lim.Name, old, d))
+			}
+			if _, ok := seen[lim.Name]; !ok {
+				seen[lim.Name] = d
+			}
+		}
+	})
+	return errors.Join(errs...)
 }
 
 // eachRuleset calls f with l's rules and each of its routes'..

@@ -44,18 +44,18 @@ func testHeadersAndStatus(t *testing.T, b backend) {
 		rateLimit  string // IETF RateLimit
 	}{
 		// The first request's entry leaves the window at 10s.
-		{0, "192.0.2.1:1000", 200, "2", epoch(10 * time.Second), "", `"ip-3-per-10s";r=2;t=10`},
-		{1 * time.Second, "192.0.2.1:1001", 200, "1", epoch(10 * time.Second), "", `"ip-3-per-10s";r=1;t=9`},
-		{2500 * time.Millisecond, "192.0.2.1:1002", 200, "0", epoch(10 * time.Second), "", `"ip-3-per-10s";r=0;t=8`},
+		{0, "192.0.2.1:1000", 200, "2", epoch(10 * time.Second), "", `"ip-per-10s";r=2;t=10`},
+		{1 * time.Second, "192.0.2.1:1001", 200, "1", epoch(10 * time.Second), "", `"ip-per-10s";r=1;t=9`},
+		{2500 * time.Millisecond, "192.0.2.1:1002", 200, "0", epoch(10 * time.Second), "", `"ip-per-10s";r=0;t=8`},
 		// Denied: it fits when the oldest entry leaves, at 10s: 6.5s from now.
-		{3500 * time.Millisecond, "192.0.2.1:1003", 429, "0", epoch(10 * time.Second), "7", `"ip-3-per-10s";r=0;t=7`},
+		{3500 * time.Millisecond, "192.0.2.1:1003", 429, "0", epoch(10 * time.Second), "7", `"ip-per-10s";r=0;t=7`},
 		// Another client has its own budget; its entry leaves at 13.5s,
 		// which X-RateLimit-Reset rounds up to 14s.
-		{3500 * time.Millisecond, "192.0.2.2:1000", 200, "2", epoch(14 * time.Second), "", `"ip-3-per-10s";r=2;t=10`},
+		{3500 * time.Millisecond, "192.0.2.2:1000", 200, "2", epoch(14 * time.Second), "", `"ip-per-10s";r=2;t=10`},
 		// Just before the first entry leaves: still denied, retry in 1s (rounded up).
-		{9999 * time.Millisecond, "192.0.2.1:1004", 429, "0", epoch(10 * time.Second), "1", `"ip-3-per-10s";r=0;t=1`},
+		{9999 * time.Millisecond, "192.0.2.1:1004", 429, "0", epoch(10 * time.Second), "1", `"ip-per-10s";r=0;t=1`},
 		// Once it has left, one unit is free again; the next entry leaves at 11s.
-		{10 * time.Second, "192.0.2.1:1005", 200, "0", epoch(11 * time.Second), "", `"ip-3-per-10s";r=0;t=1`},
+		{10 * time.Second, "192.0.2.1:1005", 200, "0", epoch(11 * time.Second), "", `"ip-per-10s";r=0;t=1`},
 	}
 	for i, s := range steps {
 		setTime(t0.Add(s.at))
@@ -67,7 +67,7 @@ func testHeadersAndStatus(t *testing.T, b backend) {
 			got.Get("X-RateLimit-Reset") != s.reset ||
 			got.Get("Retry-After") != s.retryAfter ||
 			got.Get("RateLimit") != s.rateLimit ||
-			got.Get("RateLimit-Policy") != `"ip-3-per-10s";q=3;w=10` {
+			got.Get("RateLimit-Policy") != `"ip-per-10s";q=3;w=10` {
 			t.Errorf("step %d at %v from %s: got %d %v, want %d remaining=%s reset=%s retry-after=%q RateLimit=%s",
 				i, s.at, s.addr, w.Code, got, s.status, s.remaining, s.reset, s.retryAfter, s.rateLimit)
 		}
