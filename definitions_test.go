@@ -234,3 +234,55 @@ func TestNameOneDefinitionInLimiter(t *testing.T) {
 		t.Errorf("one name, one definition, two quotas: %v", err)
 	}
 }
+
+// TestKeyKindApart: two limits of one name (in two processes: two
+// Limiters on clients of their own, one Redis) whose keys count different
+// things keep apart logs, so an identifier one key yields that spells
+// another's (a header value "203.0.113.9", a KeyFunc named "ip") never
+// spends the other's budget; limits of one kind share one, as replicas
+// do. Generated: the pairs of kinds (two headers, two spellings of one
+// header, ClientIP, a KeyFunc named "ip", User, a Compose), exact or
+// bucketed, and the identifier.
+func TestKeyKindApart(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		seed := testSeed(t)
+		rng := rand.New(rand.NewSource(seed))
+		kinds := []struct {
+			key  Key
+			kind string
+		}{
+			{ClientIP(), "ip"},
+			{Header("X-Api-Key"), "header.X-Api-Key"},
+			{Header("x-api-key"), "header.X-Api-Key"},
+			{Header("X-Tenant"), "header.X-Tenant"},
+			{KeyFunc("ip", func(*http.Request) (string, error) { return "", nil }), "fn.ip"},
+			{User(func(*http.Request) (string, bool) { return "", false }), "user"},
+			{Compose(ClientIP(), Header("X-Api-Key")), "ip+header.X-Api-Key"},
+		}
+		ctx := t.Context()
+		for i := range 40 {
+			x, y := kinds[rng.Intn(len(kinds))], kinds[rng.Intn(len(kinds))]
+			bucketed := rng.Intn(2) == 0
+			id := []string{"203.0.113.9", "alice", "global", "a|b", fmt.Sprint("c", i)}[rng.Intn(5)]
+			name := fmt.Sprint("kind-", i)
+			lx, ly := PerMinute(1, x.key).Named(name), PerMinute(1, y.key).Named(name)
+			if bucketed {
+				lx, ly = lx.Bucketed(time.Second), ly.Bucketed(time.Second)
+			}
+			first := mustNew(t, b.newClient(t), []Limit{lx})
+			second := mustNew(t, b.newClient(t), []Limit{ly})
+			rx, err := first.Allow(ctx, []string{id}, 1)
+			if err != nil || !rx.Allowed {
+				t.Fatalf("seed %d (RATELIMIT_SEED), pair %d: the first request: %+v %v", seed, i, rx, err)
+			}
+			ry, err := second.Allow(ctx, []string{id}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if apart := x.kind != y.kind; ry.Allowed != apart {
+				t.Fatalf("seed %d (RATELIMIT_SEED), pair %d: limit %q by %s then by %s (bucketed %v), id %q: the second admitted %v, want %v (one log per kind of key)",
+					seed, i, name, x.kind, y.kind, bucketed, id, ry.Allowed, apart)
+			}
+		}
+	})
+}

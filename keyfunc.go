@@ -17,6 +17,10 @@ import (
 // [ClientIP], [Header], [User], [UserFromContext], [Route], [Global],
 // [Compose] or [KeyFunc]; the zero Key is invalid and is rejected by [New].
 //
+// A limit's Redis keys record what its Key counts by ("ip", "user",
+// "header.X-Api-Key", ...: docs/keys.md), so two limits of one name
+// whose Keys count different things never share a log.
+//
 // A Key returns the raw identifier. The limiter escapes it before it becomes
 // part of a Redis key, so identifiers may hold any bytes (braces, colons,
 // newlines, NULs): two different identifiers never share a Redis key, and a
@@ -59,7 +63,9 @@ func (k Key) kindOf() string {
 }
 
 // KeyFunc returns a Key that calls fn. The name is used in default limit names
-// (see [Limit]). fn must return a non-empty identifier or an error; an empty
+// (see [Limit]) and, as "fn." and the name, in its limits' Redis keys, so
+// that a KeyFunc's identifiers never share a log with another kind of
+// key's (docs/keys.md). fn must return a non-empty identifier or an error; an empty
 // identifier is turned into [ErrNoKey]. fn must be safe for concurrent use.
 func KeyFunc(name string, fn func(r *http.Request) (string, error)) Key {
 	k := Key{name: name, fn: fn, kind: "fn." + name}

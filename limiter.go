@@ -124,7 +124,7 @@ func (lim *compiledLimit) result(t int) LimitResult {
 
 type compiledLimit struct {
 	Limit
-	head     string // "<prefix><name>:{", the Redis key up to the identifier
+	head     string // the Redis key up to the identifier (see keyHead)
 	bucketed bool   // counted in buckets of Precision
 	// tiers are its plans, tiers[0] the default (see tiersOf); tierOf
 	// indexes them by name, nil if the limit has no plans.
@@ -289,16 +289,12 @@ func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bo
 // its plans.
 func (l *Limiter) compileLimit(lim Limit) compiledLimit {
 	// An exact log per limit and identifier; a hash per identifier for
-	// the bucketed limits, whose head has no name (names are not empty,
-	// so the two never meet).
-	name := lim.Name + ":"
-	if lim.Precision > 0 {
-		name = ""
-	}
-	head := l.cfg.prefix + name + "{"
+	// the bucketed limits (see keyHead).
+	prefix := l.cfg.prefix
 	if l.cfg.singleSlot {
-		head = l.cfg.prefix + "{" + singleSlotTag + "}" + name + "{"
+		prefix += "{" + singleSlotTag + "}"
 	}
+	head := keyHead(prefix, lim.Name, lim.Key.kindOf(), lim.Precision > 0)
 	tiers, tierOf := tiersOf(&lim)
 	c := compiledLimit{Limit: lim, head: head, bucketed: lim.Precision > 0, tiers: tiers, tierOf: tierOf}
 	if lim.Plans.Cache > 0 {
