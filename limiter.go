@@ -151,7 +151,9 @@ type LimiterWatcher interface {
 //
 // New reports every configuration error at once: no limits, a quota below 1,
 // a window below 1ms, a missing or invalid [Key], invalid or duplicate limit
-// names, invalid [Plans], invalid options and routes ([WithRoutes]). It never panics on bad configuration, and a Limiter
+// names (two unnamed limits of one key and window included), a name that
+// stands for two definitions in the process (see [Limit].Name), invalid
+// [Plans], invalid options and routes ([WithRoutes]). It never panics on bad configuration, and a Limiter
 // it returns never fails at request time because of its configuration.
 func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter, error) {
 	cfg, errs := applyOptions(opts)
