@@ -57,7 +57,7 @@ func testAllowListClientIP(t *testing.T, b backend) {
 		}
 	}
 	for _, id := range []string{"192.0.2.7", "198.51.100.200", "198.51.100.9", "2001:db8::/64"} {
-		if n := logEntries(t, c, "ip", id); n != 0 {
+		if n := logEntries(t, c, "ip", "ip", id); n != 0 {
 			t.Errorf("%d entries for %s, want 0: allow-listed requests are not counted", n, id)
 		}
 	}
@@ -105,7 +105,7 @@ func testAllowListIdentifiers(t *testing.T, b backend) {
 			t.Errorf("key %q: %d %v; want 200 without rate-limit headers", key, w.Code, w.Header())
 		}
 	}
-	if n := logEntries(t, c, "all", GlobalID); n != 0 {
+	if n := logEntries(t, c, "all", "global", GlobalID); n != 0 {
 		t.Errorf("%d entries after allow-listed requests, want 0", n)
 	}
 	// No key: decided (and counted) by the Global limit; then "Partner",

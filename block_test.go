@@ -17,8 +17,11 @@ import (
 	"github.com/slidinglog/ratelimit/internal/store"
 )
 
-// blockKey returns the block key of the exact log of limit name and id.
-func blockKey(name, id string) string { return store.BlockKey(store.LogID{Key: logKey(name, id)}) }
+// blockKey returns the block key of the exact log of limit name, of kind,
+// and id.
+func blockKey(name, kind, id string) string {
+	return store.BlockKey(store.LogID{Key: logKey(name, kind, id)})
+}
 
 // endBlock makes the block at key end now on the Redis clock: on
 // miniredis by moving its clock on past it, on a real server by giving
@@ -88,7 +91,7 @@ func testBlockAcrossReplicas(t *testing.T, b backend) {
 	if res.Allowed || !res.Blocked || res.DeniedBy != "blk" || res.RetryAfter != 15*time.Minute || !res.Limits[0].Blocked.Equal(t0.Add(15*time.Minute)) {
 		t.Fatalf("the denial that blocks: %+v", res)
 	}
-	if n := logEntries(t, ca, "blk", "c1"); n != 2 {
+	if n := logEntries(t, ca, "blk", "header.X-Id", "c1"); n != 2 {
 		t.Fatalf("the blocking denial counted: %d entries", n)
 	}
 	// Two minutes on, on the decisions' clock: the log's window holds
@@ -106,10 +109,10 @@ func testBlockAcrossReplicas(t *testing.T, b backend) {
 	if res.Allowed || !res.Cached || hook.trips.Load() != before || res.RetryAfter != 13*time.Minute {
 		t.Fatalf("replica A from memory: %+v after %d round trips", res, hook.trips.Load()-before)
 	}
-	if n := logEntries(t, ca, "blk", "c1"); n != 2 {
+	if n := logEntries(t, ca, "blk", "header.X-Id", "c1"); n != 2 {
 		t.Fatalf("denials during the block counted: %d entries", n)
 	}
-	if n, _ := ca.Get(ctx, logKey("wide", "c1")).Result(); len(n) == 0 {
+	if n, _ := ca.Get(ctx, logKey("wide", "header.X-Id", "c1")).Result(); len(n) == 0 {
 		t.Fatal("the wide limit's log is gone")
 	}
 	// The decisions' clock jumps a day ahead: Redis's clock says the
@@ -118,7 +121,7 @@ func testBlockAcrossReplicas(t *testing.T, b backend) {
 	if res = allow(rb); res.Allowed || res.DeniedBy != "blk" {
 		t.Fatalf("after the decisions' clock jumped: %+v", res)
 	}
-	endBlock(t, b.mr, ca, blockKey("blk", "c1"))
+	endBlock(t, b.mr, ca, blockKey("blk", "header.X-Id", "c1"))
 	if res = allow(rb); !res.Allowed || !res.Limits[0].Blocked.IsZero() || res.Limits[0].Remaining != 1 {
 		t.Fatalf("after the block: %+v", res)
 	}
@@ -147,7 +150,7 @@ func testBlockReset(t *testing.T, b backend) {
 			if res, err := l.Allow(ctx, ids, 1); err != nil || res.Allowed || res.RetryAfter != time.Hour {
 				t.Fatalf("the blocking denial: %+v, %v", res, err)
 			}
-			if n, _ := c.Exists(ctx, blockKey("rst", "x")).Result(); n != 1 {
+			if n, _ := c.Exists(ctx, blockKey("rst", "header.X-Id", "x")).Result(); n != 1 {
 				t.Fatal("no block key")
 			}
 			var err error
@@ -159,7 +162,7 @@ func testBlockReset(t *testing.T, b backend) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if n, _ := c.Exists(ctx, blockKey("rst", "x"), logKey("rst", "x")).Result(); n != 0 {
+			if n, _ := c.Exists(ctx, blockKey("rst", "header.X-Id", "x"), logKey("rst", "header.X-Id", "x")).Result(); n != 0 {
 				t.Fatalf("reset left %d keys", n)
 			}
 			if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed || res.Cached {
@@ -182,18 +185,18 @@ func TestBlockFailedDecision(t *testing.T) {
 		if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed {
 			t.Fatalf("%+v, %v", res, err)
 		}
-		if err := c.Set(ctx, logKey("fb", "y"), "not a log", 0).Err(); err != nil {
+		if err := c.Set(ctx, logKey("fb", "header.X-Id", "y"), "not a log", 0).Err(); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := l.Allow(ctx, ids, 1); err == nil || !strings.Contains(err.Error(), "holds no log") {
 			t.Fatalf("want the foreign log's error, got %v", err)
 		}
-		if n, _ := c.Exists(ctx, blockKey("fa", "y")).Result(); n != 0 {
+		if n, _ := c.Exists(ctx, blockKey("fa", "header.X-Id", "y")).Result(); n != 0 {
 			t.Fatal("a failed decision left a block")
 		}
 		// A block key without expiry is another program's.
-		c.Del(ctx, logKey("fb", "y"))
-		c.Set(ctx, blockKey("fa", "y"), "x", 0)
+		c.Del(ctx, logKey("fb", "header.X-Id", "y"))
+		c.Set(ctx, blockKey("fa", "header.X-Id", "y"), "x", 0)
 		if _, err := l.Allow(ctx, ids, 1); err == nil || !strings.Contains(err.Error(), "holds no block") {
 			t.Fatalf("want the foreign block's error, got %v", err)
 		}
@@ -269,7 +272,7 @@ func TestBlockClockSteps(t *testing.T) {
 				t.Fatalf("clock stepped by %v: %+v, %v", step, res, err)
 			}
 		}
-		endBlock(t, b.mr, c, blockKey("cs", "s"))
+		endBlock(t, b.mr, c, blockKey("cs", "header.X-Id", "s"))
 		if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed {
 			t.Fatalf("after the block: %+v, %v", res, err)
 		}
@@ -342,7 +345,7 @@ func TestBlockUnderOOM(t *testing.T) {
 			if err != nil || res.Allowed || !res.Limits[0].Blocked.IsZero() {
 				t.Errorf("over its limit, under OOM: %+v, %v; want denied, not blocked", res, err)
 			}
-			if n, _ := c.Exists(ctx, blockKey("oom", "over")).Result(); n != 0 {
+			if n, _ := c.Exists(ctx, blockKey("oom", "header.X-Id", "over")).Result(); n != 0 {
 				t.Error("a block was written under OOM")
 			}
 		})
@@ -433,7 +436,7 @@ func TestBlockOperatorUnblock(t *testing.T) {
 		if lifted, err := l.Operator().Unblock(ctx, "x"); err != nil || !lifted {
 			t.Fatalf("the Limiter's Operator: lifted %v, %v; want true, nil", lifted, err)
 		}
-		if n, _ := c.Exists(ctx, blockKey("ou", "x")).Result(); n != 0 {
+		if n, _ := c.Exists(ctx, blockKey("ou", "header.X-Id", "x")).Result(); n != 0 {
 			t.Fatal("the block key is still there")
 		}
 		if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed {

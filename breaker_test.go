@@ -77,7 +77,7 @@ func TestCircuitBreaker(t *testing.T) {
 		}
 	}
 	// Errors particular to a key do not open the breaker.
-	key := logKey("global-100-per-1m", "k")
+	key := logKey("global-per-1m", "global", "k")
 	mr.Del(key)
 	if _, err := mr.SetAdd(key, "x"); err != nil {
 		t.Fatal(err)

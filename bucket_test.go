@@ -12,10 +12,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// bucketTotal returns what limit name has counted for id in its buckets.
-func bucketTotal(t testing.TB, c redis.UniversalClient, name, id string) int64 {
+// bucketTotal returns what limit name, of kind, has counted for id in its
+// buckets.
+func bucketTotal(t testing.TB, c redis.UniversalClient, name, kind, id string) int64 {
 	t.Helper()
-	key := bucketKey(id)
+	key := bucketKey(kind, id)
 	fields, err := c.HGetAll(context.Background(), key).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -57,8 +58,8 @@ func testBucketedAcrossReplicas(t *testing.T, b backend) {
 			n++
 		}
 	}
-	if n != 100 || bucketTotal(t, c, "bk", "g") != 100 {
-		t.Errorf("%d admitted, %d counted; want 100 and 100", n, bucketTotal(t, c, "bk", "g"))
+	if n != 100 || bucketTotal(t, c, "bk", "global", "g") != 100 {
+		t.Errorf("%d admitted, %d counted; want 100 and 100", n, bucketTotal(t, c, "bk", "global", "g"))
 	}
 }
 
@@ -126,11 +127,11 @@ func testBucketedMixed(t *testing.T, b backend) {
 			}
 		}
 	}
-	if g := logEntries(t, c, "global", "g"); g != int64(total) || total > 30 {
+	if g := logEntries(t, c, "global", "global", "g"); g != int64(total) || total > 30 {
 		t.Errorf("%d admitted, global log %d; want equal and at most 30", total, g)
 	}
 	for user, n := range admitted {
-		if got := bucketTotal(t, c, "user", user); got != int64(n) {
+		if got := bucketTotal(t, c, "user", "header.X-User", user); got != int64(n) {
 			t.Errorf("%s: %d admitted, %d counted", user, n, got)
 		}
 	}
@@ -161,7 +162,7 @@ func testBucketedIdle(t *testing.T, b backend) {
 			t.Fatalf("%+v %v", res, err)
 		}
 	}
-	key := bucketKey("k")
+	key := bucketKey("global", "k")
 	// Keep the key alive (miniredis and Redis would expire it), then come
 	// back a year later.
 	if err := c.Persist(ctx, key).Err(); err != nil {
@@ -262,12 +263,12 @@ func TestBucketedWeightsAndExpiry(t *testing.T) {
 		if res, err := minutely.Allow(ctx, []string{"u"}, 5); err != nil || !res.Allowed {
 			t.Fatalf("minutely: %+v %v", res, err)
 		}
-		key := bucketKey("u")
+		key := bucketKey("header.X-Id", "u")
 		ttl, err := c.PTTL(ctx, key).Result()
 		if err != nil || ttl < 59*time.Minute {
 			t.Errorf("TTL %v after the minutely decision, %v; want the hourly limit's hour", ttl, err)
 		}
-		if got := bucketTotal(t, c, "hourly", "u"); got != 10 {
+		if got := bucketTotal(t, c, "hourly", "header.X-Id", "u"); got != 10 {
 			t.Errorf("hourly counted %d, want 10", got)
 		}
 	})

@@ -152,12 +152,12 @@ func (ld *load) waitAdmitted(n int64, within time.Duration) bool {
 // Redis logged, not what the load saw admitted: a decision that times out
 // after Redis logged it counts, without being admitted, until its late
 // reply has it taken back.
-func waitLogged(t *testing.T, c redis.UniversalClient, name, id string, n int64, within time.Duration) bool {
+func waitLogged(t *testing.T, c redis.UniversalClient, name, kind, id string, n int64, within time.Duration) bool {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
 		// Errors while the server restarts read as an empty log.
-		if s, err := c.Get(context.Background(), logKey(name, id)).Result(); err == nil && int64(len(s)-logHeader)/2 >= n {
+		if s, err := c.Get(context.Background(), logKey(name, kind, id)).Result(); err == nil && int64(len(s)-logHeader)/2 >= n {
 			return true
 		}
 		if time.Now().After(deadline) {
@@ -206,7 +206,7 @@ func TestChaosRestart(t *testing.T) {
 	quietRedisLog(t)
 	const quota = 200
 	ld := startLoad(t, srv, []Limit{PerMinute(quota, Global()).Named("chaos")})
-	if !waitLogged(t, lc.admin, "chaos", "global", quota, loadStartup) {
+	if !waitLogged(t, lc.admin, "chaos", "global", "global", quota, loadStartup) {
 		ld.finish()
 		t.Fatalf("the log did not reach the quota of %d in %v before the outage", quota, loadStartup)
 	}
@@ -219,7 +219,7 @@ func TestChaosRestart(t *testing.T) {
 	// The restarted Redis is empty: the quota is admitted again once the
 	// limiters reach it, which must happen within 3s; then a second of
 	// load in which nothing more may be admitted.
-	waitLogged(t, lc.admin, "chaos", "global", quota, 3*time.Second)
+	waitLogged(t, lc.admin, "chaos", "global", "global", quota, 3*time.Second)
 	time.Sleep(time.Second)
 	events := ld.finish()
 
@@ -289,7 +289,7 @@ func TestChaosRestart(t *testing.T) {
 	if admittedAfter > quota || admittedAfter < quota-lateFailures {
 		t.Errorf("%d admitted after the restart, want %d (or fewer by at most the %d failures since limiting resumed)", admittedAfter, quota, lateFailures)
 	}
-	if n := logEntries(t, lc.admin, "chaos", "global"); n != quota {
+	if n := logEntries(t, lc.admin, "chaos", "global", "global"); n != quota {
 		t.Errorf("log holds %d entries after the restart, want %d", n, quota)
 	}
 	lc.verify(t)

@@ -218,7 +218,8 @@ func testWindowChange(t *testing.T, b backend) {
 			model := &exactModel{quota: quota}
 			now := t0
 			for phase, window := range windows {
-				lim := mustNew(t, c, []Limit{Per(window, quota, Header("X-Id")).Named("w")}, WithClock(clock.Now), WithDenyCache(0))
+				// Each release is a process of its own: a client of its own.
+				lim := mustNew(t, b.newClient(t), []Limit{Per(window, quota, Header("X-Id")).Named("w")}, WithClock(clock.Now), WithDenyCache(0))
 				model.window, model.unit = window.Microseconds(), timeUnit(window)
 				// The first phase stays within one window of its start, so
 				// that it drops no entry the second would count.
@@ -259,8 +260,9 @@ func testBucketPrecisionChange(t *testing.T, b backend) {
 			}
 			clock := &testClock{t: t0}
 			ctx := context.Background()
-			before := mustNew(t, c, []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[0])}, WithClock(clock.Now), WithDenyCache(0))
-			after := mustNew(t, c, []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[1])}, WithClock(clock.Now), WithDenyCache(0))
+			// Each release is a process of its own: a client of its own.
+			before := mustNew(t, b.newClient(t), []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[0])}, WithClock(clock.Now), WithDenyCache(0))
+			after := mustNew(t, b.newClient(t), []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[1])}, WithClock(clock.Now), WithDenyCache(0))
 			for i := range 10 {
 				clock.Set(t0.Add(time.Duration(i) * time.Second))
 				if res, err := before.Allow(ctx, []string{"k"}, 1); err != nil || !res.Allowed {
@@ -277,7 +279,7 @@ func testBucketPrecisionChange(t *testing.T, b backend) {
 			if res, err := after.Allow(ctx, []string{"k"}, 1); err != nil || !res.Allowed || res.Remaining != 9 {
 				t.Fatalf("a window after the change: %+v %v; want admitted, 9 left", res, err)
 			}
-			if n := bucketTotal(t, c, "p", "k"); n != 1 {
+			if n := bucketTotal(t, c, "p", "header.X-Id", "k"); n != 1 {
 				t.Errorf("the hash counts %d, want 1", n)
 			}
 		})

@@ -46,24 +46,26 @@ func TestClusterPipelineRedirects(t *testing.T) {
 	both := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua)
 	onlyA := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.LuaOf([]int{0}))
 	onlyB := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.LuaOf([]int{1}))
-	pair := func(id string) []string { return []string{logKey("pa", id), logKey("pb", id)} }
+	pair := func(id string) []string {
+		return []string{logKey("pa", "header.X-Id", id), logKey("pb", "header.X-Id", id)}
+	}
 
 	// The migrating client, and healthy ones on the same primary, each in
 	// a slot of its own.
-	source, err := c.PrimaryFor(logKey("pa", "mig"))
+	source, err := c.PrimaryFor(logKey("pa", "header.X-Id", "mig"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	slot := store.KeySlot(logKey("pa", "mig"))
+	slot := store.KeySlot(logKey("pa", "header.X-Id", "mig"))
 	var healthy []string
 	slots := map[int]bool{slot: true}
 	for i := 0; i < 10_000 && len(healthy) < 5; i++ {
 		id := "h" + strconv.Itoa(i)
-		p, err := c.PrimaryFor(logKey("pa", id))
+		p, err := c.PrimaryFor(logKey("pa", "header.X-Id", id))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s := store.KeySlot(logKey("pa", id)); p == source && !slots[s] {
+		if s := store.KeySlot(logKey("pa", "header.X-Id", id)); p == source && !slots[s] {
 			slots[s] = true
 			healthy = append(healthy, id)
 		}
@@ -99,10 +101,10 @@ func TestClusterPipelineRedirects(t *testing.T) {
 	// entries checks how many entries the logs of id hold.
 	entries := func(what, id string, a, b int64) {
 		t.Helper()
-		if n := logEntries(t, rdb, "pa", id); n != a {
+		if n := logEntries(t, rdb, "pa", "header.X-Id", id); n != a {
 			t.Errorf("%s: the log pa of %s holds %d entries, want %d", what, id, n, a)
 		}
-		if n := logEntries(t, rdb, "pb", id); n != b {
+		if n := logEntries(t, rdb, "pb", "header.X-Id", id); n != b {
 			t.Errorf("%s: the log pb of %s holds %d entries, want %d", what, id, n, b)
 		}
 	}
@@ -129,12 +131,12 @@ func TestClusterPipelineRedirects(t *testing.T) {
 	host, port, _ := strings.Cut(target.Addr, ":")
 	must(dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
 	must(src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
-	must(src.Migrate(ctx, host, port, logKey("pa", "mig"), 0, 5*time.Second).Err())
+	must(src.Migrate(ctx, host, port, logKey("pa", "header.X-Id", "mig"), 0, 5*time.Second).Err())
 
 	// TRYAGAIN first in the source's pipeline, then an ASK, then healthy
 	// decisions; TRYAGAIN again after them.
 	errs := decide("TRYAGAIN",
-		[][]string{pair("mig"), {logKey("pa", "mig")}, pair(healthy[0]), pair(healthy[1]), pair("mig")},
+		[][]string{pair("mig"), {logKey("pa", "header.X-Id", "mig")}, pair(healthy[0]), pair(healthy[1]), pair("mig")},
 		[][]byte{both, onlyA, both, both, both})
 	if !isTryAgain(errs[0]) || !isTryAgain(errs[4]) {
 		t.Errorf("the decisions with both keys of the migrating client: %v and %v, want TRYAGAIN", errs[0], errs[4])
@@ -158,7 +160,7 @@ func TestClusterPipelineRedirects(t *testing.T) {
 	// One key at a time, as the limiter decides a migrating slot: the
 	// moved key is asked of the target, the other decided on the source.
 	errs = decide("ASK",
-		[][]string{{logKey("pa", "mig")}, {logKey("pb", "mig")}, pair(healthy[2])},
+		[][]string{{logKey("pa", "header.X-Id", "mig")}, {logKey("pb", "header.X-Id", "mig")}, pair(healthy[2])},
 		[][]byte{onlyA, onlyB, both})
 	for i, err := range errs {
 		if err != nil {
@@ -169,7 +171,7 @@ func TestClusterPipelineRedirects(t *testing.T) {
 	entries("ASK", healthy[2], 1, 1)
 
 	// The migration ends; the client's map still says the source: MOVED.
-	must(src.Migrate(ctx, host, port, logKey("pb", "mig"), 0, 5*time.Second).Err())
+	must(src.Migrate(ctx, host, port, logKey("pb", "header.X-Id", "mig"), 0, 5*time.Second).Err())
 	for _, s := range c.Nodes {
 		must(s.Client().Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
 	}
@@ -219,17 +221,17 @@ func TestClusterBatchTryAgain(t *testing.T) {
 	})
 	allow := func(ctx context.Context, id string) (Result, error) { return lim.Allow(ctx, []string{id, id}, 1) }
 
-	source, err := c.PrimaryFor(logKey("ba", "mig"))
+	source, err := c.PrimaryFor(logKey("ba", "header.X-Id", "mig"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	slot := store.KeySlot(logKey("ba", "mig"))
+	slot := store.KeySlot(logKey("ba", "header.X-Id", "mig"))
 	healthy := ""
 	for i := 0; i < 10_000 && healthy == ""; i++ {
 		id := "h" + strconv.Itoa(i)
-		if p, err := c.PrimaryFor(logKey("ba", id)); err != nil {
+		if p, err := c.PrimaryFor(logKey("ba", "header.X-Id", id)); err != nil {
 			t.Fatal(err)
-		} else if p == source && store.KeySlot(logKey("ba", id)) != slot {
+		} else if p == source && store.KeySlot(logKey("ba", "header.X-Id", id)) != slot {
 			healthy = id
 		}
 	}
@@ -265,7 +267,7 @@ func TestClusterBatchTryAgain(t *testing.T) {
 	host, port, _ := strings.Cut(target.Addr, ":")
 	must(dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
 	must(src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
-	must(src.Migrate(ctx, host, port, logKey("ba", "mig"), 0, 5*time.Second).Err())
+	must(src.Migrate(ctx, host, port, logKey("ba", "header.X-Id", "mig"), 0, 5*time.Second).Err())
 
 	// Every sender busy with a decision held at the client.
 	gate.arm()
@@ -306,14 +308,14 @@ func TestClusterBatchTryAgain(t *testing.T) {
 			t.Errorf("decision %d: %+v, %v; want an admission", i, results[i], err)
 		}
 	}
-	if n := logEntries(t, rdb, "ba", healthy); n != 1 {
+	if n := logEntries(t, rdb, "ba", "header.X-Id", healthy); n != 1 {
 		t.Errorf("the healthy client's log ba holds %d entries for 1 admission", n)
 	}
-	if n := logEntries(t, rdb, "bb", healthy); n != 1 {
+	if n := logEntries(t, rdb, "bb", "header.X-Id", healthy); n != 1 {
 		t.Errorf("the healthy client's log bb holds %d entries for 1 admission", n)
 	}
 	for _, name := range []string{"ba", "bb"} {
-		if n := logEntries(t, rdb, name, "mig"); n != 2 {
+		if n := logEntries(t, rdb, name, "header.X-Id", "mig"); n != 2 {
 			t.Errorf("the migrating client's log %s holds %d entries for 2 admissions", name, n)
 		}
 	}

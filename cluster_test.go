@@ -123,12 +123,12 @@ func testHierarchicalSpread(t *testing.T, b backend) {
 		if n > 2 {
 			t.Errorf("user %d: %d admitted, over its limit of 2", u, n)
 		}
-		if logged := logEntries(t, clients[0], "user", "user-"+strconv.Itoa(u)); logged != n {
+		if logged := logEntries(t, clients[0], "user", "header.X-User", "user-"+strconv.Itoa(u)); logged != n {
 			t.Errorf("user %d: %d admitted, %d logged", u, n, logged)
 		}
 		total += n
 	}
-	if g := logEntries(t, clients[0], "global", "g"); total > global || g != total {
+	if g := logEntries(t, clients[0], "global", "global", "g"); total > global || g != total {
 		t.Errorf("%d admitted in all, global log %d; want at most %d and equal", total, g, global)
 	}
 	// Demand (3,000) exceeds the global limit (1,500) and every user's limit
@@ -201,11 +201,11 @@ func testOddIdentifiers(t *testing.T, b backend) {
 		}
 	}
 	for _, id := range ids {
-		if n := logEntries(t, c, "id", id); n != 2 {
+		if n := logEntries(t, c, "id", "header.X-Id", id); n != 2 {
 			t.Errorf("id %q: %d entries, want 2", id, n)
 		}
 	}
-	if n := logEntries(t, c, "global", "global"); n != int64(2*len(ids)) {
+	if n := logEntries(t, c, "global", "global", "global"); n != int64(2*len(ids)) {
 		t.Errorf("global: %d entries, want %d", n, 2*len(ids))
 	}
 }
@@ -236,7 +236,7 @@ func testSingleSlot(t *testing.T, b backend) {
 	if admitted != 5 {
 		t.Errorf("%d admitted, want 5", admitted)
 	}
-	keys := []string{"ratelimit:{ratelimit}global:{g}", "ratelimit:{ratelimit}user:{user-0}", "ratelimit:{ratelimit}user:{user-2}"}
+	keys := []string{"ratelimit:{ratelimit}global:global:{g}", "ratelimit:{ratelimit}user:header.X-User:{user-0}", "ratelimit:{ratelimit}user:header.X-User:{user-2}"}
 	slots := map[int64]bool{}
 	for _, k := range keys {
 		slot, err := c.ClusterKeySlot(context.Background(), k).Result()
@@ -265,7 +265,7 @@ func TestClusterFailover(t *testing.T) {
 	const quota = 300
 	limits := []Limit{PerHour(quota, Header("X-Id")).Named("fo")}
 	const id = "tenant-1"
-	key := logKey("fo", id)
+	key := logKey("fo", "header.X-Id", id)
 	primary, err := c.PrimaryFor(key)
 	if err != nil {
 		t.Fatal(err)
@@ -283,7 +283,7 @@ func TestClusterFailover(t *testing.T) {
 		r.Header.Set("X-Id", id)
 		return r
 	})
-	if !waitLogged(t, c.Client(), "fo", id, quota, loadStartup) {
+	if !waitLogged(t, c.Client(), "fo", "header.X-Id", id, quota, loadStartup) {
 		ld.finish()
 		t.Fatalf("the log did not reach the quota of %d in %v before the kill", quota, loadStartup)
 	}
@@ -392,7 +392,7 @@ func freshIDOn(t *testing.T, c *redistest.Cluster, key string) string {
 	}
 	for i := range 1000 {
 		id := "fresh-" + strconv.Itoa(i)
-		q, err := c.PrimaryFor(logKey("fo", id))
+		q, err := c.PrimaryFor(logKey("fo", "header.X-Id", id))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -424,7 +424,7 @@ func testPipelineReload(t *testing.T, b backend) {
 		var keys [][]string
 		var reqs [][]byte
 		for id := range 12 { // keys on every primary
-			keys = append(keys, []string{logKey("pipe", strconv.Itoa(id))})
+			keys = append(keys, []string{logKey("pipe", "header.X-Id", strconv.Itoa(id))})
 			reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua))
 		}
 		replies, errs := lib.DecideAll(keys, reqs)
@@ -439,7 +439,7 @@ func testPipelineReload(t *testing.T, b backend) {
 		}
 	}
 	for id := range 12 {
-		if n := logEntries(t, c, "pipe", strconv.Itoa(id)); n != 2 {
+		if n := logEntries(t, c, "pipe", "header.X-Id", strconv.Itoa(id)); n != 2 {
 			t.Errorf("log %d holds %d entries, want 2", id, n)
 		}
 	}
@@ -568,7 +568,7 @@ func pickShards(t *testing.T, c *redistest.Cluster) (victim *redistest.Server, h
 	per := map[*redistest.Server]int{}
 	for i := 0; i < 1000 && (len(dead) < 2 || len(healthy) < 3*(len(ps)-1)); i++ {
 		id := "shard-" + strconv.Itoa(i)
-		p, err := c.PrimaryFor(logKey("ds", id))
+		p, err := c.PrimaryFor(logKey("ds", "header.X-Id", id))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -921,7 +921,7 @@ func TestClusterSlotMigration(t *testing.T) {
 		PerMinute(5, Header("X-Id")).Named("ma"),
 		PerHour(1000, Header("X-Id")).Named("mb"),
 	})
-	source, err := c.PrimaryFor(logKey("mg", GlobalID))
+	source, err := c.PrimaryFor(logKey("mg", "global", GlobalID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -938,7 +938,7 @@ func TestClusterSlotMigration(t *testing.T) {
 	var others []string
 	for i := 0; i < 10_000 && (migrating == "" || len(others) < 3); i++ {
 		id := "mig-" + strconv.Itoa(i)
-		if p, err := c.PrimaryFor(logKey("ma", id)); err != nil {
+		if p, err := c.PrimaryFor(logKey("ma", "header.X-Id", id)); err != nil {
 			t.Fatal(err)
 		} else if p != source {
 			continue
@@ -946,7 +946,7 @@ func TestClusterSlotMigration(t *testing.T) {
 		switch {
 		case migrating == "":
 			migrating = id
-		case store.KeySlot(logKey("ma", id)) != store.KeySlot(logKey("ma", migrating)):
+		case store.KeySlot(logKey("ma", "header.X-Id", id)) != store.KeySlot(logKey("ma", "header.X-Id", migrating)):
 			others = append(others, id)
 		}
 	}
@@ -960,8 +960,8 @@ func TestClusterSlotMigration(t *testing.T) {
 		}
 	}
 
-	slot := store.KeySlot(logKey("ma", migrating))
-	if got, err := rdb.ClusterKeySlot(ctx, logKey("ma", migrating)).Result(); err != nil || got != int64(slot) {
+	slot := store.KeySlot(logKey("ma", "header.X-Id", migrating))
+	if got, err := rdb.ClusterKeySlot(ctx, logKey("ma", "header.X-Id", migrating)).Result(); err != nil || got != int64(slot) {
 		t.Fatalf("CLUSTER KEYSLOT %d, %v; keySlot %d", got, err, slot)
 	}
 	src, dst := source.Client(), target.Client()
@@ -982,9 +982,9 @@ func TestClusterSlotMigration(t *testing.T) {
 	}
 	must(dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
 	must(src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
-	must(src.Migrate(ctx, host, port, logKey("ma", migrating), 0, 5*time.Second).Err())
+	must(src.Migrate(ctx, host, port, logKey("ma", "header.X-Id", migrating), 0, 5*time.Second).Err())
 	// A call with both keys is refused now.
-	if err := rdb.Exists(ctx, logKey("ma", migrating), logKey("mb", migrating)).Err(); err == nil || !strings.HasPrefix(err.Error(), "TRYAGAIN") {
+	if err := rdb.Exists(ctx, logKey("ma", "header.X-Id", migrating), logKey("mb", "header.X-Id", migrating)).Err(); err == nil || !strings.HasPrefix(err.Error(), "TRYAGAIN") {
 		t.Fatalf("a call with both keys of the migrating client: %v, want TRYAGAIN", err)
 	}
 
@@ -1015,7 +1015,7 @@ func TestClusterSlotMigration(t *testing.T) {
 
 	// The migration ends: the other key moves, and every node learns the
 	// slot's new owner.
-	must(src.Migrate(ctx, host, port, logKey("mb", migrating), 0, 5*time.Second).Err())
+	must(src.Migrate(ctx, host, port, logKey("mb", "header.X-Id", migrating), 0, 5*time.Second).Err())
 	for _, s := range c.Nodes {
 		must(s.Client().Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
 	}
@@ -1023,14 +1023,14 @@ func TestClusterSlotMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"ma", "mb"} {
-		if n := logEntries(t, rdb, name, migrating); n != 5 {
+		if n := logEntries(t, rdb, name, "header.X-Id", migrating); n != 5 {
 			t.Errorf("the migrating client's log %s holds %d entries, want 5", name, n)
 		}
 	}
 	if res, err := allow(migrating); err != nil || res.Allowed {
 		t.Errorf("after the migration, the migrating client at its limit: %+v, %v; want a denial", res, err)
 	}
-	if g := logEntries(t, rdb, "mg", GlobalID); g != 4+4*4 {
+	if g := logEntries(t, rdb, "mg", "global", GlobalID); g != 4+4*4 {
 		t.Errorf("the global log holds %d entries, want %d", g, 4+4*4)
 	}
 }
@@ -1060,7 +1060,7 @@ func TestClusterDownRecovery(t *testing.T) {
 	ids := map[*redistest.Server]string{}
 	for i := 0; i < 10_000 && len(ids) < len(ps); i++ {
 		id := "cd-" + strconv.Itoa(i)
-		p, err := c.PrimaryFor(logKey("cd", id))
+		p, err := c.PrimaryFor(logKey("cd", "header.X-Id", id))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1086,7 +1086,7 @@ func TestClusterDownRecovery(t *testing.T) {
 	slot := -1
 	for _, s := range slots {
 		if len(s.Nodes) > 0 && s.Nodes[0].Addr == down.Addr {
-			if slot = s.Start; slot == store.KeySlot(logKey("cd", ids[down])) {
+			if slot = s.Start; slot == store.KeySlot(logKey("cd", "header.X-Id", ids[down])) {
 				slot++
 			}
 			break

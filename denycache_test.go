@@ -72,7 +72,7 @@ func testDenyCache(t *testing.T, b backend) {
 	if _, trips := allow(1); trips != 0 {
 		t.Error("the denial left the cache early")
 	}
-	if err := c.Del(ctx, logKey("d", "k")).Err(); err != nil {
+	if err := c.Del(ctx, logKey("d", "global", "k")).Err(); err != nil {
 		t.Fatal(err) // an early removal, as a refund would be
 	}
 	clock.Set(t0.Add(17 * time.Second))

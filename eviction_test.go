@@ -236,7 +236,7 @@ func TestEvictionReadmits(t *testing.T) {
 		}
 	}
 	val := strings.Repeat("x", 4096)
-	key := logKey("evict", "victim")
+	key := logKey("evict", "header.X-Id", "victim")
 	writes := 0
 	for ; writes < 100_000; writes++ {
 		if n, err := admin.Exists(ctx, key).Result(); err != nil || n == 0 {

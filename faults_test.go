@@ -136,7 +136,7 @@ var faultTable = []faultRow{
 		gets: getsDecided, loads: loadsReloaded, others: "0"},
 	// Another program's data at the request's key: a real one, a set.
 	{name: "WRONGTYPE", setup: func(t *testing.T, _ *Limiter, backend *redis.Client) {
-		if err := backend.SAdd(context.Background(), logKey("fa", "victim"), "x").Err(); err != nil {
+		if err := backend.SAdd(context.Background(), logKey("fa", "header.X-Id", "victim"), "x").Err(); err != nil {
 			t.Fatal(err)
 		}
 	}, gets: getsError, loads: loadsSame, others: "0"},
@@ -246,7 +246,7 @@ func TestRedisAnswers(t *testing.T) {
 					t.Errorf("%d of the victim's %d decisions admitted, want all (quota %d)", admitted, failures, faultQuota)
 				}
 				for _, name := range []string{"fa", "fb"} {
-					if n := logEntries(t, backend, name, "victim"); n != int64(admitted) {
+					if n := logEntries(t, backend, name, "header.X-Id", "victim"); n != int64(admitted) {
 						t.Errorf("the victim's log %s holds %d entries, %d admitted", name, n, admitted)
 					}
 				}
@@ -308,11 +308,11 @@ func TestNOPERMOnKeysKeepsFunctions(t *testing.T) {
 	admin := srv.Client()
 	ctx := context.Background()
 	// The app may use the keys of the identifiers that start with "ok".
-	if err := admin.Do(ctx, "ACL", "SETUSER", "app", "on", ">pw", "resetkeys", "~ratelimit:acl:{ok*", "&*", "+@all").Err(); err != nil {
+	if err := admin.Do(ctx, "ACL", "SETUSER", "app", "on", ">pw", "resetkeys", "~ratelimit:acl:header.X-Id:{ok*", "&*", "+@all").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(logKey("acl", "ok"), "ratelimit:acl:{ok") {
-		t.Fatalf("unexpected key %q", logKey("acl", "ok"))
+	if !strings.HasPrefix(logKey("acl", "header.X-Id", "ok"), "ratelimit:acl:header.X-Id:{ok") {
+		t.Fatalf("unexpected key %q", logKey("acl", "header.X-Id", "ok"))
 	}
 	opts := *admin.Options()
 	opts.Username, opts.Password = "app", "pw"

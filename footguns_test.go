@@ -103,7 +103,7 @@ func testUserFromContextIDs(t *testing.T, b backend) {
 			t.Errorf("request %d as %#v: %d, want %d", i, tc.user, got, tc.code)
 		}
 	}
-	if n := logEntries(t, c, "u", "7"); n != 2 {
+	if n := logEntries(t, c, "u", "user", "7"); n != 2 {
 		t.Errorf("the log of user 7 holds %d entries, want 2", n)
 	}
 }
@@ -144,7 +144,7 @@ func testSkip(t *testing.T, b backend) {
 			t.Fatalf("/healthz: %d %v; want 200 without rate-limit headers", w.Code, w.Header())
 		}
 	}
-	if n := logEntries(t, c, "skip", GlobalID); n != 0 {
+	if n := logEntries(t, c, "skip", "global", GlobalID); n != 0 {
 		t.Errorf("%d entries after skipped requests, want 0", n)
 	}
 	for i, want := range []int{200, 429} {
@@ -180,7 +180,7 @@ func testSkipsAddUp(t *testing.T, b backend) {
 			t.Errorf("%s: %d %v; want 200 without rate-limit headers (skipped)", path, w.Code, w.Header())
 		}
 	}
-	if n := logEntries(t, c, "skips", GlobalID); n != 0 {
+	if n := logEntries(t, c, "skips", "global", GlobalID); n != 0 {
 		t.Errorf("%d entries after skipped requests, want 0", n)
 	}
 	for i, want := range []int{200, 429} {

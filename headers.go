@@ -245,7 +245,7 @@ func tooManyRequests(w http.ResponseWriter) {
 //
 //	{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
 //	 "title":"Too Many Requests","status":429,
-//	 "detail":"Retry in 3 seconds.","violated-policies":["ip-100-per-1m"]}
+//	 "detail":"Retry in 3 seconds.","violated-policies":["ip-per-1m"]}
 //
 // Use it with [WithDeniedHandler].
 func ProblemDetails(w http.ResponseWriter, _ *http.Request, res Result) {

@@ -133,22 +133,24 @@ func infoNumber(tb testing.TB, c *redis.Client, section, field string) float64 {
 	return 0
 }
 
-// logKey is the Redis key of the exact log of limit name for id, under the
-// default prefix.
-func logKey(name, id string) string {
-	return string(appendKey(nil, defaultPrefix+name+":{", id, false))
+// logKey is the Redis key of the exact log of limit name, counted by a Key
+// of kind (see Key.kindOf), for id, under the default prefix.
+func logKey(name, kind, id string) string {
+	return string(appendKey(nil, keyHead(defaultPrefix, name, kind, false), id, false))
 }
 
-// bucketKey is the Redis key of the hash of id's bucketed limits, under the
-// default prefix.
-func bucketKey(id string) string { return string(appendKey(nil, defaultPrefix+"{", id, false)) }
+// bucketKey is the Redis key of the hash of id's bucketed limits counted
+// by a Key of kind, under the default prefix.
+func bucketKey(kind, id string) string {
+	return string(appendKey(nil, keyHead(defaultPrefix, "", kind, true), id, false))
+}
 
-// logEntries returns the number of entries in the exact log of limit name
-// for id (lua/exact.lua), those that have left the window but are not yet
-// dropped included.
-func logEntries(t testing.TB, c redis.UniversalClient, name, id string) int64 {
+// logEntries returns the number of entries in the exact log of limit name,
+// of kind, for id (lua/exact.lua), those that have left the window but are
+// not yet dropped included.
+func logEntries(t testing.TB, c redis.UniversalClient, name, kind, id string) int64 {
 	t.Helper()
-	s, err := c.Get(context.Background(), logKey(name, id)).Result()
+	s, err := c.Get(context.Background(), logKey(name, kind, id)).Result()
 	if errors.Is(err, redis.Nil) {
 		return 0
 	}
@@ -162,7 +164,6 @@ func logEntries(t testing.TB, c redis.UniversalClient, name, id string) int64 {
 // base, 7 bytes, its unit, 6, its refresh-by, 3, and its floor, 2.
 const logHeader = 18
 
-// logBase returns the base of the exact log at key.
 func logBase(t *testing.T, c redis.UniversalClient, key string) time.Time {
 	t.Helper()
 	s, err := c.Get(context.Background(), key).Result()

@@ -238,7 +238,7 @@ func testPoisonedKeyFailsOnlyItsRequests(t *testing.T, b backend) {
 	c := b.newClient(t)
 	ctx := context.Background()
 	lim := mustNew(t, c, []Limit{PerMinute(1000, Header("X-Id")).Named("id"), PerMinute(100_000, Global()).Named("all")}, WithDenyCache(0))
-	if err := c.Set(ctx, logKey("id", "bad"), "not a log", 0).Err(); err != nil {
+	if err := c.Set(ctx, logKey("id", "header.X-Id", "bad"), "not a log", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	h := lim.Handler(okHandler)
@@ -285,7 +285,7 @@ func testPoisonedKeyFailsOnlyItsRequests(t *testing.T, b backend) {
 	if good == 0 || bad == 0 {
 		t.Fatalf("%d healthy and %d poisoned requests: the test sent none of one kind", good, bad)
 	}
-	if n := logEntries(t, c, "all", GlobalID); n != int64(good) {
+	if n := logEntries(t, c, "all", "global", GlobalID); n != int64(good) {
 		t.Errorf("the global log holds %d entries for %d healthy requests", n, good)
 	}
 	if u := lim.Unreverted(); u != 0 {

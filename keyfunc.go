@@ -17,6 +17,10 @@ import (
 // [ClientIP], [Header], [User], [UserFromContext], [Route], [Global],
 // [Compose] or [KeyFunc]; the zero Key is invalid and is rejected by [New].
 //
+// A limit's Redis keys record what its Key counts by ("ip", "user",
+// "header.X-Api-Key", ...: docs/keys.md), so two limits of one name
+// whose Keys count different things never share a log.
+//
 // A Key returns the raw identifier. The limiter escapes it before it becomes
 // part of a Redis key, so identifiers may hold any bytes (braces, colons,
 // newlines, NULs): two different identifiers never share a Redis key, and a
@@ -41,13 +45,30 @@ type Key struct {
 	// router says that the Key counts by the client address the router
 	// resolved (ClientIP(FromRouter()), or a Compose of one).
 	router bool
+	// kind, if set, is what the Key counts by when name does not say it
+	// all (see kindOf).
+	kind string
+}
+
+// kindOf returns what k counts by, as its limits' Redis keys and
+// definitions record it: its name ("ip", "user", "route", "global"),
+// "header." and the canonical header name for a Header key, "fn." and
+// the name for a KeyFunc, and its parts' kinds joined by '+' for a
+// Compose key.
+func (k Key) kindOf() string {
+	if k.kind != "" {
+		return k.kind
+	}
+	return k.name
 }
 
 // KeyFunc returns a Key that calls fn. The name is used in default limit names
-// (see [Limit]). fn must return a non-empty identifier or an error; an empty
+// (see [Limit]) and, as "fn." and the name, in its limits' Redis keys, so
+// that a KeyFunc's identifiers never share a log with another kind of
+// key's (docs/keys.md). fn must return a non-empty identifier or an error; an empty
 // identifier is turned into [ErrNoKey]. fn must be safe for concurrent use.
 func KeyFunc(name string, fn func(r *http.Request) (string, error)) Key {
-	k := Key{name: name, fn: fn}
+	k := Key{name: name, fn: fn, kind: "fn." + name}
 	if fn == nil {
 		k.err = errors.New("nil key function")
 	}
@@ -75,7 +96,7 @@ const GlobalID = "global"
 // authentication), not as a substitute for [ClientIP].
 func Header(name string) Key {
 	canonical := http.CanonicalHeaderKey(name)
-	k := Key{name: "header", fn: func(r *http.Request) (string, error) {
+	k := Key{name: "header", kind: "header." + canonical, fn: func(r *http.Request) (string, error) {
 		if v := r.Header.Get(canonical); v != "" {
 			return v, nil
 		}
@@ -223,16 +244,22 @@ func routeMethod(method string) string {
 // HTTP's.
 const otherMethod = "*"
 
+// kindJoin escapes a Compose part's kind so that the '+' joining the
+// parts is the only '+' in the whole's kind.
+var kindJoin = strings.NewReplacer("%", "%25", "+", "%2B")
+
 // Compose returns a Key made of several: a request is identified by all their
 // values together, for example Compose(ClientIP(), Route()) counts each client
 // on each route separately. If any part has no key, neither has the whole.
 func Compose(keys ...Key) Key {
 	names := make([]string, len(keys))
+	kinds := make([]string, len(keys))
 	fns := make([]func(*http.Request) (string, error), len(keys))
 	var err error
 	peer, router := false, false
 	for i, k := range keys {
 		names[i] = k.name
+		kinds[i] = kindJoin.Replace(k.kindOf()) // a part's own '+' is not a join
 		fns[i] = k.fn
 		peer = peer || k.peer
 		router = router || k.router
@@ -246,7 +273,7 @@ func Compose(keys ...Key) Key {
 	if len(keys) == 0 {
 		err = errors.New("Compose of no keys")
 	}
-	return Key{name: strings.Join(names, "+"), err: err, escaped: true, peer: peer, router: router, fn: func(r *http.Request) (string, error) {
+	return Key{name: strings.Join(names, "+"), kind: strings.Join(kinds, "+"), err: err, escaped: true, peer: peer, router: router, fn: func(r *http.Request) (string, error) {
 		// Each part is escaped and the parts are joined by a byte that
 		// escaping never emits, so ("a|b", "c") and ("a", "b|c") differ.
 		var buf [128]byte // most keys fit: one allocation, the string

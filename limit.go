@@ -23,22 +23,35 @@ import (
 type Limit struct {
 	// Name identifies the limit in Redis keys, in [Result.DeniedBy] and in the
 	// IETF RateLimit headers. It may hold ASCII letters, digits and "-_.",
-	// at most 64 bytes. Default: the key name, quota and window, such as
-	// "ip-100-per-1m"; for a limit a route declares ([WithRoutes]), that
-	// and the route, such as "ip-5-per-1m.POST_login" for "POST /login",
-	// so that the same unnamed limit on two routes counts each route
-	// apart. Names must be unique within a [Limiter]; two Limiters (or app
-	// replicas) that share a limit name and Redis prefix share its counts,
-	// which is how replicas enforce one limit together: give the limits
-	// the same name with [Limit.Named] to share a budget on purpose.
+	// at most 64 bytes. Default: the key name and the window, such as
+	// "ip-per-1m" for PerMinute(100, ClientIP()) ("header-per-1s",
+	// "user-per-1h", "ip+route-per-10s"); for a limit a route declares
+	// ([WithRoutes]), that and the route, such as "ip-per-1m.POST_login"
+	// for "POST /login", so that the same unnamed limit on two routes
+	// counts each route apart. The default name holds no quota, so a
+	// release that changes an unnamed limit's quota keeps counting in the
+	// same log: replicas of the old and the new release share one budget
+	// per client while a deploy rolls, and no count starts afresh.
 	//
-	// A default name is never shared by accident within one process: [New]
-	// refuses a Limiter an unnamed limit of which would get a name that
-	// another Limiter of the process still in use (not yet garbage) uses
-	// with the same Redis client (of the go-redis types) and prefix, and
-	// asks for a name. So a Limiter built while another with the same
-	// unnamed limits is still in use (a configuration reload that swaps
-	// Limiters, two instances of one app in one test) must name them.
+	// Names must be unique within a [Limiter]: two unnamed limits of one
+	// key name and window (PerMinute(5, ClientIP()) and PerMinute(50,
+	// ClientIP())) would get one default name, and [New] asks to name
+	// them. Two Limiters (or app replicas) that share a limit name and
+	// Redis prefix share its counts, which is how replicas enforce one
+	// limit together: give the limits the same name with [Limit.Named] to
+	// share a budget on purpose.
+	//
+	// A name is one definition in a process: [New] refuses a Limiter a
+	// limit of which has the name of a limit of another Limiter of the
+	// process still in use (not yet garbage), with the same Redis client
+	// (of the go-redis types) and prefix, that counts another kind of key
+	// (another header, for a [Header] key), in another window, or exact
+	// where the other is bucketed (or in buckets of another length); and,
+	// for a default name, of another quota (the name no longer says it:
+	// such limits were not meant to share a count). The error names both
+	// definitions. The quota of an explicit name may differ, as between
+	// replicas of two releases, and between the Limiters before and after
+	// a configuration reload.
 	Name string
 	// Quota is the cost admitted per window, from 1 to 1,000,000. The log
 	// holds one entry per admitted unit of cost, so its memory grows with
@@ -262,7 +275,8 @@ const (
 	maxQuota   = 1_000_000
 )
 
-// defaultName returns "key-quota-per-window", e.g. "ip-100-per-1m".
+// defaultName returns "key-per-window", e.g. "ip-per-1m": no quota, so
+// that a change of quota keeps the name, and so the log.
 func (l Limit) defaultName() string {
 	key := []byte(l.Key.name)
 	for i, c := range key {
@@ -273,7 +287,7 @@ func (l Limit) defaultName() string {
 	if len(key) == 0 {
 		key = []byte("limit")
 	}
-	return string(key) + "-" + strconv.Itoa(l.Quota) + "-per-" + formatWindow(l.Window)
+	return string(key) + "-per-" + formatWindow(l.Window)
 }
 
 // formatWindow writes a window in its largest whole unit: 1h, 90s, 1500ms.
@@ -353,8 +367,8 @@ func policyItem(name string, quota int, window time.Duration) string {
 // ones named after the route of method and path (as splitTemplate gives
 // them): their default name, '.', and the route, the method first, with
 // its first '/' left out, the others as '.', and every other byte a name
-// cannot hold as '_': "ip-5-per-1m.POST_login", "ip-5-per-1m.users._id_",
-// "ip-5-per-1m._" for "/". A name that would be longer than a name may be
+// cannot hold as '_': "ip-per-1m.POST_login", "ip-per-1m.users._id_",
+// "ip-per-1m._" for "/". A name that would be longer than a name may be
 // ends in a digest of the route instead.
 func routeLimits(limits []Limit, method, path string) []Limit {
 	out := slices.Clone(limits)

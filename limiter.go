@@ -124,7 +124,7 @@ func (lim *compiledLimit) result(t int) LimitResult {
 
 type compiledLimit struct {
 	Limit
-	head     string // "<prefix><name>:{", the Redis key up to the identifier
+	head     string // the Redis key up to the identifier (see keyHead)
 	bucketed bool   // counted in buckets of Precision
 	// tiers are its plans, tiers[0] the default (see tiersOf); tierOf
 	// indexes them by name, nil if the limit has no plans.
@@ -151,7 +151,9 @@ type LimiterWatcher interface {
 //
 // New reports every configuration error at once: no limits, a quota below 1,
 // a window below 1ms, a missing or invalid [Key], invalid or duplicate limit
-// names, invalid [Plans], invalid options and routes ([WithRoutes]). It never panics on bad configuration, and a Limiter
+// names (two unnamed limits of one key and window included), a name that
+// stands for two definitions in the process (see [Limit].Name), invalid
+// [Plans], invalid options and routes ([WithRoutes]). It never panics on bad configuration, and a Limiter
 // it returns never fails at request time because of its configuration.
 func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter, error) {
 	cfg, errs := applyOptions(opts)
@@ -188,6 +190,9 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
 	if err := checkRoutesFrom(cfg.routes, cfg.routesFrom); err != nil {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+	}
+	if err := l.definitionClashes(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
 	w := weak.Make(l)
@@ -232,6 +237,7 @@ func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bo
 	}
 	p := &ruleset{Limiter: l, cost: cost}
 	seen := make(map[string]int, len(limits))
+	defaulted := make(map[string]bool, len(limits))
 	policyNames := make(map[string]struct{}, len(limits))
 	for i, lim := range limits {
 		if lim.Name == "" {
@@ -242,10 +248,14 @@ func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bo
 			continue
 		}
 		if j, dup := seen[lim.Name]; dup {
-			errs = append(errs, fmt.Errorf("limits %d and %d are both named %q: give them distinct names with Named", j, i, lim.Name))
+			if lim.defaulted || defaulted[lim.Name] {
+				errs = append(errs, fmt.Errorf("limits %d and %d are both named %q (a default name is the key and the window, not the quota): give them distinct names with Named", j, i, lim.Name))
+			} else {
+				errs = append(errs, fmt.Errorf("limits %d and %d are both named %q: give them distinct names with Named", j, i, lim.Name))
+			}
 			continue
 		}
-		seen[lim.Name] = i
+		seen[lim.Name], defaulted[lim.Name] = i, lim.defaulted
 		c := l.compileLimit(lim)
 		if i < len(caches) && caches[i] != nil {
 			c.planCache = caches[i] // the same limit: one cache
@@ -281,16 +291,12 @@ func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bo
 // its plans.
 func (l *Limiter) compileLimit(lim Limit) compiledLimit {
 	// An exact log per limit and identifier; a hash per identifier for
-	// the bucketed limits, whose head has no name (names are not empty,
-	// so the two never meet).
-	name := lim.Name + ":"
-	if lim.Precision > 0 {
-		name = ""
-	}
-	head := l.cfg.prefix + name + "{"
+	// the bucketed limits (see keyHead).
+	prefix := l.cfg.prefix
 	if l.cfg.singleSlot {
-		head = l.cfg.prefix + "{" + singleSlotTag + "}" + name + "{"
+		prefix += "{" + singleSlotTag + "}"
 	}
+	head := keyHead(prefix, lim.Name, lim.Key.kindOf(), lim.Precision > 0)
 	tiers, tierOf := tiersOf(&lim)
 	c := compiledLimit{Limit: lim, head: head, bucketed: lim.Precision > 0, tiers: tiers, tierOf: tierOf}
 	if lim.Plans.Cache > 0 {
@@ -312,15 +318,43 @@ func (l *Limiter) countsByRouterIP() bool {
 }
 
 // limitNames returns the names of the limits of l and its routes, each
-// with whether it is a default name.
-func (l *Limiter) limitNames() map[string]bool {
-	mine := map[string]bool{}
+// with its definition.
+func (l *Limiter) limitNames() map[string]definition {
+	mine := map[string]definition{}
 	l.eachRuleset(func(p *ruleset) {
 		for i := range p.limits {
-			mine[p.limits[i].Name] = mine[p.limits[i].Name] || p.limits[i].defaulted
+			lim := &p.limits[i]
+			d := definitionOf(&lim.Limit)
+			if old, ok := mine[lim.Name]; ok && old.defaulted {
+				d.defaulted = true
+			}
+			mine[lim.Name] = d
 		}
 	})
 	return mine
+}
+
+// definitionClashes reports the names of l's limits that stand for two
+// definitions within l (an explicit name given to limits of two routes
+// that count other keys or windows).
+func (l *Limiter) definitionClashes() error {
+	seen := map[string]definition{}
+	var errs []error
+	reported := map[string]bool{}
+	l.eachRuleset(func(p *ruleset) {
+		for i := range p.limits {
+			lim := &p.limits[i]
+			d := definitionOf(&lim.Limit)
+			if old, ok := seen[lim.Name]; ok && !old.same(d) && !reported[lim.Name] {
+				reported[lim.Name] = true
+				errs = append(errs, fmt.Errorf("limit %s: the name stands for two limits of this Limiter, %s and %s: one name is one log in Redis; give them distinct names with Named", lim.Name, old, d))
+			}
+			if _, ok := seen[lim.Name]; !ok {
+				seen[lim.Name] = d
+			}
+		}
+	})
+	return errors.Join(errs...)
 }
 
 // eachRuleset calls f with l's rules and each of its routes'..

@@ -44,18 +44,18 @@ func testHeadersAndStatus(t *testing.T, b backend) {
 		rateLimit  string // IETF RateLimit
 	}{
 		// The first request's entry leaves the window at 10s.
-		{0, "192.0.2.1:1000", 200, "2", epoch(10 * time.Second), "", `"ip-3-per-10s";r=2;t=10`},
-		{1 * time.Second, "192.0.2.1:1001", 200, "1", epoch(10 * time.Second), "", `"ip-3-per-10s";r=1;t=9`},
-		{2500 * time.Millisecond, "192.0.2.1:1002", 200, "0", epoch(10 * time.Second), "", `"ip-3-per-10s";r=0;t=8`},
+		{0, "192.0.2.1:1000", 200, "2", epoch(10 * time.Second), "", `"ip-per-10s";r=2;t=10`},
+		{1 * time.Second, "192.0.2.1:1001", 200, "1", epoch(10 * time.Second), "", `"ip-per-10s";r=1;t=9`},
+		{2500 * time.Millisecond, "192.0.2.1:1002", 200, "0", epoch(10 * time.Second), "", `"ip-per-10s";r=0;t=8`},
 		// Denied: it fits when the oldest entry leaves, at 10s: 6.5s from now.
-		{3500 * time.Millisecond, "192.0.2.1:1003", 429, "0", epoch(10 * time.Second), "7", `"ip-3-per-10s";r=0;t=7`},
+		{3500 * time.Millisecond, "192.0.2.1:1003", 429, "0", epoch(10 * time.Second), "7", `"ip-per-10s";r=0;t=7`},
 		// Another client has its own budget; its entry leaves at 13.5s,
 		// which X-RateLimit-Reset rounds up to 14s.
-		{3500 * time.Millisecond, "192.0.2.2:1000", 200, "2", epoch(14 * time.Second), "", `"ip-3-per-10s";r=2;t=10`},
+		{3500 * time.Millisecond, "192.0.2.2:1000", 200, "2", epoch(14 * time.Second), "", `"ip-per-10s";r=2;t=10`},
 		// Just before the first entry leaves: still denied, retry in 1s (rounded up).
-		{9999 * time.Millisecond, "192.0.2.1:1004", 429, "0", epoch(10 * time.Second), "1", `"ip-3-per-10s";r=0;t=1`},
+		{9999 * time.Millisecond, "192.0.2.1:1004", 429, "0", epoch(10 * time.Second), "1", `"ip-per-10s";r=0;t=1`},
 		// Once it has left, one unit is free again; the next entry leaves at 11s.
-		{10 * time.Second, "192.0.2.1:1005", 200, "0", epoch(11 * time.Second), "", `"ip-3-per-10s";r=0;t=1`},
+		{10 * time.Second, "192.0.2.1:1005", 200, "0", epoch(11 * time.Second), "", `"ip-per-10s";r=0;t=1`},
 	}
 	for i, s := range steps {
 		setTime(t0.Add(s.at))
@@ -67,7 +67,7 @@ func testHeadersAndStatus(t *testing.T, b backend) {
 			got.Get("X-RateLimit-Reset") != s.reset ||
 			got.Get("Retry-After") != s.retryAfter ||
 			got.Get("RateLimit") != s.rateLimit ||
-			got.Get("RateLimit-Policy") != `"ip-3-per-10s";q=3;w=10` {
+			got.Get("RateLimit-Policy") != `"ip-per-10s";q=3;w=10` {
 			t.Errorf("step %d at %v from %s: got %d %v, want %d remaining=%s reset=%s retry-after=%q RateLimit=%s",
 				i, s.at, s.addr, w.Code, got, s.status, s.remaining, s.reset, s.retryAfter, s.rateLimit)
 		}
@@ -110,7 +110,7 @@ func testExactAcrossReplicas(t *testing.T, b backend) {
 	if admitted.Load() != quota || denied.Load() != requests-quota {
 		t.Errorf("admitted %d, denied %d; want %d and %d", admitted.Load(), denied.Load(), quota, requests-quota)
 	}
-	if n := logEntries(t, clients[0], "api", "global"); n != quota {
+	if n := logEntries(t, clients[0], "api", "global", "global"); n != quota {
 		t.Errorf("log holds %d entries, want %d", n, quota)
 	}
 }
@@ -196,7 +196,7 @@ func testHierarchical(t *testing.T, b backend) {
 		if admitted[user] > 10 {
 			t.Errorf("%s: %d admitted, over its limit of 10", user, admitted[user])
 		}
-		n := logEntries(t, clients[0], "user", user)
+		n := logEntries(t, clients[0], "user", "header.X-User", user)
 		if n != int64(admitted[user]) {
 			t.Errorf("%s: %d admitted but %d logged", user, admitted[user], n)
 		}
@@ -206,7 +206,7 @@ func testHierarchical(t *testing.T, b backend) {
 	if total != 100 {
 		t.Errorf("%d admitted in all, want exactly 100", total)
 	}
-	if g := logEntries(t, clients[0], "global", "global"); g != 100 || logged != 100 {
+	if g := logEntries(t, clients[0], "global", "global", "global"); g != 100 || logged != 100 {
 		t.Errorf("global log holds %d, user logs %d; want 100 and 100", g, logged)
 	}
 }
@@ -245,7 +245,7 @@ func testWeighted(t *testing.T, b backend) {
 	if res := allow(11); res.Allowed || res.DeniedBy != "w" || res.RetryAfter != 0 {
 		t.Errorf("cost 11 over quota 10: %+v", res)
 	}
-	if n := logEntries(t, c, "w", "k"); n != 10 {
+	if n := logEntries(t, c, "w", "global", "k"); n != 10 {
 		t.Errorf("log holds %d entries, want 10", n)
 	}
 	if _, err := lim.Allow(context.Background(), []string{"k"}, 0); err == nil {
@@ -325,7 +325,7 @@ func testScriptReloaded(t *testing.T, b backend) {
 			}
 		}
 		for id := range 4 {
-			if n := logEntries(t, c, "reload", strconv.Itoa(id)); n != int64(5*(i+1)) {
+			if n := logEntries(t, c, "reload", "header.X-Id", strconv.Itoa(id)); n != int64(5*(i+1)) {
 				t.Fatalf("round %d: log %d holds %d entries, want %d", i, id, n, 5*(i+1))
 			}
 		}
@@ -454,7 +454,7 @@ func testFailureModes(t *testing.T, b backend) {
 	c := b.newClient(t)
 	// Another program wrote a hash where a log should be: WRONGTYPE; or a
 	// string that is no log.
-	key := logKey("api", "global")
+	key := logKey("api", "global", "global")
 	limits := []Limit{PerMinute(5, Global()).Named("api")}
 	for _, tc := range []struct {
 		mode    FailureMode
@@ -623,10 +623,10 @@ func testRouteLimits(t *testing.T, b backend) {
 	if w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != "97" {
 		t.Errorf("app-wide limit after 2 admitted logins: %d remaining=%s", w.Code, w.Header().Get("X-RateLimit-Remaining"))
 	}
-	if n := logEntries(t, c, "api", "192.0.2.9"); n != 3 {
+	if n := logEntries(t, c, "api", "ip", "192.0.2.9"); n != 3 {
 		t.Errorf("app-wide log holds %d, want 3", n)
 	}
-	if n := logEntries(t, c, "login", "192.0.2.9"); n != 2 {
+	if n := logEntries(t, c, "login", "ip", "192.0.2.9"); n != 2 {
 		t.Errorf("login log holds %d, want 2", n)
 	}
 	if _, err := New(c, []Limit{PerMinute(100, ClientIP()).Named("api")}, WithRoutes(map[string]RouteLimits{
@@ -708,7 +708,7 @@ func TestExpiry(t *testing.T) { forBackends(t, testExpiry) }
 func testExpiry(t *testing.T, b backend) {
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{Per(30*time.Second, 1, Global()).Named("e")})
-	key := logKey("e", "k")
+	key := logKey("e", "global", "k")
 	allowTTL := func() (bool, time.Duration) {
 		t.Helper()
 		res, err := lim.Allow(context.Background(), []string{"k"}, 1)
@@ -739,7 +739,7 @@ func testExpiry(t *testing.T, b backend) {
 		if res, err := short.Allow(context.Background(), []string{"k"}, 1); err != nil || !res.Allowed {
 			t.Fatalf("%+v %v", res, err)
 		}
-		shortKey := logKey("short", "k")
+		shortKey := logKey("short", "global", "k")
 		deadline := time.Now().Add(10 * time.Second) // expiry is lazy, and the machine may be busy
 		for c.Exists(context.Background(), shortKey).Val() == 1 {
 			if time.Now().After(deadline) {
@@ -786,7 +786,7 @@ func testSpoofedForwardedFor(t *testing.T, b backend) {
 	if codes != "200 200 429 429 429 429 429 429 " {
 		t.Errorf("attacker statuses: %s", codes)
 	}
-	if n := logEntries(t, c, "ip", victim); n != 0 {
+	if n := logEntries(t, c, "ip", "ip", victim); n != 0 {
 		t.Errorf("victim's log holds %d entries", n)
 	}
 	if got := send("10.1.2.3:80", victim); got != 200 {
@@ -805,7 +805,7 @@ func testAllowEscapesIDs(t *testing.T, b backend) {
 		t.Fatal(err)
 	}
 	keys, err := c.Keys(context.Background(), "*").Result()
-	if err != nil || len(keys) != 1 || keys[0] != "ratelimit:c:{%7Bevil%7D%7Cx}" {
+	if err != nil || len(keys) != 1 || keys[0] != "ratelimit:c:ip+route:{%7Bevil%7D%7Cx}" {
 		t.Errorf("keys %q, %v", keys, err)
 	}
 }
@@ -885,7 +885,7 @@ func testCompactLog(t *testing.T, b backend) {
 	opts, setTime := b.clock(t0)
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{PerSecond(3, Global()).Named("c")}, opts...)
-	key := logKey("c", "k")
+	key := logKey("c", "global", "k")
 	ctx := context.Background()
 	// 4 requests every 400ms for 20s, compared with an exact sliding log
 	// kept here (the times are on the log's 200µs grid, so it rounds
@@ -972,7 +972,7 @@ func TestNestedMux(t *testing.T) {
 	outer := http.NewServeMux()
 	outer.Handle("/", lim.Handler(inner))
 	serve(outer, "GET", "/users/1", "192.0.2.1:1")
-	if n := logEntries(t, c, "r", "GET /users/{id}"); n != 1 {
+	if n := logEntries(t, c, "r", "route", "GET /users/{id}"); n != 1 {
 		t.Errorf("route log for GET /users/{id}: %d entries, want 1", n)
 	}
 }

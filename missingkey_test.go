@@ -52,7 +52,7 @@ func testMissingKey(t *testing.T, b backend) {
 				t.Errorf("the log says the default %d times (want once) and no failure:\n%s", n, logs)
 			}
 			// Nothing was counted; a request with a user still is.
-			if n := logEntries(t, c, "ip-"+mode.String(), "192.0.2.1"); n != 0 {
+			if n := logEntries(t, c, "ip-"+mode.String(), "ip", "192.0.2.1"); n != 0 {
 				t.Errorf("the per-IP log holds %d entries, want 0", n)
 			}
 			r := httptest.NewRequest("GET", "/", nil)

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -235,10 +236,16 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 	return m
 }
 
+// runNames numbers the runs of a property test that draws limits, so
+// that each run names its limits apart: a name is one definition in a
+// process (see Limit.Name), and the Limiters of an earlier run on the
+// same client may not be garbage yet.
+var runNames atomic.Int64
+
 // drawModelLimit draws limit i: its kind, window, quota and shadowing.
 func drawModelLimit(rt *rapid.T, i int, env modelEnv, buckets, block bool) modelLimit {
 	minWindow := env.minWindow
-	ml := modelLimit{name: fmt.Sprintf("m%d", i)}
+	ml := modelLimit{name: fmt.Sprintf("m%d.r%d", i, runNames.Add(1))}
 	ml.quota = rapid.SampledFrom([]int{1, 2, 3, 5, 10, 100, 256, 257, 1000, 65536, 1_000_000}).Draw(rt, "quota")
 	if rapid.IntRange(0, 3).Draw(rt, "random quota") == 0 {
 		ml.quota = rapid.IntRange(1, 1_000_000).Draw(rt, "quota")
@@ -613,10 +620,14 @@ func (m *modelRun) clean(rt *rapid.T) {
 // keyOf returns the Redis key of a log, under the default prefix: an
 // exact log's own, or the hash of the identifier's bucketed limits.
 func (m *modelRun) keyOf(r logRef) string {
-	if m.model.limits[r.limit].bucketed {
-		return bucketKey(r.id)
+	kind := "header.X-Id"
+	if m.model.limits[r.limit].global {
+		kind = "global"
 	}
-	return logKey(m.model.limits[r.limit].name, r.id)
+	if m.model.limits[r.limit].bucketed {
+		return bucketKey(kind, r.id)
+	}
+	return logKey(m.model.limits[r.limit].name, kind, r.id)
 }
 
 func (m *modelRun) keysOf(ids []string) []string {

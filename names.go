@@ -7,19 +7,71 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"time"
 	"weak"
 
 	"github.com/redis/go-redis/v9"
 )
 
 // names records the limit names the Limiters of the process use, by Redis
-// client and prefix, so that New can refuse a default name another Limiter
-// uses (see Limit.Name). It keeps neither clients nor Limiters alive: each
-// is held by a weak pointer, and a name whose Limiters have all been
-// collected is forgotten.
+// client and prefix, with the definition each gives the name, so that New
+// can refuse a name another Limiter uses for another definition (see
+// Limit.Name). It keeps neither clients nor Limiters alive: each is held
+// by a weak pointer, and a name whose Limiters have all been collected is
+// forgotten.
 var names struct {
 	sync.Mutex
-	m map[nameUse][]func() bool // the Limiters that use it: whether each is still alive
+	m map[nameUse][]nameOwner
+}
+
+// A nameOwner is a Limiter that uses a name: whether it is still alive,
+// and the definition it gives the name.
+type nameOwner struct {
+	alive func() bool
+	def   definition
+}
+
+// A definition is what a limit's name stands for in Redis: what its log
+// counts by (the kind of key), in what window, exact or in buckets of
+// what length; two limits of one name and prefix count in one log, which
+// means the same only if these agree. The quota is not part of it: it is
+// how much of the log a limit admits, which replicas of two releases, or
+// the Limiters before and after a configuration reload, may set apart.
+// A default name, which says no quota, keeps the quota too (defaulted):
+// two unnamed limits of other quotas were not meant to share a log.
+type definition struct {
+	kind              string
+	window, precision time.Duration
+	quota             int
+	defaulted         bool
+}
+
+// definitionOf returns the definition of lim, valid and named.
+func definitionOf(lim *Limit) definition {
+	return definition{kind: lim.Key.kindOf(), window: lim.Window, precision: lim.Precision, quota: lim.Quota, defaulted: lim.defaulted}
+}
+
+// same reports whether d and e may share a name: the same kind, window
+// and precision, and, if either is a default name, the same quota.
+func (d definition) same(e definition) bool {
+	if d.kind != e.kind || d.window != e.window || d.precision != e.precision {
+		return false
+	}
+	return !(d.defaulted || e.defaulted) || d.quota == e.quota
+}
+
+// String describes d, for an error: "counted by ip, 100 per 1m, exact".
+func (d definition) String() string {
+	s := fmt.Sprintf("counted by %s, %d per %s", d.kind, d.quota, formatWindow(d.window))
+	if d.precision > 0 {
+		s += ", in buckets of " + formatWindow(d.precision)
+	} else {
+		s += ", exact"
+	}
+	if d.defaulted {
+		s += " (unnamed)"
+	}
+	return s
 }
 
 type nameUse struct {
@@ -42,31 +94,36 @@ func clientID(c redis.UniversalClient) any {
 }
 
 // claimNames records that a Limiter, which alive reports on, uses the
-// limit names of mine (true for a default name) with client and prefix;
-// or, if another Limiter still alive uses the default name of one of
-// mine, records none and says which. Before it refuses, it collects
-// garbage once, so that a Limiter no one refers to any more never counts,
-// whenever the collector would have found it.
-func claimNames(client redis.UniversalClient, prefix string, mine map[string]bool, alive func() bool) error {
+// limit names of mine, with their definitions, with client and prefix;
+// or, if another Limiter still alive uses one of them for another
+// definition (see definition.same), records none and says which, naming
+// both definitions. Before it refuses, it collects garbage once, so that
+// a Limiter no one refers to any more never counts, whenever the
+// collector would have found it.
+func claimNames(client redis.UniversalClient, prefix string, mine map[string]definition, alive func() bool) error {
 	id := clientID(client)
 	if id == nil {
 		return nil
 	}
 	names.Lock()
 	defer names.Unlock()
-	clashes := func() []string {
-		var out []string
+	clashes := func() []error {
 		for k, owners := range names.m {
-			owners = slices.DeleteFunc(owners, func(alive func() bool) bool { return !alive() })
+			owners = slices.DeleteFunc(owners, func(o nameOwner) bool { return !o.alive() })
 			if len(owners) == 0 {
 				delete(names.m, k)
 			} else {
 				names.m[k] = owners
 			}
 		}
+		var out []error
 		for _, name := range slices.Sorted(maps.Keys(mine)) {
-			if _, used := names.m[nameUse{id, prefix, name}]; used && mine[name] {
-				out = append(out, name)
+			d := mine[name]
+			for _, o := range names.m[nameUse{id, prefix, name}] {
+				if !o.def.same(d) {
+					out = append(out, fmt.Errorf("limit %s: another Limiter of this process uses the name with the same Redis client and prefix for another limit: this one is %s, the other %s; one name is one log in Redis, so give them distinct names with Named (a default name is the key and the window: name them to tell unnamed limits of other quotas apart)", name, d, o.def))
+					break
+				}
 			}
 		}
 		return out
@@ -75,18 +132,14 @@ func claimNames(client redis.UniversalClient, prefix string, mine map[string]boo
 		runtime.GC() // what no one refers to is not in use: weak pointers to it read nil after this
 	}
 	if clash := clashes(); len(clash) > 0 {
-		var errs []error
-		for _, name := range clash {
-			errs = append(errs, fmt.Errorf("limit %s: another limiter of this process uses the name %q with the same Redis client and prefix, and this limit has no name of its own: the two would share one count; name it with Named (the same name in both to share one budget on purpose)", name, name))
-		}
-		return errors.Join(errs...)
+		return errors.Join(clash...)
 	}
 	if names.m == nil {
-		names.m = make(map[nameUse][]func() bool)
+		names.m = make(map[nameUse][]nameOwner)
 	}
-	for name := range mine {
+	for name, d := range mine {
 		k := nameUse{id, prefix, name}
-		names.m[k] = append(names.m[k], alive)
+		names.m[k] = append(names.m[k], nameOwner{alive, d})
 	}
 	return nil
 }

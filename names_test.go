@@ -10,7 +10,7 @@ import (
 // TestRouteDefaultNamesApart: the same unnamed limit declared on two
 // routes counts each route apart (its default name includes the route),
 // while one explicit name shared by both routes is one budget, on purpose.
-// Before, both defaulted to "ip-5-per-1m": after 5 logins the first
+// Were both named "ip-per-1m", after 5 logins the first
 // password reset got 429.
 func TestRouteDefaultNamesApart(t *testing.T) { forBackends(t, testRouteDefaultNamesApart) }
 
@@ -55,10 +55,10 @@ func testRouteDefaultNamesApart(t *testing.T, b backend) {
 		"/" + strings.Repeat("long/", 20): {Limits: []Limit{PerMinute(5, ClientIP())}},
 	}))
 	for template, want := range map[string]string{
-		"POST /login":  "ip-5-per-1m.POST_login",
-		"/users/{id}":  "ip-5-per-1m.users._id_",
-		"/":            "ip-5-per-1m._",
-		UnmatchedRoute: "ip-5-per-1m._unmatched_",
+		"POST /login":  "ip-per-1m.POST_login",
+		"/users/{id}":  "ip-per-1m.users._id_",
+		"/":            "ip-per-1m._",
+		UnmatchedRoute: "ip-per-1m._unmatched_",
 	} {
 		method, path := splitTemplate(template)
 		d := lim.routes[path][method]
@@ -101,44 +101,48 @@ func TestRouteDefaultNamesCollide(t *testing.T) {
 
 // TestDefaultNameAcrossLimiters: a second Limiter of the process, with the
 // same Redis client and prefix, whose unnamed limit would get a name the
-// first uses, is refused by New with a message asking for a name; an
-// explicit name (to share on purpose), another prefix or another client
-// are accepted. Before, both Limiters counted in one log.
+// first uses for a limit of another quota (a default name says no quota),
+// is refused by New with a message asking for a name; the same limit
+// (one definition: the replicas' way to share a budget), an explicit name
+// (its quota may differ), another prefix or another client are accepted.
 func TestDefaultNameAcrossLimiters(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		c := b.newClient(t)
 		var inUse []*Limiter // the Limiters the test keeps using
 		inUse = append(inUse, mustNew(t, c, []Limit{PerMinute(5, ClientIP())}))
 		defer runtime.KeepAlive(&inUse)
-		_, err := New(c, []Limit{PerMinute(5, ClientIP())})
-		if err == nil || !strings.Contains(err.Error(), "Named") || !strings.Contains(err.Error(), "ip-5-per-1m") {
-			t.Errorf("a second Limiter with the same unnamed limit: %v, want an error that asks to name it", err)
+		_, err := New(c, []Limit{PerMinute(6, ClientIP())})
+		if err == nil || !strings.Contains(err.Error(), "Named") || !strings.Contains(err.Error(), "ip-per-1m") {
+			t.Errorf("a second Limiter with an unnamed limit of another quota: %v, want an error that asks to name it", err)
+		}
+		if _, err := New(c, []Limit{PerMinute(5, ClientIP())}); err != nil {
+			t.Errorf("a second Limiter with the same unnamed limit: %v", err)
 		}
 		// Nor when the first named it so, or a route of the second would.
 		named := b.newClient(t)
-		inUse = append(inUse, mustNew(t, named, []Limit{PerMinute(5, ClientIP()).Named("ip-5-per-1m")}))
-		if _, err := New(named, []Limit{PerMinute(5, ClientIP())}); err == nil {
-			t.Error("an unnamed limit whose default name another Limiter gave its limit was accepted")
+		inUse = append(inUse, mustNew(t, named, []Limit{PerMinute(5, ClientIP()).Named("ip-per-1m")}))
+		if _, err := New(named, []Limit{PerMinute(6, ClientIP())}); err == nil {
+			t.Error("an unnamed limit whose default name another Limiter gave its limit of another quota was accepted")
 		}
 		inUse = append(inUse, mustNew(t, c, []Limit{PerMinute(1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
 			"/login": {Limits: []Limit{PerMinute(5, ClientIP())}},
 		})))
-		if _, err := New(c, []Limit{PerMinute(1000, Global()).Named("app2")}, WithRoutes(map[string]RouteLimits{
-			"/login": {Limits: []Limit{PerMinute(5, ClientIP())}},
+		if _, err := New(c, []Limit{PerMinute(1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
+			"/login": {Limits: []Limit{PerMinute(6, ClientIP())}},
 		})); err == nil {
-			t.Error("a second Limiter's unnamed route limit, of the same default name, was accepted")
+			t.Error("a second Limiter's unnamed route limit, of the same default name and another quota, was accepted")
 		}
 		for name, opts := range map[string][]Option{
 			"another prefix": {WithPrefix("other:")},
 		} {
-			if _, err := New(c, []Limit{PerMinute(5, ClientIP())}, opts...); err != nil {
+			if _, err := New(c, []Limit{PerMinute(6, ClientIP())}, opts...); err != nil {
 				t.Errorf("%s: %v", name, err)
 			}
 		}
-		if _, err := New(c, []Limit{PerMinute(5, ClientIP()).Named("ip-5-per-1m")}); err != nil {
+		if _, err := New(c, []Limit{PerMinute(5, ClientIP()).Named("ip-per-1m")}); err != nil {
 			t.Errorf("an explicit name shared on purpose: %v", err)
 		}
-		if _, err := New(b.newClient(t), []Limit{PerMinute(5, ClientIP())}); err != nil {
+		if _, err := New(b.newClient(t), []Limit{PerMinute(6, ClientIP())}); err != nil {
 			t.Errorf("another client: %v", err)
 		}
 	})

@@ -82,7 +82,7 @@ func TestObservedDecisions(t *testing.T) {
 	if _, err := lim.Status(context.Background(), []string{"global"}, 1); err != nil {
 		t.Fatal(err)
 	}
-	if n := logEntries(t, c, "req", "global"); n != 1 || o.n.Load() != 2 {
+	if n := logEntries(t, c, "req", "global", "global"); n != 1 || o.n.Load() != 2 {
 		t.Errorf("%d entries after the refund, %d decisions observed; want 1 and 2", n, o.n.Load())
 	}
 }

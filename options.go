@@ -222,8 +222,8 @@ const (
 	// none), and is the same whichever way the decision was made: by
 	// Redis, from the deny cache, or by FailLocal:
 	//
-	//	RateLimit-Policy: "ip-100-per-1m";q=100;w=60, "global-1000-per-1h";q=1000;w=3600
-	//	RateLimit: "ip-100-per-1m";r=12;t=37, "global-1000-per-1h";r=640;t=2100
+	//	RateLimit-Policy: "ip-per-1m";q=100;w=60, "global-per-1h";q=1000;w=3600
+	//	RateLimit: "ip-per-1m";r=12;t=37, "global-per-1h";r=640;t=2100
 	//
 	// q is the quota, w the window in seconds (left out for windows that are
 	// not whole seconds), r the remaining quota and t the seconds, rounded

@@ -115,7 +115,7 @@ func testPlans(t *testing.T, b backend) {
 
 	// An Unlimited plan: the limit neither counts nor consults the client;
 	// the others still do.
-	globalBefore := logEntries(t, c, "global", GlobalID)
+	globalBefore := logEntries(t, c, "global", "global", GlobalID)
 	for i := range 10 {
 		w := serveRequest(h, request("ops"))
 		if w.Code != http.StatusOK {
@@ -128,10 +128,10 @@ func testPlans(t *testing.T, b backend) {
 			t.Errorf("ops: X-RateLimit-Limit %q; want the global limit's 100", got)
 		}
 	}
-	if n := logEntries(t, c, "user", "ops"); n != 0 {
+	if n := logEntries(t, c, "user", "header.X-User", "ops"); n != 0 {
 		t.Errorf("the unlimited client has %d entries in its log; want none", n)
 	}
-	if n := logEntries(t, c, "global", GlobalID); n != globalBefore+10 {
+	if n := logEntries(t, c, "global", "global", GlobalID); n != globalBefore+10 {
 		t.Errorf("global log %d after 10 unlimited requests from %d; want them counted", n, globalBefore)
 	}
 	res, err := l.Allow(ctx, []string{GlobalID, "ops"}, 1)
@@ -142,7 +142,7 @@ func testPlans(t *testing.T, b backend) {
 	if err := l.Refund(ctx, res); err != nil {
 		t.Errorf("refund of a request an unlimited plan exempted from one limit: %v", err)
 	}
-	if n := logEntries(t, c, "global", GlobalID); n != globalBefore+10 {
+	if n := logEntries(t, c, "global", "global", GlobalID); n != globalBefore+10 {
 		t.Errorf("global log %d after the refund; want %d", n, globalBefore+10)
 	}
 
@@ -152,7 +152,7 @@ func testPlans(t *testing.T, b backend) {
 	if w.Code != http.StatusOK || w.Header().Get("X-RateLimit-Limit") != "" {
 		t.Errorf("exempt from every limit: %d with X-RateLimit-Limit %q; want 200 without headers", w.Code, w.Header().Get("X-RateLimit-Limit"))
 	}
-	if n := logEntries(t, c, "solo", "ops"); n != 0 {
+	if n := logEntries(t, c, "solo", "header.X-User", "ops"); n != 0 {
 		t.Errorf("solo log of the exempt client: %d entries", n)
 	}
 	if res, err := only.Allow(ctx, []string{"ops"}, 1); err != nil || !res.Allowed || res.Limit != 0 || !res.Limits[0].Skipped {
@@ -446,7 +446,7 @@ func TestRefundUnderPlans(t *testing.T) {
 		t.Errorf("Unreverted() = %d, want 3", n)
 	}
 	b.mr.SetError("")
-	if got := logEntries(t, b.newClient(t), "b", "half"); got != 3 {
+	if got := logEntries(t, b.newClient(t), "b", "header.X-User", "half"); got != 3 {
 		t.Errorf("limit b holds %d entries for half, want 3", got)
 	}
 }

@@ -57,12 +57,12 @@ func testTrustPrivateNetworks(t *testing.T, b backend) {
 		{"172.32.0.1:1", xff, "203.0.113.13", 429},
 	})
 	for _, id := range []string{"203.0.113.7", "203.0.113.8", "203.0.113.9", "2001:db8::/64", "198.51.100.50", "172.32.0.1"} {
-		if n := logEntries(t, c, "ip", id); n != 1 {
+		if n := logEntries(t, c, "ip", "ip", id); n != 1 {
 			t.Errorf("%d entries for %s, want 1", n, id)
 		}
 	}
 	for _, id := range []string{"10.1.2.3", "192.168.1.1", "203.0.113.10", "203.0.113.12"} {
-		if n := logEntries(t, c, "ip", id); n != 0 {
+		if n := logEntries(t, c, "ip", "ip", id); n != 0 {
 			t.Errorf("%d entries for %s, want 0", n, id)
 		}
 	}
@@ -105,7 +105,7 @@ func testTrustCloudflare(t *testing.T, b backend) {
 	}
 	for id, want := range map[string]int64{"203.0.113.7": 1, "203.0.113.8": 1, "2001:db8::/64": 1, "198.51.100.50": 1,
 		"173.245.64.1": 1, "203.0.113.20": 1, "173.245.48.5": 0, "203.0.113.10": 0, "203.0.113.21": 0} {
-		if n := logEntries(t, c, "ip", id); n != want {
+		if n := logEntries(t, c, "ip", "ip", id); n != want {
 			t.Errorf("%d entries for %s, want %d", n, id, want)
 		}
 	}

@@ -109,7 +109,7 @@ func testNoProxyWarning(t *testing.T, b backend) {
 		Global(),
 	} {
 		logger, buf := newLogger()
-		lim := mustNew(t, c, []Limit{PerMinute(1000, k).Named("k")}, WithLogger(logger, true), WithFailureMode(FailOpen))
+		lim := mustNew(t, c, []Limit{PerMinute(1000, k).Named("k-" + k.kindOf())}, WithLogger(logger, true), WithFailureMode(FailOpen))
 		h := lim.Handler(okHandler)
 		for _, header := range []string{"X-Forwarded-For", "Forwarded", "X-Real-IP", "CF-Connecting-IP", "True-Client-IP", "Fastly-Client-IP"} {
 			proxied(h, "/", "10.0.0.1:1", header, "198.51.100.77")
@@ -160,7 +160,7 @@ func testProxyWarningSources(t *testing.T, b backend) {
 		if name == "composed" {
 			k = Compose(ClientIP(), Route())
 		}
-		lim := mustNew(t, c, []Limit{PerMinute(1000, k).Named("k")}, append(opts, WithLogger(logger, false))...)
+		lim := mustNew(t, c, []Limit{PerMinute(1000, k).Named("k-" + name)}, append(opts, WithLogger(logger, false))...)
 		mux := http.NewServeMux()
 		mux.Handle("/", okHandler)
 		if code := proxied(lim.Handler(mux), "/", "10.0.0.1:1", "Forwarded", "for=198.51.100.77"); code != 200 {

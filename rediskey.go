@@ -7,7 +7,19 @@ import (
 
 // Redis keys have the form
 //
-//	<prefix><limit name>:{<identifier>}
+//	<prefix><limit name>:<kind>:{<identifier>}
+//
+// for an exact log, and <prefix>:<kind>:{<identifier>} for the hash that
+// holds the bucketed limits of an identifier (the name, empty, is in the
+// hash's fields). The kind is what the limit's Key counts by (see
+// Key.kindOf: "ip", "header.X-Api-Key", "user", "ip+route", "fn.tenant"),
+// so that two limits of one name whose keys count different things (a
+// header's value and a client address that spell the same) never share a
+// log. It is escaped (appendKind) to hold no ':', '{' or '}', and a name
+// holds none either, so the parts are told apart: no two (name, kind) give
+// one head, no bucketed head is an exact log's, and no head is that of a
+// key without a kind (<prefix><limit name>:{ or <prefix>{), which another
+// version of the library may have left in the same Redis.
 //
 // The identifier is escaped so that it holds no '{' or '}' of its own: the
 // braces around it are the key's only hash tag, so the library, not the
@@ -72,8 +84,8 @@ func escapedLen(id string) int {
 	return n
 }
 
-// appendKey appends the Redis key for id to dst, where head is
-// "<prefix><limit name>:{". If escaped, id is known to hold only bytes
+// appendKey appends the Redis key for id to dst, where head is keyHead's
+// ("<prefix><limit name>:<kind>:{"). If escaped, id is known to hold only bytes
 // appendEscaped keeps (and composeSep), as Compose's identifiers do, and is not
 // escaped again.
 func appendKey(dst []byte, head, id string, escaped bool) []byte {
@@ -92,4 +104,51 @@ func appendKey(dst []byte, head, id string, escaped bool) []byte {
 		dst = appendEscaped(dst, id)
 	}
 	return append(dst, '}')
+}
+
+// kindSafe[c] is true for the bytes appendKind keeps as they are: those of
+// a limit name, and the '+' that joins a Compose key's parts.
+var kindSafe = func() (t [256]bool) {
+	for c := 'a'; c <= 'z'; c++ {
+		t[c] = true
+	}
+	for c := 'A'; c <= 'Z'; c++ {
+		t[c] = true
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for _, c := range "-_.+" {
+		t[c] = true
+	}
+	return t
+}()
+
+// appendKind appends kind to dst, percent-encoding every byte outside
+// letters, digits and "-_.+" (so ':', '{', '}' and '%' among them).
+func appendKind(dst []byte, kind string) []byte {
+	for i := 0; i < len(kind); i++ {
+		c := kind[i]
+		if kindSafe[c] {
+			dst = append(dst, c)
+		} else {
+			dst = append(dst, '%', hexDigits[c>>4], hexDigits[c&15])
+		}
+	}
+	return dst
+}
+
+// keyHead returns the head of the Redis keys of a limit named name whose
+// Key is of kind, under prefix (with WithSingleSlot's hash tag, if any):
+// what appendKey completes with the identifier. A bucketed limit's head
+// has no name (its identifier's bucketed limits of one kind share one
+// hash).
+func keyHead(prefix, name, kind string, bucketed bool) string {
+	b := []byte(prefix)
+	if !bucketed {
+		b = append(b, name...)
+	}
+	b = append(b, ':')
+	b = appendKind(b, kind)
+	return string(append(b, ":{"...))
 }

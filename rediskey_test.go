@@ -6,17 +6,17 @@ import (
 	"testing"
 )
 
-const testHead = defaultPrefix + "ip:{"
+var testHead = keyHead(defaultPrefix, "ip", "ip", false)
 
 func TestRedisKey(t *testing.T) {
 	for _, tc := range []struct{ id, want string }{
-		{"203.0.113.7", "ratelimit:ip:{203.0.113.7}"},
-		{"GET /users/{id}", "ratelimit:ip:{GET%20/users/%7Bid%7D}"},
-		{"a%7Bb", "ratelimit:ip:{a%257Bb}"}, // '%' is escaped, so this differs from "a{b"
-		{"a{b", "ratelimit:ip:{a%7Bb}"},
-		{"x\x00y\n", "ratelimit:ip:{x%00y%0A}"},
-		{"#hash|pipe", "ratelimit:ip:{%23hash%7Cpipe}"},
-		{"é", "ratelimit:ip:{%C3%A9}"},
+		{"203.0.113.7", "ratelimit:ip:ip:{203.0.113.7}"},
+		{"GET /users/{id}", "ratelimit:ip:ip:{GET%20/users/%7Bid%7D}"},
+		{"a%7Bb", "ratelimit:ip:ip:{a%257Bb}"}, // '%' is escaped, so this differs from "a{b"
+		{"a{b", "ratelimit:ip:ip:{a%7Bb}"},
+		{"x\x00y\n", "ratelimit:ip:ip:{x%00y%0A}"},
+		{"#hash|pipe", "ratelimit:ip:ip:{%23hash%7Cpipe}"},
+		{"é", "ratelimit:ip:ip:{%C3%A9}"},
 	} {
 		if got := string(appendKey(nil, testHead, tc.id, false)); got != tc.want {
 			t.Errorf("key(%q) = %q, want %q", tc.id, got, tc.want)
@@ -88,5 +88,41 @@ func FuzzComposeKey(f *testing.F) {
 			t.Fatalf("(%q, %q) -> %q and (%q, %q) -> %q", a1, a2, ia, b1, b2, ib)
 		}
 		checkKey(t, ia, string(appendKey(nil, testHead, ia, true)))
+	})
+}
+
+// FuzzKeyHead: the heads of two limits differ whenever their names, their
+// kinds of key or their exactness do (bucketed heads have no name), so
+// two limits of one name whose keys count different things never share a
+// log; a head holds no hash tag of its own and ends where the identifier's
+// starts; and no head is one of the layout without the kind
+// (<prefix><name>:{ and <prefix>{), whose logs a deploy leaves behind.
+func FuzzKeyHead(f *testing.F) {
+	f.Add("login", "ip", false, "login", "header.X-Api-Key", false)
+	f.Add("a", "b:c", false, "a:b", "c", false)
+	f.Add("a", "ip", true, "x", "ip", false)
+	f.Add("n", "ip+route", false, "n", "ip%2Broute", false)
+	f.Add("ip", "x", false, "", "ip", true)
+	f.Fuzz(func(t *testing.T, n1, k1 string, b1 bool, n2, k2 string, b2 bool) {
+		if !validName(n1) || !validName(n2) || k1 == "" || k2 == "" {
+			return // New names every limit validly; every Key has a kind
+		}
+		for _, prefix := range []string{defaultPrefix, defaultPrefix + "{" + singleSlotTag + "}"} {
+			h1, h2 := keyHead(prefix, n1, k1, b1), keyHead(prefix, n2, k2, b2)
+			same := k1 == k2 && b1 == b2 && (b1 || n1 == n2)
+			if (h1 == h2) != same {
+				t.Fatalf("(%q, %q, bucketed %v) and (%q, %q, bucketed %v): heads %q and %q", n1, k1, b1, n2, k2, b2, h1, h2)
+			}
+			for _, h := range []string{h1, h2} {
+				body := strings.TrimPrefix(h, prefix)
+				if strings.ContainsAny(body[:len(body)-1], "{}") || !strings.HasSuffix(body, ":{") {
+					t.Fatalf("head %q has a hash tag of its own", h)
+				}
+				old := strings.TrimSuffix(body, ":{")
+				if body == "{" || validName(old) {
+					t.Fatalf("head %q is a head of the layout without the kind", h)
+				}
+			}
+		}
 	})
 }

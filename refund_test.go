@@ -46,10 +46,10 @@ func testRefund(t *testing.T, b backend) {
 	}
 	wg.Wait()
 	want := 3 * served.Load()
-	if got := logEntries(t, c, "exact", "global"); got != want {
+	if got := logEntries(t, c, "exact", "global", "global"); got != want {
 		t.Errorf("exact log holds %d after %d served and %d refunded requests of cost 3, want %d", got, served.Load(), failed.Load(), want)
 	}
-	if got := bucketTotal(t, c, "bucketed", "global"); got != want {
+	if got := bucketTotal(t, c, "bucketed", "global", "global"); got != want {
 		t.Errorf("buckets hold %d, want %d", got, want)
 	}
 
@@ -62,7 +62,7 @@ func testRefund(t *testing.T, b backend) {
 	if err := lim.Refund(ctx, res); err != nil {
 		t.Fatal(err)
 	}
-	if n := logEntries(t, c, "exact", "k"); n != 0 {
+	if n := logEntries(t, c, "exact", "global", "k"); n != 0 {
 		t.Errorf("%d entries after a refund, want 0", n)
 	}
 	st, err := lim.Status(ctx, []string{"k", "k"}, 1)
@@ -107,7 +107,7 @@ func testRefundTwice(t *testing.T, b backend) {
 			t.Errorf("refunding a refunded Result again: %v, want ErrRefunded (an ErrNotRefundable)", err)
 		}
 	}
-	if n := logEntries(t, c, "two", GlobalID); n != 1 {
+	if n := logEntries(t, c, "two", "global", GlobalID); n != 1 {
 		t.Errorf("the log holds %d entries after one of two requests was refunded (three times), want 1", n)
 	}
 	if !allow().Allowed {
@@ -152,7 +152,7 @@ func testRefundTwice(t *testing.T, b backend) {
 	if ok.Load() != 10 || again.Load() != 30 {
 		t.Errorf("40 concurrent refunds of 10 Results: %d succeeded and %d were refused, want 10 and 30", ok.Load(), again.Load())
 	}
-	if n := logEntries(t, c, "hundred", GlobalID); n != 10 {
+	if n := logEntries(t, c, "hundred", "global", GlobalID); n != 10 {
 		t.Errorf("the log holds %d entries, want the 10 requests not refunded", n)
 	}
 }

@@ -139,7 +139,7 @@ func testRefundWriterSSE(t *testing.T, b backend) {
 	if s := waitServed(t, done, statuses); s != http.StatusOK {
 		t.Errorf("refund saw status %d, want 200", s)
 	}
-	if n := logEntries(t, c, "case", "sse"); n != 1 {
+	if n := logEntries(t, c, "case", "header.X-Case", "sse"); n != 1 {
 		t.Errorf("%d entries after a served stream, want 1 (not refunded)", n)
 	}
 }
@@ -213,7 +213,7 @@ func testRefundWriterHijack(t *testing.T, b backend) {
 	if s := waitServed(t, done, statuses); s != http.StatusSwitchingProtocols {
 		t.Errorf("refund saw status %d for a hijacked connection, want 101", s)
 	}
-	if n := logEntries(t, c, "case", "hijack"); n != 1 {
+	if n := logEntries(t, c, "case", "header.X-Case", "hijack"); n != 1 {
 		t.Errorf("%d entries after a hijacked request, want 1 (not refunded)", n)
 	}
 }
@@ -267,7 +267,7 @@ func testRefundWriterResponseController(t *testing.T, b backend) {
 	if s := waitServed(t, done, statuses); s != http.StatusOK {
 		t.Errorf("refund saw status %d for a stream flushed with 200, want 200", s)
 	}
-	if n := logEntries(t, c, "case", "controller"); n != 1 {
+	if n := logEntries(t, c, "case", "header.X-Case", "controller"); n != 1 {
 		t.Errorf("%d entries after a served stream, want 1 (not refunded)", n)
 	}
 }
@@ -550,7 +550,7 @@ func testRefundWriterStatus(t *testing.T, b backend) {
 		if tc.refunded {
 			want = 0
 		}
-		if n := logEntries(t, c, "case", tc.name); n != want {
+		if n := logEntries(t, c, "case", "header.X-Case", tc.name); n != want {
 			t.Errorf("%s: %d entries, want %d", tc.name, n, want)
 		}
 	}

@@ -25,7 +25,7 @@ func TestRollbackBounded(t *testing.T) {
 	const timeout = 500 * time.Millisecond
 	const margin = 400 * time.Millisecond // a loaded 2-core machine under -race
 	limits := []Limit{PerHour(100, Global()).Named("g"), PerHour(10, Header("X-User")).Named("u")}
-	globalKey := logKey("g", "global")
+	globalKey := logKey("g", "global", "global")
 	gp, err := c.PrimaryFor(globalKey)
 	if err != nil {
 		t.Fatal(err)
@@ -33,7 +33,7 @@ func TestRollbackBounded(t *testing.T) {
 	user, up := "", (*redistest.Server)(nil)
 	for i := 0; up == nil || up == gp; i++ {
 		user = "user-" + strconv.Itoa(i)
-		if up, err = c.PrimaryFor(logKey("u", user)); err != nil {
+		if up, err = c.PrimaryFor(logKey("u", "header.X-User", user)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -67,9 +67,9 @@ func TestRollbackBounded(t *testing.T) {
 	// The rollback, still under way, takes the reservation back once the
 	// user's primary answers.
 	deadline := time.Now().Add(10 * time.Second)
-	for logEntries(t, rdb, "u", user) != 0 {
+	for logEntries(t, rdb, "u", "header.X-User", user) != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("the user's log still holds %d entries 10s after its primary resumed", logEntries(t, rdb, "u", user))
+			t.Fatalf("the user's log still holds %d entries 10s after its primary resumed", logEntries(t, rdb, "u", "header.X-User", user))
 		}
 		time.Sleep(20 * time.Millisecond) // polling Redis for the background rollback
 	}
@@ -147,7 +147,7 @@ func TestLateReplyTakenBack(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // polling Redis's counters
 	}
-	if n := logEntries(t, admin, "late", "k"); n != 0 {
+	if n := logEntries(t, admin, "late", "global", "k"); n != 0 {
 		t.Errorf("the log holds %d entries for a request answered with an error", n)
 	}
 	if n := lim.Unreverted(); n != 0 {

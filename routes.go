@@ -26,7 +26,7 @@ import (
 // use up the app-wide quota. Its Result lists the Limiter's limits, then the
 // route's. A route limit's name must differ from the Limiter's limits'
 // names. An unnamed route limit's default name includes the route (see
-// [Limit].Name: "ip-5-per-1m.POST_login"), so the same unnamed limit on
+// [Limit].Name: "ip-per-1m.POST_login"), so the same unnamed limit on
 // two routes counts each apart; two routes that declare a limit of the
 // same explicit name (and definition) share its counts, one budget on
 // purpose. The route template must be known when the Limiter

@@ -72,7 +72,7 @@ func testHeadDecidedByGetRoute(t *testing.T, b backend) {
 				if code := serve(root, "GET", "/reports", "192.0.2.1:1").Code; code != http.StatusTooManyRequests {
 					t.Errorf("a GET after the HEADs used up the route: %d, want 429 (one budget)", code)
 				}
-				want := []string{"ratelimit:reports:{192.0.2.1}", "ratelimit:route:{192.0.2.1|GET%20/reports}"}
+				want := []string{"ratelimit:reports:ip:{192.0.2.1}", "ratelimit:route:ip+route:{192.0.2.1|GET%20/reports}"}
 				if got := redisKeys(t, b); !slices.Equal(got, want) {
 					t.Errorf("keys %q, want %q", got, want)
 				}
@@ -134,13 +134,13 @@ func testConnectRedirectIsUnmatched(t *testing.T, b backend) {
 	if ran.Load() != 0 {
 		t.Errorf("the handler ran %d times", ran.Load())
 	}
-	want := []string{"ratelimit:route:{192.0.2.1|(unmatched)}"}
+	want := []string{"ratelimit:route:ip+route:{192.0.2.1|(unmatched)}"}
 	if got := redisKeys(t, b); !slices.Equal(got, want) {
 		t.Errorf("50 CONNECTs to 50 paths left %d keys %q, want %q", len(got), got[:min(len(got), 5)], want)
 	}
 	// The route itself still counts by its template.
 	serve(h, "GET", "/users/7/", "192.0.2.1:1")
-	want = append(want, "ratelimit:route:{192.0.2.1|GET%20/users/%7Bid%7D/}")
+	want = append(want, "ratelimit:route:ip+route:{192.0.2.1|GET%20/users/%7Bid%7D/}")
 	if got := redisKeys(t, b); !slices.Equal(got, want) || ran.Load() != 1 {
 		t.Errorf("after GET /users/7/: keys %q, handler ran %d times; want %q, 1", got, ran.Load(), want)
 	}

@@ -57,7 +57,7 @@ func TestScriptsWhereFunctionsAreDenied(t *testing.T) {
 			t.Errorf("%s: library loaded %v, want %v", tc.id, loaded, !tc.scripts)
 		}
 	}
-	if n := logEntries(t, admin, "acl", "limited"); n != 10 {
+	if n := logEntries(t, admin, "acl", "global", "limited"); n != 10 {
 		t.Errorf("the limited user's log holds %d entries, want 10", n)
 	}
 }
@@ -158,7 +158,7 @@ func testLibraryReloadedAfterOOM(t *testing.T, pipeline bool) {
 			var keys [][]string
 			var reqs [][]byte
 			for _, id := range []string{"a", "b", "c"} {
-				keys = append(keys, []string{logKey("oom", id)})
+				keys = append(keys, []string{logKey("oom", "header.X-Id", id)})
 				reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua))
 			}
 			replies, errs := bt.DecideAll(keys, reqs)
@@ -287,7 +287,7 @@ func TestLibraryFlushedAfterLoad(t *testing.T) {
 	var keys [][]string
 	var reqs [][]byte
 	for _, id := range []string{"a", "b", "c"} {
-		keys = append(keys, []string{logKey("flushed", id)})
+		keys = append(keys, []string{logKey("flushed", "header.X-Id", id)})
 		reqs = append(reqs, slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua))
 	}
 	replies, errs := bt.DecideAll(keys, reqs)
@@ -303,7 +303,7 @@ func TestLibraryFlushedAfterLoad(t *testing.T) {
 	}
 	for _, id := range []string{"a", "b", "c"} {
 		want := map[string]int64{"a": 2, "b": 1, "c": 1}[id]
-		if n := logEntries(t, c, "flushed", id); n != want {
+		if n := logEntries(t, c, "flushed", "header.X-Id", id); n != want {
 			t.Errorf("log %s holds %d entries, want %d", id, n, want)
 		}
 	}

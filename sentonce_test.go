@@ -217,7 +217,7 @@ func TestDecideSentOnceOnLateReply(t *testing.T) {
 			t.Fatalf("the decision succeeded with no reply: %+v", res)
 		}
 		t.Logf("the decision failed: %v", err)
-		if n := logEntries(t, c, "once", "late"); n != 1 {
+		if n := logEntries(t, c, "once", "header.X-Id", "late"); n != 1 {
 			t.Errorf("Redis logged the request %d times, want once: go-redis sent the call again", n)
 		}
 		if res.Unreverted != 1 || lim.Unreverted() != 1 {
@@ -236,12 +236,12 @@ func TestPipelineSentOnceOnLateReply(t *testing.T) {
 		lim := mustNew(t, rdb, []Limit{PerMinute(100, Header("X-Id")).Named("pipe")})
 		lib := slidinglog.New(luaCode, rdb, true)
 		req := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua)
-		if _, errs := lib.DecideAll([][]string{{logKey("pipe", "warm")}, {logKey("pipe", "warm2")}}, [][]byte{req, req}); errs[0] != nil || errs[1] != nil {
+		if _, errs := lib.DecideAll([][]string{{logKey("pipe", "header.X-Id", "warm")}, {logKey("pipe", "header.X-Id", "warm2")}}, [][]byte{req, req}); errs[0] != nil || errs[1] != nil {
 			t.Fatal(errs)
 		}
 		ids := []string{"p1", "p2"}
 		env.mute(t)
-		_, errs := lib.DecideAll([][]string{{logKey("pipe", ids[0])}, {logKey("pipe", ids[1])}}, [][]byte{req, req})
+		_, errs := lib.DecideAll([][]string{{logKey("pipe", "header.X-Id", ids[0])}, {logKey("pipe", "header.X-Id", ids[1])}}, [][]byte{req, req})
 		t.Logf("%d calls sent", env.settle(t))
 		c := env.direct
 		for i, err := range errs {
@@ -250,7 +250,7 @@ func TestPipelineSentOnceOnLateReply(t *testing.T) {
 			}
 		}
 		for _, id := range ids {
-			if n := logEntries(t, c, "pipe", id); n != 1 {
+			if n := logEntries(t, c, "pipe", "header.X-Id", id); n != 1 {
 				t.Errorf("Redis logged %s %d times, want once: go-redis sent the pipeline again", id, n)
 			}
 		}
@@ -284,7 +284,7 @@ func TestRefundSentOnceOnLateReply(t *testing.T) {
 		if !errors.Is(err, ErrNotReverted) {
 			t.Errorf("Refund with no reply: %v, want ErrNotReverted", err)
 		}
-		if n := logEntries(t, c, "refund", "refund"); n != 1 {
+		if n := logEntries(t, c, "refund", "header.X-Id", "refund"); n != 1 {
 			t.Errorf("the log holds %d entries after one of 2 was refunded, want 1: the rollback ran again and took the other request's", n)
 		}
 		if n := lim.Unreverted(); n != 1 {

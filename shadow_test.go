@@ -48,13 +48,13 @@ func testShadow(t *testing.T, b backend) {
 			t.Errorf("%s: %s, want %s", tc.id, got, want)
 		}
 	}
-	if n := logEntries(t, c, "enforced", "a"); n != 10 {
+	if n := logEntries(t, c, "enforced", "header.X-Id", "a"); n != 10 {
 		t.Errorf("enforced log %d, want 10", n)
 	}
-	if n := logEntries(t, c, "shadow", "a"); n != 3 {
+	if n := logEntries(t, c, "shadow", "header.X-Id", "a"); n != 3 {
 		t.Errorf("shadow log %d, want 3: what enforcing it would have admitted", n)
 	}
-	if n := bucketTotal(t, c, "bshadow", "a"); n != 2 {
+	if n := bucketTotal(t, c, "bshadow", "header.X-Id", "a"); n != 2 {
 		t.Errorf("bucketed shadow count %d, want 2", n)
 	}
 	res, err := withShadow.Allow(context.Background(), []string{"c", "c", "c"}, 5)

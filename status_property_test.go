@@ -147,7 +147,7 @@ func newStatusProp(rt *rapid.T, client redis.UniversalClient) *statusProp {
 	var limits []Limit
 	for i := range rapid.IntRange(1, 4).Draw(rt, "limits") {
 		window := rapid.SampledFrom([]time.Duration{time.Minute, 5 * time.Minute, time.Hour}).Draw(rt, "window")
-		l := Per(window, rapid.IntRange(1, 10).Draw(rt, "quota"), Header("X-Id")).Named(fmt.Sprintf("s%d", i))
+		l := Per(window, rapid.IntRange(1, 10).Draw(rt, "quota"), Header("X-Id")).Named(fmt.Sprintf("s%d.r%d", i, runNames.Add(1)))
 		if rapid.IntRange(0, 2).Draw(rt, "bucketed") == 0 {
 			l = l.Bucketed(window / time.Duration(rapid.SampledFrom([]int{4, 60}).Draw(rt, "buckets")))
 		}

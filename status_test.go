@@ -46,10 +46,10 @@ func testStatus(t *testing.T, b backend) {
 	if st, err := lim.Status(ctx, ids, 2); err != nil || st.Allowed || st.DeniedBy != "exact" || st.RetryAfter != 50*time.Second {
 		t.Errorf("status of cost 2: %+v %v", st, err)
 	}
-	if n := logEntries(t, c, "exact", "k"); n != 2 {
+	if n := logEntries(t, c, "exact", "global", "k"); n != 2 {
 		t.Errorf("exact log holds %d after Status, want 2", n)
 	}
-	if n := bucketTotal(t, c, "bucketed", "k"); n != 2 {
+	if n := bucketTotal(t, c, "bucketed", "global", "k"); n != 2 {
 		t.Errorf("buckets hold %d after Status, want 2", n)
 	}
 	// The last unit is still there for Allow.
@@ -91,7 +91,7 @@ func testReset(t *testing.T, b backend) {
 	if res, err := lim.Allow(ctx, []string{"bob", "bob"}, 1); err != nil || res.Allowed {
 		t.Errorf("bob was reset too: %+v %v", res, err)
 	}
-	if n := bucketTotal(t, c, "other", "alice"); n != 1 {
+	if n := bucketTotal(t, c, "other", "header.X-User", "alice"); n != 1 {
 		t.Errorf("another limiter's count for alice: %d, want 1", n)
 	}
 }

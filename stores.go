@@ -169,7 +169,7 @@ func WithPrefix(prefix string) Option {
 const singleSlotTag = "ratelimit"
 
 // WithSingleSlot puts all the Limiter's keys in one Redis Cluster hash slot,
-// as <prefix>{ratelimit}<name>:{<identifier>}, so that every decision is one
+// as <prefix>{ratelimit}<name>:<kind>:{<identifier>}, so that every decision is one
 // fully atomic script call, even one that combines a global limit with
 // per-client limits. The price is one hot slot: one primary stores and
 // serves every key.

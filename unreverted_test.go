@@ -135,7 +135,7 @@ func TestUnrevertedClusterDeadPrimary(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
 	// An identifier served by a primary that stays (live) and one by the
 	// primary that is stopped (dead).
-	dead, err := c.PrimaryFor(logKey("dead", "victim"))
+	dead, err := c.PrimaryFor(logKey("dead", "header.X-Dead", "victim"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestUnrevertedClusterDeadPrimary(t *testing.T) {
 	var liveNode *redistest.Server
 	for i := 0; liveNode == nil; i++ {
 		id := fmt.Sprint("live", i)
-		s, err := c.PrimaryFor(logKey("live", id))
+		s, err := c.PrimaryFor(logKey("live", "header.X-Live", id))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -163,7 +163,7 @@ func TestUnrevertedClusterDeadPrimary(t *testing.T) {
 	// Scripts: a function would be loaded on every primary, the dead one too.
 	lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(true)
 	// The map of slots loaded, from the live primary.
-	if err := rdb.Get(context.Background(), logKey("live", live)).Err(); err != nil && err != redis.Nil {
+	if err := rdb.Get(context.Background(), logKey("live", "header.X-Live", live)).Err(); err != nil && err != redis.Nil {
 		t.Fatal(err)
 	}
 	dead.Stop()
@@ -176,7 +176,7 @@ func TestUnrevertedClusterDeadPrimary(t *testing.T) {
 	close(g.open)
 	waitSent(t, lim)
 	direct := liveNode.Client()
-	for deadline := time.Now().Add(redistest.DecisionTimeout); logEntries(t, direct, "live", live) != 0; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(redistest.DecisionTimeout); logEntries(t, direct, "live", "header.X-Live", live) != 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the reservation on the live primary was never taken back")
 		}

@@ -167,17 +167,17 @@ var steps = []struct {
 // wantKeys are the Redis logs the steps leave, with their entry counts:
 // only admitted requests, and no key per unmatched path.
 var wantKeys = map[string]int64{
-	"ratelimit:ip:{192.0.2.1}":                          12,
-	"ratelimit:route:{192.0.2.1|GET%20/admin/stats}":    1,
-	"ratelimit:admin:{192.0.2.1}":                       1,
-	"ratelimit:route:{192.0.2.1|GET%20/users/%7Bid%7D}": 3,
-	"ratelimit:route:{192.0.2.1|POST%20/login}":         2,
-	"ratelimit:route:{192.0.2.1|(unmatched)}":           2,
-	"ratelimit:route:{192.0.2.1|GET%20/report}":         2,
-	"ratelimit:route:{192.0.2.1|GET%20/export}":         1,
-	"ratelimit:route:{192.0.2.1|GET%20/teapot}":         1,
-	"ratelimit:login:{192.0.2.1}":                       2,
-	"ratelimit:export:{192.0.2.1}":                      1,
+	"ratelimit:ip:ip:{192.0.2.1}":                                12,
+	"ratelimit:route:ip+route:{192.0.2.1|GET%20/admin/stats}":    1,
+	"ratelimit:admin:ip:{192.0.2.1}":                             1,
+	"ratelimit:route:ip+route:{192.0.2.1|GET%20/users/%7Bid%7D}": 3,
+	"ratelimit:route:ip+route:{192.0.2.1|POST%20/login}":         2,
+	"ratelimit:route:ip+route:{192.0.2.1|(unmatched)}":           2,
+	"ratelimit:route:ip+route:{192.0.2.1|GET%20/report}":         2,
+	"ratelimit:route:ip+route:{192.0.2.1|GET%20/export}":         1,
+	"ratelimit:route:ip+route:{192.0.2.1|GET%20/teapot}":         1,
+	"ratelimit:login:ip:{192.0.2.1}":                             2,
+	"ratelimit:export:ip:{192.0.2.1}":                            1,
 }
 
 func TestConformance(t *testing.T) {

@@ -412,7 +412,7 @@ func wantLimits(handler, method string) []string {
 // limit's, or the route limit's for a method and a declared template, or
 // for the unmatched route.
 func allowedKey(k string) bool {
-	if id, ok := strings.CutPrefix(k, "ratelimit:route:{192.0.2.1|"); ok {
+	if id, ok := strings.CutPrefix(k, "ratelimit:route:ip+route:{192.0.2.1|"); ok {
 		id, ok = strings.CutSuffix(id, "}")
 		tmpl, err := url.PathUnescape(id)
 		if !ok || err != nil {
@@ -425,7 +425,7 @@ func allowedKey(k string) bool {
 		return slices.Contains([]string{"GET", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE", "*"}, m) &&
 			slices.Contains(eqCanonical, p)
 	}
-	name, ok := strings.CutSuffix(strings.TrimPrefix(k, "ratelimit:"), ":{192.0.2.1}")
+	name, ok := strings.CutSuffix(strings.TrimPrefix(k, "ratelimit:"), ":ip:{192.0.2.1}")
 	return ok && (name == "ip" || slices.ContainsFunc(eqDeclared, func(d struct {
 		template, limit string
 		methods         []string

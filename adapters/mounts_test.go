@@ -168,11 +168,11 @@ func TestBehindAuth(t *testing.T) {
 					}
 				}
 				want := map[string]int64{
-					"ratelimit:ip:{192.0.2.1}":    5,
-					"ratelimit:ip:{192.0.2.2}":    2,
-					"ratelimit:user:{alice}":      2,
-					"ratelimit:ip:{192.0.2.3}":    2,
-					"ratelimit:login:{192.0.2.3}": 2,
+					"ratelimit:ip:ip:{192.0.2.1}":    5,
+					"ratelimit:ip:ip:{192.0.2.2}":    2,
+					"ratelimit:user:user:{alice}":    2,
+					"ratelimit:ip:ip:{192.0.2.3}":    2,
+					"ratelimit:login:ip:{192.0.2.3}": 2,
 				}
 				if got := logs(t, rdb); !maps.Equal(got, want) {
 					t.Errorf("Redis logs:\n got %v\nwant %v", got, want)
@@ -253,7 +253,7 @@ func TestMountedTwice(t *testing.T) {
 						t.Errorf("request %d: %d remaining=%q, want 200 %s", i, w.Code, w.Header().Get("X-RateLimit-Remaining"), want)
 					}
 				}
-				if got, want := logs(t, rdb), map[string]int64{"ratelimit:ip:{192.0.2.1}": 3}; !maps.Equal(got, want) {
+				if got, want := logs(t, rdb), map[string]int64{"ratelimit:ip:ip:{192.0.2.1}": 3}; !maps.Equal(got, want) {
 					t.Errorf("Redis logs: got %v, want %v", got, want)
 				}
 			})
@@ -307,7 +307,7 @@ func TestPlansBehindAuth(t *testing.T) {
 						t.Errorf("%s: %d of 8 admitted, want %d", tc.user, admitted, tc.admitted)
 					}
 				}
-				if n := logs(t, rdb)["ratelimit:user:{ops}"]; n != 0 {
+				if n := logs(t, rdb)["ratelimit:user:user:{ops}"]; n != 0 {
 					t.Errorf("the internal user has %d entries in the per-user log, want none", n)
 				}
 			})
@@ -406,7 +406,7 @@ func TestRouteLimitsBehindOuterHandler(t *testing.T) {
 				if want := []int{200, 200, 429, 200}; !slices.Equal(codes, want) {
 					t.Errorf("POST /login x3, GET /me: %v, want %v", codes, want)
 				}
-				want := map[string]int64{"ratelimit:ip:{192.0.2.1}": 4, "ratelimit:login:{192.0.2.1}": 2}
+				want := map[string]int64{"ratelimit:ip:ip:{192.0.2.1}": 4, "ratelimit:login:ip:{192.0.2.1}": 2}
 				if got := logs(t, rdb); !maps.Equal(got, want) {
 					t.Errorf("Redis logs: got %v, want %v", got, want)
 				}

@@ -213,11 +213,11 @@ func TestMethodShapesEquivalent(t *testing.T) {
 					}
 					// Routed to no method: only the shared keys.
 					for _, k := range o.keys {
-						if k != "ratelimit:ip:{127.0.0.1}" && k != "ratelimit:route:{127.0.0.1|(unmatched)}" {
+						if k != "ratelimit:ip:ip:{127.0.0.1}" && k != "ratelimit:route:ip+route:{127.0.0.1|(unmatched)}" {
 							t.Errorf("%s\n  left a key of its own: %q", desc, k)
 						}
 					}
-					if o.handler == "unknown" && !slices.Contains(o.keys, "ratelimit:route:{127.0.0.1|(unmatched)}") {
+					if o.handler == "unknown" && !slices.Contains(o.keys, "ratelimit:route:ip+route:{127.0.0.1|(unmatched)}") {
 						t.Errorf("%s\n  not counted as unmatched", desc)
 					}
 				}
