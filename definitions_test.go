@@ -165,7 +165,7 @@ func genNameCase(rng *rand.Rand) nameCase {
 // another quota for an explicit name. Another prefix or client is
 // another log, never refused. Generated pairs of limits over kinds of key
 // (ClientIP, headers in two spellings, a KeyFunc named "ip", a Compose),
-// windows, precisions and quotas.
+// windows, precisions and quotas. A Limiter's Close frees its names.
 func TestNameOneDefinition(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		seed := testSeed(t)
@@ -208,6 +208,11 @@ func TestNameOneDefinition(t *testing.T) {
 				}
 				if _, err := New(b.newClient(t), []Limit{ly}); err != nil {
 					t.Fatalf("%s: another client: %v", desc, err)
+				}
+				// A Limiter closed frees its names, though still referred to.
+				_ = first.Close()
+				if _, err := New(c, []Limit{ly}); err != nil {
+					t.Fatalf("%s: after the first Limiter's Close: %v", desc, err)
 				}
 			}
 			runtime.KeepAlive(first)

@@ -73,6 +73,9 @@ type Limiter struct {
 	ops      atomic.Pointer[liveOps]
 	opsApply sync.Mutex
 	opsRun   *opsRunner
+	// closed: Close was called; the names it used are free for another
+	// definition (see claimNames).
+	closed *atomic.Bool
 }
 
 // A ruleset is what decides one request, built once by New and never
@@ -195,8 +198,9 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	if err := l.definitionClashes(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
-	w := weak.Make(l)
-	if err := claimNames(client, cfg.prefix, l.limitNames(), func() bool { return w.Value() != nil }); err != nil {
+	w, closed := weak.Make(l), new(atomic.Bool)
+	l.closed = closed
+	if err := claimNames(client, cfg.prefix, l.limitNames(), func() bool { return w.Value() != nil && !closed.Load() }); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
 	l.routerIP = l.countsByRouterIP()

@@ -41,10 +41,14 @@ func WithOperatorRefresh(every time.Duration) Option {
 }
 
 // Close stops the Limiter's background work: the refresh of the operator
-// state ([WithOperatorRefresh]). The Limiter still decides afterwards,
-// with the operator state last read. Close is safe to call more than once
-// and always returns nil.
+// state ([WithOperatorRefresh]), and frees its limits' names for another
+// definition in this process (see [New]). The Limiter still decides
+// afterwards, with the operator state last read. Close is safe to call
+// more than once and always returns nil.
 func (l *Limiter) Close() error {
+	if l.closed != nil {
+		l.closed.Store(true)
+	}
 	run := l.opsRun
 	run.closeOnce.Do(func() {
 		if run.stop != nil {
