@@ -111,7 +111,14 @@ func startApps(t *testing.T, n int, url string, cluster bool) []string {
 func buildCtl(t *testing.T, url string, cluster bool) func(args ...string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "ratelimitctl")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/ratelimitctl").CombinedOutput(); err != nil {
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		// Built as the tests are, it reuses what their build left in the
+		// cache: with an empty cache, a build without -race compiles the
+		// standard library and go-redis anew.
+		args = append(args, "-race")
+	}
+	if out, err := exec.Command("go", append(args, "./cmd/ratelimitctl")...).CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/ratelimitctl: %v\n%s", err, out)
 	}
 	return func(args ...string) string {
