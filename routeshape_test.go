@@ -30,7 +30,7 @@ func redisKeys(t *testing.T, b backend) []string {
 	return keys
 }
 
-// TestHeadDecidedByGetRoute (issue 24, item 1): a HEAD that a ServeMux
+// TestHeadDecidedByGetRoute: a HEAD that a ServeMux
 // serves with a methodless pattern's handler, or with a "GET /x" pattern's,
 // is decided by the "GET /x" route's limits, and its Route key is the
 // GET's: one budget for both.
@@ -110,7 +110,7 @@ func TestRouteKeyMethods(t *testing.T) {
 	}
 }
 
-// TestConnectRedirectIsUnmatched (issue 24, item 3): a CONNECT that a
+// TestConnectRedirectIsUnmatched: a CONNECT that a
 // ServeMux answers with its trailing-slash redirect gets the redirect's
 // path as its pattern, a new one for every path: it is decided as
 // unmatched, so that no path creates a Redis key of its own.
@@ -223,7 +223,7 @@ func testRouteMemoBounded(t *testing.T, b backend) {
 	}
 }
 
-// TestRouteTemplatesChecked (issue 24, item 4): New refuses a WithRoutes
+// TestRouteTemplatesChecked: New refuses a WithRoutes
 // template that no router produces, saying what to write, and accepts
 // every router's syntax for one that they do.
 func TestRouteTemplatesChecked(t *testing.T) {

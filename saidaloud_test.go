@@ -84,7 +84,7 @@ func post(h http.Handler, target string) int {
 	return w.Code
 }
 
-// TestRoutesBehindWrapper (issue 27, item 1): a route table behind other
+// TestRoutesBehindWrapper: a route table behind other
 // middleware, api.Handler(logging(mux)), applies with WithRoutesFrom(mux);
 // without it, the first request it could not apply to is reported once, on
 // slog's default logger and to a WarningObserver, naming the route when the
@@ -156,7 +156,7 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 	}
 }
 
-// TestProxyWarningByDefault (issue 27, item 3): without WithLogger, the
+// TestProxyWarningByDefault: without WithLogger, the
 // untrusted-proxy warning goes to slog's default logger, once, and to a
 // WarningObserver; a key that takes the router's address (FromRouter) is
 // not reported, and counts what the router resolved.
@@ -212,7 +212,7 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 	}
 }
 
-// TestNilOptions (issue 27, item 6): every option given nil, and a nil
+// TestNilOptions: every option given nil, and a nil
 // Option, is an error from New that names it; none is a silent default.
 func TestNilOptions(t *testing.T) {
 	limits := []Limit{PerMinute(1, ClientIP()).Named("ip")}
@@ -240,7 +240,7 @@ func TestNilOptions(t *testing.T) {
 	}
 }
 
-// TestObserverWatched (issue 27, item 6): New hands the Limiter it returns
+// TestObserverWatched: New hands the Limiter it returns
 // to a LimiterWatcher among its observers, once, and not its routes'.
 func TestObserverWatched(t *testing.T) {
 	wc := &warningCounter{}

@@ -19,7 +19,7 @@ import (
 	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
-// TestRouterClientIP (issue 27, item 3): ClientIP(FromRouter()) counts by
+// TestRouterClientIP: ClientIP(FromRouter()) counts by
 // the client address the router resolved, with the proxies configured
 // once, in the router: gin's SetTrustedProxies, echo's IPExtractor, chi's
 // RealIP. Three clients behind one load balancer (10.0.0.1) get one bucket

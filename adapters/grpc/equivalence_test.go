@@ -60,7 +60,7 @@ func (s *testServer) call(t *testing.T, method string, stream bool) (served bool
 	return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING, err
 }
 
-// TestSlashlessPathCounted (issue 24, item 2): grpc routes a :path without
+// TestSlashlessPathCounted: grpc routes a :path without
 // its leading slash to the same method; the call is counted under the
 // method's limits, unary calls and streams alike. (grpc-go's newer
 // versions refuse such a path: then no call is served.)

@@ -384,7 +384,7 @@ func TestZeroMetrics(t *testing.T) {
 	m.Watch(nil)
 }
 
-// TestOneStep (issue 27, item 6): WithObserver is the one step: without
+// TestOneStep: WithObserver is the one step: without
 // a call to Watch, the breaker gauge reports the Limiter's breaker, and
 // the Limiter's warnings are counted in ratelimit.warnings.
 func TestOneStep(t *testing.T) {

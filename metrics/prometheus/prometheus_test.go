@@ -96,7 +96,7 @@ ratelimit_unreverted_units_total 0
 
 func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
 
-// TestOneStep (issue 27, item 6): WithObserver is the one step: without
+// TestOneStep: WithObserver is the one step: without
 // a call to Watch, ratelimit_breaker_open reports the Limiter's breaker
 // (on a real redis-server, stopped), and the Limiter's warnings are
 // counted in ratelimit_warnings_total.
