@@ -40,7 +40,11 @@ const (
 )
 
 // safe[c] is true for the bytes appendEscaped keeps as they are.
-var safe = func() (t [256]bool) {
+var safe = byteSet("-._~:/@!$&'()*+,;=[]<>?^`\"")
+
+// byteSet returns the set of the letters, the digits and the bytes of
+// extra.
+func byteSet(extra string) (t [256]bool) {
 	for c := 'a'; c <= 'z'; c++ {
 		t[c] = true
 	}
@@ -50,11 +54,11 @@ var safe = func() (t [256]bool) {
 	for c := '0'; c <= '9'; c++ {
 		t[c] = true
 	}
-	for _, c := range "-._~:/@!$&'()*+,;=[]<>?^`\"" {
-		t[c] = true
+	for i := 0; i < len(extra); i++ {
+		t[extra[i]] = true
 	}
 	return t
-}()
+}
 
 const hexDigits = "0123456789ABCDEF"
 
@@ -108,21 +112,7 @@ func appendKey(dst []byte, head, id string, escaped bool) []byte {
 
 // kindSafe[c] is true for the bytes appendKind keeps as they are: those of
 // a limit name, and the '+' that joins a Compose key's parts.
-var kindSafe = func() (t [256]bool) {
-	for c := 'a'; c <= 'z'; c++ {
-		t[c] = true
-	}
-	for c := 'A'; c <= 'Z'; c++ {
-		t[c] = true
-	}
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for _, c := range "-_.+" {
-		t[c] = true
-	}
-	return t
-}()
+var kindSafe = byteSet("-_.+")
 
 // appendKind appends kind to dst, percent-encoding every byte outside
 // letters, digits and "-_.+" (so ':', '{', '}' and '%' among them).
