@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+
+	"github.com/slidinglog/ratelimit/internal/netid"
 )
 
 // An allowList is what WithAllowList built: the skip function of the
@@ -51,7 +53,7 @@ func newAllowList(key Key, entries []string) (*allowList, error) {
 	if a.addr != nil {
 		a.prefixes = make(map[netip.Prefix]struct{}, len(entries))
 		for _, s := range entries {
-			p, err := parseEntry(s)
+			p, err := netid.ParseEntry(s)
 			if err == nil && p.Bits() == 0 {
 				err = errors.New("a /0 prefix would skip every client")
 			}

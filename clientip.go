@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"github.com/slidinglog/ratelimit/internal/netid"
 )
 
 // maxHops is the most proxy-header list elements ClientIP examines for one
@@ -151,10 +153,10 @@ func FromRouter() IPOption {
 	return func(c *ipConfig) { c.router = true }
 }
 
-// parseTrusted parses a TrustProxies entry: parseEntry's rules, and a
+// parseTrusted parses a TrustProxies entry: netid.ParseEntry's rules, and a
 // prefix may not be /0.
 func parseTrusted(s string) (netip.Prefix, error) {
-	p, err := parseEntry(s)
+	p, err := netid.ParseEntry(s)
 	if err == nil && p.Bits() == 0 {
 		return p, errors.New("a /0 prefix trusts every peer; list the proxies' addresses")
 	}
@@ -167,9 +169,9 @@ func (c *ipConfig) key(r *http.Request) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	id := identity(a, c.v4Bits, c.v6Bits)
+	id := netid.Identity(a, c.v4Bits, c.v6Bits)
 	var buf [64]byte // the longest identifier is 43 bytes
-	b := appendIdentifier(buf[:0], id)
+	b := netid.AppendIdentifier(buf[:0], id)
 	// Common case, an IPv4 peer "203.0.113.7:1234": reuse its host part
 	// rather than allocate. Header substrings are not reused, as they
 	// would keep a header of up to 1 MB alive with the identifier.
@@ -259,7 +261,7 @@ func parseNode(s string) (netip.Addr, bool) {
 	// below would cut short.
 	if strings.HasPrefix(s, "[") {
 		if ap, err := netip.ParseAddrPort(s); err == nil {
-			return normAddr(ap.Addr()), true
+			return netid.NormAddr(ap.Addr()), true
 		}
 	}
 	host, port, hasPort := s, "", false
@@ -284,7 +286,7 @@ func parseNode(s string) (netip.Addr, bool) {
 	if err != nil {
 		return netip.Addr{}, false
 	}
-	return normAddr(a), true
+	return netid.NormAddr(a), true
 }
 
 // isPort reports whether s is a decimal port (0 to 65535) or an RFC 7239
@@ -566,17 +568,17 @@ func prefixBits(name string, bits, max int, field func(*ipConfig) *int) IPOption
 // address in any spelling ClientIP reads ("::ffff:203.0.113.7",
 // "[2001:DB8::1%eth0]:443") or a network no larger than one group
 // ("2001:db8::/96" with the /64 grouping). Anything else, which names no
-// one identity, is returned as it is.
+// one netid.Identity, is returned as it is.
 func lookupIdentifier(id string, v4, v6 int) string {
 	var p netip.Prefix
 	if a, ok := parseNode(id); ok {
 		p = netip.PrefixFrom(a, a.BitLen())
-	} else if p, ok = readIdentifier(strings.TrimSpace(id)); !ok {
+	} else if p, ok = netid.ReadIdentifier(strings.TrimSpace(id)); !ok {
 		return id
 	}
-	g := identity(p.Addr(), v4, v6)
+	g := netid.Identity(p.Addr(), v4, v6)
 	if p.Bits() < g.Bits() {
 		return id // several identities
 	}
-	return string(appendIdentifier(nil, g))
+	return string(netid.AppendIdentifier(nil, g))
 }

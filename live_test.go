@@ -16,6 +16,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/netid"
 	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
@@ -494,7 +495,7 @@ func TestBlockHostile(t *testing.T) {
 		id := random()
 		_, _, got := o.blocked([]string{id}, time.Now().UnixMicro())
 		want := blocked[id]
-		if g, ok := readIdentifier(id); ok {
+		if g, ok := netid.ReadIdentifier(id); ok {
 			for _, b := range st.Blocks {
 				want = want || b.Prefix.IsValid() && b.Prefix.Overlaps(g)
 			}

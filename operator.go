@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/netid"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
 
@@ -303,10 +304,10 @@ func validOverride(limit, plan string) error {
 func quotaField(limit, plan string) string { return "q/" + limit + "/" + plan }
 
 // blockTarget returns target in the form it is stored in: an IP address
-// or CIDR, in any spelling parseEntry takes, as its canonical CIDR (the
+// or CIDR, in any spelling netid.ParseEntry takes, as its canonical CIDR (the
 // network: "203.0.113.7/32", "203.0.113.0/24", "2001:db8::/64"); any other
 // identifier as it is. A target written as an IP address or CIDR that
-// parseEntry refuses ("10.0.0.0/33", "203.0.113.7/24") is an error that
+// netid.ParseEntry refuses ("10.0.0.0/33", "203.0.113.7/24") is an error that
 // says what to write, never an identifier.
 func blockTarget(target string) (string, error) {
 	if target == "" {
@@ -315,10 +316,10 @@ func blockTarget(target string) (string, error) {
 	if len(target) > MaxBlockTarget {
 		return "", fmt.Errorf("ratelimit: block target of %d bytes (at most %d)", len(target), MaxBlockTarget)
 	}
-	if !looksLikeIP(target) {
+	if !netid.LooksLikeIP(target) {
 		return target, nil
 	}
-	p, err := parseEntry(target)
+	p, err := netid.ParseEntry(target)
 	if err != nil {
 		return "", fmt.Errorf("ratelimit: invalid CIDR %q: %w", target, err)
 	}
@@ -326,8 +327,8 @@ func blockTarget(target string) (string, error) {
 }
 
 // parseCIDR reads a stored block target as a network, if it is written
-// as an IP address or CIDR (see readIdentifier).
-func parseCIDR(s string) (netip.Prefix, bool) { return readIdentifier(s) }
+// as an IP address or CIDR (see netid.ReadIdentifier).
+func parseCIDR(s string) (netip.Prefix, bool) { return netid.ReadIdentifier(s) }
 
 // parseOperatorState reads the fields of the operator hash, those expired
 // at now (Unix µs) and malformed ones left out; at most

@@ -3,6 +3,8 @@ package ratelimit
 import (
 	"net/netip"
 	"slices"
+
+	"github.com/slidinglog/ratelimit/internal/netid"
 )
 
 // The operator state a Limiter applies (see operator.go, and
@@ -15,11 +17,11 @@ type liveOps struct {
 	// ids and nets hold the blocks' expiries (Unix µs, local clock), of
 	// identifiers and of networks by family ([0] IPv4, [1] IPv6); bits
 	// lists the prefix lengths nets holds, per family, and sorted the
-	// networks, per family, sorted by sortNetBlocks.
+	// networks, per family, sorted by netid.SortBlocks.
 	ids    map[string]int64
 	nets   [2]map[netip.Prefix]int64
 	bits   [2][]int
-	sorted [2][]netBlock
+	sorted [2][]netid.Block
 	// blocking says that there is any block.
 	blocking bool
 	// quotas holds the overrides in force, by limit and plan.
@@ -63,7 +65,7 @@ func newLiveOps(st OperatorState, now int64) *liveOps {
 			o.ids[b.Target] = exp
 			continue
 		}
-		p := normPrefix(b.Prefix.Masked())
+		p := netid.NormPrefix(b.Prefix.Masked())
 		f := family(p.Addr())
 		if o.nets[f] == nil {
 			o.nets[f] = make(map[netip.Prefix]int64)
@@ -71,13 +73,13 @@ func newLiveOps(st OperatorState, now int64) *liveOps {
 		if old, dup := o.nets[f][p]; !dup || exp > old {
 			o.nets[f][p] = exp
 		}
-		o.sorted[f] = append(o.sorted[f], netBlock{p: p, exp: exp})
+		o.sorted[f] = append(o.sorted[f], netid.Block{P: p, Exp: exp})
 		if !slices.Contains(o.bits[f], p.Bits()) {
 			o.bits[f] = append(o.bits[f], p.Bits())
 		}
 	}
-	sortNetBlocks(o.sorted[0])
-	sortNetBlocks(o.sorted[1])
+	netid.SortBlocks(o.sorted[0])
+	netid.SortBlocks(o.sorted[1])
 	return o
 }
 
@@ -92,7 +94,7 @@ func family(a netip.Addr) int {
 // (Unix µs), and until when: the block that lasts longest if several
 // match. ok is false if none is. An identifier is blocked by a block of
 // the same identifier, and, if it is an IP address or network (as
-// ClientIP's identifiers are, see readIdentifier), by every network block
+// ClientIP's identifiers are, see netid.ReadIdentifier), by every network block
 // that overlaps it: one that holds it, and one inside it (an address or a
 // network longer than ClientIP's grouping blocks the group that holds it).
 func (o *liveOps) blocked(ids []string, now int64) (limit int, until int64, ok bool) {
@@ -104,7 +106,7 @@ func (o *liveOps) blocked(ids []string, now int64) (limit int, until int64, ok b
 		if len(o.bits[0])+len(o.bits[1]) == 0 {
 			continue
 		}
-		g, isIP := readIdentifier(id)
+		g, isIP := netid.ReadIdentifier(id)
 		if !isIP {
 			continue
 		}
@@ -112,7 +114,7 @@ func (o *liveOps) blocked(ids []string, now int64) (limit int, until int64, ok b
 		longer := false
 		for _, bits := range o.bits[f] {
 			if bits > g.Bits() {
-				longer = true // inside g, if at all: blockedInside
+				longer = true // inside g, if at all: netid.BlockedInside
 				continue
 			}
 			p, err := g.Addr().Prefix(bits)
@@ -126,7 +128,7 @@ func (o *liveOps) blocked(ids []string, now int64) (limit int, until int64, ok b
 		if !longer {
 			continue
 		}
-		if u := blockedInside(o.sorted[f], g, now, until); u > until {
+		if u := netid.BlockedInside(o.sorted[f], g, now, until); u > until {
 			limit, until = i, u
 		}
 	}

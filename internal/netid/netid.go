@@ -1,4 +1,6 @@
-package ratelimit
+// Package netid holds the rules by which a client address, and an entry
+// naming an address or a network, become the network the limiter compares.
+package netid
 
 import (
 	"fmt"
@@ -7,7 +9,7 @@ import (
 	"strings"
 )
 
-// Client identity: the rules by which an address, as a request carries it,
+// Client Identity: the rules by which an address, as a request carries it,
 // and an entry, as a configuration or an operator writes it, become the
 // network the limiter compares. ClientIP, TrustProxies and the presets,
 // WithAllowList, Operator.Block and Unblock, the blocks a Limiter applies,
@@ -16,31 +18,31 @@ import (
 //
 //   - An address is compared without its IPv6 zone, and an IPv4-mapped
 //     IPv6 address (::ffff:192.0.2.1) as the IPv4 address it maps
-//     (normAddr).
-//   - ClientIP counts a client by its identity: its address masked to the
-//     IPv4Prefix or IPv6Prefix grouping (identity), written as the address
-//     for a full-length prefix, as the CIDR otherwise (appendIdentifier).
+//     (NormAddr).
+//   - ClientIP counts a client by its Identity: its address masked to the
+//     IPv4Prefix or IPv6Prefix grouping (Identity), written as the address
+//     for a full-length prefix, as the CIDR otherwise (AppendIdentifier).
 //   - An entry is an address or a CIDR in any spelling netip reads (upper
 //     case, compressed or not, an IPv6 zone, which is dropped, a mapped
 //     address or a mapped network of /96 or longer, which is IPv4's); a
 //     network with host bits set, or a mapped network shorter than /96, is
-//     refused, with what to write instead (parseEntry).
+//     refused, with what to write instead (ParseEntry).
 //   - An IPv6 network never holds an IPv4 client, even one that connected
 //     with a mapped address: ClientIP counts that client as IPv4.
 //   - Trusted proxies and allow-list entries match the client's address,
 //     before any grouping (a listed address lets that address through, not
-//     its group). A block matches every identity it overlaps (liveOps.blocked):
+//     its group). A block matches every Identity it overlaps (liveOps.blocked):
 //     a network blocks each group inside it, and an address or a network
 //     longer than the grouping blocks the group that holds it, since the
 //     limiter cannot tell that address's requests from its group's.
 
-// normAddr returns a as ClientIP compares addresses: without zone, and an
+// NormAddr returns a as ClientIP compares addresses: without zone, and an
 // IPv4-mapped address as IPv4.
-func normAddr(a netip.Addr) netip.Addr { return a.WithZone("").Unmap() }
+func NormAddr(a netip.Addr) netip.Addr { return a.WithZone("").Unmap() }
 
-// identity returns the network ClientIP counts the normalised address a
+// Identity returns the network ClientIP counts the normalised address a
 // by: a masked to v4 bits if it is IPv4, to v6 bits otherwise.
-func identity(a netip.Addr, v4, v6 int) netip.Prefix {
+func Identity(a netip.Addr, v4, v6 int) netip.Prefix {
 	bits := v6
 	if a.Is4() {
 		bits = v4
@@ -49,25 +51,25 @@ func identity(a netip.Addr, v4, v6 int) netip.Prefix {
 	return p
 }
 
-// appendIdentifier appends to b the identifier of the identity p: its
+// AppendIdentifier appends to b the identifier of the Identity p: its
 // address if p is full-length ("203.0.113.7"), its CIDR otherwise
 // ("2001:db8::/64").
-func appendIdentifier(b []byte, p netip.Prefix) []byte {
+func AppendIdentifier(b []byte, p netip.Prefix) []byte {
 	if p.Bits() == p.Addr().BitLen() {
 		return p.Addr().AppendTo(b)
 	}
 	return p.AppendTo(b)
 }
 
-// maxEntryLen bounds the length of an entry or identifier read as an
+// MaxEntryLen bounds the length of an entry or identifier read as an
 // address or network: the longest real one, an expanded IPv6 address with
 // a zone and a prefix length, is far shorter.
-const maxEntryLen = 128
+const MaxEntryLen = 128
 
-// looksLikeIP reports whether s is written as an IP address or network:
+// LooksLikeIP reports whether s is written as an IP address or network:
 // its part before any "/" parses as an IP address, with or without zone.
-func looksLikeIP(s string) bool {
-	if len(s) > maxEntryLen {
+func LooksLikeIP(s string) bool {
+	if len(s) > MaxEntryLen {
 		return false
 	}
 	addr, _, _ := strings.Cut(s, "/")
@@ -75,15 +77,15 @@ func looksLikeIP(s string) bool {
 	return err == nil
 }
 
-// parseEntry parses an entry of TrustProxies, WithAllowList or
+// ParseEntry parses an entry of TrustProxies, WithAllowList or
 // Operator.Block: an IP address (a network of its full length) or a CIDR,
 // into the network it names, normalised as addresses are (no zone, mapped
 // as IPv4). It refuses, saying what to write instead, a network with host
 // bits set ("203.0.113.7/24", usually a typo) and a mapped network shorter
 // than /96 (it is not IPv4's, and ClientIP counts every mapped client as
 // IPv4).
-func parseEntry(s string) (netip.Prefix, error) {
-	if len(s) > maxEntryLen {
+func ParseEntry(s string) (netip.Prefix, error) {
+	if len(s) > MaxEntryLen {
 		return netip.Prefix{}, fmt.Errorf("%d bytes, not an IP address or CIDR", len(s))
 	}
 	addr, bits, isNet := strings.Cut(s, "/")
@@ -92,7 +94,7 @@ func parseEntry(s string) (netip.Prefix, error) {
 		return netip.Prefix{}, err
 	}
 	if !isNet {
-		a = normAddr(a)
+		a = NormAddr(a)
 		return netip.PrefixFrom(a, a.BitLen()), nil
 	}
 	a = a.WithZone("")
@@ -103,31 +105,31 @@ func parseEntry(s string) (netip.Prefix, error) {
 	if a.Is4In6() && p.Bits() < 96 {
 		return netip.Prefix{}, fmt.Errorf("an IPv4-mapped network is /96 or longer (::ffff:0:0/96 is all of IPv4); write the IPv4 network, such as %s", netip.PrefixFrom(a.Unmap(), 24).Masked())
 	}
-	p = normPrefix(p)
+	p = NormPrefix(p)
 	if p != p.Masked() {
-		m := normPrefix(p.Masked())
+		m := NormPrefix(p.Masked())
 		return netip.Prefix{}, fmt.Errorf("host bits set: write %s for the network, or %s for the one address", m, a.Unmap())
 	}
 	return p, nil
 }
 
-// normPrefix returns p normalised as addresses are: a mapped network of
+// NormPrefix returns p normalised as addresses are: a mapped network of
 // /96 or longer as the IPv4 network it maps, without zone. Other networks
 // are returned as they are.
-func normPrefix(p netip.Prefix) netip.Prefix {
+func NormPrefix(p netip.Prefix) netip.Prefix {
 	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
 		return netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 	}
 	return p
 }
 
-// readIdentifier reads an identifier (or a block target stored in the
+// ReadIdentifier reads an identifier (or a block target stored in the
 // operator state) as a network, if it is written as an IP address or a
 // CIDR: an address is a network of its full length; a network is masked.
 // Both are normalised as addresses are. It does not allocate for an
 // identifier ClientIP returns.
-func readIdentifier(id string) (netip.Prefix, bool) {
-	if len(id) > maxEntryLen || !mayBeIP(id) {
+func ReadIdentifier(id string) (netip.Prefix, bool) {
+	if len(id) > MaxEntryLen || !MayBeIP(id) {
 		return netip.Prefix{}, false
 	}
 	if strings.IndexByte(id, '/') >= 0 {
@@ -143,21 +145,21 @@ func readIdentifier(id string) (netip.Prefix, bool) {
 				return netip.Prefix{}, false
 			}
 		}
-		return normPrefix(p.Masked()), true
+		return NormPrefix(p.Masked()), true
 	}
 	a, err := netip.ParseAddr(id)
 	if err != nil {
 		return netip.Prefix{}, false
 	}
-	a = normAddr(a)
+	a = NormAddr(a)
 	return netip.PrefixFrom(a, a.BitLen()), true
 }
 
-// mayBeIP reports whether s may be an IP address or CIDR, with or without
+// MayBeIP reports whether s may be an IP address or CIDR, with or without
 // zone: before any '%', only hex digits, '.', ':' and '/', and three dots
 // or two colons. It spares the parser, whose errors allocate, the
 // identifiers that are plainly something else.
-func mayBeIP(s string) bool {
+func MayBeIP(s string) bool {
 	dots, colons := 0, 0
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {
@@ -175,30 +177,30 @@ func mayBeIP(s string) bool {
 	return dots >= 3 || colons >= 2
 }
 
-// A netBlock is a blocked network and the block's expiry (Unix µs).
-type netBlock struct {
-	p   netip.Prefix
-	exp int64
+// A Block is a blocked network and the block's expiry (Unix µs).
+type Block struct {
+	P   netip.Prefix
+	Exp int64
 }
 
-// sortNetBlocks sorts blocks by their first address, then length.
-func sortNetBlocks(blocks []netBlock) {
+// SortBlocks sorts blocks by their first address, then length.
+func SortBlocks(blocks []Block) {
 	sort.Slice(blocks, func(i, j int) bool {
-		if c := blocks[i].p.Addr().Compare(blocks[j].p.Addr()); c != 0 {
+		if c := blocks[i].P.Addr().Compare(blocks[j].P.Addr()); c != 0 {
 			return c < 0
 		}
-		return blocks[i].p.Bits() < blocks[j].p.Bits()
+		return blocks[i].P.Bits() < blocks[j].P.Bits()
 	})
 }
 
-// blockedInside returns the latest expiry after now (Unix µs) of the
-// blocks of sorted (sorted by sortNetBlocks) that lie inside g, and
+// BlockedInside returns the latest expiry after now (Unix µs) of the
+// blocks of sorted (sorted by SortBlocks) that lie inside g, and
 // until if none is later. It does not allocate.
-func blockedInside(sorted []netBlock, g netip.Prefix, now, until int64) int64 {
+func BlockedInside(sorted []Block, g netip.Prefix, now, until int64) int64 {
 	first := g.Addr()
-	i := sort.Search(len(sorted), func(i int) bool { return sorted[i].p.Addr().Compare(first) >= 0 })
-	for ; i < len(sorted) && g.Contains(sorted[i].p.Addr()); i++ {
-		if exp := sorted[i].exp; exp > now && exp > until {
+	i := sort.Search(len(sorted), func(i int) bool { return sorted[i].P.Addr().Compare(first) >= 0 })
+	for ; i < len(sorted) && g.Contains(sorted[i].P.Addr()); i++ {
+		if exp := sorted[i].Exp; exp > now && exp > until {
 			until = exp
 		}
 	}
