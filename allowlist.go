@@ -128,7 +128,7 @@ func (a *allowList) skip(r *http.Request) bool {
 	return false
 }
 
-// WithSkip makes the middleware ([Limiter.Handler], [Limiter.Check] and
+// WithSkip makes the middleware ([Limiter.Handler], [Pass.Check] and
 // the router adapters) let through, undecided, every request skip reports
 // true for: health checks, an internal network, a trusted client. Such a
 // request costs no Redis call, is counted in no limit and gets no

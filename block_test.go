@@ -155,7 +155,7 @@ func testBlockReset(t *testing.T, b backend) {
 			}
 			var err error
 			if viaLimit {
-				err = l.ResetLimit(ctx, "rst", "x")
+				err = l.Inspect().Reset(ctx, "rst", "x")
 			} else {
 				err = l.Reset(ctx, ids)
 			}
@@ -298,7 +298,7 @@ func TestUnblockLimit(t *testing.T) {
 		if lifted, err := l.unblockLimit(ctx, "ub", "u"); err != nil || lifted {
 			t.Fatalf("unblock again: %v, %v; want nothing lifted", lifted, err)
 		}
-		if st, err := l.LimitStatus(ctx, "ub", "u"); err != nil || !st.Blocked.IsZero() || st.Remaining != 0 {
+		if st, err := l.Inspect().Status(ctx, "ub", "u"); err != nil || !st.Blocked.IsZero() || st.Remaining != 0 {
 			t.Fatalf("status after unblock: %+v, %v; want the count kept, no block", st, err)
 		}
 		clock.Set(t0.Add(61 * time.Second))
@@ -433,7 +433,7 @@ func TestBlockOperatorUnblock(t *testing.T) {
 		if res, _ := l.Allow(ctx, ids, 1); res.Allowed || !res.Blocked {
 			t.Fatalf("blocked client admitted after its window: %+v", res)
 		}
-		if lifted, err := l.Operator().Unblock(ctx, "x"); err != nil || !lifted {
+		if lifted, err := l.Inspect().Operator().Unblock(ctx, "x"); err != nil || !lifted {
 			t.Fatalf("the Limiter's Operator: lifted %v, %v; want true, nil", lifted, err)
 		}
 		if n, _ := c.Exists(ctx, blockKey("ou", "header.X-Id", "x")).Result(); n != 0 {
@@ -452,7 +452,7 @@ func blockProbe(t *testing.T, b backend, opts ...IPOption) (*Operator, func(remo
 	t.Helper()
 	l := newDriven(t, b.newClient(t), []Limit{PerMinute(1000, ClientIP(opts...)).Named("ip")}, WithDenyCache(0))
 	h := l.Handler(okHandler)
-	return l.Operator(), func(remote string) bool {
+	return l.Inspect().Operator(), func(remote string) bool {
 		t.Helper()
 		w := serve(h, "GET", "/", remote)
 		if w.Code != http.StatusOK && w.Code != http.StatusTooManyRequests {

@@ -203,7 +203,7 @@ func TestBreakerSlowCalls(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	if lim.BreakerOpen() {
+	if lim.Inspect().BreakerOpen() {
 		t.Error("timeouts opened the breaker while Redis answered later decisions")
 	}
 	if err := fast(); err != nil {
@@ -211,7 +211,7 @@ func TestBreakerSlowCalls(t *testing.T) {
 	}
 	// Three time out, and Redis answered nothing since they started.
 	slow(3, func() {})
-	if !lim.BreakerOpen() {
+	if !lim.Inspect().BreakerOpen() {
 		t.Error("timeouts while Redis answered nobody did not open the breaker")
 	}
 	if err := fast(); !errors.Is(err, ErrCircuitOpen) {

@@ -102,8 +102,8 @@ func (c *ipConfig) setHeader(by, name string) {
 // full-length prefix, "198.51.100.0/24" or "2001:db8:1:2::/64" otherwise.
 // Different clients, after masking, never share an identifier. The same
 // rules read the entries of [TrustProxies], [WithAllowList] and
-// [Operator.Block], and the identifiers given to [Limiter.LimitStatus] and
-// [Limiter.ResetLimit], so that no spelling of an address escapes them.
+// [Operator.Block], and the identifiers given to [Inspector.Status] and
+// [Inspector.Reset], so that no spelling of an address escapes them.
 //
 // The Key is named "ip". Invalid options are reported by [New].
 func ClientIP(opts ...IPOption) Key {

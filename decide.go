@@ -490,7 +490,7 @@ func (rs *ruleset) allowIDs(ctx context.Context, ids []string, cost int, peek bo
 // every limit has left: Result.Limits, Remaining and Reset as Allow would
 // report them for a request that is not admitted. Use it for dashboards that
 // must not spend the quota they show; for what an HTTP request would meet,
-// use [Limiter.StatusRequest]. It may drop entries that have left their
+// use [Inspector.StatusRequest]. It may drop entries that have left their
 // windows, which changes no count. It does not consult the deny cache, is
 // not observed, and does not apply FailLocal: on an error the Result is the
 // zero value.
@@ -546,7 +546,7 @@ func (rs *ruleset) reset(ctx context.Context, ids []string) error {
 // within 30 seconds or before the entries would have left their
 // windows anyway. Such units stay counted until they leave their windows.
 // The count only grows; metrics export it as a counter.
-func (l *Limiter) Unreverted() uint64 { return l.redis.Rollbacks.Unreverted.Load() }
+func (l *Limiter) unreverted() uint64 { return l.redis.Rollbacks.Unreverted.Load() }
 
 // grow returns sl resized to n and cleared, reusing its array when it is
 // large enough.

@@ -128,7 +128,7 @@ func testResetLimit(t *testing.T, b backend) {
 		PerMinute(2, Header("X-IP")).Named("ip"),
 		PerMinute(5, Header("X-User")).Named("user"),
 	}, append(opts, WithRoutes(map[string]RouteLimits{"POST /login": {Limits: []Limit{PerMinute(1, Header("X-IP")).Named("login")}}}))...)
-	if got := lim.LimitNames(); !slices.Equal(got, []string{"ip", "login", "user"}) {
+	if got := lim.Inspect().Limits(); !slices.Equal(got, []string{"ip", "login", "user"}) {
 		t.Errorf("LimitNames: %q", got)
 	}
 	ctx := context.Background()
@@ -145,7 +145,7 @@ func testResetLimit(t *testing.T, b backend) {
 	h.ServeHTTP(httptest.NewRecorder(), req)
 	st := func(name, id string) LimitResult {
 		t.Helper()
-		lr, err := lim.LimitStatus(ctx, name, id)
+		lr, err := lim.Inspect().Status(ctx, name, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -160,7 +160,7 @@ func testResetLimit(t *testing.T, b backend) {
 	if lr := st("user", id); lr.Remaining != 3 {
 		t.Errorf("user before: %+v", lr)
 	}
-	if err := lim.ResetLimit(ctx, "ip", id); err != nil {
+	if err := lim.Inspect().Reset(ctx, "ip", id); err != nil {
 		t.Fatal(err)
 	}
 	if lr := st("ip", id); lr.Remaining != 2 || lr.Denied {
@@ -175,7 +175,7 @@ func testResetLimit(t *testing.T, b backend) {
 	if lr := st("login", id2); lr.Remaining != 0 {
 		t.Errorf("login after ip's reset: %+v, want untouched", lr)
 	}
-	if err := lim.ResetLimit(ctx, "login", id2); err != nil {
+	if err := lim.Inspect().Reset(ctx, "login", id2); err != nil {
 		t.Fatal(err)
 	}
 	if lr := st("login", id2); lr.Remaining != 1 {
@@ -184,13 +184,13 @@ func testResetLimit(t *testing.T, b backend) {
 	if lr := st("ip", id2); lr.Remaining != 1 {
 		t.Errorf("ip after login's reset: %+v, want untouched", lr)
 	}
-	if err := lim.ResetLimit(ctx, "nope", id); err == nil {
+	if err := lim.Inspect().Reset(ctx, "nope", id); err == nil {
 		t.Error("ResetLimit of an unknown limit: no error")
 	}
-	if _, err := lim.LimitStatus(ctx, "nope", id); err == nil {
+	if _, err := lim.Inspect().Status(ctx, "nope", id); err == nil {
 		t.Error("LimitStatus of an unknown limit: no error")
 	}
-	if err := lim.ResetLimit(ctx, "ip", ""); err == nil {
+	if err := lim.Inspect().Reset(ctx, "ip", ""); err == nil {
 		t.Error("ResetLimit of an empty id: no error")
 	}
 }

@@ -10,12 +10,12 @@
 // logs it in all of them. A denied request is logged nowhere. Time is the Redis server's
 // clock.
 //
-// [Limiter.Handler] is net/http middleware; [Limiter.Check] is the same
+// [Limiter.Handler] is net/http middleware; [Pass.Check] is the same
 // decision without wrapping a handler, for custom middleware;
 // [Limiter.Enter] and [Pass.Decide] are the seam for router adapters
 // (docs/adapters.md in the repository); [Limiter.Allow]
 // decides for identifiers given directly, outside HTTP; [Limiter.Status]
-// and [Limiter.StatusRequest] report what a request would meet, counting
+// and [Inspector.StatusRequest] report what a request would meet, counting
 // nothing. Per-route limits and costs are declared in one table
 // ([WithRoutes]). Responses carry X-RateLimit-* headers (optionally the IETF
 // RateLimit fields) whose reset times come from the log, and a denied

@@ -25,7 +25,7 @@ var ErrNotRefundable = errors.New("ratelimit: nothing to refund")
 
 // ErrNotReverted is returned (wrapped) by [Limiter.Refund] when Redis could
 // not remove the request's entries: they stay counted until they leave
-// their windows. [Limiter.Unreverted] counts such units.
+// their windows. [Inspector.Unreverted] counts such units.
 var ErrNotReverted = errors.New("ratelimit: entries could not be removed")
 
 // ErrNoKey is returned (wrapped) when a [Key] cannot identify the request: a

@@ -30,7 +30,7 @@ func ExampleOperator() {
 	h := limiter.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	ctx := context.Background()
 
-	op := limiter.Operator()
+	op := limiter.Inspect().Operator()
 	if err := op.SetQuota(ctx, "per-ip", "", 100, time.Hour); err != nil {
 		log.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func ExampleOperator() {
 		log.Fatal(err)
 	}
 	get(h, "/", "198.51.100.9:6000")
-	st := limiter.OperatorState()
+	st := limiter.Inspect().OperatorState()
 	fmt.Println(len(st.Quotas), "override,", len(st.Blocks), "blocks")
 	// Output:
 	// 200 remaining=99 retry-after=

@@ -209,3 +209,18 @@ func serve(h http.Handler, method, target, remoteAddr string) *httptest.Response
 var okHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte("ok"))
 })
+
+// checkOnce decides r with l in a pass of its own, as custom middleware
+// does (see Pass.Check), and reports whether to serve r.
+func checkOnce(l *Limiter, w http.ResponseWriter, r *http.Request) bool {
+	p := l.Enter(r)
+	defer p.Leave()
+	return p.Check(w, r)
+}
+
+// decideOnce is checkOnce with Pass.Decide.
+func decideOnce(l *Limiter, w http.ResponseWriter, r *http.Request) (Verdict, error) {
+	p := l.Enter(r)
+	defer p.Leave()
+	return p.Decide(w, r)
+}

@@ -21,8 +21,8 @@ const MaxKeyID = maxIDLen
 // MaxKeyID bytes, whose keys may hold it whole. id is the identifier as a
 // limit's [Key] gives it (for a [Compose] key, its escaped and joined
 // parts) or as [Limiter.Allow] is given it, which is what a
-// [DenialObserver] is told. [Limiter.LimitStatusDigest] and
-// [Limiter.ResetLimitDigest] address a long identifier by its digest, so
+// [DenialObserver] is told. [Inspector.StatusDigest] and
+// [Inspector.ResetDigest] address a long identifier by its digest, so
 // that a tool need not keep the identifier itself.
 func IDDigest(id string) string {
 	if len(id) <= maxIDLen {
@@ -46,14 +46,14 @@ func checkDigest(d string) error {
 	return nil
 }
 
-// LimitStatusDigest is [Limiter.LimitStatus] for the identifier whose
+// LimitStatusDigest is [Inspector.Status] for the identifier whose
 // digest ([IDDigest]) is digest: the state of the limit called name for
 // it, counting nothing. It fails as LimitStatus does, and for a digest
 // not of IDDigest's form. The plan of a limit with plans ([Plans]) and a
 // manual block ([Operator.Block]) are looked up by the digest, which
 // names no plan and no block: the result is the default plan's, as if not
 // blocked.
-func (l *Limiter) LimitStatusDigest(ctx context.Context, name, digest string) (LimitResult, error) {
+func (l *Limiter) limitStatusDigest(ctx context.Context, name, digest string) (LimitResult, error) {
 	if err := checkDigest(digest); err != nil {
 		return LimitResult{}, err
 	}
@@ -74,11 +74,11 @@ func (l *Limiter) LimitStatusDigest(ctx context.Context, name, digest string) (L
 	return res.Limits[i], nil
 }
 
-// ResetLimitDigest is [Limiter.ResetLimit] for the identifier whose
+// ResetLimitDigest is [Inspector.Reset] for the identifier whose
 // digest ([IDDigest]) is digest: it forgets everything the limit called
 // name counted for it, and lifts the limit's block of it ([Limit.Block]).
 // It fails as ResetLimit does, and for a digest not of IDDigest's form.
-func (l *Limiter) ResetLimitDigest(ctx context.Context, name, digest string) error {
+func (l *Limiter) resetLimitDigest(ctx context.Context, name, digest string) error {
 	if err := checkDigest(digest); err != nil {
 		return err
 	}

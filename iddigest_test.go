@@ -93,34 +93,34 @@ func testIDDigest(t *testing.T, b backend) {
 			}
 			continue
 		}
-		lr, err := lim.LimitStatusDigest(ctx, limit, digest)
+		lr, err := lim.Inspect().StatusDigest(ctx, limit, digest)
 		if err != nil {
 			t.Fatalf("seed %d step %d: %v", seed, step, err)
 		}
 		if !lr.Denied || lr.Remaining != 0 || lr.Name != limit {
 			t.Fatalf("seed %d step %d: LimitStatusDigest(%s, %d bytes) = %+v, want denied", seed, step, limit, len(id), lr)
 		}
-		if err := lim.ResetLimitDigest(ctx, limit, digest); err != nil {
+		if err := lim.Inspect().ResetDigest(ctx, limit, digest); err != nil {
 			t.Fatalf("seed %d step %d: %v", seed, step, err)
 		}
-		if lr, err := lim.LimitStatusDigest(ctx, limit, digest); err != nil || lr.Denied || lr.Remaining != 1 {
+		if lr, err := lim.Inspect().StatusDigest(ctx, limit, digest); err != nil || lr.Denied || lr.Remaining != 1 {
 			t.Fatalf("seed %d step %d: after ResetLimitDigest(%s): %+v, %v", seed, step, limit, lr, err)
 		}
 		if limit == "a" {
-			if lr, err := lim.LimitStatus(ctx, "a", a); err != nil || lr.Remaining != 1 {
+			if lr, err := lim.Inspect().Status(ctx, "a", a); err != nil || lr.Remaining != 1 {
 				t.Fatalf("seed %d step %d: LimitStatus after ResetLimitDigest: %+v, %v", seed, step, lr, err)
 			}
 		}
 	}
 	for _, bad := range []string{"", "#", "#abc", "x" + IDDigest(strings.Repeat("y", 200))[1:], IDDigest(strings.Repeat("y", 200)) + "="} {
-		if _, err := lim.LimitStatusDigest(ctx, "a", bad); err == nil {
+		if _, err := lim.Inspect().StatusDigest(ctx, "a", bad); err == nil {
 			t.Errorf("LimitStatusDigest(%q): no error", bad)
 		}
-		if err := lim.ResetLimitDigest(ctx, "a", bad); err == nil {
+		if err := lim.Inspect().ResetDigest(ctx, "a", bad); err == nil {
 			t.Errorf("ResetLimitDigest(%q): no error", bad)
 		}
 	}
-	if _, err := lim.LimitStatusDigest(ctx, "nope", IDDigest(strings.Repeat("y", 200))); err == nil {
+	if _, err := lim.Inspect().StatusDigest(ctx, "nope", IDDigest(strings.Repeat("y", 200))); err == nil {
 		t.Error("LimitStatusDigest of an unknown limit: no error")
 	}
 }

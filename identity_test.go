@@ -219,7 +219,7 @@ func testIdentityBlocks(t *testing.T, b backend, trials int) {
 	for _, o := range g.groupings() {
 		const quota = 1000
 		l := newDriven(t, c, []Limit{PerMinute(quota, ClientIP(IPv4Prefix(o.v4), IPv6Prefix(o.v6))).Named("id")}, WithDenyCache(0))
-		op, h := l.Operator(), l.Handler(okHandler)
+		op, h := l.Inspect().Operator(), l.Handler(okHandler)
 		for range trials {
 			base := g.addr(g.r.IntN(2) == 0)
 			e := g.entry(base)
@@ -258,13 +258,13 @@ func testIdentityBlocks(t *testing.T, b backend, trials int) {
 			if !want {
 				counted += 3
 			}
-			if st, err := l.LimitStatus(ctx, "id", spelled); err != nil || st.Remaining != quota-counted {
+			if st, err := l.Inspect().Status(ctx, "id", spelled); err != nil || st.Remaining != quota-counted {
 				fail("LimitStatus(%q) = %+v, %v; want the log of %s, %d requests in it", spelled, st, err, o.id(client), counted)
 			}
-			if err := l.ResetLimit(ctx, "id", spelled); err != nil {
+			if err := l.Inspect().Reset(ctx, "id", spelled); err != nil {
 				fail("ResetLimit(%q): %v", spelled, err)
 			}
-			if st, err := l.LimitStatus(ctx, "id", o.id(client)); err != nil || st.Remaining != quota {
+			if st, err := l.Inspect().Status(ctx, "id", o.id(client)); err != nil || st.Remaining != quota {
 				fail("after ResetLimit(%q): %+v, %v; want the log of %s empty", spelled, st, err, o.id(client))
 			}
 		}
@@ -432,22 +432,22 @@ func TestIdentityLookup(t *testing.T) {
 			{"[2001:db8::5]:1", "2001:db8::/64", "2001:DB8::1%eth0"},
 		} {
 			serve(h, "GET", "/", tc.remote)
-			if st, err := l.LimitStatus(ctx, "lk", tc.spelled); err != nil || st.Remaining != 1 {
+			if st, err := l.Inspect().Status(ctx, "lk", tc.spelled); err != nil || st.Remaining != 1 {
 				t.Errorf("LimitStatus(%q) = %+v, %v; want the log of %s, one request in it", tc.spelled, st, err, tc.id)
 			}
-			if err := l.ResetLimit(ctx, "lk", tc.spelled); err != nil {
+			if err := l.Inspect().Reset(ctx, "lk", tc.spelled); err != nil {
 				t.Fatal(err)
 			}
-			if st, err := l.LimitStatus(ctx, "lk", tc.id); err != nil || st.Remaining != 2 {
+			if st, err := l.Inspect().Status(ctx, "lk", tc.id); err != nil || st.Remaining != 2 {
 				t.Errorf("after ResetLimit(%q): %+v, %v; want the log of %s empty", tc.spelled, st, err, tc.id)
 			}
 			for range 3 {
 				serve(h, "GET", "/", tc.remote)
 			}
-			if st, _ := l.LimitStatus(ctx, "lk", tc.id); st.Blocked.IsZero() {
+			if st, _ := l.Inspect().Status(ctx, "lk", tc.id); st.Blocked.IsZero() {
 				t.Fatalf("%s: not blocked", tc.id)
 			}
-			if ok, err := l.Operator().Unblock(ctx, tc.spelled); err != nil || !ok {
+			if ok, err := l.Inspect().Operator().Unblock(ctx, tc.spelled); err != nil || !ok {
 				t.Errorf("Unblock(%q): %v, %v; want the block of %s lifted", tc.spelled, ok, err, tc.id)
 			}
 		}

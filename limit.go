@@ -249,7 +249,7 @@ const maxBlock = 30 * 24 * time.Hour
 // the client from its deny cache ([WithDenyCache]) without calling Redis
 // for up to the cache's maximum age at a time, with Retry-After and Reset
 // the block's end; with the deny cache off, each decision asks Redis.
-// [Limiter.Reset] and [Limiter.ResetLimit] lift the block with the count;
+// [Limiter.Reset] and [Inspector.Reset] lift the block with the count;
 // other replicas may keep denying from memory for up to the deny cache's
 // maximum age. [LimitResult.Blocked] says when a block ends.
 //

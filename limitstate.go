@@ -14,9 +14,9 @@ import (
 // handler (the admin package) and other operators' tools.
 
 // LimitNames returns, sorted, the names of the limits of l and of the
-// routes it declares ([WithRoutes]): the names [Limiter.LimitStatus] and
-// [Limiter.ResetLimit] take.
-func (l *Limiter) LimitNames() []string {
+// routes it declares ([WithRoutes]): the names [Inspector.Status] and
+// [Inspector.Reset] take.
+func (l *Limiter) sortedLimitNames() []string {
 	var names []string
 	for name := range l.limitNames() {
 		names = append(names, name)
@@ -50,7 +50,7 @@ func (l *Limiter) limitNamed(name string) (*ruleset, int) {
 }
 
 // LimitStatus reports, counting nothing, the state of the limit called
-// name (one of l's or of its routes', see [Limiter.LimitNames]) for the
+// name (one of l's or of its routes', see [Inspector.Limits]) for the
 // identifier id, as [Limiter.Allow] takes it: Remaining, Reset, and
 // Denied if a request of cost 1 would be denied now; an identifier an
 // [Operator] blocks reads Denied, with Remaining 0 and Blocked and Reset
@@ -62,8 +62,8 @@ func (l *Limiter) limitNamed(name string) (*ruleset, int) {
 // network within one of its groups: it reads that client's identifier
 // ("203.0.113.7", "2001:db8::/64"). For a limit counted by a composed or
 // route Key, id is escaped as Allow escapes it, which may not address the
-// counts of HTTP requests (see [Limiter.StatusRequest]).
-func (l *Limiter) LimitStatus(ctx context.Context, name, id string) (LimitResult, error) {
+// counts of HTTP requests (see [Inspector.StatusRequest]).
+func (l *Limiter) limitStatus(ctx context.Context, name, id string) (LimitResult, error) {
 	id = l.lookupID(name, id)
 	d, i := l.limitNamed(name)
 	if d == nil {
@@ -101,7 +101,7 @@ func (rs *ruleset) manualBlock(lr *LimitResult, id string, now time.Time) {
 }
 
 // ResetLimit forgets everything the limit called name (one of l's or of
-// its routes', see [Limiter.LimitNames]) counted for id, as
+// its routes', see [Inspector.Limits]) counted for id, as
 // [Limiter.Reset] does for every limit; other limits, and other
 // identifiers, are untouched. It fails for an unknown name or an empty
 // id, and has Reset's timeout, deny-cache and FailLocal behaviour: another instance
@@ -109,7 +109,7 @@ func (rs *ruleset) manualBlock(lr *LimitResult, id string, now time.Time) {
 // For a limit counted by [ClientIP], id is read as LimitStatus reads it.
 // For a limit counted by a composed or route Key, id is escaped as
 // [Limiter.Allow] escapes it.
-func (l *Limiter) ResetLimit(ctx context.Context, name, id string) error {
+func (l *Limiter) resetLimit(ctx context.Context, name, id string) error {
 	id = l.lookupID(name, id)
 	s := getScratch()
 	defer s.put()
@@ -174,7 +174,7 @@ func (l *Limiter) unblockLimit(ctx context.Context, name, id string) (bool, erro
 }
 
 // lookupID returns id as the limit called name counts it, for a look-up by
-// hand ([Limiter.LimitStatus], [Limiter.ResetLimit], an unblock): for a
+// hand ([Inspector.Status], [Inspector.Reset], an unblock): for a
 // limit counted by [ClientIP], the identifier of the client id names, in
 // any spelling ClientIP reads (see lookupIdentifier); id as it is for any
 // other limit, and for an unknown name.

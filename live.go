@@ -12,7 +12,7 @@ import (
 // HGET per interval, and one HGETALL per change. A change an Operator made
 // is in force here within the interval plus one decision timeout ([WithTimeout])
 // after it returned (at once for a change made with this Limiter's own
-// [Limiter.Operator]). A block ends and an override lapses at its expiry
+// [Inspector.Operator]). A block ends and an override lapses at its expiry
 // exactly, on the clock decisions are timed by ([WithClock]), whether or
 // not a refresh runs in between; a lapsed override stays lapsed if that
 // clock then steps back, until the state is read again. The state is
@@ -23,7 +23,7 @@ import (
 //
 // 0 turns the refresh off: no goroutine, and no read at New. The
 // Limiter then applies no operator state but what it reads when its own
-// Operator ([Limiter.Operator]) makes a change, which reads the whole
+// Operator ([Inspector.Operator]) makes a change, which reads the whole
 // state (the changes other Operators made before included); it never sees
 // a change made elsewhere until then. Expiries apply as above. A negative
 // interval is an error from [New]. [Limiter.Close] stops the goroutine.
@@ -62,18 +62,18 @@ func (l *Limiter) Close() error {
 // Operator returns an [Operator] for l's Redis client and prefix whose
 // changes l applies at once, when they return (the other Limiters within
 // their refresh interval, see [WithOperatorRefresh]).
-func (l *Limiter) Operator() *Operator {
+func (l *Limiter) operator() *Operator {
 	return &Operator{client: l.client, key: l.opsRun.key, now: l.localNow, after: func(ctx context.Context) {
 		_ = l.refreshOperator(context.WithoutCancel(ctx), true)
 	}, unblock: l.unblockAll}
 }
 
 // unblockAll lifts the blocks that l's blocking limits ([Limit.Block]) set
-// for id, as [Limiter.ResetLimit] would without forgetting the counts.
+// for id, as [Inspector.Reset] would without forgetting the counts.
 func (l *Limiter) unblockAll(ctx context.Context, id string) (bool, error) {
 	var lifted bool
 	var errs []error
-	for _, name := range l.LimitNames() {
+	for _, name := range l.sortedLimitNames() {
 		ok, err := l.unblockLimit(ctx, name, id)
 		lifted = lifted || ok
 		if err != nil {
@@ -88,7 +88,7 @@ func (l *Limiter) unblockAll(ctx context.Context, id string) (bool, error) {
 // have lapsed since on l's clock; blocks that have ended since are listed
 // until the state is read again or an override lapses. Version is 0
 // before the first read.
-func (l *Limiter) OperatorState() OperatorState {
+func (l *Limiter) operatorState() OperatorState {
 	l.syncOps()
 	if o := l.ops.Load(); o != nil {
 		return o.state

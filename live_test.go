@@ -163,7 +163,7 @@ func TestOperatorOverride(t *testing.T) {
 		if got := get("pro-1").Header.Get("X-RateLimit-Limit"); got != "20" {
 			t.Errorf("the pro plan overridden: X-RateLimit-Limit %q, want 20", got)
 		}
-		st := l.OperatorState()
+		st := l.Inspect().OperatorState()
 		if len(st.Quotas) != 2 || st.Version < 1_000_000_000_000_000 {
 			t.Errorf("OperatorState: %+v, want 2 overrides at a version from the server's clock", st)
 		}
@@ -195,7 +195,7 @@ func TestOperatorBlock(t *testing.T) {
 		obs := &denials{}
 		l := newDriven(t, b.newClient(t), []Limit{PerMinute(100, ClientIP()).Named("ip"), PerMinute(100, Header("X-User")).Named("user")},
 			WithClock(clock.Now), WithObserver(obs))
-		op := l.Operator() // this Limiter applies its changes at once
+		op := l.Inspect().Operator() // this Limiter applies its changes at once
 		h := l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		get := func(addr, user string) *http.Response {
 			r, _ := http.NewRequest("GET", "/", nil)
@@ -276,7 +276,7 @@ func TestOperatorPropagation(t *testing.T) {
 		limits := []Limit{PerMinute(100, Header("X-User")).Named("user")}
 		a := newDriven(t, b.newClient(t), limits)
 		other := newDriven(t, b.newClient(t), limits)
-		if err := a.Operator().Block(ctx, "eve", time.Hour); err != nil {
+		if err := a.Inspect().Operator().Block(ctx, "eve", time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		if res, _ := a.Allow(ctx, []string{"eve"}, 1); !res.Blocked {
@@ -382,7 +382,7 @@ func TestOperatorLapse(t *testing.T) {
 		start := time.Now()
 		clock := &testClock{t: start}
 		l := newDriven(t, b.newClient(t), []Limit{PerMinute(2, Header("X-User")).Named("user")}, WithClock(clock.Now))
-		op := l.Operator()
+		op := l.Inspect().Operator()
 		if err := op.SetQuota(ctx, "user", "", 5, 10*time.Second); err != nil {
 			t.Fatal(err)
 		}
@@ -416,8 +416,8 @@ func TestOperatorLapse(t *testing.T) {
 		_ = l.tick()
 		if b.mr != nil {
 			res, _ := l.Status(ctx, []string{"bob"}, 1)
-			if len(l.OperatorState().Quotas) != 0 || l.rules.current().limits[0].Quota != 2 || res.Limit != 0 {
-				t.Fatalf("after a refresh with Redis down: %+v, quota %d", l.OperatorState(), l.rules.current().limits[0].Quota)
+			if len(l.Inspect().OperatorState().Quotas) != 0 || l.rules.current().limits[0].Quota != 2 || res.Limit != 0 {
+				t.Fatalf("after a refresh with Redis down: %+v, quota %d", l.Inspect().OperatorState(), l.rules.current().limits[0].Quota)
 			}
 			return
 		}
@@ -451,7 +451,7 @@ func TestOperatorFlush(t *testing.T) {
 		if err := l.tick(); err != nil {
 			t.Fatal(err)
 		}
-		st := l.OperatorState()
+		st := l.Inspect().OperatorState()
 		if len(st.Blocks) != 1 || st.Blocks[0].Target != "mallory" {
 			t.Fatalf("after a flush and one block: %+v, want mallory alone", st)
 		}

@@ -86,7 +86,7 @@ func (h *limitHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// r.Pattern to its own pattern (such as "/").
 	if h.mux != nil {
 		if h.l.routes != nil && !h.checked.Load() && h.checked.CompareAndSwap(false, true) {
-			h.l.warnUnmatched(h.l.CheckMux(h.mux))
+			h.l.warnUnmatched(h.l.checkMuxRoutes(h.mux))
 		}
 		mh, pattern := h.mux.Handler(r)
 		if pattern == "" || muxRedirect(r, mh) {
@@ -171,23 +171,8 @@ func muxRedirect(r *http.Request, h http.Handler) bool {
 	return r.Method == http.MethodConnect && reflect.TypeOf(h) == redirectType
 }
 
-// Check decides r without wrapping a handler, for custom middleware. It
-// decides as [Limiter.Handler] does, with the limits [WithRoutes] declared
-// for r's route template (r.Pattern, which the caller sets; "" for none)
-// and without refunds ([WithRefund]). If r may proceed, Check sets the
-// rate-limit headers on w and returns true, and the caller must serve the
-// request: that includes a request no decision could be made for under
-// [FailOpen], which gets no headers. Otherwise Check has written the whole
-// response (429 when denied; 401 when a Key could not identify r, see
-// [WithMissingKey]; 503 when no decision could be made under [FailClosed],
-// or under [FailLocal] when r's cost was below 1) and returns false. Check decides on every call: unlike
-// Handler and the router adapters, it cannot tell a request l is already
-// deciding further up the chain, as it does not see where the request ends.
-func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
-	return l.forRoute(r.Method, r.Pattern).all.check(w, r, nil)
-}
-
-// check is Check without the route lookup. If t is not nil, an admitted
+// check decides r as verdict does and writes the default answers
+// (net/http's plain-text 429, 503 and 401): it reports whether to serve r. If t is not nil, an admitted
 // request's refund ticket is stored there.
 func (rs *ruleset) check(w http.ResponseWriter, r *http.Request, t **ticket) bool {
 	switch v, _ := rs.verdict(w, r, t); v {
@@ -277,13 +262,13 @@ func (rs *ruleset) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (
 // StatusRequest is [Limiter.Status] for the request r would be: it reports,
 // counting nothing, what r would meet, with the identifiers its limits'
 // [Key]s extract, its cost ([WithCost]) and the limits [WithRoutes] declared
-// for its route template (r.Pattern, as for [Limiter.Check]). Use it for an
+// for its route template (r.Pattern, as for [Pass.Check]). Use it for an
 // endpoint that shows a client its quota: Status cannot, when a limit is
 // counted by a composed or route Key, or belongs to a route, as the ids it
 // is given are escaped again and cover only l's own limits. The error is
 // non-nil when no status could be read (it wraps [ErrNoKey] when a Key could
 // not identify r); the Result is then the zero value.
-func (l *Limiter) StatusRequest(r *http.Request) (Result, error) {
+func (l *Limiter) statusRequest(r *http.Request) (Result, error) {
 	return l.forRoute(r.Method, r.Pattern).all.statusRequest(r)
 }
 

@@ -6,7 +6,7 @@ import (
 )
 
 // WithMissingKey sets what the middleware ([Limiter.Handler],
-// [Limiter.Check], the router adapters and the gRPC interceptors) does
+// [Pass.Check], the router adapters and the gRPC interceptors) does
 // with a request a Key cannot identify: [MissingKeyDeny] (the default,
 // 401) or [MissingKeySkip]. Giving it, even with the default, silences the
 // one-time warning of the default. An error from a Key that does not wrap

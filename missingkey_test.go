@@ -35,7 +35,7 @@ func testMissingKey(t *testing.T, b backend) {
 					t.Fatalf("no user %d: %d %v %q; want 401 Unauthorized, no Retry-After, no limit headers", i, w.Code, w.Header(), w.Body)
 				}
 			}
-			if lim.BreakerOpen() {
+			if lim.Inspect().BreakerOpen() {
 				t.Error("the circuit breaker opened on requests without a key")
 			}
 			if len(hooked) != 5 || !errors.Is(hooked[0], ErrNoKey) {

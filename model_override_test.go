@@ -188,7 +188,7 @@ func (m *modelRun) applyQuotas(k int, ids []string) {
 func (m *modelRun) overrideOperator(rt *rapid.T) (op *Operator, k int, own bool) {
 	k = rapid.IntRange(0, 1).Draw(rt, "instance")
 	if rapid.Bool().Draw(rt, "own operator") {
-		return m.lims[k].Operator(), k, true
+		return m.lims[k].Inspect().Operator(), k, true
 	}
 	op, err := NewOperator(m.admin, defaultPrefix)
 	if err != nil {

@@ -331,7 +331,7 @@ func (m *modelRun) actions() map[string]func(*rapid.T) {
 // stays counted.
 func (m *modelRun) check(rt *rapid.T) {
 	for k, l := range m.lims {
-		if n := l.Unreverted(); n != 0 {
+		if n := l.Inspect().Unreverted(); n != 0 {
 			rt.Fatalf("instance %d: Unreverted() = %d", k, n)
 		}
 	}

@@ -10,7 +10,7 @@ import (
 // BreakerOpen reports whether a circuit breaker of the limiter is open now:
 // Redis (or, on a cluster, one of its primaries) failed repeatedly and is
 // not being called (see [WithCircuitBreaker]).
-func (l *Limiter) BreakerOpen() bool { return l.redis.Breakers.Open() }
+func (l *Limiter) breakerOpen() bool { return l.redis.Breakers.Open() }
 
 // watched reports whether anything observes the limiter's decisions.
 func (l *Limiter) watched() bool { return len(l.cfg.observers) > 0 || l.cfg.logger != nil }
@@ -104,7 +104,7 @@ func WithObserver(o Observer) Option {
 // WithLogger makes the limiter log its decisions (the middleware's and
 // [Limiter.Allow]'s) through logger: failures (the failure mode applied) at
 // Warn, denials at Debug, a shadow limit that would have denied at Info; and,
-// at Warn, a rollback that left units counted ([Limiter.Unreverted]). Client identifiers are left out unless
+// at Warn, a rollback that left units counted ([Inspector.Unreverted]). Client identifiers are left out unless
 // logIdentifiers is true: they are personal data in many places. Default:
 // no logging.
 //

@@ -66,7 +66,7 @@ func TestObservedDecisions(t *testing.T) {
 	var o countingObserver
 	lim := mustNew(t, c, []Limit{PerMinute(5, Global()).Named("req")}, WithObserver(&o))
 	r := httptest.NewRequest("GET", "/", nil)
-	if !lim.Check(httptest.NewRecorder(), r) {
+	if !checkOnce(lim, httptest.NewRecorder(), r) {
 		t.Fatal("Check denied")
 	}
 	res, err := lim.Allow(context.Background(), []string{"global"}, 1)
@@ -76,7 +76,7 @@ func TestObservedDecisions(t *testing.T) {
 	if err := lim.Refund(context.Background(), res); err != nil {
 		t.Errorf("refunding an Allow result: %v", err)
 	}
-	if _, err := lim.StatusRequest(r); err != nil {
+	if _, err := lim.Inspect().StatusRequest(r); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := lim.Status(context.Background(), []string{"global"}, 1); err != nil {

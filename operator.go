@@ -109,7 +109,7 @@ type ManualBlock struct {
 }
 
 // OperatorState is the operator state of a prefix: what [Operator.List]
-// reads, and what a Limiter applies ([Limiter.OperatorState]).
+// reads, and what a Limiter applies ([Inspector.OperatorState]).
 type OperatorState struct {
 	// Version identifies the state: every change makes it larger. It is
 	// 0 for a prefix never changed; the first change sets it to the Redis
@@ -247,7 +247,7 @@ func (o *Operator) Block(ctx context.Context, target string, d time.Duration) er
 // it: "203.0.113.7" and "::ffff:203.0.113.7" lift "203.0.113.7/32"; or as
 // [Operator.List] shows it, even in a form Block refuses, if it was
 // stored by other means). It reports whether there was one, and fails for
-// a target Block refuses that is not stored as written. The Operator of a Limiter ([Limiter.Operator]) also lifts the
+// a target Block refuses that is not stored as written. The Operator of a Limiter ([Inspector.Operator]) also lifts the
 // blocks that Limiter's own limits set for target as an identifier
 // ([Limit.Block]), keeping their counts; other replicas' deny caches
 // forget them within their maximum age ([WithDenyCache]). An Operator from

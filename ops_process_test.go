@@ -58,7 +58,7 @@ func serveApp() int {
 	mux.Handle("/", l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
 	// A block made by this process, through its own Limiter.
 	mux.HandleFunc("POST /block", func(w http.ResponseWriter, r *http.Request) {
-		if err := l.Operator().Block(r.Context(), r.FormValue("target"), time.Hour); err != nil {
+		if err := l.Inspect().Operator().Block(r.Context(), r.FormValue("target"), time.Hour); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
 	})

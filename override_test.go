@@ -41,7 +41,7 @@ func TestOverrideLapsesOnTheDecisionClock(t *testing.T) {
 			desc := func(s string) string {
 				return s + " (refresh " + map[bool]string{true: "on", false: "off"}[refresh] + ", declared " + strconv.Itoa(declared) + ", override " + strconv.Itoa(quota) + " for " + ttl.String() + ")"
 			}
-			if err := l.Operator().SetQuota(ctx, "api", "", quota, ttl); err != nil {
+			if err := l.Inspect().Operator().SetQuota(ctx, "api", "", quota, ttl); err != nil {
 				t.Fatal(err)
 			}
 			id := []string{"client"}
@@ -80,7 +80,7 @@ func TestOverrideLapsesOnTheDecisionClock(t *testing.T) {
 			if want := max(declared-used, 0); admitted != want {
 				t.Fatalf("%s: after the expiry %d more admitted; want %d", desc("Allow"), admitted, want)
 			}
-			if st := l.OperatorState(); len(st.Quotas) != 0 {
+			if st := l.Inspect().OperatorState(); len(st.Quotas) != 0 {
 				t.Fatalf("%s: OperatorState lists %v after the expiry", desc("OperatorState"), st.Quotas)
 			}
 		}

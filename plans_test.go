@@ -442,7 +442,7 @@ func TestRefundUnderPlans(t *testing.T) {
 	if !errors.Is(err, ErrNotReverted) || !strings.Contains(err.Error(), ": 3 units stay counted") {
 		t.Errorf("failed refund: %v; want ErrNotReverted for 3 units (cost 3 in limit b alone)", err)
 	}
-	if n := l.Unreverted(); n != 3 {
+	if n := l.Inspect().Unreverted(); n != 3 {
 		t.Errorf("Unreverted() = %d, want 3", n)
 	}
 	b.mr.SetError("")

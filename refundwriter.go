@@ -203,7 +203,7 @@ func (w rwFHRP) Push(target string, opts *http.PushOptions) error { return w.pus
 // the one above does not refund it.
 //
 // Only [Limiter.Handler] sees the status; router adapters that call
-// [Limiter.Check] do not refund. It costs the middleware a wrapped
+// [Pass.Check] do not refund. It costs the middleware a wrapped
 // ResponseWriter (one allocation per request) and a Redis call per refunded
 // request. The wrapper keeps the optional interfaces of the writer it wraps,
 // and only those: [http.Flusher], [http.Hijacker], [io.ReaderFrom] and

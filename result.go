@@ -16,8 +16,8 @@ import (
 var ErrRefunded = fmt.Errorf("%w: the request was refunded before", ErrNotRefundable)
 
 // An Observer receives every decision of the middleware ([Limiter.Handler],
-// [Limiter.Check]) and of [Limiter.Allow], for metrics; [Limiter.Status]
-// and [Limiter.StatusRequest] count nothing and are not observed. The
+// [Pass.Check]) and of [Limiter.Allow], for metrics; [Limiter.Status]
+// and [Inspector.StatusRequest] count nothing and are not observed. The
 // metrics/prometheus package has one.
 type Observer interface {
 	// Observe receives one decision's Result, the error that kept the
@@ -34,7 +34,7 @@ type Observer interface {
 }
 
 // Result is the outcome of one decision: what [Limiter.Allow],
-// [Limiter.Status] and [Limiter.StatusRequest] return, and what an
+// [Limiter.Status] and [Inspector.StatusRequest] return, and what an
 // [Observer] and a [WithDeniedHandler] handler see.
 type Result struct {
 	// Allowed reports whether the request was admitted (and counted in every
@@ -91,7 +91,7 @@ type Result struct {
 	// the reply was later than the client's ReadTimeout), which Redis may
 	// have run: the library never sends such a call again, and counts what
 	// it may have logged, so this can count units Redis never kept. A
-	// removal still under way then is counted by [Limiter.Unreverted] if it
+	// removal still under way then is counted by [Inspector.Unreverted] if it
 	// fails, not here.
 	Unreverted uint64
 
@@ -211,7 +211,7 @@ func noKeyResults(skipped []LimitResult) [][]LimitResult {
 	return out
 }
 
-// A Verdict is what [Pass.Decide] or [Limiter.Decide] decided, and who
+// A Verdict is what [Pass.Decide] or [Pass.Decide] decided, and who
 // answers the request.
 type Verdict uint8
 

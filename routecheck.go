@@ -22,7 +22,7 @@ var redirectType = reflect.TypeOf(http.RedirectHandler("/", http.StatusMovedPerm
 
 // ErrUnmatchedRoute is wrapped by the error of a [WithRoutes] entry that
 // no route of the router serves: a per-route limit declared for it would
-// never apply. See [Limiter.CheckRoutes].
+// never apply. See [Inspector.CheckRoutes].
 var ErrUnmatchedRoute = errors.New("matches no route")
 
 // checkRoutesFrom is New's check of the route table against mux, the mux

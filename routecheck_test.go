@@ -41,7 +41,7 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 			WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithRoutesFrom(mux), WithOperatorRefresh(0))
 		api := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")},
 			WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithOperatorRefresh(0))
-		for by, err := range map[string]error{"New": err, "CheckMux": api.CheckMux(mux)} {
+		for by, err := range map[string]error{"New": err, "CheckMux": api.Inspect().CheckMux(mux)} {
 			switch {
 			case tc.want == "" && err != nil:
 				t.Errorf("%s %q: %v; want no error", by, tc.entry, err)

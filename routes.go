@@ -51,7 +51,7 @@ import (
 // does not have) would never apply. Where the router's routes can be
 // listed it is refused, naming the nearest route: by [New] with
 // [WithRoutesFrom] when the mux has its routes by then, by
-// [Limiter.CheckMux], [Limiter.CheckRoutes] and the adapters' CheckRoutes
+// [Inspector.CheckMux], [Inspector.CheckRoutes] and the adapters' CheckRoutes
 // (chi, echo, gin, gRPC), which an app calls once its routes are
 // registered. Otherwise it is reported once, as [WarningRouteUnmatched],
 // at the first request served by [Limiter.Handler] around a ServeMux (or
@@ -75,11 +75,11 @@ func WithRoutes(routes map[string]RouteLimits) Option {
 // apply. mux must be the one the requests reach, with the paths Handler
 // sees (not a mux mounted under [http.StripPrefix], whose paths are
 // shorter); its routes may be registered after New. A Handler that wraps a
-// ServeMux looks the request up in that one. [Limiter.Check] and the
+// ServeMux looks the request up in that one. [Pass.Check] and the
 // router adapters are not affected. Default: none. A nil mux is an error
 // from [New], and so is a [WithRoutes] entry that no route of mux serves
 // when mux has its routes by New (it serves one of the entries, or has a
-// route near one; see [Limiter.CheckMux]); routes registered after New
+// route near one; see [Inspector.CheckMux]); routes registered after New
 // are checked at Handler's first request ([WarningRouteUnmatched]).
 func WithRoutesFrom(mux *http.ServeMux) Option {
 	return func(c *config) {

@@ -23,8 +23,8 @@ import (
 //
 // The router adapters call it through their CheckRoutes functions (chi's,
 // echo's, gin's and gRPC's), which list the routes as the adapter resolves
-// them; for a ServeMux, see [Limiter.CheckMux].
-func (l *Limiter) CheckRoutes(routes []string) error {
+// them; for a ServeMux, see [Inspector.CheckMux].
+func (l *Limiter) checkRoutes(routes []string) error {
 	if l == nil {
 		return errors.New("ratelimit: CheckRoutes of a nil *Limiter: check the error New returned")
 	}
@@ -32,7 +32,7 @@ func (l *Limiter) CheckRoutes(routes []string) error {
 }
 
 // CheckMux reports every [WithRoutes] entry that no route of mux serves,
-// as [Limiter.CheckRoutes] does: a ServeMux cannot list its routes, so
+// as [Inspector.CheckRoutes] does: a ServeMux cannot list its routes, so
 // CheckMux asks mux which route each entry's requests reach (a request of
 // the entry's method, every method for an entry without one, to its path
 // with each parameter filled in). An entry matches when that route's
@@ -46,7 +46,7 @@ func (l *Limiter) CheckRoutes(routes []string) error {
 // [Limiter.Handler] around a ServeMux, or with WithRoutesFrom, warns with
 // its error through [WarningRouteUnmatched] at its first request. A nil
 // mux is an error.
-func (l *Limiter) CheckMux(mux *http.ServeMux) error {
+func (l *Limiter) checkMuxRoutes(mux *http.ServeMux) error {
 	if l == nil {
 		return errors.New("ratelimit: CheckMux of a nil *Limiter: check the error New returned")
 	}
@@ -56,13 +56,13 @@ func (l *Limiter) CheckMux(mux *http.ServeMux) error {
 	return prefixed(checkMux(l.cfg.routes, mux))
 }
 
-// WarnUnmatchedRoutes is [Limiter.CheckRoutes] for an adapter that learns
+// WarnUnmatchedRoutes is [Inspector.CheckRoutes] for an adapter that learns
 // its router's routes only once requests are served (chi's root router,
 // echo's server): it calls it at its first request, when the routes are
 // registered, and the error, if any, is also reported once per Limiter as
 // [WarningRouteUnmatched].
-func (l *Limiter) WarnUnmatchedRoutes(routes []string) error {
-	err := l.CheckRoutes(routes)
+func (l *Limiter) warnUnmatchedRoutes(routes []string) error {
+	err := l.checkRoutes(routes)
 	l.warnUnmatched(err)
 	return err
 }

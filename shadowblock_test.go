@@ -38,7 +38,7 @@ func testShadowBlock(t *testing.T, b backend) {
 			limits = append(limits, l)
 		}
 		l := newDriven(t, b.newClient(t), limits, WithClock(clock.Now), WithPrefix("sb"+string(rune('0'+round))+":"))
-		op := l.Operator()
+		op := l.Inspect().Operator()
 		ids := []string{"alice", "bob", "mallory", "eve"}
 		blocked := map[string]time.Duration{}
 		for _, id := range ids {

@@ -177,7 +177,7 @@ func newStatusProp(rt *rapid.T, client redis.UniversalClient) *statusProp {
 	if err != nil {
 		rt.Fatal(err)
 	}
-	p.l, p.op = l, l.Operator()
+	p.l, p.op = l, l.Inspect().Operator()
 	rt.Logf("limits %v", limits)
 	return p
 }
@@ -285,12 +285,12 @@ func (p *statusProp) request(rt *rapid.T) {
 	id := rapid.SampledFrom(p.ids).Draw(rt, "id")
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	r.Header.Set("X-Id", id)
-	st, err := p.l.StatusRequest(r)
+	st, err := p.l.Inspect().StatusRequest(r)
 	if err != nil {
 		rt.Fatalf("StatusRequest(%q): %v", id, err)
 	}
 	_, _, before := p.obs.last()
-	if _, err := p.l.Decide(httptest.NewRecorder(), r); err != nil {
+	if _, err := decideOnce(p.l, httptest.NewRecorder(), r); err != nil {
 		rt.Fatalf("Decide(%q): %v", id, err)
 	}
 	res, err, n := p.obs.last()
@@ -374,7 +374,7 @@ func (p *statusProp) limitStatus(rt *rapid.T) {
 	i := rapid.IntRange(0, len(p.names)-1).Draw(rt, "limit")
 	id := rapid.SampledFrom(p.ids).Draw(rt, "id")
 	ctx := context.Background()
-	ls, err := p.l.LimitStatus(ctx, p.names[i], id)
+	ls, err := p.l.Inspect().Status(ctx, p.names[i], id)
 	if err != nil {
 		rt.Fatalf("LimitStatus(%s, %q): %v", p.names[i], id, err)
 	}

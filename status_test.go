@@ -110,7 +110,7 @@ func TestStatusRequest(t *testing.T) {
 		r.RemoteAddr = "192.0.2.1:1"
 		r.Pattern = "GET /users/{id}"
 		for range 2 {
-			st, err := lim.StatusRequest(r)
+			st, err := lim.Inspect().StatusRequest(r)
 			if err != nil || !st.Allowed || st.Remaining != 3 {
 				t.Fatalf("%+v %v", st, err)
 			}

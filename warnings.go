@@ -35,8 +35,8 @@ const (
 	// around a ServeMux or with [WithRoutesFrom], and the chi and echo
 	// adapters. Where the routes are known earlier the mistake is an
 	// error instead: from [New] with [WithRoutesFrom] (a mux with its
-	// routes registered), and from [Limiter.CheckRoutes],
-	// [Limiter.CheckMux] and the adapters' CheckRoutes.
+	// routes registered), and from [Inspector.CheckRoutes],
+	// [Inspector.CheckMux] and the adapters' CheckRoutes.
 	WarningRouteUnmatched Warning = "route_unmatched"
 )
 

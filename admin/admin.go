@@ -41,9 +41,9 @@
 // target everywhere.
 //
 // The index and an identifier's state show the quota overrides and manual
-// blocks the watched Limiters apply ([ratelimit.Limiter.OperatorState]);
+// blocks the watched Limiters apply ([ratelimit.Inspector.OperatorState]);
 // unblock and clear change them in Redis through each watched Limiter's
-// [ratelimit.Limiter.Operator], for every replica (each within its
+// [ratelimit.Inspector.Operator], for every replica (each within its
 // refresh interval, [ratelimit.WithOperatorRefresh]).
 //
 // The Handler trusts whoever reaches it: mount it on a port only
@@ -242,7 +242,7 @@ func (h *Handler) live() []*ratelimit.Limiter {
 // limiterOf returns a watched Limiter with a limit called name.
 func (h *Handler) limiterOf(name string) *ratelimit.Limiter {
 	for _, l := range h.live() {
-		if slices.Contains(l.LimitNames(), name) {
+		if slices.Contains(l.Inspect().Limits(), name) {
 			return l
 		}
 	}
@@ -254,7 +254,7 @@ func (h *Handler) limiterOf(name string) *ratelimit.Limiter {
 func (h *Handler) names() []string {
 	names := h.top.Names()
 	for _, l := range h.live() {
-		names = append(names, l.LimitNames()...)
+		names = append(names, l.Inspect().Limits()...)
 	}
 	slices.Sort(names)
 	return slices.Compact(names)
@@ -445,9 +445,9 @@ func (h *Handler) id(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	var lr ratelimit.LimitResult
 	if id != "" {
-		lr, err = l.LimitStatus(ctx, limit, id)
+		lr, err = l.Inspect().Status(ctx, limit, id)
 	} else {
-		lr, err = l.LimitStatusDigest(ctx, limit, digest)
+		lr, err = l.Inspect().StatusDigest(ctx, limit, digest)
 	}
 	if err != nil {
 		h.fail(w, r, http.StatusServiceUnavailable, err)
@@ -497,9 +497,9 @@ func (h *Handler) reset(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
 	defer cancel()
 	if id != "" {
-		err = l.ResetLimit(ctx, limit, id)
+		err = l.Inspect().Reset(ctx, limit, id)
 	} else {
-		err = l.ResetLimitDigest(ctx, limit, digest)
+		err = l.Inspect().ResetDigest(ctx, limit, digest)
 	}
 	if err != nil {
 		h.fail(w, r, http.StatusServiceUnavailable, err)
@@ -518,7 +518,7 @@ func (h *Handler) operatorState() ([]Override, []Block) {
 	overrides, blocks := []Override{}, []Block{}
 	seenQ, seenB := map[[2]string]bool{}, map[string]bool{}
 	for _, l := range h.live() {
-		st := l.OperatorState()
+		st := l.Inspect().OperatorState()
 		for _, q := range st.Quotas {
 			if k := [2]string{q.Limit, q.Plan}; !seenQ[k] {
 				seenQ[k] = true
@@ -597,7 +597,7 @@ func (h *Handler) operate(w http.ResponseWriter, r *http.Request, field string, 
 	defer cancel()
 	done := false
 	for _, l := range h.live() {
-		ok, err := change(ctx, l.Operator(), arg)
+		ok, err := change(ctx, l.Inspect().Operator(), arg)
 		if err != nil {
 			h.fail(w, r, http.StatusServiceUnavailable, err)
 			return

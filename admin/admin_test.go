@@ -189,7 +189,7 @@ func TestTopDenied(t *testing.T) {
 		if resp.StatusCode != http.StatusOK || resp.Request.URL.Path != "/debug/ratelimit/id" {
 			t.Errorf("seed %d: reset of %q: %d at %s", seed, e.ID, resp.StatusCode, resp.Request.URL)
 		}
-		if lr, err := f.lim.LimitStatus(ctx, "client", e.ID); err != nil || lr.Remaining != 3 {
+		if lr, err := f.lim.Inspect().Status(ctx, "client", e.ID); err != nil || lr.Remaining != 3 {
 			t.Errorf("seed %d: after the reset of %q: %+v %v", seed, e.ID, lr, err)
 		}
 	}
@@ -201,7 +201,7 @@ func TestTopDenied(t *testing.T) {
 func TestOperatorState(t *testing.T) {
 	f := newFixture(t, admin.Options{})
 	ctx := context.Background()
-	op := f.lim.Operator() // applied by f.lim at once
+	op := f.lim.Inspect().Operator() // applied by f.lim at once
 	if err := op.SetQuota(ctx, "client", "", 9, 0); err != nil {
 		t.Fatal(err)
 	}

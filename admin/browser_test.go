@@ -145,7 +145,7 @@ func TestBrowser(t *testing.T) {
 	}
 
 	// An override and a block, shown with their Clear and Unblock forms.
-	op := lim.Operator()
+	op := lim.Inspect().Operator()
 	if err := op.SetQuota(context.Background(), "per-client", "", 7, time.Hour); err != nil {
 		t.Fatal(err)
 	}

@@ -99,7 +99,7 @@ func TestBrowserResetForm(t *testing.T) {
 	defer srv.Close()
 	headless(t, bin, srv.URL+"/frames", "--dump-dom", "--virtual-time-budget=10000")
 	for _, id := range ids {
-		lr, err := f.lim.LimitStatus(ctx, "client", id)
+		lr, err := f.lim.Inspect().Status(ctx, "client", id)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -131,7 +131,7 @@ func TestLongIdentifiers(t *testing.T) {
 			t.Fatalf("seed %d: reset of the %d-byte identifier: %d", seed, len(id), resp.StatusCode)
 		}
 		for _, c := range ids {
-			lr, err := f.lim.LimitStatus(ctx, "client", c)
+			lr, err := f.lim.Inspect().Status(ctx, "client", c)
 			if want := !seen[c] || c == id; err != nil || (lr.Remaining == 3) != want {
 				t.Fatalf("seed %d: after the reset of the %d-byte identifier, the %d-byte one: %+v %v", seed, len(id), len(c), lr, err)
 			}

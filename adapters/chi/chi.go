@@ -27,7 +27,7 @@ import (
 )
 
 // Middleware returns chi middleware that decides every request with l (see
-// [ratelimit.Limiter.Check]): a denied request gets 429, one l cannot decide
+// [ratelimit.Pass.Check]): a denied request gets 429, one l cannot decide
 // the failure mode, as plain text unless l has handlers of its own
 // ([ratelimit.WithDeniedHandler], [ratelimit.WithUnavailableHandler]).
 // Mount it with Use on the root router, or with Use, With or Group further
@@ -60,7 +60,7 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 			defer pass.Leave()
 			if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.Routes != nil {
 				if !checked.Load() && checked.CompareAndSwap(false, true) {
-					_ = l.WarnUnmatchedRoutes(routeList(rctx.Routes))
+					_ = l.Inspect().WarnUnmatchedRoutes(routeList(rctx.Routes))
 				}
 			}
 			resolve(r)
@@ -77,7 +77,7 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 // (Middleware reads "/login/" as "/login", as chi's RoutePattern does: the
 // entry is "/login"). The error names each such entry and the nearest
 // route, and wraps [ratelimit.ErrUnmatchedRoute]; nil if every entry
-// matches a route (see [ratelimit.Limiter.CheckRoutes]). A GET route
+// matches a route (see [ratelimit.Inspector.CheckRoutes]). A GET route
 // counts as a HEAD route too, as chi's middleware.GetHead serves it. r is
 // the root router, with its routes registered: call CheckRoutes before
 // serving, or in a test. Middleware checks the same at its first request
@@ -86,7 +86,7 @@ func CheckRoutes(l *ratelimit.Limiter, r chi.Routes) error {
 	if r == nil {
 		return errors.New("chiratelimit: CheckRoutes: nil router")
 	}
-	return l.CheckRoutes(routeList(r))
+	return l.Inspect().CheckRoutes(routeList(r))
 }
 
 // routeList lists the routes of r as Middleware resolves them: "METHOD

@@ -26,7 +26,7 @@ import (
 )
 
 // Middleware returns echo middleware that decides every request with l (see
-// [ratelimit.Limiter.Check]). Add it with e.Use, before or after the routes:
+// [ratelimit.Pass.Check]). Add it with e.Use, before or after the routes:
 // echo runs it after routing, for unmatched requests too; or to a group or
 // a route, for example after authentication. [ratelimit.Route] keys and
 // [ratelimit.WithRoutes] see the route's template, in the canonical form of
@@ -77,7 +77,7 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 			defer pass.Leave()
 			if e := c.Echo(); e != nil {
 				if !checked.Load() && checked.CompareAndSwap(false, true) {
-					_ = l.WarnUnmatchedRoutes(routeList(e))
+					_ = l.Inspect().WarnUnmatchedRoutes(routeList(e))
 				}
 			}
 			r := resolve(c)
@@ -85,7 +85,7 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 			// over in RemoteAddr while l decides, if e.IPExtractor says
 			// whom to believe; without one echo believes any client's
 			// X-Forwarded-For, so the peer address is kept.
-			routerIP := l.UsesRouterIP() && c.Echo().IPExtractor != nil
+			routerIP := l.Inspect().RouterIP() && c.Echo().IPExtractor != nil
 			var peer string
 			if routerIP {
 				peer, r.RemoteAddr = r.RemoteAddr, c.RealIP()
@@ -115,7 +115,7 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 // handler with 405, so a "HEAD" entry needs a HEAD route), a trailing
 // slash the route does not have. The error names each such entry and the
 // nearest route, and wraps [ratelimit.ErrUnmatchedRoute]; nil if every
-// entry matches a route (see [ratelimit.Limiter.CheckRoutes]). Call it
+// entry matches a route (see [ratelimit.Inspector.CheckRoutes]). Call it
 // once the routes are added, before serving or in a test. Middleware
 // checks the same at its first request and reports the error as
 // [ratelimit.WarningRouteUnmatched].
@@ -123,7 +123,7 @@ func CheckRoutes(l *ratelimit.Limiter, e *echo.Echo) error {
 	if e == nil {
 		return errors.New("echoratelimit: CheckRoutes: nil *echo.Echo")
 	}
-	return l.CheckRoutes(routeList(e))
+	return l.Inspect().CheckRoutes(routeList(e))
 }
 
 // routeList lists the routes of e: "METHOD /path" in echo's syntax.

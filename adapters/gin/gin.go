@@ -35,7 +35,7 @@ var (
 )
 
 // Middleware returns gin middleware that decides every request with l (see
-// [ratelimit.Limiter.Check]). Mount it with Use, before adding routes, as
+// [ratelimit.Pass.Check]). Mount it with Use, before adding routes, as
 // gin requires: on the engine, or on a group, for example after
 // authentication. [ratelimit.Route] keys and [ratelimit.WithRoutes] see the
 // route's template, in the canonical form of [ratelimit.Route]:
@@ -95,7 +95,7 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 		// ClientIP(FromRouter()) counts by gin's c.ClientIP(), which
 		// SetTrustedProxies configures, handed over in RemoteAddr while l
 		// decides.
-		routerIP := l.UsesRouterIP()
+		routerIP := l.Inspect().RouterIP()
 		var peer string
 		if routerIP {
 			peer, r.RemoteAddr = r.RemoteAddr, c.ClientIP()
@@ -132,7 +132,7 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 // "HEAD" entry needs one), a trailing slash the route does not have. The
 // error names each such entry and the nearest route, and wraps
 // [ratelimit.ErrUnmatchedRoute]; nil if every entry matches a route (see
-// [ratelimit.Limiter.CheckRoutes]). g is the engine (or anything that
+// [ratelimit.Inspector.CheckRoutes]). g is the engine (or anything that
 // lists gin's routes), with its routes added: call CheckRoutes before
 // serving, or in a test. Middleware cannot check this itself, as a gin
 // handler cannot reach its engine's routes.
@@ -145,5 +145,5 @@ func CheckRoutes(l *ratelimit.Limiter, g interface{ Routes() gin.RoutesInfo }) e
 	for _, rt := range routes {
 		out = append(out, rt.Method+" "+rt.Path)
 	}
-	return l.CheckRoutes(out)
+	return l.Inspect().CheckRoutes(out)
 }

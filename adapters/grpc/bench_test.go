@@ -56,7 +56,7 @@ func benchLimiter(b *testing.B, opts ...ratelimit.Option) *ratelimit.Limiter {
 // (without the network): "view" with a Limiter that skips every call, so
 // that only the adapter's own work is measured (the request view and the
 // metadata); "miniredis" with a decision; and "http" the same decision
-// through Limiter.Check on a recycled *http.Request, the baseline the
+// through Pass.Check on a recycled *http.Request, the baseline the
 // adapter adds to.
 func BenchmarkUnary(b *testing.B) {
 	info := &grpc.UnaryServerInfo{FullMethod: "/grpc.health.v1.Health/Check"}
@@ -84,7 +84,10 @@ func BenchmarkUnary(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			clear(w.Header())
-			if !l.Check(w, r) {
+			p := l.Enter(r)
+			ok := p.Check(w, r)
+			p.Leave()
+			if !ok {
 				b.Fatal("denied")
 			}
 		}

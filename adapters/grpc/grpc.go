@@ -218,7 +218,10 @@ func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered
 			}
 		}
 	}
-	v, err := l.Decide(&c.w, base.WithContext(ctx))
+	req := base.WithContext(ctx)
+	pass := l.Enter(req) // a request of its own: always a first pass
+	v, err := pass.Decide(&c.w, req)
+	pass.Leave()
 	if err != nil && ctx.Err() != nil {
 		// The call ended (its client's deadline, a cancellation) before it
 		// was decided: it ends so, whatever the failure mode, so that a
@@ -441,7 +444,7 @@ var addrs [256]atomic.Pointer[addrEntry]
 // a POST), a service prefix ("/helloworld.Greeter/": a template names one
 // method). The error names each such entry and the nearest method, and
 // wraps [ratelimit.ErrUnmatchedRoute]; nil if every entry names a method
-// of s (see [ratelimit.Limiter.CheckRoutes]). s is the server (a
+// of s (see [ratelimit.Inspector.CheckRoutes]). s is the server (a
 // *grpc.Server, or anything with its GetServiceInfo), with its services
 // registered: call CheckRoutes before Serve, or in a test. The
 // interceptors cannot check this themselves, as they do not see the
@@ -458,5 +461,5 @@ func CheckRoutes(l *ratelimit.Limiter, s interface {
 			routes = append(routes, http.MethodPost+" /"+name+"/"+m.Name)
 		}
 	}
-	return l.CheckRoutes(routes)
+	return l.Inspect().CheckRoutes(routes)
 }

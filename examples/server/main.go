@@ -105,7 +105,7 @@ func handler(api *ratelimit.Limiter, metrics prometheus.Collector) http.Handler 
 		// What a request to GET /users/{id} would meet.
 		q := r.Clone(r.Context())
 		q.Pattern = "GET /users/{id}"
-		st, err := api.StatusRequest(q)
+		st, err := api.Inspect().StatusRequest(q)
 		if err != nil {
 			http.Error(w, "quota unavailable", http.StatusServiceUnavailable)
 			return

@@ -24,7 +24,7 @@
 //	    breaker of a watched limiter is open, else 0
 //	ratelimit.unreverted         Int64ObservableCounter {unit}: units of
 //	    cost the watched limiters left counted in Redis for requests they did
-//	    not admit ([ratelimit.Limiter.Unreverted])
+//	    not admit ([ratelimit.Inspector.Unreverted])
 //	ratelimit.warnings           Int64Counter {warning}: mistakes the
 //	    limiters reported ([ratelimit.Warning]), once each per Limiter, with
 //	    attribute ratelimit.warning: "untrusted_proxy" (every client behind
@@ -278,10 +278,10 @@ func (m *Metrics) watched() (open, units int64) {
 			m.gone += w.units
 			continue
 		}
-		if l.BreakerOpen() {
+		if l.Inspect().BreakerOpen() {
 			open = 1
 		}
-		w.units = l.Unreverted()
+		w.units = l.Inspect().Unreverted()
 		n += w.units
 		live = append(live, w)
 	}

@@ -299,7 +299,7 @@ func TestWatchCounts(t *testing.T) {
 	}
 	mr.SetError("LOADING Redis is loading the dataset in memory")
 	_, _ = unwatched.Allow(context.Background(), []string{ratelimit.GlobalID}, 1) // opens its breaker
-	if !unwatched.BreakerOpen() {
+	if !unwatched.Inspect().BreakerOpen() {
 		t.Fatal("the unwatched limiter's breaker is not open")
 	}
 	if v := collect(t, reader).values["ratelimit.breaker.open{}"]; v != 0 {

@@ -41,7 +41,7 @@ import (
 //	ratelimit_unreverted_units_total            counter: units of cost the
 //	    watched limiters left counted in Redis for requests they did not
 //	    admit, because Redis could not take them back
-//	    ([ratelimit.Limiter.Unreverted])
+//	    ([ratelimit.Inspector.Unreverted])
 //	ratelimit_deny_cache_hits_total{limit}      counter: denials answered
 //	    from this process's memory without calling Redis
 //	    (ratelimit.WithDenyCache), also counted as "denied" above
@@ -147,8 +147,8 @@ func (m *Metrics) state() (open bool, units uint64) {
 			m.gone += w.units
 			continue
 		}
-		open = open || l.BreakerOpen()
-		w.units = l.Unreverted()
+		open = open || l.Inspect().BreakerOpen()
+		w.units = l.Inspect().Unreverted()
 		units += w.units
 		live = append(live, w)
 	}
