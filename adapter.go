@@ -23,7 +23,7 @@ import "net/http"
 // otherwise. Decide does not allocate beyond what the decision itself
 // needs. Refunds ([WithRefund]) are the Handler's alone.
 func (p Pass) Decide(w http.ResponseWriter, r *http.Request) (Verdict, error) {
-	d := p.limiter().inPass(p, r)
+	d := p.limiter().rulesFor(p, r)
 	if d == nil {
 		return Proceed, nil
 	}
@@ -36,7 +36,7 @@ func (p Pass) Decide(w http.ResponseWriter, r *http.Request) (Verdict, error) {
 // caller must serve it, with the headers set (none for a request admitted
 // undecided under [FailOpen]).
 func (p Pass) Check(w http.ResponseWriter, r *http.Request) bool {
-	d := p.limiter().inPass(p, r)
+	d := p.limiter().rulesFor(p, r)
 	return d == nil || d.check(w, r, nil)
 }
 

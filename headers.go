@@ -96,7 +96,7 @@ func (rs *ruleset) writeHeaders(h http.Header, res *Result) {
 // chain (a per-IP Limiter in front of authentication, a per-user one
 // behind it, on the same Redis or another), or the first pass of the same
 // Limiter when this is the decision of a route's own limits (see
-// Limiter.inPass). The X-RateLimit fields describe the limit closest to
+// Limiter.rules). The X-RateLimit fields describe the limit closest to
 // denying across the decisions: a denial's over an admission's, the later
 // Retry-After's of two denials, else the fewest units remaining, then the
 // later reset, then the smaller quota (as [Result] picks among one

@@ -113,7 +113,7 @@ type ruleset struct {
 // routeRules is what WithRoutes declared for one template: all decides its
 // requests (the Limiter's limits and the route's, in one decision); own,
 // the route's limits alone, for a request whose first pass saw no route
-// (see Limiter.inPass), nil if the route has none. Its headers join those
+// (see Limiter.rules), nil if the route has none. Its headers join those
 // of the first pass's decision (see joinHeaders).
 type routeRules struct {
 	all, own *ruleset
@@ -501,38 +501,6 @@ func (rs *ruleset) declared() []Limit {
 		}
 	}
 	return out
-}
-
-// forRoute returns the rulesets that decide requests to a route: those
-// WithRoutes declared for method and template (for that method, else for
-// any method), or l.base, l's own rules. template is as the Route key
-// reads it from r.Pattern; a method in it takes precedence over method,
-// but for a HEAD request that a "GET" pattern serves, which a "HEAD" entry
-// decides if there is one. A HEAD request with no route of its own is
-// decided by the GET route's:
-// net/http's ServeMux and chi's middleware.GetHead serve it with the GET
-// handler. It does not allocate.
-func (l *Limiter) forRoute(method, template string) *routeRules {
-	if l.routes == nil || template == "" {
-		return l.base
-	}
-	m, path := splitTemplate(template)
-	if m != "" && (method != http.MethodHead || m != http.MethodGet) {
-		method = m // a HEAD the "GET" route serves looks for a "HEAD" entry first
-	}
-	byMethod := l.routes[path]
-	if rt := byMethod[method]; rt != nil {
-		return rt
-	}
-	if method == http.MethodHead {
-		if rt := byMethod[http.MethodGet]; rt != nil {
-			return rt
-		}
-	}
-	if rt := byMethod[""]; rt != nil {
-		return rt
-	}
-	return l.base
 }
 
 // opsRunner reads a Limiter's operator state: from its refresh goroutine

@@ -101,7 +101,7 @@ func (h *limitHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !pass.again() && r.Pattern == "" && h.l.routes != nil && !h.l.unseen.done.Load() {
 		defer h.l.routesUnseen(pass, r)
 	}
-	l := h.l.inPass(pass, r)
+	l := h.l.rulesFor(pass, r)
 	if l == nil {
 		h.next.ServeHTTP(w, r)
 		return

@@ -203,32 +203,3 @@ func (p Pass) shard() *passShard {
 	}
 	return &passShards[h*0x9E3779B97F4A7C15>>(64-shardBits)]
 }
-
-// inPass returns the ruleset that decides r in p, l's pass over r: that of
-// r's route, which is recorded for later passes if r has a route; for a
-// later pass, nothing (nil) if the first decided with a route's limits or r
-// has no route of its own limits, else the route's own limits alone, which
-// the first pass could not see (l's Handler around middleware around a mux,
-// and l's Handler or an adapter again around the route). A first pass that
-// sees no route records nothing more than Enter did, so that the Limiters
-// without routes, and the requests of none, pay nothing more for this.
-func (l *Limiter) inPass(p Pass, r *http.Request) *ruleset {
-	rt := l.forRoute(r.Method, r.Pattern)
-	if !p.again() {
-		if rt != l.base {
-			p.decided(rt)
-		}
-		return rt.all
-	}
-	if p.firstRoute() != nil {
-		return nil
-	}
-	if rt.own == nil {
-		if r.Pattern != "" {
-			p.decided(rt) // the route was seen (see Limiter.routesUnseen)
-		}
-		return nil
-	}
-	p.decided(rt) // later passes decide nothing more
-	return rt.own
-}
