@@ -47,7 +47,8 @@ type RedisOptions struct {
 	// probes Redis. A cancelled decision, and a timeout that says nothing
 	// about Redis (a busy process), do not count. On a Redis Cluster each
 	// primary has its own breaker. Default: 5. -1 turns the breaker off:
-	// every request waits for Redis up to the timeout.
+	// every request waits for Redis up to the timeout. Another negative
+	// value is an error from New.
 	BreakerFailures int
 	// BreakerCoolDown is how long an open breaker answers without calling
 	// Redis. Default: 1s. A negative cool-down is an error from New.
@@ -58,8 +59,9 @@ type RedisOptions struct {
 	// (or a client a limit blocks, [Limit.Block]): until the key's oldest
 	// entry leaves its window, or DenyCache, whichever is first. Headers
 	// stay exact; a refund, a Reset or a rolled-back reservation elsewhere
-	// reaches this process within DenyCache. Default: 1s. -1 turns the
-	// cache off.
+	// reaches this process within DenyCache. While Redis fails the cache
+	// keeps denying what it holds, for no longer. Default: 1s. -1 turns
+	// the cache off; another negative value is an error from New.
 	DenyCache time.Duration
 
 	// SingleSlot puts all the Limiter's keys in one Redis Cluster hash
@@ -87,8 +89,8 @@ type RedisOptions struct {
 	// interval plus one decision timeout. While Redis cannot be read the
 	// last state read stays in force. Default: 1s. -1 turns the refresh
 	// off: no goroutine, and the Limiter applies only the state its own
-	// [Limiter.Operator] reads when it makes a change. [Limiter.Close]
-	// stops the goroutine.
+	// [Limiter.Operator] reads when it makes a change; another negative
+	// value is an error from New. [Limiter.Close] stops the goroutine.
 	OperatorRefresh time.Duration
 }
 
