@@ -85,7 +85,7 @@ func TestBatchingSurvivesPanics(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	c.AddHook(&panicHook{})
-	lim := mustNew(t, c, []Limit{PerMinute(5, Global())}, WithCircuitBreaker(0, 0))
+	lim := mustNew(t, c, []Limit{PerMinute(5, Global())}, WithRedis(RedisOptions{BreakerFailures: -1}))
 	var wg sync.WaitGroup
 	for range 50 {
 		wg.Add(1)

@@ -88,13 +88,13 @@ func BenchmarkMiddleware(b *testing.B) {
 		lim.opsRun.latest.Store(newLiveOps(st, time.Now().UnixMicro()))
 	}
 	b.Run("ip/blocks", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, WithOperatorRefresh(0))
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, WithRedis(RedisOptions{OperatorRefresh: -1}))
 		lim.store = lim.wrap(stub(allowOne))
 		withState(lim, blocks)
 		run(b, lim.Handler(okHandler))
 	})
 	b.Run("ip/blocked", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, WithOperatorRefresh(0))
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, WithRedis(RedisOptions{OperatorRefresh: -1}))
 		lim.store = lim.wrap(stub(allowOne))
 		st := blocks
 		st.Blocks = append(slices.Clone(st.Blocks), ManualBlock{Target: "203.0.113.0/24", Prefix: netip.MustParsePrefix("203.0.113.0/24"), Expires: far})
@@ -102,7 +102,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		run(b, lim.Handler(okHandler))
 	})
 	b.Run("ip/override", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Named("ip")}, WithOperatorRefresh(0))
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Named("ip")}, WithRedis(RedisOptions{OperatorRefresh: -1}))
 		lim.store = lim.wrap(stub(allowOne))
 		withState(lim, OperatorState{Version: 1, Quotas: []QuotaOverride{{Limit: "ip", Quota: 500}}})
 		run(b, lim.Handler(okHandler))

@@ -71,8 +71,8 @@ func testBlockAcrossReplicas(t *testing.T, b backend) {
 	ca, cb := b.newClient(t), b.newClient(t)
 	hook := &countingHook{}
 	ca.AddHook(hook)
-	a := mustNew(t, ca, []Limit{limit, PerMinute(100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), WithDenyCache(time.Hour))
-	rb := mustNew(t, cb, []Limit{limit, PerMinute(100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), WithDenyCache(0))
+	a := mustNew(t, ca, []Limit{limit, PerMinute(100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: time.Hour}))
+	rb := mustNew(t, cb, []Limit{limit, PerMinute(100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
 	ids := []string{"c1", "c1"}
 	allow := func(l *Limiter) Result {
 		t.Helper()
@@ -144,7 +144,7 @@ func testBlockReset(t *testing.T, b backend) {
 		clock := &testClock{t: t0}
 		c := b.newClient(t)
 		for _, viaLimit := range []bool{false, true} {
-			l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("rst").Block(time.Hour)}, WithClock(clock.Now), WithDenyCache(time.Hour))
+			l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("rst").Block(time.Hour)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: time.Hour}))
 			ids := []string{"x"}
 			l.Allow(ctx, ids, 1)
 			if res, err := l.Allow(ctx, ids, 1); err != nil || res.Allowed || res.RetryAfter != time.Hour {
@@ -180,7 +180,7 @@ func TestBlockFailedDecision(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		c := b.newClient(t)
-		l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("fa").Block(time.Hour), PerMinute(5, Header("X-Id")).Named("fb")}, WithDenyCache(0))
+		l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("fa").Block(time.Hour), PerMinute(5, Header("X-Id")).Named("fb")}, WithRedis(RedisOptions{DenyCache: -1}))
 		ids := []string{"y", "y"}
 		if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed {
 			t.Fatalf("%+v, %v", res, err)
@@ -211,7 +211,7 @@ func TestBlockFailedDecision(t *testing.T) {
 func TestBlockHeaders(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: t0}
-		l := mustNew(t, b.newClient(t), []Limit{PerSecond(1, ClientIP()).Named("hb").Block(90 * time.Second)}, WithClock(clock.Now), WithDenyCache(time.Hour))
+		l := mustNew(t, b.newClient(t), []Limit{PerSecond(1, ClientIP()).Named("hb").Block(90 * time.Second)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: time.Hour}))
 		h := l.Handler(okHandler)
 		serve(h, "GET", "/", "10.0.0.1:1")
 		w := serve(h, "GET", "/", "10.0.0.1:1")
@@ -259,7 +259,7 @@ func TestBlockClockSteps(t *testing.T) {
 		ctx := context.Background()
 		clock := &testClock{t: t0}
 		c := b.newClient(t)
-		l := mustNew(t, c, []Limit{PerSecond(1, Header("X-Id")).Named("cs").Block(10 * time.Minute)}, WithClock(clock.Now), WithDenyCache(0))
+		l := mustNew(t, c, []Limit{PerSecond(1, Header("X-Id")).Named("cs").Block(10 * time.Minute)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
 		ids := []string{"s"}
 		l.Allow(ctx, ids, 1)
 		if res, err := l.Allow(ctx, ids, 1); err != nil || res.Allowed || res.RetryAfter != 10*time.Minute {
@@ -286,7 +286,7 @@ func TestUnblockLimit(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		clock := &testClock{t: t0}
-		l := mustNew(t, b.newClient(t), []Limit{PerMinute(1, Header("X-Id")).Named("ub").Block(time.Hour)}, WithClock(clock.Now), WithDenyCache(time.Hour))
+		l := mustNew(t, b.newClient(t), []Limit{PerMinute(1, Header("X-Id")).Named("ub").Block(time.Hour)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: time.Hour}))
 		ids := []string{"u"}
 		l.Allow(ctx, ids, 1)
 		if res, _ := l.Allow(ctx, ids, 1); res.Allowed || res.Limits[0].Blocked.IsZero() {
@@ -321,7 +321,7 @@ func TestBlockUnderOOM(t *testing.T) {
 			c := srv.Client()
 			ctx := context.Background()
 			clock := &testClock{t: t0}
-			lim := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("oom").Block(time.Hour)}, WithClock(clock.Now), WithDenyCache(0), WithFailureMode(FailOpen))
+			lim := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("oom").Block(time.Hour)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}), WithFailureMode(FailOpen))
 			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(scriptsOnly)
 			for _, id := range []string{"blocked", "over"} {
 				if res, err := lim.Allow(ctx, []string{id}, 1); err != nil || !res.Allowed {
@@ -364,7 +364,7 @@ func TestBlockWithPlans(t *testing.T) {
 			PerMinute(1, Header("X-Id")).Named("pb").Block(time.Hour).Tiered(plans),
 			PerMinute(10, Header("X-Id")).Named("pc"),
 			PerMinute(5, Header("X-Id")).Named("pd").Tiered(Plans{Quotas: map[string]int{"pro": 7}, Of: plans.Of}),
-		}, WithDenyCache(0))
+		}, WithRedis(RedisOptions{DenyCache: -1}))
 		ids := []string{"p", "p", "p"}
 		for i := range 3 {
 			res, err := l.Allow(ctx, ids, 1)
@@ -387,8 +387,8 @@ func TestBlockResetOtherReplica(t *testing.T) {
 		ctx := context.Background()
 		clock := &testClock{t: t0}
 		limit := PerMinute(1, Header("X-Id")).Named("ro").Block(time.Hour)
-		a := mustNew(t, b.newClient(t), []Limit{limit}, WithClock(clock.Now), WithDenyCache(5*time.Second))
-		other := mustNew(t, b.newClient(t), []Limit{limit}, WithClock(clock.Now), WithDenyCache(5*time.Second))
+		a := mustNew(t, b.newClient(t), []Limit{limit}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: 5 * time.Second}))
+		other := mustNew(t, b.newClient(t), []Limit{limit}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: 5 * time.Second}))
 		ids := []string{"r"}
 		a.Allow(ctx, ids, 1)
 		if res, _ := a.Allow(ctx, ids, 1); res.Allowed || res.Limits[0].Blocked.IsZero() {
@@ -416,7 +416,7 @@ func TestBlockOperatorUnblock(t *testing.T) {
 		ctx := context.Background()
 		clock := &testClock{t: t0}
 		c := b.newClient(t)
-		l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("ou").Block(time.Hour)}, WithClock(clock.Now), WithDenyCache(time.Hour), WithOperatorRefresh(0))
+		l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("ou").Block(time.Hour)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: time.Hour, OperatorRefresh: -1}))
 		ids := []string{"x"}
 		l.Allow(ctx, ids, 1)
 		if res, _ := l.Allow(ctx, ids, 1); res.Allowed || !res.Blocked {
@@ -450,7 +450,7 @@ func TestBlockOperatorUnblock(t *testing.T) {
 // RemoteAddr is answered 429.
 func blockProbe(t *testing.T, b backend, opts ...IPOption) (*Operator, func(remote string) bool) {
 	t.Helper()
-	l := newDriven(t, b.newClient(t), []Limit{PerMinute(1000, ClientIP(opts...)).Named("ip")}, WithDenyCache(0))
+	l := newDriven(t, b.newClient(t), []Limit{PerMinute(1000, ClientIP(opts...)).Named("ip")}, WithRedis(RedisOptions{DenyCache: -1}))
 	h := l.Handler(okHandler)
 	return l.Inspect().Operator(), func(remote string) bool {
 		t.Helper()

@@ -154,7 +154,7 @@ func testBucketedIdle(t *testing.T, b backend) {
 	opts, setTime := b.clock(t0)
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Global()).Bucketed(time.Second).Named("idle")},
-		append(opts, WithDenyCache(0))...)
+		append(opts, WithRedis(RedisOptions{DenyCache: -1}))...)
 	ctx := context.Background()
 	for s := range 60 {
 		setTime(t0.Add(time.Duration(s) * time.Second))

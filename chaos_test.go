@@ -388,7 +388,7 @@ func TestChaosPoolExhaustion(t *testing.T) {
 	// its timeout (reproduced with v9.20.0 to v9.22.0, not with v9.23.0).
 	// What this test checks is the decisions' own connections.
 	lim := mustNew(t, c, []Limit{PerMinute(1_000_000, Global()).Named("pool")},
-		WithTimeout(chaosTimeout), WithCircuitBreaker(0, 0), WithOperatorRefresh(0))
+		WithTimeout(chaosTimeout), WithRedis(RedisOptions{BreakerFailures: -1, OperatorRefresh: -1}))
 	if err := lc.admin.Do(context.Background(), "CLIENT", "PAUSE", 1000, "ALL").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +434,7 @@ func TestChaosPoolExhaustion(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // waiting for the pause to end
 	}
-	_ = lim.Close() // its operator-state refresh (WithOperatorRefresh)
+	_ = lim.Close() // its operator-state refresh (RedisOptions.OperatorRefresh)
 	_ = c.Close()
 	lc.verify(t)
 }

@@ -133,7 +133,7 @@ func testClockSteps(t *testing.T, b backend) {
 			if err := c.FlushAll(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}
-			lim := mustNew(t, c, []Limit{limit}, WithClock(clock.Now), WithDenyCache(0))
+			lim := mustNew(t, c, []Limit{limit}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
 			now := t0
 			w := int64(window)
 			for i := range steps {
@@ -175,7 +175,7 @@ func TestClockStepBackWithRoom(t *testing.T) { forBackends(t, testClockStepBackW
 
 func testClockStepBackWithRoom(t *testing.T, b backend) {
 	clock := &testClock{t: t0}
-	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(3, Header("X-Id")).Named("back")}, WithClock(clock.Now), WithDenyCache(0))
+	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(3, Header("X-Id")).Named("back")}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
 	ctx := context.Background()
 	if res, err := lim.Allow(ctx, []string{"k"}, 1); err != nil || !res.Allowed {
 		t.Fatalf("%+v %v", res, err)
@@ -219,7 +219,7 @@ func testWindowChange(t *testing.T, b backend) {
 			now := t0
 			for phase, window := range windows {
 				// Each release is a process of its own: a client of its own.
-				lim := mustNew(t, b.newClient(t), []Limit{Per(window, quota, Header("X-Id")).Named("w")}, WithClock(clock.Now), WithDenyCache(0))
+				lim := mustNew(t, b.newClient(t), []Limit{Per(window, quota, Header("X-Id")).Named("w")}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
 				model.window, model.unit = window.Microseconds(), timeUnit(window)
 				// The first phase stays within one window of its start, so
 				// that it drops no entry the second would count.
@@ -261,8 +261,8 @@ func testBucketPrecisionChange(t *testing.T, b backend) {
 			clock := &testClock{t: t0}
 			ctx := context.Background()
 			// Each release is a process of its own: a client of its own.
-			before := mustNew(t, b.newClient(t), []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[0])}, WithClock(clock.Now), WithDenyCache(0))
-			after := mustNew(t, b.newClient(t), []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[1])}, WithClock(clock.Now), WithDenyCache(0))
+			before := mustNew(t, b.newClient(t), []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[0])}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
+			after := mustNew(t, b.newClient(t), []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[1])}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
 			for i := range 10 {
 				clock.Set(t0.Add(time.Duration(i) * time.Second))
 				if res, err := before.Allow(ctx, []string{"k"}, 1); err != nil || !res.Allowed {

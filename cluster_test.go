@@ -210,16 +210,16 @@ func testOddIdentifiers(t *testing.T, b backend) {
 	}
 }
 
-// testSingleSlot: WithSingleSlot puts every key in one slot, so that a
+// testSingleSlot: RedisOptions.SingleSlot puts every key in one slot, so that a
 // global and a per-user limit are decided in one atomic call.
 func testSingleSlot(t *testing.T, b backend) {
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{
 		PerHour(5, Global()).Named("global"),
 		PerHour(2, Header("X-User")).Named("user"),
-	}, WithSingleSlot())
+	}, WithRedis(RedisOptions{SingleSlot: true}))
 	if lim.rules.spec.Split {
-		t.Fatal("WithSingleSlot still splits decisions")
+		t.Fatal("RedisOptions.SingleSlot still splits decisions")
 	}
 	admitted := 0
 	for u := range 4 {

@@ -390,7 +390,7 @@ func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) R
 // wraps [ErrNotRefundable]. A Result whose plans exempted it from every
 // limit ([Unlimited]) counted nothing, and its Refund returns nil. Another
 // instance's deny cache may keep denying the keys for up to its maximum age
-// ([WithDenyCache]). A Result [FailLocal] decided is refunded in this
+// ([RedisOptions].DenyCache). A Result [FailLocal] decided is refunded in this
 // process's logs, where it was counted.
 func (l *Limiter) Refund(ctx context.Context, res Result) error {
 	t := res.ticket
@@ -505,7 +505,7 @@ func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, e
 // (not an overflow log that other clients share), even when Redis cannot
 // be reached, whose error Reset then returns. This instance's deny cache forgets the keys at once;
 // another instance may keep denying from its own for up to its maximum age
-// ([WithDenyCache]). All the keys share one timeout ([WithTimeout]); the
+// ([RedisOptions].DenyCache). All the keys share one timeout ([WithTimeout]); the
 // error joins the failures of each limit. Reset covers l's own limits: to
 // reset a limit a route declared ([WithRoutes]), call Reset on a Limiter
 // built with that limit (the same name and prefix address the same

@@ -30,8 +30,8 @@ func TestQuotaChangeOneBudget(t *testing.T) {
 				key, header = Header("X-Api-Key"), "X-Api-Key"
 			}
 			clock := &testClock{t: time.Unix(1_700_000_000+int64(round)*10_000, 0)}
-			oldRel := mustNew(t, b.newClient(t), []Limit{Per(window, oldQ, key)}, WithClock(clock.Now), WithDenyCache(0))
-			newRel := mustNew(t, b.newClient(t), []Limit{Per(window, newQ, key)}, WithClock(clock.Now), WithDenyCache(0))
+			oldRel := mustNew(t, b.newClient(t), []Limit{Per(window, oldQ, key)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
+			newRel := mustNew(t, b.newClient(t), []Limit{Per(window, newQ, key)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
 			replicas := []http.Handler{oldRel.Handler(okHandler), newRel.Handler(okHandler)}
 			quotas := []int{oldQ, newQ}
 			ask := func(h http.Handler, client int) int {
@@ -203,7 +203,7 @@ func TestNameOneDefinition(t *testing.T) {
 					}
 				}
 				// Another prefix, or another client, is another log.
-				if _, err := New(c, []Limit{ly}, WithPrefix("other:")); err != nil {
+				if _, err := New(c, []Limit{ly}, WithRedis(RedisOptions{Prefix: "other:"})); err != nil {
 					t.Fatalf("%s: another prefix: %v", desc, err)
 				}
 				if _, err := New(b.newClient(t), []Limit{ly}); err != nil {

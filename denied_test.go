@@ -52,7 +52,7 @@ func testDenialObserver(t *testing.T, b backend) {
 	r := rand.New(rand.NewPCG(seed, 0))
 	opts, _ := b.clock(t0)
 	if b.srv != nil {
-		opts = append(opts, WithDenyCache(time.Minute)) // denials from memory are reported too
+		opts = append(opts, WithRedis(RedisOptions{DenyCache: time.Minute})) // denials from memory are reported too
 	}
 	log := &denialLog{}
 	var denied struct {
@@ -65,10 +65,10 @@ func testDenialObserver(t *testing.T, b backend) {
 		PerMinute(1, Header("X-User")).Shadowed().Named("trial"),
 	}, append(opts, WithObserver(log), WithMissingKey(MissingKeySkip),
 		WithRoutes(map[string]RouteLimits{"POST /login": {Limits: []Limit{PerMinute(1, Header("X-IP")).Named("login")}}}),
-		WithDeniedHandler(func(w http.ResponseWriter, r *http.Request, res Result) {
+		WithHandlers(Handlers{Denied: func(w http.ResponseWriter, r *http.Request, res Result) {
 			denied.limit = res.DeniedBy
 			w.WriteHeader(http.StatusTooManyRequests)
-		}))...)
+		}}))...)
 	ips := []string{"203.0.113.1", "<script>alert(1)</script>", "a:b{c}", strings.Repeat("x", 300)}
 	users := []string{"alice", "bob", "\"quoted\"&amp;"}
 	h := lim.Handler(okHandler)

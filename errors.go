@@ -14,7 +14,7 @@ var ErrUnexpectedReply = slidinglog.ErrUnexpectedReply
 
 // ErrCircuitOpen is returned (wrapped) when the limiter did not call Redis
 // because its circuit breaker is open: Redis failed several times in a row
-// and the cool-down has not passed (see [WithCircuitBreaker]). The request
+// and the cool-down has not passed (see [RedisOptions].BreakerFailures). The request
 // gets the failure mode at once, without waiting for a timeout.
 var ErrCircuitOpen = store.ErrCircuitOpen
 
@@ -34,6 +34,6 @@ var ErrNotReverted = errors.New("ratelimit: entries could not be removed")
 // request as [WithMissingKey] says (by default 401 Unauthorized, gRPC
 // Unauthenticated), never with the failure mode, and never falls back to
 // a bucket shared with other clients. [WithErrorHandler], a
-// [WithMissingKeyHandler] and observers get an error that wraps it, for
+// [Handlers].MissingKey and observers get an error that wraps it, for
 // errors.Is.
 var ErrNoKey = errors.New("ratelimit: request has no key")

@@ -222,7 +222,7 @@ func TestEvictionReadmits(t *testing.T) {
 	srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
 	admin, c := srv.Client(), srv.Client()
 	ctx := context.Background()
-	lim := mustNew(t, c, []Limit{PerMinute(3, Header("X-Id")).Named("evict")}, WithDenyCache(0))
+	lim := mustNew(t, c, []Limit{PerMinute(3, Header("X-Id")).Named("evict")}, WithRedis(RedisOptions{DenyCache: -1}))
 	allowed := func() bool {
 		res, err := lim.Allow(ctx, []string{"victim"}, 1)
 		if err != nil {

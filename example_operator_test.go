@@ -15,7 +15,7 @@ import (
 // application runs. Here the changes are made through the Limiter's own
 // Operator, which applies them at once; another process (an operator's
 // tool, ratelimitctl) uses ratelimit.NewOperator(rdb, "ratelimit:"), and
-// every Limiter applies its changes within WithOperatorRefresh's interval
+// every Limiter applies its changes within RedisOptions.OperatorRefresh's interval
 // (1s by default).
 func ExampleOperator() {
 	rdb, done := newRedis()

@@ -351,20 +351,20 @@ func ExampleLimit_Tiered() {
 
 // The application writes its own 429 and 503; the rate-limit headers and
 // Retry-After are set before it is called.
-func ExampleWithDeniedHandler() {
+func ExampleWithHandlers() {
 	rdb, done := newRedis()
 	defer done()
 
 	api, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("api")},
-		ratelimit.WithDeniedHandler(func(w http.ResponseWriter, r *http.Request, res ratelimit.Result) {
+		ratelimit.WithHandlers(ratelimit.Handlers{Denied: func(w http.ResponseWriter, r *http.Request, res ratelimit.Result) {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusTooManyRequests)
 			fmt.Fprintf(w, `{"error":"slow down","limit":%q}`, res.DeniedBy)
-		}),
-		ratelimit.WithUnavailableHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+		}}),
+		ratelimit.WithHandlers(ratelimit.Handlers{Unavailable: func(w http.ResponseWriter, r *http.Request, err error) {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprint(w, `{"error":"try again soon"}`)
-		}),
+		}}),
 		ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)

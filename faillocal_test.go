@@ -19,7 +19,7 @@ func failLocalLimiter(t *testing.T, clock *testClock, limits []Limit, opts ...Op
 	t.Helper()
 	redis := &scriptedStore{}
 	redis.down.Store(true)
-	lim := mustNew(t, stubClient{}, limits, append([]Option{WithFailureMode(FailLocal), WithClock(clock.Now), WithDenyCache(0), WithOperatorRefresh(0)}, opts...)...)
+	lim := mustNew(t, stubClient{}, limits, append([]Option{WithFailureMode(FailLocal), WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1, OperatorRefresh: -1})}, opts...)...)
 	lim.store = lim.wrap(redis)
 	return lim
 }
@@ -136,7 +136,7 @@ func soakFailLocal(t *testing.T, clients int, bytes int64) {
 	clock := &testClock{t: t0}
 	var opts []Option
 	if bytes > 0 {
-		opts = append(opts, WithLocalMemory(bytes))
+		opts = append(opts, WithRedis(RedisOptions{LocalMemory: bytes}))
 	}
 	base := redistest.LiveHeap()
 	lim := failLocalLimiter(t, clock, []Limit{PerMinute(quota, Header("X-Forwarded-For")).Named("ip"), PerMinute(1_000_000, Global()).Named("all")}, opts...)
@@ -194,18 +194,18 @@ func soakFailLocal(t *testing.T, clients int, bytes int64) {
 }
 
 // TestWithLocalMemory: a bound below 64 KiB is an error from New, never
-// a panic; a valid one is the local store's.
+// a panic; a valid one is the local store's; 0 keeps the default.
 func TestWithLocalMemory(t *testing.T) {
-	for _, n := range []int64{-1, 0, 65535} {
-		if _, err := New(stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithLocalMemory(n)); err == nil {
-			t.Errorf("WithLocalMemory(%d): no error", n)
+	for _, n := range []int64{-1, 65535} {
+		if _, err := New(stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithRedis(RedisOptions{LocalMemory: n})); err == nil {
+			t.Errorf("WithRedis(RedisOptions{LocalMemory: %d}): no error", n)
 		}
 	}
-	lim := mustNew(t, stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithLocalMemory(1<<20), WithOperatorRefresh(0))
+	lim := mustNew(t, stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithRedis(RedisOptions{LocalMemory: 1 << 20, OperatorRefresh: -1}))
 	if got := lim.local.Bound(); got != 1<<20 {
 		t.Errorf("bound %d, want %d", got, 1<<20)
 	}
-	if got := mustNew(t, stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithOperatorRefresh(0)).local.Bound(); got != DefaultLocalMemory {
+	if got := mustNew(t, stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithRedis(RedisOptions{OperatorRefresh: -1})).local.Bound(); got != DefaultLocalMemory {
 		t.Errorf("default bound %d, want %d", got, DefaultLocalMemory)
 	}
 }

@@ -54,7 +54,7 @@ type faultRow struct {
 }
 
 // coolDown is the "others" of a reply that counts against the breaker.
-const coolDown = "the breaker's cool-down (WithCircuitBreaker; 1s by default), after its 5th in a row"
+const coolDown = "the breaker's cool-down (RedisOptions.BreakerFailures; 1s by default), after its 5th in a row"
 
 // faultTable is the table of Redis's answers to a decision. A reply that
 // concerns one slot, one key or one command never stops the decisions of
@@ -198,7 +198,7 @@ func TestRedisAnswers(t *testing.T) {
 			lim := mustNew(t, c, []Limit{
 				PerMinute(faultQuota, Header("X-Id")).Named("fa"),
 				PerHour(100, Header("X-Id")).Named("fb"),
-			}, WithCircuitBreaker(failures, time.Second), WithTimeout(timeout), WithDenyCache(0)) // every decision reaches the server
+			}, WithRedis(RedisOptions{BreakerFailures: failures, BreakerCoolDown: time.Second, DenyCache: -1}), WithTimeout(timeout)) // every decision reaches the server
 			clock := &testClock{t: t0}
 			lim.redis.Breakers.Now = clock.Now
 			lib := lim.redis.Lib.(*slidinglog.Redis)

@@ -205,7 +205,7 @@ func TestSkipAllocs(t *testing.T) {
 }
 
 // TestUnavailableHandler: a request the limiter cannot decide, under
-// FailClosed, is answered by WithUnavailableHandler, with Retry-After set
+// FailClosed, is answered by Handlers.Unavailable, with Retry-After set
 // and the error that made it.
 func TestUnavailableHandler(t *testing.T) { forBackends(t, testUnavailableHandler) }
 
@@ -213,12 +213,12 @@ func testUnavailableHandler(t *testing.T, b backend) {
 	c := b.newClient(t)
 	var got error
 	lim := mustNew(t, c, []Limit{PerMinute(5, Header("X-Api-Key")).Named("key")},
-		WithUnavailableHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+		WithHandlers(Handlers{Unavailable: func(w http.ResponseWriter, r *http.Request, err error) {
 			got = err
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = w.Write([]byte(`{"error":"try again"}`))
-		}))
+		}}))
 	h := lim.Handler(okHandler)
 	w := serve(h, "GET", "/", "192.0.2.1:1") // no X-Api-Key: no key, not a failure
 	if w.Code != 401 || w.Header().Get("Retry-After") != "" || got != nil {
@@ -239,8 +239,5 @@ func testUnavailableHandler(t *testing.T, b backend) {
 		if rec.Code != 503 || rec.Body.String() != `{"error":"try again"}` || got == nil || !strings.Contains(got.Error(), "LOADING") {
 			t.Errorf("Redis failing: %d %q, handler saw %v", rec.Code, rec.Body, got)
 		}
-	}
-	if _, err := New(c, []Limit{PerMinute(1, Global())}, WithUnavailableHandler(nil)); err == nil {
-		t.Error("New accepted a nil unavailable handler")
 	}
 }

@@ -247,7 +247,7 @@ func tooManyRequests(w http.ResponseWriter) {
 //	 "title":"Too Many Requests","status":429,
 //	 "detail":"Retry in 3 seconds.","violated-policies":["ip-per-1m"]}
 //
-// Use it with [WithDeniedHandler].
+// Use it with [Handlers].Denied.
 func ProblemDetails(w http.ResponseWriter, _ *http.Request, res Result) {
 	body := struct {
 		Type     string   `json:"type"`

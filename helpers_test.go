@@ -58,7 +58,7 @@ func (b backend) clock(start time.Time) ([]Option, func(time.Time)) {
 		// The deny cache measures time on the local clock, which does not
 		// follow miniredis's.
 		b.mr.SetTime(start)
-		return []Option{WithDenyCache(0)}, b.mr.SetTime
+		return []Option{WithRedis(RedisOptions{DenyCache: -1})}, b.mr.SetTime
 	}
 	c := &testClock{t: start}
 	return []Option{WithClock(c.Now)}, c.Set

@@ -246,7 +246,7 @@ const maxBlock = 30 * 24 * time.Hour
 // and it lasts at least d on the Redis clock (rounded up to the
 // millisecond), whatever the application servers' clocks. A replica that
 // learns of a block (its own denial, or a decision that met it) answers
-// the client from its deny cache ([WithDenyCache]) without calling Redis
+// the client from its deny cache ([RedisOptions].DenyCache) without calling Redis
 // for up to the cache's maximum age at a time, with Retry-After and Reset
 // the block's end; with the deny cache off, each decision asks Redis.
 // [Limiter.Reset] and [Inspector.Reset] lift the block with the count;
@@ -257,7 +257,7 @@ const maxBlock = 30 * 24 * time.Hour
 // does, in this process (a block ends on the wall clock; Reset and an
 // operator's unblock lift it), but knows nothing of the blocks in Redis,
 // and blocks no client counted in an overflow log of a full store (see
-// [WithLocalMemory]); a Redis out of memory (noeviction) still denies a
+// [RedisOptions].LocalMemory); a Redis out of memory (noeviction) still denies a
 // blocked client, but records no new block.
 func (l Limit) Block(d time.Duration) Limit {
 	l.BlockFor = d

@@ -504,7 +504,7 @@ func (rs *ruleset) declared() []Limit {
 }
 
 // opsRunner reads a Limiter's operator state: from its refresh goroutine
-// (WithOperatorRefresh), and after a change made by the Limiter's own
+// (RedisOptions.OperatorRefresh), and after a change made by the Limiter's own
 // Operator. It holds no reference to the Limiter, so that the goroutine
 // does not keep it alive: it publishes the state it read in latest, and
 // the Limiter applies it at its next decision (Limiter.syncOps).
@@ -602,7 +602,7 @@ func (run *opsRunner) fetch(ctx context.Context, cur *liveOps, force bool) (all 
 }
 
 // startOperatorRefresh starts the goroutine that reads the operator state
-// (WithOperatorRefresh), unless the refresh is off. The goroutine refers
+// (RedisOptions.OperatorRefresh), unless the refresh is off. The goroutine refers
 // to l only weakly: a Limiter nobody refers to is collected, and the
 // goroutine ends at its next tick. It ends too, silently, once the
 // client is closed (redis.ErrClosed).

@@ -3,45 +3,10 @@ package ratelimit
 import (
 	"context"
 	"errors"
-	"time"
 )
 
-// WithOperatorRefresh sets how often the Limiter reads the version of the
-// operator state ([Operator]: quota overrides and manual blocks) in Redis,
-// from a background goroutine, and reloads the state when it changed: one
-// HGET per interval, and one HGETALL per change. A change an Operator made
-// is in force here within the interval plus one decision timeout ([WithTimeout])
-// after it returned (at once for a change made with this Limiter's own
-// [Inspector.Operator]). A block ends and an override lapses at its expiry
-// exactly, on the clock decisions are timed by ([WithClock]), whether or
-// not a refresh runs in between; a lapsed override stays lapsed if that
-// clock then steps back, until the state is read again. The state is
-// first read when the Limiter is built, in the background: a Limiter
-// takes up to one timeout to apply the state that was there before it.
-// While Redis cannot be read, the last state read stays in force.
-// Default: 1s (the deny cache's default maximum age).
-//
-// 0 turns the refresh off: no goroutine, and no read at New. The
-// Limiter then applies no operator state but what it reads when its own
-// Operator ([Inspector.Operator]) makes a change, which reads the whole
-// state (the changes other Operators made before included); it never sees
-// a change made elsewhere until then. Expiries apply as above. A negative
-// interval is an error from [New]. [Limiter.Close] stops the goroutine.
-//
-// On a Redis Cluster the operator state's key is in its own slot, apart
-// from the counts, so it cannot be read by the script call that decides: a
-// change is applied within the bound above, not from the next decision on.
-func WithOperatorRefresh(every time.Duration) Option {
-	return func(c *config) {
-		if every < 0 {
-			c.errs = append(c.errs, errors.New("WithOperatorRefresh: negative interval "+every.String()+" (0 turns the refresh off)"))
-		}
-		c.opsRefresh = every
-	}
-}
-
 // Close stops the Limiter's background work: the refresh of the operator
-// state ([WithOperatorRefresh]), and frees its limits' names for another
+// state ([RedisOptions].OperatorRefresh), and frees its limits' names for another
 // definition in this process (see [New]). The Limiter still decides
 // afterwards, with the operator state last read. Close is safe to call
 // more than once and always returns nil.
@@ -61,7 +26,7 @@ func (l *Limiter) Close() error {
 
 // Operator returns an [Operator] for l's Redis client and prefix whose
 // changes l applies at once, when they return (the other Limiters within
-// their refresh interval, see [WithOperatorRefresh]).
+// their refresh interval, see [RedisOptions].OperatorRefresh).
 func (l *Limiter) operator() *Operator {
 	return &Operator{client: l.client, key: l.opsRun.key, now: l.localNow, after: func(ctx context.Context) {
 		_ = l.refreshOperator(context.WithoutCancel(ctx), true)
@@ -84,7 +49,7 @@ func (l *Limiter) unblockAll(ctx context.Context, id string) (bool, error) {
 }
 
 // OperatorState returns the operator state l applies: the overrides and
-// blocks it last read ([WithOperatorRefresh]), less the overrides that
+// blocks it last read ([RedisOptions].OperatorRefresh), less the overrides that
 // have lapsed since on l's clock; blocks that have ended since are listed
 // until the state is read again or an override lapses. Version is 0
 // before the first read.

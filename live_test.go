@@ -83,7 +83,7 @@ func TestOperatorValidation(t *testing.T) {
 			t.Errorf("%s: error %v, want a validation error before any Redis call", name, err)
 		}
 	}
-	if _, err := New(c, []Limit{PerMinute(1, ClientIP())}, WithOperatorRefresh(-time.Second)); err == nil {
+	if _, err := New(c, []Limit{PerMinute(1, ClientIP())}, WithRedis(RedisOptions{OperatorRefresh: -time.Second})); err == nil {
 		t.Error("a negative refresh interval was accepted")
 	}
 	for in, want := range map[string]string{"203.0.113.7": "203.0.113.7/32", "203.0.113.0/24": "203.0.113.0/24",
@@ -335,12 +335,12 @@ func TestOperatorFull(t *testing.T) {
 	})
 }
 
-// TestOperatorNoRefresh: WithOperatorRefresh(0) starts nothing and applies
+// TestOperatorNoRefresh: WithRedis(RedisOptions{OperatorRefresh: -1}) starts nothing and applies
 // nothing.
 func TestOperatorNoRefresh(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		l := mustNew(t, b.newClient(t), []Limit{PerMinute(100, Header("X-User")).Named("user")}, WithOperatorRefresh(0))
+		l := mustNew(t, b.newClient(t), []Limit{PerMinute(100, Header("X-User")).Named("user")}, WithRedis(RedisOptions{OperatorRefresh: -1}))
 		defer l.Close()
 		op, _ := NewOperator(b.newClient(t), defaultPrefix)
 		if err := op.Block(ctx, "eve", time.Hour); err != nil {

@@ -14,7 +14,7 @@ import (
 
 // Handler returns middleware that rate-limits the requests to next: an
 // admitted request reaches next with the rate-limit headers set; a denied one
-// is answered with 429 (see [WithDeniedHandler]); one a [Key] cannot
+// is answered with 429 (see [Handlers].Denied); one a [Key] cannot
 // identify gets 401 ([WithMissingKey]); one the limiter cannot decide gets
 // the failure mode ([WithFailureMode]).
 //
@@ -190,7 +190,7 @@ func (rs *ruleset) check(w http.ResponseWriter, r *http.Request, t **ticket) boo
 
 // verdict decides r as check does, but leaves the default answers to the
 // caller: it sets the headers, calls the application's handlers
-// (WithDeniedHandler, WithUnavailableHandler) if it has them, and says what
+// (Handlers.Denied, Handlers.Unavailable) if it has them, and says what
 // is left to do (see Verdict). The error is the one that made it
 // apply the failure mode, or the ErrNoKey of a request a Key could not
 // identify (answered as WithMissingKey says), nil if neither.
@@ -330,30 +330,6 @@ func (rs *ruleset) requestIDs(r *http.Request, s *scratch) (cost int, err error)
 		cost = rs.cost(r)
 	}
 	return cost, nil
-}
-
-// WithDeniedHandler sets what answers a denied request. It is called after
-// the rate-limit headers and Retry-After are set, and must write the status
-// itself. Default: 429 with the body "Too Many Requests". [ProblemDetails]
-// is a ready-made alternative. A nil h is an error from [New].
-func WithDeniedHandler(h func(w http.ResponseWriter, r *http.Request, res Result)) Option {
-	return func(c *config) {
-		c.nilArg("WithDeniedHandler", h == nil, "leave the option out for the default 429")
-		c.onDenied = h
-	}
-}
-
-// WithUnavailableHandler sets what answers a request the limiter could not
-// decide when the failure mode refuses it ([FailClosed]; [FailLocal] when
-// its cost is invalid): the error is why. A request a Key cannot identify
-// is answered by [WithMissingKeyHandler], not by h. It is called after Retry-After (1 second) is set, and must write the
-// status itself (503 is expected). Default: 503 with the body "Service
-// Unavailable". A nil h is an error from [New].
-func WithUnavailableHandler(h func(w http.ResponseWriter, r *http.Request, err error)) Option {
-	return func(c *config) {
-		c.nilArg("WithUnavailableHandler", h == nil, "leave the option out for the default 503")
-		c.onFailed = h
-	}
 }
 
 // WithErrorHandler sets a function that receives every error that makes the

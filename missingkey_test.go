@@ -26,7 +26,7 @@ func testMissingKey(t *testing.T, b backend) {
 			var hooked []error
 			logger, logs := newLogger()
 			lim := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("ip-" + mode.String()), PerMinute(2, UserFromContext(ctxKey{})).Named("user-" + mode.String())},
-				WithFailureMode(mode), WithObserver(&obs), WithLogger(logger, false), WithCircuitBreaker(2, 1<<40),
+				WithFailureMode(mode), WithObserver(&obs), WithLogger(logger, false), WithRedis(RedisOptions{BreakerFailures: 2, BreakerCoolDown: 1 << 40}),
 				WithErrorHandler(func(_ *http.Request, err error) { hooked = append(hooked, err) }))
 			h := lim.Handler(okHandler)
 			for i := range 5 {
@@ -68,7 +68,7 @@ func testMissingKey(t *testing.T, b backend) {
 
 // TestMissingKeyChoices: WithMissingKey(MissingKeySkip) lets a request with
 // no key through this Limiter uncounted and without its headers, observed
-// Allowed with NoKey; WithMissingKeyHandler answers instead of 401; either
+// Allowed with NoKey; Handlers.MissingKey answers instead of 401; either
 // silences the default's warning. A Key error that does not wrap ErrNoKey
 // is a failure still (503). New refuses a nil handler and an unknown
 // choice.
@@ -88,10 +88,10 @@ func testMissingKeyChoices(t *testing.T, b backend) {
 	}
 	var got error
 	own := mustNew(t, c, []Limit{PerMinute(2, Header("X-Api-Key")).Named("own")}, WithLogger(logger, false),
-		WithMissingKeyHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+		WithHandlers(Handlers{MissingKey: func(w http.ResponseWriter, _ *http.Request, err error) {
 			got = err
 			w.WriteHeader(http.StatusForbidden)
-		}))
+		}}))
 	if w := serve(own.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 403 || !errors.Is(got, ErrNoKey) || !strings.Contains(got.Error(), "X-Api-Key") {
 		t.Errorf("handler: %d, handler saw %v; want 403 and ErrNoKey naming the header", w.Code, got)
 	}
@@ -104,9 +104,7 @@ func testMissingKeyChoices(t *testing.T, b backend) {
 	if w := serve(broken.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 503 {
 		t.Errorf("a failing key: %d, want the failure mode's 503", w.Code)
 	}
-	for _, opt := range []Option{WithMissingKeyHandler(nil), WithMissingKey(7)} {
-		if _, err := New(c, []Limit{PerMinute(2, ClientIP()).Named("bad")}, opt); err == nil {
-			t.Error("New accepted a nil missing-key handler or an unknown choice")
-		}
+	if _, err := New(c, []Limit{PerMinute(2, ClientIP()).Named("bad")}, WithMissingKey(7)); err == nil {
+		t.Error("New accepted an unknown choice")
 	}
 }

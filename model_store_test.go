@@ -79,7 +79,7 @@ func (m *modelRun) useLocalStore() (redis.UniversalClient, []Option) {
 		Dialer:                func(context.Context, string, string) (net.Conn, error) { return nil, errLocalDown },
 		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
 	})
-	return down, []Option{WithFailureMode(FailLocal), withLocalStore(m.local), WithOperatorRefresh(0)}
+	return down, []Option{WithFailureMode(FailLocal), withLocalStore(m.local), WithRedis(RedisOptions{OperatorRefresh: -1})}
 }
 
 // localDecision checks, when the local store decides, that Redis did not

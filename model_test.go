@@ -225,7 +225,7 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 	for k := range m.lims {
 		m.now[k] = start
 		m.clocks[k] = &testClock{t: time.UnixMicro(start)}
-		l, err := New(client, limits, append(append([]Option{WithClock(m.clocks[k].Now), WithDenyCache(0), WithTimeout(redistest.DecisionTimeout)}, extra...), m.overrideOptions(k)...)...)
+		l, err := New(client, limits, append(append([]Option{WithClock(m.clocks[k].Now), WithRedis(RedisOptions{DenyCache: -1}), WithTimeout(redistest.DecisionTimeout)}, extra...), m.overrideOptions(k)...)...)
 		if err != nil {
 			rt.Fatal(err)
 		}

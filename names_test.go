@@ -133,7 +133,7 @@ func TestDefaultNameAcrossLimiters(t *testing.T) {
 			t.Error("a second Limiter's unnamed route limit, of the same default name and another quota, was accepted")
 		}
 		for name, opts := range map[string][]Option{
-			"another prefix": {WithPrefix("other:")},
+			"another prefix": {WithRedis(RedisOptions{Prefix: "other:"})},
 		} {
 			if _, err := New(c, []Limit{PerMinute(6, ClientIP())}, opts...); err != nil {
 				t.Errorf("%s: %v", name, err)

@@ -29,7 +29,7 @@ func TestLogger(t *testing.T) {
 		lim := mustNew(t, c, []Limit{
 			PerMinute(1, Header("X-User")).Named("user"),
 			PerMinute(1, Header("X-User")).Shadowed().Named("trial"),
-		}, WithLogger(logger, withIDs), WithDenyCache(0), WithCircuitBreaker(0, 0))
+		}, WithLogger(logger, withIDs), WithRedis(RedisOptions{DenyCache: -1, BreakerFailures: -1}))
 		ctx := context.Background()
 		_, _ = lim.Allow(ctx, []string{"secret-user", "secret-user"}, 1)
 		_, _ = lim.Allow(ctx, []string{"secret-user", "secret-user"}, 1)
@@ -114,7 +114,7 @@ func TestObserverSeesResult(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	var o recordingObserver
 	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("a"), PerMinute(5, Global()).Shadowed().Named("b")},
-		WithObserver(&o), WithDenyCache(time.Hour), WithCircuitBreaker(0, 0))
+		WithObserver(&o), WithRedis(RedisOptions{DenyCache: time.Hour, BreakerFailures: -1}))
 	ctx := context.Background()
 	for range 2 { // admitted, filling the limit; denied from the cache
 		_, _ = lim.Allow(ctx, []string{"g", "g"}, 1)
@@ -157,7 +157,7 @@ func TestResultExempt(t *testing.T) {
 	var o exemptObserver
 	lim := mustNew(t, backend{mr: mr}.newClient(t), []Limit{
 		PerMinute(1, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"ops": Unlimited}, Of: func(_ context.Context, id string) (string, error) { return id, nil }}),
-	}, WithObserver(&o), WithCircuitBreaker(0, 0),
+	}, WithObserver(&o), WithRedis(RedisOptions{BreakerFailures: -1}),
 		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
 		WithAllowList(ClientIP(), "192.0.2.9"))
 	h := lim.Handler(okHandler)

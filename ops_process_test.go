@@ -26,7 +26,7 @@ import (
 // appEnv+"_CLUSTER" set says that the URL names Cluster nodes.
 const appEnv = "RATELIMIT_TEST_APP"
 
-// appRefresh is the app processes' WithOperatorRefresh interval.
+// appRefresh is the app processes' RedisOptions.OperatorRefresh interval.
 const appRefresh = 100 * time.Millisecond
 
 func serveApp() int {
@@ -49,7 +49,7 @@ func serveApp() int {
 		client = redis.NewClient(opt)
 	}
 	l, err := New(client, []Limit{PerMinute(2, Header("X-User")).Named("user")},
-		WithOperatorRefresh(appRefresh), WithTimeout(redistest.DecisionTimeout), WithDenyCache(0))
+		WithRedis(RedisOptions{OperatorRefresh: appRefresh, DenyCache: -1}), WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

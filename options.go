@@ -14,15 +14,15 @@ import (
 //
 // Nil is never a default: a nil Option, and an option given a nil
 // function, interface or pointer (WithClock(nil), WithCost(nil),
-// WithDeniedHandler(nil), WithUnavailableHandler(nil),
 // WithErrorHandler(nil), WithSkip(nil), WithRefund(nil),
 // WithObserver(nil), WithLogger(nil, ...), WithRoutesFrom(nil)), is an
 // error from [New] that names it: leave the option out to keep its
 // default. (A nil or empty map or list, such as WithRoutes(nil), is an
-// empty one.)
+// empty one.) The fields of [RedisOptions] and [Handlers] are the
+// exception: there a zero field keeps the default.
 type Option func(*config)
 
-// The defaults of WithTimeout and WithPrefix.
+// The defaults of WithTimeout and RedisOptions.Prefix.
 const (
 	defaultTimeout = 100 * time.Millisecond
 	defaultPrefix  = "ratelimit:"
@@ -36,7 +36,7 @@ const (
 )
 
 type config struct {
-	// opsRefresh is WithOperatorRefresh's interval; opsTicks, in tests,
+	// opsRefresh is RedisOptions.OperatorRefresh's interval; opsTicks, in tests,
 	// replaces its ticker.
 	opsRefresh   time.Duration
 	opsTicks     <-chan time.Time
@@ -65,11 +65,11 @@ type config struct {
 	breakerFailures int
 	breakerCoolDown time.Duration
 	denyCache       time.Duration
-	localBytes      int64        // WithLocalMemory's; 0: the default
+	localBytes      int64        // RedisOptions.LocalMemory's; 0: the default
 	local           *store.Local // in tests, a store shared by Limiters
 	errs            []error
 
-	// WithMissingKey's and WithMissingKeyHandler's; missingKeySet says
+	// WithMissingKey's and Handlers.MissingKey's; missingKeySet says
 	// that one was given.
 	missingKey    MissingKey
 	missingKeySet bool
@@ -166,12 +166,12 @@ const (
 	// locally too, and returns the error with the local Result. The local
 	// logs follow Redis's rules (a log's time never runs backwards; blocks,
 	// refunds and Reset apply to them too) and are bounded in bytes
-	// ([WithLocalMemory], 64 MiB by default); a log is dropped only once
+	// ([RedisOptions].LocalMemory, 64 MiB by default); a log is dropped only once
 	// every entry of it has left its window (on a later decision, local
 	// or, once Redis is back, Redis's): no client's traffic can erase
 	// another's count. A full store counts a client that has no log in one
 	// of its limit's many overflow logs, picked by a hash of the client
-	// (see [WithLocalMemory]): it may deny early, never admits over a
+	// (see [RedisOptions].LocalMemory): it may deny early, never admits over a
 	// quota.
 	FailLocal
 )
@@ -252,7 +252,7 @@ const (
 	// "Unauthorized", no rate-limit headers and no Retry-After (waiting
 	// does not help), counted in no limit; gRPC calls get
 	// codes.Unauthenticated, echo an echo.HTTPError 401, gin 401 and
-	// {"error":"Unauthorized"}. [WithMissingKeyHandler] answers instead,
+	// {"error":"Unauthorized"}. [Handlers].MissingKey answers instead,
 	// if given. It is the default: a client that could escape a per-user
 	// limit by dropping its credentials would not be limited at all. A
 	// per-user limit belongs behind authentication, which refuses such a

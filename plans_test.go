@@ -424,7 +424,7 @@ func TestRefundUnderPlans(t *testing.T) {
 			}
 			return table.of(ctx, id)
 		}}),
-	}, WithCircuitBreaker(0, 0))
+	}, WithRedis(RedisOptions{BreakerFailures: -1}))
 	ctx := context.Background()
 	res, err := l.Allow(ctx, []string{"ops", "ops"}, 1)
 	if err != nil || !res.Allowed {

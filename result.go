@@ -16,7 +16,7 @@ import (
 var ErrRefunded = fmt.Errorf("%w: the request was refunded before", ErrNotRefundable)
 
 // An Observer receives every decision of the middleware ([Limiter.Handler],
-// [Pass.Check]) and of [Limiter.Allow], for metrics; [Limiter.Status]
+// [Limiter.Check]) and of [Limiter.Allow], for metrics; [Limiter.Status]
 // and [Inspector.StatusRequest] count nothing and are not observed. The
 // metrics/prometheus package has one.
 type Observer interface {
@@ -35,7 +35,7 @@ type Observer interface {
 
 // Result is the outcome of one decision: what [Limiter.Allow],
 // [Limiter.Status] and [Inspector.StatusRequest] return, and what an
-// [Observer] and a [WithDeniedHandler] handler see.
+// [Observer] and a [Handlers].Denied handler see.
 type Result struct {
 	// Allowed reports whether the request was admitted (and counted in every
 	// limit).
@@ -74,7 +74,7 @@ type Result struct {
 	// request in this process instead ([FailLocal]).
 	Local bool
 	// Cached reports a denial answered from this process's memory
-	// ([WithDenyCache]) without calling Redis; only the limit that denied
+	// ([RedisOptions].DenyCache) without calling Redis; only the limit that denied
 	// was consulted.
 	Cached bool
 	// Blocked reports a denial because the client is blocked: by an
@@ -211,7 +211,7 @@ func noKeyResults(skipped []LimitResult) [][]LimitResult {
 	return out
 }
 
-// A Verdict is what [Pass.Decide] or [Pass.Decide] decided, and who
+// A Verdict is what [Pass.Decide] or [Limiter.Decide] decided, and who
 // answers the request.
 type Verdict uint8
 
@@ -220,8 +220,8 @@ const (
 	// no decision could be made under FailOpen, or WithSkip or
 	// MissingKeySkip let the request through undecided.
 	Proceed Verdict = iota
-	// Answered: the Limiter's own handler ([WithDeniedHandler],
-	// [WithUnavailableHandler], [WithMissingKeyHandler]) has written the
+	// Answered: the Limiter's own handler ([Handlers].Denied,
+	// [Handlers].Unavailable, [Handlers].MissingKey) has written the
 	// response; write nothing more and do not serve the request.
 	Answered
 	// Denied: a limit denied the request and the Limiter has no handler

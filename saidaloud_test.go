@@ -98,7 +98,7 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 
 	// Made to work: the mux the user hands over, whatever wraps it.
 	mux := loginMux()
-	api := mustNew(t, c, limits(), loginRoutes(), WithRoutesFrom(mux), WithPrefix("rf1:"))
+	api := mustNew(t, c, limits(), loginRoutes(), WithRoutesFrom(mux), WithRedis(RedisOptions{Prefix: "rf1:"}))
 	h := api.Handler(logging(mux))
 	var got []int
 	for range 3 {
@@ -120,7 +120,7 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 	} {
 		buf := defaultLog(t)
 		wc := &warningCounter{}
-		api := mustNew(t, c, limits(), loginRoutes(), WithObserver(wc), WithPrefix("rf2"+tc.name+":"))
+		api := mustNew(t, c, limits(), loginRoutes(), WithObserver(wc), WithRedis(RedisOptions{Prefix: "rf2" + tc.name + ":"}))
 		h := api.Handler(tc.wrap(loginMux()))
 		for range 3 {
 			post(h, "/login")
@@ -140,8 +140,8 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 	// Not reported: the right shapes, and a Limiter without routes.
 	buf := defaultLog(t)
 	wc := &warningCounter{}
-	right := mustNew(t, c, limits(), loginRoutes(), WithObserver(wc), WithPrefix("rf3:"))
-	noRoutes := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("plain")}, WithObserver(wc), WithPrefix("rf4:"))
+	right := mustNew(t, c, limits(), loginRoutes(), WithObserver(wc), WithRedis(RedisOptions{Prefix: "rf3:"}))
+	noRoutes := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("plain")}, WithObserver(wc), WithRedis(RedisOptions{Prefix: "rf4:"}))
 	inner := loginMux()
 	for _, h := range []http.Handler{
 		logging(right.Handler(inner)),
@@ -166,7 +166,7 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 	c := b.newClient(t)
 	buf := defaultLog(t)
 	wc := &warningCounter{}
-	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP()).Named("ip")}, WithObserver(wc), WithPrefix("pw1:"))
+	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP()).Named("ip")}, WithObserver(wc), WithRedis(RedisOptions{Prefix: "pw1:"}))
 	h := lim.Handler(okHandler)
 	var got []int
 	for _, client := range []string{"198.51.100.1", "198.51.100.2", "198.51.100.3"} {
@@ -186,7 +186,7 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 	// each client its own bucket, nothing reported.
 	buf = defaultLog(t)
 	wc = &warningCounter{}
-	lim = mustNew(t, c, []Limit{PerMinute(1, ClientIP(FromRouter())).Named("ip")}, WithObserver(wc), WithPrefix("pw2:"))
+	lim = mustNew(t, c, []Limit{PerMinute(1, ClientIP(FromRouter())).Named("ip")}, WithObserver(wc), WithRedis(RedisOptions{Prefix: "pw2:"}))
 	h = lim.Handler(okHandler)
 	for _, client := range []string{"198.51.100.1", "198.51.100.2", "198.51.100.3"} {
 		if code := proxied(h, "/", client+":1", "X-Forwarded-For", client); code != 200 {
@@ -217,17 +217,15 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 func TestNilOptions(t *testing.T) {
 	limits := []Limit{PerMinute(1, ClientIP()).Named("ip")}
 	for name, opt := range map[string]Option{
-		"WithClock":              WithClock(nil),
-		"WithCost":               WithCost(nil),
-		"WithDeniedHandler":      WithDeniedHandler(nil),
-		"WithUnavailableHandler": WithUnavailableHandler(nil),
-		"WithErrorHandler":       WithErrorHandler(nil),
-		"WithSkip":               WithSkip(nil),
-		"WithRefund":             WithRefund(nil),
-		"WithObserver":           WithObserver(nil),
-		"WithLogger":             WithLogger(nil, false),
-		"WithRoutesFrom":         WithRoutesFrom(nil),
-		"option 1 is nil":        nil,
+		"WithClock":        WithClock(nil),
+		"WithCost":         WithCost(nil),
+		"WithErrorHandler": WithErrorHandler(nil),
+		"WithSkip":         WithSkip(nil),
+		"WithRefund":       WithRefund(nil),
+		"WithObserver":     WithObserver(nil),
+		"WithLogger":       WithLogger(nil, false),
+		"WithRoutesFrom":   WithRoutesFrom(nil),
+		"option 1 is nil":  nil,
 	} {
 		_, err := New(stubClient{}, limits, WithTimeout(time.Second), opt)
 		if err == nil || !strings.Contains(err.Error(), name) {

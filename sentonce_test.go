@@ -204,7 +204,7 @@ func TestDecideSentOnceOnLateReply(t *testing.T) {
 	forOnceClients(t, func(t *testing.T, env *onceEnv) {
 		rdb := env.rdb
 		ctx := context.Background()
-		lim := mustNew(t, rdb, []Limit{PerMinute(100, Header("X-Id")).Named("once")}, WithCircuitBreaker(0, 0))
+		lim := mustNew(t, rdb, []Limit{PerMinute(100, Header("X-Id")).Named("once")}, WithRedis(RedisOptions{BreakerFailures: -1}))
 		// The library loaded and a connection open before the proxy mutes.
 		if _, err := lim.Allow(ctx, []string{"warm"}, 1); err != nil {
 			t.Fatal(err)
@@ -269,7 +269,7 @@ func TestRefundSentOnceOnLateReply(t *testing.T) {
 		ctx := context.Background()
 		at := time.Now()
 		lim := mustNew(t, rdb, []Limit{PerMinute(100, Header("X-Id")).Named("refund")},
-			WithCircuitBreaker(0, 0), WithClock(func() time.Time { return at }))
+			WithRedis(RedisOptions{BreakerFailures: -1}), WithClock(func() time.Time { return at }))
 		var res [2]Result
 		for i := range res {
 			var err error

@@ -37,7 +37,7 @@ func testShadowBlock(t *testing.T, b backend) {
 			}
 			limits = append(limits, l)
 		}
-		l := newDriven(t, b.newClient(t), limits, WithClock(clock.Now), WithPrefix("sb"+string(rune('0'+round))+":"))
+		l := newDriven(t, b.newClient(t), limits, WithClock(clock.Now), WithRedis(RedisOptions{Prefix: "sb" + string(rune('0'+round)) + ":"}))
 		op := l.Inspect().Operator()
 		ids := []string{"alice", "bob", "mallory", "eve"}
 		blocked := map[string]time.Duration{}

@@ -27,76 +27,127 @@ func WithTimeout(d time.Duration) Option {
 	}
 }
 
-// WithCircuitBreaker sets when the limiter stops calling an unavailable
-// Redis: after failures consecutive failed calls that cost time or show the
-// server unusable for every key (connection errors, timeouts, LOADING,
-// BUSY, MASTERDOWN, READONLY, NOREPLICAS; not the fast replies about one
-// key, slot or command, such as WRONGTYPE, a Lua error, NOPERM on a key,
-// MOVED, ASK, TRYAGAIN, nor CLUSTERDOWN, which a node says only while the
-// cluster is down) it answers every request with the failure mode at
-// once, wrapped in [ErrCircuitOpen], for coolDown. Then one request probes
-// Redis: if it succeeds the limiter calls Redis again as usual, else the
-// cool-down starts over. Default: 5 failures, 1s.
-// failures <= 0 turns the breaker off: every request waits for Redis up to
-// the timeout.
-//
-// A decision whose context its caller cancelled does not count. A timeout
-// counts only if it says something about Redis: not if Redis has
-// answered a decision that started after it, and not if the process was so
-// busy that the decision learnt of its deadline late (by more than a
-// quarter of the timeout, 10ms at least), which also starts the count over.
-// A flood answered from the deny cache or handlers that keep every core
-// busy thus do not open the breaker for the clients Redis is answering;
-// but while the process is that busy, a Redis that answers nobody makes
-// each request wait for the timeout rather than fail at once.
-//
-// On a Redis Cluster each primary has its own breaker: failed calls to one
-// primary do not open the others' breakers. Whether the other primaries keep
-// deciding while one is down depends on the cluster's configuration. With
-// Redis's default, cluster-require-full-coverage yes, once the cluster marks
-// the primary failed (after cluster-node-timeout) every node refuses every
-// command with CLUSTERDOWN until a replica has been promoted or the primary
-// is back: decisions for every key get the failure mode for that time, and
-// no longer: CLUSTERDOWN does not open the healthy primaries' breakers.
-// While a slot migrates (a reshard), a decision whose limits' keys are not
-// all on one node yet (TRYAGAIN) is decided one key at a time, and so are
-// the slot's decisions for 10s after; no breaker counts it.
-// With cluster-require-full-coverage no, the other primaries keep serving
-// their slots and only decisions that need a key of the dead primary fail
-// (a [Global] limit's key is on one primary, so, if it is that one, every
-// decision that includes it).
-func WithCircuitBreaker(failures int, coolDown time.Duration) Option {
-	return func(c *config) {
-		if failures > 0 && coolDown <= 0 {
-			c.errs = append(c.errs, errors.New("circuit breaker cool-down "+coolDown.String()+" is not positive"))
-		}
-		c.breakerFailures, c.breakerCoolDown = failures, coolDown
-	}
+// RedisOptions are the settings of the Redis mechanism under a [Limiter]:
+// where its keys live, and how it behaves while Redis fails. Give them
+// with [WithRedis]. A zero field keeps the default; -1 turns off a
+// feature that can be off, and any other negative value is an error from
+// [New]. See docs/failures.md and docs/cluster.md for the edge cases.
+type RedisOptions struct {
+	// Prefix starts every Redis key the Limiter writes. Default:
+	// "ratelimit:". A prefix that contains '{' or '}', which would change
+	// the keys' Redis Cluster hash slots, is an error from New.
+	Prefix string
+
+	// BreakerFailures is how many unavailability errors in a row
+	// (connection errors, timeouts, LOADING, BUSY, MASTERDOWN, READONLY,
+	// NOREPLICAS; not a fast reply about one key, slot or command, nor
+	// CLUSTERDOWN) open the circuit breaker: the Limiter then answers
+	// every request with the failure mode at once, with an error that
+	// wraps [ErrCircuitOpen], for BreakerCoolDown, after which one request
+	// probes Redis. A cancelled decision, and a timeout that says nothing
+	// about Redis (a busy process), do not count. On a Redis Cluster each
+	// primary has its own breaker. Default: 5. -1 turns the breaker off:
+	// every request waits for Redis up to the timeout. Another negative
+	// value is an error from New.
+	BreakerFailures int
+	// BreakerCoolDown is how long an open breaker answers without calling
+	// Redis. Default: 1s. A negative cool-down is an error from New.
+	BreakerCoolDown time.Duration
+
+	// DenyCache is how long, at most, the Limiter denies from memory,
+	// without a round trip, a request of a cost Redis just denied on a key
+	// (or a client a limit blocks, [Limit.Block]): until the key's oldest
+	// entry leaves its window, or DenyCache, whichever is first. Headers
+	// stay exact; a refund, a Reset or a rolled-back reservation elsewhere
+	// reaches this process within DenyCache. While Redis fails the cache
+	// keeps denying what it holds, for no longer. Default: 1s. -1 turns
+	// the cache off; another negative value is an error from New.
+	DenyCache time.Duration
+
+	// SingleSlot puts all the Limiter's keys in one Redis Cluster hash
+	// slot, as <prefix>{ratelimit}<name>:<kind>:{<identifier>}, so that
+	// every decision is one atomic script call, at the price of one hot
+	// slot. Default: false, keys hash-tagged by identifier, spread over
+	// the cluster; a decision whose keys are on several slots reserves
+	// slot group by slot group and removes the reservations if a later
+	// group denies. On a single server it changes only the key names.
+	SingleSlot bool
+
+	// LocalMemory bounds, in bytes, [FailLocal]'s in-process store: the
+	// logs it keeps while Redis cannot decide. Default:
+	// [DefaultLocalMemory], 64 MiB, room for about 500,000 clients of a
+	// few requests each. A full store never admits a client over its
+	// quota: a new client is counted in one of its limit's 4,096 hashed
+	// overflow logs (it may be denied early). A bound below 64 KiB is an
+	// error from New; it changes nothing under another failure mode.
+	LocalMemory int64
+
+	// OperatorRefresh is how often the Limiter reads the version of the
+	// operator state ([Operator]: quota overrides and manual blocks) in
+	// Redis, from a background goroutine, and reloads the state when it
+	// changed; a change made elsewhere is in force here within the
+	// interval plus one decision timeout. While Redis cannot be read the
+	// last state read stays in force. Default: 1s. -1 turns the refresh
+	// off: no goroutine, and the Limiter applies only the state its own
+	// [Inspector.Operator] reads when it makes a change; another negative
+	// value is an error from New. [Limiter.Close] stops the goroutine.
+	OperatorRefresh time.Duration
 }
 
-// WithDenyCache sets how long, at most, the limiter answers from memory for
-// a key that Redis just reported full. Once Redis has denied a request of
-// cost n on a key (or admitted one that left it nothing: n is then 1),
-// later requests of cost n on that key are denied in-process, without a
-// round trip, until the oldest entry of its log leaves the window (when its
-// count can first fall), or maxAge, whichever is first. When several of a
-// request's keys are known full for its cost, the one that frees up last
-// denies it. A request of a cost the cache saw no denial of, on a key it
-// knows has no room for it, asks Redis, which alone knows when it fits.
-// Headers stay exact: the count cannot change before then, except by the
-// early removal of entries, which happens only when a Redis Cluster
-// decision's reservation is rolled back or a request is refunded; a denial
-// served from memory is stale by at most maxAge after such a removal.
-// A client that a limit blocks ([Limit.Block]) is denied from memory,
-// whatever the cost, until the block ends or maxAge, whichever is first:
-// so another replica's Reset reaches this one within maxAge.
-// Default: 1s. 0 turns the cache off.
-func WithDenyCache(maxAge time.Duration) Option {
+// WithRedis sets the Redis mechanism's settings ([RedisOptions]). Several
+// WithRedis merge field by field, in order: a zero field keeps what an
+// earlier one gave, or the default. An invalid field is an error from
+// [New] that names it.
+func WithRedis(o RedisOptions) Option {
 	return func(c *config) {
-		if maxAge < 0 {
-			c.errs = append(c.errs, errors.New("deny cache age "+maxAge.String()+" is negative"))
+		field := func(name, msg string) {
+			c.errs = append(c.errs, errors.New("RedisOptions."+name+": "+msg))
 		}
-		c.denyCache = maxAge
+		if o.Prefix != "" {
+			if strings.ContainsAny(o.Prefix, "{}") {
+				field("Prefix", "prefix "+strconv.Quote(o.Prefix)+" contains '{' or '}'")
+			}
+			c.prefix = o.Prefix
+		}
+		switch {
+		case o.BreakerFailures == -1:
+			c.breakerFailures = 0
+		case o.BreakerFailures < 0:
+			field("BreakerFailures", strconv.Itoa(o.BreakerFailures)+" failures is negative (-1 turns the breaker off)")
+		case o.BreakerFailures > 0:
+			c.breakerFailures = o.BreakerFailures
+		}
+		switch {
+		case o.BreakerCoolDown < 0:
+			field("BreakerCoolDown", "circuit breaker cool-down "+o.BreakerCoolDown.String()+" is negative")
+		case o.BreakerCoolDown > 0:
+			c.breakerCoolDown = o.BreakerCoolDown
+		}
+		switch {
+		case o.DenyCache == -1:
+			c.denyCache = 0
+		case o.DenyCache < 0:
+			field("DenyCache", "deny cache age "+o.DenyCache.String()+" is negative (-1 turns the cache off)")
+		case o.DenyCache > 0:
+			c.denyCache = o.DenyCache
+		}
+		if o.SingleSlot {
+			c.singleSlot = true
+		}
+		if o.LocalMemory != 0 {
+			if o.LocalMemory < store.MinLocalBytes {
+				field("LocalMemory", "local memory "+strconv.FormatInt(o.LocalMemory, 10)+" bytes is below 64 KiB")
+			}
+			c.localBytes = o.LocalMemory
+		}
+		switch {
+		case o.OperatorRefresh == -1:
+			c.opsRefresh = 0
+		case o.OperatorRefresh < 0:
+			field("OperatorRefresh", "negative interval "+o.OperatorRefresh.String()+" (-1 turns the refresh off)")
+		case o.OperatorRefresh > 0:
+			c.opsRefresh = o.OperatorRefresh
+		}
 	}
 }
 
@@ -153,66 +204,12 @@ func WithFailureMode(m FailureMode) Option {
 	}
 }
 
-// WithPrefix sets the string that starts every Redis key the limiter writes.
-// Default: "ratelimit:". It may not contain '{' or '}', which
-// would change the keys' Redis Cluster hash slots.
-func WithPrefix(prefix string) Option {
-	return func(c *config) {
-		if strings.ContainsAny(prefix, "{}") {
-			c.errs = append(c.errs, errors.New("prefix "+strconv.Quote(prefix)+" contains '{' or '}'"))
-		}
-		c.prefix = prefix
-	}
-}
-
-// singleSlotTag is the hash tag of every key under WithSingleSlot.
+// singleSlotTag is the hash tag of every key under RedisOptions.SingleSlot.
 const singleSlotTag = "ratelimit"
 
-// WithSingleSlot puts all the Limiter's keys in one Redis Cluster hash slot,
-// as <prefix>{ratelimit}<name>:<kind>:{<identifier>}, so that every decision is one
-// fully atomic script call, even one that combines a global limit with
-// per-client limits. The price is one hot slot: one primary stores and
-// serves every key.
-//
-// By default keys are hash-tagged by identifier, so they spread over the
-// cluster, and a decision whose limits count by different identifiers is
-// made slot group by slot group: reserve in one, then the next, and remove
-// the reservations if a later group denies. That never admits a request that
-// does not fit and leaves no entry for a denied one, but for the length of a
-// round trip a reservation that is then removed can make another request to
-// the same key be denied. On a single Redis server the option changes only
-// the key names.
-func WithSingleSlot() Option {
-	return func(c *config) { c.singleSlot = true }
-}
-
 // DefaultLocalMemory is the default bound of [FailLocal]'s in-process
-// store: 64 MiB (see [WithLocalMemory]).
+// store: 64 MiB (see [RedisOptions].LocalMemory).
 const DefaultLocalMemory = store.DefaultLocalBytes
-
-// WithLocalMemory bounds the memory of [FailLocal]'s in-process store, in
-// bytes: the logs it keeps while Redis cannot decide, whatever the length
-// of the identifiers (it keeps a 64-bit hash of each log's key, not the
-// key). Default: [DefaultLocalMemory], 64 MiB, room for about 500,000
-// clients of a few requests each. A bound below 64 KiB is an error from
-// [New]. The bound changes nothing under another failure mode.
-//
-// A full store degrades as follows, and never admits a client over its
-// quota: once 7/8 of the bound is taken, a client that has no log of its
-// own is counted in one of its limit's 4,096 overflow logs, picked by a
-// hash of the client (those that share one share its quota, so such a
-// client may be denied early); with the whole bound taken, a client with
-// no overflow log yet is denied, and a log that cannot grow counts its
-// newest entries as of the latest request (longer, never shorter). No log
-// that holds an entry in its window is dropped to make room.
-func WithLocalMemory(bytes int64) Option {
-	return func(c *config) {
-		if bytes < store.MinLocalBytes {
-			c.errs = append(c.errs, errors.New("local memory "+strconv.FormatInt(bytes, 10)+" bytes is below 64 KiB"))
-		}
-		c.localBytes = bytes
-	}
-}
 
 // withLocalStore has the Limiter decide FailLocal's decisions in s, which
 // other Limiters may share (for tests).

@@ -103,14 +103,14 @@ func TestDefaultAnswers(t *testing.T) {
 // TestOwnHandlersWin: a Limiter's own handlers answer in every router, in
 // place of the router's conventions.
 func TestOwnHandlersWin(t *testing.T) {
-	unavailable := ratelimit.WithUnavailableHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+	unavailable := ratelimit.WithHandlers(ratelimit.Handlers{Unavailable: func(w http.ResponseWriter, _ *http.Request, err error) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = w.Write([]byte("ours: " + err.Error()))
-	})
+	}})
 	for _, rt := range routers {
 		t.Run(rt.name, func(t *testing.T) {
 			forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
-				h := rt.build(perIP(t, rdb, 1, append(opts, ratelimit.WithDeniedHandler(ratelimit.ProblemDetails))...))
+				h := rt.build(perIP(t, rdb, 1, append(opts, ratelimit.WithHandlers(ratelimit.Handlers{Denied: ratelimit.ProblemDetails}))...))
 				send(h, "GET", "/users/1", "192.0.2.1")
 				w := send(h, "GET", "/users/1", "192.0.2.1")
 				if w.Code != 429 || w.Header().Get("Content-Type") != "application/problem+json" ||
@@ -128,10 +128,10 @@ func TestOwnHandlersWin(t *testing.T) {
 			}
 			l, err := ratelimit.New(redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true}),
 				[]ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key"))}, ratelimit.WithTimeout(redistest.DecisionTimeout), unavailable,
-				ratelimit.WithMissingKeyHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+				ratelimit.WithHandlers(ratelimit.Handlers{MissingKey: func(w http.ResponseWriter, _ *http.Request, err error) {
 					w.WriteHeader(http.StatusForbidden)
 					_, _ = w.Write([]byte("ours: " + err.Error()))
-				}))
+				}}))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -63,7 +63,7 @@ func BenchmarkAdmitted(b *testing.B) {
 			name := rt.name + "/" + [...]string{"bare", "once", "twice"}[mounts]
 			b.Run(name, func(b *testing.B) {
 				api, err := ratelimit.New(newStubRedis(), []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("ip")},
-					ratelimit.WithDenyCache(0))
+					ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1}))
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -204,7 +204,7 @@ var genCheckers = []struct {
 		err := l.Inspect().CheckMux(mux)
 		// New refuses the same, once it can see that the mux has routes:
 		// it serves one of the entries.
-		_, newErr := ratelimit.New(newStubRedis(), genLimits(), ratelimit.WithRoutes(table), ratelimit.WithRoutesFrom(mux), ratelimit.WithOperatorRefresh(0))
+		_, newErr := ratelimit.New(newStubRedis(), genLimits(), ratelimit.WithRoutes(table), ratelimit.WithRoutesFrom(mux), ratelimit.WithRedis(ratelimit.RedisOptions{OperatorRefresh: -1}))
 		served := false
 		for e := range table {
 			served = served || e != ratelimit.UnmatchedRoute && genMatches(app, e)
@@ -274,7 +274,7 @@ func genLimits() []ratelimit.Limit {
 func genLimiter(t *testing.T, table map[string]ratelimit.RouteLimits, opts ...ratelimit.Option) (*ratelimit.Limiter, *bytes.Buffer) {
 	t.Helper()
 	var buf bytes.Buffer
-	opts = append([]ratelimit.Option{ratelimit.WithRoutes(table), ratelimit.WithOperatorRefresh(0),
+	opts = append([]ratelimit.Option{ratelimit.WithRoutes(table), ratelimit.WithRedis(ratelimit.RedisOptions{OperatorRefresh: -1}),
 		ratelimit.WithLogger(slog.New(slog.NewTextHandler(&buf, nil)), false)}, opts...)
 	l, err := ratelimit.New(newStubRedis(), genLimits(), opts...)
 	if err != nil {
@@ -418,7 +418,7 @@ func TestRouteTableMethodAndSlash(t *testing.T) {
 		} {
 			table := map[string]ratelimit.RouteLimits{tc.entry: {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("route")}}}
 			newL := func(router string) *ratelimit.Limiter {
-				o := append([]ratelimit.Option{ratelimit.WithRoutes(table), ratelimit.WithPrefix(fmt.Sprintf("ms%d%s:", i, router))}, opts...)
+				o := append([]ratelimit.Option{ratelimit.WithRoutes(table), ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: fmt.Sprintf("ms%d%s:", i, router)})}, opts...)
 				return perIP(t, rdb, 100, o...)
 			}
 			type router struct {

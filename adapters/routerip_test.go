@@ -29,7 +29,7 @@ import (
 func TestRouterClientIP(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
 		newLimiter := func(t *testing.T) *ratelimit.Limiter {
-			o := append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithPrefix(t.Name() + ":")}, opts...)
+			o := append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: t.Name() + ":"})}, opts...)
 			l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.FromRouter())).Named("ip")}, o...)
 			if err != nil {
 				t.Fatal(err)

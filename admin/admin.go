@@ -44,7 +44,7 @@
 // blocks the watched Limiters apply ([ratelimit.Inspector.OperatorState]);
 // unblock and clear change them in Redis through each watched Limiter's
 // [ratelimit.Inspector.Operator], for every replica (each within its
-// refresh interval, [ratelimit.WithOperatorRefresh]).
+// refresh interval, [ratelimit.RedisOptions].OperatorRefresh).
 //
 // The Handler trusts whoever reaches it: mount it on a port only
 // operators reach. It refuses cross-origin POSTs from browsers

@@ -60,7 +60,7 @@ func newFixture(t *testing.T, opts admin.Options) *fixture {
 	lim, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(3, ratelimit.Header("X-Client")).Named("client"),
 		ratelimit.PerMinute(1000, ratelimit.Global()).Named("all"),
-	}, ratelimit.WithObserver(adm), ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithDenyCache(0))
+	}, ratelimit.WithObserver(adm), ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ import (
 // Middleware returns chi middleware that decides every request with l (see
 // [ratelimit.Pass.Check]): a denied request gets 429, one l cannot decide
 // the failure mode, as plain text unless l has handlers of its own
-// ([ratelimit.WithDeniedHandler], [ratelimit.WithUnavailableHandler]).
+// ([ratelimit.Handlers].Denied, [ratelimit.Handlers].Unavailable).
 // Mount it with Use on the root router, or with Use, With or Group further
 // down, for example after authentication. chi routes a request only after
 // the root's middleware, so Middleware looks the route up first:

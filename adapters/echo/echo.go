@@ -45,8 +45,8 @@ import (
 // [ratelimit.WithMissingKey]) gets echo.NewHTTPError(401), with no
 // rate-limit headers of l's and the error, which wraps
 // [ratelimit.ErrNoKey], in its Internal field. A Limiter with a handler
-// of its own for the case ([ratelimit.WithDeniedHandler],
-// [ratelimit.WithUnavailableHandler], [ratelimit.WithMissingKeyHandler])
+// of its own for the case ([ratelimit.Handlers].Denied,
+// [ratelimit.Handlers].Unavailable, [ratelimit.Handlers].MissingKey)
 // answers with it instead, and Middleware returns nil. Errors that handlers
 // return (echo.HTTPError included) reach the HTTPErrorHandler unchanged.
 //

@@ -57,8 +57,8 @@ var (
 // client: [ErrTooManyRequests] for a 429, the reason the Limiter could not
 // decide for a 503 (it may name the Redis server, so it is not for
 // clients), an error wrapping [ratelimit.ErrNoKey] for a 401. A Limiter
-// with a handler of its own for the case ([ratelimit.WithDeniedHandler],
-// [ratelimit.WithUnavailableHandler], [ratelimit.WithMissingKeyHandler])
+// with a handler of its own for the case ([ratelimit.Handlers].Denied,
+// [ratelimit.Handlers].Unavailable, [ratelimit.Handlers].MissingKey)
 // answers with it instead, and nothing is recorded.
 //
 // A [ratelimit.ClientIP] key given [ratelimit.FromRouter] counts by gin's

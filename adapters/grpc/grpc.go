@@ -86,8 +86,8 @@
 // client reads them the same way whatever the outcome, as an HTTP client
 // does; the status details travel in the trailers as usual.
 //
-// A Limiter with handlers of its own ([ratelimit.WithDeniedHandler],
-// [ratelimit.WithUnavailableHandler], [ratelimit.WithMissingKeyHandler])
+// A Limiter with handlers of its own ([ratelimit.Handlers].Denied,
+// [ratelimit.Handlers].Unavailable, [ratelimit.Handlers].MissingKey)
 // still runs them; their body is
 // dropped, and the status they write picks the code: 429 ResourceExhausted
 // (with the details above), 401 Unauthenticated, 403 PermissionDenied,

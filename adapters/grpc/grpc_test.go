@@ -148,7 +148,7 @@ func TestRouteLimit(t *testing.T) {
 func TestForwardedFor(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		t.Run("untrusted peer", func(t *testing.T) {
-			s := serve(t, newLimiter(t, rdb, perPeer(1), ratelimit.WithPrefix("untrusted:")), nil)
+			s := serve(t, newLimiter(t, rdb, perPeer(1), ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: "untrusted:"})), nil)
 			if _, err := s.check(t, "x-forwarded-for", "203.0.113.1"); err != nil {
 				t.Fatal(err)
 			}
@@ -158,7 +158,7 @@ func TestForwardedFor(t *testing.T) {
 		})
 		t.Run("trusted peer", func(t *testing.T) {
 			limits := []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustProxies("127.0.0.0/8"))).Named("ip")}
-			s := serve(t, newLimiter(t, rdb, limits, ratelimit.WithPrefix("trusted:")), nil)
+			s := serve(t, newLimiter(t, rdb, limits, ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: "trusted:"})), nil)
 			for _, ip := range []string{"203.0.113.1", "203.0.113.2"} {
 				if _, err := s.check(t, "x-forwarded-for", ip); err != nil {
 					t.Fatalf("first call of %s: %v", ip, err)
@@ -345,11 +345,11 @@ func TestLimiterHandlers(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				var called atomic.Int32
-				l := newLimiter(t, rdb, perPeer(1), ratelimit.WithPrefix(tc.name+":"),
-					ratelimit.WithDeniedHandler(func(w http.ResponseWriter, r *http.Request, res ratelimit.Result) {
+				l := newLimiter(t, rdb, perPeer(1), ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: tc.name + ":"}),
+					ratelimit.WithHandlers(ratelimit.Handlers{Denied: func(w http.ResponseWriter, r *http.Request, res ratelimit.Result) {
 						called.Add(1)
 						tc.handler(w, r, res)
-					}))
+					}}))
 				s := serve(t, l, nil)
 				if _, err := s.check(t); err != nil {
 					t.Fatal(err)
@@ -372,9 +372,9 @@ func TestLimiterHandlers(t *testing.T) {
 		}
 	})
 	t.Run("unavailable handler", func(t *testing.T) {
-		l := newLimiter(t, deadRedis(t), perPeer(1), ratelimit.WithUnavailableHandler(func(w http.ResponseWriter, _ *http.Request, _ error) {
+		l := newLimiter(t, deadRedis(t), perPeer(1), ratelimit.WithHandlers(ratelimit.Handlers{Unavailable: func(w http.ResponseWriter, _ *http.Request, _ error) {
 			w.WriteHeader(http.StatusServiceUnavailable)
-		}))
+		}}))
 		_, err := serve(t, l, nil).check(t)
 		mustCode(t, err, codes.Unavailable)
 	})
@@ -434,10 +434,10 @@ func TestQuotaFailureNamesDenier(t *testing.T) {
 			// Without the deny cache, Redis denies and reports both limits,
 			// which reset at the same second; with it, the denial comes
 			// from memory and reports key alone.
-			for _, cache := range []time.Duration{0, time.Second} {
+			for _, cache := range []time.Duration{-1, time.Second} {
 				name := fmt.Sprintf("%s-first/deny-cache-%v", order[0].Name, cache)
 				t.Run(name, func(t *testing.T) {
-					s := serve(t, newLimiter(t, rdb, order, ratelimit.WithPrefix(name+":"), ratelimit.WithDenyCache(cache)), nil)
+					s := serve(t, newLimiter(t, rdb, order, ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: name + ":", DenyCache: cache})), nil)
 					if _, err := s.check(t, "x-api-key", "k"); err != nil {
 						t.Fatal(err)
 					}
@@ -451,7 +451,7 @@ func TestQuotaFailureNamesDenier(t *testing.T) {
 			}
 		}
 		t.Run("X-RateLimit only", func(t *testing.T) {
-			l := newLimiter(t, rdb, []ratelimit.Limit{ip, key}, ratelimit.WithPrefix("x:"), ratelimit.WithHeaders(ratelimit.HeadersXRateLimit))
+			l := newLimiter(t, rdb, []ratelimit.Limit{ip, key}, ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: "x:"}), ratelimit.WithHeaders(ratelimit.HeadersXRateLimit))
 			s := serve(t, l, nil)
 			if _, err := s.check(t, "x-api-key", "k"); err != nil {
 				t.Fatal(err)
@@ -481,7 +481,7 @@ func TestCallersDeadline(t *testing.T) {
 	}
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		for _, mode := range []ratelimit.FailureMode{ratelimit.FailClosed, ratelimit.FailOpen} {
-			l := newLimiter(t, rdb, perPeer(10), ratelimit.WithFailureMode(mode), ratelimit.WithCircuitBreaker(3, time.Hour))
+			l := newLimiter(t, rdb, perPeer(10), ratelimit.WithFailureMode(mode), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 3, BreakerCoolDown: time.Hour}))
 			hurried := serve(t, l, []grpc.UnaryServerInterceptor{expire})
 			for range 5 {
 				// A call whose decision Redis answered in time is

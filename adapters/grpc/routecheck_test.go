@@ -42,7 +42,7 @@ func TestCheckRoutes(t *testing.T) {
 	}
 	check := func(table map[string]ratelimit.RouteLimits) error {
 		l, err := ratelimit.New(deadRedis(t), []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("ip")},
-			ratelimit.WithRoutes(table), ratelimit.WithOperatorRefresh(0))
+			ratelimit.WithRoutes(table), ratelimit.WithRedis(ratelimit.RedisOptions{OperatorRefresh: -1}))
 		if err != nil {
 			t.Fatal(err)
 		}

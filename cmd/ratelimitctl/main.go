@@ -1,7 +1,7 @@
 // Command ratelimitctl changes the operator state of the ratelimit Limiters
 // that share a Redis and a key prefix, while they run: quota overrides and
 // manual blocks (see ratelimit.Operator). Every Limiter applies a change
-// within its refresh interval (ratelimit.WithOperatorRefresh, 1s by
+// within its refresh interval (ratelimit.RedisOptions.OperatorRefresh, 1s by
 // default) plus one decision timeout.
 //
 // Usage:
@@ -73,7 +73,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	url := fs.String("redis", "redis://localhost:6379", "Redis URL (redis:// or rediss://)")
 	cluster := fs.Bool("cluster", false, "the URL names nodes of a Redis Cluster")
-	prefix := fs.String("prefix", "ratelimit:", "the Limiters' key prefix (WithPrefix)")
+	prefix := fs.String("prefix", "ratelimit:", "the Limiters' key prefix (RedisOptions.Prefix)")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for Redis")
 	usage := func() {
 		fmt.Fprintln(stderr, globalUsage)

@@ -50,7 +50,7 @@ func newLimiter(rdb redis.UniversalClient, opts ...ratelimit.Option) (*ratelimit
 	}, append([]ratelimit.Option{
 		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit | ratelimit.HeadersIETF),
 		ratelimit.WithErrorHandler(func(r *http.Request, err error) { log.Printf("rate limiter: %v", err) }),
-		ratelimit.WithDeniedHandler(ratelimit.ProblemDetails),
+		ratelimit.WithHandlers(ratelimit.Handlers{Denied: ratelimit.ProblemDetails}),
 		// Routes' own limits and costs, in chi's templates or the canonical
 		// form: "/users/{id}" is the same template in every router.
 		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{

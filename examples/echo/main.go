@@ -50,7 +50,7 @@ func newLimiter(rdb redis.UniversalClient, opts ...ratelimit.Option) (*ratelimit
 	}, append([]ratelimit.Option{
 		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit | ratelimit.HeadersIETF),
 		ratelimit.WithErrorHandler(func(r *http.Request, err error) { log.Printf("rate limiter: %v", err) }),
-		ratelimit.WithDeniedHandler(ratelimit.ProblemDetails),
+		ratelimit.WithHandlers(ratelimit.Handlers{Denied: ratelimit.ProblemDetails}),
 		// Routes' own limits and costs, in the canonical form ("/users/{id}"
 		// for echo's "/users/:id"; either spelling works).
 		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
@@ -66,7 +66,7 @@ func router(api *ratelimit.Limiter) http.Handler {
 	e.HideBanner = true
 	// e.Use runs after routing, before or after the routes are added.
 	// Denials go to e.HTTPErrorHandler as echo.HTTPErrors unless, as here,
-	// WithDeniedHandler answers them.
+	// Handlers.Denied answers them.
 	e.Use(echoratelimit.Middleware(api))
 	e.GET("/users/:id", func(c echo.Context) error {
 		return c.String(http.StatusOK, "user "+c.Param("id")+"\n")

@@ -73,7 +73,7 @@ func newLimiter(rdb redis.UniversalClient, opts ...ratelimit.Option) (*ratelimit
 		// Health checks are neither counted nor limited.
 		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
 		// 429s are JSON of this server's own.
-		ratelimit.WithDeniedHandler(tooManyRequests),
+		ratelimit.WithHandlers(ratelimit.Handlers{Denied: tooManyRequests}),
 	}, opts...)...)
 }
 

@@ -57,7 +57,7 @@ var epoch = time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 func newLimiter(t *testing.T, b backend, m *ratelimitotel.Metrics, limits []ratelimit.Limit, opts ...ratelimit.Option) *ratelimit.Limiter {
 	t.Helper()
 	opts = append([]ratelimit.Option{
-		ratelimit.WithObserver(m), ratelimit.WithDenyCache(0),
+		ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1}),
 		ratelimit.WithClock(func() time.Time { return epoch }),
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
 	}, opts...)
@@ -165,7 +165,7 @@ func TestMetrics(t *testing.T) {
 		lim := newLimiter(t, b, m, []ratelimit.Limit{
 			ratelimit.PerMinute(2, ratelimit.Global()).Named("api"),
 			ratelimit.PerMinute(1, ratelimit.Global()).Shadowed().Named("trial"),
-		}, ratelimit.WithCircuitBreaker(1, time.Hour), ratelimit.WithFailureMode(ratelimit.FailOpen),
+		}, ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithFailureMode(ratelimit.FailOpen),
 			ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }))
 		h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		ctx := context.Background()
@@ -286,7 +286,7 @@ func TestWatchCounts(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	m, reader := newMetrics(t)
-	opts := []ratelimit.Option{ratelimit.WithCircuitBreaker(1, time.Hour), ratelimit.WithTimeout(redistest.DecisionTimeout)}
+	opts := []ratelimit.Option{ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout)}
 	watched, err := ratelimit.New(c, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global()).Named("watched")}, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -394,7 +394,7 @@ func TestOneStep(t *testing.T) {
 		t.Cleanup(func() { slog.SetDefault(old) })
 		m, reader := newMetrics(t)
 		lim, err := ratelimit.New(b.client, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
-			ratelimit.WithObserver(m), ratelimit.WithCircuitBreaker(1, time.Hour), ratelimit.WithTimeout(redistest.DecisionTimeout),
+			ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout),
 			ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login")}}}))
 		if err != nil {
 			t.Fatal(err)
@@ -439,7 +439,7 @@ func TestMissingKey(t *testing.T) {
 		lim := newLimiter(t, b, m, []ratelimit.Limit{
 			ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("ip"),
 			ratelimit.PerMinute(10, ratelimit.UserFromContext(userKey{})).Named("user"),
-		}, ratelimit.WithCircuitBreaker(1, time.Hour))
+		}, ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}))
 		h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		for range 3 {
 			w := httptest.NewRecorder()

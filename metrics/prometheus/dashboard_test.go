@@ -50,7 +50,7 @@ func gatherAll(t *testing.T) exported {
 		ratelimit.PerMinute(2, ratelimit.Header("X-Client")).Named("api"),
 		ratelimit.PerMinute(1, ratelimit.Header("X-Client")).Shadowed().Named("trial"),
 	}, ratelimit.WithObserver(m), ratelimit.WithClock(func() time.Time { return now }),
-		ratelimit.WithDenyCache(time.Minute), ratelimit.WithCircuitBreaker(1, time.Hour),
+		ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: time.Minute, BreakerFailures: 1, BreakerCoolDown: time.Hour}),
 		ratelimit.WithMissingKey(ratelimit.MissingKeyDeny), // said: no warning logged
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }))

@@ -31,7 +31,7 @@ func TestMetrics(t *testing.T) {
 	lim, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(2, ratelimit.Global()).Named("api"),
 		ratelimit.PerMinute(1, ratelimit.Global()).Shadowed().Named("trial"),
-	}, ratelimit.WithObserver(m), ratelimit.WithDenyCache(0), ratelimit.WithCircuitBreaker(1, time.Hour),
+	}, ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1, BreakerFailures: 1, BreakerCoolDown: time.Hour}),
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
 		ratelimit.WithAllowList(ratelimit.Header("X-Probe"), "uptime"))
@@ -107,7 +107,7 @@ func TestOneStep(t *testing.T) {
 	srv := redistest.Start(t)
 	m := ratelimitprom.New()
 	lim, err := ratelimit.New(srv.Client(), []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
-		ratelimit.WithObserver(m), ratelimit.WithCircuitBreaker(1, time.Hour), ratelimit.WithTimeout(redistest.DecisionTimeout),
+		ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login")}}}))
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +180,7 @@ func TestMissingKey(t *testing.T) {
 			lim, err := ratelimit.New(client(t), []ratelimit.Limit{
 				ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("ip"),
 				ratelimit.PerMinute(10, ratelimit.UserFromContext(userKey{})).Named("user"),
-			}, ratelimit.WithObserver(m), ratelimit.WithCircuitBreaker(1, time.Hour), ratelimit.WithTimeout(redistest.DecisionTimeout))
+			}, ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout))
 			if err != nil {
 				t.Fatal(err)
 			}

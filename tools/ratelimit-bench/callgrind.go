@@ -281,7 +281,7 @@ func callgrindRun(decisions, batch int, keep, entries string) error {
 		name := "cg" + strconv.Itoa(n)
 		newLimiter := func(quota int) (*ratelimit.Limiter, error) {
 			return ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(window, quota, ratelimit.Global()).Named(name)},
-				ratelimit.WithClock(clock), ratelimit.WithDenyCache(0), ratelimit.WithCircuitBreaker(0, 0),
+				ratelimit.WithClock(clock), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1, BreakerFailures: -1}),
 				ratelimit.WithTimeout(10*time.Minute))
 		}
 		allow, err := newLimiter(admitQuota)

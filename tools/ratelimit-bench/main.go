@@ -375,7 +375,7 @@ func (b bench) memoryFull(lim ratelimit.Limit, keys int) (float64, error) {
 	}
 	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 	l, err := ratelimit.New(b.rdb, []ratelimit.Limit{lim}, ratelimit.WithTimeout(5*time.Second),
-		ratelimit.WithClock(func() time.Time { return now }), ratelimit.WithDenyCache(0))
+		ratelimit.WithClock(func() time.Time { return now }), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1}))
 	if err != nil {
 		return 0, err
 	}
