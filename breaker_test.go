@@ -27,7 +27,7 @@ func TestCircuitBreaker(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	var hooked []error
 	lim := mustNew(t, c, []Limit{PerMinute(100, Global())}, WithRedis(RedisOptions{BreakerFailures: 3, BreakerCoolDown: 10 * time.Second}),
-		WithErrorHandler(func(_ *http.Request, err error) { hooked = append(hooked, err) }))
+		WithHandlers(Handlers{Error: func(_ *http.Request, err error) { hooked = append(hooked, err) }}))
 	clock := &testClock{t: t0}
 	lim.redis.Breakers.Now = clock.Now
 	allow := func() error {
@@ -101,7 +101,7 @@ func TestFailLocal(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	var hooked int
 	lim := mustNew(t, c, []Limit{PerMinute(3, ClientIP()).Named("ip")}, WithFailureMode(FailLocal),
-		WithRedis(RedisOptions{BreakerFailures: -1}), WithErrorHandler(func(*http.Request, error) { hooked++ }))
+		WithRedis(RedisOptions{BreakerFailures: -1}), WithHandlers(Handlers{Error: func(*http.Request, error) { hooked++ }}))
 	h := lim.Handler(okHandler)
 	codes := func(n int, addr string) string {
 		var s []string

@@ -304,7 +304,7 @@ func TestChaosScriptFlush(t *testing.T) {
 	var failures atomic.Int64
 	const quota = 300
 	ld := startLoad(t, srv, []Limit{PerMinute(quota, Global()).Named("flush")},
-		WithTimeout(redistest.DecisionTimeout), WithErrorHandler(func(*http.Request, error) { failures.Add(1) }))
+		WithTimeout(redistest.DecisionTimeout), WithHandlers(Handlers{Error: func(*http.Request, error) { failures.Add(1) }}))
 	flushes := 0
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); flushes++ {
 		var err error

@@ -31,6 +31,14 @@ type Handlers struct {
 	// grpcratelimit). Giving it silences the one-time warning of the
 	// default. Default: 401 with the body "Unauthorized".
 	MissingKey func(w http.ResponseWriter, r *http.Request, err error)
+
+	// Error receives every error that makes the middleware apply its
+	// failure mode (Redis errors, timeouts, an open circuit breaker, a bad
+	// cost), every [ErrNoKey] of a request a Key cannot identify, and
+	// every error of a refund [WithRefund] asked for, for logging. It runs
+	// on the request's goroutine, before the answer: keep it fast. It does
+	// not see [Limiter.Allow]'s errors, which Allow returns. Default: none.
+	Error func(r *http.Request, err error)
 }
 
 // WithHandlers sets the Limiter's own answers ([Handlers]). Several
@@ -46,6 +54,9 @@ func WithHandlers(h Handlers) Option {
 		}
 		if h.MissingKey != nil {
 			c.onNoKey, c.missingKeySet = h.MissingKey, true
+		}
+		if h.Error != nil {
+			c.onError = h.Error
 		}
 	}
 }

@@ -33,7 +33,7 @@ var ErrNotReverted = errors.New("ratelimit: entries could not be removed")
 // forwarding header. It is not a failure: the middleware answers such a
 // request as [WithMissingKey] says (by default 401 Unauthorized, gRPC
 // Unauthenticated), never with the failure mode, and never falls back to
-// a bucket shared with other clients. [WithErrorHandler], a
+// a bucket shared with other clients. [Handlers].Error, a
 // [Handlers].MissingKey and observers get an error that wraps it, for
 // errors.Is.
 var ErrNoKey = errors.New("ratelimit: request has no key")

@@ -58,7 +58,7 @@ func rateLimit(l *ratelimit.Limiter, pr *pathRouter) func(http.Handler) http.Han
 			if p := pr.match(r); p != "" {
 				r.Pattern = p // the router's syntax: the Limiter reads ":id" as {id}
 			}
-			v, _ := pass.Decide(w, r) // the error is for logs; WithErrorHandler gets it too
+			v, _ := pass.Decide(w, r) // the error is for logs; Handlers.Error gets it too
 			var status int
 			switch v {
 			case ratelimit.Proceed:

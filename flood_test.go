@@ -292,13 +292,13 @@ func TestFloodKeepsBreakerClosedHTTP(t *testing.T) {
 	st := &floodStats{}
 	flooder := "192.0.2.1"
 	lim, err := New(redis.Client(), []Limit{PerMinute(5, ClientIP(TrustProxies("127.0.0.1"))).Named("flood")}, WithTimeout(floodTimeout),
-		WithErrorHandler(func(r *http.Request, err error) {
+		WithHandlers(Handlers{Error: func(r *http.Request, err error) {
 			if r.Header.Get("X-Forwarded-For") != flooder {
 				st.why(err)
 			} else if errors.Is(err, ErrCircuitOpen) {
 				st.floodCircuit.Add(1)
 			}
-		}))
+		}}))
 	if err != nil {
 		t.Fatal(err)
 	}

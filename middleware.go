@@ -331,18 +331,3 @@ func (rs *ruleset) requestIDs(r *http.Request, s *scratch) (cost int, err error)
 	}
 	return cost, nil
 }
-
-// WithErrorHandler sets a function that receives every error that makes the
-// middleware apply its failure mode (Redis errors, timeouts, an open circuit
-// breaker, a bad cost), every [ErrNoKey] of a request a Key cannot identify
-// (answered as [WithMissingKey] says), and every error of a refund
-// [WithRefund] asked for, for logging and metrics. It runs on the request's
-// goroutine, before the failure response; keep it fast. It does not see
-// [Limiter.Allow]'s errors, which Allow returns. Default: none. A nil h is
-// an error from [New].
-func WithErrorHandler(h func(r *http.Request, err error)) Option {
-	return func(c *config) {
-		c.nilArg("WithErrorHandler", h == nil, "leave the option out")
-		c.onError = h
-	}
-}

@@ -474,7 +474,7 @@ func testFailureModes(t *testing.T, b backend) {
 		}
 		var hooked []error
 		lim := mustNew(t, c, limits, WithFailureMode(tc.mode),
-			WithErrorHandler(func(_ *http.Request, err error) { hooked = append(hooked, err) }))
+			WithHandlers(Handlers{Error: func(_ *http.Request, err error) { hooked = append(hooked, err) }}))
 		w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1")
 		if w.Code != tc.status || len(hooked) != 1 || !strings.Contains(hooked[0].Error(), tc.err) {
 			t.Errorf("%v: status %d, hook got %v; want %q", tc.mode, w.Code, hooked, tc.err)
@@ -490,7 +490,7 @@ func testFailureModes(t *testing.T, b backend) {
 	// handler too, but is answered as WithMissingKey says (401).
 	var hooked error
 	lim := mustNew(t, c, []Limit{PerMinute(5, Header("X-Api-Key"))},
-		WithErrorHandler(func(_ *http.Request, err error) { hooked = err }))
+		WithHandlers(Handlers{Error: func(_ *http.Request, err error) { hooked = err }}))
 	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 401 || !errors.Is(hooked, ErrNoKey) {
 		t.Errorf("missing key: status %d, hook got %v", w.Code, hooked)
 	}

@@ -9,7 +9,7 @@ import "errors"
 // one-time warning of the default. An error from a Key that does not wrap
 // [ErrNoKey] (a [KeyFunc] whose session store is down), a [Plans].Of error
 // and a cost below 1 are not missing keys: they get the failure mode.
-// [WithErrorHandler] sees the error in every case. [Limiter.Allow] returns
+// [Handlers].Error sees the error in every case. [Limiter.Allow] returns
 // ErrNoKey for an empty id whatever this option says. An unknown value is
 // an error from [New].
 func WithMissingKey(m MissingKey) Option {

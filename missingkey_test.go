@@ -27,7 +27,7 @@ func testMissingKey(t *testing.T, b backend) {
 			logger, logs := newLogger()
 			lim := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("ip-" + mode.String()), PerMinute(2, UserFromContext(ctxKey{})).Named("user-" + mode.String())},
 				WithFailureMode(mode), WithObserver(&obs), WithLogger(logger, false), WithRedis(RedisOptions{BreakerFailures: 2, BreakerCoolDown: 1 << 40}),
-				WithErrorHandler(func(_ *http.Request, err error) { hooked = append(hooked, err) }))
+				WithHandlers(Handlers{Error: func(_ *http.Request, err error) { hooked = append(hooked, err) }}))
 			h := lim.Handler(okHandler)
 			for i := range 5 {
 				w := serve(h, "GET", "/", "192.0.2.1:1") // no user

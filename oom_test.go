@@ -29,7 +29,7 @@ func TestDenialsUnderOOM(t *testing.T) {
 			lim := mustNew(t, c, []Limit{
 				PerMinute(2, ClientIP()).Named("ip"),
 				PerMinute(100, ClientIP()).Bucketed(time.Second).Named("bk"),
-			}, WithFailureMode(FailOpen), WithErrorHandler(func(*http.Request, error) { failures++ }), WithRedis(RedisOptions{DenyCache: -1}))
+			}, WithFailureMode(FailOpen), WithHandlers(Handlers{Error: func(*http.Request, error) { failures++ }}), WithRedis(RedisOptions{DenyCache: -1}))
 			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(scriptsOnly)
 			h := lim.Handler(okHandler)
 			for i := range 2 {

@@ -14,7 +14,7 @@ import (
 //
 // Nil is never a default: a nil Option, and an option given a nil
 // function, interface or pointer (WithClock(nil), WithCost(nil),
-// WithErrorHandler(nil), WithSkip(nil), WithRefund(nil),
+// WithSkip(nil), WithRefund(nil),
 // WithObserver(nil), WithLogger(nil, ...), WithRoutesFrom(nil)), is an
 // error from [New] that names it: leave the option out to keep its
 // default. (A nil or empty map or list, such as WithRoutes(nil), is an

@@ -217,15 +217,14 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 func TestNilOptions(t *testing.T) {
 	limits := []Limit{PerMinute(1, ClientIP()).Named("ip")}
 	for name, opt := range map[string]Option{
-		"WithClock":        WithClock(nil),
-		"WithCost":         WithCost(nil),
-		"WithErrorHandler": WithErrorHandler(nil),
-		"WithSkip":         WithSkip(nil),
-		"WithRefund":       WithRefund(nil),
-		"WithObserver":     WithObserver(nil),
-		"WithLogger":       WithLogger(nil, false),
-		"WithRoutesFrom":   WithRoutesFrom(nil),
-		"option 1 is nil":  nil,
+		"WithClock":       WithClock(nil),
+		"WithCost":        WithCost(nil),
+		"WithSkip":        WithSkip(nil),
+		"WithRefund":      WithRefund(nil),
+		"WithObserver":    WithObserver(nil),
+		"WithLogger":      WithLogger(nil, false),
+		"WithRoutesFrom":  WithRoutesFrom(nil),
+		"option 1 is nil": nil,
 	} {
 		_, err := New(stubClient{}, limits, WithTimeout(time.Second), opt)
 		if err == nil || !strings.Contains(err.Error(), name) {

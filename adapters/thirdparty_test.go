@@ -95,7 +95,7 @@ func tinyRateLimit(l *ratelimit.Limiter, router *tinyRouter) func(http.Handler) 
 			if _, pattern := router.Match(r.Method, r.URL.Path); pattern != "" {
 				r.Pattern = pattern
 			}
-			v, _ := pass.Decide(w, r) // the error is for logs: WithErrorHandler has it too
+			v, _ := pass.Decide(w, r) // the error is for logs: Handlers.Error has it too
 			status := 0
 			switch v {
 			case ratelimit.Proceed:

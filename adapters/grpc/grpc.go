@@ -75,12 +75,12 @@
 //   - not decided, under the failure mode ([ratelimit.FailClosed], or
 //     [ratelimit.FailLocal] when the call's cost is below 1):
 //     codes.Unavailable, with a RetryInfo of 1 second. The reason goes to
-//     [ratelimit.WithErrorHandler], never to the client;
+//     [ratelimit.Handlers].Error, never to the client;
 //   - a Key cannot identify the call (no user in its context, a missing
 //     metadata key; [ratelimit.ErrNoKey]) under [ratelimit.WithMissingKey]'s
 //     default: codes.Unauthenticated, "rate limiter cannot identify the
 //     caller", with no RetryInfo (waiting does not help). The reason goes
-//     to [ratelimit.WithErrorHandler], never to the client.
+//     to [ratelimit.Handlers].Error, never to the client.
 //
 // The headers are sent as header metadata rather than trailers so that a
 // client reads them the same way whatever the outcome, as an HTTP client

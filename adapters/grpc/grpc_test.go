@@ -202,11 +202,11 @@ func TestFailureModes(t *testing.T) {
 	rdb := deadRedis(t)
 	var errs []error
 	var mu sync.Mutex
-	onError := ratelimit.WithErrorHandler(func(_ *http.Request, err error) {
+	onError := ratelimit.WithHandlers(ratelimit.Handlers{Error: func(_ *http.Request, err error) {
 		mu.Lock()
 		errs = append(errs, err)
 		mu.Unlock()
-	})
+	}})
 	s := serve(t, newLimiter(t, rdb, perPeer(10), onError), nil)
 	md, err := s.check(t)
 	st := mustCode(t, err, codes.Unavailable)

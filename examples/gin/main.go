@@ -49,7 +49,7 @@ func newLimiter(rdb redis.UniversalClient, opts ...ratelimit.Option) (*ratelimit
 		ratelimit.PerMinute(5, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("per-route"),
 	}, append([]ratelimit.Option{
 		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit | ratelimit.HeadersIETF),
-		ratelimit.WithErrorHandler(func(r *http.Request, err error) { log.Printf("rate limiter: %v", err) }),
+		ratelimit.WithHandlers(ratelimit.Handlers{Error: func(r *http.Request, err error) { log.Printf("rate limiter: %v", err) }}),
 		ratelimit.WithHandlers(ratelimit.Handlers{Denied: ratelimit.ProblemDetails}),
 		// Routes' own limits and costs, in the canonical form ("/users/{id}"
 		// for gin's "/users/:id"; either spelling works).

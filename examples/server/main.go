@@ -65,7 +65,7 @@ func newLimiter(rdb redis.UniversalClient, opts ...ratelimit.Option) (*ratelimit
 		}),
 	}, append([]ratelimit.Option{
 		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit | ratelimit.HeadersIETF),
-		ratelimit.WithErrorHandler(func(r *http.Request, err error) { log.Printf("rate limiter: %v", err) }),
+		ratelimit.WithHandlers(ratelimit.Handlers{Error: func(r *http.Request, err error) { log.Printf("rate limiter: %v", err) }}),
 		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
 			"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.ClientIP()).Named("login")}},
 			"GET /report": {Cost: 5},
