@@ -47,7 +47,7 @@ type Limit struct {
 	// (of the go-redis types) and prefix, that counts another kind of key
 	// (another header, for a [Header] key), in another window, or exact
 	// where the other is bucketed (or in buckets of another length); and,
-	// for a default name, of another quota (the name no longer says it:
+	// for a default name, of another quota (the name does not say it:
 	// such limits were not meant to share a count). The error names both
 	// definitions. The quota of an explicit name may differ, as between
 	// replicas of two releases, and between the Limiters before and after
