@@ -26,11 +26,12 @@ import (
 // is sent to the node that has its key, once, and the healthy decisions of
 // the same primary are logged exactly once.
 //
-// Before, go-redis (v9.23.0) sent every command of a primary's pipeline
-// again, up to MaxRedirects (3) times, when the first of them got a reply
-// it retries (TRYAGAIN, and also LOADING, CLUSTERDOWN, MASTERDOWN...):
-// the healthy decisions queued behind a TRYAGAIN one were logged 4 times
-// each, never rolled back, never counted in Unreverted.
+// go-redis sends every command of a primary's pipeline again, up to
+// MaxRedirects (3) times, when the first of them gets a reply it retries
+// (TRYAGAIN, and also LOADING, CLUSTERDOWN, MASTERDOWN...), unless the
+// commands say NoRetry: the healthy decisions queued behind a TRYAGAIN one
+// would be logged 4 times each, never rolled back, never counted in
+// Unreverted.
 func TestClusterPipelineRedirects(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
@@ -202,9 +203,8 @@ func TestClusterPipelineRedirects(t *testing.T) {
 // (one of its two keys moved, so Redis answers TRYAGAIN to its call), then
 // that of a healthy client of the same primary. The migrating client is
 // decided one key at a time and admitted; the healthy one is logged
-// exactly once, and nothing is left unreverted. Before, go-redis sent the
-// healthy decision 3 more times behind the TRYAGAIN one: its logs held 4
-// entries for 1 admission.
+// exactly once (not 3 more times behind the TRYAGAIN one: 4 entries for
+// 1 admission), and nothing is left unreverted.
 //
 // The batch is forced as TestModel does: every sender of the batcher is
 // held at the client by a hook, on decisions of other clients, while the

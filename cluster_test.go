@@ -454,8 +454,9 @@ func testPipelineReload(t *testing.T, b backend) {
 // command (CLUSTERDOWN) until its replica is promoted, so decisions on the
 // healthy primaries fail too for a while; the test logs that window and
 // asserts that it ends with the failover: the CLUSTERDOWN replies do not
-// open the healthy primaries' breakers (they did, which failed decisions
-// on them 521-848ms after they reported cluster_state:ok again), so no
+// open the healthy primaries' breakers (breakers they opened would fail
+// decisions on them for hundreds of milliseconds after they report
+// cluster_state:ok again), so no
 // decision started once every node is ok fails (a margin of 250ms is left
 // for a loaded machine to record the start of a decision).
 //
@@ -908,9 +909,9 @@ func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 // quota and no more, and its logs hold what was admitted. The other clients
 // of the source primary, and the global limit on it, are never refused: a
 // reply about one slot is not the primary failing, so its breaker stays
-// closed. Before, the breaker counted TRYAGAIN as the primary failing: after
-// five of them every client of the primary got ErrCircuitOpen, and the
-// migrating client got TRYAGAIN for the whole migration.
+// closed. A breaker that counted TRYAGAIN as the primary failing would,
+// after five of them, give every client of the primary ErrCircuitOpen, and
+// the migrating client TRYAGAIN for the whole migration.
 func TestClusterSlotMigration(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
@@ -1042,9 +1043,8 @@ func TestClusterSlotMigration(t *testing.T) {
 // CLUSTERDOWN, decisions on it fail with that error, never with
 // ErrCircuitOpen; once every node reports cluster_state:ok again, the very
 // next decisions succeed. The breakers' clock stands still, so a breaker
-// the CLUSTERDOWN replies opened (as they did before: every primary's, for
-// its cool-down, 521-848ms after the cluster was ok in a real outage)
-// would stay open, and the test would fail, however slow the machine.
+// the CLUSTERDOWN replies opened (every primary's, for its cool-down, in a
+// real outage) would stay open, and the test would fail, however slow the machine.
 func TestClusterDownRecovery(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()

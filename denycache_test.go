@@ -234,10 +234,11 @@ func itemNames(field string) []string {
 }
 
 // TestDenyCacheBucketedLimitsApart: two bucketed limits of one identifier
-// share a Redis hash, but the deny cache keeps their denials apart. Before,
-// it kept one denial per Redis key, so one limit's denial was applied to the
-// other (blamed on it, with its Retry-After), and a limit with room erased
-// the full limit's denial, so a flood on a full limit always reached Redis.
+// share a Redis hash, but the deny cache keeps their denials apart. With
+// one denial per Redis key, one limit's denial would be applied to the
+// other (blamed on it, with its Retry-After), and a limit with room would
+// erase the full limit's denial, so a flood on a full limit would always
+// reach Redis.
 func TestDenyCacheBucketedLimitsApart(t *testing.T) { forBackends(t, testDenyCacheBucketedLimitsApart) }
 
 func testDenyCacheBucketedLimitsApart(t *testing.T, b backend) {

@@ -300,9 +300,9 @@ func TestRedisAnswers(t *testing.T) {
 // TestNOPERMOnKeysKeepsFunctions: an ACL that denies some of the keys (an
 // operator's mistake, which they then fix) fails the decisions on those
 // keys alone, with NOPERM; the other decisions still run the library as a
-// function, and once the ACL is fixed the denied keys' decisions do too.
-// Before, the first NOPERM on a key ran the code as scripts for good, as if
-// FCALL were denied.
+// function, and once the ACL is fixed the denied keys' decisions do too:
+// a NOPERM on a key does not switch to scripts for good, as if FCALL were
+// denied.
 func TestNOPERMOnKeysKeepsFunctions(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client()

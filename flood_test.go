@@ -18,14 +18,14 @@ import (
 // The flood tests run a flood of requests on one key that Redis has denied,
 // which the deny cache answers from memory as fast as the process can, while
 // a few other clients, within their limits, make decisions that need Redis
-// at a modest pace. Before the deny cache yielded its core (see
-// denyCache.find), the flood kept both cores so busy that the goroutines
+// at a modest pace. A deny cache that did not yield its core (see
+// denyCache.find) would keep both cores so busy that the goroutines
 // reading Redis's replies waited for one for up to a second: with the
-// default 100ms timeout, the other clients' decisions ran out of time
-// although Redis had answered them, the breaker took those timeouts for a
-// dead Redis and opened, and every other client got the failure mode for
-// the cool-down (the flood's own 429s turned into 503s once the cached
-// denial expired).
+// default 100ms timeout, the other clients' decisions would run out of
+// time although Redis had answered them, the breaker would take those
+// timeouts for a dead Redis and open, and every other client would get the
+// failure mode for the cool-down (the flood's own 429s turned into 503s
+// once the cached denial expired).
 //
 // The tests assert that none of the other clients' decisions finds the
 // breaker open, that at most 5% of them fail, and that the flood leaves
@@ -40,9 +40,10 @@ import (
 // leaves its core now and then does. Both keep the process as busy, so
 // they see the same machine at that moment; the other clients must keep,
 // beside the flood, at least a third of the pace they keep beside the
-// reference flood. Without the fix they kept 7 to 25% of it (on this
-// 2-core machine loaded by other tests, with and without -race, process
-// CPU share 0.26 to 0.32), with it 58 to 100% (share 0.36 to 0.74).
+// reference flood. A flood that never yields leaves them 7 to 25% of it
+// (on a 2-core machine loaded by other tests, with and without -race,
+// process CPU share 0.26 to 0.32); this one leaves 58 to 100% (share 0.36
+// to 0.74).
 //
 // Decisions get a second here (floodTimeout), which a loaded machine
 // meets: in CI's cold and loaded run 100ms decisions timed out, which a

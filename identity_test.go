@@ -207,6 +207,9 @@ func TestIdentityBlocks(t *testing.T) {
 		if b.mr == nil {
 			trials = 40
 		}
+		if raceEnabled { // a third under the race detector; in full without it
+			trials /= 3
+		}
 		testIdentityBlocks(t, b, trials)
 	})
 }

@@ -25,7 +25,7 @@ type Limit struct {
 	// IETF RateLimit headers. It may hold ASCII letters, digits and "-_.",
 	// at most 64 bytes. Default: the key name and the window, such as
 	// "ip-per-1m" for PerMinute(100, ClientIP()) ("header-per-1s",
-	// "user-per-1h", "ip+route-per-10s"); for a limit a route declares
+	// "user-per-1h", "ip_route-per-10s"); for a limit a route declares
 	// ([WithRoutes]), that and the route, such as "ip-per-1m.POST_login"
 	// for "POST /login", so that the same unnamed limit on two routes
 	// counts each route apart. The default name holds no quota, so a
@@ -47,7 +47,7 @@ type Limit struct {
 	// (of the go-redis types) and prefix, that counts another kind of key
 	// (another header, for a [Header] key), in another window, or exact
 	// where the other is bucketed (or in buckets of another length); and,
-	// for a default name, of another quota (the name no longer says it:
+	// for a default name, of another quota (the name does not say it:
 	// such limits were not meant to share a count). The error names both
 	// definitions. The quota of an explicit name may differ, as between
 	// replicas of two releases, and between the Limiters before and after

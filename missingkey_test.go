@@ -14,8 +14,8 @@ import (
 // counted in no limit, no Redis failure for the circuit breaker (many of
 // them in a row leave it closed), observed with the limit that had no key
 // marked NoKey and an error that wraps ErrNoKey, and said once at Warn
-// under the default. Before, it got the failure mode: 503 under
-// FailClosed and FailLocal, served uncounted under FailOpen.
+// under the default; never the failure mode (503 under FailClosed and
+// FailLocal, served uncounted under FailOpen).
 func TestMissingKey(t *testing.T) { forBackends(t, testMissingKey) }
 
 func testMissingKey(t *testing.T, b backend) {

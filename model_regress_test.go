@@ -8,9 +8,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Divergences TestModel found between the library and its model, each
-// pinned by a short sequence of its own (the seed that found it is in the
-// commit that fixed it).
+// Divergences between the library and its model, each pinned by a short
+// sequence of its own.
 
 // modelStep is Allow at a time, failing the test on error.
 func modelStep(t *testing.T, lim *Limiter, setTime func(time.Time), at time.Time, cost int) Result {

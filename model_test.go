@@ -77,7 +77,7 @@ import (
 func TestModel(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
 		mr := miniredis.RunT(t)
-		runModel(t, modelEnv{addr: mr.Addr(), minWindow: time.Millisecond, repeats: redistest.LongOr(t, 1, 2), overrides: true})
+		runModel(t, modelEnv{addr: mr.Addr(), minWindow: time.Millisecond, repeats: redistest.LongOr(t, 1, 2-raceRuns), overrides: true})
 	})
 	t.Run("server", func(t *testing.T) {
 		srv := redistest.Start(t)

@@ -4,3 +4,6 @@ package ratelimit
 
 // raceEnabled: see race_test.go.
 const raceEnabled = false
+
+// raceRuns: see race_test.go.
+const raceRuns = 0

@@ -13,7 +13,7 @@ import (
 // TestDenialsUnderOOM: a Redis out of memory (maxmemory, noeviction)
 // refuses the limiter's writes, but a denial needs none: a client over its
 // limit is still denied, exactly, and only what would be admitted gets the
-// failure mode (here FailOpen, which used to admit the client over its
+// failure mode (here FailOpen, which must not admit the client over its
 // limit too). As a Redis Function (the check is flagged no-writes) and as a
 // script.
 func TestDenialsUnderOOM(t *testing.T) {

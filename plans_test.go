@@ -378,9 +378,9 @@ func TestPlansLocal(t *testing.T) {
 }
 
 // TestPolicyOfManyPlans: RateLimit-Policy for clients on plans of limits
-// whose combinations of plans are too many to precompute. The index of a
-// combination used to be computed in full and overflowed: 5 limits of
-// 10,000 plans each made it negative, and the request panicked.
+// whose combinations of plans are too many to precompute. An index of a
+// combination computed in full would overflow: 5 limits of 10,000 plans
+// each make it negative, and the request would panic.
 func TestPolicyOfManyPlans(t *testing.T) {
 	quotas := make(map[string]int, 10_000)
 	for i := range 10_000 {
@@ -453,8 +453,8 @@ func TestRefundUnderPlans(t *testing.T) {
 
 // TestPlanOfBounded: Of gets a context that ends with the decision's time,
 // so that an Of waiting on a slow database does not hold the request past
-// the timeout. Before, it got the request's context, which had no
-// deadline, and this test waited for Of's 10 s.
+// the timeout (the request's context has no deadline: given it, Of would
+// hold the test for its 10 s).
 func TestPlanOfBounded(t *testing.T) {
 	slowDB := func(ctx context.Context, _ string) (string, error) {
 		select {

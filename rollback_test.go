@@ -17,8 +17,8 @@ import (
 // one primary and then failed on another returns within its timeout, even
 // when the primary it must take the reservation back from has stalled
 // (SIGSTOP) meanwhile; the rollback goes on in the background, and once
-// that primary answers again the reservation is gone. (The rollback used to
-// run with a timeout of its own, doubling the decision's time.)
+// that primary answers again the reservation is gone. (A rollback with a
+// timeout of its own would double the decision's time.)
 func TestRollbackBounded(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 1)
 	quietRedisLog(t)
@@ -119,8 +119,8 @@ func (h *afterFirstCall) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 
 // TestLateReplyTakenBack: a decision that gives up on Redis answers with an
 // error, but Redis may still run its call and log the request. The reply
-// that comes late is read, and the request taken back: it leaves no entry.
-// (It used to stay counted until it left the window.)
+// that comes late is read, and the request taken back: it leaves no entry
+// (rather than staying counted until it leaves the window).
 func TestLateReplyTakenBack(t *testing.T) {
 	srv := redistest.Start(t)
 	proxy := redistest.NewProxy(t, srv.Addr)

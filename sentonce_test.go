@@ -197,9 +197,9 @@ func (env *onceEnv) settle(t *testing.T) int64 {
 // TestDecideSentOnceOnLateReply: a decision whose reply comes later than
 // the client's ReadTimeout (Redis ran it; its reply never came) is
 // run by Redis once, and the decision that got no reply counts its unit in
-// Unreverted, as possibly logged. Before, go-redis sent the call again on
-// each time-out, up to MaxRetries (3) times: Redis logged the request 4
-// times, and Unreverted said 0.
+// Unreverted, as possibly logged. (A call go-redis may retry is sent again
+// on each time-out, up to MaxRetries (3) times: Redis would log the
+// request 4 times, and Unreverted say 0.)
 func TestDecideSentOnceOnLateReply(t *testing.T) {
 	forOnceClients(t, func(t *testing.T, env *onceEnv) {
 		rdb := env.rdb
@@ -228,8 +228,8 @@ func TestDecideSentOnceOnLateReply(t *testing.T) {
 
 // TestPipelineSentOnceOnLateReply: the pipeline of decisions a Ring or a
 // split Client sends is run once by Redis when its replies come later than
-// ReadTimeout, and each decision's error says that its call may have run.
-// Before, a Client sent the whole pipeline again.
+// ReadTimeout, and each decision's error says that its call may have run
+// (a Client that retries sends the whole pipeline again).
 func TestPipelineSentOnceOnLateReply(t *testing.T) {
 	forOnceClients(t, func(t *testing.T, env *onceEnv) {
 		rdb := env.rdb
@@ -260,9 +260,9 @@ func TestPipelineSentOnceOnLateReply(t *testing.T) {
 // TestRefundSentOnceOnLateReply: a refund whose rollback call gets its
 // reply later than ReadTimeout removes the request's own entry once, never
 // another request's of the same time, and says that it could not confirm
-// it (ErrNotReverted, Unreverted). Before, go-redis sent the call again on
-// each time-out and the library's rollback tried again: the other request
-// admitted at the same millisecond lost its entry too.
+// it (ErrNotReverted, Unreverted). A call sent again on each time-out,
+// with the rollback trying again, would remove the entry of the other
+// request admitted at the same millisecond too.
 func TestRefundSentOnceOnLateReply(t *testing.T) {
 	forOnceClients(t, func(t *testing.T, env *onceEnv) {
 		rdb := env.rdb

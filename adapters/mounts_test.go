@@ -388,8 +388,8 @@ func outerGin(ip *ratelimit.Limiter) *gin.Engine {
 // TestRouteLimitsBehindOuterHandler: a Limiter whose Handler sits behind
 // other middleware sees no route; met again where the route is known, it
 // decides there the route's own limits, which the first pass could not
-// apply, and a third meeting decides nothing more. Before, the second pass
-// let every request through, and the login limit never applied. Each
+// apply, and a third meeting decides nothing more (a second pass that let
+// every request through would never apply the login limit). Each
 // request is counted once in each limit; the headers describe the limits
 // of both decisions.
 func TestRouteLimitsBehindOuterHandler(t *testing.T) {
@@ -457,7 +457,7 @@ func stackedLimiters(t *testing.T, outer, inner redis.UniversalClient, ipQuota, 
 // (the outer one, about to deny, rather than the inner one, which wrote
 // last), a denial's over an admission with fewer units left, and
 // RateLimit and RateLimit-Policy list both limits; on the same Redis and
-// on two. Before, the inner Limiter's headers replaced the outer's.
+// on two: the inner Limiter's headers never replace the outer's.
 func TestStackedHeaders(t *testing.T) {
 	for _, rt := range authRouters {
 		for _, redises := range []string{"one Redis", "two Redises"} {
@@ -472,7 +472,7 @@ func TestStackedHeaders(t *testing.T) {
 							inner = redistest.Start(t).Client()
 						}
 					}
-					// The issue's app: 5 a minute per IP outside, 50 per
+					// A per-IP Limiter outside, 5 a minute, and a per-user one, 50 per
 					// user inside. The per-IP limit is the closer one.
 					h := rt.build(stackedLimiters(t, rdb, inner, 5, 50, 1))
 					const policy = `"ip";q=5;w=60, "user";q=50;w=60`

@@ -301,7 +301,7 @@ func TestRouteTableCheck(t *testing.T) {
 	seed := genSeed(t)
 	rng := rand.New(rand.NewPCG(seed, seed))
 	rounds := 100
-	if testing.Short() {
+	if testing.Short() || raceEnabled { // in full without the race detector
 		rounds = 25
 	}
 	n := 0

@@ -469,9 +469,9 @@ func TestQuotaFailureNamesDenier(t *testing.T) {
 // grpc-timeout) ends before it is decided fails with DeadlineExceeded
 // (one whose decision was answered in time, although its context has
 // ended since, is admitted),
-// whatever the failure mode, and says nothing to the circuit breaker.
-// Before, a few such calls opened the breaker for every client, and under
-// FailOpen each was served uncounted.
+// whatever the failure mode, and says nothing to the circuit breaker (a
+// few such calls would otherwise open it for every client, and under
+// FailOpen each would be served uncounted).
 func TestCallersDeadline(t *testing.T) {
 	// expire stands for a client that gives its calls no time.
 	expire := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

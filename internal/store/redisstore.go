@@ -337,7 +337,7 @@ func (rs *Redis) deniedReadOnly(ctx context.Context, q *Query, groups [][]int, o
 // reloadClusterState asks a cluster client to reload its map of slots after
 // a failed call. go-redis learns of a failover from a MOVED reply or its
 // periodic reload (every minute by default); a primary that is gone sends
-// neither. A reload now moves decisions to the promoted replica within
+// neither. A reload moves decisions to the promoted replica within
 // moments. go-redis runs one reload at a time, 200ms apart at most.
 func (rs *Redis) reloadClusterState(ctx context.Context) {
 	if cc, ok := rs.Lib.Client().(*redis.ClusterClient); ok {
