@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -29,12 +28,6 @@ type Cluster struct {
 // a primary that does not answer for this long is failed over.
 const NodeTimeout = 1000 * time.Millisecond
 
-// NoClusterEnv is the environment variable that leaves out the tests that
-// start a Cluster: with NoClusterEnv=1, [StartCluster] skips its test.
-// CI sets it on one of the toolchains it runs the tests on, and runs them
-// on the others.
-const NoClusterEnv = "RATELIMIT_NO_CLUSTER"
-
 // StartCluster starts a Redis Cluster of primaries primaries with replicas
 // replicas each (at least 3 primaries, as Redis requires; replicas may be 0),
 // created with redis-cli --cluster create, and waits until every node reports
@@ -54,12 +47,8 @@ const NoClusterEnv = "RATELIMIT_NO_CLUSTER"
 //	// The other primaries keep serving their slots while one is down.
 //	c = redistest.StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
 //
-// With NoClusterEnv=1 it skips tb instead.
 func StartCluster(tb testing.TB, primaries, replicas int, args ...string) *Cluster {
 	tb.Helper()
-	if os.Getenv(NoClusterEnv) == "1" {
-		tb.Skipf("redistest: a Cluster test, left out with %s=1", NoClusterEnv)
-	}
 	cli := lookPath(tb, program(tb, "cli"))
 	bin := lookPath(tb, program(tb, "server"))
 	if primaries < 3 {
