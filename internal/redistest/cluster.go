@@ -46,7 +46,6 @@ const NodeTimeout = 1000 * time.Millisecond
 //
 //	// The other primaries keep serving their slots while one is down.
 //	c = redistest.StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
-//
 func StartCluster(tb testing.TB, primaries, replicas int, args ...string) *Cluster {
 	tb.Helper()
 	cli := lookPath(tb, program(tb, "cli"))
