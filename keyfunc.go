@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/slidinglog/ratelimit/internal/route"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // A Key says what a [Limit] counts by: the client IP, a header, the user, the
@@ -179,13 +179,6 @@ func nilPointer(v any) bool {
 	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
-// UnmatchedRoute is the route template of a request that matched no route
-// (a 404 or 405). [Route] counts all such requests under this one template,
-// whatever their path, so that varying the path neither escapes a limit nor
-// creates a Redis key per path. The router adapters and [Limiter.Handler]
-// (when it wraps an [http.ServeMux]) set it.
-const UnmatchedRoute = "(unmatched)"
-
 // Route returns a Key that identifies a request by its method and route
 // template, such as "GET /users/{id}", so that "/users/1" and "/users/2"
 // share a limit. It never uses the raw URL path, which a client could vary to
@@ -209,19 +202,21 @@ const UnmatchedRoute = "(unmatched)"
 // cannot make up keys by spelling it: HEAD is counted as GET (the router
 // serves it with the GET handler, so the two share one budget), the other
 // methods of HTTP's RFC 9110 and PATCH as they are, and any other method
-// ("get", "FOO") as "*". [UnmatchedRoute] is used as it is. A request
+// ("get", "FOO") as "*". [route.Unmatched], the template of every request
+// that matched no route, is used as it is, so that varying the path
+// neither escapes a limit nor creates a Redis key per path. A request
 // with no pattern at all has no key ([ErrNoKey]).
 func Route() Key {
 	return Key{name: "route", fn: func(r *http.Request) (string, error) {
 		switch p := r.Pattern; {
 		case p == "":
 			return "", fmt.Errorf("%w: no route template (wrap the route or the ServeMux, or use a router adapter)", ErrNoKey)
-		case p == UnmatchedRoute:
+		case p == route.Unmatched:
 			return p, nil
 		case p[0] != '/':
-			return route.Cached(p), nil
+			return route.Normalize(p), nil
 		default:
-			return routeMethod(r.Method) + " " + route.Cached(p), nil
+			return routeMethod(r.Method) + " " + route.Normalize(p), nil
 		}
 	}}
 }
