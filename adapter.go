@@ -48,7 +48,7 @@ func (p Pass) Check(w http.ResponseWriter, r *http.Request) bool {
 
 // UsesRouterIP reports whether some limit or allow-list of l, or of its
 // routes, counts by the client address the router resolved
-// ([ClientIP] with [FromRouter]). An adapter whose router resolves client
+// ([ClientIP] with [clientip.FromRouter]). An adapter whose router resolves client
 // addresses (gin's c.ClientIP(), echo's c.RealIP()) then puts that address
 // in r.RemoteAddr while l decides, and restores it after; otherwise it need
 // not compute it.

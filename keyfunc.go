@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/slidinglog/ratelimit/clientip"
 	"github.com/slidinglog/ratelimit/route"
 )
 
@@ -36,14 +37,14 @@ type Key struct {
 	// addr is ClientIP's client address, unmasked, for WithAllowList.
 	addr func(r *http.Request) (netip.Addr, error)
 	// lookup, if set, turns an identifier typed by hand into the one
-	// the Key returns for that client (ClientIP's, see lookupIdentifier).
+	// the Key returns for that client (ClientIP's, clientip.Resolver.Lookup).
 	lookup func(id string) string
 	// peer says that the Key counts by the connection's peer address
 	// and trusts no proxy (ClientIP without TrustProxies, or a Compose of
 	// one): behind a proxy, all its clients share one identifier.
 	peer bool
 	// router says that the Key counts by the client address the router
-	// resolved (ClientIP(FromRouter()), or a Compose of one).
+	// resolved (ClientIP(clientip.FromRouter()), or a Compose of one).
 	router bool
 	// kind, if set, is what the Key counts by when name does not say it
 	// all (see kindOf).
@@ -86,6 +87,42 @@ func Global() Key {
 // [Limiter.Allow], [Limiter.Status] or [Limiter.Reset] for a Global limit
 // so that they count in the same log as the middleware.
 const GlobalID = "global"
+
+// ClientIP returns a Key that identifies a request by its client's IP
+// address, as a [clientip.Resolver] with opts resolves it: by default the
+// peer address in [http.Request.RemoteAddr], no header believed, each IPv4
+// address and each IPv6 /64 counted apart; behind reverse proxies, list
+// them with [clientip.TrustProxies] (or [clientip.TrustPrivateNetworks],
+// [clientip.TrustCloudflare]), or let the router resolve the address with
+// [clientip.FromRouter]. The identifier is the resolver's
+// ([clientip.Resolver.ID]): "203.0.113.7", "2001:db8:1:2::/64". The same
+// rules read the entries of [WithAllowList] and [Operator.Block], and the
+// identifiers given to [Limiter.LimitStatus] and [Limiter.ResetLimit], so
+// that no spelling of an address escapes them.
+//
+// A request with no client address (see [clientip.ErrNoAddress]) has no
+// key: the error wraps [ErrNoKey] and clientip.ErrNoAddress. The Key is
+// named "ip". Invalid options are reported by [New].
+func ClientIP(opts ...clientip.Option) Key {
+	res, err := clientip.New(opts...)
+	if err != nil {
+		res, _ = clientip.New() // the Key is refused by New; it stays callable
+	}
+	return Key{name: "ip", err: err, fn: func(r *http.Request) (string, error) {
+		id, err := res.ID(r)
+		if err != nil {
+			return "", noKey{err}
+		}
+		return id, nil
+	}, addr: res.Addr, lookup: res.Lookup, peer: !res.TrustsProxies() && !res.TrustsRouter(), router: res.TrustsRouter()}
+}
+
+// noKey is the error of a ClientIP key that cannot identify a request:
+// ErrNoKey, for the reason the resolver gives.
+type noKey struct{ err error }
+
+func (e noKey) Error() string   { return ErrNoKey.Error() + ": " + e.err.Error() }
+func (e noKey) Unwrap() []error { return []error{ErrNoKey, e.err} }
 
 // Header returns a Key that identifies a request by the value of the named
 // header, such as an API key. A request without the header, or with an empty

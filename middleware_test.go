@@ -19,6 +19,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/clientip"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/route"
 )
@@ -767,7 +768,7 @@ func TestSpoofedForwardedFor(t *testing.T) { forBackends(t, testSpoofedForwarded
 
 func testSpoofedForwardedFor(t *testing.T, b backend) {
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP(TrustProxies("10.0.0.0/8"))).Named("ip")})
+	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP(clientip.TrustProxies("10.0.0.0/8"))).Named("ip")})
 	h := lim.Handler(okHandler)
 	send := func(peer, xff string) int {
 		r := httptest.NewRequest("GET", "/", nil)

@@ -50,7 +50,7 @@ import (
 // answers with it instead, and Middleware returns nil. Errors that handlers
 // return (echo.HTTPError included) reach the HTTPErrorHandler unchanged.
 //
-// A [ratelimit.ClientIP] key given [ratelimit.FromRouter] counts by echo's
+// A [ratelimit.ClientIP] key given [clientip.FromRouter] counts by echo's
 // c.RealIP(), so that the proxies are configured once, in echo's
 // e.IPExtractor: echo.ExtractIPFromXFFHeader(echo.TrustIPRange(...)) behind
 // a load balancer, echo.ExtractIPFromRealIPHeader(...) behind one that sets
@@ -81,7 +81,7 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 				}
 			}
 			r := resolve(c)
-			// ClientIP(FromRouter()) counts by echo's c.RealIP(), handed
+			// ClientIP(clientip.FromRouter()) counts by echo's c.RealIP(), handed
 			// over in RemoteAddr while l decides, if e.IPExtractor says
 			// whom to believe; without one echo believes any client's
 			// X-Forwarded-For, so the peer address is kept.

@@ -61,7 +61,7 @@ var (
 // [ratelimit.WithUnavailableHandler], [ratelimit.WithMissingKeyHandler])
 // answers with it instead, and nothing is recorded.
 //
-// A [ratelimit.ClientIP] key given [ratelimit.FromRouter] counts by gin's
+// A [ratelimit.ClientIP] key given [clientip.FromRouter] counts by gin's
 // c.ClientIP(): the proxies are configured once, in gin, with
 // engine.SetTrustedProxies (and engine.RemoteIPHeaders, or
 // engine.TrustedPlatform for a platform's header such as
@@ -92,7 +92,7 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 		} else {
 			r.Pattern = route.Unmatched
 		}
-		// ClientIP(FromRouter()) counts by gin's c.ClientIP(), which
+		// ClientIP(clientip.FromRouter()) counts by gin's c.ClientIP(), which
 		// SetTrustedProxies configures, handed over in RemoteAddr while l
 		// decides.
 		routerIP := l.UsesRouterIP()

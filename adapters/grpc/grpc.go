@@ -35,7 +35,7 @@
 //     [grpc.UnknownServiceHandler], has the Pattern
 //     [route.Unmatched]: its method name is the client's choice.
 //   - RemoteAddr the peer's address ([peer.FromContext]), so
-//     [ratelimit.ClientIP] works as over HTTP, [ratelimit.TrustProxies]
+//     [ratelimit.ClientIP] works as over HTTP, [clientip.TrustProxies]
 //     included. A peer that is not an IP address (a Unix socket, bufconn)
 //     has no ClientIP key.
 //   - Header the incoming metadata under canonical header names
