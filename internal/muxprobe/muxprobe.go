@@ -36,7 +36,16 @@ const probeValue = "ratelimit-probe-7f3a"
 // instantiate returns a request path that the canonical template path
 // matches: each parameter filled with probeValue, a wildcard with two
 // segments of it, "{$}" with nothing.
-func instantiate(path string) string {
+func instantiate(path string) string { return instantiateN(path, 2) }
+
+// wildcardSegments are the numbers of segments Serves fills a wildcard
+// with, in turn: a route more specific than the wildcard's may take the
+// requests of one number of segments (a "/{a}/{b}/{c}" route those of
+// "/{a}/{...}" with two), never those of all.
+var wildcardSegments = []int{2, 1, 3, 4, 0}
+
+// instantiateN is instantiate with n segments for a wildcard.
+func instantiateN(path string, n int) string {
 	var b strings.Builder
 	for i := 0; i < len(path); {
 		if path[i] != '{' {
@@ -52,7 +61,12 @@ func instantiate(path string) string {
 		switch path[i+1 : i+j] {
 		case "$":
 		case "...":
-			b.WriteString(probeValue + "/" + probeValue)
+			for k := range n {
+				if k > 0 {
+					b.WriteByte('/')
+				}
+				b.WriteString(probeValue)
+			}
 		default:
 			b.WriteString(probeValue)
 		}
@@ -86,15 +100,21 @@ func pattern(mux *http.ServeMux, method, path string, follow bool) string {
 // of method ("" for every method) and canonical path, so that the entry
 // decides them.
 func (ru Rules) Serves(mux *http.ServeMux, method, path string) bool {
-	probe := instantiate(path)
 	methods := []string{method}
 	if method == "" {
 		methods = Methods
 	}
-	for _, m := range methods {
-		pm, pp := ru.Split(pattern(mux, m, probe, false))
-		if pp == path && (pm == "" || method == "" || pm == method || method == http.MethodHead && pm == http.MethodGet) {
-			return true
+	counts := wildcardSegments[:1]
+	if strings.Contains(path, "{...}") {
+		counts = wildcardSegments
+	}
+	for _, n := range counts {
+		probe := instantiateN(path, n)
+		for _, m := range methods {
+			pm, pp := ru.Split(pattern(mux, m, probe, false))
+			if pp == path && (pm == "" || method == "" || pm == method || method == http.MethodHead && pm == http.MethodGet) {
+				return true
+			}
 		}
 	}
 	return false
