@@ -88,8 +88,13 @@ var ErrNoAddress = errors.New("clientip: no client address")
 
 // A Resolver gives a request's client address and identifier, as its
 // options say. It is safe for concurrent use; its zero value is not
-// valid: build one with [New].
+// valid: build one with [New]. The methods of a nil *Resolver (New's
+// result with an error) do not panic: Addr and ID give [ErrNilResolver].
 type Resolver struct{ c config }
+
+// ErrNilResolver is the error of Addr and ID on a nil *Resolver, which New
+// returns with an error.
+var ErrNilResolver = errors.New("clientip: nil *Resolver: check the error New returned")
 
 // New returns a Resolver with opts: by default it trusts no proxy, and
 // groups IPv4 clients by address and IPv6 clients by /64. An invalid
@@ -124,7 +129,12 @@ func New(opts ...Option) (*Resolver, error) {
 // trusted proxy; the leftmost element if all are trusted, and the peer if
 // the header is absent or empty. A request with no client address is an
 // error wrapping [ErrNoAddress].
-func (r *Resolver) Addr(req *http.Request) (netip.Addr, error) { return r.c.clientAddr(req) }
+func (r *Resolver) Addr(req *http.Request) (netip.Addr, error) {
+	if r == nil {
+		return netip.Addr{}, ErrNilResolver
+	}
+	return r.c.clientAddr(req)
+}
 
 // ID returns the identifier of req's client: its address ([Resolver.Addr])
 // masked to the [IPv4Prefix] or [IPv6Prefix] grouping, in canonical form,
@@ -134,21 +144,32 @@ func (r *Resolver) Addr(req *http.Request) (netip.Addr, error) { return r.c.clie
 // never do. It does not allocate for an IPv4 peer that is not a trusted
 // proxy. A request with no client address is an error wrapping
 // [ErrNoAddress].
-func (r *Resolver) ID(req *http.Request) (string, error) { return r.c.key(req) }
+func (r *Resolver) ID(req *http.Request) (string, error) {
+	if r == nil {
+		return "", ErrNilResolver
+	}
+	return r.c.key(req)
+}
 
 // Lookup returns the identifier r gives the clients that id names, for a
 // look-up typed by hand: id is an address in any spelling a request may
 // carry ("::ffff:203.0.113.7", "[2001:DB8::1%eth0]:443") or a network no
 // larger than one group ("2001:db8::/96" with the /64 grouping). Anything
-// else, which names no one identifier, is returned as it is.
-func (r *Resolver) Lookup(id string) string { return lookupIdentifier(id, r.c.v4Bits, r.c.v6Bits) }
+// else, which names no one identifier, is returned as it is, and so is
+// every id on a nil *Resolver.
+func (r *Resolver) Lookup(id string) string {
+	if r == nil {
+		return id
+	}
+	return lookupIdentifier(id, r.c.v4Bits, r.c.v6Bits)
+}
 
 // TrustsProxies reports whether r reads a proxy header: it trusts some
 // proxy ([TrustProxies] or a preset).
-func (r *Resolver) TrustsProxies() bool { return len(r.c.trusted) > 0 }
+func (r *Resolver) TrustsProxies() bool { return r != nil && len(r.c.trusted) > 0 }
 
 // TrustsRouter reports whether r was built with [FromRouter].
-func (r *Resolver) TrustsRouter() bool { return r.c.router }
+func (r *Resolver) TrustsRouter() bool { return r != nil && r.c.router }
 
 // FromRouter returns an Option that takes [http.Request.RemoteAddr] as the
 // client address the router resolved, so that proxies are configured

@@ -354,3 +354,22 @@ func TestLookupSpellings(t *testing.T) {
 		}
 	}
 }
+
+// TestNilResolver: New's result with an error is a nil *Resolver, whose
+// methods answer ErrNoAddress (or nothing) rather than panic.
+func TestNilResolver(t *testing.T) {
+	r, err := New(IPv4Prefix(0))
+	if r != nil || err == nil {
+		t.Fatalf("New(IPv4Prefix(0)) = %v, %v; want nil and an error", r, err)
+	}
+	req := httptest.NewRequest("GET", "/", nil)
+	if _, err := r.Addr(req); !errors.Is(err, ErrNilResolver) {
+		t.Errorf("Addr: %v", err)
+	}
+	if _, err := r.ID(req); !errors.Is(err, ErrNilResolver) {
+		t.Errorf("ID: %v", err)
+	}
+	if got := r.Lookup("203.0.113.7"); got != "203.0.113.7" || r.TrustsProxies() || r.TrustsRouter() {
+		t.Errorf("Lookup %q, TrustsProxies %v, TrustsRouter %v", got, r.TrustsProxies(), r.TrustsRouter())
+	}
+}
