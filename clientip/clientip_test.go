@@ -356,7 +356,7 @@ func TestLookupSpellings(t *testing.T) {
 }
 
 // TestNilResolver: New's result with an error is a nil *Resolver, whose
-// methods answer ErrNoAddress (or nothing) rather than panic.
+// methods answer ErrNilResolver (or nothing) rather than panic.
 func TestNilResolver(t *testing.T) {
 	r, err := New(IPv4Prefix(0))
 	if r != nil || err == nil {
