@@ -160,9 +160,9 @@ func WithSkip(skip func(r *http.Request) bool) Option {
 //
 // For a [ClientIP] key, entries are IP addresses or CIDR prefixes
 // ("192.0.2.7", "10.0.0.0/8", "2001:db8::/32"), matched against the client
-// address the key resolves (its [TrustProxies] and [ProxyHeader] honoured,
+// address the key resolves (its [clientip.TrustProxies] and [clientip.ProxyHeader] honoured,
 // normalized as ClientIP says: IPv4-mapped addresses as IPv4, zones
-// dropped) before any [IPv4Prefix] or [IPv6Prefix] grouping: listing one
+// dropped) before any [clientip.IPv4Prefix] or [clientip.IPv6Prefix] grouping: listing one
 // IPv6 address lets through that address, not its /64. Entries are read
 // as TrustProxies reads them: any spelling, zones dropped, an IPv4-mapped
 // entry (::ffff:192.0.2.0/120) as IPv4 (192.0.2.0/24); an IPv6 entry never

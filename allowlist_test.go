@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/clientip"
 )
 
 // send sends GET / from peer, with the given X-Forwarded-For (none if
@@ -39,7 +41,7 @@ func TestAllowListClientIP(t *testing.T) { forBackends(t, testAllowListClientIP)
 func testAllowListClientIP(t *testing.T, b backend) {
 	c := b.newClient(t)
 	var o recordingObserver
-	ip := ClientIP(TrustProxies("10.0.0.0/8"))
+	ip := ClientIP(clientip.TrustProxies("10.0.0.0/8"))
 	lim := mustNew(t, c, []Limit{PerMinute(1, ip).Named("ip")},
 		WithAllowList(ip, "192.0.2.7", "198.51.100.0/24", "2001:db8::1"), WithObserver(&o))
 	h := lim.Handler(okHandler)
@@ -144,7 +146,7 @@ func TestAllowListErrors(t *testing.T) {
 		{WithAllowList(ClientIP(), "192.0.2.1:80"), `invalid entry "192.0.2.1:80"`},
 		{WithAllowList(ClientIP(), "0.0.0.0/0"), "/0 prefix would skip every client"},
 		{WithAllowList(ClientIP(), "::ffff:0.0.0.0/96"), "/0 prefix would skip every client"},
-		{WithAllowList(ClientIP(IPv4Prefix(33)), "192.0.2.1"), "IPv4Prefix: 33 bits"},
+		{WithAllowList(ClientIP(clientip.IPv4Prefix(33)), "192.0.2.1"), "IPv4Prefix: 33 bits"},
 		{WithAllowList(Header(""), "x"), "empty header name"},
 		{WithAllowList(Header("X-Api-Key"), "ok", ""), "empty entry"},
 		{WithAllowList(Global(), GlobalID), "Global"},
@@ -166,7 +168,7 @@ func TestAllowListErrors(t *testing.T) {
 // TestAllowListAllocs: looking a request up in an allow-list does not
 // allocate, listed or not.
 func TestAllowListAllocs(t *testing.T) {
-	ipList, err := newAllowList(ClientIP(TrustProxies("10.0.0.0/8")), bigAllowList(1000))
+	ipList, err := newAllowList(ClientIP(clientip.TrustProxies("10.0.0.0/8")), bigAllowList(1000))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/clientip"
 	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
@@ -448,7 +449,7 @@ func TestBlockOperatorUnblock(t *testing.T) {
 // blockProbe is a Limiter counted by ClientIP (with opts) whose own
 // Operator blocks, and a probe that says whether a request from a
 // RemoteAddr is answered 429.
-func blockProbe(t *testing.T, b backend, opts ...IPOption) (*Operator, func(remote string) bool) {
+func blockProbe(t *testing.T, b backend, opts ...clientip.Option) (*Operator, func(remote string) bool) {
 	t.Helper()
 	l := newDriven(t, b.newClient(t), []Limit{PerMinute(1000, ClientIP(opts...)).Named("ip")}, WithRedis(RedisOptions{DenyCache: -1}))
 	h := l.Handler(okHandler)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // pathRouter is a made-up router: it maps patterns such as "/users/:id",
@@ -54,7 +55,7 @@ func rateLimit(l *ratelimit.Limiter, pr *pathRouter) func(http.Handler) http.Han
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			pass := l.Enter(r) // a Limiter mounted twice counts r once
 			defer pass.Leave()
-			r.Pattern = ratelimit.UnmatchedRoute
+			r.Pattern = route.Unmatched
 			if p := pr.match(r); p != "" {
 				r.Pattern = p // the router's syntax: the Limiter reads ":id" as {id}
 			}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/clientip"
 	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
@@ -41,7 +42,7 @@ func ExampleTrustProxies_awsALB() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustProxies("10.0.0.0/16"))),
+		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustProxies("10.0.0.0/16"))),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -65,7 +66,7 @@ func ExampleTrustProxies_gcpLoadBalancer() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustProxies("35.191.0.0/16", "130.211.0.0/22", "203.0.113.10"))),
+		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustProxies("35.191.0.0/16", "130.211.0.0/22", "203.0.113.10"))),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -93,7 +94,7 @@ func ExampleProxyHeader_nginx() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustProxies("127.0.0.1", "::1"), ratelimit.ProxyHeader("X-Real-IP"))),
+		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustProxies("127.0.0.1", "::1"), clientip.ProxyHeader("X-Real-IP"))),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -115,7 +116,7 @@ func ExampleTrustCloudflare_behindCloudflare() {
 
 	cloudflare := []string{"173.245.48.0/20", "2400:cb00::/32"} // ... all of https://www.cloudflare.com/ips/
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustCloudflare(cloudflare...))),
+		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustCloudflare(cloudflare...))),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -134,7 +135,7 @@ func ExampleTrustCloudflare_behindCloudflare() {
 
 // The proxies configured once, in the router: middleware in front of the
 // limiter that rewrites RemoteAddr from a proxy header it trusts (chi's
-// middleware.RealIP, or your own as here), and ClientIP(FromRouter())
+// middleware.RealIP, or your own as here), and ClientIP(clientip.FromRouter())
 // counts by what it resolved. The gin and echo adapters hand over gin's
 // c.ClientIP() and echo's c.RealIP() the same way.
 func ExampleFromRouter() {
@@ -142,7 +143,7 @@ func ExampleFromRouter() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.FromRouter())),
+		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.FromRouter())),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/clientip"
 	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
@@ -206,7 +207,7 @@ func ExampleTrustPrivateNetworks() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustPrivateNetworks())),
+		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustPrivateNetworks())),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -234,7 +235,7 @@ func ExampleTrustCloudflare() {
 
 	cloudflare := []string{"173.245.48.0/20", "103.21.244.0/22", "2400:cb00::/32"} // ...: the whole list
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustCloudflare(cloudflare...))),
+		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustCloudflare(cloudflare...))),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -289,7 +290,7 @@ func ExampleClientIP() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustProxies("10.0.0.0/8"))),
+		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustProxies("10.0.0.0/8"))),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)

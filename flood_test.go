@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slidinglog/ratelimit/clientip"
 	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
@@ -292,7 +293,7 @@ func TestFloodKeepsBreakerClosedHTTP(t *testing.T) {
 	redis := redistest.Start(t)
 	st := &floodStats{}
 	flooder := "192.0.2.1"
-	lim, err := New(redis.Client(), []Limit{PerMinute(5, ClientIP(TrustProxies("127.0.0.1"))).Named("flood")}, WithTimeout(floodTimeout),
+	lim, err := New(redis.Client(), []Limit{PerMinute(5, ClientIP(clientip.TrustProxies("127.0.0.1"))).Named("flood")}, WithTimeout(floodTimeout),
 		WithHandlers(Handlers{Error: func(r *http.Request, err error) {
 			if r.Header.Get("X-Forwarded-For") != flooder {
 				st.why(err)

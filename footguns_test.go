@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/clientip"
 )
 
 // TestNewRejectsNilPointerClient: a nil *redis.Client in the interface is
@@ -49,11 +51,11 @@ func TestRoutesThatCannotMatch(t *testing.T) {
 func TestProxyHeaderNeedsTrustedProxies(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	_, err := New(c, []Limit{PerMinute(5, ClientIP(ProxyHeader("X-Real-IP")))})
+	_, err := New(c, []Limit{PerMinute(5, ClientIP(clientip.ProxyHeader("X-Real-IP")))})
 	if err == nil || !strings.Contains(err.Error(), "without TrustProxies") {
 		t.Errorf("ProxyHeader alone: %v; want an error", err)
 	}
-	if _, err := New(c, []Limit{PerMinute(5, ClientIP(ProxyHeader("X-Real-IP"), TrustProxies("10.0.0.0/8")))}); err != nil {
+	if _, err := New(c, []Limit{PerMinute(5, ClientIP(clientip.ProxyHeader("X-Real-IP"), clientip.TrustProxies("10.0.0.0/8")))}); err != nil {
 		t.Errorf("ProxyHeader with TrustProxies: %v", err)
 	}
 }

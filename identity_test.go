@@ -14,6 +14,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 
+	"github.com/slidinglog/ratelimit/clientip"
 	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
@@ -221,7 +222,7 @@ func testIdentityBlocks(t *testing.T, b backend, trials int) {
 	c := b.newClient(t)
 	for _, o := range g.groupings() {
 		const quota = 1000
-		l := newDriven(t, c, []Limit{PerMinute(quota, ClientIP(IPv4Prefix(o.v4), IPv6Prefix(o.v6))).Named("id")}, WithRedis(RedisOptions{DenyCache: -1}))
+		l := newDriven(t, c, []Limit{PerMinute(quota, ClientIP(clientip.IPv4Prefix(o.v4), clientip.IPv6Prefix(o.v6))).Named("id")}, WithRedis(RedisOptions{DenyCache: -1}))
 		op, h := l.Inspect().Operator(), l.Handler(okHandler)
 		for range trials {
 			base := g.addr(g.r.IntN(2) == 0)
@@ -229,7 +230,7 @@ func testIdentityBlocks(t *testing.T, b backend, trials int) {
 			client := g.client(base)
 			fail := func(format string, args ...any) {
 				t.Helper()
-				t.Fatalf("seed %d (RATELIMIT_SEED), IPv4Prefix(%d), IPv6Prefix(%d), entry %q (%v, refused %v), client %s: %s",
+				t.Fatalf("seed %d (RATELIMIT_SEED), clientip.IPv4Prefix(%d), clientip.IPv6Prefix(%d), entry %q (%v, refused %v), client %s: %s",
 					seed, o.v4, o.v6, e.text, e.net, e.refused, client, fmt.Sprintf(format, args...))
 			}
 			err := op.Block(ctx, e.text, time.Hour)
@@ -295,7 +296,7 @@ func TestIdentityAllowList(t *testing.T) {
 	b := backend{mr: miniredis.RunT(t)}
 	c := b.newClient(t)
 	for _, o := range g.groupings() {
-		key := ClientIP(IPv4Prefix(o.v4), IPv6Prefix(o.v6))
+		key := ClientIP(clientip.IPv4Prefix(o.v4), clientip.IPv6Prefix(o.v6))
 		for i := range 40 {
 			base := g.addr(g.r.IntN(2) == 0)
 			e := g.entry(base)
@@ -303,7 +304,7 @@ func TestIdentityAllowList(t *testing.T) {
 			refused := e.refused || e.net.Bits() == 0
 			fail := func(format string, args ...any) {
 				t.Helper()
-				t.Fatalf("seed %d (RATELIMIT_SEED), IPv4Prefix(%d), IPv6Prefix(%d), entry %q (%v, refused %v): %s",
+				t.Fatalf("seed %d (RATELIMIT_SEED), clientip.IPv4Prefix(%d), clientip.IPv6Prefix(%d), entry %q (%v, refused %v): %s",
 					seed, o.v4, o.v6, e.text, e.net, refused, fmt.Sprintf(format, args...))
 			}
 			if refused {
@@ -341,11 +342,11 @@ func TestIdentityTrustedProxies(t *testing.T) {
 		for range 300 {
 			base := g.addr(g.r.IntN(2) == 0)
 			e := g.entry(base)
-			k := ClientIP(TrustProxies(e.text), IPv4Prefix(o.v4), IPv6Prefix(o.v6))
+			k := ClientIP(clientip.TrustProxies(e.text), clientip.IPv4Prefix(o.v4), clientip.IPv6Prefix(o.v6))
 			refused := e.refused || e.net.Bits() == 0
 			fail := func(format string, args ...any) {
 				t.Helper()
-				t.Fatalf("seed %d (RATELIMIT_SEED), IPv4Prefix(%d), IPv6Prefix(%d), entry %q (%v, refused %v): %s",
+				t.Fatalf("seed %d (RATELIMIT_SEED), clientip.IPv4Prefix(%d), clientip.IPv6Prefix(%d), entry %q (%v, refused %v): %s",
 					seed, o.v4, o.v6, e.text, e.net, refused, fmt.Sprintf(format, args...))
 			}
 			if refused {
@@ -399,23 +400,6 @@ func TestIdentityBlockedAllocs(t *testing.T) {
 		}
 		if n := testing.AllocsPerRun(100, func() { o.blocked(ids, now) }); n != 0 {
 			t.Errorf("%s: %v allocations", tc.id, n)
-		}
-	}
-}
-
-// TestIdentityLookupSpellings: LimitStatus and ResetLimit of a limit
-// counted by ClientIP find a client's log by any spelling of its address;
-// a network larger than one group, or an identifier that is no address,
-// is read as it is.
-func TestIdentityLookupSpellings(t *testing.T) {
-	for _, tc := range []struct{ id, want string }{
-		{"::ffff:203.0.113.7", "203.0.113.7"}, {"::FFFF:CB00:7107", "203.0.113.7"}, {"[::ffff:203.0.113.7]:443", "203.0.113.7"},
-		{"203.0.113.7:80", "203.0.113.7"}, {"203.0.113.7/32", "203.0.113.7"}, {"2001:DB8::1%eth0", "2001:db8::/64"},
-		{"[2001:db8::1]:443", "2001:db8::/64"}, {"2001:db8::/96", "2001:db8::/64"}, {"2001:db8::/64", "2001:db8::/64"},
-		{"2001:db8::/48", "2001:db8::/48"}, {"203.0.113.0/24", "203.0.113.0/24"}, {"alice", "alice"},
-	} {
-		if got := lookupIdentifier(tc.id, 32, 64); got != tc.want {
-			t.Errorf("lookupIdentifier(%q) = %q, want %q", tc.id, got, tc.want)
 		}
 	}
 }

@@ -96,7 +96,7 @@ func (in Inspector) WarnUnmatchedRoutes(routes []string) error {
 }
 
 // RouterIP reports whether a limit or allow-list of the Limiter counts by
-// the client address a router resolved ([ClientIP] with [FromRouter]): an
+// the client address a router resolved ([ClientIP] with [clientip.FromRouter]): an
 // adapter whose router resolves addresses then puts that address in
 // r.RemoteAddr while the Limiter decides.
 func (in Inspector) RouterIP() bool { return in.l.usesRouterIP() }

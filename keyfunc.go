@@ -9,7 +9,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/slidinglog/ratelimit/internal/route"
+	"github.com/slidinglog/ratelimit/clientip"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // A Key says what a [Limit] counts by: the client IP, a header, the user, the
@@ -36,14 +37,14 @@ type Key struct {
 	// addr is ClientIP's client address, unmasked, for WithAllowList.
 	addr func(r *http.Request) (netip.Addr, error)
 	// lookup, if set, turns an identifier typed by hand into the one
-	// the Key returns for that client (ClientIP's, see lookupIdentifier).
+	// the Key returns for that client (ClientIP's, clientip.Resolver.Lookup).
 	lookup func(id string) string
 	// peer says that the Key counts by the connection's peer address
 	// and trusts no proxy (ClientIP without TrustProxies, or a Compose of
 	// one): behind a proxy, all its clients share one identifier.
 	peer bool
 	// router says that the Key counts by the client address the router
-	// resolved (ClientIP(FromRouter()), or a Compose of one).
+	// resolved (ClientIP(clientip.FromRouter()), or a Compose of one).
 	router bool
 	// kind, if set, is what the Key counts by when name does not say it
 	// all (see kindOf).
@@ -86,6 +87,42 @@ func Global() Key {
 // [Limiter.Allow], [Limiter.Status] or [Limiter.Reset] for a Global limit
 // so that they count in the same log as the middleware.
 const GlobalID = "global"
+
+// ClientIP returns a Key that identifies a request by its client's IP
+// address, as a [clientip.Resolver] with opts resolves it: by default the
+// peer address in [http.Request.RemoteAddr], no header believed, each IPv4
+// address and each IPv6 /64 counted apart; behind reverse proxies, list
+// them with [clientip.TrustProxies] (or [clientip.TrustPrivateNetworks],
+// [clientip.TrustCloudflare]), or let the router resolve the address with
+// [clientip.FromRouter]. The identifier is the resolver's
+// ([clientip.Resolver.ID]): "203.0.113.7", "2001:db8:1:2::/64". The same
+// rules read the entries of [WithAllowList] and [Operator.Block], and the
+// identifiers given to [Inspector.Status] and [Inspector.Reset], so
+// that no spelling of an address escapes them.
+//
+// A request with no client address (see [clientip.ErrNoAddress]) has no
+// key: the error wraps [ErrNoKey] and clientip.ErrNoAddress. The Key is
+// named "ip". Invalid options are reported by [New].
+func ClientIP(opts ...clientip.Option) Key {
+	res, err := clientip.New(opts...)
+	if err != nil {
+		res, _ = clientip.New() // the Key is refused by New; it stays callable
+	}
+	return Key{name: "ip", err: err, fn: func(r *http.Request) (string, error) {
+		id, err := res.ID(r)
+		if err != nil {
+			return "", noKey{err}
+		}
+		return id, nil
+	}, addr: res.Addr, lookup: res.Lookup, peer: !res.TrustsProxies() && !res.TrustsRouter(), router: res.TrustsRouter()}
+}
+
+// noKey is the error of a ClientIP key that cannot identify a request:
+// ErrNoKey, for the reason the resolver gives.
+type noKey struct{ err error }
+
+func (e noKey) Error() string   { return ErrNoKey.Error() + ": " + e.err.Error() }
+func (e noKey) Unwrap() []error { return []error{ErrNoKey, e.err} }
 
 // Header returns a Key that identifies a request by the value of the named
 // header, such as an API key. A request without the header, or with an empty
@@ -179,13 +216,6 @@ func nilPointer(v any) bool {
 	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
-// UnmatchedRoute is the route template of a request that matched no route
-// (a 404 or 405). [Route] counts all such requests under this one template,
-// whatever their path, so that varying the path neither escapes a limit nor
-// creates a Redis key per path. The router adapters and [Limiter.Handler]
-// (when it wraps an [http.ServeMux]) set it.
-const UnmatchedRoute = "(unmatched)"
-
 // Route returns a Key that identifies a request by its method and route
 // template, such as "GET /users/{id}", so that "/users/1" and "/users/2"
 // share a limit. It never uses the raw URL path, which a client could vary to
@@ -209,19 +239,21 @@ const UnmatchedRoute = "(unmatched)"
 // cannot make up keys by spelling it: HEAD is counted as GET (the router
 // serves it with the GET handler, so the two share one budget), the other
 // methods of HTTP's RFC 9110 and PATCH as they are, and any other method
-// ("get", "FOO") as "*". [UnmatchedRoute] is used as it is. A request
+// ("get", "FOO") as "*". [route.Unmatched], the template of every request
+// that matched no route, is used as it is, so that varying the path
+// neither escapes a limit nor creates a Redis key per path. A request
 // with no pattern at all has no key ([ErrNoKey]).
 func Route() Key {
 	return Key{name: "route", fn: func(r *http.Request) (string, error) {
 		switch p := r.Pattern; {
 		case p == "":
 			return "", fmt.Errorf("%w: no route template (wrap the route or the ServeMux, or use a router adapter)", ErrNoKey)
-		case p == UnmatchedRoute:
+		case p == route.Unmatched:
 			return p, nil
 		case p[0] != '/':
-			return route.Cached(p), nil
+			return route.Normalize(p), nil
 		default:
-			return routeMethod(r.Method) + " " + route.Cached(p), nil
+			return routeMethod(r.Method) + " " + route.Normalize(p), nil
 		}
 	}}
 }

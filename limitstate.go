@@ -176,7 +176,7 @@ func (l *Limiter) unblockLimit(ctx context.Context, name, id string) (bool, erro
 // lookupID returns id as the limit called name counts it, for a look-up by
 // hand ([Inspector.Status], [Inspector.Reset], an unblock): for a
 // limit counted by [ClientIP], the identifier of the client id names, in
-// any spelling ClientIP reads (see lookupIdentifier); id as it is for any
+// any spelling ClientIP reads (see clientip.Resolver.Lookup); id as it is for any
 // other limit, and for an unknown name.
 func (l *Limiter) lookupID(name, id string) string {
 	d, i := l.limitNamed(name)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/slidinglog/ratelimit/route"
 	"log/slog"
 	"net/http"
 	"reflect"
@@ -22,7 +23,7 @@ import (
 // template (r.Pattern) together with l's own, once. Wrap a single route, or
 // a whole [http.ServeMux]: then Handler looks the route up before deciding,
 // so that [Route] keys and WithRoutes see the mux's template, and requests
-// no route matched share [UnmatchedRoute] (a CONNECT the mux answers with
+// no route matched share [route.Unmatched] (a CONNECT the mux answers with
 // its trailing-slash redirect, whose pattern would be the client's path,
 // included):
 //
@@ -75,7 +76,7 @@ type limitHandler struct {
 	// WithRoutesFrom's.
 	mux *http.ServeMux
 	// checked: the route table was checked against mux, at the first
-	// request (see Limiter.CheckMux).
+	// request (see Inspector.CheckMux).
 	checked atomic.Bool
 }
 
@@ -90,7 +91,7 @@ func (h *limitHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		mh, pattern := h.mux.Handler(r)
 		if pattern == "" || muxRedirect(r, mh) {
-			pattern = UnmatchedRoute
+			pattern = route.Unmatched
 		}
 		// The mux sets r.Pattern in place too, to the same value, when it
 		// dispatches the request.

@@ -19,7 +19,9 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/clientip"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 var t0 = time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
@@ -766,7 +768,7 @@ func TestSpoofedForwardedFor(t *testing.T) { forBackends(t, testSpoofedForwarded
 
 func testSpoofedForwardedFor(t *testing.T, b backend) {
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP(TrustProxies("10.0.0.0/8"))).Named("ip")})
+	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP(clientip.TrustProxies("10.0.0.0/8"))).Named("ip")})
 	h := lim.Handler(okHandler)
 	send := func(peer, xff string) int {
 		r := httptest.NewRequest("GET", "/", nil)
@@ -850,7 +852,7 @@ func TestForRoute(t *testing.T) {
 	lim := mustNew(t, c, []Limit{PerMinute(5, Global())}, WithRoutes(map[string]RouteLimits{
 		"POST /users/{id}": {Cost: 2},
 		"/users/:id":       {Cost: 3},
-		UnmatchedRoute:     {Cost: 4},
+		route.Unmatched:    {Cost: 4},
 	}))
 	for _, tc := range []struct {
 		method, pattern string
@@ -859,7 +861,7 @@ func TestForRoute(t *testing.T) {
 		{"POST", "/users/{id}", 2},
 		{"GET", "/users/{id}", 3},
 		{"GET", "POST /users/{id}", 2}, // a ServeMux pattern's own method wins
-		{"GET", UnmatchedRoute, 4},
+		{"GET", route.Unmatched, 4},
 		{"GET", "/other", 0},
 		{"GET", "", 0},
 	} {

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"github.com/slidinglog/ratelimit/route"
 	"net/http"
 	"runtime"
 	"strings"
@@ -51,14 +52,14 @@ func testRouteDefaultNamesApart(t *testing.T, b backend) {
 		"POST /login":                     {Limits: []Limit{PerMinute(5, ClientIP())}},
 		"/users/{id}":                     {Limits: []Limit{PerMinute(5, ClientIP())}},
 		"/":                               {Limits: []Limit{PerMinute(5, ClientIP())}},
-		UnmatchedRoute:                    {Limits: []Limit{PerMinute(5, ClientIP())}},
+		route.Unmatched:                   {Limits: []Limit{PerMinute(5, ClientIP())}},
 		"/" + strings.Repeat("long/", 20): {Limits: []Limit{PerMinute(5, ClientIP())}},
 	}))
 	for template, want := range map[string]string{
-		"POST /login":  "ip-per-1m.POST_login",
-		"/users/{id}":  "ip-per-1m.users._id_",
-		"/":            "ip-per-1m._",
-		UnmatchedRoute: "ip-per-1m._unmatched_",
+		"POST /login":   "ip-per-1m.POST_login",
+		"/users/{id}":   "ip-per-1m.users._id_",
+		"/":             "ip-per-1m._",
+		route.Unmatched: "ip-per-1m._unmatched_",
 	} {
 		method, path := splitTemplate(template)
 		d := lim.routes[path][method]

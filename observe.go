@@ -118,8 +118,8 @@ func WithObserver(o Observer) Option {
 // reported on; no decision waits for the check or fails because of it.
 //
 // A Limiter one of whose limits or allow-lists ([WithAllowList]) counts
-// by a [ClientIP] key that trusts no proxy (no [TrustProxies], preset or
-// [FromRouter]) logs one warning at Warn ([WarningUntrustedProxy]),
+// by a [ClientIP] key that trusts no proxy (no [clientip.TrustProxies], preset or
+// [clientip.FromRouter]) logs one warning at Warn ([WarningUntrustedProxy]),
 // through this logger or, without WithLogger, [slog.Default], once for it
 // and its [WithRoutes] routes together, at the first request to the middleware
 // that carries X-Forwarded-For, Forwarded, X-Real-IP, CF-Connecting-IP,

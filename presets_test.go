@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/clientip"
 )
 
 // hop is one request of a preset test: from peer, with a header.
@@ -40,7 +42,7 @@ func TestTrustPrivateNetworks(t *testing.T) { forBackends(t, testTrustPrivateNet
 
 func testTrustPrivateNetworks(t *testing.T, b backend) {
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(1, ClientIP(TrustPrivateNetworks())).Named("ip")})
+	lim := mustNew(t, c, []Limit{PerMinute(1, ClientIP(clientip.TrustPrivateNetworks())).Named("ip")})
 	const xff = "X-Forwarded-For"
 	sendHops(t, lim.Handler(okHandler), []hop{
 		{"10.1.2.3:1", xff, "203.0.113.7", 200},
@@ -78,7 +80,7 @@ func TestTrustCloudflare(t *testing.T) { forBackends(t, testTrustCloudflare) }
 
 func testTrustCloudflare(t *testing.T, b backend) {
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(1, ClientIP(TrustCloudflare(cloudflareRanges...))).Named("ip")})
+	lim := mustNew(t, c, []Limit{PerMinute(1, ClientIP(clientip.TrustCloudflare(cloudflareRanges...))).Named("ip")})
 	h := lim.Handler(okHandler)
 	const cf = "CF-Connecting-IP"
 	sendHops(t, h, []hop{
@@ -120,12 +122,12 @@ func TestPresetErrors(t *testing.T) {
 		key  Key
 		want string
 	}{
-		{ClientIP(TrustCloudflare()), "TrustCloudflare: no ranges; pass Cloudflare's published ranges, from https://www.cloudflare.com/ips/"},
-		{ClientIP(TrustCloudflare("173.245.48.1/20")), `TrustCloudflare: invalid entry "173.245.48.1/20": host bits set`},
-		{ClientIP(TrustCloudflare("0.0.0.0/0")), "TrustCloudflare: invalid entry"},
-		{ClientIP(TrustCloudflare(cloudflareRanges...), ProxyHeader("X-Forwarded-For")), "name different proxy headers"},
-		{ClientIP(ProxyHeader("X-Real-IP"), TrustCloudflare(cloudflareRanges...)), "name different proxy headers"},
-		{ClientIP(TrustPrivateNetworks(), ProxyHeader("X-Real-IP"), ProxyHeader("Forwarded")), "name different proxy headers"},
+		{ClientIP(clientip.TrustCloudflare()), "TrustCloudflare: no ranges; pass Cloudflare's published ranges, from https://www.cloudflare.com/ips/"},
+		{ClientIP(clientip.TrustCloudflare("173.245.48.1/20")), `TrustCloudflare: invalid entry "173.245.48.1/20": host bits set`},
+		{ClientIP(clientip.TrustCloudflare("0.0.0.0/0")), "TrustCloudflare: invalid entry"},
+		{ClientIP(clientip.TrustCloudflare(cloudflareRanges...), clientip.ProxyHeader("X-Forwarded-For")), "name different proxy headers"},
+		{ClientIP(clientip.ProxyHeader("X-Real-IP"), clientip.TrustCloudflare(cloudflareRanges...)), "name different proxy headers"},
+		{ClientIP(clientip.TrustPrivateNetworks(), clientip.ProxyHeader("X-Real-IP"), clientip.ProxyHeader("Forwarded")), "name different proxy headers"},
 	} {
 		_, err := New(c, []Limit{PerMinute(1, tc.key)})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -133,11 +135,11 @@ func TestPresetErrors(t *testing.T) {
 		}
 	}
 	for _, k := range []Key{
-		ClientIP(TrustPrivateNetworks()),
-		ClientIP(TrustPrivateNetworks(), ProxyHeader("X-Real-IP")),
-		ClientIP(TrustCloudflare(cloudflareRanges...), TrustProxies("10.0.0.0/8")),
-		ClientIP(TrustCloudflare(cloudflareRanges...), ProxyHeader("cf-connecting-ip")),
-		ClientIP(TrustProxies("10.0.0.0/8"), ProxyHeader("X-Real-IP"), ProxyHeader("x-real-ip")),
+		ClientIP(clientip.TrustPrivateNetworks()),
+		ClientIP(clientip.TrustPrivateNetworks(), clientip.ProxyHeader("X-Real-IP")),
+		ClientIP(clientip.TrustCloudflare(cloudflareRanges...), clientip.TrustProxies("10.0.0.0/8")),
+		ClientIP(clientip.TrustCloudflare(cloudflareRanges...), clientip.ProxyHeader("cf-connecting-ip")),
+		ClientIP(clientip.TrustProxies("10.0.0.0/8"), clientip.ProxyHeader("X-Real-IP"), clientip.ProxyHeader("x-real-ip")),
 	} {
 		if _, err := New(c, []Limit{PerMinute(1, k)}); err != nil {
 			t.Errorf("New: %v", err)

@@ -33,7 +33,7 @@ type proxyWatch struct{ warnOnce }
 // watchesProxies reports whether a Limiter with cfg and limits looks for
 // proxy headers: one of its limits or allow-lists counts by the peer
 // address without trusting any proxy (and not by the address a router
-// resolved, [FromRouter]). It does with or without a logger: the warning
+// resolved, [clientip.FromRouter]). It does with or without a logger: the warning
 // goes to slog's default logger without one.
 func watchesProxies(cfg *config, limits []Limit) bool {
 	watch := cfg.peerAllow
@@ -75,13 +75,13 @@ func proxyRemedy(header string) string {
 	const ignore = " itself, and this warning can be ignored"
 	switch header {
 	case "CF-Connecting-IP":
-		return "count by ClientIP(TrustCloudflare(ranges...)) with Cloudflare's ranges, published at " + cloudflareIPs +
+		return "count by ClientIP(clientip.TrustCloudflare(ranges...)) with Cloudflare's ranges, published at https://www.cloudflare.com/ips/" +
 			", and list any proxy between Cloudflare and the app with TrustProxies" + notProxied + header + ignore
 	case "X-Forwarded-For":
-		return "list the proxies' addresses with ClientIP(TrustProxies(cidrs...)), or use ClientIP(TrustPrivateNetworks()) if they are all in private networks" +
-			", or ClientIP(FromRouter()) if the router resolves the client address (gin's SetTrustedProxies, echo's IPExtractor, chi's RealIP)" +
+		return "list the proxies' addresses with ClientIP(clientip.TrustProxies(cidrs...)), or use ClientIP(clientip.TrustPrivateNetworks()) if they are all in private networks" +
+			", or ClientIP(clientip.FromRouter()) if the router resolves the client address (gin's SetTrustedProxies, echo's IPExtractor, chi's RealIP)" +
 			notProxied + header + ignore
 	}
-	return "list the proxies' addresses with ClientIP(TrustProxies(cidrs...)) or ClientIP(TrustPrivateNetworks()), and add ProxyHeader(\"" + header +
+	return "list the proxies' addresses with ClientIP(clientip.TrustProxies(cidrs...)) or ClientIP(clientip.TrustPrivateNetworks()), and add clientip.ProxyHeader(\"" + header +
 		"\") if it is the header they set the client address in" + notProxied + header + ignore
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/slidinglog/ratelimit/clientip"
 )
 
 // syncBuffer is a bytes.Buffer safe for concurrent use: the memory-policy
@@ -76,7 +78,7 @@ func testProxyWarning(t *testing.T, b backend) {
 		t.Fatalf("%d warnings, want 1:\n%s", n, out)
 	}
 	if !strings.Contains(out, "level=WARN") || !strings.Contains(out, "header=X-Real-IP") ||
-		!strings.Contains(out, `ProxyHeader(\"X-Real-IP\")`) || !strings.Contains(out, "TrustProxies") {
+		!strings.Contains(out, `clientip.ProxyHeader(\"X-Real-IP\")`) || !strings.Contains(out, "TrustProxies") {
 		t.Errorf("warning %q; want it at Warn, naming X-Real-IP and how to trust the proxy", out)
 	}
 	if strings.Contains(out, "198.51.100.77") || strings.Contains(out, "10.0.0.1") {
@@ -102,9 +104,9 @@ func TestNoProxyWarning(t *testing.T) { forBackends(t, testNoProxyWarning) }
 func testNoProxyWarning(t *testing.T, b backend) {
 	c := b.newClient(t)
 	for _, k := range []Key{
-		ClientIP(TrustProxies("10.0.0.0/8")),
-		ClientIP(TrustPrivateNetworks()),
-		ClientIP(TrustCloudflare(cloudflareRanges...)),
+		ClientIP(clientip.TrustProxies("10.0.0.0/8")),
+		ClientIP(clientip.TrustPrivateNetworks()),
+		ClientIP(clientip.TrustCloudflare(cloudflareRanges...)),
 		Header("X-Api-Key"),
 		Global(),
 	} {

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"errors"
+	"github.com/slidinglog/ratelimit/route"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -35,7 +36,7 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 		{"/files/", ""},
 		{"GET /old", ""},                          // a route of the app's that redirects
 		{"GET /files", `did you mean "/files/"?`}, // the mux redirects it
-		{UnmatchedRoute, ""},
+		{route.Unmatched, ""},
 	} {
 		_, err := New(stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")},
 			WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithRoutesFrom(mux), WithRedis(RedisOptions{OperatorRefresh: -1}))
@@ -45,7 +46,7 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 			switch {
 			case tc.want == "" && err != nil:
 				t.Errorf("%s %q: %v; want no error", by, tc.entry, err)
-			case tc.want != "" && (err == nil || !errors.Is(err, ErrUnmatchedRoute) || !strings.Contains(err.Error(), tc.want)):
+			case tc.want != "" && (err == nil || !errors.Is(err, route.ErrUnmatched) || !strings.Contains(err.Error(), tc.want)):
 				t.Errorf("%s %q: %v; want an error that says %s", by, tc.entry, err, tc.want)
 			}
 		}

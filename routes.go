@@ -1,17 +1,15 @@
 package ratelimit
 
 import (
-	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 
-	"github.com/slidinglog/ratelimit/internal/route"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // WithRoutes declares per-route limits and costs in one place, keyed by
 // route template: "POST /login" applies to one method, "/login" to all, and
-// [UnmatchedRoute] to requests no route matched. Templates are read in the
+// [route.Unmatched] to requests no route matched. Templates are read in the
 // canonical form [Route] describes, so one table serves every router: a
 // parameter is "{id}" (gin's and echo's ":id" and chi's "{id:[0-9]+}" may
 // be written too, and mean the same), a trailing wildcard "{...}" (or
@@ -89,32 +87,23 @@ func WithRoutesFrom(mux *http.ServeMux) Option {
 }
 
 // splitTemplate splits "GET /users/{id}" into its method and path in the
-// canonical form (see Route); a template with no method gets "". It does
-// not allocate for the templates of a route table.
+// canonical form (see package route); a template with no method gets "".
+// It does not allocate for the templates of a route table.
 func splitTemplate(template string) (method, path string) {
-	if template == UnmatchedRoute {
+	if template == route.Unmatched {
 		return "", template
 	}
 	if m, p, ok := strings.Cut(template, " "); ok && !strings.HasPrefix(template, "/") {
 		method, template = m, strings.TrimLeft(p, " ")
 	}
-	return method, route.Cached(template)
+	return method, route.Normalize(template)
 }
 
-// validRoute reports why a WithRoutes template of method and path can
-// match no request: a path that does not start with '/', that no router
-// writes (see route.Check), or a method that is not one of HTTP's.
+// validRoute reports why a WithRoutes template of method and path, as
+// splitTemplate gives them, can match no request (see route.Validate).
 func validRoute(method, path string) error {
-	switch {
-	case path == UnmatchedRoute:
-	case method != "" && !slices.Contains(httpMethods, method):
-		return fmt.Errorf("unknown method %q (one of %s)", method, strings.Join(httpMethods, ", "))
-	default:
-		return route.Check(path)
+	if method != "" {
+		path = method + " " + path
 	}
-	return nil
+	return route.Validate(path)
 }
-
-// httpMethods are the methods a route template may name.
-var httpMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
-	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace}

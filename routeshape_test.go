@@ -14,9 +14,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/route"
+	"github.com/slidinglog/ratelimit/route"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/routememo"
 )
 
 // redisKeys returns the keys in the backend's Redis, sorted.
@@ -100,7 +101,7 @@ func TestRouteKeyMethods(t *testing.T) {
 		{"GET", "GET /files/{path...}", "GET /files/{...}"},
 		{"GET", "/files/{rest...}", "GET /files/{...}"},
 		{"GET", "/users/{id:[0-9]+}", "GET /users/{id}"},
-		{"GET", UnmatchedRoute, UnmatchedRoute},
+		{"GET", route.Unmatched, route.Unmatched},
 	} {
 		r := httptest.NewRequest(tc.method, "/", nil)
 		r.Pattern = tc.pattern
@@ -198,11 +199,11 @@ func testRouteMemoBounded(t *testing.T, b backend) {
 		serve(h, "CONNECT", fmt.Sprintf("/files/%d%s", rng.Uint64(), pad), fmt.Sprintf("198.51.100.%d:1", i%250))
 	}
 	after := redistest.LiveHeap()
-	t.Logf("live heap %+d KB after 100,000 hostile patterns; route memo %d entries, %d bytes", (int64(after)-int64(before))>>10, route.CacheLen(), route.CacheBytes())
-	if n := route.CacheLen(); n > route.CacheCap {
-		t.Errorf("route memo holds %d templates, more than its bound %d", n, route.CacheCap)
+	t.Logf("live heap %+d KB after 100,000 hostile patterns; route memo %d entries, %d bytes", (int64(after)-int64(before))>>10, routememo.Len(), routememo.Bytes())
+	if n := routememo.Len(); n > routememo.Cap {
+		t.Errorf("route memo holds %d templates, more than its bound %d", n, routememo.Cap)
 	}
-	if n := route.CacheBytes(); n > route.CacheCap*2*256 {
+	if n := routememo.Bytes(); n > routememo.Cap*2*256 {
 		t.Errorf("route memo holds %d bytes", n)
 	}
 	// 100,000 patterns of 240 bytes memoized would hold 48 MB.

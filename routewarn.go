@@ -5,21 +5,16 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // CheckRoutes reports every [WithRoutes] entry that no route of a router
 // serves, given the router's routes: each "METHOD /template", or
-// "/template" for a route of every method, in any router's syntax (see
-// [Route]); entries whose method is not one of HTTP's (echo's internal
-// "echo_route_not_found") are ignored. An entry matches a route when their
-// paths are the same in the canonical form ("/users/:id" and
-// "/users/{id}" are one, "/users/{id}" and "/users/{uid}" are not, nor are
-// "/login" and "/login/") and the entry's method is the route's, or either
-// has none. [UnmatchedRoute] always matches. Each entry that matches none
-// is named in the error, which wraps [ErrUnmatchedRoute], with the nearest
-// route (by edit distance over the path, a wrong method counting one
-// edit) when one is near: `route "POST /logn" matches no route of the
-// router; did you mean "POST /login"?`. nil if every entry matches.
+// "/template" for a route of every method, in any router's syntax. It is
+// [route.Check] of l's table: each entry that matches no route is named
+// in the error, which wraps [route.ErrUnmatched], with the nearest route
+// when one is near. nil if every entry matches.
 //
 // The router adapters call it through their CheckRoutes functions (chi's,
 // echo's, gin's and gRPC's), which list the routes as the adapter resolves
@@ -28,20 +23,12 @@ func (l *Limiter) checkRoutes(routes []string) error {
 	if l == nil {
 		return errors.New("ratelimit: CheckRoutes of a nil *Limiter: check the error New returned")
 	}
-	return prefixed(checkList(l.cfg.routes, routes))
+	return prefixed(route.Check(templates(l.cfg.routes), routes))
 }
 
 // CheckMux reports every [WithRoutes] entry that no route of mux serves,
-// as [Inspector.CheckRoutes] does: a ServeMux cannot list its routes, so
-// CheckMux asks mux which route each entry's requests reach (a request of
-// the entry's method, every method for an entry without one, to its path
-// with each parameter filled in). An entry matches when that route's
-// pattern is the entry (a "HEAD" entry matches a "GET" route, which
-// serves HEAD requests too; a path the mux redirects, "/login" to
-// "/login/", does not match). The nearest route is found by asking mux for the paths
-// one edit away from the entry's, the entry's path under every method, and
-// its path with a trailing slash added or removed or a segment left out.
-// [New] calls it for the mux of [WithRoutesFrom] when the mux has routes
+// as [Inspector.CheckRoutes] does: it is [route.CheckMux] of l's table, which
+// asks mux which route each entry's requests reach. [New] calls it for the mux of [WithRoutesFrom] when the mux has routes
 // by then (it serves an entry, or has a route near one), and
 // [Limiter.Handler] around a ServeMux, or with WithRoutesFrom, warns with
 // its error through [WarningRouteUnmatched] at its first request. A nil
@@ -53,7 +40,7 @@ func (l *Limiter) checkMuxRoutes(mux *http.ServeMux) error {
 	if mux == nil {
 		return errors.New("ratelimit: CheckMux: nil mux")
 	}
-	return prefixed(checkMux(l.cfg.routes, mux))
+	return prefixed(route.CheckMux(templates(l.cfg.routes), mux))
 }
 
 // WarnUnmatchedRoutes is [Inspector.CheckRoutes] for an adapter that learns

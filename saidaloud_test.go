@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/clientip"
 )
 
 // warningCounter is an Observer that counts the Warnings it is told of and
@@ -186,7 +188,7 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 	// each client its own bucket, nothing reported.
 	buf = defaultLog(t)
 	wc = &warningCounter{}
-	lim = mustNew(t, c, []Limit{PerMinute(1, ClientIP(FromRouter())).Named("ip")}, WithObserver(wc), WithRedis(RedisOptions{Prefix: "pw2:"}))
+	lim = mustNew(t, c, []Limit{PerMinute(1, ClientIP(clientip.FromRouter())).Named("ip")}, WithObserver(wc), WithRedis(RedisOptions{Prefix: "pw2:"}))
 	h = lim.Handler(okHandler)
 	for _, client := range []string{"198.51.100.1", "198.51.100.2", "198.51.100.3"} {
 		if code := proxied(h, "/", client+":1", "X-Forwarded-For", client); code != 200 {
@@ -200,10 +202,10 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 		t.Errorf("FromRouter reported: %q", out)
 	}
 	// Proxies configured twice are refused.
-	for _, opts := range [][]IPOption{
-		{FromRouter(), TrustProxies("10.0.0.0/8")},
-		{FromRouter(), TrustPrivateNetworks()},
-		{TrustCloudflare("173.245.48.0/20"), FromRouter()},
+	for _, opts := range [][]clientip.Option{
+		{clientip.FromRouter(), clientip.TrustProxies("10.0.0.0/8")},
+		{clientip.FromRouter(), clientip.TrustPrivateNetworks()},
+		{clientip.TrustCloudflare("173.245.48.0/20"), clientip.FromRouter()},
 	} {
 		_, err := New(c, []Limit{PerMinute(1, ClientIP(opts...)).Named("ip")})
 		if err == nil || !strings.Contains(err.Error(), "FromRouter") {

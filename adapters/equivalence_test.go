@@ -26,7 +26,8 @@ import (
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
 	"github.com/slidinglog/ratelimit/internal/redistest"
-	"github.com/slidinglog/ratelimit/internal/route"
+	"github.com/slidinglog/ratelimit/internal/routememo"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // The equivalence suite: one set of route declarations, served by every
@@ -310,7 +311,7 @@ func TestEquivalence(t *testing.T) {
 		}
 	}
 	t.Logf("seed %d (RATELIMIT_EQ_SEED replays it)", seed)
-	memo := route.CacheLen()
+	memo := routememo.Len()
 	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
 		ctx := context.Background()
 		rng := rand.New(rand.NewPCG(seed, 2))
@@ -366,7 +367,7 @@ func TestEquivalence(t *testing.T) {
 			t.Errorf("only %d decisions compared: the generator reaches too few handlers", compared)
 		}
 	})
-	if n := route.CacheLen(); n > memo+len(eqRoutes)*2 {
+	if n := routememo.Len(); n > memo+len(eqRoutes)*2 {
 		t.Errorf("the route memo grew from %d to %d entries: an entry per path", memo, n)
 	}
 }
@@ -424,7 +425,7 @@ func allowedKey(k string) bool {
 		if !ok || err != nil {
 			return false
 		}
-		if tmpl == ratelimit.UnmatchedRoute {
+		if tmpl == route.Unmatched {
 			return true
 		}
 		m, p, _ := strings.Cut(tmpl, " ")

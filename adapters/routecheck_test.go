@@ -23,7 +23,7 @@ import (
 	chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
-	"github.com/slidinglog/ratelimit/internal/route"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // The route-table check, as a class: generated apps (routes of random
@@ -207,7 +207,7 @@ var genCheckers = []struct {
 		_, newErr := ratelimit.New(newStubRedis(), genLimits(), ratelimit.WithRoutes(table), ratelimit.WithRoutesFrom(mux), ratelimit.WithRedis(ratelimit.RedisOptions{OperatorRefresh: -1}))
 		served := false
 		for e := range table {
-			served = served || e != ratelimit.UnmatchedRoute && genMatches(app, e)
+			served = served || e != route.Unmatched && genMatches(app, e)
 		}
 		switch {
 		case newErr != nil && (err == nil || !strings.Contains(newErr.Error(), strings.TrimPrefix(err.Error(), "ratelimit: "))):
@@ -319,7 +319,7 @@ func TestRouteTableCheck(t *testing.T) {
 			}
 		}
 		if rng.IntN(4) == 0 {
-			table[ratelimit.UnmatchedRoute] = limit()
+			table[route.Unmatched] = limit()
 		}
 		var bad, from string
 		var near bool
@@ -347,7 +347,7 @@ func TestRouteTableCheck(t *testing.T) {
 				}
 				continue
 			}
-			if err == nil || !errors.Is(err, ratelimit.ErrUnmatchedRoute) || !strings.Contains(err.Error(), strconv.Quote(bad)) {
+			if err == nil || !errors.Is(err, route.ErrUnmatched) || !strings.Contains(err.Error(), strconv.Quote(bad)) {
 				t.Fatalf("%s: %s: entry %q: error %v; want one naming it", desc, c.name, bad, err)
 			}
 			if near && !strings.Contains(err.Error(), "did you mean "+strconv.Quote(from)+"?") {

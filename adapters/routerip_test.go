@@ -16,10 +16,11 @@ import (
 	chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
+	"github.com/slidinglog/ratelimit/clientip"
 	"github.com/slidinglog/ratelimit/internal/redistest"
 )
 
-// TestRouterClientIP: ClientIP(FromRouter()) counts by
+// TestRouterClientIP: ClientIP(clientip.FromRouter()) counts by
 // the client address the router resolved, with the proxies configured
 // once, in the router: gin's SetTrustedProxies, echo's IPExtractor, chi's
 // RealIP. Three clients behind one load balancer (10.0.0.1) get one bucket
@@ -30,7 +31,7 @@ func TestRouterClientIP(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
 		newLimiter := func(t *testing.T) *ratelimit.Limiter {
 			o := append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: t.Name() + ":"})}, opts...)
-			l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.FromRouter())).Named("ip")}, o...)
+			l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.FromRouter())).Named("ip")}, o...)
 			if err != nil {
 				t.Fatal(err)
 			}

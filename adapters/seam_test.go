@@ -11,9 +11,9 @@ import (
 
 // TestAdaptersUseExportedAPI: the built-in adapters reach package ratelimit
 // through its exported API alone, as a third party's would (the adapter
-// seam, docs/adapters.md), and read no pointer through unsafe. Of the
-// internal packages they may use only internal/route, to write the route
-// templates they hand on in the canonical form.
+// seam, docs/adapters.md), and read no pointer through unsafe. They use no
+// internal package of the ratelimit module: the route templates they hand
+// on are written in the canonical form by the public package route.
 func TestAdaptersUseExportedAPI(t *testing.T) {
 	paths, err := filepath.Glob("*/*.go")
 	if err != nil {
@@ -35,7 +35,7 @@ func TestAdaptersUseExportedAPI(t *testing.T) {
 			case path == "unsafe":
 				t.Errorf("%s imports unsafe", p)
 			case strings.HasPrefix(path, "github.com/slidinglog/ratelimit/internal/") &&
-				path != "github.com/slidinglog/ratelimit/internal/route":
+				path != "github.com/slidinglog/ratelimit/route":
 				t.Errorf("%s imports %s: an adapter uses the exported seam", p, path)
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // tinyRouter routes by method and path. A pattern is gin's syntax: a
@@ -91,7 +92,7 @@ func tinyRateLimit(l *ratelimit.Limiter, router *tinyRouter) func(http.Handler) 
 			defer pass.Leave()
 			// The route in the router's own syntax: the Limiter reads
 			// ":name" and "*name" as {name} and {...}.
-			r.Pattern = ratelimit.UnmatchedRoute
+			r.Pattern = route.Unmatched
 			if _, pattern := router.Match(r.Method, r.URL.Path); pattern != "" {
 				r.Pattern = pattern
 			}

@@ -23,7 +23,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/route"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // Middleware returns chi middleware that decides every request with l (see
@@ -37,7 +37,7 @@ import (
 // template ("/admin/users/{id}", also inside sub-routers and groups),
 // written in the canonical form of [ratelimit.Route] ("/users/{id:[0-9]+}"
 // is "/users/{id}", "/files/*" is "/files/{...}"), and requests no route
-// matches share [ratelimit.UnmatchedRoute]. A HEAD to a route that has a
+// matches share [route.Unmatched]. A HEAD to a route that has a
 // GET handler and no HEAD handler is decided as that GET, with its limits
 // and its Route key, as chi's middleware.GetHead serves it with the GET
 // handler.
@@ -76,7 +76,7 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 // /logn"), the wrong method, a trailing slash the route does not have
 // (Middleware reads "/login/" as "/login", as chi's RoutePattern does: the
 // entry is "/login"). The error names each such entry and the nearest
-// route, and wraps [ratelimit.ErrUnmatchedRoute]; nil if every entry
+// route, and wraps [route.ErrUnmatched]; nil if every entry
 // matches a route (see [ratelimit.Inspector.CheckRoutes]). A GET route
 // counts as a HEAD route too, as chi's middleware.GetHead serves it. r is
 // the root router, with its routes registered: call CheckRoutes before
@@ -107,13 +107,13 @@ func routeList(r chi.Routes) []string {
 var finders = sync.Pool{New: func() any { return chi.NewRouteContext() }}
 
 // resolve sets r.Pattern to the template of the route r matches, or to
-// UnmatchedRoute. It asks the root router rather than trusting r.Pattern,
+// route.Unmatched. It asks the root router rather than trusting r.Pattern,
 // which chi sets to a mount point's partial pattern ("/admin/*") inside
 // sub-routers.
 func resolve(r *http.Request) {
 	rctx := chi.RouteContext(r.Context())
 	if rctx == nil || rctx.Routes == nil {
-		r.Pattern = route.Cached(r.Pattern)
+		r.Pattern = route.Normalize(r.Pattern)
 		return
 	}
 	path := r.URL.RawPath
@@ -138,10 +138,10 @@ func resolve(r *http.Request) {
 	}
 	finders.Put(f)
 	if pattern == "" {
-		r.Pattern = ratelimit.UnmatchedRoute
+		r.Pattern = route.Unmatched
 		return
 	}
-	r.Pattern = route.Cached(trim(pattern))
+	r.Pattern = route.Normalize(trim(pattern))
 }
 
 // trim writes a pattern the way chi's RoutePattern does ("/admin/*/stats/"

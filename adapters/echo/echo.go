@@ -22,7 +22,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/route"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // Middleware returns echo middleware that decides every request with l (see
@@ -32,7 +32,7 @@ import (
 // [ratelimit.WithRoutes] see the route's template, in the canonical form of
 // [ratelimit.Route]: "/users/{id}" for echo's "/users/:id", "/files/{...}"
 // for "/files/*"; requests no route matches share
-// [ratelimit.UnmatchedRoute]. echo answers a HEAD to a route with no HEAD
+// [route.Unmatched]. echo answers a HEAD to a route with no HEAD
 // handler with 405: it is unmatched.
 //
 // Denials and failures are echo errors, which e's HTTPErrorHandler
@@ -50,7 +50,7 @@ import (
 // answers with it instead, and Middleware returns nil. Errors that handlers
 // return (echo.HTTPError included) reach the HTTPErrorHandler unchanged.
 //
-// A [ratelimit.ClientIP] key given [ratelimit.FromRouter] counts by echo's
+// A [ratelimit.ClientIP] key given [clientip.FromRouter] counts by echo's
 // c.RealIP(), so that the proxies are configured once, in echo's
 // e.IPExtractor: echo.ExtractIPFromXFFHeader(echo.TrustIPRange(...)) behind
 // a load balancer, echo.ExtractIPFromRealIPHeader(...) behind one that sets
@@ -81,7 +81,7 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 				}
 			}
 			r := resolve(c)
-			// ClientIP(FromRouter()) counts by echo's c.RealIP(), handed
+			// ClientIP(clientip.FromRouter()) counts by echo's c.RealIP(), handed
 			// over in RemoteAddr while l decides, if e.IPExtractor says
 			// whom to believe; without one echo believes any client's
 			// X-Forwarded-For, so the peer address is kept.
@@ -114,7 +114,7 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 // /logn"), the wrong method (echo answers a HEAD to a route with no HEAD
 // handler with 405, so a "HEAD" entry needs a HEAD route), a trailing
 // slash the route does not have. The error names each such entry and the
-// nearest route, and wraps [ratelimit.ErrUnmatchedRoute]; nil if every
+// nearest route, and wraps [route.ErrUnmatched]; nil if every
 // entry matches a route (see [ratelimit.Inspector.CheckRoutes]). Call it
 // once the routes are added, before serving or in a test. Middleware
 // checks the same at its first request and reports the error as
@@ -151,9 +151,9 @@ func resolve(c echo.Context) *http.Request {
 	// pattern (such as "/"), as the other adapters do.
 	r := c.Request()
 	if pc := reflect.ValueOf(c.Handler()).Pointer(); pc == notFoundPC || pc == methodNotAllowedPC || c.Path() == "" {
-		r.Pattern = ratelimit.UnmatchedRoute
+		r.Pattern = route.Unmatched
 	} else {
-		r.Pattern = route.Cached(c.Path())
+		r.Pattern = route.Normalize(c.Path())
 	}
 	return r
 }

@@ -20,7 +20,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/route"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // ErrTooManyRequests is the error Middleware records on the gin context
@@ -41,7 +41,7 @@ var (
 // route's template, in the canonical form of [ratelimit.Route]:
 // "/users/{id}" for gin's "/users/:id", "/files/{...}" for
 // "/files/*filepath"; requests no route matches share
-// [ratelimit.UnmatchedRoute]. A HEAD that a route of its own serves (gin
+// [route.Unmatched]. A HEAD that a route of its own serves (gin
 // has no other way) is decided as a GET of the same template, when
 // [ratelimit.WithRoutes] declares no HEAD route for it.
 //
@@ -61,7 +61,7 @@ var (
 // [ratelimit.Handlers].Unavailable, [ratelimit.Handlers].MissingKey)
 // answers with it instead, and nothing is recorded.
 //
-// A [ratelimit.ClientIP] key given [ratelimit.FromRouter] counts by gin's
+// A [ratelimit.ClientIP] key given [clientip.FromRouter] counts by gin's
 // c.ClientIP(): the proxies are configured once, in gin, with
 // engine.SetTrustedProxies (and engine.RemoteIPHeaders, or
 // engine.TrustedPlatform for a platform's header such as
@@ -88,11 +88,11 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 		// gin's route, even under a mux that has set r.Pattern to its own
 		// pattern (such as "/"), as the other adapters do.
 		if t := c.FullPath(); t != "" {
-			r.Pattern = route.Cached(t)
+			r.Pattern = route.Normalize(t)
 		} else {
-			r.Pattern = ratelimit.UnmatchedRoute
+			r.Pattern = route.Unmatched
 		}
-		// ClientIP(FromRouter()) counts by gin's c.ClientIP(), which
+		// ClientIP(clientip.FromRouter()) counts by gin's c.ClientIP(), which
 		// SetTrustedProxies configures, handed over in RemoteAddr while l
 		// decides.
 		routerIP := l.Inspect().RouterIP()
@@ -131,7 +131,7 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 // /logn"), the wrong method (gin serves HEAD only with a HEAD route, so a
 // "HEAD" entry needs one), a trailing slash the route does not have. The
 // error names each such entry and the nearest route, and wraps
-// [ratelimit.ErrUnmatchedRoute]; nil if every entry matches a route (see
+// [route.ErrUnmatched]; nil if every entry matches a route (see
 // [ratelimit.Inspector.CheckRoutes]). g is the engine (or anything that
 // lists gin's routes), with its routes added: call CheckRoutes before
 // serving, or in a test. Middleware cannot check this itself, as a gin

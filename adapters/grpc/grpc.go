@@ -33,9 +33,9 @@
 //     of a service its entry. A call to a method the server does not register,
 //     which reaches the stream interceptor only under
 //     [grpc.UnknownServiceHandler], has the Pattern
-//     [ratelimit.UnmatchedRoute]: its method name is the client's choice.
+//     [route.Unmatched]: its method name is the client's choice.
 //   - RemoteAddr the peer's address ([peer.FromContext]), so
-//     [ratelimit.ClientIP] works as over HTTP, [ratelimit.TrustProxies]
+//     [ratelimit.ClientIP] works as over HTTP, [clientip.TrustProxies]
 //     included. A peer that is not an IP address (a Unix socket, bufconn)
 //     has no ClientIP key.
 //   - Header the incoming metadata under canonical header names
@@ -121,6 +121,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // UnaryServerInterceptor returns an interceptor that decides every unary
@@ -200,7 +201,7 @@ func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered
 	}
 	c.url.Path = method
 	if !registered {
-		base.Pattern = ratelimit.UnmatchedRoute
+		base.Pattern = route.Unmatched
 	}
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		base.RemoteAddr = addrString(p.Addr)
@@ -443,7 +444,7 @@ var addrs [256]atomic.Pointer[addrEntry]
 // than POST ("GET /helloworld.Greeter/SayHello": every call is decided as
 // a POST), a service prefix ("/helloworld.Greeter/": a template names one
 // method). The error names each such entry and the nearest method, and
-// wraps [ratelimit.ErrUnmatchedRoute]; nil if every entry names a method
+// wraps [route.ErrUnmatched]; nil if every entry names a method
 // of s (see [ratelimit.Inspector.CheckRoutes]). s is the server (a
 // *grpc.Server, or anything with its GetServiceInfo), with its services
 // registered: call CheckRoutes before Serve, or in a test. The

@@ -20,6 +20,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	grpcratelimit "github.com/slidinglog/ratelimit/adapters/grpc"
+	"github.com/slidinglog/ratelimit/clientip"
 )
 
 func perPeer(quota int) []ratelimit.Limit {
@@ -157,7 +158,7 @@ func TestForwardedFor(t *testing.T) {
 			mustCode(t, err, codes.ResourceExhausted)
 		})
 		t.Run("trusted peer", func(t *testing.T) {
-			limits := []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP(ratelimit.TrustProxies("127.0.0.0/8"))).Named("ip")}
+			limits := []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustProxies("127.0.0.0/8"))).Named("ip")}
 			s := serve(t, newLimiter(t, rdb, limits, ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: "trusted:"})), nil)
 			for _, ip := range []string{"203.0.113.1", "203.0.113.2"} {
 				if _, err := s.check(t, "x-forwarded-for", ip); err != nil {

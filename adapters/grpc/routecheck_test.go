@@ -15,6 +15,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	grpcratelimit "github.com/slidinglog/ratelimit/adapters/grpc"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // TestCheckRoutes: CheckRoutes accepts a route table whose entries each
@@ -78,7 +79,7 @@ func TestCheckRoutes(t *testing.T) {
 		}
 		table[bad] = limit(99)
 		err := check(table)
-		if err == nil || !errors.Is(err, ratelimit.ErrUnmatchedRoute) || !strings.Contains(err.Error(), strconv.Quote(bad)) {
+		if err == nil || !errors.Is(err, route.ErrUnmatched) || !strings.Contains(err.Error(), strconv.Quote(bad)) {
 			t.Fatalf("seed %d round %d: entry %q: %v; want an error naming it", seed, round, bad, err)
 		}
 		if near && !strings.Contains(err.Error(), "did you mean "+strconv.Quote("POST "+m)+"?") {

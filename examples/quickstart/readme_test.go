@@ -15,6 +15,7 @@ import (
 	chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
+	"github.com/slidinglog/ratelimit/clientip"
 )
 
 // readmeSnippets holds the README's shorter code blocks line for line, so
@@ -35,13 +36,13 @@ func readmeSnippets(limiter *ratelimit.Limiter, mux *http.ServeMux, r chi.Router
 
 	// Keys and proxies.
 	// AWS ALB, or any load balancer in your network: trust its subnets
-	ratelimit.ClientIP(ratelimit.TrustProxies("10.0.0.0/16"))
+	ratelimit.ClientIP(clientip.TrustProxies("10.0.0.0/16"))
 	// nginx on the host with `proxy_set_header X-Real-IP $remote_addr;`
-	ratelimit.ClientIP(ratelimit.TrustProxies("127.0.0.1", "::1"), ratelimit.ProxyHeader("X-Real-IP"))
+	ratelimit.ClientIP(clientip.TrustProxies("127.0.0.1", "::1"), clientip.ProxyHeader("X-Real-IP"))
 	// Cloudflare: its ranges from https://www.cloudflare.com/ips/, kept current by you
-	ratelimit.ClientIP(ratelimit.TrustCloudflare(cloudflareRanges...))
+	ratelimit.ClientIP(clientip.TrustCloudflare(cloudflareRanges...))
 	// the proxies configured once, in the router (gin, echo, or middleware that sets RemoteAddr)
-	ratelimit.ClientIP(ratelimit.FromRouter())
+	ratelimit.ClientIP(clientip.FromRouter())
 }
 
 // unguarded are the README's Go blocks that no compiled code holds, by

@@ -13,7 +13,7 @@ import (
 // and an entry, as a configuration or an operator writes it, become the
 // network the limiter compares. ClientIP, TrustProxies and the presets,
 // WithAllowList, Operator.Block and Unblock, the blocks a Limiter applies,
-// and the look-ups of Limiter.LimitStatus and ResetLimit all go through
+// and the look-ups of Inspector.Status and ResetLimit all go through
 // the functions of this file.
 //
 //   - An address is compared without its IPv6 zone, and an IPv4-mapped

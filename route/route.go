@@ -1,6 +1,12 @@
 // Package route writes the route templates of every supported router the
 // same way, so that a route key or a per-route limit means the same route in
-// net/http, chi, echo, gin and gRPC.
+// net/http, chi, echo, gin and gRPC, and checks a table of templates
+// against the routes a router serves: [Normalize] gives a template's
+// canonical form, [Validate] says why a template can match no request,
+// [Check] and [CheckMux] name the templates of a table no route serves.
+// A router adapter sets [http.Request.Pattern] to the canonical form of the
+// route the router matched, or to [Unmatched]. It does not depend on the
+// rest of the module, and may be used on its own.
 //
 // # The canonical form
 //
@@ -23,16 +29,28 @@ package route
 import (
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"strings"
-	"sync/atomic"
 	"unicode"
+
+	"github.com/slidinglog/ratelimit/internal/routememo"
 )
 
-// Normalize returns t in the canonical form (see the package doc). It
-// returns t itself when there is nothing to rewrite. t need not be valid
-// (see [Check]): what it cannot parse it keeps.
-func Normalize(t string) string {
+// Normalize returns template in the canonical form (see the package doc),
+// a method in front included. It returns template itself when there is
+// nothing to rewrite, and does not allocate for a template it has
+// rewritten before: it keeps the rewrites of the last templates it was
+// given in a memo of fixed size, which strings a client chooses cannot
+// grow. template need not be valid (see [Validate]): what it cannot parse
+// it keeps.
+func Normalize(template string) string {
+	if !strings.ContainsAny(template, ":*{") {
+		return template
+	}
+	return routememo.Get(template, normalize)
+}
+
+// normalize is Normalize without the memo.
+func normalize(t string) string {
 	if !strings.ContainsAny(t, ":*{") {
 		return t
 	}
@@ -109,11 +127,40 @@ func closing(t string, i int) int {
 	return -1
 }
 
-// Check reports why path, a template's path in any router's syntax, is one
-// no router produces, so that a per-route limit declared for it would
-// never apply; nil if a router may produce it. The error says what to
-// write instead where it can.
-func Check(path string) error {
+// Unmatched is the route template of a request that matched no route (a
+// 404 or 405): the adapters and ratelimit's Handler give it to every such
+// request, whatever its path, so that varying the path neither escapes a
+// limit nor creates a key per path. A route table entry of this template
+// applies to those requests, and [Check] and [CheckMux] never report it.
+const Unmatched = "(unmatched)"
+
+// Validate reports why template, "METHOD /path" or "/path" in any router's
+// syntax, can match no request, so that a limit declared for it would
+// never apply; nil if it can. It refuses a method that is not one of
+// HTTP's (in upper case), and a path that no router writes: no path, a
+// path that does not start with '/', an unclosed or empty parameter, a
+// wildcard before the last segment, a space, a query or a fragment. The
+// error says what to write instead where it can. [Unmatched] is valid.
+func Validate(template string) error {
+	return valid(split(template))
+}
+
+// split splits "GET /users/{id}" into its method and its path in the
+// canonical form; a template with no method gets "". It does not
+// allocate for a template Normalize has seen.
+func split(template string) (method, path string) {
+	if template == Unmatched {
+		return "", template
+	}
+	if m, p, ok := strings.Cut(template, " "); ok && !strings.HasPrefix(template, "/") {
+		method, template = m, strings.TrimLeft(p, " ")
+	}
+	return method, Normalize(template)
+}
+
+// validPath reports why path, a template's path in any router's syntax,
+// is one no router produces; nil if a router may produce it.
+func validPath(path string) error {
 	if path == "" {
 		return errors.New("no path")
 	}
@@ -128,7 +175,7 @@ func Check(path string) error {
 			return fmt.Errorf("path %q holds %q: a template has no query or fragment; write its path alone", path, r)
 		}
 	}
-	n := Normalize(path)
+	n := normalize(path)
 	segs := strings.Split(n[1:], "/")
 	for i, s := range segs {
 		last := i == len(segs)-1
@@ -159,67 +206,4 @@ func Check(path string) error {
 		}
 	}
 	return nil
-}
-
-// cache memoizes Normalize for the templates that need a rewrite, so that
-// a request does not allocate to rewrite its template. It has a fixed
-// number of slots, each holding the last template that hashed to it: a
-// caller that passes client-chosen strings (a pattern a mux made from the
-// request's path) evicts entries and costs a rewrite, but cannot grow it.
-// An entry is only a rewrite: losing one changes no decision.
-var (
-	cache     [cacheSlots]atomic.Pointer[entry]
-	cacheSeed = maphash.MakeSeed()
-)
-
-// cacheSlots is the number of templates the cache holds at most.
-const cacheSlots = 1024
-
-// maxCached is the length of the longest template the cache keeps: route
-// templates are short, and a long string is not kept alive by the cache.
-const maxCached = 256
-
-type entry struct{ raw, norm string }
-
-// Cached is Normalize, memoized in a bounded cache. Templates that need no
-// rewrite are returned as they are, without a look-up.
-func Cached(t string) string {
-	if !strings.ContainsAny(t, ":*{") {
-		return t
-	}
-	if len(t) > maxCached {
-		return Normalize(t)
-	}
-	slot := &cache[maphash.String(cacheSeed, t)%cacheSlots]
-	if e := slot.Load(); e != nil && e.raw == t {
-		return e.norm
-	}
-	e := &entry{raw: strings.Clone(t), norm: Normalize(t)}
-	slot.Store(e)
-	return e.norm
-}
-
-// CacheLen returns the number of templates the cache holds, for tests.
-func CacheLen() int {
-	n := 0
-	for i := range cache {
-		if cache[i].Load() != nil {
-			n++
-		}
-	}
-	return n
-}
-
-// CacheCap is the most templates the cache holds, for tests.
-const CacheCap = cacheSlots
-
-// CacheBytes returns the bytes of the strings the cache holds, for tests.
-func CacheBytes() int {
-	n := 0
-	for i := range cache {
-		if e := cache[i].Load(); e != nil {
-			n += len(e.raw) + len(e.norm)
-		}
-	}
-	return n
 }

@@ -1,4 +1,20 @@
-package ratelimit
+// Package clientip resolves the client address of an HTTP request behind
+// trusted reverse proxies, and the identifier of that client under a
+// grouping of addresses (one per IPv4 address, one per IPv6 /64 by
+// default), as ratelimit's ClientIP key counts clients. It may be used on
+// its own.
+//
+// A [Resolver] trusts only the connection by default: the client is the
+// peer address in [http.Request.RemoteAddr], and no header is read, so a
+// client cannot choose its address. Behind reverse proxies, list them
+// with [TrustProxies] (or a preset, [TrustPrivateNetworks],
+// [TrustCloudflare]): when the peer is one of them, the proxy header
+// (X-Forwarded-For, or [ProxyHeader]) is read from the right, the end the
+// nearest proxy wrote, and the first element that is not a trusted proxy
+// is the client. The leftmost elements, which the client can write, are
+// never believed merely for being there. docs/keys.md gives the rules in
+// full; the tests hold the edge cases.
+package clientip
 
 import (
 	"errors"
@@ -10,9 +26,9 @@ import (
 	"github.com/slidinglog/ratelimit/internal/netid"
 )
 
-// maxHops is the most proxy-header list elements ClientIP examines for one
-// request. Real chains have a handful of proxies; a longer walk means a
-// hostile or broken header and is reported as [ErrNoKey].
+// maxHops is the most proxy-header list elements a resolver examines for
+// one request. Real chains have a handful of proxies; a longer walk means a
+// hostile or broken header and is reported as [ErrNoAddress].
 const maxHops = 64
 
 // maxNodeLen bounds the length of one list element that is parsed as an
@@ -20,7 +36,7 @@ const maxHops = 64
 // port, is far shorter.
 const maxNodeLen = 128
 
-type ipConfig struct {
+type config struct {
 	trusted   []netip.Prefix // unmapped: IPv4 proxies are IPv4 prefixes
 	header    string         // canonical name of the proxy header
 	forwarded bool           // header is RFC 7239 Forwarded
@@ -32,14 +48,14 @@ type ipConfig struct {
 	err       error // first configuration error
 }
 
-func (c *ipConfig) fail(err error) {
+func (c *config) fail(err error) {
 	if c.err == nil {
 		c.err = err
 	}
 }
 
 // trust adds the proxies an option (by) lists.
-func (c *ipConfig) trust(by string, cidrs []string) {
+func (c *config) trust(by string, cidrs []string) {
 	for _, s := range cidrs {
 		p, err := parseTrusted(s)
 		if err != nil {
@@ -52,80 +68,113 @@ func (c *ipConfig) trust(by string, cidrs []string) {
 
 // setHeader sets the proxy header, as an option (by) asks; a different
 // header set before is an error, as only one is read.
-func (c *ipConfig) setHeader(by, name string) {
+func (c *config) setHeader(by, name string) {
 	name = http.CanonicalHeaderKey(name)
 	if c.headerSet && c.header != name {
-		c.fail(fmt.Errorf("%s and %s name different proxy headers (%s, %s); ClientIP reads one", c.headerBy, by, c.header, name))
+		c.fail(fmt.Errorf("%s and %s name different proxy headers (%s, %s); a resolver reads one", c.headerBy, by, c.header, name))
 		return
 	}
 	c.header, c.forwarded, c.headerSet, c.headerBy = name, name == "Forwarded", true, by
 }
 
-// ClientIP returns a Key that identifies a request by its client's IP
-// address.
-//
-// By default only the connection is trusted: the client is the peer address
-// in [http.Request.RemoteAddr] ("ip:port", "[ipv6]:port" or a bare IP), and
-// X-Forwarded-For, Forwarded and every other header are ignored, so a client
-// cannot choose its key. RemoteAddr is trusted as it is: do not run
-// middleware that rewrites it from request headers (such as chi's
-// middleware.RealIP) before the limiter, unless the router is where the
-// proxies are configured: then say so with [FromRouter].
-//
-// Behind reverse proxies, list their addresses with [TrustProxies], or use
-// a preset: [TrustPrivateNetworks] for a load balancer in a private
-// network, [TrustCloudflare] behind Cloudflare. When the peer is a trusted
-// proxy, the proxy header ([ProxyHeader], X-Forwarded-For
-// by default) is read from the right, starting at the last element of the
-// last header line, the one the nearest proxy appended. Elements that are
-// trusted proxy addresses are skipped; the first element that is not is the
-// client. The leftmost elements, which the client can write, are never
-// believed merely for being there. If every element is a trusted address the
-// client is the leftmost of them; if the header is absent or empty the client
-// is the peer itself, so a proxy that does not set the header puts all its
-// clients in its own bucket. List every proxy of the chain (CDN, load
-// balancer, ingress): an untrusted proxy is taken for the client and all the
-// requests it forwards share its key.
-//
-// A request has no key (an error wrapping [ErrNoKey]) when RemoteAddr is not
-// an IP address, when the first untrusted element is not an IP address
-// (garbage, "unknown", an obfuscated "_name", a Forwarded element without
-// for=), or when more than 64 elements would have to be examined. ClientIP
-// never falls back to a proxy's address in these cases, which would put every
-// client of the proxy in one bucket.
-//
-// Addresses are normalized before they are compared or counted: IPv6 zones
-// are dropped and IPv4-mapped IPv6 addresses (::ffff:192.0.2.1) are treated
-// as IPv4. The identifier is the client address masked to [IPv4Prefix] bits
-// (default 32) or [IPv6Prefix] bits (default 64, since a single host usually
-// owns a whole /64), in canonical form: "203.0.113.7" or "2001:db8::1" for a
-// full-length prefix, "198.51.100.0/24" or "2001:db8:1:2::/64" otherwise.
-// Different clients, after masking, never share an identifier. The same
-// rules read the entries of [TrustProxies], [WithAllowList] and
-// [Operator.Block], and the identifiers given to [Inspector.Status] and
-// [Inspector.Reset], so that no spelling of an address escapes them.
-//
-// The Key is named "ip". Invalid options are reported by [New].
-func ClientIP(opts ...IPOption) Key {
-	c := &ipConfig{header: "X-Forwarded-For", v4Bits: 32, v6Bits: 64}
+// ErrNoAddress is wrapped by the error of a request that has no client
+// address: its RemoteAddr is not an IP address, the first untrusted
+// element of the proxy header is not one (garbage, "unknown", an
+// obfuscated "_name", a Forwarded element without a single for=), or more
+// than 64 elements would have to be examined. A resolver never falls back
+// to a proxy's address in these cases, which would put every client of
+// the proxy together.
+var ErrNoAddress = errors.New("clientip: no client address")
+
+// A Resolver gives a request's client address and identifier, as its
+// options say. It is safe for concurrent use; its zero value is not
+// valid: build one with [New]. The methods of a nil *Resolver (New's
+// result with an error) do not panic: Addr and ID give [ErrNilResolver].
+type Resolver struct{ c config }
+
+// ErrNilResolver is the error of Addr and ID on a nil *Resolver, which New
+// returns with an error.
+var ErrNilResolver = errors.New("clientip: nil *Resolver: check the error New returned")
+
+// New returns a Resolver with opts: by default it trusts no proxy, and
+// groups IPv4 clients by address and IPv6 clients by /64. An invalid
+// option (an entry TrustProxies refuses, an invalid header name or prefix
+// length, a nil Option, two different proxy headers, ProxyHeader without
+// a trusted proxy, FromRouter with a trusted proxy) is an error that says
+// what to write, and New returns no Resolver.
+func New(opts ...Option) (*Resolver, error) {
+	c := config{header: "X-Forwarded-For", v4Bits: 32, v6Bits: 64}
 	for _, opt := range opts {
 		if opt == nil {
-			c.fail(errors.New("ClientIP: nil IPOption"))
+			c.fail(errors.New("nil Option"))
 			continue
 		}
-		opt(c)
+		opt(&c)
 	}
 	if c.router && (len(c.trusted) > 0 || c.headerSet) {
-		c.fail(errors.New("FromRouter with TrustProxies, ProxyHeader or a preset: the router already resolved the client address; configure the proxies in one place, the router's or the limiter's"))
+		c.fail(errors.New("FromRouter with TrustProxies, ProxyHeader or a preset: the router already resolved the client address; configure the proxies in one place, the router's or the resolver's"))
 	} else if c.headerSet && len(c.trusted) == 0 {
 		c.fail(fmt.Errorf("ProxyHeader(%q) without TrustProxies: the header is read only from trusted proxies, so it would never be read; list your proxies with TrustProxies", c.header))
 	}
-	return Key{name: "ip", fn: c.key, err: c.err, addr: c.clientAddr, lookup: c.lookup, peer: len(c.trusted) == 0 && !c.router, router: c.router}
+	if c.err != nil {
+		return nil, fmt.Errorf("clientip: %w", c.err)
+	}
+	return &Resolver{c: c}, nil
 }
 
-// FromRouter returns an IPOption that counts by the client address the
-// router in front of the limiter resolved, so that proxies are configured
-// once, in the router:
+// Addr returns the client address of req, unmasked, without zone, and an
+// IPv4-mapped IPv6 address as IPv4: the peer's (RemoteAddr, "ip:port",
+// "[ipv6]:port" or a bare IP), or when the peer is a trusted proxy, the
+// first address of the proxy header, read from the right, that is not a
+// trusted proxy; the leftmost element if all are trusted, and the peer if
+// the header is absent or empty. A request with no client address is an
+// error wrapping [ErrNoAddress].
+func (r *Resolver) Addr(req *http.Request) (netip.Addr, error) {
+	if r == nil {
+		return netip.Addr{}, ErrNilResolver
+	}
+	return r.c.clientAddr(req)
+}
+
+// ID returns the identifier of req's client: its address ([Resolver.Addr])
+// masked to the [IPv4Prefix] or [IPv6Prefix] grouping, in canonical form,
+// "203.0.113.7" or "2001:db8::1" for a full-length prefix,
+// "198.51.100.0/24" or "2001:db8:1:2::/64" otherwise. Different clients,
+// after masking, never share an identifier, and IPv4 and IPv6 clients
+// never do. It does not allocate for an IPv4 peer that is not a trusted
+// proxy. A request with no client address is an error wrapping
+// [ErrNoAddress].
+func (r *Resolver) ID(req *http.Request) (string, error) {
+	if r == nil {
+		return "", ErrNilResolver
+	}
+	return r.c.key(req)
+}
+
+// Lookup returns the identifier r gives the clients that id names, for a
+// look-up typed by hand: id is an address in any spelling a request may
+// carry ("::ffff:203.0.113.7", "[2001:DB8::1%eth0]:443") or a network no
+// larger than one group ("2001:db8::/96" with the /64 grouping). Anything
+// else, which names no one identifier, is returned as it is, and so is
+// every id on a nil *Resolver.
+func (r *Resolver) Lookup(id string) string {
+	if r == nil {
+		return id
+	}
+	return lookupIdentifier(id, r.c.v4Bits, r.c.v6Bits)
+}
+
+// TrustsProxies reports whether r reads a proxy header: it trusts some
+// proxy ([TrustProxies] or a preset).
+func (r *Resolver) TrustsProxies() bool { return r != nil && len(r.c.trusted) > 0 }
+
+// TrustsRouter reports whether r was built with [FromRouter].
+func (r *Resolver) TrustsRouter() bool { return r != nil && r.c.router }
+
+// FromRouter returns an Option that takes [http.Request.RemoteAddr] as the
+// client address the router resolved, so that proxies are configured
+// once, in the router. With ratelimit's router adapters, RemoteAddr is
+// the router's own resolution:
 //
 //   - gin, with the ginratelimit adapter: c.ClientIP(), which trusts the
 //     proxies of engine.SetTrustedProxies and reads
@@ -137,20 +186,20 @@ func ClientIP(opts ...IPOption) Key {
 //     e.IPExtractor (echo.ExtractIPFromXFFHeader, ExtractIPFromRealIPHeader,
 //     with their TrustOption). Without an IPExtractor echo believes any
 //     X-Forwarded-For a client sends: the adapter then counts by the peer
-//     address instead, as ClientIP() does.
+//     address instead, as a resolver without options does.
 //   - net/http, chi and any other router: [http.Request.RemoteAddr] as
-//     middleware that ran before the limiter rewrote it (chi's
+//     middleware that ran before the rate limiter rewrote it (chi's
 //     middleware.RealIP, which believes True-Client-IP, X-Real-IP and
 //     X-Forwarded-For from every client: use it only behind a proxy that
 //     overwrites them, and only if no client can reach the app directly).
 //
-// The limiter then trusts the router: the address is not checked against
-// any proxy list, and no [WarningUntrustedProxy] is reported for such a
-// key. The address is normalized and grouped as ClientIP says. FromRouter
-// with [TrustProxies], [ProxyHeader] or a preset is an error from [New]:
-// the proxies would be configured twice.
-func FromRouter() IPOption {
-	return func(c *ipConfig) { c.router = true }
+// The resolver then trusts the router: the address is not checked against
+// any proxy list, and ratelimit reports no untrusted-proxy warning for
+// it. The address is normalized and grouped as [Resolver.ID] says.
+// FromRouter with [TrustProxies], [ProxyHeader] or a preset is an error
+// from [New]: the proxies would be configured twice.
+func FromRouter() Option {
+	return func(c *config) { c.router = true }
 }
 
 // parseTrusted parses a TrustProxies entry: netid.ParseEntry's rules, and a
@@ -163,8 +212,8 @@ func parseTrusted(s string) (netip.Prefix, error) {
 	return p, err
 }
 
-// key is the Key function of ClientIP.
-func (c *ipConfig) key(r *http.Request) (string, error) {
+// key is Resolver.ID.
+func (c *config) key(r *http.Request) (string, error) {
 	a, err := c.clientAddr(r)
 	if err != nil {
 		return "", err
@@ -181,16 +230,11 @@ func (c *ipConfig) key(r *http.Request) (string, error) {
 	return string(b), nil
 }
 
-// lookup returns the identifier c gives the clients id names, for
-// Limiter.LimitStatus and ResetLimit (see lookupIdentifier).
-func (c *ipConfig) lookup(id string) string { return lookupIdentifier(id, c.v4Bits, c.v6Bits) }
-
-// clientAddr returns the client address of r as described in ClientIP,
-// unmasked, without zone and unmapped.
-func (c *ipConfig) clientAddr(r *http.Request) (netip.Addr, error) {
+// clientAddr is Resolver.Addr.
+func (c *config) clientAddr(r *http.Request) (netip.Addr, error) {
 	peer, ok := parseNode(r.RemoteAddr)
 	if !ok {
-		return netip.Addr{}, fmt.Errorf("%w: RemoteAddr %s is not an IP address", ErrNoKey, quoteHop(r.RemoteAddr))
+		return netip.Addr{}, fmt.Errorf("%w: RemoteAddr %s is not an IP address", ErrNoAddress, quoteHop(r.RemoteAddr))
 	}
 	if !c.isTrusted(peer) {
 		return peer, nil
@@ -210,7 +254,7 @@ func (c *ipConfig) clientAddr(r *http.Request) (netip.Addr, error) {
 				rest, elem, more = lastElement(rest)
 			}
 			if hops++; hops > maxHops {
-				return netip.Addr{}, fmt.Errorf("%w: more than %d elements in %s", ErrNoKey, maxHops, c.header)
+				return netip.Addr{}, fmt.Errorf("%w: more than %d elements in %s", ErrNoAddress, maxHops, c.header)
 			}
 			if strings.TrimSpace(elem) == "" {
 				continue // empty list elements are ignored (RFC 9110, 5.6.1)
@@ -219,12 +263,12 @@ func (c *ipConfig) clientAddr(r *http.Request) (netip.Addr, error) {
 			if c.forwarded {
 				var found bool
 				if node, found = forwardedFor(elem); !found {
-					return netip.Addr{}, fmt.Errorf("%w: %s element %s has no single for= parameter", ErrNoKey, c.header, quoteHop(elem))
+					return netip.Addr{}, fmt.Errorf("%w: %s element %s has no single for= parameter", ErrNoAddress, c.header, quoteHop(elem))
 				}
 			}
 			a, valid := parseNode(node)
 			if !valid {
-				return netip.Addr{}, fmt.Errorf("%w: %s element %s is not an IP address", ErrNoKey, c.header, quoteHop(node))
+				return netip.Addr{}, fmt.Errorf("%w: %s element %s is not an IP address", ErrNoAddress, c.header, quoteHop(node))
 			}
 			if !c.isTrusted(a) {
 				return a, nil
@@ -235,7 +279,7 @@ func (c *ipConfig) clientAddr(r *http.Request) (netip.Addr, error) {
 	return client, nil
 }
 
-func (c *ipConfig) isTrusted(a netip.Addr) bool {
+func (c *config) isTrusted(a netip.Addr) bool {
 	for _, p := range c.trusted {
 		if p.Contains(a) {
 			return true
@@ -437,32 +481,32 @@ func quoteHop(s string) string {
 	return fmt.Sprintf("%q", s)
 }
 
-// An IPOption configures [ClientIP].
-type IPOption func(*ipConfig)
+// An Option configures a [Resolver] (see [New]).
+type Option func(*config)
 
-// TrustProxies returns an IPOption that trusts the reverse proxies at the
+// TrustProxies returns an Option that trusts the reverse proxies at the
 // given addresses: CIDR prefixes ("10.0.0.0/8", "2001:db8::/32") or single
 // IPs ("192.0.2.1", "::1"). Only requests whose peer is one of them have
-// their proxy header read (see [ClientIP]). It may be given several times;
+// their proxy header read (see [Resolver.Addr]). It may be given several times;
 // the lists add up.
 //
 // An entry that does not parse, a prefix with host bits set
 // ("10.0.0.1/8", usually a typo: the error names 10.0.0.0/8), an
 // IPv4-mapped prefix shorter than /96, or a prefix of length 0 (which would
 // trust every peer and let any client choose its key) is a configuration
-// error. Entries and peers are read as every address is (see [ClientIP]):
+// error. Entries and peers are read as every address is (see the package doc):
 // IPv4-mapped entries (::ffff:10.0.0.0/104) are IPv4 (10.0.0.0/8), an IPv6
 // prefix never matches an IPv4 or IPv4-mapped peer, zones are dropped, and
 // an entry matches the peer's address, before any [IPv4Prefix] or
 // [IPv6Prefix] grouping.
-func TrustProxies(cidrs ...string) IPOption {
-	return func(c *ipConfig) { c.trust("TrustProxies", cidrs) }
+func TrustProxies(cidrs ...string) Option {
+	return func(c *config) { c.trust("TrustProxies", cidrs) }
 }
 
 // privateNetworks are the networks TrustPrivateNetworks trusts.
 var privateNetworks = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8", "fc00::/7", "::1/128"}
 
-// TrustPrivateNetworks returns an IPOption that trusts every peer in the
+// TrustPrivateNetworks returns an Option that trusts every peer in the
 // private and loopback networks, 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16,
 // 127.0.0.0/8, fc00::/7 and ::1/128, as proxies, and reads the client
 // address from X-Forwarded-For (or the [ProxyHeader] given): for an app
@@ -471,20 +515,20 @@ var privateNetworks = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", 
 //
 // Every host in those networks is then believed: any of them can set the
 // header and choose its key, or claim an allow-listed client's address
-// ([WithAllowList]). Use it only if every host that can reach the app
+// (ratelimit's WithAllowList). Use it only if every host that can reach the app
 // directly from a private address is one of your proxies (not, say, other
 // tenants' pods or VMs, or clients on a VPN); otherwise list the proxies'
 // own addresses with TrustProxies. Clients that reach the app from a
 // private address without a proxy are counted by that address, as long as
 // they send no header.
-func TrustPrivateNetworks() IPOption {
-	return func(c *ipConfig) { c.trust("TrustPrivateNetworks", privateNetworks) }
+func TrustPrivateNetworks() Option {
+	return func(c *config) { c.trust("TrustPrivateNetworks", privateNetworks) }
 }
 
 // cloudflareIPs is where Cloudflare publishes the addresses of its proxies.
 const cloudflareIPs = "https://www.cloudflare.com/ips/"
 
-// TrustCloudflare returns an IPOption for an app behind Cloudflare: it
+// TrustCloudflare returns an Option for an app behind Cloudflare: it
 // trusts the given ranges as proxies, as [TrustProxies] does, and reads the
 // client address from CF-Connecting-IP, which Cloudflare sets to the
 // address of the client that connected to it. Pass Cloudflare's published
@@ -503,8 +547,8 @@ const cloudflareIPs = "https://www.cloudflare.com/ips/"
 //
 // No ranges is a configuration error, as is a range TrustProxies refuses
 // and a [ProxyHeader] naming another header.
-func TrustCloudflare(ranges ...string) IPOption {
-	return func(c *ipConfig) {
+func TrustCloudflare(ranges ...string) Option {
+	return func(c *config) {
 		if len(ranges) == 0 {
 			c.fail(errors.New("TrustCloudflare: no ranges; pass Cloudflare's published ranges, from " + cloudflareIPs))
 			return
@@ -514,8 +558,8 @@ func TrustCloudflare(ranges ...string) IPOption {
 	}
 }
 
-// ProxyHeader returns an IPOption that sets the header trusted proxies use to
-// pass on the client address (see [ClientIP]); the default is
+// ProxyHeader returns an Option that sets the header trusted proxies use to
+// pass on the client address (see [Resolver.Addr]); the default is
 // X-Forwarded-For. "Forwarded" selects RFC 7239 parsing: the for= parameter
 // of each comma-separated element, with quoted values, IPv6 in brackets and
 // optional ports. Any other name, such as "X-Real-IP", is read like
@@ -527,8 +571,8 @@ func TrustCloudflare(ranges ...string) IPOption {
 // configuration error, as it does an empty or malformed name, and two
 // different headers (two ProxyHeader options, or one and [TrustCloudflare],
 // which reads CF-Connecting-IP).
-func ProxyHeader(name string) IPOption {
-	return func(c *ipConfig) {
+func ProxyHeader(name string) Option {
+	return func(c *config) {
 		if !isToken(name) {
 			c.fail(fmt.Errorf("ProxyHeader: invalid header name %q", name))
 			return
@@ -537,24 +581,24 @@ func ProxyHeader(name string) IPOption {
 	}
 }
 
-// IPv4Prefix returns an IPOption that groups IPv4 clients by their first bits
+// IPv4Prefix returns an Option that groups IPv4 clients by their first bits
 // bits, 1 to 32: with 24, all of 198.51.100.0/24 shares one key. The default
 // is 32, one key per address.
-func IPv4Prefix(bits int) IPOption {
-	return prefixBits("IPv4Prefix", bits, 32, func(c *ipConfig) *int { return &c.v4Bits })
+func IPv4Prefix(bits int) Option {
+	return prefixBits("IPv4Prefix", bits, 32, func(c *config) *int { return &c.v4Bits })
 }
 
-// IPv6Prefix returns an IPOption that groups IPv6 clients by their first bits
+// IPv6Prefix returns an Option that groups IPv6 clients by their first bits
 // bits, 1 to 128. The default is 64: a host can usually pick any address in
 // its /64, so counting single addresses would let it escape the limit.
-func IPv6Prefix(bits int) IPOption {
-	return prefixBits("IPv6Prefix", bits, 128, func(c *ipConfig) *int { return &c.v6Bits })
+func IPv6Prefix(bits int) Option {
+	return prefixBits("IPv6Prefix", bits, 128, func(c *config) *int { return &c.v6Bits })
 }
 
-// prefixBits returns an IPOption that sets *field(c) to bits, or records an
+// prefixBits returns an Option that sets *field(c) to bits, or records an
 // error if bits is not in 1..max.
-func prefixBits(name string, bits, max int, field func(*ipConfig) *int) IPOption {
-	return func(c *ipConfig) {
+func prefixBits(name string, bits, max int, field func(*config) *int) Option {
+	return func(c *config) {
 		if bits < 1 || bits > max {
 			c.fail(fmt.Errorf("%s: %d bits is not in 1..%d", name, bits, max))
 			return
@@ -563,9 +607,9 @@ func prefixBits(name string, bits, max int, field func(*ipConfig) *int) IPOption
 	}
 }
 
-// lookupIdentifier returns the identifier ClientIP, grouping by v4 and v6
+// lookupIdentifier returns the identifier a resolver, grouping by v4 and v6
 // bits, gives the clients that id names, for a look-up by hand: id is an
-// address in any spelling ClientIP reads ("::ffff:203.0.113.7",
+// address in any spelling a resolver reads ("::ffff:203.0.113.7",
 // "[2001:DB8::1%eth0]:443") or a network no larger than one group
 // ("2001:db8::/96" with the /64 grouping). Anything else, which names no
 // one netid.Identity, is returned as it is.

@@ -3,6 +3,8 @@ package route
 import (
 	"strings"
 	"testing"
+
+	"github.com/slidinglog/ratelimit/internal/routememo"
 )
 
 func TestNormalize(t *testing.T) {
@@ -28,8 +30,8 @@ func TestNormalize(t *testing.T) {
 		if got := Normalize(tc.in); got != tc.want {
 			t.Errorf("Normalize(%q) = %q, want %q", tc.in, got, tc.want)
 		}
-		if got := Cached(tc.in); got != tc.want {
-			t.Errorf("Cached(%q) = %q, want %q", tc.in, got, tc.want)
+		if got := normalize(tc.in); got != tc.want {
+			t.Errorf("normalize(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 		if got := Normalize(tc.want); got != tc.want {
 			t.Errorf("Normalize is not idempotent on %q: %q", tc.want, got)
@@ -37,21 +39,21 @@ func TestNormalize(t *testing.T) {
 	}
 }
 
-// TestCachedBounded: client-chosen strings evict one another in the memo;
-// they cannot grow it, and a long one is not kept.
-func TestCachedBounded(t *testing.T) {
+// TestNormalizeMemoBounded: client-chosen strings evict one another in
+// the memo; they cannot grow it, and a long one is not kept.
+func TestNormalizeMemoBounded(t *testing.T) {
 	long := "/x/:" + strings.Repeat("a", 4096)
 	for i := range 20_000 {
 		p := "/users/:id" + strings.Repeat("z", i%300) + string(rune('a'+i%26)) + "/" + itoa(i)
-		if got := Cached(p); got != Normalize(p) {
-			t.Fatalf("Cached(%q) = %q", p, got)
+		if got := Normalize(p); got != normalize(p) {
+			t.Fatalf("Normalize(%q) = %q", p, got)
 		}
-		_ = Cached(long)
+		_ = Normalize(long)
 	}
-	if n := CacheLen(); n > CacheCap {
-		t.Errorf("%d entries, bound %d", n, CacheCap)
+	if n := routememo.Len(); n > routememo.Cap {
+		t.Errorf("%d entries, bound %d", n, routememo.Cap)
 	}
-	if n := CacheBytes(); n > CacheCap*2*maxCached {
+	if n := routememo.Bytes(); n > routememo.Cap*2*routememo.MaxLen {
 		t.Errorf("%d bytes", n)
 	}
 }
@@ -66,15 +68,17 @@ func itoa(i int) string {
 	}
 }
 
-func TestCheck(t *testing.T) {
-	for _, p := range []string{"/users/{id}", "/users/:id", "/users/{id:[0-9]+}", "/files/*", "/files/{p...}", "/{$}", "/", "/v{v}/x"} {
-		if err := Check(p); err != nil {
-			t.Errorf("Check(%q): %v", p, err)
+func TestValidate(t *testing.T) {
+	for _, p := range []string{"/users/{id}", "/users/:id", "/users/{id:[0-9]+}", "/files/*", "/files/{p...}", "/{$}", "/", "/v{v}/x",
+		"GET /users/{id}", "POST  /login", Unmatched} {
+		if err := Validate(p); err != nil {
+			t.Errorf("Validate(%q): %v", p, err)
 		}
 	}
-	for _, p := range []string{"", "users", "/a/{", "/a/}", "/a/{}", "/a/{...}/b", "/a/*/b", "/a/x{...}", "/a?b", "/a#b", "/a b", "/a/{$}/b", "/a/{{x}}"} {
-		if err := Check(p); err == nil {
-			t.Errorf("Check(%q) = nil", p)
+	for _, p := range []string{"", "users", "/a/{", "/a/}", "/a/{}", "/a/{...}/b", "/a/*/b", "/a/x{...}", "/a?b", "/a#b", "/a b", "/a/{$}/b", "/a/{{x}}",
+		"GETT /x", "get /x", "GET login", "GET "} {
+		if err := Validate(p); err == nil {
+			t.Errorf("Validate(%q) = nil", p)
 		}
 	}
 }

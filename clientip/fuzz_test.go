@@ -1,4 +1,4 @@
-package ratelimit
+package clientip
 
 import (
 	"errors"
@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// fuzzTrusted mirrors the TrustProxies list of FuzzClientIP, parsed here
+// fuzzTrusted mirrors the TrustProxies list of FuzzResolver, parsed here
 // independently of the code under test.
 var fuzzTrusted = []netip.Prefix{
 	netip.MustParsePrefix("10.0.0.0/8"),
@@ -39,7 +39,7 @@ func checkID(t *testing.T, id string) {
 }
 
 // maskedID is the identifier of client address a, computed independently of
-// ClientIP.
+// the resolver.
 func maskedID(a netip.Addr, v4Bits, v6Bits int) string {
 	bits := v6Bits
 	if a.Is4() {
@@ -51,7 +51,7 @@ func maskedID(a netip.Addr, v4Bits, v6Bits int) string {
 	return netip.PrefixFrom(a, bits).Masked().String()
 }
 
-func FuzzClientIP(f *testing.F) {
+func FuzzResolver(f *testing.F) {
 	f.Add("203.0.113.7:1234", "198.51.100.1", "for=198.51.100.1")
 	f.Add("10.0.0.1:443", "198.51.100.1, 203.0.113.7, 10.0.0.2", `for=198.51.100.1, for="[2001:db8::1]:4711";proto=https`)
 	f.Add("[2001:db8:ffff::1]:443", "[2001:db8:1:2::3]:80, ::ffff:10.0.0.2", `For="_hidden", for=unknown`)
@@ -66,12 +66,12 @@ func FuzzClientIP(f *testing.F) {
 	// without trusted proxies.
 	trust := TrustProxies("10.0.0.0/8", "192.0.2.1", "2001:db8:ffff::/48")
 	keys := []struct {
-		k, direct      Key
+		k, direct      ipKey
 		v4Bits, v6Bits int
 	}{
-		{ClientIP(trust), ClientIP(), 32, 64},
-		{ClientIP(trust, IPv4Prefix(24), IPv6Prefix(127)), ClientIP(IPv4Prefix(24), IPv6Prefix(127)), 24, 127},
-		{ClientIP(trust, ProxyHeader("Forwarded"), IPv6Prefix(128)), ClientIP(IPv6Prefix(128)), 32, 128},
+		{resolver(trust), resolver(), 32, 64},
+		{resolver(trust, IPv4Prefix(24), IPv6Prefix(127)), resolver(IPv4Prefix(24), IPv6Prefix(127)), 24, 127},
+		{resolver(trust, ProxyHeader("Forwarded"), IPv6Prefix(128)), resolver(IPv6Prefix(128)), 32, 128},
 	}
 	for _, k := range keys {
 		if k.k.err != nil || k.direct.err != nil {
@@ -87,7 +87,7 @@ func FuzzClientIP(f *testing.F) {
 		r.Header["Forwarded"] = strings.Split(fwd, "\n")
 
 		// Independent oracle for the peer: whatever netip.ParseAddrPort
-		// accepts, ClientIP must accept too, up to maxNodeLen bytes (a
+		// accepts, a resolver must accept too, up to maxNodeLen bytes (a
 		// longer node, such as an address with a 200-byte zone, is refused
 		// whatever it holds: no peer has one).
 		peer, ok := parseNode(remoteAddr)
@@ -104,8 +104,8 @@ func FuzzClientIP(f *testing.F) {
 		for _, k := range keys {
 			id, err := k.k.fn(r)
 			if err != nil {
-				if !errors.Is(err, ErrNoKey) {
-					t.Fatalf("error %v does not wrap ErrNoKey", err)
+				if !errors.Is(err, ErrNoAddress) {
+					t.Fatalf("error %v does not wrap ErrNoAddress", err)
 				}
 				if ok && !peerTrusted {
 					t.Fatalf("untrusted peer %q: %v", remoteAddr, err)
