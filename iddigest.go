@@ -50,7 +50,7 @@ func checkDigest(d string) error {
 // digest ([IDDigest]) is digest: the state of the limit called name for
 // it, counting nothing. It fails as LimitStatus does, and for a digest
 // not of IDDigest's form. The plan of a limit with plans ([Plans]) and a
-// manual block ([Operator.Block]) are looked up by the digest, which
+// manual block ([operator.Operator.Block]) are looked up by the digest, which
 // names no plan and no block: the result is the default plan's, as if not
 // blocked.
 func (l *Limiter) LimitStatusDigest(ctx context.Context, name, digest string) (LimitResult, error) {

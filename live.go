@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/ophook"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // WithOperatorRefresh sets how often the Limiter reads the version of the
-// operator state ([Operator]: quota overrides and manual blocks) in Redis,
+// operator state ([operator.Operator]: quota overrides and manual blocks) in Redis,
 // from a background goroutine, and reloads the state when it changed: one
-// HGET per interval, and one HGETALL per change. A change an Operator made
+// script call per interval, which also declares the Limiter's limits
+// ([operator.Declaration]), and one HGETALL per change. A change an Operator made
 // is in force here within the interval plus one decision timeout ([WithTimeout])
 // after it returned (at once for a change made with this Limiter's own
 // [Limiter.Operator]). A block ends and an override lapses at its expiry
@@ -59,13 +63,20 @@ func (l *Limiter) Close() error {
 	return nil
 }
 
-// Operator returns an [Operator] for l's Redis client and prefix whose
-// changes l applies at once, when they return (the other Limiters within
-// their refresh interval, see [WithOperatorRefresh]).
-func (l *Limiter) Operator() *Operator {
-	return &Operator{client: l.client, key: l.opsRun.key, now: l.localNow, after: func(ctx context.Context) {
+// Operator returns an [operator.Operator] for l's Redis client and prefix
+// whose changes l applies at once, when they return (the other Limiters
+// within their refresh interval, see [WithOperatorRefresh]), on l's clock
+// ([WithClock]), and whose Unblock also lifts the blocks l's limits set
+// ([Limit.Block]).
+func (l *Limiter) Operator() *operator.Operator {
+	op, err := operator.New(l.client, l.cfg.prefix)
+	if err != nil {
+		panic("ratelimit: " + err.Error()) // New checked the client and the prefix
+	}
+	ophook.Configure(op, ophook.Hooks{Now: l.localNow, After: func(ctx context.Context) {
 		_ = l.refreshOperator(context.WithoutCancel(ctx), true)
-	}, unblock: l.unblockAll}
+	}, Unblock: l.unblockAll})
+	return op
 }
 
 // unblockAll lifts the blocks that l's blocking limits ([Limit.Block]) set
@@ -87,11 +98,12 @@ func (l *Limiter) unblockAll(ctx context.Context, id string) (bool, error) {
 // blocks it last read ([WithOperatorRefresh]), less the overrides that
 // have lapsed since on l's clock; blocks that have ended since are listed
 // until the state is read again or an override lapses. Version is 0
-// before the first read.
-func (l *Limiter) OperatorState() OperatorState {
+// before the first read. Declared lists the live declarations of the
+// prefix as last read ([operator.Declaration]).
+func (l *Limiter) OperatorState() operator.State {
 	l.syncOps()
 	if o := l.ops.Load(); o != nil {
 		return o.state
 	}
-	return OperatorState{}
+	return operator.State{}
 }

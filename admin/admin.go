@@ -34,14 +34,16 @@
 //	POST ./reset  (form: limit, id or digest)  forget what L counted for
 //	                     the identifier, then redirect to its state
 //	                     (JSON: {"reset": true})
-//	POST ./unblock (form: target)  lift a manual block (ratelimit.Operator)
+//	POST ./unblock (form: target)  lift a manual block (operator.Operator)
 //	POST ./clear  (form: limit, plan)  clear a quota override
 //
 // id64 and target64, the value in unpadded base64url, stand for id and
 // target everywhere.
 //
 // The index and an identifier's state show the quota overrides and manual
-// blocks the watched Limiters apply ([ratelimit.Limiter.OperatorState]);
+// blocks the watched Limiters apply ([ratelimit.Limiter.OperatorState]),
+// each override beside the quotas the live Limiters declare for its limit
+// and plan ([operator.Declaration]);
 // unblock and clear change them in Redis through each watched Limiter's
 // [ratelimit.Limiter.Operator], for every replica (each within its
 // refresh interval, [ratelimit.WithOperatorRefresh]).
@@ -74,6 +76,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/internal/topk"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // MaxID is the longest identifier, in bytes, the Handler takes in a
@@ -266,21 +269,27 @@ type Index struct {
 	WindowSeconds int          `json:"window_seconds"`
 	Limits        []LimitIndex `json:"limits"`
 	// Overrides and Blocks are the quota overrides and manual blocks the
-	// watched Limiters apply ([ratelimit.Operator]), of every prefix.
+	// watched Limiters apply ([operator.Operator]), of every prefix.
 	Overrides []Override `json:"overrides"`
 	Blocks    []Block    `json:"blocks"`
 }
 
-// Override is a quota override in force ([ratelimit.QuotaOverride]).
+// Override is a quota override in force ([operator.Override]).
 type Override struct {
 	Limit string `json:"limit"`
 	Plan  string `json:"plan"` // "" for the limit's own quota
 	Quota int    `json:"quota"`
+	// Declared lists, ascending, the quotas the live Limiters of the
+	// prefix declare for the limit and plan ([operator.Declaration]),
+	// the one the override replaces: several while replicas of two
+	// releases run, none if no live Limiter has the limit or the plan; -1
+	// is unlimited.
+	Declared []int `json:"declared"`
 	// Expires is when it lapses, null for never.
 	Expires *time.Time `json:"expires"`
 }
 
-// Block is a manual block in force ([ratelimit.ManualBlock]).
+// Block is a manual block in force ([operator.Block]).
 type Block struct {
 	Target  string    `json:"target"` // an identifier, or a CIDR
 	Expires time.Time `json:"expires"`
@@ -522,7 +531,7 @@ func (h *Handler) operatorState() ([]Override, []Block) {
 		for _, q := range st.Quotas {
 			if k := [2]string{q.Limit, q.Plan}; !seenQ[k] {
 				seenQ[k] = true
-				o := Override{Limit: q.Limit, Plan: q.Plan, Quota: q.Quota}
+				o := Override{Limit: q.Limit, Plan: q.Plan, Quota: q.Quota, Declared: declaredQuotas(st.Declared, q.Limit, q.Plan)}
 				if !q.Expires.IsZero() {
 					exp := q.Expires
 					o.Expires = &exp
@@ -540,6 +549,26 @@ func (h *Handler) operatorState() ([]Override, []Block) {
 	return overrides, blocks
 }
 
+// declaredQuotas returns the distinct quotas decls declare for limit and
+// plan, ascending.
+func declaredQuotas(decls []operator.Declaration, limit, plan string) []int {
+	out := []int{}
+	for _, d := range decls {
+		if d.Limit != limit {
+			continue
+		}
+		q, ok := d.Quota, plan == ""
+		if !ok {
+			q, ok = d.Plans[plan]
+		}
+		if ok && !slices.Contains(out, q) {
+			out = append(out, q)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // idAddr returns the address an identifier names, if it is an IP address
 // or a network (ClientIP's "2001:db8::/64").
 func idAddr(id string) (netip.Addr, bool) {
@@ -551,18 +580,18 @@ func idAddr(id string) (netip.Addr, bool) {
 }
 
 // unblock lifts the block of the form's target, for every replica
-// ([ratelimit.Operator.Unblock], through each watched Limiter's prefix).
+// ([operator.Operator.Unblock], through each watched Limiter's prefix).
 func (h *Handler) unblock(w http.ResponseWriter, r *http.Request) {
-	h.operate(w, r, "target", func(ctx context.Context, op *ratelimit.Operator, target string) (bool, error) {
+	h.operate(w, r, "target", func(ctx context.Context, op *operator.Operator, target string) (bool, error) {
 		return op.Unblock(ctx, target)
 	})
 }
 
 // clear removes the override of the form's limit and plan
-// ([ratelimit.Operator.ClearQuota]).
+// ([operator.Operator.ClearQuota]).
 func (h *Handler) clear(w http.ResponseWriter, r *http.Request) {
 	plan := r.FormValue("plan")
-	h.operate(w, r, "limit", func(ctx context.Context, op *ratelimit.Operator, limit string) (bool, error) {
+	h.operate(w, r, "limit", func(ctx context.Context, op *operator.Operator, limit string) (bool, error) {
 		return op.ClearQuota(ctx, limit, plan)
 	})
 }
@@ -571,7 +600,7 @@ func (h *Handler) clear(w http.ResponseWriter, r *http.Request) {
 // argument, through the Operator of every watched Limiter (each applies it
 // at once; the other replicas within their refresh interval), and answers
 // as reset does, redirecting to the index.
-func (h *Handler) operate(w http.ResponseWriter, r *http.Request, field string, change func(context.Context, *ratelimit.Operator, string) (bool, error)) {
+func (h *Handler) operate(w http.ResponseWriter, r *http.Request, field string, change func(context.Context, *operator.Operator, string) (bool, error)) {
 	if r.Method != http.MethodPost {
 		h.fail(w, r, http.StatusMethodNotAllowed, errors.New("POST only"))
 		return
