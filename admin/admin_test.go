@@ -217,6 +217,8 @@ func TestOperatorState(t *testing.T) {
 	}
 	if len(idx.Overrides) != 1 || idx.Overrides[0].Limit != "client" || idx.Overrides[0].Quota != 9 || idx.Overrides[0].Expires != nil {
 		t.Errorf("overrides: %+v", idx.Overrides)
+	} else if d := idx.Overrides[0].Declared; len(d) != 1 || d[0] != 3 {
+		t.Errorf("the override of client is shown beside the declared quotas %v, want [3]", d)
 	}
 	if len(idx.Blocks) != 2 || idx.Blocks[0].Target != "10.0.0.0/8" || idx.Blocks[1].Target != `<b>mallory</b>` {
 		t.Errorf("blocks: %+v", idx.Blocks)
@@ -226,11 +228,11 @@ func TestOperatorState(t *testing.T) {
 	if code, body := f.get(t, "id?format=json&"+q, &st); code != http.StatusOK {
 		t.Fatalf("%d %s", code, body)
 	}
-	if st.Quota != 9 || st.Override == nil || st.Override.Quota != 9 || st.Block == nil || st.Block.Target != "10.0.0.0/8" || !st.Denied {
+	if st.Quota != 9 || st.Override == nil || st.Override.Quota != 9 || len(st.Override.Declared) != 1 || st.Block == nil || st.Block.Target != "10.0.0.0/8" || !st.Denied {
 		t.Errorf("state of an address in a blocked network: %+v", st)
 	}
 	code, page := f.get(t, "", nil)
-	if code != http.StatusOK || strings.Contains(page, "<b>mallory") || !strings.Contains(page, `action="unblock"`) || !strings.Contains(page, `action="clear"`) {
+	if code != http.StatusOK || strings.Contains(page, "<b>mallory") || !strings.Contains(page, `<td class="n declared">3</td>`) || !strings.Contains(page, `action="unblock"`) || !strings.Contains(page, `action="clear"`) {
 		t.Errorf("the page: %d\n%s", code, page)
 	}
 	for _, form := range []struct {
