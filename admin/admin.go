@@ -18,8 +18,8 @@
 // heavy-hitters sketch: see [Options.Capacity]); the state of an
 // identifier and a reset are read and made in Redis, for every replica.
 //
-// An identifier longer than [ratelimit.MaxKeyID] bytes is not kept whole:
-// the Redis keys hold its digest ([ratelimit.IDDigest]) instead, and so
+// An identifier longer than [operator.MaxKeyID] bytes is not kept whole:
+// the Redis keys hold its digest ([operator.IDDigest]) instead, and so
 // does the sketch, with its first bytes to recognise it by. Such an entry
 // is looked up and reset by its digest (digest=, in place of id=), as the
 // page's links and forms do.
@@ -91,7 +91,7 @@ type Options struct {
 	// are over the truth by at most that much, never under.
 	//
 	// Each limit's sketch holds at most Capacity*Minutes entries, each of
-	// at most [ratelimit.MaxKeyID]+1 bytes of identifier (a longer one is
+	// at most [operator.MaxKeyID]+1 bytes of identifier (a longer one is
 	// kept as its digest and first bytes): [SketchBytes] is the bound,
 	// about 380 KB per limit with the defaults, whatever the clients send.
 	Capacity int
@@ -163,21 +163,21 @@ func (h *Handler) Observe(ratelimit.Result, error, time.Duration) {}
 
 // ObserveDenial counts a denial of id by limit ([ratelimit.DenialObserver]).
 // It does not allocate for an identifier of at most
-// [ratelimit.MaxKeyID] bytes already counted this minute; a longer one
+// [operator.MaxKeyID] bytes already counted this minute; a longer one
 // costs its digest.
 func (h *Handler) ObserveDenial(limit, id string) {
 	h.top.Add(limit, sketchRef(id), h.opts.Now())
 }
 
-// The sketch holds an identifier of at most ratelimit.MaxKeyID bytes as
-// it is, and a longer one as a ref: its digest (ratelimit.IDDigest), then
+// The sketch holds an identifier of at most operator.MaxKeyID bytes as
+// it is, and a longer one as a ref: its digest (operator.IDDigest), then
 // its first shownLen bytes, so that a ref is longer than MaxKeyID and
 // never taken for an identifier, and at most MaxKeyID+1 bytes.
-var digestLen = len(ratelimit.IDDigest(strings.Repeat("x", ratelimit.MaxKeyID+1)))
+var digestLen = len(operator.IDDigest(strings.Repeat("x", operator.MaxKeyID+1)))
 
-var shownLen = ratelimit.MaxKeyID + 1 - digestLen
+var shownLen = operator.MaxKeyID + 1 - digestLen
 
-// isDigest reports whether d has the form of ratelimit.IDDigest's digests.
+// isDigest reports whether d has the form of operator.IDDigest's digests.
 func isDigest(d string) bool {
 	if len(d) != digestLen || d[0] != '#' {
 		return false
@@ -188,7 +188,7 @@ func isDigest(d string) bool {
 
 // sketchRef returns what the sketch holds for id.
 func sketchRef(id string) string {
-	d := ratelimit.IDDigest(id)
+	d := operator.IDDigest(id)
 	if d == "" {
 		return id
 	}
@@ -198,7 +198,7 @@ func sketchRef(id string) string {
 // entryOf returns the Entry of a sketch's entry.
 func entryOf(e topk.Entry) Entry {
 	out := Entry{ID: e.ID, Count: e.Count, Err: e.Err}
-	if len(e.ID) > ratelimit.MaxKeyID {
+	if len(e.ID) > operator.MaxKeyID {
 		out.Digest, out.ID = e.ID[:digestLen], e.ID[digestLen:]
 	} else if !utf8.ValidString(e.ID) {
 		out.ID64 = base64.RawURLEncoding.EncodeToString([]byte(e.ID))
@@ -307,8 +307,8 @@ type LimitIndex struct {
 
 // Entry is an identifier and its denials over the window, counted in
 // bounded memory: Count is an upper bound, over the truth by at most Err.
-// For an identifier longer than [ratelimit.MaxKeyID] bytes, Digest is its
-// digest ([ratelimit.IDDigest]), which looks it up and resets it, and ID
+// For an identifier longer than [operator.MaxKeyID] bytes, Digest is its
+// digest ([operator.IDDigest]), which looks it up and resets it, and ID
 // only its first bytes; Digest is empty for the others.
 //
 // JSON cannot carry an identifier that is not valid UTF-8 (the encoder
@@ -326,7 +326,7 @@ type Entry struct {
 type IDState struct {
 	Limit string `json:"limit"`
 	// ID is the identifier, "" when looked up by its digest; Digest is
-	// its digest if it is longer than [ratelimit.MaxKeyID] bytes (see
+	// its digest if it is longer than [operator.MaxKeyID] bytes (see
 	// [Entry]), else "".
 	ID            string    `json:"id"`
 	Digest        string    `json:"digest,omitempty"`
@@ -407,7 +407,7 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request) {
 }
 
 // query returns r's limit, and its identifier (id, or id64 decoded) or
-// the digest of one, checked: an id of more than ratelimit.MaxKeyID
+// the digest of one, checked: an id of more than operator.MaxKeyID
 // bytes comes with its digest.
 func (h *Handler) query(r *http.Request) (limit, id, digest string, l *ratelimit.Limiter, status int, err error) {
 	fail := func(status int, msg string) (string, string, string, *ratelimit.Limiter, int, error) {
@@ -432,7 +432,7 @@ func (h *Handler) query(r *http.Request) (limit, id, digest string, l *ratelimit
 		return fail(http.StatusBadRequest, "digest is not an identifier's digest ('#' and 43 base64url characters)")
 	}
 	if id != "" {
-		digest = ratelimit.IDDigest(id)
+		digest = operator.IDDigest(id)
 	}
 	if l = h.limiterOf(limit); l == nil {
 		return fail(http.StatusNotFound, "no watched limiter has this limit")

@@ -20,6 +20,7 @@ import (
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/admin"
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
@@ -292,8 +293,8 @@ func TestRefusals(t *testing.T) {
 		{"an id too long", post(nil, url.Values{"limit": {"client"}, "id": {strings.Repeat("x", admin.MaxID+1)}}), http.StatusBadRequest},
 		{"an id64 not base64url", post(nil, url.Values{"limit": {"client"}, "id64": {"a=b"}}), http.StatusBadRequest},
 		{"a digest not a digest", post(nil, url.Values{"limit": {"client"}, "digest": {"#" + strings.Repeat("a", 42)}}), http.StatusBadRequest},
-		{"both id and digest", post(nil, url.Values{"limit": {"client"}, "id": {"x"}, "digest": {ratelimit.IDDigest(strings.Repeat("x", 200))}}), http.StatusBadRequest},
-		{"a digest", post(nil, url.Values{"limit": {"client"}, "digest": {ratelimit.IDDigest(strings.Repeat("x", 200))}}), http.StatusOK},
+		{"both id and digest", post(nil, url.Values{"limit": {"client"}, "id": {"x"}, "digest": {operator.IDDigest(strings.Repeat("x", 200))}}), http.StatusBadRequest},
+		{"a digest", post(nil, url.Values{"limit": {"client"}, "digest": {operator.IDDigest(strings.Repeat("x", 200))}}), http.StatusOK},
 		{"a reset by GET", func() int { c, _ := f.get(t, "reset?limit=client&id=x", nil); return c }(), http.StatusMethodNotAllowed},
 		{"an unknown page", func() int { c, _ := f.get(t, "nope", nil); return c }(), http.StatusNotFound},
 		{"n=0", func() int { c, _ := f.get(t, "?n=0", nil); return c }(), http.StatusBadRequest},
