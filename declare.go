@@ -76,20 +76,15 @@ func (l *Limiter) declarer(now func() time.Time) *declarer {
 func (d *declarer) operator() *operator.Operator { return d.op }
 
 // declare declares the Limiter's limits and returns the state's version;
-// an error is logged once per streak. With nothing to declare it reads
-// the version.
+// a full state is logged once per streak. With nothing to declare it
+// reads the version.
 func (d *declarer) declare(ctx context.Context, lg *slog.Logger) (int64, error) {
 	if len(d.decls) == 0 {
 		return d.op.Version(ctx)
 	}
 	v, skipped, err := d.op.Declare(ctx, d.decls, d.every)
 	switch {
-	case errors.Is(err, redis.ErrClosed):
-		// the application closed the client: nothing to warn of
 	case err != nil:
-		if !d.failing.Swap(true) {
-			lg.Warn("ratelimit: cannot declare the Limiter's limits in the operator state; conflicting definitions go unnoticed and ratelimitctl may refuse its limits", slog.Any("error", err))
-		}
 	case skipped > 0:
 		if !d.failing.Swap(true) {
 			lg.Error("ratelimit: the operator state is full; some of the Limiter's limits are not declared", slog.Int("max_entries", operator.MaxEntries), slog.Int("undeclared", skipped))
@@ -98,6 +93,14 @@ func (d *declarer) declare(ctx context.Context, lg *slog.Logger) (int64, error) 
 		d.failing.Store(false)
 	}
 	return v, err
+}
+
+// failed logs, once per streak, that the Limiter could not declare its
+// limits though it could read the state (a Redis that refuses scripts).
+func (d *declarer) failed(err error, lg *slog.Logger) {
+	if !errors.Is(err, redis.ErrClosed) && !d.failing.Swap(true) {
+		lg.Warn("ratelimit: cannot declare the Limiter's limits in the operator state; conflicting definitions go unnoticed and ratelimitctl may refuse its limits", slog.Any("error", err))
+	}
 }
 
 // check reports WarningDefinitionConflict, once per name, for each of the

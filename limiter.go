@@ -628,15 +628,14 @@ func (run *opsRunner) fetch(ctx context.Context, cur *liveOps, force bool) (st o
 	defer cancel()
 	op := run.decl.operator()
 	v, derr := run.decl.declare(ctx, run.logger)
-	if cur != nil && !force {
-		if derr != nil {
-			if v, err = op.Version(ctx); err != nil {
-				return st, false, err
-			}
+	if derr != nil {
+		if v, err = op.Version(ctx); err != nil {
+			return st, false, err
 		}
-		if v == cur.state.Version {
-			return st, false, nil
-		}
+		run.decl.failed(derr, run.logger)
+	}
+	if cur != nil && !force && v == cur.state.Version {
+		return st, false, nil
 	}
 	st, err = op.List(ctx)
 	return st, err == nil, err

@@ -25,7 +25,8 @@ import (
 // While Redis cannot be read, the last state read stays in force.
 // Default: 1s (the deny cache's default maximum age).
 //
-// 0 turns the refresh off: no goroutine, and no read at New. The
+// 0 turns the refresh off: no goroutine, no read at New, and no
+// declaration of the Limiter's limits. The
 // Limiter then applies no operator state but what it reads when its own
 // Operator ([Limiter.Operator]) makes a change, which reads the whole
 // state (the changes other Operators made before included); it never sees
