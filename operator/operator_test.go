@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 
+	"github.com/slidinglog/ratelimit/internal/limitname"
 	"github.com/slidinglog/ratelimit/internal/redistest"
 	"os"
 )
@@ -231,4 +232,104 @@ func TestDeclareVersion(t *testing.T) {
 	if st, _ := op.List(ctx); len(st.Declared) != 1 {
 		t.Errorf("declared again: %+v listed", st.Declared)
 	}
+}
+
+func TestValidation(t *testing.T) {
+	if _, err := New(nil, "x:"); err == nil {
+		t.Error("New(nil) succeeded")
+	}
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	defer c.Close()
+	if _, err := New(c, "a{b}"); err == nil {
+		t.Error("a prefix with braces was accepted")
+	}
+	op, err := New(c, "x:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for name, err := range map[string]error{
+		"quota 0":         op.SetQuota(ctx, "api", "", 0, 0),
+		"quota too large": op.SetQuota(ctx, "api", "", limitname.MaxQuota+1, 0),
+		"negative ttl":    op.SetQuota(ctx, "api", "", 5, -time.Second),
+		"bad limit":       op.SetQuota(ctx, "a/b", "", 5, 0),
+		"bad plan":        op.SetQuota(ctx, "api", "pro plan", 5, 0),
+		"empty target":    op.Block(ctx, "", time.Minute),
+		"long target":     op.Block(ctx, strings.Repeat("x", MaxTarget+1), time.Minute),
+		"zero duration":   op.Block(ctx, "alice", 0),
+		"bad CIDR":        op.Block(ctx, "10.0.0.0/33", time.Minute),
+		"bad CIDR suffix": op.Block(ctx, "10.0.0.1/x", time.Minute),
+		"host bits":       op.Block(ctx, "203.0.113.9/24", time.Minute),
+		"host bits IPv6":  op.Block(ctx, "2001:db8::1/48", time.Minute),
+		"short mapped":    op.Block(ctx, "::ffff:1.2.3.0/80", time.Minute),
+	} {
+		if err == nil || strings.Contains(err.Error(), "connect") {
+			t.Errorf("%s: error %v, want a validation error before any Redis call", name, err)
+		}
+	}
+}
+
+// TestFull: the state holds at most MaxEntries; expired
+// ones make room.
+func TestFull(t *testing.T) {
+	forBackends(t, func(t *testing.T, c redis.UniversalClient, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		op, _ := New(c, "full:")
+		fields := []any{"v", "1"}
+		for i := range MaxEntries {
+			fields = append(fields, "b/id"+strconv.Itoa(i), "1") // expired long ago
+		}
+		if err := c.HSet(ctx, Key("full:"), fields...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := op.Block(ctx, "x", time.Minute); err != nil {
+			t.Fatalf("expired entries should make room: %v", err)
+		}
+		fields = fields[:2]
+		far := strconv.FormatInt(time.Now().Add(time.Hour).UnixMicro(), 10)
+		for i := range MaxEntries {
+			fields = append(fields, "b/id"+strconv.Itoa(i), far)
+		}
+		if err := c.HSet(ctx, Key("full:"), fields...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := op.Block(ctx, "y", time.Minute); !errors.Is(err, ErrFull) {
+			t.Fatalf("Block in a full state: %v, want ErrFull", err)
+		}
+		if err := op.Block(ctx, "id7", time.Minute); err != nil {
+			t.Fatalf("re-blocking a target already there: %v", err)
+		}
+
+		// Lapsed declarations make room too; live ones count.
+		if err := c.Del(ctx, Key("full:")).Err(); err != nil {
+			t.Fatal(err)
+		}
+		past := time.Now().Add(-time.Hour).UnixMicro()
+		fields = fields[:2]
+		for i := range MaxEntries {
+			fields = append(fields, "d/l"+strconv.Itoa(i)+"/"+strings.Repeat("x", idLen), strconv.FormatInt(past, 10)+" "+strconv.FormatInt(past+30e6, 10)+" 5 60000000 0 n ip")
+		}
+		if err := c.HSet(ctx, Key("full:"), fields...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := op.Block(ctx, "z", time.Minute); err != nil {
+			t.Fatalf("lapsed declarations should make room: %v", err)
+		}
+		decl := []Declaration{{Limit: "new", Kind: "ip", Window: time.Minute, Quota: 5}}
+		for i := range MaxEntries {
+			fields[3+2*i] = "9 " + far + " 5 60000000 0 n ip pro=1000" // live, ending in a number that is no expiry
+		}
+		if err := c.HSet(ctx, Key("full:"), fields...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := op.Block(ctx, "w", time.Minute); !errors.Is(err, ErrFull) {
+			t.Fatalf("Block among live declarations: %v, want ErrFull", err)
+		}
+		if _, skipped, err := op.Declare(ctx, decl, time.Second); err != nil || skipped != 1 {
+			t.Fatalf("Declare in a full state: skipped %d, %v; want 1 skipped", skipped, err)
+		}
+		if n, _ := c.HLen(ctx, Key("full:")).Result(); n != MaxEntries+2 { // and v and b/z
+			t.Fatalf("the hash holds %d fields, want the %d written", n, MaxEntries+2)
+		}
+	})
 }
