@@ -14,6 +14,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // stubClient answers every script call with a fixed reply, without a
@@ -76,15 +77,15 @@ func BenchmarkMiddleware(b *testing.B) {
 	// none of them the client's; the client's address blocked (429 from
 	// memory); the limit's quota overridden.
 	far := time.Now().Add(time.Hour)
-	var blocks OperatorState
+	var blocks operator.State
 	for i := range 100 {
-		blocks.Blocks = append(blocks.Blocks, ManualBlock{Target: "user-" + strconv.Itoa(i), Expires: far})
+		blocks.Blocks = append(blocks.Blocks, operator.Block{Target: "user-" + strconv.Itoa(i), Expires: far})
 	}
 	for i := range 10 {
 		p := netip.MustParsePrefix("198.51." + strconv.Itoa(i) + ".0/24")
-		blocks.Blocks = append(blocks.Blocks, ManualBlock{Target: p.String(), Prefix: p, Expires: far})
+		blocks.Blocks = append(blocks.Blocks, operator.Block{Target: p.String(), Prefix: p, Expires: far})
 	}
-	withState := func(lim *Limiter, st OperatorState) {
+	withState := func(lim *Limiter, st operator.State) {
 		lim.opsRun.latest.Store(newLiveOps(st, time.Now().UnixMicro()))
 	}
 	b.Run("ip/blocks", func(b *testing.B) {
@@ -97,14 +98,14 @@ func BenchmarkMiddleware(b *testing.B) {
 		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, WithRedis(RedisOptions{OperatorRefresh: -1}))
 		lim.store = lim.wrap(stub(allowOne))
 		st := blocks
-		st.Blocks = append(slices.Clone(st.Blocks), ManualBlock{Target: "203.0.113.0/24", Prefix: netip.MustParsePrefix("203.0.113.0/24"), Expires: far})
+		st.Blocks = append(slices.Clone(st.Blocks), operator.Block{Target: "203.0.113.0/24", Prefix: netip.MustParsePrefix("203.0.113.0/24"), Expires: far})
 		withState(lim, st)
 		run(b, lim.Handler(okHandler))
 	})
 	b.Run("ip/override", func(b *testing.B) {
 		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Named("ip")}, WithRedis(RedisOptions{OperatorRefresh: -1}))
 		lim.store = lim.wrap(stub(allowOne))
-		withState(lim, OperatorState{Version: 1, Quotas: []QuotaOverride{{Limit: "ip", Quota: 500}}})
+		withState(lim, operator.State{Version: 1, Quotas: []operator.Override{{Limit: "ip", Quota: 500}}})
 		run(b, lim.Handler(okHandler))
 	})
 	// With WithRefund the middleware keeps the refund ticket and wraps the

@@ -16,6 +16,7 @@ import (
 	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // blockKey returns the block key of the exact log of limit name, of kind,
@@ -423,7 +424,7 @@ func TestBlockOperatorUnblock(t *testing.T) {
 		if res, _ := l.Allow(ctx, ids, 1); res.Allowed || !res.Blocked {
 			t.Fatalf("not blocked: %+v", res)
 		}
-		bare, err := NewOperator(c, "ratelimit:")
+		bare, err := operator.New(c, "ratelimit:")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -449,7 +450,7 @@ func TestBlockOperatorUnblock(t *testing.T) {
 // blockProbe is a Limiter counted by ClientIP (with opts) whose own
 // Operator blocks, and a probe that says whether a request from a
 // RemoteAddr is answered 429.
-func blockProbe(t *testing.T, b backend, opts ...clientip.Option) (*Operator, func(remote string) bool) {
+func blockProbe(t *testing.T, b backend, opts ...clientip.Option) (*operator.Operator, func(remote string) bool) {
 	t.Helper()
 	l := newDriven(t, b.newClient(t), []Limit{PerMinute(1000, ClientIP(opts...)).Named("ip")}, WithRedis(RedisOptions{DenyCache: -1}))
 	h := l.Handler(okHandler)
@@ -554,7 +555,7 @@ func TestBlockStoredOtherwise(t *testing.T) {
 		for _, tc := range []struct{ target, remote string }{
 			{"::ffff:203.0.113.0/120", "203.0.113.9:1"}, {"fe80::1%eth0", "[fe80::1]:1"}, {"198.51.100.7/24", "198.51.100.1:1"},
 		} {
-			if err := c.HSet(ctx, OperatorKey("ratelimit:"), "b/"+tc.target, far).Err(); err != nil {
+			if err := c.HSet(ctx, operator.Key("ratelimit:"), "b/"+tc.target, far).Err(); err != nil {
 				t.Fatal(err)
 			}
 			if err := op.Block(ctx, "unrelated", time.Minute); err != nil { // a change, which the Limiter applies at once

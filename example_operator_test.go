@@ -14,10 +14,11 @@ import (
 // An operator raises a limit's quota and blocks a network while the
 // application runs. Here the changes are made through the Limiter's own
 // Operator, which applies them at once; another process (an operator's
-// tool, ratelimitctl) uses ratelimit.NewOperator(rdb, "ratelimit:"), and
+// tool, ratelimitctl) uses operator.New(rdb, "ratelimit:") of package
+// github.com/slidinglog/ratelimit/operator, and
 // every Limiter applies its changes within RedisOptions.OperatorRefresh's interval
 // (1s by default).
-func ExampleOperator() {
+func ExampleInspector_Operator() {
 	rdb, done := newRedis()
 	defer done()
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{

@@ -7,35 +7,17 @@ import (
 	"fmt"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
-// MaxKeyID is the length, in bytes, above which an identifier is never
-// held whole in a Redis key: the keys hold its digest ([IDDigest]). An
-// identifier of at most MaxKeyID bytes may be held whole (escaped) or,
-// if escaping makes it longer than MaxKeyID, by its digest too.
-const MaxKeyID = maxIDLen
+// The keys hold an identifier whole up to operator.MaxKeyID bytes, as
+// operator.IDDigest says: this fails to compile if they disagree.
+const _ = uint(maxIDLen-operator.MaxKeyID) + uint(operator.MaxKeyID-maxIDLen) + uint(hashMark-'#') + uint('#'-hashMark)
 
-// IDDigest returns the digest that stands for id in the Redis keys when
-// id is longer than [MaxKeyID] bytes: '#' and the unpadded base64url
-// SHA-256 of id, 44 bytes. It returns "" for an identifier of at most
-// MaxKeyID bytes, whose keys may hold it whole. id is the identifier as a
-// limit's [Key] gives it (for a [Compose] key, its escaped and joined
-// parts) or as [Limiter.Allow] is given it, which is what a
-// [DenialObserver] is told. [Inspector.StatusDigest] and
-// [Inspector.ResetDigest] address a long identifier by its digest, so
-// that a tool need not keep the identifier itself.
-func IDDigest(id string) string {
-	if len(id) <= maxIDLen {
-		return ""
-	}
-	sum := sha256.Sum256([]byte(id))
-	return string(base64.RawURLEncoding.AppendEncode([]byte{hashMark}, sum[:]))
-}
-
-// digestLen is the length of IDDigest's digests.
+// digestLen is the length of operator.IDDigest's digests.
 var digestLen = 1 + base64.RawURLEncoding.EncodedLen(sha256.Size)
 
-// checkDigest reports whether d has the form of IDDigest's digests.
+// checkDigest reports whether d has the form of operator.IDDigest's digests.
 func checkDigest(d string) error {
 	if len(d) != digestLen || d[0] != hashMark {
 		return fmt.Errorf("ratelimit: %q is not an identifier digest ('#' and 43 base64url characters)", d)
@@ -47,10 +29,10 @@ func checkDigest(d string) error {
 }
 
 // LimitStatusDigest is [Inspector.Status] for the identifier whose
-// digest ([IDDigest]) is digest: the state of the limit called name for
+// digest ([operator.IDDigest]) is digest: the state of the limit called name for
 // it, counting nothing. It fails as LimitStatus does, and for a digest
-// not of IDDigest's form. The plan of a limit with plans ([Plans]) and a
-// manual block ([Operator.Block]) are looked up by the digest, which
+// not of operator.IDDigest's form. The plan of a limit with plans ([Plans]) and a
+// manual block ([operator.Operator.Block]) are looked up by the digest, which
 // names no plan and no block: the result is the default plan's, as if not
 // blocked.
 func (l *Limiter) limitStatusDigest(ctx context.Context, name, digest string) (LimitResult, error) {
@@ -75,9 +57,9 @@ func (l *Limiter) limitStatusDigest(ctx context.Context, name, digest string) (L
 }
 
 // ResetLimitDigest is [Inspector.Reset] for the identifier whose
-// digest ([IDDigest]) is digest: it forgets everything the limit called
+// digest ([operator.IDDigest]) is digest: it forgets everything the limit called
 // name counted for it, and lifts the limit's block of it ([Limit.Block]).
-// It fails as ResetLimit does, and for a digest not of IDDigest's form.
+// It fails as ResetLimit does, and for a digest not of operator.IDDigest's form.
 func (l *Limiter) resetLimitDigest(ctx context.Context, name, digest string) error {
 	if err := checkDigest(digest); err != nil {
 		return err

@@ -7,16 +7,18 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/slidinglog/ratelimit/operator"
 )
 
-// TestIDDigest generates identifiers of every length around MaxKeyID and
+// TestIDDigest generates identifiers of every length around operator.MaxKeyID and
 // beyond (up to 1 MB, as a header can be), of safe and escaped bytes,
 // denies them through the middleware by a Header limit and a Compose
 // limit, and checks that what a DenialObserver is told, once digested by
 // IDDigest, addresses the client's counts: LimitStatusDigest reports the
 // denial as LimitStatus of the identifier does, and ResetLimitDigest
 // forgets that limit's counts for it and nothing else. Identifiers of at
-// most MaxKeyID bytes have no digest.
+// most operator.MaxKeyID bytes have no digest.
 func TestIDDigest(t *testing.T) { forBackends(t, testIDDigest) }
 
 func testIDDigest(t *testing.T, b backend) {
@@ -42,11 +44,11 @@ func testIDDigest(t *testing.T, b backend) {
 		var n int
 		switch r.IntN(4) {
 		case 0:
-			n = 1 + r.IntN(MaxKeyID)
+			n = 1 + r.IntN(operator.MaxKeyID)
 		case 1:
-			n = MaxKeyID - 4 + r.IntN(9)
+			n = operator.MaxKeyID - 4 + r.IntN(9)
 		case 2:
-			n = MaxKeyID + 1 + r.IntN(4*MaxKeyID)
+			n = operator.MaxKeyID + 1 + r.IntN(4*operator.MaxKeyID)
 		default:
 			n = 1 << 20
 		}
@@ -65,7 +67,7 @@ func testIDDigest(t *testing.T, b backend) {
 	for step := range steps { // fresh identifiers every step (distinct but with a tiny chance)
 		a, bv := gen(), gen()
 		if step%3 == 0 {
-			bv = "b" // a Compose id just over MaxKeyID
+			bv = "b" // a Compose id just over operator.MaxKeyID
 		}
 		req := func() int {
 			q := httptest.NewRequest("GET", "/", nil)
@@ -86,8 +88,8 @@ func testIDDigest(t *testing.T, b backend) {
 			t.Fatalf("seed %d step %d: observer told %d denials", seed, step, len(got))
 		}
 		limit, id, _ := strings.Cut(got[0], "\x00")
-		digest := IDDigest(id)
-		if len(id) <= MaxKeyID {
+		digest := operator.IDDigest(id)
+		if len(id) <= operator.MaxKeyID {
 			if digest != "" {
 				t.Fatalf("seed %d step %d: IDDigest of %d bytes = %q, want none", seed, step, len(id), digest)
 			}
@@ -112,7 +114,7 @@ func testIDDigest(t *testing.T, b backend) {
 			}
 		}
 	}
-	for _, bad := range []string{"", "#", "#abc", "x" + IDDigest(strings.Repeat("y", 200))[1:], IDDigest(strings.Repeat("y", 200)) + "="} {
+	for _, bad := range []string{"", "#", "#abc", "x" + operator.IDDigest(strings.Repeat("y", 200))[1:], operator.IDDigest(strings.Repeat("y", 200)) + "="} {
 		if _, err := lim.Inspect().StatusDigest(ctx, "a", bad); err == nil {
 			t.Errorf("LimitStatusDigest(%q): no error", bad)
 		}
@@ -120,7 +122,7 @@ func testIDDigest(t *testing.T, b backend) {
 			t.Errorf("ResetLimitDigest(%q): no error", bad)
 		}
 	}
-	if _, err := lim.Inspect().StatusDigest(ctx, "nope", IDDigest(strings.Repeat("y", 200))); err == nil {
+	if _, err := lim.Inspect().StatusDigest(ctx, "nope", operator.IDDigest(strings.Repeat("y", 200))); err == nil {
 		t.Error("LimitStatusDigest of an unknown limit: no error")
 	}
 }

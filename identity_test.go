@@ -15,7 +15,9 @@ import (
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/slidinglog/ratelimit/clientip"
+	"github.com/slidinglog/ratelimit/internal/netid"
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // The class test of the identity rules (identity.go): generated client
@@ -383,10 +385,10 @@ func TestIdentityTrustedProxies(t *testing.T) {
 // inside its group) does not allocate.
 func TestIdentityBlockedAllocs(t *testing.T) {
 	far := time.Now().Add(time.Hour)
-	var st OperatorState
+	var st operator.State
 	for _, target := range []string{"alice", "198.51.100.0/24", "2001:db8::/32", "2001:db8:0:1::5/128", "2001:db8:0:1::/96", "::ffff:203.0.113.0/120"} {
-		p, _ := parseCIDR(target)
-		st.Blocks = append(st.Blocks, ManualBlock{Target: target, Prefix: p, Expires: far})
+		p, _ := netid.ReadIdentifier(target)
+		st.Blocks = append(st.Blocks, operator.Block{Target: target, Prefix: p, Expires: far})
 	}
 	o := newLiveOps(st, time.Now().UnixMicro())
 	now := time.Now().UnixMicro()

@@ -3,6 +3,8 @@ package ratelimit
 import (
 	"context"
 	"net/http"
+
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // An Inspector reads and resets a Limiter's state by limit name, apart
@@ -21,7 +23,7 @@ func (in Inspector) Limits() []string { return in.l.sortedLimitNames() }
 
 // Status reports, counting nothing, the state of the limit called name for
 // the identifier id, as [Limiter.Allow] takes it: what a request of cost 1
-// would meet now. An identifier an [Operator] blocks reads as denied, with
+// would meet now. An identifier an [operator.Operator] blocks reads as denied, with
 // Remaining 0 and Reset the block's end. For a limit counted by [ClientIP],
 // id may be any spelling of a client's address or a network inside one of
 // its groups. It fails for an unknown name or an empty id, and as
@@ -30,7 +32,7 @@ func (in Inspector) Status(ctx context.Context, name, id string) (LimitResult, e
 	return in.l.limitStatus(ctx, name, id)
 }
 
-// StatusDigest is Status for the identifier whose digest ([IDDigest]) is
+// StatusDigest is Status for the identifier whose digest ([operator.IDDigest]) is
 // digest, for identifiers too long to carry. A digest names no plan and no
 // manual block: the result is the default plan's, as if not blocked.
 func (in Inspector) StatusDigest(ctx context.Context, name, digest string) (LimitResult, error) {
@@ -47,7 +49,7 @@ func (in Inspector) Reset(ctx context.Context, name, id string) error {
 	return in.l.resetLimit(ctx, name, id)
 }
 
-// ResetDigest is Reset for the identifier whose digest ([IDDigest]) is
+// ResetDigest is Reset for the identifier whose digest ([operator.IDDigest]) is
 // digest.
 func (in Inspector) ResetDigest(ctx context.Context, name, digest string) error {
 	return in.l.resetLimitDigest(ctx, name, digest)
@@ -101,12 +103,12 @@ func (in Inspector) WarnUnmatchedRoutes(routes []string) error {
 // r.RemoteAddr while the Limiter decides.
 func (in Inspector) RouterIP() bool { return in.l.usesRouterIP() }
 
-// Operator returns an [Operator] on the Limiter's Redis client and prefix
+// Operator returns an [operator.Operator] on the Limiter's Redis client and prefix
 // whose changes the Limiter applies as soon as they return (other Limiters
 // within their refresh interval).
-func (in Inspector) Operator() *Operator { return in.l.operator() }
+func (in Inspector) Operator() *operator.Operator { return in.l.operator() }
 
 // OperatorState returns the operator state the Limiter applies: the
 // overrides and blocks it last read, less the overrides that have lapsed
 // since. Version is 0 before the first read.
-func (in Inspector) OperatorState() OperatorState { return in.l.operatorState() }
+func (in Inspector) OperatorState() operator.State { return in.l.operatorState() }

@@ -96,7 +96,7 @@ const GlobalID = "global"
 // [clientip.TrustCloudflare]), or let the router resolve the address with
 // [clientip.FromRouter]. The identifier is the resolver's
 // ([clientip.Resolver.ID]): "203.0.113.7", "2001:db8:1:2::/64". The same
-// rules read the entries of [WithAllowList] and [Operator.Block], and the
+// rules read the entries of [WithAllowList] and [operator.Operator.Block], and the
 // identifiers given to [Inspector.Status] and [Inspector.Reset], so
 // that no spelling of an address escapes them.
 //

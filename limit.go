@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/limitname"
 )
 
 // A Limit admits at most Quota units of cost in any sliding Window, counted
@@ -180,7 +182,7 @@ func (l Limit) Tiered(p Plans) Limit {
 // A request it has no room for is still served and counted in the enforced
 // limits exactly as without it, and is not logged in the shadow limit, whose
 // log so shows what enforcing it would have admitted. A manual block
-// ([Operator.Block]) of the identifier it counts by is likewise reported,
+// ([operator.Operator.Block]) of the identifier it counts by is likewise reported,
 // never enforced, and the request is not logged in it: its LimitResult
 // says Denied, and Blocked until when; the block denies only through an
 // enforced limit that counts by a blocked identifier.
@@ -271,8 +273,8 @@ func (l Limit) Named(name string) Limit {
 }
 
 const (
-	maxNameLen = 64
-	maxQuota   = 1_000_000
+	maxNameLen = limitname.MaxLen
+	maxQuota   = limitname.MaxQuota
 )
 
 // defaultName returns "key-per-window", e.g. "ip-per-1m": no quota, so
@@ -309,18 +311,7 @@ func formatWindow(d time.Duration) string {
 // validName reports whether name is a non-empty run of ASCII letters, digits
 // and "-_.", which is safe in a Redis key, a hash-tag-free prefix and an IETF
 // sf-string without escaping.
-func validName(name string) bool {
-	if name == "" || len(name) > maxNameLen {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
-			return false
-		}
-	}
-	return true
-}
+func validName(name string) bool { return limitname.Valid(name) }
 
 func (l Limit) validate() error {
 	var errs []error

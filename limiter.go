@@ -16,6 +16,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // minClock is the earliest time a WithClock clock may read, in Unix
@@ -165,7 +166,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	} else if enabled, known := contextTimeouts(client); known && !enabled {
 		errs = append(errs, errors.New("the Redis client ignores context deadlines, so the decision timeout cannot hold: set ContextTimeoutEnabled: true in its options"))
 	}
-	l := &Limiter{client: client, cfg: cfg, opsRun: &opsRunner{key: OperatorKey(cfg.prefix)}}
+	l := &Limiter{client: client, cfg: cfg, opsRun: &opsRunner{key: operator.Key(cfg.prefix)}}
 	split := client != nil && !nilPointer(client) && sharded(client) && !cfg.singleSlot
 	p, err := l.compile(limits, cfg.cost, split, nil)
 	if err != nil {
@@ -514,6 +515,9 @@ type opsRunner struct {
 	timeout time.Duration
 	now     func() time.Time // the clock decisions are timed by
 	logger  *slog.Logger
+	// decl declares the Limiter's limits and checks the declarations of
+	// others (see declare.go).
+	decl *declarer
 
 	mu      sync.Mutex // one read at a time
 	latest  atomic.Pointer[liveOps]
@@ -535,15 +539,15 @@ func (run *opsRunner) refresh(ctx context.Context, force bool) error {
 	defer run.mu.Unlock()
 	now := run.now().UnixMicro()
 	cur := run.latest.Load()
-	all, changed, err := run.fetch(ctx, cur, force)
+	st, changed, err := run.fetch(ctx, cur, force)
 	switch {
 	case changed:
-		st, dropped := parseOperatorState(all, now)
-		if dropped > 0 {
+		if st.Ignored > 0 {
 			run.logger.Error("ratelimit: the operator state holds more entries than a Limiter keeps; the rest are ignored",
-				slog.String("key", run.key), slog.Int("kept", MaxOperatorEntries), slog.Int("ignored", dropped))
+				slog.String("key", run.key), slog.Int("kept", operator.MaxEntries), slog.Int("ignored", st.Ignored))
 		}
 		run.latest.Store(newLiveOps(st, now))
+		run.decl.check(st.Declared, run.logger)
 	case cur != nil && cur.nextExpiry != 0 && now >= cur.nextExpiry:
 		run.latest.Store(newLiveOps(cur.state, now)) // an override lapsed
 	}
@@ -576,9 +580,11 @@ func (run *opsRunner) lapse(cur *liveOps) *liveOps {
 	return run.latest.Load()
 }
 
-// fetch reads the state's version and, if it moved from cur's (or force,
-// or cur is nil), the whole state: changed reports that all is it.
-func (run *opsRunner) fetch(ctx context.Context, cur *liveOps, force bool) (all map[string]string, changed bool, err error) {
+// fetch declares the Limiter's limits, which reads the state's version
+// (or reads the version alone if it cannot declare), and, if the version
+// moved from cur's (or force, or cur is nil), reads the whole state:
+// changed reports that st is it.
+func (run *opsRunner) fetch(ctx context.Context, cur *liveOps, force bool) (st operator.State, changed bool, err error) {
 	defer func() {
 		// A client hook that panics must not take the process down from
 		// a goroutine the application does not know of.
@@ -588,17 +594,19 @@ func (run *opsRunner) fetch(ctx context.Context, cur *liveOps, force bool) (all 
 	}()
 	ctx, cancel := context.WithTimeout(ctx, run.timeout)
 	defer cancel()
-	if cur != nil && !force {
-		v, err := run.client.HGet(ctx, run.key, "v").Int64()
-		if errors.Is(err, redis.Nil) {
-			v, err = 0, nil
+	op := run.decl.operator()
+	v, derr := run.decl.declare(ctx, run.logger)
+	if derr != nil {
+		if v, err = op.Version(ctx); err != nil {
+			return st, false, err
 		}
-		if err != nil || v == cur.state.Version {
-			return nil, false, err
-		}
+		run.decl.failed(derr, run.logger)
 	}
-	all, err = run.client.HGetAll(ctx, run.key).Result()
-	return all, err == nil, err
+	if cur != nil && !force && v == cur.state.Version {
+		return st, false, nil
+	}
+	st, err = op.List(ctx)
+	return st, err == nil, err
 }
 
 // startOperatorRefresh starts the goroutine that reads the operator state
@@ -617,6 +625,7 @@ func (l *Limiter) startOperatorRefresh() {
 	if run.logger == nil {
 		run.logger = slog.Default()
 	}
+	run.decl = l.declarer(run.now)
 	if l.cfg.opsRefresh <= 0 {
 		return
 	}

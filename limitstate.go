@@ -53,7 +53,7 @@ func (l *Limiter) limitNamed(name string) (*ruleset, int) {
 // name (one of l's or of its routes', see [Inspector.Limits]) for the
 // identifier id, as [Limiter.Allow] takes it: Remaining, Reset, and
 // Denied if a request of cost 1 would be denied now; an identifier an
-// [Operator] blocks reads Denied, with Remaining 0 and Blocked and Reset
+// [operator.Operator] blocks reads Denied, with Remaining 0 and Blocked and Reset
 // the block's end, at every limit. It is
 // [Limiter.Status] for one limit, and has its failure behaviour (an
 // error, the zero LimitResult); it fails for an unknown name or an empty
@@ -153,7 +153,7 @@ func (l *Limiter) limitLog(s *scratch, name, id string) (*ruleset, int, store.Lo
 // cache forgets the log; another instance may keep denying from its own
 // for up to its maximum age. It reports whether a block was lifted; a
 // limit that does not block lifts none. It has ResetLimit's errors and
-// timeout. ([Operator.Unblock] of the Limiter's own Operator calls it.)
+// timeout. ([operator.Operator.Unblock] of the Limiter's own Operator calls it.)
 func (l *Limiter) unblockLimit(ctx context.Context, name, id string) (bool, error) {
 	id = l.lookupID(name, id)
 	s := getScratch()

@@ -3,6 +3,9 @@ package ratelimit
 import (
 	"context"
 	"errors"
+
+	"github.com/slidinglog/ratelimit/internal/ophook"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // Close stops the Limiter's background work: the refresh of the operator
@@ -24,13 +27,20 @@ func (l *Limiter) Close() error {
 	return nil
 }
 
-// Operator returns an [Operator] for l's Redis client and prefix whose
-// changes l applies at once, when they return (the other Limiters within
-// their refresh interval, see [RedisOptions].OperatorRefresh).
-func (l *Limiter) operator() *Operator {
-	return &Operator{client: l.client, key: l.opsRun.key, now: l.localNow, after: func(ctx context.Context) {
+// Operator returns an [operator.Operator] for l's Redis client and prefix
+// whose changes l applies at once, when they return (the other Limiters
+// within their refresh interval, see [RedisOptions].OperatorRefresh), on l's clock
+// ([WithClock]), and whose Unblock also lifts the blocks l's limits set
+// ([Limit.Block]).
+func (l *Limiter) operator() *operator.Operator {
+	op, err := operator.New(l.client, l.cfg.prefix)
+	if err != nil {
+		panic("ratelimit: " + err.Error()) // New checked the client and the prefix
+	}
+	ophook.Configure(op, ophook.Hooks{Now: l.localNow, After: func(ctx context.Context) {
 		_ = l.refreshOperator(context.WithoutCancel(ctx), true)
-	}, unblock: l.unblockAll}
+	}, Unblock: l.unblockAll})
+	return op
 }
 
 // unblockAll lifts the blocks that l's blocking limits ([Limit.Block]) set
@@ -52,11 +62,12 @@ func (l *Limiter) unblockAll(ctx context.Context, id string) (bool, error) {
 // blocks it last read ([RedisOptions].OperatorRefresh), less the overrides that
 // have lapsed since on l's clock; blocks that have ended since are listed
 // until the state is read again or an override lapses. Version is 0
-// before the first read.
-func (l *Limiter) operatorState() OperatorState {
+// before the first read. Declared lists the live declarations of the
+// prefix as last read ([operator.Declaration]).
+func (l *Limiter) operatorState() operator.State {
 	l.syncOps()
 	if o := l.ops.Load(); o != nil {
 		return o.state
 	}
-	return OperatorState{}
+	return operator.State{}
 }

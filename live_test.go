@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/netid"
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // driven is a Limiter whose operator-state refresh the test drives: tick
@@ -50,48 +50,11 @@ func (d *driven) tick() error {
 	return <-d.refreshed
 }
 
-func TestOperatorValidation(t *testing.T) {
-	if _, err := NewOperator(nil, "x:"); err == nil {
-		t.Error("NewOperator(nil) succeeded")
-	}
+func TestOperatorRefreshValidation(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer c.Close()
-	if _, err := NewOperator(c, "a{b}"); err == nil {
-		t.Error("a prefix with braces was accepted")
-	}
-	op, err := NewOperator(c, "x:")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	for name, err := range map[string]error{
-		"quota 0":         op.SetQuota(ctx, "api", "", 0, 0),
-		"quota too large": op.SetQuota(ctx, "api", "", maxQuota+1, 0),
-		"negative ttl":    op.SetQuota(ctx, "api", "", 5, -time.Second),
-		"bad limit":       op.SetQuota(ctx, "a/b", "", 5, 0),
-		"bad plan":        op.SetQuota(ctx, "api", "pro plan", 5, 0),
-		"empty target":    op.Block(ctx, "", time.Minute),
-		"long target":     op.Block(ctx, strings.Repeat("x", MaxBlockTarget+1), time.Minute),
-		"zero duration":   op.Block(ctx, "alice", 0),
-		"bad CIDR":        op.Block(ctx, "10.0.0.0/33", time.Minute),
-		"bad CIDR suffix": op.Block(ctx, "10.0.0.1/x", time.Minute),
-		"host bits":       op.Block(ctx, "203.0.113.9/24", time.Minute),
-		"host bits IPv6":  op.Block(ctx, "2001:db8::1/48", time.Minute),
-		"short mapped":    op.Block(ctx, "::ffff:1.2.3.0/80", time.Minute),
-	} {
-		if err == nil || strings.Contains(err.Error(), "connect") {
-			t.Errorf("%s: error %v, want a validation error before any Redis call", name, err)
-		}
-	}
 	if _, err := New(c, []Limit{PerMinute(1, ClientIP())}, WithRedis(RedisOptions{OperatorRefresh: -time.Second})); err == nil {
 		t.Error("a negative refresh interval was accepted")
-	}
-	for in, want := range map[string]string{"203.0.113.7": "203.0.113.7/32", "203.0.113.0/24": "203.0.113.0/24",
-		"2001:DB8:0::/48": "2001:db8::/48", "::ffff:1.2.3.4": "1.2.3.4/32", "::ffff:1.2.3.0/120": "1.2.3.0/24",
-		"fe80::1%eth0": "fe80::1/128", "alice": "alice", "a/b": "a/b"} {
-		if got, err := blockTarget(in); err != nil || got != want {
-			t.Errorf("blockTarget(%q) = %q, %v; want %q", in, got, err, want)
-		}
 	}
 }
 
@@ -110,7 +73,7 @@ func TestOperatorOverride(t *testing.T) {
 		}, Quotas: map[string]int{"pro": 10}}
 		lim := PerMinute(2, Header("X-Key")).Named("api").Tiered(plans)
 		l := newDriven(t, b.newClient(t), []Limit{lim}, WithHeaders(HeadersXRateLimit|HeadersIETF))
-		op, err := NewOperator(b.newClient(t), defaultPrefix)
+		op, err := operator.New(b.newClient(t), defaultPrefix)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -301,40 +264,6 @@ func TestOperatorPropagation(t *testing.T) {
 	})
 }
 
-// TestOperatorFull: the state holds at most MaxOperatorEntries; expired
-// ones make room.
-func TestOperatorFull(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
-		ctx := context.Background()
-		c := b.newClient(t)
-		op, _ := NewOperator(c, "full:")
-		fields := []any{"v", "1"}
-		for i := range MaxOperatorEntries {
-			fields = append(fields, "b/id"+strconv.Itoa(i), "1") // expired long ago
-		}
-		if err := c.HSet(ctx, OperatorKey("full:"), fields...).Err(); err != nil {
-			t.Fatal(err)
-		}
-		if err := op.Block(ctx, "x", time.Minute); err != nil {
-			t.Fatalf("expired entries should make room: %v", err)
-		}
-		fields = fields[:2]
-		far := strconv.FormatInt(time.Now().Add(time.Hour).UnixMicro(), 10)
-		for i := range MaxOperatorEntries {
-			fields = append(fields, "b/id"+strconv.Itoa(i), far)
-		}
-		if err := c.HSet(ctx, OperatorKey("full:"), fields...).Err(); err != nil {
-			t.Fatal(err)
-		}
-		if err := op.Block(ctx, "y", time.Minute); !errors.Is(err, ErrOperatorFull) {
-			t.Fatalf("Block in a full state: %v, want ErrOperatorFull", err)
-		}
-		if err := op.Block(ctx, "id7", time.Minute); err != nil {
-			t.Fatalf("re-blocking a target already there: %v", err)
-		}
-	})
-}
-
 // TestOperatorNoRefresh: WithRedis(RedisOptions{OperatorRefresh: -1}) starts nothing and applies
 // nothing.
 func TestOperatorNoRefresh(t *testing.T) {
@@ -342,7 +271,7 @@ func TestOperatorNoRefresh(t *testing.T) {
 		ctx := context.Background()
 		l := mustNew(t, b.newClient(t), []Limit{PerMinute(100, Header("X-User")).Named("user")}, WithRedis(RedisOptions{OperatorRefresh: -1}))
 		defer l.Close()
-		op, _ := NewOperator(b.newClient(t), defaultPrefix)
+		op, _ := operator.New(b.newClient(t), defaultPrefix)
 		if err := op.Block(ctx, "eve", time.Hour); err != nil {
 			t.Fatal(err)
 		}
@@ -435,7 +364,7 @@ func TestOperatorFlush(t *testing.T) {
 		ctx := context.Background()
 		c := b.newClient(t)
 		l := newDriven(t, b.newClient(t), []Limit{PerMinute(100, Header("X-User")).Named("user")})
-		op, _ := NewOperator(c, defaultPrefix)
+		op, _ := operator.New(c, defaultPrefix)
 		if err := op.Block(ctx, "eve", time.Hour); err != nil {
 			t.Fatal(err)
 		}
@@ -475,16 +404,16 @@ func TestBlockHostile(t *testing.T) {
 		}
 		return b.String()
 	}
-	var st OperatorState
+	var st operator.State
 	far := time.Now().Add(time.Hour)
 	blocked := map[string]bool{}
 	for range 50 {
-		target, err := blockTarget(random())
+		target, err := canonTarget(random())
 		if err != nil {
 			continue
 		}
-		b := ManualBlock{Target: target, Expires: far}
-		if p, ok := parseCIDR(target); ok && strings.Contains(target, "/") {
+		b := operator.Block{Target: target, Expires: far}
+		if p, ok := netid.ReadIdentifier(target); ok && strings.Contains(target, "/") {
 			b.Prefix = p
 		}
 		st.Blocks = append(st.Blocks, b)
@@ -527,4 +456,20 @@ func TestOperatorRefreshEndsWithClient(t *testing.T) {
 	if strings.Contains(logged.String(), "operator state") {
 		t.Errorf("logged: %s", logged.String())
 	}
+}
+
+// canonTarget is the form an Operator stores a block's target in: an IP
+// address or CIDR as its canonical network, any other identifier as it is.
+func canonTarget(target string) (string, error) {
+	if target == "" || len(target) > operator.MaxTarget {
+		return "", errors.New("no target")
+	}
+	if !netid.LooksLikeIP(target) {
+		return target, nil
+	}
+	p, err := netid.ParseEntry(target)
+	if err != nil {
+		return "", err
+	}
+	return p.String(), nil
 }

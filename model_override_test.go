@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"pgregory.net/rapid"
+
+	"github.com/slidinglog/ratelimit/internal/ophook"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // The overrides dimension of TestModel: quota overrides ([Operator]) of
@@ -185,16 +188,16 @@ func (m *modelRun) applyQuotas(k int, ids []string) {
 // overrideOperator draws who changes the state: instance k's own
 // Operator, or another process's on k's clock. It reports whether it is
 // k's own.
-func (m *modelRun) overrideOperator(rt *rapid.T) (op *Operator, k int, own bool) {
+func (m *modelRun) overrideOperator(rt *rapid.T) (op *operator.Operator, k int, own bool) {
 	k = rapid.IntRange(0, 1).Draw(rt, "instance")
 	if rapid.Bool().Draw(rt, "own operator") {
 		return m.lims[k].Inspect().Operator(), k, true
 	}
-	op, err := NewOperator(m.admin, defaultPrefix)
+	op, err := operator.New(m.admin, defaultPrefix)
 	if err != nil {
 		rt.Fatal(err)
 	}
-	op.now = m.clocks[k].Now
+	ophook.Configure(op, ophook.Hooks{Now: m.clocks[k].Now})
 	return op, k, false
 }
 

@@ -1,6 +1,8 @@
 package ratelimit
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,6 +13,8 @@ import (
 	"weak"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // names records the limit names the Limiters of the process use, by Redis
@@ -142,4 +146,23 @@ func claimNames(client redis.UniversalClient, prefix string, mine map[string]def
 		names.m[k] = append(names.m[k], nameOwner{alive, d})
 	}
 	return nil
+}
+
+// declaration returns d as the operator state records it for the limit
+// called name, with the quotas of its plans (nil for none): its kind
+// spelt as in the Redis keys, or, if that is longer than 128 bytes, '#'
+// and its digest.
+func (d definition) declaration(name string, plans map[string]int) operator.Declaration {
+	kind := string(appendKind(nil, d.kind))
+	if len(kind) > 128 {
+		sum := sha256.Sum256([]byte(kind))
+		kind = "#" + base64.RawURLEncoding.EncodeToString(sum[:])
+	}
+	return operator.Declaration{Limit: name, Kind: kind, Window: d.window, Precision: d.precision, Quota: d.quota, Unnamed: d.defaulted, Plans: maps.Clone(plans)}
+}
+
+// declared returns the definition a declaration records, its kind as the
+// declaration spells it.
+func declared(o operator.Declaration) definition {
+	return definition{kind: o.Kind, window: o.Window, precision: o.Precision, quota: o.Quota, defaulted: o.Unnamed}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // appEnv, set to a Redis URL, makes the test binary an app process (see
@@ -248,7 +249,7 @@ func TestOperatorProcessesCluster(t *testing.T) {
 		return blockedFor(appGet(t, base, "mallory")) > 590
 	})
 	ctl("block", "10.1.0.0/16", "1m")
-	op, err := NewOperator(c.Client(), defaultPrefix)
+	op, err := operator.New(c.Client(), defaultPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}

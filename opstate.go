@@ -5,15 +5,16 @@ import (
 	"slices"
 
 	"github.com/slidinglog/ratelimit/internal/netid"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
-// The operator state a Limiter applies (see operator.go, and
+// The operator state a Limiter applies (see package operator, and
 // Limiter.refreshOperator), indexed for the decisions.
 
 // liveOps is the operator state a Limiter applies, built once per change
 // and never changed.
 type liveOps struct {
-	state OperatorState
+	state operator.State
 	// ids and nets hold the blocks' expiries (Unix µs, local clock), of
 	// identifiers and of networks by family ([0] IPv4, [1] IPv6); bits
 	// lists the prefix lengths nets holds, per family, and sorted the
@@ -33,8 +34,8 @@ type liveOps struct {
 
 // newLiveOps indexes st as it stands at now (Unix µs): the entries that
 // have expired left out.
-func newLiveOps(st OperatorState, now int64) *liveOps {
-	o := &liveOps{state: OperatorState{Version: st.Version}}
+func newLiveOps(st operator.State, now int64) *liveOps {
+	o := &liveOps{state: operator.State{Version: st.Version, Declared: st.Declared}}
 	for _, q := range st.Quotas {
 		exp := q.Expires.UnixMicro()
 		if q.Expires.IsZero() {

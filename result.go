@@ -78,7 +78,7 @@ type Result struct {
 	// was consulted.
 	Cached bool
 	// Blocked reports a denial because the client is blocked: by an
-	// operator ([Operator.Block], answered from memory), or by a limit
+	// operator ([operator.Operator.Block], answered from memory), or by a limit
 	// that denied it before ([Limit.Block]). DeniedBy names the limit
 	// whose identifier is blocked, which reads full; its
 	// [LimitResult.Blocked], Reset and RetryAfter say when the block ends.

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // noScripting is a way a server refuses Lua: the commands it refuses, and
@@ -98,7 +99,7 @@ func TestNoScripting(t *testing.T) {
 			}
 			if i == 0 {
 				// The Operator's changes run a script of their own.
-				op, err := NewOperator(c, "")
+				op, err := operator.New(c, "")
 				if err != nil {
 					t.Fatal(err)
 				}

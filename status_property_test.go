@@ -16,6 +16,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // TestStatusAgreesWithDecisions: what Status, StatusRequest and
@@ -116,7 +117,7 @@ func runStatusProperty(t *testing.T, addr string, slack time.Duration) {
 // statusProp is one check of TestStatusAgreesWithDecisions.
 type statusProp struct {
 	l      *Limiter
-	op     *Operator
+	op     *operator.Operator
 	obs    *lastResult
 	tc     *testClock
 	now    time.Time

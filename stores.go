@@ -83,14 +83,16 @@ type RedisOptions struct {
 	LocalMemory int64
 
 	// OperatorRefresh is how often the Limiter reads the version of the
-	// operator state ([Operator]: quota overrides and manual blocks) in
-	// Redis, from a background goroutine, and reloads the state when it
-	// changed; a change made elsewhere is in force here within the
-	// interval plus one decision timeout. While Redis cannot be read the
-	// last state read stays in force. Default: 1s. -1 turns the refresh
-	// off: no goroutine, and the Limiter applies only the state its own
-	// [Inspector.Operator] reads when it makes a change; another negative
-	// value is an error from New. [Limiter.Close] stops the goroutine.
+	// operator state ([operator.Operator]: quota overrides and manual
+	// blocks) in Redis, from a background goroutine, and reloads the
+	// state when it changed; the same call declares the Limiter's limits
+	// ([operator.Declaration]). A change made elsewhere is in force here
+	// within the interval plus one decision timeout. While Redis cannot
+	// be read the last state read stays in force. Default: 1s. -1 turns
+	// the refresh off: no goroutine, no declaration, and the Limiter
+	// applies only the state its own [Inspector.Operator] reads when it
+	// makes a change; another negative value is an error from New.
+	// [Limiter.Close] stops the goroutine.
 	OperatorRefresh time.Duration
 }
 

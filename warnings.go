@@ -38,12 +38,23 @@ const (
 	// routes registered), and from [Inspector.CheckRoutes],
 	// [Inspector.CheckMux] and the adapters' CheckRoutes.
 	WarningRouteUnmatched Warning = "route_unmatched"
+	// WarningDefinitionConflict: another live Limiter of the same Redis
+	// and key prefix (another replica, or another release during a
+	// rolling deploy) declares one of this Limiter's limit names with
+	// another definition: another kind of key, window or precision (or,
+	// for a default name, quota). One name is one log in Redis, so both
+	// count in it by their own rules. Reported once per name and Limiter,
+	// from the refresh of the operator state ([RedisOptions].OperatorRefresh) that
+	// first reads the other declaration: within one refresh interval of
+	// the later Limiter's start (see Declaration in package operator).
+	WarningDefinitionConflict Warning = "definition_conflict"
 )
 
 // A WarningObserver is an [Observer] that also learns of every [Warning] a
 // Limiter reports: the metrics modules count them. ObserveWarning runs
-// once per warning and Limiter, on the goroutine of the request that
-// revealed it.
+// once per warning and Limiter (per name, for
+// WarningDefinitionConflict), on the goroutine of the request that
+// revealed it, or the refresh goroutine of the operator state.
 type WarningObserver interface {
 	Observer
 	ObserveWarning(w Warning)

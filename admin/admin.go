@@ -18,8 +18,8 @@
 // heavy-hitters sketch: see [Options.Capacity]); the state of an
 // identifier and a reset are read and made in Redis, for every replica.
 //
-// An identifier longer than [ratelimit.MaxKeyID] bytes is not kept whole:
-// the Redis keys hold its digest ([ratelimit.IDDigest]) instead, and so
+// An identifier longer than [operator.MaxKeyID] bytes is not kept whole:
+// the Redis keys hold its digest ([operator.IDDigest]) instead, and so
 // does the sketch, with its first bytes to recognise it by. Such an entry
 // is looked up and reset by its digest (digest=, in place of id=), as the
 // page's links and forms do.
@@ -34,14 +34,16 @@
 //	POST ./reset  (form: limit, id or digest)  forget what L counted for
 //	                     the identifier, then redirect to its state
 //	                     (JSON: {"reset": true})
-//	POST ./unblock (form: target)  lift a manual block (ratelimit.Operator)
+//	POST ./unblock (form: target)  lift a manual block (operator.Operator)
 //	POST ./clear  (form: limit, plan)  clear a quota override
 //
 // id64 and target64, the value in unpadded base64url, stand for id and
 // target everywhere.
 //
 // The index and an identifier's state show the quota overrides and manual
-// blocks the watched Limiters apply ([ratelimit.Inspector.OperatorState]);
+// blocks the watched Limiters apply ([ratelimit.Inspector.OperatorState]),
+// each override beside the quotas the live Limiters declare for its limit
+// and plan ([operator.Declaration]);
 // unblock and clear change them in Redis through each watched Limiter's
 // [ratelimit.Inspector.Operator], for every replica (each within its
 // refresh interval, [ratelimit.RedisOptions].OperatorRefresh).
@@ -74,6 +76,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/internal/topk"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // MaxID is the longest identifier, in bytes, the Handler takes in a
@@ -88,7 +91,7 @@ type Options struct {
 	// are over the truth by at most that much, never under.
 	//
 	// Each limit's sketch holds at most Capacity*Minutes entries, each of
-	// at most [ratelimit.MaxKeyID]+1 bytes of identifier (a longer one is
+	// at most [operator.MaxKeyID]+1 bytes of identifier (a longer one is
 	// kept as its digest and first bytes): [SketchBytes] is the bound,
 	// about 380 KB per limit with the defaults, whatever the clients send.
 	Capacity int
@@ -160,21 +163,21 @@ func (h *Handler) Observe(ratelimit.Result, error, time.Duration) {}
 
 // ObserveDenial counts a denial of id by limit ([ratelimit.DenialObserver]).
 // It does not allocate for an identifier of at most
-// [ratelimit.MaxKeyID] bytes already counted this minute; a longer one
+// [operator.MaxKeyID] bytes already counted this minute; a longer one
 // costs its digest.
 func (h *Handler) ObserveDenial(limit, id string) {
 	h.top.Add(limit, sketchRef(id), h.opts.Now())
 }
 
-// The sketch holds an identifier of at most ratelimit.MaxKeyID bytes as
-// it is, and a longer one as a ref: its digest (ratelimit.IDDigest), then
+// The sketch holds an identifier of at most operator.MaxKeyID bytes as
+// it is, and a longer one as a ref: its digest (operator.IDDigest), then
 // its first shownLen bytes, so that a ref is longer than MaxKeyID and
 // never taken for an identifier, and at most MaxKeyID+1 bytes.
-var digestLen = len(ratelimit.IDDigest(strings.Repeat("x", ratelimit.MaxKeyID+1)))
+var digestLen = len(operator.IDDigest(strings.Repeat("x", operator.MaxKeyID+1)))
 
-var shownLen = ratelimit.MaxKeyID + 1 - digestLen
+var shownLen = operator.MaxKeyID + 1 - digestLen
 
-// isDigest reports whether d has the form of ratelimit.IDDigest's digests.
+// isDigest reports whether d has the form of operator.IDDigest's digests.
 func isDigest(d string) bool {
 	if len(d) != digestLen || d[0] != '#' {
 		return false
@@ -185,7 +188,7 @@ func isDigest(d string) bool {
 
 // sketchRef returns what the sketch holds for id.
 func sketchRef(id string) string {
-	d := ratelimit.IDDigest(id)
+	d := operator.IDDigest(id)
 	if d == "" {
 		return id
 	}
@@ -195,7 +198,7 @@ func sketchRef(id string) string {
 // entryOf returns the Entry of a sketch's entry.
 func entryOf(e topk.Entry) Entry {
 	out := Entry{ID: e.ID, Count: e.Count, Err: e.Err}
-	if len(e.ID) > ratelimit.MaxKeyID {
+	if len(e.ID) > operator.MaxKeyID {
 		out.Digest, out.ID = e.ID[:digestLen], e.ID[digestLen:]
 	} else if !utf8.ValidString(e.ID) {
 		out.ID64 = base64.RawURLEncoding.EncodeToString([]byte(e.ID))
@@ -266,21 +269,27 @@ type Index struct {
 	WindowSeconds int          `json:"window_seconds"`
 	Limits        []LimitIndex `json:"limits"`
 	// Overrides and Blocks are the quota overrides and manual blocks the
-	// watched Limiters apply ([ratelimit.Operator]), of every prefix.
+	// watched Limiters apply ([operator.Operator]), of every prefix.
 	Overrides []Override `json:"overrides"`
 	Blocks    []Block    `json:"blocks"`
 }
 
-// Override is a quota override in force ([ratelimit.QuotaOverride]).
+// Override is a quota override in force ([operator.Override]).
 type Override struct {
 	Limit string `json:"limit"`
 	Plan  string `json:"plan"` // "" for the limit's own quota
 	Quota int    `json:"quota"`
+	// Declared lists, ascending, the quotas the live Limiters of the
+	// prefix declare for the limit and plan ([operator.Declaration]),
+	// the one the override replaces: several while replicas of two
+	// releases run, none if no live Limiter has the limit or the plan; -1
+	// is unlimited.
+	Declared []int `json:"declared"`
 	// Expires is when it lapses, null for never.
 	Expires *time.Time `json:"expires"`
 }
 
-// Block is a manual block in force ([ratelimit.ManualBlock]).
+// Block is a manual block in force ([operator.Block]).
 type Block struct {
 	Target  string    `json:"target"` // an identifier, or a CIDR
 	Expires time.Time `json:"expires"`
@@ -298,8 +307,8 @@ type LimitIndex struct {
 
 // Entry is an identifier and its denials over the window, counted in
 // bounded memory: Count is an upper bound, over the truth by at most Err.
-// For an identifier longer than [ratelimit.MaxKeyID] bytes, Digest is its
-// digest ([ratelimit.IDDigest]), which looks it up and resets it, and ID
+// For an identifier longer than [operator.MaxKeyID] bytes, Digest is its
+// digest ([operator.IDDigest]), which looks it up and resets it, and ID
 // only its first bytes; Digest is empty for the others.
 //
 // JSON cannot carry an identifier that is not valid UTF-8 (the encoder
@@ -317,7 +326,7 @@ type Entry struct {
 type IDState struct {
 	Limit string `json:"limit"`
 	// ID is the identifier, "" when looked up by its digest; Digest is
-	// its digest if it is longer than [ratelimit.MaxKeyID] bytes (see
+	// its digest if it is longer than [operator.MaxKeyID] bytes (see
 	// [Entry]), else "".
 	ID            string    `json:"id"`
 	Digest        string    `json:"digest,omitempty"`
@@ -398,7 +407,7 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request) {
 }
 
 // query returns r's limit, and its identifier (id, or id64 decoded) or
-// the digest of one, checked: an id of more than ratelimit.MaxKeyID
+// the digest of one, checked: an id of more than operator.MaxKeyID
 // bytes comes with its digest.
 func (h *Handler) query(r *http.Request) (limit, id, digest string, l *ratelimit.Limiter, status int, err error) {
 	fail := func(status int, msg string) (string, string, string, *ratelimit.Limiter, int, error) {
@@ -423,7 +432,7 @@ func (h *Handler) query(r *http.Request) (limit, id, digest string, l *ratelimit
 		return fail(http.StatusBadRequest, "digest is not an identifier's digest ('#' and 43 base64url characters)")
 	}
 	if id != "" {
-		digest = ratelimit.IDDigest(id)
+		digest = operator.IDDigest(id)
 	}
 	if l = h.limiterOf(limit); l == nil {
 		return fail(http.StatusNotFound, "no watched limiter has this limit")
@@ -522,7 +531,7 @@ func (h *Handler) operatorState() ([]Override, []Block) {
 		for _, q := range st.Quotas {
 			if k := [2]string{q.Limit, q.Plan}; !seenQ[k] {
 				seenQ[k] = true
-				o := Override{Limit: q.Limit, Plan: q.Plan, Quota: q.Quota}
+				o := Override{Limit: q.Limit, Plan: q.Plan, Quota: q.Quota, Declared: declaredQuotas(st.Declared, q.Limit, q.Plan)}
 				if !q.Expires.IsZero() {
 					exp := q.Expires
 					o.Expires = &exp
@@ -540,6 +549,26 @@ func (h *Handler) operatorState() ([]Override, []Block) {
 	return overrides, blocks
 }
 
+// declaredQuotas returns the distinct quotas decls declare for limit and
+// plan, ascending.
+func declaredQuotas(decls []operator.Declaration, limit, plan string) []int {
+	out := []int{}
+	for _, d := range decls {
+		if d.Limit != limit {
+			continue
+		}
+		q, ok := d.Quota, plan == ""
+		if !ok {
+			q, ok = d.Plans[plan]
+		}
+		if ok && !slices.Contains(out, q) {
+			out = append(out, q)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // idAddr returns the address an identifier names, if it is an IP address
 // or a network (ClientIP's "2001:db8::/64").
 func idAddr(id string) (netip.Addr, bool) {
@@ -551,18 +580,18 @@ func idAddr(id string) (netip.Addr, bool) {
 }
 
 // unblock lifts the block of the form's target, for every replica
-// ([ratelimit.Operator.Unblock], through each watched Limiter's prefix).
+// ([operator.Operator.Unblock], through each watched Limiter's prefix).
 func (h *Handler) unblock(w http.ResponseWriter, r *http.Request) {
-	h.operate(w, r, "target", func(ctx context.Context, op *ratelimit.Operator, target string) (bool, error) {
+	h.operate(w, r, "target", func(ctx context.Context, op *operator.Operator, target string) (bool, error) {
 		return op.Unblock(ctx, target)
 	})
 }
 
 // clear removes the override of the form's limit and plan
-// ([ratelimit.Operator.ClearQuota]).
+// ([operator.Operator.ClearQuota]).
 func (h *Handler) clear(w http.ResponseWriter, r *http.Request) {
 	plan := r.FormValue("plan")
-	h.operate(w, r, "limit", func(ctx context.Context, op *ratelimit.Operator, limit string) (bool, error) {
+	h.operate(w, r, "limit", func(ctx context.Context, op *operator.Operator, limit string) (bool, error) {
 		return op.ClearQuota(ctx, limit, plan)
 	})
 }
@@ -571,7 +600,7 @@ func (h *Handler) clear(w http.ResponseWriter, r *http.Request) {
 // argument, through the Operator of every watched Limiter (each applies it
 // at once; the other replicas within their refresh interval), and answers
 // as reset does, redirecting to the index.
-func (h *Handler) operate(w http.ResponseWriter, r *http.Request, field string, change func(context.Context, *ratelimit.Operator, string) (bool, error)) {
+func (h *Handler) operate(w http.ResponseWriter, r *http.Request, field string, change func(context.Context, *operator.Operator, string) (bool, error)) {
 	if r.Method != http.MethodPost {
 		h.fail(w, r, http.StatusMethodNotAllowed, errors.New("POST only"))
 		return

@@ -20,6 +20,7 @@ import (
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/admin"
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
@@ -217,6 +218,8 @@ func TestOperatorState(t *testing.T) {
 	}
 	if len(idx.Overrides) != 1 || idx.Overrides[0].Limit != "client" || idx.Overrides[0].Quota != 9 || idx.Overrides[0].Expires != nil {
 		t.Errorf("overrides: %+v", idx.Overrides)
+	} else if d := idx.Overrides[0].Declared; len(d) != 1 || d[0] != 3 {
+		t.Errorf("the override of client is shown beside the declared quotas %v, want [3]", d)
 	}
 	if len(idx.Blocks) != 2 || idx.Blocks[0].Target != "10.0.0.0/8" || idx.Blocks[1].Target != `<b>mallory</b>` {
 		t.Errorf("blocks: %+v", idx.Blocks)
@@ -226,11 +229,11 @@ func TestOperatorState(t *testing.T) {
 	if code, body := f.get(t, "id?format=json&"+q, &st); code != http.StatusOK {
 		t.Fatalf("%d %s", code, body)
 	}
-	if st.Quota != 9 || st.Override == nil || st.Override.Quota != 9 || st.Block == nil || st.Block.Target != "10.0.0.0/8" || !st.Denied {
+	if st.Quota != 9 || st.Override == nil || st.Override.Quota != 9 || len(st.Override.Declared) != 1 || st.Block == nil || st.Block.Target != "10.0.0.0/8" || !st.Denied {
 		t.Errorf("state of an address in a blocked network: %+v", st)
 	}
 	code, page := f.get(t, "", nil)
-	if code != http.StatusOK || strings.Contains(page, "<b>mallory") || !strings.Contains(page, `action="unblock"`) || !strings.Contains(page, `action="clear"`) {
+	if code != http.StatusOK || strings.Contains(page, "<b>mallory") || !strings.Contains(page, `<td class="n declared">3</td>`) || !strings.Contains(page, `action="unblock"`) || !strings.Contains(page, `action="clear"`) {
 		t.Errorf("the page: %d\n%s", code, page)
 	}
 	for _, form := range []struct {
@@ -290,8 +293,8 @@ func TestRefusals(t *testing.T) {
 		{"an id too long", post(nil, url.Values{"limit": {"client"}, "id": {strings.Repeat("x", admin.MaxID+1)}}), http.StatusBadRequest},
 		{"an id64 not base64url", post(nil, url.Values{"limit": {"client"}, "id64": {"a=b"}}), http.StatusBadRequest},
 		{"a digest not a digest", post(nil, url.Values{"limit": {"client"}, "digest": {"#" + strings.Repeat("a", 42)}}), http.StatusBadRequest},
-		{"both id and digest", post(nil, url.Values{"limit": {"client"}, "id": {"x"}, "digest": {ratelimit.IDDigest(strings.Repeat("x", 200))}}), http.StatusBadRequest},
-		{"a digest", post(nil, url.Values{"limit": {"client"}, "digest": {ratelimit.IDDigest(strings.Repeat("x", 200))}}), http.StatusOK},
+		{"both id and digest", post(nil, url.Values{"limit": {"client"}, "id": {"x"}, "digest": {operator.IDDigest(strings.Repeat("x", 200))}}), http.StatusBadRequest},
+		{"a digest", post(nil, url.Values{"limit": {"client"}, "digest": {operator.IDDigest(strings.Repeat("x", 200))}}), http.StatusOK},
 		{"a reset by GET", func() int { c, _ := f.get(t, "reset?limit=client&id=x", nil); return c }(), http.StatusMethodNotAllowed},
 		{"an unknown page", func() int { c, _ := f.get(t, "nope", nil); return c }(), http.StatusNotFound},
 		{"n=0", func() int { c, _ := f.get(t, "?n=0", nil); return c }(), http.StatusBadRequest},

@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/admin"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // row is one row of the page's table of top denied identifiers: its link
@@ -74,7 +75,7 @@ func TestBrowserResetForm(t *testing.T) {
 	var frames strings.Builder
 	for _, id := range ids {
 		form, ok := forms[id]
-		if d := ratelimit.IDDigest(id); d != "" {
+		if d := operator.IDDigest(id); d != "" {
 			form, ok = forms[d]
 		}
 		if !ok {

@@ -15,23 +15,24 @@ import (
 	"github.com/slidinglog/ratelimit/admin"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // longID returns a random hostile identifier of a random length: short,
-// around ratelimit.MaxKeyID, around admin.MaxID, or 1 MB (the most a
+// around operator.MaxKeyID, around admin.MaxID, or 1 MB (the most a
 // header value can be under net/http's defaults), its first bytes shared
 // with others so that only its tail tells it apart.
 func longID(r *rand.Rand, head string) string {
 	var n int
 	switch r.IntN(5) {
 	case 0:
-		n = 1 + r.IntN(ratelimit.MaxKeyID)
+		n = 1 + r.IntN(operator.MaxKeyID)
 	case 1:
-		n = ratelimit.MaxKeyID - 3 + r.IntN(7)
+		n = operator.MaxKeyID - 3 + r.IntN(7)
 	case 2:
 		n = admin.MaxID - 3 + r.IntN(7)
 	case 3:
-		n = ratelimit.MaxKeyID + r.IntN(3*admin.MaxID)
+		n = operator.MaxKeyID + r.IntN(3*admin.MaxID)
 	default:
 		n = 1 << 20
 	}
@@ -49,7 +50,7 @@ func longID(r *rand.Rand, head string) string {
 // TestLongIdentifiers generates denials of identifiers of every length
 // (up to 1 MB) that share long prefixes, and checks that every entry the
 // index lists can be acted on as the page links and forms do: its state
-// (by id, or by digest for one longer than ratelimit.MaxKeyID) is the
+// (by id, or by digest for one longer than operator.MaxKeyID) is the
 // identifier's, denied, and its reset forgets exactly that identifier's
 // counts.
 func TestLongIdentifiers(t *testing.T) {
@@ -88,7 +89,7 @@ func TestLongIdentifiers(t *testing.T) {
 		t.Fatalf("seed %d: %d listed, %d denied", seed, len(top), len(ids))
 	}
 	for _, e := range top {
-		if len(e.ID) > ratelimit.MaxKeyID+1 {
+		if len(e.ID) > operator.MaxKeyID+1 {
 			t.Errorf("seed %d: an entry of %d bytes listed", seed, len(e.ID))
 		}
 		// The identifier this entry is: the one it names whole, or by
@@ -102,7 +103,7 @@ func TestLongIdentifiers(t *testing.T) {
 			e.ID = string(b)
 		}
 		for _, c := range ids {
-			if e.Digest == "" && c == e.ID || e.Digest != "" && ratelimit.IDDigest(c) == e.Digest {
+			if e.Digest == "" && c == e.ID || e.Digest != "" && operator.IDDigest(c) == e.Digest {
 				id = c
 			}
 		}

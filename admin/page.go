@@ -81,9 +81,9 @@ form.inline { display: inline; margin: 0; }
 {{end}}
 <h2 id="overrides">Quota overrides</h2>
 {{if .Overrides}}<table class="overrides">
-<tr><th>Limit</th><th>Plan</th><th>Quota</th><th>Expires</th><th></th></tr>
+<tr><th>Limit</th><th>Plan</th><th>Quota</th><th>Declared</th><th>Expires</th><th></th></tr>
 {{range .Overrides}}<tr>
-<td>{{.Limit}}</td><td>{{if .Plan}}{{.Plan}}{{else}}<span class="muted">default</span>{{end}}</td><td class="n">{{.Quota}}</td>
+<td>{{.Limit}}</td><td>{{if .Plan}}{{.Plan}}{{else}}<span class="muted">default</span>{{end}}</td><td class="n">{{.Quota}}</td><td class="n declared">{{range $i, $q := .Declared}}{{if $i}}, {{end}}{{if lt $q 0}}unlimited{{else}}{{$q}}{{end}}{{else}}<span class="muted">none live</span>{{end}}</td>
 <td>{{with .Expires}}{{.UTC.Format "2006-01-02 15:04:05 MST"}}{{else}}<span class="muted">until cleared</span>{{end}}</td>
 <td><form class="inline" method="post" action="clear"><input type="hidden" name="limit" value="{{.Limit}}"><input type="hidden" name="plan" value="{{.Plan}}"><button type="submit">Clear</button></form></td>
 </tr>{{end}}
@@ -108,7 +108,7 @@ form.inline { display: inline; margin: 0; }
 <tr><th>Reset</th><td>{{.Reset.UTC.Format "2006-01-02 15:04:05.000 MST"}}</td></tr>
 <tr><th>Denied now</th><td>{{if .Denied}}yes{{else}}no{{end}}</td></tr>
 <tr><th>Denials recently</th><td>{{.DeniedRecently}} in the last {{$.Minutes}} minutes, in this process</td></tr>
-<tr><th>Override</th><td id="override">{{with .Override}}quota {{.Quota}}{{with .Expires}} until {{.UTC.Format "2006-01-02 15:04:05 MST"}}{{end}}{{else}}<span class="muted">none</span>{{end}}</td></tr>
+<tr><th>Override</th><td id="override">{{with .Override}}quota {{.Quota}}{{with .Declared}} (declared {{range $i, $q := .}}{{if $i}}, {{end}}{{if lt $q 0}}unlimited{{else}}{{$q}}{{end}}{{end}}){{end}}{{with .Expires}} until {{.UTC.Format "2006-01-02 15:04:05 MST"}}{{end}}{{else}}<span class="muted">none</span>{{end}}</td></tr>
 <tr><th>Block</th><td id="block">{{with .Block}}blocked ({{.Target}}) until {{.Expires.UTC.Format "2006-01-02 15:04:05 MST"}}
 <form class="inline" method="post" action="unblock"><input type="hidden" name="target64" value="{{b64 .Target}}"><button type="submit">Unblock</button></form>{{else}}<span class="muted">none</span>{{end}}</td></tr>
 </table>

@@ -13,8 +13,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // ctlBackend is a Redis that ratelimitctl runs against in the flag tests:
@@ -102,13 +102,13 @@ func spell(f ctlFlag, form int) []string {
 
 // prepare puts the state every subcommand acts on: overrides of api for
 // the default plan and for pro, and a block of 203.0.113.7.
-func prepare(t *testing.T, b ctlBackend) *ratelimit.Operator {
+func prepare(t *testing.T, b ctlBackend) *operator.Operator {
 	t.Helper()
 	ctx := context.Background()
 	if err := b.client.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	op, err := ratelimit.NewOperator(b.client, "ratelimit:")
+	op, err := operator.New(b.client, "ratelimit:")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func prepare(t *testing.T, b ctlBackend) *ratelimit.Operator {
 }
 
 // state lists the operator state without its version, as text.
-func state(t *testing.T, op *ratelimit.Operator) string {
+func state(t *testing.T, op *operator.Operator) string {
 	t.Helper()
 	st, err := op.List(context.Background())
 	if err != nil {
@@ -180,7 +180,7 @@ func want(c ctlCommand, flags map[string]bool) (st string, out func(string) bool
 	case "list":
 		if flags["json"] {
 			out = func(s string) bool {
-				var st ratelimit.OperatorState
+				var st operator.State
 				return json.Unmarshal([]byte(s), &st) == nil && len(st.Quotas) == 2
 			}
 		} else {
@@ -252,7 +252,7 @@ func TestFlagsNeverIgnored(t *testing.T) {
 
 		// ratelimitctl's own flags before the command are honoured:
 		// -prefix changes the state of another prefix, not this one.
-		other, err := ratelimit.NewOperator(b.client, "other:")
+		other, err := operator.New(b.client, "other:")
 		if err != nil {
 			t.Fatal(err)
 		}

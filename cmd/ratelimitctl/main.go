@@ -1,6 +1,7 @@
 // Command ratelimitctl changes the operator state of the ratelimit Limiters
 // that share a Redis and a key prefix, while they run: quota overrides and
-// manual blocks (see ratelimit.Operator). Every Limiter applies a change
+// manual blocks (see package github.com/slidinglog/ratelimit/operator).
+// Every Limiter applies a change
 // within its refresh interval (ratelimit.RedisOptions.OperatorRefresh, 1s by
 // default) plus one decision timeout.
 //
@@ -12,7 +13,7 @@
 //	clear-quota LIMIT [-plan PLAN]            restore the declared quota
 //	block TARGET DURATION                     block an identifier, an IP address or a CIDR
 //	unblock TARGET                            lift a block
-//	list [-json]                              show the overrides and blocks in force
+//	list [-json]                              show the overrides and blocks in force, and the declared limits
 //
 // ratelimitctl's own flags come before COMMAND; a subcommand's flags may
 // come before, between or after its arguments (-f v, -f=v, --f v). A flag
@@ -24,8 +25,16 @@
 // with -cluster it names one or more nodes of a Redis Cluster
 // (redis://host1:port?addr=host2:port). The exit status is 0 on success,
 // 1 when the change was refused (an invalid quota, name or CIDR, a full
-// state) or Redis failed, 2 on a usage error; unblock and clear-quota exit 0
-// and say so when there was nothing to lift.
+// state, a limit no live Limiter declares) or Redis failed, 2 on a usage
+// error; unblock and clear-quota exit 0 and say so when there was nothing
+// to lift.
+//
+// quota refuses a LIMIT that no live Limiter of the prefix declares
+// (operator.ErrUndeclared: a misspelt name), unless none declares
+// anything (none runs, or all run with the refresh off), so that an
+// override can be set before a deploy. An override of a PLAN that no live
+// declaration of the limit has is stored, with a note on stderr: it
+// changes nothing until a Limiter with that plan runs.
 package main
 
 import (
@@ -35,6 +44,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -44,7 +54,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -163,14 +173,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		client = redis.NewClient(opt)
 	}
 	defer client.Close()
-	op, err := ratelimit.NewOperator(client, *prefix)
+	op, err := operator.New(client, *prefix)
 	if err != nil {
 		fmt.Fprintln(stderr, "ratelimitctl:", err)
 		return 2
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	err = command(ctx, op, name, cmd, stdout)
+	err = command(ctx, op, name, cmd, stdout, stderr)
 	var ue usageError
 	switch {
 	case errors.As(err, &ue):
@@ -286,7 +296,7 @@ type cmdFlags struct {
 }
 
 // command runs one subcommand, whose command line has been checked.
-func command(ctx context.Context, op *ratelimit.Operator, name string, c cmdFlags, stdout io.Writer) error {
+func command(ctx context.Context, op *operator.Operator, name string, c cmdFlags, stdout, stderr io.Writer) error {
 	pos, plan, ttl, asJSON := c.pos, c.plan, c.ttl, c.asJSON
 	switch name {
 	case "quota":
@@ -298,6 +308,9 @@ func command(ctx context.Context, op *ratelimit.Operator, name string, c cmdFlag
 			return err
 		}
 		fmt.Fprintf(stdout, "quota of %s%s set to %d%s\n", pos[0], planSuffix(*plan), q, forTTL(*ttl))
+		if st, err := op.List(ctx); err == nil && !st.PlanDeclared(pos[0], *plan) {
+			fmt.Fprintf(stderr, "ratelimitctl: note: no live Limiter declares plan %s of %s: the override changes nothing until one does\n", *plan, pos[0])
+		}
 	case "clear-quota":
 		ok, err := op.ClearQuota(ctx, pos[0], *plan)
 		if err != nil {
@@ -345,6 +358,9 @@ func command(ctx context.Context, op *ratelimit.Operator, name string, c cmdFlag
 		for _, b := range st.Blocks {
 			fmt.Fprintf(tw, "block\t%s\t\t%s\n", b.Target, until(b.Expires))
 		}
+		for _, d := range st.Declared {
+			fmt.Fprintf(tw, "declared\t%s\t%d\t%s\n", d.Limit, d.Quota, describe(d))
+		}
 		return tw.Flush()
 	default:
 		return usageError{fmt.Errorf("unknown command %q", name)}
@@ -371,4 +387,19 @@ func until(t time.Time) string {
 		return "until cleared"
 	}
 	return "until " + t.UTC().Format(time.RFC3339)
+}
+
+// describe says what a declaration counts by, for list.
+func describe(d operator.Declaration) string {
+	s := fmt.Sprintf("per %v by %s", d.Window, d.Kind)
+	if d.Precision > 0 {
+		s += fmt.Sprintf(", in buckets of %v", d.Precision)
+	}
+	for _, p := range slices.Sorted(maps.Keys(d.Plans)) {
+		s += fmt.Sprintf(", plan %s %d", p, d.Plans[p])
+	}
+	if d.Unnamed {
+		s += " (unnamed)"
+	}
+	return s + ", seen " + d.Seen.UTC().Format(time.RFC3339)
 }

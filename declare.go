@@ -1,0 +1,120 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/ophook"
+	"github.com/slidinglog/ratelimit/operator"
+)
+
+// The declarations of a Limiter's limits in the operator state (see
+// operator.Declaration): each refresh declares them, and a Limiter that
+// finds another live declaration of one of its names with another
+// definition reports WarningDefinitionConflict.
+
+// declarer declares a Limiter's limits at each refresh of its operator
+// state, and checks the declarations it reads against them. It holds no
+// reference to the Limiter (see opsRunner).
+type declarer struct {
+	op    *operator.Operator
+	decls []operator.Declaration // nil with the refresh off
+	every time.Duration
+	// mine is the definition of each of the Limiter's names, as the
+	// operator state holds it (declared).
+	mine      map[string]definition
+	observers []Observer
+	// warned holds the names a conflict was reported of, once each;
+	// failing says that the last declaration failed or was refused, and
+	// was logged.
+	warned  map[string]*warnOnce
+	failing atomic.Bool
+}
+
+// declarer returns l's declarer: an Operator on now, the clock decisions
+// are timed by (which must not refer to l), and the declarations of l's
+// limits, if the refresh is on.
+func (l *Limiter) declarer(now func() time.Time) *declarer {
+	op, err := operator.New(l.client, l.cfg.prefix)
+	if err != nil {
+		panic("ratelimit: " + err.Error()) // New checked the client and the prefix
+	}
+	ophook.Configure(op, ophook.Hooks{Now: now})
+	d := &declarer{op: op, every: l.cfg.opsRefresh, mine: map[string]definition{}, observers: l.cfg.observers, warned: map[string]*warnOnce{}}
+	l.eachRuleset(func(p *ruleset) {
+		for i := range p.limits {
+			lim := &p.limits[i]
+			if _, dup := d.mine[lim.Name]; dup {
+				continue // one definition per name (definitionClashes)
+			}
+			decl := definitionOf(&lim.Limit).declaration(lim.Name, lim.Plans.Quotas)
+			d.mine[lim.Name] = declared(decl)
+			d.warned[lim.Name] = &warnOnce{}
+			if l.cfg.opsRefresh > 0 {
+				d.decls = append(d.decls, decl)
+			}
+		}
+	})
+	slices.SortFunc(d.decls, func(a, b operator.Declaration) int {
+		if a.Limit < b.Limit {
+			return -1
+		}
+		if a.Limit > b.Limit {
+			return 1
+		}
+		return 0
+	})
+	return d
+}
+
+func (d *declarer) operator() *operator.Operator { return d.op }
+
+// declare declares the Limiter's limits and returns the state's version;
+// a full state is logged once per streak. With nothing to declare it
+// reads the version.
+func (d *declarer) declare(ctx context.Context, lg *slog.Logger) (int64, error) {
+	if len(d.decls) == 0 {
+		return d.op.Version(ctx)
+	}
+	v, skipped, err := d.op.Declare(ctx, d.decls, d.every)
+	switch {
+	case err != nil:
+	case skipped > 0:
+		if !d.failing.Swap(true) {
+			lg.Error("ratelimit: the operator state is full; some of the Limiter's limits are not declared", slog.Int("max_entries", operator.MaxEntries), slog.Int("undeclared", skipped))
+		}
+	default:
+		d.failing.Store(false)
+	}
+	return v, err
+}
+
+// failed logs, once per streak, that the Limiter could not declare its
+// limits though it could read the state (a Redis that refuses scripts).
+func (d *declarer) failed(err error, lg *slog.Logger) {
+	if !errors.Is(err, redis.ErrClosed) && !d.failing.Swap(true) {
+		lg.Warn("ratelimit: cannot declare the Limiter's limits in the operator state; conflicting definitions go unnoticed and ratelimitctl may refuse its limits", slog.Any("error", err))
+	}
+}
+
+// check reports WarningDefinitionConflict, once per name, for each of the
+// Limiter's names that decls declare with another definition.
+func (d *declarer) check(decls []operator.Declaration, lg *slog.Logger) {
+	for _, o := range decls {
+		mine, ok := d.mine[o.Limit]
+		if !ok {
+			continue
+		}
+		if other := declared(o); !mine.same(other) {
+			d.warned[o.Limit].report(lg, d.observers, WarningDefinitionConflict,
+				"ratelimit: another live Limiter of this Redis and prefix uses a limit's name for another limit: one name is one log in Redis, so the two count in one log by other rules; give them distinct names with Named",
+				slog.String("limit", o.Limit), slog.String("this", mine.String()), slog.String("other", other.String()))
+		}
+	}
+}
