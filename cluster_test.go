@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	pubstore "github.com/slidinglog/ratelimit/store"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -419,7 +420,7 @@ func testPipelineReload(t *testing.T, b backend) {
 			t.Fatal(err)
 		}
 		forEachPrimary(t, c, func(p *redis.Client) error { return p.FunctionFlush(ctx).Err() })
-		lib := slidinglog.New(luaCode, c, true) // a pipeline, whatever c is
+		lib := slidinglog.New(slidinglog.Default, c, true) // a pipeline, whatever c is
 		lib.SetScriptsOnly(scriptsOnly)
 		var keys [][]string
 		var reqs [][]byte
@@ -746,7 +747,7 @@ func (ld *shardLoad) finish() shardStats {
 		st.lastFail = e.at
 		st.lastFailEnd = max(st.lastFailEnd, e.at+e.latency)
 		switch {
-		case errors.Is(e.err, ErrCircuitOpen):
+		case errors.Is(e.err, pubstore.ErrCircuitOpen):
 			st.kinds["circuit open"]++
 		case strings.Contains(e.err.Error(), "CLUSTERDOWN"):
 			st.kinds["CLUSTERDOWN"]++
@@ -909,7 +910,7 @@ func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 // of the source primary, and the global limit on it, are never refused: a
 // reply about one slot is not the primary failing, so its breaker stays
 // closed. Before, the breaker counted TRYAGAIN as the primary failing: after
-// five of them every client of the primary got ErrCircuitOpen, and the
+// five of them every client of the primary got pubstore.ErrCircuitOpen, and the
 // migrating client got TRYAGAIN for the whole migration.
 func TestClusterSlotMigration(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
@@ -1040,7 +1041,7 @@ func TestClusterSlotMigration(t *testing.T) {
 // unserved refuses every command with CLUSTERDOWN) by taking a slot from it
 // with CLUSTER DELSLOTS, and gives it back. While the node says
 // CLUSTERDOWN, decisions on it fail with that error, never with
-// ErrCircuitOpen; once every node reports cluster_state:ok again, the very
+// pubstore.ErrCircuitOpen; once every node reports cluster_state:ok again, the very
 // next decisions succeed. The breakers' clock stands still, so a breaker
 // the CLUSTERDOWN replies opened (as they did before: every primary's, for
 // its cool-down, 521-848ms after the cluster was ok in a real outage)
@@ -1112,7 +1113,7 @@ func TestClusterDownRecovery(t *testing.T) {
 	// 2 breakers' worth of decisions on the node that says CLUSTERDOWN.
 	for i := range 2 * defaultBreakerFailures {
 		err := allow(ids[down])
-		if err == nil || errors.Is(err, ErrCircuitOpen) || !strings.Contains(err.Error(), "CLUSTERDOWN") {
+		if err == nil || errors.Is(err, pubstore.ErrCircuitOpen) || !strings.Contains(err.Error(), "CLUSTERDOWN") {
 			t.Fatalf("decision %d on %s, which says CLUSTERDOWN: %v; want CLUSTERDOWN", i, down.Addr, err)
 		}
 	}

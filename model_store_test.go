@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
-	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // testModelLocal holds FailLocal's in-process store to TestModel's
@@ -33,7 +33,7 @@ import (
 // ends on the wall clock, as a Redis block ends on the server's: the
 // clocks the test sets do not end it, the EndBlock step does
 // (Local.EndBlock, as an operator's unblock would). The sweep that gives back the logs whose entries have left
-// their windows on the decisions' clock is off too (Local.KeepExpired),
+// their windows on the decisions' clock is off too (LocalOptions.KeepExpired),
 // as the expiry of Redis keys on the server's clock is: a step back past
 // a window after a sweep would find the log forgotten, as it would find
 // an expired key. TestFailLocalWideOutage and TestBoundedMemoryFailLocal
@@ -59,7 +59,7 @@ func testModelScripts(t *testing.T) {
 		t.Fatal(err)
 	}
 	runModel(t, modelEnv{addr: srv.Addr, user: "scripts", minWindow: time.Minute, expires: true, repeats: redistest.LongOr(t, 2, 5), overrides: true})
-	libs, err := full.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName()}).Result()
+	libs, err := full.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: store.LibraryName()}).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ var errLocalDown = errors.New("model: Redis is down")
 // useLocalStore makes the store both instances decide in, and returns
 // their Redis client, which fails every dial, and their options.
 func (m *modelRun) useLocalStore() (redis.UniversalClient, []Option) {
-	m.local = &store.Local{KeepExpired: true}
+	m.local, _ = store.NewLocal(store.LocalOptions{KeepExpired: true})
 	down := redis.NewClient(&redis.Options{
 		Dialer:                func(context.Context, string, string) (net.Conn, error) { return nil, errLocalDown },
 		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
@@ -98,7 +98,7 @@ func (m *modelRun) localDecision(rt *rapid.T, desc string, res Result, err error
 // localErr returns err, but nil where the local store decides and err
 // says that Redis is down.
 func (m *modelRun) localErr(err error) error {
-	if m.env.local && (errors.Is(err, errLocalDown) || errors.Is(err, ErrCircuitOpen)) {
+	if m.env.local && (errors.Is(err, errLocalDown) || errors.Is(err, store.ErrCircuitOpen)) {
 		return nil
 	}
 	return err

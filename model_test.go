@@ -18,7 +18,8 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
-	"github.com/slidinglog/ratelimit/internal/store"
+	internalstore "github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // TestModel drives the real limiter (the Lua library in Redis, through
@@ -567,7 +568,7 @@ func (m *modelRun) blockKeyOf(r logRef) string {
 	if m.model.limits[r.limit].bucketed {
 		id.Field = m.model.limits[r.limit].name
 	}
-	return store.BlockKey(id)
+	return internalstore.BlockKey(id)
 }
 
 // foreign has another program write at one of the keys: a hash where a

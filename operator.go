@@ -157,13 +157,16 @@ return redis.call('HINCRBY', h, 'v', 1)
 
 // change runs opScript for field.
 func (o *Operator) change(ctx context.Context, op, field, value string) (changed bool, err error) {
+	if o.client == nil {
+		return false, errNoRedis
+	}
 	v, err := opScript.Run(ctx, o.client, []string{o.key}, op, field, value, o.now().UnixMicro(), MaxOperatorEntries).Int64()
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "FULL") {
 			return false, fmt.Errorf("%w: it holds %d overrides and blocks in force; clear or unblock some first", ErrOperatorFull, MaxOperatorEntries)
 		}
 		if slidinglog.RefusesScripts(err) {
-			return false, fmt.Errorf("ratelimit: operator: %w: %w; allow the @scripting commands to its user (ACL), undo their rename-command, or use a server with Lua scripting", ErrNoScripting, err)
+			return false, fmt.Errorf("ratelimit: operator: %w: %w; allow the @scripting commands to its user (ACL), undo their rename-command, or use a server with Lua scripting", slidinglog.ErrNoScripting, err)
 		}
 		return false, fmt.Errorf("ratelimit: operator: %w", err)
 	}
@@ -282,6 +285,9 @@ func (o *Operator) Unblock(ctx context.Context, target string) (bool, error) {
 // List reads the operator state from Redis, entries that have expired
 // left out.
 func (o *Operator) List(ctx context.Context) (OperatorState, error) {
+	if o.client == nil {
+		return OperatorState{}, errNoRedis
+	}
 	all, err := o.client.HGetAll(ctx, o.key).Result()
 	if err != nil {
 		return OperatorState{}, fmt.Errorf("ratelimit: operator: %w", err)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // WithTimeout bounds the time of one decision, Redis round trip included.
@@ -34,7 +34,7 @@ func WithTimeout(d time.Duration) Option {
 // key, slot or command, such as WRONGTYPE, a Lua error, NOPERM on a key,
 // MOVED, ASK, TRYAGAIN, nor CLUSTERDOWN, which a node says only while the
 // cluster is down) it answers every request with the failure mode at
-// once, wrapped in [ErrCircuitOpen], for coolDown. Then one request probes
+// once, wrapped in [store.ErrCircuitOpen], for coolDown. Then one request probes
 // Redis: if it succeeds the limiter calls Redis again as usual, else the
 // cool-down starts over. Default: 5 failures, 1s.
 // failures <= 0 turns the breaker off: every request waits for Redis up to
@@ -186,14 +186,10 @@ func WithSingleSlot() Option {
 	return func(c *config) { c.singleSlot = true }
 }
 
-// DefaultLocalMemory is the default bound of [FailLocal]'s in-process
-// store: 64 MiB (see [WithLocalMemory]).
-const DefaultLocalMemory = store.DefaultLocalBytes
-
 // WithLocalMemory bounds the memory of [FailLocal]'s in-process store, in
 // bytes: the logs it keeps while Redis cannot decide, whatever the length
 // of the identifiers (it keeps a 64-bit hash of each log's key, not the
-// key). Default: [DefaultLocalMemory], 64 MiB, room for about 500,000
+// key). Default: [store.DefaultLocalMemory], 64 MiB, room for about 500,000
 // clients of a few requests each. A bound below 64 KiB is an error from
 // [New]. The bound changes nothing under another failure mode.
 //
@@ -207,7 +203,7 @@ const DefaultLocalMemory = store.DefaultLocalBytes
 // that holds an entry in its window is dropped to make room.
 func WithLocalMemory(bytes int64) Option {
 	return func(c *config) {
-		if bytes < store.MinLocalBytes {
+		if bytes < store.MinLocalMemory {
 			c.errs = append(c.errs, errors.New("local memory "+strconv.FormatInt(bytes, 10)+" bytes is below 64 KiB"))
 		}
 		c.localBytes = bytes
@@ -218,4 +214,29 @@ func WithLocalMemory(bytes int64) Option {
 // other Limiters may share (for tests).
 func withLocalStore(s *store.Local) Option {
 	return func(c *config) { c.local = s }
+}
+
+// errNoRedis is the error of what needs Redis on a Limiter that decides
+// in a store of WithStore: the operator state.
+var errNoRedis = errors.New("ratelimit: operator: the Limiter has no Redis (WithStore), where the operator state lives")
+
+// WithStore has the Limiter decide in s instead of Redis: give [New] a nil
+// Redis client with it (a client and a store is an error from New, and
+// so is a nil s). With a [store.Local], one process gets the same exact
+// limits, every option and Result field included, with no Redis: a
+// service of one instance, or an application's own tests (with
+// [WithClock] to drive the time). Refund and Reset work on a store.Local;
+// with another store, Refund returns [ErrNotRefundable] and Reset an
+// error. The Redis options (the deny cache, the circuit breaker, the
+// operator state, WithLocalMemory) do not apply; [WithTimeout] bounds
+// each decision through its context, and [WithFailureMode] answers
+// s's errors (FailLocal decides them in this process; a store.Local never
+// fails). Default: none, the Redis client's store.
+func WithStore(s store.Store) Option {
+	return func(c *config) {
+		if s == nil {
+			c.errs = append(c.errs, errors.New("WithStore: nil store"))
+		}
+		c.store = s
+	}
 }

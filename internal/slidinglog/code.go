@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/lua"
 )
 
 // Files are the library's source files (lua/ in the repository), in the
@@ -57,7 +59,7 @@ type Code struct {
 }
 
 // Load builds the library's Code from the Files that fsys holds (the
-// root package embeds lua/; tests read it from disk).
+// package lua embeds lua/; tests read it from disk).
 func Load(fsys fs.FS) (*Code, error) {
 	parts := make([]string, len(Files))
 	for i, f := range Files {
@@ -69,6 +71,17 @@ func Load(fsys fs.FS) (*Code, error) {
 	}
 	return build(strings.Join(parts, "\n")), nil
 }
+
+// Default is the library of lua/, embedded at build time, built once for
+// every store of the process. A file missing is a broken build, which any
+// test of the module reports.
+var Default = func() *Code {
+	c, err := Load(lua.Files)
+	if err != nil {
+		panic("ratelimit: the embedded Lua library: " + err.Error())
+	}
+	return c
+}()
 
 // build returns the Code of source, the library's files joined.
 func build(source string) *Code {
