@@ -68,6 +68,19 @@ func testModelScripts(t *testing.T) {
 	}
 }
 
+// testModelStore holds a Limiter that decides in a store.Local of
+// WithStore, with no Redis client at all, to TestModel's reference model,
+// with the steps of testModelLocal: every decision is the store's, with
+// no error (Result.Local is false: the store is not a fallback), and
+// Status, Reset and Refund work in the store.
+//
+//	go test -run TestModel/store -count=1 .
+func testModelStore(t *testing.T) {
+	mr := miniredis.RunT(t) // only for the test's own resets of the keys: the Limiters never reach it
+	runModel(t, modelEnv{addr: mr.Addr(), minWindow: time.Millisecond, repeats: 5, minSteps: 10_000, local: true, withStore: true,
+		off: []string{"foreign", "isolation", "split"}})
+}
+
 // errLocalDown is the dial error of the model's Redis under FailLocal.
 var errLocalDown = errors.New("model: Redis is down")
 
@@ -75,6 +88,9 @@ var errLocalDown = errors.New("model: Redis is down")
 // their Redis client, which fails every dial, and their options.
 func (m *modelRun) useLocalStore() (redis.UniversalClient, []Option) {
 	m.local, _ = store.NewLocal(store.LocalOptions{KeepExpired: true})
+	if m.env.withStore {
+		return nil, []Option{WithStore(m.local), WithOperatorRefresh(0)}
+	}
 	down := redis.NewClient(&redis.Options{
 		Dialer:                func(context.Context, string, string) (net.Conn, error) { return nil, errLocalDown },
 		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
@@ -87,6 +103,12 @@ func (m *modelRun) useLocalStore() (redis.UniversalClient, []Option) {
 // then expects: none.
 func (m *modelRun) localDecision(rt *rapid.T, desc string, res Result, err error) error {
 	if !m.env.local {
+		return err
+	}
+	if m.env.withStore {
+		if res.Local {
+			rt.Fatalf("%s: Local is true; the Limiter decides in its store, with no fallback", desc)
+		}
 		return err
 	}
 	if err == nil || !res.Local {
