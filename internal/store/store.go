@@ -38,7 +38,7 @@ type Store interface {
 // once by New. It is not the customer's plan (the root's Plans).
 type Spec struct {
 	Limits []LimitSpec
-	Public []store.Limit     // each limit's public part, for Query.Limits
+	Public []store.Limit    // each limit's public part, for Query.Limits
 	All    []int            // 0, 1, ..., len(limits)-1
 	Whole  [][]int          // {all}: the one group of a Spec that is not split
 	Lua    slidinglog.Specs // every limit, for the Lua code
