@@ -36,7 +36,9 @@ import (
 // Keys are client data: a key is built from what a request carries (a
 // header, an address), so it may hold any bytes. A store must treat it
 // as an opaque name, never let one key's log read another's, and bound
-// what a flood of new keys can cost it.
+// what a flood of new keys can cost it. The limiter's keys all end with
+// '}', so a store may keep data of its own at a key with a suffix (the
+// Redis store keeps a block at the key and ":block").
 //
 // The error is non-nil when the store could not decide (its database
 // unreachable, out of time, a broken reply); out is then ignored, and
@@ -145,7 +147,8 @@ type Reply struct {
 	// the request is logged in an empty window, when its own entries do.
 	Reset int64
 	// Next is, for an admitted request, the time its entries were logged
-	// at (0 where it was not logged); for a denied one, when the log's
+	// at, or for a bucketed log a time in their bucket (0 where it was not
+	// logged); for a denied one, when the log's
 	// oldest entry leaves the window. The limiter refunds a request by
 	// its entries' times.
 	Next int64
