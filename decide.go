@@ -455,7 +455,7 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 //
 // The error is non-nil when Redis could not decide: wrong number of ids, an
 // empty id, cost < 1, a Plans.Of error, a Redis error, an open circuit breaker
-// ([ErrCircuitOpen]) or the timeout ([WithTimeout]) running out. The Result
+// (store.ErrCircuitOpen) or the timeout ([WithTimeout]) running out. The Result
 // then admits nothing and has no Limits (its Unreverted may count units a
 // Redis Cluster decision left behind), except under [FailLocal], where a
 // decision the limiter could not take to Redis is made in this process: the
