@@ -16,9 +16,10 @@ package store
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/internal/luasource"
 )
 
 // A Store decides requests over sliding logs. It is safe for concurrent
@@ -175,13 +176,13 @@ var ErrCircuitOpen = errors.New("ratelimit: circuit open: Redis failed repeatedl
 // (FailOpen admits, FailClosed answers 503, FailLocal decides in this
 // process); the circuit breaker does not count it, since Redis answers
 // at once.
-var ErrNoScripting = slidinglog.ErrNoScripting
+var ErrNoScripting = errors.New("the Redis server cannot run Lua")
 
 // ErrUnexpectedReply is returned (wrapped) when Redis answers the
 // limiter's Lua code with a reply of the wrong shape, for example because
 // another program wrote to the limiter's keys. The request gets the
 // failure mode.
-var ErrUnexpectedReply = slidinglog.ErrUnexpectedReply
+var ErrUnexpectedReply = errors.New("ratelimit: unexpected reply from Redis")
 
 // LibraryName returns the name of the Redis Function library that the
 // Redis store loads: "ratelimit_" and 12 hex digits of the SHA-1 of its
@@ -189,4 +190,6 @@ var ErrUnexpectedReply = slidinglog.ErrUnexpectedReply
 // instances of two versions can share a Redis during a rolling deploy;
 // the libraries of versions no longer running can be removed with
 // FUNCTION DELETE.
-func LibraryName() string { return slidinglog.Default.LibraryName() }
+func LibraryName() string { return libraryName() }
+
+var libraryName = sync.OnceValue(func() string { return luasource.Name(luasource.Embedded()) })
