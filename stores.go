@@ -234,8 +234,9 @@ var errNoRedis = errors.New("ratelimit: operator: the Limiter has no Redis (With
 // fails). Default: none, the Redis client's store.
 func WithStore(s store.Store) Option {
 	return func(c *config) {
-		if s == nil {
+		if s == nil || nilPointer(s) {
 			c.errs = append(c.errs, errors.New("WithStore: nil store"))
+			return
 		}
 		c.store = s
 	}

@@ -38,6 +38,7 @@ func TestWithStoreConfig(t *testing.T) {
 		{"typed nil client, no store", typedNil, nil, "nil Redis client"},
 		{"client and store", rdb, []Option{WithStore(local)}, "a Redis client and WithStore"},
 		{"nil store", nil, []Option{WithStore(nil)}, "WithStore: nil store"},
+		{"typed nil store", nil, []Option{WithStore((*store.Local)(nil))}, "WithStore: nil store"},
 		{"store", nil, []Option{WithStore(local)}, ""},
 		{"typed nil client and store", typedNil, []Option{WithStore(local)}, ""},
 	} {
