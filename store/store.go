@@ -96,6 +96,7 @@ type Query struct {
 	// Quotas, if not nil, holds each limit's quota for this request (the
 	// client's plan), in place of Limit.Quota; 0: the limit does not
 	// count the request, and the store leaves that limit's Reply zero.
+	// At least one limit counts it.
 	Quotas []int
 	// Now is the decision's time, in Unix microseconds; 0 lets the store
 	// read its own clock. A log's time never runs backwards: a request

@@ -403,6 +403,9 @@ func (s *modelState) decide(keys, ids []string, n int, now int64, split, peek bo
 		}
 		denied := false
 		for _, i := range g {
+			if s.limits[i].quota == 0 {
+				continue // the client's plan does not count it here: not consulted
+			}
 			o.limits[i] = s.limits[i].judge(s.log(logRef{i, ids[i]}), now, n)
 			if s.blocked[logRef{i, ids[i]}] {
 				s.block(i, &o.limits[i], s.log(logRef{i, ids[i]}), now)
@@ -416,7 +419,7 @@ func (s *modelState) decide(keys, ids []string, n int, now int64, split, peek bo
 				// without room for the cost, block the client.
 				for _, i := range g {
 					v := &o.limits[i]
-					if ref := (logRef{i, ids[i]}); s.limits[i].block > 0 && !v.blocked && v.count+n > s.limits[i].quota {
+					if ref := (logRef{i, ids[i]}); v.consulted && s.limits[i].block > 0 && !v.blocked && v.count+n > s.limits[i].quota {
 						s.blocked[ref] = true
 						s.block(i, v, s.log(ref), now)
 					}
@@ -444,7 +447,7 @@ func (s *modelState) decide(keys, ids []string, n int, now int64, split, peek bo
 	if o.allowed && !peek {
 		for i, id := range ids {
 			v := &o.limits[i]
-			if !v.room { // a shadow limit without room
+			if !v.room { // a shadow limit without room, or one not consulted
 				continue
 			}
 			s.log(logRef{i, id}).add(v.at, n)
