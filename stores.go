@@ -223,15 +223,15 @@ var errNoRedis = errors.New("ratelimit: operator: the Limiter has no Redis (With
 // WithStore has the Limiter decide in s instead of Redis: give [New] a nil
 // Redis client with it (a client and a store is an error from New, and
 // so is a nil s). With a [store.Local], one process gets the same exact
-// limits, every option and Result field included, with no Redis: a
-// service of one instance, or an application's own tests (with
-// [WithClock] to drive the time). Refund and Reset work on a store.Local;
-// with another store, Refund returns [ErrNotRefundable] and Reset an
-// error. The Redis options (the deny cache, the circuit breaker, the
-// operator state, WithLocalMemory) do not apply; [WithTimeout] bounds
-// each decision through its context, and [WithFailureMode] answers
-// s's errors (FailLocal decides them in this process; a store.Local never
-// fails). Default: none, the Redis client's store.
+// limits, headers and Results, with no Redis: a service of one instance,
+// or an application's own tests (with [WithClock] to drive the time).
+// Refund and Reset work on a store.Local; with another store, Refund
+// returns [ErrNotRefundable] and Reset an error. The deny cache, the
+// circuit breaker and the operator state (which lives in Redis: the
+// Limiter's Operator fails) do not apply; [WithTimeout] bounds each
+// decision through its context, and [WithFailureMode] answers s's errors
+// (FailLocal decides them in this process, a store of [WithLocalMemory];
+// a store.Local never fails). Default: none, the Redis client's store.
 func WithStore(s store.Store) Option {
 	return func(c *config) {
 		if s == nil || nilPointer(s) {
