@@ -229,7 +229,7 @@ func stamp(lim *Limit, now int64) (view, at int64) {
 // Decide decides q in this process's logs, at q.Now (the wall clock if
 // 0), and logs the request if every enforced limit admits it. It never
 // fails.
-func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
+func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	wall := time.Now().UnixMicro()
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -71,8 +71,9 @@ type Limit struct {
 	// Block, if not 0, is how long the limit blocks a client it denied a
 	// request for lack of room (not a peek): until then every request of
 	// that log is denied, whatever its cost, and Reply.Block says when
-	// the block ends. Optional: a store that does not support it fails
-	// the storetest cases that draw it, which can be turned off.
+	// the block ends. A store that does not support blocks must fail the
+	// decisions of a limit that has one (storetest.Config.NoBlock then
+	// leaves them out of the suite).
 	Block time.Duration
 	// Field tells apart the logs of limits that share a key: the
 	// limiter gives the bucketed limits of one identifier one key (one
