@@ -570,12 +570,18 @@ func (s *Local) sweepLocked(now int64) {
 	if s.opts.KeepExpired || !s.sweep.Due(now) {
 		return
 	}
+	wall := time.Now().UnixMicro()
 	s.logs = sweep.Map(&s.sweep, s.logs, now, func(g *localLog) int64 {
-		if e := g.expiry(); e <= now {
-			s.bytes.Add(-g.bytes())
-			return e
+		e := g.expiry()
+		if g.blockWall > wall {
+			// The block ends on the wall clock: kept as long again on
+			// the decisions' clock, however far that clock has run.
+			e = max(e, now+g.blockWall-wall)
 		}
-		return g.expiry()
+		if e <= now {
+			s.bytes.Add(-g.bytes())
+		}
+		return e
 	})
 }
 

@@ -101,3 +101,37 @@ func BenchmarkLocalDecide(b *testing.B) {
 		_ = s.Decide(context.Background(), q, &out)
 	}
 }
+
+// TestLocalBlockOutlivesSweep: a block ends on the wall clock, whatever
+// the decisions' clock does: a sweep on that clock, run past the block's
+// end on it (a test's clock stepped forward), keeps the log of a block
+// still in force on the wall clock. Drawn: the block (1 to 24 hours),
+// the window, and how far the decisions' clock steps (past the block's
+// end on it); seeded.
+func TestLocalBlockOutlivesSweep(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 11))
+	for range 50 {
+		block := time.Duration(1+r.IntN(24)) * time.Hour
+		window := time.Duration(1+r.IntN(60)) * time.Second
+		limits := []Limit{{Quota: 1, Window: window, Unit: 10 * time.Millisecond, Block: block}}
+		s, _ := NewLocal(LocalOptions{})
+		now := t0.UnixMicro()
+		ask := func(at int64) Outcome {
+			out := Outcome{Denier: -1, Replies: make([]Reply, 1)}
+			if err := s.Decide(context.Background(), &Query{Limits: limits, Keys: []string{"k{a}"}, Cost: 1, Now: at}, &out); err != nil {
+				t.Fatal(err)
+			}
+			return out
+		}
+		ask(now)
+		if out := ask(now); out.Allowed || out.Replies[0].Block == 0 {
+			t.Fatalf("seed %d: the second request: %+v; want denied and blocked", seed, out)
+		}
+		later := now + block.Microseconds() + r.Int64N(10*block.Microseconds()) + 2e6
+		if out := ask(later); out.Allowed || out.Replies[0].Block == 0 {
+			t.Fatalf("seed %d: block %v, window %v: a request %v later on the decisions' clock, within the block on the wall clock: %+v; want blocked",
+				seed, block, window, time.Duration(later-now)*time.Microsecond, out)
+		}
+	}
+}
