@@ -15,6 +15,7 @@ import (
 	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/store"
 	"github.com/slidinglog/ratelimit/operator"
+	pubstore "github.com/slidinglog/ratelimit/store"
 )
 
 // stubClient answers every script call with a fixed reply, without a
@@ -54,9 +55,9 @@ func (w *nopWriter) WriteHeader(int)             {}
 //	go test -run '^$' -bench Middleware -benchmem .
 func BenchmarkMiddleware(b *testing.B) {
 	now := t0.UnixMicro()
-	allowOne := store.Outcome{Allowed: true, Denier: -1, Now: now, Replies: []store.Reply{{OK: true, Now: now, Count: 3, Reset: now + 60e6, Next: now}}}
-	allowTwo := store.Outcome{Allowed: true, Denier: -1, Now: now, Replies: []store.Reply{{OK: true, Now: now, Count: 3, Reset: now + 60e6, Next: now},
-		{OK: true, Now: now, Count: 40, Reset: now + 1e6, Next: now}}}
+	allowOne := store.Outcome{Outcome: pubstore.Outcome{Allowed: true, Denier: -1, Now: now, Replies: []store.Reply{{OK: true, Now: now, Count: 3, Reset: now + 60e6, Next: now}}}}
+	allowTwo := store.Outcome{Outcome: pubstore.Outcome{Allowed: true, Denier: -1, Now: now, Replies: []store.Reply{{OK: true, Now: now, Count: 3, Reset: now + 60e6, Next: now},
+		{OK: true, Now: now, Count: 40, Reset: now + 1e6, Next: now}}}}
 	r, _ := http.NewRequest("GET", "/users/7", nil)
 	r.RemoteAddr = "203.0.113.7:5000"
 	run := func(b *testing.B, h http.Handler) {
@@ -162,7 +163,7 @@ func BenchmarkMiddleware(b *testing.B) {
 func BenchmarkDenyCache(b *testing.B) {
 	now := t0.UnixMicro()
 	// Denied: 100 in the log, the oldest leaves in a second.
-	deny := store.Outcome{Denier: 0, Now: now, Replies: []store.Reply{{OK: true, Now: now, Count: 100, Reset: now + 1e6, Next: now + 1e6}}}
+	deny := store.Outcome{Outcome: pubstore.Outcome{Denier: 0, Now: now, Replies: []store.Reply{{OK: true, Now: now, Count: 100, Reset: now + 1e6, Next: now + 1e6}}}}
 	var calls atomic.Int64 // to Redis: once per cached denial
 	newHandler := func(b *testing.B) http.Handler {
 		calls.Store(0)

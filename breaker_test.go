@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	pubstore "github.com/slidinglog/ratelimit/store"
 	"net"
 	"net/http"
 	"os"
@@ -42,30 +43,30 @@ func TestCircuitBreaker(t *testing.T) {
 
 	mr.SetError("LOADING Redis is loading the dataset in memory")
 	for i := range 3 {
-		if err := allow(); err == nil || errors.Is(err, ErrCircuitOpen) {
+		if err := allow(); err == nil || errors.Is(err, pubstore.ErrCircuitOpen) {
 			t.Fatalf("failure %d: %v", i, err)
 		}
 	}
 	if n := calls(func() {
-		if err := allow(); !errors.Is(err, ErrCircuitOpen) {
-			t.Errorf("after 3 failures: %v, want ErrCircuitOpen", err)
+		if err := allow(); !errors.Is(err, pubstore.ErrCircuitOpen) {
+			t.Errorf("after 3 failures: %v, want pubstore.ErrCircuitOpen", err)
 		}
 	}); n != 0 {
 		t.Errorf("an open breaker sent %d commands", n)
 	}
 	// The middleware answers at once, and the hook sees why.
-	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 503 || len(hooked) != 1 || !errors.Is(hooked[0], ErrCircuitOpen) {
+	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 503 || len(hooked) != 1 || !errors.Is(hooked[0], pubstore.ErrCircuitOpen) {
 		t.Errorf("middleware with an open breaker: %d, hook %v", w.Code, hooked)
 	}
 
 	// After the cool-down one probe goes through; it fails, so the
 	// breaker opens again.
 	clock.Set(t0.Add(10 * time.Second))
-	if err := allow(); err == nil || errors.Is(err, ErrCircuitOpen) {
+	if err := allow(); err == nil || errors.Is(err, pubstore.ErrCircuitOpen) {
 		t.Errorf("probe after the cool-down: %v, want Redis's own error", err)
 	}
-	if err := allow(); !errors.Is(err, ErrCircuitOpen) {
-		t.Errorf("after a failed probe: %v, want ErrCircuitOpen", err)
+	if err := allow(); !errors.Is(err, pubstore.ErrCircuitOpen) {
+		t.Errorf("after a failed probe: %v, want pubstore.ErrCircuitOpen", err)
 	}
 
 	// Redis is back: the next probe closes the breaker.
@@ -214,8 +215,8 @@ func TestBreakerSlowCalls(t *testing.T) {
 	if !lim.Inspect().BreakerOpen() {
 		t.Error("timeouts while Redis answered nobody did not open the breaker")
 	}
-	if err := fast(); !errors.Is(err, ErrCircuitOpen) {
-		t.Errorf("after timeouts while Redis answered nobody: %v, want ErrCircuitOpen", err)
+	if err := fast(); !errors.Is(err, pubstore.ErrCircuitOpen) {
+		t.Errorf("after timeouts while Redis answered nobody: %v, want pubstore.ErrCircuitOpen", err)
 	}
 }
 
@@ -344,13 +345,13 @@ func TestBreakerSlowPlanOf(t *testing.T) {
 		PerMinute(100, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"pro": 1000}, Of: slow}),
 	}, WithRedis(RedisOptions{BreakerFailures: 3, BreakerCoolDown: time.Hour}), WithTimeout(300*time.Millisecond))
 	for i := range 5 {
-		if _, err := lim.Allow(context.Background(), []string{"slow"}, 1); errors.Is(err, ErrCircuitOpen) {
+		if _, err := lim.Allow(context.Background(), []string{"slow"}, 1); errors.Is(err, pubstore.ErrCircuitOpen) {
 			t.Fatalf("slow Of, decision %d: %v", i, err)
 		}
 	}
 	for i := range 10 {
 		_, err := lim.Allow(context.Background(), []string{"quick"}, 1)
-		if errors.Is(err, ErrCircuitOpen) {
+		if errors.Is(err, pubstore.ErrCircuitOpen) {
 			t.Fatalf("quick Of after 5 slow ones, decision %d: %v", i, err)
 		}
 		if err == nil {

@@ -43,7 +43,7 @@ func TestClusterPipelineRedirects(t *testing.T) {
 		PerMinute(100, Header("X-Id")).Named("pa"),
 		PerMinute(100, Header("X-Id")).Named("pb"),
 	})
-	lib := slidinglog.New(luaCode, rdb, true)
+	lib := slidinglog.New(slidinglog.Default, rdb, true)
 	both := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua)
 	onlyA := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.LuaOf([]int{0}))
 	onlyB := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.LuaOf([]int{1}))

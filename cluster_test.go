@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	pubstore "github.com/slidinglog/ratelimit/store"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -419,7 +420,7 @@ func testPipelineReload(t *testing.T, b backend) {
 			t.Fatal(err)
 		}
 		forEachPrimary(t, c, func(p *redis.Client) error { return p.FunctionFlush(ctx).Err() })
-		lib := slidinglog.New(luaCode, c, true) // a pipeline, whatever c is
+		lib := slidinglog.New(slidinglog.Default, c, true) // a pipeline, whatever c is
 		lib.SetScriptsOnly(scriptsOnly)
 		var keys [][]string
 		var reqs [][]byte
@@ -747,7 +748,7 @@ func (ld *shardLoad) finish() shardStats {
 		st.lastFail = e.at
 		st.lastFailEnd = max(st.lastFailEnd, e.at+e.latency)
 		switch {
-		case errors.Is(e.err, ErrCircuitOpen):
+		case errors.Is(e.err, pubstore.ErrCircuitOpen):
 			st.kinds["circuit open"]++
 		case strings.Contains(e.err.Error(), "CLUSTERDOWN"):
 			st.kinds["CLUSTERDOWN"]++
@@ -1041,7 +1042,7 @@ func TestClusterSlotMigration(t *testing.T) {
 // unserved refuses every command with CLUSTERDOWN) by taking a slot from it
 // with CLUSTER DELSLOTS, and gives it back. While the node says
 // CLUSTERDOWN, decisions on it fail with that error, never with
-// ErrCircuitOpen; once every node reports cluster_state:ok again, the very
+// pubstore.ErrCircuitOpen; once every node reports cluster_state:ok again, the very
 // next decisions succeed. The breakers' clock stands still, so a breaker
 // the CLUSTERDOWN replies opened (every primary's, for its cool-down, in a
 // real outage) would stay open, and the test would fail, however slow the machine.
@@ -1112,7 +1113,7 @@ func TestClusterDownRecovery(t *testing.T) {
 	// 2 breakers' worth of decisions on the node that says CLUSTERDOWN.
 	for i := range 2 * defaultBreakerFailures {
 		err := allow(ids[down])
-		if err == nil || errors.Is(err, ErrCircuitOpen) || !strings.Contains(err.Error(), "CLUSTERDOWN") {
+		if err == nil || errors.Is(err, pubstore.ErrCircuitOpen) || !strings.Contains(err.Error(), "CLUSTERDOWN") {
 			t.Fatalf("decision %d on %s, which says CLUSTERDOWN: %v; want CLUSTERDOWN", i, down.Addr, err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
+	pubstore "github.com/slidinglog/ratelimit/store"
 )
 
 // decide decides a request of cost over the limits' keys for s.ids.
@@ -21,11 +22,11 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	if cost < 1 {
 		return Result{}, fmt.Errorf("ratelimit: cost %d is below 1", cost)
 	}
-	if rs.cfg.logger != nil {
+	if rs.cfg.logger != nil && rs.client != nil {
 		rs.evictions.Start(rs.client, rs.cfg.logger) // once per Limiter, in the background
 	}
 	q := &s.q
-	*q = store.Query{Spec: rs.spec, Cost: cost, Peek: peek, Wall: time.Now(), Timeout: rs.cfg.timeout}
+	*q = store.Query{Query: pubstore.Query{Limits: rs.spec.Public, Cost: cost, Peek: peek}, Spec: rs.spec, Wall: time.Now(), Timeout: rs.cfg.timeout}
 	q.Local = q.Wall
 	if rs.cfg.clock != nil {
 		q.Local = rs.cfg.clock()
@@ -71,10 +72,10 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	}
 	res := rs.result(s, out, cost, peek)
 	rs.reportShadowBlocks(s, &res)
-	if (err == nil || out.Local) && out.Allowed && !peek && s.wantTicket {
+	if (err == nil || out.Local) && out.Allowed && !peek && s.wantTicket && (rs.redis != nil || out.Local || rs.decidesLocally()) {
 		t := &ticket{rs: rs.redis, denies: rs.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
 			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout}
-		if out.Local {
+		if out.Local || rs.decidesLocally() {
 			t.local = rs.local
 		}
 		for i := range t.stamps {
@@ -83,6 +84,13 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 		res.ticket = t
 	}
 	return res, err
+}
+
+// decidesLocally reports whether l decides in a store.Local that
+// WithStore gave (l.local).
+func (l *Limiter) decidesLocally() bool {
+	_, ok := l.cfg.store.(*pubstore.Local)
+	return ok
 }
 
 // enforcedIDs returns s.ids with those of shadow limits left empty, so
@@ -447,7 +455,7 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 //
 // The error is non-nil when Redis could not decide: wrong number of ids, an
 // empty id, cost < 1, a Plans.Of error, a Redis error, an open circuit breaker
-// ([ErrCircuitOpen]) or the timeout ([WithTimeout]) running out. The Result
+// (store.ErrCircuitOpen) or the timeout ([WithTimeout]) running out. The Result
 // then admits nothing and has no Limits (its Unreverted may count units a
 // Redis Cluster decision left behind), except under [FailLocal], where a
 // decision the limiter could not take to Redis is made in this process: the
@@ -529,7 +537,7 @@ func (rs *ruleset) reset(ctx context.Context, ids []string) error {
 		// may live elsewhere.
 		req := slidinglog.AppendRequest(nil, 0, 1, rs.spec.Limits[i].Lua)
 		// And the block key, if the limit blocks: forget lifts the block.
-		if _, err := rs.redis.Lib.Forget(ctx, rs.spec.LuaKeys([]string{key}, []int{i}), req); err != nil {
+		if err := rs.forget(ctx, i, key, req); err != nil {
 			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", rs.limits[i].Name, err))
 		}
 		rs.denies.Forget(store.LogID{Key: key, Field: rs.spec.Limits[i].Field})
@@ -537,6 +545,25 @@ func (rs *ruleset) reset(ctx context.Context, ids []string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// forget forgets, in Redis, what limit i counted at key, with the forget
+// request req; a Limiter with no Redis (WithStore) has nothing there to
+// forget, and fails unless it decides in a store.Local, which the
+// callers forget in.
+func (rs *ruleset) forget(ctx context.Context, i int, key string, req []byte) error {
+	if rs.redis == nil {
+		if rs.decidesLocally() {
+			return nil
+		}
+		return errNoReset
+	}
+	_, err := rs.redis.Lib.Forget(ctx, rs.spec.LuaKeys([]string{key}, []int{i}), req)
+	return err
+}
+
+// errNoReset is the error of a Reset on a Limiter whose store of
+// WithStore cannot forget.
+var errNoReset = errors.New("the store cannot forget a client (only a store.Local can)")
 
 // Unreverted returns how many units of cost this Limiter, its routes included,
 // has left counted in Redis for requests that were not admitted
@@ -546,7 +573,12 @@ func (rs *ruleset) reset(ctx context.Context, ids []string) error {
 // within 30 seconds or before the entries would have left their
 // windows anyway. Such units stay counted until they leave their windows.
 // The count only grows; metrics export it as a counter.
-func (l *Limiter) unreverted() uint64 { return l.redis.Rollbacks.Unreverted.Load() }
+func (l *Limiter) unreverted() uint64 {
+	if l.redis == nil {
+		return 0
+	}
+	return l.redis.Rollbacks.Unreverted.Load()
+}
 
 // grow returns sl resized to n and cleared, reusing its array when it is
 // large enough.

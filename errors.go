@@ -1,22 +1,6 @@
 package ratelimit
 
-import (
-	"errors"
-
-	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/internal/store"
-)
-
-// ErrUnexpectedReply is returned (wrapped) when Redis answers the limiter's
-// script with a reply of the wrong shape, for example because another program
-// wrote to the limiter's keys. The request gets the failure mode.
-var ErrUnexpectedReply = slidinglog.ErrUnexpectedReply
-
-// ErrCircuitOpen is returned (wrapped) when the limiter did not call Redis
-// because its circuit breaker is open: Redis failed several times in a row
-// and the cool-down has not passed (see [RedisOptions].BreakerFailures). The request
-// gets the failure mode at once, without waiting for a timeout.
-var ErrCircuitOpen = store.ErrCircuitOpen
+import "errors"
 
 // ErrNotRefundable is returned by [Limiter.Refund] for a Result that did
 // not admit a request, or that did not come from Allow (or the middleware

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/slidinglog/ratelimit/store"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -205,7 +206,7 @@ func TestWithLocalMemory(t *testing.T) {
 	if got := lim.local.Bound(); got != 1<<20 {
 		t.Errorf("bound %d, want %d", got, 1<<20)
 	}
-	if got := mustNew(t, stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithRedis(RedisOptions{OperatorRefresh: -1})).local.Bound(); got != DefaultLocalMemory {
-		t.Errorf("default bound %d, want %d", got, DefaultLocalMemory)
+	if got := mustNew(t, stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithRedis(RedisOptions{OperatorRefresh: -1})).local.Bound(); got != store.DefaultLocalMemory {
+		t.Errorf("default bound %d, want %d", got, store.DefaultLocalMemory)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/slidinglog/ratelimit/store"
 	"io"
 	"net"
 	"strconv"
@@ -174,7 +175,7 @@ const faultTimeout = 2 * time.Second
 // meet the row's reply, as many as the breaker's failures in a row; then
 // the test checks what they got, whether the breaker opened, how the code
 // is loaded, and whether other clients' decisions are made. Where the
-// breaker opened, the others fail with ErrCircuitOpen, and are made again
+// breaker opened, the others fail with store.ErrCircuitOpen, and are made again
 // once the cool-down has passed on the breakers' clock and the server is
 // well. The breakers' clock stands still otherwise, so that a breaker
 // opened by mistake stays open however slow the machine.
@@ -222,7 +223,7 @@ func TestRedisAnswers(t *testing.T) {
 					if row.name == "WRONGTYPE" {
 						word = "WRONGTYPE"
 					}
-					if err == nil || errors.Is(err, ErrCircuitOpen) || !strings.Contains(err.Error(), word) {
+					if err == nil || errors.Is(err, store.ErrCircuitOpen) || !strings.Contains(err.Error(), word) {
 						t.Errorf("victim's decision %d: %+v, %v; want an error with %q", i, res, err, word)
 					}
 				case getsTimeout:
@@ -273,8 +274,8 @@ func TestRedisAnswers(t *testing.T) {
 				id := "other-" + strconv.Itoa(i)
 				res, err := allow(id)
 				if row.counts {
-					if !errors.Is(err, ErrCircuitOpen) {
-						t.Errorf("%s with the breaker open: %+v, %v; want ErrCircuitOpen", id, res, err)
+					if !errors.Is(err, store.ErrCircuitOpen) {
+						t.Errorf("%s with the breaker open: %+v, %v; want store.ErrCircuitOpen", id, res, err)
 					}
 					continue
 				}
@@ -489,7 +490,7 @@ func (ff fakeFault) applies(args []string) bool {
 	if len(args) < 3 {
 		return false
 	}
-	if _, readOnly := luaCode.FunctionNames(); ff.writes && args[1] == readOnly {
+	if _, readOnly := slidinglog.Default.FunctionNames(); ff.writes && args[1] == readOnly {
 		return false
 	}
 	n, err := strconv.Atoi(args[2])

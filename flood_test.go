@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/slidinglog/ratelimit/store"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -119,7 +120,7 @@ func (st *floodStats) why(err error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	switch {
-	case errors.Is(err, ErrCircuitOpen):
+	case errors.Is(err, store.ErrCircuitOpen):
 		st.circuitOpen++
 	case errors.Is(err, context.DeadlineExceeded):
 		st.timeouts++
@@ -221,7 +222,7 @@ func (st *floodStats) check(t *testing.T, what string) {
 		t.Errorf("the other clients made %.0f decisions a second beside the flood, %.0f beside the reference flood (%d decisions): less than a third", pace[1], pace[0], st.decisions[0])
 	}
 	if st.circuitOpen != 0 || st.floodCircuit.Load() != 0 {
-		t.Errorf("the breaker opened during the flood: %d of the other clients' decisions and %d of the flood's failed with ErrCircuitOpen",
+		t.Errorf("the breaker opened during the flood: %d of the other clients' decisions and %d of the flood's failed with store.ErrCircuitOpen",
 			st.circuitOpen, st.floodCircuit.Load())
 	}
 	if all := st.alone + st.decisions[0] + st.decisions[1]; st.failed*20 > all {
@@ -261,7 +262,7 @@ func TestFloodKeepsBreakerClosed(t *testing.T) {
 		ids := []string{"flooder"}
 		return func() (bool, error) {
 			res, err := lim.Allow(ctx, ids, 1)
-			if errors.Is(err, ErrCircuitOpen) {
+			if errors.Is(err, store.ErrCircuitOpen) {
 				st.floodCircuit.Add(1)
 			}
 			if err == nil && res.Allowed {
@@ -297,7 +298,7 @@ func TestFloodKeepsBreakerClosedHTTP(t *testing.T) {
 		WithHandlers(Handlers{Error: func(r *http.Request, err error) {
 			if r.Header.Get("X-Forwarded-For") != flooder {
 				st.why(err)
-			} else if errors.Is(err, ErrCircuitOpen) {
+			} else if errors.Is(err, store.ErrCircuitOpen) {
 				st.floodCircuit.Add(1)
 			}
 		}}))

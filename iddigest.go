@@ -74,7 +74,7 @@ func (l *Limiter) resetLimitDigest(ctx context.Context, name, digest string) err
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
 	defer cancel()
 	req := slidinglog.AppendRequest(nil, 0, 1, d.spec.Limits[i].Lua)
-	_, err = d.redis.Lib.Forget(ctx, d.spec.LuaKeys([]string{log.Key}, []int{i}), req)
+	err = d.forget(ctx, i, log.Key, req)
 	d.denies.Forget(log)
 	if err != nil {
 		return fmt.Errorf("ratelimit: reset %s: %w", name, err)

@@ -29,7 +29,7 @@ func isolationModes(t *testing.T, b backend, fn func(t *testing.T, lib *slidingl
 			if err := c.FlushAll(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}
-			lib := slidinglog.New(luaCode, c, false)
+			lib := slidinglog.New(slidinglog.Default, c, false)
 			lib.SetScriptsOnly(scripts)
 			fn(t, lib, c)
 			if !scripts && !lib.Functions() {
@@ -352,7 +352,7 @@ func TestFailedRequestLeftCounted(t *testing.T) {
 func TestServerErrorsFailTheCall(t *testing.T) {
 	srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
 	c := srv.Client()
-	lib := slidinglog.New(luaCode, c, false)
+	lib := slidinglog.New(slidinglog.Default, c, false)
 	lib.SetScriptsOnly(true) // a function is refused before it runs; a script meets OOM inside
 	spec := mustEncode(t, slidinglog.Limit{Kind: slidinglog.ExactLog, Quota: 10, Window: time.Minute, Unit: 10 * time.Millisecond})
 	fillMemory(t, c)

@@ -17,6 +17,7 @@ import (
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
 	"github.com/slidinglog/ratelimit/operator"
+	pubstore "github.com/slidinglog/ratelimit/store"
 )
 
 // minClock is the earliest time a WithClock clock may read, in Unix
@@ -45,11 +46,11 @@ type Limiter struct {
 	base   *routeRules
 
 	// store decides: the Redis store, wrapped by the deny cache and
-	// FailLocal's in-process store as configured. Every ruleset of l
-	// decides with it.
+	// FailLocal's in-process store as configured, or WithStore's. Every
+	// ruleset of l decides with it. redis is nil under WithStore.
 	store  store.Store
 	redis  *store.Redis
-	local  *store.Local // FailLocal's
+	local  *pubstore.Local // FailLocal's, or WithStore's if it is a Local
 	denies *store.DenyCache
 	// evictions checks the memory policy.
 	evictions *store.EvictionCheck
@@ -161,13 +162,21 @@ type LimiterWatcher interface {
 // it returns never fails at request time because of its configuration.
 func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter, error) {
 	cfg, errs := applyOptions(opts)
-	if client == nil || nilPointer(client) {
-		errs = append(errs, errors.New("nil Redis client"))
+	noClient := client == nil || nilPointer(client)
+	switch {
+	case cfg.store != nil && !noClient:
+		errs = append(errs, errors.New("a Redis client and WithStore: the Limiter decides in one store; give a nil client with WithStore"))
+	case cfg.store != nil:
+		client = nil // a typed nil pointer too: nothing calls Redis
+	case noClient:
+		errs = append(errs, errors.New("nil Redis client: give one, or a store with WithStore"))
+	}
+	if noClient {
 	} else if enabled, known := contextTimeouts(client); known && !enabled {
 		errs = append(errs, errors.New("the Redis client ignores context deadlines, so the decision timeout cannot hold: set ContextTimeoutEnabled: true in its options"))
 	}
 	l := &Limiter{client: client, cfg: cfg, opsRun: &opsRunner{key: operator.Key(cfg.prefix)}}
-	split := client != nil && !nilPointer(client) && sharded(client) && !cfg.singleSlot
+	split := !noClient && sharded(client) && !cfg.singleSlot
 	p, err := l.compile(limits, cfg.cost, split, nil)
 	if err != nil {
 		errs = append(errs, err)
@@ -176,20 +185,27 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
 	}
 	l.rules, l.base = p, &routeRules{all: p}
-	lib := slidinglog.New(luaCode, client, split)
-	l.redis = &store.Redis{
-		Lib:       lib,
-		Breakers:  &store.Breakers{Failures: int32(cfg.breakerFailures), CoolDown: cfg.breakerCoolDown},
-		Rollbacks: store.NewRollbacks(lib, cfg.timeout, l.logRollbackFailure),
-	}
 	l.local = cfg.local
+	if local, ok := cfg.store.(*pubstore.Local); ok {
+		l.local = local
+	}
 	if l.local == nil {
-		l.local = &store.Local{MaxBytes: cfg.localBytes}
+		l.local, _ = pubstore.NewLocal(pubstore.LocalOptions{MaxBytes: cfg.localBytes}) // WithLocalMemory checked the bound
 	}
 	l.denies = &store.DenyCache{MaxAge: cfg.denyCache}
 	l.evictions = store.NewEvictionCheck()
 	l.proxies = &proxyWatch{}
-	l.store = l.wrap(l.redis)
+	if cfg.store != nil {
+		l.store = l.wrap(store.External{Store: cfg.store})
+	} else {
+		lib := slidinglog.New(slidinglog.Default, client, split)
+		l.redis = &store.Redis{
+			Lib:       lib,
+			Breakers:  &store.Breakers{Failures: int32(cfg.breakerFailures), CoolDown: cfg.breakerCoolDown},
+			Rollbacks: store.NewRollbacks(lib, cfg.timeout, l.logRollbackFailure),
+		}
+		l.store = l.wrap(l.redis)
+	}
 	if err := l.buildRoutes(split); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
@@ -393,13 +409,14 @@ func (l *Limiter) logRollbackFailure(err error) {
 
 // wrap returns the store l decides with when base is the store that counts
 // across instances: base, wrapped by FailLocal's fallback and the deny
-// cache as configured.
+// cache as configured. A store WithStore gave has no deny cache, and a
+// Local none of FailLocal's either: it never fails.
 func (l *Limiter) wrap(base store.Store) store.Store {
 	s := base
-	if l.cfg.failure == FailLocal {
+	if _, local := l.cfg.store.(*pubstore.Local); l.cfg.failure == FailLocal && !local {
 		s = store.Fallback{Primary: s, Local: l.local}
 	}
-	if l.cfg.denyCache > 0 {
+	if l.cfg.denyCache > 0 && l.cfg.store == nil {
 		s = store.Cached{Next: s, Cache: l.denies, Clock: l.localNow}
 	}
 	return s
@@ -408,26 +425,21 @@ func (l *Limiter) wrap(base store.Store) store.Store {
 // newSpec returns what the stores need of limits; split says that keys
 // with different hash tags must be decided apart.
 func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
-	p := &store.Spec{Split: split}
-	wire := make([]slidinglog.Limit, len(limits))
+	public := make([]pubstore.Limit, len(limits))
+	global := make([]bool, len(limits))
 	for i := range limits {
 		lim := &limits[i]
-		wire[i] = slidinglog.Limit{Kind: slidinglog.ExactLog, Shadow: lim.Shadow, Quota: lim.Quota, Window: lim.Window,
-			Unit: time.Duration(timeUnit(lim.Window)) * time.Microsecond, Block: lim.BlockFor}
+		public[i] = pubstore.Limit{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Block: lim.BlockFor,
+			Unit: time.Duration(timeUnit(lim.Window)) * time.Microsecond}
 		if lim.bucketed {
-			wire[i].Kind, wire[i].Unit, wire[i].Name = slidinglog.Buckets, lim.Precision, lim.Name
+			public[i].Bucketed, public[i].Unit, public[i].Field = true, lim.Precision, lim.Name
 		}
-		spec, err := slidinglog.Encode(wire[i])
-		if err != nil {
-			return nil, fmt.Errorf("limit %s: %w", lim.Name, err)
-		}
-		p.All = append(p.All, i)
-		p.Limits = append(p.Limits, store.LimitSpec{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Global: lim.Key.global, Lua: spec, Field: wire[i].Name, Block: lim.BlockFor,
-			Unit: wire[i].Unit, Bucketed: lim.bucketed})
+		global[i] = lim.Key.global
 	}
-	p.Whole = [][]int{p.All}
-	var err error
-	p.Lua, err = slidinglog.Encode(wire...)
+	p, bad, err := store.NewSpec(public, global, split)
+	if err != nil && bad >= 0 {
+		return nil, fmt.Errorf("limit %s: %w", limits[bad].Name, err)
+	}
 	return p, err
 }
 
@@ -592,6 +604,9 @@ func (run *opsRunner) fetch(ctx context.Context, cur *liveOps, force bool) (st o
 			err = fmt.Errorf("ratelimit: panic while reading the operator state: %v", p)
 		}
 	}()
+	if run.client == nil {
+		return st, false, nil // WithStore: no operator state
+	}
 	ctx, cancel := context.WithTimeout(ctx, run.timeout)
 	defer cancel()
 	op := run.decl.operator()
@@ -626,7 +641,7 @@ func (l *Limiter) startOperatorRefresh() {
 		run.logger = slog.Default()
 	}
 	run.decl = l.declarer(run.now)
-	if l.cfg.opsRefresh <= 0 {
+	if l.cfg.opsRefresh <= 0 || l.client == nil {
 		return
 	}
 	run.stop, run.done = make(chan struct{}), make(chan struct{})

@@ -120,7 +120,7 @@ func (l *Limiter) resetLimit(ctx context.Context, name, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
 	defer cancel()
 	req := slidinglog.AppendRequest(nil, 0, 1, d.spec.Limits[i].Lua)
-	_, err = d.redis.Lib.Forget(ctx, d.spec.LuaKeys([]string{log.Key}, []int{i}), req) // lifts a block too
+	err = d.forget(ctx, i, log.Key, req) // lifts a block too
 	d.denies.Forget(log)
 	d.local.Forget(log) // FailLocal's count, and block
 	if err != nil {
@@ -164,7 +164,10 @@ func (l *Limiter) unblockLimit(ctx context.Context, name, id string) (bool, erro
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
 	defer cancel()
-	n, err := d.redis.Lib.Client().Del(ctx, store.BlockKey(log)).Result()
+	var n int64
+	if d.redis != nil {
+		n, err = d.redis.Lib.Client().Del(ctx, store.BlockKey(log)).Result()
+	}
 	d.denies.Forget(log)
 	lifted := d.local.EndBlock(log) // FailLocal's block
 	if err != nil {

@@ -33,6 +33,9 @@ func (l *Limiter) Close() error {
 // ([WithClock]), and whose Unblock also lifts the blocks l's limits set
 // ([Limit.Block]).
 func (l *Limiter) operator() *operator.Operator {
+	if l.client == nil {
+		return nil // WithStore: no operator state
+	}
 	op, err := operator.New(l.client, l.cfg.prefix)
 	if err != nil {
 		panic("ratelimit: " + err.Error()) // New checked the client and the prefix

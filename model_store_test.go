@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
-	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // testModelLocal holds FailLocal's in-process store to TestModel's
@@ -33,7 +33,7 @@ import (
 // ends on the wall clock, as a Redis block ends on the server's: the
 // clocks the test sets do not end it, the EndBlock step does
 // (Local.EndBlock, as an operator's unblock would). The sweep that gives back the logs whose entries have left
-// their windows on the decisions' clock is off too (Local.KeepExpired),
+// their windows on the decisions' clock is off too (LocalOptions.KeepExpired),
 // as the expiry of Redis keys on the server's clock is: a step back past
 // a window after a sweep would find the log forgotten, as it would find
 // an expired key. TestFailLocalWideOutage and TestBoundedMemoryFailLocal
@@ -59,7 +59,7 @@ func testModelScripts(t *testing.T) {
 		t.Fatal(err)
 	}
 	runModel(t, modelEnv{addr: srv.Addr, user: "scripts", minWindow: time.Minute, expires: true, repeats: redistest.LongOr(t, 2, 5), overrides: true})
-	libs, err := full.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName()}).Result()
+	libs, err := full.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: store.LibraryName()}).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,13 +68,29 @@ func testModelScripts(t *testing.T) {
 	}
 }
 
+// testModelStore holds a Limiter that decides in a store.Local of
+// WithStore, with no Redis client at all, to TestModel's reference model,
+// with the steps of testModelLocal: every decision is the store's, with
+// no error (Result.Local is false: the store is not a fallback), and
+// Status, Reset and Refund work in the store.
+//
+//	go test -run TestModel/store -count=1 .
+func testModelStore(t *testing.T) {
+	mr := miniredis.RunT(t) // only for the test's own resets of the keys: the Limiters never reach it
+	runModel(t, modelEnv{addr: mr.Addr(), minWindow: time.Millisecond, repeats: 5, minSteps: 10_000, local: true, withStore: true,
+		off: []string{"foreign", "isolation", "split"}})
+}
+
 // errLocalDown is the dial error of the model's Redis under FailLocal.
 var errLocalDown = errors.New("model: Redis is down")
 
 // useLocalStore makes the store both instances decide in, and returns
 // their Redis client, which fails every dial, and their options.
 func (m *modelRun) useLocalStore() (redis.UniversalClient, []Option) {
-	m.local = &store.Local{KeepExpired: true}
+	m.local, _ = store.NewLocal(store.LocalOptions{KeepExpired: true})
+	if m.env.withStore {
+		return nil, []Option{WithStore(m.local), WithRedis(RedisOptions{OperatorRefresh: -1})}
+	}
 	down := redis.NewClient(&redis.Options{
 		Dialer:                func(context.Context, string, string) (net.Conn, error) { return nil, errLocalDown },
 		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
@@ -89,6 +105,12 @@ func (m *modelRun) localDecision(rt *rapid.T, desc string, res Result, err error
 	if !m.env.local {
 		return err
 	}
+	if m.env.withStore {
+		if res.Local {
+			rt.Fatalf("%s: Local is true; the Limiter decides in its store, with no fallback", desc)
+		}
+		return err
+	}
 	if err == nil || !res.Local {
 		rt.Fatalf("%s: local %v, err %v; want a local decision and Redis's error", desc, res.Local, err)
 	}
@@ -98,7 +120,7 @@ func (m *modelRun) localDecision(rt *rapid.T, desc string, res Result, err error
 // localErr returns err, but nil where the local store decides and err
 // says that Redis is down.
 func (m *modelRun) localErr(err error) error {
-	if m.env.local && (errors.Is(err, errLocalDown) || errors.Is(err, ErrCircuitOpen)) {
+	if m.env.local && (errors.Is(err, errLocalDown) || errors.Is(err, store.ErrCircuitOpen)) {
 		return nil
 	}
 	return err

@@ -18,7 +18,8 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
-	"github.com/slidinglog/ratelimit/internal/store"
+	internalstore "github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // TestModel drives the real limiter (the Lua library in Redis, through
@@ -85,6 +86,7 @@ func TestModel(t *testing.T) {
 	})
 	t.Run("server scripts", testModelScripts) // see model_store_test.go
 	t.Run("local", testModelLocal)            // FailLocal's store: see model_store_test.go
+	t.Run("store", testModelStore)            // WithStore's store.Local, no Redis: see model_store_test.go
 }
 
 // modelOff names dimensions to leave out, for investigating a failure:
@@ -104,6 +106,7 @@ type modelEnv struct {
 	minSteps  int           // steps the test must run with the default flags; 0: no minimum
 	overrides bool          // the overrides dimension runs (model_override_test.go)
 	local     bool          // FailLocal's in-process store decides (Redis is down): see model_store_test.go
+	withStore bool          // with local: the store.Local is WithStore's, and there is no Redis
 	off       []string      // dimensions the store leaves out
 	user      string        // the Redis user (its password is its name), if not the default
 }
@@ -567,7 +570,7 @@ func (m *modelRun) blockKeyOf(r logRef) string {
 	if m.model.limits[r.limit].bucketed {
 		id.Field = m.model.limits[r.limit].name
 	}
-	return store.BlockKey(id)
+	return internalstore.BlockKey(id)
 }
 
 // foreign has another program write at one of the keys: a hash where a

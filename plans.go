@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/internal/sweep"
 )
 
 // tier is one plan of a limit (see Plans), with what its headers need
@@ -61,7 +61,7 @@ type planCache struct {
 	ttl   time.Duration
 	mu    sync.RWMutex
 	m     map[string]cachedTier
-	sweep store.Sweeper
+	sweep sweep.Sweeper
 }
 
 type cachedTier struct {
@@ -93,7 +93,7 @@ func (c *planCache) put(id string, tier int, now time.Time) {
 	if c.m == nil {
 		c.m = make(map[string]cachedTier)
 	}
-	store.MakeRoom(c.m, maxCachedPlans, func(e cachedTier) bool { return !now.Before(e.until) })
+	sweep.MakeRoom(c.m, maxCachedPlans, func(e cachedTier) bool { return !now.Before(e.until) })
 	// A copy: id may be part of a larger string, such as a header.
 	until := now.Add(c.ttl)
 	c.m[strings.Clone(id)] = cachedTier{tier: tier, until: until}
@@ -104,7 +104,7 @@ func (c *planCache) put(id string, tier int, now time.Time) {
 // at now (µs), if a sweep is due.
 func (c *planCache) sweepLocked(now int64) {
 	if c.sweep.Due(now) {
-		c.m = store.SweepMap(&c.sweep, c.m, now, func(e cachedTier) int64 { return e.until.UnixMicro() })
+		c.m = sweep.Map(&c.sweep, c.m, now, func(e cachedTier) int64 { return e.until.UnixMicro() })
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/store"
+	pubstore "github.com/slidinglog/ratelimit/store"
 )
 
 // ErrRefunded is returned by [Limiter.Refund] for a Result (or a copy of
@@ -189,7 +190,7 @@ func closer(a, b *LimitResult) bool {
 type ticket struct {
 	refunded atomic.Bool // Refund has taken it: it removes nothing more
 	rs       *store.Redis
-	local    *store.Local // FailLocal's, if it decided: the entries are there
+	local    *pubstore.Local // the in-process store, if it decided: the entries are there
 	denies   *store.DenyCache
 	spec     *store.Spec
 	keys     []string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/slidinglog/ratelimit/store"
 	"strconv"
 	"strings"
 	"testing"
@@ -49,7 +50,7 @@ func TestScriptsWhereFunctionsAreDenied(t *testing.T) {
 		if admitted != 10 || lim.redis.Lib.(*slidinglog.Redis).ScriptsOnly() != tc.scripts {
 			t.Errorf("%s: %d of 15 admitted, scripts only %v; want 10 and %v", tc.id, admitted, lim.redis.Lib.(*slidinglog.Redis).ScriptsOnly(), tc.scripts)
 		}
-		libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName()}).Result()
+		libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: store.LibraryName()}).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -152,7 +153,7 @@ func testLibraryReloadedAfterOOM(t *testing.T, pipeline bool) {
 	}
 	if pipeline {
 		calls = 3
-		bt := slidinglog.New(luaCode, c, true)
+		bt := slidinglog.New(slidinglog.Default, c, true)
 		bt.SetClock(clock.Now)
 		decide = func() error {
 			var keys [][]string
@@ -194,12 +195,12 @@ func testLibraryReloadedAfterOOM(t *testing.T, pipeline bool) {
 			t.Fatalf("after the back-off: %v", err)
 		}
 	}
-	libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: LibraryName()}).Result()
+	libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: store.LibraryName()}).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(libs) != 1 {
-		t.Errorf("FUNCTION LIST after the back-off: %+v; want library %s", libs, LibraryName())
+		t.Errorf("FUNCTION LIST after the back-off: %+v; want library %s", libs, store.LibraryName())
 	}
 	// Every call, and those that found no function, through FCALL.
 	if n, s, e := commandCalls(t, admin, "fcall")-fcall, commandCalls(t, admin, "evalsha")-evalsha, commandCalls(t, admin, "eval")-eval; n < 5*calls || s != 0 || e != 0 {
@@ -283,7 +284,7 @@ func TestLibraryFlushedAfterLoad(t *testing.T) {
 	if err != nil || !res.Allowed {
 		t.Fatalf("alone: %+v %v", res, err)
 	}
-	bt := slidinglog.New(luaCode, c, true) // a pipeline
+	bt := slidinglog.New(slidinglog.Default, c, true) // a pipeline
 	var keys [][]string
 	var reqs [][]byte
 	for _, id := range []string{"a", "b", "c"} {

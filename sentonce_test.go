@@ -234,7 +234,7 @@ func TestPipelineSentOnceOnLateReply(t *testing.T) {
 	forOnceClients(t, func(t *testing.T, env *onceEnv) {
 		rdb := env.rdb
 		lim := mustNew(t, rdb, []Limit{PerMinute(100, Header("X-Id")).Named("pipe")})
-		lib := slidinglog.New(luaCode, rdb, true)
+		lib := slidinglog.New(slidinglog.Default, rdb, true)
 		req := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua)
 		if _, errs := lib.DecideAll([][]string{{logKey("pipe", "header.X-Id", "warm")}, {logKey("pipe", "header.X-Id", "warm2")}}, [][]byte{req, req}); errs[0] != nil || errs[1] != nil {
 			t.Fatal(errs)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // WithTimeout bounds the time of one decision, Redis round trip included.
@@ -75,7 +75,7 @@ type RedisOptions struct {
 
 	// LocalMemory bounds, in bytes, [FailLocal]'s in-process store: the
 	// logs it keeps while Redis cannot decide. Default:
-	// [DefaultLocalMemory], 64 MiB, room for about 500,000 clients of a
+	// [store.DefaultLocalMemory], 64 MiB, room for about 500,000 clients of a
 	// few requests each. A full store never admits a client over its
 	// quota: a new client is counted in one of its limit's 4,096 hashed
 	// overflow logs (it may be denied early). A bound below 64 KiB is an
@@ -137,7 +137,7 @@ func WithRedis(o RedisOptions) Option {
 			c.singleSlot = true
 		}
 		if o.LocalMemory != 0 {
-			if o.LocalMemory < store.MinLocalBytes {
+			if o.LocalMemory < store.MinLocalMemory {
 				field("LocalMemory", "local memory "+strconv.FormatInt(o.LocalMemory, 10)+" bytes is below 64 KiB")
 			}
 			c.localBytes = o.LocalMemory
@@ -209,12 +209,34 @@ func WithFailureMode(m FailureMode) Option {
 // singleSlotTag is the hash tag of every key under RedisOptions.SingleSlot.
 const singleSlotTag = "ratelimit"
 
-// DefaultLocalMemory is the default bound of [FailLocal]'s in-process
-// store: 64 MiB (see [RedisOptions].LocalMemory).
-const DefaultLocalMemory = store.DefaultLocalBytes
-
 // withLocalStore has the Limiter decide FailLocal's decisions in s, which
 // other Limiters may share (for tests).
 func withLocalStore(s *store.Local) Option {
 	return func(c *config) { c.local = s }
+}
+
+// errNoRedis is the error of what needs Redis on a Limiter that decides
+// in a store of WithStore: the operator state.
+var errNoRedis = errors.New("ratelimit: operator: the Limiter has no Redis (WithStore), where the operator state lives")
+
+// WithStore has the Limiter decide in s instead of Redis: give [New] a nil
+// Redis client with it (a client and a store is an error from New, and
+// so is a nil s). With a [store.Local], one process gets the same exact
+// limits, headers and Results, with no Redis: a service of one instance,
+// or an application's own tests (with [WithClock] to drive the time).
+// Refund and Reset work on a store.Local; with another store, Refund
+// returns [ErrNotRefundable] and Reset an error. The deny cache, the
+// circuit breaker and the operator state (which lives in Redis: the
+// Limiter's Operator fails) do not apply; [WithTimeout] bounds each
+// decision through its context, and [WithFailureMode] answers s's errors
+// (FailLocal decides them in this process, a store of [WithLocalMemory];
+// a store.Local never fails). Default: none, the Redis client's store.
+func WithStore(s store.Store) Option {
+	return func(c *config) {
+		if s == nil || nilPointer(s) {
+			c.errs = append(c.errs, errors.New("WithStore: nil store"))
+			return
+		}
+		c.store = s
+	}
 }

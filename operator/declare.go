@@ -231,6 +231,9 @@ return {v, skipped}
 // not. It fails for a declaration it cannot hold (an invalid name, kind,
 // window or quota), or a Redis error.
 func (o *Operator) Declare(ctx context.Context, decls []Declaration, every time.Duration) (version int64, skipped int, err error) {
+	if o == nil {
+		return 0, 0, errNil
+	}
 	args := []any{life(every).Microseconds(), MaxEntries}
 	for i := range decls {
 		def, ok := decls[i].definition()

@@ -108,6 +108,11 @@ func New(client redis.UniversalClient, prefix string) (*Operator, error) {
 	return &Operator{client: client, key: Key(prefix), now: time.Now}, nil
 }
 
+// errNil is the error of every method of a nil *Operator: the one a
+// Limiter without Redis gives (ratelimit.WithStore), or New's with an
+// error.
+var errNil = errors.New("operator: nil *Operator: no Redis client (check the error New returned)")
+
 // nilPointer reports whether v is a nil pointer in an interface.
 func nilPointer(v any) bool {
 	rv := reflect.ValueOf(v)
@@ -246,6 +251,9 @@ func (o *Operator) expiry(d time.Duration) int64 {
 // below 1 or above 1,000,000, a negative ttl, a full state ([ErrFull]),
 // or a Redis error.
 func (o *Operator) SetQuota(ctx context.Context, limit, plan string, quota int, ttl time.Duration) error {
+	if o == nil {
+		return errNil
+	}
 	if err := validOverride(limit, plan); err != nil {
 		return err
 	}
@@ -269,6 +277,9 @@ func (o *Operator) SetQuota(ctx context.Context, limit, plan string, quota int, 
 // ClearQuota removes the override of limit's quota for plan, if any: the
 // declared quota applies again. It reports whether there was one.
 func (o *Operator) ClearQuota(ctx context.Context, limit, plan string) (bool, error) {
+	if o == nil {
+		return false, errNil
+	}
 	if err := validOverride(limit, plan); err != nil {
 		return false, err
 	}
@@ -295,6 +306,9 @@ func (o *Operator) ClearQuota(ctx context.Context, limit, plan string) (bool, er
 // network shorter than /96, d <= 0, a full state ([ErrFull]), or a Redis
 // error.
 func (o *Operator) Block(ctx context.Context, target string, d time.Duration) error {
+	if o == nil {
+		return errNil
+	}
 	t, err := blockTarget(target)
 	if err != nil {
 		return err
@@ -317,6 +331,9 @@ func (o *Operator) Block(ctx context.Context, target string, d time.Duration) er
 // caches forget them within their maximum age. An Operator from [New]
 // knows no limits, and lifts only what [Operator.Block] set.
 func (o *Operator) Unblock(ctx context.Context, target string) (bool, error) {
+	if o == nil {
+		return false, errNil
+	}
 	t, err := blockTarget(target)
 	if target == "" || len(target) > MaxTarget {
 		return false, err
@@ -348,6 +365,9 @@ func (o *Operator) Unblock(ctx context.Context, target string) (bool, error) {
 // have not on the Redis server's. It reads the server's clock, then the
 // hash.
 func (o *Operator) List(ctx context.Context) (State, error) {
+	if o == nil {
+		return State{}, errNil
+	}
 	srv, err := o.client.Time(ctx).Result()
 	if err != nil {
 		return State{}, fmt.Errorf("operator: %w", err)
@@ -363,6 +383,9 @@ func (o *Operator) List(ctx context.Context) (State, error) {
 // HGET, for a reader that reloads the state only when it moved. It is 0
 // for a prefix never changed.
 func (o *Operator) Version(ctx context.Context) (int64, error) {
+	if o == nil {
+		return 0, errNil
+	}
 	v, err := o.client.HGet(ctx, o.key, "v").Int64()
 	if errors.Is(err, redis.Nil) {
 		return 0, nil

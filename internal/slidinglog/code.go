@@ -7,31 +7,21 @@ package slidinglog
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
-	"fmt"
 	"io/fs"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/luasource"
+	"github.com/slidinglog/ratelimit/store"
 )
 
-// Files are the library's source files (lua/ in the repository), in the
-// order they are joined, each building on those before it:
-//
-//   - codec.lua: the wire format of requests and replies;
-//   - exact.lua: the exact log, one Redis string per limit and identifier;
-//   - buckets.lua: bucketed limits, one Redis hash per identifier;
-//   - library.lua: the entry points, which decide over several limits of
-//     either kind at once.
-//
-// Their code defines the functions (locals of the chunk) named by the
-// entry points, each called with the KEYS and ARGV of a call, and runs
-// nothing else at its top level.
-var Files = []string{"codec.lua", "exact.lua", "buckets.lua", "library.lua"}
+// Files are the library's source files, in the order they are joined
+// (see luasource.Files).
+var Files = luasource.Files
 
 // The library's entry points.
 const (
@@ -57,23 +47,25 @@ type Code struct {
 }
 
 // Load builds the library's Code from the Files that fsys holds (the
-// root package embeds lua/; tests read it from disk).
+// package lua embeds lua/; tests read it from disk).
 func Load(fsys fs.FS) (*Code, error) {
-	parts := make([]string, len(Files))
-	for i, f := range Files {
-		b, err := fs.ReadFile(fsys, f)
-		if err != nil {
-			return nil, fmt.Errorf("slidinglog: the library's source: %w", err)
-		}
-		parts[i] = string(b)
+	source, err := luasource.Join(fsys)
+	if err != nil {
+		return nil, err
 	}
-	return build(strings.Join(parts, "\n")), nil
+	return build(source), nil
 }
+
+// Default is the library of lua/, embedded at build time, built once for
+// every store of the process. A file missing is a broken build, which any
+// test of the module reports.
+var Default = func() *Code {
+	return build(luasource.Embedded())
+}()
 
 // build returns the Code of source, the library's files joined.
 func build(source string) *Code {
-	sum := sha1.Sum([]byte(source))
-	c := &Code{name: "ratelimit_" + hex.EncodeToString(sum[:6])}
+	c := &Code{name: luasource.Name(source)}
 	c.decide = c.newEntry(source, entryDecide, "")
 	c.rollback = c.newEntry(source, entryRollback, "")
 	c.forget = c.newEntry(source, entryForget, "")
@@ -209,10 +201,9 @@ func (m *scriptMode) run(ctx context.Context, c redis.UniversalClient, e *luaEnt
 func ptr[T any](v T) *T { return &v }
 
 // ErrNoScripting is wrapped by the error of every call to a Redis that
-// cannot run the library at all: it refuses FCALL or FUNCTION LOAD, and
-// EVALSHA or EVAL (commands renamed away, an ACL without @scripting, a
-// server without its Lua engine). See NoScriptingError.
-var ErrNoScripting = errors.New("the Redis server cannot run Lua")
+// cannot run the library at all (see store.ErrNoScripting and
+// NoScriptingError).
+var ErrNoScripting = store.ErrNoScripting
 
 // A NoScriptingError is the error of a call to a Redis that refused to
 // run the library as a function and as a script. It wraps ErrNoScripting

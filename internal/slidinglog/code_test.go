@@ -4,10 +4,12 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // testCode is the library as the repository holds it: the tests read
-// lua/ from disk, where the root package embeds it.
+// lua/ from disk, where package lua embeds it.
 var testCode = func() *Code {
 	c, err := Load(os.DirFS("../../lua"))
 	if err != nil {
@@ -37,5 +39,16 @@ func TestLoad(t *testing.T) {
 	}
 	if _, err := Load(os.DirFS(t.TempDir())); err == nil {
 		t.Error("Load of a directory without the library's files: no error")
+	}
+}
+
+// TestLibraryName: the library the store loads (Default, embedded) is the
+// one on disk, and store.LibraryName names it.
+func TestLibraryName(t *testing.T) {
+	if got, want := Default.LibraryName(), testCode.LibraryName(); got != want {
+		t.Errorf("the embedded library is %s, the one on disk %s", got, want)
+	}
+	if got, want := store.LibraryName(), Default.LibraryName(); got != want {
+		t.Errorf("store.LibraryName() = %s, the library loaded is %s", got, want)
 	}
 }

@@ -1,14 +1,15 @@
 package slidinglog
 
 import (
-	"errors"
 	"fmt"
 	"time"
+
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // ErrUnexpectedReply is returned (wrapped) when Redis answers the library
-// with a reply of the wrong shape.
-var ErrUnexpectedReply = errors.New("ratelimit: unexpected reply from Redis")
+// with a reply of the wrong shape (store.ErrUnexpectedReply).
+var ErrUnexpectedReply = store.ErrUnexpectedReply
 
 // Kind is how a limit counts (see lua/exact.lua and lua/buckets.lua).
 type Kind uint8

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/sweep"
 )
 
 // MaxDenyEntries bounds the denials a Limiter keeps in memory.
@@ -39,7 +41,7 @@ type DenyCache struct {
 	MaxAge time.Duration
 	mu     sync.RWMutex
 	m      map[LogID]*denial // changed in place, under mu, so that its key is not written again
-	sweep  Sweeper
+	sweep  sweep.Sweeper
 }
 
 // denial is what a key's log looked like when Redis last reported it full.
@@ -164,10 +166,10 @@ func (c *DenyCache) learn(q *Query, replies []Reply, logged bool, replied time.T
 			if c.m == nil {
 				c.m = make(map[LogID]*denial)
 			}
-			MakeRoom(c.m, MaxDenyEntries, func(old *denial) bool { return !start.Before(old.until) })
+			sweep.MakeRoom(c.m, MaxDenyEntries, func(old *denial) bool { return !start.Before(old.until) })
 			// A copy of the key: q's keys share one string with the
 			// request's other keys.
-			c.m[LogID{strings.Clone(id.Key), id.Field}] = &e
+			c.m[LogID{Key: strings.Clone(id.Key), Field: id.Field}] = &e
 		}
 		c.sweep.Added(e.until.UnixMicro())
 	}
@@ -183,7 +185,7 @@ func (c *DenyCache) release(now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.sweep.Due(us) {
-		c.m = SweepMap(&c.sweep, c.m, us, func(e *denial) int64 { return e.until.UnixMicro() })
+		c.m = sweep.Map(&c.sweep, c.m, us, func(e *denial) int64 { return e.until.UnixMicro() })
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // TestDenyCacheBytes fills a DenyCache with denials of keys of the
@@ -21,7 +22,10 @@ func TestDenyCacheBytes(t *testing.T) {
 	r := rand.New(rand.NewPCG(seed, 0))
 	head := strings.Repeat("p", 32) + ":" + strings.Repeat("n", 64) + ":{"
 	maxKey := len(head) + 128 + 1
-	spec := &Spec{Limits: []LimitSpec{{Quota: 1, Window: time.Minute}}}
+	spec, _, err := NewSpec([]store.Limit{{Quota: 1, Window: time.Minute, Unit: 10 * time.Millisecond}}, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
 	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	us := now.UnixMicro()
 	before := redistest.LiveHeap()
@@ -36,7 +40,7 @@ func TestDenyCacheBytes(t *testing.T) {
 			buf = append(buf, "%7B"[r.IntN(3)])
 		}
 		key[0] = string(append(buf, '}'))
-		q := &Query{Spec: spec, Keys: key[:], Cost: 1, Local: now.Add(time.Duration(i))}
+		q := &Query{Query: store.Query{Limits: spec.Public, Keys: key[:], Cost: 1}, Spec: spec, Local: now.Add(time.Duration(i))}
 		c.learn(q, replies, false, q.Local)
 	}
 	after := redistest.LiveHeap()

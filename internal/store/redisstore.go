@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // Redis decides in Redis, through the Lua library (internal/slidinglog),
@@ -139,7 +140,7 @@ func (d *decision) group(ctx context.Context, keys []string, idx []int) (bool, e
 		var ok bool
 		if ok, probe = b.allow(rs.Breakers.clock(q.Wall)); !ok {
 			rs.reloadClusterState(ctx)
-			return false, ErrCircuitOpen
+			return false, store.ErrCircuitOpen
 		}
 	}
 	// A call left less than half the Limiter's timeout (its caller's

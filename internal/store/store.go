@@ -1,41 +1,36 @@
-// Package store is the limiter's mechanism: the stores that decide a
-// request over its limits' logs, and what wraps them. The Redis store
-// ([Redis]) decides in Redis through the Lua library (internal/slidinglog),
-// with a circuit breaker per server ([Breakers]) and rollbacks of what a
-// failed or denied Cluster decision reserved ([Rollbacks]); the deny cache
-// ([Cached], [DenyCache]) answers from memory the denials Redis would
-// repeat; FailLocal's in-process store ([Local], wrapped by [Fallback])
-// decides while Redis cannot; [EvictionCheck] warns of a Redis that may
-// evict the logs. It knows nothing of HTTP, keys or plans: the root package
-// (policy) compiles a route's limits into a [Spec] and asks a [Query].
-// It must not import the root.
+// Package store is the limiter's mechanism behind the public store seam
+// (package store of the module's root): the Redis store ([Redis]) decides
+// in Redis through the Lua library (internal/slidinglog), with a circuit
+// breaker per server ([Breakers]) and rollbacks of what a failed or denied
+// Cluster decision reserved ([Rollbacks]); the deny cache ([Cached],
+// [DenyCache]) answers from memory the denials Redis would repeat;
+// FailLocal's [Fallback] decides in the public in-process store while
+// Redis cannot; [External] decides in a store the application gave;
+// [EvictionCheck] warns of a Redis that may evict the logs. It knows
+// nothing of HTTP, keys or plans: the root package (policy) compiles a
+// route's limits into a [Spec] and asks a [Query]. It must not import
+// the root.
 package store
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/store"
 )
 
-// ErrCircuitOpen is returned (wrapped) when a decision did not call Redis
-// because the server's circuit breaker is open (the root re-exports it).
-var ErrCircuitOpen = errors.New("ratelimit: circuit open: Redis failed repeatedly, not calling it during the cool-down")
-
-// A Store decides requests: whether a request of some cost, counted under
-// one key per limit, has room in every limit, and if so it logs it there.
-// The Redis store (Redis) is the one that counts across instances; the
-// in-process store (Local) counts this process's requests while Redis
-// cannot. The deny cache (Cached) and FailLocal (Fallback) wrap a
-// store.
+// Store is what the Limiter decides with: the Redis store, and the
+// wrappers around it (the deny cache, FailLocal's Fallback, External
+// around a public store). It speaks the public seam's Query and Outcome,
+// with what only these stores need (Query, Outcome).
 type Store interface {
 	// Decide answers q in out, whose replies hold one element per limit.
 	// The error is non-nil when the store could not decide; out may then
-	// still hold a decision made another way (out.local) and the units it
-	// could not take back (out.unreverted).
+	// still hold a decision made another way (out.Local) and the units it
+	// could not take back (out.Unreverted).
 	Decide(ctx context.Context, q *Query, out *Outcome) error
 }
 
@@ -43,6 +38,7 @@ type Store interface {
 // once by New. It is not the customer's plan (the root's Plans).
 type Spec struct {
 	Limits []LimitSpec
+	Public []store.Limit    // each limit's public part, for Query.Limits
 	All    []int            // 0, 1, ..., len(limits)-1
 	Whole  [][]int          // {all}: the one group of a Spec that is not split
 	Lua    slidinglog.Specs // every limit, for the Lua code
@@ -51,24 +47,39 @@ type Spec struct {
 	Split bool
 }
 
-// LimitSpec is one limit of a Spec.
+// LimitSpec is one limit of a Spec: what every store knows of it, and
+// what the Redis store needs.
 type LimitSpec struct {
-	Quota  int
-	Window time.Duration
-	Shadow bool // reported, never denies
-	Global bool // counted by a Global key: the same for every request
-	// Unit is an exact log's time unit, a bucketed limit's precision
-	// (its Lua carries it too); Bucketed says which.
-	Unit     time.Duration
-	Bucketed bool
-	Lua      slidinglog.Specs // the limit alone, for the Lua code
-	// Field is a bucketed limit's name in the hash its identifier's
-	// bucketed limits share; "" for an exact log, which has a key of its own.
-	Field string
-	// Block, if not 0, is how long the limit blocks a client once it
-	// denies it (its Lua carries it): the block lives in Redis at the
-	// log's block key (BlockKey).
-	Block time.Duration
+	store.Limit
+	Global bool             // counted by a Global key: the same for every request
+	Lua    slidinglog.Specs // the limit alone, for the Lua code
+}
+
+// NewSpec returns the Spec of limits, whose i-th is counted by a Global
+// key if global[i]; split: keys with different hash tags are decided
+// apart (a Cluster, a Ring). It fails for a limit the Lua code cannot
+// encode, and then returns its index as bad (-1 for the limits together).
+func NewSpec(limits []store.Limit, global []bool, split bool) (p *Spec, bad int, err error) {
+	p = &Spec{Split: split, Public: limits}
+	wire := make([]slidinglog.Limit, len(limits))
+	for i, lim := range limits {
+		wire[i] = slidinglog.Limit{Kind: slidinglog.ExactLog, Shadow: lim.Shadow, Quota: lim.Quota, Window: lim.Window,
+			Unit: lim.Unit, Block: lim.Block}
+		if lim.Bucketed {
+			wire[i].Kind, wire[i].Name = slidinglog.Buckets, lim.Field
+		}
+		spec, err := slidinglog.Encode(wire[i])
+		if err != nil {
+			return nil, i, err
+		}
+		p.All = append(p.All, i)
+		p.Limits = append(p.Limits, LimitSpec{Limit: lim, Global: i < len(global) && global[i], Lua: spec})
+	}
+	p.Whole = [][]int{p.All}
+	if p.Lua, err = slidinglog.Encode(wire...); err != nil {
+		return nil, -1, err
+	}
+	return p, 0, nil
 }
 
 // BlockKey returns the key of the block of the log id, of its hash tag:
@@ -96,7 +107,7 @@ func (p *Spec) LuaKeys(keys []string, idx []int) []string {
 			if out == nil {
 				out = append(make([]string, 0, len(keys)+len(idx)), keys...)
 			}
-			out = append(out, BlockKey(LogID{keys[j], l.Field}))
+			out = append(out, BlockKey(LogID{Key: keys[j], Field: l.Field}))
 		}
 	}
 	if out == nil {
@@ -109,7 +120,7 @@ func (p *Spec) LuaKeys(keys []string, idx []int) []string {
 // limit's field in it. The deny cache and the local logs are kept by logID,
 // not by key, so that two bucketed limits of one identifier, which share a
 // key, never read each other's denials or counts.
-type LogID struct{ Key, Field string }
+type LogID = store.LogID
 
 // LuaOf returns the limits idx encoded for the Lua code, in turn.
 func (p *Spec) LuaOf(idx []int) slidinglog.Specs {
@@ -123,48 +134,27 @@ func (p *Spec) LuaOf(idx []int) slidinglog.Specs {
 	return slidinglog.Join(parts...)
 }
 
-// Query is one decision asked of a store.
+// Query is one decision asked of a store: the public seam's, and what
+// only the limiter's own stores need.
 type Query struct {
+	store.Query
 	Spec *Spec
-	Keys []string // one per limit
 	Tags []string // the keys' hash tags, when the Spec is split
-	Cost int
-	// Quotas, if not nil, are the limits' quotas for the client's plans
-	// (see quota).
-	Quotas []int
-	// Now is the decision's time in Unix microseconds on the WithClock
-	// clock; 0 lets Redis use its own.
-	Now int64
 	// Wall and local are when the decision started, on the wall clock and
 	// on the clock decisions are timed by (WithClock's, or the wall clock).
 	Wall, Local time.Time
 	Deadline    time.Time
 	Timeout     time.Duration // the Limiter's (WithTimeout): the time Redis is given when nothing else is in a hurry
-	Peek        bool          // count nothing: only say what a decision would
 	// Abandoned: a Redis call that may still read keys went on without
 	// the decision, whose buffers must then not be reused.
 	Abandoned bool
 }
 
-// Log returns the log of q's limit i.
-func (q *Query) Log(i int) LogID { return LogID{q.Keys[i], q.Spec.Limits[i].Field} }
-
-// Quota returns the quota of limit i for q's request: the Spec's, or the
-// client's plan's (0 if it does not count the request in the limit).
-func (q *Query) Quota(i int) int {
-	if q.Quotas == nil {
-		return q.Spec.Limits[i].Quota
-	}
-	return q.Quotas[i]
-}
-
-// Outcome is a store's answer to a query.
+// Outcome is a store's answer to a query: the public seam's, and what
+// only the limiter's own stores say.
 type Outcome struct {
-	Allowed bool
-	Denier  int   // the limit that denied, -1 if none
-	Now     int64 // the time decided at, in Unix microseconds
-	Replies []Reply
-	// Cached: from the deny cache; local: from the in-process store.
+	store.Outcome
+	// Cached: from the deny cache; Local: from the in-process store.
 	Cached, Local bool
 	// Unreverted counts the units of cost a Cluster decision that was
 	// denied or failed after reserving could not take back.
@@ -173,20 +163,12 @@ type Outcome struct {
 
 // Reset prepares out for a decision, with replies (one per limit) cleared.
 func (out *Outcome) Reset(replies []Reply) {
-	*out = Outcome{Denier: -1, Replies: replies}
+	*out = Outcome{Outcome: store.Outcome{Denier: -1, Replies: replies}}
 	clear(replies)
 }
 
 // Reply is one limit's part of an outcome.
-type Reply struct {
-	OK           bool  // consulted
-	Now          int64 // the time it was decided at (a cluster's groups may read different servers' clocks)
-	Count, Reset int64 // reset -1: the cost never fits
-	Next         int64 // admitted: the time of the request's entries; denied: when the oldest entry leaves
-	// Block, if not 0, is when the limit's block of the client ends, on
-	// the clock of Now: the limit denies any cost until then.
-	Block int64
-}
+type Reply = store.Reply
 
 // Fallback decides with fallback when primary cannot (FailLocal): the
 // outcome is then fallback's, marked local, along with primary's error.
@@ -195,20 +177,13 @@ type Reply struct {
 // expire.
 type Fallback struct {
 	Primary Store
-	Local   releaser
-}
-
-// releaser is a store whose memory release gives back, at now (Unix
-// microseconds), what has expired (Local).
-type releaser interface {
-	Store
-	release(now int64)
+	Local   *store.Local
 }
 
 func (f Fallback) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	err := f.Primary.Decide(ctx, q, out)
 	if err == nil {
-		f.Local.release(q.Local.UnixMicro())
+		f.Local.Sweep(q.Local.UnixMicro())
 	}
 	if err == nil || q.Peek {
 		return err
@@ -220,9 +195,22 @@ func (f Fallback) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	if local.Now == 0 {
 		local.Now = time.Now().UnixMicro()
 	}
-	_ = f.Local.Decide(ctx, &local, out)
+	_ = f.Local.Decide(ctx, &local.Query, &out.Outcome)
 	out.Local = true
 	return err
+}
+
+// External decides in a store the application gave (WithStore), within
+// the query's deadline.
+type External struct{ Store store.Store }
+
+func (e External) Decide(ctx context.Context, q *Query, out *Outcome) error {
+	if _, local := e.Store.(*store.Local); !local && !q.Deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, q.Deadline)
+		defer cancel()
+	}
+	return e.Store.Decide(ctx, &q.Query, &out.Outcome)
 }
 
 // Deadline returns when a call begun at start must end: timeout later, or

@@ -13,41 +13,6 @@ import (
 // t0 is a fixed time tests start their clocks at.
 var t0 = time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 
-// TestSweeper: a sweep is due once the earliest expiry has come and a
-// second has passed since the last, or at once after the clock stepped
-// back before the last sweep; it drops what has expired, gives the map
-// back when empty, and makes it anew when it has shrunk to a quarter.
-func TestSweeper(t *testing.T) {
-	var w Sweeper
-	const s = int64(time.Second / time.Microsecond)
-	now := t0.UnixMicro()
-	m := map[int]int64{}
-	if w.Due(now) {
-		t.Error("a sweep is due with nothing recorded")
-	}
-	for i := range 100 {
-		m[i] = now + int64(i+1)*s // entry i expires i+1 seconds from now
-		w.Added(m[i])
-	}
-	if w.Due(now) || !w.Due(now+s) {
-		t.Errorf("due at now: %v, a second later: %v; want false, true", w.Due(now), w.Due(now+s))
-	}
-	m = SweepMap(&w, m, now+80*s, func(e int64) int64 { return e })
-	if len(m) != 20 {
-		t.Errorf("%d entries after a sweep at 80s, want 20", len(m))
-	}
-	if w.Due(now + 80*s + s/2) {
-		t.Error("a sweep is due within a second of the last")
-	}
-	if !w.Due(now) {
-		t.Error("after the clock stepped back before the last sweep, no sweep is due")
-	}
-	m = SweepMap(&w, m, now+200*s, func(e int64) int64 { return e })
-	if m != nil || w.Due(now+300*s) {
-		t.Errorf("after every entry expired: map %v, due %v; want nil, false", m, w.Due(now+300*s))
-	}
-}
-
 // TestLocalBoundedByBytes floods a small local store (256 KiB) with
 // hostile identifiers of the longest length a key holds (a 64-byte limit
 // name and a 128-byte identifier; longer ones are digested to less), on
@@ -61,11 +26,14 @@ func TestLocalBoundedByBytes(t *testing.T) {
 	r := rand.New(rand.NewPCG(seed, 3))
 	const bound, quota = 256 << 10, 3
 	name := strings.Repeat("n", 64)
-	spec := &Spec{Limits: []LimitSpec{
+	limits := []Limit{
 		{Quota: quota, Window: time.Minute, Unit: 10 * time.Millisecond},
 		{Quota: quota, Window: time.Minute, Unit: time.Second, Bucketed: true, Field: name},
-	}}
-	s := &Local{MaxBytes: bound}
+	}
+	s, err := NewLocal(LocalOptions{MaxBytes: bound})
+	if err != nil {
+		t.Fatal(err)
+	}
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
@@ -82,8 +50,9 @@ func TestLocalBoundedByBytes(t *testing.T) {
 		for range 1 + r.IntN(4) {
 			now += r.Int64N(50_000) // a second for 40 clients or so
 			cost := 1 + r.IntN(2)
-			q := &Query{Spec: spec, Keys: []string{key, key}, Cost: cost, Now: now}
-			out.Reset(out.Replies)
+			q := &Query{Limits: limits, Keys: []string{key, key}, Cost: cost, Now: now}
+			out = Outcome{Denier: -1, Replies: out.Replies}
+			clear(out.Replies)
 			if err := s.Decide(context.Background(), q, &out); err != nil {
 				t.Fatal(err)
 			}
@@ -112,10 +81,10 @@ func TestLocalBoundedByBytes(t *testing.T) {
 // bucketed limit, for clients drawn from 100,000, 25,000 decisions a
 // second.
 func BenchmarkLocalDecide(b *testing.B) {
-	spec := &Spec{Limits: []LimitSpec{
+	limits := []Limit{
 		{Quota: 100, Window: time.Minute, Unit: 10 * time.Millisecond},
 		{Quota: 1000, Window: time.Hour, Unit: time.Minute, Bucketed: true, Field: "hour"},
-	}}
+	}
 	keys := make([]string, 100_000)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("ratelimit:ip-100-per-1m:{10.0.%d.%d}", i>>8, i&255)
@@ -126,8 +95,43 @@ func BenchmarkLocalDecide(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		key := keys[i%len(keys)]
-		q := &Query{Spec: spec, Keys: []string{key, key}, Cost: 1, Now: now + int64(i)*40}
-		out.Reset(out.Replies)
+		q := &Query{Limits: limits, Keys: []string{key, key}, Cost: 1, Now: now + int64(i)*40}
+		out = Outcome{Denier: -1, Replies: out.Replies}
+		clear(out.Replies)
 		_ = s.Decide(context.Background(), q, &out)
+	}
+}
+
+// TestLocalBlockOutlivesSweep: a block ends on the wall clock, whatever
+// the decisions' clock does: a sweep on that clock, run past the block's
+// end on it (a test's clock stepped forward), keeps the log of a block
+// still in force on the wall clock. Drawn: the block (1 to 24 hours),
+// the window, and how far the decisions' clock steps (past the block's
+// end on it); seeded.
+func TestLocalBlockOutlivesSweep(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 11))
+	for range 50 {
+		block := time.Duration(1+r.IntN(24)) * time.Hour
+		window := time.Duration(1+r.IntN(60)) * time.Second
+		limits := []Limit{{Quota: 1, Window: window, Unit: 10 * time.Millisecond, Block: block}}
+		s, _ := NewLocal(LocalOptions{})
+		now := t0.UnixMicro()
+		ask := func(at int64) Outcome {
+			out := Outcome{Denier: -1, Replies: make([]Reply, 1)}
+			if err := s.Decide(context.Background(), &Query{Limits: limits, Keys: []string{"k{a}"}, Cost: 1, Now: at}, &out); err != nil {
+				t.Fatal(err)
+			}
+			return out
+		}
+		ask(now)
+		if out := ask(now); out.Allowed || out.Replies[0].Block == 0 {
+			t.Fatalf("seed %d: the second request: %+v; want denied and blocked", seed, out)
+		}
+		later := now + block.Microseconds() + r.Int64N(10*block.Microseconds()) + 2e6
+		if out := ask(later); out.Allowed || out.Replies[0].Block == 0 {
+			t.Fatalf("seed %d: block %v, window %v: a request %v later on the decisions' clock, within the block on the wall clock: %+v; want blocked",
+				seed, block, window, time.Duration(later-now)*time.Microsecond, out)
+		}
 	}
 }

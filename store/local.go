@@ -2,22 +2,27 @@ package store
 
 import (
 	"context"
+	"errors"
 	"hash/maphash"
 	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/slidinglog/ratelimit/internal/sweep"
 )
 
-// DefaultLocalBytes is the default bound of FailLocal's store, in bytes:
-// 64 MiB, room for about 400,000 logs of a few requests each.
-const DefaultLocalBytes = 64 << 20
+// DefaultLocalMemory is the default bound of a [Local] store's memory:
+// 64 MiB, room for about 500,000 clients of a few requests each.
+const DefaultLocalMemory = 64 << 20
 
-// MinLocalBytes is the least bound FailLocal's store may be given: 64 KiB.
-const MinLocalBytes = 64 << 10
+// MinLocalMemory is the least bound a [Local] store may be given: 64 KiB.
+const MinLocalMemory = 64 << 10
 
-// OverflowLogs is how many overflow logs each limit has in a full store.
-const OverflowLogs = 4096
+// overflowLogs is how many overflow logs each limit has in a full store.
+const overflowLogs = 4096
 
 // Bytes the store accounts for its logs. logBytes covers a log's struct
 // (64 bytes) and its share of the map (a 16-byte slot, which a map may
@@ -29,49 +34,69 @@ const (
 	runBytes = 16
 )
 
-// Local is the in-process sliding log FailLocal decides with while
-// Redis cannot be reached. It applies the rules of the Lua code (see
-// docs/design.md), to the requests of this process only: an exact log
+// Local is a Store that keeps its logs in this process: one process
+// gets exact limits with no Redis, and the limiter decides with it under
+// FailLocal while Redis cannot. It applies the rules of the Lua code (see
+// docs/design.md) to the requests of this process only: an exact log
 // rounds an entry's time up to the limit's unit, a bucketed limit counts
 // it in its bucket from the bucket's start, and a log's time never runs
 // backwards: a request at a time before the latest time its log logged
-// at (the clock stepped back) is decided and logged at that time. Every
-// route of a Limiter shares it, so that a route's requests count in the
-// app-wide limits there too.
+// at (the clock stepped back) is decided and logged at that time. A
+// limit's block (Limit.Block) ends on this process's wall clock, as a
+// Redis block ends on the server's. Its Decide never fails. A zero Local
+// is a store with the default options; build one with [NewLocal] to set
+// them. A Local is safe for concurrent use.
 //
-// Its memory is bounded in bytes (MaxBytes, DefaultLocalBytes unless
-// set), and given back: a log whose entries have all left its window on
-// the clock of the decisions is dropped by the next sweep (see Sweeper),
-// on a decision here or, once Redis is back, on a decision Redis made
-// (Fallback); a later step back of that clock does not bring it back, as
-// it does not bring back a Redis key that expired on the server's clock. Logs are kept by a 64-bit keyed hash of their key (a
-// random seed per store): two logs whose hashes meet are counted as one,
-// which may deny early and never admits over a quota. No log that holds
-// an entry in its window is ever dropped to make room, so no client's
-// traffic can erase another client's count. Once 7/8 of the bound is
-// taken, an identifier that has no log of its own is counted in one of
-// its limit's OverflowLogs overflow logs, picked by the hash of its log:
-// those that share it share its quota; a log made while that overflow
-// log holds entries starts with them, as of its newest entry (a client
-// counted there takes its count along); with the whole bound taken and
-// no overflow log for it yet, such a request is denied. A log that would
-// grow past the bound logs its new entries at the time of its newest
-// run, moved later to theirs: they count longer, never shorter.
+// Its memory is bounded in bytes (LocalOptions.MaxBytes), and given back:
+// a log whose entries have all left its window on the clock of the
+// decisions is dropped by the next sweep, on a decision or a call of
+// Sweep; a later step back of that clock does not bring it back, as it
+// does not bring back a Redis key that expired on the server's clock.
+// Logs are kept by a 64-bit keyed hash of their key (a random seed per
+// store), not the key: a hostile key of any length costs no more, and two
+// logs whose hashes meet are counted as one, which may deny early and
+// never admits over a quota. No log that holds an entry in its window is
+// ever dropped to make room, so no client's traffic can erase another
+// client's count. Once 7/8 of the bound is taken, a key that has no log
+// of its own is counted in one of its limit's 4,096 overflow logs, picked
+// by the hash of its log: those that share it share its quota; a log made
+// while that overflow log holds entries starts with them, as of its
+// newest entry (a client counted there takes its count along); with the
+// whole bound taken and no overflow log for it yet, such a request is
+// denied. A log that would grow past the bound logs its new entries at
+// the time of its newest run, moved later to theirs: they count longer,
+// never shorter.
 type Local struct {
-	// MaxBytes bounds the memory the logs take (as the store accounts
-	// it); 0 is DefaultLocalBytes. Set it before the first decision.
-	MaxBytes int64
-	// KeepExpired turns the sweep off, for tests that step the clock
-	// back past a window after it moved on (as a Redis key's expiry on
-	// the server's clock is left out of the model test): a log is then
-	// kept until Reset.
-	KeepExpired bool
+	opts LocalOptions
 
 	mu    sync.Mutex
 	seed  maphash.Seed
 	logs  map[uint64]*localLog
 	bytes atomic.Int64 // accounted
-	sweep Sweeper
+	sweep sweep.Sweeper
+}
+
+// LocalOptions configures a [Local] store. The zero value is the default.
+type LocalOptions struct {
+	// MaxBytes bounds the memory the logs take, as the store accounts it
+	// (a log, and each run of entries of one time in it). 0:
+	// DefaultLocalMemory; below MinLocalMemory, an error from NewLocal.
+	MaxBytes int64
+	// KeepExpired keeps every log until Forget, instead of dropping those
+	// whose entries have all left their windows: for tests that step the
+	// decisions' clock back past a window after it moved on, and expect
+	// the logs it left to count again. Memory is then bounded by MaxBytes
+	// alone.
+	KeepExpired bool
+}
+
+// NewLocal returns a [Local] store with the given options. It fails for
+// a MaxBytes that is negative or below MinLocalMemory.
+func NewLocal(opts LocalOptions) (*Local, error) {
+	if opts.MaxBytes != 0 && opts.MaxBytes < MinLocalMemory {
+		return nil, errors.New("store: local memory " + strconv.FormatInt(opts.MaxBytes, 10) + " bytes is below 64 KiB")
+	}
+	return &Local{opts: opts}, nil
 }
 
 type localLog struct {
@@ -81,7 +106,7 @@ type localLog struct {
 	window int64      // the longest window of the limits counted in it (µs)
 	unit   int64      // the largest unit of those limits (µs)
 	logged bool
-	// A limit's block of the client (LimitSpec.Block): it ends at
+	// A limit's block of the client (Limit.Block): it ends at
 	// blockWall on the wall clock, and at blockEnd on the decisions'
 	// clock; 0: none.
 	blockWall, blockEnd int64
@@ -91,16 +116,16 @@ type localLog struct {
 type localRun struct{ t, n int64 }
 
 func (s *Local) max() int64 {
-	if s.MaxBytes > 0 {
-		return s.MaxBytes
+	if s.opts.MaxBytes > 0 {
+		return s.opts.MaxBytes
 	}
-	return DefaultLocalBytes
+	return DefaultLocalMemory
 }
 
-// Bound returns the store's bound in bytes.
+// Bound returns the store's bound on its memory, in bytes.
 func (s *Local) Bound() int64 { return s.max() }
 
-// Bytes returns the bytes the store accounts for its logs.
+// Bytes returns the bytes the store accounts for its logs, at most Bound.
 func (s *Local) Bytes() int64 { return s.bytes.Load() }
 
 // prune drops the entries that have left the window at every time the
@@ -165,7 +190,7 @@ func (s *Local) hash(id LogID) uint64 {
 }
 
 // overflowHash returns the hash of the overflow log of id, whose hash is
-// h: one of its limit's OverflowLogs, picked by h. The limit is named by
+// h: one of its limit's overflowLogs, picked by h. The limit is named by
 // the key up to the identifier, and the field.
 func (s *Local) overflowHash(id LogID, h uint64) uint64 {
 	var o maphash.Hash
@@ -173,7 +198,7 @@ func (s *Local) overflowHash(id LogID, h uint64) uint64 {
 	o.WriteString(id.Key[:strings.LastIndexByte(id.Key, '{')+1])
 	o.WriteByte(1)
 	o.WriteString(id.Field)
-	slot := h % OverflowLogs
+	slot := h % overflowLogs
 	o.WriteByte(byte(slot))
 	o.WriteByte(byte(slot >> 8))
 	return o.Sum64()
@@ -183,7 +208,7 @@ func (s *Local) overflowHash(id LogID, h uint64) uint64 {
 // its log has no later time: an exact log rounds now up to its unit; a
 // bucketed limit counts it from its bucket's start. view is the time its
 // window is seen from.
-func stamp(lim *LimitSpec, now int64) (view, at int64) {
+func stamp(lim *Limit, now int64) (view, at int64) {
 	u := lim.Unit.Microseconds()
 	if u <= 0 {
 		return now, now
@@ -201,15 +226,16 @@ func stamp(lim *LimitSpec, now int64) (view, at int64) {
 	return now, now - m + u
 }
 
-// Decide decides q at q.now in this process's logs, and logs the request
-// if every limit admits it. It never fails.
-func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
+// Decide decides q in this process's logs, at q.Now (the wall clock if
+// 0), and logs the request if every enforced limit admits it. It never
+// fails.
+func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
+	wall := time.Now().UnixMicro()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now, n := q.Now, int64(q.Cost)
-	wall := now
-	if !q.Wall.IsZero() {
-		wall = q.Wall.UnixMicro()
+	if now == 0 {
+		now = wall
 	}
 	s.sweepLocked(now)
 	if s.logs == nil {
@@ -225,7 +251,7 @@ func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
 	out.Allowed, out.Now, out.Denier = true, now, -1
 	var denierAt int64
 	for i := range q.Keys {
-		lim := &q.Spec.Limits[i]
+		lim := &q.Limits[i]
 		slots = append(slots, localSlot{})
 		sl := &slots[i]
 		if q.Quota(i) == 0 {
@@ -287,7 +313,7 @@ func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
 		// last, or one whose cost never fits.
 		for i := range out.Replies {
 			r := &out.Replies[i]
-			if !r.OK || q.Spec.Limits[i].Shadow || r.Count+n <= int64(q.Quota(i)) && r.Block == 0 {
+			if !r.OK || q.Limits[i].Shadow || r.Count+n <= int64(q.Quota(i)) && r.Block == 0 {
 				continue
 			}
 			if out.Denier < 0 || r.Reset == -1 || denierAt != -1 && r.Reset > denierAt {
@@ -300,7 +326,7 @@ func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
 	}
 	for i := range slots {
 		sl := &slots[i]
-		if sl.g == nil || q.Spec.Limits[i].Shadow && out.Replies[i].Count+n > int64(q.Quota(i)) {
+		if sl.g == nil || q.Limits[i].Shadow && out.Replies[i].Count+n > int64(q.Quota(i)) {
 			out.Replies[i].Next = 0 // not counted, or a shadow limit without room: not logged
 			sl.g = nil
 			continue
@@ -315,7 +341,7 @@ func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
 		}
 	}
 	for i := range slots {
-		sl, lim := &slots[i], &q.Spec.Limits[i]
+		sl, lim := &slots[i], &q.Limits[i]
 		g := sl.g
 		if g == nil {
 			continue
@@ -324,7 +350,7 @@ func (s *Local) Decide(_ context.Context, q *Query, out *Outcome) error {
 			out.Replies[i].Reset = sl.at + lim.Window.Microseconds()
 		}
 		s.addLocked(g, sl.at, n)
-		if !s.KeepExpired {
+		if !s.opts.KeepExpired {
 			s.sweep.Added(g.expiry())
 		}
 	}
@@ -350,13 +376,13 @@ func (s *Local) blocked(r *Reply, left int64, room bool, view int64) {
 }
 
 // blockLocked blocks the client of q, which was denied, in the limits
-// that block (LimitSpec.Block) and had no room for its cost, where it has
+// that block (Limit.Block) and had no room for its cost, where it has
 // a log of its own, or room for one: a block in an overflow log would
 // block the clients that share it.
 func (s *Local) blockLocked(q *Query, slots []localSlot, out *Outcome, wall int64) {
 	n := int64(q.Cost)
 	for i := range slots {
-		sl, lim := &slots[i], &q.Spec.Limits[i]
+		sl, lim := &slots[i], &q.Limits[i]
 		r := &out.Replies[i]
 		if sl.g == nil || lim.Block <= 0 || lim.Shadow || r.Block != 0 || r.Count+n <= int64(q.Quota(i)) ||
 			sl.h != s.hash(q.Log(i)) {
@@ -374,7 +400,7 @@ func (s *Local) blockLocked(q *Query, slots []localSlot, out *Outcome, wall int6
 		d := lim.Block.Microseconds()
 		s.blocked(r, d, false, sl.view)
 		g.blockWall, g.blockEnd = wall+d, r.Block
-		if !s.KeepExpired {
+		if !s.opts.KeepExpired {
 			s.sweep.Added(g.expiry())
 		}
 	}
@@ -465,8 +491,9 @@ func (s *Local) addLocked(g *localLog, at, n int64) {
 	g.runs = append(g.runs, localRun{at, n})
 }
 
-// Refund removes a request of cost that was logged at stamps[i] (0: not
-// logged) in the log of ids[i], for each i: up to cost entries of that
+// Refund takes back a request of cost that was logged at stamps[i] (0:
+// not logged; Reply.Next of an admitted request) in the log of ids[i],
+// for each i: up to cost entries of that
 // time, those still there (entries of one time are interchangeable); in
 // the limit's overflow log if the identifier has no log of its own. The
 // logs' times stay: a refund never lets a log's time run backwards.
@@ -523,11 +550,13 @@ func (s *Local) Forget(ids ...LogID) int {
 // bytes is what the store accounts for g.
 func (g *localLog) bytes() int64 { return logBytes + int64(g.alloc)*runBytes }
 
-// release drops, at now, the logs whose entries have all left their
-// windows, if a sweep is due: FailLocal's Fallback calls it on the
-// decisions Redis makes, so that the logs of an outage are given back
-// once they have expired. It costs an atomic load when nothing is due.
-func (s *Local) release(now int64) {
+// Sweep drops, at now (Unix microseconds on the decisions' clock), the
+// logs whose entries have all left their windows, if a sweep is due (at
+// most one a second): decisions sweep on their own; FailLocal calls it on
+// the decisions Redis makes, so that the logs of an outage are given
+// back once they have expired. It costs an atomic load when nothing is
+// due.
+func (s *Local) Sweep(now int64) {
 	if !s.sweep.Due(now) {
 		return
 	}
@@ -538,15 +567,21 @@ func (s *Local) release(now int64) {
 
 // sweepLocked sweeps the logs at now if a sweep is due.
 func (s *Local) sweepLocked(now int64) {
-	if s.KeepExpired || !s.sweep.Due(now) {
+	if s.opts.KeepExpired || !s.sweep.Due(now) {
 		return
 	}
-	s.logs = SweepMap(&s.sweep, s.logs, now, func(g *localLog) int64 {
-		if e := g.expiry(); e <= now {
-			s.bytes.Add(-g.bytes())
-			return e
+	wall := time.Now().UnixMicro()
+	s.logs = sweep.Map(&s.sweep, s.logs, now, func(g *localLog) int64 {
+		e := g.expiry()
+		if g.blockWall > wall {
+			// The block ends on the wall clock: kept as long again on
+			// the decisions' clock, however far that clock has run.
+			e = max(e, now+g.blockWall-wall)
 		}
-		return g.expiry()
+		if e <= now {
+			s.bytes.Add(-g.bytes())
+		}
+		return e
 	})
 }
 
@@ -555,88 +590,4 @@ func (s *Local) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.logs)
-}
-
-// sweepGap is the least time between two sweeps of a map keyed by client
-// input (µs on the clock its entries expire by): a sweep reads the whole
-// map, so at most one a second.
-const sweepGap = 1_000_000
-
-// Sweeper says when a map keyed by client input, whose entries expire, is
-// next swept: once the earliest expiry it knows of has come, and sweepGap
-// after the last sweep. A sweep is asked for by the map's own accesses
-// (its decisions, lookups and insertions) and runs on their goroutine:
-// there is no background goroutine. A clock that steps back before the
-// last sweep makes one due at once, so that a step cannot stop sweeps.
-type Sweeper struct {
-	at   atomic.Int64 // µs: when the next sweep is due; 0: nothing to sweep
-	last atomic.Int64 // µs: the last sweep's time
-	peak int          // the most entries the map held since it was made
-}
-
-// Due reports whether a sweep is due at now.
-func (w *Sweeper) Due(now int64) bool {
-	at := w.at.Load()
-	return at != 0 && (now >= at || now < w.last.Load())
-}
-
-// Added records, under the map's lock, an entry that expires at expiry.
-func (w *Sweeper) Added(expiry int64) {
-	next := max(expiry, w.last.Load()+sweepGap)
-	if at := w.at.Load(); at == 0 || next < at {
-		w.at.Store(next)
-	}
-}
-
-// SweepMap deletes, at now, the entries of m whose expiry (µs) has come,
-// and returns m, made anew when it holds at most a quarter of the most it
-// held (a Go map never gives back the memory of deleted entries), nil when
-// empty; sw, the map's sweeper, then says when the next is due.
-func SweepMap[K comparable, V any](sw *Sweeper, m map[K]V, now int64, expiry func(V) int64) map[K]V {
-	sw.peak = max(sw.peak, len(m))
-	earliest := int64(math.MaxInt64)
-	for k, v := range m {
-		if e := expiry(v); e <= now {
-			delete(m, k)
-		} else {
-			earliest = min(earliest, e)
-		}
-	}
-	sw.last.Store(now)
-	switch {
-	case len(m) == 0:
-		m, sw.peak = nil, 0
-		sw.at.Store(0)
-		return nil
-	case len(m) <= sw.peak/4:
-		fresh := make(map[K]V, len(m))
-		for k, v := range m {
-			fresh[k] = v
-		}
-		m, sw.peak = fresh, len(fresh)
-	}
-	sw.at.Store(max(earliest, now+sweepGap))
-	return m
-}
-
-// MakeRoom keeps m under limit entries once it has reached it: it drops the
-// entries stale reports true for, then, if that is not enough, arbitrary ones
-// (map order is random) down to nine tenths of limit. Only for maps whose
-// entries can be dropped without losing a count: a denial or a plan that is
-// forgotten is asked for again.
-func MakeRoom[K comparable, V any](m map[K]V, limit int, stale func(V) bool) {
-	if len(m) < limit {
-		return
-	}
-	for k, v := range m {
-		if stale(v) {
-			delete(m, k)
-		}
-	}
-	for k := range m {
-		if len(m) < limit*9/10 {
-			break
-		}
-		delete(m, k)
-	}
 }

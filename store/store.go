@@ -1,0 +1,197 @@
+// Package store is the seam between the limiter's policy and the logs it
+// counts in: a [Store] decides whether a request fits in a set of sliding
+// logs, and logs it there if it does. The limiter's own store keeps the
+// logs in Redis; [Local] keeps them in this process, for a service of one
+// instance, for tests, and for the limiter's FailLocal mode. Any other
+// store (another database, a proxy to one) plugs in through
+// ratelimit.WithStore, and proves itself with the conformance suite of
+// package storetest, which every store of this module passes.
+//
+// The rules a store applies are those of docs/design.md: each limit keeps
+// one log per key, an exact log or buckets; a request of cost n fits a
+// limit when its log holds at most quota-n entries in the window; a
+// request is logged in every limit or in none.
+package store
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/slidinglog/ratelimit/internal/luasource"
+)
+
+// A Store decides requests over sliding logs. It is safe for concurrent
+// use.
+//
+// Decide decides q and writes the answer in out, whose Replies the caller
+// has sized to one zeroed [Reply] per limit of q (Denier -1, the rest
+// zero). If every enforced limit (one that is not Shadow) has room for
+// q.Cost at q.Now, the request is admitted: unless q.Peek, it is logged,
+// at once, in every limit that has room (a shadow limit without room logs
+// nothing). Otherwise it is denied and logged nowhere, and out.Denier is
+// an enforced limit without room. Two decisions that share a log must
+// behave as if made one after the other.
+//
+// Keys are client data: a key is built from what a request carries (a
+// header, an address), so it may hold any bytes. A store must treat it
+// as an opaque name, never let one key's log read another's, and bound
+// what a flood of new keys can cost it. The limiter's keys all end with
+// '}', so a store may keep data of its own at a key with a suffix (the
+// Redis store keeps a block at the key and ":block").
+//
+// The error is non-nil when the store could not decide (its database
+// unreachable, out of time, a broken reply); out is then ignored, and
+// the limiter answers with its failure mode. A store must return an
+// error, never a decision it did not make: when in doubt, fail. It must
+// honour ctx's deadline, the limiter's decision timeout. A decision that
+// merely denies is not an error.
+type Store interface {
+	Decide(ctx context.Context, q *Query, out *Outcome) error
+}
+
+// Limit is what a store knows of one limit of a [Query].
+type Limit struct {
+	// Quota is how many units of cost the log admits in a window, unless
+	// Query.Quotas says otherwise for the request.
+	Quota int
+	// Window is how long an entry counts. At least a millisecond.
+	Window time.Duration
+	// Unit is the resolution of the log's times. An exact log rounds an
+	// entry's time up to a multiple of Unit (it counts up to a unit
+	// longer than Window, never shorter); a bucketed log (Bucketed)
+	// counts entries in buckets of Unit, from the bucket's start, and
+	// its Window is a whole number of buckets. 0: times are exact.
+	Unit     time.Duration
+	Bucketed bool
+	// Shadow: the limit reports, never denies; a request is logged in it
+	// only where it has room.
+	Shadow bool
+	// Block, if not 0, is how long the limit blocks a client it denied a
+	// request for lack of room (not a peek): until then every request of
+	// that log is denied, whatever its cost, and Reply.Block says when
+	// the block ends. A store that does not support blocks must fail the
+	// decisions of a limit that has one (storetest.Config.NoBlock then
+	// leaves them out of the suite).
+	Block time.Duration
+	// Field tells apart the logs of limits that share a key: the
+	// limiter gives the bucketed limits of one identifier one key (one
+	// Redis hash), each its own Field. "" for a limit whose key is its
+	// own.
+	Field string
+}
+
+// A LogID names one log: a key and the Field of its limit (see
+// [Limit].Field).
+type LogID struct{ Key, Field string }
+
+// Query is one decision asked of a store.
+type Query struct {
+	// Limits are the limits the request is decided over; Keys holds one
+	// key per limit, in turn.
+	Limits []Limit
+	Keys   []string
+	// Cost is the request's number of units: 1 or more.
+	Cost int
+	// Quotas, if not nil, holds each limit's quota for this request (the
+	// client's plan), in place of Limit.Quota; 0: the limit does not
+	// count the request, and the store leaves that limit's Reply zero.
+	// At least one limit counts it.
+	Quotas []int
+	// Now is the decision's time, in Unix microseconds; 0 lets the store
+	// read its own clock. A log's time never runs backwards: a request
+	// at a time before the latest time its log logged at is decided and
+	// logged at that latest time.
+	Now int64
+	// Peek: count nothing, only say what a decision would.
+	Peek bool
+}
+
+// Log returns the log of q's limit i.
+func (q *Query) Log(i int) LogID { return LogID{q.Keys[i], q.Limits[i].Field} }
+
+// Quota returns the quota of limit i for q's request: the Limit's, or
+// q.Quotas[i] if q has Quotas (0 if the limit does not count it).
+func (q *Query) Quota(i int) int {
+	if q.Quotas == nil {
+		return q.Limits[i].Quota
+	}
+	return q.Quotas[i]
+}
+
+// Outcome is a store's answer to a [Query].
+type Outcome struct {
+	Allowed bool
+	// Denier is the enforced limit that denied the request (the one that
+	// frees up last, or one whose cost never fits), -1 if none.
+	Denier int
+	// Now is the time the request was decided at, in Unix microseconds:
+	// q.Now, or the store's clock.
+	Now int64
+	// Replies holds one Reply per limit, in turn.
+	Replies []Reply
+}
+
+// Reply is one limit's part of an [Outcome]. Times are Unix microseconds
+// on the clock of Now.
+type Reply struct {
+	// OK: the limit was consulted. A limit whose quota for the request is
+	// 0 is not.
+	OK bool
+	// Now is the time the limit was decided at.
+	Now int64
+	// Count is how many units the log held in its window before the
+	// request.
+	Count int64
+	// Reset is when the request fits, if it has no room (-1: its cost
+	// exceeds the quota and never fits); with room, when the log's
+	// oldest entry leaves the window (now if there is none), or, once
+	// the request is logged in an empty window, when its own entries do.
+	Reset int64
+	// Next is, for an admitted request, the time its entries were logged
+	// at, or for a bucketed log a time in their bucket (0 where it was not
+	// logged); for a denied one, when the log's
+	// oldest entry leaves the window. The limiter refunds a request by
+	// its entries' times.
+	Next int64
+	// Block, if not 0, is when the limit's block of the client ends
+	// (see [Limit].Block): the limit denies any cost until then.
+	Block int64
+}
+
+// ErrCircuitOpen is returned (wrapped) when the limiter did not call
+// Redis because the server's circuit breaker is open: Redis failed
+// several times in a row and the cool-down has not passed (see
+// ratelimit.WithCircuitBreaker). The request gets the failure mode at
+// once, without waiting for a timeout.
+var ErrCircuitOpen = errors.New("ratelimit: circuit open: Redis failed repeatedly, not calling it during the cool-down")
+
+// ErrNoScripting is returned (wrapped) by a decision, Status and Reset
+// when the Redis server refuses to run the limiter's Lua code at all: it
+// refuses FCALL or FUNCTION LOAD, and EVALSHA or EVAL (commands renamed
+// away with rename-command, an ACL user without @scripting, a server
+// without its Lua engine). The error's message names the commands Redis
+// refused and what to change. ratelimit.New does not contact Redis, so
+// it cannot report this: the first decision does, and every decision
+// until the server runs Lua again. The request gets the failure mode
+// (FailOpen admits, FailClosed answers 503, FailLocal decides in this
+// process); the circuit breaker does not count it, since Redis answers
+// at once.
+var ErrNoScripting = errors.New("the Redis server cannot run Lua")
+
+// ErrUnexpectedReply is returned (wrapped) when Redis answers the
+// limiter's Lua code with a reply of the wrong shape, for example because
+// another program wrote to the limiter's keys. The request gets the
+// failure mode.
+var ErrUnexpectedReply = errors.New("ratelimit: unexpected reply from Redis")
+
+// LibraryName returns the name of the Redis Function library that the
+// Redis store loads: "ratelimit_" and 12 hex digits of the SHA-1 of its
+// code (package lua). Each version of the code has its own library, so
+// instances of two versions can share a Redis during a rolling deploy;
+// the libraries of versions no longer running can be removed with
+// FUNCTION DELETE.
+func LibraryName() string { return libraryName() }
+
+var libraryName = sync.OnceValue(func() string { return luasource.Name(luasource.Embedded()) })

@@ -1,0 +1,471 @@
+// Package storetest is the conformance suite of the store seam: every
+// [store.Store] must pass it, the Redis store and store.Local included.
+// It drives a store and a reference model of the sliding log (model.go:
+// docs/design.md's rules in plain Go) with the same random sequences of
+// steps, and checks after every step that the two agree.
+//
+// A test of a store calls [Run]:
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, storetest.Config{}, func(t *testing.T) store.Store {
+//			return newMyStore(t)
+//		})
+//	}
+//
+// The suite draws with pgregory.net/rapid: a failure is shrunk to a short
+// sequence of steps and printed with its seed, and -rapid.seed=N replays
+// it; -rapid.checks and -rapid.steps set how much it runs.
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/slidinglog/ratelimit/store"
+)
+
+// Config says what the suite may ask of a store. The zero value asks
+// everything, of a store whose logs live as long as the suite's checks.
+// The suite steps its clocks back past windows after they moved on, and
+// expects the logs it left to count again: a store that drops a log once
+// its entries have left their windows on the queries' clock needs
+// Forward.
+type Config struct {
+	// MinWindow is the shortest window the suite draws; 0 is a
+	// millisecond. A store whose logs expire on a clock of its own (Redis
+	// keys, on the server's), which runs while the suite's query times
+	// stand still or step back, needs windows longer than a check takes:
+	// a minute.
+	MinWindow time.Duration
+	// OwnClock says that the store's logs expire on a clock of its own
+	// (see MinWindow): a bucketed log is then drawn a bucket longer, so
+	// that it outlives a check too.
+	OwnClock bool
+	// NoBlock leaves out limits that block a client they deny
+	// (store.Limit.Block), for a store that does not support them.
+	NoBlock bool
+	// Forward runs one clock, which only steps forward: for a store that
+	// drops a log once its entries have left their windows on the
+	// queries' clock (store.Local unless LocalOptions.KeepExpired).
+	Forward bool
+}
+
+// Run runs the suite on the stores newStore returns: one per check, each
+// check on keys of its own, so that newStore may return one store
+// throughout. Each check draws one to four limits (exact logs and
+// bucketed, enforced and shadow, some that block, windows from
+// MinWindow to 3 hours, quotas from 1 to 1,000,000), four identifiers
+// (some of them odd bytes: a NUL, UTF-8, 300 bytes, a ':block' suffix),
+// and steps: decisions of random costs (sometimes above the quotas) and
+// identifiers, with the quotas of a client's plan (Query.Quotas, 0 in
+// some limits but not all) or not; peeks, which must count nothing; steps of two clocks forward and
+// back by up to hundreds of windows (decisions on a log whose time is
+// later than the query's); and concurrent decisions on disjoint keys.
+// After each step the store's Outcome must agree with the model's:
+// admitted or denied, each limit's count, remaining, block, and Reset
+// (never earlier than the model's, nor later than a window after the
+// log's time), the denier, and the time admitted entries were logged at.
+func Run(t *testing.T, cfg Config, newStore func(t *testing.T) store.Store) {
+	t.Helper()
+	if cfg.MinWindow <= 0 {
+		cfg.MinWindow = time.Millisecond
+	}
+	steps, seen := 0, map[string]int{}
+	rapid.Check(t, func(rt *rapid.T) {
+		r := newCheck(rt, cfg, newStore(t))
+		rt.Repeat(r.actions())
+		steps += r.steps
+		for k, v := range r.seen {
+			seen[k] += v
+		}
+	})
+	t.Logf("%d steps (with the shrinking runs, if any); seen: %v", steps, seen)
+}
+
+// runs numbers the checks of the process, so that each has keys of its
+// own.
+var runs atomic.Int64
+
+// ids are the identifiers a check draws from: its keys are client data.
+var ids = []string{"a", "b", "\x00\xff", "ключ", strings.Repeat("x", 300), "a:block", "%7B"}
+
+// check is one check: the store and the model, driven by the same steps.
+type check struct {
+	cfg    Config
+	store  store.Store
+	model  modelState
+	public []store.Limit
+	head   string   // the keys' common start
+	ids    []string // the check's four identifiers
+	now    [2]int64 // two clocks, Unix µs
+	steps  int
+	seen   map[string]int
+}
+
+var modelStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+
+// minClock is the earliest time the suite's clocks step back to: 2001.
+const minClock = 1_000_000_000_000_000
+
+func newCheck(rt *rapid.T, cfg Config, s store.Store) *check {
+	r := &check{cfg: cfg, store: s, seen: map[string]int{}, head: fmt.Sprintf("storetest:%d:", runs.Add(1))}
+	r.model = modelState{logs: map[logRef]*modelLog{}, foreign: map[string]string{}, blocked: map[logRef]bool{},
+		blockSlack: (30 * time.Minute).Microseconds()} // a block ends on the store's clock: far more than a check takes
+	r.ids = rapid.Permutation(ids).Draw(rt, "ids")[:4]
+	n := rapid.IntRange(1, 4).Draw(rt, "limits")
+	for i := range n {
+		ml := drawLimit(rt, i, cfg)
+		r.model.limits = append(r.model.limits, ml)
+		l := store.Limit{Quota: ml.quota, Window: time.Duration(ml.window) * time.Microsecond,
+			Unit: time.Duration(ml.unit) * time.Microsecond, Bucketed: ml.bucketed, Shadow: ml.shadow,
+			Block: time.Duration(ml.block) * time.Microsecond}
+		if ml.bucketed {
+			l.Field = ml.name
+		}
+		r.public = append(r.public, l)
+	}
+	start := modelStart + rapid.Int64Range(0, 1e12).Draw(rt, "start")
+	r.now = [2]int64{start, start}
+	rt.Logf("limits %v, ids %q, clocks at %d", r.model.limits, r.ids, start)
+	return r
+}
+
+// maxBuckets is the most buckets a drawn bucketed window has.
+const maxBuckets = 1024
+
+// drawLimit draws limit i: its kind, window, quota, shadowing and block.
+func drawLimit(rt *rapid.T, i int, cfg Config) modelLimit {
+	ml := modelLimit{name: fmt.Sprintf("m%d", i)}
+	ml.quota = rapid.SampledFrom([]int{1, 2, 3, 5, 10, 100, 256, 257, 1000, 65536, 1_000_000}).Draw(rt, "quota")
+	if rapid.IntRange(0, 3).Draw(rt, "random quota") == 0 {
+		ml.quota = rapid.IntRange(1, 1_000_000).Draw(rt, "quota")
+	}
+	ml.shadow = rapid.IntRange(0, 3).Draw(rt, "shadow") == 0
+	if !cfg.NoBlock && !ml.shadow && rapid.IntRange(0, 2).Draw(rt, "blocks") == 0 {
+		// Blocks outlast a check, on whatever clock the store ends them.
+		ml.block = rapid.SampledFrom([]int64{36e8, 6 * 36e8, 24 * 36e8}).Draw(rt, "block")
+	}
+	minWindow := cfg.MinWindow.Microseconds()
+	if rapid.IntRange(0, 2).Draw(rt, "bucketed") == 0 {
+		ml.bucketed = true
+		var precisions []int64 // those that make a window of minWindow or more of at most maxBuckets buckets
+		for _, p := range []int64{1e3, 7e3, 1e5, 1e6, 6e7, 9e8} {
+			if p*maxBuckets >= minWindow {
+				precisions = append(precisions, p)
+			}
+		}
+		p := rapid.SampledFrom(precisions).Draw(rt, "precision")
+		lo := max(1, (minWindow+p-1)/p)
+		if cfg.OwnClock {
+			// A bucketed log lives until its newest bucket leaves the
+			// window on the request's clock: a window minus a bucket
+			// after a request at its bucket's end.
+			lo = max(lo, (minWindow+p-1)/p+1)
+		}
+		ml.unit = p
+		ml.window = p * rapid.Int64Range(lo, max(lo, maxBuckets)).Draw(rt, "buckets")
+		return ml
+	}
+	longest := (3 * time.Hour).Microseconds()
+	ml.window = rapid.SampledFrom([]int64{minWindow, 1e3, 1500, 7e3, 1e6, 6e7, 61e6, 36e8, 3 * 36e8}).Draw(rt, "window")
+	if rapid.Bool().Draw(rt, "random window") {
+		ml.window = rapid.Int64Range(minWindow, longest).Draw(rt, "window")
+	}
+	ml.window = max(ml.window, minWindow)
+	ml.unit = unitOf(ml.window)
+	return ml
+}
+
+func (r *check) actions() map[string]func(*rapid.T) {
+	return map[string]func(*rapid.T){
+		"Decide":     r.decide,
+		"Decide2":    r.decide, // decisions are the common step
+		"Peek":       r.peek,
+		"Clock":      r.clock,
+		"Concurrent": r.concurrent,
+	}
+}
+
+// keyOf returns the key of a log: an exact log's own, or the key the
+// bucketed limits of an identifier share (each its own Field). Every key
+// ends with '}', as the limiter's do.
+func (r *check) keyOf(ref logRef) string {
+	if r.model.limits[ref.limit].bucketed {
+		return r.head + "b:{" + ref.id + "}"
+	}
+	return r.head + r.model.limits[ref.limit].name + ":{" + ref.id + "}"
+}
+
+func (r *check) keysOf(ids []string) []string {
+	keys := make([]string, len(ids))
+	for i, id := range ids {
+		keys[i] = r.keyOf(logRef{i, id})
+	}
+	return keys
+}
+
+// drawCost draws a request's cost: mostly small, sometimes large (up to
+// a few thousand entries a request), sometimes above quotas.
+func drawCost(rt *rapid.T) int {
+	switch rapid.IntRange(0, 9).Draw(rt, "cost kind") {
+	case 0:
+		return rapid.IntRange(1, 3000).Draw(rt, "cost")
+	case 1, 2:
+		return rapid.IntRange(1, 300).Draw(rt, "cost")
+	}
+	return rapid.IntRange(1, 3).Draw(rt, "cost")
+}
+
+// drawQuotas draws the quotas of a client's plan (Query.Quotas), or nil,
+// and sets them in the model.
+func (r *check) drawQuotas(rt *rapid.T) []int {
+	var quotas []int
+	if rapid.IntRange(0, 3).Draw(rt, "plan") == 0 {
+		for _, l := range r.public {
+			quotas = append(quotas, rapid.IntRange(0, 2*l.Quota).Draw(rt, "plan quota"))
+		}
+		if !slices.ContainsFunc(quotas, func(q int) bool { return q > 0 }) {
+			quotas[0] = r.public[0].Quota // a plan that counts the request nowhere is not asked
+		}
+	}
+	r.setQuotas(quotas)
+	return quotas
+}
+
+// setQuotas sets the quotas of the model's limits: quotas, or the
+// limits' own if nil.
+func (r *check) setQuotas(quotas []int) {
+	for i := range r.model.limits {
+		r.model.limits[i].quota = r.public[i].Quota
+		if quotas != nil {
+			r.model.limits[i].quota = quotas[i]
+		}
+	}
+}
+
+// query draws a decision: an identifier per limit, a cost, a clock, and
+// maybe a plan's quotas.
+func (r *check) query(rt *rapid.T, peek bool) (*store.Query, int) {
+	k := rapid.IntRange(0, 1).Draw(rt, "clock")
+	ids := make([]string, len(r.public))
+	for i := range ids {
+		ids[i] = rapid.SampledFrom(r.ids).Draw(rt, "id")
+	}
+	return &store.Query{Limits: r.public, Keys: r.keysOf(ids), Cost: drawCost(rt), Quotas: r.drawQuotas(rt), Now: r.now[k], Peek: peek}, k
+}
+
+// idsOf returns the identifiers of q's keys.
+func (r *check) idsOf(q *store.Query) []string {
+	ids := make([]string, len(q.Keys))
+	for i, key := range q.Keys {
+		ids[i] = key[strings.IndexByte(key, '{')+1 : len(key)-1]
+	}
+	return ids
+}
+
+// ask has the store decide q, and the model, and compares them.
+func (r *check) ask(rt *rapid.T, q *store.Query, what string) {
+	want := r.model.decide(q.Keys, r.idsOf(q), q.Cost, q.Now, false, q.Peek)
+	out := store.Outcome{Denier: -1, Replies: make([]store.Reply, len(q.Keys))}
+	err := r.store.Decide(context.Background(), q, &out)
+	r.compare(rt, fmt.Sprintf("%s(%q, cost %d, quotas %v) at %d", what, r.idsOf(q), q.Cost, q.Quotas, q.Now), q, &out, err, want)
+}
+
+func (r *check) decide(rt *rapid.T) {
+	r.steps++
+	q, _ := r.query(rt, false)
+	r.ask(rt, q, "Decide")
+}
+
+// peek asks what a decision would do: the model counts nothing, and the
+// next steps find the store's logs as they were.
+func (r *check) peek(rt *rapid.T) {
+	r.steps++
+	q, _ := r.query(rt, true)
+	r.ask(rt, q, "Peek")
+}
+
+// clock steps a clock forward or back: by less than a unit, by up to a
+// window, or by up to hundreds of windows of one of the limits, or to
+// the other clock.
+func (r *check) clock(rt *rapid.T) {
+	r.steps++
+	k := rapid.IntRange(0, 1).Draw(rt, "clock")
+	lim := r.model.limits[rapid.IntRange(0, len(r.model.limits)-1).Draw(rt, "scale of limit")]
+	var d int64
+	switch rapid.IntRange(0, 3).Draw(rt, "step kind") {
+	case 0:
+		d = rapid.Int64Range(0, lim.unit).Draw(rt, "step")
+	case 1:
+		d = rapid.Int64Range(0, lim.window).Draw(rt, "step")
+	case 2:
+		d = rapid.Int64Range(1, 300).Draw(rt, "windows") * lim.window
+	case 3:
+		d = r.now[1-k] - r.now[k]
+	}
+	if r.cfg.Forward {
+		d = max(d, 0)
+		r.now[0] += d
+		r.now[1] = r.now[0]
+		rt.Logf("step %d: clock at %d", r.steps, r.now[0])
+		return
+	}
+	if rapid.Bool().Draw(rt, "back") && r.now[k]-d >= minClock {
+		d = -d
+	}
+	r.now[k] += d
+	rt.Logf("step %d: clocks at %d and %d", r.steps, r.now[0], r.now[1])
+}
+
+// concurrent sends decisions on disjoint keys (one identifier each) at
+// once: each is decided as if alone.
+func (r *check) concurrent(rt *rapid.T) {
+	r.steps++
+	k := rapid.IntRange(0, 1).Draw(rt, "clock")
+	n := rapid.IntRange(2, len(r.ids)).Draw(rt, "requests")
+	perm := rapid.Permutation(r.ids).Draw(rt, "ids")[:n]
+	type call struct {
+		q    *store.Query
+		want modelOutcome
+		out  store.Outcome
+		err  error
+	}
+	calls := make([]*call, n)
+	for j := range calls {
+		ids := slices.Repeat([]string{perm[j]}, len(r.public))
+		c := &call{q: &store.Query{Limits: r.public, Keys: r.keysOf(ids), Cost: drawCost(rt), Now: r.now[k]}}
+		r.setQuotas(nil)
+		c.want = r.model.decide(c.q.Keys, ids, c.q.Cost, c.q.Now, false, false)
+		c.out = store.Outcome{Denier: -1, Replies: make([]store.Reply, len(ids))}
+		calls[j] = c
+	}
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.err = r.store.Decide(context.Background(), c.q, &c.out)
+		}()
+	}
+	wg.Wait()
+	for _, c := range calls {
+		r.compare(rt, fmt.Sprintf("concurrent Decide(%q, cost %d) at %d", r.idsOf(c.q), c.q.Cost, c.q.Now), c.q, &c.out, c.err, c.want)
+	}
+}
+
+// count counts the cases the model decided, for the log.
+func (r *check) count(o modelOutcome) {
+	if o.allowed {
+		r.seen["admitted"]++
+	} else {
+		r.seen["denied"]++
+	}
+	for i, v := range o.limits {
+		l := r.model.limits[i]
+		switch {
+		case v.at > l.stamp(o.now):
+			r.seen["out of order"]++
+		case l.quota > 256 && v.count > 64:
+			r.seen["large log"]++
+		}
+		if v.consulted && !v.room && l.shadow {
+			r.seen["shadow without room"]++
+		}
+		if v.blocked {
+			r.seen["blocked"]++
+		}
+	}
+}
+
+// compare checks a store's outcome of q against the model's.
+func (r *check) compare(rt *rapid.T, desc string, q *store.Query, out *store.Outcome, err error, want modelOutcome) {
+	rt.Helper()
+	r.count(want)
+	rt.Logf("step %d: %s -> allowed %v, err %v; %s", r.steps, desc, out.Allowed, err, want)
+	if err != nil {
+		rt.Fatalf("%s: %v", desc, err)
+	}
+	if out.Allowed != want.allowed {
+		rt.Fatalf("%s: allowed %v, the model says %v (%s)", desc, out.Allowed, want.allowed, want)
+	}
+	if out.Now != want.now {
+		rt.Fatalf("%s: Now %d, want the query's %d", desc, out.Now, want.now)
+	}
+	cost := int64(q.Cost)
+	for i, rep := range out.Replies {
+		v, name, quota := want.limits[i], r.model.limits[i].name, int64(want.quota(i))
+		if rep.OK != v.consulted {
+			rt.Fatalf("%s: limit %s consulted %v; the model says %v (%s)", desc, name, rep.OK, v.consulted, want)
+		}
+		if !v.consulted {
+			if rep != (store.Reply{}) {
+				rt.Fatalf("%s: limit %s, which the plan does not count the request in: reply %+v; want none", desc, name, rep)
+			}
+			continue
+		}
+		denied := rep.Count+cost > quota || rep.Block != 0
+		if denied != !v.room {
+			rt.Fatalf("%s: limit %s count %d, block %d: denies %v; the model says it has room: %v (%s)", desc, name, rep.Count, rep.Block, denied, v.room, want)
+		}
+		if (rep.Block != 0) != v.blocked {
+			rt.Fatalf("%s: limit %s blocked until %d; the model says blocked: %v (%s)", desc, name, rep.Block, v.blocked, want)
+		}
+		used := rep.Count
+		if out.Allowed && !q.Peek && !denied {
+			used += cost
+		}
+		remaining := max(quota-used, 0)
+		if rep.Block != 0 {
+			remaining = 0
+		}
+		if remaining != int64(v.remaining) {
+			rt.Fatalf("%s: limit %s count %d: remaining %d, the model says %d (%s)", desc, name, rep.Count, remaining, v.remaining, want)
+		}
+		reset := rep.Reset
+		if reset == -1 {
+			if cost <= quota {
+				rt.Fatalf("%s: limit %s: Reset -1 (never fits) for a cost within its quota %d", desc, name, quota)
+			}
+			reset = rep.Now + r.model.limits[i].window
+		}
+		if reset < v.reset {
+			rt.Fatalf("%s: limit %s reset %d, %dµs before the model's %d (%s)", desc, name, reset, v.reset-reset, v.reset, want)
+		}
+		if reset > v.latest {
+			rt.Fatalf("%s: limit %s reset %d, %dµs after a window from the log's time, %d (%s)", desc, name, reset, reset-v.latest, v.latest, want)
+		}
+	}
+	for _, p := range want.placed {
+		// An exact log's entries are at their time; a bucketed log's, in
+		// their bucket, which any time of the bucket names.
+		l, next := r.model.limits[p.ref.limit], out.Replies[p.ref.limit].Next
+		if next != p.t && (!l.bucketed || next < p.t || next >= p.t+l.unit) {
+			rt.Fatalf("%s: limit %s logged the request at %d (Next), the model at %d (%s)", desc, l.name, next, p.t, want)
+		}
+	}
+	if want.allowed {
+		if out.Denier != -1 {
+			rt.Fatalf("%s: admitted, with Denier %d", desc, out.Denier)
+		}
+		return
+	}
+	d := out.Denier
+	if d < 0 || d >= len(want.limits) || !want.denies(d) {
+		rt.Fatalf("%s: denied by limit %d; the model says %s", desc, d, want)
+	}
+	if want.never {
+		if cost <= int64(want.quota(d)) {
+			rt.Fatalf("%s: denied by %s, whose quota fits the cost; the model says a limit never fits it (%s)", desc, r.model.limits[d].name, want)
+		}
+	} else if retry := out.Replies[d].Reset - want.now; retry < want.retryAfter {
+		rt.Fatalf("%s: the denier %s frees up in %dµs, %dµs before the model's %dµs (%s)", desc, r.model.limits[d].name, retry, want.retryAfter-retry, want.retryAfter, want)
+	}
+}
