@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/ophook"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
 	"github.com/slidinglog/ratelimit/operator"
@@ -624,6 +625,42 @@ func (run *opsRunner) fetch(ctx context.Context, cur *liveOps, force bool) (st o
 	return st, err == nil, err
 }
 
+// declarer returns l's declarer: an Operator on now, the clock decisions
+// are timed by (which must not refer to l), and the declarations of l's
+// limits, if the refresh is on.
+func (l *Limiter) declarer(now func() time.Time) *declarer {
+	op, err := operator.New(l.client, l.cfg.prefix)
+	if err != nil {
+		panic("ratelimit: " + err.Error()) // New checked the client and the prefix
+	}
+	ophook.Configure(op, ophook.Hooks{Now: now})
+	d := &declarer{op: op, every: l.cfg.opsRefresh, mine: map[string]definition{}, observers: l.cfg.observers, warned: map[string]*warnOnce{}}
+	l.eachRuleset(func(p *ruleset) {
+		for i := range p.limits {
+			lim := &p.limits[i]
+			if _, dup := d.mine[lim.Name]; dup {
+				continue // one definition per name (definitionClashes)
+			}
+			decl := definitionOf(&lim.Limit).declaration(lim.Name, lim.Plans.Quotas)
+			d.mine[lim.Name] = declared(decl)
+			d.warned[lim.Name] = &warnOnce{}
+			if l.cfg.opsRefresh > 0 {
+				d.decls = append(d.decls, decl)
+			}
+		}
+	})
+	slices.SortFunc(d.decls, func(a, b operator.Declaration) int {
+		if a.Limit < b.Limit {
+			return -1
+		}
+		if a.Limit > b.Limit {
+			return 1
+		}
+		return 0
+	})
+	return d
+}
+
 // startOperatorRefresh starts the goroutine that reads the operator state
 // (RedisOptions.OperatorRefresh), unless the refresh is off. The goroutine refers
 // to l only weakly: a Limiter nobody refers to is collected, and the
@@ -640,8 +677,11 @@ func (l *Limiter) startOperatorRefresh() {
 	if run.logger == nil {
 		run.logger = slog.Default()
 	}
+	if l.client == nil {
+		return // WithStore: no operator state
+	}
 	run.decl = l.declarer(run.now)
-	if l.cfg.opsRefresh <= 0 || l.client == nil {
+	if l.cfg.opsRefresh <= 0 {
 		return
 	}
 	run.stop, run.done = make(chan struct{}), make(chan struct{})

@@ -807,7 +807,7 @@ func testAllowEscapesIDs(t *testing.T, b backend) {
 	if _, err := lim.Allow(context.Background(), []string{"{evil}|x"}, 1); err != nil {
 		t.Fatal(err)
 	}
-	keys, err := c.Keys(context.Background(), "*").Result()
+	keys, err := c.Keys(context.Background(), "ratelimit:c:*").Result()
 	if err != nil || len(keys) != 1 || keys[0] != "ratelimit:c:ip+route:{%7Bevil%7D%7Cx}" {
 		t.Errorf("keys %q, %v", keys, err)
 	}

@@ -18,15 +18,19 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/routememo"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
-// redisKeys returns the keys in the backend's Redis, sorted.
+// redisKeys returns the keys of the limits' logs in the backend's Redis,
+// sorted: every key but the operator state's, where the Limiters declare
+// their limits in the background.
 func redisKeys(t *testing.T, b backend) []string {
 	t.Helper()
 	keys, err := b.newClient(t).Keys(context.Background(), "*").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
+	keys = slices.DeleteFunc(keys, func(k string) bool { return k == operator.Key(defaultPrefix) })
 	slices.Sort(keys)
 	return keys
 }
