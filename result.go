@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"fmt"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -9,12 +8,6 @@ import (
 	"github.com/slidinglog/ratelimit/internal/store"
 	pubstore "github.com/slidinglog/ratelimit/store"
 )
-
-// ErrRefunded is returned by [Limiter.Refund] for a Result (or a copy of
-// one) that was refunded before: it removes nothing more, since the
-// entries left of the same time are other requests'. It wraps
-// [ErrNotRefundable].
-var ErrRefunded = fmt.Errorf("%w: the request was refunded before", ErrNotRefundable)
 
 // An Observer receives every decision of the middleware ([Limiter.Handler],
 // [Limiter.Check]) and of [Limiter.Allow], for metrics; [Limiter.Status]
