@@ -3,7 +3,7 @@ package ratelimit
 import "net/http"
 
 // Handlers are the Limiter's own answers to requests the middleware
-// ([Limiter.Handler], [Limiter.Check], the router adapters and the gRPC
+// ([Limiter.Handler], [Pass.Check], the router adapters and the gRPC
 // interceptors) does not serve. Give them with [WithHandlers]. A nil
 // field keeps the default answer.
 type Handlers struct {

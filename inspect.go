@@ -80,7 +80,7 @@ func (in Inspector) Unreverted() uint64 { return in.l.unreverted() }
 // serves, given the router's routes ("METHOD /template", or "/template"
 // for every method, in any router's syntax): a typo, a wrong method, a
 // trailing slash. The error names each such entry and the nearest route,
-// and wraps [ErrUnmatchedRoute]; nil if every entry matches. The router
+// and wraps [route.ErrUnmatched]; nil if every entry matches. The router
 // adapters' CheckRoutes functions list their routers' routes and call it.
 func (in Inspector) CheckRoutes(routes []string) error { return in.l.checkRoutes(routes) }
 

@@ -191,7 +191,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		l.local = local
 	}
 	if l.local == nil {
-		l.local, _ = pubstore.NewLocal(pubstore.LocalOptions{MaxBytes: cfg.localBytes}) // WithLocalMemory checked the bound
+		l.local, _ = pubstore.NewLocal(pubstore.LocalOptions{MaxBytes: cfg.localBytes}) // WithRedis checked the bound
 	}
 	l.denies = &store.DenyCache{MaxAge: cfg.denyCache}
 	l.evictions = store.NewEvictionCheck()

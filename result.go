@@ -10,7 +10,7 @@ import (
 )
 
 // An Observer receives every decision of the middleware ([Limiter.Handler],
-// [Limiter.Check]) and of [Limiter.Allow], for metrics; [Limiter.Status]
+// [Pass.Check]) and of [Limiter.Allow], for metrics; [Limiter.Status]
 // and [Inspector.StatusRequest] count nothing and are not observed. The
 // metrics/prometheus package has one.
 type Observer interface {
@@ -205,7 +205,7 @@ func noKeyResults(skipped []LimitResult) [][]LimitResult {
 	return out
 }
 
-// A Verdict is what [Pass.Decide] or [Limiter.Decide] decided, and who
+// A Verdict is what [Pass.Decide] decided, and who
 // answers the request.
 type Verdict uint8
 

@@ -229,7 +229,7 @@ var errNoRedis = errors.New("ratelimit: operator: the Limiter has no Redis (With
 // circuit breaker and the operator state (which lives in Redis: the
 // Limiter's Operator fails) do not apply; [WithTimeout] bounds each
 // decision through its context, and [WithFailureMode] answers s's errors
-// (FailLocal decides them in this process, a store of [WithLocalMemory];
+// (FailLocal decides them in this process, a store of [RedisOptions].LocalMemory;
 // a store.Local never fails). Default: none, the Redis client's store.
 func WithStore(s store.Store) Option {
 	return func(c *config) {

@@ -57,7 +57,7 @@ var (
 )
 
 // Key returns the Redis key of the operator state of the Limiters built
-// with prefix (ratelimit.WithPrefix): "<prefix>!operator{ratelimit-operator}".
+// with prefix (ratelimit.RedisOptions.Prefix): "<prefix>!operator{ratelimit-operator}".
 // The '!' cannot appear in a limit name, so the key never meets a count;
 // the hash tag puts it in one Redis Cluster slot.
 func Key(prefix string) string { return prefix + "!operator{ratelimit-operator}" }
@@ -96,7 +96,7 @@ func init() {
 }
 
 // New returns an Operator for the Limiters that use client's Redis with
-// prefix (ratelimit.WithPrefix; "ratelimit:" by default). It fails for a
+// prefix (ratelimit.RedisOptions.Prefix; "ratelimit:" by default). It fails for a
 // nil client or a prefix with '{' or '}'. It does not contact Redis.
 func New(client redis.UniversalClient, prefix string) (*Operator, error) {
 	if client == nil || nilPointer(client) {

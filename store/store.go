@@ -163,7 +163,7 @@ type Reply struct {
 // ErrCircuitOpen is returned (wrapped) when the limiter did not call
 // Redis because the server's circuit breaker is open: Redis failed
 // several times in a row and the cool-down has not passed (see
-// ratelimit.WithCircuitBreaker). The request gets the failure mode at
+// ratelimit.RedisOptions.BreakerFailures). The request gets the failure mode at
 // once, without waiting for a timeout.
 var ErrCircuitOpen = errors.New("ratelimit: circuit open: Redis failed repeatedly, not calling it during the cool-down")
 
