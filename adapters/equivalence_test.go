@@ -25,8 +25,8 @@ import (
 	chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/routememo"
+	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/route"
 )
 
