@@ -640,7 +640,9 @@ func (l *Limiter) startOperatorRefresh() {
 	if run.logger == nil {
 		run.logger = slog.Default()
 	}
-	run.decl = l.declarer(run.now)
+	if l.client != nil { // WithStore has no operator state to declare in
+		run.decl = l.declarer(run.now)
+	}
 	if l.cfg.opsRefresh <= 0 || l.client == nil {
 		return
 	}
