@@ -50,7 +50,7 @@ func Normalize(template string) string {
 }
 
 // MemoCap is the number of templates' rewrites [Normalize] keeps at most.
-const MemoCap = routememo.Cap
+const MemoCap = 1024
 
 // Memoized returns the number of templates whose rewrite [Normalize] keeps
 // now: at most [MemoCap], whatever strings it was given. An adapter hands
