@@ -12,9 +12,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/store"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redistest"
 	pubstore "github.com/slidinglog/ratelimit/store"
 )
 

@@ -13,10 +13,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/clientip"
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // blockKey returns the block key of the exact log of limit name, of kind,

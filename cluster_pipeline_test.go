@@ -12,9 +12,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestClusterPipelineRedirects sends batches of decisions, as the pipeline

@@ -18,9 +18,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // clusterSuite is the part of the core suite that runs on a Redis Cluster
@@ -472,7 +473,7 @@ func testPipelineReload(t *testing.T, b backend) {
 // this test counts failed decisions, and on a loaded machine a short
 // timeout would add timeouts that have nothing to do with the dead shard.
 func TestClusterDeadShard(t *testing.T) {
-	redistest.SkipUnlessLong(t) // two Clusters, each through an outage: 20s
+	longtest.SkipUnlessLong(t) // two Clusters, each through an outage: 20s
 	t.Run("FullCoverage", func(t *testing.T) {
 		c := redistest.StartCluster(t, 3, 1)
 		quietRedisLog(t) // go-redis logs every failed dial to the dead node

@@ -11,8 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestDenyCache: once Redis has denied a key, requests of that cost or more

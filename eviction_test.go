@@ -12,8 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // recordHandler is a slog.Handler that keeps every record.

@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/route"
 )
 

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // An operator raises a limit's quota and blocks a network while the

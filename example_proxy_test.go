@@ -9,7 +9,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/clientip"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // The README's proxy section: one complete setup per common front end.

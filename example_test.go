@@ -15,7 +15,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/clientip"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // newRedis starts an embedded Redis with its clock stopped at a fixed time,

@@ -4,14 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/store"
 	"math/rand/v2"
 	"runtime"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/longtest"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // failLocalLimiter returns a FailLocal Limiter whose Redis is down, on
@@ -34,7 +34,7 @@ func failLocalLimiter(t *testing.T, clock *testClock, limits []Limit, opts ...Op
 // times never exceed the quota (until a decision at a time when every
 // entry has left its window, which may forget the log).
 func TestFailLocalClockStepsBack(t *testing.T) {
-	for range redistest.LongOr(t, 20, 200) {
+	for range longtest.LongOr(t, 20, 200) {
 		seed := rand.Uint64()
 		r := rand.New(rand.NewPCG(seed, 1))
 		quota := 1 + r.IntN(100)
@@ -102,7 +102,7 @@ func TestFailLocalClockStepsBack(t *testing.T) {
 // detector it runs a tenth of the clients against a tenth of the full
 // store's bound.
 func TestFailLocalWideOutage(t *testing.T) {
-	redistest.SkipUnlessLong(t) // 500,000 decisions
+	longtest.SkipUnlessLong(t) // 500,000 decisions
 	for _, c := range []struct {
 		name  string
 		bytes int64 // 0: the default
@@ -139,7 +139,7 @@ func soakFailLocal(t *testing.T, clients int, bytes int64) {
 	if bytes > 0 {
 		opts = append(opts, WithRedis(RedisOptions{LocalMemory: bytes}))
 	}
-	base := redistest.LiveHeap()
+	base := longtest.LiveHeap()
 	lim := failLocalLimiter(t, clock, []Limit{PerMinute(quota, Header("X-Forwarded-For")).Named("ip"), PerMinute(1_000_000, Global()).Named("all")}, opts...)
 	admitted := make([]int8, clients)
 	seen := make([]bool, clients)
@@ -166,7 +166,7 @@ func soakFailLocal(t *testing.T, clients int, bytes int64) {
 			}
 		}
 	}
-	held := redistest.LiveHeap()
+	held := longtest.LiveHeap()
 	worst := 1.0
 	for s := range firsts {
 		if firsts[s] == 0 {

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/clientip"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // The flood tests run a flood of requests on one key that Redis has denied,

@@ -15,8 +15,9 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // backend is a Redis the tests run against: an embedded miniredis, or a real
@@ -98,7 +99,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(appEnv) != "" {
 		os.Exit(serveApp())
 	}
-	os.Exit(redistest.Main(m))
+	os.Exit(longtest.Main(m))
 }
 
 // mustNew is New that fails the test on error. Its Limiter's decisions have

@@ -16,8 +16,8 @@ import (
 
 	"github.com/slidinglog/ratelimit/clientip"
 	"github.com/slidinglog/ratelimit/internal/netid"
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // The class test of the identity rules (identity.go): generated client

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/store"
 )
 
@@ -78,12 +78,12 @@ const heapSlack = 4 << 20
 // count, the store's byte count and the live heap after a collection. The clock is set, not
 // waited for.
 func TestBoundedMemoryFailLocal(t *testing.T) {
-	redistest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
+	longtest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
 	ids, seed := hostileIDs(150_000)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
 	redis := &scriptedStore{}
-	base := redistest.LiveHeap()
+	base := longtest.LiveHeap()
 	lim := mustNew(t, stubClient{}, []Limit{
 		PerMinute(3, Header("X-Id")).Named("id"),
 		PerMinute(1_000_000, Global()).Named("all"),
@@ -130,7 +130,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 	}
 	// A new identifier while the store is full is decided by its limit's
 	// overflow log, shared: conservative, never a fresh count.
-	held := redistest.LiveHeap()
+	held := longtest.LiveHeap()
 
 	// Redis is back; the logs expire.
 	redis.down.Store(false)
@@ -141,7 +141,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 	if n := lim.local.Len(); n != 0 {
 		t.Errorf("FailLocal holds %d logs once Redis is back and every entry has left its window, want 0", n)
 	}
-	after := redistest.LiveHeap()
+	after := longtest.LiveHeap()
 	t.Logf("live heap: %d KB before, %d KB during the flood, %d KB after", base>>10, held>>10, after>>10)
 	if after > base+heapSlack {
 		t.Errorf("live heap %d KB once the logs expired, %d KB before the flood: more than %d KB kept", after>>10, base>>10, heapSlack>>10)
@@ -156,13 +156,13 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 // string of keys, and once they have expired, the next decision gives
 // them back: by entry count and by live heap after a collection.
 func TestBoundedMemoryDenyCache(t *testing.T) {
-	redistest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
+	longtest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
 	ids, seed := hostileIDs(store.MaxDenyEntries)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
 	redis := &scriptedStore{}
 	redis.deny.Store(true)
-	base := redistest.LiveHeap()
+	base := longtest.LiveHeap()
 	lim := mustNew(t, stubClient{}, []Limit{
 		PerMinute(3, Header("X-Id")).Named("id"),
 		PerMinute(30, Header("X-Id")).Named("id-30"),
@@ -183,7 +183,7 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 	if res, err := lim.Allow(ctx, []string{ids[len(ids)-1], ids[len(ids)-1], ids[len(ids)-1]}, 1); err != nil || !res.Cached || redis.calls.Load() != calls {
 		t.Fatalf("a repeated denial: %+v %v, want it from the cache", res, err)
 	}
-	held := redistest.LiveHeap()
+	held := longtest.LiveHeap()
 	clock.Set(t0.Add(time.Minute))
 	if _, err := lim.Allow(ctx, []string{"after", "after", "after"}, 1); err != nil {
 		t.Fatal(err)
@@ -191,7 +191,7 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 	if n := lim.denies.Len(); n > 3 {
 		t.Errorf("the deny cache holds %d denials once all have expired, want at most the last decision's 3", n)
 	}
-	after := redistest.LiveHeap()
+	after := longtest.LiveHeap()
 	t.Logf("live heap: %d KB before, %d KB during the flood, %d KB after", base>>10, held>>10, after>>10)
 	if after > base+heapSlack {
 		t.Errorf("live heap %d KB once the denials expired, %d KB before the flood: more than %d KB kept", after>>10, base>>10, heapSlack>>10)
@@ -204,11 +204,11 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 // 100,000 distinct identifiers leave at most maxCachedPlans entries, and
 // once their time has passed the next lookup gives them back.
 func TestBoundedMemoryPlanCache(t *testing.T) {
-	redistest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
+	longtest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
 	ids, seed := hostileIDs(maxCachedPlans)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
-	base := redistest.LiveHeap()
+	base := longtest.LiveHeap()
 	lim := mustNew(t, stubClient{}, []Limit{
 		PerMinute(3, Header("X-Id")).Named("id").Tiered(Plans{
 			Quotas: map[string]int{"pro": 30},
@@ -227,7 +227,7 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 	if n := pc.len(); n > maxCachedPlans || n < maxCachedPlans/2 {
 		t.Errorf("the plan cache holds %d ids, want at most %d (and the most recent)", n, maxCachedPlans)
 	}
-	held := redistest.LiveHeap()
+	held := longtest.LiveHeap()
 	clock.Set(t0.Add(time.Minute))
 	if _, err := lim.Allow(ctx, []string{"after"}, 1); err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 	if n := pc.len(); n > 1 {
 		t.Errorf("the plan cache holds %d ids once all have expired, want at most the last decision's", n)
 	}
-	after := redistest.LiveHeap()
+	after := longtest.LiveHeap()
 	t.Logf("live heap: %d KB before, %d KB during the flood, %d KB after", base>>10, held>>10, after>>10)
 	if after > base+heapSlack {
 		t.Errorf("live heap %d KB once the plans expired, %d KB before: more than %d KB kept", after>>10, base>>10, heapSlack>>10)
@@ -249,7 +249,7 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 // keep alive: with five limits of which one is full, 100,000 denials take
 // far less than those strings would.
 func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
-	redistest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
+	longtest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
 	ids, seed := hostileIDs(store.MaxDenyEntries)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
@@ -262,14 +262,14 @@ func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
 	lim := mustNew(t, stubClient{}, limits, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: 5 * time.Second}))
 	lim.store = lim.wrap(redis)
 	ctx := context.Background()
-	base := redistest.LiveHeap()
+	base := longtest.LiveHeap()
 	for _, id := range ids {
 		if res, err := lim.Allow(ctx, []string{id, id, id, id, id}, 1); err != nil || res.Allowed {
 			t.Fatalf("%.20s: %+v %v, want denied", id, res, err)
 		}
 	}
 	n := lim.denies.Len()
-	held := redistest.LiveHeap()
+	held := longtest.LiveHeap()
 	perEntry := (int64(held) - int64(base)) / int64(max(n, 1))
 	t.Logf("%d denials, %d bytes of live heap each", n, perEntry)
 	// A key is about 160 bytes, the five of a request 800: an entry that

@@ -11,7 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/longtest"
+	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/store"
 )
 
@@ -58,7 +59,7 @@ func testModelScripts(t *testing.T) {
 	if err := full.Do(ctx, "ACL", "SETUSER", "scripts", "on", ">scripts", "~*", "&*", "+@all", "-fcall", "-function").Err(); err != nil {
 		t.Fatal(err)
 	}
-	runModel(t, modelEnv{addr: srv.Addr, user: "scripts", minWindow: time.Minute, expires: true, repeats: redistest.LongOr(t, 2, 5), overrides: true})
+	runModel(t, modelEnv{addr: srv.Addr, user: "scripts", minWindow: time.Minute, expires: true, repeats: longtest.LongOr(t, 2, 5), overrides: true})
 	libs, err := full.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: store.LibraryName()}).Result()
 	if err != nil {
 		t.Fatal(err)

@@ -17,8 +17,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	internalstore "github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/store"
 )
 
@@ -78,7 +79,7 @@ import (
 func TestModel(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
 		mr := miniredis.RunT(t)
-		runModel(t, modelEnv{addr: mr.Addr(), minWindow: time.Millisecond, repeats: redistest.LongOr(t, 1, 2-raceRuns), overrides: true})
+		runModel(t, modelEnv{addr: mr.Addr(), minWindow: time.Millisecond, repeats: longtest.LongOr(t, 1, 2-raceRuns), overrides: true})
 	})
 	t.Run("server", func(t *testing.T) {
 		srv := redistest.Start(t)

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestDenialsUnderOOM: a Redis out of memory (maxmemory, noeviction)

@@ -12,8 +12,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/ophook"
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/operator"
 )
 
@@ -74,7 +74,7 @@ func TestOperatorStateBytes(t *testing.T) {
 	ophook.Configure(op, ophook.Hooks{Now: func() time.Time { return clock }})
 	var live *liveOps
 	var st operator.State
-	before := redistest.LiveHeap()
+	before := longtest.LiveHeap()
 	func() {
 		if st, err = op.List(ctx); err != nil {
 			t.Fatal(err)
@@ -84,7 +84,7 @@ func TestOperatorStateBytes(t *testing.T) {
 		}
 		live = newLiveOps(st, now)
 	}()
-	after := redistest.LiveHeap()
+	after := longtest.LiveHeap()
 	held := after - min(before, after)
 	if held > uint64(bound) {
 		t.Errorf("seed %d: a Limiter holds %d bytes of operator state, bound %d", seed, held, bound)

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestOverrideLapsesOnTheDecisionClock: an override the Limiter's own

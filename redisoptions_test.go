@@ -11,7 +11,7 @@ import (
 
 	"pgregory.net/rapid"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // redisField is one drawn RedisOptions field value and what it means:

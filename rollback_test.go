@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestRollbackBounded: on a Redis Cluster, a decision that reserved room on

@@ -14,9 +14,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/route"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/routememo"
 	"github.com/slidinglog/ratelimit/operator"
 )
@@ -179,7 +179,7 @@ func testRouteMemoBounded(t *testing.T, b backend) {
 	}
 
 	key := Route().fn
-	before := redistest.LiveHeap()
+	before := longtest.LiveHeap()
 	methods := []string{"GET", "HEAD", "get", "CONNECT", "OPTIONS"}
 	pad := strings.Repeat("x", 200)
 	for i := range 100_000 {
@@ -202,7 +202,7 @@ func testRouteMemoBounded(t *testing.T, b backend) {
 	for i := range 300 {
 		serve(h, "CONNECT", fmt.Sprintf("/files/%d%s", rng.Uint64(), pad), fmt.Sprintf("198.51.100.%d:1", i%250))
 	}
-	after := redistest.LiveHeap()
+	after := longtest.LiveHeap()
 	t.Logf("live heap %+d KB after 100,000 hostile patterns; route memo %d entries, %d bytes", (int64(after)-int64(before))>>10, routememo.Len(), routememo.Bytes())
 	if n := routememo.Len(); n > routememo.Cap {
 		t.Errorf("route memo holds %d templates, more than its bound %d", n, routememo.Cap)

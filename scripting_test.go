@@ -16,8 +16,8 @@ import (
 	"github.com/alicebob/miniredis/v2/server"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // noScripting is a way a server refuses Lua: the commands it refuses, and

@@ -12,8 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestScriptsWhereFunctionsAreDenied: a Redis user whose ACL denies FCALL

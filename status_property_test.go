@@ -15,8 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestStatusAgreesWithDecisions: what Status, StatusRequest and

@@ -11,8 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // gatedDialer dials addr, but while it is closed a dial waits until it

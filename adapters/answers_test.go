@@ -17,7 +17,7 @@ import (
 	"github.com/slidinglog/ratelimit"
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // answer is what a router sends for a 429, a 503 or a 401 (no key) the

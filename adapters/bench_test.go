@@ -9,39 +9,29 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/go-chi/chi/v5"
 	"github.com/labstack/echo/v4"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
 	chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
-	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/store"
 )
 
-// stubRedis answers every decision with one canned reply, "admitted, 3
-// counted", without a network or a server in the process, so that the
-// benchmark's allocations are the adapters' and the limiter's, not Redis's.
-type stubRedis struct {
-	redis.UniversalClient
-	reply []any
-}
+// admitStore is a store.Store that admits every request with one fixed
+// outcome, "3 counted before it, window ending in a minute", without a
+// network or a server in the process, so that the benchmark's time and
+// allocations are the adapters' and the limiter's, not a store's.
+type admitStore struct{ now int64 }
 
-func (c stubRedis) FCall(context.Context, string, []string, ...any) *redis.Cmd {
-	return redis.NewCmdResult(c.reply, nil)
-}
-
-// Process answers the library's calls, which it sends through Process
-// (once at most: go-redis must not send them again).
-func (c stubRedis) Process(_ context.Context, cmd redis.Cmder) error {
-	cmd.(interface{ SetVal(any) }).SetVal(c.reply)
+func (s admitStore) Decide(_ context.Context, q *store.Query, out *store.Outcome) error {
+	out.Allowed, out.Denier, out.Now = true, -1, s.now
+	for i := range out.Replies {
+		out.Replies[i] = store.Reply{OK: true, Now: s.now, Count: 3, Reset: s.now + 60e6, Next: s.now}
+	}
 	return nil
 }
 
-func newStubRedis() stubRedis {
-	now := time.Now().UnixMicro()
-	return stubRedis{reply: slidinglog.AppendReply(nil, slidinglog.Reply{Allowed: true, Denied: -1, Now: now},
-		[]slidinglog.LimitReply{{Count: 3, Reset: now + 60e6, Stamp: now}})}
-}
+func newAdmitStore() admitStore { return admitStore{now: time.Now().UnixMicro()} }
 
 // nopWriter is a ResponseWriter that does not allocate, so that allocs/op
 // counts the router and the middleware only.
@@ -54,7 +44,7 @@ func (w *nopWriter) WriteHeader(int)             {}
 // BenchmarkAdmitted measures an admitted request through each router, with
 // the adapter mounted once and with the same Limiter mounted twice, against
 // the router alone ("bare"): what the adapter adds to the router, beyond the
-// Redis round trip (stubbed out).
+// store's decision (a fixed answer here).
 //
 //	go test -run '^$' -bench Admitted -benchmem ./adapters/
 func BenchmarkAdmitted(b *testing.B) {
@@ -62,8 +52,8 @@ func BenchmarkAdmitted(b *testing.B) {
 		for _, mounts := range []int{0, 1, 2} {
 			name := rt.name + "/" + [...]string{"bare", "once", "twice"}[mounts]
 			b.Run(name, func(b *testing.B) {
-				api, err := ratelimit.New(newStubRedis(), []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("ip")},
-					ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1}))
+				api, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("ip")},
+					ratelimit.WithStore(newAdmitStore()))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -73,7 +63,7 @@ func BenchmarkAdmitted(b *testing.B) {
 				w := &nopWriter{h: make(http.Header)}
 				h.ServeHTTP(w, r)
 				if mounts > 0 && w.h.Get("X-RateLimit-Remaining") != "96" {
-					b.Fatalf("not admitted by the stub: %v", w.h)
+					b.Fatalf("not admitted by the store: %v", w.h)
 				}
 				b.ReportAllocs()
 				for b.Loop() {

@@ -20,7 +20,7 @@ import (
 	chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // userKey is where the fake authentication puts the user.

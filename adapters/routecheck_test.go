@@ -204,7 +204,7 @@ var genCheckers = []struct {
 		err := l.Inspect().CheckMux(mux)
 		// New refuses the same, once it can see that the mux has routes:
 		// it serves one of the entries.
-		_, newErr := ratelimit.New(newStubRedis(), genLimits(), ratelimit.WithRoutes(table), ratelimit.WithRoutesFrom(mux), ratelimit.WithRedis(ratelimit.RedisOptions{OperatorRefresh: -1}))
+		_, newErr := ratelimit.New(nil, genLimits(), ratelimit.WithStore(newAdmitStore()), ratelimit.WithRoutes(table), ratelimit.WithRoutesFrom(mux))
 		served := false
 		for e := range table {
 			served = served || e != route.Unmatched && genMatches(app, e)
@@ -270,13 +270,14 @@ func genLimits() []ratelimit.Limit {
 	return []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("ip")}
 }
 
-// genLimiter is a Limiter with table on a stub Redis, and what it logs.
+// genLimiter is a Limiter with table on a store that admits everything,
+// and what it logs.
 func genLimiter(t *testing.T, table map[string]ratelimit.RouteLimits, opts ...ratelimit.Option) (*ratelimit.Limiter, *bytes.Buffer) {
 	t.Helper()
 	var buf bytes.Buffer
-	opts = append([]ratelimit.Option{ratelimit.WithRoutes(table), ratelimit.WithRedis(ratelimit.RedisOptions{OperatorRefresh: -1}),
+	opts = append([]ratelimit.Option{ratelimit.WithRoutes(table), ratelimit.WithStore(newAdmitStore()),
 		ratelimit.WithLogger(slog.New(slog.NewTextHandler(&buf, nil)), false)}, opts...)
-	l, err := ratelimit.New(newStubRedis(), genLimits(), opts...)
+	l, err := ratelimit.New(nil, genLimits(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
 	"github.com/slidinglog/ratelimit/clientip"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestRouterClientIP: ClientIP(clientip.FromRouter()) counts by

@@ -19,8 +19,8 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/admin"
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/admin"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // RequireBrowserEnv set to 1 makes TestBrowser fail, not skip, without

@@ -13,8 +13,8 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/admin"
+	"github.com/slidinglog/ratelimit/internal/longtest"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	"github.com/slidinglog/ratelimit/operator"
 )
 
@@ -156,13 +156,13 @@ func TestSketchBytes(t *testing.T) {
 	}
 	big := string(buf)
 	limits := []string{"a", "b", "c"}
-	before := redistest.LiveHeap()
+	before := longtest.LiveHeap()
 	adm := admin.New(o)
 	for i := range 2 * o.Capacity * (o.Minutes + 1) {
 		now = t0.Add(time.Duration(i%(o.Minutes+1)) * time.Minute)
 		adm.ObserveDenial(limits[i%len(limits)], big[i:i+1<<20])
 	}
-	after := redistest.LiveHeap()
+	after := longtest.LiveHeap()
 	held := after - min(before, after)
 	runtime.KeepAlive(big)
 	runtime.KeepAlive(adm)

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/limitname"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/longtest"
 )
 
 // entryBytes bounds what one entry of the state costs a reader beside
@@ -62,14 +62,14 @@ func TestStateBytes(t *testing.T) {
 	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC).UnixMicro()
 	bound := MaxEntries * (MaxTarget + entryBytes)
 	var st State
-	before := redistest.LiveHeap()
+	before := longtest.LiveHeap()
 	func() {
 		st = parse(hostileState(r, now), now, now)
 		if n := len(st.Quotas) + len(st.Blocks) + len(st.Declared); n > MaxEntries {
 			t.Fatalf("seed %d: %d entries kept (%d ignored)", seed, n, st.Ignored)
 		}
 	}()
-	after := redistest.LiveHeap()
+	after := longtest.LiveHeap()
 	held := after - min(before, after)
 	n := 0
 	for _, b := range st.Blocks {

@@ -16,7 +16,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/slidinglog/ratelimit/internal/limitname"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 	"os"
 )
 

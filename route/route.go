@@ -49,6 +49,17 @@ func Normalize(template string) string {
 	return routememo.Get(template, normalize)
 }
 
+// MemoCap is the number of templates' rewrites [Normalize] keeps at most.
+const MemoCap = 1024
+
+// Memoized returns the number of templates whose rewrite [Normalize] keeps
+// now: at most [MemoCap], whatever strings it was given. An adapter hands
+// Normalize the templates of the routes its router matched, never a
+// request's path, so that between two requests Memoized grows by the
+// routes alone; a test of an adapter can check that it does, with paths
+// the requests make up. It never fails.
+func Memoized() int { return routememo.Len() }
+
 // normalize is Normalize without the memo.
 func normalize(t string) string {
 	if !strings.ContainsAny(t, ":*{") {

@@ -53,6 +53,9 @@ func TestNormalizeMemoBounded(t *testing.T) {
 	if n := routememo.Len(); n > routememo.Cap {
 		t.Errorf("%d entries, bound %d", n, routememo.Cap)
 	}
+	if n := Memoized(); n != routememo.Len() || n > MemoCap || MemoCap != routememo.Cap {
+		t.Errorf("Memoized() = %d, with %d entries in the memo; MemoCap %d, the memo's %d", n, routememo.Len(), MemoCap, routememo.Cap)
+	}
 	if n := routememo.Bytes(); n > routememo.Cap*2*routememo.MaxLen {
 		t.Errorf("%d bytes", n)
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	grpcratelimit "github.com/slidinglog/ratelimit/adapters/grpc"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // stream is a transport stream that accepts header metadata, as grpc's

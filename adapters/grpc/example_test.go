@@ -18,7 +18,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	grpcratelimit "github.com/slidinglog/ratelimit/adapters/grpc"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // A gRPC server whose calls are limited to 2 a minute per client IP, and

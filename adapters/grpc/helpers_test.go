@@ -21,7 +21,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	grpcratelimit "github.com/slidinglog/ratelimit/adapters/grpc"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }

@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestReadmeQuickStart: the README's quick start is this program, byte for

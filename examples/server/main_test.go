@@ -13,8 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	ratelimitprom "github.com/slidinglog/ratelimit/metrics/prometheus"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestQuotaJSON: GET /quota speaks JSON of its own: snake_case names and

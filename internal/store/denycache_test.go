@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/store"
 )
 
@@ -28,7 +28,7 @@ func TestDenyCacheBytes(t *testing.T) {
 	}
 	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	us := now.UnixMicro()
-	before := redistest.LiveHeap()
+	before := longtest.LiveHeap()
 	c := &DenyCache{MaxAge: time.Hour}
 	var key [1]string
 	replies := []Reply{{OK: true, Now: us, Count: 1, Next: us + 60e6, Reset: us + 60e6}}
@@ -43,7 +43,7 @@ func TestDenyCacheBytes(t *testing.T) {
 		q := &Query{Query: store.Query{Limits: spec.Public, Keys: key[:], Cost: 1}, Spec: spec, Local: now.Add(time.Duration(i))}
 		c.learn(q, replies, false, q.Local)
 	}
-	after := redistest.LiveHeap()
+	after := longtest.LiveHeap()
 	held := after - min(before, after)
 	bound := MaxDenyBytes(maxKey)
 	if n := c.Len(); n > MaxDenyEntries || n < MaxDenyEntries/2 {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/redistest"
+	"github.com/slidinglog/ratelimit/internal/longtest"
 )
 
 var t0 = time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
@@ -212,13 +212,13 @@ func TestWindowBytes(t *testing.T) {
 		buf[i] = byte(r.Uint32())
 	}
 	big := string(buf) // every id is a 1 MB window of it, all distinct
-	before := redistest.LiveHeap()
+	before := longtest.LiveHeap()
 	w := NewWindow(k, slots, time.Minute)
 	for i := range 4 * k * (slots + 1) {
 		id := big[i : i+1<<20]
 		w.Add(id, t0.Add(time.Duration(i%(slots+1))*time.Minute))
 	}
-	after := redistest.LiveHeap()
+	after := longtest.LiveHeap()
 	held := after - min(before, after)
 	runtime.KeepAlive(big)
 	bound := MaxBytes(k, slots)

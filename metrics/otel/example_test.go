@@ -14,8 +14,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	ratelimitotel "github.com/slidinglog/ratelimit/metrics/otel"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // Example observes a Limiter with Metrics on an SDK MeterProvider, and

@@ -21,8 +21,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	ratelimitotel "github.com/slidinglog/ratelimit/metrics/otel"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }

@@ -18,8 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	ratelimitprom "github.com/slidinglog/ratelimit/metrics/prometheus"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // dashboardFile is the Grafana dashboard shipped with the module.

@@ -16,8 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/redistest"
 	ratelimitprom "github.com/slidinglog/ratelimit/metrics/prometheus"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestMetrics drives a scripted sequence of decisions and checks every

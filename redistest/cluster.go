@@ -15,7 +15,7 @@ import (
 )
 
 // Cluster is a Redis Cluster of redis-server processes on loopback, owned by
-// a test.
+// a test, from [StartCluster]. Its nodes are killed when the test ends.
 type Cluster struct {
 	// Nodes are all the cluster's servers. The first ones were created as
 	// primaries; after a failover, CLUSTER NODES (or [Cluster.PrimaryFor])
@@ -24,15 +24,18 @@ type Cluster struct {
 	tb    testing.TB
 }
 
-// NodeTimeout is the cluster-node-timeout of the nodes StartCluster starts:
-// a primary that does not answer for this long is failed over.
+// NodeTimeout is the cluster-node-timeout of the nodes [StartCluster]
+// starts, unless its args say otherwise: a primary that does not answer for
+// this long is failed over.
 const NodeTimeout = 1000 * time.Millisecond
 
 // StartCluster starts a Redis Cluster of primaries primaries with replicas
 // replicas each (at least 3 primaries, as Redis requires; replicas may be 0),
 // created with redis-cli --cluster create, and waits until every node reports
 // the cluster ok and every slot covered. Its nodes are killed when the test
-// ends.
+// ends. It skips or fails tb as [Start] does when redis-server or redis-cli
+// is missing, and fails it for fewer than 3 primaries, negative replicas,
+// or a cluster that does not form.
 //
 // Every node runs with cluster-node-timeout [NodeTimeout], a replica takes
 // over whatever its replication lag, and otherwise Redis's defaults, among
@@ -138,7 +141,8 @@ func (c *Cluster) Client() *redis.ClusterClient {
 // WaitHealthy waits until every running node reports cluster_state:ok and
 // agrees on which node serves every slot, every slot is served by a running
 // node (after a primary was stopped: until a replica took over), and every
-// running replica is in sync with its primary.
+// running replica is in sync with its primary. It returns an error saying
+// what is still wrong when that takes longer than timeout.
 func (c *Cluster) WaitHealthy(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
@@ -205,7 +209,8 @@ func (c *Cluster) slotOwners(s *Server) (string, error) {
 }
 
 // PrimaryFor returns the node that serves key now, as the running nodes see
-// it.
+// it; an error when no running node answers, or they name a node that is
+// not the cluster's.
 func (c *Cluster) PrimaryFor(key string) (*Server, error) {
 	for _, s := range c.Nodes {
 		if !s.running() {
@@ -251,7 +256,8 @@ func (c *Cluster) node(addr string) (*Server, error) {
 	return nil, fmt.Errorf("redistest: %s is not a node of the cluster", addr)
 }
 
-// Primaries returns the nodes that serve slots now.
+// Primaries returns the nodes that serve slots now; an error when no node
+// is running or the running ones cannot be asked.
 func (c *Cluster) Primaries() ([]*Server, error) {
 	for _, s := range c.Nodes {
 		if !s.running() {
@@ -274,7 +280,8 @@ func (c *Cluster) Primaries() ([]*Server, error) {
 	return nil, fmt.Errorf("redistest: no node is running")
 }
 
-// FlushAll empties every primary, for tests that share one cluster.
+// FlushAll empties every primary, for tests that share one cluster; the
+// first error a primary returns.
 func (c *Cluster) FlushAll() error {
 	ps, err := c.Primaries()
 	if err != nil {

@@ -3,7 +3,6 @@ package redistest
 import (
 	"context"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -86,14 +85,14 @@ func TestStartClusterArgs(t *testing.T) {
 func TestMain(m *testing.M) { os.Exit(Main(m)) }
 
 func TestSkipNotice(t *testing.T) {
-	got := SkipNotice(1)
+	got := skipNotice(1)
 	for _, want := range []string{"1 real-Redis test skipped", "apt-get install redis-server", RequireEnv + "=1"} {
 		if !strings.Contains(got, want) {
-			t.Errorf("SkipNotice(1) = %q, want it to mention %q", got, want)
+			t.Errorf("skipNotice(1) = %q, want it to mention %q", got, want)
 		}
 	}
-	if got := SkipNotice(57); !strings.Contains(got, "57 real-Redis tests skipped") || strings.Count(got, "\n") != 1 || !strings.HasSuffix(got, "\n") {
-		t.Errorf("SkipNotice(57) = %q: want one line that counts 57 tests", got)
+	if got := skipNotice(57); !strings.Contains(got, "57 real-Redis tests skipped") || strings.Count(got, "\n") != 1 || !strings.HasSuffix(got, "\n") {
+		t.Errorf("skipNotice(57) = %q: want one line that counts 57 tests", got)
 	}
 }
 
@@ -114,42 +113,6 @@ func TestServerSelected(t *testing.T) {
 			t.Log(line) // what CI ran against
 		}
 	}
-}
-
-// TestLongNotice: the line names the tests left out and says how to run
-// them; nothing is said when none were.
-func TestLongNotice(t *testing.T) {
-	if got := LongNotice(nil, nil); got != "" {
-		t.Errorf("LongNotice(nil, nil) = %q, want nothing", got)
-	}
-	got := LongNotice([]string{"TestA", "TestB"}, []string{"TestC/sub"})
-	for _, want := range []string{"skipped TestA, TestB", "shortened TestC/sub", LongEnv + "=1"} {
-		if !strings.Contains(got, want) {
-			t.Errorf("LongNotice = %q, want it to mention %q", got, want)
-		}
-	}
-	if strings.Count(got, "\n") != 1 || !strings.HasSuffix(got, "\n") {
-		t.Errorf("LongNotice = %q: want one line", got)
-	}
-}
-
-// TestLongOr: the long value with LongEnv=1, else the short one, and the
-// test is named for Main's notice.
-func TestLongOr(t *testing.T) {
-	t.Setenv(LongEnv, "1")
-	if got := LongOr(t, 1, 2); got != 2 {
-		t.Errorf("LongOr with %s=1: %d, want the long value", LongEnv, got)
-	}
-	t.Setenv(LongEnv, "")
-	if got := LongOr(t, 1, 2); got != 1 {
-		t.Errorf("LongOr without %s: %d, want the short value", LongEnv, got)
-	}
-	long.Lock()
-	defer long.Unlock()
-	if !slices.Equal(long.shortened, []string{t.Name()}) {
-		t.Errorf("shortened %v, want [%s]", long.shortened, t.Name())
-	}
-	long.shortened = nil // this package's own run is not short
 }
 
 // TestProxyCloseDropsDelay: a proxy closed while it holds a request back

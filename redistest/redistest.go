@@ -1,13 +1,23 @@
 // Package redistest starts real redis-server processes for tests, on free
-// loopback ports, and stops them when the test ends: a single server with
-// [Start], or a Redis Cluster of primaries and replicas with [StartCluster].
-// With RATELIMIT_SERVER=valkey ([ServerEnv]) it starts valkey-server (and
-// uses valkey-cli) instead.
+// loopback ports, and kills them when the test ends: a single server with
+// [Start], or a Redis Cluster of primaries and replicas with
+// [StartCluster]; [NewProxy] puts a slow network in front of either. With
+// RATELIMIT_SERVER=valkey ([ServerEnv]) it starts valkey-server (and uses
+// valkey-cli) instead. A user can test their own limits with it against the
+// server they run in production:
+//
+//	func TestLimit(t *testing.T) {
+//		rdb := redistest.Start(t).Client()
+//		l, err := ratelimit.New(rdb, limits, ratelimit.WithTimeout(redistest.DecisionTimeout))
+//		// ...
+//	}
 //
 // When redis-server (or, for a cluster, redis-cli) is not on PATH the test is
 // skipped, unless the environment variable RATELIMIT_REQUIRE_REDIS is set to
-// 1, in which case it fails: CI must never pass by skipping real-Redis tests.
-// A package whose TestMain calls [Main] says how many tests it skipped.
+// 1 ([RequireEnv]), in which case it fails: a CI run must never pass by
+// skipping real-Redis tests. A package whose TestMain calls [Main] says how
+// many tests it skipped. Every function that starts something reports a
+// failure to start through the test (tb.Fatal), never by a panic.
 package redistest
 
 import (
@@ -17,7 +27,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -60,10 +69,13 @@ func program(tb testing.TB, role string) string {
 // Lua in Go, one script at a time) or on a redis-server that shares the CPU
 // with the compiler can take several hundred milliseconds, and a test that
 // sends a thousand concurrent decisions waits for the ones queued ahead of
-// it (18s seen with other test binaries running beside it). A minute is met
+// it, for seconds. A minute is met
 // by any machine that can run the tests at all, and still fails a test
 // against a Redis that hangs well before the test binary's own timeout
 // would. Tests that are about timeouts set their own, short ones.
+//
+// It is a constant: nothing in this package applies it; a test passes it to
+// the Limiter it builds.
 //
 // [ratelimit.WithTimeout]: https://pkg.go.dev/github.com/slidinglog/ratelimit#WithTimeout
 const DecisionTimeout = time.Minute
@@ -71,9 +83,13 @@ const DecisionTimeout = time.Minute
 // skipped counts the tests of this process that lookPath skipped.
 var skipped atomic.Int64
 
-// Server is a redis-server process owned by a test.
+// Server is a redis-server (or valkey-server) process owned by a test,
+// from [Start] or [StartCluster]. It is killed when the test ends; its
+// methods are safe for concurrent use.
 type Server struct {
-	Addr string // host:port on loopback
+	// Addr is the server's host:port on loopback; it stays the same across
+	// [Server.Stop] and [Server.Restart].
+	Addr string
 
 	tb   testing.TB
 	bin  string
@@ -101,9 +117,13 @@ func lookPath(tb testing.TB, name string) string {
 	return bin
 }
 
-// Start starts a redis-server with no persistence on a free loopback port,
-// with extra configuration args such as "--maxmemory", "10mb". The server is
-// killed when the test ends.
+// Start starts a redis-server with no persistence (no RDB, no AOF) and no
+// protected mode on a free loopback port, with extra configuration args
+// after those defaults, so that they override them: "--maxmemory", "10mb",
+// say. The server is killed when the test ends. It skips or fails tb when
+// there is no redis-server (see the package doc), and fails tb when the
+// server does not answer PING within 10 seconds on any of five ports tried
+// (bad args, say: the failure quotes the server's log).
 func Start(tb testing.TB, args ...string) *Server {
 	tb.Helper()
 	s := &Server{tb: tb, bin: lookPath(tb, program(tb, "server")), dir: tb.TempDir()}
@@ -200,7 +220,9 @@ func (s *Server) Stop() {
 // resumed before it is killed at the end of the test.
 func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
 
-// Resume continues a paused server (SIGCONT).
+// Resume continues a paused server (SIGCONT). Pause and Resume do nothing
+// on a stopped server, and fail the test (without stopping it) when the
+// signal cannot be sent.
 func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
 
 func (s *Server) signal(sig syscall.Signal) {
@@ -216,7 +238,9 @@ func (s *Server) signal(sig syscall.Signal) {
 
 // Restart starts a stopped server again on the same port and directory. A
 // plain server comes back empty, with an empty script cache; a cluster node
-// rejoins its cluster (as a replica, if it was failed over meanwhile).
+// rejoins its cluster (as a replica, if it was failed over meanwhile). It
+// fails the test when the server does not come back (the port was taken
+// meanwhile, say).
 func (s *Server) Restart() {
 	s.tb.Helper()
 	if err := s.start(); err != nil {
@@ -231,15 +255,4 @@ func (s *Server) Client() *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true})
 	s.tb.Cleanup(func() { _ = c.Close() })
 	return c
-}
-
-// LiveHeap returns the bytes of heap still reachable, after two
-// collections (the second frees what the first's finalizers released):
-// what a test of a memory bound compares with the bound.
-func LiveHeap() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
 }

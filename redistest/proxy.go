@@ -28,7 +28,9 @@ type Proxy struct {
 	held   chan struct{} // gets a value (if it has room) when a chunk is held back
 }
 
-// NewProxy starts a proxy to the server at target.
+// NewProxy starts a proxy to the server at target (host:port) on a free
+// loopback port, with no delay. It fails tb when it cannot listen; a
+// client's connection is closed when the proxy cannot reach target.
 func NewProxy(tb testing.TB, target string) *Proxy {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
