@@ -23,37 +23,19 @@ import (
 // the requests admitted in (t-Window, t] plus its own cost fit in Quota. There
 // is no boundary at which the quota refills at once.
 type Limit struct {
-	// Name identifies the limit in Redis keys, in [Result.DeniedBy] and in the
-	// IETF RateLimit headers. It may hold ASCII letters, digits and "-_.",
-	// at most 64 bytes. Default: the key name and the window, such as
-	// "ip-per-1m" for PerMinute(100, ClientIP()) ("header-per-1s",
-	// "user-per-1h", "ip_route-per-10s"); for a limit a route declares
-	// ([WithRoutes]), that and the route, such as "ip-per-1m.POST_login"
-	// for "POST /login", so that the same unnamed limit on two routes
-	// counts each route apart. The default name holds no quota, so a
-	// release that changes an unnamed limit's quota keeps counting in the
-	// same log: replicas of the old and the new release share one budget
-	// per client while a deploy rolls, and no count starts afresh.
+	// Name identifies the limit in Redis keys, in [Result.DeniedBy] and in
+	// the IETF RateLimit headers: ASCII letters, digits and "-_.", at most
+	// 64 bytes. Default: the key name and the window, such as "ip-per-1m"
+	// for PerMinute(100, ClientIP()), and for a limit a route declares
+	// ([WithRoutes]) also the route ("ip-per-1m.POST_login"). The default
+	// name holds no quota, so a release that changes an unnamed limit's
+	// quota keeps counting in the same log.
 	//
-	// Names must be unique within a [Limiter]: two unnamed limits of one
-	// key name and window (PerMinute(5, ClientIP()) and PerMinute(50,
-	// ClientIP())) would get one default name, and [New] asks to name
-	// them. Two Limiters (or app replicas) that share a limit name and
-	// Redis prefix share its counts, which is how replicas enforce one
-	// limit together: give the limits the same name with [Limit.Named] to
-	// share a budget on purpose.
-	//
-	// A name is one definition in a process: [New] refuses a Limiter a
-	// limit of which has the name of a limit of another Limiter of the
-	// process still in use (not yet garbage), with the same Redis client
-	// (of the go-redis types) and prefix, that counts another kind of key
-	// (another header, for a [Header] key), in another window, or exact
-	// where the other is bucketed (or in buckets of another length); and,
-	// for a default name, of another quota (the name does not say it:
-	// such limits were not meant to share a count). The error names both
-	// definitions. The quota of an explicit name may differ, as between
-	// replicas of two releases, and between the Limiters before and after
-	// a configuration reload.
+	// Limiters and replicas that share a name and Redis prefix share its
+	// counts: name limits with [Limit.Named] to share a budget on purpose.
+	// [New] refuses two limits of one name in a Limiter, and a name that
+	// another live Limiter of the process, on the same client and prefix,
+	// uses for another definition. See docs/limits.md.
 	Name string
 	// Quota is the cost admitted per window, from 1 to 1,000,000. The log
 	// holds one entry per admitted unit of cost, so its memory grows with
