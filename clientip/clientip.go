@@ -172,32 +172,20 @@ func (r *Resolver) TrustsProxies() bool { return r != nil && len(r.c.trusted) > 
 func (r *Resolver) TrustsRouter() bool { return r != nil && r.c.router }
 
 // FromRouter returns an Option that takes [http.Request.RemoteAddr] as the
-// client address the router resolved, so that proxies are configured
-// once, in the router. With ratelimit's router adapters, RemoteAddr is
-// the router's own resolution:
-//
-//   - gin, with the ginratelimit adapter: c.ClientIP(), which trusts the
-//     proxies of engine.SetTrustedProxies and reads
-//     engine.RemoteIPHeaders (or engine.TrustedPlatform, such as
-//     gin.PlatformCloudflare or gin.PlatformGoogleAppEngine). gin trusts
-//     every proxy until SetTrustedProxies is called: call it (with nil to
-//     trust none).
-//   - echo, with the echoratelimit adapter: c.RealIP(), which uses
-//     e.IPExtractor (echo.ExtractIPFromXFFHeader, ExtractIPFromRealIPHeader,
-//     with their TrustOption). Without an IPExtractor echo believes any
-//     X-Forwarded-For a client sends: the adapter then counts by the peer
-//     address instead, as a resolver without options does.
-//   - net/http, chi and any other router: [http.Request.RemoteAddr] as
-//     middleware that ran before the rate limiter rewrote it (chi's
-//     middleware.RealIP, which believes True-Client-IP, X-Real-IP and
-//     X-Forwarded-For from every client: use it only behind a proxy that
-//     overwrites them, and only if no client can reach the app directly).
+// client address the router resolved, so that proxies are configured once,
+// in the router: with ratelimit's adapters, gin's c.ClientIP() (call
+// engine.SetTrustedProxies: gin trusts every proxy by default), echo's
+// c.RealIP() when e.IPExtractor is set (the peer address without one), and
+// for net/http, chi and any other router the RemoteAddr that middleware
+// before the limiter rewrote (chi's middleware.RealIP, only behind a proxy
+// that overwrites its headers).
 //
 // The resolver then trusts the router: the address is not checked against
-// any proxy list, and ratelimit reports no untrusted-proxy warning for
-// it. The address is normalized and grouped as [Resolver.ID] says.
-// FromRouter with [TrustProxies], [ProxyHeader] or a preset is an error
-// from [New]: the proxies would be configured twice.
+// any proxy list, and no untrusted-proxy warning is given for it; it is
+// normalized and grouped as [Resolver.ID] says. FromRouter with
+// [TrustProxies], [ProxyHeader] or a preset is an error from [New]: the
+// proxies would be configured twice. See docs/keys.md (client IPs and
+// proxies).
 func FromRouter() Option {
 	return func(c *config) { c.router = true }
 }
