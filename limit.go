@@ -217,32 +217,18 @@ func PerHour(quota int, key Key) Limit { return Per(time.Hour, quota, key) }
 const maxBlock = 30 * 24 * time.Hour
 
 // Block returns a copy of l that blocks a client for d once it denies it:
-// a request the limit has no room for (its count and the request's cost
-// over its quota) blocks the client in this limit, and every request of
-// the client that the limit decides until the block ends is denied,
-// counting nothing, whatever the log holds; the limit then counts as
-// before. d is from 1ms to 30 days; a shadow limit ([Limit.Shadowed]) or
-// a [Global] one cannot block ([New] reports it).
+// every request of the client that the limit decides until the block ends
+// is denied, counting nothing, whatever the log holds. d is from 1ms to 30
+// days; a shadow limit ([Limit.Shadowed]) or a [Global] one cannot block
+// ([New] reports it).
 //
 // The block is kept in Redis, written by the same atomic call that denied,
-// beside the client's log (the same hash slot), so every replica that
-// shares the limit's name and prefix sees it from its next decision on,
-// and it lasts at least d on the Redis clock (rounded up to the
-// millisecond), whatever the application servers' clocks. A replica that
-// learns of a block (its own denial, or a decision that met it) answers
-// the client from its deny cache ([RedisOptions].DenyCache) without calling Redis
-// for up to the cache's maximum age at a time, with Retry-After and Reset
-// the block's end; with the deny cache off, each decision asks Redis.
-// [Limiter.Reset] and [Inspector.Reset] lift the block with the count;
-// other replicas may keep denying from memory for up to the deny cache's
-// maximum age. [LimitResult.Blocked] says when a block ends.
-//
-// When Redis cannot decide, FailLocal's in-process store blocks as Redis
-// does, in this process (a block ends on the wall clock; Reset and an
-// operator's unblock lift it), but knows nothing of the blocks in Redis,
-// and blocks no client counted in an overflow log of a full store (see
-// [RedisOptions].LocalMemory); a Redis out of memory (noeviction) still denies a
-// blocked client, but records no new block.
+// so every replica that shares the limit's name and prefix sees it, and it
+// lasts at least d on the Redis clock. Replicas that know of it deny from
+// their deny cache ([RedisOptions].DenyCache) without calling Redis.
+// [Limiter.Reset] and [Inspector.Reset] lift it with the count;
+// [LimitResult.Blocked] says when it ends. Under FailLocal the local store
+// blocks in this process only. See docs/operations.md (blocks by a limit).
 func (l Limit) Block(d time.Duration) Limit {
 	l.BlockFor = d
 	return l
