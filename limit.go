@@ -70,27 +70,17 @@ const Unlimited = -1
 
 // Plans gives a limit a quota per client: tiers of service, such as free
 // users 100 requests a minute, paid users 1,000 and an internal client no
-// limit at all, decided request by request in one Limiter.
+// limit at all, decided request by request in one Limiter. For each
+// request, Of names the plan of the client the limit's Key identified; the
+// limit then admits that plan's quota in its window. The limit's own Quota
+// is the default plan's, for "" or a plan not in Quotas; a plan of quota
+// [Unlimited] exempts its clients from the limit.
 //
-// For each request, Of names the plan of the client the limit's Key
-// identified; the limit then admits that plan's quota in its window. The
-// limit's own Quota is the default plan's: the quota of a client whose
-// plan Of names "" or a plan not in Quotas. A plan of quota [Unlimited]
-// exempts its clients from the limit: it neither counts nor consults their
-// requests (their other limits still do; a request every limit exempts
-// costs no Redis call and gets no rate-limit headers).
-//
-// The log of a client is the limit's, whatever its plan, so a change of
-// plan takes effect on the client's next request with what it has already
-// used: a client with 150 requests in the window that moves to a plan of
-// 100 is denied until its count drains below 100, and one that moves up
-// gets the new room at once.
-//
-// The headers and Results tell the client's plan: X-RateLimit-Limit is
-// the plan's quota, the plan's item in RateLimit-Policy is named
-// "<limit>.<plan>" (the default plan's keeps the limit's name), and
-// [LimitResult] carries Plan and the plan's Quota. Status and
-// [Limiter.Allow] resolve plans as the middleware does, with their ctx.
+// A client's log is the limit's whatever its plan, so a change of plan
+// takes effect on the next request with what the client has already used.
+// The headers and Results tell the client's plan. An error from Of fails
+// the decision as a Key that cannot identify the request does. See
+// docs/limits.md (plans).
 type Plans struct {
 	// Quotas maps the name of each plan (1 to 64 ASCII letters, digits and
 	// "-_.") to its quota per window: 1 to 1,000,000, or Unlimited.
