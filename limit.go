@@ -171,19 +171,11 @@ const maxBuckets = 1024
 // precision, such as PerHour(10000, key).Bucketed(time.Minute), instead of
 // logging each one: the Redis memory of a key is then bounded by
 // Window/Precision buckets (at most 1,024) whatever the quota, where the
-// exact log holds one entry per admitted request.
-//
-// The price is precision at the window's edge: a request is counted from
-// the start of its bucket until the bucket leaves the window whole, and the
-// window is made of whole buckets, so the limit may admit up to one bucket's
-// worth of requests more, or fewer, than the exact log would. It never
-// admits more than Quota within a window aligned to bucket edges. Reset and
-// Retry-After say when the oldest counted bucket leaves. Window must be a
-// whole number of buckets.
-//
-// Bucketed limits of one identifier share one Redis hash, with a field per
-// limit and bucket; it lives until its last bucket leaves the longest of
-// their windows.
+// exact log holds one entry per admitted request. The price is precision
+// at the window's edge: the limit may admit up to one bucket's worth of
+// requests more, or fewer, than the exact log would, and never more than
+// Quota within a window aligned to bucket edges. Window must be a whole
+// number of buckets. See docs/limits.md (exact log or buckets).
 func (l Limit) Bucketed(precision time.Duration) Limit {
 	l.Precision = precision
 	return l

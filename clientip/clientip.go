@@ -518,23 +518,13 @@ const cloudflareIPs = "https://www.cloudflare.com/ips/"
 
 // TrustCloudflare returns an Option for an app behind Cloudflare: it
 // trusts the given ranges as proxies, as [TrustProxies] does, and reads the
-// client address from CF-Connecting-IP, which Cloudflare sets to the
-// address of the client that connected to it. Pass Cloudflare's published
-// ranges, IPv4 and IPv6, from https://www.cloudflare.com/ips/ (also served
-// as text at https://www.cloudflare.com/ips-v4 and
-// https://www.cloudflare.com/ips-v6). The list is not built in because
-// Cloudflare changes it: load it with your configuration and keep it
-// current. A stale list makes requests through Cloudflare's new addresses
-// count as Cloudflare's own address, all clients of that address together.
-//
-// Requests that reach the app without Cloudflare, from a peer outside the
-// ranges, are counted by that peer, and their CF-Connecting-IP is ignored.
-// If other proxies stand between Cloudflare and the app (a load balancer),
-// trust them too, with TrustProxies, and make sure they pass
-// CF-Connecting-IP on unchanged.
-//
-// No ranges is a configuration error, as is a range TrustProxies refuses
-// and a [ProxyHeader] naming another header.
+// client address from CF-Connecting-IP. Pass Cloudflare's published ranges,
+// IPv4 and IPv6, from https://www.cloudflare.com/ips/, and keep them
+// current: the list is not built in because Cloudflare changes it. A
+// request from a peer outside the ranges is counted by that peer. No
+// ranges, a range TrustProxies refuses, and a [ProxyHeader] naming another
+// header are configuration errors. See docs/keys.md (client IPs and
+// proxies).
 func TrustCloudflare(ranges ...string) Option {
 	return func(c *config) {
 		if len(ranges) == 0 {
