@@ -37,7 +37,7 @@ import (
 // identify, with the rate-limit headers already set, unless l has a
 // handler of its own for the case ([ratelimit.Handlers]); errors that
 // handlers return reach the HTTPErrorHandler unchanged. A
-// [ratelimit.ClientIP] key given [clientip.FromRouter] counts by
+// [ratelimit.ClientIP] key given clientip.FromRouter() counts by
 // c.RealIP() when e.IPExtractor is set, and by the peer address without
 // one. A request that meets l twice is counted once. See docs/routers.md
 // (echo) and docs/keys.md (client IPs and proxies).

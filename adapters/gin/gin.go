@@ -45,7 +45,7 @@ var (
 // rate-limit headers kept, unless l has a handler of its own for the case
 // ([ratelimit.Handlers]); the reason is recorded with c.Error as a private
 // error ([ErrTooManyRequests] for a 429). A [ratelimit.ClientIP] key given
-// [clientip.FromRouter] counts by c.ClientIP(): call
+// clientip.FromRouter() counts by c.ClientIP(): call
 // engine.SetTrustedProxies before serving, since gin trusts every proxy by
 // default. A request that meets l twice is counted once. See
 // docs/routers.md (gin) and docs/keys.md (client IPs and proxies).
