@@ -109,7 +109,7 @@ func WithObserver(o Observer) Option {
 // once, in the background, that Redis's maxmemory-policy cannot evict its
 // keys, and warns if it can.
 //
-// The [Warning]s, such as an untrusted proxy ([WarningUntrustedProxy]) or
+// The warnings ([Warning]), such as an untrusted proxy ([WarningUntrustedProxy]) or
 // routes the Handler cannot see ([WarningRoutesUnseen]), go to this logger,
 // or to [slog.Default] without WithLogger, once each; a logger of
 // slog.DiscardHandler silences them. Default: no logging of decisions. A
