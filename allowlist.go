@@ -152,37 +152,18 @@ func WithSkip(skip func(r *http.Request) bool) Option {
 
 // WithAllowList makes the middleware let through, undecided, every request
 // whose identifier under key is one of entries, exactly as [WithSkip] does
-// (no Redis call, no count, no rate-limit headers; observed as skipped), for
-// monitoring probes, partners or internal clients that no limit should
-// slow down. It is one more skip function: it runs in its place among
-// those of WithSkip, before any limit is decided; [Limiter.Allow] and
-// [Limiter.Status] never skip.
+// (no Redis call, no count, no rate-limit headers), for monitoring probes,
+// partners or internal clients that no limit should slow down.
+// [Limiter.Allow] and [Limiter.Status] never skip. For a [ClientIP] key,
+// entries are IP addresses or CIDR prefixes ("10.0.0.0/8",
+// "2001:db8::7"), matched against the client address before any grouping;
+// for any other key, identifiers compared exactly. A request the key
+// cannot identify is decided as usual. An allow-listed client is not
+// limited at all: list only identifiers a client cannot forge.
 //
-// For a [ClientIP] key, entries are IP addresses or CIDR prefixes
-// ("192.0.2.7", "10.0.0.0/8", "2001:db8::/32"), matched against the client
-// address the key resolves (its [clientip.TrustProxies] and [clientip.ProxyHeader] honoured,
-// normalized as ClientIP says: IPv4-mapped addresses as IPv4, zones
-// dropped) before any [clientip.IPv4Prefix] or [clientip.IPv6Prefix] grouping: listing one
-// IPv6 address lets through that address, not its /64. Entries are read
-// as TrustProxies reads them: any spelling, zones dropped, an IPv4-mapped
-// entry (::ffff:192.0.2.0/120) as IPv4 (192.0.2.0/24); an IPv6 entry never
-// lets an IPv4 client through. For any other key,
-// such as [User], [Header], [Route] or a [KeyFunc], entries are identifiers,
-// compared exactly with what the key returns. A request the key cannot
-// identify ([ErrNoKey] or another error) is not let through: it is decided
-// as usual. A lookup is a map access (for a ClientIP key, one per distinct
-// prefix length listed) and does not allocate.
-//
-// An allow-listed client is not limited at all: list only clients you
-// trust, and only identifiers they cannot forge (a Header is the client's
-// to write; a ClientIP behind an untrusted proxy is the proxy's address).
-//
-// WithAllowList may be given several times, with the same key or others.
-// [New] reports a zero Key, the key's own configuration error, a [Global]
-// or [Compose] key, no entries, an empty identifier, and, for a ClientIP
-// key, an entry that is not an IP address or a prefix, a prefix with host
-// bits set ("10.0.0.1/8", usually a typo: the error names 10.0.0.0/8), an
-// IPv4-mapped prefix shorter than /96 or a /0 prefix. Default: none.
+// Default: none; it may be given several times. [New] reports an invalid
+// key or entry, with what to write instead. See docs/limits.md
+// (allow-lists) and docs/keys.md.
 func WithAllowList(key Key, entries ...string) Option {
 	a, err := newAllowList(key, entries)
 	return func(c *config) {

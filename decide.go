@@ -442,26 +442,17 @@ func (l *Limiter) Refund(ctx context.Context, res Result) error {
 
 // Allow decides whether a request of the given cost, identified by ids, may
 // proceed, and if so counts it in every limit. ids[i] identifies the client
-// for the Limiter's i-th limit (for a [Global] limit, [GlobalID], the id
-// the middleware uses). Allow is how to use a Limiter outside HTTP;
-// the middleware calls the same logic with the ids its [Key]s extract, and
-// an id given to Allow counts with the middleware's requests of the same
-// identifier, except for a limit counted by a [Compose] key: Allow escapes
-// every id it is given, which the middleware does not redo for a composed
-// one. Allow decides with the Limiter's own limits, never a route's
-// ([WithRoutes]). A limit's [Plans] are resolved with ctx and the limit's
-// id. Observers ([WithObserver]) and the logger see the
-// decision, and an admitted Result can be given to [Limiter.Refund].
+// for the Limiter's i-th limit ([GlobalID] for a [Global] one). Allow is
+// how to use a Limiter outside HTTP: it decides with the Limiter's own
+// limits (never a route's), counts with the middleware's requests of the
+// same identifiers, and is seen by Observers and the logger; an admitted
+// Result can be given to [Limiter.Refund].
 //
-// The error is non-nil when Redis could not decide: wrong number of ids, an
-// empty id, cost < 1, a Plans.Of error, a Redis error, an open circuit breaker
-// (store.ErrCircuitOpen) or the timeout ([WithTimeout]) running out. The Result
-// then admits nothing and has no Limits (its Unreverted may count units a
-// Redis Cluster decision left behind), except under [FailLocal], where a
-// decision the limiter could not take to Redis is made in this process: the
-// Result is that decision (Local is true, and Allowed may be), and the error
-// says why Redis did not decide. Errors in the arguments (wrong number of
-// ids, an empty id, a cost below 1) never get a local decision.
+// The error is non-nil when the arguments are invalid (a wrong number of
+// ids, an empty id, cost < 1) or Redis could not decide; the Result then
+// admits nothing, except under [FailLocal], where it is the decision made
+// in this process (Result.Local) and the error says why Redis did not
+// decide. See docs/limits.md (without HTTP).
 func (l *Limiter) Allow(ctx context.Context, ids []string, cost int) (Result, error) {
 	return l.rules.allowIDs(ctx, ids, cost, false)
 }

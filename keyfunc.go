@@ -218,31 +218,19 @@ func nilPointer(v any) bool {
 
 // Route returns a Key that identifies a request by its method and route
 // template, such as "GET /users/{id}", so that "/users/1" and "/users/2"
-// share a limit. It never uses the raw URL path, which a client could vary to
-// escape the limit.
+// share a limit. It never uses the raw URL path, which a client could vary
+// to escape the limit.
 //
-// The template is [http.Request.Pattern]. [http.ServeMux] sets it for the
-// handler it dispatches to, so Route works in a limiter that wraps a single
-// route (mux.Handle("GET /users/{id}", lim.Handler(h))) or the mux itself
-// (lim.Handler(mux)), which looks the route up first. The router adapters set
-// it from the router's own template.
-//
-// Templates are written in one canonical form, whatever the router, so
-// that the same route has the same key in all of them: a parameter is
-// "{id}" (gin's and echo's ":id", chi's "{id}" and "{id:[0-9]+}"), a
-// trailing wildcard "{...}" (chi's and echo's "*", gin's "*filepath",
-// ServeMux's "{path...}"); the rest is kept as written. [WithRoutes]
-// templates are read the same way.
-//
-// A method in the pattern ("GET /reports") is used as it is; otherwise
-// the request's method is put in front of it, written so that a client
-// cannot make up keys by spelling it: HEAD is counted as GET (the router
-// serves it with the GET handler, so the two share one budget), the other
-// methods of HTTP's RFC 9110 and PATCH as they are, and any other method
-// ("get", "FOO") as "*". [route.Unmatched], the template of every request
-// that matched no route, is used as it is, so that varying the path
-// neither escapes a limit nor creates a Redis key per path. A request
-// with no pattern at all has no key ([ErrNoKey]).
+// The template is [http.Request.Pattern], which [http.ServeMux] sets for the
+// handler it dispatches to ([Limiter.Handler] around the mux looks it up
+// first) and the router adapters set from the router's own template. It is
+// written in one canonical form whatever the router: a parameter is "{id}"
+// (gin's and echo's ":id", chi's "{id:[0-9]+}"), a trailing wildcard
+// "{...}" (chi's and echo's "*", gin's "*filepath", ServeMux's
+// "{path...}"). The request's method is put in front of a methodless
+// template, HEAD as GET and unknown methods as "*"; requests no route
+// matched share [route.Unmatched]. A request with no pattern has no key
+// ([ErrNoKey]). See docs/keys.md (route templates).
 func Route() Key {
 	return Key{name: "route", fn: func(r *http.Request) (string, error) {
 		switch p := r.Pattern; {

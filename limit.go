@@ -23,37 +23,19 @@ import (
 // the requests admitted in (t-Window, t] plus its own cost fit in Quota. There
 // is no boundary at which the quota refills at once.
 type Limit struct {
-	// Name identifies the limit in Redis keys, in [Result.DeniedBy] and in the
-	// IETF RateLimit headers. It may hold ASCII letters, digits and "-_.",
-	// at most 64 bytes. Default: the key name and the window, such as
-	// "ip-per-1m" for PerMinute(100, ClientIP()) ("header-per-1s",
-	// "user-per-1h", "ip_route-per-10s"); for a limit a route declares
-	// ([WithRoutes]), that and the route, such as "ip-per-1m.POST_login"
-	// for "POST /login", so that the same unnamed limit on two routes
-	// counts each route apart. The default name holds no quota, so a
-	// release that changes an unnamed limit's quota keeps counting in the
-	// same log: replicas of the old and the new release share one budget
-	// per client while a deploy rolls, and no count starts afresh.
+	// Name identifies the limit in Redis keys, in [Result.DeniedBy] and in
+	// the IETF RateLimit headers: ASCII letters, digits and "-_.", at most
+	// 64 bytes. Default: the key name and the window, such as "ip-per-1m"
+	// for PerMinute(100, ClientIP()), and for a limit a route declares
+	// ([WithRoutes]) also the route ("ip-per-1m.POST_login"). The default
+	// name holds no quota, so a release that changes an unnamed limit's
+	// quota keeps counting in the same log.
 	//
-	// Names must be unique within a [Limiter]: two unnamed limits of one
-	// key name and window (PerMinute(5, ClientIP()) and PerMinute(50,
-	// ClientIP())) would get one default name, and [New] asks to name
-	// them. Two Limiters (or app replicas) that share a limit name and
-	// Redis prefix share its counts, which is how replicas enforce one
-	// limit together: give the limits the same name with [Limit.Named] to
-	// share a budget on purpose.
-	//
-	// A name is one definition in a process: [New] refuses a Limiter a
-	// limit of which has the name of a limit of another Limiter of the
-	// process still in use (not yet garbage), with the same Redis client
-	// (of the go-redis types) and prefix, that counts another kind of key
-	// (another header, for a [Header] key), in another window, or exact
-	// where the other is bucketed (or in buckets of another length); and,
-	// for a default name, of another quota (the name does not say it:
-	// such limits were not meant to share a count). The error names both
-	// definitions. The quota of an explicit name may differ, as between
-	// replicas of two releases, and between the Limiters before and after
-	// a configuration reload.
+	// Limiters and replicas that share a name and Redis prefix share its
+	// counts: name limits with [Limit.Named] to share a budget on purpose.
+	// [New] refuses two limits of one name in a Limiter, and a name that
+	// another live Limiter of the process, on the same client and prefix,
+	// uses for another definition. See docs/limits.md.
 	Name string
 	// Quota is the cost admitted per window, from 1 to 1,000,000. The log
 	// holds one entry per admitted unit of cost, so its memory grows with
@@ -88,27 +70,17 @@ const Unlimited = -1
 
 // Plans gives a limit a quota per client: tiers of service, such as free
 // users 100 requests a minute, paid users 1,000 and an internal client no
-// limit at all, decided request by request in one Limiter.
+// limit at all, decided request by request in one Limiter. For each
+// request, Of names the plan of the client the limit's Key identified; the
+// limit then admits that plan's quota in its window. The limit's own Quota
+// is the default plan's, for "" or a plan not in Quotas; a plan of quota
+// [Unlimited] exempts its clients from the limit.
 //
-// For each request, Of names the plan of the client the limit's Key
-// identified; the limit then admits that plan's quota in its window. The
-// limit's own Quota is the default plan's: the quota of a client whose
-// plan Of names "" or a plan not in Quotas. A plan of quota [Unlimited]
-// exempts its clients from the limit: it neither counts nor consults their
-// requests (their other limits still do; a request every limit exempts
-// costs no Redis call and gets no rate-limit headers).
-//
-// The log of a client is the limit's, whatever its plan, so a change of
-// plan takes effect on the client's next request with what it has already
-// used: a client with 150 requests in the window that moves to a plan of
-// 100 is denied until its count drains below 100, and one that moves up
-// gets the new room at once.
-//
-// The headers and Results tell the client's plan: X-RateLimit-Limit is
-// the plan's quota, the plan's item in RateLimit-Policy is named
-// "<limit>.<plan>" (the default plan's keeps the limit's name), and
-// [LimitResult] carries Plan and the plan's Quota. Status and
-// [Limiter.Allow] resolve plans as the middleware does, with their ctx.
+// A client's log is the limit's whatever its plan, so a change of plan
+// takes effect on the next request with what the client has already used.
+// The headers and Results tell the client's plan. An error from Of fails
+// the decision as a Key that cannot identify the request does. See
+// docs/limits.md (plans).
 type Plans struct {
 	// Quotas maps the name of each plan (1 to 64 ASCII letters, digits and
 	// "-_.") to its quota per window: 1 to 1,000,000, or Unlimited.
@@ -199,19 +171,11 @@ const maxBuckets = 1024
 // precision, such as PerHour(10000, key).Bucketed(time.Minute), instead of
 // logging each one: the Redis memory of a key is then bounded by
 // Window/Precision buckets (at most 1,024) whatever the quota, where the
-// exact log holds one entry per admitted request.
-//
-// The price is precision at the window's edge: a request is counted from
-// the start of its bucket until the bucket leaves the window whole, and the
-// window is made of whole buckets, so the limit may admit up to one bucket's
-// worth of requests more, or fewer, than the exact log would. It never
-// admits more than Quota within a window aligned to bucket edges. Reset and
-// Retry-After say when the oldest counted bucket leaves. Window must be a
-// whole number of buckets.
-//
-// Bucketed limits of one identifier share one Redis hash, with a field per
-// limit and bucket; it lives until its last bucket leaves the longest of
-// their windows.
+// exact log holds one entry per admitted request. The price is precision
+// at the window's edge: the limit may admit up to one bucket's worth of
+// requests more, or fewer, than the exact log would, and never more than
+// Quota within a window aligned to bucket edges. Window must be a whole
+// number of buckets. See docs/limits.md (exact log or buckets).
 func (l Limit) Bucketed(precision time.Duration) Limit {
 	l.Precision = precision
 	return l
@@ -235,32 +199,18 @@ func PerHour(quota int, key Key) Limit { return Per(time.Hour, quota, key) }
 const maxBlock = 30 * 24 * time.Hour
 
 // Block returns a copy of l that blocks a client for d once it denies it:
-// a request the limit has no room for (its count and the request's cost
-// over its quota) blocks the client in this limit, and every request of
-// the client that the limit decides until the block ends is denied,
-// counting nothing, whatever the log holds; the limit then counts as
-// before. d is from 1ms to 30 days; a shadow limit ([Limit.Shadowed]) or
-// a [Global] one cannot block ([New] reports it).
+// every request of the client that the limit decides until the block ends
+// is denied, counting nothing, whatever the log holds. d is from 1ms to 30
+// days; a shadow limit ([Limit.Shadowed]) or a [Global] one cannot block
+// ([New] reports it).
 //
 // The block is kept in Redis, written by the same atomic call that denied,
-// beside the client's log (the same hash slot), so every replica that
-// shares the limit's name and prefix sees it from its next decision on,
-// and it lasts at least d on the Redis clock (rounded up to the
-// millisecond), whatever the application servers' clocks. A replica that
-// learns of a block (its own denial, or a decision that met it) answers
-// the client from its deny cache ([RedisOptions].DenyCache) without calling Redis
-// for up to the cache's maximum age at a time, with Retry-After and Reset
-// the block's end; with the deny cache off, each decision asks Redis.
-// [Limiter.Reset] and [Inspector.Reset] lift the block with the count;
-// other replicas may keep denying from memory for up to the deny cache's
-// maximum age. [LimitResult.Blocked] says when a block ends.
-//
-// When Redis cannot decide, FailLocal's in-process store blocks as Redis
-// does, in this process (a block ends on the wall clock; Reset and an
-// operator's unblock lift it), but knows nothing of the blocks in Redis,
-// and blocks no client counted in an overflow log of a full store (see
-// [RedisOptions].LocalMemory); a Redis out of memory (noeviction) still denies a
-// blocked client, but records no new block.
+// so every replica that shares the limit's name and prefix sees it, and it
+// lasts at least d on the Redis clock. Replicas that know of it deny from
+// their deny cache ([RedisOptions].DenyCache) without calling Redis.
+// [Limiter.Reset] and [Inspector.Reset] lift it with the count;
+// [LimitResult.Blocked] says when it ends. Under FailLocal the local store
+// blocks in this process only. See docs/operations.md (blocks by a limit).
 func (l Limit) Block(d time.Duration) Limit {
 	l.BlockFor = d
 	return l

@@ -19,44 +19,20 @@ import (
 // identify gets 401 ([WithMissingKey]); one the limiter cannot decide gets
 // the failure mode ([WithFailureMode]).
 //
-// A request is decided by the limits [WithRoutes] declared for its route
-// template (r.Pattern) together with l's own, once. Wrap a single route, or
-// a whole [http.ServeMux]: then Handler looks the route up before deciding,
-// so that [Route] keys and WithRoutes see the mux's template, and requests
-// no route matched share [route.Unmatched] (a CONNECT the mux answers with
-// its trailing-slash redirect, whose pattern would be the client's path,
-// included):
+// Wrap a single route, or a whole [http.ServeMux]: Handler then looks the
+// route up first, so [Route] keys and [WithRoutes] see the mux's template,
+// and each request is decided once against l's limits and its route's:
 //
 //	api, _ := ratelimit.New(rdb, limits, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
 //		"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("login")}},
 //	}))
 //	http.ListenAndServe(":8080", api.Handler(mux))
 //
-// Behind other middleware (api.Handler(logging(mux))) the mux is out of
-// sight: wrap the mux itself, inside the other middleware
-// (logging(api.Handler(mux))), or each route too, or name the mux with
-// [WithRoutesFrom], and Handler looks every request up in it. Otherwise,
-// when l has routes, the first request whose route Handler could not see
-// (none of l's passes further in resolved it) is reported once, out loud,
-// as [WarningRoutesUnseen]: through the [WithLogger] logger, or
-// [slog.Default] without one, and to the metrics modules; after the mux
-// has served it, if the middleware passed the request itself on, the
-// warning names the declared route that was not applied.
-//
-// A request l is already deciding, further up the chain (l's Handler
-// around a mux whose routes are wrapped in l's Handler again, or around a
-// router that mounts l with its adapter), is counted once: the second pass
-// decides only the limits of the request's route, if the first pass saw no
-// route (it was behind other middleware), joining its headers to the first
-// pass's, and lets the request through undecided otherwise, with the first
-// pass's headers; later passes decide nothing. Those two decisions are
-// separate: a request the route's limits deny stays counted in l's own, and
-// an [Observer] sees both. A request is
-// recognised by its Header map, which the copies r.WithContext and
-// [http.StripPrefix] make share. Different Limiters each decide, and
-// their headers compose: X-RateLimit-* describe the limit closest to
-// denying across all of them, RateLimit and RateLimit-Policy list the
-// limits of every decision (see [HeadersXRateLimit]).
+// Behind other middleware the mux is out of sight: wrap the mux inside it,
+// or name it with [WithRoutesFrom]; otherwise l reports once that it cannot
+// apply its routes ([WarningRoutesUnseen]). A request that meets l twice is
+// counted once; different Limiters each decide, and their headers compose
+// ([HeadersXRateLimit]). See docs/routers.md.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	if l == nil {
 		panic("ratelimit: Handler of a nil *Limiter: check the error New returned")

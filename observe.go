@@ -103,37 +103,17 @@ func WithObserver(o Observer) Option {
 
 // WithLogger makes the limiter log its decisions (the middleware's and
 // [Limiter.Allow]'s) through logger: failures (the failure mode applied) at
-// Warn, denials at Debug, a shadow limit that would have denied at Info; and,
-// at Warn, a rollback that left units counted ([Inspector.Unreverted]). Client identifiers are left out unless
-// logIdentifiers is true: they are personal data in many places. Default:
-// no logging.
+// Warn, denials at Debug, a shadow limit that would have denied at Info.
+// Client identifiers are left out unless logIdentifiers is true: they are
+// personal data in many places. With a logger, the Limiter also checks
+// once, in the background, that Redis's maxmemory-policy cannot evict its
+// keys, and warns if it can.
 //
-// With a logger, the first decision of a Limiter (or of one of its
-// [WithRoutes] routes) also asks Redis, once and in the background, for its
-// maxmemory-policy (CONFIG GET; on a cluster, every primary's), and logs one
-// warning at Warn
-// if it may evict the limiter's keys: every policy but noeviction does, once
-// maxmemory is set, and an evicted log forgets what it counted, so its
-// clients are admitted again. A Redis that refuses CONFIG GET is not
-// reported on; no decision waits for the check or fails because of it.
-//
-// A Limiter one of whose limits or allow-lists ([WithAllowList]) counts
-// by a [ClientIP] key that trusts no proxy (no [clientip.TrustProxies], preset or
-// [clientip.FromRouter]) logs one warning at Warn ([WarningUntrustedProxy]),
-// through this logger or, without WithLogger, [slog.Default], once for it
-// and its [WithRoutes] routes together, at the first request to the middleware
-// that carries X-Forwarded-For, Forwarded, X-Real-IP, CF-Connecting-IP,
-// True-Client-IP or Fastly-Client-IP: the app is probably behind a proxy it
-// does not trust, so every client of that proxy shares the proxy's limit.
-// It names the header, and how to trust the proxy; the header's value
-// and the peer address are logged only if logIdentifiers is true. Until
-// then each request costs a few header lookups, and nothing after.
-//
-// Without WithLogger, the Limiter logs nothing of its decisions, but the
-// [Warning]s, the untrusted-proxy one above and [WarningRoutesUnseen], go
-// to [slog.Default], once each: a mistake that silently weakens a limit is
-// said out loud. Give a logger of slog.DiscardHandler to silence them. A
-// nil logger is an error from [New].
+// The warnings ([Warning]), such as an untrusted proxy ([WarningUntrustedProxy]) or
+// routes the Handler cannot see ([WarningRoutesUnseen]), go to this logger,
+// or to [slog.Default] without WithLogger, once each; a logger of
+// slog.DiscardHandler silences them. Default: no logging of decisions. A
+// nil logger is an error from [New]. See docs/metrics.md (logs).
 func WithLogger(logger *slog.Logger, logIdentifiers bool) Option {
 	return func(c *config) {
 		c.nilArg("WithLogger", logger == nil, "leave the option out to log nothing but warnings (to slog.Default), or pass slog.New(slog.DiscardHandler) to log nothing")

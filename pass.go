@@ -62,21 +62,10 @@ type Pass struct {
 //
 // If l already has a pass over r under way (a Limiter mounted twice),
 // Enter records nothing and returns a later pass, whose Decide decides
-// only what the first pass could not: the limits of r's route, if the
-// first pass saw no route; otherwise it proceeds undecided, with the first
-// pass's headers.
-//
-// A request is known by its Header map, which r.WithContext,
-// [http.StripPrefix] and the routers' contexts share, so that a
-// middleware that replaces the request between two passes does not hide
-// the first; a request without a Header is known by its pointer. Two
-// requests served at the same time that share one Header map (shallow
-// copies of one request, which net/http's server never makes) are taken
-// for one.
-//
-// Enter does not allocate once its record has grown to the number of
-// passes under way. It panics if l is nil: an adapter checks that when it
-// is built, as [Limiter.Handler] does.
+// only the limits of r's route if the first pass saw no route, and
+// otherwise proceeds undecided with the first pass's headers. A request is
+// known by its Header map. Enter panics if l is nil: an adapter checks
+// that when it is built, as [Limiter.Handler] does. See docs/adapters.md.
 func (l *Limiter) Enter(r *http.Request) Pass {
 	if l == nil {
 		panic("ratelimit: Enter of a nil *Limiter: check the error New returned")

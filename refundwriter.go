@@ -195,21 +195,12 @@ func (w rwFHRP) Push(target string, opts *http.PushOptions) error { return w.pus
 //
 //	ratelimit.WithRefund(func(status int) bool { return status >= 500 })
 //
-// refund sees the response's final status: the first status the handler
-// wrote other than an informational 1xx (such as 103 Early Hints), or 200 if
-// it wrote a body, flushed or wrote nothing at all. A request whose handler
-// hijacked the connection before writing a status (a WebSocket upgrade, say)
-// counts as 101 Switching Protocols: it was served, and a refund func such as
-// the one above does not refund it.
-//
-// Only [Limiter.Handler] sees the status; router adapters that call
-// [Pass.Check] do not refund. It costs the middleware a wrapped
-// ResponseWriter (one allocation per request) and a Redis call per refunded
-// request. The wrapper keeps the optional interfaces of the writer it wraps,
-// and only those: [http.Flusher], [http.Hijacker], [io.ReaderFrom] and
-// [http.Pusher], so streaming and protocol upgrades work behind it, and
-// [http.ResponseController] reaches the rest through its Unwrap method.
-// Default: no refunds. A nil refund is an error from [New].
+// refund sees the response's final status (200 if the handler wrote a body
+// or nothing; 101 for a hijacked connection). Only [Limiter.Handler] sees
+// the status; router adapters do not refund. It costs a wrapped
+// ResponseWriter per request, which keeps Flusher, Hijacker, ReaderFrom and
+// Pusher, and a Redis call per refund. Default: no refunds. A nil refund
+// is an error from [New]. See docs/limits.md (refunds).
 func WithRefund(refund func(status int) bool) Option {
 	return func(c *config) {
 		c.nilArg("WithRefund", refund == nil, "leave the option out")

@@ -8,53 +8,20 @@ import (
 )
 
 // WithRoutes declares per-route limits and costs in one place, keyed by
-// route template: "POST /login" applies to one method, "/login" to all, and
-// [route.Unmatched] to requests no route matched. Templates are read in the
-// canonical form [Route] describes, so one table serves every router: a
-// parameter is "{id}" (gin's and echo's ":id" and chi's "{id:[0-9]+}" may
-// be written too, and mean the same), a trailing wildcard "{...}" (or
-// ServeMux's "{path...}", chi's and echo's "*", gin's "*filepath"). A
-// "GET" template also decides the HEAD requests to its route, unless a
-// "HEAD" template is declared for it: net/http's ServeMux and chi's
-// middleware.GetHead serve HEAD with the GET handler.
+// route template in the canonical form [Route] describes: "POST /login"
+// applies to one method, "/login" to all, and [route.Unmatched] to requests
+// no route matched; a "GET" entry also decides HEAD unless "HEAD" is
+// declared. A request to a declared route is decided once, against the
+// Limiter's limits and the route's together, and counted in all of them or
+// in none; a request to a route not declared, or whose template the
+// Limiter cannot see, is decided by the Limiter's limits alone. An unnamed
+// route limit's default name includes the route ([Limit].Name).
 //
-// A request to a declared route is decided once, against the Limiter's
-// limits and the route's together, with the Limiter's options, and counted
-// in all of them or in none: a login the tight login limit denies does not
-// use up the app-wide quota. Its Result lists the Limiter's limits, then the
-// route's. A route limit's name must differ from the Limiter's limits'
-// names. An unnamed route limit's default name includes the route (see
-// [Limit].Name: "ip-per-1m.POST_login"), so the same unnamed limit on
-// two routes counts each apart; two routes that declare a limit of the
-// same explicit name (and definition) share its counts, one budget on
-// purpose. The route template must be known when the Limiter
-// decides: it is with the router adapters, and with [Limiter.Handler] when
-// it wraps an [http.ServeMux] or a single route, or is given the mux with
-// [WithRoutesFrom]; Handler behind other middleware reports, once, that
-// it cannot apply the table ([WarningRoutesUnseen]). A request to a route not
-// declared, or with no template, is decided by the Limiter's limits alone.
-// Default: no routes. [New] reports a template that can match no request,
-// saying what to write instead: no path, a path that does not start with
-// '/' ("login"), a method that is not one of HTTP's ("GETT /x", "get /x"),
-// a path that no router writes (an unclosed or empty parameter, "{id" or
-// "{}"; a wildcard before the last segment, "/files/{...}/x"; a space, a
-// query or a fragment). It also reports a negative cost, a route declared
-// twice (the same method and canonical path: "/files/*" and
-// "/files/{path...}" are one), invalid or duplicate limits, and two routes
-// that would give an unnamed limit the same default name (templates that
-// differ only in bytes a name cannot hold, such as "/a.b" and "/a/b").
-//
-// An entry that no route of the router serves ("POST /logn" for "POST
-// /login", the wrong method, a trailing slash or parameter name the route
-// does not have) would never apply. Where the router's routes can be
-// listed it is refused, naming the nearest route: by [New] with
-// [WithRoutesFrom] when the mux has its routes by then, by
-// [Inspector.CheckMux], [Inspector.CheckRoutes] and the adapters' CheckRoutes
-// (chi, echo, gin, gRPC), which an app calls once its routes are
-// registered. Otherwise it is reported once, as [WarningRouteUnmatched],
-// at the first request served by [Limiter.Handler] around a ServeMux (or
-// with WithRoutesFrom) and by the chi and echo middleware, which list the
-// routes then; gin's and gRPC's middleware cannot, and warn of nothing.
+// Default: no routes. [New] reports an entry no request can match, saying
+// what to write instead, a negative cost, a route declared twice, and
+// invalid or clashing limits; an entry no route of the router serves is
+// refused or warned of where the routes can be listed. See docs/limits.md
+// (per-route limits) and docs/routers.md (checking the route table).
 func WithRoutes(routes map[string]RouteLimits) Option {
 	return func(c *config) {
 		if c.routes == nil {

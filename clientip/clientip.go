@@ -172,32 +172,20 @@ func (r *Resolver) TrustsProxies() bool { return r != nil && len(r.c.trusted) > 
 func (r *Resolver) TrustsRouter() bool { return r != nil && r.c.router }
 
 // FromRouter returns an Option that takes [http.Request.RemoteAddr] as the
-// client address the router resolved, so that proxies are configured
-// once, in the router. With ratelimit's router adapters, RemoteAddr is
-// the router's own resolution:
-//
-//   - gin, with the ginratelimit adapter: c.ClientIP(), which trusts the
-//     proxies of engine.SetTrustedProxies and reads
-//     engine.RemoteIPHeaders (or engine.TrustedPlatform, such as
-//     gin.PlatformCloudflare or gin.PlatformGoogleAppEngine). gin trusts
-//     every proxy until SetTrustedProxies is called: call it (with nil to
-//     trust none).
-//   - echo, with the echoratelimit adapter: c.RealIP(), which uses
-//     e.IPExtractor (echo.ExtractIPFromXFFHeader, ExtractIPFromRealIPHeader,
-//     with their TrustOption). Without an IPExtractor echo believes any
-//     X-Forwarded-For a client sends: the adapter then counts by the peer
-//     address instead, as a resolver without options does.
-//   - net/http, chi and any other router: [http.Request.RemoteAddr] as
-//     middleware that ran before the rate limiter rewrote it (chi's
-//     middleware.RealIP, which believes True-Client-IP, X-Real-IP and
-//     X-Forwarded-For from every client: use it only behind a proxy that
-//     overwrites them, and only if no client can reach the app directly).
+// client address the router resolved, so that proxies are configured once,
+// in the router: with ratelimit's adapters, gin's c.ClientIP() (call
+// engine.SetTrustedProxies: gin trusts every proxy by default), echo's
+// c.RealIP() when e.IPExtractor is set (the peer address without one), and
+// for net/http, chi and any other router the RemoteAddr that middleware
+// before the limiter rewrote (chi's middleware.RealIP, only behind a proxy
+// that overwrites its headers).
 //
 // The resolver then trusts the router: the address is not checked against
-// any proxy list, and ratelimit reports no untrusted-proxy warning for
-// it. The address is normalized and grouped as [Resolver.ID] says.
-// FromRouter with [TrustProxies], [ProxyHeader] or a preset is an error
-// from [New]: the proxies would be configured twice.
+// any proxy list, and no untrusted-proxy warning is given for it; it is
+// normalized and grouped as [Resolver.ID] says. FromRouter with
+// [TrustProxies], [ProxyHeader] or a preset is an error from [New]: the
+// proxies would be configured twice. See docs/keys.md (client IPs and
+// proxies).
 func FromRouter() Option {
 	return func(c *config) { c.router = true }
 }
@@ -530,23 +518,13 @@ const cloudflareIPs = "https://www.cloudflare.com/ips/"
 
 // TrustCloudflare returns an Option for an app behind Cloudflare: it
 // trusts the given ranges as proxies, as [TrustProxies] does, and reads the
-// client address from CF-Connecting-IP, which Cloudflare sets to the
-// address of the client that connected to it. Pass Cloudflare's published
-// ranges, IPv4 and IPv6, from https://www.cloudflare.com/ips/ (also served
-// as text at https://www.cloudflare.com/ips-v4 and
-// https://www.cloudflare.com/ips-v6). The list is not built in because
-// Cloudflare changes it: load it with your configuration and keep it
-// current. A stale list makes requests through Cloudflare's new addresses
-// count as Cloudflare's own address, all clients of that address together.
-//
-// Requests that reach the app without Cloudflare, from a peer outside the
-// ranges, are counted by that peer, and their CF-Connecting-IP is ignored.
-// If other proxies stand between Cloudflare and the app (a load balancer),
-// trust them too, with TrustProxies, and make sure they pass
-// CF-Connecting-IP on unchanged.
-//
-// No ranges is a configuration error, as is a range TrustProxies refuses
-// and a [ProxyHeader] naming another header.
+// client address from CF-Connecting-IP. Pass Cloudflare's published ranges,
+// IPv4 and IPv6, from https://www.cloudflare.com/ips/, and keep them
+// current: the list is not built in because Cloudflare changes it. A
+// request from a peer outside the ranges is counted by that peer. No
+// ranges, a range TrustProxies refuses, and a [ProxyHeader] naming another
+// header are configuration errors. See docs/keys.md (client IPs and
+// proxies).
 func TrustCloudflare(ranges ...string) Option {
 	return func(c *config) {
 		if len(ranges) == 0 {

@@ -289,22 +289,14 @@ func (o *Operator) ClearQuota(ctx context.Context, limit, plan string) (bool, er
 // Block denies every request of target, for d, on every Limiter of the
 // Operator's prefix: a request any of whose limits' identifiers is target,
 // or, when target is an IP address or a CIDR ("203.0.113.7",
-// "203.0.113.0/24", "2001:db8::/48", in any spelling: upper case,
-// expanded, IPv4-mapped, with an IPv6 zone, which is dropped), any of
-// whose identifiers is an address or network that overlaps it, as
-// ratelimit.ClientIP identifies clients: a network blocks every client
-// inside it, and an address or network longer than ClientIP's grouping
-// blocks the whole group that holds it ("2001:db8::1" and "2001:db8::/96"
-// block 2001:db8::/64 with the default IPv6 grouping), since the limiter
-// cannot tell its requests from its group's. An IPv4-mapped address or
-// network blocks IPv4 clients; an IPv6 network never holds an IPv4
-// client. Such a request is answered from memory, without a call to
-// Redis, with Retry-After the block's remaining time. Blocking a target
-// again replaces its expiry. It fails for an empty target or one longer
-// than [MaxTarget], a CIDR that does not parse, has host bits set
-// ("203.0.113.7/24": the error names 203.0.113.0/24) or is a mapped
-// network shorter than /96, d <= 0, a full state ([ErrFull]), or a Redis
-// error.
+// "2001:db8::/48", in any spelling), any of whose identifiers is an address
+// or network that overlaps it, as ratelimit.ClientIP identifies clients.
+// Such a request is answered from memory, without a call to Redis, with
+// Retry-After the block's remaining time. Blocking a target again replaces
+// its expiry. It fails for an invalid target (empty, longer than
+// [MaxTarget], a CIDR that does not parse or has host bits set), d <= 0, a
+// full state ([ErrFull]), or a Redis error. See docs/operations.md (what a
+// block does) and docs/keys.md.
 func (o *Operator) Block(ctx context.Context, target string, d time.Duration) error {
 	if o == nil {
 		return errNil

@@ -34,38 +34,19 @@ const (
 	runBytes = 16
 )
 
-// Local is a Store that keeps its logs in this process: one process
-// gets exact limits with no Redis, and the limiter decides with it under
-// FailLocal while Redis cannot. It applies the rules of the Lua code (see
-// docs/design.md) to the requests of this process only: an exact log
-// rounds an entry's time up to the limit's unit, a bucketed limit counts
-// it in its bucket from the bucket's start, and a log's time never runs
-// backwards: a request at a time before the latest time its log logged
-// at (the clock stepped back) is decided and logged at that time. A
-// limit's block (Limit.Block) ends on this process's wall clock, as a
-// Redis block ends on the server's. Its Decide never fails. A zero Local
-// is a store with the default options; build one with [NewLocal] to set
-// them. A Local is safe for concurrent use.
+// Local is a Store that keeps its logs in this process: one process gets
+// exact limits with no Redis, and the limiter decides with it under
+// FailLocal while Redis cannot. It applies the rules of the Lua code to
+// the requests of this process only, and a limit's block ends on this
+// process's wall clock. Its Decide never fails. A zero Local is a store
+// with the default options; build one with [NewLocal] to set them. A
+// Local is safe for concurrent use.
 //
-// Its memory is bounded in bytes (LocalOptions.MaxBytes), and given back:
-// a log whose entries have all left its window on the clock of the
-// decisions is dropped by the next sweep, on a decision or a call of
-// Sweep; a later step back of that clock does not bring it back, as it
-// does not bring back a Redis key that expired on the server's clock.
-// Logs are kept by a 64-bit keyed hash of their key (a random seed per
-// store), not the key: a hostile key of any length costs no more, and two
-// logs whose hashes meet are counted as one, which may deny early and
-// never admits over a quota. No log that holds an entry in its window is
-// ever dropped to make room, so no client's traffic can erase another
-// client's count. Once 7/8 of the bound is taken, a key that has no log
-// of its own is counted in one of its limit's 4,096 overflow logs, picked
-// by the hash of its log: those that share it share its quota; a log made
-// while that overflow log holds entries starts with them, as of its
-// newest entry (a client counted there takes its count along); with the
-// whole bound taken and no overflow log for it yet, such a request is
-// denied. A log that would grow past the bound logs its new entries at
-// the time of its newest run, moved later to theirs: they count longer,
-// never shorter.
+// Its memory is bounded in bytes (LocalOptions.MaxBytes) and given back
+// as logs leave their windows. No log that holds an entry in its window
+// is ever dropped to make room; near the bound, a new key is counted in a
+// shared overflow log of its limit, which may deny early and never admits
+// over a quota. See docs/stores.md.
 type Local struct {
 	opts LocalOptions
 

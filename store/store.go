@@ -25,28 +25,16 @@ import (
 // A Store decides requests over sliding logs. It is safe for concurrent
 // use.
 //
-// Decide decides q and writes the answer in out, whose Replies the caller
-// has sized to one zeroed [Reply] per limit of q (Denier -1, the rest
-// zero). If every enforced limit (one that is not Shadow) has room for
-// q.Cost at q.Now, the request is admitted: unless q.Peek, it is logged,
-// at once, in every limit that has room (a shadow limit without room logs
-// nothing). Otherwise it is denied and logged nowhere, and out.Denier is
-// an enforced limit without room. Two decisions that share a log must
-// behave as if made one after the other.
-//
-// Keys are client data: a key is built from what a request carries (a
-// header, an address), so it may hold any bytes. A store must treat it
-// as an opaque name, never let one key's log read another's, and bound
-// what a flood of new keys can cost it. The limiter's keys all end with
-// '}', so a store may keep data of its own at a key with a suffix (the
-// Redis store keeps a block at the key and ":block").
-//
-// The error is non-nil when the store could not decide (its database
-// unreachable, out of time, a broken reply); out is then ignored, and
-// the limiter answers with its failure mode. A store must return an
-// error, never a decision it did not make: when in doubt, fail. It must
-// honour ctx's deadline, the limiter's decision timeout. A decision that
-// merely denies is not an error.
+// Decide decides q and writes the answer in out, one [Reply] per limit of
+// q: if every enforced limit has room for q.Cost at q.Now, the request is
+// admitted and, unless q.Peek, logged at once in every limit that has
+// room; otherwise it is denied, logged nowhere, and out.Denier names an
+// enforced limit without room. Two decisions that share a log behave as if
+// made one after the other. Keys are client data, to be treated as opaque
+// names. The error is non-nil when the store could not decide, and then
+// the limiter applies its failure mode: a store returns an error, never a
+// decision it did not make, and honours ctx's deadline. A denial is not an
+// error. See docs/stores.md for the whole contract.
 type Store interface {
 	Decide(ctx context.Context, q *Query, out *Outcome) error
 }

@@ -29,26 +29,14 @@ import (
 // Middleware returns chi middleware that decides every request with l (see
 // [ratelimit.Pass.Check]): a denied request gets 429, one l cannot decide
 // the failure mode, as plain text unless l has handlers of its own
-// ([ratelimit.Handlers].Denied, [ratelimit.Handlers].Unavailable).
-// Mount it with Use on the root router, or with Use, With or Group further
-// down, for example after authentication. chi routes a request only after
-// the root's middleware, so Middleware looks the route up first:
+// ([ratelimit.Handlers]). Mount it with Use on the root router, or with
+// Use, With or Group further down. chi routes a request only after the
+// root's middleware, so Middleware looks the route up first:
 // [ratelimit.Route] keys and [ratelimit.WithRoutes] see the route's full
-// template ("/admin/users/{id}", also inside sub-routers and groups),
-// written in the canonical form of [ratelimit.Route] ("/users/{id:[0-9]+}"
-// is "/users/{id}", "/files/*" is "/files/{...}"), and requests no route
-// matches share [route.Unmatched]. A HEAD to a route that has a
-// GET handler and no HEAD handler is decided as that GET, with its limits
-// and its Route key, as chi's middleware.GetHead serves it with the GET
-// handler.
-//
-// A request that l is already deciding (l mounted twice on its way: at the
-// root and in a group, say) is counted once: the second Middleware lets it
-// through undecided, with the headers of the first, unless the first pass
-// saw no route (l's Handler around middleware around the router): it then
-// decides the route's own limits ([ratelimit.WithRoutes]). Different
-// Limiters each decide, and the client sees their headers composed (see
-// [ratelimit.HeadersXRateLimit]).
+// template in the canonical form of [ratelimit.Route], also inside
+// sub-routers and groups, and requests no route matches share
+// [route.Unmatched]. A request that meets l twice is counted once. See
+// docs/routers.md (chi).
 func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 	if l == nil {
 		panic("chiratelimit: Middleware of a nil *ratelimit.Limiter: check the error ratelimit.New returned")

@@ -26,46 +26,21 @@ import (
 )
 
 // Middleware returns echo middleware that decides every request with l (see
-// [ratelimit.Pass.Check]). Add it with e.Use, before or after the routes:
-// echo runs it after routing, for unmatched requests too; or to a group or
-// a route, for example after authentication. [ratelimit.Route] keys and
-// [ratelimit.WithRoutes] see the route's template, in the canonical form of
-// [ratelimit.Route]: "/users/{id}" for echo's "/users/:id", "/files/{...}"
-// for "/files/*"; requests no route matches share
-// [route.Unmatched]. echo answers a HEAD to a route with no HEAD
-// handler with 405: it is unmatched.
+// [ratelimit.Pass.Check]). Add it with e.Use, before or after the routes
+// (echo runs it after routing, for unmatched requests too), or to a group
+// or a route. [ratelimit.Route] keys and [ratelimit.WithRoutes] see the
+// route's template in the canonical form of [ratelimit.Route]; requests no
+// route matches share [route.Unmatched].
 //
-// Denials and failures are echo errors, which e's HTTPErrorHandler
-// renders (echo's default: JSON {"message":"Too Many Requests"}): a denied
-// request gets echo.NewHTTPError(429), with the rate-limit headers and
-// Retry-After already set on c.Response().Header(); one the failure mode
-// refuses gets echo.NewHTTPError(503), with Retry-After set and the reason
-// in its Internal field (which echo's default handler shows the client
-// only when e.Debug is set); one a Key cannot identify (no user, see
-// [ratelimit.WithMissingKey]) gets echo.NewHTTPError(401), with no
-// rate-limit headers of l's and the error, which wraps
-// [ratelimit.ErrNoKey], in its Internal field. A Limiter with a handler
-// of its own for the case ([ratelimit.Handlers].Denied,
-// [ratelimit.Handlers].Unavailable, [ratelimit.Handlers].MissingKey)
-// answers with it instead, and Middleware returns nil. Errors that handlers
-// return (echo.HTTPError included) reach the HTTPErrorHandler unchanged.
-//
-// A [ratelimit.ClientIP] key given [clientip.FromRouter] counts by echo's
-// c.RealIP(), so that the proxies are configured once, in echo's
-// e.IPExtractor: echo.ExtractIPFromXFFHeader(echo.TrustIPRange(...)) behind
-// a load balancer, echo.ExtractIPFromRealIPHeader(...) behind one that sets
-// X-Real-IP, echo.ExtractIPDirect() with none. Without an IPExtractor echo
-// believes any X-Forwarded-For or X-Real-IP a client sends, so the key
-// then counts by the peer address instead, as ClientIP() does. The Limiter
-// trusts the extractor's answer as it is.
-//
-// A request that l is already deciding (l mounted twice on its way: two
-// e.Use, or e.Use and a group's) is counted once: the second Middleware
-// lets it through undecided, with the headers of the first, unless the
-// first pass saw no route (l's Handler around the echo server): it then
-// decides the route's own limits ([ratelimit.WithRoutes]). Different
-// Limiters each decide, and the client sees their headers composed (see
-// [ratelimit.HeadersXRateLimit]).
+// Denials and failures are echo errors for e's HTTPErrorHandler:
+// echo.NewHTTPError(429), (503), or (401) for a request a Key cannot
+// identify, with the rate-limit headers already set, unless l has a
+// handler of its own for the case ([ratelimit.Handlers]); errors that
+// handlers return reach the HTTPErrorHandler unchanged. A
+// [ratelimit.ClientIP] key given clientip.FromRouter() counts by
+// c.RealIP() when e.IPExtractor is set, and by the peer address without
+// one. A request that meets l twice is counted once. See docs/routers.md
+// (echo) and docs/keys.md (client IPs and proxies).
 func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 	if l == nil {
 		panic("echoratelimit: Middleware of a nil *ratelimit.Limiter: check the error ratelimit.New returned")

@@ -35,48 +35,20 @@ var (
 )
 
 // Middleware returns gin middleware that decides every request with l (see
-// [ratelimit.Pass.Check]). Mount it with Use, before adding routes, as
-// gin requires: on the engine, or on a group, for example after
-// authentication. [ratelimit.Route] keys and [ratelimit.WithRoutes] see the
-// route's template, in the canonical form of [ratelimit.Route]:
-// "/users/{id}" for gin's "/users/:id", "/files/{...}" for
-// "/files/*filepath"; requests no route matches share
-// [route.Unmatched]. A HEAD that a route of its own serves (gin
-// has no other way) is decided as a GET of the same template, when
-// [ratelimit.WithRoutes] declares no HEAD route for it.
+// [ratelimit.Pass.Check]). Mount it with Use, before adding routes, as gin
+// requires: on the engine, or on a group. [ratelimit.Route] keys and
+// [ratelimit.WithRoutes] see the route's template in the canonical form of
+// [ratelimit.Route]; requests no route matches share [route.Unmatched].
 //
-// A request the Limiter does not admit is aborted (later handlers do not
-// run) and answered in gin's way: a denied one with
-// c.AbortWithStatusJSON(429, gin.H{"error": "Too Many Requests"}), one the
-// failure mode refuses with 503 and gin.H{"error": "Service Unavailable"},
-// one a Key cannot identify (no user, see [ratelimit.WithMissingKey]) with
-// 401 and gin.H{"error": "Unauthorized"}; the rate-limit headers and
-// Retry-After are kept. The error is recorded with c.Error as a private
-// error (gin.ErrorTypePrivate), which gin's Logger prints and
-// error-rendering middleware for public errors does not send to the
-// client: [ErrTooManyRequests] for a 429, the reason the Limiter could not
-// decide for a 503 (it may name the Redis server, so it is not for
-// clients), an error wrapping [ratelimit.ErrNoKey] for a 401. A Limiter
-// with a handler of its own for the case ([ratelimit.Handlers].Denied,
-// [ratelimit.Handlers].Unavailable, [ratelimit.Handlers].MissingKey)
-// answers with it instead, and nothing is recorded.
-//
-// A [ratelimit.ClientIP] key given [clientip.FromRouter] counts by gin's
-// c.ClientIP(): the proxies are configured once, in gin, with
-// engine.SetTrustedProxies (and engine.RemoteIPHeaders, or
-// engine.TrustedPlatform for a platform's header such as
-// gin.PlatformCloudflare). gin trusts every proxy by default, so that any
-// client could choose its key: call SetTrustedProxies, with nil to trust
-// none, before serving. The Limiter trusts gin's answer as it is.
-//
-// Middleware runs the rest of the chain itself (c.Next). A request that l
-// is already deciding (l mounted twice on its way: two Use, or the engine's
-// and a group's) is counted once: the second Middleware lets it through
-// undecided, with the headers of the first, unless the first pass saw no
-// route (l's Handler around the gin engine): it then decides the route's
-// own limits ([ratelimit.WithRoutes]). Different Limiters each decide, and
-// the client sees their headers composed (see
-// [ratelimit.HeadersXRateLimit]).
+// A request the Limiter does not admit is aborted and answered as JSON
+// (429, 503, or 401 for a request a Key cannot identify), with the
+// rate-limit headers kept, unless l has a handler of its own for the case
+// ([ratelimit.Handlers]); the reason is recorded with c.Error as a private
+// error ([ErrTooManyRequests] for a 429). A [ratelimit.ClientIP] key given
+// clientip.FromRouter() counts by c.ClientIP(): call
+// engine.SetTrustedProxies before serving, since gin trusts every proxy by
+// default. A request that meets l twice is counted once. See
+// docs/routers.md (gin) and docs/keys.md (client IPs and proxies).
 func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 	if l == nil {
 		panic("ginratelimit: Middleware of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
