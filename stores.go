@@ -125,14 +125,18 @@ func WithRedis(o RedisOptions) Option {
 		case o.BreakerCoolDown > 0:
 			c.breakerCoolDown = o.BreakerCoolDown
 		}
-		switch {
-		case o.DenyCache == -1:
-			c.denyCache = 0
-		case o.DenyCache < 0:
-			field("DenyCache", "deny cache age "+o.DenyCache.String()+" is negative (-1 turns the cache off)")
-		case o.DenyCache > 0:
-			c.denyCache = o.DenyCache
+		// A duration -1 turns off: 0 in the config.
+		switchable := func(name string, v time.Duration, dst *time.Duration, refused string) {
+			switch {
+			case v == -1:
+				*dst = 0
+			case v < 0:
+				field(name, refused)
+			case v > 0:
+				*dst = v
+			}
 		}
+		switchable("DenyCache", o.DenyCache, &c.denyCache, "deny cache age "+o.DenyCache.String()+" is negative (-1 turns the cache off)")
 		if o.SingleSlot {
 			c.singleSlot = true
 		}
@@ -142,14 +146,7 @@ func WithRedis(o RedisOptions) Option {
 			}
 			c.localBytes = o.LocalMemory
 		}
-		switch {
-		case o.OperatorRefresh == -1:
-			c.opsRefresh = 0
-		case o.OperatorRefresh < 0:
-			field("OperatorRefresh", "negative interval "+o.OperatorRefresh.String()+" (-1 turns the refresh off)")
-		case o.OperatorRefresh > 0:
-			c.opsRefresh = o.OperatorRefresh
-		}
+		switchable("OperatorRefresh", o.OperatorRefresh, &c.opsRefresh, "negative interval "+o.OperatorRefresh.String()+" (-1 turns the refresh off)")
 	}
 }
 
