@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,16 +16,32 @@ import (
 // pipeline of them.
 type countingHook struct{ trips atomic.Int64 }
 
+// operatorCall reports whether cmd reads or writes the operator state,
+// which a Limiter does in the background (its refresh and declarations):
+// the hook counts the decisions' round trips only.
+func operatorCall(cmd redis.Cmder) bool {
+	for _, a := range cmd.Args() {
+		if s, ok := a.(string); ok && strings.Contains(s, "!operator{") {
+			return true
+		}
+	}
+	return false
+}
+
 func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.trips.Add(1)
+		if !operatorCall(cmd) {
+			h.trips.Add(1)
+		}
 		return next(ctx, cmd)
 	}
 }
 func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.trips.Add(1)
+		if slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return !operatorCall(c) }) {
+			h.trips.Add(1)
+		}
 		return next(ctx, cmds)
 	}
 }
