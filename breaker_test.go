@@ -27,7 +27,7 @@ func TestCircuitBreaker(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	var hooked []error
-	lim := mustNew(t, c, []Limit{PerMinute(100, Global())}, WithRedis(RedisOptions{BreakerFailures: 3, BreakerCoolDown: 10 * time.Second}),
+	lim := mustNew(t, c, []Limit{PerMinute(100, Global())}, WithRedis(RedisOptions{BreakerFailures: 3, BreakerCoolDown: 10 * time.Second}), noRefresh,
 		WithHandlers(Handlers{Error: func(_ *http.Request, err error) { hooked = append(hooked, err) }}))
 	clock := &testClock{t: t0}
 	lim.redis.Breakers.Now = clock.Now

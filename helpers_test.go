@@ -225,3 +225,8 @@ func decideOnce(l *Limiter, w http.ResponseWriter, r *http.Request) (Verdict, er
 	defer p.Leave()
 	return p.Decide(w, r)
 }
+
+// noRefresh turns the operator refresh off, for a test that counts the
+// commands Redis runs: the refresh's background calls (a script that
+// declares the Limiter's limits) would count among the decisions'.
+var noRefresh = WithRedis(RedisOptions{OperatorRefresh: -1})

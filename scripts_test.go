@@ -141,7 +141,7 @@ func testLibraryReloadedAfterOOM(t *testing.T, pipeline bool) {
 	admin, c := srv.Client(), srv.Client()
 	ctx := context.Background()
 	clock := &testClock{t: time.Now()}
-	lim := mustNew(t, c, []Limit{PerMinute(1000, Header("X-Id")).Named("oom")})
+	lim := mustNew(t, c, []Limit{PerMinute(1000, Header("X-Id")).Named("oom")}, noRefresh)
 	lim.redis.Lib.(*slidinglog.Redis).SetClock(clock.Now)
 	calls := 1 // per decision
 	decide := func() error {
