@@ -8,6 +8,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/slidinglog/ratelimit/internal/logmodel"
 	"github.com/slidinglog/ratelimit/internal/ophook"
 	"github.com/slidinglog/ratelimit/operator"
 )
@@ -172,7 +173,7 @@ func (m *modelRun) applyQuotas(k int, ids []string) {
 		return
 	}
 	ov.lapse(k, m.now[k])
-	for i := range m.model.limits {
+	for i := range m.model.Limits {
 		plan := ""
 		if ov.pro[i] > 0 {
 			plan = modelPlan(ids[i])
@@ -181,7 +182,7 @@ func (m *modelRun) applyQuotas(k int, ids []string) {
 		if o, ok := ov.applied[k][overrideKey{i, plan}]; ok {
 			q = o.quota
 		}
-		m.model.limits[i].quota = q
+		m.model.Limits[i].Quota = q
 	}
 }
 
@@ -204,9 +205,9 @@ func (m *modelRun) overrideOperator(rt *rapid.T) (op *operator.Operator, k int, 
 // drawOverrideKey draws a limit and a plan to override: one the limit
 // has, or one it has not (which changes nothing).
 func (m *modelRun) drawOverrideKey(rt *rapid.T) (overrideKey, string) {
-	i := rapid.IntRange(0, len(m.model.limits)-1).Draw(rt, "override limit")
+	i := rapid.IntRange(0, len(m.model.Limits)-1).Draw(rt, "override limit")
 	plan := rapid.SampledFrom([]string{"", "", "pro"}).Draw(rt, "override plan")
-	return overrideKey{i, plan}, m.model.limits[i].name
+	return overrideKey{i, plan}, m.model.Limits[i].Name
 }
 
 func (m *modelRun) setQuota(rt *rapid.T) {
@@ -217,9 +218,9 @@ func (m *modelRun) setQuota(rt *rapid.T) {
 	var ttl int64
 	switch rapid.IntRange(0, 2).Draw(rt, "ttl kind") {
 	case 1:
-		ttl = rapid.Int64Range(1, m.model.limits[key.limit].window).Draw(rt, "ttl")
+		ttl = rapid.Int64Range(1, m.model.Limits[key.limit].Window).Draw(rt, "ttl")
 	case 2:
-		ttl = rapid.Int64Range(1, 10).Draw(rt, "ttl windows") * m.model.limits[rapid.IntRange(0, len(m.model.limits)-1).Draw(rt, "ttl scale")].window
+		ttl = rapid.Int64Range(1, 10).Draw(rt, "ttl windows") * m.model.Limits[rapid.IntRange(0, len(m.model.Limits)-1).Draw(rt, "ttl scale")].Window
 	}
 	if err := op.SetQuota(context.Background(), name, key.plan, quota, time.Duration(ttl)*time.Microsecond); err != nil {
 		rt.Fatalf("SetQuota(%s, %q, %d, %dµs): %v", name, key.plan, quota, ttl, err)
@@ -298,14 +299,14 @@ func (m *modelRun) overrideActions(a map[string]func(*rapid.T)) {
 
 // checkQuotas checks that every limit a decision consulted reports the
 // quota the model decided with.
-func (m *modelRun) checkQuotas(rt *rapid.T, desc string, res Result, want modelOutcome) {
+func (m *modelRun) checkQuotas(rt *rapid.T, desc string, res Result, want logmodel.Outcome) {
 	rt.Helper()
-	if m.ov == nil || len(want.quotas) == 0 {
+	if m.ov == nil || len(want.Quotas) == 0 {
 		return
 	}
 	for i, lr := range res.Limits {
-		if lr.Quota != want.quotas[i] {
-			rt.Fatalf("%s: limit %s quota %d (plan %q), the model's in force %d (%s)", desc, lr.Name, lr.Quota, lr.Plan, want.quotas[i], want)
+		if lr.Quota != want.Quotas[i] {
+			rt.Fatalf("%s: limit %s quota %d (plan %q), the model's in force %d (%s)", desc, lr.Name, lr.Quota, lr.Plan, want.Quotas[i], want)
 		}
 		if lr.Quota != m.ov.plannedQuota(i, lr.Plan) {
 			m.seen["overridden quota"]++

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slidinglog/ratelimit/internal/logmodel"
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/store"
@@ -129,10 +130,10 @@ func (m *modelRun) localErr(err error) error {
 
 // endLocalBlock ends the local store's block of the log r, which the
 // model says exists.
-func (m *modelRun) endLocalBlock(rt *rapid.T, r logRef) {
+func (m *modelRun) endLocalBlock(rt *rapid.T, r logmodel.LogRef) {
 	id := store.LogID{Key: m.keyOf(r)}
-	if m.model.limits[r.limit].bucketed {
-		id.Field = m.model.limits[r.limit].name
+	if m.model.Limits[r.Limit].Bucketed {
+		id.Field = m.model.Limits[r.Limit].Name
 	}
 	if !m.local.EndBlock(id) {
 		rt.Fatalf("no local block of %v; the model says it exists", id)

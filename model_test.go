@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -17,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 
+	"github.com/slidinglog/ratelimit/internal/logmodel"
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	internalstore "github.com/slidinglog/ratelimit/internal/store"
 	"github.com/slidinglog/ratelimit/redistest"
@@ -25,7 +27,8 @@ import (
 
 // TestModel drives the real limiter (the Lua library in Redis, through
 // Allow, Status, Refund and Reset) and a reference model in plain Go
-// (model.go's rules: a list of timestamps per log) with the same random
+// (internal/logmodel's rules, and model_rules_test.go's for refunds,
+// resets and foreign data: a list of timestamps per log) with the same random
 // sequences of steps, and checks after every step that the two agree:
 // admitted or denied, each limit's count (Remaining, Denied) and whether
 // it was consulted; that Reset and Retry-After are never earlier than the
@@ -164,7 +167,7 @@ type modelRun struct {
 	gate   *batchGate
 	ids    []string // identifiers the steps draw from
 
-	model  modelState
+	model  logmodel.State
 	issued []*issuedResult // Results an Allow returned, for refunds
 	local  *store.Local    // the store both instances decide in, if env.local
 	steps  int
@@ -175,8 +178,8 @@ type modelRun struct {
 // issuedResult is a Result of Allow and what the model logged for it.
 type issuedResult struct {
 	res      Result
-	admitted bool     // in the model
-	placed   []placed // where the model logged it
+	admitted bool              // in the model
+	placed   []logmodel.Placed // where the model logged it
 	refunded bool
 	desc     string
 }
@@ -189,29 +192,29 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 		rt.Fatal(err)
 	}
 	m := &modelRun{env: env, off: off, admin: admin, ids: []string{"a", "b", "c", "d"}, seen: map[string]int{}}
-	m.model = modelState{logs: map[logRef]*modelLog{}, foreign: map[string]string{}, blocked: map[logRef]bool{}}
+	m.model = logmodel.State{Logs: map[logmodel.LogRef]*logmodel.Log{}, Foreign: map[string]string{}, Blocked: map[logmodel.LogRef]bool{}}
 	if env.expires || env.local {
-		m.model.blockSlack = (30 * time.Minute).Microseconds() // far more than a check takes
+		m.model.BlockSlack = (30 * time.Minute).Microseconds() // far more than a check takes
 	}
 	n := rapid.IntRange(1, 4).Draw(rt, "limits")
 	m.ov = newModelOverrides(rt, env, off)
 	var limits []Limit
 	for i := range n {
 		ml := drawModelLimit(rt, i, env, !off["buckets"], !off["block"])
-		m.model.limits = append(m.model.limits, ml)
+		m.model.Limits = append(m.model.Limits, ml)
 		key := Header("X-Id")
-		if ml.global {
+		if ml.Global {
 			key = Global()
 		}
-		l := Per(time.Duration(ml.window)*time.Microsecond, ml.quota, key).Named(ml.name)
-		if ml.bucketed {
-			l = l.Bucketed(time.Duration(ml.unit) * time.Microsecond)
+		l := Per(time.Duration(ml.Window)*time.Microsecond, ml.Quota, key).Named(ml.Name)
+		if ml.Bucketed {
+			l = l.Bucketed(time.Duration(ml.Unit) * time.Microsecond)
 		}
-		if ml.shadow {
+		if ml.Shadow {
 			l = l.Shadowed()
 		}
-		if ml.block > 0 {
-			l = l.Block(time.Duration(ml.block) * time.Microsecond)
+		if ml.Block > 0 {
+			l = l.Block(time.Duration(ml.Block) * time.Microsecond)
 		}
 		l = m.drawPlans(rt, i, l)
 		limits = append(limits, l)
@@ -236,7 +239,7 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 		m.lims[k] = l
 		m.overrideStarted(rt, k)
 	}
-	rt.Logf("limits %v, split %v, clocks at %d", m.model.limits, m.split, start)
+	rt.Logf("limits %v, split %v, clocks at %d", m.model.Limits, m.split, start)
 	return m
 }
 
@@ -247,23 +250,23 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 var runNames atomic.Int64
 
 // drawModelLimit draws limit i: its kind, window, quota and shadowing.
-func drawModelLimit(rt *rapid.T, i int, env modelEnv, buckets, block bool) modelLimit {
+func drawModelLimit(rt *rapid.T, i int, env modelEnv, buckets, block bool) logmodel.Limit {
 	minWindow := env.minWindow
-	ml := modelLimit{name: fmt.Sprintf("m%d.r%d", i, runNames.Add(1))}
-	ml.quota = rapid.SampledFrom([]int{1, 2, 3, 5, 10, 100, 256, 257, 1000, 65536, 1_000_000}).Draw(rt, "quota")
+	ml := logmodel.Limit{Name: fmt.Sprintf("m%d.r%d", i, runNames.Add(1))}
+	ml.Quota = rapid.SampledFrom([]int{1, 2, 3, 5, 10, 100, 256, 257, 1000, 65536, 1_000_000}).Draw(rt, "quota")
 	if rapid.IntRange(0, 3).Draw(rt, "random quota") == 0 {
-		ml.quota = rapid.IntRange(1, 1_000_000).Draw(rt, "quota")
+		ml.Quota = rapid.IntRange(1, 1_000_000).Draw(rt, "quota")
 	}
-	ml.shadow = rapid.IntRange(0, 3).Draw(rt, "shadow") == 0
-	ml.global = rapid.IntRange(0, 3).Draw(rt, "global") == 0
-	if block && !ml.shadow && !ml.global && rapid.IntRange(0, 2).Draw(rt, "blocks") == 0 {
+	ml.Shadow = rapid.IntRange(0, 3).Draw(rt, "shadow") == 0
+	ml.Global = rapid.IntRange(0, 3).Draw(rt, "global") == 0
+	if block && !ml.Shadow && !ml.Global && rapid.IntRange(0, 2).Draw(rt, "blocks") == 0 {
 		// Blocks outlast a check, even on a real server, whose clock
 		// they are timed by: they end by the EndBlock step.
-		ml.block = rapid.SampledFrom([]int64{36e8, 6 * 36e8, 24 * 36e8}).Draw(rt, "block")
+		ml.Block = rapid.SampledFrom([]int64{36e8, 6 * 36e8, 24 * 36e8}).Draw(rt, "block")
 	}
 	min := minWindow.Microseconds()
 	if buckets && rapid.IntRange(0, 2).Draw(rt, "bucketed") == 0 {
-		ml.bucketed = true
+		ml.Bucketed = true
 		var precisions []int64 // those that make a window of min or more of at most 1,024 buckets
 		for _, p := range []int64{1e3, 7e3, 1e5, 1e6, 6e7, 9e8} {
 			if p*maxBuckets >= min {
@@ -280,17 +283,17 @@ func drawModelLimit(rt *rapid.T, i int, env modelEnv, buckets, block bool) model
 			// keys expire on the server's clock, that is min at least.
 			lo = max(lo, (min+p-1)/p+1)
 		}
-		ml.unit = p
-		ml.window = p * rapid.Int64Range(lo, max(lo, 1024)).Draw(rt, "buckets")
+		ml.Unit = p
+		ml.Window = p * rapid.Int64Range(lo, max(lo, 1024)).Draw(rt, "buckets")
 		return ml
 	}
 	max := (3 * time.Hour).Microseconds()
-	ml.window = rapid.SampledFrom([]int64{min, 1e3, 1500, 7e3, 1e6, 6e7, 61e6, 36e8, 3 * 36e8}).Draw(rt, "window")
+	ml.Window = rapid.SampledFrom([]int64{min, 1e3, 1500, 7e3, 1e6, 6e7, 61e6, 36e8, 3 * 36e8}).Draw(rt, "window")
 	if rapid.Bool().Draw(rt, "random window") {
-		ml.window = rapid.Int64Range(min, max).Draw(rt, "window")
+		ml.Window = rapid.Int64Range(min, max).Draw(rt, "window")
 	}
-	ml.window = maxInt64(ml.window, min)
-	ml.unit = unitOf(ml.window)
+	ml.Window = maxInt64(ml.Window, min)
+	ml.Unit = logmodel.UnitOf(ml.Window)
 	return ml
 }
 
@@ -355,7 +358,7 @@ func drawCost(rt *rapid.T) int {
 
 // drawIDs draws an identifier per limit.
 func (m *modelRun) drawIDs(rt *rapid.T) []string {
-	ids := make([]string, len(m.model.limits))
+	ids := make([]string, len(m.model.Limits))
 	for i := range ids {
 		ids[i] = rapid.SampledFrom(m.ids).Draw(rt, "id")
 	}
@@ -368,11 +371,11 @@ func (m *modelRun) allow(rt *rapid.T) {
 	ids := m.drawIDs(rt)
 	cost := drawCost(rt)
 	m.applyQuotas(k, ids)
-	want := m.model.decide(m.keysOf(ids), ids, cost, m.now[k], m.split, false)
+	want := m.model.Decide(m.keysOf(ids), ids, cost, m.now[k], m.split, false)
 	res, err := m.lims[k].Allow(context.Background(), ids, cost)
 	desc := fmt.Sprintf("Allow(%q, %d) on instance %d at %d", ids, cost, k, m.now[k])
 	m.compare(rt, desc, res, err, want)
-	m.issued = append(m.issued, &issuedResult{res: res, admitted: want.allowed && !want.err, placed: want.placed, desc: desc})
+	m.issued = append(m.issued, &issuedResult{res: res, admitted: want.Allowed && !want.Err, placed: want.Placed, desc: desc})
 }
 
 func (m *modelRun) status(rt *rapid.T) {
@@ -382,7 +385,7 @@ func (m *modelRun) status(rt *rapid.T) {
 	cost := drawCost(rt)
 	keys := m.keysOf(ids)
 	m.applyQuotas(k, ids)
-	want := m.model.decide(keys, ids, cost, m.now[k], m.split, true)
+	want := m.model.Decide(keys, ids, cost, m.now[k], m.split, true)
 	before := m.snapshot(rt, keys)
 	res, err := m.lims[k].Status(context.Background(), ids, cost)
 	m.compare(rt, fmt.Sprintf("Status(%q, %d) on instance %d at %d", ids, cost, k, m.now[k]), res, err, want)
@@ -403,18 +406,18 @@ func (m *modelRun) concurrent(rt *rapid.T) {
 	type call struct {
 		ids  []string
 		cost int
-		want modelOutcome
+		want logmodel.Outcome
 		res  Result
 		err  error
 	}
 	calls := make([]*call, n)
 	for j := range calls {
 		c := &call{cost: drawCost(rt)}
-		for range m.model.limits {
+		for range m.model.Limits {
 			c.ids = append(c.ids, perm[j])
 		}
 		m.applyQuotas(k, c.ids)
-		c.want = m.model.decide(m.keysOf(c.ids), c.ids, c.cost, m.now[k], m.split, false)
+		c.want = m.model.Decide(m.keysOf(c.ids), c.ids, c.cost, m.now[k], m.split, false)
 		calls[j] = c
 	}
 	// Every sender of the instance's batcher busy with a decision held at
@@ -428,7 +431,7 @@ func (m *modelRun) concurrent(rt *rapid.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ids := slices.Repeat([]string{fmt.Sprintf("blocker%d", b)}, len(m.model.limits))
+			ids := slices.Repeat([]string{fmt.Sprintf("blocker%d", b)}, len(m.model.Limits))
 			_, blockErrs[b] = m.lims[k].Allow(context.Background(), ids, 1)
 		}()
 		m.gate.entered(rt)
@@ -457,7 +460,7 @@ func (m *modelRun) concurrent(rt *rapid.T) {
 	for _, c := range calls {
 		desc := fmt.Sprintf("concurrent Allow(%q, %d) on instance %d at %d", c.ids, c.cost, k, m.now[k])
 		m.compare(rt, desc, c.res, c.err, c.want)
-		m.issued = append(m.issued, &issuedResult{res: c.res, admitted: c.want.allowed && !c.want.err, placed: c.want.placed, desc: desc})
+		m.issued = append(m.issued, &issuedResult{res: c.res, admitted: c.want.Allowed && !c.want.Err, placed: c.want.Placed, desc: desc})
 	}
 }
 
@@ -468,15 +471,15 @@ func (m *modelRun) concurrent(rt *rapid.T) {
 func (m *modelRun) clock(rt *rapid.T) {
 	m.steps++
 	k := rapid.IntRange(0, 1).Draw(rt, "instance")
-	lim := m.model.limits[rapid.IntRange(0, len(m.model.limits)-1).Draw(rt, "scale of limit")]
+	lim := m.model.Limits[rapid.IntRange(0, len(m.model.Limits)-1).Draw(rt, "scale of limit")]
 	var d int64
 	switch rapid.IntRange(0, 3).Draw(rt, "step kind") {
 	case 0:
-		d = rapid.Int64Range(0, lim.unit).Draw(rt, "step")
+		d = rapid.Int64Range(0, lim.Unit).Draw(rt, "step")
 	case 1:
-		d = rapid.Int64Range(0, lim.window).Draw(rt, "step")
+		d = rapid.Int64Range(0, lim.Window).Draw(rt, "step")
 	case 2:
-		d = rapid.Int64Range(1, 300).Draw(rt, "windows") * lim.window
+		d = rapid.Int64Range(1, 300).Draw(rt, "windows") * lim.Window
 	case 3: // the other instance's clock
 		d = m.now[1-k] - m.now[k]
 	}
@@ -512,13 +515,13 @@ func (m *modelRun) refund(rt *rapid.T) {
 		return
 	}
 	for _, p := range is.placed {
-		if m.model.foreign[m.keyOf(p.ref)] != "" {
+		if m.model.Foreign[m.keyOf(p.Ref)] != "" {
 			return // not modelled: a refund whose key another program took over
 		}
 	}
 	k := rapid.IntRange(0, 1).Draw(rt, "instance")
 	err := m.lims[k].Refund(context.Background(), is.res)
-	wantErr := m.model.refund(is)
+	wantErr := modelRefund(&m.model, is)
 	rt.Logf("step %d: Refund of %s (refunded before: %v) on instance %d -> %v; the model removes %v", m.steps, is.desc, is.refunded, k, err, !wantErr)
 	switch {
 	case wantErr && !errors.Is(err, ErrNotRefundable):
@@ -534,7 +537,7 @@ func (m *modelRun) reset(rt *rapid.T) {
 	m.steps++
 	k := rapid.IntRange(0, 1).Draw(rt, "instance")
 	ids := m.drawIDs(rt)
-	wantErr := m.model.reset(m.keysOf(ids), ids)
+	wantErr := modelReset(&m.model, m.keysOf(ids), ids)
 	err := m.localErr(m.lims[k].Reset(context.Background(), ids))
 	rt.Logf("step %d: Reset(%q) on instance %d -> %v", m.steps, ids, k, err)
 	if (err != nil) != wantErr {
@@ -546,14 +549,14 @@ func (m *modelRun) reset(rt *rapid.T) {
 // is deleted.
 func (m *modelRun) endBlock(rt *rapid.T) {
 	m.steps++
-	var refs []logRef
-	for r := range m.model.blocked {
+	var refs []logmodel.LogRef
+	for r := range m.model.Blocked {
 		refs = append(refs, r)
 	}
 	if len(refs) == 0 {
 		return
 	}
-	slices.SortFunc(refs, func(a, b logRef) int { return cmpInt64(int64(a.limit), int64(b.limit))*2 + strings.Compare(a.id, b.id) })
+	slices.SortFunc(refs, func(a, b logmodel.LogRef) int { return cmp.Compare(a.Limit, b.Limit)*2 + strings.Compare(a.ID, b.ID) })
 	r := rapid.SampledFrom(refs).Draw(rt, "block")
 	key := m.blockKeyOf(r)
 	if m.env.local {
@@ -561,15 +564,15 @@ func (m *modelRun) endBlock(rt *rapid.T) {
 	} else if n, err := m.admin.Del(context.Background(), key).Result(); err != nil || n != 1 {
 		rt.Fatalf("the block at %s: deleted %d, %v; the model says it exists", key, n, err)
 	}
-	delete(m.model.blocked, r)
+	delete(m.model.Blocked, r)
 	rt.Logf("step %d: the block at %s ends", m.steps, key)
 }
 
 // blockKeyOf returns the key of the block of a log.
-func (m *modelRun) blockKeyOf(r logRef) string {
+func (m *modelRun) blockKeyOf(r logmodel.LogRef) string {
 	id := store.LogID{Key: m.keyOf(r)}
-	if m.model.limits[r.limit].bucketed {
-		id.Field = m.model.limits[r.limit].name
+	if m.model.Limits[r.Limit].Bucketed {
+		id.Field = m.model.Limits[r.Limit].Name
 	}
 	return internalstore.BlockKey(id)
 }
@@ -578,12 +581,12 @@ func (m *modelRun) blockKeyOf(r logRef) string {
 // log is, or a string that holds no log.
 func (m *modelRun) foreign(rt *rapid.T) {
 	m.steps++
-	i := rapid.IntRange(0, len(m.model.limits)-1).Draw(rt, "limit")
+	i := rapid.IntRange(0, len(m.model.Limits)-1).Draw(rt, "limit")
 	id := rapid.SampledFrom(m.ids).Draw(rt, "id")
-	ref := logRef{i, id}
+	ref := logmodel.LogRef{Limit: i, ID: id}
 	key := m.keyOf(ref)
 	kind := "string"
-	if !m.model.limits[i].bucketed && rapid.Bool().Draw(rt, "hash") {
+	if !m.model.Limits[i].Bucketed && rapid.Bool().Draw(rt, "hash") {
 		kind = "hash"
 	}
 	ctx := context.Background()
@@ -598,15 +601,15 @@ func (m *modelRun) foreign(rt *rapid.T) {
 	if err != nil {
 		rt.Fatal(err)
 	}
-	m.model.takeOver(key, kind, m.refsAt(key))
+	modelTakeOver(&m.model, key, kind, m.refsAt(key))
 	rt.Logf("step %d: another program writes a %s at %s", m.steps, kind, key)
 }
 
 // clean has the other program delete its data.
 func (m *modelRun) clean(rt *rapid.T) {
 	m.steps++
-	keys := make([]string, 0, len(m.model.foreign))
-	for k := range m.model.foreign {
+	keys := make([]string, 0, len(m.model.Foreign))
+	for k := range m.model.Foreign {
 		keys = append(keys, k)
 	}
 	if len(keys) == 0 {
@@ -617,38 +620,38 @@ func (m *modelRun) clean(rt *rapid.T) {
 	if err := m.admin.Del(context.Background(), key).Err(); err != nil {
 		rt.Fatal(err)
 	}
-	delete(m.model.foreign, key)
+	delete(m.model.Foreign, key)
 	rt.Logf("step %d: another program deletes %s", m.steps, key)
 }
 
 // keyOf returns the Redis key of a log, under the default prefix: an
 // exact log's own, or the hash of the identifier's bucketed limits.
-func (m *modelRun) keyOf(r logRef) string {
+func (m *modelRun) keyOf(r logmodel.LogRef) string {
 	kind := "header.X-Id"
-	if m.model.limits[r.limit].global {
+	if m.model.Limits[r.Limit].Global {
 		kind = "global"
 	}
-	if m.model.limits[r.limit].bucketed {
-		return bucketKey(kind, r.id)
+	if m.model.Limits[r.Limit].Bucketed {
+		return bucketKey(kind, r.ID)
 	}
-	return logKey(m.model.limits[r.limit].name, kind, r.id)
+	return logKey(m.model.Limits[r.Limit].Name, kind, r.ID)
 }
 
 func (m *modelRun) keysOf(ids []string) []string {
 	keys := make([]string, len(ids))
 	for i, id := range ids {
-		keys[i] = m.keyOf(logRef{i, id})
+		keys[i] = m.keyOf(logmodel.LogRef{Limit: i, ID: id})
 	}
 	return keys
 }
 
 // refsAt returns the logs kept at key.
-func (m *modelRun) refsAt(key string) []logRef {
-	var refs []logRef
-	for i := range m.model.limits {
+func (m *modelRun) refsAt(key string) []logmodel.LogRef {
+	var refs []logmodel.LogRef
+	for i := range m.model.Limits {
 		for _, id := range m.ids {
-			if m.keyOf(logRef{i, id}) == key {
-				refs = append(refs, logRef{i, id})
+			if m.keyOf(logmodel.LogRef{Limit: i, ID: id}) == key {
+				refs = append(refs, logmodel.LogRef{Limit: i, ID: id})
 			}
 		}
 	}
@@ -682,105 +685,105 @@ func (m *modelRun) snapshot(rt *rapid.T, keys []string) string {
 }
 
 // count counts the cases the model decided.
-func (m *modelRun) count(o modelOutcome) {
+func (m *modelRun) count(o logmodel.Outcome) {
 	switch {
-	case o.err:
+	case o.Err:
 		m.seen["foreign error"]++
 		return
-	case o.allowed:
+	case o.Allowed:
 		m.seen["admitted"]++
 	default:
 		m.seen["denied"]++
 	}
-	for i, v := range o.limits {
-		l := m.model.limits[i]
+	for i, v := range o.Limits {
+		l := m.model.Limits[i]
 		switch {
-		case !v.consulted:
+		case !v.Consulted:
 			m.seen["skipped (split)"]++
-		case v.at > l.stamp(o.now):
+		case v.At > l.Stamp(o.Now):
 			m.seen["out of order"]++
-		case l.quota > 256 && v.count > 64:
+		case l.Quota > 256 && v.Count > 64:
 			m.seen["large log read in ranges"]++
 		}
-		if v.consulted && !v.room && l.shadow {
+		if v.Consulted && !v.Room && l.Shadow {
 			m.seen["shadow without room"]++
 		}
-		if v.blocked {
+		if v.Blocked {
 			m.seen["blocked"]++
 		}
 	}
-	if !o.allowed && len(o.limits) > 1 && m.split {
+	if !o.Allowed && len(o.Limits) > 1 && m.split {
 		m.seen["denied when split"]++
 	}
 }
 
 // compare checks a decision's Result and error against the model's.
-func (m *modelRun) compare(rt *rapid.T, desc string, res Result, err error, want modelOutcome) {
+func (m *modelRun) compare(rt *rapid.T, desc string, res Result, err error, want logmodel.Outcome) {
 	rt.Helper()
 	err = m.localDecision(rt, desc, res, err)
 	m.count(want)
 	rt.Logf("step %d: %s -> allowed %v, err %v; %s", m.steps, desc, res.Allowed, err, want)
-	if want.err {
+	if want.Err {
 		if err == nil {
-			rt.Fatalf("%s: no error; the model says key %s holds another program's data", desc, want.foreignKey)
+			rt.Fatalf("%s: no error; the model says key %s holds another program's data", desc, want.ForeignKey)
 		}
 		return
 	}
 	if err != nil {
 		rt.Fatalf("%s: %v", desc, err)
 	}
-	if res.Allowed != want.allowed {
-		rt.Fatalf("%s: allowed %v, the model says %v (%s)", desc, res.Allowed, want.allowed, want)
+	if res.Allowed != want.Allowed {
+		rt.Fatalf("%s: allowed %v, the model says %v (%s)", desc, res.Allowed, want.Allowed, want)
 	}
-	if res.Now.UnixMicro() != want.now {
-		rt.Fatalf("%s: Now %d, want the request's time %d", desc, res.Now.UnixMicro(), want.now)
+	if res.Now.UnixMicro() != want.Now {
+		rt.Fatalf("%s: Now %d, want the request's time %d", desc, res.Now.UnixMicro(), want.Now)
 	}
 	if res.Unreverted != 0 {
 		rt.Fatalf("%s: Unreverted %d", desc, res.Unreverted)
 	}
 	m.checkQuotas(rt, desc, res, want)
 	for i, lr := range res.Limits {
-		v := want.limits[i]
-		if lr.Skipped != !v.consulted {
-			rt.Fatalf("%s: limit %s skipped %v; the model consulted it: %v (%s)", desc, lr.Name, lr.Skipped, v.consulted, want)
+		v := want.Limits[i]
+		if lr.Skipped != !v.Consulted {
+			rt.Fatalf("%s: limit %s skipped %v; the model consulted it: %v (%s)", desc, lr.Name, lr.Skipped, v.Consulted, want)
 		}
 		if lr.Skipped {
 			continue
 		}
-		if lr.Denied != !v.room {
-			rt.Fatalf("%s: limit %s denied %v; the model says it has room: %v (%s)", desc, lr.Name, lr.Denied, v.room, want)
+		if lr.Denied != !v.Room {
+			rt.Fatalf("%s: limit %s denied %v; the model says it has room: %v (%s)", desc, lr.Name, lr.Denied, v.Room, want)
 		}
-		if lr.Blocked.IsZero() == v.blocked {
-			rt.Fatalf("%s: limit %s blocked until %v; the model says blocked: %v (%s)", desc, lr.Name, lr.Blocked, v.blocked, want)
+		if lr.Blocked.IsZero() == v.Blocked {
+			rt.Fatalf("%s: limit %s blocked until %v; the model says blocked: %v (%s)", desc, lr.Name, lr.Blocked, v.Blocked, want)
 		}
-		if lr.Remaining != v.remaining {
-			rt.Fatalf("%s: limit %s remaining %d, the model says %d (%s)", desc, lr.Name, lr.Remaining, v.remaining, want)
+		if lr.Remaining != v.Remaining {
+			rt.Fatalf("%s: limit %s remaining %d, the model says %d (%s)", desc, lr.Name, lr.Remaining, v.Remaining, want)
 		}
 		reset := lr.Reset.UnixMicro()
-		if reset < v.reset {
-			rt.Fatalf("%s: limit %s reset %d, %dµs before the model's %d (%s)", desc, lr.Name, reset, v.reset-reset, v.reset, want)
+		if reset < v.Reset {
+			rt.Fatalf("%s: limit %s reset %d, %dµs before the model's %d (%s)", desc, lr.Name, reset, v.Reset-reset, v.Reset, want)
 		}
-		if reset > v.latest {
-			rt.Fatalf("%s: limit %s reset %d, %dµs after a window from the log's time, %d (%s)", desc, lr.Name, reset, reset-v.latest, v.latest, want)
+		if reset > v.Latest {
+			rt.Fatalf("%s: limit %s reset %d, %dµs after a window from the log's time, %d (%s)", desc, lr.Name, reset, reset-v.Latest, v.Latest, want)
 		}
 	}
-	if want.allowed {
+	if want.Allowed {
 		if res.DeniedBy != "" || res.RetryAfter != 0 {
 			rt.Fatalf("%s: admitted with DeniedBy %q, RetryAfter %v", desc, res.DeniedBy, res.RetryAfter)
 		}
 		return
 	}
-	d := slices.IndexFunc(m.model.limits, func(l modelLimit) bool { return l.name == res.DeniedBy })
-	if d < 0 || !want.denies(d) {
+	d := slices.IndexFunc(m.model.Limits, func(l logmodel.Limit) bool { return l.Name == res.DeniedBy })
+	if d < 0 || !want.Denies(d) {
 		rt.Fatalf("%s: denied by %q; the model says %s", desc, res.DeniedBy, want)
 	}
 	retry := res.RetryAfter.Microseconds()
-	if want.never {
-		if retry != 0 || want.cost <= int64(want.quota(d)) {
+	if want.Never {
+		if retry != 0 || want.Cost <= int64(want.Quota(d)) {
 			rt.Fatalf("%s: denied by %s with Retry-After %dµs; the model says the cost never fits (%s)", desc, res.DeniedBy, retry, want)
 		}
-	} else if retry < want.retryAfter {
-		rt.Fatalf("%s: Retry-After %dµs, %dµs before the model's %dµs (%s)", desc, retry, want.retryAfter-retry, want.retryAfter, want)
+	} else if retry < want.RetryAfter {
+		rt.Fatalf("%s: Retry-After %dµs, %dµs before the model's %dµs (%s)", desc, retry, want.RetryAfter-retry, want.RetryAfter, want)
 	}
 }
 
@@ -866,7 +869,7 @@ func (c *queuedCtx) Done() <-chan struct{} {
 // TestModelUnit: the model's unit of an exact log is the library's.
 func TestModelUnit(t *testing.T) {
 	for _, w := range []int64{1000, 1001, 8192, 8193, 16384, 16385, 40960, 40961, 1e6, 6e7, 36e8, 3 * 36e8, 366 * 24 * 36e8} {
-		if got, want := unitOf(w), timeUnit(time.Duration(w)*time.Microsecond); got != want {
+		if got, want := logmodel.UnitOf(w), timeUnit(time.Duration(w)*time.Microsecond); got != want {
 			t.Errorf("window %dµs: the model's unit %dµs, the library's %dµs", w, got, want)
 		}
 	}

@@ -1,8 +1,9 @@
 // Package storetest is the conformance suite of the store seam: every
 // [store.Store] must pass it, the Redis store and store.Local included.
-// It drives a store and a reference model of the sliding log (model.go:
-// docs/design.md's rules in plain Go) with the same random sequences of
-// steps, and checks after every step that the two agree.
+// It drives a store and a reference model of the sliding log
+// (internal/logmodel: docs/design.md's rules in plain Go) with the same
+// random sequences of steps, and checks after every step that the two
+// agree.
 //
 // A test of a store calls [Run]:
 //
@@ -29,6 +30,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/slidinglog/ratelimit/internal/logmodel"
 	"github.com/slidinglog/ratelimit/store"
 )
 
@@ -101,7 +103,7 @@ var ids = []string{"a", "b", "\x00\xff", "ключ", strings.Repeat("x", 300), "
 type check struct {
 	cfg    Config
 	store  store.Store
-	model  modelState
+	model  logmodel.State
 	public []store.Limit
 	head   string   // the keys' common start
 	ids    []string // the check's four identifiers
@@ -117,24 +119,24 @@ const minClock = 1_000_000_000_000_000
 
 func newCheck(rt *rapid.T, cfg Config, s store.Store) *check {
 	r := &check{cfg: cfg, store: s, seen: map[string]int{}, head: fmt.Sprintf("storetest:%d:", runs.Add(1))}
-	r.model = modelState{logs: map[logRef]*modelLog{}, foreign: map[string]string{}, blocked: map[logRef]bool{},
-		blockSlack: (30 * time.Minute).Microseconds()} // a block ends on the store's clock: far more than a check takes
+	r.model = logmodel.State{Logs: map[logmodel.LogRef]*logmodel.Log{}, Foreign: map[string]string{}, Blocked: map[logmodel.LogRef]bool{},
+		BlockSlack: (30 * time.Minute).Microseconds()} // a block ends on the store's clock: far more than a check takes
 	r.ids = rapid.Permutation(ids).Draw(rt, "ids")[:4]
 	n := rapid.IntRange(1, 4).Draw(rt, "limits")
 	for i := range n {
 		ml := drawLimit(rt, i, cfg)
-		r.model.limits = append(r.model.limits, ml)
-		l := store.Limit{Quota: ml.quota, Window: time.Duration(ml.window) * time.Microsecond,
-			Unit: time.Duration(ml.unit) * time.Microsecond, Bucketed: ml.bucketed, Shadow: ml.shadow,
-			Block: time.Duration(ml.block) * time.Microsecond}
-		if ml.bucketed {
-			l.Field = ml.name
+		r.model.Limits = append(r.model.Limits, ml)
+		l := store.Limit{Quota: ml.Quota, Window: time.Duration(ml.Window) * time.Microsecond,
+			Unit: time.Duration(ml.Unit) * time.Microsecond, Bucketed: ml.Bucketed, Shadow: ml.Shadow,
+			Block: time.Duration(ml.Block) * time.Microsecond}
+		if ml.Bucketed {
+			l.Field = ml.Name
 		}
 		r.public = append(r.public, l)
 	}
 	start := modelStart + rapid.Int64Range(0, 1e12).Draw(rt, "start")
 	r.now = [2]int64{start, start}
-	rt.Logf("limits %v, ids %q, clocks at %d", r.model.limits, r.ids, start)
+	rt.Logf("limits %v, ids %q, clocks at %d", r.model.Limits, r.ids, start)
 	return r
 }
 
@@ -142,20 +144,20 @@ func newCheck(rt *rapid.T, cfg Config, s store.Store) *check {
 const maxBuckets = 1024
 
 // drawLimit draws limit i: its kind, window, quota, shadowing and block.
-func drawLimit(rt *rapid.T, i int, cfg Config) modelLimit {
-	ml := modelLimit{name: fmt.Sprintf("m%d", i)}
-	ml.quota = rapid.SampledFrom([]int{1, 2, 3, 5, 10, 100, 256, 257, 1000, 65536, 1_000_000}).Draw(rt, "quota")
+func drawLimit(rt *rapid.T, i int, cfg Config) logmodel.Limit {
+	ml := logmodel.Limit{Name: fmt.Sprintf("m%d", i)}
+	ml.Quota = rapid.SampledFrom([]int{1, 2, 3, 5, 10, 100, 256, 257, 1000, 65536, 1_000_000}).Draw(rt, "quota")
 	if rapid.IntRange(0, 3).Draw(rt, "random quota") == 0 {
-		ml.quota = rapid.IntRange(1, 1_000_000).Draw(rt, "quota")
+		ml.Quota = rapid.IntRange(1, 1_000_000).Draw(rt, "quota")
 	}
-	ml.shadow = rapid.IntRange(0, 3).Draw(rt, "shadow") == 0
-	if !cfg.NoBlock && !ml.shadow && rapid.IntRange(0, 2).Draw(rt, "blocks") == 0 {
+	ml.Shadow = rapid.IntRange(0, 3).Draw(rt, "shadow") == 0
+	if !cfg.NoBlock && !ml.Shadow && rapid.IntRange(0, 2).Draw(rt, "blocks") == 0 {
 		// Blocks outlast a check, on whatever clock the store ends them.
-		ml.block = rapid.SampledFrom([]int64{36e8, 6 * 36e8, 24 * 36e8}).Draw(rt, "block")
+		ml.Block = rapid.SampledFrom([]int64{36e8, 6 * 36e8, 24 * 36e8}).Draw(rt, "block")
 	}
 	minWindow := cfg.MinWindow.Microseconds()
 	if rapid.IntRange(0, 2).Draw(rt, "bucketed") == 0 {
-		ml.bucketed = true
+		ml.Bucketed = true
 		var precisions []int64 // those that make a window of minWindow or more of at most maxBuckets buckets
 		for _, p := range []int64{1e3, 7e3, 1e5, 1e6, 6e7, 9e8} {
 			if p*maxBuckets >= minWindow {
@@ -170,17 +172,17 @@ func drawLimit(rt *rapid.T, i int, cfg Config) modelLimit {
 			// after a request at its bucket's end.
 			lo = max(lo, (minWindow+p-1)/p+1)
 		}
-		ml.unit = p
-		ml.window = p * rapid.Int64Range(lo, max(lo, maxBuckets)).Draw(rt, "buckets")
+		ml.Unit = p
+		ml.Window = p * rapid.Int64Range(lo, max(lo, maxBuckets)).Draw(rt, "buckets")
 		return ml
 	}
 	longest := (3 * time.Hour).Microseconds()
-	ml.window = rapid.SampledFrom([]int64{minWindow, 1e3, 1500, 7e3, 1e6, 6e7, 61e6, 36e8, 3 * 36e8}).Draw(rt, "window")
+	ml.Window = rapid.SampledFrom([]int64{minWindow, 1e3, 1500, 7e3, 1e6, 6e7, 61e6, 36e8, 3 * 36e8}).Draw(rt, "window")
 	if rapid.Bool().Draw(rt, "random window") {
-		ml.window = rapid.Int64Range(minWindow, longest).Draw(rt, "window")
+		ml.Window = rapid.Int64Range(minWindow, longest).Draw(rt, "window")
 	}
-	ml.window = max(ml.window, minWindow)
-	ml.unit = unitOf(ml.window)
+	ml.Window = max(ml.Window, minWindow)
+	ml.Unit = logmodel.UnitOf(ml.Window)
 	return ml
 }
 
@@ -197,17 +199,17 @@ func (r *check) actions() map[string]func(*rapid.T) {
 // keyOf returns the key of a log: an exact log's own, or the key the
 // bucketed limits of an identifier share (each its own Field). Every key
 // ends with '}', as the limiter's do.
-func (r *check) keyOf(ref logRef) string {
-	if r.model.limits[ref.limit].bucketed {
-		return r.head + "b:{" + ref.id + "}"
+func (r *check) keyOf(ref logmodel.LogRef) string {
+	if r.model.Limits[ref.Limit].Bucketed {
+		return r.head + "b:{" + ref.ID + "}"
 	}
-	return r.head + r.model.limits[ref.limit].name + ":{" + ref.id + "}"
+	return r.head + r.model.Limits[ref.Limit].Name + ":{" + ref.ID + "}"
 }
 
 func (r *check) keysOf(ids []string) []string {
 	keys := make([]string, len(ids))
 	for i, id := range ids {
-		keys[i] = r.keyOf(logRef{i, id})
+		keys[i] = r.keyOf(logmodel.LogRef{Limit: i, ID: id})
 	}
 	return keys
 }
@@ -243,10 +245,10 @@ func (r *check) drawQuotas(rt *rapid.T) []int {
 // setQuotas sets the quotas of the model's limits: quotas, or the
 // limits' own if nil.
 func (r *check) setQuotas(quotas []int) {
-	for i := range r.model.limits {
-		r.model.limits[i].quota = r.public[i].Quota
+	for i := range r.model.Limits {
+		r.model.Limits[i].Quota = r.public[i].Quota
 		if quotas != nil {
-			r.model.limits[i].quota = quotas[i]
+			r.model.Limits[i].Quota = quotas[i]
 		}
 	}
 }
@@ -273,7 +275,7 @@ func (r *check) idsOf(q *store.Query) []string {
 
 // ask has the store decide q, and the model, and compares them.
 func (r *check) ask(rt *rapid.T, q *store.Query, what string) {
-	want := r.model.decide(q.Keys, r.idsOf(q), q.Cost, q.Now, false, q.Peek)
+	want := r.model.Decide(q.Keys, r.idsOf(q), q.Cost, q.Now, false, q.Peek)
 	out := store.Outcome{Denier: -1, Replies: make([]store.Reply, len(q.Keys))}
 	err := r.store.Decide(context.Background(), q, &out)
 	r.compare(rt, fmt.Sprintf("%s(%q, cost %d, quotas %v) at %d", what, r.idsOf(q), q.Cost, q.Quotas, q.Now), q, &out, err, want)
@@ -299,15 +301,15 @@ func (r *check) peek(rt *rapid.T) {
 func (r *check) clock(rt *rapid.T) {
 	r.steps++
 	k := rapid.IntRange(0, 1).Draw(rt, "clock")
-	lim := r.model.limits[rapid.IntRange(0, len(r.model.limits)-1).Draw(rt, "scale of limit")]
+	lim := r.model.Limits[rapid.IntRange(0, len(r.model.Limits)-1).Draw(rt, "scale of limit")]
 	var d int64
 	switch rapid.IntRange(0, 3).Draw(rt, "step kind") {
 	case 0:
-		d = rapid.Int64Range(0, lim.unit).Draw(rt, "step")
+		d = rapid.Int64Range(0, lim.Unit).Draw(rt, "step")
 	case 1:
-		d = rapid.Int64Range(0, lim.window).Draw(rt, "step")
+		d = rapid.Int64Range(0, lim.Window).Draw(rt, "step")
 	case 2:
-		d = rapid.Int64Range(1, 300).Draw(rt, "windows") * lim.window
+		d = rapid.Int64Range(1, 300).Draw(rt, "windows") * lim.Window
 	case 3:
 		d = r.now[1-k] - r.now[k]
 	}
@@ -334,7 +336,7 @@ func (r *check) concurrent(rt *rapid.T) {
 	perm := rapid.Permutation(r.ids).Draw(rt, "ids")[:n]
 	type call struct {
 		q    *store.Query
-		want modelOutcome
+		want logmodel.Outcome
 		out  store.Outcome
 		err  error
 	}
@@ -343,7 +345,7 @@ func (r *check) concurrent(rt *rapid.T) {
 		ids := slices.Repeat([]string{perm[j]}, len(r.public))
 		c := &call{q: &store.Query{Limits: r.public, Keys: r.keysOf(ids), Cost: drawCost(rt), Now: r.now[k]}}
 		r.setQuotas(nil)
-		c.want = r.model.decide(c.q.Keys, ids, c.q.Cost, c.q.Now, false, false)
+		c.want = r.model.Decide(c.q.Keys, ids, c.q.Cost, c.q.Now, false, false)
 		c.out = store.Outcome{Denier: -1, Replies: make([]store.Reply, len(ids))}
 		calls[j] = c
 	}
@@ -362,61 +364,61 @@ func (r *check) concurrent(rt *rapid.T) {
 }
 
 // count counts the cases the model decided, for the log.
-func (r *check) count(o modelOutcome) {
-	if o.allowed {
+func (r *check) count(o logmodel.Outcome) {
+	if o.Allowed {
 		r.seen["admitted"]++
 	} else {
 		r.seen["denied"]++
 	}
-	for i, v := range o.limits {
-		l := r.model.limits[i]
+	for i, v := range o.Limits {
+		l := r.model.Limits[i]
 		switch {
-		case v.at > l.stamp(o.now):
+		case v.At > l.Stamp(o.Now):
 			r.seen["out of order"]++
-		case l.quota > 256 && v.count > 64:
+		case l.Quota > 256 && v.Count > 64:
 			r.seen["large log"]++
 		}
-		if v.consulted && !v.room && l.shadow {
+		if v.Consulted && !v.Room && l.Shadow {
 			r.seen["shadow without room"]++
 		}
-		if v.blocked {
+		if v.Blocked {
 			r.seen["blocked"]++
 		}
 	}
 }
 
 // compare checks a store's outcome of q against the model's.
-func (r *check) compare(rt *rapid.T, desc string, q *store.Query, out *store.Outcome, err error, want modelOutcome) {
+func (r *check) compare(rt *rapid.T, desc string, q *store.Query, out *store.Outcome, err error, want logmodel.Outcome) {
 	rt.Helper()
 	r.count(want)
 	rt.Logf("step %d: %s -> allowed %v, err %v; %s", r.steps, desc, out.Allowed, err, want)
 	if err != nil {
 		rt.Fatalf("%s: %v", desc, err)
 	}
-	if out.Allowed != want.allowed {
-		rt.Fatalf("%s: allowed %v, the model says %v (%s)", desc, out.Allowed, want.allowed, want)
+	if out.Allowed != want.Allowed {
+		rt.Fatalf("%s: allowed %v, the model says %v (%s)", desc, out.Allowed, want.Allowed, want)
 	}
-	if out.Now != want.now {
-		rt.Fatalf("%s: Now %d, want the query's %d", desc, out.Now, want.now)
+	if out.Now != want.Now {
+		rt.Fatalf("%s: Now %d, want the query's %d", desc, out.Now, want.Now)
 	}
 	cost := int64(q.Cost)
 	for i, rep := range out.Replies {
-		v, name, quota := want.limits[i], r.model.limits[i].name, int64(want.quota(i))
-		if rep.OK != v.consulted {
-			rt.Fatalf("%s: limit %s consulted %v; the model says %v (%s)", desc, name, rep.OK, v.consulted, want)
+		v, name, quota := want.Limits[i], r.model.Limits[i].Name, int64(want.Quota(i))
+		if rep.OK != v.Consulted {
+			rt.Fatalf("%s: limit %s consulted %v; the model says %v (%s)", desc, name, rep.OK, v.Consulted, want)
 		}
-		if !v.consulted {
+		if !v.Consulted {
 			if rep != (store.Reply{}) {
 				rt.Fatalf("%s: limit %s, which the plan does not count the request in: reply %+v; want none", desc, name, rep)
 			}
 			continue
 		}
 		denied := rep.Count+cost > quota || rep.Block != 0
-		if denied != !v.room {
-			rt.Fatalf("%s: limit %s count %d, block %d: denies %v; the model says it has room: %v (%s)", desc, name, rep.Count, rep.Block, denied, v.room, want)
+		if denied != !v.Room {
+			rt.Fatalf("%s: limit %s count %d, block %d: denies %v; the model says it has room: %v (%s)", desc, name, rep.Count, rep.Block, denied, v.Room, want)
 		}
-		if (rep.Block != 0) != v.blocked {
-			rt.Fatalf("%s: limit %s blocked until %d; the model says blocked: %v (%s)", desc, name, rep.Block, v.blocked, want)
+		if (rep.Block != 0) != v.Blocked {
+			rt.Fatalf("%s: limit %s blocked until %d; the model says blocked: %v (%s)", desc, name, rep.Block, v.Blocked, want)
 		}
 		used := rep.Count
 		if out.Allowed && !q.Peek && !denied {
@@ -426,46 +428,46 @@ func (r *check) compare(rt *rapid.T, desc string, q *store.Query, out *store.Out
 		if rep.Block != 0 {
 			remaining = 0
 		}
-		if remaining != int64(v.remaining) {
-			rt.Fatalf("%s: limit %s count %d: remaining %d, the model says %d (%s)", desc, name, rep.Count, remaining, v.remaining, want)
+		if remaining != int64(v.Remaining) {
+			rt.Fatalf("%s: limit %s count %d: remaining %d, the model says %d (%s)", desc, name, rep.Count, remaining, v.Remaining, want)
 		}
 		reset := rep.Reset
 		if reset == -1 {
 			if cost <= quota {
 				rt.Fatalf("%s: limit %s: Reset -1 (never fits) for a cost within its quota %d", desc, name, quota)
 			}
-			reset = rep.Now + r.model.limits[i].window
+			reset = rep.Now + r.model.Limits[i].Window
 		}
-		if reset < v.reset {
-			rt.Fatalf("%s: limit %s reset %d, %dµs before the model's %d (%s)", desc, name, reset, v.reset-reset, v.reset, want)
+		if reset < v.Reset {
+			rt.Fatalf("%s: limit %s reset %d, %dµs before the model's %d (%s)", desc, name, reset, v.Reset-reset, v.Reset, want)
 		}
-		if reset > v.latest {
-			rt.Fatalf("%s: limit %s reset %d, %dµs after a window from the log's time, %d (%s)", desc, name, reset, reset-v.latest, v.latest, want)
+		if reset > v.Latest {
+			rt.Fatalf("%s: limit %s reset %d, %dµs after a window from the log's time, %d (%s)", desc, name, reset, reset-v.Latest, v.Latest, want)
 		}
 	}
-	for _, p := range want.placed {
+	for _, p := range want.Placed {
 		// An exact log's entries are at their time; a bucketed log's, in
 		// their bucket, which any time of the bucket names.
-		l, next := r.model.limits[p.ref.limit], out.Replies[p.ref.limit].Next
-		if next != p.t && (!l.bucketed || next < p.t || next >= p.t+l.unit) {
-			rt.Fatalf("%s: limit %s logged the request at %d (Next), the model at %d (%s)", desc, l.name, next, p.t, want)
+		l, next := r.model.Limits[p.Ref.Limit], out.Replies[p.Ref.Limit].Next
+		if next != p.T && (!l.Bucketed || next < p.T || next >= p.T+l.Unit) {
+			rt.Fatalf("%s: limit %s logged the request at %d (Next), the model at %d (%s)", desc, l.Name, next, p.T, want)
 		}
 	}
-	if want.allowed {
+	if want.Allowed {
 		if out.Denier != -1 {
 			rt.Fatalf("%s: admitted, with Denier %d", desc, out.Denier)
 		}
 		return
 	}
 	d := out.Denier
-	if d < 0 || d >= len(want.limits) || !want.denies(d) {
+	if d < 0 || d >= len(want.Limits) || !want.Denies(d) {
 		rt.Fatalf("%s: denied by limit %d; the model says %s", desc, d, want)
 	}
-	if want.never {
-		if cost <= int64(want.quota(d)) {
-			rt.Fatalf("%s: denied by %s, whose quota fits the cost; the model says a limit never fits it (%s)", desc, r.model.limits[d].name, want)
+	if want.Never {
+		if cost <= int64(want.Quota(d)) {
+			rt.Fatalf("%s: denied by %s, whose quota fits the cost; the model says a limit never fits it (%s)", desc, r.model.Limits[d].Name, want)
 		}
-	} else if retry := out.Replies[d].Reset - want.now; retry < want.retryAfter {
-		rt.Fatalf("%s: the denier %s frees up in %dµs, %dµs before the model's %dµs (%s)", desc, r.model.limits[d].name, retry, want.retryAfter-retry, want.retryAfter, want)
+	} else if retry := out.Replies[d].Reset - want.Now; retry < want.RetryAfter {
+		rt.Fatalf("%s: the denier %s frees up in %dµs, %dµs before the model's %dµs (%s)", desc, r.model.Limits[d].Name, retry, want.RetryAfter-retry, want.RetryAfter, want)
 	}
 }
