@@ -99,7 +99,11 @@ func TestMain(m *testing.M) {
 	if os.Getenv(appEnv) != "" {
 		os.Exit(serveApp())
 	}
-	os.Exit(longtest.Main(m))
+	code := longtest.Main(m)
+	if ctl.dir != "" {
+		_ = os.RemoveAll(ctl.dir)
+	}
+	os.Exit(code)
 }
 
 // mustNew is New that fails the test on error. Its Limiter's decisions have

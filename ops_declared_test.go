@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"errors"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,14 +19,7 @@ import (
 func TestOperatorProcessesUndeclared(t *testing.T) {
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr
-	bin := filepath.Join(t.TempDir(), "ratelimitctl")
-	args := []string{"build", "-o", bin}
-	if raceEnabled {
-		args = append(args, "-race") // as buildCtl: reuses the tests' build cache
-	}
-	if out, err := exec.Command("go", append(args, "./cmd/ratelimitctl")...).CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := ctlBinary(t)
 	ctl := func(args ...string) (stdout, stderr string, code int) {
 		t.Helper()
 		cmd := exec.Command(bin, append([]string{"-redis", url}, args...)...)

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -111,17 +112,7 @@ func startApps(t *testing.T, n int, url string, cluster bool) []string {
 // buildCtl builds cmd/ratelimitctl and returns a function that runs it.
 func buildCtl(t *testing.T, url string, cluster bool) func(args ...string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "ratelimitctl")
-	args := []string{"build", "-o", bin}
-	if raceEnabled {
-		// Built as the tests are, it reuses what their build left in the
-		// cache: with an empty cache, a build without -race compiles the
-		// standard library and go-redis anew.
-		args = append(args, "-race")
-	}
-	if out, err := exec.Command("go", append(args, "./cmd/ratelimitctl")...).CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/ratelimitctl: %v\n%s", err, out)
-	}
+	bin := ctlBinary(t)
 	return func(args ...string) string {
 		t.Helper()
 		flags := []string{"-redis", url}
@@ -134,6 +125,39 @@ func buildCtl(t *testing.T, url string, cluster bool) func(args ...string) strin
 		}
 		return string(out)
 	}
+}
+
+// ctl is ratelimitctl, built once for the tests of this process (see
+// ctlBinary) in dir, which TestMain removes.
+var ctl struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+}
+
+// ctlBinary returns the path of ratelimitctl, built at the first call.
+// Built as the tests are (-race under the race detector), it reuses what
+// their build left in the cache: with an empty cache, a build without
+// -race compiles the standard library and go-redis anew.
+func ctlBinary(t *testing.T) string {
+	t.Helper()
+	ctl.once.Do(func() {
+		if ctl.dir, ctl.err = os.MkdirTemp("", "ratelimitctl"); ctl.err != nil {
+			return
+		}
+		ctl.bin = filepath.Join(ctl.dir, "ratelimitctl")
+		args := []string{"build", "-o", ctl.bin}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		if out, err := exec.Command("go", append(args, "./cmd/ratelimitctl")...).CombinedOutput(); err != nil {
+			ctl.err = fmt.Errorf("go build ./cmd/ratelimitctl: %v\n%s", err, out)
+		}
+	})
+	if ctl.err != nil {
+		t.Fatal(ctl.err)
+	}
+	return ctl.bin
 }
 
 // blockedFor returns how long resp's Retry-After says a block holds its
