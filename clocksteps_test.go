@@ -109,7 +109,10 @@ func floorDiv(a, b int64) int64 {
 // error, exactly as the model says (a log's time never runs backwards):
 // admissions, remaining quota and Retry-After, on a random walk of times
 // (the seed is printed on a failure), for an exact log and for buckets.
-func TestClockSteps(t *testing.T) { forBackends(t, testClockSteps) }
+func TestClockSteps(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
+	forBackends(t, testClockSteps)
+}
 
 func testClockSteps(t *testing.T, b backend) {
 	const quota = 5

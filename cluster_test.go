@@ -67,6 +67,7 @@ var clusterSuite = []struct {
 // TestCluster runs the suite on one 6-node Redis Cluster (3 primaries with
 // a replica each), emptied between tests.
 func TestCluster(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
 	c := redistest.StartCluster(t, 3, 1)
 	for _, tc := range clusterSuite {
 		t.Run(tc.name, func(t *testing.T) {

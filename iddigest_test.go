@@ -19,7 +19,10 @@ import (
 // denial as LimitStatus of the identifier does, and ResetLimitDigest
 // forgets that limit's counts for it and nothing else. Identifiers of at
 // most operator.MaxKeyID bytes have no digest.
-func TestIDDigest(t *testing.T) { forBackends(t, testIDDigest) }
+func TestIDDigest(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
+	forBackends(t, testIDDigest)
+}
 
 func testIDDigest(t *testing.T, b backend) {
 	seed := rand.Uint64()

@@ -80,6 +80,7 @@ import (
 // -rapid.steps. -model.off switches dimensions off, for investigating a
 // failure only: every dimension runs by default.
 func TestModel(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
 	t.Run("miniredis", func(t *testing.T) {
 		mr := miniredis.RunT(t)
 		runModel(t, modelEnv{addr: mr.Addr(), minWindow: time.Millisecond, repeats: longtest.LongOr(t, 1, 2-raceRuns), overrides: true})

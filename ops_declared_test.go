@@ -17,6 +17,7 @@ import (
 // have is stored (exit 0) with a note on stderr; before any app runs,
 // nothing is declared and an override is stored unchecked.
 func TestOperatorProcessesUndeclared(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr
 	bin := ctlBinary(t)

@@ -206,6 +206,7 @@ func eventually(t *testing.T, what string, bases []string, ok func(base string, 
 // override, a block and an unblock made by ratelimitctl (a fourth
 // process), and a block made by one app, are applied by every app.
 func TestOperatorProcesses(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr
 	ctl := buildCtl(t, url, false)
@@ -257,6 +258,7 @@ func TestOperatorProcesses(t *testing.T) {
 // TestOperatorProcessesCluster: the override and a block, on a Redis
 // Cluster, where the state's key has a slot of its own.
 func TestOperatorProcessesCluster(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
 	c := redistest.StartCluster(t, 3, 0)
 	url := "redis://" + c.Nodes[0].Addr
 	for _, n := range c.Nodes[1:] {

@@ -54,7 +54,10 @@ func (o *pathObserver) take() string {
 // all get the same value, its plan's. FailOpen's undecided requests get
 // no rate-limit headers at all. The paths are asserted taken, so the test
 // cannot pass by missing one.
-func TestPolicyEveryPath(t *testing.T) { forBackends(t, testPolicyEveryPath) }
+func TestPolicyEveryPath(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
+	forBackends(t, testPolicyEveryPath)
+}
 
 func testPolicyEveryPath(t *testing.T, b backend) {
 	limits := []Limit{

@@ -48,6 +48,7 @@ import (
 //	go test -run TestStatusAgreesWithDecisions -count=1 .
 //	go test -run TestStatusAgreesWithDecisions/miniredis -count=1 -rapid.checks=1000 .
 func TestStatusAgreesWithDecisions(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
 	t.Run("miniredis", func(t *testing.T) {
 		mr := miniredis.RunT(t)
 		runStatusProperty(t, mr.Addr(), 0)
