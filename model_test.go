@@ -268,24 +268,10 @@ func drawModelLimit(rt *rapid.T, i int, env modelEnv, buckets, block bool) logmo
 	min := minWindow.Microseconds()
 	if buckets && rapid.IntRange(0, 2).Draw(rt, "bucketed") == 0 {
 		ml.Bucketed = true
-		var precisions []int64 // those that make a window of min or more of at most 1,024 buckets
-		for _, p := range []int64{1e3, 7e3, 1e5, 1e6, 6e7, 9e8} {
-			if p*maxBuckets >= min {
-				precisions = append(precisions, p)
-			}
-		}
-		p := rapid.SampledFrom(precisions).Draw(rt, "precision")
-		lo := max(1, (min+p-1)/p)
-		if env.expires {
-			// A bucketed key lives until its newest bucket leaves the
-			// window on the request's clock: a window minus a bucket
-			// after a request at its bucket's end (which then counts
-			// that bucket from its start, as the model does). Where
-			// keys expire on the server's clock, that is min at least.
-			lo = max(lo, (min+p-1)/p+1)
-		}
-		ml.Unit = p
-		ml.Window = p * rapid.Int64Range(lo, max(lo, 1024)).Draw(rt, "buckets")
+		// Where keys expire on the server's clock, a bucketed key lives
+		// until its newest bucket leaves the window on the request's clock
+		// (which then counts that bucket from its start, as the model does).
+		ml.Unit, ml.Window = logmodel.DrawBuckets(rt, min, env.expires)
 		return ml
 	}
 	max := (3 * time.Hour).Microseconds()

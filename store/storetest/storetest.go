@@ -140,9 +140,6 @@ func newCheck(rt *rapid.T, cfg Config, s store.Store) *check {
 	return r
 }
 
-// maxBuckets is the most buckets a drawn bucketed window has.
-const maxBuckets = 1024
-
 // drawLimit draws limit i: its kind, window, quota, shadowing and block.
 func drawLimit(rt *rapid.T, i int, cfg Config) logmodel.Limit {
 	ml := logmodel.Limit{Name: fmt.Sprintf("m%d", i)}
@@ -158,22 +155,7 @@ func drawLimit(rt *rapid.T, i int, cfg Config) logmodel.Limit {
 	minWindow := cfg.MinWindow.Microseconds()
 	if rapid.IntRange(0, 2).Draw(rt, "bucketed") == 0 {
 		ml.Bucketed = true
-		var precisions []int64 // those that make a window of minWindow or more of at most maxBuckets buckets
-		for _, p := range []int64{1e3, 7e3, 1e5, 1e6, 6e7, 9e8} {
-			if p*maxBuckets >= minWindow {
-				precisions = append(precisions, p)
-			}
-		}
-		p := rapid.SampledFrom(precisions).Draw(rt, "precision")
-		lo := max(1, (minWindow+p-1)/p)
-		if cfg.OwnClock {
-			// A bucketed log lives until its newest bucket leaves the
-			// window on the request's clock: a window minus a bucket
-			// after a request at its bucket's end.
-			lo = max(lo, (minWindow+p-1)/p+1)
-		}
-		ml.Unit = p
-		ml.Window = p * rapid.Int64Range(lo, max(lo, maxBuckets)).Draw(rt, "buckets")
+		ml.Unit, ml.Window = logmodel.DrawBuckets(rt, minWindow, cfg.OwnClock)
 		return ml
 	}
 	longest := (3 * time.Hour).Microseconds()
