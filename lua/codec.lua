@@ -6,11 +6,12 @@
 --   now     7  the time to decide at; 0: the Redis server's clock (TIME)
 --   cost    4  units of cost to log in every limit
 --   limits  1  the number of limits L, then L limits:
---     kind    1  EXACT_LOG or BUCKETS
+--     kind    1  EXACT_LOG, BUCKETS or INFLIGHT
 --     flags   1  FLAG_SHADOW: checked and reported, never denies
 --     quota   4
 --     window  6
---     unit    6  the exact log's time unit; the buckets' precision
+--     unit    6  the exact log's time unit; the buckets' precision; an
+--                in-flight limit's holder id (the request's)
 --     name    1 + n  n, then the bucketed limit's name (n = 0 for a log)
 --     block   6  only with FLAG_BLOCK: how long a denial blocks the client
 -- The request's KEYS are its limits' keys, in the same order, then the
@@ -33,6 +34,7 @@
 
 local EXACT_LOG = 1
 local BUCKETS = 2
+local INFLIGHT = 3 -- see inflight.lua
 local FLAG_SHADOW = 1
 local FLAG_BLOCK = 2
 local REQUEST_HEAD = 12 -- bytes before the limits

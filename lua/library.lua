@@ -31,6 +31,8 @@
 local KINDS = {
   [EXACT_LOG] = {read = exact_read, leaves = exact_leaves, admit = exact_admit, remove = exact_remove, forget = exact_forget},
   [BUCKETS] = {read = buckets_read, leaves = buckets_leaves, admit = buckets_admit, remove = buckets_remove, forget = buckets_forget},
+  [INFLIGHT] = {read = inflight_read, leaves = inflight_leaves, admit = inflight_admit, remove = inflight_remove,
+    forget = inflight_forget},
 }
 
 local NEVER = 0 -- a reset: the request can never fit
@@ -62,7 +64,7 @@ local function check(keys, k, limits, n, now, write, R, r)
   local denied, worst = 0, 0
   for i = 1, #limits do
     local lim = limits[i]
-    local kind = KINDS[lim[KIND]]
+    local kind, n = KINDS[lim[KIND]], inflight_cost(lim, n)
     local state, count, t = kind.read(keys[k + i - 1], lim, now, write)
     local reset, stamp = t, 0
     if count > 0 then
@@ -109,6 +111,7 @@ local function block(keys, k, limits, n, now, R, r)
   local denied, worst = 0, 0
   for i = 1, #limits do
     local lim = limits[i]
+    local n = inflight_cost(lim, n)
     local reset, stamp = R[r + 3 * i + 2], R[r + 3 * i + 3]
     if lim[BLOCK] and stamp >= 0 and R[r + 3 * i + 1] + n > lim[QUOTA] then
       redis.call('SET', keys[k + #limits + lim[BKEY] - 1], '1', 'PX', math.ceil(lim[BLOCK] / 1000))
@@ -136,6 +139,7 @@ local function admit(limits, n, now, R, r)
   end
   for i = 1, #limits do
     local lim, count = limits[i], R[r + 3 * i + 1]
+    local n = inflight_cost(lim, n)
     if count + n <= lim[QUOTA] then
       local stamp, leaves = KINDS[lim[KIND]].admit(lim[STATE], lim, now, n)
       R[r + 3 * i + 3] = stamp
@@ -169,6 +173,7 @@ local function undo(keys, k, limits, n, R, r)
   local left = 0
   for i = 1, #limits do
     local lim, at = limits[i], R[r + 3 * i + 3]
+    local n = inflight_cost(lim, n)
     if at > 0 and R[r + 3 * i + 1] + n <= lim[QUOTA] then
       local ok, removed = pcall(KINDS[lim[KIND]].remove, keys[k + i - 1], lim, at, n)
       left = left + n - (ok and removed or 0)
@@ -377,7 +382,7 @@ local function rollback(keys, argv)
   for i = 1, #limits do
     local lim, at = limits[i], uint(argv[2], 7 * i - 6, 7)
     if at > 0 then
-      removed = removed + KINDS[lim[KIND]].remove(keys[i], lim, at, n)
+      removed = removed + KINDS[lim[KIND]].remove(keys[i], lim, at, inflight_cost(lim, n))
     end
   end
   return removed

@@ -68,6 +68,19 @@ type Limit struct {
 	// Redis hash), each its own Field. "" for a limit whose key is its
 	// own.
 	Field string
+	// InFlight makes the limit count requests in flight, not a rate:
+	// Quota is how many requests of a key may hold a slot at once, and
+	// a request holds one slot whatever its Cost, under its
+	// Query.Holder, until it is released (its Reply.Next is the holder
+	// id, which the limiter's refund path takes back) or, in a store
+	// that expires slots, until Window (the lease) has passed since it
+	// was taken or last renewed. Its Reply: Count is the slots held
+	// before the request, Reset is always -1 (an in-flight limit
+	// promises no time), Next the holder id where the request took a
+	// slot, else 0. Unit, Bucketed and Block do not apply (false, 0).
+	// A store that does not support in-flight limits must fail the
+	// decisions of a query that has one.
+	InFlight bool
 }
 
 // A LogID names one log: a key and the Field of its limit (see
@@ -94,6 +107,11 @@ type Query struct {
 	Now int64
 	// Peek: count nothing, only say what a decision would.
 	Peek bool
+	// Holder is the request's holder id, for its in-flight limits
+	// (Limit.InFlight): nonzero, below 1<<48, unique to the request
+	// (the limiter draws it at random). 0 when the query has no
+	// in-flight limit.
+	Holder uint64
 }
 
 // Log returns the log of q's limit i.

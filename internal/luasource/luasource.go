@@ -20,13 +20,15 @@ import (
 //   - codec.lua: the wire format of requests and replies;
 //   - exact.lua: the exact log, one Redis string per limit and identifier;
 //   - buckets.lua: bucketed limits, one Redis hash per identifier;
+//   - inflight.lua: in-flight limits, one Redis sorted set of holders per
+//     limit and identifier, and the renew entry point;
 //   - library.lua: the entry points, which decide over several limits of
 //     either kind at once.
 //
 // Their code defines the functions (locals of the chunk) named by the
 // entry points, each called with the KEYS and ARGV of a call, and runs
 // nothing else at its top level.
-var Files = []string{"codec.lua", "exact.lua", "buckets.lua", "library.lua"}
+var Files = []string{"codec.lua", "exact.lua", "buckets.lua", "inflight.lua", "library.lua"}
 
 // Join returns the library's source: the Files that fsys holds, joined.
 func Join(fsys fs.FS) (string, error) {

@@ -19,7 +19,16 @@ const (
 	ExactLog Kind = 1
 	// Buckets counts cost per bucket of time.
 	Buckets Kind = 2
+	// InFlight counts the requests in flight (lua/inflight.lua): a
+	// sorted set of holder ids, each with the end of its lease. Its
+	// Window is the lease; its unit field carries the request's holder
+	// id (SetHolder), not a time unit; it takes no Name and no Block.
+	InFlight Kind = 3
 )
+
+// MaxHolder is the largest holder id the wire format carries: holder ids
+// of in-flight limits are 1 to MaxHolder.
+const MaxHolder = 1<<(8*windowBytes) - 1
 
 // Flags of a limit.
 const (
@@ -87,14 +96,19 @@ func Encode(limits ...Limit) (Specs, error) {
 	var b []byte
 	var s Specs
 	for _, l := range limits {
+		if l.Kind == InFlight {
+			if err := checkInFlight(l); err != nil {
+				return Specs{}, err
+			}
+		}
 		switch {
-		case l.Kind != ExactLog && l.Kind != Buckets:
+		case l.Kind != ExactLog && l.Kind != Buckets && l.Kind != InFlight:
 			return Specs{}, fmt.Errorf("unknown kind %d", l.Kind)
 		case l.Quota < 1 || l.Quota >= maxCost: // a clamped cost must never fit
 			return Specs{}, fmt.Errorf("quota %d out of range", l.Quota)
 		case l.Window.Microseconds() < 1 || l.Window.Microseconds() >= 1<<(8*windowBytes):
 			return Specs{}, fmt.Errorf("window %v out of range", l.Window)
-		case l.Unit.Microseconds() < 1 || l.Unit > l.Window:
+		case l.Kind != InFlight && (l.Unit.Microseconds() < 1 || l.Unit > l.Window):
 			return Specs{}, fmt.Errorf("unit %v out of range", l.Unit)
 		case l.Kind == ExactLog && l.Window.Microseconds()/l.Unit.Microseconds() > maxWindowUnits:
 			return Specs{}, fmt.Errorf("window %v of %d units of %v: an exact log's window is at most %d units", l.Window,
@@ -115,7 +129,11 @@ func Encode(limits ...Limit) (Specs, error) {
 		b = append(b, byte(l.Kind), flags)
 		b = appendUint(b, uint64(l.Quota), quotaBytes)
 		b = appendUint(b, uint64(l.Window.Microseconds()), windowBytes)
-		b = appendUint(b, uint64(l.Unit.Microseconds()), windowBytes)
+		unit := uint64(l.Unit.Microseconds())
+		if l.Kind == InFlight {
+			unit = 0 // the holder id, which SetHolder writes in each request
+		}
+		b = appendUint(b, unit, windowBytes)
 		name := ""
 		if l.Kind == Buckets {
 			name = l.Name
@@ -164,6 +182,46 @@ func SetQuotas(req []byte, quota func(j int) int) {
 		}
 		at = next
 	}
+}
+
+// SetHolder writes id, the request's holder id (1 to MaxHolder), into
+// every in-flight limit of req, a request AppendRequest appended: the
+// Lua code logs the request in an in-flight limit under that id, and
+// admits no request of an in-flight limit whose holder id is 0.
+func SetHolder(req []byte, id uint64) {
+	at := requestHead
+	for range int(req[requestHead-1]) {
+		if Kind(req[at]) == InFlight {
+			putUint(req[at+2+quotaBytes+windowBytes:at+2+quotaBytes+2*windowBytes], id)
+		}
+		next := at + specHead + int(req[at+specHead-1])
+		if req[at+1]&flagBlock != 0 {
+			next += windowBytes
+		}
+		at = next
+	}
+}
+
+// checkInFlight reports what an in-flight limit has that it cannot: a
+// name, a unit, a block.
+func checkInFlight(l Limit) error {
+	switch {
+	case l.Name != "":
+		return fmt.Errorf("in-flight limit with a name %q", l.Name)
+	case l.Unit != 0:
+		return fmt.Errorf("in-flight limit with a unit %v", l.Unit)
+	case l.Block != 0:
+		return fmt.Errorf("in-flight limit with a block %v", l.Block)
+	}
+	return nil
+}
+
+// AppendHolders appends the holder ids ids, 6 bytes each, for Renew.
+func AppendHolders(dst []byte, ids []uint64) []byte {
+	for _, id := range ids {
+		dst = appendUint(dst, id, windowBytes)
+	}
+	return dst
 }
 
 // specHead is a limit's bytes before its name: kind, flags, quota, window,

@@ -3,6 +3,7 @@ package slidinglog
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -71,6 +72,42 @@ func (r *Redis) Forget(ctx context.Context, keys []string, req []byte) (int64, e
 	return n, err
 }
 
+// Renew extends the leases of in-flight slots: keys[i] is the key of an
+// in-flight limit, holders[i] the holder ids whose slots in it are
+// renewed. Each slot still held (its lease has not ended) is given a lease
+// of lease (rounded down to the microsecond, at least one) from now on the
+// Redis server's clock; a slot that has ended, or was released, is not
+// taken again. It returns how many slots it renewed. The keys of one call
+// must share a hash slot on a Cluster: the caller sends one call per hash
+// tag. The call is sent once at most, as every call that writes; sent
+// again, it would renew the same slots, which is harmless: the caller may
+// retry.
+func (r *Redis) Renew(ctx context.Context, keys []string, lease time.Duration, holders [][]uint64) (int64, error) {
+	return r.RenewAt(ctx, 0, keys, lease, holders)
+}
+
+// RenewAt is Renew at now (Unix microseconds; 0: the Redis server's
+// clock), for tests that set the decisions' clock.
+func (r *Redis) RenewAt(ctx context.Context, now int64, keys []string, lease time.Duration, holders [][]uint64) (int64, error) {
+	if len(keys) != len(holders) {
+		return 0, fmt.Errorf("ratelimit: renew: %d keys and %d lists of holders", len(keys), len(holders))
+	}
+	us := lease.Microseconds()
+	if us < 1 || us > MaxHolder {
+		return 0, fmt.Errorf("ratelimit: renew: lease %v out of range", lease)
+	}
+	head := appendUint(make([]byte, 0, windowBytes+timeBytes), uint64(us), windowBytes)
+	head = appendUint(head, uint64(max(now, 0)), timeBytes)
+	args := make([]any, 1+len(holders))
+	args[0] = head
+	for i, ids := range holders {
+		args[i+1] = AppendHolders(nil, ids)
+	}
+	reply, err := r.batch.mode.run(ctx, r.client, &r.batch.mode.code.renew, keys, args)
+	n, _ := reply.(int64)
+	return n, err
+}
+
 // ScriptsOnly reports whether the Redis runs the library as scripts for
 // good: it cannot run functions.
 func (r *Redis) ScriptsOnly() bool { return r.batch.mode.scriptsOnly.Load() }
@@ -82,7 +119,7 @@ func (r *Redis) SetScriptsOnly(on bool) { r.batch.mode.scriptsOnly.Store(on) }
 // FunctionNames returns the names of the library's functions, and of the
 // one that writes nothing.
 func (c *Code) FunctionNames() (all []string, readOnly string) {
-	return []string{c.decide.function, c.status.function, c.rollback.function, c.forget.function}, c.status.function
+	return []string{c.decide.function, c.status.function, c.rollback.function, c.forget.function, c.renew.function}, c.status.function
 }
 
 // runScript runs e as a script by its SHA and falls back to sending its

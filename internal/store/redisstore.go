@@ -380,6 +380,9 @@ func (q *Query) request(dst []byte, idx []int) []byte {
 	if q.Quotas != nil {
 		slidinglog.SetQuotas(dst[start:], func(j int) int { return q.Quotas[idx[j]] })
 	}
+	if q.Spec.InFlight != nil {
+		slidinglog.SetHolder(dst[start:], q.Holder)
+	}
 	return dst
 }
 

@@ -14,6 +14,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -45,6 +46,9 @@ type Spec struct {
 	// Split: keys with different hash tags must be decided apart (a
 	// Cluster, a Ring).
 	Split bool
+	// InFlight holds the indices of the in-flight limits
+	// (store.Limit.InFlight), in turn; nil if there is none.
+	InFlight []int
 }
 
 // LimitSpec is one limit of a Spec: what every store knows of it, and
@@ -67,6 +71,13 @@ func NewSpec(limits []store.Limit, global []bool, split bool) (p *Spec, bad int,
 			Unit: lim.Unit, Block: lim.Block}
 		if lim.Bucketed {
 			wire[i].Kind, wire[i].Name = slidinglog.Buckets, lim.Field
+		}
+		if lim.InFlight {
+			if lim.Bucketed || lim.Unit != 0 || lim.Block != 0 {
+				return nil, i, errors.New("an in-flight limit has no precision, buckets or block")
+			}
+			wire[i] = slidinglog.Limit{Kind: slidinglog.InFlight, Shadow: lim.Shadow, Quota: lim.Quota, Window: lim.Window}
+			p.InFlight = append(p.InFlight, i)
 		}
 		spec, err := slidinglog.Encode(wire[i])
 		if err != nil {
@@ -231,6 +242,10 @@ type Library interface {
 	Status(ctx context.Context, keys []string, reqs ...[]byte) (any, error)
 	Rollback(ctx context.Context, keys []string, req, stamps []byte) (int64, error)
 	Forget(ctx context.Context, keys []string, req []byte) (int64, error)
+	// Renew extends the leases of in-flight slots (see
+	// slidinglog.Redis.Renew): keys[i] an in-flight limit's key, holders[i]
+	// its holder ids; the keys of one call share a hash slot.
+	Renew(ctx context.Context, keys []string, lease time.Duration, holders [][]uint64) (int64, error)
 }
 
 // grow returns sl resized to n and cleared, reusing its array when it is
