@@ -15,6 +15,7 @@ import (
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/store/storetest"
 )
 
 // The engine of in-flight limits (lua/inflight.lua through the Redis
@@ -555,5 +556,61 @@ func TestInFlightWithoutHolder(t *testing.T) {
 	}
 	if zs := r.held(1, "n"); len(zs) != 0 {
 		t.Fatalf("held %v", zs)
+	}
+}
+
+// TestRedisInFlightConformance runs the in-flight conformance suite on the
+// Redis store: on miniredis, on a real server with the library as a
+// Function, and as scripts; leases of a minute at least on a real server
+// (its keys expire on its own clock).
+//
+//	go test -run TestRedisInFlightConformance -count=1 ./internal/store
+func TestRedisInFlightConformance(t *testing.T) {
+	t.Run("miniredis", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = rdb.Close() })
+		storetest.RunInFlight(t, inflightSeam(storetest.Config{}), seam(rdb))
+	})
+	t.Run("server", func(t *testing.T) {
+		srv := redistest.Start(t)
+		storetest.RunInFlight(t, inflightSeam(storetest.Config{MinWindow: time.Minute, OwnClock: true}), seam(srv.Client()))
+	})
+	t.Run("server scripts", func(t *testing.T) {
+		srv := redistest.Start(t)
+		if err := srv.Client().Do(context.Background(), "ACL", "SETUSER", "scripts", "on", ">scripts", "~*", "&*", "+@all", "-fcall", "-function").Err(); err != nil {
+			t.Fatal(err)
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "scripts", Password: "scripts", ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = rdb.Close() })
+		storetest.RunInFlight(t, inflightSeam(storetest.Config{MinWindow: time.Minute, OwnClock: true}), seam(rdb))
+	})
+}
+
+// inflightSeam is the in-flight suite's configuration for the Redis
+// store behind the public seam (publicRedis): releases through the
+// library's rollback, renewals through Renew.
+func inflightSeam(cfg storetest.Config) storetest.InFlightConfig {
+	lib := func(s store.Store) *slidinglog.Redis { return s.(*publicRedis).rs.Lib.(*slidinglog.Redis) }
+	return storetest.InFlightConfig{
+		Config: cfg,
+		Release: func(s store.Store, logs []store.LogID, holders []uint64) error {
+			spec, err := slidinglog.Encode(slidinglog.Limit{Kind: slidinglog.InFlight, Quota: 1, Window: time.Second})
+			if err != nil {
+				return err
+			}
+			req := slidinglog.AppendRequest(nil, 0, 1, spec)
+			for i, log := range logs {
+				stamps := slidinglog.AppendStamps(nil, []int64{int64(holders[i])})
+				if _, err := lib(s).Rollback(context.Background(), []string{log.Key}, req, stamps); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Renew: func(s store.Store, log store.LogID, holders []uint64, now int64, lease time.Duration) (int, error) {
+			n, err := lib(s).RenewAt(context.Background(), now, []string{log.Key}, lease, [][]uint64{holders})
+			return int(n), err
+		},
 	}
 }
