@@ -34,3 +34,20 @@ func RateReservations(p *Spec, keys []string, groups [][]int, cost int, stamp fu
 		return stamp(i)
 	})
 }
+
+// dropSlots clears the Next (the holder id) of the in-flight limits of
+// groups in replies: a denied or failed decision's reservations were
+// rolled back, and its Result holds no slot (one the rollback could not
+// release frees when its lease ends: nobody renews it).
+func (p *Spec) dropSlots(groups [][]int, replies []Reply) {
+	if p.InFlight == nil {
+		return
+	}
+	for _, g := range groups {
+		for _, i := range g {
+			if p.Limits[i].InFlight {
+				replies[i].Next = 0
+			}
+		}
+	}
+}

@@ -47,8 +47,11 @@ type InFlightConfig struct {
 // rate limit, its remaining and reset as Run checks them; an in-flight
 // limit's Reset -1 (no time is promised) and its Next, the holder id of
 // the slot the request took, 0 where it took none. With Renew nil, no
-// slot ever expires; else a slot whose lease ended counts no more.
-func RunInFlight(t *testing.T, cfg InFlightConfig, newStore func(t *testing.T) store.Store) {
+// slot ever expires; else a slot whose lease ended counts no more, and
+// some holders crash: they are never renewed nor released again, and
+// their slots must free one lease after their last renewal. It returns
+// the steps it ran (with the shrinking runs, if any).
+func RunInFlight(t *testing.T, cfg InFlightConfig, newStore func(t *testing.T) store.Store) int {
 	t.Helper()
 	if cfg.MinWindow <= 0 {
 		cfg.MinWindow = time.Millisecond
@@ -62,6 +65,7 @@ func RunInFlight(t *testing.T, cfg InFlightConfig, newStore func(t *testing.T) s
 			"Peek":    r.peek,
 			"Release": r.release,
 			"Renew":   r.renew,
+			"Crash":   r.crash,
 			"Clock":   r.clock,
 		})
 		steps += r.steps
@@ -70,6 +74,7 @@ func RunInFlight(t *testing.T, cfg InFlightConfig, newStore func(t *testing.T) s
 		}
 	})
 	t.Logf("%d steps (with the shrinking runs, if any); seen: %v", steps, seen)
+	return steps
 }
 
 // inflightCheck is one check of RunInFlight.
@@ -79,17 +84,21 @@ type inflightCheck struct {
 	now    int64
 	holder uint64
 	held   []heldSlots // admitted requests' slots, released or not
+	// crashed holds the holder ids that crashed.
+	crashed map[uint64]bool
 }
 
 // heldSlots are the slots an admitted request took.
 type heldSlots struct {
 	refs    []logmodel.LogRef
 	holder  uint64
-	release int // times released
+	release int  // times released
+	crashed bool // its holder died: never renewed nor released again
 }
 
 func newInFlightCheck(rt *rapid.T, cfg InFlightConfig, s store.Store) *inflightCheck {
-	r := &inflightCheck{check: &check{cfg: cfg.Config, store: s, seen: map[string]int{}, head: fmt.Sprintf("storetest:%d:", runs.Add(1))}, icfg: cfg}
+	r := &inflightCheck{check: &check{cfg: cfg.Config, store: s, seen: map[string]int{}, head: fmt.Sprintf("storetest:%d:", runs.Add(1))}, icfg: cfg,
+		crashed: map[uint64]bool{}}
 	r.model = logmodel.State{Logs: map[logmodel.LogRef]*logmodel.Log{}, Foreign: map[string]string{}, Blocked: map[logmodel.LogRef]bool{},
 		BlockSlack: (30 * time.Minute).Microseconds(), NoLease: cfg.Renew == nil}
 	r.ids = rapid.Permutation(ids).Draw(rt, "ids")[:3]
@@ -143,10 +152,12 @@ func (r *inflightCheck) ask(rt *rapid.T, q *store.Query, what string) {
 	ids := r.idsOf(q)
 	r.model.Holder = q.Holder
 	for i, l := range r.model.Limits {
-		for _, end := range r.model.Held[logmodel.LogRef{Limit: i, ID: ids[i]}] {
+		for h, end := range r.model.Held[logmodel.LogRef{Limit: i, ID: ids[i]}] {
 			if l.InFlight && end <= q.Now {
 				r.seen["lease ended"]++
-				break
+				if r.crashed[h] {
+					r.seen["crashed holder's slot freed"]++
+				}
 			}
 		}
 	}
@@ -174,8 +185,11 @@ func (r *inflightCheck) release(rt *rapid.T) {
 	if len(r.held) == 0 {
 		rt.Skip("nothing held")
 	}
-	r.steps++
 	h := &r.held[rapid.IntRange(0, len(r.held)-1).Draw(rt, "release")]
+	if h.crashed {
+		rt.Skip("crashed")
+	}
+	r.steps++
 	logs := make([]store.LogID, len(h.refs))
 	holders := make([]uint64, len(h.refs))
 	for j, ref := range h.refs {
@@ -200,7 +214,7 @@ func (r *inflightCheck) renew(rt *rapid.T) {
 	ref := rapid.SampledFrom(r.held[rapid.IntRange(0, len(r.held)-1).Draw(rt, "renew")].refs).Draw(rt, "log")
 	var holders []uint64
 	for _, h := range r.held {
-		if slices.Contains(h.refs, ref) && rapid.Bool().Draw(rt, "renew holder") {
+		if !h.crashed && slices.Contains(h.refs, ref) && rapid.Bool().Draw(rt, "renew holder") {
 			holders = append(holders, h.holder)
 		}
 	}
@@ -215,6 +229,23 @@ func (r *inflightCheck) renew(rt *rapid.T) {
 		rt.Fatalf("renew %v in %v at %d: %d, %v; the model renews %d", holders, ref, r.now, got, err, want)
 	}
 	r.seen["renewed"] += got
+}
+
+// crash kills the holder of an admitted request: its slots are never
+// renewed nor released again.
+func (r *inflightCheck) crash(rt *rapid.T) {
+	if r.icfg.Renew == nil || len(r.held) == 0 {
+		rt.Skip("no leases")
+	}
+	h := &r.held[rapid.IntRange(0, len(r.held)-1).Draw(rt, "crash")]
+	if h.crashed || h.release > 0 {
+		rt.Skip("not held")
+	}
+	r.steps++
+	h.crashed = true
+	r.crashed[h.holder] = true
+	r.seen["crashed"]++
+	rt.Logf("step %d: holder %d crashes, holding %v", r.steps, h.holder, h.refs)
 }
 
 // clock steps the clock by up to a few leases (or windows), forward, or
