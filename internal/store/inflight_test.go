@@ -614,3 +614,36 @@ func inflightSeam(cfg storetest.Config) storetest.InFlightConfig {
 		},
 	}
 }
+
+// TestDenyCacheSkipsInFlight: whatever an in-flight limit's reply says
+// (full or not, any reset, admitted or denied), the deny cache never
+// holds it: a release frees a slot at any moment, which no reset foretells.
+func TestDenyCacheSkipsInFlight(t *testing.T) {
+	rng := seeded(t)
+	spec, _, err := NewSpec([]store.Limit{{InFlight: true, Quota: 3, Window: time.Minute}}, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &DenyCache{MaxAge: time.Hour}
+	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	us := now.UnixMicro()
+	for i := range 1000 {
+		quota := 1 + rng.IntN(5)
+		count := int64(rng.IntN(quota + 2))
+		reset := int64(-1)
+		if rng.IntN(2) == 0 {
+			reset = us + rng.Int64N(120e6)
+		}
+		next := int64(0)
+		if rng.IntN(2) == 0 {
+			next = us + rng.Int64N(120e6)
+		}
+		r := []Reply{{OK: true, Now: us, Count: count, Reset: reset, Next: next}}
+		q := &Query{Query: store.Query{Limits: spec.Public, Keys: []string{fmt.Sprintf("k%d:{%d}", i, i)}, Cost: 1 + rng.IntN(3),
+			Quotas: []int{quota}, Holder: 1}, Spec: spec, Local: now}
+		c.learn(q, r, rng.IntN(2) == 0, now)
+		if c.Len() != 0 {
+			t.Fatalf("the deny cache holds the in-flight reply %+v of quota %d, cost %d", r[0], quota, q.Cost)
+		}
+	}
+}
