@@ -27,10 +27,10 @@ import (
 // twice), renew, or crash (never renewed nor released again: their slots
 // must free one lease after their last renewal); peeks; and clock steps
 // forward and back by up to a few leases. It runs on one Redis (one call
-// per decision) and split by hash tag as on a Cluster (a one-shard Ring: a
-// request's groups are decided in turn and rolled back when a later one
-// denies, releasing the slots they took), with the library as a Redis
-// Function and as scripts; on miniredis too. The seed of a failure is
+// per decision) and split by hash tag (a one-shard Ring, and a Cluster of
+// three primaries: a request's groups are decided in turn and rolled back
+// when a later one denies, releasing the slots they took), with the
+// library as a Redis Function and as scripts; on miniredis too. The seed of a failure is
 // printed by rapid, and -rapid.seed=N replays it.
 //
 // On a real server (redistest.Start; RATELIMIT_SERVER=valkey for Valkey)
@@ -47,6 +47,10 @@ func TestModelInFlight(t *testing.T) {
 	t.Run("server", func(t *testing.T) {
 		srv := redistest.Start(t)
 		runModelInFlight(t, srv.Addr, "", storetest.Config{MinWindow: time.Minute, OwnClock: true}, longtest.LongOr(t, 3, 9), 10_000)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c := redistest.StartCluster(t, 3, 0)
+		runModelInFlightOn(t, c.Client(), true, storetest.Config{MinWindow: time.Minute, OwnClock: true}, longtest.LongOr(t, 1, 3))
 	})
 	t.Run("server scripts", func(t *testing.T) {
 		srv := redistest.Start(t)
@@ -66,20 +70,25 @@ func runModelInFlight(t *testing.T, addr, user string, cfg storetest.Config, rep
 	t.Cleanup(func() { _ = plain.Close(); _ = ring.Close() })
 	steps := 0
 	for range repeats {
-		for _, split := range []bool{false, true} {
-			var rdb redis.UniversalClient = plain
-			if split {
-				rdb = ring
-			}
-			s := newModelInFlightStore(t, rdb, split)
-			steps += storetest.RunInFlight(t, storetest.InFlightConfig{Config: cfg, Split: split, Release: s.release, Renew: s.renew},
-				func(*testing.T) store.Store { return s })
-		}
+		steps += runModelInFlightOn(t, plain, false, cfg, 1)
+		steps += runModelInFlightOn(t, ring, true, cfg, 1)
 	}
 	t.Logf("%d steps on %s", steps, addr)
 	if minSteps > 0 && steps < minSteps && !t.Failed() {
 		t.Errorf("%d steps: the model must run %d at least", steps, minSteps)
 	}
+}
+
+// runModelInFlightOn runs the in-flight model repeats times on rdb, split
+// by hash tag or not, and returns the steps it ran.
+func runModelInFlightOn(t *testing.T, rdb redis.UniversalClient, split bool, cfg storetest.Config, repeats int) int {
+	steps := 0
+	for range repeats {
+		s := newModelInFlightStore(t, rdb, split)
+		steps += storetest.RunInFlight(t, storetest.InFlightConfig{Config: cfg, Split: split, Release: s.release, Renew: s.renew},
+			func(*testing.T) store.Store { return s })
+	}
+	return steps
 }
 
 // modelInFlightStore is the Redis store as the Limiter makes it (its

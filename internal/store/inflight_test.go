@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -646,4 +647,65 @@ func TestDenyCacheSkipsInFlight(t *testing.T) {
 			t.Fatalf("the deny cache holds the in-flight reply %+v of quota %d, cost %d", r[0], quota, q.Cost)
 		}
 	}
+}
+
+// TestInFlightRenewGroup: one renewal call renews the slots of several
+// in-flight limits of one hash tag, as the renewal of a replica's slots
+// does per hash tag: on the server's clock (Renew), each slot held is
+// renewed once, a released one or one of another holder is not, and the
+// count says how many were. Random numbers of limits, requests and
+// releases.
+func TestInFlightRenewGroup(t *testing.T) {
+	inflightBackends(t, func(t *testing.T, b inflightBackend) {
+		rng := seeded(t)
+		for range 4 {
+			n := 1 + rng.IntN(3)
+			var limits []store.Limit
+			ids := make([]string, n)
+			for i := range n {
+				limits = append(limits, store.Limit{InFlight: true, Quota: 2 + rng.IntN(4), Window: time.Minute})
+				ids[i] = "g"
+			}
+			r := newInflightRig(t, b, limits)
+			holders := &holderIDs{rng: rand.New(rand.NewPCG(rng.Uint64(), 3))}
+			var live []uint64
+			for range 1 + rng.IntN(limits[0].Quota) {
+				h := holders.next()
+				out, err := r.decide(ids, 1, 0, h)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !out.Allowed {
+					continue
+				}
+				if rng.IntN(3) == 0 {
+					r.release(ids, out)
+					continue
+				}
+				live = append(live, h)
+			}
+			keys := make([]string, n)
+			lists := make([][]uint64, n)
+			want := int64(0)
+			for i := range n {
+				keys[i] = r.key(i, "g")
+				lists[i] = append(slices.Clone(live), holders.next()) // and a holder of nothing
+				want += int64(len(live))
+			}
+			before := r.held(0, "g")
+			got, err := r.lib.Renew(context.Background(), keys, time.Minute, lists)
+			if err != nil || got != want {
+				t.Fatalf("renewed %d, %v; want %d (%d limits, holders %v)", got, err, want, n, live)
+			}
+			after := r.held(0, "g")
+			if len(after) != len(before) {
+				t.Fatalf("renewal changed the slots: %v, then %v", before, after)
+			}
+			for j := range after {
+				if after[j].Score < before[j].Score {
+					t.Fatalf("renewal shortened a lease: %v, then %v", before, after)
+				}
+			}
+		}
+	})
 }
