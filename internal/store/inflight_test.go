@@ -427,14 +427,15 @@ func TestInFlightExpiresOnServerClock(t *testing.T) {
 // A rate limit that denies leaves no slot taken, and a full in-flight
 // limit leaves the rate limits uncounted: in one call (one hash slot), and
 // on a Cluster across slots, where the groups decided before the denying
-// one are rolled back (a slot released, entries removed). Random orders
-// of the limits, caps, and which one denies.
+// one are rolled back (a slot released, entries removed). Random
+// caps; every order of the limits, in one hash slot and in two.
 func TestInFlightAtomic(t *testing.T) {
 	inflightBackends(t, func(t *testing.T, b inflightBackend) {
 		rng := seeded(t)
 		for round := range 8 {
 			limit := 1 + rng.IntN(3)
-			first := rng.IntN(2) == 0 // the in-flight limit is limit 0, else 1
+			// Every order of the limits, in one hash slot and in two, twice.
+			first := round%2 == 0 // the in-flight limit is limit 0, else 1
 			inflight := store.Limit{InFlight: true, Quota: limit, Window: time.Minute}
 			rate := store.Limit{Quota: 2, Window: time.Hour, Unit: time.Second}
 			limits, fi, ri := []store.Limit{inflight, rate}, 0, 1
@@ -444,7 +445,7 @@ func TestInFlightAtomic(t *testing.T) {
 			r := newInflightRig(t, b, limits)
 			ids := make([]string, 2)
 			ids[fi], ids[ri] = "p", "p"
-			if rng.IntN(2) == 0 {
+			if round/2%2 == 0 {
 				ids[ri] = "q" // another hash slot on a Cluster
 			}
 			holders := &holderIDs{rng: rand.New(rand.NewPCG(rng.Uint64(), 2))}
