@@ -255,6 +255,9 @@ func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
 		window := lim.Window.Microseconds()
 		sl.h = s.hash(q.Log(i))
 		g := s.logs[sl.h]
+		if g == nil && lim.InFlight {
+			g, sl.h = s.overflowSlotsLocked(q.Log(i), sl.h)
+		}
 		if g == nil {
 			g, sl.h, sl.made = s.placeLocked(q.Log(i), sl.h, made)
 			made += sl.made

@@ -112,3 +112,17 @@ func (s *Local) releaseLocked(h uint64, g *localLog, holder uint64) {
 		s.bytes.Add(-g.bytes())
 	}
 }
+
+// overflowSlotsLocked returns the overflow log of the in-flight log id
+// (whose hash is h), and its hash, if it holds slots; else nil and h. A
+// client without a log of its own may hold slots there, taken while the
+// store was full: it is counted there until they are released, so that a
+// log of its own, which would not count them, never admits it over the
+// cap.
+func (s *Local) overflowSlotsLocked(id LogID, h uint64) (*localLog, uint64) {
+	oh := s.overflowHash(id, h)
+	if g := s.logs[oh]; g != nil && g.inflight && len(g.runs) > 0 {
+		return g, oh
+	}
+	return nil, h
+}
