@@ -710,3 +710,57 @@ func TestInFlightRenewGroup(t *testing.T) {
 		}
 	})
 }
+
+// TestInFlightForeignKey: a key of the request that holds another
+// program's data (a string where the in-flight limit's sorted set goes, a
+// sorted set where the rate limit's log goes) fails the decision, which
+// then holds no slot and logs nothing: in one call, and across a
+// Cluster's slots (a group decided before the failing one is rolled back).
+// Every order of the limits, foreign data in either key, in one hash slot
+// and in two.
+func TestInFlightForeignKey(t *testing.T) {
+	inflightBackends(t, func(t *testing.T, b inflightBackend) {
+		ctx := context.Background()
+		for round := range 8 {
+			first, foreignFlight, apart := round%2 == 0, round/2%2 == 0, round/4 == 0
+			inflight := store.Limit{InFlight: true, Quota: 2, Window: time.Minute}
+			rate := store.Limit{Quota: 1, Window: time.Hour, Unit: time.Second}
+			limits, fi, ri := []store.Limit{inflight, rate}, 0, 1
+			if !first {
+				limits, fi, ri = []store.Limit{rate, inflight}, 1, 0
+			}
+			r := newInflightRig(t, b, limits)
+			ids := make([]string, 2)
+			ids[fi], ids[ri] = "f", "f"
+			if apart {
+				ids[ri] = "r"
+			}
+			desc := fmt.Sprintf("round %d: limits %v, ids %v, foreign in the in-flight key %v", round, limits, ids, foreignFlight)
+			foreign := r.key(ri, ids[ri])
+			var err error
+			if foreignFlight {
+				foreign = r.key(fi, ids[fi])
+				err = b.rdb.Set(ctx, foreign, "another program's", 0).Err()
+			} else {
+				err = b.rdb.ZAdd(ctx, foreign, redis.Z{Score: 1, Member: "x"}).Err()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out, err := r.decide(ids, 1, 0, 42); err == nil {
+				t.Fatalf("%s: no error: %+v", desc, out)
+			}
+			if err := b.rdb.Del(ctx, foreign).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if zs := r.held(fi, ids[fi]); len(zs) != 0 {
+				t.Fatalf("%s: a failed decision holds %v", desc, zs)
+			}
+			// The rate limit's whole quota is there, and the cap.
+			out, err := r.decide(ids, 1, 0, 43)
+			if err != nil || !out.Allowed || out.Replies[ri].Count != 0 || out.Replies[fi].Count != 0 {
+				t.Fatalf("%s: after the failure: %+v, %v", desc, out, err)
+			}
+		}
+	})
+}
