@@ -204,6 +204,12 @@ func (w rwFHRP) Push(target string, opts *http.PushOptions) error { return w.pus
 func WithRefund(refund func(status int) bool) Option {
 	return func(c *config) {
 		c.nilArg("WithRefund", refund == nil, "leave the option out")
-		c.refund = refund
+		c.settleOn, c.settleBy = true, append(c.settleBy, "WithRefund")
+		c.settle = func(status int, _ http.Header, cost int) int {
+			if refund(status) {
+				return 0
+			}
+			return cost
+		}
 	}
 }

@@ -191,6 +191,12 @@ type ticket struct {
 	cost     int
 	stamps   []int64
 	timeout  time.Duration
+	// For Settle: the client's quotas (nil: the limits' own), the
+	// Limiter's clock (WithClock's; nil: the Redis server's) and its
+	// counts of settled units.
+	quotas  []int
+	clock   func() time.Time
+	settled *settleCounts
 }
 
 // noKeyResults returns, for each limit i, what observers see of a request

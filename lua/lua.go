@@ -8,7 +8,7 @@ package lua
 import "embed"
 
 // Files holds the library's source files: codec.lua, exact.lua,
-// buckets.lua and library.lua, at the top of the file system.
+// buckets.lua, library.lua and settle.lua, at the top of the file system.
 //
 //go:embed *.lua
 var Files embed.FS

@@ -29,6 +29,7 @@ const (
 	entryStatus   = "status"   // says whether requests would be admitted, writing nothing
 	entryRollback = "rollback" // removes one admitted request's entries
 	entryForget   = "forget"   // removes what limits counted for one identifier
+	entryCharge   = "charge"   // logs the debit of a settled request (lua/settle.lua)
 )
 
 // Code is the library, built once from its sources (see Load) and shared
@@ -40,6 +41,7 @@ const (
 type Code struct {
 	name                             string // the library's name (see LibraryName)
 	decide, rollback, forget, status luaEntry
+	charge                           luaEntry // a settled request's debit
 	// status writes nothing, so that Redis runs it when it refuses
 	// writes: out of memory, or on a replica.
 
@@ -70,8 +72,10 @@ func build(source string) *Code {
 	c.rollback = c.newEntry(source, entryRollback, "")
 	c.forget = c.newEntry(source, entryForget, "")
 	c.status = c.newEntry(source, entryStatus, "no-writes")
+	c.charge = c.newEntry(source, entryCharge, "")
 	c.library = "#!lua name=" + c.name + "\n" + source + "\n" +
 		c.decide.register + c.rollback.register + c.forget.register + c.status.register
+	c.library += c.charge.register
 	return c
 }
 

@@ -231,6 +231,7 @@ type Library interface {
 	Status(ctx context.Context, keys []string, reqs ...[]byte) (any, error)
 	Rollback(ctx context.Context, keys []string, req, stamps []byte) (int64, error)
 	Forget(ctx context.Context, keys []string, req []byte) (int64, error)
+	Charge(ctx context.Context, keys []string, req, stamps []byte) ([]int64, error)
 }
 
 // grow returns sl resized to n and cleared, reusing its array when it is
