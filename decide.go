@@ -74,7 +74,8 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	rs.reportShadowBlocks(s, &res)
 	if (err == nil || out.Local) && out.Allowed && !peek && s.wantTicket && (rs.redis != nil || out.Local || rs.decidesLocally()) {
 		t := &ticket{rs: rs.redis, denies: rs.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
-			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout, clock: rs.cfg.clock, settled: &rs.settled}
+			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout, clock: rs.cfg.clock, settled: &rs.settled,
+			owner: rs.Limiter}
 		if q.Quotas != nil {
 			t.quotas = slices.Clone(q.Quotas)
 		}

@@ -197,6 +197,7 @@ type ticket struct {
 	quotas  []int
 	clock   func() time.Time
 	settled *settleCounts
+	owner   *Limiter // the Limiter that admitted the request
 }
 
 // noKeyResults returns, for each limit i, what observers see of a request

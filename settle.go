@@ -232,6 +232,27 @@ func (st *settlement) add(t *ticket) {
 	st.mu.Unlock()
 }
 
+// of returns the ticket of the Limiter l, nil if none.
+func (st *settlement) of(l *Limiter) *ticket {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, t := range st.tickets {
+		if t.owner == l {
+			return t
+		}
+	}
+	return nil
+}
+
+// carrySettlement makes r's context, in place, carry t for Settle: the
+// adapters hand r itself to the handler.
+func carrySettlement(r *http.Request, t *ticket) {
+	ctx := r.Context()
+	if next := withSettlement(ctx, t); next != ctx {
+		*r = *r.WithContext(next)
+	}
+}
+
 // take returns the tickets, and whether this is the first call.
 func (st *settlement) take() ([]*ticket, bool) {
 	st.mu.Lock()
@@ -254,7 +275,8 @@ func withSettlement(ctx context.Context, t *ticket) context.Context {
 // settleAfter settles t, the ticket of a request rs admitted, once its
 // handler returned with status and h, unless the handler settled it: at
 // the cost the Limiter's settle function ([WithSettle]) returns.
-func (rs *ruleset) settleAfter(r *http.Request, t *ticket, status int, h http.Header) {
+func (l *Limiter) settleAfter(r *http.Request, t *ticket, status int, h http.Header) {
+	rs := l
 	f := rs.cfg.settle
 	if f == nil || t.refunded.Load() {
 		return
