@@ -408,3 +408,37 @@ func TestSettleBounds(t *testing.T) {
 		t.Error("WithSettle and WithRefund: no error from New")
 	}
 }
+
+// TestSettleDebitAllOrNothing: a debit that one limit refuses for good (its
+// key holds another program's data) is logged in none: within one call
+// the Lua code takes it back, and on a Cluster, where the user's limits
+// and the global one are separate calls, the debit the user's group took
+// is rolled back. The settle's error wraps ErrNotReverted, and Unreverted
+// counts the debit in every limit.
+func TestSettleDebitAllOrNothing(t *testing.T) { forSettleBackends(t, testSettleDebitAllOrNothing) }
+
+func testSettleDebitAllOrNothing(t *testing.T, b backend) {
+	c := b.newClient(t)
+	lim := mustNew(t, c, settleLimits(50))
+	ctx := context.Background()
+	res, err := lim.Allow(ctx, []string{"amy", "amy", "global"}, 4)
+	if err != nil || !res.Allowed {
+		t.Fatal(res, err)
+	}
+	if err := c.Set(ctx, logKey("g", "global", "global"), "not a log", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	err = lim.Settle(ctx, res, 10)
+	if !errors.Is(err, ErrNotReverted) {
+		t.Fatalf("a debit the global limit refuses: %v, want ErrNotReverted", err)
+	}
+	if got := logEntries(t, c, "e", "header.X-U", "amy"); got != 4 {
+		t.Errorf("the user's log holds %d after a debit refused elsewhere, want the 4 admitted", got)
+	}
+	if got := bucketTotal(t, c, "b", "header.X-U", "amy"); got != 4 {
+		t.Errorf("the user's buckets hold %d, want 4", got)
+	}
+	if n := lim.Inspect().Unreverted(); n != 3*6 {
+		t.Errorf("Unreverted() = %d, want 18 (a debit of 6 in 3 limits)", n)
+	}
+}
