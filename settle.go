@@ -315,7 +315,8 @@ func (l *Limiter) settleAfter(r *http.Request, t *ticket, status int, h http.Hea
 // ([Handlers].Error). Settlement costs, per admitted request, its
 // context, and with settle a wrapped ResponseWriter (as [WithRefund]); a
 // Redis call per request settled at another cost. [Limiter.Handler] and
-// the router adapters settle; gRPC handlers call Settle. Default:
+// the router adapters settle; gRPC handlers call Settle. A nil settle is
+// not an error: settlement is on, from the handler only. Default:
 // settlement off. WithSettle and WithRefund together are an error from
 // [New]. See docs/limits.md (settle).
 func WithSettle(settle func(status int, h http.Header, cost int) int) Option {
