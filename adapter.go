@@ -22,12 +22,25 @@ import "net/http"
 // not identify (with NoKey, Answered, or Proceed under MissingKeySkip), nil
 // otherwise. Decide does not allocate beyond what the decision itself
 // needs. Refunds ([WithRefund]) are the Handler's alone.
+//
+// With settlement on ([WithSettle], [WithRefund]), an admitted request's
+// context carries its settlement, for [Settle]: Decide sets r's context
+// in place to one that derives from it. [Pass.Settlement] gives the
+// function to call once the handler returned.
 func (p Pass) Decide(w http.ResponseWriter, r *http.Request) (Verdict, error) {
 	d := p.limiter().rulesFor(p, r)
 	if d == nil {
 		return Proceed, nil
 	}
-	return d.verdict(w, r, nil)
+	if !d.cfg.settleOn {
+		return d.verdict(w, r, nil)
+	}
+	var t *ticket
+	v, err := d.verdict(w, r, &t)
+	if v == Proceed && t != nil {
+		carrySettlement(r, t)
+	}
+	return v, err
 }
 
 // Check is Decide that answers a denial, a failure and a request it cannot
@@ -35,9 +48,58 @@ func (p Pass) Decide(w http.ResponseWriter, r *http.Request) (Verdict, error) {
 // Limiter's handlers), and reports whether to serve r: true means the
 // caller must serve it, with the headers set (none for a request admitted
 // undecided under [FailOpen]).
+// With settlement on, an admitted request's context carries its
+// settlement, as with Decide.
 func (p Pass) Check(w http.ResponseWriter, r *http.Request) bool {
 	d := p.limiter().rulesFor(p, r)
-	return d == nil || d.check(w, r, nil)
+	if d == nil {
+		return true
+	}
+	if !d.cfg.settleOn {
+		return d.check(w, r, nil)
+	}
+	var t *ticket
+	if !d.check(w, r, &t) {
+		return false
+	}
+	if t != nil {
+		carrySettlement(r, t)
+	}
+	return true
+}
+
+// Settlement returns what settles the request r that p admitted (with
+// [Pass.Decide] or [Pass.Check]) once its handler has returned: a function
+// to call with the response's final status (0 is read as 200) and header,
+// which runs the Limiter's [WithSettle] function, unless the handler
+// settled the request itself ([Settle]). It returns nil when there is
+// nothing to do after the handler: settlement off, no response-side
+// function, or a request not admitted or admitted undecided. An adapter
+// that sees the status (a router's response writer) calls it after the
+// handler:
+//
+//	if done := p.Settlement(r); done != nil {
+//		defer func() { done(status(), w.Header()) }()
+//	}
+func (p Pass) Settlement(r *http.Request) func(status int, h http.Header) {
+	l := p.limiter()
+	if !l.cfg.settleOn || l.cfg.settle == nil {
+		return nil
+	}
+	st, _ := r.Context().Value(settlementKey{}).(*settlement)
+	if st == nil {
+		return nil
+	}
+	t := st.of(l)
+	if t == nil {
+		return nil
+	}
+	return func(status int, h http.Header) {
+		if status == 0 {
+			status = http.StatusOK
+		}
+		l.settleAfter(r, t, status, h)
+	}
 }
 
 // usesRouterIP reports whether some limit or allow-list of l, or of its

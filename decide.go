@@ -74,7 +74,11 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	rs.reportShadowBlocks(s, &res)
 	if (err == nil || out.Local) && out.Allowed && !peek && s.wantTicket && (rs.redis != nil || out.Local || rs.decidesLocally()) {
 		t := &ticket{rs: rs.redis, denies: rs.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
-			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout}
+			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout, clock: rs.cfg.clock, settled: &rs.settled,
+			owner: rs.Limiter}
+		if q.Quotas != nil {
+			t.quotas = slices.Clone(q.Quotas)
+		}
 		if out.Local || rs.decidesLocally() {
 			t.local = rs.local
 		}
@@ -399,45 +403,10 @@ func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) R
 // limit ([Unlimited]) counted nothing, and its Refund returns nil. Another
 // instance's deny cache may keep denying the keys for up to its maximum age
 // ([RedisOptions].DenyCache). A Result [FailLocal] decided is refunded in this
-// process's logs, where it was counted.
+// process's logs, where it was counted. Refund is [Limiter.Settle] at cost
+// 0: the two share the Result's once flag.
 func (l *Limiter) Refund(ctx context.Context, res Result) error {
-	t := res.ticket
-	if res.Allowed && t == nil && res.index < 0 && res.Limits != nil {
-		return nil // its plans exempted it from every limit: nothing was counted
-	}
-	if !res.Allowed || t == nil {
-		return ErrNotRefundable
-	}
-	if !t.refunded.CompareAndSwap(false, true) {
-		// Entries of one time are interchangeable: a second removal would
-		// take another request's.
-		return ErrRefunded
-	}
-	p := t.spec
-	if t.local != nil { // FailLocal decided: its entries are in this process
-		ids := make([]store.LogID, len(t.keys))
-		for i, key := range t.keys {
-			ids[i] = store.LogID{Key: key, Field: p.Limits[i].Field}
-		}
-		t.local.Refund(ids, t.stamps, t.cost)
-		return nil
-	}
-	// Keys that share a hash tag go in one call: on a cluster they share a
-	// slot, elsewhere everything does. A refund is a rollback of the whole
-	// request.
-	groups := p.Whole
-	if p.Split {
-		groups = p.Groups(t.tags)
-	}
-	reservations := store.Reservations(p, t.keys, groups, t.cost, func(i int) int64 { return t.stamps[i] })
-	var err error
-	if n := t.rs.Rollbacks.Rollback(reservations, t.cost, store.Deadline(ctx, time.Now(), t.timeout)); n > 0 {
-		err = fmt.Errorf("%w: %d units stay counted until they leave their windows", ErrNotReverted, n)
-	}
-	for i, key := range t.keys {
-		t.denies.Forget(store.LogID{Key: key, Field: p.Limits[i].Field})
-	}
-	return err
+	return l.Settle(ctx, res, 0)
 }
 
 // Allow decides whether a request of the given cost, identified by ids, may

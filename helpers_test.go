@@ -201,6 +201,9 @@ func (fakeLibrary) Rollback(context.Context, []string, []byte, []byte) (int64, e
 func (fakeLibrary) Forget(context.Context, []string, []byte) (int64, error) {
 	return 0, errors.New("fakeLibrary: no Forget")
 }
+func (fakeLibrary) Charge(context.Context, []string, []byte, []byte) ([]int64, error) {
+	return nil, errors.New("fakeLibrary: no Charge")
+}
 
 // serve sends a request from remoteAddr through h and returns the recorder.
 func serve(h http.Handler, method, target, remoteAddr string) *httptest.ResponseRecorder {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,6 +77,8 @@ type Limiter struct {
 	ops      atomic.Pointer[liveOps]
 	opsApply sync.Mutex
 	opsRun   *opsRunner
+	// settled counts the units settles took back and logged.
+	settled settleCounts
 	// closed: Close was called; the names it used are free for another
 	// definition (see claimNames).
 	closed *atomic.Bool
@@ -242,6 +245,9 @@ func applyOptions(opts []Option) (config, []error) {
 			continue
 		}
 		o(&cfg)
+	}
+	if len(cfg.settleBy) > 1 {
+		errs = append(errs, fmt.Errorf("%s: settlement is configured once: WithRefund(f) is WithSettle with a function that returns 0 where f reports true", strings.Join(cfg.settleBy, " and ")))
 	}
 	return cfg, append(errs, cfg.errs...)
 }

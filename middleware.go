@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"github.com/slidinglog/ratelimit/route"
@@ -83,7 +82,7 @@ func (h *limitHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	if l.cfg.refund == nil {
+	if !l.cfg.settleOn {
 		if l.check(w, r, nil) {
 			h.next.ServeHTTP(w, r)
 		}
@@ -93,14 +92,18 @@ func (h *limitHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !l.check(w, r, &t) {
 		return
 	}
+	if t == nil { // admitted undecided, or exempt: nothing to settle
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	r = r.WithContext(withSettlement(r.Context(), t))
+	if l.cfg.settle == nil {
+		h.next.ServeHTTP(w, r)
+		return
+	}
 	sw := &statusWriter{ResponseWriter: w}
 	h.next.ServeHTTP(sw.wrap(), r)
-	if t != nil && l.cfg.refund(sw.status()) {
-		err := l.Refund(context.WithoutCancel(r.Context()), Result{Allowed: true, ticket: t})
-		if err != nil && l.cfg.onError != nil {
-			l.cfg.onError(r, err)
-		}
-	}
+	l.settleAfter(r, t, sw.status(), w.Header())
 }
 
 // routesWarning is the message of WarningRoutesUnseen.

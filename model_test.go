@@ -99,8 +99,8 @@ func TestModel(t *testing.T) {
 // concurrent decisions), "refund2" (no repeated refunds), "foreign" (no
 // foreign data), "buckets" (exact logs only), "split" (one Redis call),
 // "block" (no limit blocks), "override" (no quota overrides, see
-// model_override_test.go).
-var modelOff = flag.String("model.off", "", "TestModel: comma-separated dimensions to leave out (clock, isolation, refund2, foreign, buckets, split, block, override); for investigation only")
+// model_override_test.go), "settle" (no settles, see model_settle_test.go).
+var modelOff = flag.String("model.off", "", "TestModel: comma-separated dimensions to leave out (clock, isolation, refund2, foreign, buckets, split, block, override, settle); for investigation only")
 
 // modelEnv is a backend the model test runs on.
 type modelEnv struct {
@@ -313,6 +313,7 @@ func (m *modelRun) actions() map[string]func(*rapid.T) {
 		a["EndBlock"] = m.endBlock
 	}
 	m.overrideActions(a)
+	m.settleActions(a) // see model_settle_test.go
 	for _, d := range []string{"Status", "Refund"} {
 		if m.off[strings.ToLower(d)] {
 			delete(a, d)

@@ -196,14 +196,23 @@ func (w rwFHRP) Push(target string, opts *http.PushOptions) error { return w.pus
 //	ratelimit.WithRefund(func(status int) bool { return status >= 500 })
 //
 // refund sees the response's final status (200 if the handler wrote a body
-// or nothing; 101 for a hijacked connection). Only [Limiter.Handler] sees
-// the status; router adapters do not refund. It costs a wrapped
-// ResponseWriter per request, which keeps Flusher, Hijacker, ReaderFrom and
-// Pusher, and a Redis call per refund. Default: no refunds. A nil refund
-// is an error from [New]. See docs/limits.md (refunds).
+// or nothing; 101 for a hijacked connection). [Limiter.Handler] and the
+// router adapters refund ([Pass.Settlement]); gRPC handlers can call
+// [Settle] at 0. It is [WithSettle] with a function that returns 0 where
+// refund reports true, and turns settlement on as that does: giving both
+// is an error from [New]. It costs a wrapped ResponseWriter and the
+// request's context per request, and a Redis call per refund. Default: no
+// refunds. A nil refund is an error from [New]. See docs/limits.md
+// (refunds).
 func WithRefund(refund func(status int) bool) Option {
 	return func(c *config) {
 		c.nilArg("WithRefund", refund == nil, "leave the option out")
-		c.refund = refund
+		c.settleOn, c.settleBy = true, append(c.settleBy, "WithRefund")
+		c.settle = func(status int, _ http.Header, cost int) int {
+			if refund(status) {
+				return 0
+			}
+			return cost
+		}
 	}
 }

@@ -191,6 +191,13 @@ type ticket struct {
 	cost     int
 	stamps   []int64
 	timeout  time.Duration
+	// For Settle: the client's quotas (nil: the limits' own), the
+	// Limiter's clock (WithClock's; nil: the Redis server's) and its
+	// counts of settled units.
+	quotas  []int
+	clock   func() time.Time
+	settled *settleCounts
+	owner   *Limiter // the Limiter that admitted the request
 }
 
 // noKeyResults returns, for each limit i, what observers see of a request

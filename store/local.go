@@ -543,6 +543,60 @@ func (s *Local) Refund(ids []LogID, stamps []int64, cost int) {
 	}
 }
 
+// Charge logs a debit of cost more units for a request that was admitted
+// and logged at stamps[i] (0: not logged; Reply.Next of an admitted
+// request) in the log of ids[i], whose limit is limits[i], for each i
+// where it was logged: the limiter settles a request whose real cost,
+// known after its response, exceeds the cost it was admitted at. The
+// debit is logged whatever the log's room, at now (Unix µs on the
+// decisions' clock; 0: the wall clock), or at the log's time if that is
+// later, as a decision would be; in the limit's overflow log if the
+// identifier has no log of its own. A log that has gone (its entries left
+// their windows) is made anew, if the store has room; where it has none,
+// the debit is not logged.
+func (s *Local) Charge(ids []LogID, limits []Limit, stamps []int64, cost int, now int64) {
+	if cost <= 0 {
+		return
+	}
+	if now == 0 {
+		now = time.Now().UnixMicro()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.logs == nil {
+		s.logs = make(map[uint64]*localLog)
+		s.seed = maphash.MakeSeed()
+	}
+	for i, id := range ids {
+		if stamps[i] == 0 {
+			continue
+		}
+		lim := &limits[i]
+		h := s.hash(id)
+		g := s.logs[h]
+		if g == nil {
+			if g = s.logs[s.overflowHash(id, h)]; g == nil {
+				var made int64
+				if g, h, made = s.placeLocked(id, h, 0); g == nil {
+					continue
+				}
+				s.logs[h] = g
+				s.bytes.Add(made)
+			}
+		}
+		g.window, g.unit = max(g.window, lim.Window.Microseconds()), max(g.unit, lim.Unit.Microseconds())
+		g.prune()
+		_, at := stamp(lim, now)
+		if g.logged && g.time > at {
+			at = g.time
+		}
+		s.addLocked(g, at, int64(cost))
+		if !s.opts.KeepExpired {
+			s.sweep.Added(g.expiry())
+		}
+	}
+}
+
 // Forget drops the logs of ids, and reports how many it held. An overflow
 // log is kept: it counts other clients too.
 func (s *Local) Forget(ids ...LogID) int {

@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/route"
@@ -52,9 +53,16 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 				}
 			}
 			resolve(r)
-			if pass.Check(w, r) {
-				next.ServeHTTP(w, r)
+			if !pass.Check(w, r) {
+				return
 			}
+			if done := pass.Settlement(r); done != nil { // WithSettle's function sees the status
+				ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+				next.ServeHTTP(ww, r)
+				done(ww.Status(), ww.Header())
+				return
+			}
+			next.ServeHTTP(w, r)
 		})
 	}
 }

@@ -71,7 +71,11 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 			}
 			switch v {
 			case ratelimit.Proceed:
-				return next(c)
+				err := next(c)
+				if done := pass.Settlement(r); done != nil { // WithSettle's function
+					done(status(c, err), c.Response().Header())
+				}
+				return err
 			case ratelimit.Denied:
 				return echo.NewHTTPError(http.StatusTooManyRequests)
 			case ratelimit.Unavailable:
@@ -82,6 +86,20 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 			return nil // answered by l's handler
 		}
 	}
+}
+
+// status returns the status of c's response, whose handler returned err:
+// the status written, or, if none was and err is an error, the one echo's
+// error handler will write for it.
+func status(c echo.Context, err error) int {
+	if err == nil || c.Response().Committed {
+		return c.Response().Status
+	}
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		return he.Code
+	}
+	return http.StatusInternalServerError
 }
 
 // CheckRoutes reports every [ratelimit.WithRoutes] entry of l that no

@@ -79,6 +79,9 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 		switch v {
 		case ratelimit.Proceed:
 			c.Next()
+			if done := pass.Settlement(r); done != nil { // WithSettle's function
+				done(c.Writer.Status(), c.Writer.Header())
+			}
 		case ratelimit.Denied:
 			c.AbortWithStatusJSON(http.StatusTooManyRequests, tooManyBody)
 			_ = c.Error(ErrTooManyRequests) // private: c.Error's default type

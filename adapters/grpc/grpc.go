@@ -136,12 +136,15 @@ func UnaryServerInterceptor(l *ratelimit.Limiter) grpc.UnaryServerInterceptor {
 		panic("grpcratelimit: UnaryServerInterceptor of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
 	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		md, err := decide(ctx, l, info.FullMethod, true)
+		md, settle, err := decide(ctx, l, info.FullMethod, true)
 		if md != nil {
 			_ = grpc.SetHeader(ctx, md) // fails only without a transport stream, as in direct calls
 		}
 		if err != nil {
 			return nil, err
+		}
+		if settle != nil { // settlement on: the handler may call ratelimit.Settle
+			ctx = settle
 		}
 		return handler(ctx, req)
 	}
@@ -160,16 +163,29 @@ func StreamServerInterceptor(l *ratelimit.Limiter) grpc.StreamServerInterceptor 
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		// grpc passes no service implementation for a method it does not
 		// register (grpc.UnknownServiceHandler).
-		md, err := decide(ss.Context(), l, info.FullMethod, srv != nil)
+		md, settle, err := decide(ss.Context(), l, info.FullMethod, srv != nil)
 		if md != nil {
 			_ = ss.SetHeader(md) // fails only once headers were sent, which they cannot be yet
 		}
 		if err != nil {
 			return err
 		}
+		if settle != nil { // settlement on: the handler may call ratelimit.Settle
+			ss = settledStream{ServerStream: ss, ctx: settle}
+		}
 		return handler(srv, ss)
 	}
 }
+
+// settledStream is a stream whose context carries the call's settlement,
+// for ratelimit.Settle.
+type settledStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+// Context returns the stream's context, with the call's settlement.
+func (s settledStream) Context() context.Context { return s.ctx }
 
 // call is the scratch space of one decision, recycled through calls.
 type call struct {
@@ -183,9 +199,11 @@ var calls = sync.Pool{New: func() any {
 }}
 
 // decide decides the call to method with l. It returns the metadata to send
-// as headers (nil if none) and, if the call may not proceed, its status
-// error. registered reports whether the server registers method.
-func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered bool) (metadata.MD, error) {
+// as headers (nil if none), the context to hand the handler if it is not
+// ctx (nil: ctx; with settlement on, one that carries the call's
+// settlement, for ratelimit.Settle) and, if the call may not proceed, its
+// status error. registered reports whether the server registers method.
+func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered bool) (metadata.MD, context.Context, error) {
 	method = fullMethod(method)
 	c := calls.Get().(*call)
 	defer c.put()
@@ -228,29 +246,32 @@ func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered
 		// was decided: it ends so, whatever the failure mode, so that a
 		// client cannot pass a fail-open Limiter uncounted by giving its
 		// calls no time.
-		return nil, status.FromContextError(ctx.Err()).Err()
+		return nil, nil, status.FromContextError(ctx.Err()).Err()
 	}
 	md := headerMD(c.w.h)
 	switch v {
 	case ratelimit.Proceed:
-		return md, nil
+		if settle := req.Context(); settle != ctx { // Decide put the settlement in it
+			return md, settle, nil
+		}
+		return md, nil, nil
 	case ratelimit.Denied:
-		return md, c.w.refusal(codes.ResourceExhausted)
+		return md, nil, c.w.refusal(codes.ResourceExhausted)
 	case ratelimit.Unavailable:
-		return md, c.w.refusal(codes.Unavailable)
+		return md, nil, c.w.refusal(codes.Unavailable)
 	case ratelimit.NoKey:
-		return md, c.w.refusal(codes.Unauthenticated)
+		return md, nil, c.w.refusal(codes.Unauthenticated)
 	}
 	// Answered by the Limiter's own handler: its status picks the code.
 	switch c.w.status {
 	case http.StatusTooManyRequests:
-		return md, c.w.refusal(codes.ResourceExhausted)
+		return md, nil, c.w.refusal(codes.ResourceExhausted)
 	case http.StatusUnauthorized:
-		return md, c.w.refusal(codes.Unauthenticated)
+		return md, nil, c.w.refusal(codes.Unauthenticated)
 	case http.StatusForbidden:
-		return md, c.w.refusal(codes.PermissionDenied)
+		return md, nil, c.w.refusal(codes.PermissionDenied)
 	}
-	return md, c.w.refusal(codes.Unavailable)
+	return md, nil, c.w.refusal(codes.Unavailable)
 }
 
 // fullMethod returns the full method name grpc routes the :path method to,

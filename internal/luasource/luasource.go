@@ -23,12 +23,13 @@ import (
 //   - inflight.lua: in-flight limits, one Redis sorted set of holders per
 //     limit and identifier, and the renew entry point;
 //   - library.lua: the entry points, which decide over several limits of
-//     either kind at once.
+//     either kind at once;
+//   - settle.lua: the entry point that logs a settled request's debit.
 //
 // Their code defines the functions (locals of the chunk) named by the
 // entry points, each called with the KEYS and ARGV of a call, and runs
 // nothing else at its top level.
-var Files = []string{"codec.lua", "exact.lua", "buckets.lua", "inflight.lua", "library.lua"}
+var Files = []string{"codec.lua", "exact.lua", "buckets.lua", "inflight.lua", "library.lua", "settle.lua"}
 
 // Join returns the library's source: the Files that fsys holds, joined.
 func Join(fsys fs.FS) (string, error) {

@@ -30,6 +30,7 @@ const (
 	entryRollback = "rollback" // removes one admitted request's entries
 	entryForget   = "forget"   // removes what limits counted for one identifier
 	entryRenew    = "renew"    // extends the leases of in-flight slots
+	entryCharge   = "charge"   // logs the debit of a settled request (lua/settle.lua)
 )
 
 // Code is the library, built once from its sources (see Load) and shared
@@ -42,6 +43,7 @@ type Code struct {
 	name                             string // the library's name (see LibraryName)
 	decide, rollback, forget, status luaEntry
 	renew                            luaEntry // see Redis.Renew
+	charge                           luaEntry // a settled request's debit
 	// status writes nothing, so that Redis runs it when it refuses
 	// writes: out of memory, or on a replica.
 
@@ -73,8 +75,9 @@ func build(source string) *Code {
 	c.forget = c.newEntry(source, entryForget, "")
 	c.status = c.newEntry(source, entryStatus, "no-writes")
 	c.renew = c.newEntry(source, entryRenew, "")
+	c.charge = c.newEntry(source, entryCharge, "")
 	c.library = "#!lua name=" + c.name + "\n" + source + "\n" +
-		c.decide.register + c.rollback.register + c.forget.register + c.status.register + c.renew.register
+		c.decide.register + c.rollback.register + c.forget.register + c.status.register + c.renew.register + c.charge.register
 	return c
 }
 

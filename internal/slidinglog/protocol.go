@@ -250,6 +250,24 @@ func AppendStamps(dst []byte, stamps []int64) []byte {
 	return dst
 }
 
+// ParseStamps decodes raw, the reply of charge (7 bytes per limit), into
+// the times of n limits' entries (0 where none was logged).
+func ParseStamps(raw any, n int) ([]int64, error) {
+	s, ok := raw.(string)
+	if !ok || len(s) != timeBytes*n {
+		return nil, fmt.Errorf("%w: %T of %d bytes for the stamps of %d limits", ErrUnexpectedReply, raw, len(s), n)
+	}
+	out := make([]int64, n)
+	for i := range out {
+		var v int64
+		for _, c := range []byte(s[timeBytes*i : timeBytes*(i+1)]) {
+			v = v<<8 | int64(c)
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
 func appendUint(b []byte, v uint64, width int) []byte {
 	for i := width - 1; i >= 0; i-- {
 		b = append(b, byte(v>>(8*i)))

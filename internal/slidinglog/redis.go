@@ -64,6 +64,23 @@ func (r *Redis) Rollback(ctx context.Context, keys []string, req, stamps []byte)
 	return n, err
 }
 
+// Charge logs a settled request's debit: req is a request (AppendRequest)
+// over the request's limits, whose keys are keys, and whose cost is the
+// debit; stamps the times the request was logged at in each (AppendStamps,
+// 0 where it was not). The debit is logged in every limit that logged the
+// request and counts cost, whatever its room, at req's time (0: the
+// server's clock). It returns the times the debit was logged at, one per
+// limit (0 where it was not), for Rollback. The call is sent once at most:
+// an error for which MayHaveRun holds leaves unknown whether the debit was
+// logged.
+func (r *Redis) Charge(ctx context.Context, keys []string, req, stamps []byte) ([]int64, error) {
+	reply, err := r.batch.mode.run(ctx, r.client, &r.batch.mode.code.charge, keys, []any{req, stamps})
+	if err != nil {
+		return nil, err
+	}
+	return ParseStamps(reply, RequestLimits(req))
+}
+
 // Forget removes what the limits of req counted in keys, and returns how
 // many of them had counted something.
 func (r *Redis) Forget(ctx context.Context, keys []string, req []byte) (int64, error) {
@@ -119,7 +136,7 @@ func (r *Redis) SetScriptsOnly(on bool) { r.batch.mode.scriptsOnly.Store(on) }
 // FunctionNames returns the names of the library's functions, and of the
 // one that writes nothing.
 func (c *Code) FunctionNames() (all []string, readOnly string) {
-	return []string{c.decide.function, c.status.function, c.rollback.function, c.forget.function, c.renew.function}, c.status.function
+	return []string{c.decide.function, c.status.function, c.rollback.function, c.forget.function, c.renew.function, c.charge.function}, c.status.function
 }
 
 // runScript runs e as a script by its SHA and falls back to sending its

@@ -246,6 +246,7 @@ type Library interface {
 	// slidinglog.Redis.Renew): keys[i] an in-flight limit's key, holders[i]
 	// its holder ids; the keys of one call share a hash slot.
 	Renew(ctx context.Context, keys []string, lease time.Duration, holders [][]uint64) (int64, error)
+	Charge(ctx context.Context, keys []string, req, stamps []byte) ([]int64, error)
 }
 
 // grow returns sl resized to n and cleared, reusing its array when it is

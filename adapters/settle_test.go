@@ -1,0 +1,123 @@
+package adapters_test
+
+import (
+	"math/rand"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/go-chi/chi/v5"
+	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit"
+	chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
+	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
+	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
+)
+
+// settleRouters serve two routes through each router: GET /handler, whose
+// handler settles the request with ratelimit.Settle at the cost its query
+// names (failing with 500 if Settle does), and GET /response, whose
+// response names it in the X-Used header, for WithSettle's function.
+var settleRouters = []struct {
+	name  string
+	build func(api *ratelimit.Limiter) http.Handler
+}{
+	{"net/http", func(api *ratelimit.Limiter) http.Handler {
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /handler", settleInHandler)
+		mux.HandleFunc("GET /response", settleInResponse)
+		return api.Handler(mux)
+	}},
+	{"chi", func(api *ratelimit.Limiter) http.Handler {
+		r := chi.NewRouter()
+		r.Use(chiratelimit.Middleware(api))
+		r.Get("/handler", settleInHandler)
+		r.Get("/response", settleInResponse)
+		return r
+	}},
+	{"echo", func(api *ratelimit.Limiter) http.Handler {
+		e := echo.New()
+		e.Use(echoratelimit.Middleware(api))
+		e.GET("/handler", echo.WrapHandler(http.HandlerFunc(settleInHandler)))
+		e.GET("/response", func(c echo.Context) error {
+			c.Response().Header().Set("X-Used", c.QueryParam("n"))
+			return c.String(http.StatusOK, "ok")
+		})
+		return e
+	}},
+	{"gin", func(api *ratelimit.Limiter) http.Handler {
+		gin.SetMode(gin.ReleaseMode)
+		g := gin.New()
+		g.Use(ginratelimit.Middleware(api))
+		g.GET("/handler", gin.WrapF(settleInHandler))
+		g.GET("/response", func(c *gin.Context) {
+			c.Header("X-Used", c.Query("n"))
+			c.String(http.StatusOK, "ok")
+		})
+		return g
+	}},
+}
+
+func settleInHandler(w http.ResponseWriter, r *http.Request) {
+	n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+	if err := ratelimit.Settle(r.Context(), n); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	}
+}
+
+func settleInResponse(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Used", r.URL.Query().Get("n"))
+}
+
+// TestSettleRouters: net/http and every router adapter settle a request
+// from its handler (ratelimit.Settle) and from its response (WithSettle's
+// function), on miniredis and a real server. Seeded: the same requests,
+// admitted at 10 and settled at random costs, give each router the same
+// statuses and X-RateLimit-Remaining, those a count kept aside predicts.
+func TestSettleRouters(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+		for i, rt := range settleRouters {
+			t.Run(rt.name, func(t *testing.T) {
+				rng := rand.New(rand.NewSource(seed))
+				ip := "198.51.100." + strconv.Itoa(i+1)
+				api := perIP(t, rdb, 200, append(opts,
+					ratelimit.WithCost(func(*http.Request) int { return 10 }),
+					ratelimit.WithSettle(func(_ int, h http.Header, cost int) int {
+						if n, err := strconv.Atoi(h.Get("X-Used")); err == nil {
+							return n
+						}
+						return cost
+					}))...)
+				h := rt.build(api)
+				used := 0
+				for step := range 40 {
+					n := rng.Intn(40)
+					path := "/handler"
+					if rng.Intn(2) == 0 {
+						path = "/response"
+					}
+					w := send(h, "GET", path+"?n="+strconv.Itoa(n), ip)
+					if used+10 > 200 {
+						if w.Code != http.StatusTooManyRequests {
+							t.Fatalf("seed %d step %d: %d used + 10: status %d, want 429", seed, step, used, w.Code)
+						}
+						continue
+					}
+					if w.Code != http.StatusOK {
+						t.Fatalf("seed %d step %d: %s: status %d (%s), want 200", seed, step, path, w.Code, w.Body)
+					}
+					if got, want := w.Header().Get("X-RateLimit-Remaining"), strconv.Itoa(200-used-10); got != want {
+						t.Fatalf("seed %d step %d: remaining %s, want %s", seed, step, got, want)
+					}
+					used += n
+				}
+			})
+		}
+	})
+}

@@ -1,0 +1,326 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/slidinglog/ratelimit/internal/store"
+)
+
+// maxSettleCost is the largest real cost a request is settled at.
+const maxSettleCost = math.MaxInt32
+
+// Settle settles the request res admitted at its real cost, once it is
+// known (after the response: the tokens a model answered with, the rows a
+// search returned). res was admitted at an estimate, c0 (its cost, from
+// [WithCost] or a route's Cost); cost is the real one, from 0 to
+// 2^31-1:
+//
+//   - below c0, the difference is taken back from the request's own entries
+//     in every limit that counted it (a partial [Limiter.Refund]); entries
+//     that have left their windows since are not there to take back;
+//   - above c0, the difference is logged, at the settle's time, in every
+//     limit that counted the request, whatever its room: post-paid, the
+//     client's next requests wait until the debit leaves the window, and
+//     nothing else is admitted over a quota. A debit larger than the
+//     largest quota of those limits (the client's plan's) is logged as
+//     that quota: more would make no request wait longer.
+//
+// A Result is settled once: Settle and Refund ([Limiter.Refund] is Settle
+// at 0) share its once flag, and a later call of either returns
+// [ErrRefunded]. A Result that did not admit a request, or did not come from
+// Allow, returns [ErrNotRefundable]; one its plans exempted from every
+// limit counted nothing, and returns nil. On a Redis Cluster each hash tag
+// is its own call, and a debit is logged in all of them or, where one fails
+// for good, taken back from the others. Settle waits for Redis for the
+// Limiter's timeout ([WithTimeout]) at most, and ctx's deadline; the rest
+// goes on in the background, tried again as a rollback is. Units that could
+// not be settled are counted in [Inspector.Unreverted], and the error then
+// wraps [ErrNotReverted]. A Result [FailLocal] decided is settled in this
+// process's logs. A cost out of range is an error that settles nothing.
+// See docs/limits.md (settle).
+func (l *Limiter) Settle(ctx context.Context, res Result, cost int) error {
+	if err := checkSettleCost(cost); err != nil {
+		return err
+	}
+	t := res.ticket
+	if res.Allowed && t == nil && res.index < 0 && res.Limits != nil {
+		return nil // its plans exempted it from every limit: nothing was counted
+	}
+	if !res.Allowed || t == nil {
+		return ErrNotRefundable
+	}
+	return t.settle(ctx, cost)
+}
+
+// checkSettleCost returns the error of a real cost out of range.
+func checkSettleCost(cost int) error {
+	if cost < 0 || cost > maxSettleCost {
+		return fmt.Errorf("ratelimit: settle at cost %d: want 0 to %d", cost, maxSettleCost)
+	}
+	return nil
+}
+
+// settle settles t's request at cost, once (see Limiter.Settle).
+func (t *ticket) settle(ctx context.Context, cost int) error {
+	if !t.refunded.CompareAndSwap(false, true) {
+		// Entries of one time are interchangeable: a second removal would
+		// take another request's.
+		return ErrRefunded
+	}
+	switch {
+	case cost < t.cost:
+		return t.credit(ctx, t.cost-cost)
+	case cost > t.cost:
+		return t.debit(ctx, cost-t.cost)
+	}
+	return nil
+}
+
+// stamp returns when t's request was logged in limit i, if it is settled
+// there (see store.Spec.Settles); 0 if not.
+func (t *ticket) stamp(i int) int64 {
+	if !t.spec.Settles(i) {
+		return 0
+	}
+	return t.stamps[i]
+}
+
+// logIDs returns the logs of t's limits.
+func (t *ticket) logIDs() []store.LogID {
+	ids := make([]store.LogID, len(t.keys))
+	for i, key := range t.keys {
+		ids[i] = store.LogID{Key: key, Field: t.spec.Limits[i].Field}
+	}
+	return ids
+}
+
+// groups returns the groups of t's limits that share a hash tag: one call
+// each (on a cluster they share a slot; elsewhere everything does).
+func (t *ticket) groups() [][]int {
+	if t.spec.Split {
+		return t.spec.Groups(t.tags)
+	}
+	return t.spec.Whole
+}
+
+// credit takes n units of t's request back from every limit it was
+// logged in.
+func (t *ticket) credit(ctx context.Context, n int) error {
+	stamps := make([]int64, len(t.stamps))
+	for i := range stamps {
+		stamps[i] = t.stamp(i)
+	}
+	if t.settled != nil {
+		t.settled.credited.Add(uint64(n))
+	}
+	if t.local != nil { // FailLocal decided: its entries are in this process
+		t.local.Refund(t.logIDs(), stamps, n)
+		return nil
+	}
+	reservations := store.Reservations(t.spec, t.keys, t.groups(), n, func(i int) int64 { return stamps[i] })
+	var err error
+	if u := t.rs.Rollbacks.Rollback(reservations, n, store.Deadline(ctx, time.Now(), t.timeout)); u > 0 {
+		err = fmt.Errorf("%w: %d units stay counted until they leave their windows", ErrNotReverted, u)
+	}
+	for i, key := range t.keys {
+		t.denies.Forget(store.LogID{Key: key, Field: t.spec.Limits[i].Field})
+	}
+	return err
+}
+
+// debit logs n more units of t's request in every limit it was logged
+// in, up to the largest quota among them.
+func (t *ticket) debit(ctx context.Context, n int) error {
+	most := 0
+	for i := range t.stamps {
+		if t.stamp(i) == 0 {
+			continue
+		}
+		q := t.spec.Limits[i].Quota
+		if t.quotas != nil {
+			q = t.quotas[i]
+		}
+		most = max(most, q)
+	}
+	n = min(n, most)
+	if n == 0 {
+		return nil
+	}
+	if t.settled != nil {
+		t.settled.debited.Add(uint64(n))
+	}
+	var now int64 // the server's clock, unless the Limiter reads its own
+	if t.clock != nil {
+		now = t.clock().UnixMicro()
+	}
+	if t.local != nil {
+		stamps := make([]int64, len(t.stamps))
+		for i := range stamps {
+			stamps[i] = t.stamp(i)
+		}
+		t.local.Charge(t.logIDs(), t.spec.Public, stamps, n, now)
+		return nil
+	}
+	charges := store.Charges(t.spec, t.keys, t.groups(), n, now, t.stamp)
+	if u := t.rs.Rollbacks.Charge(charges, n, store.Deadline(ctx, time.Now(), t.timeout)); u > 0 {
+		return fmt.Errorf("%w: a settled debit of %d was not logged (%d units)", ErrNotReverted, n, u)
+	}
+	return nil
+}
+
+// settleCounts counts the units a Limiter's settles took back (credited)
+// and logged (debited), for the metrics.
+type settleCounts struct {
+	debited, credited atomic.Uint64
+}
+
+// Settle settles, at its real cost, the request whose context ctx is (or
+// derives from), from its handler: in every Limiter that admitted it with
+// settlement on ([WithSettle], [WithRefund]), as [Limiter.Settle] does. It
+// settles once: a later call returns [ErrRefunded], and the Limiters'
+// response-side functions then do not run. A ctx that carries nothing to
+// settle (settlement off, a request admitted undecided under [FailOpen] or
+// exempt from every limit, a context that is not a request's) returns
+// [ErrNotRefundable]. The errors of the Limiters are joined. gRPC: the
+// same from a unary or stream handler's context (see the grpc adapter).
+func Settle(ctx context.Context, cost int) error {
+	if err := checkSettleCost(cost); err != nil {
+		return err
+	}
+	st, _ := ctx.Value(settlementKey{}).(*settlement)
+	if st == nil {
+		return ErrNotRefundable
+	}
+	entries, first := st.take()
+	if len(entries) == 0 {
+		return ErrNotRefundable
+	}
+	if !first {
+		return ErrRefunded
+	}
+	var errs []error
+	for _, t := range entries {
+		if err := t.settle(ctx, cost); err != nil && !errors.Is(err, ErrRefunded) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// settlementKey is the context key of a request's settlement.
+type settlementKey struct{}
+
+// settlement is what an admitted request's context carries with
+// settlement on: the tickets of the Limiters that admitted it, for Settle.
+type settlement struct {
+	mu      sync.Mutex
+	done    bool // Settle was called
+	tickets []*ticket
+}
+
+// add adds t, a Limiter's ticket of the request.
+func (st *settlement) add(t *ticket) {
+	st.mu.Lock()
+	st.tickets = append(st.tickets, t)
+	st.mu.Unlock()
+}
+
+// of returns the ticket of the Limiter l, nil if none.
+func (st *settlement) of(l *Limiter) *ticket {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, t := range st.tickets {
+		if t.owner == l {
+			return t
+		}
+	}
+	return nil
+}
+
+// carrySettlement makes r's context, in place, carry t for Settle: the
+// adapters hand r itself to the handler.
+func carrySettlement(r *http.Request, t *ticket) {
+	ctx := r.Context()
+	if next := withSettlement(ctx, t); next != ctx {
+		*r = *r.WithContext(next)
+	}
+}
+
+// take returns the tickets, and whether this is the first call.
+func (st *settlement) take() ([]*ticket, bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	first := !st.done
+	st.done = true
+	return st.tickets, first
+}
+
+// withSettlement returns ctx carrying a settlement that holds t: ctx's own
+// if it has one (another Limiter's, which t joins), else a new one.
+func withSettlement(ctx context.Context, t *ticket) context.Context {
+	if st, _ := ctx.Value(settlementKey{}).(*settlement); st != nil {
+		st.add(t)
+		return ctx
+	}
+	return context.WithValue(ctx, settlementKey{}, &settlement{tickets: []*ticket{t}})
+}
+
+// settleAfter settles t, the ticket of a request rs admitted, once its
+// handler returned with status and h, unless the handler settled it: at
+// the cost the Limiter's settle function ([WithSettle]) returns.
+func (l *Limiter) settleAfter(r *http.Request, t *ticket, status int, h http.Header) {
+	rs := l
+	f := rs.cfg.settle
+	if f == nil || t.refunded.Load() {
+		return
+	}
+	cost := f(status, h, t.cost)
+	if cost == t.cost {
+		return
+	}
+	err := checkSettleCost(cost)
+	if err == nil {
+		err = t.settle(context.WithoutCancel(r.Context()), cost)
+	}
+	if err != nil && !errors.Is(err, ErrRefunded) && rs.cfg.onError != nil {
+		rs.cfg.onError(r, err)
+	}
+}
+
+// WithSettle turns settlement on: a request admitted at an estimated cost
+// ([WithCost], a route's Cost) is settled at its real cost once it is
+// known, as [Limiter.Settle] says. Its handler may settle it with
+// [Settle] (the request's context carries what that needs); if it did
+// not, settle (if not nil) runs once the handler returned, with the
+// response's final status (200 if it wrote nothing; 101 for a hijacked
+// connection), its header map and the cost the request was admitted at,
+// and returns the real cost (returning cost leaves the request as it
+// is). For example, the tokens an upstream reports:
+//
+//	ratelimit.WithSettle(func(status int, h http.Header, cost int) int {
+//		if n, err := strconv.Atoi(h.Get("X-Tokens-Used")); err == nil {
+//			return n
+//		}
+//		return cost
+//	})
+//
+// A cost out of range, and a settle that fails, go to the error handler
+// ([Handlers].Error). Settlement costs, per admitted request, its
+// context, and with settle a wrapped ResponseWriter (as [WithRefund]); a
+// Redis call per request settled at another cost. [Limiter.Handler] and
+// the router adapters settle; gRPC handlers call Settle. A nil settle is
+// not an error: settlement is on, from the handler only. Default:
+// settlement off. WithSettle and WithRefund together are an error from
+// [New]. See docs/limits.md (settle).
+func WithSettle(settle func(status int, h http.Header, cost int) int) Option {
+	return func(c *config) {
+		c.settleOn, c.settle, c.settleBy = true, settle, append(c.settleBy, "WithSettle")
+	}
+}
