@@ -76,6 +76,15 @@ func (in Inspector) BreakerOpen() bool { return in.l.breakerOpen() }
 // counted until they leave their windows. The count only grows.
 func (in Inspector) Unreverted() uint64 { return in.l.unreverted() }
 
+// Settled returns how many units of cost the Limiter's settles ([WithSettle],
+// [Settle], [Limiter.Settle], refunds included) have logged (debited: real
+// costs above the admitted ones) and taken back (credited: below them),
+// its routes included. Units a settle could not apply count here too, and
+// in Unreverted. The counts only grow; metrics export them as counters.
+func (in Inspector) Settled() (debited, credited uint64) {
+	return in.l.settled.debited.Load(), in.l.settled.credited.Load()
+}
+
 // CheckRoutes reports every [WithRoutes] entry that no route of a router
 // serves, given the router's routes ("METHOD /template", or "/template"
 // for every method, in any router's syntax): a typo, a wrong method, a

@@ -1,9 +1,14 @@
 package adapters_test
 
 import (
+	"context"
+	"maps"
 	"math/rand"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +21,7 @@ import (
 	chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
+	"github.com/slidinglog/ratelimit/operator"
 )
 
 // settleRouters serve two routes through each router: GET /handler, whose
@@ -119,5 +125,77 @@ func TestSettleRouters(t *testing.T) {
 				}
 			})
 		}
+	})
+}
+
+// TestEquivalenceSettle is the settle dimension of TestEquivalence: every
+// router of eqRouters, its Limiter settling each admitted request from the
+// response (WithSettle) at a cost drawn per request (seeded), leaves the
+// same logs with the same counts for a request that reached the same
+// handler: the settled cost in each of the request's limits.
+func TestEquivalenceSettle(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+		ctx := context.Background()
+		rng := rand.New(rand.NewSource(seed))
+		var settleTo atomic.Int64
+		settle := ratelimit.WithSettle(func(int, http.Header, int) int { return int(settleTo.Load()) })
+		obs := &eqObserver{}
+		var ran string
+		apps := make([]http.Handler, len(eqRouters))
+		for i, rt := range eqRouters {
+			apps[i] = rt.build(eqLimiter(t, rdb, obs, append(slices.Clone(opts), settle)), &ran)
+		}
+		compared := 0
+		for range 3 {
+			for _, er := range eqRoutes {
+				method := er.methods[0]
+				if method == "*" {
+					method = "DELETE"
+				}
+				settleTo.Store(int64(rng.Intn(6)))
+				var first map[string]int64
+				firstRouter := ""
+				for i, app := range apps {
+					if err := rdb.FlushAll(ctx).Err(); err != nil {
+						t.Fatal(err)
+					}
+					obs.take()
+					ran = ""
+					r := httptest.NewRequest(method, er.example, nil)
+					r.RemoteAddr = "192.0.2.1:1234"
+					w := httptest.NewRecorder()
+					app.ServeHTTP(w, r)
+					if ran != er.handler {
+						t.Fatalf("%s: %s %s ran %q (status %d), want %q", eqRouters[i].name, method, er.example, ran, w.Code, er.handler)
+					}
+					counts := map[string]int64{}
+					keys, err := rdb.Keys(ctx, "*").Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, k := range keys {
+						if k == operator.Key("ratelimit:") {
+							continue
+						}
+						n, err := rdb.StrLen(ctx, k).Result()
+						if err != nil {
+							t.Fatal(err)
+						}
+						counts[k] = (n - 18) / 2 // an exact log: its header, then 2 bytes an entry
+						if counts[k] != settleTo.Load() {
+							t.Errorf("seed %d: %s: %s %s left %d entries at %s, want the settled %d", seed, eqRouters[i].name, method, er.example, counts[k], k, settleTo.Load())
+						}
+					}
+					if first == nil {
+						first, firstRouter = counts, eqRouters[i].name
+					} else if compared++; !maps.Equal(first, counts) {
+						t.Errorf("seed %d: %s %s: %s left %v, %s %v", seed, method, er.example, firstRouter, first, eqRouters[i].name, counts)
+					}
+				}
+			}
+		}
+		t.Logf("%d settled requests compared across routers", compared)
 	})
 }

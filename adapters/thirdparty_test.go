@@ -100,6 +100,12 @@ func tinyRateLimit(l *ratelimit.Limiter, router *tinyRouter) func(http.Handler) 
 			status := 0
 			switch v {
 			case ratelimit.Proceed:
+				if done := pass.Settlement(r); done != nil { // WithSettle's, WithRefund's
+					sw := &statusWriter{ResponseWriter: w}
+					next.ServeHTTP(sw, r)
+					done(sw.status, w.Header())
+					return
+				}
 				next.ServeHTTP(w, r)
 				return
 			case ratelimit.Answered:
@@ -116,4 +122,17 @@ func tinyRateLimit(l *ratelimit.Limiter, router *tinyRouter) func(http.Handler) 
 			_ = json.NewEncoder(w).Encode(map[string]string{"error": http.StatusText(status)})
 		})
 	}
+}
+
+// statusWriter keeps the status a handler wrote, for Pass.Settlement.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
 }

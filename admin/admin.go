@@ -272,6 +272,17 @@ type Index struct {
 	// watched Limiters apply ([operator.Operator]), of every prefix.
 	Overrides []Override `json:"overrides"`
 	Blocks    []Block    `json:"blocks"`
+	// Settled is what the watched Limiters' settles logged and took back
+	// ([ratelimit.Inspector.Settled]), since they started.
+	Settled Settled `json:"settled"`
+}
+
+// Settled counts units of cost settled: logged (Debited, real costs above
+// the admitted ones) and taken back (Credited, below them, refunds
+// included).
+type Settled struct {
+	Debited  uint64 `json:"debited"`
+	Credited uint64 `json:"credited"`
 }
 
 // Override is a quota override in force ([operator.Override]).
@@ -391,6 +402,11 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request) {
 	now := h.opts.Now()
 	idx := Index{WindowSeconds: h.opts.Minutes * 60, Limits: []LimitIndex{}}
 	idx.Overrides, idx.Blocks = h.operatorState()
+	for _, l := range h.live() {
+		d, c := l.Inspect().Settled()
+		idx.Settled.Debited += d
+		idx.Settled.Credited += c
+	}
 	for _, name := range h.names() {
 		win := h.top.Window(name)
 		top := []Entry{}

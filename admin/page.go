@@ -79,6 +79,7 @@ form.inline { display: inline; margin: 0; }
 </table>
 {{else}}<p class="muted">No denials.</p>{{end}}
 {{end}}
+<p id="settled">Settled since start: {{.Settled.Debited}} units debited, {{.Settled.Credited}} credited (refunds included).</p>
 <h2 id="overrides">Quota overrides</h2>
 {{if .Overrides}}<table class="overrides">
 <tr><th>Limit</th><th>Plan</th><th>Quota</th><th>Declared</th><th>Expires</th><th></th></tr>

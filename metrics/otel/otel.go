@@ -25,6 +25,11 @@
 //	ratelimit.unreverted         Int64ObservableCounter {unit}: units of
 //	    cost the watched limiters left counted in Redis for requests they did
 //	    not admit ([ratelimit.Inspector.Unreverted])
+//	ratelimit.settled            Int64ObservableCounter {unit}: units of
+//	    cost the watched limiters' settles logged and took back, with
+//	    attribute ratelimit.direction: "debited" (real costs above the
+//	    admitted ones) or "credited" (below them, refunds included),
+//	    each from its first unit on ([ratelimit.Inspector.Settled])
 //	ratelimit.warnings           Int64Counter {warning}: mistakes the
 //	    limiters reported ([ratelimit.Warning]), once each per Limiter, with
 //	    attribute ratelimit.warning: "untrusted_proxy" (every client behind
@@ -74,6 +79,9 @@ const (
 	PlanKey = attribute.Key("ratelimit.plan")
 	// WarningKey is the [ratelimit.Warning] of ratelimit.warnings.
 	WarningKey = attribute.Key("ratelimit.warning")
+	// DirectionKey is ratelimit.settled's direction: "debited" or
+	// "credited".
+	DirectionKey = attribute.Key("ratelimit.direction")
 )
 
 // The values of [ResultKey].
@@ -135,14 +143,17 @@ type Metrics struct {
 	mu       sync.Mutex
 	limiters []watchedLimiter
 	gone     uint64 // units left counted by watched limiters that are gone
+	// units settled by watched limiters that are gone
+	goneDebited, goneCredited uint64
 }
 
 // watchedLimiter is a watched Limiter, held weakly so that watching does
 // not keep a Limiter the application dropped alive, with the units it had
 // left counted when last read.
 type watchedLimiter struct {
-	l     weak.Pointer[ratelimit.Limiter]
-	units uint64
+	l                 weak.Pointer[ratelimit.Limiter]
+	units             uint64
+	debited, credited uint64 // settled, when last read
 }
 
 // setKey names the series of a limit for a plan.
@@ -197,7 +208,8 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	var (
 		breaker    metric.Int64ObservableGauge
 		unreverted metric.Int64ObservableCounter
-		errs       [5]error
+		settled    metric.Int64ObservableCounter
+		errs       [6]error
 	)
 	m.requests, errs[0] = meter.Int64Counter("ratelimit.requests",
 		metric.WithUnit("{request}"),
@@ -215,6 +227,9 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	m.warnings, errs[4] = meter.Int64Counter("ratelimit.warnings",
 		metric.WithUnit("{warning}"),
 		metric.WithDescription("Mistakes the limiters reported (untrusted_proxy, routes_unseen), once each per limiter."))
+	settled, errs[5] = meter.Int64ObservableCounter("ratelimit.settled",
+		metric.WithUnit("{unit}"),
+		metric.WithDescription("Units of cost settles logged (debited) and took back (credited)."))
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, fmt.Errorf("ratelimitotel: %w", err)
 	}
@@ -223,8 +238,20 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 		open, units := m.watched()
 		o.ObserveInt64(breaker, open, observe...)
 		o.ObserveInt64(unreverted, units, observe...)
+		// Each direction from its first unit on: a Limiter without
+		// settlement exports none.
+		debited, credited := m.settledUnits()
+		for _, d := range []struct {
+			n   int64
+			dir string
+		}{{debited, "debited"}, {credited, "credited"}} {
+			if d.n > 0 {
+				kvs := append(cfg.attrs[:len(cfg.attrs):len(cfg.attrs)], DirectionKey.String(d.dir))
+				o.ObserveInt64(settled, d.n, metric.WithAttributeSet(attribute.NewSet(kvs...)))
+			}
+		}
 		return nil
-	}, breaker, unreverted); err != nil {
+	}, breaker, unreverted, settled); err != nil {
 		return nil, fmt.Errorf("ratelimitotel: %w", err)
 	}
 	m.record = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(cfg.attrs...))}
@@ -276,8 +303,11 @@ func (m *Metrics) watched() (open, units int64) {
 		l := w.l.Value()
 		if l == nil {
 			m.gone += w.units
+			m.goneDebited += w.debited
+			m.goneCredited += w.credited
 			continue
 		}
+		w.debited, w.credited = l.Inspect().Settled()
 		if l.Inspect().BreakerOpen() {
 			open = 1
 		}
@@ -289,6 +319,19 @@ func (m *Metrics) watched() (open, units int64) {
 	m.limiters = live
 	n += m.gone
 	return open, int64(min(n, math.MaxInt64))
+}
+
+// settledUnits returns the units the watched limiters' settles debited and
+// credited, those that are gone included, as watched last read them.
+func (m *Metrics) settledUnits() (debited, credited int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d, c := m.goneDebited, m.goneCredited
+	for _, w := range m.limiters {
+		d += w.debited
+		c += w.credited
+	}
+	return int64(min(d, math.MaxInt64)), int64(min(c, math.MaxInt64))
 }
 
 // Observe records one decision ([ratelimit.Observer]): its latency, unless

@@ -42,6 +42,10 @@ import (
 //	    watched limiters left counted in Redis for requests they did not
 //	    admit, because Redis could not take them back
 //	    ([ratelimit.Inspector.Unreverted])
+//	ratelimit_settled_units_total{direction}     counter: units of cost the
+//	    watched limiters' settles logged ("debited": real costs above the
+//	    admitted ones) and took back ("credited": below them, refunds
+//	    included) ([ratelimit.Inspector.Settled])
 //	ratelimit_deny_cache_hits_total{limit}      counter: denials answered
 //	    from this process's memory without calling Redis
 //	    (ratelimit.RedisOptions.DenyCache), also counted as "denied" above
@@ -55,20 +59,25 @@ type Metrics struct {
 	latency    prometheus.Histogram
 	breaker    prometheus.GaugeFunc
 	unreverted prometheus.CounterFunc
+	debited    prometheus.CounterFunc
+	credited   prometheus.CounterFunc
 	warnings   *prometheus.CounterVec
 	cacheHits  *prometheus.CounterVec
 
 	mu       sync.Mutex
 	limiters []watched
 	gone     uint64 // units left counted by watched limiters that are gone
+	// units settled by watched limiters that are gone
+	goneDebited, goneCredited uint64
 }
 
 // watched is a watched Limiter, held weakly so that watching does not
 // keep a Limiter the application dropped alive, with the units it had
 // left counted when last read.
 type watched struct {
-	l     weak.Pointer[ratelimit.Limiter]
-	units uint64
+	l                 weak.Pointer[ratelimit.Limiter]
+	units             uint64
+	debited, credited uint64 // settled, when last read
 }
 
 // New returns Metrics ready to observe limiters and to be registered.
@@ -96,6 +105,16 @@ func New() *Metrics {
 		Name: "ratelimit_unreverted_units_total",
 		Help: "Units of cost left counted in Redis for requests that were not admitted, because Redis could not take them back.",
 	}, m.unrevertedUnits)
+	m.debited = prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name:        "ratelimit_settled_units_total",
+		Help:        "Units of cost settles logged (debited) and took back (credited).",
+		ConstLabels: prometheus.Labels{"direction": "debited"},
+	}, func() float64 { d, _ := m.settled(); return float64(d) })
+	m.credited = prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name:        "ratelimit_settled_units_total",
+		Help:        "Units of cost settles logged (debited) and took back (credited).",
+		ConstLabels: prometheus.Labels{"direction": "credited"},
+	}, func() float64 { _, c := m.settled(); return float64(c) })
 	m.warnings = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ratelimit_warnings_total",
 		Help: "Mistakes the limiters reported (untrusted_proxy, routes_unseen), once each per limiter.",
@@ -145,10 +164,13 @@ func (m *Metrics) state() (open bool, units uint64) {
 		l := w.l.Value()
 		if l == nil {
 			m.gone += w.units
+			m.goneDebited += w.debited
+			m.goneCredited += w.credited
 			continue
 		}
 		open = open || l.Inspect().BreakerOpen()
 		w.units = l.Inspect().Unreverted()
+		w.debited, w.credited = l.Inspect().Settled()
 		units += w.units
 		live = append(live, w)
 	}
@@ -162,6 +184,20 @@ func (m *Metrics) breakerOpen() float64 {
 		return 1
 	}
 	return 0
+}
+
+// settled returns the units the watched limiters' settles debited and
+// credited, those that are gone included.
+func (m *Metrics) settled() (debited, credited uint64) {
+	m.state()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	debited, credited = m.goneDebited, m.goneCredited
+	for _, w := range m.limiters {
+		debited += w.debited
+		credited += w.credited
+	}
+	return debited, credited
 }
 
 func (m *Metrics) unrevertedUnits() float64 {
@@ -209,6 +245,8 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.latency.Describe(ch)
 	m.breaker.Describe(ch)
 	m.unreverted.Describe(ch)
+	m.debited.Describe(ch)
+	m.credited.Describe(ch)
 	m.warnings.Describe(ch)
 	m.cacheHits.Describe(ch)
 }
@@ -219,6 +257,8 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.latency.Collect(ch)
 	m.breaker.Collect(ch)
 	m.unreverted.Collect(ch)
+	m.debited.Collect(ch)
+	m.credited.Collect(ch)
 	m.warnings.Collect(ch)
 	m.cacheHits.Collect(ch)
 }

@@ -1,0 +1,36 @@
+package ratelimitotel_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/slidinglog/ratelimit"
+)
+
+// TestSettled: ratelimit.settled counts the units settles debited and
+// credited, refunds included, each direction once it has any.
+func TestSettled(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		m, reader := newMetrics(t)
+		lim := newLimiter(t, b, m, []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.Global()).Named("tokens")})
+		ctx := context.Background()
+		for _, s := range []struct{ c0, cost int }{{5, 12}, {5, 2}, {4, 0}, {3, 3}} {
+			res, err := lim.Allow(ctx, []string{ratelimit.GlobalID}, s.c0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lim.Settle(ctx, res, s.cost); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, others := collect(t, reader).requests()
+		for k, want := range map[string]int64{
+			"ratelimit.settled{ratelimit.direction=debited}":  7,
+			"ratelimit.settled{ratelimit.direction=credited}": 7,
+		} {
+			if others[k] != want {
+				t.Errorf("%s = %d, want %d; all: %v", k, others[k], want, others)
+			}
+		}
+	})
+}
