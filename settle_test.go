@@ -442,3 +442,68 @@ func testSettleDebitAllOrNothing(t *testing.T, b backend) {
 		t.Errorf("Unreverted() = %d, want 18 (a debit of 6 in 3 limits)", n)
 	}
 }
+
+// TestSettleSentOnce: a debit whose reply never comes (Redis gets it late,
+// after the client's read timeout) may have been logged: it is never sent
+// again, so that it is not logged twice, and its units are counted in
+// Unreverted. Redis runs it once, when it comes.
+func TestSettleSentOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true, ReadTimeout: 300 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	admin := srv.Client()
+	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-U")).Named("once")}, WithRedis(RedisOptions{BreakerFailures: -1, OperatorRefresh: -1}))
+	ctx := context.Background()
+	res, err := lim.Allow(ctx, []string{"k"}, 2)
+	if err != nil || !res.Allowed {
+		t.Fatal(res, err)
+	}
+	before := commandCalls(t, admin, "fcall") + commandCalls(t, admin, "evalsha") + commandCalls(t, admin, "eval")
+	// The network is slow for the first call alone: a call sent again
+	// would go through at once.
+	c.AddHook(&afterFailedCall{do: func() { proxy.SetDelay(0) }})
+	proxy.SetDelay(time.Second)
+	err = lim.Settle(ctx, res, 9)
+	if !errors.Is(err, ErrNotReverted) {
+		t.Fatalf("a debit whose reply never came: %v, want ErrNotReverted", err)
+	}
+	if n := lim.Inspect().Unreverted(); n != 7 {
+		t.Errorf("Unreverted() = %d, want the debit, 7", n)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for logEntries(t, admin, "once", "header.X-U", "k") != 9 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the log holds %d entries, want 9: the late debit once", logEntries(t, admin, "once", "header.X-U", "k"))
+		}
+		time.Sleep(20 * time.Millisecond) // polling Redis for the late call
+	}
+	time.Sleep(500 * time.Millisecond) // long enough for a call sent again to arrive
+	after := commandCalls(t, admin, "fcall") + commandCalls(t, admin, "evalsha") + commandCalls(t, admin, "eval")
+	if after-before != 1 || logEntries(t, admin, "once", "header.X-U", "k") != 9 {
+		t.Errorf("%d calls of the library for one settle, and %d entries; want 1 and 9", after-before, logEntries(t, admin, "once", "header.X-U", "k"))
+	}
+}
+
+// afterFailedCall is a go-redis hook that runs do after every call of the
+// library's code that failed.
+type afterFailedCall struct{ do func() }
+
+func (h *afterFailedCall) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *afterFailedCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		switch cmd.Name() {
+		case "fcall", "evalsha", "eval":
+			if err != nil {
+				h.do()
+			}
+		}
+		return err
+	}
+}
+
+func (h *afterFailedCall) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
