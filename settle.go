@@ -244,8 +244,8 @@ func (st *settlement) of(l *Limiter) *ticket {
 	return nil
 }
 
-// carrySettlement makes r's context, in place, carry t for Settle: the
-// adapters hand r itself to the handler.
+// carrySettlement makes r's context, in place, carry t for Settle: Handler
+// and the adapters hand r itself to the handler.
 func carrySettlement(r *http.Request, t *ticket) {
 	ctx := r.Context()
 	if next := withSettlement(ctx, t); next != ctx {
