@@ -221,7 +221,7 @@ func errString(err error) string {
 // and ratelimit.Settle from a request's context races the response-side
 // function: exactly one settles, at its own cost, and the others get
 // ErrRefunded. Seeded costs.
-func TestSettleOnce(t *testing.T) { forBackends(t, testSettleOnce) }
+func TestSettleOnce(t *testing.T) { forSettleBackends(t, testSettleOnce) }
 
 func testSettleOnce(t *testing.T, b backend) {
 	seed := time.Now().UnixNano()
@@ -340,15 +340,25 @@ func TestSettleUnreachable(t *testing.T) {
 // TestSettleFailLocal: a request FailLocal admitted while Redis could not
 // decide is settled in this process's logs: a debit makes the next
 // requests wait, a credit frees room, and the count of the requests that
-// follow says so. Seeded costs.
+// follow says so. Seeded costs; miniredis and a real server, each gone.
 func TestSettleFailLocal(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		c := redis.NewClient(&redis.Options{Addr: b.addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		// Redis is gone: FailLocal decides.
+		if b.mr != nil {
+			b.mr.Close()
+		} else {
+			b.srv.Stop()
+		}
+		testSettleFailLocal(t, c)
+	})
+}
+
+func testSettleFailLocal(t *testing.T, c redis.UniversalClient) {
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("seed %d", seed)
-	mr := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { _ = c.Close() })
-	mr.Close() // Redis is gone: FailLocal decides
 	clock := &testClock{t: time.Now().Truncate(time.Second)}
 	const q = 40
 	lim := mustNew(t, c, []Limit{PerMinute(q, Header("X-U")).Named("l"), PerMinute(2*q, Header("X-U")).Bucketed(time.Second).Named("lb")},
