@@ -39,8 +39,8 @@ func settleLimits(q int) []Limit {
 
 // TestSettle: requests admitted at a random estimate are settled at a
 // random real cost, below it (a partial credit), at it, or above it (a
-// debit, post-paid, which may push a user over the quota; larger than the
-// largest quota, it is logged as that quota). Seeded. After each step,
+// debit, post-paid, which may push a user over the quota; larger than a
+// limit's quota, it is logged there as that quota). Seeded. After each step,
 // Status of every limit matches a count kept aside: each request's
 // settled cost, in every limit; an admitted request always had room for its
 // estimate (nothing else is admitted over a quota), and a denied one had
@@ -100,10 +100,9 @@ func testSettle(t *testing.T, b backend) {
 		if err := lim.Settle(ctx, res, cost); !errors.Is(err, ErrRefunded) {
 			t.Fatalf("a second settle: %v, want ErrRefunded", err)
 		}
-		real := c0 + min(cost-c0, 4*q) // a debit is at most the largest quota
-		used[u][0] += real
-		used[u][1] += real
-		used["global"][2] += real
+		for i, id := range ids(u) {
+			used[id][i] += c0 + min(cost-c0, quota[i]) // a debit is logged up to the quota
+		}
 		st, err := lim.Status(ctx, ids(u), 1)
 		if err != nil {
 			t.Fatal(err)
@@ -423,8 +422,8 @@ func TestSettleBounds(t *testing.T) {
 // key holds another program's data) is logged in none: within one call
 // the Lua code takes it back, and on a Cluster, where the user's limits
 // and the global one are separate calls, the debit the user's group took
-// is rolled back. The settle's error wraps ErrNotReverted, and Unreverted
-// counts the debit in every limit.
+// is rolled back, each limit's own units. The settle's error wraps
+// ErrNotReverted, and Unreverted counts the debit in every limit.
 func TestSettleDebitAllOrNothing(t *testing.T) { forSettleBackends(t, testSettleDebitAllOrNothing) }
 
 func testSettleDebitAllOrNothing(t *testing.T, b backend) {
@@ -438,7 +437,7 @@ func testSettleDebitAllOrNothing(t *testing.T, b backend) {
 	if err := c.Set(ctx, logKey("g", "global", "global"), "not a log", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	err = lim.Settle(ctx, res, 10)
+	err = lim.Settle(ctx, res, 84) // a debit of 80: 50 (the quota), 80 and 80
 	if !errors.Is(err, ErrNotReverted) {
 		t.Fatalf("a debit the global limit refuses: %v, want ErrNotReverted", err)
 	}
@@ -448,8 +447,8 @@ func testSettleDebitAllOrNothing(t *testing.T, b backend) {
 	if got := bucketTotal(t, c, "b", "header.X-U", "amy"); got != 4 {
 		t.Errorf("the user's buckets hold %d, want 4", got)
 	}
-	if n := lim.Inspect().Unreverted(); n != 3*6 {
-		t.Errorf("Unreverted() = %d, want 18 (a debit of 6 in 3 limits)", n)
+	if n := lim.Inspect().Unreverted(); n != 50+80+80 {
+		t.Errorf("Unreverted() = %d, want 210 (a debit of 80 in 3 limits, 50 in the one of quota 50)", n)
 	}
 }
 
