@@ -11,9 +11,9 @@ import (
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
 
-// Settles reports whether limit i of p is settled: a settled request's
-// credit or debit applies to the limits that count cost, and leaves any
-// other (one that counts requests in flight) as it is.
+// Settles reports whether limit i of p is settled: whether a settled
+// request's credit or debit applies to it. A limit that counts cost is;
+// every limit of a Spec does.
 func (p *Spec) Settles(i int) bool { return true }
 
 // A Charge is what the charge code needs to log a settled request's debit
