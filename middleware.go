@@ -96,7 +96,7 @@ func (h *limitHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	r = r.WithContext(withSettlement(r.Context(), t))
+	carrySettlement(r, t) // in place, as the mux sets r.Pattern: routesUnseen reads r
 	if l.cfg.settle == nil {
 		h.next.ServeHTTP(w, r)
 		return

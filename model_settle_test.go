@@ -12,17 +12,16 @@ import (
 // Result an Allow returned at a real cost drawn below its cost (a credit),
 // at it, above it (a debit, post-paid), or above every quota of the limits
 // that logged it; the Result may have been refunded or settled before
-// (rule 3: it settles once). The model applies rule 7:
+// (rule 3: it settles once). The model applies the rule of settles:
 //
 //   - a credit of c0 - cost removes up to that many entries of the
 //     request's own time from each log it was placed in (those still
 //     there), as a refund removes all c0;
-//   - a debit of cost - c0, at most the largest quota of the limits it
-//     was placed in (the client's plan's, as its Result reports), is
-//     logged in each of those logs, whatever their room, at the time of
-//     the clock of the instance that admitted the request: at the log's
-//     time if that is later (rule 1), as a decision at that time would
-//     log it;
+//   - a debit of cost - c0 is logged in each log the request was placed
+//     in, up to its limit's quota (the client's plan's, as its Result
+//     reports), whatever its room, at the time of the clock of the
+//     instance that admitted the request: at the log's time if that is
+//     later (rule 1), as a decision at that time would log it;
 //
 // and the steps that follow (decisions, Status, clock steps) check every
 // count against it. TestModel runs it on every store: miniredis, a real
@@ -105,8 +104,7 @@ func (m *modelRun) settle(rt *rapid.T) {
 			m.model.Log(p.Ref).Remove(p.T, c0-cost)
 		}
 	case cost > c0:
-		d := min(cost-c0, most)
-		if d < cost-c0 {
+		if cost-c0 > most {
 			m.seen["settle debit over every quota"]++
 		} else {
 			m.seen["settle debit"]++
@@ -115,7 +113,7 @@ func (m *modelRun) settle(rt *rapid.T) {
 			lim := m.model.Limits[p.Ref.Limit]
 			g := m.model.Log(p.Ref)
 			_, at := lim.LogTime(g, now)
-			g.Add(at, d)
+			g.Add(at, min(cost-c0, is.res.Limits[p.Ref.Limit].Quota))
 		}
 	default:
 		m.seen["settle at the cost admitted"]++

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/store"
+	pubstore "github.com/slidinglog/ratelimit/store"
 )
 
 // maxSettleCost is the largest real cost a request is settled at.
@@ -28,9 +29,9 @@ const maxSettleCost = math.MaxInt32
 //   - above c0, the difference is logged, at the settle's time, in every
 //     limit that counted the request, whatever its room: post-paid, the
 //     client's next requests wait until the debit leaves the window, and
-//     nothing else is admitted over a quota. A debit larger than the
-//     largest quota of those limits (the client's plan's) is logged as
-//     that quota: more would make no request wait longer.
+//     nothing else is admitted over a quota. A debit larger than a
+//     limit's quota (the client's plan's) is logged there as that quota:
+//     more would make no request wait longer.
 //
 // A Result is settled once: Settle and Refund ([Limiter.Refund] is Settle
 // at 0) share its once flag, and a later call of either returns
@@ -136,9 +137,9 @@ func (t *ticket) credit(ctx context.Context, n int) error {
 }
 
 // debit logs n more units of t's request in every limit it was logged
-// in, up to the largest quota among them.
+// in, in each up to its quota.
 func (t *ticket) debit(ctx context.Context, n int) error {
-	most := 0
+	most := 0 // the largest quota of those limits
 	for i := range t.stamps {
 		if t.stamp(i) == 0 {
 			continue
@@ -149,12 +150,11 @@ func (t *ticket) debit(ctx context.Context, n int) error {
 		}
 		most = max(most, q)
 	}
-	n = min(n, most)
-	if n == 0 {
-		return nil
+	if most == 0 {
+		return nil // logged nowhere
 	}
 	if t.settled != nil {
-		t.settled.debited.Add(uint64(n))
+		t.settled.debited.Add(uint64(min(n, most)))
 	}
 	var now int64 // the server's clock, unless the Limiter reads its own
 	if t.clock != nil {
@@ -165,11 +165,12 @@ func (t *ticket) debit(ctx context.Context, n int) error {
 		for i := range stamps {
 			stamps[i] = t.stamp(i)
 		}
-		t.local.Charge(t.logIDs(), t.spec.Public, stamps, n, now)
+		q := pubstore.Query{Limits: t.spec.Public, Keys: t.keys, Cost: n, Quotas: t.quotas, Now: now}
+		t.local.Charge(&q, stamps)
 		return nil
 	}
-	charges := store.Charges(t.spec, t.keys, t.groups(), n, now, t.stamp)
-	if u := t.rs.Rollbacks.Charge(charges, n, store.Deadline(ctx, time.Now(), t.timeout)); u > 0 {
+	charges := store.Charges(t.spec, t.keys, t.groups(), n, now, t.quotas, t.stamp)
+	if u := t.rs.Rollbacks.Charge(charges, store.Deadline(ctx, time.Now(), t.timeout)); u > 0 {
 		return fmt.Errorf("%w: a settled debit of %d was not logged (%d units)", ErrNotReverted, n, u)
 	}
 	return nil
@@ -244,8 +245,8 @@ func (st *settlement) of(l *Limiter) *ticket {
 	return nil
 }
 
-// carrySettlement makes r's context, in place, carry t for Settle: the
-// adapters hand r itself to the handler.
+// carrySettlement makes r's context, in place, carry t for Settle: Handler
+// and the adapters hand r itself to the handler.
 func carrySettlement(r *http.Request, t *ticket) {
 	ctx := r.Context()
 	if next := withSettlement(ctx, t); next != ctx {

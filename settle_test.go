@@ -39,8 +39,8 @@ func settleLimits(q int) []Limit {
 
 // TestSettle: requests admitted at a random estimate are settled at a
 // random real cost, below it (a partial credit), at it, or above it (a
-// debit, post-paid, which may push a user over the quota; larger than the
-// largest quota, it is logged as that quota). Seeded. After each step,
+// debit, post-paid, which may push a user over the quota; larger than a
+// limit's quota, it is logged there as that quota). Seeded. After each step,
 // Status of every limit matches a count kept aside: each request's
 // settled cost, in every limit; an admitted request always had room for its
 // estimate (nothing else is admitted over a quota), and a denied one had
@@ -100,10 +100,9 @@ func testSettle(t *testing.T, b backend) {
 		if err := lim.Settle(ctx, res, cost); !errors.Is(err, ErrRefunded) {
 			t.Fatalf("a second settle: %v, want ErrRefunded", err)
 		}
-		real := c0 + min(cost-c0, 4*q) // a debit is at most the largest quota
-		used[u][0] += real
-		used[u][1] += real
-		used["global"][2] += real
+		for i, id := range ids(u) {
+			used[id][i] += c0 + min(cost-c0, quota[i]) // a debit is logged up to the quota
+		}
 		st, err := lim.Status(ctx, ids(u), 1)
 		if err != nil {
 			t.Fatal(err)
@@ -221,7 +220,7 @@ func errString(err error) string {
 // and ratelimit.Settle from a request's context races the response-side
 // function: exactly one settles, at its own cost, and the others get
 // ErrRefunded. Seeded costs.
-func TestSettleOnce(t *testing.T) { forBackends(t, testSettleOnce) }
+func TestSettleOnce(t *testing.T) { forSettleBackends(t, testSettleOnce) }
 
 func testSettleOnce(t *testing.T, b backend) {
 	seed := time.Now().UnixNano()
@@ -340,15 +339,25 @@ func TestSettleUnreachable(t *testing.T) {
 // TestSettleFailLocal: a request FailLocal admitted while Redis could not
 // decide is settled in this process's logs: a debit makes the next
 // requests wait, a credit frees room, and the count of the requests that
-// follow says so. Seeded costs.
+// follow says so. Seeded costs; miniredis and a real server, each gone.
 func TestSettleFailLocal(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		c := redis.NewClient(&redis.Options{Addr: b.addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		// Redis is gone: FailLocal decides.
+		if b.mr != nil {
+			b.mr.Close()
+		} else {
+			b.srv.Stop()
+		}
+		testSettleFailLocal(t, c)
+	})
+}
+
+func testSettleFailLocal(t *testing.T, c redis.UniversalClient) {
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("seed %d", seed)
-	mr := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { _ = c.Close() })
-	mr.Close() // Redis is gone: FailLocal decides
 	clock := &testClock{t: time.Now().Truncate(time.Second)}
 	const q = 40
 	lim := mustNew(t, c, []Limit{PerMinute(q, Header("X-U")).Named("l"), PerMinute(2*q, Header("X-U")).Bucketed(time.Second).Named("lb")},
@@ -413,8 +422,8 @@ func TestSettleBounds(t *testing.T) {
 // key holds another program's data) is logged in none: within one call
 // the Lua code takes it back, and on a Cluster, where the user's limits
 // and the global one are separate calls, the debit the user's group took
-// is rolled back. The settle's error wraps ErrNotReverted, and Unreverted
-// counts the debit in every limit.
+// is rolled back, each limit's own units. The settle's error wraps
+// ErrNotReverted, and Unreverted counts the debit in every limit.
 func TestSettleDebitAllOrNothing(t *testing.T) { forSettleBackends(t, testSettleDebitAllOrNothing) }
 
 func testSettleDebitAllOrNothing(t *testing.T, b backend) {
@@ -428,7 +437,7 @@ func testSettleDebitAllOrNothing(t *testing.T, b backend) {
 	if err := c.Set(ctx, logKey("g", "global", "global"), "not a log", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	err = lim.Settle(ctx, res, 10)
+	err = lim.Settle(ctx, res, 84) // a debit of 80: 50 (the quota), 80 and 80
 	if !errors.Is(err, ErrNotReverted) {
 		t.Fatalf("a debit the global limit refuses: %v, want ErrNotReverted", err)
 	}
@@ -438,7 +447,72 @@ func testSettleDebitAllOrNothing(t *testing.T, b backend) {
 	if got := bucketTotal(t, c, "b", "header.X-U", "amy"); got != 4 {
 		t.Errorf("the user's buckets hold %d, want 4", got)
 	}
-	if n := lim.Inspect().Unreverted(); n != 3*6 {
-		t.Errorf("Unreverted() = %d, want 18 (a debit of 6 in 3 limits)", n)
+	if n := lim.Inspect().Unreverted(); n != 50+80+80 {
+		t.Errorf("Unreverted() = %d, want 210 (a debit of 80 in 3 limits, 50 in the one of quota 50)", n)
 	}
+}
+
+// TestSettleSentOnce: a debit whose reply never comes (Redis gets it late,
+// after the client's read timeout) may have been logged: it is never sent
+// again, so that it is not logged twice, and its units are counted in
+// Unreverted. Redis runs it once, when it comes.
+func TestSettleSentOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true, ReadTimeout: 300 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	admin := srv.Client()
+	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-U")).Named("once")}, WithRedis(RedisOptions{BreakerFailures: -1, OperatorRefresh: -1}))
+	ctx := context.Background()
+	res, err := lim.Allow(ctx, []string{"k"}, 2)
+	if err != nil || !res.Allowed {
+		t.Fatal(res, err)
+	}
+	before := commandCalls(t, admin, "fcall") + commandCalls(t, admin, "evalsha") + commandCalls(t, admin, "eval")
+	// The network is slow for the first call alone: a call sent again
+	// would go through at once.
+	c.AddHook(&afterFailedCall{do: func() { proxy.SetDelay(0) }})
+	proxy.SetDelay(time.Second)
+	err = lim.Settle(ctx, res, 9)
+	if !errors.Is(err, ErrNotReverted) {
+		t.Fatalf("a debit whose reply never came: %v, want ErrNotReverted", err)
+	}
+	if n := lim.Inspect().Unreverted(); n != 7 {
+		t.Errorf("Unreverted() = %d, want the debit, 7", n)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for logEntries(t, admin, "once", "header.X-U", "k") != 9 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the log holds %d entries, want 9: the late debit once", logEntries(t, admin, "once", "header.X-U", "k"))
+		}
+		time.Sleep(20 * time.Millisecond) // polling Redis for the late call
+	}
+	time.Sleep(500 * time.Millisecond) // long enough for a call sent again to arrive
+	after := commandCalls(t, admin, "fcall") + commandCalls(t, admin, "evalsha") + commandCalls(t, admin, "eval")
+	if after-before != 1 || logEntries(t, admin, "once", "header.X-U", "k") != 9 {
+		t.Errorf("%d calls of the library for one settle, and %d entries; want 1 and 9", after-before, logEntries(t, admin, "once", "header.X-U", "k"))
+	}
+}
+
+// afterFailedCall is a go-redis hook that runs do after every call of the
+// library's code that failed.
+type afterFailedCall struct{ do func() }
+
+func (h *afterFailedCall) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *afterFailedCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		switch cmd.Name() {
+		case "fcall", "evalsha", "eval":
+			if err != nil {
+				h.do()
+			}
+		}
+		return err
+	}
+}
+
+func (h *afterFailedCall) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

@@ -15,11 +15,13 @@ local CHARGED = {[EXACT_LOG] = true, [BUCKETS] = true}
 -- at in each (7 bytes each, 0 where it was not). The debit is logged at
 -- the request's time (its now; 0: the server's clock), in each limit of a
 -- kind in CHARGED that logged the request, at the limit's time as a
--- decision would be (never before its log's time). It returns the times
--- the debit was logged at, 7 bytes per limit (0 where it was not), for
--- rollback to take it back. If a limit fails (a key another program
--- wrote), what the limits before it logged is taken back and the call
--- fails.
+-- decision would be (never before its log's time), up to the limit's
+-- quota: a debit of the quota already makes every request of the client
+-- wait until it leaves the window, and more would only grow the log. It
+-- returns the times the debit was logged at, 7 bytes per limit (0 where it
+-- was not), for rollback to take it back. If a limit fails (a key another
+-- program wrote), what the limits before it logged is taken back and the
+-- call fails.
 local function charge(keys, argv)
   local now, n, limits = decode_request(argv[1])
   if now == 0 then
@@ -35,14 +37,14 @@ local function charge(keys, argv)
       local kind = KINDS[lim[KIND]]
       if n > 0 and CHARGED[lim[KIND]] and uint(argv[2], 7 * i - 6, 7) > 0 then
         local state = kind.read(keys[i], lim, now, true)
-        stamps[i] = kind.admit(state, lim, now, n)
+        stamps[i] = kind.admit(state, lim, now, math.min(n, lim[QUOTA]))
       end
     end
   end)
   if not ok then
     for i = 1, #limits do
       if stamps[i] > 0 then
-        pcall(KINDS[limits[i][KIND]].remove, keys[i], limits[i], stamps[i], n)
+        pcall(KINDS[limits[i][KIND]].remove, keys[i], limits[i], stamps[i], math.min(n, limits[i][QUOTA]))
       end
     end
     error(e, 0)

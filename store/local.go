@@ -543,21 +543,22 @@ func (s *Local) Refund(ids []LogID, stamps []int64, cost int) {
 	}
 }
 
-// Charge logs a debit of cost more units for a request that was admitted
-// and logged at stamps[i] (0: not logged; Reply.Next of an admitted
-// request) in the log of ids[i], whose limit is limits[i], for each i
-// where it was logged: the limiter settles a request whose real cost,
-// known after its response, exceeds the cost it was admitted at. The
-// debit is logged whatever the log's room, at now (Unix µs on the
-// decisions' clock; 0: the wall clock), or at the log's time if that is
-// later, as a decision would be; in the limit's overflow log if the
-// identifier has no log of its own. A log that has gone (its entries left
-// their windows) is made anew, if the store has room; where it has none,
-// the debit is not logged.
-func (s *Local) Charge(ids []LogID, limits []Limit, stamps []int64, cost int, now int64) {
-	if cost <= 0 {
+// Charge logs a debit of q.Cost more units for a request that was
+// admitted over q's limits and logged at stamps[i] (0: not logged;
+// Reply.Next of an admitted request) in limit i, for each limit where it
+// was logged, up to the limit's quota (q.Quota(i)): the limiter settles a
+// request whose real cost, known after its response, exceeds the cost it
+// was admitted at. The debit is logged whatever the log's room, at q.Now
+// (0: the wall clock), or at the log's time if that is later, as a
+// decision would be; in the limit's overflow log if the identifier has no
+// log of its own. A log that has gone (its entries left their windows) is
+// made anew, if the store has room; where it has none, the debit is not
+// logged. q.Peek is ignored.
+func (s *Local) Charge(q *Query, stamps []int64) {
+	if q.Cost <= 0 {
 		return
 	}
+	now := q.Now
 	if now == 0 {
 		now = time.Now().UnixMicro()
 	}
@@ -567,11 +568,12 @@ func (s *Local) Charge(ids []LogID, limits []Limit, stamps []int64, cost int, no
 		s.logs = make(map[uint64]*localLog)
 		s.seed = maphash.MakeSeed()
 	}
-	for i, id := range ids {
-		if stamps[i] == 0 {
+	for i := range q.Keys {
+		n := int64(min(q.Cost, q.Quota(i)))
+		if stamps[i] == 0 || n <= 0 {
 			continue
 		}
-		lim := &limits[i]
+		lim, id := &q.Limits[i], q.Log(i)
 		h := s.hash(id)
 		g := s.logs[h]
 		if g == nil {
@@ -590,7 +592,7 @@ func (s *Local) Charge(ids []LogID, limits []Limit, stamps []int64, cost int, no
 		if g.logged && g.time > at {
 			at = g.time
 		}
-		s.addLocked(g, at, int64(cost))
+		s.addLocked(g, at, n)
 		if !s.opts.KeepExpired {
 			s.sweep.Added(g.expiry())
 		}

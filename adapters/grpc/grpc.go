@@ -131,6 +131,9 @@ import (
 // A call l admits reaches the handler with the rate-limit headers set as
 // header metadata; a refused one gets a status error and never reaches it.
 // It does not panic: a Limiter that cannot decide applies its failure mode.
+// With settlement on ([ratelimit.WithSettle], [ratelimit.WithRefund]), the
+// handler's context carries the call's settlement: the handler settles the
+// call at its real cost with [ratelimit.Settle](ctx, n).
 func UnaryServerInterceptor(l *ratelimit.Limiter) grpc.UnaryServerInterceptor {
 	if l == nil {
 		panic("grpcratelimit: UnaryServerInterceptor of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
@@ -155,7 +158,8 @@ func UnaryServerInterceptor(l *ratelimit.Limiter) grpc.UnaryServerInterceptor {
 // follow are not counted. Otherwise it is [UnaryServerInterceptor]; chain
 // it with [grpc.ChainStreamInterceptor]. The rate-limit headers are set
 // with ss.SetHeader, so they go out with the handler's first message or
-// its own headers.
+// its own headers. With settlement on, the stream's Context carries the
+// call's settlement, for [ratelimit.Settle].
 func StreamServerInterceptor(l *ratelimit.Limiter) grpc.StreamServerInterceptor {
 	if l == nil {
 		panic("grpcratelimit: StreamServerInterceptor of a nil *ratelimit.Limiter: check the error ratelimit.New returned")

@@ -59,12 +59,6 @@ func (r *reservation) units(cost int) uint64 { return uint64(cost) * uint64(r.lo
 // keys, one per limit of p), the request of cost, and the time of the entries of each limit i
 // (stamp(i); 0 where it was not logged: a group with none is left out).
 func Reservations(p *Spec, keys []string, groups [][]int, cost int, stamp func(i int) int64) []reservation {
-	return reservationsAt(p, keys, groups, cost, 0, stamp)
-}
-
-// reservationsAt is Reservations whose requests are at now (Unix µs; 0:
-// the server's clock).
-func reservationsAt(p *Spec, keys []string, groups [][]int, cost int, now int64, stamp func(i int) int64) []reservation {
 	out := make([]reservation, 0, len(groups))
 	for _, g := range groups {
 		r := reservation{keys: make([]string, len(g))}
@@ -80,7 +74,7 @@ func reservationsAt(p *Spec, keys []string, groups [][]int, cost int, now int64,
 			continue // nothing to remove: limits the request's plans exempted it from, say
 		}
 		r.stamps = slidinglog.AppendStamps(nil, stamps)
-		r.req = slidinglog.AppendRequest(nil, now, cost, p.LuaOf(g))
+		r.req = slidinglog.AppendRequest(nil, 0, cost, p.LuaOf(g))
 		out = append(out, r)
 	}
 	return out

@@ -11,31 +11,78 @@ import (
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
 
-// Settles reports whether limit i of p is settled: a settled request's
-// credit or debit applies to the limits that count cost, and leaves any
-// other (one that counts requests in flight) as it is.
+// Settles reports whether limit i of p is settled: whether a settled
+// request's credit or debit applies to it. A limit that counts cost is;
+// every limit of a Spec does.
 func (p *Spec) Settles(i int) bool { return true }
 
-// Charges returns, for each of groups, what the charge code needs to log a
-// settled request's debit in the group's logs: their keys (from keys, one
-// per limit of p), the request of cost debit at now (Unix µs; 0: the
-// server's clock), and the time the request was logged at in each limit i
-// (stamp(i); 0 where it was not: a group with none is left out).
-func Charges(p *Spec, keys []string, groups [][]int, debit int, now int64, stamp func(i int) int64) []reservation {
-	return reservationsAt(p, keys, groups, debit, now, stamp)
+// A Charge is what the charge code needs to log a settled request's debit
+// in one group of its logs (one call), and to take it back.
+type Charge struct {
+	reservation // the keys, the request (its cost the debit) and the request's stamps
+	// Each limit of the group alone, and the units the debit logs in it
+	// (the debit, at most the limit's quota; 0 where the request was not
+	// logged), to take it back.
+	limits []slidinglog.Specs
+	units  []int
 }
 
-// Charge logs a settled request's debit of cost units in charges (a
-// group's each, see Charges), group by group. A group whose charge fails
-// for good (Redis refused it, or gave no reply to a call that may have run,
-// which is never sent again) has the debit taken back from the groups that
-// logged it, so that the debit is logged everywhere or nowhere. It waits
-// for Redis until deadline at the latest; the rest goes on in the
-// background, tried again as rollbacks are (see maxRollbackTime). It
-// returns the units known, at return, not to be logged as they should:
-// the debit of every group when it failed. They, and those the background
-// gives up on, are added to Unreverted.
-func (rb *Rollbacks) Charge(charges []reservation, cost int, deadline time.Time) (unapplied uint64) {
+// total is how many units c logs.
+func (c *Charge) total() uint64 {
+	var n uint64
+	for _, u := range c.units {
+		n += uint64(u)
+	}
+	return n
+}
+
+// Charges returns, for each of groups, the Charge of a debit at now (Unix
+// µs; 0: the server's clock) in the group's logs: their keys (from keys,
+// one per limit of p), and the time the request was logged at in each
+// limit i (stamp(i); 0 where it was not: a group with none is left out).
+// quotas, if not nil, are the limits' quotas for the client (its plans);
+// the debit is logged in each limit up to its quota.
+func Charges(p *Spec, keys []string, groups [][]int, debit int, now int64, quotas []int, stamp func(i int) int64) []Charge {
+	out := make([]Charge, 0, len(groups))
+	for _, g := range groups {
+		c := Charge{reservation: reservation{keys: make([]string, len(g))}, limits: make([]slidinglog.Specs, len(g)), units: make([]int, len(g))}
+		stamps := make([]int64, len(g))
+		for j, i := range g {
+			c.keys[j], stamps[j] = keys[i], stamp(i)
+			c.window = max(c.window, p.Limits[i].Window)
+			c.limits[j] = p.Limits[i].Lua
+			if stamps[j] != 0 {
+				c.logged++
+				q := p.Limits[i].Quota
+				if quotas != nil {
+					q = quotas[i]
+				}
+				c.units[j] = min(debit, q)
+			}
+		}
+		if c.logged == 0 {
+			continue
+		}
+		c.stamps = slidinglog.AppendStamps(nil, stamps)
+		c.req = slidinglog.AppendRequest(nil, now, debit, p.LuaOf(g))
+		if quotas != nil {
+			slidinglog.SetQuotas(c.req, func(j int) int { return quotas[g[j]] })
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// Charge logs a settled request's debit in charges (see Charges), group by
+// group. A group whose charge fails for good (Redis refused it, or gave no
+// reply to a call that may have run, which is never sent again) has the
+// debit taken back from the groups that logged it, so that the debit is
+// logged everywhere or nowhere. It waits for Redis until deadline at the
+// latest; the rest goes on in the background, tried again as rollbacks are
+// (see maxRollbackTime). It returns the units known, at return, not to be
+// logged as they should: every group's, when one failed. They, and those
+// the background gives up on, are added to Unreverted.
+func (rb *Rollbacks) Charge(charges []Charge, deadline time.Time) (unapplied uint64) {
 	if len(charges) == 0 {
 		return 0
 	}
@@ -43,7 +90,7 @@ func (rb *Rollbacks) Charge(charges []reservation, cost int, deadline time.Time)
 	case rb.slots <- struct{}{}:
 	default:
 		for i := range charges {
-			unapplied += charges[i].units(cost)
+			unapplied += charges[i].total()
 		}
 		rb.fail(unapplied, fmt.Errorf("ratelimit: %d rollbacks in flight: not logging a settled debit in %s", maxPendingRollbacks, charges[0].keys[0]))
 		return unapplied
@@ -51,7 +98,7 @@ func (rb *Rollbacks) Charge(charges []reservation, cost int, deadline time.Time)
 	done := make(chan uint64, 1)
 	go func() {
 		defer func() { <-rb.slots }()
-		done <- rb.chargeAll(charges, cost)
+		done <- rb.chargeAll(charges)
 	}()
 	wait := time.NewTimer(time.Until(deadline))
 	defer wait.Stop()
@@ -63,20 +110,26 @@ func (rb *Rollbacks) Charge(charges []reservation, cost int, deadline time.Time)
 	}
 }
 
-// chargeAll logs the debit in each of charges, each tried until Redis
+// chargeAll logs the debit of each of charges, each tried until Redis
 // answers or it is no longer worth it, and returns the units it could not
 // log, which it has counted.
-func (rb *Rollbacks) chargeAll(charges []reservation, cost int) uint64 {
+func (rb *Rollbacks) chargeAll(charges []Charge) uint64 {
 	start := time.Now()
-	var taken []reservation
+	// What takes back the debit the groups logged: one limit each, of its
+	// own units.
+	type undo struct {
+		r     reservation
+		units int
+	}
+	var taken []undo
 	for i := range charges {
-		r := &charges[i]
-		giveUp := start.Add(min(r.window, maxRollbackTime))
+		c := &charges[i]
+		giveUp := start.Add(min(c.window, maxRollbackTime))
 		var stamps []int64
 		var err error
 		for retry := firstRollbackRetry; ; retry = min(2*retry, lastRollbackRetry) {
 			ctx, cancel := context.WithDeadline(context.Background(), later(giveUp, time.Now().Add(rb.timeout)))
-			stamps, err = rb.Lib.Charge(ctx, r.keys, r.req, r.stamps)
+			stamps, err = rb.Lib.Charge(ctx, c.keys, c.req, c.stamps)
 			cancel()
 			// A call that may have run is not sent again: it would log
 			// the debit twice.
@@ -85,15 +138,15 @@ func (rb *Rollbacks) chargeAll(charges []reservation, cost int) uint64 {
 			}
 			time.Sleep(retry)
 		}
+		if err == nil && len(stamps) != len(c.keys) {
+			err = fmt.Errorf("%w: %d stamps for %d limits", slidinglog.ErrUnexpectedReply, len(stamps), len(c.keys))
+		}
 		if err == nil {
-			logged := 0
-			for _, s := range stamps {
-				if s > 0 {
-					logged++
+			for j, s := range stamps {
+				if s > 0 && c.units[j] > 0 { // each limit alone: its units are its own
+					taken = append(taken, undo{reservation{keys: c.keys[j : j+1], req: slidinglog.AppendRequest(nil, 0, c.units[j], c.limits[j]),
+						stamps: slidinglog.AppendStamps(nil, []int64{s}), window: c.window, logged: 1}, c.units[j]})
 				}
-			}
-			if logged > 0 {
-				taken = append(taken, reservation{keys: r.keys, req: r.req, stamps: slidinglog.AppendStamps(nil, stamps), window: r.window, logged: logged})
 			}
 			continue
 		}
@@ -102,10 +155,13 @@ func (rb *Rollbacks) chargeAll(charges []reservation, cost int) uint64 {
 		// rollback counts them.
 		var total uint64
 		for j := range charges {
-			total += charges[j].units(cost)
+			total += charges[j].total()
 		}
-		unremoved := rb.removeReservations(taken, cost)
-		rb.fail(total-unremoved, fmt.Errorf("ratelimit: a settled debit of %d could not be logged in %s: %w", cost, r.keys[0], err))
+		var unremoved uint64
+		for _, u := range taken {
+			unremoved += rb.removeReservations([]reservation{u.r}, u.units)
+		}
+		rb.fail(total-unremoved, fmt.Errorf("ratelimit: a settled debit could not be logged in %s: %w", c.keys[0], err))
 		return total
 	}
 	return 0
