@@ -60,6 +60,10 @@ type Limit struct {
 	// denies it ([Limit.Block]): from 1ms to 30 days. Default: zero, no
 	// block.
 	BlockFor time.Duration
+	// InFlight makes the limit cap the requests in flight at once instead
+	// of a rate ([InFlight]): Quota is the cap per identifier, Window the
+	// lease of a slot (see InFlight). Default: false, a rate limit.
+	InFlight bool
 
 	defaulted bool // Name was given by the library, not by the user
 }
@@ -239,6 +243,9 @@ func (l Limit) defaultName() string {
 	if len(key) == 0 {
 		key = []byte("limit")
 	}
+	if l.InFlight {
+		return string(key) + "-inflight"
+	}
 	return string(key) + "-per-" + formatWindow(l.Window)
 }
 
@@ -272,7 +279,7 @@ func (l Limit) validate() error {
 	}
 	check(l.Quota < 1, "quota %d: must be at least 1", l.Quota)
 	check(l.Quota > maxQuota, "quota %d: must be at most %d", l.Quota, maxQuota)
-	check(l.Window < time.Millisecond, "window %v: must be at least 1ms", l.Window)
+	check(l.Window < time.Millisecond && !l.InFlight, "window %v: must be at least 1ms", l.Window)
 	check(l.Window > 366*24*time.Hour, "window %v: must be at most 366 days", l.Window)
 	check(l.Key.fn == nil && l.Key.err == nil, "no key: say what the limit counts by (ClientIP(), User(...), Global(), ...)")
 	if l.Key.err != nil {
@@ -287,6 +294,9 @@ func (l Limit) validate() error {
 		"block %v: must be 0 (no block) or from 1ms to %v", l.BlockFor, maxBlock)
 	check(l.BlockFor > 0 && l.Shadow, "block %v: a shadow limit never denies, so it cannot block", l.BlockFor)
 	check(l.BlockFor > 0 && l.Key.global, "block %v: a Global limit counts every client together: its block would block them all", l.BlockFor)
+	if l.InFlight {
+		errs = append(errs, l.validateInFlight()...)
+	}
 	check(!validName(l.Name), "name %q: use 1 to %d ASCII letters, digits, '-', '_' or '.'", l.Name, maxNameLen)
 	if l.Plans.set() {
 		errs = append(errs, l.Plans.validate()...)

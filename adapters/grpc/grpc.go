@@ -136,7 +136,8 @@ func UnaryServerInterceptor(l *ratelimit.Limiter) grpc.UnaryServerInterceptor {
 		panic("grpcratelimit: UnaryServerInterceptor of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
 	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		md, err := decide(ctx, l, info.FullMethod, true)
+		md, c, err := decide(ctx, l, info.FullMethod, true)
+		defer c.leave() // after the handler: its in-flight slots are held until it returns
 		if md != nil {
 			_ = grpc.SetHeader(ctx, md) // fails only without a transport stream, as in direct calls
 		}
@@ -160,7 +161,8 @@ func StreamServerInterceptor(l *ratelimit.Limiter) grpc.StreamServerInterceptor 
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		// grpc passes no service implementation for a method it does not
 		// register (grpc.UnknownServiceHandler).
-		md, err := decide(ss.Context(), l, info.FullMethod, srv != nil)
+		md, c, err := decide(ss.Context(), l, info.FullMethod, srv != nil)
+		defer c.leave() // after the stream's handler: its in-flight slots are held until it returns
 		if md != nil {
 			_ = ss.SetHeader(md) // fails only once headers were sent, which they cannot be yet
 		}
@@ -176,6 +178,7 @@ type call struct {
 	url    url.URL
 	header http.Header
 	w      writer
+	pass   ratelimit.Pass // the Limiter's pass over the call, until leave
 }
 
 var calls = sync.Pool{New: func() any {
@@ -183,12 +186,29 @@ var calls = sync.Pool{New: func() any {
 }}
 
 // decide decides the call to method with l. It returns the metadata to send
-// as headers (nil if none) and, if the call may not proceed, its status
-// error. registered reports whether the server registers method.
-func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered bool) (metadata.MD, error) {
-	method = fullMethod(method)
+// as headers (nil if none), the call, whose leave the caller defers once
+// the handler has returned (the Limiter's pass over the call ends there,
+// and with it the call's in-flight slots), and, if the call may not
+// proceed, its status error. registered reports whether the server
+// registers method.
+func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered bool) (metadata.MD, *call, error) {
 	c := calls.Get().(*call)
-	defer c.put()
+	md, err := c.decide(ctx, l, method, registered)
+	return md, c, err
+}
+
+// leave ends the Limiter's pass over the call, which releases its
+// in-flight slots, and recycles c: its Header identified the pass, so it
+// is not reused before.
+func (c *call) leave() {
+	c.pass.Leave()
+	c.pass = ratelimit.Pass{}
+	c.put()
+}
+
+// decide is decide with c.
+func (c *call) decide(ctx context.Context, l *ratelimit.Limiter, method string, registered bool) (metadata.MD, error) {
+	method = fullMethod(method)
 	base := http.Request{
 		Method:     http.MethodPost,
 		URL:        &c.url,
@@ -220,9 +240,8 @@ func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered
 		}
 	}
 	req := base.WithContext(ctx)
-	pass := l.Enter(req) // a request of its own: always a first pass
-	v, err := pass.Decide(&c.w, req)
-	pass.Leave()
+	c.pass = l.Enter(req) // a request of its own: always a first pass
+	v, err := c.pass.Decide(&c.w, req)
 	if err != nil && ctx.Err() != nil {
 		// The call ended (its client's deadline, a cancellation) before it
 		// was decided: it ends so, whatever the failure mode, so that a
