@@ -84,3 +84,68 @@ func TestInFlightAllowRelease(t *testing.T) {
 		}
 	})
 }
+
+// TestInFlightRenewal: a slot whose holder renews it outlives its lease;
+// one nobody renews frees a lease after its last renewal. The clock is
+// stepped (miniredis's TIME, or WithClock on Redis), the renewals ticked
+// by hand.
+func TestInFlightRenewal(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+		opts, set := b.clock(start)
+		ticks := make(chan time.Time)
+		renewed := make(chan int64, 1)
+		opts = append(opts, func(c *config) {
+			c.renewTicks = ticks
+			c.renewed = func(n int64, err error) {
+				if err != nil {
+					t.Error(err)
+				}
+				renewed <- n
+			}
+		})
+		lease := 3 * time.Second
+		l := mustNew(t, b.newClient(t), []Limit{InFlight(1, ClientIP()).with(func(l *Limit) { l.Window = lease })}, opts...)
+		defer l.Close()
+		ctx := context.Background()
+		allow := func() Result {
+			t.Helper()
+			res, err := l.Allow(ctx, []string{"a"}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res
+		}
+		held := allow()
+		now := start
+		for range 5 { // renewed every 2s: it outlives its 3s lease many times over
+			now = now.Add(2 * time.Second)
+			set(now)
+			ticks <- now
+			if n := <-renewed; n != 1 {
+				t.Fatalf("renewed %d slots, want 1", n)
+			}
+			if res := allow(); res.Allowed {
+				t.Fatalf("at %v a second request was admitted while the first renews its slot", now.Sub(start))
+			}
+		}
+		// A lease after the last renewal, not renewed since, it is free.
+		set(now.Add(lease - time.Millisecond))
+		if res := allow(); res.Allowed {
+			t.Fatal("admitted before the lease ended")
+		}
+		set(now.Add(lease + time.Millisecond))
+		res := allow()
+		if !res.Allowed {
+			t.Fatalf("not admitted a lease after the last renewal: %+v", res)
+		}
+		// The expired holder's release takes nothing from the new one.
+		if err := l.Release(ctx, held); err != nil {
+			t.Fatal(err)
+		}
+		if again := allow(); again.Allowed {
+			t.Fatal("an expired holder's release freed another's slot")
+		}
+		_ = l.Release(ctx, res)
+	})
+}
