@@ -1,7 +1,8 @@
 // Package grpcratelimit rate-limits gRPC calls with a [ratelimit.Limiter]:
 // the same limits, keys, per-route limits and failure modes as its HTTP
 // middleware, decided once per unary call and once per stream, when it
-// opens.
+// opens. A call's in-flight slots ([ratelimit.InFlight]) are held until its
+// handler returns, a stream's until it ends.
 //
 //	import grpcratelimit "github.com/slidinglog/ratelimit/adapters/grpc"
 //
@@ -67,7 +68,8 @@
 //   - denied: codes.ResourceExhausted, with an [errdetails.RetryInfo] whose
 //     delay is exactly when the call would fit (Retry-After is that delay
 //     rounded up to a second; there is none when the call's cost exceeds
-//     the quota, so that waiting never helps) and an
+//     the quota, so that waiting never helps, nor when an in-flight limit
+//     ([ratelimit.InFlight]) denied, which promises no time) and an
 //     [errdetails.QuotaFailure] with one violation for the limit that
 //     denied: its QuotaId is the policy name ("ip", or "ip.pro" for a
 //     client on a plan), its Subject "limit:" and that name, its
