@@ -3,6 +3,10 @@
 -- of it from one call to the next (exact.lua's BOUNDS keeps formatted
 -- numbers only).
 --
+-- An in-flight limit (inflight.lua) takes one slot of a request whatever
+-- its cost (inflight_cost), is decided at the request's time, and its
+-- reset is always NEVER; its stamp is the request's holder id.
+--
 -- A limit is decided at its log's time: the request's, or, if the log
 -- logged entries at a later time (a clock stepped back, two servers'
 -- clocks), the latest such time, even if a refund or rollback removed

@@ -38,7 +38,9 @@ const (
 // exact limits with no Redis, and the limiter decides with it under
 // FailLocal while Redis cannot. It applies the rules of the Lua code to
 // the requests of this process only, and a limit's block ends on this
-// process's wall clock. Its Decide never fails. A zero Local is a store
+// process's wall clock. Its Decide never fails, but for a query of an
+// in-flight limit without a holder id. An in-flight limit's slots live in
+// this process and never expire: Refund releases them. A zero Local is a store
 // with the default options; build one with [NewLocal] to set them. A
 // Local is safe for concurrent use.
 //
@@ -91,6 +93,10 @@ type localLog struct {
 	// blockWall on the wall clock, and at blockEnd on the decisions'
 	// clock; 0: none.
 	blockWall, blockEnd int64
+	// inflight: an in-flight limit's slots (Limit.InFlight), one run
+	// per slot, whose t is its holder id and n 1, in the order taken
+	// (see local_inflight.go).
+	inflight bool
 }
 
 // localRun is n entries of one time.
@@ -113,7 +119,7 @@ func (s *Local) Bytes() int64 { return s.bytes.Load() }
 // log may still be decided at: a unit before its time, for an exact log
 // is decided at now when now rounded up reaches its time.
 func (g *localLog) prune() {
-	if !g.logged {
+	if !g.logged || g.inflight {
 		return
 	}
 	i := 0
@@ -128,6 +134,9 @@ func (g *localLog) prune() {
 // expiry is when the log may be forgotten: when its time has left its
 // window (µs); every entry has then.
 func (g *localLog) expiry() int64 {
+	if g.inflight {
+		return inflightExpiry(g)
+	}
 	if !g.logged {
 		return g.blockEnd
 	}
@@ -208,9 +217,14 @@ func stamp(lim *Limit, now int64) (view, at int64) {
 }
 
 // Decide decides q in this process's logs, at q.Now (the wall clock if
-// 0), and logs the request if every enforced limit admits it. It never
-// fails.
+// 0), and logs the request if every enforced limit admits it: in an
+// in-flight limit, it holds a slot under q.Holder until Refund releases
+// it. It fails only for a query of an in-flight limit without a Holder
+// (not a peek).
 func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
+	if needsHolder(q) {
+		return errNoHolder
+	}
 	wall := time.Now().UnixMicro()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -241,9 +255,18 @@ func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
 		window := lim.Window.Microseconds()
 		sl.h = s.hash(q.Log(i))
 		g := s.logs[sl.h]
+		if g == nil && lim.InFlight {
+			g, sl.h = s.overflowSlotsLocked(q.Log(i), sl.h)
+		}
 		if g == nil {
 			g, sl.h, sl.made = s.placeLocked(q.Log(i), sl.h, made)
 			made += sl.made
+		}
+		if lim.InFlight {
+			if !s.inflightLocked(q, i, g, sl, now, out) && !lim.Shadow {
+				out.Allowed = false
+			}
+			continue
 		}
 		count, quota := int64(0), int64(q.Quota(i))
 		r := Reply{OK: true, Now: now, Reset: now}
@@ -294,7 +317,7 @@ func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
 		// last, or one whose cost never fits.
 		for i := range out.Replies {
 			r := &out.Replies[i]
-			if !r.OK || q.Limits[i].Shadow || r.Count+n <= int64(q.Quota(i)) && r.Block == 0 {
+			if !r.OK || q.Limits[i].Shadow || r.Count+slotCost(&q.Limits[i], n) <= int64(q.Quota(i)) && r.Block == 0 {
 				continue
 			}
 			if out.Denier < 0 || r.Reset == -1 || denierAt != -1 && r.Reset > denierAt {
@@ -307,7 +330,7 @@ func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	}
 	for i := range slots {
 		sl := &slots[i]
-		if sl.g == nil || q.Limits[i].Shadow && out.Replies[i].Count+n > int64(q.Quota(i)) {
+		if sl.g == nil || q.Limits[i].Shadow && out.Replies[i].Count+slotCost(&q.Limits[i], n) > int64(q.Quota(i)) {
 			out.Replies[i].Next = 0 // not counted, or a shadow limit without room: not logged
 			sl.g = nil
 			continue
@@ -325,6 +348,11 @@ func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
 		sl, lim := &slots[i], &q.Limits[i]
 		g := sl.g
 		if g == nil {
+			continue
+		}
+		if lim.InFlight {
+			s.holdLocked(g, q.Holder)
+			out.Replies[i].Next = int64(q.Holder)
 			continue
 		}
 		if out.Replies[i].Count == 0 {
@@ -479,7 +507,9 @@ func (s *Local) addLocked(g *localLog, at, n int64) {
 // the limit's overflow log if the identifier has no log of its own. The
 // logs' times stay: a refund never lets a log's time run backwards.
 // Entries a full store logged later than their request (see Local) are
-// not found, and stay counted.
+// not found, and stay counted. In an in-flight limit, stamps[i] is the
+// holder id (the Reply.Next of its decision): its slot is released,
+// whatever cost.
 func (s *Local) Refund(ids []LogID, stamps []int64, cost int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -492,10 +522,15 @@ func (s *Local) Refund(ids []LogID, stamps []int64, cost int) {
 		}
 		h := s.hash(id)
 		g := s.logs[h]
-		if g == nil {
-			if g = s.logs[s.overflowHash(id, h)]; g == nil {
+		if g == nil || g.inflight && !g.holds(stamps[i]) {
+			h = s.overflowHash(id, h)
+			if g = s.logs[h]; g == nil {
 				continue
 			}
+		}
+		if g.inflight {
+			s.releaseLocked(h, g, uint64(stamps[i]))
+			continue
 		}
 		for j := range g.runs {
 			if r := &g.runs[j]; r.t == stamps[i] {

@@ -25,6 +25,9 @@ type Limit struct {
 	Shadow   bool  // checked and reported, never denies
 	Global   bool  // counted by a Global key: its group comes last when split
 	Block    int64 // µs a denial blocks the client for (Limit.Block); 0: none
+	// InFlight: the limit counts requests in flight (see inflight.go):
+	// Quota is the cap, Window the lease; Unit is unused.
+	InFlight bool
 }
 
 // String describes the limit, for messages.
@@ -42,6 +45,12 @@ func (l Limit) String() string {
 	}
 	if l.Block > 0 {
 		s += fmt.Sprintf(" block=%dµs", l.Block)
+	}
+	if l.InFlight {
+		s = fmt.Sprintf("%s:inflight cap=%d lease=%dµs", l.Name, l.Quota, l.Window)
+		if l.Shadow {
+			s += " shadow"
+		}
 	}
 	return s
 }
@@ -218,6 +227,10 @@ type Verdict struct {
 	Remaining int
 	View, At  int64 // the log's time, and where the request is logged
 	Blocked   bool  // the limit blocks the client: it denies whatever its count
+	// InFlight: an in-flight limit's verdict (see inflight.go): Count is
+	// the slots held, Room room for one more; Reset and Latest are -1, as
+	// a store reports: no time is promised.
+	InFlight bool
 }
 
 // Judge decides a request of cost n at now in limit l with log g, before
@@ -266,6 +279,13 @@ type State struct {
 	// BlockSlack is how much of a block may have passed on the Redis
 	// clock, which the test's clocks do not drive, since it was set.
 	BlockSlack int64
+	// Held holds the slots of the in-flight limits (see inflight.go).
+	Held map[LogRef]Slots
+	// Holder is the holder id of the request Decide decides next, for its
+	// in-flight limits.
+	Holder uint64
+	// NoLease: slots never expire (store.Local).
+	NoLease bool
 }
 
 // Block is rule 6's verdict for limit i of a blocked client: it denies
@@ -396,7 +416,9 @@ func (s *State) Decide(keys, ids []string, n int, now int64, split, peek bool) O
 	var reserved []int // limits a split decision reserved the request in
 	rollBack := func() {
 		for _, i := range reserved {
-			s.Log(LogRef{i, ids[i]}).Touch(o.Limits[i].At)
+			if !s.Limits[i].InFlight { // a slot reserved is released: nothing of it stays
+				s.Log(LogRef{i, ids[i]}).Touch(o.Limits[i].At)
+			}
 		}
 	}
 	for _, g := range s.Groups(ids, split) {
@@ -414,6 +436,11 @@ func (s *State) Decide(keys, ids []string, n int, now int64, split, peek bool) O
 			if s.Limits[i].Quota == 0 {
 				continue // the client's plan does not count it here: not consulted
 			}
+			if s.Limits[i].InFlight {
+				o.Limits[i] = s.judgeSlots(i, ids[i], now, !peek)
+				denied = denied || !o.Limits[i].Room && !s.Limits[i].Shadow
+				continue
+			}
 			o.Limits[i] = s.Limits[i].Judge(s.Log(LogRef{i, ids[i]}), now, n)
 			if s.Blocked[LogRef{i, ids[i]}] {
 				s.Block(i, &o.Limits[i], s.Log(LogRef{i, ids[i]}), now)
@@ -427,7 +454,7 @@ func (s *State) Decide(keys, ids []string, n int, now int64, split, peek bool) O
 				// without room for the cost, block the client.
 				for _, i := range g {
 					v := &o.Limits[i]
-					if ref := (LogRef{i, ids[i]}); v.Consulted && s.Limits[i].Block > 0 && !v.Blocked && v.Count+n > s.Limits[i].Quota {
+					if ref := (LogRef{i, ids[i]}); v.Consulted && s.Limits[i].Block > 0 && !v.InFlight && !v.Blocked && v.Count+n > s.Limits[i].Quota {
 						s.Blocked[ref] = true
 						s.Block(i, v, s.Log(ref), now)
 					}
@@ -456,6 +483,10 @@ func (s *State) Decide(keys, ids []string, n int, now int64, split, peek bool) O
 		for i, id := range ids {
 			v := &o.Limits[i]
 			if !v.Room { // a shadow limit without room, or one not consulted
+				continue
+			}
+			if s.Limits[i].InFlight {
+				o.Placed = append(o.Placed, s.hold(i, id, v, now))
 				continue
 			}
 			s.Log(LogRef{i, id}).Add(v.At, n)

@@ -98,7 +98,7 @@ func (c *DenyCache) lookup(q *Query, hits []cachedDenial) int {
 	defer c.mu.RUnlock()
 	for i := range q.Keys {
 		e, ok := c.m[q.Log(i)]
-		if !ok || !q.Local.Before(e.until) || q.Cost <= e.remaining && e.block.IsZero() || q.Spec.Limits[i].Shadow ||
+		if !ok || !q.Local.Before(e.until) || q.Cost <= e.remaining && e.block.IsZero() || q.Spec.Limits[i].Shadow || q.Spec.Limits[i].InFlight ||
 			e.quota != q.Quota(i) {
 			hits[i] = cachedDenial{}
 			continue
@@ -132,7 +132,7 @@ const yieldEvery = 64
 // left with nothing remaining denies a cost of 1 until its oldest entry
 // leaves; for any other, a denial held for its log is dropped: its count
 // has fallen since (a rollback, a refund, a reset). Shadow limits are never
-// recorded.
+// recorded, nor in-flight limits: a release frees a slot at any moment.
 func (c *DenyCache) learn(q *Query, replies []Reply, logged bool, replied time.Time) {
 	if c == nil || c.MaxAge == 0 || !c.changes(q, replies, logged) {
 		return
@@ -142,7 +142,7 @@ func (c *DenyCache) learn(q *Query, replies []Reply, logged bool, replied time.T
 	defer c.mu.Unlock()
 	for i := range q.Keys {
 		r := replies[i]
-		if !r.OK || q.Spec.Limits[i].Shadow {
+		if !r.OK || q.Spec.Limits[i].Shadow || q.Spec.Limits[i].InFlight {
 			continue
 		}
 		id := q.Log(i)
@@ -219,7 +219,7 @@ func (c *DenyCache) changes(q *Query, replies []Reply, logged bool) bool {
 	defer c.mu.RUnlock()
 	for i := range q.Keys {
 		r := replies[i]
-		if !r.OK || q.Spec.Limits[i].Shadow {
+		if !r.OK || q.Spec.Limits[i].Shadow || q.Spec.Limits[i].InFlight {
 			continue
 		}
 		if _, full := fullness(r, int64(q.Quota(i)), int64(q.Cost), logged); full {

@@ -122,6 +122,7 @@ func (d *decision) groups(ctx context.Context, groups [][]int) (bool, error) {
 			// stays a denial if that fails: the rollback counts it.
 			stamps := func(i int) int64 { return d.out.Replies[i].Next }
 			d.out.Unreverted += d.rs.Rollbacks.Rollback(Reservations(q.Spec, q.Keys, groups[:k], q.Cost, stamps), q.Cost, q.Deadline)
+			q.Spec.dropSlots(groups[:k], d.out.Replies)
 			return false, err
 		}
 	}
