@@ -2,11 +2,15 @@ package ratelimit
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // TestInFlightConfig: New accepts an in-flight limit with its defaults
@@ -148,4 +152,64 @@ func TestInFlightRenewal(t *testing.T) {
 		}
 		_ = l.Release(ctx, res)
 	})
+}
+
+// TestInFlightFailLocal: with Redis down, FailLocal holds the slots in
+// this process: the cap holds, a release frees a slot, a refund does not;
+// and through Handler the slot frees when the handler returns. The same
+// with WithStore's Local.
+func TestInFlightFailLocal(t *testing.T) {
+	limits := []Limit{InFlight(2, Header("X-User")), PerMinute(100, Header("X-User"))}
+	for _, tc := range []struct {
+		name string
+		make func(t *testing.T, opts ...Option) *Limiter
+	}{
+		{"faillocal", func(t *testing.T, opts ...Option) *Limiter {
+			return failLocalLimiter(t, &testClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}, limits, opts...)
+		}},
+		{"local store", func(t *testing.T, opts ...Option) *Limiter {
+			local, err := store.NewLocal(store.LocalOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return mustNew(t, nil, limits, append([]Option{WithStore(local)}, opts...)...)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			released := make(chan error, 8)
+			l := tc.make(t, func(c *config) { c.released = func(err error) { released <- err } })
+			ctx := context.Background()
+			ids := []string{"u", "u"}
+			r1, _ := l.Allow(ctx, ids, 1)
+			r2, _ := l.Allow(ctx, ids, 1)
+			if !r1.Allowed || !r2.Allowed || r1.hold == nil || r1.hold.local == nil {
+				t.Fatalf("%+v %+v", r1, r2)
+			}
+			_ = l.Refund(ctx, r2)
+			if r3, _ := l.Allow(ctx, ids, 1); r3.Allowed || r3.DeniedBy != "header-inflight" {
+				t.Fatalf("a third in flight: %+v", r3)
+			}
+			if err := l.Release(ctx, r1); err != nil {
+				t.Fatal(err)
+			}
+			// Through Handler: the one free slot is held while the handler runs.
+			var inner Result
+			h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				inner, _ = l.Allow(ctx, ids, 1) // the handler's own request finds the cap full
+			}))
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest("GET", "/", nil)
+			req.Header.Set("X-User", "u")
+			h.ServeHTTP(rec, req)
+			if rec.Code != 200 || inner.Allowed {
+				t.Fatalf("status %d; inside the handler a request was admitted: %v", rec.Code, inner.Allowed)
+			}
+			if err := <-released; err != nil {
+				t.Fatal(err)
+			}
+			if r4, _ := l.Allow(ctx, ids, 1); !r4.Allowed {
+				t.Fatalf("after the handler returned: %+v", r4)
+			}
+		})
+	}
 }
