@@ -50,8 +50,11 @@ func (rs *ruleset) newHold(q *store.Query, out *store.Outcome, local *pubstore.L
 			h.tags = append(h.tags, q.Tags[i])
 		}
 	}
-	if h != nil && local == nil {
-		h.set.add(h)
+	if h != nil {
+		h.set.inflight.Add(1)
+		if local == nil {
+			h.set.add(h)
+		}
 	}
 	return h
 }
@@ -63,6 +66,7 @@ func (h *hold) release(ctx context.Context) error {
 	if h == nil || !h.released.CompareAndSwap(false, true) {
 		return nil
 	}
+	h.set.inflight.Add(-1)
 	stamps := make([]int64, len(h.idx))
 	for j := range stamps {
 		stamps[j] = int64(h.holder)
@@ -133,7 +137,9 @@ func (h *hold) leaveAsync() {
 	case set.releasing <- struct{}{}:
 	default:
 		set.remove(h) // no longer renewed: it frees within its lease
-		h.released.Store(true)
+		if h.released.CompareAndSwap(false, true) {
+			set.inflight.Add(-1)
+		}
 		set.warn("ratelimit: too many in-flight releases under way; a slot frees within its lease", nil)
 		return
 	}
@@ -166,6 +172,9 @@ type holdSet struct {
 
 	mu   sync.Mutex
 	held map[*hold]struct{}
+	// inflight counts the requests holding slots, in Redis or in this
+	// process's store (Inspector.InFlight).
+	inflight atomic.Int64
 
 	releasing chan struct{}
 	failing   atomic.Bool // the last renewal failed, and it was logged

@@ -22,6 +22,10 @@
 //	ratelimit.decision.duration  Float64Histogram s: decision latency
 //	ratelimit.breaker.open       Int64ObservableGauge 1: 1 while a circuit
 //	    breaker of a watched limiter is open, else 0
+//	ratelimit.inflight           Int64ObservableGauge {request}: requests
+//	    holding in-flight slots ([ratelimit.InFlight]) through the watched
+//	    limiters in this process ([ratelimit.Inspector.InFlight]),
+//	    reported from the first collection that finds a slot held
 //	ratelimit.unreverted         Int64ObservableCounter {unit}: units of
 //	    cost the watched limiters left counted in Redis for requests they did
 //	    not admit ([ratelimit.Inspector.Unreverted])
@@ -135,6 +139,9 @@ type Metrics struct {
 	mu       sync.Mutex
 	limiters []watchedLimiter
 	gone     uint64 // units left counted by watched limiters that are gone
+	// inflightSeen: a collection found an in-flight slot held; the gauge
+	// is reported from then on.
+	inflightSeen atomic.Bool
 }
 
 // watchedLimiter is a watched Limiter, held weakly so that watching does
@@ -196,8 +203,9 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	m := &Metrics{extra: cfg.attrs}
 	var (
 		breaker    metric.Int64ObservableGauge
+		inflight   metric.Int64ObservableGauge
 		unreverted metric.Int64ObservableCounter
-		errs       [5]error
+		errs       [6]error
 	)
 	m.requests, errs[0] = meter.Int64Counter("ratelimit.requests",
 		metric.WithUnit("{request}"),
@@ -212,6 +220,9 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	unreverted, errs[3] = meter.Int64ObservableCounter("ratelimit.unreverted",
 		metric.WithUnit("{unit}"),
 		metric.WithDescription("Units of cost left counted in Redis for requests that were not admitted, because Redis could not take them back."))
+	inflight, errs[5] = meter.Int64ObservableGauge("ratelimit.inflight",
+		metric.WithUnit("{request}"),
+		metric.WithDescription("Requests holding in-flight slots through the watched limiters, in this process."))
 	m.warnings, errs[4] = meter.Int64Counter("ratelimit.warnings",
 		metric.WithUnit("{warning}"),
 		metric.WithDescription("Mistakes the limiters reported (untrusted_proxy, routes_unseen), once each per limiter."))
@@ -223,8 +234,12 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 		open, units := m.watched()
 		o.ObserveInt64(breaker, open, observe...)
 		o.ObserveInt64(unreverted, units, observe...)
+		if n := m.inflightRequests(); n > 0 || m.inflightSeen.Load() {
+			m.inflightSeen.Store(true) // reported from the first slot held on
+			o.ObserveInt64(inflight, n, observe...)
+		}
 		return nil
-	}, breaker, unreverted); err != nil {
+	}, breaker, unreverted, inflight); err != nil {
 		return nil, fmt.Errorf("ratelimitotel: %w", err)
 	}
 	m.record = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(cfg.attrs...))}
@@ -262,6 +277,19 @@ func (m *Metrics) ObserveWarning(w ratelimit.Warning) {
 	}
 	kvs := append(m.extra[:len(m.extra):len(m.extra)], WarningKey.String(string(w)))
 	m.warnings.Add(context.Background(), 1, metric.WithAttributeSet(attribute.NewSet(kvs...)))
+}
+
+// inflightRequests sums the watched limiters' requests in flight.
+func (m *Metrics) inflightRequests() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var n int64
+	for _, w := range m.limiters {
+		if l := w.l.Value(); l != nil {
+			n += int64(l.Inspect().InFlight())
+		}
+	}
+	return n
 }
 
 // watched returns the state of the watched limiters: 1 if a breaker is
