@@ -600,3 +600,18 @@ func grow[T any](sl []T, n int) []T {
 	clear(sl)
 	return sl
 }
+
+// inflightRank orders the limits a Result's Limit, Remaining and Reset
+// (and the X-RateLimit headers) may describe, the lowest first: an
+// enforced rate limit, an enforced in-flight limit, a shadow limit. An
+// in-flight limit is described when it denied, or when no rate limit was
+// consulted.
+func inflightRank(lr *LimitResult) int {
+	switch {
+	case lr.Shadow:
+		return 2
+	case lr.InFlight:
+		return 1
+	}
+	return 0
+}

@@ -43,6 +43,10 @@ func TestInFlightConfig(t *testing.T) {
 			t.Errorf("%+v: error %v, want one that says %q", tc.lim, err, tc.want)
 		}
 	}
+	// A store of WithStore other than a Local cannot release slots.
+	if _, err := New(nil, []Limit{InFlight(3, ClientIP())}, WithStore(decideOnlyStore{})); err == nil || !strings.Contains(err.Error(), "cannot release") {
+		t.Errorf("in-flight limits on a store that cannot release them: %v", err)
+	}
 	// Two in-flight limits of one key are two names: a name is a definition.
 	if _, err := New(c, []Limit{InFlight(3, ClientIP()), InFlight(4, ClientIP())}); err == nil {
 		t.Error("two unnamed in-flight limits of one key: no error")
@@ -213,3 +217,8 @@ func TestInFlightFailLocal(t *testing.T) {
 		})
 	}
 }
+
+// decideOnlyStore is a store of WithStore that is not a store.Local.
+type decideOnlyStore struct{}
+
+func (decideOnlyStore) Decide(context.Context, *store.Query, *store.Outcome) error { return nil }

@@ -375,3 +375,83 @@ func (r routeNames) add(limits []Limit, template string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// Leases of an in-flight limit's slots (see InFlight).
+const (
+	defaultLease = 30 * time.Second
+	minLease     = time.Second
+)
+
+// InFlight returns a Limit that caps the requests of each identifier key
+// yields that are in flight at once, across every replica that shares the
+// limit's name and Redis: a request takes one slot, whatever its cost,
+// and frees it when it ends (when the handler returns, streams and
+// hijacked connections included; for [Limiter.Allow], at
+// [Limiter.Release]). Its default name is the key's and "-inflight", such
+// as "user-inflight":
+//
+//	ratelimit.InFlight(20, ratelimit.User(userOf)) // 20 requests of a user at once
+//
+// The limit is decided in the same atomic call as the rate limits: a
+// request is admitted only if every limit admits it. A denial answers 429
+// without Retry-After, as no time can be promised ([Result].RetryAfter is
+// 0, DeniedBy names the limit).
+//
+// Window is the lease of a slot: 30 seconds by default, at least 1s. A
+// Limiter renews the slots it holds every lease/3; a slot whose holder
+// stopped renewing it (a replica that was killed) frees by itself at most
+// one lease after its last renewal. Plans ([Limit.Tiered]) and
+// [Limit.Shadowed] work as on a rate limit (a shadow in-flight limit
+// takes a slot only where there is room); [New] refuses Precision and
+// BlockFor on it. Under FailLocal, the slots of requests decided in this
+// process live in this process. See docs/limits.md (in-flight limits).
+func InFlight(max int, key Key) Limit {
+	return Limit{Quota: max, Window: defaultLease, Key: key, InFlight: true}
+}
+
+// validateInFlight reports what is wrong with l, an in-flight limit,
+// beyond what every limit checks.
+func (l Limit) validateInFlight() []error {
+	var errs []error
+	if l.Window < minLease {
+		errs = append(errs, fmt.Errorf("lease (Window) %v of an in-flight limit: must be at least %v", l.Window, minLease))
+	}
+	if l.Precision != 0 {
+		errs = append(errs, errors.New("an in-flight limit counts requests in flight, not in buckets: leave Precision zero"))
+	}
+	if l.BlockFor != 0 {
+		errs = append(errs, errors.New("an in-flight limit cannot block (BlockFor): a slot frees when a request ends, so a block would refuse a client with room"))
+	}
+	return errs
+}
+
+// inflightKind is the kind segment of an in-flight limit's Redis keys,
+// and its kind in the operator's declarations: the kind of its Key under
+// "inflight.", which no Key's kind begins with, so that its slots never
+// share a key with a log.
+func inflightKind(kind string) string { return "inflight." + kind }
+
+// inflightPolicy is the RateLimit-Policy item of an in-flight limit's
+// policy name of cap: a quota in the draft's "concurrent-requests" unit,
+// without a window.
+func inflightPolicy(name string, limit int) string {
+	return strconv.Quote(name) + ";q=" + strconv.Itoa(limit) + `;qu="concurrent-requests"`
+}
+
+// kind returns the kind segment of l's Redis keys and declarations: its
+// Key's kind, or inflightKind of it for an in-flight limit.
+func (l *Limit) kind() string {
+	if l.InFlight {
+		return inflightKind(l.Key.kindOf())
+	}
+	return l.Key.kindOf()
+}
+
+// policyWindow is the window of l's policies in RateLimit-Policy: its
+// Window, or 0 for an in-flight limit, whose policy has none.
+func (l *Limit) policyWindow() time.Duration {
+	if l.InFlight {
+		return 0
+	}
+	return l.Window
+}

@@ -824,3 +824,50 @@ func (rs *ruleset) overridden(quotas map[[2]string]int) *ruleset {
 	p.spec = spec
 	return p
 }
+
+// inflightLimits reports whether l or one of its routes has an in-flight
+// limit, and returns the shortest lease among them.
+func (l *Limiter) inflightLimits() (has bool, shortest time.Duration) {
+	l.eachRuleset(func(p *ruleset) {
+		for i := range p.limits {
+			if lim := &p.limits[i]; lim.InFlight {
+				if !has || lim.Window < shortest {
+					shortest = lim.Window
+				}
+				has = true
+			}
+		}
+	})
+	return has, shortest
+}
+
+// checkInFlightStore reports in-flight limits on a store that cannot
+// release their slots: one WithStore gave, other than a store.Local.
+func (l *Limiter) checkInFlightStore() error {
+	if _, local := l.cfg.store.(*pubstore.Local); !local && l.cfg.store != nil {
+		if has, _ := l.inflightLimits(); has {
+			return errors.New("in-flight limits need Redis or a store.Local: the store WithStore gave cannot release their slots")
+		}
+	}
+	return nil
+}
+
+// startRenewal makes l's set of in-flight slots, if l has in-flight limits,
+// and starts the goroutine that renews the slots held in Redis every
+// lease/3 of the shortest lease. The goroutine refers to l only weakly:
+// it ends with Close, or at its next tick once l is collected.
+func (l *Limiter) startRenewal() {
+	has, shortest := l.inflightLimits()
+	if !has {
+		return
+	}
+	set := &holdSet{timeout: l.cfg.timeout, now: l.cfg.clock, logger: l.cfg.logger, every: shortest / 3,
+		held: map[*hold]struct{}{}, releasing: make(chan struct{}, maxReleases), ticks: l.cfg.renewTicks, renewed: l.cfg.renewed, released: l.cfg.released}
+	l.holds = set
+	if l.redis == nil {
+		return // WithStore's Local: its slots live in this process, unrenewed
+	}
+	set.lib = l.redis.Lib
+	w := weak.Make(l)
+	set.start(func() bool { return w.Value() != nil })
+}
