@@ -2,9 +2,11 @@ package ratelimit
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -222,3 +224,60 @@ func TestInFlightFailLocal(t *testing.T) {
 type decideOnlyStore struct{}
 
 func (decideOnlyStore) Decide(context.Context, *store.Query, *store.Outcome) error { return nil }
+
+// TestInFlightRenewalFails: a renewal that cannot reach Redis is logged
+// once and tried again at the next tick, which renews the slot once Redis
+// is back.
+func TestInFlightRenewalFails(t *testing.T) {
+	mr := miniredis.RunT(t)
+	ticks := make(chan time.Time)
+	type renewal struct {
+		n   int64
+		err error
+	}
+	renewed := make(chan renewal, 1)
+	var logs strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	l := mustNew(t, backend{mr: mr}.newClient(t), []Limit{InFlight(1, ClientIP())}, WithLogger(logger, false),
+		func(c *config) {
+			c.renewTicks = ticks
+			c.renewed = func(n int64, err error) { renewed <- renewal{n, err} }
+		})
+	defer l.Close()
+	res, err := l.Allow(context.Background(), []string{"a"}, 1)
+	if err != nil || !res.Allowed {
+		t.Fatal(res, err)
+	}
+	addr := mr.Addr()
+	mr.Close()
+	for range 2 {
+		ticks <- time.Now()
+		if r := <-renewed; r.err == nil {
+			t.Fatal("a renewal with Redis down succeeded")
+		}
+	}
+	if err := mr.StartAddr(addr); err != nil {
+		t.Fatal(err)
+	}
+	ticks <- time.Now()
+	if r := <-renewed; r.err != nil || r.n != 1 {
+		t.Fatalf("with Redis back: renewed %d, %v; want 1", r.n, r.err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := strings.Count(logs.String(), "cannot renew in-flight slots"); n != 1 {
+		t.Fatalf("the failing renewals were logged %d times, want once:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "renew again") {
+		t.Fatalf("the recovery was not logged:\n%s", logs.String())
+	}
+}
+
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
