@@ -103,7 +103,10 @@ func headerID(h http.Header) uintptr {
 }
 
 // Leave ends the pass Enter began. It does nothing for a later pass, so
-// that an adapter defers it whatever Enter returned.
+// that an adapter defers it whatever Enter returned. The first pass's
+// Leave releases, in the background, the in-flight slots ([InFlight]) the
+// passes over the request took: an adapter defers it until the rest of
+// the chain has served the request.
 func (p Pass) Leave() {
 	if !p.first {
 		return
