@@ -42,7 +42,9 @@ type Limit struct {
 	// the quota (see the README for figures).
 	Quota int
 	// Window is the length of the sliding window, at least 1ms. Windows are
-	// kept at microsecond precision on the Redis clock.
+	// kept at microsecond precision on the Redis clock. For an in-flight
+	// limit ([InFlight]) it is the lease of a slot: 30s when zero, at
+	// least 1s.
 	Window time.Duration
 	// Key says what the limit counts by: [ClientIP], [User], [Route],
 	// [Global], [Compose]... It is required.
