@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 
+	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/store"
 )
 
@@ -281,3 +283,79 @@ func TestInFlightRenewalFails(t *testing.T) {
 type writerFunc func(p []byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestInFlightConcurrent: goroutines that take slots with Allow, hold
+// them a drawn while and Release them never hold more than the cap at
+// once, per user and in all (a Global in-flight limit, in another hash
+// slot on a Cluster, whose rollbacks take a denied request's slots back),
+// and every slot is free at the end. A goroutine's count of the slots it
+// holds is never above what the store holds, so it cannot hide an
+// over-admission.
+func TestInFlightConcurrent(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		b    func(t *testing.T) backend
+	}{
+		{"miniredis", func(t *testing.T) backend { return backend{mr: miniredis.RunT(t)} }},
+		{"redis", func(t *testing.T) backend { return backend{srv: redistest.Start(t)} }},
+		{"cluster", func(t *testing.T) backend { return backend{cluster: redistest.StartCluster(t, 3, 0)} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			seed := rand.Uint64()
+			t.Logf("seed %d", seed)
+			rng := rand.New(rand.NewPCG(seed, 0))
+			userCap, globalCap := 1+rng.IntN(3), 2+rng.IntN(4)
+			l := mustNew(t, tc.b(t).newClient(t), []Limit{InFlight(userCap, Header("X-User")), InFlight(globalCap, Global()).Named("all")})
+			defer l.Close()
+			users := []string{"ann", "bob", "cy"}
+			var mu sync.Mutex
+			held := map[string]int{}
+			total, admitted := 0, 0
+			var wg sync.WaitGroup
+			for g := range 6 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := rand.New(rand.NewPCG(seed, uint64(g+1)))
+					for range 30 {
+						u := users[r.IntN(len(users))]
+						res, err := l.Allow(context.Background(), []string{u, GlobalID}, 1+r.IntN(5))
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if !res.Allowed {
+							continue
+						}
+						mu.Lock()
+						held[u]++
+						total++
+						admitted++
+						if held[u] > userCap || total > globalCap {
+							t.Errorf("seed %d: %s holds %d of %d, %d of %d in all", seed, u, held[u], userCap, total, globalCap)
+						}
+						mu.Unlock()
+						time.Sleep(time.Duration(r.IntN(3)) * time.Millisecond) // the request's work
+						mu.Lock()
+						held[u]--
+						total--
+						mu.Unlock()
+						if err := l.Release(context.Background(), res); err != nil {
+							t.Error(err)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			t.Logf("%d admitted of 180, caps %d per user and %d in all", admitted, userCap, globalCap)
+			if admitted < globalCap {
+				t.Fatalf("only %d admitted", admitted)
+			}
+			for _, u := range users {
+				if res, err := l.Status(context.Background(), []string{u, GlobalID}, 1); err != nil || res.Limits[0].Remaining != userCap || res.Limits[1].Remaining != globalCap {
+					t.Fatalf("slots left held at the end: %+v %v", res.Limits, err)
+				}
+			}
+		})
+	}
+}
