@@ -64,6 +64,9 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 		q.Quotas = s.quotas
 	}
 	q.Keys, q.Tags = rs.keys(s, fromKeys)
+	if len(rs.spec.InFlight) > 0 && !peek {
+		q.Holder = newHolder()
+	}
 	out := &s.out
 	out.Reset(s.replies(len(rs.limits)))
 	err := rs.store.Decide(ctx, q, out)
@@ -72,6 +75,13 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	}
 	res := rs.result(s, out, cost, peek)
 	rs.reportShadowBlocks(s, &res)
+	if len(rs.spec.InFlight) > 0 && (err == nil || out.Local) && out.Allowed && !peek {
+		var local *pubstore.Local
+		if out.Local || rs.decidesLocally() {
+			local = rs.local
+		}
+		res.hold = rs.newHold(q, out, local)
+	}
 	if (err == nil || out.Local) && out.Allowed && !peek && s.wantTicket && (rs.redis != nil || out.Local || rs.decidesLocally()) {
 		t := &ticket{rs: rs.redis, denies: rs.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
 			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout, clock: rs.cfg.clock, settled: &rs.settled,
@@ -83,7 +93,9 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 			t.local = rs.local
 		}
 		for i := range t.stamps {
-			t.stamps[i] = out.Replies[i].Next
+			if !rs.spec.Limits[i].InFlight { // a refund never releases a slot
+				t.stamps[i] = out.Replies[i].Next
+			}
 		}
 		res.ticket = t
 	}
@@ -356,10 +368,14 @@ func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) R
 			lr.Skipped = true
 			continue
 		}
-		lr.Denied = r.Count+int64(cost) > int64(lr.Quota)
+		units := int64(cost)
+		if lim.InFlight {
+			units = 1 // a request holds one slot whatever its cost
+		}
+		lr.Denied = r.Count+units > int64(lr.Quota)
 		used := r.Count
 		if out.Allowed && !peek && !lr.Denied { // a shadow limit without room logged nothing
-			used += int64(cost)
+			used += units
 		}
 		lr.Remaining = int(max(int64(lr.Quota)-used, 0))
 		if r.Block != 0 {
@@ -368,10 +384,13 @@ func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) R
 		if r.Reset == -1 { // the cost can never fit: the log is empty a window from now at the latest
 			r.Reset = r.Now + lim.Window.Microseconds()
 		}
-		lr.Reset = time.UnixMicro(r.Reset)
-		// The headers describe an enforced limit if there is one.
+		if !lim.InFlight { // a slot frees when a request ends: no time can be promised
+			lr.Reset = time.UnixMicro(r.Reset)
+		}
+		// The headers describe an enforced limit if there is one, a rate
+		// limit if there is one (see inflightRank).
 		if c := &res.Limits[max(closest, 0)]; closest < 0 ||
-			!lr.Shadow && c.Shadow || lr.Shadow == c.Shadow && closer(lr, c) {
+			inflightRank(lr) < inflightRank(c) || inflightRank(lr) == inflightRank(c) && closer(lr, c) {
 			closest = i
 		}
 	}
@@ -379,7 +398,7 @@ func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) R
 		closest = out.Denier
 		res.DeniedBy = rs.limits[closest].Name
 		res.Blocked = !res.Limits[closest].Blocked.IsZero() // a Limit.Block's
-		if cost <= res.Limits[closest].Quota {
+		if cost <= res.Limits[closest].Quota && !res.Limits[closest].InFlight {
 			res.RetryAfter = max(res.Limits[closest].Reset.Sub(res.Now), 0)
 		}
 	}
@@ -549,4 +568,19 @@ func grow[T any](sl []T, n int) []T {
 	sl = sl[:n]
 	clear(sl)
 	return sl
+}
+
+// inflightRank orders the limits a Result's Limit, Remaining and Reset
+// (and the X-RateLimit headers) may describe, the lowest first: an
+// enforced rate limit, an enforced in-flight limit, a shadow limit. An
+// in-flight limit is described when it denied, or when no rate limit was
+// consulted.
+func inflightRank(lr *LimitResult) int {
+	switch {
+	case lr.Shadow:
+		return 2
+	case lr.InFlight:
+		return 1
+	}
+	return 0
 }

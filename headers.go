@@ -44,10 +44,13 @@ func (rs *ruleset) writeHeaders(h http.Header, res *Result) {
 	}
 	enforced := !res.Limits[res.index].Shadow // else only shadow limits were consulted
 	if rs.cfg.headers&HeadersXRateLimit != 0 && enforced {
-		reset := resetSeconds(res.Reset)
 		h[hdrLimit] = rs.limits[res.index].tiers[res.Limits[res.index].tier].limitHdr
 		h[hdrRemaining] = headerNumber(int64(res.Remaining))
-		h[hdrReset] = headerNumber(reset)
+		if res.Limits[res.index].InFlight {
+			delete(h, hdrReset) // an in-flight limit promises no time
+		} else {
+			h[hdrReset] = headerNumber(resetSeconds(res.Reset))
+		}
 	}
 	if rs.cfg.headers&HeadersIETF != 0 {
 		var buf [256]byte // most headers fit: one allocation, the string
@@ -67,8 +70,10 @@ func (rs *ruleset) writeHeaders(h http.Header, res *Result) {
 			b = append(b, rs.limits[i].tiers[lr.tier].quotedName...)
 			b = append(b, ";r="...)
 			b = strconv.AppendInt(b, int64(lr.Remaining), 10)
-			b = append(b, ";t="...)
-			b = strconv.AppendInt(b, ceilSeconds(lr.Reset.Sub(res.Now)), 10)
+			if !lr.InFlight { // an in-flight limit promises no time
+				b = append(b, ";t="...)
+				b = strconv.AppendInt(b, ceilSeconds(lr.Reset.Sub(res.Now)), 10)
+			}
 		}
 		if len(b) > 0 {
 			h[hdrRateLimit] = []string{string(b)}
@@ -265,9 +270,12 @@ func ProblemDetails(w http.ResponseWriter, _ *http.Request, res Result) {
 			body.Violated = append(body.Violated, lr.policyName())
 		}
 	}
-	if res.RetryAfter > 0 {
+	switch {
+	case res.RetryAfter > 0:
 		body.Detail = "Retry in " + strconv.FormatInt(ceilSeconds(res.RetryAfter), 10) + " seconds."
-	} else {
+	case res.index >= 0 && res.index < len(res.Limits) && res.Limits[res.index].InFlight:
+		body.Detail = "Too many requests in flight: retry once one of them ends."
+	default:
 		body.Detail = "The request costs more than the quota allows."
 	}
 	h := w.Header()

@@ -42,7 +42,9 @@ type Limit struct {
 	// the quota (see the README for figures).
 	Quota int
 	// Window is the length of the sliding window, at least 1ms. Windows are
-	// kept at microsecond precision on the Redis clock.
+	// kept at microsecond precision on the Redis clock. For an in-flight
+	// limit ([InFlight]) it is the lease of a slot: 30s when zero, at
+	// least 1s.
 	Window time.Duration
 	// Key says what the limit counts by: [ClientIP], [User], [Route],
 	// [Global], [Compose]... It is required.
@@ -60,6 +62,10 @@ type Limit struct {
 	// denies it ([Limit.Block]): from 1ms to 30 days. Default: zero, no
 	// block.
 	BlockFor time.Duration
+	// InFlight makes the limit cap the requests in flight at once instead
+	// of a rate ([InFlight]): Quota is the cap per identifier, Window the
+	// lease of a slot (see InFlight). Default: false, a rate limit.
+	InFlight bool
 
 	defaulted bool // Name was given by the library, not by the user
 }
@@ -239,6 +245,9 @@ func (l Limit) defaultName() string {
 	if len(key) == 0 {
 		key = []byte("limit")
 	}
+	if l.InFlight {
+		return string(key) + "-inflight"
+	}
 	return string(key) + "-per-" + formatWindow(l.Window)
 }
 
@@ -272,7 +281,7 @@ func (l Limit) validate() error {
 	}
 	check(l.Quota < 1, "quota %d: must be at least 1", l.Quota)
 	check(l.Quota > maxQuota, "quota %d: must be at most %d", l.Quota, maxQuota)
-	check(l.Window < time.Millisecond, "window %v: must be at least 1ms", l.Window)
+	check(l.Window < time.Millisecond && !l.InFlight, "window %v: must be at least 1ms", l.Window)
 	check(l.Window > 366*24*time.Hour, "window %v: must be at most 366 days", l.Window)
 	check(l.Key.fn == nil && l.Key.err == nil, "no key: say what the limit counts by (ClientIP(), User(...), Global(), ...)")
 	if l.Key.err != nil {
@@ -287,6 +296,9 @@ func (l Limit) validate() error {
 		"block %v: must be 0 (no block) or from 1ms to %v", l.BlockFor, maxBlock)
 	check(l.BlockFor > 0 && l.Shadow, "block %v: a shadow limit never denies, so it cannot block", l.BlockFor)
 	check(l.BlockFor > 0 && l.Key.global, "block %v: a Global limit counts every client together: its block would block them all", l.BlockFor)
+	if l.InFlight {
+		errs = append(errs, l.validateInFlight()...)
+	}
 	check(!validName(l.Name), "name %q: use 1 to %d ASCII letters, digits, '-', '_' or '.'", l.Name, maxNameLen)
 	if l.Plans.set() {
 		errs = append(errs, l.Plans.validate()...)
@@ -364,4 +376,84 @@ func (r routeNames) add(limits []Limit, template string) error {
 		r[lim.Name] = template
 	}
 	return errors.Join(errs...)
+}
+
+// Leases of an in-flight limit's slots (see InFlight).
+const (
+	defaultLease = 30 * time.Second
+	minLease     = time.Second
+)
+
+// InFlight returns a Limit that caps the requests of each identifier key
+// yields that are in flight at once, across every replica that shares the
+// limit's name and Redis: a request takes one slot, whatever its cost,
+// and frees it when it ends (when the handler returns, streams and
+// hijacked connections included; for [Limiter.Allow], at
+// [Limiter.Release]). Its default name is the key's and "-inflight", such
+// as "user-inflight":
+//
+//	ratelimit.InFlight(20, ratelimit.User(userOf)) // 20 requests of a user at once
+//
+// The limit is decided in the same atomic call as the rate limits: a
+// request is admitted only if every limit admits it. A denial answers 429
+// without Retry-After, as no time can be promised ([Result].RetryAfter is
+// 0, DeniedBy names the limit).
+//
+// Window is the lease of a slot: 30 seconds by default, at least 1s. A
+// Limiter renews the slots it holds every lease/3; a slot whose holder
+// stopped renewing it (a replica that was killed) frees by itself at most
+// one lease after its last renewal. Plans ([Limit.Tiered]) and
+// [Limit.Shadowed] work as on a rate limit (a shadow in-flight limit
+// takes a slot only where there is room); [New] refuses Precision and
+// BlockFor on it. Under FailLocal, the slots of requests decided in this
+// process live in this process. See docs/limits.md (in-flight limits).
+func InFlight(max int, key Key) Limit {
+	return Limit{Quota: max, Window: defaultLease, Key: key, InFlight: true}
+}
+
+// validateInFlight reports what is wrong with l, an in-flight limit,
+// beyond what every limit checks.
+func (l Limit) validateInFlight() []error {
+	var errs []error
+	if l.Window < minLease {
+		errs = append(errs, fmt.Errorf("lease (Window) %v of an in-flight limit: must be at least %v", l.Window, minLease))
+	}
+	if l.Precision != 0 {
+		errs = append(errs, errors.New("an in-flight limit counts requests in flight, not in buckets: leave Precision zero"))
+	}
+	if l.BlockFor != 0 {
+		errs = append(errs, errors.New("an in-flight limit cannot block (BlockFor): a slot frees when a request ends, so a block would refuse a client with room"))
+	}
+	return errs
+}
+
+// inflightKind is the kind segment of an in-flight limit's Redis keys,
+// and its kind in the operator's declarations: the kind of its Key under
+// "inflight.", which no Key's kind begins with, so that its slots never
+// share a key with a log.
+func inflightKind(kind string) string { return "inflight." + kind }
+
+// inflightPolicy is the RateLimit-Policy item of an in-flight limit's
+// policy name of cap: a quota in the draft's "concurrent-requests" unit,
+// without a window.
+func inflightPolicy(name string, limit int) string {
+	return strconv.Quote(name) + ";q=" + strconv.Itoa(limit) + `;qu="concurrent-requests"`
+}
+
+// kind returns the kind segment of l's Redis keys and declarations: its
+// Key's kind, or inflightKind of it for an in-flight limit.
+func (l *Limit) kind() string {
+	if l.InFlight {
+		return inflightKind(l.Key.kindOf())
+	}
+	return l.Key.kindOf()
+}
+
+// policyWindow is the window of l's policies in RateLimit-Policy: its
+// Window, or 0 for an in-flight limit, whose policy has none.
+func (l *Limit) policyWindow() time.Duration {
+	if l.InFlight {
+		return 0
+	}
+	return l.Window
 }

@@ -79,6 +79,9 @@ type Limiter struct {
 	opsRun   *opsRunner
 	// settled counts the units settles took back and logged.
 	settled settleCounts
+	// holds are the in-flight slots l holds, which it renews and
+	// releases (see inflight_hold.go); nil if l has no in-flight limit.
+	holds *holdSet
 	// closed: Close was called; the names it used are free for another
 	// definition (see claimNames).
 	closed *atomic.Bool
@@ -128,7 +131,7 @@ type routeRules struct {
 // result is the part of a LimitResult that the limit itself gives, for a
 // client of its tier t.
 func (lim *compiledLimit) result(t int) LimitResult {
-	return LimitResult{Name: lim.Name, Plan: lim.tiers[t].plan, Quota: lim.tiers[t].quota, Window: lim.Window, Shadow: lim.Shadow, tier: t}
+	return LimitResult{Name: lim.Name, Plan: lim.tiers[t].plan, Quota: lim.tiers[t].quota, Window: lim.Window, Shadow: lim.Shadow, InFlight: lim.InFlight, tier: t}
 }
 
 type compiledLimit struct {
@@ -213,6 +216,9 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	if err := l.buildRoutes(split); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
+	if err := l.checkInFlightStore(); err != nil {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+	}
 	if err := checkRoutesFrom(cfg.routes, cfg.routesFrom); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
@@ -226,6 +232,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	}
 	l.routerIP = l.countsByRouterIP()
 	l.startOperatorRefresh()
+	l.startRenewal()
 	for _, o := range cfg.observers {
 		if w, ok := o.(LimiterWatcher); ok {
 			w.Watch(l)
@@ -268,6 +275,9 @@ func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bo
 	defaulted := make(map[string]bool, len(limits))
 	policyNames := make(map[string]struct{}, len(limits))
 	for i, lim := range limits {
+		if lim.InFlight && lim.Window == 0 {
+			lim.Window = defaultLease
+		}
 		if lim.Name == "" {
 			lim.Name, lim.defaulted = lim.defaultName(), true
 		}
@@ -296,7 +306,7 @@ func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bo
 			policyNames[t.quotedName] = struct{}{}
 		}
 		p.limits = append(p.limits, c)
-		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Skipped: true})
+		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, InFlight: lim.InFlight, Skipped: true})
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -324,7 +334,7 @@ func (l *Limiter) compileLimit(lim Limit) compiledLimit {
 	if l.cfg.singleSlot {
 		prefix += "{" + singleSlotTag + "}"
 	}
-	head := keyHead(prefix, lim.Name, lim.Key.kindOf(), lim.Precision > 0)
+	head := keyHead(prefix, lim.Name, lim.kind(), lim.Precision > 0)
 	tiers, tierOf := tiersOf(&lim)
 	c := compiledLimit{Limit: lim, head: head, bucketed: lim.Precision > 0, tiers: tiers, tierOf: tierOf}
 	if lim.Plans.Cache > 0 {
@@ -437,7 +447,10 @@ func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
 	for i := range limits {
 		lim := &limits[i]
 		public[i] = pubstore.Limit{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Block: lim.BlockFor,
-			Unit: time.Duration(timeUnit(lim.Window)) * time.Microsecond}
+			Unit: time.Duration(timeUnit(lim.Window)) * time.Microsecond, InFlight: lim.InFlight}
+		if lim.InFlight {
+			public[i].Unit = 0 // a slot's lease is kept to the microsecond
+		}
 		if lim.bucketed {
 			public[i].Bucketed, public[i].Unit, public[i].Field = true, lim.Precision, lim.Name
 		}
@@ -789,7 +802,7 @@ func (rs *ruleset) overridden(quotas map[[2]string]int) *ruleset {
 			if tr.plan != "" {
 				name += "." + tr.plan
 			}
-			tiers[t] = newTier(tr.plan, name, q, lim.Window)
+			tiers[t] = newTier(tr.plan, name, q, lim.policyWindow())
 		}
 		if tiers != nil {
 			lim.tiers, lim.Quota, changed = tiers, tiers[0].quota, true
@@ -803,7 +816,7 @@ func (rs *ruleset) overridden(quotas map[[2]string]int) *ruleset {
 	for i := range limits {
 		lim := &limits[i]
 		tiers[i] = lim.tiers
-		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Skipped: true})
+		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, InFlight: lim.InFlight, Skipped: true})
 	}
 	p.noKey = noKeyResults(p.skipped)
 	p.policyHeaders = policyHeaders(tiers, func(i int) bool { return p.limits[i].Shadow })
@@ -816,4 +829,51 @@ func (rs *ruleset) overridden(quotas map[[2]string]int) *ruleset {
 	}
 	p.spec = spec
 	return p
+}
+
+// inflightLimits reports whether l or one of its routes has an in-flight
+// limit, and returns the shortest lease among them.
+func (l *Limiter) inflightLimits() (has bool, shortest time.Duration) {
+	l.eachRuleset(func(p *ruleset) {
+		for i := range p.limits {
+			if lim := &p.limits[i]; lim.InFlight {
+				if !has || lim.Window < shortest {
+					shortest = lim.Window
+				}
+				has = true
+			}
+		}
+	})
+	return has, shortest
+}
+
+// checkInFlightStore reports in-flight limits on a store that cannot
+// release their slots: one WithStore gave, other than a store.Local.
+func (l *Limiter) checkInFlightStore() error {
+	if _, local := l.cfg.store.(*pubstore.Local); !local && l.cfg.store != nil {
+		if has, _ := l.inflightLimits(); has {
+			return errors.New("in-flight limits need Redis or a store.Local: the store WithStore gave cannot release their slots")
+		}
+	}
+	return nil
+}
+
+// startRenewal makes l's set of in-flight slots, if l has in-flight limits,
+// and starts the goroutine that renews the slots held in Redis every
+// lease/3 of the shortest lease. The goroutine refers to l only weakly:
+// it ends with Close, or at its next tick once l is collected.
+func (l *Limiter) startRenewal() {
+	has, shortest := l.inflightLimits()
+	if !has {
+		return
+	}
+	set := &holdSet{timeout: l.cfg.timeout, now: l.cfg.clock, logger: l.cfg.logger, every: shortest / 3,
+		held: map[*hold]struct{}{}, releasing: make(chan struct{}, maxReleases), ticks: l.cfg.renewTicks, renewed: l.cfg.renewed, released: l.cfg.released}
+	l.holds = set
+	if l.redis == nil {
+		return // WithStore's Local: its slots live in this process, unrenewed
+	}
+	set.lib = l.redis.Lib
+	w := weak.Make(l)
+	set.start(func() bool { return w.Value() != nil })
 }

@@ -9,13 +9,18 @@ import (
 )
 
 // Close stops the Limiter's background work: the refresh of the operator
-// state ([RedisOptions].OperatorRefresh), and frees its limits' names for another
+// state ([RedisOptions].OperatorRefresh) and the renewal of the in-flight
+// slots it holds ([InFlight]: a request still in flight keeps its slot for
+// at most one lease more, and releases it when it ends), and frees its limits' names for another
 // definition in this process (see [New]). The Limiter still decides
 // afterwards, with the operator state last read. Close is safe to call
 // more than once and always returns nil.
 func (l *Limiter) Close() error {
 	if l.closed != nil {
 		l.closed.Store(true)
+	}
+	if l.holds != nil {
+		l.holds.close() // the slots held stop being renewed: they free within their lease
 	}
 	run := l.opsRun
 	run.closeOnce.Do(func() {

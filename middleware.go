@@ -278,6 +278,9 @@ func (rs *ruleset) decideRequest(r *http.Request, s *scratch) (Result, error) {
 	cost, err := rs.requestIDs(r, s)
 	if err == nil {
 		res, err = rs.decide(r.Context(), s, cost, true, false)
+		if res.hold != nil {
+			rs.holdFor(r, res.hold) // released when the pass over r ends
+		}
 	} else if s.noKey >= 0 {
 		res = Result{Allowed: rs.cfg.missingKey == MissingKeySkip, Limits: rs.noKey[s.noKey], index: -1}
 	}

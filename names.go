@@ -52,7 +52,7 @@ type definition struct {
 
 // definitionOf returns the definition of lim, valid and named.
 func definitionOf(lim *Limit) definition {
-	return definition{kind: lim.Key.kindOf(), window: lim.Window, precision: lim.Precision, quota: lim.Quota, defaulted: lim.defaulted}
+	return definition{kind: lim.kind(), window: lim.Window, precision: lim.Precision, quota: lim.Quota, defaulted: lim.defaulted}
 }
 
 // same reports whether d and e may share a name: the same kind, window

@@ -32,6 +32,9 @@ const appEnv = "RATELIMIT_TEST_APP"
 const appRefresh = 100 * time.Millisecond
 
 func serveApp() int {
+	if os.Getenv(inflightAppEnv) != "" {
+		return serveInFlightApp() // inflight_process_test.go
+	}
 	var client redis.UniversalClient
 	if os.Getenv(appEnv+"_CLUSTER") != "" {
 		opt, err := redis.ParseClusterURL(os.Getenv(appEnv))

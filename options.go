@@ -41,6 +41,11 @@ type config struct {
 	opsRefresh   time.Duration
 	opsTicks     <-chan time.Time
 	opsRefreshed func(error) // in tests, told of every refresh
+	// renewTicks, in tests, replaces the in-flight renewal's ticker;
+	// renewed is told of every renewal.
+	renewTicks <-chan time.Time
+	renewed    func(n int64, err error)
+	released   func(err error) // in tests, told of every release of a request's slots
 
 	prefix   string
 	timeout  time.Duration

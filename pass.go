@@ -49,6 +49,9 @@ type Pass struct {
 	// pass, route is what the first pass decided with (see decided).
 	first bool
 	route *routeRules
+	// held is the in-flight slots the passes over the request took, which
+	// Leave releases (in the entry Enter recorded; see Limiter.holdFor).
+	held *hold
 }
 
 // Enter begins l's pass over r. An adapter calls it before anything else
@@ -100,15 +103,20 @@ func headerID(h http.Header) uintptr {
 }
 
 // Leave ends the pass Enter began. It does nothing for a later pass, so
-// that an adapter defers it whatever Enter returned.
+// that an adapter defers it whatever Enter returned. The first pass's
+// Leave releases, in the background, the in-flight slots ([InFlight]) the
+// passes over the request took: an adapter defers it until the rest of
+// the chain has served the request.
 func (p Pass) Leave() {
 	if !p.first {
 		return
 	}
 	s := p.shard()
+	var held *hold
 	s.mu.Lock()
 	for i := range s.passes {
 		if s.passes[i].same(p) {
+			held = s.passes[i].held
 			last := len(s.passes) - 1
 			s.passes[i] = s.passes[last]
 			s.passes[last] = Pass{} // keeps neither the Limiter nor the request alive
@@ -117,6 +125,7 @@ func (p Pass) Leave() {
 		}
 	}
 	s.mu.Unlock()
+	releaseAll(held)
 }
 
 // limiter returns p's Limiter, and says so if p is not from Enter.

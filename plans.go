@@ -27,26 +27,30 @@ type tier struct {
 // in name order; and the index of each plan's, by name (nil without
 // plans).
 func tiersOf(lim *Limit) ([]tier, map[string]int) {
-	tiers := []tier{newTier("", lim.Name, lim.Quota, lim.Window)}
+	tiers := []tier{newTier("", lim.Name, lim.Quota, lim.policyWindow())}
 	if !lim.Plans.set() {
 		return tiers, nil
 	}
 	index := make(map[string]int, len(lim.Plans.Quotas))
 	for _, plan := range slices.Sorted(maps.Keys(lim.Plans.Quotas)) {
 		index[plan] = len(tiers)
-		tiers = append(tiers, newTier(plan, lim.Name+"."+plan, lim.Plans.Quotas[plan], lim.Window))
+		tiers = append(tiers, newTier(plan, lim.Name+"."+plan, lim.Plans.Quotas[plan], lim.policyWindow()))
 	}
 	return tiers, index
 }
 
 func newTier(plan, name string, quota int, window time.Duration) tier {
-	return tier{
+	t := tier{
 		plan:       plan,
 		quota:      quota,
 		limitHdr:   []string{strconv.Itoa(quota)},
 		quotedName: strconv.Quote(name),
 		policy:     policyItem(name, quota, window),
 	}
+	if window == 0 { // an in-flight limit's (see Limit.policyWindow)
+		t.policy = inflightPolicy(name, quota)
+	}
+	return t
 }
 
 // maxCachedPlans bounds the ids a plan cache remembers.

@@ -91,6 +91,7 @@ type Result struct {
 
 	index  int     // of the limit Limit, Remaining and Reset describe; -1 for none
 	ticket *ticket // for Refund, when the request was admitted
+	hold   *hold   // the in-flight slots the request holds, nil if none
 }
 
 // Exempt reports whether res let its request through without any limit
@@ -138,6 +139,10 @@ type LimitResult struct {
 	// is 0.
 	Blocked time.Time
 	Shadow  bool // a shadow limit: Denied says it would have denied
+	// InFlight reports an in-flight limit ([InFlight]): Quota is its cap,
+	// Window its lease, Remaining its free slots (after the request, if
+	// it took one), and Reset zero, as no time can be promised.
+	InFlight bool
 	// Skipped reports that the limit was not consulted: on a Redis Cluster, a
 	// decision whose limits span several hash slots stops at the first slot
 	// group that denies, and a denial from the deny cache consults only the

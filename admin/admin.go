@@ -348,6 +348,12 @@ type IDState struct {
 	Reset         time.Time `json:"reset"`
 	// Denied reports whether a request of cost 1 would be denied now.
 	Denied bool `json:"denied"`
+	// InFlight reports an in-flight limit ([ratelimit.InFlight]): Quota
+	// is its cap, WindowSeconds its lease, Holders the requests of the
+	// identifier in flight now (across every replica), Remaining the
+	// free slots; Reset is zero.
+	InFlight bool `json:"inflight,omitempty"`
+	Holders  int  `json:"holders,omitempty"`
 	// DeniedRecently is an upper bound of the identifier's denials by
 	// this limit in this process over the window.
 	DeniedRecently uint64 `json:"denied_recently"`
@@ -479,7 +485,10 @@ func (h *Handler) id(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st := IDState{Limit: limit, ID: id, Digest: digest, Plan: lr.Plan, Quota: lr.Quota, WindowSeconds: lr.Window.Seconds(),
-		Remaining: lr.Remaining, Reset: lr.Reset, Denied: lr.Denied}
+		Remaining: lr.Remaining, Reset: lr.Reset, Denied: lr.Denied, InFlight: lr.InFlight}
+	if lr.InFlight {
+		st.Holders = max(lr.Quota-lr.Remaining, 0)
+	}
 	for _, te := range h.top.Window(limit).Top(0, h.opts.Now()) {
 		if e := entryOf(te); e.Digest == digest && (digest != "" || e.ID == id) {
 			st.DeniedRecently = e.Count

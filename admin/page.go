@@ -104,9 +104,10 @@ form.inline { display: inline; margin: 0; }
 <tr><th>Identifier</th><td class="id" id="id">{{if .ID}}{{.ID}}{{else}}<span class="muted">known by its digest only</span>{{end}}</td></tr>
 {{with .Digest}}<tr><th>Digest</th><td class="id" id="digest">{{.}}</td></tr>{{end}}
 <tr><th>Plan</th><td>{{if .Plan}}{{.Plan}}{{else}}<span class="muted">default</span>{{end}}</td></tr>
-<tr><th>Quota</th><td>{{.Quota}} per {{.WindowSeconds}} s</td></tr>
+{{if .InFlight}}<tr><th>In flight</th><td id="holders">{{.Holders}} of {{.Quota}} requests at once (slots leased for {{.WindowSeconds}} s)</td></tr>
+<tr><th>Remaining</th><td id="remaining">{{.Remaining}}</td></tr>{{else}}<tr><th>Quota</th><td>{{.Quota}} per {{.WindowSeconds}} s</td></tr>
 <tr><th>Remaining</th><td id="remaining">{{.Remaining}}</td></tr>
-<tr><th>Reset</th><td>{{.Reset.UTC.Format "2006-01-02 15:04:05.000 MST"}}</td></tr>
+<tr><th>Reset</th><td>{{.Reset.UTC.Format "2006-01-02 15:04:05.000 MST"}}</td></tr>{{end}}
 <tr><th>Denied now</th><td>{{if .Denied}}yes{{else}}no{{end}}</td></tr>
 <tr><th>Denials recently</th><td>{{.DeniedRecently}} in the last {{$.Minutes}} minutes, in this process</td></tr>
 <tr><th>Override</th><td id="override">{{with .Override}}quota {{.Quota}}{{with .Declared}} (declared {{range $i, $q := .}}{{if $i}}, {{end}}{{if lt $q 0}}unlimited{{else}}{{$q}}{{end}}{{end}}){{end}}{{with .Expires}} until {{.UTC.Format "2006-01-02 15:04:05 MST"}}{{end}}{{else}}<span class="muted">none</span>{{end}}</td></tr>

@@ -1,7 +1,8 @@
 // Package grpcratelimit rate-limits gRPC calls with a [ratelimit.Limiter]:
 // the same limits, keys, per-route limits and failure modes as its HTTP
 // middleware, decided once per unary call and once per stream, when it
-// opens.
+// opens. A call's in-flight slots ([ratelimit.InFlight]) are held until its
+// handler returns, a stream's until it ends.
 //
 //	import grpcratelimit "github.com/slidinglog/ratelimit/adapters/grpc"
 //
@@ -67,7 +68,8 @@
 //   - denied: codes.ResourceExhausted, with an [errdetails.RetryInfo] whose
 //     delay is exactly when the call would fit (Retry-After is that delay
 //     rounded up to a second; there is none when the call's cost exceeds
-//     the quota, so that waiting never helps) and an
+//     the quota, so that waiting never helps, nor when an in-flight limit
+//     ([ratelimit.InFlight]) denied, which promises no time) and an
 //     [errdetails.QuotaFailure] with one violation for the limit that
 //     denied: its QuotaId is the policy name ("ip", or "ip.pro" for a
 //     client on a plan), its Subject "limit:" and that name, its
@@ -139,7 +141,8 @@ func UnaryServerInterceptor(l *ratelimit.Limiter) grpc.UnaryServerInterceptor {
 		panic("grpcratelimit: UnaryServerInterceptor of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
 	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		md, settle, err := decide(ctx, l, info.FullMethod, true)
+		md, settle, c, err := decide(ctx, l, info.FullMethod, true)
+		defer c.leave() // after the handler: its in-flight slots are held until it returns
 		if md != nil {
 			_ = grpc.SetHeader(ctx, md) // fails only without a transport stream, as in direct calls
 		}
@@ -167,7 +170,8 @@ func StreamServerInterceptor(l *ratelimit.Limiter) grpc.StreamServerInterceptor 
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		// grpc passes no service implementation for a method it does not
 		// register (grpc.UnknownServiceHandler).
-		md, settle, err := decide(ss.Context(), l, info.FullMethod, srv != nil)
+		md, settle, c, err := decide(ss.Context(), l, info.FullMethod, srv != nil)
+		defer c.leave() // after the stream's handler: its in-flight slots are held until it returns
 		if md != nil {
 			_ = ss.SetHeader(md) // fails only once headers were sent, which they cannot be yet
 		}
@@ -196,6 +200,7 @@ type call struct {
 	url    url.URL
 	header http.Header
 	w      writer
+	pass   ratelimit.Pass // the Limiter's pass over the call, until leave
 }
 
 var calls = sync.Pool{New: func() any {
@@ -205,12 +210,29 @@ var calls = sync.Pool{New: func() any {
 // decide decides the call to method with l. It returns the metadata to send
 // as headers (nil if none), the context to hand the handler if it is not
 // ctx (nil: ctx; with settlement on, one that carries the call's
-// settlement, for ratelimit.Settle) and, if the call may not proceed, its
-// status error. registered reports whether the server registers method.
-func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered bool) (metadata.MD, context.Context, error) {
-	method = fullMethod(method)
+// settlement, for ratelimit.Settle), the call, whose leave the caller
+// defers once the handler has returned (the Limiter's pass over the call
+// ends there, and with it the call's in-flight slots), and, if the call
+// may not proceed, its status error. registered reports whether the
+// server registers method.
+func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered bool) (metadata.MD, context.Context, *call, error) {
 	c := calls.Get().(*call)
-	defer c.put()
+	md, settle, err := c.decide(ctx, l, method, registered)
+	return md, settle, c, err
+}
+
+// leave ends the Limiter's pass over the call, which releases its
+// in-flight slots, and recycles c: its Header identified the pass, so it
+// is not reused before.
+func (c *call) leave() {
+	c.pass.Leave()
+	c.pass = ratelimit.Pass{}
+	c.put()
+}
+
+// decide is decide with c.
+func (c *call) decide(ctx context.Context, l *ratelimit.Limiter, method string, registered bool) (metadata.MD, context.Context, error) {
+	method = fullMethod(method)
 	base := http.Request{
 		Method:     http.MethodPost,
 		URL:        &c.url,
@@ -242,9 +264,8 @@ func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered
 		}
 	}
 	req := base.WithContext(ctx)
-	pass := l.Enter(req) // a request of its own: always a first pass
-	v, err := pass.Decide(&c.w, req)
-	pass.Leave()
+	c.pass = l.Enter(req) // a request of its own: always a first pass
+	v, err := c.pass.Decide(&c.w, req)
 	if err != nil && ctx.Err() != nil {
 		// The call ended (its client's deadline, a cancellation) before it
 		// was decided: it ends so, whatever the failure mode, so that a

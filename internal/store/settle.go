@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -13,8 +14,8 @@ import (
 
 // Settles reports whether limit i of p is settled: whether a settled
 // request's credit or debit applies to it. A limit that counts cost is;
-// every limit of a Spec does.
-func (p *Spec) Settles(i int) bool { return true }
+// an in-flight limit, which counts requests, is not.
+func (p *Spec) Settles(i int) bool { return !slices.Contains(p.InFlight, i) }
 
 // A Charge is what the charge code needs to log a settled request's debit
 // in one group of its logs (one call), and to take it back.

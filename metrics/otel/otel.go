@@ -22,6 +22,10 @@
 //	ratelimit.decision.duration  Float64Histogram s: decision latency
 //	ratelimit.breaker.open       Int64ObservableGauge 1: 1 while a circuit
 //	    breaker of a watched limiter is open, else 0
+//	ratelimit.inflight           Int64ObservableGauge {request}: requests
+//	    holding in-flight slots ([ratelimit.InFlight]) through the watched
+//	    limiters in this process ([ratelimit.Inspector.InFlight]),
+//	    reported from the first collection that finds a slot held
 //	ratelimit.unreverted         Int64ObservableCounter {unit}: units of
 //	    cost the watched limiters left counted in Redis for requests they did
 //	    not admit ([ratelimit.Inspector.Unreverted])
@@ -145,6 +149,9 @@ type Metrics struct {
 	gone     uint64 // units left counted by watched limiters that are gone
 	// units settled by watched limiters that are gone
 	goneDebited, goneCredited uint64
+	// inflightSeen: a collection found an in-flight slot held; the gauge
+	// is reported from then on.
+	inflightSeen atomic.Bool
 }
 
 // watchedLimiter is a watched Limiter, held weakly so that watching does
@@ -207,6 +214,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	m := &Metrics{extra: cfg.attrs}
 	var (
 		breaker    metric.Int64ObservableGauge
+		inflight   metric.Int64ObservableGauge
 		unreverted metric.Int64ObservableCounter
 		settled    metric.Int64ObservableCounter
 		errs       [6]error
@@ -224,6 +232,9 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	unreverted, errs[3] = meter.Int64ObservableCounter("ratelimit.unreverted",
 		metric.WithUnit("{unit}"),
 		metric.WithDescription("Units of cost left counted in Redis for requests that were not admitted, because Redis could not take them back."))
+	inflight, errs[5] = meter.Int64ObservableGauge("ratelimit.inflight",
+		metric.WithUnit("{request}"),
+		metric.WithDescription("Requests holding in-flight slots through the watched limiters, in this process."))
 	m.warnings, errs[4] = meter.Int64Counter("ratelimit.warnings",
 		metric.WithUnit("{warning}"),
 		metric.WithDescription("Mistakes the limiters reported (untrusted_proxy, routes_unseen), once each per limiter."))
@@ -250,8 +261,12 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 				o.ObserveInt64(settled, d.n, metric.WithAttributeSet(attribute.NewSet(kvs...)))
 			}
 		}
+		if n := m.inflightRequests(); n > 0 || m.inflightSeen.Load() {
+			m.inflightSeen.Store(true) // reported from the first slot held on
+			o.ObserveInt64(inflight, n, observe...)
+		}
 		return nil
-	}, breaker, unreverted, settled); err != nil {
+	}, breaker, unreverted, settled, inflight); err != nil {
 		return nil, fmt.Errorf("ratelimitotel: %w", err)
 	}
 	m.record = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(cfg.attrs...))}
@@ -289,6 +304,19 @@ func (m *Metrics) ObserveWarning(w ratelimit.Warning) {
 	}
 	kvs := append(m.extra[:len(m.extra):len(m.extra)], WarningKey.String(string(w)))
 	m.warnings.Add(context.Background(), 1, metric.WithAttributeSet(attribute.NewSet(kvs...)))
+}
+
+// inflightRequests sums the watched limiters' requests in flight.
+func (m *Metrics) inflightRequests() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var n int64
+	for _, w := range m.limiters {
+		if l := w.l.Value(); l != nil {
+			n += int64(l.Inspect().InFlight())
+		}
+	}
+	return n
 }
 
 // watched returns the state of the watched limiters: 1 if a breaker is

@@ -38,6 +38,9 @@ import (
 //	ratelimit_decision_duration_seconds         histogram of decision latency
 //	ratelimit_breaker_open                      gauge: 1 while a watched
 //	    limiter's circuit breaker is open
+//	ratelimit_inflight_requests                 gauge: requests holding
+//	    in-flight slots ([ratelimit.InFlight]) through the watched
+//	    limiters in this process ([ratelimit.Inspector.InFlight])
 //	ratelimit_unreverted_units_total            counter: units of cost the
 //	    watched limiters left counted in Redis for requests they did not
 //	    admit, because Redis could not take them back
@@ -58,6 +61,7 @@ type Metrics struct {
 	decisions  *prometheus.CounterVec
 	latency    prometheus.Histogram
 	breaker    prometheus.GaugeFunc
+	inflight   prometheus.GaugeFunc
 	unreverted prometheus.CounterFunc
 	debited    prometheus.CounterFunc
 	credited   prometheus.CounterFunc
@@ -101,6 +105,10 @@ func New() *Metrics {
 		Name: "ratelimit_breaker_open",
 		Help: "1 while the circuit breaker of a watched limiter is open.",
 	}, m.breakerOpen)
+	m.inflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "ratelimit_inflight_requests",
+		Help: "Requests holding in-flight slots through the watched limiters, in this process.",
+	}, m.inflightRequests)
 	m.unreverted = prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "ratelimit_unreverted_units_total",
 		Help: "Units of cost left counted in Redis for requests that were not admitted, because Redis could not take them back.",
@@ -198,6 +206,17 @@ func (m *Metrics) settled() (debited, credited uint64) {
 		credited += w.credited
 	}
 	return debited, credited
+// inflightRequests sums the watched limiters' requests in flight.
+func (m *Metrics) inflightRequests() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, w := range m.limiters {
+		if l := w.l.Value(); l != nil {
+			n += l.Inspect().InFlight()
+		}
+	}
+	return float64(n)
 }
 
 func (m *Metrics) unrevertedUnits() float64 {
@@ -244,6 +263,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.decisions.Describe(ch)
 	m.latency.Describe(ch)
 	m.breaker.Describe(ch)
+	m.inflight.Describe(ch)
 	m.unreverted.Describe(ch)
 	m.debited.Describe(ch)
 	m.credited.Describe(ch)
@@ -256,6 +276,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.decisions.Collect(ch)
 	m.latency.Collect(ch)
 	m.breaker.Collect(ch)
+	m.inflight.Collect(ch)
 	m.unreverted.Collect(ch)
 	m.debited.Collect(ch)
 	m.credited.Collect(ch)

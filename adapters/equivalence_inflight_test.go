@@ -1,0 +1,139 @@
+package adapters_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redistest"
+)
+
+// eqInFlightLimiter is eqLimiter's app with in-flight limits: one of the
+// Limiter's own ("conn", one request per client address at once) and one
+// the login route declares ("login-inflight").
+func eqInFlightLimiter(t *testing.T, rdb redis.UniversalClient, o ratelimit.Observer, opts []ratelimit.Option) *ratelimit.Limiter {
+	t.Helper()
+	routes := map[string]ratelimit.RouteLimits{}
+	for _, d := range eqDeclared {
+		limits := []ratelimit.Limit{ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named(d.limit)}
+		if d.limit == "login" {
+			limits = append(limits, ratelimit.InFlight(1, ratelimit.ClientIP()).Named("login-inflight"))
+		}
+		routes[d.template] = ratelimit.RouteLimits{Limits: limits}
+	}
+	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithObserver(o), ratelimit.WithRoutes(routes)}, opts...)
+	l, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named("ip"),
+		ratelimit.PerMinute(1000, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
+		ratelimit.InFlight(1, ratelimit.ClientIP()).Named("conn"),
+	}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+// TestEquivalenceInFlight is TestEquivalence with in-flight limits as a
+// dimension: generated requests (every method against every route's path
+// and a made-up one, in shapes drawn from eqShapes) sent to every router's
+// app, one at a time. Every router decides a request with the same
+// limits, in-flight ones included (the Limiter's own for every request a
+// handler ran, the route's where it applies), takes the same keys, and
+// releases every slot once the request ends: no in-flight key is left,
+// and with caps of 1 no request is ever refused.
+func TestEquivalenceInFlight(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+		ctx := context.Background()
+		rng := rand.New(rand.NewPCG(seed, 3))
+		obs := &eqObserver{}
+		var ran string
+		apps := make([]http.Handler, len(eqRouters))
+		for i, rt := range eqRouters {
+			apps[i] = rt.build(eqInFlightLimiter(t, rdb, obs, opts), &ran)
+		}
+		paths := []string{"/nope"}
+		for _, rt := range eqRoutes {
+			paths = append(paths, rt.example)
+		}
+		inflightKeys := func() []string {
+			keys, err := rdb.Keys(ctx, "*inflight*").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return keys
+		}
+		sent, compared := 0, 0
+		for _, p := range paths {
+			for _, method := range eqMethods {
+				for _, s := range rng.Perm(len(eqShapes))[:2] {
+					tok := fmt.Sprintf("t%x", rng.Uint64())
+					path := eqShapes[s].shape(rng, p, tok)
+					desc := fmt.Sprintf("%s %s (shape %q of %s, seed %d)", method, path, eqShapes[s].name, p, seed)
+					var outs []eqOutcome
+					for i, app := range apps {
+						if err := rdb.FlushAll(ctx).Err(); err != nil {
+							t.Fatal(err)
+						}
+						obs.take()
+						ran = ""
+						r := httptest.NewRequest(http.MethodGet, "/", nil)
+						r.Method = method
+						r.URL, _ = url.Parse(path)
+						r.RequestURI = path
+						r.RemoteAddr = "192.0.2.1:1234"
+						w := httptest.NewRecorder()
+						app.ServeHTTP(w, r)
+						sent++
+						if w.Code == http.StatusTooManyRequests {
+							t.Fatalf("%s in %s: 429 with nothing else in flight", desc, eqRouters[i].name)
+						}
+						// The slots are released in the background once the
+						// request ends.
+						for deadline := time.Now().Add(redistest.DecisionTimeout); len(inflightKeys()) > 0; time.Sleep(time.Millisecond) {
+							if time.Now().After(deadline) {
+								t.Fatalf("%s in %s: in-flight slots never released: %q", desc, eqRouters[i].name, inflightKeys())
+							}
+						}
+						keys, err := rdb.Keys(ctx, "*").Result()
+						if err != nil {
+							t.Fatal(err)
+						}
+						keys = slices.DeleteFunc(keys, func(k string) bool { return k == operator.Key("ratelimit:") })
+						slices.Sort(keys)
+						limits := obs.take()
+						if ran != "" {
+							wantIF := []string{"conn"}
+							if ran == "login" && method == "POST" {
+								wantIF = append(wantIF, "login-inflight")
+							}
+							if got := slices.DeleteFunc(slices.Clone(limits), func(n string) bool { return !strings.HasSuffix(n, "inflight") && n != "conn" }); !slices.Equal(got, wantIF) {
+								t.Errorf("%s in %s: in-flight limits %q, want %q", desc, eqRouters[i].name, got, wantIF)
+							}
+						}
+						limits = slices.DeleteFunc(limits, func(n string) bool { return strings.HasSuffix(n, "inflight") || n == "conn" })
+						outs = append(outs, eqOutcome{router: eqRouters[i].name, status: w.Code, handler: ran, limits: limits, keys: keys})
+					}
+					compared += checkOutcomes(t, desc, method, tok, outs)
+				}
+			}
+		}
+		t.Logf("%d requests sent, %d decisions compared across routers", sent, compared)
+		if compared < 50 {
+			t.Errorf("only %d decisions compared", compared)
+		}
+	})
+}

@@ -1,0 +1,79 @@
+package grpcratelimit_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/redistest"
+)
+
+// TestInFlightHeldUntilHandlerReturns: a call holds its in-flight slot
+// while its handler runs, a stream while it is open, and frees it once
+// the handler returns (not when the call is decided).
+func TestInFlightHeldUntilHandlerReturns(t *testing.T) {
+	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
+		l := newLimiter(t, rdb, []ratelimit.Limit{ratelimit.InFlight(1, ratelimit.Header("x-user"))})
+		entered, unblock := make(chan struct{}), make(chan struct{})
+		blocker := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+			if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("block")) > 0 {
+				close(entered)
+				<-unblock
+			}
+			return handler(ctx, req)
+		}
+		s := serve(t, l, nil, grpc.ChainUnaryInterceptor(blocker)) // runs inside the Limiter's interceptor
+
+		// A stream holds its slot while it is open.
+		ctx, cancel := context.WithCancel(callCtx(t, "x-user", "a"))
+		defer cancel()
+		w, err := s.client.Watch(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.check(t, "x-user", "a")
+		st := mustCode(t, err, codes.ResourceExhausted)
+		if ri, qf := details(t, st); ri != nil || qf == nil || qf.GetViolations()[0].GetQuotaId() != "header-inflight" {
+			t.Fatalf("in-flight denial's details: %v", st.Details())
+		}
+		// A unary call holds its slot while its handler runs.
+		done := make(chan error, 1)
+		go func() { _, err := s.check(t, "x-user", "b", "block", "1"); done <- err }()
+		<-entered
+		_, err = s.check(t, "x-user", "b")
+		mustCode(t, err, codes.ResourceExhausted)
+		close(unblock)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		cancel() // the stream ends: its slot frees
+		for _, user := range []string{"a", "b"} {
+			waitAdmitted(t, s, user)
+		}
+	})
+}
+
+// waitAdmitted calls until user is admitted: a slot is released in the
+// background once its handler returns.
+func waitAdmitted(t *testing.T, s *testServer, user string) {
+	t.Helper()
+	for deadline := time.Now().Add(redistest.DecisionTimeout); ; time.Sleep(5 * time.Millisecond) {
+		_, err := s.check(t, "x-user", user)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never admitted again: %v", user, err)
+		}
+	}
+}

@@ -1,0 +1,320 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/internal/store"
+	pubstore "github.com/slidinglog/ratelimit/store"
+)
+
+// holderMask keeps the 48 bits a holder id has on the wire.
+const holderMask = 1<<48 - 1
+
+// newHolder returns a request's holder id: 48 random bits, never 0.
+func newHolder() uint64 {
+	for {
+		if h := rand.Uint64() & holderMask; h != 0 {
+			return h
+		}
+	}
+}
+
+// A hold is the in-flight slots one admitted request holds: a slot under
+// its holder id in each in-flight limit that took it.
+type hold struct {
+	set    *holdSet // the Limiter's, which renews the slots while they are held
+	holder uint64
+	spec   *store.Spec
+	idx    []int    // the limits it holds a slot in, in the spec
+	keys   []string // their keys
+	tags   []string // their hash tags, when the spec is split
+	// local: the slots are in this process's store (FailLocal, or
+	// WithStore's Local), where they need no renewal.
+	local    *pubstore.Local
+	released atomic.Bool
+	next     *hold // the next hold of the same request, in its pass (see holdFor)
+}
+
+// release frees h's slots, once: in this process's store, or in Redis
+// within ctx, one call per hash tag. A slot whose release fails is left to
+// its lease, which is no longer renewed: it frees by itself within one.
+func (h *hold) release(ctx context.Context) error {
+	if h == nil || !h.released.CompareAndSwap(false, true) {
+		return nil
+	}
+	h.set.inflight.Add(-1)
+	stamps := make([]int64, len(h.idx))
+	for j := range stamps {
+		stamps[j] = int64(h.holder)
+	}
+	if h.local != nil {
+		ids := make([]store.LogID, len(h.idx))
+		for j, i := range h.idx {
+			ids[j] = store.LogID{Key: h.keys[j], Field: h.spec.Limits[i].Field}
+		}
+		h.local.Refund(ids, stamps, 1)
+		return nil
+	}
+	h.set.remove(h)
+	var errs []error
+	for _, g := range h.groups() {
+		keys, idx := make([]string, len(g)), make([]int, len(g))
+		for k, j := range g {
+			keys[k], idx[k] = h.keys[j], h.idx[j]
+		}
+		req := slidinglog.AppendRequest(nil, 0, 1, h.spec.LuaOf(idx))
+		if _, err := h.set.lib.Rollback(ctx, keys, req, slidinglog.AppendStamps(nil, stamps[:len(g)])); err != nil {
+			errs = append(errs, fmt.Errorf("ratelimit: releasing an in-flight slot in %s (it frees within its lease): %w", keys[0], err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// groups returns h's slots by hash tag, as indices into h.idx: one group
+// unless the spec is split.
+func (h *hold) groups() [][]int {
+	if !h.spec.Split {
+		all := make([]int, len(h.idx))
+		for j := range all {
+			all[j] = j
+		}
+		return [][]int{all}
+	}
+	var groups [][]int
+	seen := map[string]int{}
+	for j, tag := range h.tags {
+		k, ok := seen[tag]
+		if !ok {
+			k = len(groups)
+			seen[tag] = k
+			groups = append(groups, nil)
+		}
+		groups[k] = append(groups[k], j)
+	}
+	return groups
+}
+
+// leaveAsync releases h in the background, within the Limiter's timeout:
+// the response is not held for it. A release that finds no room among the
+// releases under way (maxReleases) leaves the slots to their leases.
+func (h *hold) leaveAsync() {
+	if h == nil || h.released.Load() {
+		return
+	}
+	if h.local != nil {
+		err := h.release(context.Background()) // in memory: at once
+		if h.set.released != nil {
+			h.set.released(err)
+		}
+		return
+	}
+	set := h.set
+	select {
+	case set.releasing <- struct{}{}:
+	default:
+		set.remove(h) // no longer renewed: it frees within its lease
+		if h.released.CompareAndSwap(false, true) {
+			set.inflight.Add(-1)
+		}
+		set.warn("ratelimit: too many in-flight releases under way; a slot frees within its lease", nil)
+		return
+	}
+	go func() {
+		defer func() { <-set.releasing }()
+		ctx, cancel := context.WithTimeout(context.Background(), set.timeout)
+		defer cancel()
+		err := h.release(ctx)
+		if err != nil {
+			set.warn("ratelimit: in-flight release failed", err)
+		}
+		if set.released != nil {
+			set.released(err)
+		}
+	}()
+}
+
+// maxReleases bounds the in-flight releases under way in the background
+// per Limiter.
+const maxReleases = 4096
+
+// A holdSet is a Limiter's in-flight slots held in Redis, which its
+// renewal goroutine renews every lease/3 (see renewLoop).
+type holdSet struct {
+	lib     store.Library
+	timeout time.Duration
+	now     func() time.Time // the decisions' clock (WithClock), nil for Redis's own
+	logger  *slog.Logger
+	every   time.Duration // the shortest lease / 3
+
+	mu   sync.Mutex
+	held map[*hold]struct{}
+	// inflight counts the requests holding slots, in Redis or in this
+	// process's store (Inspector.InFlight).
+	inflight atomic.Int64
+
+	releasing chan struct{}
+	failing   atomic.Bool // the last renewal failed, and it was logged
+
+	stop, done chan struct{}
+	closeOnce  sync.Once
+	// ticks, in tests, replaces the renewal's ticker; renewed is told of
+	// every renewal (the slots renewed and the error).
+	ticks    <-chan time.Time
+	renewed  func(n int64, err error)
+	released func(err error)
+}
+
+func (set *holdSet) add(h *hold) {
+	set.mu.Lock()
+	set.held[h] = struct{}{}
+	set.mu.Unlock()
+}
+
+func (set *holdSet) remove(h *hold) {
+	set.mu.Lock()
+	delete(set.held, h)
+	set.mu.Unlock()
+}
+
+// count returns the number of requests holding slots in Redis now.
+func (set *holdSet) count() int {
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	return len(set.held)
+}
+
+func (set *holdSet) warn(msg string, err error) {
+	if set.logger == nil {
+		return
+	}
+	if err != nil {
+		set.logger.Warn(msg, slog.Any("error", err))
+	} else {
+		set.logger.Warn(msg)
+	}
+}
+
+// renewKey is a group of one renewal call: a hash tag and a lease.
+type renewKey struct {
+	tag   string
+	lease time.Duration
+}
+
+// renew renews every slot held, one call per hash tag (and lease), and
+// returns how many it renewed. A call that fails is logged (the first of
+// a streak) and tried again at the next tick.
+func (set *holdSet) renew(ctx context.Context) (int64, error) {
+	type call struct {
+		keys    []string
+		holders [][]uint64
+		at      map[string]int
+	}
+	calls := map[renewKey]*call{}
+	var order []renewKey
+	set.mu.Lock()
+	for h := range set.held {
+		for j, i := range h.idx {
+			k := renewKey{lease: h.spec.Limits[i].Window}
+			if h.spec.Split {
+				k.tag = h.tags[j]
+			}
+			c := calls[k]
+			if c == nil {
+				c = &call{at: map[string]int{}}
+				calls[k] = c
+				order = append(order, k)
+			}
+			n, ok := c.at[h.keys[j]]
+			if !ok {
+				n = len(c.keys)
+				c.at[h.keys[j]] = n
+				c.keys = append(c.keys, h.keys[j])
+				c.holders = append(c.holders, nil)
+			}
+			c.holders[n] = append(c.holders[n], h.holder)
+		}
+	}
+	set.mu.Unlock()
+	var total int64
+	var errs []error
+	for _, k := range order {
+		c := calls[k]
+		cctx, cancel := context.WithTimeout(ctx, set.timeout)
+		var n int64
+		var err error
+		if at, ok := set.lib.(interface {
+			RenewAt(context.Context, int64, []string, time.Duration, [][]uint64) (int64, error)
+		}); ok && set.now != nil {
+			n, err = at.RenewAt(cctx, set.now().UnixMicro(), c.keys, k.lease, c.holders)
+		} else {
+			n, err = set.lib.Renew(cctx, c.keys, k.lease, c.holders)
+		}
+		cancel()
+		total += n
+		if err != nil {
+			errs = append(errs, fmt.Errorf("ratelimit: renewing %d in-flight slots in %s: %w", len(c.keys), c.keys[0], err))
+		}
+	}
+	err := errors.Join(errs...)
+	switch {
+	case err != nil && !set.failing.Swap(true):
+		set.warn("ratelimit: cannot renew in-flight slots; retrying at the next tick (a slot not renewed within its lease frees)", err)
+	case err == nil && set.failing.Swap(false) && set.logger != nil:
+		set.logger.Info("ratelimit: in-flight slots renew again")
+	}
+	return total, err
+}
+
+// start starts the renewal goroutine, which renews every set.every until
+// stop, or until alive reports false (the Limiter is gone).
+func (set *holdSet) start(alive func() bool) {
+	set.stop, set.done = make(chan struct{}), make(chan struct{})
+	ticks := set.ticks
+	go func() {
+		defer close(set.done)
+		if ticks == nil {
+			t := time.NewTicker(set.every)
+			defer t.Stop()
+			ticks = t.C
+		}
+		for {
+			select {
+			case <-set.stop:
+				return
+			case <-ticks:
+			}
+			if !alive() {
+				return // nobody can release the slots any more: they free within their lease
+			}
+			n, err := set.renew(context.Background())
+			if set.renewed != nil {
+				set.renewed(n, err)
+			}
+		}
+	}()
+}
+
+// close stops the renewal goroutine and waits for it.
+func (set *holdSet) close() {
+	set.closeOnce.Do(func() {
+		if set.stop != nil {
+			close(set.stop)
+			<-set.done
+		}
+	})
+}
+
+// releaseAll releases, in the background, the holds chained from h.
+func releaseAll(h *hold) {
+	for ; h != nil; h = h.next {
+		h.leaveAsync()
+	}
+}
