@@ -206,6 +206,8 @@ func (m *Metrics) settled() (debited, credited uint64) {
 		credited += w.credited
 	}
 	return debited, credited
+}
+
 // inflightRequests sums the watched limiters' requests in flight.
 func (m *Metrics) inflightRequests() float64 {
 	m.mu.Lock()
