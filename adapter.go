@@ -21,7 +21,7 @@ import "net/http"
 // under FailOpen, with Proceed), or the [ErrNoKey] of a request a Key could
 // not identify (with NoKey, Answered, or Proceed under MissingKeySkip), nil
 // otherwise. Decide does not allocate beyond what the decision itself
-// needs. Refunds ([WithRefund]) are the Handler's alone.
+// needs, unless settlement is on.
 //
 // With settlement on ([WithSettle], [WithRefund]), an admitted request's
 // context carries its settlement, for [Settle]: Decide sets r's context
@@ -48,6 +48,7 @@ func (p Pass) Decide(w http.ResponseWriter, r *http.Request) (Verdict, error) {
 // Limiter's handlers), and reports whether to serve r: true means the
 // caller must serve it, with the headers set (none for a request admitted
 // undecided under [FailOpen]).
+//
 // With settlement on, an admitted request's context carries its
 // settlement, as with Decide.
 func (p Pass) Check(w http.ResponseWriter, r *http.Request) bool {

@@ -47,21 +47,17 @@ type config struct {
 	renewed    func(n int64, err error)
 	released   func(err error) // in tests, told of every release of a request's slots
 
-	prefix   string
-	timeout  time.Duration
-	failure  FailureMode
-	clock    func() time.Time
-	cost     func(*http.Request) int
-	headers  HeaderSet
-	onDenied func(http.ResponseWriter, *http.Request, Result)
-	onFailed func(http.ResponseWriter, *http.Request, error)
-	onError  func(*http.Request, error)
-	routes   map[string]RouteLimits
-	// settle is WithSettle's function, or WithRefund's as one; settleOn
-	// says that settlement is on, settleBy which options turned it on.
+	prefix      string
+	timeout     time.Duration
+	failure     FailureMode
+	clock       func() time.Time
+	cost        func(*http.Request) int
+	headers     HeaderSet
+	onDenied    func(http.ResponseWriter, *http.Request, Result)
+	onFailed    func(http.ResponseWriter, *http.Request, error)
+	onError     func(*http.Request, error)
+	routes      map[string]RouteLimits
 	settle      func(status int, h http.Header, cost int) int
-	settleOn    bool
-	settleBy    []string
 	skips       []func(*http.Request) bool // WithSkip's and WithAllowList's, in order
 	peerAllow   bool                       // an allow-list reads the peer address, trusting no proxy
 	routerAllow bool                       // an allow-list reads the address the router resolved
@@ -84,6 +80,12 @@ type config struct {
 	missingKey    MissingKey
 	missingKeySet bool
 	onNoKey       func(http.ResponseWriter, *http.Request, error)
+
+	// settle (above) is WithSettle's function, or WithRefund's as one;
+	// settleOn says that settlement is on, settleBy which options turned
+	// it on.
+	settleOn bool
+	settleBy []string
 }
 
 func defaultConfig() config {
