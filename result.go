@@ -202,7 +202,7 @@ type ticket struct {
 	quotas  []int
 	clock   func() time.Time
 	settled *settleCounts
-	owner   *Limiter // the Limiter that admitted the request
+	owner   any // the *Limiter that admitted the request, told apart by identity
 }
 
 // noKeyResults returns, for each limit i, what observers see of a request

@@ -7,7 +7,6 @@ import (
 	"math"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/store"
@@ -174,12 +173,6 @@ func (t *ticket) debit(ctx context.Context, n int) error {
 		return fmt.Errorf("%w: a settled debit of %d was not logged (%d units)", ErrNotReverted, n, u)
 	}
 	return nil
-}
-
-// settleCounts counts the units a Limiter's settles took back (credited)
-// and logged (debited), for the metrics.
-type settleCounts struct {
-	debited, credited atomic.Uint64
 }
 
 // Settle settles, at its real cost, the request whose context ctx is (or
