@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -237,27 +236,8 @@ func startInFlightApps(t *testing.T, n int, url string, lease time.Duration) ([]
 	var bases []string
 	var cmds []*exec.Cmd
 	for i := range n {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), appEnv+"="+url, inflightAppEnv+"="+lease.String())
-		cmd.Stderr = os.Stderr
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Wait() })
-		line, err := bufio.NewReader(stdout).ReadString('\n')
-		addr, ok := strings.CutPrefix(strings.TrimSpace(line), "LISTEN ")
-		if err != nil || !ok {
-			t.Fatalf("app %d: %q %v", i, line, err)
-		}
-		bases = append(bases, "http://"+addr)
+		base, cmd := startApp(t, i, appEnv+"="+url, inflightAppEnv+"="+lease.String())
+		bases = append(bases, base)
 		cmds = append(cmds, cmd)
 	}
 	return bases, cmds

@@ -506,13 +506,25 @@ func TestTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Connections are read once, never answered, and closed when the test
-	// ends.
+	// Connections are read once, never answered, and closed by the server
+	// when the test ends: a connection the client dialed but never wrote
+	// to (a pool's, say) must not hold the test's end.
 	done := make(chan struct{})
-	var conns sync.WaitGroup
+	var (
+		conns    sync.WaitGroup
+		mu       sync.Mutex
+		accepted []net.Conn
+		ended    bool
+	)
 	t.Cleanup(func() {
 		_ = ln.Close()
 		close(done)
+		mu.Lock()
+		ended = true
+		for _, conn := range accepted {
+			_ = conn.Close()
+		}
+		mu.Unlock()
 		conns.Wait()
 	})
 	go func() {
@@ -521,7 +533,13 @@ func TestTimeout(t *testing.T) {
 			if err != nil {
 				return
 			}
+			mu.Lock()
+			accepted = append(accepted, conn)
+			if ended {
+				_ = conn.Close()
+			}
 			conns.Add(1)
+			mu.Unlock()
 			go func() {
 				defer conns.Done()
 				_, _ = conn.Read(make([]byte, 1<<16))

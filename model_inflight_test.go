@@ -35,29 +35,37 @@ import (
 //
 // On a real server (redistest.Start; RATELIMIT_SERVER=valkey for Valkey)
 // it runs at least 10,000 steps with the default -rapid.checks and
-// -rapid.steps, more with RATELIMIT_LONG=1.
+// -rapid.steps, more with RATELIMIT_LONG=1 (without the race detector).
 //
 //	go test -run TestModelInFlight -count=1 .
 func TestModelInFlight(t *testing.T) {
 	t.Parallel() // waits on servers: runs beside the other parallel tests
+	// Under the race detector, the default repeats (the server's still
+	// make 10,000 steps); RATELIMIT_LONG=1's on the other toolchains.
+	repeats := func(short, long int) int {
+		if raceEnabled {
+			return short
+		}
+		return longtest.LongOr(t, short, long)
+	}
 	t.Run("miniredis", func(t *testing.T) {
 		mr := miniredis.RunT(t)
-		runModelInFlight(t, mr.Addr(), "", storetest.Config{}, longtest.LongOr(t, 1, 3), 0)
+		runModelInFlight(t, mr.Addr(), "", storetest.Config{}, repeats(1, 3), 0)
 	})
 	t.Run("server", func(t *testing.T) {
 		srv := redistest.Start(t)
-		runModelInFlight(t, srv.Addr, "", storetest.Config{MinWindow: time.Minute, OwnClock: true}, longtest.LongOr(t, 3, 9), 10_000)
+		runModelInFlight(t, srv.Addr, "", storetest.Config{MinWindow: time.Minute, OwnClock: true}, repeats(3, 9), 10_000)
 	})
 	t.Run("cluster", func(t *testing.T) {
 		c := redistest.StartCluster(t, 3, 0)
-		runModelInFlightOn(t, c.Client(), true, storetest.Config{MinWindow: time.Minute, OwnClock: true}, longtest.LongOr(t, 1, 3))
+		runModelInFlightOn(t, c.Client(), true, storetest.Config{MinWindow: time.Minute, OwnClock: true}, repeats(1, 3))
 	})
 	t.Run("server scripts", func(t *testing.T) {
 		srv := redistest.Start(t)
 		if err := srv.Client().Do(context.Background(), "ACL", "SETUSER", "scripts", "on", ">scripts", "~*", "&*", "+@all", "-fcall", "-function").Err(); err != nil {
 			t.Fatal(err)
 		}
-		runModelInFlight(t, srv.Addr, "scripts", storetest.Config{MinWindow: time.Minute, OwnClock: true}, longtest.LongOr(t, 1, 3), 0)
+		runModelInFlight(t, srv.Addr, "scripts", storetest.Config{MinWindow: time.Minute, OwnClock: true}, repeats(1, 3), 0)
 	})
 }
 

@@ -82,34 +82,44 @@ func serveApp() int {
 // base URLs; they end with the test.
 func startApps(t *testing.T, n int, url string, cluster bool) []string {
 	t.Helper()
+	env := []string{appEnv + "=" + url}
+	if cluster {
+		env = append(env, appEnv+"_CLUSTER=1")
+	}
 	var bases []string
 	for i := range n {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), appEnv+"="+url)
-		if cluster {
-			cmd.Env = append(cmd.Env, appEnv+"_CLUSTER=1")
-		}
-		cmd.Stderr = os.Stderr
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Wait() })
-		line, err := bufio.NewReader(stdout).ReadString('\n')
-		addr, ok := strings.CutPrefix(strings.TrimSpace(line), "LISTEN ")
-		if err != nil || !ok {
-			t.Fatalf("app %d: %q %v", i, line, err)
-		}
-		bases = append(bases, "http://"+addr)
+		base, _ := startApp(t, i, env...)
+		bases = append(bases, base)
 	}
 	return bases
+}
+
+// startApp starts app process i, this test binary with env added to its
+// environment, and returns its base URL and its command; it ends with the
+// test.
+func startApp(t *testing.T, i int, env ...string) (string, *exec.Cmd) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "LISTEN ")
+	if err != nil || !ok {
+		t.Fatalf("app %d: %q %v", i, line, err)
+	}
+	return "http://" + addr, cmd
 }
 
 // buildCtl builds cmd/ratelimitctl and returns a function that runs it.

@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -90,11 +89,7 @@ func TestEquivalenceInFlight(t *testing.T) {
 						}
 						obs.take()
 						ran = ""
-						r := httptest.NewRequest(http.MethodGet, "/", nil)
-						r.Method = method
-						r.URL, _ = url.Parse(path)
-						r.RequestURI = path
-						r.RemoteAddr = "192.0.2.1:1234"
+						r := eqRequest(method, path)
 						w := httptest.NewRecorder()
 						app.ServeHTTP(w, r)
 						sent++

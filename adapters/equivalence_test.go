@@ -343,11 +343,7 @@ func TestEquivalence(t *testing.T) {
 						}
 						obs.take()
 						ran = ""
-						r := httptest.NewRequest(http.MethodGet, "/", nil)
-						r.Method = method
-						r.URL, _ = url.Parse(path)
-						r.RequestURI = path
-						r.RemoteAddr = "192.0.2.1:1234"
+						r := eqRequest(method, path)
 						w := httptest.NewRecorder()
 						app.ServeHTTP(w, r)
 						keys, err := rdb.Keys(ctx, "*").Result()
@@ -443,4 +439,15 @@ func allowedKey(k string) bool {
 	}) bool {
 		return d.limit == name
 	}))
+}
+
+// eqRequest returns a request of method for path, as a server receives it
+// (RequestURI as sent), from one client address.
+func eqRequest(method, path string) *http.Request {
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Method = method
+	r.URL, _ = url.Parse(path)
+	r.RequestURI = path
+	r.RemoteAddr = "192.0.2.1:1234"
+	return r
 }

@@ -128,22 +128,10 @@ func (rb *Rollbacks) removeReservations(reservations []reservation, cost int) (u
 	for i := range reservations {
 		r := &reservations[i]
 		giveUp := start.Add(min(r.window, maxRollbackTime))
-		var err error
-		for retry := firstRollbackRetry; ; retry = min(2*retry, lastRollbackRetry) {
-			// Bounded by when it gives up, not by a call's timeout: go-redis
-			// answers a call whose context ends after it was written with
-			// the context's error, which cannot say whether it ran; the
-			// client's ReadTimeout, which can, comes first.
-			ctx, cancel := context.WithDeadline(context.Background(), later(giveUp, time.Now().Add(rb.timeout)))
-			_, err = rb.Lib.Rollback(ctx, r.keys, r.req, r.stamps)
-			cancel()
-			// A call that may have run is not sent again: it would remove
-			// another request's entries of the same time.
-			if err == nil || !transient(err) || slidinglog.MayHaveRun(err) || errors.Is(err, redis.ErrClosed) || time.Now().Add(retry).After(giveUp) {
-				break
-			}
-			time.Sleep(retry) // backoff before asking a Redis that failed again
-		}
+		err := rb.retry(giveUp, func(ctx context.Context) error {
+			_, err := rb.Lib.Rollback(ctx, r.keys, r.req, r.stamps)
+			return err
+		})
 		if err != nil {
 			n := r.units(cost)
 			unreverted += n
@@ -151,6 +139,27 @@ func (rb *Rollbacks) removeReservations(reservations []reservation, cost int) (u
 		}
 	}
 	return unreverted
+}
+
+// retry calls call until it succeeds, fails for good, may have run, or
+// the next try would come after giveUp, with backoff between tries. A
+// call's context ends at giveUp, or after a call's timeout if that is
+// later: bounded by when it gives up, not by a call's timeout, since
+// go-redis answers a call whose context ends after it was written with the
+// context's error, which cannot say whether it ran; the client's
+// ReadTimeout, which can, comes first. A call that may have run is never
+// sent again: a removal would take another request's entries of the same
+// time, a debit would be logged twice.
+func (rb *Rollbacks) retry(giveUp time.Time, call func(ctx context.Context) error) error {
+	for wait := firstRollbackRetry; ; wait = min(2*wait, lastRollbackRetry) {
+		ctx, cancel := context.WithDeadline(context.Background(), later(giveUp, time.Now().Add(rb.timeout)))
+		err := call(ctx)
+		cancel()
+		if err == nil || !transient(err) || slidinglog.MayHaveRun(err) || errors.Is(err, redis.ErrClosed) || time.Now().Add(wait).After(giveUp) {
+			return err
+		}
+		time.Sleep(wait) // backoff before asking a Redis that failed again
+	}
 }
 
 // later returns the later of a and b.

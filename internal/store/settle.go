@@ -2,12 +2,9 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
@@ -127,18 +124,10 @@ func (rb *Rollbacks) chargeAll(charges []Charge) uint64 {
 		c := &charges[i]
 		giveUp := start.Add(min(c.window, maxRollbackTime))
 		var stamps []int64
-		var err error
-		for retry := firstRollbackRetry; ; retry = min(2*retry, lastRollbackRetry) {
-			ctx, cancel := context.WithDeadline(context.Background(), later(giveUp, time.Now().Add(rb.timeout)))
+		err := rb.retry(giveUp, func(ctx context.Context) (err error) {
 			stamps, err = rb.Lib.Charge(ctx, c.keys, c.req, c.stamps)
-			cancel()
-			// A call that may have run is not sent again: it would log
-			// the debit twice.
-			if err == nil || !transient(err) || slidinglog.MayHaveRun(err) || errors.Is(err, redis.ErrClosed) || time.Now().Add(retry).After(giveUp) {
-				break
-			}
-			time.Sleep(retry)
-		}
+			return err
+		})
 		if err == nil && len(stamps) != len(c.keys) {
 			err = fmt.Errorf("%w: %d stamps for %d limits", slidinglog.ErrUnexpectedReply, len(stamps), len(c.keys))
 		}
