@@ -40,18 +40,9 @@ func (m *modelRun) settleActions(a map[string]func(*rapid.T)) {
 // settle settles a Result an Allow returned: one of the latest, or any.
 func (m *modelRun) settle(rt *rapid.T) {
 	m.steps++
-	if len(m.issued) == 0 {
+	is := m.pickIssued(rt)
+	if is == nil {
 		return
-	}
-	i := len(m.issued) - 1 - rapid.IntRange(0, len(m.issued)-1).Draw(rt, "result (from the latest)")
-	is := m.issued[i]
-	if is.refunded && m.off["refund2"] {
-		return
-	}
-	for _, p := range is.placed {
-		if m.model.Foreign[m.keyOf(p.Ref)] != "" {
-			return // not modelled: a settle whose key another program took over
-		}
 	}
 	c0 := 0
 	if len(is.placed) > 0 {

@@ -490,22 +490,33 @@ func (m *modelRun) clock(rt *rapid.T) {
 	rt.Logf("step %d: clocks at %d and %d", m.steps, m.now[0], m.now[1])
 }
 
-// refund refunds a Result an Allow returned: one of the latest, or any.
-// Rule 3 decides what a second refund does.
-func (m *modelRun) refund(rt *rapid.T) {
-	m.steps++
+// pickIssued draws a Result an Allow returned, one of the latest or any,
+// to refund or settle; nil if there is none, if it was refunded and rule 3
+// is off, or if another program took over one of its keys (not modelled).
+func (m *modelRun) pickIssued(rt *rapid.T) *issuedResult {
 	if len(m.issued) == 0 {
-		return
+		return nil
 	}
 	i := len(m.issued) - 1 - rapid.IntRange(0, len(m.issued)-1).Draw(rt, "result (from the latest)")
 	is := m.issued[i]
 	if is.refunded && m.off["refund2"] {
-		return
+		return nil
 	}
 	for _, p := range is.placed {
 		if m.model.Foreign[m.keyOf(p.Ref)] != "" {
-			return // not modelled: a refund whose key another program took over
+			return nil
 		}
+	}
+	return is
+}
+
+// refund refunds a Result an Allow returned: one of the latest, or any.
+// Rule 3 decides what a second refund does.
+func (m *modelRun) refund(rt *rapid.T) {
+	m.steps++
+	is := m.pickIssued(rt)
+	if is == nil {
+		return
 	}
 	k := rapid.IntRange(0, 1).Draw(rt, "instance")
 	err := m.lims[k].Refund(context.Background(), is.res)

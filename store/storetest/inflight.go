@@ -270,15 +270,7 @@ func (r *inflightCheck) compareInFlight(rt *rapid.T, desc string, q *store.Query
 		r.seen["denied"]++
 	}
 	rt.Logf("step %d: %s -> allowed %v, err %v; %s", r.steps, desc, out.Allowed, err, want)
-	if err != nil {
-		rt.Fatalf("%s: %v", desc, err)
-	}
-	if out.Allowed != want.Allowed {
-		rt.Fatalf("%s: allowed %v, the model says %v (%s)", desc, out.Allowed, want.Allowed, want)
-	}
-	if out.Now != want.Now {
-		rt.Fatalf("%s: Now %d, want the query's %d", desc, out.Now, want.Now)
-	}
+	compareHead(rt, desc, out, err, want)
 	cost := int64(q.Cost)
 	for i, rep := range out.Replies {
 		v, l, quota := want.Limits[i], r.model.Limits[i], int64(want.Quota(i))
