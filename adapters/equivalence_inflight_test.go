@@ -52,9 +52,14 @@ func eqInFlightLimiter(t *testing.T, rdb redis.UniversalClient, o ratelimit.Obse
 // handler ran, the route's where it applies), takes the same keys, and
 // releases every slot once the request ends: no in-flight key is left,
 // and with caps of 1 no request is ever refused.
+//
+// Each method and path is sent as is and in one other shape, drawn
+// (seeded, printed; RATELIMIT_SEED replays it): the requests as is reach
+// the same handlers whatever the seed, so the decisions compared never
+// fall below the floor the test asserts.
 func TestEquivalenceInFlight(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	seed := genSeed(t)
+	t.Logf("seed %d (RATELIMIT_SEED replays it)", seed)
 	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
 		ctx := context.Background()
 		rng := rand.New(rand.NewPCG(seed, 3))
@@ -78,7 +83,7 @@ func TestEquivalenceInFlight(t *testing.T) {
 		sent, compared := 0, 0
 		for _, p := range paths {
 			for _, method := range eqMethods {
-				for _, s := range rng.Perm(len(eqShapes))[:2] {
+				for _, s := range []int{0, 1 + rng.IntN(len(eqShapes)-1)} {
 					tok := fmt.Sprintf("t%x", rng.Uint64())
 					path := eqShapes[s].shape(rng, p, tok)
 					desc := fmt.Sprintf("%s %s (shape %q of %s, seed %d)", method, path, eqShapes[s].name, p, seed)
@@ -127,7 +132,7 @@ func TestEquivalenceInFlight(t *testing.T) {
 			}
 		}
 		t.Logf("%d requests sent, %d decisions compared across routers", sent, compared)
-		if compared < 50 {
+		if compared < 120 {
 			t.Errorf("only %d decisions compared", compared)
 		}
 	})
