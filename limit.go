@@ -66,6 +66,12 @@ type Limit struct {
 	// of a rate ([InFlight]): Quota is the cap per identifier, Window the
 	// lease of a slot (see InFlight). Default: false, a rate limit.
 	InFlight bool
+	// Lease, if not zero, lets a process that sees a key of the limit
+	// hot reserve part of its quota for at most that long and decide
+	// that key's requests from the reservation in memory ([Limit.Leased]):
+	// from 1ms to Window/8, on an exact log that does not block or
+	// shadow. Default: zero, every decision asks Redis.
+	Lease time.Duration
 
 	defaulted bool // Name was given by the library, not by the user
 }
@@ -222,6 +228,20 @@ func (l Limit) Block(d time.Duration) Limit {
 	return l
 }
 
+// Leased returns a copy of l whose hot keys are decided from leases
+// ([Limit].Lease) of Window/16, at most 1s: a process that sees a key
+// of the limit take many requests reserves units of its quota in one
+// Redis call, as entries of the key's own log, decides the key's next
+// requests in memory from them, and gives back what it did not use when
+// the lease ends. The limit never admits more than its quota in any
+// window, across any number of processes; what a lease costs is the
+// units other processes hold and have not used yet. Keys that see few
+// requests take no lease. See docs/design.md (leases).
+func (l Limit) Leased() Limit {
+	l.Lease = min(l.Window/16, time.Second)
+	return l
+}
+
 // Named returns a copy of l with the given name.
 func (l Limit) Named(name string) Limit {
 	l.Name = name
@@ -298,6 +318,14 @@ func (l Limit) validate() error {
 	check(l.BlockFor > 0 && l.Key.global, "block %v: a Global limit counts every client together: its block would block them all", l.BlockFor)
 	if l.InFlight {
 		errs = append(errs, l.validateInFlight()...)
+	}
+	if l.Lease != 0 {
+		check(l.Lease < time.Millisecond || l.Lease > l.Window/8,
+			"lease %v: must be 0 (no leases) or from 1ms to the window's eighth (%v)", l.Lease, l.Window/8)
+		check(l.Precision != 0, "lease %v: a bucketed limit (Precision) does not lend leases; lease an exact log", l.Lease)
+		check(l.Shadow, "lease %v: a shadow limit never denies: it has nothing to lease", l.Lease)
+		check(l.InFlight, "lease %v: an in-flight limit counts requests in flight (its Window is a slot's lease), not a rate: it lends no leases", l.Lease)
+		check(l.BlockFor != 0, "lease %v: a limit that blocks (BlockFor) must see every denial in Redis, so it cannot lend leases", l.Lease)
 	}
 	check(!validName(l.Name), "name %q: use 1 to %d ASCII letters, digits, '-', '_' or '.'", l.Name, maxNameLen)
 	if l.Plans.set() {

@@ -444,6 +444,7 @@ func (l *Limiter) wrap(base store.Store) store.Store {
 func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
 	public := make([]pubstore.Limit, len(limits))
 	global := make([]bool, len(limits))
+	lease := make([]time.Duration, len(limits))
 	for i := range limits {
 		lim := &limits[i]
 		public[i] = pubstore.Limit{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Block: lim.BlockFor,
@@ -454,9 +455,9 @@ func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
 		if lim.bucketed {
 			public[i].Bucketed, public[i].Unit, public[i].Field = true, lim.Precision, lim.Name
 		}
-		global[i] = lim.Key.global
+		global[i], lease[i] = lim.Key.global, lim.Lease
 	}
-	p, bad, err := store.NewSpec(public, global, split)
+	p, bad, err := store.NewLeasedSpec(public, global, lease, split)
 	if err != nil && bad >= 0 {
 		return nil, fmt.Errorf("limit %s: %w", limits[bad].Name, err)
 	}

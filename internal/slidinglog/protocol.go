@@ -32,8 +32,10 @@ const MaxHolder = 1<<(8*windowBytes) - 1
 
 // Flags of a limit.
 const (
-	flagShadow = 1
-	flagBlock  = 2 // a block duration (windowBytes) follows the name
+	flagShadow  = 1
+	flagBlock   = 2 // a block duration (windowBytes) follows the name
+	flagLease   = 4 // the lease's length (windowBytes) follows the block's
+	flagAcquire = 8 // the units a lease asks for (quotaBytes) follow the lease's length
 )
 
 // MaxBlock is the longest block the wire format carries.
@@ -71,6 +73,13 @@ type Limit struct {
 	// millisecond): its request then carries one more key, the block key,
 	// after the keys of its limits (see lua/codec.lua).
 	Block time.Duration
+	// Lease, if not 0, lets the exact log lend leases of that length at
+	// most (see lua/exact.lua): every request of the limit carries it,
+	// since it changes which entries a decision counts.
+	Lease time.Duration
+	// Acquire makes a request of the limit ask for a lease (it needs
+	// Lease): the units it asks for are set in each request (SetAcquire).
+	Acquire bool
 }
 
 // Specs is limits encoded for requests, once.
@@ -117,6 +126,10 @@ func Encode(limits ...Limit) (Specs, error) {
 			return Specs{}, fmt.Errorf("bucketed limit name of %d bytes: want 1 to %d", len(l.Name), nameMax)
 		case l.Block < 0 || l.Block > MaxBlock || l.Block > 0 && l.Shadow:
 			return Specs{}, fmt.Errorf("block %v (shadow %v) out of range", l.Block, l.Shadow)
+		case l.Lease < 0 || l.Lease > 0 && (l.Kind != ExactLog || l.Shadow || l.Block > 0 || l.Lease < l.Unit || l.Lease > l.Window):
+			return Specs{}, fmt.Errorf("lease %v of a limit of kind %d (window %v, unit %v, shadow %v, block %v)", l.Lease, l.Kind, l.Window, l.Unit, l.Shadow, l.Block)
+		case l.Acquire && l.Lease == 0:
+			return Specs{}, fmt.Errorf("a lease asked of a limit that lends none")
 		}
 		flags := byte(0)
 		if l.Shadow {
@@ -125,6 +138,13 @@ func Encode(limits ...Limit) (Specs, error) {
 		block := (l.Block + time.Microsecond - 1) / time.Microsecond
 		if block > 0 {
 			flags |= flagBlock
+		}
+		lease := uint64((l.Lease + time.Microsecond - 1) / time.Microsecond)
+		if lease > 0 {
+			flags |= flagLease
+		}
+		if l.Acquire {
+			flags |= flagAcquire
 		}
 		b = append(b, byte(l.Kind), flags)
 		b = appendUint(b, uint64(l.Quota), quotaBytes)
@@ -143,6 +163,12 @@ func Encode(limits ...Limit) (Specs, error) {
 		if block > 0 {
 			b = appendUint(b, uint64(block), windowBytes)
 			s.blocks++
+		}
+		if lease > 0 {
+			b = appendUint(b, lease, windowBytes)
+		}
+		if l.Acquire {
+			b = appendUint(b, 0, quotaBytes) // SetAcquire's
 		}
 	}
 	s.n, s.b = len(limits), b
@@ -176,11 +202,38 @@ func SetQuotas(req []byte, quota func(j int) int) {
 	at := requestHead
 	for j := range int(req[requestHead-1]) {
 		putUint(req[at+2:at+2+quotaBytes], uint64(quota(j)))
-		next := at + specHead + int(req[at+specHead-1])
-		if req[at+1]&flagBlock != 0 {
-			next += windowBytes
+		at = specEnd(req, at)
+	}
+}
+
+// specEnd returns where the limit at byte at of req ends: its head, its
+// name, and the fields its flags say follow.
+func specEnd(req []byte, at int) int {
+	next := at + specHead + int(req[at+specHead-1])
+	if req[at+1]&flagBlock != 0 {
+		next += windowBytes
+	}
+	if req[at+1]&flagLease != 0 {
+		next += windowBytes
+	}
+	if req[at+1]&flagAcquire != 0 {
+		next += quotaBytes
+	}
+	return next
+}
+
+// SetAcquire sets the units the limits of req that ask for a lease
+// (Limit.Acquire) ask for: at least the request's cost, at most the
+// limit's quota (the Lua code lends min(units, room), and admits nothing
+// without room for the cost).
+func SetAcquire(req []byte, units int) {
+	at := requestHead
+	for range int(req[requestHead-1]) {
+		end := specEnd(req, at)
+		if req[at+1]&flagAcquire != 0 {
+			putUint(req[end-quotaBytes:end], uint64(units))
 		}
-		at = next
+		at = end
 	}
 }
 
@@ -194,11 +247,7 @@ func SetHolder(req []byte, id uint64) {
 		if Kind(req[at]) == InFlight {
 			putUint(req[at+2+quotaBytes+windowBytes:at+2+quotaBytes+2*windowBytes], id)
 		}
-		next := at + specHead + int(req[at+specHead-1])
-		if req[at+1]&flagBlock != 0 {
-			next += windowBytes
-		}
-		at = next
+		at = specEnd(req, at)
 	}
 }
 

@@ -384,6 +384,9 @@ func (q *Query) request(dst []byte, idx []int) []byte {
 	if q.Spec.InFlight != nil {
 		slidinglog.SetHolder(dst[start:], q.Holder)
 	}
+	if q.Acquire > 0 {
+		slidinglog.SetAcquire(dst[start:], q.Acquire)
+	}
 	return dst
 }
 

@@ -57,6 +57,13 @@ type LimitSpec struct {
 	store.Limit
 	Global bool             // counted by a Global key: the same for every request
 	Lua    slidinglog.Specs // the limit alone, for the Lua code
+	// Lease, if not 0, is the longest lease a process may take of a
+	// key of the limit (see Leases); 0: the limit lends none. Only an
+	// exact log that neither blocks nor shadows lends.
+	Lease time.Duration
+	// Acquire is the Spec of a lease's query: the limit alone, asking
+	// for the units Query.Acquire says; nil if the limit lends none.
+	Acquire *Spec
 }
 
 // NewSpec returns the Spec of limits, whose i-th is counted by a Global
@@ -64,17 +71,26 @@ type LimitSpec struct {
 // apart (a Cluster, a Ring). It fails for a limit the Lua code cannot
 // encode, and then returns its index as bad (-1 for the limits together).
 func NewSpec(limits []store.Limit, global []bool, split bool) (p *Spec, bad int, err error) {
+	return NewLeasedSpec(limits, global, nil, split)
+}
+
+// NewLeasedSpec is NewSpec with leases: the i-th limit lends leases of
+// lease[i] at most if that is not 0 (see LimitSpec.Lease).
+func NewLeasedSpec(limits []store.Limit, global []bool, lease []time.Duration, split bool) (p *Spec, bad int, err error) {
 	p = &Spec{Split: split, Public: limits}
 	wire := make([]slidinglog.Limit, len(limits))
 	for i, lim := range limits {
 		wire[i] = slidinglog.Limit{Kind: slidinglog.ExactLog, Shadow: lim.Shadow, Quota: lim.Quota, Window: lim.Window,
 			Unit: lim.Unit, Block: lim.Block}
+		if i < len(lease) {
+			wire[i].Lease = lease[i]
+		}
 		if lim.Bucketed {
 			wire[i].Kind, wire[i].Name = slidinglog.Buckets, lim.Field
 		}
 		if lim.InFlight {
-			if lim.Bucketed || lim.Unit != 0 || lim.Block != 0 {
-				return nil, i, errors.New("an in-flight limit has no precision, buckets or block")
+			if lim.Bucketed || lim.Unit != 0 || lim.Block != 0 || wire[i].Lease != 0 {
+				return nil, i, errors.New("an in-flight limit has no precision, buckets, block or lease")
 			}
 			wire[i] = slidinglog.Limit{Kind: slidinglog.InFlight, Shadow: lim.Shadow, Quota: lim.Quota, Window: lim.Window}
 			p.InFlight = append(p.InFlight, i)
@@ -84,7 +100,18 @@ func NewSpec(limits []store.Limit, global []bool, split bool) (p *Spec, bad int,
 			return nil, i, err
 		}
 		p.All = append(p.All, i)
-		p.Limits = append(p.Limits, LimitSpec{Limit: lim, Global: i < len(global) && global[i], Lua: spec})
+		ls := LimitSpec{Limit: lim, Global: i < len(global) && global[i], Lua: spec, Lease: wire[i].Lease}
+		if ls.Lease > 0 {
+			acq := wire[i]
+			acq.Acquire = true
+			aspec, err := slidinglog.Encode(acq)
+			if err != nil {
+				return nil, i, err
+			}
+			one := LimitSpec{Limit: lim, Global: ls.Global, Lua: aspec, Lease: ls.Lease}
+			ls.Acquire = &Spec{Limits: []LimitSpec{one}, Public: []store.Limit{lim}, All: []int{0}, Whole: [][]int{{0}}, Lua: aspec}
+		}
+		p.Limits = append(p.Limits, ls)
 	}
 	p.Whole = [][]int{p.All}
 	if p.Lua, err = slidinglog.Encode(wire...); err != nil {
@@ -159,6 +186,20 @@ type Query struct {
 	// Abandoned: a Redis call that may still read keys went on without
 	// the decision, whose buffers must then not be reused.
 	Abandoned bool
+	// Acquire, for a query of a limit's Acquire Spec, is the units the
+	// lease asks for: at least Cost, the least the lease must hold. If
+	// the request fits, the limit lends min(Acquire, quota - Count)
+	// (Granted), logged at the lease's end (Reply.Next).
+	Acquire int
+}
+
+// Granted returns the units a lease's query q lent, given its outcome
+// out: 0 if it was denied.
+func Granted(q *Query, out *Outcome) int {
+	if !out.Allowed || q.Acquire == 0 {
+		return 0
+	}
+	return int(min(int64(q.Acquire), int64(q.Quota(0))-out.Replies[0].Count))
 }
 
 // Outcome is a store's answer to a query: the public seam's, and what
