@@ -53,8 +53,9 @@
 --   * a write anew keeps the entries after at - L - window (at: the time
 --     it logs at, the log's time after it), so that no entry a later
 --     decision counts is dropped (exact_rewrite);
---   * a forget keeps the entries stamped after its time (exact_forget):
---     the leases' units still out, which their holders decide from.
+--   * a forget keeps the entries stamped after its time, and the log's
+--     time (exact_forget): the leases' units still out, which their
+--     holders decide from.
 -- A log that lends none is read and written as it always was: the fast
 -- path (exact_fast) takes no limit with flags, so it never sees one.
 --
@@ -482,32 +483,35 @@ local function exact_remove(key, lim, at, n)
   return k
 end
 
--- exact_forget removes the log at key, and returns 1 if it removed
--- anything. A log that lends leases (lim[LEASE]) keeps its entries
--- stamped after now, the reset's time: the units of the leases still out,
--- and what was logged at their end, which their holders go on deciding
--- from; its header (its time) stays. It is deleted if none is later, or if
--- it holds no log.
+-- exact_forget removes the log at key, and returns 1 if there was one. A
+-- log that lends leases (lim[LEASE]) whose time is after now, the reset's
+-- time, keeps its entries stamped after now (the units of the leases still
+-- out, and what was logged at their end, which their holders go on
+-- deciding from) and its time (the floor, if its newest entries go): it is
+-- deleted only if its time is not after now, or if it holds no log.
 local function exact_forget(key, lim, now)
   if not lim[LEASE] then
     return redis.call('DEL', key)
   end
   local s = redis.pcall('GET', key)
-  if type(s) ~= 'string' or #s < HEADER + ENTRY or (#s - HEADER) % ENTRY ~= 0 then
+  if type(s) ~= 'string' or #s < HEADER or (#s - HEADER) % ENTRY ~= 0 then
     return redis.call('DEL', key)
   end
   local log = {key}
   decode_header(log, string.byte(s, 1, HEADER))
-  if log[LUNIT] == 0 then
+  local size = (#s - HEADER) / ENTRY
+  local newest = log[FLOOR]
+  if size > 0 then
+    newest = math.max(newest, entry_at(s, HEADER, size - 1))
+  end
+  if log[LUNIT] == 0 or log[BASE] + newest * log[LUNIT] <= now then
     return redis.call('DEL', key)
   end
   local x = now - log[BASE]
-  local size = (#s - HEADER) / ENTRY
   local from = first_after(s, HEADER, 0, size, (x - x % log[LUNIT]) / log[LUNIT])
-  if from == size then
-    return redis.call('DEL', key)
-  elseif from > 0 then
-    redis.call('SET', key, string.sub(s, 1, HEADER) .. string.sub(s, HEADER + ENTRY * from + 1), 'KEEPTTL')
+  if from > 0 then
+    redis.call('SET', key, string.sub(s, 1, HEADER - ENTRY) .. encode_entry(newest) .. string.sub(s, HEADER + ENTRY * from + 1),
+      'KEEPTTL')
   end
   return 1
 end
