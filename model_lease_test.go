@@ -30,10 +30,12 @@ import (
 // it), give-backs of part or all of a lease's units at its stamp, refunds
 // of admitted decisions (the rollback of their entries), forgets (a
 // reset at a clock: a leasable log keeps its entries stamped later), and
-// clock steps forward and back by less than a unit, up to a lease, up to
-// a window, and by windows. Every reply is compared with the model's:
-// admitted or denied, the denier, each limit's count, stamp (the lease's
-// end for an acquire, and the units it lent) and reset.
+// clock steps forward and back by less than a unit, up to a lease (often
+// back), up to a window, about a window, and by windows; every request of
+// one leasable log that is not ahead of its clock takes the fast path.
+// Every reply is compared with the model's: admitted or denied, the
+// denier, each limit's count, stamp (the lease's end for an acquire, and
+// the units it lent) and reset.
 //
 // On a real server (RATELIMIT_SERVER=valkey for Valkey) it runs at least
 // 10,000 steps, and fails with fewer. The seed is printed; RATELIMIT_SEED
@@ -536,24 +538,30 @@ func (m *leaseModel) forget() {
 }
 
 // clock steps a clock forward or back: by less than a unit, up to a
-// lease, up to a window, by windows, or to the other clock.
+// lease, up to a window, about a window, by windows, or to the other
+// clock.
 func (m *leaseModel) clock() {
 	k := m.rng.IntN(2)
 	l := m.model.Limits[m.rng.IntN(len(m.model.Limits))]
+	lease := max(l.Lease, l.Unit)
 	var d int64
-	switch m.rng.IntN(5) {
+	back := m.rng.IntN(3) == 0
+	switch m.rng.IntN(7) {
 	case 0:
 		d = m.rng.Int64N(l.Unit + 1)
-	case 1:
-		d = m.rng.Int64N(max(l.Lease, l.Unit) + 1)
-	case 2:
-		d = m.rng.Int64N(l.Window + 1)
+	case 1, 2: // within a lease: back to before a lease's end, or a write anew
+		d = m.rng.Int64N(lease + 1)
+		back = m.rng.IntN(2) == 0
 	case 3:
+		d = m.rng.Int64N(l.Window + 1)
+	case 4: // about a window: the oldest entries leave, a lease's do not yet
+		d = l.Window - lease + m.rng.Int64N(2*lease+1)
+	case 5:
 		d = (1 + m.rng.Int64N(3)) * l.Window
 	default:
 		d = m.now[1-k] - m.now[k]
 	}
-	if m.rng.IntN(3) == 0 {
+	if back {
 		d = -d
 	}
 	m.now[k] += d

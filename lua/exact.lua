@@ -56,8 +56,11 @@
 --   * a forget keeps the entries stamped after its time, and the log's
 --     time (exact_forget): the leases' units still out, which their
 --     holders decide from.
--- A log that lends none is read and written as it always was: the fast
--- path (exact_fast) takes no limit with flags, so it never sees one.
+-- A log that lends none is read and written as it always was. The fast
+-- path (exact_fast) takes a request of one log that lends leases (in
+-- library.lua's each) when the log is not ahead of the request's time:
+-- it then counts what the general path would (from now), and keeps what
+-- it must when it writes the log anew.
 --
 -- Reading a string into Lua costs Redis in proportion to its length (it
 -- hashes every byte), so a log that may hold more than WHOLE entries (its
@@ -568,7 +571,11 @@ end
 -- left the window, see head), when its oldest entry leaves the window,
 -- the request's time in it, and the command that logs the request with
 -- its arguments after the key.
-local function exact_fast(key, quota, window, unit, n, now, R, r, plan)
+--
+-- lease is the limit's lease (FLAG_LEASE), nil if it lends none: a log
+-- ahead of now goes to the general path, and a write anew keeps the
+-- entries after at - lease - window (see leases, above).
+local function exact_fast(key, quota, window, unit, n, now, R, r, plan, lease)
   local byte = string.byte
   local s, size, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2
   if quota <= WHOLE then
@@ -717,9 +724,9 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan)
   end
   if count and dead * 2 > count or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
     -- Written anew at the same base (see exact_rewrite): without the
-    -- entries that have left the window a unit before at.
+    -- entries that have left the window a unit (a lease) before at.
     if dead > 0 then
-      x = at - unit - window - base
+      x = at - (lease or unit) - window - base
       x = (x - x % unit) / unit
       if x < cut then -- keep those after x, at cut
         local i = dead - from -- of str

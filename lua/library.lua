@@ -330,6 +330,21 @@ local function each(keys, argv, write)
       L = string.byte(arg, REQUEST_HEAD)
       if L <= FAST_LIMITS and #arg == REQUEST_HEAD + LIMIT_HEAD * L then
         fast, clock, left = fast_many(keys, k, arg, L, R, r, clock)
+      elseif L == 1 and #arg == REQUEST_HEAD + LIMIT_HEAD + 6 then
+        -- One exact log that lends leases (FLAG_LEASE, then its lease).
+        local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, _, kind, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6,
+          u1, u2, u3, u4, u5, u6, _, d1, d2, d3, d4, d5, d6 = string.byte(arg, 1, REQUEST_HEAD + LIMIT_HEAD + 6)
+        if kind == EXACT_LOG and flags == FLAG_LEASE then
+          now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
+          if now == 0 then
+            clock = clock or server_now()
+            now = clock
+          end
+          fast = exact_fast(keys[k], ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
+            ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6,
+            ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, ((c1 * 256 + c2) * 256 + c3) * 256 + c4, now, R, r,
+            false, ((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6)
+        end
       end
     end
     if fast == true then
