@@ -3,7 +3,10 @@ package store
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -285,4 +288,66 @@ func TestAcquireNeverOver(t *testing.T) {
 		}
 		t.Logf("%d units admitted, every window within its quota", checked)
 	})
+}
+
+// TestAcquireLateReply: a lease's query that gives up on Redis (its
+// deadline passes while its call is on the way) answers with an error;
+// when the late reply says the lease was lent after all, every unit it
+// lent is taken back, not only its cost, and nothing stays counted.
+func TestAcquireLateReply(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	r := newLeaseRig(t, inflightBackend{rdb: rdb, real: true}, 100)
+	now := time.Now().UnixMicro()
+	r.decide(1, 0, now) // the library loaded and a connection open
+	r.giveBack(1, r.decide(1, 5, now).Replies[0].Next)
+	before := r.entries()
+	admin := srv.Client()
+	calls := fcalls(t, admin)
+	proxy.SetDelay(time.Second) // the call reaches Redis after the query gave up
+	const timeout = 200 * time.Millisecond
+	start := time.Now()
+	q := &Query{Query: store.Query{Limits: r.spec.Limits[0].Acquire.Public, Keys: []string{r.key}, Cost: 1, Now: now}, Acquire: 50,
+		Spec: r.spec.Limits[0].Acquire, Tags: []string{"a"}, Wall: start, Local: start, Timeout: timeout, Deadline: start.Add(timeout)}
+	var out Outcome
+	out.Reset(make([]Reply, 1))
+	if err := r.rs.Decide(context.Background(), q, &out); err == nil {
+		t.Fatalf("the query answered within its deadline through a proxy that delays a second: %+v", out)
+	}
+	proxy.SetDelay(0)
+	// The lease's call, then the rollback's.
+	deadline := time.Now().Add(10 * time.Second)
+	for fcalls(t, admin) < calls+2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls 10s after the query gave up: the late lease was not taken back", fcalls(t, admin)-calls)
+		}
+		time.Sleep(20 * time.Millisecond) // polling Redis's counters
+	}
+	if got := r.entries(); !maps.Equal(got, before) {
+		t.Fatalf("after the late lease and its rollback, the log holds %v; before it %v", got, before)
+	}
+	if n := r.rs.Rollbacks.Unreverted.Load(); n != 0 {
+		t.Errorf("%d units unreverted; the rollback succeeded", n)
+	}
+}
+
+// fcalls returns how many FCALLs the server ran.
+func fcalls(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if stats, ok := strings.CutPrefix(line, "cmdstat_fcall:calls="); ok {
+			n, err := strconv.Atoi(stats[:strings.IndexByte(stats, ',')])
+			if err != nil {
+				t.Fatalf("INFO commandstats: %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	return 0
 }
