@@ -35,7 +35,10 @@ import (
 // one leasable log that is not ahead of its clock takes the fast path.
 // Every reply is compared with the model's: admitted or denied, the
 // denier, each limit's count, stamp (the lease's end for an acquire, and
-// the units it lent) and reset.
+// the units it lent) and reset. After every step the logs of its keys are
+// read: each holds every entry of the model that a later decision may
+// count (the prune rule: after the log's time less the lease, or the
+// unit, and the window), and none the model does not have.
 //
 // On a real server (RATELIMIT_SERVER=valkey for Valkey) it runs at least
 // 10,000 steps, and fails with fewer. The seed is printed; RATELIMIT_SEED
@@ -55,7 +58,7 @@ func TestModelLease(t *testing.T) {
 		mr := miniredis.RunT(t)
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = rdb.Close() })
-		runModelLease(t, []leaseBackend{{rdb: rdb}}, episodes(40, 200), 0)
+		runModelLease(t, []leaseBackend{{rdb: rdb}}, episodes(100, 400), 0)
 	})
 	t.Run("server", func(t *testing.T) {
 		srv := redistest.Start(t)
@@ -93,6 +96,7 @@ func runModelLease(t *testing.T, backends []leaseBackend, episodes, minSteps int
 		m := newLeaseModel(t, rng, b, e)
 		for range leaseModelSteps {
 			m.step()
+			m.checkLogs()
 			if t.Failed() {
 				t.Fatalf("seed %d (RATELIMIT_SEED), episode %d, step %d: the store and the model diverge; the episode's steps:\n%s", seed, e, m.steps, m.trace())
 			}
@@ -111,21 +115,22 @@ func runModelLease(t *testing.T, backends []leaseBackend, episodes, minSteps int
 // leaseModel is one episode: the Redis store and the model, driven by
 // the same steps.
 type leaseModel struct {
-	t      *testing.T
-	rng    *rand.Rand
-	b      leaseBackend
-	rs     *internalstore.Redis
-	lib    *slidinglog.Redis
-	spec   *internalstore.Spec
-	prefix string
-	model  logmodel.State
-	now    [2]int64 // the two clocks, µs
-	ids    []string
-	steps  int
-	log    []string
-	seen   map[string]int
-	leases []*modelLease    // leases lent, with units left to give back
-	issued []*modelDecision // admitted decisions, to refund
+	t       *testing.T
+	rng     *rand.Rand
+	b       leaseBackend
+	rs      *internalstore.Redis
+	lib     *slidinglog.Redis
+	spec    *internalstore.Spec
+	prefix  string
+	model   logmodel.State
+	now     [2]int64 // the two clocks, µs
+	ids     []string
+	steps   int
+	log     []string
+	seen    map[string]int
+	leases  []*modelLease     // leases lent, with units left to give back
+	issued  []*modelDecision  // admitted decisions, to refund
+	touched []logmodel.LogRef // the logs of the step's keys, for checkLogs
 }
 
 // modelLease is a lease lent: the log, its end (its entries' time) and
@@ -145,7 +150,7 @@ type modelDecision struct {
 }
 
 func newLeaseModel(t *testing.T, rng *rand.Rand, b leaseBackend, episode int) *leaseModel {
-	m := &leaseModel{t: t, rng: rng, b: b, ids: []string{"a", "b", "c"}, seen: map[string]int{},
+	m := &leaseModel{t: t, rng: rng, b: b, ids: []string{"a", "b"}, seen: map[string]int{},
 		prefix: fmt.Sprintf("lm%d.%d:", episode, rng.Uint32())}
 	m.model = logmodel.State{Logs: map[logmodel.LogRef]*logmodel.Log{}, Foreign: map[string]string{}, Blocked: map[logmodel.LogRef]bool{}}
 	n := 1 + rng.IntN(3)
@@ -213,6 +218,7 @@ func joinLines(lines []string) string {
 // step runs one step drawn at random.
 func (m *leaseModel) step() {
 	m.steps++
+	m.touched = m.touched[:0]
 	switch r := m.rng.IntN(20); {
 	case r < 6:
 		m.decide(false)
@@ -241,7 +247,68 @@ func (m *leaseModel) id(i int) string {
 }
 
 func (m *leaseModel) key(i int, id string) string {
+	m.touched = append(m.touched, logmodel.LogRef{Limit: i, ID: id})
 	return fmt.Sprintf("%sl%d:{%s}", m.prefix, i, id)
+}
+
+// checkLogs checks the prune rule on the logs of the step's keys: a log
+// holds every entry the model has that a later decision may count (those
+// after its time less the lease, or the unit, and the window), as many of
+// each time as the model, and none the model does not have.
+func (m *leaseModel) checkLogs() {
+	for _, ref := range slices.Compact(m.touched) {
+		key := fmt.Sprintf("%sl%d:{%s}", m.prefix, ref.Limit, ref.ID)
+		s, err := m.b.rdb.Get(context.Background(), key).Result()
+		if err != nil && err != redis.Nil {
+			m.t.Fatalf("GET %s: %v", key, err)
+		}
+		stored := map[int64]int{}
+		if err == nil {
+			stored = decodeExactLog(m.t, s)
+		}
+		l, g := m.model.Limits[ref.Limit], m.model.Logs[ref]
+		if g == nil {
+			if len(stored) > 0 {
+				m.t.Errorf("step %d: %s holds %v; the model has no log", m.steps, key, stored)
+			}
+			continue
+		}
+		keep := g.Time - max(l.Lease, l.Unit) - l.Window
+		model := map[int64]int{}
+		for _, r := range g.Runs {
+			model[r.T] = r.N
+			if r.T > keep && stored[r.T] != r.N {
+				m.t.Errorf("step %d: %s holds %d entries of %d, which a later decision may count; the model %d (log's time %d, lease %d)",
+					m.steps, key, stored[r.T], r.T, r.N, g.Time, l.Lease)
+			}
+		}
+		for t, n := range stored {
+			if n > model[t] {
+				m.t.Errorf("step %d: %s holds %d entries of %d; the model %d", m.steps, key, n, t, model[t])
+			}
+		}
+	}
+}
+
+// decodeExactLog returns the entries of an exact log (see lua/exact.lua):
+// how many of each time.
+func decodeExactLog(t *testing.T, s string) map[int64]int {
+	if len(s) < 18 || (len(s)-18)%2 != 0 {
+		t.Fatalf("no log: %q", s)
+	}
+	u := func(b string) int64 {
+		v := int64(0)
+		for i := range len(b) {
+			v = v*256 + int64(b[i])
+		}
+		return v
+	}
+	base, unit := u(s[0:7]), u(s[7:13])
+	out := map[int64]int{}
+	for p := 18; p < len(s); p += 2 {
+		out[base+u(s[p:p+2])*unit]++
+	}
+	return out
 }
 
 // cost draws a request's cost: mostly small, sometimes above quotas.
@@ -546,7 +613,7 @@ func (m *leaseModel) clock() {
 	lease := max(l.Lease, l.Unit)
 	var d int64
 	back := m.rng.IntN(3) == 0
-	switch m.rng.IntN(7) {
+	switch m.rng.IntN(9) {
 	case 0:
 		d = m.rng.Int64N(l.Unit + 1)
 	case 1, 2: // within a lease: back to before a lease's end, or a write anew
@@ -554,9 +621,9 @@ func (m *leaseModel) clock() {
 		back = m.rng.IntN(2) == 0
 	case 3:
 		d = m.rng.Int64N(l.Window + 1)
-	case 4: // about a window: the oldest entries leave, a lease's do not yet
+	case 4, 5, 6: // about a window: the oldest entries leave, a lease's do not yet
 		d = l.Window - lease + m.rng.Int64N(2*lease+1)
-	case 5:
+	case 7:
 		d = (1 + m.rng.Int64N(3)) * l.Window
 	default:
 		d = m.now[1-k] - m.now[k]
