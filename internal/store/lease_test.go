@@ -50,7 +50,7 @@ type leaseNext struct {
 	sent                  map[int64]time.Time // by stamp T: the acquire's Local
 	lease                 time.Duration
 	calls, acquires       int
-	others                int // calls that were not acquires
+	others                int   // calls that were not acquires
 	leasedQuotas          []int // the quotas of the last query that was not an acquire
 	block                 bool  // an acquire waits for its deadline, then fails
 	lastQuery             *Query
