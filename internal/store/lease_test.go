@@ -155,8 +155,8 @@ func drain(rb *Rollbacks) {
 	}
 }
 
-// leaseRig is Leases over a fake next store, on a controlled clock.
-type leaseRig struct {
+// layerRig is Leases over a fake next store, on a controlled clock.
+type layerRig struct {
 	t    testing.TB
 	next *leaseNext
 	lib  *leaseLib
@@ -168,7 +168,7 @@ type leaseRig struct {
 
 const rigLease = 62500 * time.Microsecond // a second's sixteenth
 
-func newLeaseRig(t testing.TB, rng *rand.Rand, quotas ...int) *leaseRig {
+func newLayerRig(t testing.TB, rng *rand.Rand, quotas ...int) *layerRig {
 	limits := make([]store.Limit, len(quotas))
 	global := make([]bool, len(quotas))
 	lease := make([]time.Duration, len(quotas))
@@ -182,7 +182,7 @@ func newLeaseRig(t testing.TB, rng *rand.Rand, quotas ...int) *leaseRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &leaseRig{t: t, next: newLeaseNext(rng, rigLease), lib: &leaseLib{given: map[int64]int{}}, spec: spec,
+	r := &layerRig{t: t, next: newLeaseNext(rng, rigLease), lib: &leaseLib{given: map[int64]int{}}, spec: spec,
 		now: time.UnixMicro(1_700_000_000_000_000), used: map[int64]int{}}
 	rb := NewRollbacks(r.lib, time.Second, nil)
 	r.ls = NewLeases(r.next, rb, func() time.Time { return r.now }, time.Second)
@@ -192,7 +192,7 @@ func newLeaseRig(t testing.TB, rng *rand.Rand, quotas ...int) *leaseRig {
 // decide decides a request of cost for keys (one per limit) at the rig's
 // time, with quotas (nil: the limits'), waits for the renewal it started,
 // and checks what a lease decided.
-func (r *leaseRig) decide(keys []string, cost int, quotas []int) (*Query, Outcome, error) {
+func (r *layerRig) decide(keys []string, cost int, quotas []int) (*Query, Outcome, error) {
 	r.t.Helper()
 	q := &Query{Query: store.Query{Limits: r.spec.Public, Keys: keys, Cost: cost, Quotas: quotas, Now: r.now.UnixMicro()},
 		Spec: r.spec, Wall: time.Now(), Local: r.now, Deadline: time.Now().Add(time.Minute), Timeout: time.Second}
@@ -228,7 +228,7 @@ func (r *leaseRig) decide(keys []string, cost int, quotas []int) (*Query, Outcom
 
 // settle closes the leases and checks that every unit each lease lent
 // was used by an admitted request or given back, exactly.
-func (r *leaseRig) settle() {
+func (r *layerRig) settle() {
 	r.t.Helper()
 	r.ls.Close(time.Now().Add(time.Minute))
 	drain(r.ls.Rollbacks)
@@ -258,7 +258,7 @@ func TestLeaseAccounting(t *testing.T) {
 	for run := range 20 {
 		t.Run(strconv.Itoa(run), func(t *testing.T) {
 			rng := leaseSeed(t)
-			r := newLeaseRig(t, rng, 2000, 100)
+			r := newLayerRig(t, rng, 2000, 100)
 			r.next.acqDeny, r.next.acqErr = rng.Float64()*0.2, rng.Float64()*0.2
 			r.next.deny, r.next.fail = rng.Float64()*0.3, rng.Float64()*0.1
 			r.next.partial = rng.IntN(2) == 0
@@ -305,7 +305,7 @@ func TestLeaseAccounting(t *testing.T) {
 // far fewer calls than requests, and its units add up.
 func TestLeaseHotKeyFewCalls(t *testing.T) {
 	rng := leaseSeed(t)
-	r := newLeaseRig(t, rng, 100_000)
+	r := newLayerRig(t, rng, 100_000)
 	const n = 20_000
 	for range n {
 		r.now = r.now.Add(time.Duration(rng.IntN(100)) * time.Microsecond)
@@ -330,7 +330,7 @@ func TestLeaseHotKeyFewCalls(t *testing.T) {
 // no lease: each query goes to Next as it is, with no acquire.
 func TestLeaseColdKeys(t *testing.T) {
 	rng := leaseSeed(t)
-	r := newLeaseRig(t, rng, 1000)
+	r := newLayerRig(t, rng, 1000)
 	for range 20_000 {
 		r.now = r.now.Add(time.Duration(rng.IntN(50)) * time.Microsecond)
 		q, out, err := r.decide([]string{"ip" + strconv.Itoa(rng.IntN(5000))}, 1, nil)
@@ -354,7 +354,7 @@ func TestLeaseColdKeys(t *testing.T) {
 // acquires anew.
 func TestLeaseNothingAfterEnd(t *testing.T) {
 	rng := leaseSeed(t)
-	r := newLeaseRig(t, rng, 100_000)
+	r := newLayerRig(t, rng, 100_000)
 	for range 2000 { // checks each decision against its lease's end
 		r.now = r.now.Add(time.Duration(rng.IntN(int(rigLease/time.Microsecond/4))) * time.Microsecond)
 		for range rng.IntN(20) {
@@ -369,12 +369,12 @@ func TestLeaseNothingAfterEnd(t *testing.T) {
 // call, and the key waits a period before it asks again.
 func TestLeaseSlowRedis(t *testing.T) {
 	rng := leaseSeed(t)
-	r := newLeaseRig(t, rng, 100_000)
+	r := newLayerRig(t, rng, 100_000)
 	for range hotRequests {
 		r.decide([]string{"g"}, 1, nil)
 	}
 	r.ls.Close(time.Now())
-	r = newLeaseRig(t, rng, 100_000)
+	r = newLayerRig(t, rng, 100_000)
 	r.next.block = true
 	for range hotRequests - 1 {
 		r.decide([]string{"g"}, 1, nil)
@@ -410,7 +410,7 @@ func TestLeaseSlowRedis(t *testing.T) {
 func TestLeaseAllocs(t *testing.T) {
 	for _, quotas := range [][]int{{1 << 20}, {1 << 20, 1 << 20}} {
 		rng := leaseSeed(t)
-		r := newLeaseRig(t, rng, quotas...)
+		r := newLayerRig(t, rng, quotas...)
 		keys := []string{"g", "ip"}[:len(quotas)]
 		q := &Query{Query: store.Query{Limits: r.spec.Public, Keys: keys, Cost: 1}, Spec: r.spec, Wall: time.Now(), Deadline: time.Now().Add(time.Hour)}
 		var out Outcome
@@ -443,7 +443,7 @@ func TestLeaseAllocs(t *testing.T) {
 //	go test -run '^$' -bench BenchmarkLeases -benchmem ./internal/store
 func BenchmarkLeases(b *testing.B) {
 	rng := leaseSeed(b)
-	r := newLeaseRig(b, rng, 1<<30)
+	r := newLayerRig(b, rng, 1<<30)
 	r.ls.Clock = time.Now
 	spec := r.spec
 	b.ReportAllocs()
