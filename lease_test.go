@@ -270,9 +270,10 @@ func testLeaseColdKeys(t *testing.T, b backend) {
 }
 
 // TestLeaseOtherLimitDenies: a request that a per-client limit denies
-// counts nothing in the leased limit, and refunds of requests decided
-// from a lease take back their units: once the Limiter closes, the
-// leased log counts exactly the units admitted and not refunded.
+// counts nothing in the leased limit, and refunds and settles of
+// requests decided from a lease take back or log their units: once the
+// Limiter closes, the leased log counts exactly the units admitted, as
+// settled, and not refunded.
 func TestLeaseOtherLimitDenies(t *testing.T) { forLeaseBackends(t, testLeaseOtherLimitDenies) }
 
 func testLeaseOtherLimitDenies(t *testing.T, b backend) {
@@ -282,7 +283,7 @@ func testLeaseOtherLimitDenies(t *testing.T, b backend) {
 	clock := &testClock{t: leaseStart}
 	r := newLeaseReplicas(t, b, 1, clock, limits)[0]
 	now := leaseStart
-	units, denied, refunded := 0, 0, 0
+	units, denied, refunded, settled := 0, 0, 0, 0
 	for range 3000 {
 		now = now.Add(time.Duration(rng.IntN(1000)) * time.Microsecond)
 		clock.Set(now)
@@ -298,17 +299,25 @@ func testLeaseOtherLimitDenies(t *testing.T, b backend) {
 			denied++
 			continue
 		}
-		if rng.IntN(10) == 0 {
+		switch rng.IntN(10) {
+		case 0:
 			if err := r.l.Refund(context.Background(), res); err != nil {
 				t.Fatal(err)
 			}
 			refunded++
 			continue
+		case 1: // settled at another cost: the difference is taken back, or logged
+			real := rng.IntN(6)
+			if err := r.l.Settle(context.Background(), res, real); err != nil {
+				t.Fatal(err)
+			}
+			settled++
+			cost = real
 		}
 		units += cost
 	}
-	if denied == 0 || refunded == 0 || r.l.Inspect().Leased() == 0 {
-		t.Fatalf("%d denied, %d refunded, %d from leases: the test tests nothing", denied, refunded, r.l.Inspect().Leased())
+	if denied == 0 || refunded == 0 || settled == 0 || r.l.Inspect().Leased() == 0 {
+		t.Fatalf("%d denied, %d refunded, %d settled, %d from leases: the test tests nothing", denied, refunded, settled, r.l.Inspect().Leased())
 	}
 	_ = r.l.Close()
 	res, err := r.l.Status(context.Background(), []string{GlobalID, "nobody"}, 1)
@@ -316,7 +325,7 @@ func testLeaseOtherLimitDenies(t *testing.T, b backend) {
 		t.Fatal(err)
 	}
 	if used := quota - res.Limits[0].Remaining; used != units {
-		t.Errorf("the leased log counts %d units: %d were admitted and kept (%d denied, %d refunded)", used, units, denied, refunded)
+		t.Errorf("the leased log counts %d units: %d were admitted and kept (%d denied, %d refunded, %d settled)", used, units, denied, refunded, settled)
 	}
 }
 
@@ -379,8 +388,8 @@ const hotLeaseRequests = 8
 // leases, once the lease that was out has ended; FailLocal decides them
 // in this process.
 func TestLeaseRedisDown(t *testing.T) {
-	for _, mode := range []FailureMode{FailOpen, FailLocal} {
-		t.Run(strconv.Itoa(int(mode)), func(t *testing.T) {
+	for name, mode := range map[string]FailureMode{"FailOpen": FailOpen, "FailLocal": FailLocal} {
+		t.Run(name, func(t *testing.T) {
 			b := backend{srv: redistest.Start(t)}
 			clock := &testClock{t: leaseStart}
 			limits := []Limit{PerMinute(100_000, Global()).Named("hot").Leased(), PerMinute(1000, Header("X-Client")).Named("ip")}
