@@ -461,3 +461,35 @@ func BenchmarkLeases(b *testing.B) {
 	b.StopTimer()
 	r.ls.Close(time.Now().Add(time.Minute))
 }
+
+// TestLeaseDenyCacheSkips: the deny cache learns nothing from a decision
+// a lease made: a lease's last unit says nothing of the log, whose next
+// lease may have room.
+func TestLeaseDenyCacheSkips(t *testing.T) {
+	rng := leaseSeed(t)
+	r := newLayerRig(t, rng, 64) // leases of 4 units at most: a lease's last unit often
+	cache := &DenyCache{MaxAge: time.Minute}
+	c := Cached{Next: r.ls, Cache: cache, Clock: func() time.Time { return r.now }}
+	leased := 0
+	for range 500 {
+		r.now = r.now.Add(time.Duration(rng.IntN(200)) * time.Microsecond)
+		q := &Query{Query: store.Query{Limits: r.spec.Public, Keys: []string{"g"}, Cost: 1, Now: r.now.UnixMicro()},
+			Spec: r.spec, Wall: time.Now(), Local: r.now, Deadline: time.Now().Add(time.Minute), Timeout: time.Second}
+		var out Outcome
+		out.Reset(make([]Reply, 1))
+		if err := c.Decide(context.Background(), q, &out); err != nil || !out.Allowed || out.Cached {
+			t.Fatalf("denied (cached %v, %v): the fake never denies", out.Cached, err)
+		}
+		r.ls.inUse.Wait()
+		if out.Leased != 0 {
+			leased++
+		}
+	}
+	if leased == 0 {
+		t.Fatal("no decision from a lease")
+	}
+	if n := cache.Len(); n != 0 {
+		t.Errorf("the deny cache holds %d denials", n)
+	}
+	r.ls.Close(time.Now().Add(time.Minute))
+}
