@@ -519,19 +519,30 @@ func TestLeaseWithStore(t *testing.T) {
 }
 
 // TestLeaseAllocs: a decision of a hot Global leased limit, from its
-// lease, allocates no more than one of the same limit without leases.
+// lease, allocates no more than one of the same limit without leases,
+// alone or with a per-client limit decided in Redis.
 func TestLeaseAllocs(t *testing.T) {
 	b := backend{srv: redistest.Start(t)}
+	for _, perClient := range []bool{false, true} {
+		t.Run("perClient="+strconv.FormatBool(perClient), func(t *testing.T) { testLeaseAllocs(t, b, perClient) })
+	}
+}
+
+func testLeaseAllocs(t *testing.T, b backend, perClient bool) {
 	allocs := map[bool]float64{}
 	for _, leased := range []bool{false, true} {
-		lim := PerMinute(1_000_000, Global()).Named("allocs" + strconv.FormatBool(leased))
+		lim := PerMinute(1_000_000, Global()).Named("allocs" + strconv.FormatBool(leased) + strconv.FormatBool(perClient))
 		if leased {
 			lim = lim.Leased()
 		}
+		limits, ids := []Limit{lim}, []string{GlobalID}
+		if perClient {
+			limits = append(limits, PerMinute(1_000_000, Header("X-Client")).Named(lim.Name+"-ip"))
+			ids = append(ids, "a")
+		}
 		clock := &testClock{t: leaseStart}
-		r := newLeaseReplicas(t, b, 1, clock, []Limit{lim})[0]
+		r := newLeaseReplicas(t, b, 1, clock, limits)[0]
 		now := leaseStart
-		ids := []string{GlobalID}
 		allow := func() {
 			now = now.Add(time.Microsecond)
 			clock.Set(now)
