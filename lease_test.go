@@ -560,3 +560,32 @@ func testLeaseAllocs(t *testing.T, b backend, perClient bool) {
 	}
 	t.Logf("allocations per decision: %v from a lease, %v without", allocs[true], allocs[false])
 }
+
+// BenchmarkLeaseAllow decides a hot Global limit from parallel
+// goroutines, with and without leases, on a real server.
+//
+//	go test -run '^$' -bench BenchmarkLeaseAllow -benchmem .
+func BenchmarkLeaseAllow(b *testing.B) {
+	srv := redistest.Start(b)
+	for _, leased := range []bool{false, true} {
+		name := "redis"
+		lim := PerMinute(1_000_000, Global()).Named("bench-" + strconv.FormatBool(leased))
+		if leased {
+			name, lim = "leased", lim.Leased()
+		}
+		b.Run(name, func(b *testing.B) {
+			l := mustNew(b, srv.Client(), []Limit{lim})
+			defer func() { _ = l.Close() }()
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				ids := []string{GlobalID}
+				for pb.Next() {
+					if _, err := l.Allow(context.Background(), ids, 1); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}

@@ -62,6 +62,7 @@ type Leases struct {
 
 	mu     sync.RWMutex
 	table  map[leaseKey]*lease
+	size   atomic.Int32 // len(table): a cold key reads no map while none is hot
 	closed atomic.Bool
 	leased atomic.Uint64 // decisions answered from a lease
 	inUse  sync.WaitGroup
@@ -272,9 +273,12 @@ func (ls *Leases) replies(q *Query, taken []taken, out *Outcome) int64 {
 func (ls *Leases) take(ctx context.Context, q *Query, i, quota int) (taken, bool, error) {
 	lim := &q.Spec.Limits[i]
 	key := leaseKey{id: q.Log(i), quota: quota, window: lim.Window}
-	ls.mu.RLock()
-	l := ls.table[key]
-	ls.mu.RUnlock()
+	var l *lease
+	if ls.size.Load() > 0 {
+		ls.mu.RLock()
+		l = ls.table[key]
+		ls.mu.RUnlock()
+	}
 	if l == nil {
 		prev, cur, hot := ls.count(key.id, q.Local, lim.Lease)
 		if !hot {
@@ -347,6 +351,7 @@ func (ls *Leases) track(key leaseKey, lim *LimitSpec, q *Query, prev, cur int) *
 	l.reqs = [2]int{prev, cur - 1} // fromLease counts this request
 	l.units = [2]int{prev * q.Cost, (cur - 1) * q.Cost}
 	ls.table[key] = l
+	ls.size.Store(int32(len(ls.table)))
 	return l
 }
 
@@ -577,6 +582,7 @@ func (ls *Leases) Sweep(now time.Time) {
 		}
 		l.mu.Unlock()
 	}
+	ls.size.Store(int32(len(ls.table)))
 	ls.mu.Unlock()
 	for _, e := range all {
 		ls.giveBack(e.l, e.gb)
@@ -638,6 +644,7 @@ func (ls *Leases) Close(deadline time.Time) {
 		l.gone = true
 		l.mu.Unlock()
 		delete(ls.table, key)
+		ls.size.Store(0)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -493,3 +493,48 @@ func TestLeaseDenyCacheSkips(t *testing.T) {
 	}
 	r.ls.Close(time.Now().Add(time.Minute))
 }
+
+// nopStore admits everything, and logs nothing.
+type nopStore struct{}
+
+func (nopStore) Decide(_ context.Context, q *Query, out *Outcome) error {
+	out.Allowed = true
+	return nil
+}
+
+// BenchmarkLeasesCold is what the lease layer costs a decision of a cold
+// key of a leasable limit: its two counters, before the query goes on
+// as it is ("direct" is the same query without the layer).
+//
+//	go test -run '^$' -bench BenchmarkLeasesCold -benchmem ./internal/store
+func BenchmarkLeasesCold(b *testing.B) {
+	rng := leaseSeed(b)
+	r := newLayerRig(b, rng, 1000)
+	r.ls.Next = nopStore{}
+	keys := make([]string, 1<<16)
+	for i := range keys {
+		keys[i] = "ip" + strconv.Itoa(i)
+	}
+	for _, layer := range []bool{false, true} {
+		name := "direct"
+		var s Store = nopStore{}
+		if layer {
+			name, s = "leases", r.ls
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			q := &Query{Query: store.Query{Limits: r.spec.Public, Keys: make([]string, 1), Cost: 1}, Spec: r.spec, Wall: time.Now(), Deadline: time.Now().Add(time.Hour)}
+			var out Outcome
+			replies := make([]Reply, 1)
+			i := 0
+			for b.Loop() {
+				i++
+				q.Keys[0] = keys[i%len(keys)]
+				q.Local = r.now.Add(time.Duration(i) * time.Microsecond)
+				q.Now = q.Local.UnixMicro()
+				out.Reset(replies)
+				_ = s.Decide(context.Background(), q, &out)
+			}
+		})
+	}
+}
