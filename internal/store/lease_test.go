@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,7 +165,13 @@ type layerRig struct {
 	spec *Spec
 	now  time.Time
 	used map[int64]int // by stamp: units admitted requests took
+	// clock is now as the Leases' background acquires read it (Unix
+	// ns): sync sets it.
+	clock atomic.Int64
 }
+
+// sync makes the leases' clock read r.now.
+func (r *layerRig) sync() { r.clock.Store(r.now.UnixNano()) }
 
 const rigLease = 62500 * time.Microsecond // a second's sixteenth
 
@@ -185,7 +192,8 @@ func newLayerRig(t testing.TB, rng *rand.Rand, quotas ...int) *layerRig {
 	r := &layerRig{t: t, next: newLeaseNext(rng, rigLease), lib: &leaseLib{given: map[int64]int{}}, spec: spec,
 		now: time.UnixMicro(1_700_000_000_000_000), used: map[int64]int{}}
 	rb := NewRollbacks(r.lib, time.Second, nil)
-	r.ls = NewLeases(r.next, rb, func() time.Time { return r.now }, time.Second)
+	r.sync()
+	r.ls = NewLeases(r.next, rb, func() time.Time { return time.Unix(0, r.clock.Load()) }, time.Second)
 	return r
 }
 
@@ -194,6 +202,7 @@ func newLayerRig(t testing.TB, rng *rand.Rand, quotas ...int) *layerRig {
 // and checks what a lease decided.
 func (r *layerRig) decide(keys []string, cost int, quotas []int) (*Query, Outcome, error) {
 	r.t.Helper()
+	r.sync()
 	q := &Query{Query: store.Query{Limits: r.spec.Public, Keys: keys, Cost: cost, Quotas: quotas, Now: r.now.UnixMicro()},
 		Spec: r.spec, Wall: time.Now(), Local: r.now, Deadline: time.Now().Add(time.Minute), Timeout: time.Second}
 	var out Outcome
@@ -417,6 +426,7 @@ func TestLeaseAllocs(t *testing.T) {
 		replies := make([]Reply, len(keys))
 		decide := func() {
 			r.now = r.now.Add(time.Microsecond)
+			r.sync()
 			q.Local, q.Now = r.now, r.now.UnixMicro()
 			out.Reset(replies)
 			if err := r.ls.Decide(context.Background(), q, &out); err != nil || !out.Allowed {
@@ -473,6 +483,7 @@ func TestLeaseDenyCacheSkips(t *testing.T) {
 	leased := 0
 	for range 500 {
 		r.now = r.now.Add(time.Duration(rng.IntN(200)) * time.Microsecond)
+		r.sync()
 		q := &Query{Query: store.Query{Limits: r.spec.Public, Keys: []string{"g"}, Cost: 1, Now: r.now.UnixMicro()},
 			Spec: r.spec, Wall: time.Now(), Local: r.now, Deadline: time.Now().Add(time.Minute), Timeout: time.Second}
 		var out Outcome
