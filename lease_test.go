@@ -524,6 +524,9 @@ func TestLeaseWithStore(t *testing.T) {
 // lease, allocates no more than one of the same limit without leases,
 // alone or with a per-client limit decided in Redis.
 func TestLeaseAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
 	b := backend{srv: redistest.Start(t)}
 	for _, perClient := range []bool{false, true} {
 		t.Run("perClient="+strconv.FormatBool(perClient), func(t *testing.T) { testLeaseAllocs(t, b, perClient) })
