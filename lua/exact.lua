@@ -53,10 +53,14 @@
 --   * a write anew keeps the entries after at - L - window (at: the time
 --     it logs at, the log's time after it), so that no entry a later
 --     decision counts is dropped (exact_rewrite);
---   * a forget keeps the entries stamped after its time (exact_forget):
---     the leases' units still out, which their holders decide from.
--- A log that lends none is read and written as it always was: the fast
--- path (exact_fast) takes no limit with flags, so it never sees one.
+--   * a forget keeps the entries stamped after its time, and the log's
+--     time (exact_forget): the leases' units still out, which their
+--     holders decide from.
+-- A log that lends none is read and written as it always was. The fast
+-- path (exact_fast) takes a request of one log that lends leases (in
+-- library.lua's each) when the log is not ahead of the request's time:
+-- it then counts what the general path would (from now), and keeps what
+-- it must when it writes the log anew.
 --
 -- Reading a string into Lua costs Redis in proportion to its length (it
 -- hashes every byte), so a log that may hold more than WHOLE entries (its
@@ -482,32 +486,35 @@ local function exact_remove(key, lim, at, n)
   return k
 end
 
--- exact_forget removes the log at key, and returns 1 if it removed
--- anything. A log that lends leases (lim[LEASE]) keeps its entries
--- stamped after now, the reset's time: the units of the leases still out,
--- and what was logged at their end, which their holders go on deciding
--- from; its header (its time) stays. It is deleted if none is later, or if
--- it holds no log.
+-- exact_forget removes the log at key, and returns 1 if there was one. A
+-- log that lends leases (lim[LEASE]) whose time is after now, the reset's
+-- time, keeps its entries stamped after now (the units of the leases still
+-- out, and what was logged at their end, which their holders go on
+-- deciding from) and its time (the floor, if its newest entries go): it is
+-- deleted only if its time is not after now, or if it holds no log.
 local function exact_forget(key, lim, now)
   if not lim[LEASE] then
     return redis.call('DEL', key)
   end
   local s = redis.pcall('GET', key)
-  if type(s) ~= 'string' or #s < HEADER + ENTRY or (#s - HEADER) % ENTRY ~= 0 then
+  if type(s) ~= 'string' or #s < HEADER or (#s - HEADER) % ENTRY ~= 0 then
     return redis.call('DEL', key)
   end
   local log = {key}
   decode_header(log, string.byte(s, 1, HEADER))
-  if log[LUNIT] == 0 then
+  local size = (#s - HEADER) / ENTRY
+  local newest = log[FLOOR]
+  if size > 0 then
+    newest = math.max(newest, entry_at(s, HEADER, size - 1))
+  end
+  if log[LUNIT] == 0 or log[BASE] + newest * log[LUNIT] <= now then
     return redis.call('DEL', key)
   end
   local x = now - log[BASE]
-  local size = (#s - HEADER) / ENTRY
   local from = first_after(s, HEADER, 0, size, (x - x % log[LUNIT]) / log[LUNIT])
-  if from == size then
-    return redis.call('DEL', key)
-  elseif from > 0 then
-    redis.call('SET', key, string.sub(s, 1, HEADER) .. string.sub(s, HEADER + ENTRY * from + 1), 'KEEPTTL')
+  if from > 0 then
+    redis.call('SET', key, string.sub(s, 1, HEADER - ENTRY) .. encode_entry(newest) .. string.sub(s, HEADER + ENTRY * from + 1),
+      'KEEPTTL')
   end
   return 1
 end
@@ -564,7 +571,11 @@ end
 -- left the window, see head), when its oldest entry leaves the window,
 -- the request's time in it, and the command that logs the request with
 -- its arguments after the key.
-local function exact_fast(key, quota, window, unit, n, now, R, r, plan)
+--
+-- lease is the limit's lease (FLAG_LEASE), nil if it lends none: a log
+-- ahead of now goes to the general path, and a write anew keeps the
+-- entries after at - lease - window (see leases, above).
+local function exact_fast(key, quota, window, unit, n, now, R, r, plan, lease)
   local byte = string.byte
   local s, size, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2
   if quota <= WHOLE then
@@ -713,9 +724,9 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan)
   end
   if count and dead * 2 > count or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
     -- Written anew at the same base (see exact_rewrite): without the
-    -- entries that have left the window a unit before at.
+    -- entries that have left the window a unit (a lease) before at.
     if dead > 0 then
-      x = at - unit - window - base
+      x = at - (lease or unit) - window - base
       x = (x - x % unit) / unit
       if x < cut then -- keep those after x, at cut
         local i = dead - from -- of str

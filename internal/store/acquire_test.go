@@ -3,7 +3,10 @@ package store
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -194,4 +197,157 @@ func TestAcquire(t *testing.T) {
 			t.Fatalf("a forget after every entry: the key exists (%d, %v)", n, err)
 		}
 	})
+}
+
+// TestAcquireNeverOver: whatever a mix of decisions and leases does at
+// monotone times, no window holds more admitted units than the quota,
+// counting each unit at the time it was used: a decision's at its time, a
+// lease's at any time its holder chose from its acquire until the lease
+// ran out (its acquire's time plus the lease, before its end on the log),
+// and never the units given back. The steps: decisions of random costs,
+// acquires of random units (of a random cost, often more than the room),
+// uses of a live lease's units, give-backs of what a lease did not use
+// (at once, late, or never: a holder that died), at times that advance by
+// less than a unit, up to a lease, or up to a window.
+func TestAcquireNeverOver(t *testing.T) {
+	inflightBackends(t, func(t *testing.T, b inflightBackend) {
+		rng := seeded(t)
+		checked := 0
+		for trial := range 20 {
+			quota := []int{1, 3, 10, 100, 300}[rng.IntN(5)]
+			r := newLeaseRig(t, b, quota)
+			L, W := r.lease.Microseconds(), r.window.Microseconds()
+			type lease struct {
+				at, end int64 // its stamp, and when its holder stops using it
+				left    int
+			}
+			var used []int64 // the times of the units admitted
+			var leases []*lease
+			now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro() + rng.Int64N(1e12)
+			for range 300 {
+				switch rng.IntN(10) {
+				case 0, 1, 2: // a decision
+					cost := 1 + rng.IntN(3)
+					if out := r.decide(cost, 0, now); out.Allowed {
+						for range cost {
+							used = append(used, now)
+						}
+					}
+				case 3, 4: // an acquire
+					cost := 1 + rng.IntN(3)
+					units := cost + rng.IntN(2*quota)
+					if out := r.decide(cost, units, now); out.Allowed {
+						g := int(min(int64(units), int64(quota)-out.Replies[0].Count))
+						leases = append(leases, &lease{at: out.Replies[0].Next, end: now + L, left: g})
+					}
+				case 5, 6, 7: // a holder uses units of a live lease
+					var live []*lease
+					for _, l := range leases {
+						if l.left > 0 && now < l.end {
+							live = append(live, l)
+						}
+					}
+					if len(live) > 0 {
+						l := live[rng.IntN(len(live))]
+						n := 1 + rng.IntN(l.left)
+						l.left -= n
+						for range n {
+							used = append(used, now)
+						}
+					}
+				case 8: // a holder gives back what it did not use
+					if len(leases) > 0 {
+						j := rng.IntN(len(leases))
+						if l := leases[j]; l.left > 0 && rng.IntN(4) > 0 { // else it died: it never gives back
+							r.giveBack(l.left, l.at)
+						}
+						leases = append(leases[:j], leases[j+1:]...)
+					}
+				default:
+				}
+				switch rng.IntN(3) {
+				case 0:
+					now += rng.Int64N(r.unit)
+				case 1:
+					now += rng.Int64N(L)
+				default:
+					now += rng.Int64N(W / 4)
+				}
+			}
+			checked += len(used)
+			// Every window [a, a+W) starting at a unit's time holds at most
+			// quota units: the most crowded windows start at one.
+			for i, j := 0, 0; i < len(used); i++ {
+				for j < len(used) && used[j] < used[i]+W {
+					j++
+				}
+				if j-i > quota {
+					t.Fatalf("trial %d: %d units admitted in the window from %d (quota %d)", trial, j-i, used[i], quota)
+				}
+			}
+		}
+		t.Logf("%d units admitted, every window within its quota", checked)
+	})
+}
+
+// TestAcquireLateReply: a lease's query that gives up on Redis (its
+// deadline passes while its call is on the way) answers with an error;
+// when the late reply says the lease was lent after all, every unit it
+// lent is taken back, not only its cost, and nothing stays counted.
+func TestAcquireLateReply(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	r := newLeaseRig(t, inflightBackend{rdb: rdb, real: true}, 100)
+	now := time.Now().UnixMicro()
+	r.decide(1, 0, now) // the library loaded and a connection open
+	r.giveBack(1, r.decide(1, 5, now).Replies[0].Next)
+	before := r.entries()
+	admin := srv.Client()
+	calls := fcalls(t, admin)
+	proxy.SetDelay(time.Second) // the call reaches Redis after the query gave up
+	const timeout = 200 * time.Millisecond
+	start := time.Now()
+	q := &Query{Query: store.Query{Limits: r.spec.Limits[0].Acquire.Public, Keys: []string{r.key}, Cost: 1, Now: now}, Acquire: 50,
+		Spec: r.spec.Limits[0].Acquire, Tags: []string{"a"}, Wall: start, Local: start, Timeout: timeout, Deadline: start.Add(timeout)}
+	var out Outcome
+	out.Reset(make([]Reply, 1))
+	if err := r.rs.Decide(context.Background(), q, &out); err == nil {
+		t.Fatalf("the query answered within its deadline through a proxy that delays a second: %+v", out)
+	}
+	proxy.SetDelay(0)
+	// The lease's call, then the rollback's.
+	deadline := time.Now().Add(10 * time.Second)
+	for fcalls(t, admin) < calls+2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls 10s after the query gave up: the late lease was not taken back", fcalls(t, admin)-calls)
+		}
+		time.Sleep(20 * time.Millisecond) // polling Redis's counters
+	}
+	if got := r.entries(); !maps.Equal(got, before) {
+		t.Fatalf("after the late lease and its rollback, the log holds %v; before it %v", got, before)
+	}
+	if n := r.rs.Rollbacks.Unreverted.Load(); n != 0 {
+		t.Errorf("%d units unreverted; the rollback succeeded", n)
+	}
+}
+
+// fcalls returns how many FCALLs the server ran.
+func fcalls(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if stats, ok := strings.CutPrefix(line, "cmdstat_fcall:calls="); ok {
+			n, err := strconv.Atoi(stats[:strings.IndexByte(stats, ',')])
+			if err != nil {
+				t.Fatalf("INFO commandstats: %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	return 0
 }
