@@ -115,13 +115,20 @@ type grant struct {
 	granted, left int
 	stamp         int64     // T: its entries' time, Reply.Next of what it decides
 	reset, now    int64     // the acquire reply's Reset and Now (Redis clock)
-	end           time.Time // decision clock: no unit is taken at or after it
+	start, end    time.Time // decision clock: units are taken from start (its acquire's sending) until before end
 	arrived       time.Time // decision clock: when its reply arrived
 	done          bool      // given back (or being given back): nothing more is taken
 }
 
-// live reports whether g lends at local time now.
-func (g *grant) live(now time.Time) bool { return g != nil && !g.done && now.Before(g.end) }
+// spent reports whether g has nothing more to lend or give back.
+func (g *grant) spent() bool { return g == nil || g.done }
+
+// live reports whether g lends at local time now: not before it was
+// asked for (a clock that ran back, or a decision that read the clock
+// before another's acquire), nor from its end.
+func (g *grant) live(now time.Time) bool {
+	return g != nil && !g.done && !now.Before(g.start) && now.Before(g.end)
+}
 
 // Leased returns how many decisions were answered from a lease (in part:
 // one of their limits).
@@ -418,8 +425,7 @@ func (l *lease) due(g *grant, now time.Time) bool {
 	if g != l.grants[1] && l.grants[1] != nil && !l.grants[1].done {
 		return false // a newer grant is already there
 	}
-	start := g.end.Add(-l.length)
-	return !now.Before(start.Add(l.length*3/4)) || 4*g.left <= g.granted
+	return !now.Before(g.start.Add(l.length*3/4)) || 4*g.left <= g.granted
 }
 
 // fromLease takes q's cost for limit i from l: from a grant it holds, or
@@ -508,7 +514,7 @@ func (ls *Leases) acquire(ctx context.Context, l *lease, sent time.Time, now int
 		return nil, 0, err
 	}
 	r := aout.Replies[0]
-	g = &grant{granted: granted, left: granted - take, stamp: r.Next, reset: r.Reset, now: r.Now, end: sent.Add(l.length), arrived: arrived}
+	g = &grant{granted: granted, left: granted - take, stamp: r.Next, reset: r.Reset, now: r.Now, start: sent, end: sent.Add(l.length), arrived: arrived}
 	var old [2]giveBack
 	if o := l.grants[0]; o != nil && !o.done {
 		// Three grants at once: the oldest goes back now.
@@ -561,7 +567,7 @@ func (ls *Leases) giveBackBy(l *lease, grants [2]giveBack, deadline time.Time) {
 }
 
 // Sweep gives back, at now on the decision clock, the grants that have
-// ended, and forgets the keys that have cooled: no grant lends and no
+// ended, and forgets the keys that have cooled: no grant is left and no
 // request came for two periods.
 func (ls *Leases) Sweep(now time.Time) {
 	type ended struct {
@@ -576,7 +582,7 @@ func (ls *Leases) Sweep(now time.Time) {
 		if gb[0].g != nil || gb[1].g != nil {
 			all = append(all, ended{l, gb})
 		}
-		if !l.acquiring && !l.grants[0].live(now) && !l.grants[1].live(now) && now.Sub(l.seen) >= 2*l.length {
+		if !l.acquiring && l.grants[0].spent() && l.grants[1].spent() && now.Sub(l.seen) >= 2*l.length {
 			delete(ls.table, key)
 			l.gone = true
 		}

@@ -225,6 +225,8 @@ func (r *layerRig) decide(keys []string, cost int, quotas []int) (*Query, Outcom
 			r.t.Fatalf("limit %d decided from a lease of stamp %d that was never lent", i, rep.Next)
 		case !r.now.Before(sent.Add(rigLease)):
 			r.t.Fatalf("limit %d decided at %v from a lease that ended at %v", i, r.now, sent.Add(rigLease))
+		case r.now.Before(sent):
+			r.t.Fatalf("limit %d decided at %v from a lease asked for at %v", i, r.now, sent)
 		case rep.Count > int64(q.Quota(i)-cost) || rep.Count < 0:
 			r.t.Fatalf("limit %d: count %d for a request of cost %d under quota %d", i, rep.Count, cost, q.Quota(i))
 		}
@@ -258,8 +260,9 @@ func (r *layerRig) settle() {
 // TestLeaseAccounting drives one hot Global leased limit and a per-client
 // limit with random arrivals, costs, plans that exempt the client,
 // denials and failures of the other limit, denied, partial and failed
-// acquires, and sweeps; every lease's units are used by admitted requests
-// or given back, exactly; nothing is taken at or after a lease's end; a
+// acquires, sweeps, and a clock that steps back; every lease's units are
+// used by admitted requests or given back, exactly; nothing is taken
+// before a lease was asked for, nor at or after its end; a
 // request admitted from a lease was admitted by the other limit too (or
 // had none); and the query sent on never counts a limit the lease
 // decided.
@@ -274,6 +277,9 @@ func TestLeaseAccounting(t *testing.T) {
 			leased := 0
 			for range 3000 {
 				r.now = r.now.Add(time.Duration(rng.IntN(3000)) * time.Microsecond)
+				if rng.IntN(200) == 0 { // the clock steps back
+					r.now = r.now.Add(-time.Duration(rng.Int64N(int64(2 * rigLease))))
+				}
 				cost := 1 + rng.IntN(3)
 				var quotas []int
 				if rng.IntN(5) == 0 {
