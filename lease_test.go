@@ -383,51 +383,61 @@ func testLeaseReset(t *testing.T, b backend) {
 // internal/store.Leases).
 const hotLeaseRequests = 8
 
-// TestLeaseRedisDown: with Redis gone, a leased limit's decisions take
-// the decision timeout at most and get the failure mode as without
-// leases, once the lease that was out has ended; FailLocal decides them
-// in this process.
+// TestLeaseRedisDown: with Redis gone (stopped) or hung (paused) when a
+// hot key's lease ends, a leased limit's decisions take the decision
+// timeout at most and get the failure mode as without leases; FailLocal
+// decides them in this process.
 func TestLeaseRedisDown(t *testing.T) {
 	for name, mode := range map[string]FailureMode{"FailOpen": FailOpen, "FailLocal": FailLocal} {
-		t.Run(name, func(t *testing.T) {
-			b := backend{srv: redistest.Start(t)}
-			clock := &testClock{t: leaseStart}
-			limits := []Limit{PerMinute(100_000, Global()).Named("hot").Leased(), PerMinute(1000, Header("X-Client")).Named("ip")}
-			timeout := 200 * time.Millisecond
-			r := newLeaseReplicas(t, b, 1, clock, limits, WithFailureMode(mode), WithTimeout(timeout))[0]
-			now := leaseStart
-			for range 4 * hotLeaseRequests {
-				now = now.Add(time.Millisecond)
-				clock.Set(now)
-				if _, err := r.l.Allow(context.Background(), []string{GlobalID, "a"}, 1); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if r.l.Inspect().Leased() == 0 {
-				t.Fatal("no lease taken")
-			}
-			b.srv.Stop()
-			now = now.Add(2 * time.Second) // past any lease
-			for i := range 5 {
-				now = now.Add(time.Millisecond)
-				clock.Set(now)
-				start := time.Now()
-				res, err := r.l.Allow(context.Background(), []string{GlobalID, "a"}, 1)
-				took := time.Since(start)
-				if err == nil {
-					t.Fatalf("decision %d: no error with Redis down", i)
-				}
-				if took > 3*timeout {
-					t.Errorf("decision %d took %v: the timeout is %v", i, took, timeout)
-				}
-				if mode == FailLocal && (!res.Local || !res.Allowed) {
-					t.Errorf("FailLocal: decision %d local %v allowed %v", i, res.Local, res.Allowed)
-				}
-				if mode == FailOpen && res.Allowed {
-					t.Errorf("Allow under FailOpen: a Result that admits with an error")
-				}
-			}
-		})
+		for _, hung := range []bool{false, true} {
+			t.Run(name+"/hung="+strconv.FormatBool(hung), func(t *testing.T) { testLeaseRedisDown(t, mode, hung) })
+		}
+	}
+}
+
+func testLeaseRedisDown(t *testing.T, mode FailureMode, hung bool) {
+	b := backend{srv: redistest.Start(t)}
+	clock := &testClock{t: leaseStart}
+	limits := []Limit{PerMinute(100_000, Global()).Named("hot").Leased(), PerMinute(1000, Header("X-Client")).Named("ip")}
+	timeout := 200 * time.Millisecond
+	r := newLeaseReplicas(t, b, 1, clock, limits, WithFailureMode(mode), WithTimeout(timeout))[0]
+	now := leaseStart
+	for range 4 * hotLeaseRequests {
+		now = now.Add(time.Millisecond)
+		clock.Set(now)
+		if _, err := r.l.Allow(context.Background(), []string{GlobalID, "a"}, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r.l.Inspect().Leased() == 0 {
+		t.Fatal("no lease taken")
+	}
+	if hung {
+		b.srv.Pause()
+		t.Cleanup(b.srv.Resume)
+	} else {
+		b.srv.Stop()
+	}
+	now = now.Add(1100 * time.Millisecond) // past the lease (a second), the key still hot: it asks for another
+	for i := range 5 {
+		now = now.Add(time.Millisecond)
+		clock.Set(now)
+		start := time.Now()
+		res, err := r.l.Allow(context.Background(), []string{GlobalID, "a"}, 1)
+		took := time.Since(start)
+		t.Logf("decision %d: %v in %v", i, err, took)
+		if err == nil {
+			t.Fatalf("decision %d: no error with Redis down", i)
+		}
+		if took > 3*timeout {
+			t.Errorf("decision %d took %v: the timeout is %v", i, took, timeout)
+		}
+		if mode == FailLocal && (!res.Local || !res.Allowed) {
+			t.Errorf("FailLocal: decision %d local %v allowed %v", i, res.Local, res.Allowed)
+		}
+		if mode == FailOpen && res.Allowed {
+			t.Errorf("Allow under FailOpen: a Result that admits with an error")
+		}
 	}
 }
 
