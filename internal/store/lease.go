@@ -445,8 +445,7 @@ func (ls *Leases) fromLease(ctx context.Context, q *Query, l *lease, i int) (tak
 		l.mu.Unlock()
 		ls.giveBack(l, ended)
 		if renew {
-			ls.inUse.Add(1)
-			go ls.renew(l, cost)
+			ls.startRenewal(l, cost)
 		}
 		return t, true, nil
 	}
@@ -468,6 +467,21 @@ func (ls *Leases) fromLease(ctx context.Context, q *Query, l *lease, i int) (tak
 		return taken{}, false, nil
 	}
 	return taken{i: i, g: g, l: l, before: before}, true, nil
+}
+
+// startRenewal starts renew, unless the leases are closed (l.acquiring
+// is set; it clears it then). Close waits for the renewals it starts.
+func (ls *Leases) startRenewal(l *lease, cost int) {
+	ls.mu.RLock()
+	defer ls.mu.RUnlock()
+	if ls.closed.Load() {
+		l.mu.Lock()
+		l.acquiring = false
+		l.mu.Unlock()
+		return
+	}
+	ls.inUse.Add(1) // before Close's Wait: Close sets closed under ls.mu
+	go ls.renew(l, cost)
 }
 
 // renew acquires l's next grant in the background.
@@ -623,7 +637,10 @@ func (ls *Leases) Start(every time.Duration, alive func() bool) {
 // (the rest goes on in the background, see Rollbacks). It waits for the
 // acquires in flight, which give back what they get.
 func (ls *Leases) Close(deadline time.Time) {
-	if ls.closed.Swap(true) {
+	ls.mu.Lock()
+	closed := ls.closed.Swap(true)
+	ls.mu.Unlock()
+	if closed {
 		return
 	}
 	if ls.stop != nil {
