@@ -92,6 +92,7 @@ type leaseKey struct {
 type lease struct {
 	mu     sync.Mutex
 	quota  int
+	window time.Duration
 	length time.Duration // L
 	spec   *Spec         // the acquire's (LimitSpec.Acquire)
 	give   *Spec         // the limit alone, without the acquire: to give back
@@ -260,15 +261,20 @@ func leasable(q *Query) bool {
 
 // replies writes the reply of each limit taken from a lease: decided at
 // the Redis clock's estimate, Count what the lease did not hold before
-// the request, Reset the acquire's, Next the lease's T. It returns the
-// latest of their times.
+// the request, Reset the acquire's (once it has passed, when the lease's
+// own entries leave: the log's oldest entry is then unknown, and no
+// later), Next the lease's T. It returns the latest of their times.
 func (ls *Leases) replies(q *Query, taken []taken, out *Outcome) int64 {
 	var latest int64
 	for _, t := range taken {
 		// The Redis clock at the latest: the reply's time, and the time
 		// since it arrived, which Redis decided before.
 		now := t.g.now + max(q.Local.Sub(t.g.arrived), 0).Microseconds()
-		out.Replies[t.i] = Reply{OK: true, Now: now, Count: int64(t.l.quota - t.before), Reset: t.g.reset, Next: t.g.stamp}
+		reset := t.g.reset
+		if reset < now {
+			reset = t.g.stamp + t.l.window.Microseconds()
+		}
+		out.Replies[t.i] = Reply{OK: true, Now: now, Count: int64(t.l.quota - t.before), Reset: reset, Next: t.g.stamp}
 		latest = max(latest, now)
 	}
 	return latest
@@ -352,7 +358,7 @@ func (ls *Leases) track(key leaseKey, lim *LimitSpec, q *Query, prev, cur int) *
 	key.id = LogID{Key: strings.Clone(key.id.Key), Field: key.id.Field}
 	one := *lim
 	one.Acquire = nil
-	l := &lease{quota: key.quota, length: lim.Lease, spec: lim.Acquire, keys: []string{key.id.Key}, fixed: q.Now != 0,
+	l := &lease{quota: key.quota, window: key.window, length: lim.Lease, spec: lim.Acquire, keys: []string{key.id.Key}, fixed: q.Now != 0,
 		give: &Spec{Limits: []LimitSpec{one}, Public: lim.Acquire.Public, All: []int{0}, Whole: [][]int{{0}}, Lua: lim.Lua}}
 	l.period = q.Local.UnixMicro() / max(l.length.Microseconds(), 1)
 	l.reqs = [2]int{prev, cur - 1} // fromLease counts this request

@@ -94,7 +94,11 @@ func (f *leaseNext) Decide(ctx context.Context, q *Query, out *Outcome) error {
 		stamp := q.Local.UnixMicro() + f.lease.Microseconds() + f.seq
 		f.granted[stamp], f.sent[stamp] = g, q.Local
 		out.Allowed, out.Now = true, q.Local.UnixMicro()
-		out.Replies[0] = Reply{OK: true, Now: out.Now, Count: int64(quota - g), Reset: stamp + w, Next: stamp}
+		reset := stamp + w // the log held nothing else
+		if f.rng.IntN(2) == 0 {
+			reset = out.Now + f.rng.Int64N(w/10) // its oldest entry leaves soon
+		}
+		out.Replies[0] = Reply{OK: true, Now: out.Now, Count: int64(quota - g), Reset: reset, Next: stamp}
 		return nil
 	}
 	f.others++
@@ -227,6 +231,8 @@ func (r *layerRig) decide(keys []string, cost int, quotas []int) (*Query, Outcom
 			r.t.Fatalf("limit %d decided at %v from a lease that ended at %v", i, r.now, sent.Add(rigLease))
 		case r.now.Before(sent):
 			r.t.Fatalf("limit %d decided at %v from a lease asked for at %v", i, r.now, sent)
+		case rep.Reset < rep.Now:
+			r.t.Fatalf("limit %d decided at %d from a lease: its Reset %d has passed", i, rep.Now, rep.Reset)
 		case rep.Count > int64(q.Quota(i)-cost) || rep.Count < 0:
 			r.t.Fatalf("limit %d: count %d for a request of cost %d under quota %d", i, rep.Count, cost, q.Quota(i))
 		}
