@@ -37,20 +37,21 @@ const (
 // leases: units of a key's quota that one call to Next (the Redis store)
 // reserved, logged as entries of the key's own log stamped at the lease's
 // end T (see lua/exact.lua), and that this process then takes, in memory,
-// request by request. A request's other limits are sent to Next as
-// today, in the same step; if Next denies or fails, the units taken go
-// back to their lease. Unused units are given back (their entries removed
+// request by request. A request's other limits are sent to Next in the
+// same step, with the leased ones' quotas 0; if Next denies or fails, the
+// units taken go back to their lease. Unused units are given back (their entries removed
 // through Rollbacks) when the lease ends, when the key cools and at Close.
 //
-// A key is hot when it saw hotRequests in the lease period: cold keys cost
-// two counters, no allocation and no call beyond today's. A lease is
+// A key is hot when it saw hotRequests in the lease period: a cold key
+// costs two counters, and neither an allocation nor a call. A lease is
 // taken on a request's path (the request waits for it: the acquire
 // decides the request too) and renewed ahead in the background, one call
 // in flight per key. A lease holds at most quota/16 units and is used on
 // the decision clock (Query.Local) until L after its acquire was sent:
 // before T on the Redis clock. An acquire that fails or is denied sends
-// the whole query to Next, and the key waits a period before it asks
-// again. Every method is safe for concurrent use.
+// the whole query to Next (one that failed by the decision's deadline
+// fails the decision with its error instead), and the key waits a period
+// before it asks again. Every method is safe for concurrent use.
 type Leases struct {
 	Next      Store
 	Rollbacks *Rollbacks       // gives back unused units
