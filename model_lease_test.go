@@ -634,3 +634,32 @@ func (m *leaseModel) clock() {
 	m.now[k] += d
 	m.logf("clock %d at %d (%+d)", k, m.now[k], d)
 }
+
+// TestResetLeasableAtItsClock: a Reset of a limit that lends leases
+// forgets what was logged up to the Limiter's clock (WithClock), which
+// its decisions are timed by, not up to the Redis server's: a clock an
+// hour ahead of the server's has its entries forgotten, and the client
+// is admitted again.
+func TestResetLeasableAtItsClock(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		clock := &testClock{t: time.Now().Add(time.Hour)}
+		l := Per(time.Minute, 3, Header("X-Id")).Named("leasable-reset")
+		l.Lease = 100 * time.Millisecond
+		lim := mustNew(t, b.newClient(t), []Limit{l}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
+		ctx := context.Background()
+		for range 3 {
+			if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || !res.Allowed {
+				t.Fatalf("Allow: %v, %v", res.Allowed, err)
+			}
+		}
+		if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || res.Allowed {
+			t.Fatalf("Allow over the quota: %v, %v", res.Allowed, err)
+		}
+		if err := lim.Reset(ctx, []string{"a"}); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || !res.Allowed || res.Limits[0].Remaining != 2 {
+			t.Fatalf("Allow after Reset: allowed %v, remaining %d, %v; want admitted with 2 left", res.Allowed, res.Limits[0].Remaining, err)
+		}
+	})
+}

@@ -488,14 +488,16 @@ end
 
 -- exact_forget removes the log at key, and returns 1 if there was one. A
 -- log that lends leases (lim[LEASE]) whose time is after now, the reset's
--- time, keeps its entries stamped after now (the units of the leases still
--- out, and what was logged at their end, which their holders go on
--- deciding from) and its time (the floor, if its newest entries go): it is
--- deleted only if its time is not after now, or if it holds no log.
+-- time rounded up to the limit's unit (as a request's), keeps its entries
+-- stamped after that (the units of the leases still out, and what was
+-- logged at their end, which their holders go on deciding from) and its
+-- time (the floor, if its newest entries go): it is deleted only if its
+-- time is not after that, or if it holds no log.
 local function exact_forget(key, lim, now)
   if not lim[LEASE] then
     return redis.call('DEL', key)
   end
+  now = now + (-now) % lim[UNIT]
   local s = redis.pcall('GET', key)
   if type(s) ~= 'string' or #s < HEADER or (#s - HEADER) % ENTRY ~= 0 then
     return redis.call('DEL', key)

@@ -14,9 +14,9 @@ package logmodel
 //     request of cost n; if it fits it logs min(k, quota - count) entries
 //     at T = max(now rounded up, plus L, rounded up; the log's time).
 //   - Give back: removing entries at T (Log.Remove), as a rollback.
-//   - Forget (a reset at now) of a log whose time is after now keeps the
-//     entries stamped after now, and the log's time; any other log is
-//     gone.
+//   - Forget (a reset at now, rounded up to the unit as a request's time)
+//     of a log whose time is after that keeps the entries stamped after
+//     it, and the log's time; any other log is gone.
 //   - Prune is never visible: the store drops an entry only once no later
 //     decision can count it (at or before its time - L - window); the
 //     model keeps every entry.
@@ -45,14 +45,16 @@ func (s *State) Acquire(r LogRef, n, k int, now int64) Lent {
 }
 
 // Forget is a reset of the log r at now: a log that lends leases and
-// whose time is after now keeps its entries stamped after now, and its
-// time; any other log is gone.
+// whose time is after now rounded up to the unit keeps its entries
+// stamped after that, and its time; any other log is gone.
 func (s *State) Forget(r LogRef, now int64) {
 	g := s.Logs[r]
 	if g == nil {
 		return
 	}
-	if s.Limits[r.Limit].Lease == 0 || !g.Logged || g.Time <= now {
+	l := s.Limits[r.Limit]
+	now = l.Stamp(now)
+	if l.Lease == 0 || !g.Logged || g.Time <= now {
 		delete(s.Logs, r)
 		return
 	}
