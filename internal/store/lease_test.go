@@ -54,6 +54,7 @@ type leaseNext struct {
 	others                int   // calls that were not acquires
 	leasedQuotas          []int // the quotas of the last query that was not an acquire
 	block                 bool  // an acquire waits for its deadline, then fails
+	firstLent             bool  // the first acquire is neither denied nor failed
 	lastQuery             *Query
 	deniedLeased, counted int
 }
@@ -76,12 +77,13 @@ func (f *leaseNext) Decide(ctx context.Context, q *Query, out *Outcome) error {
 			f.mu.Lock()
 			return fmt.Errorf("%w: %w", context.DeadlineExceeded, errFake)
 		}
-		if f.rng.Float64() < f.acqErr {
+		first := f.firstLent && len(f.granted) == 0
+		if !first && f.rng.Float64() < f.acqErr {
 			return errFake
 		}
 		quota := q.Quota(0)
 		w := q.Spec.Limits[0].Window.Microseconds()
-		if f.rng.Float64() < f.acqDeny {
+		if !first && f.rng.Float64() < f.acqDeny {
 			out.Allowed, out.Denier = false, 0
 			out.Replies[0] = Reply{OK: true, Now: q.Local.UnixMicro(), Count: int64(quota), Reset: q.Local.UnixMicro() + w, Next: q.Local.UnixMicro() + w}
 			return nil
@@ -92,6 +94,9 @@ func (f *leaseNext) Decide(ctx context.Context, q *Query, out *Outcome) error {
 		}
 		f.seq++
 		stamp := q.Local.UnixMicro() + f.lease.Microseconds() + f.seq
+		for f.granted[stamp] != 0 { // one lease a stamp, for the accounting
+			stamp++
+		}
 		f.granted[stamp], f.sent[stamp] = g, q.Local
 		out.Allowed, out.Now = true, q.Local.UnixMicro()
 		reset := stamp + w // the log held nothing else
@@ -577,6 +582,7 @@ func TestLeaseConcurrent(t *testing.T) {
 	r := newLayerRig(t, rng, 1<<20, 1<<20)
 	r.ls.Clock = time.Now
 	r.next.acqDeny, r.next.acqErr, r.next.deny, r.next.fail, r.next.partial = 0.05, 0.05, 0.1, 0.05, true
+	r.next.firstLent = true // a failed acquire waits a period: on the wall clock, longer than the test
 	var mu sync.Mutex
 	used := map[int64]int{}
 	var wg sync.WaitGroup
