@@ -37,8 +37,8 @@ import (
 // denier, each limit's count, stamp (the lease's end for an acquire, and
 // the units it lent) and reset. After every step the logs of its keys are
 // read: each holds every entry of the model that a later decision may
-// count (the prune rule: after the log's time less the lease, or the
-// unit, and the window), and none the model does not have.
+// count (the prune rule: after the log's time less Ahead, or the unit,
+// and the window), and none the model does not have.
 //
 // On a real server (RATELIMIT_SERVER=valkey for Valkey) it runs at least
 // 10,000 steps, and fails with fewer. The seed is printed; RATELIMIT_SEED
@@ -253,7 +253,7 @@ func (m *leaseModel) key(i int, id string) string {
 
 // checkLogs checks the prune rule on the logs of the step's keys: a log
 // holds every entry the model has that a later decision may count (those
-// after its time less the lease, or the unit, and the window), as many of
+// after its time less Ahead, or the unit, and the window), as many of
 // each time as the model, and none the model does not have.
 func (m *leaseModel) checkLogs() {
 	for _, ref := range slices.Compact(m.touched) {
@@ -273,7 +273,10 @@ func (m *leaseModel) checkLogs() {
 			}
 			continue
 		}
-		keep := g.Time - max(l.Lease, l.Unit) - l.Window
+		keep := g.Time - l.Unit - l.Window
+		if l.Lease > 0 {
+			keep = g.Time - l.Ahead() - l.Window
+		}
 		model := map[int64]int{}
 		for _, r := range g.Runs {
 			model[r.T] = r.N
@@ -638,8 +641,8 @@ func (m *leaseModel) clock() {
 // TestResetLeasableAtItsClock: a Reset of a limit that lends leases
 // forgets what was logged up to the Limiter's clock (WithClock), which
 // its decisions are timed by, not up to the Redis server's: a clock an
-// hour ahead of the server's has its entries forgotten, and the client
-// is admitted again.
+// hour ahead of the server's has its entries of a second before forgotten,
+// and the client is admitted again.
 func TestResetLeasableAtItsClock(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: time.Now().Add(time.Hour)}
@@ -655,6 +658,7 @@ func TestResetLeasableAtItsClock(t *testing.T) {
 		if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || res.Allowed {
 			t.Fatalf("Allow over the quota: %v, %v", res.Allowed, err)
 		}
+		clock.Set(clock.Now().Add(time.Second)) // the requests' entries are a unit ahead of their clock at most
 		if err := lim.Reset(ctx, []string{"a"}); err != nil {
 			t.Fatal(err)
 		}

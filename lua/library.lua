@@ -225,7 +225,7 @@ local FAST_LIMITS = 4
 local function fast_many(keys, k, arg, count, R, r, clock, leased)
   local byte = string.byte
   -- With leased, the limits may lend leases (FLAG_LEASE, then the lease):
-  -- where each starts, and its lease (false if it lends none).
+  -- where each starts, and its AHEAD (false if it lends none).
   local places, leases
   if leased then
     places, leases = {}, {}
@@ -240,7 +240,9 @@ local function fast_many(keys, k, arg, count, R, r, clock, leased)
       p = p + LIMIT_HEAD
       if flags == FLAG_LEASE and p + 5 <= #arg then
         local d1, d2, d3, d4, d5, d6 = byte(arg, p, p + 5)
-        leases[i] = ((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6
+        local u1, u2, u3, u4, u5, u6 = byte(arg, p - 7, p - 2)
+        leases[i] = lease_ahead(((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6,
+          ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6)
         p = p + 6
       elseif flags ~= 0 then
         return false, clock
@@ -370,10 +372,11 @@ local function each(keys, argv, write)
             clock = clock or server_now()
             now = clock
           end
+          local unit = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6
           fast = exact_fast(keys[k], ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
-            ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6,
-            ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, ((c1 * 256 + c2) * 256 + c3) * 256 + c4, now, R, r,
-            false, ((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6)
+            ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6, unit,
+            ((c1 * 256 + c2) * 256 + c3) * 256 + c4, now, R, r, false,
+            lease_ahead(((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6, unit))
         end
       elseif L <= FAST_LIMITS and L > 1 then -- exact logs, some of them lending leases
         fast, clock, left = fast_many(keys, k, arg, L, R, r, clock, true)
