@@ -40,6 +40,25 @@
 -- decided at the log's time, later than its own, makes the expiry no
 -- sooner than its own clock needs.
 --
+-- Leases. A limit that lends leases (FLAG_LEASE: L, its longest lease,
+-- at least its unit) has a process that sees a key hot reserve units of
+-- the key's log in one call, as entries stamped at the lease's end T, up
+-- to L after the request's time (see exact_admit), and decide requests
+-- from them in memory until T; the units it did not use it gives back
+-- (library.lua's rollback, at T). Such a log's time may run up to L ahead
+-- of every clock, so for it:
+--   * a decision counts the entries after max(now, the log's time - L) -
+--     window (decide_at), not after the log's time - window: an entry
+--     still in the window on the clocks of the requests counts;
+--   * a write anew keeps the entries after at - L - window (at: the time
+--     it logs at, the log's time after it), so that no entry a later
+--     decision counts is dropped (exact_rewrite);
+--   * a forget keeps the entries stamped after its time, and the log's
+--     time (exact_forget): the leases' units still out, which their
+--     holders decide from.
+-- A log that lends none is read and written as it always was: the fast
+-- path (exact_fast) takes no limit with flags, so it never sees one.
+--
 -- Reading a string into Lua costs Redis in proportion to its length (it
 -- hashes every byte), so a log that may hold more than WHOLE entries (its
 -- quota says) is never read whole: its header and entries are read with
@@ -128,14 +147,24 @@ end
 -- It returns the offset at or before which the log has no entry in lim's
 -- window at that time: an entry at offset o is in the window until base +
 -- o * unit + window.
+--
+-- A log that lends leases (lim[LEASE], L) counts from max(now, the log's
+-- time - L) instead: its time may be up to L ahead of every clock (see
+-- leases, below), and an entry still in the window on the clock of the
+-- requests must count.
 local function decide_at(log, lim, now)
   local base, unit = log[BASE], log[LUNIT]
   local newest = base + math.max(log[NEWEST], log[FLOOR]) * unit
+  local view = now
   if newest > now + (-now) % lim[UNIT] then
-    now = newest
-    log[TIME] = now
+    log[TIME] = newest
+    view = newest
+    local lease = lim[LEASE]
+    if lease then
+      view = math.max(now, newest - lease)
+    end
   end
-  local x = now - lim[WINDOW] - base
+  local x = view - lim[WINDOW] - base
   return (x - x % unit) / unit
 end
 
@@ -362,10 +391,13 @@ end
 -- up to a unit before at (see decide_at): the entries that have left the
 -- window at the log's time but not a unit before at stay, so that it
 -- counts them.
+--
+-- A log that lends leases keeps the entries after at - L - window (L >=
+-- unit): a later request counts from its log's time - L at the earliest.
 local function exact_rewrite(log, lim, now, n, at)
   local unit, base = lim[UNIT], log[BASE]
   if log[DEAD] > 0 then
-    local x = at - unit - lim[WINDOW] - base
+    local x = at - (lim[LEASE] or unit) - lim[WINDOW] - base
     local keep = exact_search(log, 0, log[DEAD], (x - x % log[LUNIT]) / log[LUNIT])
     if keep < log[DEAD] then
       log[COUNT], log[DEAD] = log[COUNT] + log[DEAD] - keep, keep
@@ -392,8 +424,17 @@ end
 
 -- exact_admit logs n entries at the log's time and returns their time,
 -- and when they leave the window. now is the request's time.
+--
+-- A lease (lim[ACQUIRE]) logs min(ACQUIRE, quota - count) entries
+-- instead, at the lease's end: now rounded up to the unit, plus L, rounded
+-- up to the unit; or the log's time if that is later (see leases, below).
 local function exact_admit(log, lim, now, n)
   local t = log[TIME]
+  local units = lim[ACQUIRE]
+  if units then
+    n = math.min(units, lim[QUOTA] - log[COUNT])
+    t = math.max(t, now + (-now) % lim[UNIT] + lim[LEASE])
+  end
   local at = t + (-t) % lim[UNIT] -- rounded up to the unit
   local offset = log[BASE] and (at - log[BASE]) / lim[UNIT]
   if log[BASE] and log[LUNIT] == lim[UNIT] and log[DEAD] * 2 <= log[COUNT] and offset >= log[NEWEST] and offset >= 0 and
@@ -442,9 +483,37 @@ local function exact_remove(key, lim, at, n)
   return k
 end
 
--- exact_forget removes the log at key.
-local function exact_forget(key)
-  return redis.call('DEL', key)
+-- exact_forget removes the log at key, and returns 1 if there was one. A
+-- log that lends leases (lim[LEASE]) whose time is after now, the reset's
+-- time, keeps its entries stamped after now (the units of the leases still
+-- out, and what was logged at their end, which their holders go on
+-- deciding from) and its time (the floor, if its newest entries go): it is
+-- deleted only if its time is not after now, or if it holds no log.
+local function exact_forget(key, lim, now)
+  if not lim[LEASE] then
+    return redis.call('DEL', key)
+  end
+  local s = redis.pcall('GET', key)
+  if type(s) ~= 'string' or #s < HEADER or (#s - HEADER) % ENTRY ~= 0 then
+    return redis.call('DEL', key)
+  end
+  local log = {key}
+  decode_header(log, string.byte(s, 1, HEADER))
+  local size = (#s - HEADER) / ENTRY
+  local newest = log[FLOOR]
+  if size > 0 then
+    newest = math.max(newest, entry_at(s, HEADER, size - 1))
+  end
+  if log[LUNIT] == 0 or log[BASE] + newest * log[LUNIT] <= now then
+    return redis.call('DEL', key)
+  end
+  local x = now - log[BASE]
+  local from = first_after(s, HEADER, 0, size, (x - x % log[LUNIT]) / log[LUNIT])
+  if from > 0 then
+    redis.call('SET', key, string.sub(s, 1, HEADER - ENTRY) .. encode_entry(newest) .. string.sub(s, HEADER + ENTRY * from + 1),
+      'KEEPTTL')
+  end
+  return 1
 end
 
 -- The fast path. Most decisions are of one enforced exact log that holds

@@ -24,6 +24,13 @@
 --          shadow limit without room in an admitted request); below 0
 --          if the limit blocks the client (FLAG_BLOCK): until -stamp.
 --
+-- A request of a limit with FLAG_ACQUIRE (the limit alone) asks for a
+-- lease (see exact.lua's leases): it is decided as a request of its cost
+-- n, the least the lease must hold, and, if it fits, logs min(units asked,
+-- quota - count) entries, at least n, at the lease's end T; its reply is a
+-- decision's, its stamp T (and its reset, if the count was 0, T + window).
+-- The process gives back what it did not use with rollback, at T.
+--
 -- A limit that blocks (FLAG_BLOCK) and denies a request it has no room
 -- for blocks the client for its block duration: its block key (a string
 -- of the log's hash tag, see codec.lua) is set with that expiry, in the
@@ -393,14 +400,19 @@ local function rollback(keys, argv)
 end
 
 -- forget removes what the request's limits (argv[1]) counted: the whole
--- exact log, the bucketed limit's fields; and lifts the block of each
--- limit with FLAG_BLOCK (its block key follows the limits' keys, as in
--- decide). Returns how many counted anything.
+-- exact log (but, in a log that lends leases, the entries stamped after
+-- the request's time, 0: the server's clock; see exact_forget), the
+-- bucketed limit's fields; and lifts the block of each limit with
+-- FLAG_BLOCK (its block key follows the limits' keys, as in decide).
+-- Returns how many counted anything.
 local function forget(keys, argv)
-  local _, _, limits = decode_request(argv[1])
+  local now, _, limits = decode_request(argv[1])
   local found = 0
   for i = 1, #limits do
-    found = found + KINDS[limits[i][KIND]].forget(keys[i], limits[i])
+    if now == 0 and limits[i][LEASE] then
+      now = server_now()
+    end
+    found = found + KINDS[limits[i][KIND]].forget(keys[i], limits[i], now)
     if limits[i][BLOCK] then -- and lifts its block
       redis.call('DEL', keys[#limits + limits[i][BKEY]])
     end
