@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -121,8 +120,15 @@ type replicaEnv struct {
 	windows   []time.Duration              // the windows drawn
 }
 
-// errKilled is what a killed replica's client answers every call with.
-var errKilled = errors.New("replica killed")
+// errKilled is what a killed replica's client answers every call with:
+// an error reply that nothing tries again, as a process that died tries
+// nothing.
+var errKilled redis.Error = killedError{}
+
+type killedError struct{}
+
+func (killedError) Error() string { return "KILLED replica killed" }
+func (killedError) RedisError()   {}
 
 // killHook fails every command of a client once its replica is killed.
 type killHook struct{ dead atomic.Bool }
@@ -156,7 +162,7 @@ type replica struct {
 	l      *Limiter
 	client redis.UniversalClient
 	hook   *killHook
-	killed int64 // when it was killed (the clock's µs); 0 while alive
+	killed int64 // the latest time the clock had read when it was killed (µs); 0 while alive
 }
 
 // The limits of a run, by index in the Limiter.
@@ -173,7 +179,9 @@ var repNames = [repLimits]string{"g", "user", "ip"}
 type repLimit struct {
 	window, lease, unit int64 // µs; lease 0 for none
 	quotas              []int // the declared quota, then the "pro" plan's
-	kmax                int   // the most units a lease of it holds unused
+	// kmax is the most units a replica's leases of one key hold in one
+	// slot: a lease of each of its quotas, quota/16 units (leaseShare).
+	kmax int
 }
 
 // repAdmit is an admitted request in one limit's key, in the ledger.
@@ -292,7 +300,10 @@ func newReplicaRun(t *testing.T, env replicaEnv, stats *replicaStats, seed, run 
 			lim.Lease = max(lim.Lease, time.Millisecond)
 			rl.lease = lim.Lease.Microseconds()
 		}
-		rl.kmax = max((max(q, pro)+15)/16, m.maxCost)
+		rl.kmax = q / 16
+		if pro != q {
+			rl.kmax += pro / 16
+		}
 		m.limits[i] = rl
 		limits = append(limits, lim)
 	}
@@ -662,9 +673,9 @@ func (m *replicaRun) checkUnder(ids []string, cost int, res Result, vs [repLimit
 		// What the model no longer counts and the log may: requests of the
 		// epoch (or of the last, logged after its reset) whose entries may
 		// be stamped up to a lease and a unit after the latest time the
-		// clock had read then, and counted a lease and a unit before the
-		// window while the log's time is ahead.
-		since := m.latest - l.window - 2*l.lease - 2*l.unit
+		// clock had read then, later than the window's start (the log
+		// counts from its time less the lease, never before now).
+		since := m.now - l.window - l.lease - l.unit
 		late, _ := m.sum(key, -1<<62, 1<<62, func(a *repAdmit) bool {
 			return a.epoch == epoch && a.latest > since
 		})
@@ -766,7 +777,7 @@ func (m *replicaRun) kill() {
 	}
 	k := m.pick(ks)
 	m.reps[k].hook.dead.Store(true)
-	m.reps[k].killed = m.now
+	m.reps[k].killed = m.latest
 	m.stats.kills++
 }
 
