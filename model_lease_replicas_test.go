@@ -228,9 +228,9 @@ type replicaRun struct {
 
 	stretch int
 	epochs  map[repKey]int
-	// resets holds, for a key, when its last reset was and the epoch
-	// before it: the requests of that epoch logged after it stay counted.
-	resets map[repKey]int64
+	// resets holds, for a key, when each of its resets was, in turn: the
+	// requests of an epoch logged after every later reset stay counted.
+	resets map[repKey][]int64
 	ledger map[repKey][]repAdmit
 	issued []repIssued
 	// logs is the exact log's model (logmodel) of each key: the plain
@@ -244,12 +244,18 @@ type replicaRun struct {
 
 // replicaStats is what the runs measured, for the log.
 type replicaStats struct {
-	mu                            sync.Mutex
-	steps, admitted, denied       int
-	leased                        uint64 // decisions answered from a lease
-	leasedDenials, underAdmitted  int    // denials by a leased limit; of them, of a request that would have fit
-	maxRoom, sumRoom              int    // the room those had: the most, and in all
-	maxExcess                     int    // the most units a leased log counted beyond the window's requests
+	mu                           sync.Mutex
+	steps, admitted, denied      int
+	leased                       uint64 // decisions answered from a lease
+	leasedDenials, underAdmitted int    // denials by a leased limit; of them, of a request that would have fit
+	maxRoom, sumRoom             int    // the room those had: the most, and in all
+	maxExcess                    int    // the most units a leased log counted beyond the window's requests
+	// The same, for denials at the clock's latest time of keys not reset
+	// within a window: what leases alone cost.
+	steadyDenials, steadyUnder, steadyMaxRoom, steadySumRoom int
+	// tightest is the room of an under-admitted request that came closest
+	// to its bound, and that bound.
+	tightRoom, tightBound         int
 	kills, refunds, resets, backs int
 }
 
@@ -264,8 +270,12 @@ func runReplicas(t *testing.T, env replicaEnv, seed int64, runs, steps, minSteps
 		m.close()
 	}
 	s := stats
-	t.Logf("%d runs, %d steps: %d admitted (%d from leases), %d denied; %d denials by a leased limit, %d of a request that would have fit (room: at most %d, %.2f on average); the most a leased log counted beyond its window's requests: %d; %d replicas killed, %d refunds, %d resets, %d steps back",
-		runs, s.steps, s.admitted, s.leased, s.denied, s.leasedDenials, s.underAdmitted, s.maxRoom, float64(s.sumRoom)/float64(max(s.underAdmitted, 1)), s.maxExcess, s.kills, s.refunds, s.resets, s.backs)
+	t.Logf("%d runs, %d steps: %d admitted (%d from leases), %d denied; %d replicas killed, %d refunds, %d resets, %d steps back",
+		runs, s.steps, s.admitted, s.leased, s.denied, s.kills, s.refunds, s.resets, s.backs)
+	t.Logf("under-admission: %d denials by a leased limit, %d of a request its log without leases would have admitted (room: at most %d, %.1f on average); the most a leased log counted beyond that log: %d; closest to the bound: room %d of %d",
+		s.leasedDenials, s.underAdmitted, s.maxRoom, float64(s.sumRoom)/float64(max(s.underAdmitted, 1)), s.maxExcess, s.tightRoom, s.tightBound)
+	t.Logf("under-admission at the clock's latest time, no reset within a window: %d denials, %d of a request that would have fit (room: at most %d, %.1f on average)",
+		s.steadyDenials, s.steadyUnder, s.steadyMaxRoom, float64(s.steadySumRoom)/float64(max(s.steadyUnder, 1)))
 	if minSteps > 0 && !t.Failed() && s.steps < minSteps {
 		t.Errorf("%d steps; want at least %d", s.steps, minSteps)
 	}
@@ -277,7 +287,7 @@ var replicaStart = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
 func newReplicaRun(t *testing.T, env replicaEnv, stats *replicaStats, seed, run uint64) *replicaRun {
 	rng := rand.New(rand.NewPCG(seed, run))
 	m := &replicaRun{t: t, env: env, rng: rng, clock: &testClock{}, stats: stats,
-		epochs: map[repKey]int{}, resets: map[repKey]int64{}, ledger: map[repKey][]repAdmit{}, logs: map[repKey]*logmodel.Log{}, maxCost: 4}
+		epochs: map[repKey]int{}, resets: map[repKey][]int64{}, ledger: map[repKey][]repAdmit{}, logs: map[repKey]*logmodel.Log{}, maxCost: 4}
 	m.now = replicaStart + int64(run)*int64(1000*time.Hour/time.Microsecond)
 	m.latest = m.now
 	m.setClock()
@@ -291,7 +301,7 @@ func newReplicaRun(t *testing.T, env replicaEnv, stats *replicaStats, seed, run 
 	var limits []Limit
 	for i, key := range []Key{Global(), Header("X-User"), Header("X-IP")} {
 		w := env.windows[rng.IntN(len(env.windows))]
-		q := []int{rng.IntN(300) + 8, rng.IntN(60) + 4, rng.IntN(12) + 1}[i]
+		q := []int{rng.IntN(120) + 8, rng.IntN(60) + 4, rng.IntN(12) + 1}[i]
 		pro := max(1, q*(rng.IntN(4)+1)/2) // half to twice
 		lim := Per(w, q, key).Named(repNames[i]).Tiered(Plans{Of: planOf(repNames[i]), Quotas: map[string]int{"pro": pro}})
 		rl := repLimit{window: w.Microseconds(), unit: logmodel.UnitOf(w.Microseconds()), quotas: []int{q, pro}}
@@ -396,8 +406,10 @@ func (m *replicaRun) drawCost() int {
 func (m *replicaRun) drive(steps int) {
 	for m.steps < steps && !m.t.Failed() {
 		switch n := m.rng.IntN(100); {
-		case n < 55:
+		case n < 50:
 			m.burst()
+		case n < 55:
+			m.stream()
 		case n < 62:
 			m.concurrent()
 		case n < 80:
@@ -447,6 +459,18 @@ func (m *replicaRun) burst() {
 		if m.rng.IntN(4) == 0 {
 			m.advance(m.rng.Int64N(m.limits[repGlobal].lease/8 + 1))
 		}
+		m.allow(m.pick(m.alive()), m.drawIDs(), m.drawCost())
+	}
+}
+
+// stream sends requests spread over about a window of the Global limit
+// (or of the user limit), from replicas drawn at random: the windows
+// stay full, their oldest entries leaving as leases are out.
+func (m *replicaRun) stream() {
+	l := m.limits[m.rng.IntN(2)]
+	n := 20 + m.rng.IntN(60)
+	for range n {
+		m.advance(l.window/int64(n)/2 + m.rng.Int64N(l.window/int64(n)+1))
 		m.allow(m.pick(m.alive()), m.drawIDs(), m.drawCost())
 	}
 }
@@ -663,10 +687,20 @@ func (m *replicaRun) checkUnder(ids []string, cost int, res Result, vs [repLimit
 		if lr.Remaining > 0 { // the log counted quota - Remaining
 			m.stats.maxExcess = max(m.stats.maxExcess, lr.Quota-lr.Remaining-v.Count)
 		}
+		rs := m.resets[key]
+		steady := m.now == m.latest && (len(rs) == 0 || rs[len(rs)-1] <= m.now-l.window-l.lease-l.unit)
+		if steady {
+			m.stats.steadyDenials++
+		}
 		if !v.Room {
 			continue
 		}
 		room := lr.Quota - v.Count
+		if steady {
+			m.stats.steadyUnder++
+			m.stats.steadySumRoom += room
+			m.stats.steadyMaxRoom = max(m.stats.steadyMaxRoom, room)
+		}
 		m.stats.underAdmitted++
 		m.stats.sumRoom += room
 		m.stats.maxRoom = max(m.stats.maxRoom, room)
@@ -680,21 +714,30 @@ func (m *replicaRun) checkUnder(ids []string, cost int, res Result, vs [repLimit
 			return a.epoch == epoch && a.latest > since
 		})
 		late -= v.Count
-		kept := 0
-		if at, ok := m.resets[key]; ok {
-			kept, _ = m.sum(key, -1<<62, 1<<62, func(a *repAdmit) bool {
-				return a.epoch == epoch-1 && a.latest > at-l.lease-l.unit && a.latest > since
-			})
-		}
+		// What resets kept: requests of an earlier epoch whose entries may
+		// be stamped after every reset since (a reset keeps the entries
+		// stamped after its time).
+		kept, _ := m.sum(key, -1<<62, 1<<62, func(a *repAdmit) bool {
+			if a.epoch == epoch {
+				return false
+			}
+			after := slices.Max(m.resets[key][a.epoch:])
+			return a.latest > after-l.lease-l.unit && a.latest > since
+		})
 		held := 0
 		for _, r := range m.reps {
 			if r.killed == 0 || r.killed > since {
 				held += leaseSlots * l.kmax
 			}
 		}
-		if bound := late + kept + held; room-cost >= bound {
-			m.t.Fatalf("%s: under beyond the bound: %s %q denied a request of cost %d that its log without leases would have admitted (count %d), quota %d: room %d; the bound is %d (%d logged late, %d kept by a reset, %d in leases)\n%s",
-				m.where(), repNames[i], key.id, cost, v.Count, lr.Quota, room, bound, late, kept, held, m.window(key, m.now))
+		bound := late + kept + held
+		if m.stats.tightBound == 0 || (room-cost+1)*m.stats.tightBound > m.stats.tightRoom*bound {
+			m.stats.tightRoom, m.stats.tightBound = room-cost+1, bound
+		}
+		if room-cost >= bound {
+			g := m.logs[key]
+			m.t.Fatalf("%s: under beyond the bound: %s %q denied a request of cost %d that its log without leases would have admitted (count %d at %d), quota %d: room %d; the bound is %d (%d logged late, %d kept by a reset, %d in leases)\nthat log: %+v (time %d)\n%s",
+				m.where(), repNames[i], key.id, cost, v.Count, v.View, lr.Quota, room, bound, late, kept, held, g.Runs, g.Time, m.window(key, m.now))
 		}
 	}
 }
@@ -748,7 +791,7 @@ func (m *replicaRun) reset() {
 		m.t.Fatalf("%s: reset %s %q by replica %d: %v", m.where(), repNames[i], ids[i], k, err)
 	}
 	m.epochs[key]++
-	m.resets[key] = m.now
+	m.resets[key] = append(m.resets[key], m.now)
 	delete(m.logs, key) // a log without leases is deleted
 	m.steps++
 	m.stats.steps++
