@@ -29,7 +29,9 @@ const minClock = 1_000_000_000_000_000
 // A Limiter enforces a set of [Limit]s stored in Redis. Every decision runs
 // one Lua call (a Redis Function where Redis allows it, else a script) that
 // checks all the limits and logs the request in all of them, or in none: a
-// request denied by one limit does not use up the others.
+// request denied by one limit does not use up the others. (A hot key of a
+// [Limit.Leased] limit is decided from units reserved beforehand, its
+// other limits in that call.)
 //
 // A Limiter is safe for concurrent use. Build one with [New] and share it;
 // app replicas that use the same Redis, key prefix and limit names enforce
@@ -434,9 +436,9 @@ func (l *Limiter) logRollbackFailure(err error) {
 
 // wrap returns the store l decides with when base is the store that counts
 // across instances: base, wrapped by FailLocal's fallback and the deny
-// cache as configured (and, when a limit lends leases, base is the Redis
-// store wrapped by the leases: see startLeases). A store WithStore gave has no deny cache, and a
-// Local none of FailLocal's either: it never fails.
+// cache as configured. When a limit lends leases, base is the Redis store
+// wrapped by the leases (see startLeases). A store WithStore gave has no
+// deny cache, and a Local none of FailLocal's either: it never fails.
 func (l *Limiter) wrap(base store.Store) store.Store {
 	s := base
 	if _, local := l.cfg.store.(*pubstore.Local); l.cfg.failure == FailLocal && !local {

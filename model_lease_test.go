@@ -30,10 +30,15 @@ import (
 // it), give-backs of part or all of a lease's units at its stamp, refunds
 // of admitted decisions (the rollback of their entries), forgets (a
 // reset at a clock: a leasable log keeps its entries stamped later), and
-// clock steps forward and back by less than a unit, up to a lease, up to
-// a window, and by windows. Every reply is compared with the model's:
-// admitted or denied, the denier, each limit's count, stamp (the lease's
-// end for an acquire, and the units it lent) and reset.
+// clock steps forward and back by less than a unit, up to a lease (often
+// back), up to a window, about a window, and by windows; every request of
+// one leasable log that is not ahead of its clock takes the fast path.
+// Every reply is compared with the model's: admitted or denied, the
+// denier, each limit's count, stamp (the lease's end for an acquire, and
+// the units it lent) and reset. After every step the logs of its keys are
+// read: each holds every entry of the model that a later decision may
+// count (the prune rule: after the log's time less Ahead, or the unit,
+// and the window), and none the model does not have.
 //
 // On a real server (RATELIMIT_SERVER=valkey for Valkey) it runs at least
 // 10,000 steps, and fails with fewer. The seed is printed; RATELIMIT_SEED
@@ -53,7 +58,7 @@ func TestModelLease(t *testing.T) {
 		mr := miniredis.RunT(t)
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = rdb.Close() })
-		runModelLease(t, []leaseBackend{{rdb: rdb}}, episodes(40, 200), 0)
+		runModelLease(t, []leaseBackend{{rdb: rdb}}, episodes(100, 400), 0)
 	})
 	t.Run("server", func(t *testing.T) {
 		srv := redistest.Start(t)
@@ -91,6 +96,7 @@ func runModelLease(t *testing.T, backends []leaseBackend, episodes, minSteps int
 		m := newLeaseModel(t, rng, b, e)
 		for range leaseModelSteps {
 			m.step()
+			m.checkLogs()
 			if t.Failed() {
 				t.Fatalf("seed %d (RATELIMIT_SEED), episode %d, step %d: the store and the model diverge; the episode's steps:\n%s", seed, e, m.steps, m.trace())
 			}
@@ -109,21 +115,22 @@ func runModelLease(t *testing.T, backends []leaseBackend, episodes, minSteps int
 // leaseModel is one episode: the Redis store and the model, driven by
 // the same steps.
 type leaseModel struct {
-	t      *testing.T
-	rng    *rand.Rand
-	b      leaseBackend
-	rs     *internalstore.Redis
-	lib    *slidinglog.Redis
-	spec   *internalstore.Spec
-	prefix string
-	model  logmodel.State
-	now    [2]int64 // the two clocks, µs
-	ids    []string
-	steps  int
-	log    []string
-	seen   map[string]int
-	leases []*modelLease    // leases lent, with units left to give back
-	issued []*modelDecision // admitted decisions, to refund
+	t       *testing.T
+	rng     *rand.Rand
+	b       leaseBackend
+	rs      *internalstore.Redis
+	lib     *slidinglog.Redis
+	spec    *internalstore.Spec
+	prefix  string
+	model   logmodel.State
+	now     [2]int64 // the two clocks, µs
+	ids     []string
+	steps   int
+	log     []string
+	seen    map[string]int
+	leases  []*modelLease     // leases lent, with units left to give back
+	issued  []*modelDecision  // admitted decisions, to refund
+	touched []logmodel.LogRef // the logs of the step's keys, for checkLogs
 }
 
 // modelLease is a lease lent: the log, its end (its entries' time) and
@@ -143,7 +150,7 @@ type modelDecision struct {
 }
 
 func newLeaseModel(t *testing.T, rng *rand.Rand, b leaseBackend, episode int) *leaseModel {
-	m := &leaseModel{t: t, rng: rng, b: b, ids: []string{"a", "b", "c"}, seen: map[string]int{},
+	m := &leaseModel{t: t, rng: rng, b: b, ids: []string{"a", "b"}, seen: map[string]int{},
 		prefix: fmt.Sprintf("lm%d.%d:", episode, rng.Uint32())}
 	m.model = logmodel.State{Logs: map[logmodel.LogRef]*logmodel.Log{}, Foreign: map[string]string{}, Blocked: map[logmodel.LogRef]bool{}}
 	n := 1 + rng.IntN(3)
@@ -211,6 +218,7 @@ func joinLines(lines []string) string {
 // step runs one step drawn at random.
 func (m *leaseModel) step() {
 	m.steps++
+	m.touched = m.touched[:0]
 	switch r := m.rng.IntN(20); {
 	case r < 6:
 		m.decide(false)
@@ -239,7 +247,71 @@ func (m *leaseModel) id(i int) string {
 }
 
 func (m *leaseModel) key(i int, id string) string {
+	m.touched = append(m.touched, logmodel.LogRef{Limit: i, ID: id})
 	return fmt.Sprintf("%sl%d:{%s}", m.prefix, i, id)
+}
+
+// checkLogs checks the prune rule on the logs of the step's keys: a log
+// holds every entry the model has that a later decision may count (those
+// after its time less Ahead, or the unit, and the window), as many of
+// each time as the model, and none the model does not have.
+func (m *leaseModel) checkLogs() {
+	for _, ref := range slices.Compact(m.touched) {
+		key := fmt.Sprintf("%sl%d:{%s}", m.prefix, ref.Limit, ref.ID)
+		s, err := m.b.rdb.Get(context.Background(), key).Result()
+		if err != nil && err != redis.Nil {
+			m.t.Fatalf("GET %s: %v", key, err)
+		}
+		stored := map[int64]int{}
+		if err == nil {
+			stored = decodeExactLog(m.t, s)
+		}
+		l, g := m.model.Limits[ref.Limit], m.model.Logs[ref]
+		if g == nil {
+			if len(stored) > 0 {
+				m.t.Errorf("step %d: %s holds %v; the model has no log", m.steps, key, stored)
+			}
+			continue
+		}
+		keep := g.Time - l.Unit - l.Window
+		if l.Lease > 0 {
+			keep = g.Time - l.Ahead() - l.Window
+		}
+		model := map[int64]int{}
+		for _, r := range g.Runs {
+			model[r.T] = r.N
+			if r.T > keep && stored[r.T] != r.N {
+				m.t.Errorf("step %d: %s holds %d entries of %d, which a later decision may count; the model %d (log's time %d, lease %d)",
+					m.steps, key, stored[r.T], r.T, r.N, g.Time, l.Lease)
+			}
+		}
+		for t, n := range stored {
+			if n > model[t] {
+				m.t.Errorf("step %d: %s holds %d entries of %d; the model %d", m.steps, key, n, t, model[t])
+			}
+		}
+	}
+}
+
+// decodeExactLog returns the entries of an exact log (see lua/exact.lua):
+// how many of each time.
+func decodeExactLog(t *testing.T, s string) map[int64]int {
+	if len(s) < 18 || (len(s)-18)%2 != 0 {
+		t.Fatalf("no log: %q", s)
+	}
+	u := func(b string) int64 {
+		v := int64(0)
+		for i := range len(b) {
+			v = v*256 + int64(b[i])
+		}
+		return v
+	}
+	base, unit := u(s[0:7]), u(s[7:13])
+	out := map[int64]int{}
+	for p := 18; p < len(s); p += 2 {
+		out[base+u(s[p:p+2])*unit]++
+	}
+	return out
 }
 
 // cost draws a request's cost: mostly small, sometimes above quotas.
@@ -536,26 +608,62 @@ func (m *leaseModel) forget() {
 }
 
 // clock steps a clock forward or back: by less than a unit, up to a
-// lease, up to a window, by windows, or to the other clock.
+// lease, up to a window, about a window, by windows, or to the other
+// clock.
 func (m *leaseModel) clock() {
 	k := m.rng.IntN(2)
 	l := m.model.Limits[m.rng.IntN(len(m.model.Limits))]
+	lease := max(l.Lease, l.Unit)
 	var d int64
-	switch m.rng.IntN(5) {
+	back := m.rng.IntN(3) == 0
+	switch m.rng.IntN(9) {
 	case 0:
 		d = m.rng.Int64N(l.Unit + 1)
-	case 1:
-		d = m.rng.Int64N(max(l.Lease, l.Unit) + 1)
-	case 2:
-		d = m.rng.Int64N(l.Window + 1)
+	case 1, 2: // within a lease: back to before a lease's end, or a write anew
+		d = m.rng.Int64N(lease + 1)
+		back = m.rng.IntN(2) == 0
 	case 3:
+		d = m.rng.Int64N(l.Window + 1)
+	case 4, 5, 6: // about a window: the oldest entries leave, a lease's do not yet
+		d = l.Window - lease + m.rng.Int64N(2*lease+1)
+	case 7:
 		d = (1 + m.rng.Int64N(3)) * l.Window
 	default:
 		d = m.now[1-k] - m.now[k]
 	}
-	if m.rng.IntN(3) == 0 {
+	if back {
 		d = -d
 	}
 	m.now[k] += d
 	m.logf("clock %d at %d (%+d)", k, m.now[k], d)
+}
+
+// TestResetLeasableAtItsClock: a Reset of a limit that lends leases
+// forgets what was logged up to the Limiter's clock (WithClock), which
+// its decisions are timed by, not up to the Redis server's: a clock an
+// hour ahead of the server's has its entries of a second before forgotten,
+// and the client is admitted again.
+func TestResetLeasableAtItsClock(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		clock := &testClock{t: time.Now().Add(time.Hour)}
+		l := Per(time.Minute, 3, Header("X-Id")).Named("leasable-reset")
+		l.Lease = 100 * time.Millisecond
+		lim := mustNew(t, b.newClient(t), []Limit{l}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
+		ctx := context.Background()
+		for range 3 {
+			if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || !res.Allowed {
+				t.Fatalf("Allow: %v, %v", res.Allowed, err)
+			}
+		}
+		if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || res.Allowed {
+			t.Fatalf("Allow over the quota: %v, %v", res.Allowed, err)
+		}
+		clock.Set(clock.Now().Add(time.Second)) // the requests' entries are a unit ahead of their clock at most
+		if err := lim.Reset(ctx, []string{"a"}); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || !res.Allowed || res.Limits[0].Remaining != 2 {
+			t.Fatalf("Allow after Reset: allowed %v, remaining %d, %v; want admitted with 2 left", res.Allowed, res.Limits[0].Remaining, err)
+		}
+	})
 }

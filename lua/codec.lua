@@ -63,6 +63,15 @@ local BKEY = 9 -- the block key's place among the request's block keys, from 1
 local AT = 10 -- the time library.lua's check decided the limit at, for block
 local LEASE = 11 -- the longest lease of the log, L (FLAG_LEASE); nil if it lends none
 local ACQUIRE = 12 -- the units a lease asks for (FLAG_ACQUIRE); nil for a request
+-- AHEAD is how far the log's time of a limit with FLAG_LEASE may be
+-- ahead of every clock (see exact.lua's leases): L rounded up to the unit,
+-- plus a unit; nil if it lends none.
+local AHEAD = 13
+
+-- lease_ahead returns AHEAD of a lease of the given length and unit.
+local function lease_ahead(lease, unit)
+  return lease + (-lease) % unit + unit
+end
 
 -- decode_limit returns the limit at byte p of the request arg, and the
 -- byte after it.
@@ -94,7 +103,8 @@ local function decode_limit(arg, p)
   if flags >= FLAG_LEASE then -- LEASE and ACQUIRE stay nil in a limit without
     if flags % 8 >= FLAG_LEASE then
       local d1, d2, d3, d4, d5, d6 = string.byte(arg, after, after + 5)
-      lim[LEASE] = ((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6
+      local lease = ((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6
+      lim[LEASE], lim[AHEAD] = lease, lease_ahead(lease, lim[UNIT])
       after = after + 6
     end
     if flags % 16 >= FLAG_ACQUIRE then

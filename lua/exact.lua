@@ -42,22 +42,29 @@
 --
 -- Leases. A limit that lends leases (FLAG_LEASE: L, its longest lease,
 -- at least its unit) has a process that sees a key hot reserve units of
--- the key's log in one call, as entries stamped at the lease's end T, up
--- to L after the request's time (see exact_admit), and decide requests
--- from them in memory until T; the units it did not use it gives back
--- (library.lua's rollback, at T). Such a log's time may run up to L ahead
--- of every clock, so for it:
---   * a decision counts the entries after max(now, the log's time - L) -
---     window (decide_at), not after the log's time - window: an entry
---     still in the window on the clocks of the requests counts;
---   * a write anew keeps the entries after at - L - window (at: the time
---     it logs at, the log's time after it), so that no entry a later
+-- the key's log in one call, as entries stamped at the lease's end T: the
+-- request's time rounded up to the unit, plus L rounded up to the unit
+-- (see exact_admit), and decide requests from them in memory until T; the
+-- units it did not use it gives back (library.lua's rollback, at T). Such
+-- a log's time may thus run ahead of the clock of any later request by
+-- less than AHEAD (L rounded up to the unit, plus a unit), so for it:
+--   * a decision counts the entries after max(now, the log's time -
+--     AHEAD) - window (decide_at), not after the log's time - window: on
+--     a clock that does not run back, it counts every entry in the window
+--     on that clock, as if the log were not ahead;
+--   * a write anew keeps the entries after at - AHEAD - window (at: the
+--     time it logs at, the log's time after it), so that no entry a later
 --     decision counts is dropped (exact_rewrite);
 --   * a forget keeps the entries stamped after its time, and the log's
---     time (exact_forget): the leases' units still out, which their
---     holders decide from.
--- A log that lends none is read and written as it always was: the fast
--- path (exact_fast) takes no limit with flags, so it never sees one.
+--     time, at least the first time of its unit after the forget's
+--     (exact_forget): the leases' units still out, which their holders
+--     decide from, and no give-back of a lease it removed can take an
+--     entry logged since.
+-- A log that lends none is read and written as it always was. The fast
+-- path (exact_fast) takes a request of one log that lends leases (in
+-- library.lua's each) when the log is not ahead of the request's time:
+-- it then counts what the general path would (from now), and keeps what
+-- it must when it writes the log anew.
 --
 -- Reading a string into Lua costs Redis in proportion to its length (it
 -- hashes every byte), so a log that may hold more than WHOLE entries (its
@@ -148,10 +155,10 @@ end
 -- window at that time: an entry at offset o is in the window until base +
 -- o * unit + window.
 --
--- A log that lends leases (lim[LEASE], L) counts from max(now, the log's
--- time - L) instead: its time may be up to L ahead of every clock (see
--- leases, below), and an entry still in the window on the clock of the
--- requests must count.
+-- A log that lends leases counts from max(now, the log's time - AHEAD)
+-- instead: its time may be up to AHEAD ahead of every clock (see leases,
+-- above), and an entry still in the window on the clock of the requests
+-- must count.
 local function decide_at(log, lim, now)
   local base, unit = log[BASE], log[LUNIT]
   local newest = base + math.max(log[NEWEST], log[FLOOR]) * unit
@@ -159,9 +166,9 @@ local function decide_at(log, lim, now)
   if newest > now + (-now) % lim[UNIT] then
     log[TIME] = newest
     view = newest
-    local lease = lim[LEASE]
-    if lease then
-      view = math.max(now, newest - lease)
+    local ahead = lim[AHEAD]
+    if ahead then
+      view = math.max(now, newest - ahead)
     end
   end
   local x = view - lim[WINDOW] - base
@@ -392,12 +399,12 @@ end
 -- window at the log's time but not a unit before at stay, so that it
 -- counts them.
 --
--- A log that lends leases keeps the entries after at - L - window (L >=
--- unit): a later request counts from its log's time - L at the earliest.
+-- A log that lends leases keeps the entries after at - AHEAD - window: a
+-- later request counts from its log's time - AHEAD at the earliest.
 local function exact_rewrite(log, lim, now, n, at)
   local unit, base = lim[UNIT], log[BASE]
   if log[DEAD] > 0 then
-    local x = at - (lim[LEASE] or unit) - lim[WINDOW] - base
+    local x = at - (lim[AHEAD] or unit) - lim[WINDOW] - base
     local keep = exact_search(log, 0, log[DEAD], (x - x % log[LUNIT]) / log[LUNIT])
     if keep < log[DEAD] then
       log[COUNT], log[DEAD] = log[COUNT] + log[DEAD] - keep, keep
@@ -484,11 +491,14 @@ local function exact_remove(key, lim, at, n)
 end
 
 -- exact_forget removes the log at key, and returns 1 if there was one. A
--- log that lends leases (lim[LEASE]) whose time is after now, the reset's
--- time, keeps its entries stamped after now (the units of the leases still
--- out, and what was logged at their end, which their holders go on
--- deciding from) and its time (the floor, if its newest entries go): it is
--- deleted only if its time is not after now, or if it holds no log.
+-- log that lends leases (lim[LEASE]) is not removed: it keeps its entries
+-- stamped after now, the reset's time (the units of the leases still out,
+-- which their holders go on deciding from until their end, and what was
+-- logged at it; and, rounded up to the unit, the requests of the last
+-- unit), and its time, made at least the first time of its unit after now
+-- (the floor): what is logged after the forget is stamped later than
+-- every entry it removed, so that a holder's give-back of a lease it
+-- removed takes nothing logged since. A key that holds no log is deleted.
 local function exact_forget(key, lim, now)
   if not lim[LEASE] then
     return redis.call('DEL', key)
@@ -499,20 +509,28 @@ local function exact_forget(key, lim, now)
   end
   local log = {key}
   decode_header(log, string.byte(s, 1, HEADER))
-  local size = (#s - HEADER) / ENTRY
+  local base, unit, size = log[BASE], log[LUNIT], (#s - HEADER) / ENTRY
+  if unit == 0 then
+    return redis.call('DEL', key)
+  end
   local newest = log[FLOOR]
   if size > 0 then
     newest = math.max(newest, entry_at(s, HEADER, size - 1))
   end
-  if log[LUNIT] == 0 or log[BASE] + newest * log[LUNIT] <= now then
-    return redis.call('DEL', key)
+  local x = now - base
+  local from = first_after(s, HEADER, 0, size, (x - x % unit) / unit)
+  if from < size then -- the newest entry, after now, stays: so does the log's time
+    if from > 0 then
+      redis.call('SET', key, string.sub(s, 1, HEADER - ENTRY) .. encode_entry(newest) .. string.sub(s, HEADER + ENTRY * from + 1),
+        'KEEPTTL')
+    end
+    return 1
   end
-  local x = now - log[BASE]
-  local from = first_after(s, HEADER, 0, size, (x - x % log[LUNIT]) / log[LUNIT])
-  if from > 0 then
-    redis.call('SET', key, string.sub(s, 1, HEADER - ENTRY) .. encode_entry(newest) .. string.sub(s, HEADER + ENTRY * from + 1),
-      'KEEPTTL')
+  local t = math.max(base + newest * unit, now - now % unit + unit)
+  if (t - base) / unit > MAX_OFFSET then
+    base = t - t % (unit * SPAN)
   end
+  redis.call('SET', key, string.sub(encode_header(base, unit, 0), 1, HEADER - ENTRY) .. encode_entry((t - base) / unit), 'KEEPTTL')
   return 1
 end
 
@@ -568,7 +586,11 @@ end
 -- left the window, see head), when its oldest entry leaves the window,
 -- the request's time in it, and the command that logs the request with
 -- its arguments after the key.
-local function exact_fast(key, quota, window, unit, n, now, R, r, plan)
+--
+-- ahead is the limit's AHEAD (FLAG_LEASE), nil or false if it lends none:
+-- a log ahead of now goes to the general path, and a write anew keeps the
+-- entries after at - ahead - window (see leases, above).
+local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead)
   local byte = string.byte
   local s, size, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2
   if quota <= WHOLE then
@@ -717,9 +739,9 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan)
   end
   if count and dead * 2 > count or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
     -- Written anew at the same base (see exact_rewrite): without the
-    -- entries that have left the window a unit before at.
+    -- entries that have left the window a unit (AHEAD) before at.
     if dead > 0 then
-      x = at - unit - window - base
+      x = at - (ahead or unit) - window - base
       x = (x - x % unit) / unit
       if x < cut then -- keep those after x, at cut
         local i = dead - from -- of str

@@ -181,13 +181,13 @@ func floorMod(a, b int64) int64 {
 // there (at). Otherwise the window is seen from now (an exact log) or
 // from now's bucket (a bucketed limit, whose window is whole buckets), and
 // the request logged at its stamp. A log that lends leases is seen from
-// the log's time less the lease at the latest, now if later (see
-// lease.go): its time may be up to a lease ahead of every clock.
+// its time less Ahead at the latest, now if later (see lease.go): its time
+// may be up to that ahead of every clock.
 func (l Limit) LogTime(g *Log, now int64) (view, at int64) {
 	at = l.Stamp(now)
 	if g.Logged && g.Time > at {
 		if l.Lease > 0 {
-			return max(now, g.Time-l.Lease), g.Time
+			return max(now, g.Time-l.Ahead()), g.Time
 		}
 		return g.Time, g.Time
 	}

@@ -3,7 +3,10 @@ package store
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,9 +36,14 @@ type leaseRig struct {
 }
 
 func newLeaseRig(t *testing.T, b inflightBackend, quota int) *leaseRig {
+	// The Limiter's unit of a minute: window/8192 rounded up to 1, 2 or 5
+	// times a power of ten.
+	return newLeaseRigOf(t, b, quota, time.Minute, 10_000, time.Second)
+}
+
+// newLeaseRigOf is newLeaseRig with the given window, unit (µs) and lease.
+func newLeaseRigOf(t *testing.T, b inflightBackend, quota int, window time.Duration, unit int64, lease time.Duration) *leaseRig {
 	t.Helper()
-	window, lease := time.Minute, time.Second
-	unit := int64(10_000) // the Limiter's unit of a minute: window/8192 rounded up to 1, 2 or 5 times a power of ten
 	lim := store.Limit{Quota: quota, Window: window, Unit: time.Duration(unit) * time.Microsecond}
 	spec, bad, err := NewLeasedSpec([]store.Limit{lim}, nil, []time.Duration{lease}, b.split)
 	if err != nil {
@@ -190,8 +198,12 @@ func TestAcquire(t *testing.T) {
 			t.Fatalf("after giving back: allowed %v, %+v; want a count of 0 at the log's time %d", out.Allowed, out.Replies[0], T)
 		}
 		r.forget(T + 1)
-		if n, err := r.rdb.Exists(context.Background(), r.key).Result(); err != nil || n != 0 {
-			t.Fatalf("a forget after every entry: the key exists (%d, %v)", n, err)
+		if got := r.entries(); len(got) != 0 {
+			t.Fatalf("a forget after every entry: the log holds %v", got)
+		}
+		// What is logged after it is stamped after it, a unit later at least.
+		if out := r.decide(1, 0, T+1); !out.Allowed || out.Replies[0].Count != 0 || out.Replies[0].Next != T+r.unit {
+			t.Fatalf("after the forget: allowed %v, %+v; want a count of 0, logged at %d", out.Allowed, out.Replies[0], T+r.unit)
 		}
 	})
 }
@@ -204,15 +216,24 @@ func TestAcquire(t *testing.T) {
 // and never the units given back. The steps: decisions of random costs,
 // acquires of random units (of a random cost, often more than the room),
 // uses of a live lease's units, give-backs of what a lease did not use
-// (at once, late, or never: a holder that died), at times that advance by
-// less than a unit, up to a lease, or up to a window.
+// (at once, late, or never: a holder that died), at times that stay or
+// advance by less than a unit, up to a lease, up to a window, or to just before a
+// unit used leaves its window; with the Limiter's unit, and with a coarse
+// one (a tenth of the window) and leases that are a multiple of it or not.
 func TestAcquireNeverOver(t *testing.T) {
 	inflightBackends(t, func(t *testing.T, b inflightBackend) {
 		rng := seeded(t)
 		checked := 0
-		for trial := range 20 {
+		for trial := range 40 {
 			quota := []int{1, 3, 10, 100, 300}[rng.IntN(5)]
 			r := newLeaseRig(t, b, quota)
+			if trial%2 == 1 {
+				// A coarse unit (a tenth of the window), and a lease that is
+				// a multiple of it or not: the rounding of times to the unit
+				// matters.
+				unit := int64(6e6)
+				r = newLeaseRigOf(t, b, quota, time.Minute, unit, time.Duration(unit*int64(1+rng.IntN(2))+rng.Int64N(2)*rng.Int64N(unit))*time.Microsecond)
+			}
 			L, W := r.lease.Microseconds(), r.window.Microseconds()
 			type lease struct {
 				at, end int64 // its stamp, and when its holder stops using it
@@ -262,9 +283,14 @@ func TestAcquireNeverOver(t *testing.T) {
 					}
 				default:
 				}
-				switch rng.IntN(3) {
+				switch rng.IntN(6) {
+				case 4, 5: // the next step at the same time
+				case 3: // to just before a unit used leaves its window
+					if len(used) > 0 {
+						now = max(now, used[len(used)-1-rng.IntN(min(len(used), 8))]+W-1-rng.Int64N(r.unit))
+					}
 				case 0:
-					now += rng.Int64N(r.unit)
+					now += rng.Int64N(r.unit + 1)
 				case 1:
 					now += rng.Int64N(L)
 				default:
@@ -285,4 +311,66 @@ func TestAcquireNeverOver(t *testing.T) {
 		}
 		t.Logf("%d units admitted, every window within its quota", checked)
 	})
+}
+
+// TestAcquireLateReply: a lease's query that gives up on Redis (its
+// deadline passes while its call is on the way) answers with an error;
+// when the late reply says the lease was lent after all, every unit it
+// lent is taken back, not only its cost, and nothing stays counted.
+func TestAcquireLateReply(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	r := newLeaseRig(t, inflightBackend{rdb: rdb, real: true}, 100)
+	now := time.Now().UnixMicro()
+	r.decide(1, 0, now) // the library loaded and a connection open
+	r.giveBack(1, r.decide(1, 5, now).Replies[0].Next)
+	before := r.entries()
+	admin := srv.Client()
+	calls := fcalls(t, admin)
+	proxy.SetDelay(time.Second) // the call reaches Redis after the query gave up
+	const timeout = 200 * time.Millisecond
+	start := time.Now()
+	q := &Query{Query: store.Query{Limits: r.spec.Limits[0].Acquire.Public, Keys: []string{r.key}, Cost: 1, Now: now}, Acquire: 50,
+		Spec: r.spec.Limits[0].Acquire, Tags: []string{"a"}, Wall: start, Local: start, Timeout: timeout, Deadline: start.Add(timeout)}
+	var out Outcome
+	out.Reset(make([]Reply, 1))
+	if err := r.rs.Decide(context.Background(), q, &out); err == nil {
+		t.Fatalf("the query answered within its deadline through a proxy that delays a second: %+v", out)
+	}
+	proxy.SetDelay(0)
+	// The lease's call, then the rollback's.
+	deadline := time.Now().Add(10 * time.Second)
+	for fcalls(t, admin) < calls+2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls 10s after the query gave up: the late lease was not taken back", fcalls(t, admin)-calls)
+		}
+		time.Sleep(20 * time.Millisecond) // polling Redis's counters
+	}
+	if got := r.entries(); !maps.Equal(got, before) {
+		t.Fatalf("after the late lease and its rollback, the log holds %v; before it %v", got, before)
+	}
+	if n := r.rs.Rollbacks.Unreverted.Load(); n != 0 {
+		t.Errorf("%d units unreverted; the rollback succeeded", n)
+	}
+}
+
+// fcalls returns how many FCALLs the server ran.
+func fcalls(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if stats, ok := strings.CutPrefix(line, "cmdstat_fcall:calls="); ok {
+			n, err := strconv.Atoi(stats[:strings.IndexByte(stats, ',')])
+			if err != nil {
+				t.Fatalf("INFO commandstats: %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	return 0
 }

@@ -37,20 +37,21 @@ const (
 // leases: units of a key's quota that one call to Next (the Redis store)
 // reserved, logged as entries of the key's own log stamped at the lease's
 // end T (see lua/exact.lua), and that this process then takes, in memory,
-// request by request. A request's other limits are sent to Next as
-// today, in the same step; if Next denies or fails, the units taken go
-// back to their lease. Unused units are given back (their entries removed
+// request by request. A request's other limits are sent to Next in the
+// same step, with the leased ones' quotas 0; if Next denies or fails, the
+// units taken go back to their lease. Unused units are given back (their entries removed
 // through Rollbacks) when the lease ends, when the key cools and at Close.
 //
-// A key is hot when it saw hotRequests in the lease period: cold keys cost
-// two counters, no allocation and no call beyond today's. A lease is
+// A key is hot when it saw hotRequests in the lease period: a cold key
+// costs two counters, and neither an allocation nor a call. A lease is
 // taken on a request's path (the request waits for it: the acquire
 // decides the request too) and renewed ahead in the background, one call
 // in flight per key. A lease holds at most quota/16 units and is used on
 // the decision clock (Query.Local) until L after its acquire was sent:
 // before T on the Redis clock. An acquire that fails or is denied sends
-// the whole query to Next, and the key waits a period before it asks
-// again. Every method is safe for concurrent use.
+// the whole query to Next (one that failed by the decision's deadline
+// fails the decision with its error instead), and the key waits a period
+// before it asks again. Every method is safe for concurrent use.
 type Leases struct {
 	Next      Store
 	Rollbacks *Rollbacks       // gives back unused units
@@ -62,6 +63,7 @@ type Leases struct {
 
 	mu     sync.RWMutex
 	table  map[leaseKey]*lease
+	size   atomic.Int32 // len(table): a cold key reads no map while none is hot
 	closed atomic.Bool
 	leased atomic.Uint64 // decisions answered from a lease
 	inUse  sync.WaitGroup
@@ -91,6 +93,7 @@ type leaseKey struct {
 type lease struct {
 	mu     sync.Mutex
 	quota  int
+	window time.Duration
 	length time.Duration // L
 	spec   *Spec         // the acquire's (LimitSpec.Acquire)
 	give   *Spec         // the limit alone, without the acquire: to give back
@@ -114,13 +117,20 @@ type grant struct {
 	granted, left int
 	stamp         int64     // T: its entries' time, Reply.Next of what it decides
 	reset, now    int64     // the acquire reply's Reset and Now (Redis clock)
-	end           time.Time // decision clock: no unit is taken at or after it
+	start, end    time.Time // decision clock: units are taken from start (its acquire's sending) until before end
 	arrived       time.Time // decision clock: when its reply arrived
 	done          bool      // given back (or being given back): nothing more is taken
 }
 
-// live reports whether g lends at local time now.
-func (g *grant) live(now time.Time) bool { return g != nil && !g.done && now.Before(g.end) }
+// spent reports whether g has nothing more to lend or give back.
+func (g *grant) spent() bool { return g == nil || g.done }
+
+// live reports whether g lends at local time now: not before it was
+// asked for (a clock that ran back, or a decision that read the clock
+// before another's acquire), nor from its end.
+func (g *grant) live(now time.Time) bool {
+	return g != nil && !g.done && !now.Before(g.start) && now.Before(g.end)
+}
 
 // Leased returns how many decisions were answered from a lease (in part:
 // one of their limits).
@@ -252,15 +262,20 @@ func leasable(q *Query) bool {
 
 // replies writes the reply of each limit taken from a lease: decided at
 // the Redis clock's estimate, Count what the lease did not hold before
-// the request, Reset the acquire's, Next the lease's T. It returns the
-// latest of their times.
+// the request, Reset the acquire's (once it has passed, when the lease's
+// own entries leave: the log's oldest entry is then unknown, and no
+// later), Next the lease's T. It returns the latest of their times.
 func (ls *Leases) replies(q *Query, taken []taken, out *Outcome) int64 {
 	var latest int64
 	for _, t := range taken {
 		// The Redis clock at the latest: the reply's time, and the time
 		// since it arrived, which Redis decided before.
 		now := t.g.now + max(q.Local.Sub(t.g.arrived), 0).Microseconds()
-		out.Replies[t.i] = Reply{OK: true, Now: now, Count: int64(t.l.quota - t.before), Reset: t.g.reset, Next: t.g.stamp}
+		reset := t.g.reset
+		if reset < now {
+			reset = t.g.stamp + t.l.window.Microseconds()
+		}
+		out.Replies[t.i] = Reply{OK: true, Now: now, Count: int64(t.l.quota - t.before), Reset: reset, Next: t.g.stamp}
 		latest = max(latest, now)
 	}
 	return latest
@@ -272,9 +287,12 @@ func (ls *Leases) replies(q *Query, taken []taken, out *Outcome) int64 {
 func (ls *Leases) take(ctx context.Context, q *Query, i, quota int) (taken, bool, error) {
 	lim := &q.Spec.Limits[i]
 	key := leaseKey{id: q.Log(i), quota: quota, window: lim.Window}
-	ls.mu.RLock()
-	l := ls.table[key]
-	ls.mu.RUnlock()
+	var l *lease
+	if ls.size.Load() > 0 {
+		ls.mu.RLock()
+		l = ls.table[key]
+		ls.mu.RUnlock()
+	}
 	if l == nil {
 		prev, cur, hot := ls.count(key.id, q.Local, lim.Lease)
 		if !hot {
@@ -341,12 +359,13 @@ func (ls *Leases) track(key leaseKey, lim *LimitSpec, q *Query, prev, cur int) *
 	key.id = LogID{Key: strings.Clone(key.id.Key), Field: key.id.Field}
 	one := *lim
 	one.Acquire = nil
-	l := &lease{quota: key.quota, length: lim.Lease, spec: lim.Acquire, keys: []string{key.id.Key}, fixed: q.Now != 0,
+	l := &lease{quota: key.quota, window: key.window, length: lim.Lease, spec: lim.Acquire, keys: []string{key.id.Key}, fixed: q.Now != 0,
 		give: &Spec{Limits: []LimitSpec{one}, Public: lim.Acquire.Public, All: []int{0}, Whole: [][]int{{0}}, Lua: lim.Lua}}
 	l.period = q.Local.UnixMicro() / max(l.length.Microseconds(), 1)
 	l.reqs = [2]int{prev, cur - 1} // fromLease counts this request
 	l.units = [2]int{prev * q.Cost, (cur - 1) * q.Cost}
 	ls.table[key] = l
+	ls.size.Store(int32(len(ls.table)))
 	return l
 }
 
@@ -413,8 +432,7 @@ func (l *lease) due(g *grant, now time.Time) bool {
 	if g != l.grants[1] && l.grants[1] != nil && !l.grants[1].done {
 		return false // a newer grant is already there
 	}
-	start := g.end.Add(-l.length)
-	return !now.Before(start.Add(l.length*3/4)) || 4*g.left <= g.granted
+	return !now.Before(g.start.Add(l.length*3/4)) || 4*g.left <= g.granted
 }
 
 // fromLease takes q's cost for limit i from l: from a grant it holds, or
@@ -434,8 +452,7 @@ func (ls *Leases) fromLease(ctx context.Context, q *Query, l *lease, i int) (tak
 		l.mu.Unlock()
 		ls.giveBack(l, ended)
 		if renew {
-			ls.inUse.Add(1)
-			go ls.renew(l, cost)
+			ls.startRenewal(l, cost)
 		}
 		return t, true, nil
 	}
@@ -457,6 +474,21 @@ func (ls *Leases) fromLease(ctx context.Context, q *Query, l *lease, i int) (tak
 		return taken{}, false, nil
 	}
 	return taken{i: i, g: g, l: l, before: before}, true, nil
+}
+
+// startRenewal starts renew, unless the leases are closed (l.acquiring
+// is set; it clears it then). Close waits for the renewals it starts.
+func (ls *Leases) startRenewal(l *lease, cost int) {
+	ls.mu.RLock()
+	defer ls.mu.RUnlock()
+	if ls.closed.Load() {
+		l.mu.Lock()
+		l.acquiring = false
+		l.mu.Unlock()
+		return
+	}
+	ls.inUse.Add(1) // before Close's Wait: Close sets closed under ls.mu
+	go ls.renew(l, cost)
 }
 
 // renew acquires l's next grant in the background.
@@ -503,7 +535,7 @@ func (ls *Leases) acquire(ctx context.Context, l *lease, sent time.Time, now int
 		return nil, 0, err
 	}
 	r := aout.Replies[0]
-	g = &grant{granted: granted, left: granted - take, stamp: r.Next, reset: r.Reset, now: r.Now, end: sent.Add(l.length), arrived: arrived}
+	g = &grant{granted: granted, left: granted - take, stamp: r.Next, reset: r.Reset, now: r.Now, start: sent, end: sent.Add(l.length), arrived: arrived}
 	var old [2]giveBack
 	if o := l.grants[0]; o != nil && !o.done {
 		// Three grants at once: the oldest goes back now.
@@ -556,7 +588,7 @@ func (ls *Leases) giveBackBy(l *lease, grants [2]giveBack, deadline time.Time) {
 }
 
 // Sweep gives back, at now on the decision clock, the grants that have
-// ended, and forgets the keys that have cooled: no grant lends and no
+// ended, and forgets the keys that have cooled: no grant is left and no
 // request came for two periods.
 func (ls *Leases) Sweep(now time.Time) {
 	type ended struct {
@@ -571,12 +603,13 @@ func (ls *Leases) Sweep(now time.Time) {
 		if gb[0].g != nil || gb[1].g != nil {
 			all = append(all, ended{l, gb})
 		}
-		if !l.acquiring && !l.grants[0].live(now) && !l.grants[1].live(now) && now.Sub(l.seen) >= 2*l.length {
+		if !l.acquiring && l.grants[0].spent() && l.grants[1].spent() && now.Sub(l.seen) >= 2*l.length {
 			delete(ls.table, key)
 			l.gone = true
 		}
 		l.mu.Unlock()
 	}
+	ls.size.Store(int32(len(ls.table)))
 	ls.mu.Unlock()
 	for _, e := range all {
 		ls.giveBack(e.l, e.gb)
@@ -611,7 +644,10 @@ func (ls *Leases) Start(every time.Duration, alive func() bool) {
 // (the rest goes on in the background, see Rollbacks). It waits for the
 // acquires in flight, which give back what they get.
 func (ls *Leases) Close(deadline time.Time) {
-	if ls.closed.Swap(true) {
+	ls.mu.Lock()
+	closed := ls.closed.Swap(true)
+	ls.mu.Unlock()
+	if closed {
 		return
 	}
 	if ls.stop != nil {
@@ -638,6 +674,7 @@ func (ls *Leases) Close(deadline time.Time) {
 		l.gone = true
 		l.mu.Unlock()
 		delete(ls.table, key)
+		ls.size.Store(0)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

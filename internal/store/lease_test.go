@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -93,7 +94,11 @@ func (f *leaseNext) Decide(ctx context.Context, q *Query, out *Outcome) error {
 		stamp := q.Local.UnixMicro() + f.lease.Microseconds() + f.seq
 		f.granted[stamp], f.sent[stamp] = g, q.Local
 		out.Allowed, out.Now = true, q.Local.UnixMicro()
-		out.Replies[0] = Reply{OK: true, Now: out.Now, Count: int64(quota - g), Reset: stamp + w, Next: stamp}
+		reset := stamp + w // the log held nothing else
+		if f.rng.IntN(2) == 0 {
+			reset = out.Now + f.rng.Int64N(w/10) // its oldest entry leaves soon
+		}
+		out.Replies[0] = Reply{OK: true, Now: out.Now, Count: int64(quota - g), Reset: reset, Next: stamp}
 		return nil
 	}
 	f.others++
@@ -164,7 +169,13 @@ type layerRig struct {
 	spec *Spec
 	now  time.Time
 	used map[int64]int // by stamp: units admitted requests took
+	// clock is now as the Leases' background acquires read it (Unix
+	// ns): sync sets it.
+	clock atomic.Int64
 }
+
+// sync makes the leases' clock read r.now.
+func (r *layerRig) sync() { r.clock.Store(r.now.UnixNano()) }
 
 const rigLease = 62500 * time.Microsecond // a second's sixteenth
 
@@ -185,7 +196,8 @@ func newLayerRig(t testing.TB, rng *rand.Rand, quotas ...int) *layerRig {
 	r := &layerRig{t: t, next: newLeaseNext(rng, rigLease), lib: &leaseLib{given: map[int64]int{}}, spec: spec,
 		now: time.UnixMicro(1_700_000_000_000_000), used: map[int64]int{}}
 	rb := NewRollbacks(r.lib, time.Second, nil)
-	r.ls = NewLeases(r.next, rb, func() time.Time { return r.now }, time.Second)
+	r.sync()
+	r.ls = NewLeases(r.next, rb, func() time.Time { return time.Unix(0, r.clock.Load()) }, time.Second)
 	return r
 }
 
@@ -194,6 +206,7 @@ func newLayerRig(t testing.TB, rng *rand.Rand, quotas ...int) *layerRig {
 // and checks what a lease decided.
 func (r *layerRig) decide(keys []string, cost int, quotas []int) (*Query, Outcome, error) {
 	r.t.Helper()
+	r.sync()
 	q := &Query{Query: store.Query{Limits: r.spec.Public, Keys: keys, Cost: cost, Quotas: quotas, Now: r.now.UnixMicro()},
 		Spec: r.spec, Wall: time.Now(), Local: r.now, Deadline: time.Now().Add(time.Minute), Timeout: time.Second}
 	var out Outcome
@@ -216,6 +229,10 @@ func (r *layerRig) decide(keys []string, cost int, quotas []int) (*Query, Outcom
 			r.t.Fatalf("limit %d decided from a lease of stamp %d that was never lent", i, rep.Next)
 		case !r.now.Before(sent.Add(rigLease)):
 			r.t.Fatalf("limit %d decided at %v from a lease that ended at %v", i, r.now, sent.Add(rigLease))
+		case r.now.Before(sent):
+			r.t.Fatalf("limit %d decided at %v from a lease asked for at %v", i, r.now, sent)
+		case rep.Reset < rep.Now:
+			r.t.Fatalf("limit %d decided at %d from a lease: its Reset %d has passed", i, rep.Now, rep.Reset)
 		case rep.Count > int64(q.Quota(i)-cost) || rep.Count < 0:
 			r.t.Fatalf("limit %d: count %d for a request of cost %d under quota %d", i, rep.Count, cost, q.Quota(i))
 		}
@@ -249,8 +266,9 @@ func (r *layerRig) settle() {
 // TestLeaseAccounting drives one hot Global leased limit and a per-client
 // limit with random arrivals, costs, plans that exempt the client,
 // denials and failures of the other limit, denied, partial and failed
-// acquires, and sweeps; every lease's units are used by admitted requests
-// or given back, exactly; nothing is taken at or after a lease's end; a
+// acquires, sweeps, and a clock that steps back; every lease's units are
+// used by admitted requests or given back, exactly; nothing is taken
+// before a lease was asked for, nor at or after its end; a
 // request admitted from a lease was admitted by the other limit too (or
 // had none); and the query sent on never counts a limit the lease
 // decided.
@@ -265,6 +283,9 @@ func TestLeaseAccounting(t *testing.T) {
 			leased := 0
 			for range 3000 {
 				r.now = r.now.Add(time.Duration(rng.IntN(3000)) * time.Microsecond)
+				if rng.IntN(200) == 0 { // the clock steps back
+					r.now = r.now.Add(-time.Duration(rng.Int64N(int64(2 * rigLease))))
+				}
 				cost := 1 + rng.IntN(3)
 				var quotas []int
 				if rng.IntN(5) == 0 {
@@ -417,6 +438,7 @@ func TestLeaseAllocs(t *testing.T) {
 		replies := make([]Reply, len(keys))
 		decide := func() {
 			r.now = r.now.Add(time.Microsecond)
+			r.sync()
 			q.Local, q.Now = r.now, r.now.UnixMicro()
 			out.Reset(replies)
 			if err := r.ls.Decide(context.Background(), q, &out); err != nil || !out.Allowed {
@@ -460,4 +482,141 @@ func BenchmarkLeases(b *testing.B) {
 	})
 	b.StopTimer()
 	r.ls.Close(time.Now().Add(time.Minute))
+}
+
+// TestLeaseDenyCacheSkips: the deny cache learns nothing from a decision
+// a lease made: a lease's last unit says nothing of the log, whose next
+// lease may have room.
+func TestLeaseDenyCacheSkips(t *testing.T) {
+	rng := leaseSeed(t)
+	r := newLayerRig(t, rng, 64) // leases of 4 units at most: a lease's last unit often
+	cache := &DenyCache{MaxAge: time.Minute}
+	c := Cached{Next: r.ls, Cache: cache, Clock: func() time.Time { return r.now }}
+	leased := 0
+	for range 500 {
+		r.now = r.now.Add(time.Duration(rng.IntN(200)) * time.Microsecond)
+		r.sync()
+		q := &Query{Query: store.Query{Limits: r.spec.Public, Keys: []string{"g"}, Cost: 1, Now: r.now.UnixMicro()},
+			Spec: r.spec, Wall: time.Now(), Local: r.now, Deadline: time.Now().Add(time.Minute), Timeout: time.Second}
+		var out Outcome
+		out.Reset(make([]Reply, 1))
+		if err := c.Decide(context.Background(), q, &out); err != nil || !out.Allowed || out.Cached {
+			t.Fatalf("denied (cached %v, %v): the fake never denies", out.Cached, err)
+		}
+		r.ls.inUse.Wait()
+		if out.Leased != 0 {
+			leased++
+		}
+	}
+	if leased == 0 {
+		t.Fatal("no decision from a lease")
+	}
+	if n := cache.Len(); n != 0 {
+		t.Errorf("the deny cache holds %d denials", n)
+	}
+	r.ls.Close(time.Now().Add(time.Minute))
+}
+
+// nopStore admits everything, and logs nothing.
+type nopStore struct{}
+
+func (nopStore) Decide(_ context.Context, q *Query, out *Outcome) error {
+	out.Allowed = true
+	return nil
+}
+
+// BenchmarkLeasesCold is what the lease layer costs a decision of a cold
+// key of a leasable limit: its two counters, before the query goes on
+// as it is ("direct" is the same query without the layer).
+//
+//	go test -run '^$' -bench BenchmarkLeasesCold -benchmem ./internal/store
+func BenchmarkLeasesCold(b *testing.B) {
+	rng := leaseSeed(b)
+	r := newLayerRig(b, rng, 1000)
+	r.ls.Next = nopStore{}
+	keys := make([]string, 1<<16)
+	for i := range keys {
+		keys[i] = "ip" + strconv.Itoa(i)
+	}
+	for _, layer := range []bool{false, true} {
+		name := "direct"
+		var s Store = nopStore{}
+		if layer {
+			name, s = "leases", r.ls
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			q := &Query{Query: store.Query{Limits: r.spec.Public, Keys: make([]string, 1), Cost: 1}, Spec: r.spec, Wall: time.Now(), Deadline: time.Now().Add(time.Hour)}
+			var out Outcome
+			replies := make([]Reply, 1)
+			i := 0
+			for b.Loop() {
+				i++
+				q.Keys[0] = keys[i%len(keys)]
+				q.Local = r.now.Add(time.Duration(i) * time.Microsecond)
+				q.Now = q.Local.UnixMicro()
+				out.Reset(replies)
+				_ = s.Decide(context.Background(), q, &out)
+			}
+		})
+	}
+}
+
+// TestLeaseConcurrent decides one hot key from parallel goroutines on the
+// wall clock, with denials and failures of the other limit, denied and
+// failed acquires, sweeps, and Close while decisions go on: every lease's
+// units are used by admitted requests or given back, exactly. Run it
+// under the race detector too.
+func TestLeaseConcurrent(t *testing.T) {
+	rng := leaseSeed(t)
+	r := newLayerRig(t, rng, 1<<20, 1<<20)
+	r.ls.Clock = time.Now
+	r.next.acqDeny, r.next.acqErr, r.next.deny, r.next.fail, r.next.partial = 0.05, 0.05, 0.1, 0.05, true
+	var mu sync.Mutex
+	used := map[int64]int{}
+	var wg sync.WaitGroup
+	const goroutines, each = 8, 2000
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			replies := make([]Reply, 2)
+			for n := range each {
+				q := &Query{Query: store.Query{Limits: r.spec.Public, Keys: []string{"g", "ip" + strconv.Itoa(g)}, Cost: 1 + n%3},
+					Spec: r.spec, Wall: time.Now(), Deadline: time.Now().Add(time.Minute), Timeout: time.Second}
+				q.Local = time.Now()
+				q.Now = q.Local.UnixMicro()
+				var out Outcome
+				out.Reset(replies)
+				err := r.ls.Decide(context.Background(), q, &out)
+				if err == nil && out.Allowed && out.Leased&1 != 0 {
+					mu.Lock()
+					used[out.Replies[0].Next] += q.Cost
+					mu.Unlock()
+				}
+				if g == 0 && n%100 == 0 {
+					r.ls.Sweep(time.Now())
+				}
+				if g == 1 && n == each/2 {
+					r.ls.Close(time.Now().Add(time.Minute))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	r.ls.Close(time.Now().Add(time.Minute))
+	drain(r.ls.Rollbacks)
+	r.next.mu.Lock()
+	defer r.next.mu.Unlock()
+	r.lib.mu.Lock()
+	defer r.lib.mu.Unlock()
+	if len(r.next.granted) == 0 {
+		t.Fatal("no lease lent")
+	}
+	for stamp, g := range r.next.granted {
+		if u, given := used[stamp], r.lib.given[stamp]; u+given != g {
+			t.Errorf("lease %d lent %d units: %d used and %d given back", stamp, g, u, given)
+		}
+	}
+	t.Logf("%d leases, %d decisions from leases", len(r.next.granted), r.ls.Leased())
 }
