@@ -20,21 +20,24 @@ import (
 func TestLeaseResetReplicas(t *testing.T) {
 	t.Parallel() // waits on servers: runs beside the other parallel tests
 	forBackends(t, func(t *testing.T, b backend) {
-		var counts []int
-		for _, offset := range []time.Duration{-4000 * time.Hour, 0, 4000 * time.Hour} {
-			counts = append(counts, testLeaseResetReplicas(t, b, offset))
-		}
-		// The reset is timed by the replicas' clock, not the server's.
-		if counts[0] != counts[1] || counts[1] != counts[2] {
-			t.Errorf("admitted after the reset, with the clock 4000h behind the server's, on it, and ahead: %v", counts)
+		for _, how := range []string{"Limiter.Reset", "Inspector.Reset"} {
+			var counts []int
+			for _, offset := range []time.Duration{-4000 * time.Hour, 0, 4000 * time.Hour} {
+				counts = append(counts, testLeaseResetReplicas(t, b, how, offset))
+			}
+			// The reset is timed by the replicas' clock, not the server's.
+			if counts[0] != counts[1] || counts[1] != counts[2] {
+				t.Errorf("%s: admitted after the reset, with the clock 4000h behind the server's, on it, and ahead: %v", how, counts)
+			}
 		}
 	})
 }
 
 // testLeaseResetReplicas runs the test with the replicas' clock offset
-// from the server's, and returns how many the replicas admitted after
-// the reset.
-func testLeaseResetReplicas(t *testing.T, b backend, offset time.Duration) int {
+// from the server's, resetting with how (Limiter.Reset or
+// Inspector.Reset), and returns how many the replicas admitted after the
+// reset.
+func testLeaseResetReplicas(t *testing.T, b backend, how string, offset time.Duration) int {
 	const quota = 320 // leases of up to 20 units: A holds some at the reset
 	addr := ""
 	if b.mr != nil {
@@ -45,7 +48,7 @@ func testLeaseResetReplicas(t *testing.T, b backend, offset time.Duration) int {
 	clock := &testClock{}
 	clock.Set(time.Now().Add(offset).Truncate(time.Second))
 	lim := Per(time.Minute, quota, Global()).Named("g").Leased()
-	prefix := "reset" + offset.String() + ":"
+	prefix := "reset" + how + offset.String() + ":"
 	newReplica := func() *Limiter {
 		client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 		l, err := New(client, []Limit{lim}, WithClock(clock.Now), WithTimeout(redistest.DecisionTimeout),
@@ -76,8 +79,12 @@ func testLeaseResetReplicas(t *testing.T, b backend, offset time.Duration) int {
 	if a.Inspect().Leased() == 0 {
 		t.Fatalf("offset %v: A took no lease after 16 requests in a lease's time", offset)
 	}
-	if err := bb.Inspect().Reset(ctx, "g", GlobalID); err != nil {
-		t.Fatal(err)
+	reset := bb.Reset(ctx, ids)
+	if how == "Inspector.Reset" {
+		reset = bb.Inspect().Reset(ctx, "g", GlobalID)
+	}
+	if reset != nil {
+		t.Fatal(reset)
 	}
 	// After the reset, at one time: B admits what the log lets it (and
 	// what its leases, some taken in the background, hold), then A what
@@ -90,9 +97,9 @@ func testLeaseResetReplicas(t *testing.T, b backend, offset time.Duration) int {
 			}
 		}
 	}
-	t.Logf("offset %v: %d admitted after the reset, quota %d (A answered %d from leases)", offset, admitted, quota, a.Inspect().Leased())
+	t.Logf("%s, offset %v: %d admitted after the reset, quota %d (A answered %d from leases)", how, offset, admitted, quota, a.Inspect().Leased())
 	if admitted > quota {
-		t.Errorf("clock %v from the server's: %d admitted in the window after a reset, quota %d: the reset dropped units a lease still held", offset, admitted, quota)
+		t.Errorf("%s, clock %v from the server's: %d admitted in the window after a reset, quota %d: the reset dropped units a lease still held", how, offset, admitted, quota)
 	}
 	return admitted
 }

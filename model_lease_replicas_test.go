@@ -33,32 +33,33 @@ import (
 // when its process dies.
 //
 // What it checks, at every step (times are the clock's, in µs; W a
-// limit's window, L its lease, u its unit; a request's time is the
-// clock's when it was decided; a stretch is the steps between two steps
-// back; an epoch of a key the steps since its last reset):
+// limit's window, L its lease, u its unit, A = L rounded up to u, plus u:
+// how far ahead of the clock a leasable log's time may run; a request's
+// time is the clock's when it was decided; M the latest time the clock
+// read so far; a stretch is the steps between two steps back; an epoch
+// of a key the steps since its last reset):
 //
 //   - never over, in a stretch: for every admitted request at r, the
 //     requests admitted in (r-W, r] of its stretch and epoch, not
 //     refunded, cost at most the largest quota in force among them;
-//   - never over, across steps back: a request a Redis call admitted at
-//     r, M the latest time the clock read so far, counted with every
-//     request of its epoch admitted before it whose time is after M-W:
-//     their costs and its own are at most its quota (a log's time never
-//     runs backwards, and every entry is stamped at most L after the
-//     clock read);
-//   - the plain limit is exact: at the clock's latest time it admits iff
-//     the costs admitted in (r-W, r] and the request's fit, up to the
-//     unit (an entry counts up to u longer than its window);
-//   - bounded under: a leased limit that denies a request that would
-//     have fit (its room, the quota less the costs admitted in (r-W, r],
-//     at least its cost: the under-admission) has less room than what the
-//     log may count beyond the window: the requests admitted in
-//     (r-W-L-u, r-W] (logged up to a lease late, and counted a lease
-//     further back while the log's time is ahead), those of the key's
-//     last epoch that a reset kept (logged after it), and the units held
-//     in leases: up to leaseSlots leases of kmax units per replica alive,
-//     or killed less than a window and two leases ago (kmax = the largest
-//     of the limit's quotas over 16, at least the largest cost drawn).
+//   - never over, across steps back: a request a Redis call admitted
+//     counted every request of its epoch admitted before it whose time
+//     is after M-W: their costs and its own are at most its quota (a
+//     log's time never runs backwards, and a leasable log counts from
+//     its time less A, which is never after M);
+//   - the plain limit is exact: it decides as internal/logmodel's exact
+//     log does, given the requests admitted, refunded and reset;
+//   - bounded under: a leased limit that denies a request its exact log
+//     without leases would have admitted (internal/logmodel's, given the
+//     same requests: the under-admission, its room the quota less that
+//     log's count) had less room than what its log may count beyond
+//     that one: the requests of the epoch logged up to A after M when
+//     they were admitted (a lease's end, or the log's time ahead) and
+//     timed after r-W-A, those of earlier epochs that every reset since
+//     kept likewise (a reset keeps what is stamped after it), and the
+//     units held in leases: up to leaseSlots leases of each of the
+//     limit's quotas, quota/16 units each (a lease's most), per replica
+//     alive or killed at most a window and A before r.
 //
 // The under-admission measured (how often a request that would have fit
 // was denied, and by how much room) is logged.
@@ -178,7 +179,10 @@ var repNames = [repLimits]string{"g", "user", "ip"}
 // repLimit is what a run knows of one of its limits.
 type repLimit struct {
 	window, lease, unit int64 // µs; lease 0 for none
-	quotas              []int // the declared quota, then the "pro" plan's
+	// ahead is how far after the clock's latest time an entry may be
+	// stamped: a lease's end, rounded up to the unit, and a unit.
+	ahead  int64
+	quotas []int // the declared quota, then the "pro" plan's
 	// kmax is the most units a replica's leases of one key hold in one
 	// slot: a lease of each of its quotas, quota/16 units (leaseShare).
 	kmax int
@@ -309,6 +313,7 @@ func newReplicaRun(t *testing.T, env replicaEnv, stats *replicaStats, seed, run 
 			lim.Lease = []time.Duration{w / 8, w / 16, w / 64, min(w/16, time.Second)}[rng.IntN(4)]
 			lim.Lease = max(lim.Lease, time.Millisecond)
 			rl.lease = lim.Lease.Microseconds()
+			rl.ahead = roundUp(rl.lease, rl.unit) + rl.unit
 		}
 		rl.kmax = q / 16
 		if pro != q {
@@ -688,7 +693,7 @@ func (m *replicaRun) checkUnder(ids []string, cost int, res Result, vs [repLimit
 			m.stats.maxExcess = max(m.stats.maxExcess, lr.Quota-lr.Remaining-v.Count)
 		}
 		rs := m.resets[key]
-		steady := m.now == m.latest && (len(rs) == 0 || rs[len(rs)-1] <= m.now-l.window-l.lease-l.unit)
+		steady := m.now == m.latest && (len(rs) == 0 || rs[len(rs)-1] <= m.now-l.window-l.ahead)
 		if steady {
 			m.stats.steadyDenials++
 		}
@@ -709,7 +714,7 @@ func (m *replicaRun) checkUnder(ids []string, cost int, res Result, vs [repLimit
 		// be stamped up to a lease and a unit after the latest time the
 		// clock had read then, later than the window's start (the log
 		// counts from its time less the lease, never before now).
-		since := m.now - l.window - l.lease - l.unit
+		since := m.now - l.window - l.ahead
 		late, _ := m.sum(key, -1<<62, 1<<62, func(a *repAdmit) bool {
 			return a.epoch == epoch && a.latest > since
 		})
@@ -722,7 +727,7 @@ func (m *replicaRun) checkUnder(ids []string, cost int, res Result, vs [repLimit
 				return false
 			}
 			after := slices.Max(m.resets[key][a.epoch:])
-			return a.latest > after-l.lease-l.unit && a.latest > since
+			return a.latest > after-l.ahead && a.latest > since
 		})
 		held := 0
 		for _, r := range m.reps {
@@ -840,7 +845,7 @@ func (m *replicaRun) window(key repKey, to int64) string {
 	l := m.limits[key.limit]
 	var lines []string
 	for _, a := range m.ledger[key] {
-		if a.r > to-l.window-l.lease-l.unit {
+		if a.r > to-l.window-l.ahead-l.unit {
 			lines = append(lines, fmt.Sprintf("  at %d (%+dµs) cost %d quota %d stretch %d epoch %d leased %v refunded %v",
 				a.r, a.r-to, a.cost, a.quota, a.stretch, a.epoch, a.leased, *a.refunded))
 		}
