@@ -228,6 +228,7 @@ type replicaRun struct {
 	latest  int64 // the latest time it read: M
 	limits  [repLimits]repLimit
 	plans   sync.Map // "limit/id" -> plan name
+	prefix  string   // of the run's keys
 	maxCost int
 
 	stretch int
@@ -324,6 +325,7 @@ func newReplicaRun(t *testing.T, env replicaEnv, stats *replicaStats, seed, run 
 	}
 	n := 2 + rng.IntN(4)
 	prefix := fmt.Sprintf("rep%d:%d:", seed%1000, run)
+	m.prefix = prefix
 	for k := range n {
 		client := env.newClient()
 		hook := &killHook{}
@@ -741,8 +743,8 @@ func (m *replicaRun) checkUnder(ids []string, cost int, res Result, vs [repLimit
 		}
 		if room-cost >= bound {
 			g := m.logs[key]
-			m.t.Fatalf("%s: under beyond the bound: %s %q denied a request of cost %d that its log without leases would have admitted (count %d at %d), quota %d: room %d; the bound is %d (%d logged late, %d kept by a reset, %d in leases)\nthat log: %+v (time %d)\n%s",
-				m.where(), repNames[i], key.id, cost, v.Count, v.View, lr.Quota, room, bound, late, kept, held, g.Runs, g.Time, m.window(key, m.now))
+			m.t.Fatalf("%s: under beyond the bound: %s %q denied a request of cost %d that its log without leases would have admitted (count %d at %d), quota %d: room %d; the bound is %d (%d logged late, %d kept by a reset, %d in leases)\nthat log: %+v (time %d)\nthe log in Redis: %s\n%s",
+				m.where(), repNames[i], key.id, cost, v.Count, v.View, lr.Quota, room, bound, late, kept, held, g.Runs, g.Time, m.redisLog(key), m.window(key, m.now))
 		}
 	}
 }
@@ -827,6 +829,41 @@ func (m *replicaRun) kill() {
 	m.reps[k].hook.dead.Store(true)
 	m.reps[k].killed = m.latest
 	m.stats.kills++
+}
+
+// redisLog returns the entries of key's log in Redis, as runs of entries
+// of one time (relative to the clock), for messages.
+func (m *replicaRun) redisLog(key repKey) string {
+	if m.env.split {
+		return "(not read on a Cluster)"
+	}
+	rdb := m.env.newClient()
+	defer rdb.Close()
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, m.prefix+repNames[key.limit]+":*{"+key.id+"}").Result()
+	if err != nil || len(keys) != 1 {
+		return fmt.Sprintf("keys %v: %v", keys, err)
+	}
+	b, err := rdb.Get(ctx, keys[0]).Bytes()
+	if err != nil || len(b) < 18 || len(b)%2 != 0 {
+		return fmt.Sprintf("%s: %d bytes, %v", keys[0], len(b), err)
+	}
+	num := func(b []byte) (n int64) {
+		for _, c := range b {
+			n = n<<8 | int64(c)
+		}
+		return n
+	}
+	base, unit, floor := num(b[:7]), num(b[7:13]), num(b[16:18])
+	var runs []string
+	for i := 18; i < len(b); {
+		off, n := num(b[i:i+2]), 0
+		for ; i < len(b) && num(b[i:i+2]) == off; i += 2 {
+			n++
+		}
+		runs = append(runs, fmt.Sprintf("%+d:%d", base+off*unit-m.now, n))
+	}
+	return fmt.Sprintf("%s: floor %+d, entries (µs from now:count) %s", keys[0], base+floor*unit-m.now, strings.Join(runs, " "))
 }
 
 // where says where a run is, for messages.
