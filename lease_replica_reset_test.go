@@ -38,7 +38,7 @@ func TestLeaseResetReplicas(t *testing.T) {
 // Inspector.Reset), and returns how many the replicas admitted after the
 // reset.
 func testLeaseResetReplicas(t *testing.T, b backend, how string, offset time.Duration) int {
-	const quota = 320 // leases of up to 20 units: A holds some at the reset
+	const quota = 160 // leases of up to 10 units: A holds some at the reset
 	addr := ""
 	if b.mr != nil {
 		addr = b.mr.Addr()
@@ -91,7 +91,7 @@ func testLeaseResetReplicas(t *testing.T, b backend, how string, offset time.Dur
 	// its lease still holds, then B again.
 	admitted := 0
 	for _, l := range []*Limiter{bb, a, bb} {
-		for range 2 * quota {
+		for range quota + 40 {
 			if allow(l) {
 				admitted++
 			}
