@@ -59,7 +59,11 @@ import (
 //     kept likewise (a reset keeps what is stamped after it), and the
 //     units held in leases: up to leaseSlots leases of each of the
 //     limit's quotas, quota/16 units each (a lease's most), per replica
-//     alive or killed at most a window and A before r.
+//     alive or killed at most a window and A before r;
+//   - no divergence (on one server; see replicaModel): every Redis call
+//     the replicas make (decisions, leases' acquires, give-backs,
+//     refunds, resets) is applied to internal/logmodel's model with
+//     leases in the order Redis ran them, and their replies agree.
 //
 // The under-admission measured (how often a request that would have fit
 // was denied, and by how much room) is logged.
@@ -245,6 +249,9 @@ type replicaRun struct {
 
 	steps int
 	stats *replicaStats
+	// check holds every Redis call to the reference model (see
+	// replicaModel); nil on a Cluster.
+	check *replicaModel
 }
 
 // replicaStats is what the runs measured, for the log.
@@ -262,6 +269,7 @@ type replicaStats struct {
 	// to its bound, and that bound.
 	tightRoom, tightBound         int
 	kills, refunds, resets, backs int
+	checked                       int // Redis calls held to the model
 }
 
 func runReplicas(t *testing.T, env replicaEnv, seed int64, runs, steps, minSteps int) {
@@ -275,8 +283,8 @@ func runReplicas(t *testing.T, env replicaEnv, seed int64, runs, steps, minSteps
 		m.close()
 	}
 	s := stats
-	t.Logf("%d runs, %d steps: %d admitted (%d from leases), %d denied; %d replicas killed, %d refunds, %d resets, %d steps back",
-		runs, s.steps, s.admitted, s.leased, s.denied, s.kills, s.refunds, s.resets, s.backs)
+	t.Logf("%d runs, %d steps: %d admitted (%d from leases), %d denied; %d replicas killed, %d refunds, %d resets, %d steps back; %d Redis calls held to the model",
+		runs, s.steps, s.admitted, s.leased, s.denied, s.kills, s.refunds, s.resets, s.backs, s.checked)
 	t.Logf("under-admission: %d denials by a leased limit, %d of a request its log without leases would have admitted (room: at most %d, %.1f on average); the most a leased log counted beyond that log: %d; closest to the bound: room %d of %d",
 		s.leasedDenials, s.underAdmitted, s.maxRoom, float64(s.sumRoom)/float64(max(s.underAdmitted, 1)), s.maxExcess, s.tightRoom, s.tightBound)
 	t.Logf("under-admission at the clock's latest time, no reset within a window: %d denials, %d of a request that would have fit (room: at most %d, %.1f on average)",
@@ -326,6 +334,9 @@ func newReplicaRun(t *testing.T, env replicaEnv, stats *replicaStats, seed, run 
 	n := 2 + rng.IntN(4)
 	prefix := fmt.Sprintf("rep%d:%d:", seed%1000, run)
 	m.prefix = prefix
+	if !env.split {
+		m.check = newReplicaModel(prefix, m.limits)
+	}
 	for k := range n {
 		client := env.newClient()
 		hook := &killHook{}
@@ -334,6 +345,9 @@ func newReplicaRun(t *testing.T, env replicaEnv, stats *replicaStats, seed, run 
 			WithRedis(RedisOptions{Prefix: prefix, DenyCache: -1, OperatorRefresh: -1}))
 		if err != nil {
 			t.Fatalf("replica %d: %v", k, err)
+		}
+		if m.check != nil {
+			m.check.watch(l)
 		}
 		m.reps = append(m.reps, &replica{l: l, client: client, hook: hook})
 	}
@@ -344,6 +358,12 @@ func newReplicaRun(t *testing.T, env replicaEnv, stats *replicaStats, seed, run 
 // close closes the run's Limiters (a killed one gives back nothing: its
 // client fails every call) and clients.
 func (m *replicaRun) close() {
+	if m.check != nil {
+		m.check.mu.Lock()
+		m.stats.checked += m.check.calls
+		m.check.calls = 0
+		m.check.mu.Unlock()
+	}
 	for _, r := range m.reps {
 		if r.l != nil {
 			_ = r.l.Close()
@@ -435,6 +455,19 @@ func (m *replicaRun) drive(steps int) {
 		default:
 			m.forward()
 		}
+		m.checked()
+	}
+}
+
+// checked fails the run if a Redis call diverged from the model.
+func (m *replicaRun) checked() {
+	if m.check == nil {
+		return
+	}
+	m.check.mu.Lock()
+	defer m.check.mu.Unlock()
+	if len(m.check.diverge) > 0 {
+		m.t.Fatalf("%s: Redis and the model diverged:\n%s", m.where(), strings.Join(m.check.diverge, "\n"))
 	}
 }
 
