@@ -297,10 +297,10 @@ func TestLeaseProcesses(t *testing.T) {
 	t.Logf("phase 2: app 0 admitted %d requests in %v (%d from leases), then was killed; its leases held %d units it had not used, still counted %v after the kill; the log emptied between %v and %v after the kill (bound: a lease and a window, %v)",
 		n, killed.Sub(first).Round(time.Millisecond), atKill-before, held, heldUntil.Sub(killed).Round(time.Millisecond),
 		lastSeen.Sub(killed).Round(time.Millisecond), freed.Sub(killed).Round(time.Millisecond), lease+leaseAppWindow)
-	// A lease's entries are stamped at its end T, at most a lease after
-	// its acquire was sent, before the kill; they leave a window after T
-	// (and a unit: the window's 8192nd).
-	if bound := lease + leaseAppWindow + leaseAppWindow/8192; lastSeen.Sub(killed) > bound {
+	// A lease's entries are stamped at its end T: its acquire's time on
+	// the Redis clock (before the kill) and the lease, each rounded up to
+	// the unit (the window's 8192nd); they leave a window after T.
+	if bound := lease + leaseAppWindow + 2*leaseAppWindow/8192; lastSeen.Sub(killed) > bound {
 		t.Errorf("the log still counted entries %v after the kill: the bound is a lease and a window (%v)", lastSeen.Sub(killed), bound)
 	}
 	if held <= 0 {
