@@ -35,6 +35,9 @@ func serveApp() int {
 	if os.Getenv(inflightAppEnv) != "" {
 		return serveInFlightApp() // inflight_process_test.go
 	}
+	if os.Getenv(leaseAppEnv) != "" {
+		return serveLeaseApp() // lease_process_test.go
+	}
 	var client redis.UniversalClient
 	if os.Getenv(appEnv+"_CLUSTER") != "" {
 		opt, err := redis.ParseClusterURL(os.Getenv(appEnv))
