@@ -235,6 +235,7 @@ type loadResult struct {
 	cmds         int64           // Redis commands while measured
 	start, end   time.Time       // the measured part
 	admitted     []span          // every admitted request's, if recorded
+	refused      []span          // and every denied one's
 }
 
 func (r loadResult) row(name string, e *e2e) e2eRow {
@@ -290,7 +291,7 @@ func (e *e2e) load(addrs []string, perIP, record bool) (loadResult, error) {
 			br := bufio.NewReaderSize(c, 4096)
 			req := make([]byte, 0, 128)
 			lat := make([]time.Duration, 0, 1<<14)
-			var admitted []span
+			var admitted, refused []span
 			reqs, denied := 0, 0
 			var err error
 			for {
@@ -319,6 +320,8 @@ func (e *e2e) load(addrs []string, perIP, record bool) (loadResult, error) {
 				}
 				if record && status == http.StatusOK {
 					admitted = append(admitted, span{sent, got})
+				} else if record {
+					refused = append(refused, span{sent, got})
 				}
 				if p == measuring {
 					reqs++
@@ -337,6 +340,7 @@ func (e *e2e) load(addrs []string, perIP, record bool) (loadResult, error) {
 			res.denied += denied
 			res.lat = append(res.lat, lat...)
 			res.admitted = append(res.admitted, admitted...)
+			res.refused = append(res.refused, refused...)
 		}()
 	}
 	fail := func(err error) (loadResult, error) {
@@ -493,16 +497,25 @@ func (e *e2e) appsWorkload(name string, leased bool) (e2eRow, error) {
 	}
 	stops = nil
 	row := res.row(name, e)
+	if os.Getenv("BENCH_DEBUG") != "" {
+		t0 := res.start.Add(-warmup(e.duration))
+		hist := make([]int, int(res.end.Sub(t0)/(100*time.Millisecond))+2)
+		for _, s := range res.admitted {
+			hist[int(s.got.Sub(t0)/(100*time.Millisecond))]++
+		}
+		fmt.Fprintln(os.Stderr, "admitted per 100ms:", hist)
+	}
 	most := mostInWindow(res.admitted, e.appWindow)
 	mean, least, windows := admittedShare(res.admitted, res.start, res.end, e.appWindow, e.appQuota)
+	offered, _, _ := admittedShare(append(res.refused, res.admitted...), res.start, res.end, e.appWindow, e.appQuota)
 	verdict := "at most the quota"
 	if most > e.appQuota {
 		verdict, row.over = "MORE THAN THE QUOTA", true
 	}
 	share := "none (the measured part is shorter than a window)"
 	if windows > 0 {
-		share = fmt.Sprintf("mean %.3f, least %.3f of the quota (under-admission %.1f%%), over %d windows starting every %v",
-			mean, least, 100*(1-mean), windows, e.appWindow/100)
+		share = fmt.Sprintf("mean %.3f, least %.3f of the quota (under-admission %.1f%%; requests made: mean %.2f of the quota), over %d windows starting every %v",
+			mean, least, 100*(1-mean), offered, windows, e.appWindow/100)
 	}
 	row.admissions = fmt.Sprintf("%s: %d app processes, %d per %v%s: most admitted in any %v window %d: %s; admitted per window %s",
 		name, e.apps, e.appQuota, e.appWindow, map[bool]string{true: ", leased"}[leased], e.appWindow, most, verdict, share)

@@ -74,7 +74,7 @@ func main() {
 	conns := flag.Int("conns", 64, "keep-alive HTTP connections of the end-to-end (http-*) workloads")
 	apps := flag.Int("apps", 4, "app processes of the http-apps workloads")
 	ipKeys := flag.Int("ip-keys", 100_000, "client IPs of the http-per-ip workloads")
-	appQuota := flag.Int("app-quota", 20_000, "quota of the http-apps workloads' Global limit")
+	appQuota := flag.Int("app-quota", 10_000, "quota of the http-apps workloads' Global limit")
 	appWindow := flag.Duration("app-window", 2*time.Second, "window of the http-apps workloads' Global limit")
 	app := flag.Bool("app", false, "run as an app process of the http-apps workloads (the tool starts them)")
 	appLeased := flag.Bool("app-leased", false, "with -app, the limit is Leased")
