@@ -209,13 +209,19 @@ func (e *e2e) workload(name string) (e2eRow, error) {
 	srv := &http.Server{Handler: h}
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
-	res, err := e.load([]string{ln.Addr().String()}, perIP, false)
+	var fromLeases func() uint64
+	if lim != nil {
+		if in, ok := any(lim.Inspect()).(interface{ Leased() uint64 }); ok {
+			fromLeases = in.Leased
+		}
+	}
+	res, err := e.load([]string{ln.Addr().String()}, perIP, false, fromLeases)
 	if err != nil {
 		return e2eRow{}, err
 	}
 	row := res.row(name, e)
-	if lim != nil {
-		row.leased = leasedFigure(lim, res)
+	if fromLeases != nil {
+		row.leased = fmt.Sprintf("%.1f%%", 100*float64(res.leased)/float64(max(res.reqs, 1)))
 	}
 	if strings.HasPrefix(name, "http-global") && row.denied > 0 {
 		return row, fmt.Errorf("a limit that never denies denied %.2f%% of the requests", 100*row.denied)
@@ -236,6 +242,7 @@ type loadResult struct {
 	start, end   time.Time       // the measured part
 	admitted     []span          // every admitted request's, if recorded
 	refused      []span          // and every denied one's
+	leased       uint64          // decisions answered from leases while measured
 }
 
 func (r loadResult) row(name string, e *e2e) e2eRow {
@@ -257,9 +264,10 @@ func (r loadResult) row(name string, e *e2e) e2eRow {
 // connections, spread over them, for the warm-up and e.duration, and
 // measures the second part. perIP sends each request from a client IP
 // (X-Forwarded-For) drawn from e.ipKeys; record keeps every admitted
-// request's round trip, from the start of the load. Any answer but 200
-// and 429 is an error.
-func (e *e2e) load(addrs []string, perIP, record bool) (loadResult, error) {
+// request's round trip, from the start of the load; leased, if not nil,
+// counts the decisions answered from leases. Any answer but 200 and 429
+// is an error.
+func (e *e2e) load(addrs []string, perIP, record bool, leased func() uint64) (loadResult, error) {
 	ctx := context.Background()
 	conns := make([]net.Conn, e.conns)
 	for i := range conns {
@@ -353,11 +361,17 @@ func (e *e2e) load(addrs []string, perIP, record bool) (loadResult, error) {
 	if err != nil {
 		return fail(err)
 	}
+	if leased != nil {
+		res.leased = leased()
+	}
 	res.start = time.Now()
 	phase.Store(measuring)
 	time.Sleep(e.duration)
 	phase.Store(stopping)
 	res.end = time.Now()
+	if leased != nil {
+		res.leased = leased() - res.leased
+	}
 	cpu1, cmds1, err := redisCommands(ctx, e.rdb)
 	if err != nil {
 		return fail(err)
@@ -484,7 +498,7 @@ func (e *e2e) appsWorkload(name string, leased bool) (e2eRow, error) {
 		}
 		addrs[i] = addr
 	}
-	res, err := e.load(addrs, false, true)
+	res, err := e.load(addrs, false, true, nil)
 	if err != nil {
 		return e2eRow{}, err
 	}
@@ -614,7 +628,3 @@ func appMain(quota int, window time.Duration, leased bool) error {
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	return srv.Close()
 }
-
-// leasedFigure is the share of the measured requests lim decided from
-// leases, where the Limiter reports it.
-func leasedFigure(lim *ratelimit.Limiter, res loadResult) string { return "" }
