@@ -294,7 +294,7 @@ func callgrindRun(decisions, batch int, keep, entries string, lease time.Duratio
 			lim := ratelimit.Per(window, quota, ratelimit.Global()).Named(name)
 			lim.Lease = lease
 			return ratelimit.New(rdb, []ratelimit.Limit{lim},
-				ratelimit.WithClock(clock), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1, BreakerFailures: -1}),
+				ratelimit.WithClock(clock), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1, BreakerFailures: -1, OperatorRefresh: -1}),
 				ratelimit.WithTimeout(10*time.Minute))
 		}
 		allow, err := newLimiter(admitQuota)
