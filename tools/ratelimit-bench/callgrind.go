@@ -33,7 +33,7 @@ import (
 // start-up and the filling are thus never counted; what each cell counts
 // is the whole call, from reading the command to writing the reply.
 //
-//	go run ./tools/ratelimit-bench -callgrind [-decisions 320] [-batch 16] [-entries 100,1000,10000] [-lease 1ms]
+//	go run ./tools/ratelimit-bench -callgrind [-decisions 320] [-batch 16] [-entries 100,1000,10000] [-lease 10ms]
 //
 // It prints a Markdown table, each cell at 1 and at -batch decisions per
 // call, on -batch keys decided round in turn:
@@ -76,8 +76,9 @@ import (
 //
 // With -lease D the exact log's limits lend leases of D (Limit.Lease), so
 // that every request carries the lease on the wire and is decided as a
-// leasable log's; with D = 1ms each key sees one request per lease period,
-// so none is hot and none takes a lease: the cells then measure what a
+// leasable log's; with D = 10ms (the least: the 1-minute window's unit)
+// each key sees a few requests per lease period at most, so none is hot
+// and none takes a lease: the cells then measure what a
 // leasable limit's cold keys (per-IP keys, a request or two each) cost
 // Redis, beside the same run without -lease. The denials, which stand the
 // clock still, are then not measured.

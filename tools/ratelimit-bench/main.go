@@ -71,7 +71,7 @@ func main() {
 	batch := flag.Int("batch", 16, "with -callgrind, the decisions per call of the batched cells, and the keys decided in turn")
 	cgOut := flag.String("callgrind-out", "", "with -callgrind, keep the callgrind dumps in this directory")
 	cgEntries := flag.String("entries", "100,1000,10000", "with -callgrind, the entries per key of the exact log's rows")
-	cgLease := flag.Duration("lease", 0, "with -callgrind, the exact log's limits lend leases of this length (1ms: every request carries it, no key takes one)")
+	cgLease := flag.Duration("lease", 0, "with -callgrind, the exact log's limits lend leases of this length (10ms: every request carries it, no key takes one)")
 	conns := flag.Int("conns", 64, "keep-alive HTTP connections of the end-to-end (http-*) workloads")
 	apps := flag.Int("apps", 4, "app processes of the http-apps workloads")
 	ipKeys := flag.Int("ip-keys", 100_000, "client IPs of the http-per-ip workloads")
