@@ -80,7 +80,22 @@ type e2e struct {
 	ipKeys    int
 	appQuota  int
 	appWindow time.Duration
+	lease     time.Duration // of the leased workloads' limits; 0: Leased()'s
+	rounds    int
 	idle      float64 // the idle server's CPU, seconds per second
+}
+
+// withLease returns l Leased (with a lease of length, if not 0) if
+// leased, else l.
+func withLease(l ratelimit.Limit, leased bool, length time.Duration) ratelimit.Limit {
+	if !leased {
+		return l
+	}
+	if length > 0 {
+		l.Lease = length
+		return l
+	}
+	return l.Leased()
 }
 
 // e2eRow is one workload's figures.
@@ -112,43 +127,58 @@ func runE2E(e *e2e, want func(string) bool) (ok bool, err error) {
 		return false, err
 	}
 	e.idle = max(0, (cpu1-cpu0).Seconds()/time.Since(t0).Seconds())
-	fmt.Printf("HTTP/1.1, %d keep-alive connections, %v per workload after a warm-up of %v; commands/req: every command Redis ran (INFO commandstats, which counts the commands scripts run; the tool's INFO left out); redis CPU/req: INFO cpu user+sys, less the idle server's %.0f µs/s\n",
-		e.conns, e.duration, warmup(e.duration), e.idle*1e6)
-	fmt.Printf("%-20s %9s %7s %9s %9s %7s %9s %13s %7s %s\n", "workload", "req/s", "x bare", "p50", "p99", "denied", "cmds/req", "redis CPU/req", "x PING", "from leases")
-	var bare, ping e2eRow
-	ok = true
-	var notes []string
-	for _, name := range e2eWorkloads {
-		// The floors run whenever another workload does.
-		if !want(name) && !(name == "http-bare" || name == "http-ping") {
-			continue
-		}
-		if err := e.rdb.FlushAll(ctx).Err(); err != nil {
-			return false, err
-		}
-		row, err := e.workload(name)
-		if err != nil {
-			return false, fmt.Errorf("%s: %w", name, err)
-		}
-		switch name {
-		case "http-bare":
-			bare = row
-		case "http-ping":
-			ping = row
-		}
-		xPing := "-"
-		if ping.cpu > 0 {
-			xPing = fmt.Sprintf("%.2f", float64(row.cpu)/float64(ping.cpu))
-		}
-		fmt.Printf("%-20s %9.0f %7.2f %9v %9v %6.1f%% %9.3f %13v %7s %s\n", row.name, row.perSec, row.perSec/bare.perSec,
-			row.p50, row.p99, 100*row.denied, row.cmds, row.cpu.Round(10*time.Nanosecond), xPing, row.leased)
-		if row.admissions != "" {
-			notes = append(notes, row.admissions)
-		}
-		ok = ok && !row.over
+	leases := "Leased()'s"
+	if e.lease > 0 {
+		leases = e.lease.String()
 	}
-	for _, n := range notes {
-		fmt.Println(n)
+	fmt.Printf("HTTP/1.1, %d keep-alive connections, %v per workload after a warm-up of %v, leases of %s; commands/req: every command Redis ran (INFO commandstats, which counts the commands scripts run; the tool's INFO left out); redis CPU/req: INFO cpu user+sys, less the idle server's %.0f µs/s\n",
+		e.conns, e.duration, warmup(e.duration), leases, e.idle*1e6)
+	ok = true
+	for round := range e.rounds {
+		order := slices.Clone(e2eWorkloads)
+		if round%2 == 1 {
+			slices.Reverse(order) // drift in the machine's speed weighs on both ends alike
+		}
+		rows := map[string]e2eRow{}
+		for _, name := range order {
+			// The floors run whenever another workload does.
+			if !want(name) && !(name == "http-bare" || name == "http-ping") {
+				continue
+			}
+			if err := e.rdb.FlushAll(ctx).Err(); err != nil {
+				return false, err
+			}
+			row, err := e.workload(name)
+			if err != nil {
+				return false, fmt.Errorf("%s: %w", name, err)
+			}
+			rows[name] = row
+			ok = ok && !row.over
+		}
+		if e.rounds > 1 {
+			fmt.Printf("\nround %d of %d (workloads run in %s order)\n", round+1, e.rounds, map[bool]string{false: "this", true: "the reverse"}[round%2 == 1])
+		}
+		fmt.Printf("%-20s %9s %7s %9s %9s %7s %9s %13s %7s %s\n", "workload", "req/s", "x bare", "p50", "p99", "denied", "cmds/req", "redis CPU/req", "x PING", "from leases")
+		bare, ping := rows["http-bare"], rows["http-ping"]
+		var notes []string
+		for _, name := range e2eWorkloads {
+			row, done := rows[name]
+			if !done {
+				continue
+			}
+			xPing := "-"
+			if name != "http-bare" && ping.cpu > 0 {
+				xPing = fmt.Sprintf("%.2f", float64(row.cpu)/float64(ping.cpu))
+			}
+			fmt.Printf("%-20s %9.0f %7.2f %9v %9v %6.1f%% %9.3f %13v %7s %s\n", row.name, row.perSec, row.perSec/bare.perSec,
+				row.p50, row.p99, 100*row.denied, row.cmds, row.cpu.Round(10*time.Nanosecond), xPing, row.leased)
+			if row.admissions != "" {
+				notes = append(notes, row.admissions)
+			}
+		}
+		for _, n := range notes {
+			fmt.Println(n)
+		}
 	}
 	return ok, nil
 }
@@ -162,12 +192,7 @@ var bareHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) 
 // workload measures the end-to-end workload name.
 func (e *e2e) workload(name string) (e2eRow, error) {
 	leased := strings.HasSuffix(name, "-leased")
-	lease := func(l ratelimit.Limit) ratelimit.Limit {
-		if leased {
-			return l.Leased()
-		}
-		return l
-	}
+	lease := func(l ratelimit.Limit) ratelimit.Limit { return withLease(l, leased, e.lease) }
 	var h http.Handler
 	var lim *ratelimit.Limiter
 	var err error
@@ -476,7 +501,7 @@ func (e *e2e) appsWorkload(name string, leased bool) (e2eRow, error) {
 	}()
 	for i := range addrs {
 		cmd := exec.Command(exe, "-app", "-app-quota", strconv.Itoa(e.appQuota), "-app-window", e.appWindow.String(),
-			"-app-leased="+strconv.FormatBool(leased))
+			"-app-leased="+strconv.FormatBool(leased), "-lease", e.lease.String())
 		cmd.Env = append(os.Environ(), "REDIS_URL="+e.url)
 		cmd.Stderr = os.Stderr
 		in, err := cmd.StdinPipe()
@@ -601,7 +626,7 @@ func admittedShare(spans []span, start, end time.Time, w time.Duration, quota in
 // $REDIS_URL, around the bare handler, on a listener of its own whose
 // address it prints ("listening ADDR"); it serves until its standard
 // input closes, then closes the Limiter.
-func appMain(quota int, window time.Duration, leased bool) error {
+func appMain(quota int, window time.Duration, leased bool, lease time.Duration) error {
 	opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
 	if err != nil {
 		return fmt.Errorf("REDIS_URL: %w", err)
@@ -609,10 +634,7 @@ func appMain(quota int, window time.Duration, leased bool) error {
 	opt.ContextTimeoutEnabled = true
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
-	limit := ratelimit.Per(window, quota, ratelimit.Global()).Named("e2e-apps")
-	if leased {
-		limit = limit.Leased()
-	}
+	limit := withLease(ratelimit.Per(window, quota, ratelimit.Global()).Named("e2e-apps"), leased, lease)
 	lim, err := ratelimit.New(rdb, []ratelimit.Limit{limit}, ratelimit.WithTimeout(5*time.Second))
 	if err != nil {
 		return err
