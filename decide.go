@@ -514,7 +514,7 @@ func (rs *ruleset) reset(ctx context.Context, ids []string) error {
 	for i, key := range keys {
 		// One call per limit: on a cluster the keys of other identifiers
 		// may live elsewhere.
-		req := slidinglog.AppendRequest(nil, 0, 1, rs.spec.Limits[i].Lua)
+		req := rs.forgetRequest(i)
 		// And the block key, if the limit blocks: forget lifts the block.
 		if err := rs.forget(ctx, i, key, req); err != nil {
 			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", rs.limits[i].Name, err))
@@ -538,6 +538,18 @@ func (rs *ruleset) forget(ctx context.Context, i int, key string, req []byte) er
 	}
 	_, err := rs.redis.Lib.Forget(ctx, rs.spec.LuaKeys([]string{key}, []int{i}), req)
 	return err
+}
+
+// forgetRequest returns the request that forgets what limit i counted:
+// at the Limiter's clock (WithClock) if it has one, which its decisions
+// are timed by, else at the Redis server's (0). A log that lends leases
+// keeps what is stamped after it (see lua/exact.lua).
+func (rs *ruleset) forgetRequest(i int) []byte {
+	var now int64
+	if rs.cfg.clock != nil {
+		now = max(rs.cfg.clock().UnixMicro(), 0)
+	}
+	return slidinglog.AppendRequest(nil, now, 1, rs.spec.Limits[i].Lua)
 }
 
 // errNoReset is the error of a Reset on a Limiter whose store of

@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"fmt"
 
-	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/operator"
 )
 
@@ -73,8 +72,7 @@ func (l *Limiter) resetLimitDigest(ctx context.Context, name, digest string) err
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
 	defer cancel()
-	req := slidinglog.AppendRequest(nil, 0, 1, d.spec.Limits[i].Lua)
-	err = d.forget(ctx, i, log.Key, req)
+	err = d.forget(ctx, i, log.Key, d.forgetRequest(i))
 	d.denies.Forget(log)
 	if err != nil {
 		return fmt.Errorf("ratelimit: reset %s: %w", name, err)

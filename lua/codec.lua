@@ -7,13 +7,20 @@
 --   cost    4  units of cost to log in every limit
 --   limits  1  the number of limits L, then L limits:
 --     kind    1  EXACT_LOG, BUCKETS or INFLIGHT
---     flags   1  FLAG_SHADOW: checked and reported, never denies
+--     flags   1  FLAG_SHADOW: checked and reported, never denies; FLAG_BLOCK,
+--                FLAG_LEASE, FLAG_ACQUIRE: the fields below follow
 --     quota   4
 --     window  6
 --     unit    6  the exact log's time unit; the buckets' precision; an
 --                in-flight limit's holder id (the request's)
 --     name    1 + n  n, then the bucketed limit's name (n = 0 for a log)
 --     block   6  only with FLAG_BLOCK: how long a denial blocks the client
+--     lease   6  only with FLAG_LEASE (an exact log): the longest lease a
+--                process may take of the log, L; it changes which entries
+--                a decision counts and keeps (see exact.lua's leases)
+--     acquire 4  only with FLAG_ACQUIRE (with FLAG_LEASE): the request
+--                asks for a lease of up to that many units (see
+--                library.lua's admit)
 -- The request's KEYS are its limits' keys, in the same order, then the
 -- block key of each limit with FLAG_BLOCK, in the same order: a key of
 -- the limit's hash tag that exists while the client is blocked (see
@@ -37,6 +44,8 @@ local BUCKETS = 2
 local INFLIGHT = 3 -- see inflight.lua
 local FLAG_SHADOW = 1
 local FLAG_BLOCK = 2
+local FLAG_LEASE = 4
+local FLAG_ACQUIRE = 8
 local REQUEST_HEAD = 12 -- bytes before the limits
 local LIMIT_HEAD = 19 -- bytes of a limit before its name
 
@@ -52,6 +61,17 @@ local STATE = 7 -- what library.lua's check read of the limit, for admit
 local BLOCK = 8 -- how long a denial blocks the client (FLAG_BLOCK); false if it never does
 local BKEY = 9 -- the block key's place among the request's block keys, from 1
 local AT = 10 -- the time library.lua's check decided the limit at, for block
+local LEASE = 11 -- the longest lease of the log, L (FLAG_LEASE); nil if it lends none
+local ACQUIRE = 12 -- the units a lease asks for (FLAG_ACQUIRE); nil for a request
+-- AHEAD is how far the log's time of a limit with FLAG_LEASE may be
+-- ahead of every clock (see exact.lua's leases): L rounded up to the unit,
+-- plus a unit; nil if it lends none.
+local AHEAD = 13
+
+-- lease_ahead returns AHEAD of a lease of the given length and unit.
+local function lease_ahead(lease, unit)
+  return lease + (-lease) % unit + unit
+end
 
 -- decode_limit returns the limit at byte p of the request arg, and the
 -- byte after it.
@@ -68,7 +88,7 @@ local function decode_limit(arg, p)
     block = ((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6
     after = after + 6
   end
-  return {
+  local lim = {
     kind,
     flags % 2 == FLAG_SHADOW,
     ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
@@ -79,7 +99,21 @@ local function decode_limit(arg, p)
     block,
     false,
     false,
-  }, after
+  }
+  if flags >= FLAG_LEASE then -- LEASE and ACQUIRE stay nil in a limit without
+    if flags % 8 >= FLAG_LEASE then
+      local d1, d2, d3, d4, d5, d6 = string.byte(arg, after, after + 5)
+      local lease = ((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6
+      lim[LEASE], lim[AHEAD] = lease, lease_ahead(lease, lim[UNIT])
+      after = after + 6
+    end
+    if flags % 16 >= FLAG_ACQUIRE then
+      local a1, a2, a3, a4 = string.byte(arg, after, after + 3)
+      lim[ACQUIRE] = ((a1 * 256 + a2) * 256 + a3) * 256 + a4
+      after = after + 4
+    end
+  end
+  return lim, after
 end
 
 -- number_blocks numbers the limits that block (BKEY) and returns how

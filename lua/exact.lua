@@ -40,6 +40,32 @@
 -- decided at the log's time, later than its own, makes the expiry no
 -- sooner than its own clock needs.
 --
+-- Leases. A limit that lends leases (FLAG_LEASE: L, its longest lease,
+-- at least its unit) has a process that sees a key hot reserve units of
+-- the key's log in one call, as entries stamped at the lease's end T: the
+-- request's time rounded up to the unit, plus L rounded up to the unit
+-- (see exact_admit), and decide requests from them in memory until T; the
+-- units it did not use it gives back (library.lua's rollback, at T). Such
+-- a log's time may thus run ahead of the clock of any later request by
+-- less than AHEAD (L rounded up to the unit, plus a unit), so for it:
+--   * a decision counts the entries after max(now, the log's time -
+--     AHEAD) - window (decide_at), not after the log's time - window: on
+--     a clock that does not run back, it counts every entry in the window
+--     on that clock, as if the log were not ahead;
+--   * a write anew keeps the entries after at - AHEAD - window (at: the
+--     time it logs at, the log's time after it), so that no entry a later
+--     decision counts is dropped (exact_rewrite);
+--   * a forget keeps the entries stamped after its time, and the log's
+--     time, at least the first time of its unit after the forget's
+--     (exact_forget): the leases' units still out, which their holders
+--     decide from, and no give-back of a lease it removed can take an
+--     entry logged since.
+-- A log that lends none is read and written as it always was. The fast
+-- path (exact_fast) takes a request of one log that lends leases (in
+-- library.lua's each) when the log is not ahead of the request's time:
+-- it then counts what the general path would (from now), and keeps what
+-- it must when it writes the log anew.
+--
 -- Reading a string into Lua costs Redis in proportion to its length (it
 -- hashes every byte), so a log that may hold more than WHOLE entries (its
 -- quota says) is never read whole: its header and entries are read with
@@ -128,14 +154,24 @@ end
 -- It returns the offset at or before which the log has no entry in lim's
 -- window at that time: an entry at offset o is in the window until base +
 -- o * unit + window.
+--
+-- A log that lends leases counts from max(now, the log's time - AHEAD)
+-- instead: its time may be up to AHEAD ahead of every clock (see leases,
+-- above), and an entry still in the window on the clock of the requests
+-- must count.
 local function decide_at(log, lim, now)
   local base, unit = log[BASE], log[LUNIT]
   local newest = base + math.max(log[NEWEST], log[FLOOR]) * unit
+  local view = now
   if newest > now + (-now) % lim[UNIT] then
-    now = newest
-    log[TIME] = now
+    log[TIME] = newest
+    view = newest
+    local ahead = lim[AHEAD]
+    if ahead then
+      view = math.max(now, newest - ahead)
+    end
   end
-  local x = now - lim[WINDOW] - base
+  local x = view - lim[WINDOW] - base
   return (x - x % unit) / unit
 end
 
@@ -362,10 +398,13 @@ end
 -- up to a unit before at (see decide_at): the entries that have left the
 -- window at the log's time but not a unit before at stay, so that it
 -- counts them.
+--
+-- A log that lends leases keeps the entries after at - AHEAD - window: a
+-- later request counts from its log's time - AHEAD at the earliest.
 local function exact_rewrite(log, lim, now, n, at)
   local unit, base = lim[UNIT], log[BASE]
   if log[DEAD] > 0 then
-    local x = at - unit - lim[WINDOW] - base
+    local x = at - (lim[AHEAD] or unit) - lim[WINDOW] - base
     local keep = exact_search(log, 0, log[DEAD], (x - x % log[LUNIT]) / log[LUNIT])
     if keep < log[DEAD] then
       log[COUNT], log[DEAD] = log[COUNT] + log[DEAD] - keep, keep
@@ -392,8 +431,17 @@ end
 
 -- exact_admit logs n entries at the log's time and returns their time,
 -- and when they leave the window. now is the request's time.
+--
+-- A lease (lim[ACQUIRE]) logs min(ACQUIRE, quota - count) entries
+-- instead, at the lease's end: now rounded up to the unit, plus L, rounded
+-- up to the unit; or the log's time if that is later (see leases, below).
 local function exact_admit(log, lim, now, n)
   local t = log[TIME]
+  local units = lim[ACQUIRE]
+  if units then
+    n = math.min(units, lim[QUOTA] - log[COUNT])
+    t = math.max(t, now + (-now) % lim[UNIT] + lim[LEASE])
+  end
   local at = t + (-t) % lim[UNIT] -- rounded up to the unit
   local offset = log[BASE] and (at - log[BASE]) / lim[UNIT]
   if log[BASE] and log[LUNIT] == lim[UNIT] and log[DEAD] * 2 <= log[COUNT] and offset >= log[NEWEST] and offset >= 0 and
@@ -442,9 +490,48 @@ local function exact_remove(key, lim, at, n)
   return k
 end
 
--- exact_forget removes the log at key.
-local function exact_forget(key)
-  return redis.call('DEL', key)
+-- exact_forget removes the log at key, and returns 1 if there was one. A
+-- log that lends leases (lim[LEASE]) is not removed: it keeps its entries
+-- stamped after now, the reset's time (the units of the leases still out,
+-- which their holders go on deciding from until their end, and what was
+-- logged at it; and, rounded up to the unit, the requests of the last
+-- unit), and its time, made at least the first time of its unit after now
+-- (the floor): what is logged after the forget is stamped later than
+-- every entry it removed, so that a holder's give-back of a lease it
+-- removed takes nothing logged since. A key that holds no log is deleted.
+local function exact_forget(key, lim, now)
+  if not lim[LEASE] then
+    return redis.call('DEL', key)
+  end
+  local s = redis.pcall('GET', key)
+  if type(s) ~= 'string' or #s < HEADER or (#s - HEADER) % ENTRY ~= 0 then
+    return redis.call('DEL', key)
+  end
+  local log = {key}
+  decode_header(log, string.byte(s, 1, HEADER))
+  local base, unit, size = log[BASE], log[LUNIT], (#s - HEADER) / ENTRY
+  if unit == 0 then
+    return redis.call('DEL', key)
+  end
+  local newest = log[FLOOR]
+  if size > 0 then
+    newest = math.max(newest, entry_at(s, HEADER, size - 1))
+  end
+  local x = now - base
+  local from = first_after(s, HEADER, 0, size, (x - x % unit) / unit)
+  if from < size then -- the newest entry, after now, stays: so does the log's time
+    if from > 0 then
+      redis.call('SET', key, string.sub(s, 1, HEADER - ENTRY) .. encode_entry(newest) .. string.sub(s, HEADER + ENTRY * from + 1),
+        'KEEPTTL')
+    end
+    return 1
+  end
+  local t = math.max(base + newest * unit, now - now % unit + unit)
+  if (t - base) / unit > MAX_OFFSET then
+    base = t - t % (unit * SPAN)
+  end
+  redis.call('SET', key, string.sub(encode_header(base, unit, 0), 1, HEADER - ENTRY) .. encode_entry((t - base) / unit), 'KEEPTTL')
+  return 1
 end
 
 -- The fast path. Most decisions are of one enforced exact log that holds
@@ -499,7 +586,11 @@ end
 -- left the window, see head), when its oldest entry leaves the window,
 -- the request's time in it, and the command that logs the request with
 -- its arguments after the key.
-local function exact_fast(key, quota, window, unit, n, now, R, r, plan)
+--
+-- ahead is the limit's AHEAD (FLAG_LEASE), nil or false if it lends none:
+-- a log ahead of now goes to the general path, and a write anew keeps the
+-- entries after at - ahead - window (see leases, above).
+local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead)
   local byte = string.byte
   local s, size, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2
   if quota <= WHOLE then
@@ -648,9 +739,9 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan)
   end
   if count and dead * 2 > count or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
     -- Written anew at the same base (see exact_rewrite): without the
-    -- entries that have left the window a unit before at.
+    -- entries that have left the window a unit (AHEAD) before at.
     if dead > 0 then
-      x = at - unit - window - base
+      x = at - (ahead or unit) - window - base
       x = (x - x % unit) / unit
       if x < cut then -- keep those after x, at cut
         local i = dead - from -- of str

@@ -24,6 +24,13 @@
 --          shadow limit without room in an admitted request); below 0
 --          if the limit blocks the client (FLAG_BLOCK): until -stamp.
 --
+-- A request of a limit with FLAG_ACQUIRE (the limit alone) asks for a
+-- lease (see exact.lua's leases): it is decided as a request of its cost
+-- n, the least the lease must hold, and, if it fits, logs min(units asked,
+-- quota - count) entries, at least n, at the lease's end T; its reply is a
+-- decision's, its stamp T (and its reset, if the count was 0, T + window).
+-- The process gives back what it did not use with rollback, at T.
+--
 -- A limit that blocks (FLAG_BLOCK) and denies a request it has no room
 -- for blocks the client for its block duration: its block key (a string
 -- of the log's hash tag, see codec.lua) is set with that expiry, in the
@@ -209,18 +216,47 @@ local FAST_LIMITS = 4
 -- limits, whose keys start at keys[k], writing its reply at R[r + 1]: it
 -- reads every limit first (exact_fast's plans), as check does, then, if
 -- each has room, logs the request in each in turn, as admit does. If a
--- limit is not an enforced exact log (before reading any), or exact_fast
--- leaves one to the general path, it leaves the request to it, having
--- written nothing. It
--- returns what exact_fast does, the server's time if it read it (clock,
+-- limit is not an enforced exact log without flags (with leased true: or
+-- with FLAG_LEASE alone), checked before reading any, or exact_fast leaves
+-- one to the general path, it leaves the request to it, having written
+-- nothing. It returns what exact_fast does, the server's time if it read it (clock,
 -- or nil), and, if a write was refused, the units of cost it could not
 -- take back from the limits written before.
-local function fast_many(keys, k, arg, count, R, r, clock)
+local function fast_many(keys, k, arg, count, R, r, clock, leased)
   local byte = string.byte
-  for p = REQUEST_HEAD + 1, REQUEST_HEAD + LIMIT_HEAD * (count - 1) + 1, LIMIT_HEAD do
-    local kind, flags = byte(arg, p, p + 1)
-    if kind ~= EXACT_LOG or flags ~= 0 or byte(arg, p + LIMIT_HEAD - 1) ~= 0 then
+  -- With leased, the limits may lend leases (FLAG_LEASE, then the lease):
+  -- where each starts, and its AHEAD (false if it lends none).
+  local places, leases
+  if leased then
+    places, leases = {}, {}
+    local p = REQUEST_HEAD + 1
+    for i = 1, count do
+      local kind, flags = byte(arg, p, p + 1)
+      if kind ~= EXACT_LOG or byte(arg, p + LIMIT_HEAD - 1) ~= 0 then
+        return false, clock
+      end
+      places[i] = p
+      leases[i] = false
+      p = p + LIMIT_HEAD
+      if flags == FLAG_LEASE and p + 5 <= #arg then
+        local d1, d2, d3, d4, d5, d6 = byte(arg, p, p + 5)
+        local u1, u2, u3, u4, u5, u6 = byte(arg, p - 7, p - 2)
+        leases[i] = lease_ahead(((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6,
+          ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6)
+        p = p + 6
+      elseif flags ~= 0 then
+        return false, clock
+      end
+    end
+    if p ~= #arg + 1 then
       return false, clock
+    end
+  else
+    for p = REQUEST_HEAD + 1, REQUEST_HEAD + LIMIT_HEAD * (count - 1) + 1, LIMIT_HEAD do
+      local kind, flags = byte(arg, p, p + 1)
+      if kind ~= EXACT_LOG or flags ~= 0 or byte(arg, p + LIMIT_HEAD - 1) ~= 0 then
+        return false, clock
+      end
     end
   end
   local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4 = byte(arg, 1, REQUEST_HEAD - 1)
@@ -233,11 +269,14 @@ local function fast_many(keys, k, arg, count, R, r, clock)
   -- Each limit's plan, 7 items from P[7 * i - 6] (see exact_fast).
   local P, denied, worst, p = {}, 0, 0, REQUEST_HEAD + 1
   for i = 1, count do
+    if places then
+      p = places[i]
+    end
     local q1, q2, q3, q4, w1, w2, w3, w4, w5, w6, u1, u2, u3, u4, u5, u6 = byte(arg, p + 2, p + LIMIT_HEAD - 2)
     local q = 7 * i - 6
     P[q], P[q + 1], P[q + 2], P[q + 3], P[q + 4], P[q + 5], P[q + 6] = exact_fast(keys[k + i - 1],
       ((q1 * 256 + q2) * 256 + q3) * 256 + q4, ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6,
-      ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, n, now, nil, 0, true)
+      ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, n, now, nil, 0, true, leases and leases[i])
     if P[q] == false then
       return false, clock
     end
@@ -323,6 +362,24 @@ local function each(keys, argv, write)
       L = string.byte(arg, REQUEST_HEAD)
       if L <= FAST_LIMITS and #arg == REQUEST_HEAD + LIMIT_HEAD * L then
         fast, clock, left = fast_many(keys, k, arg, L, R, r, clock)
+      elseif L == 1 and #arg == REQUEST_HEAD + LIMIT_HEAD + 6 then
+        -- One exact log that lends leases (FLAG_LEASE, then its lease).
+        local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, _, kind, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6,
+          u1, u2, u3, u4, u5, u6, _, d1, d2, d3, d4, d5, d6 = string.byte(arg, 1, REQUEST_HEAD + LIMIT_HEAD + 6)
+        if kind == EXACT_LOG and flags == FLAG_LEASE then
+          now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
+          if now == 0 then
+            clock = clock or server_now()
+            now = clock
+          end
+          local unit = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6
+          fast = exact_fast(keys[k], ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
+            ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6, unit,
+            ((c1 * 256 + c2) * 256 + c3) * 256 + c4, now, R, r, false,
+            lease_ahead(((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6, unit))
+        end
+      elseif L <= FAST_LIMITS and L > 1 then -- exact logs, some of them lending leases
+        fast, clock, left = fast_many(keys, k, arg, L, R, r, clock, true)
       end
     end
     if fast == true then
@@ -393,14 +450,19 @@ local function rollback(keys, argv)
 end
 
 -- forget removes what the request's limits (argv[1]) counted: the whole
--- exact log, the bucketed limit's fields; and lifts the block of each
--- limit with FLAG_BLOCK (its block key follows the limits' keys, as in
--- decide). Returns how many counted anything.
+-- exact log (but, in a log that lends leases, the entries stamped after
+-- the request's time, 0: the server's clock; see exact_forget), the
+-- bucketed limit's fields; and lifts the block of each limit with
+-- FLAG_BLOCK (its block key follows the limits' keys, as in decide).
+-- Returns how many counted anything.
 local function forget(keys, argv)
-  local _, _, limits = decode_request(argv[1])
+  local now, _, limits = decode_request(argv[1])
   local found = 0
   for i = 1, #limits do
-    found = found + KINDS[limits[i][KIND]].forget(keys[i], limits[i])
+    if now == 0 and limits[i][LEASE] then
+      now = server_now()
+    end
+    found = found + KINDS[limits[i][KIND]].forget(keys[i], limits[i], now)
     if limits[i][BLOCK] then -- and lifts its block
       redis.call('DEL', keys[#limits + limits[i][BKEY]])
     end

@@ -28,6 +28,9 @@ type Limit struct {
 	// InFlight: the limit counts requests in flight (see inflight.go):
 	// Quota is the cap, Window the lease; Unit is unused.
 	InFlight bool
+	// Lease, µs, if not 0: the exact log lends leases of up to that long
+	// (see lease.go), which changes what its decisions count.
+	Lease int64
 }
 
 // String describes the limit, for messages.
@@ -45,6 +48,9 @@ func (l Limit) String() string {
 	}
 	if l.Block > 0 {
 		s += fmt.Sprintf(" block=%dµs", l.Block)
+	}
+	if l.Lease > 0 {
+		s += fmt.Sprintf(" lease=%dµs", l.Lease)
 	}
 	if l.InFlight {
 		s = fmt.Sprintf("%s:inflight cap=%d lease=%dµs", l.Name, l.Quota, l.Window)
@@ -174,10 +180,15 @@ func floorMod(a, b int64) int64 {
 // than the request's stamp is decided at the log's time (view) and logged
 // there (at). Otherwise the window is seen from now (an exact log) or
 // from now's bucket (a bucketed limit, whose window is whole buckets), and
-// the request logged at its stamp.
+// the request logged at its stamp. A log that lends leases is seen from
+// its time less Ahead at the latest, now if later (see lease.go): its time
+// may be up to that ahead of every clock.
 func (l Limit) LogTime(g *Log, now int64) (view, at int64) {
 	at = l.Stamp(now)
 	if g.Logged && g.Time > at {
+		if l.Lease > 0 {
+			return max(now, g.Time-l.Ahead()), g.Time
+		}
 		return g.Time, g.Time
 	}
 	if l.Bucketed {

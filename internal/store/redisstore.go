@@ -167,7 +167,7 @@ func (d *decision) group(ctx context.Context, keys []string, idx []int) (bool, e
 	if err != nil && !q.Peek && slidinglog.MayHaveRun(err) {
 		// Sent once (go-redis does not send it again), its reply never
 		// read: Redis may have logged the request, as a late reply does.
-		units := uint64(q.Cost) * uint64(len(keys))
+		units := uint64(q.logs()) * uint64(len(keys))
 		d.out.Unreverted += units
 		rs.Rollbacks.fail(units, fmt.Errorf("ratelimit: a decision whose reply never came may stay counted in %s: %w", keys[0], err))
 	}
@@ -255,10 +255,14 @@ func (d *decision) record(raw any, idx []int) (bool, error) {
 // are therefore not reused.
 func (d *decision) Abandon() func(reply any, err error) {
 	d.q.Abandoned = true
-	rs, p, cost := d.rs, d.q.Spec, d.q.Cost
+	rs, p, cost, most := d.rs, d.q.Spec, d.q.Cost, d.q.logs()
+	acquire, quota := d.q.Acquire, 0
+	if acquire > 0 {
+		quota = d.q.Quota(0)
+	}
 	keys, idx := slices.Clone(d.keys), slices.Clone(d.idx)
 	return func(raw any, err error) {
-		units := uint64(cost) * uint64(len(keys))
+		units := uint64(most) * uint64(len(keys))
 		if err != nil && tryAgain(err) {
 			rs.migrating.mark(keys[0], time.Now()) // the next decisions on the slot go one key at a time
 		}
@@ -276,6 +280,9 @@ func (d *decision) Abandon() func(reply any, err error) {
 		}
 		if err != nil || !rep.Allowed {
 			return // denied or failed: nothing was logged
+		}
+		if acquire > 0 { // a lease: what it lent
+			cost = int(min(int64(acquire), int64(quota)-lreps[0].Count))
 		}
 		full := make([]string, len(p.Limits))
 		stamps := make([]int64, len(p.Limits))
@@ -371,6 +378,12 @@ func (q *Query) groups() [][]int {
 		}
 	}
 	return counted
+}
+
+// logs returns the most units of cost q's request logs in each limit: a
+// lease's query logs up to the units it asks for (see Granted).
+func (q *Query) logs() int {
+	return max(q.Cost, q.Acquire)
 }
 
 // request appends to dst q's request over the limits idx, for the Lua
