@@ -76,6 +76,12 @@ func (in Inspector) BreakerOpen() bool { return in.l.breakerOpen() }
 // counted until they leave their windows. The count only grows.
 func (in Inspector) Unreverted() uint64 { return in.l.unreverted() }
 
+// Leased returns how many decisions the Limiter answered from a lease
+// ([Limit.Leased]): units of a hot key's quota it reserved in Redis
+// beforehand, with no call of their own. 0 if no limit lends leases. The
+// count only grows.
+func (in Inspector) Leased() uint64 { return in.l.leased() }
+
 // Settled returns how many units of cost the Limiter's settles ([WithSettle],
 // [Settle], [Limiter.Settle], refunds included) have logged (debited: real
 // costs above the admitted ones) and taken back (credited: below them),

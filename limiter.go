@@ -29,7 +29,9 @@ const minClock = 1_000_000_000_000_000
 // A Limiter enforces a set of [Limit]s stored in Redis. Every decision runs
 // one Lua call (a Redis Function where Redis allows it, else a script) that
 // checks all the limits and logs the request in all of them, or in none: a
-// request denied by one limit does not use up the others.
+// request denied by one limit does not use up the others. (A hot key of a
+// [Limit.Leased] limit is decided from units reserved beforehand, its
+// other limits in that call.)
 //
 // A Limiter is safe for concurrent use. Build one with [New] and share it;
 // app replicas that use the same Redis, key prefix and limit names enforce
@@ -82,6 +84,10 @@ type Limiter struct {
 	// holds are the in-flight slots l holds, which it renews and
 	// releases (see inflight_hold.go); nil if l has no in-flight limit.
 	holds *holdSet
+	// leases decides the hot keys of leasable limits ([Limit].Lease)
+	// from leases, below FailLocal and the deny cache; nil if no limit of
+	// l or its routes lends leases.
+	leases *store.Leases
 	// closed: Close was called; the names it used are free for another
 	// definition (see claimNames).
 	closed *atomic.Bool
@@ -219,6 +225,9 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	if err := l.checkInFlightStore(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
+	if err := l.checkLeaseStore(); err != nil {
+		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
+	}
 	if err := checkRoutesFrom(cfg.routes, cfg.routesFrom); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
@@ -233,6 +242,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	l.routerIP = l.countsByRouterIP()
 	l.startOperatorRefresh()
 	l.startRenewal()
+	l.startLeases()
 	for _, o := range cfg.observers {
 		if w, ok := o.(LimiterWatcher); ok {
 			w.Watch(l)
@@ -426,8 +436,9 @@ func (l *Limiter) logRollbackFailure(err error) {
 
 // wrap returns the store l decides with when base is the store that counts
 // across instances: base, wrapped by FailLocal's fallback and the deny
-// cache as configured. A store WithStore gave has no deny cache, and a
-// Local none of FailLocal's either: it never fails.
+// cache as configured. When a limit lends leases, base is the Redis store
+// wrapped by the leases (see startLeases). A store WithStore gave has no
+// deny cache, and a Local none of FailLocal's either: it never fails.
 func (l *Limiter) wrap(base store.Store) store.Store {
 	s := base
 	if _, local := l.cfg.store.(*pubstore.Local); l.cfg.failure == FailLocal && !local {
@@ -877,4 +888,62 @@ func (l *Limiter) startRenewal() {
 	set.lib = l.redis.Lib
 	w := weak.Make(l)
 	set.start(func() bool { return w.Value() != nil })
+}
+
+// shortestLease returns the shortest lease ([Limit].Lease) of a limit of
+// l or its routes, 0 if none lends leases.
+func (l *Limiter) shortestLease() time.Duration {
+	var shortest time.Duration
+	l.eachRuleset(func(p *ruleset) {
+		for i := range p.limits {
+			if d := p.limits[i].Lease; d > 0 && (shortest == 0 || d < shortest) {
+				shortest = d
+			}
+		}
+	})
+	return shortest
+}
+
+// checkLeaseStore reports leasable limits on a store WithStore gave: a
+// lease is entries of the key's log in Redis, which only the Redis store
+// lends.
+func (l *Limiter) checkLeaseStore() error {
+	if l.cfg.store != nil && l.shortestLease() > 0 {
+		return errors.New("leased limits (Limit.Lease, Leased) need Redis: a store WithStore gave cannot lend leases; drop the lease or decide in Redis")
+	}
+	return nil
+}
+
+// startLeases puts the leases between the Redis store and the wrappers
+// of wrap, if a limit of l or its routes lends them, and starts the
+// goroutine that gives back the leases that ended and forgets the keys
+// that cooled, every shortest lease (10ms at least). The goroutine refers
+// to l only weakly: it ends with Close, or at its next tick once l is
+// collected.
+func (l *Limiter) startLeases() {
+	shortest := l.shortestLease()
+	if shortest == 0 || l.redis == nil {
+		return
+	}
+	l.leases = store.NewLeases(l.redis, l.redis.Rollbacks, l.localNow, l.cfg.timeout)
+	l.store = l.wrap(l.leases)
+	w := weak.Make(l)
+	l.leases.Start(max(shortest, 10*time.Millisecond), func() bool { return w.Value() != nil })
+}
+
+// closeLeases gives back every lease's unused units, waiting for Redis
+// for the decision timeout at most (the rest goes on in the background);
+// the leased limits then decide in Redis.
+func (l *Limiter) closeLeases() {
+	if l.leases != nil {
+		l.leases.Close(time.Now().Add(l.cfg.timeout))
+	}
+}
+
+// leased returns how many decisions a lease answered.
+func (l *Limiter) leased() uint64 {
+	if l.leases == nil {
+		return 0
+	}
+	return l.leases.Leased()
 }

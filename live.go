@@ -11,7 +11,9 @@ import (
 // Close stops the Limiter's background work: the refresh of the operator
 // state ([RedisOptions].OperatorRefresh) and the renewal of the in-flight
 // slots it holds ([InFlight]: a request still in flight keeps its slot for
-// at most one lease more, and releases it when it ends), and frees its limits' names for another
+// at most one lease more, and releases it when it ends), gives back the
+// units its leases hold ([Limit.Leased]; waiting for Redis for the
+// decision timeout at most, the rest in the background), and frees its limits' names for another
 // definition in this process (see [New]). The Limiter still decides
 // afterwards, with the operator state last read. Close is safe to call
 // more than once and always returns nil.
@@ -22,6 +24,7 @@ func (l *Limiter) Close() error {
 	if l.holds != nil {
 		l.holds.close() // the slots held stop being renewed: they free within their lease
 	}
+	l.closeLeases()
 	run := l.opsRun
 	run.closeOnce.Do(func() {
 		if run.stop != nil {

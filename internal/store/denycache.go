@@ -132,9 +132,17 @@ const yieldEvery = 64
 // left with nothing remaining denies a cost of 1 until its oldest entry
 // leaves; for any other, a denial held for its log is dropped: its count
 // has fallen since (a rollback, a refund, a reset). Shadow limits are never
-// recorded, nor in-flight limits: a release frees a slot at any moment.
+// recorded, nor in-flight limits: a release frees a slot at any moment,
+// nor the limits leased has a bit of (Outcome.Leased): their replies say
+// what this process's lease holds, not what the log does (learnLeased).
 func (c *DenyCache) learn(q *Query, replies []Reply, logged bool, replied time.Time) {
-	if c == nil || c.MaxAge == 0 || !c.changes(q, replies, logged) {
+	c.learnLeased(q, replies, 0, logged, replied)
+}
+
+// learnLeased is learn for an outcome whose limits leased has a bit of
+// were decided from leases.
+func (c *DenyCache) learnLeased(q *Query, replies []Reply, leased uint64, logged bool, replied time.Time) {
+	if c == nil || c.MaxAge == 0 || !c.changes(q, replies, leased, logged) {
 		return
 	}
 	start := q.Local
@@ -142,7 +150,7 @@ func (c *DenyCache) learn(q *Query, replies []Reply, logged bool, replied time.T
 	defer c.mu.Unlock()
 	for i := range q.Keys {
 		r := replies[i]
-		if !r.OK || q.Spec.Limits[i].Shadow || q.Spec.Limits[i].InFlight {
+		if !r.OK || q.Spec.Limits[i].Shadow || q.Spec.Limits[i].InFlight || isLeased(leased, i) {
 			continue
 		}
 		id := q.Log(i)
@@ -214,12 +222,12 @@ func (c *DenyCache) Len() int {
 // a read lock lets them find out while a flood of denials reads the cache:
 // the write lock waits for every reader, and a reader that holds the read
 // lock may be waiting for a core behind the flood's other goroutines.
-func (c *DenyCache) changes(q *Query, replies []Reply, logged bool) bool {
+func (c *DenyCache) changes(q *Query, replies []Reply, leased uint64, logged bool) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	for i := range q.Keys {
 		r := replies[i]
-		if !r.OK || q.Spec.Limits[i].Shadow || q.Spec.Limits[i].InFlight {
+		if !r.OK || q.Spec.Limits[i].Shadow || q.Spec.Limits[i].InFlight || isLeased(leased, i) {
 			continue
 		}
 		if _, full := fullness(r, int64(q.Quota(i)), int64(q.Cost), logged); full {
@@ -231,6 +239,9 @@ func (c *DenyCache) changes(q *Query, replies []Reply, logged bool) bool {
 	}
 	return false
 }
+
+// isLeased reports whether leased (Outcome.Leased) has limit i's bit.
+func isLeased(leased uint64, i int) bool { return i < maxLeased && leased&(1<<i) != 0 }
 
 // fullness reports whether a limit's reply, of a given quota, for a request
 // of cost (logged: admitted and counted) shows the limit full, and the
@@ -290,7 +301,7 @@ func (c Cached) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	}
 	err := c.Next.Decide(ctx, q, out)
 	if err == nil {
-		c.Cache.learn(q, out.Replies, out.Allowed && !q.Peek, c.Clock())
+		c.Cache.learnLeased(q, out.Replies, out.Leased, out.Allowed && !q.Peek, c.Clock())
 	}
 	return err
 }

@@ -45,22 +45,23 @@ type Redis struct {
 // with the code that writes nothing, whether the limits deny the request:
 // a denial needs no write.
 func (rs *Redis) Decide(ctx context.Context, q *Query, out *Outcome) error {
-	groups := q.groups()
-	if q.Spec.Split {
-		groups = rs.migrating.split(groups, q.Keys, q.Wall)
-	}
 	d, _ := rs.calls.Get().(*decision)
 	if d == nil {
 		d = new(decision)
 	}
-	*d = decision{rs: rs, q: q, out: out, req: d.req[:0], args: d.args[:0], boxed: d.boxed, lreps: d.lreps}
+	*d = decision{rs: rs, q: q, out: out, req: d.req[:0], args: d.args[:0], boxed: d.boxed, lreps: d.lreps, counted: d.counted, kept: d.kept}
+	groups := q.groupsIn(&d.counted, &d.kept)
+	if q.Spec.Split {
+		groups = rs.migrating.split(groups, q.Keys, q.Wall)
+	}
 	allowed, err := d.groups(ctx, groups)
+	readOnly := err != nil && !q.Peek && refusesWrites(err) && rs.deniedReadOnly(ctx, q, groups, out)
 	if !q.Abandoned {
 		clear(d.args)
 		d.q, d.out, d.keys, d.idx = nil, nil, nil, nil
 		rs.calls.Put(d)
 	}
-	if err != nil && !q.Peek && refusesWrites(err) && rs.deniedReadOnly(ctx, q, groups, out) {
+	if readOnly {
 		return nil
 	}
 	if err != nil {
@@ -83,6 +84,9 @@ type decision struct {
 	// The keys and limits of the call under way, for Abandon.
 	keys []string
 	idx  []int
+	// The groups of the limits a query's plans count (groupsIn).
+	counted [][]int
+	kept    []int
 }
 
 // groups decides the query group by group, and reports whether the request
@@ -354,10 +358,12 @@ func (rs *Redis) reloadClusterState(ctx context.Context) {
 	}
 }
 
-// groups returns the groups of limits q is decided in, in turn: all of
-// them, or, when the Spec is split, one group per hash tag; without the
-// limits the client's plans do not count it in.
-func (q *Query) groups() [][]int {
+// groupsIn returns the groups of limits q is decided in, in turn: all
+// of them, or, when the Spec is split, one group per hash tag; without
+// the limits the client's plans do not count it in (nor those a lease
+// decided, see Leases), whose groups it makes in *counted and *kept,
+// reused when they are large enough.
+func (q *Query) groupsIn(counted *[][]int, kept *[]int) [][]int {
 	groups := q.Spec.Whole
 	if q.Spec.Split {
 		groups = q.Spec.Groups(q.Tags)
@@ -365,19 +371,27 @@ func (q *Query) groups() [][]int {
 	if q.Quotas == nil || !slices.Contains(q.Quotas, 0) {
 		return groups
 	}
-	var counted [][]int
+	n := 0
 	for _, g := range groups {
-		var kept []int
+		n += len(g)
+	}
+	out, all := (*counted)[:0], (*kept)[:0]
+	if cap(all) < n {
+		all = make([]int, 0, n) // appended to below without moving: the groups share it
+	}
+	for _, g := range groups {
+		start := len(all)
 		for _, i := range g {
 			if q.Quotas[i] > 0 {
-				kept = append(kept, i)
+				all = append(all, i)
 			}
 		}
-		if len(kept) > 0 {
-			counted = append(counted, kept)
+		if len(all) > start {
+			out = append(out, all[start:len(all):len(all)])
 		}
 	}
-	return counted
+	*counted, *kept = out, all
+	return out
 }
 
 // logs returns the most units of cost q's request logs in each limit: a

@@ -208,6 +208,11 @@ type Outcome struct {
 	store.Outcome
 	// Cached: from the deny cache; Local: from the in-process store.
 	Cached, Local bool
+	// Leased has bit i set when limit i (below 64) was decided from a
+	// lease this process holds (see Leases): its reply says what the
+	// lease holds, not what the log does, and the deny cache learns
+	// nothing from it.
+	Leased uint64
 	// Unreverted counts the units of cost a Cluster decision that was
 	// denied or failed after reserving could not take back.
 	Unreverted uint64
