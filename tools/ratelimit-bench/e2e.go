@@ -81,6 +81,7 @@ type e2e struct {
 	appQuota  int
 	appWindow time.Duration
 	lease     time.Duration // of the leased workloads' limits; 0: Leased()'s
+	pair      int           // turns with a bare handler's server, if more than 1
 	rounds    int
 	idle      float64 // the idle server's CPU, seconds per second
 }
@@ -107,9 +108,10 @@ type e2eRow struct {
 	denied     float64 // share answered 429
 	cmds       float64 // Redis commands per request
 	cpu        time.Duration
-	leased     string // decisions answered from leases, where known
-	admissions string // the apps workloads' check, printed below the table
-	over       bool   // a window held more than the quota
+	leased     string  // decisions answered from leases, where known
+	admissions string  // the apps workloads' check, printed below the table
+	over       bool    // a window held more than the quota
+	bare       float64 // the bare handler's requests/s in turns with it; 0: not measured so
 }
 
 // runE2E runs the end-to-end workloads want selects, and reports whether
@@ -133,6 +135,9 @@ func runE2E(e *e2e, want func(string) bool) (ok bool, err error) {
 	}
 	fmt.Printf("HTTP/1.1, %d keep-alive connections, %v per workload after a warm-up of %v, leases of %s; commands/req: every command Redis ran (INFO commandstats, which counts the commands scripts run; the tool's INFO left out); redis CPU/req: INFO cpu user+sys, less the idle server's %.0f µs/s\n",
 		e.conns, e.duration, warmup(e.duration), leases, e.idle*1e6)
+	if e.pair > 1 {
+		fmt.Printf("x bare: against a bare handler's server driven in %d turns with each workload's (http-apps: against http-bare), over as many connections of its own\n", e.pair)
+	}
 	ok = true
 	for round := range e.rounds {
 		order := slices.Clone(e2eWorkloads)
@@ -170,7 +175,11 @@ func runE2E(e *e2e, want func(string) bool) (ok bool, err error) {
 			if name != "http-bare" && ping.cpu > 0 {
 				xPing = fmt.Sprintf("%.2f", float64(row.cpu)/float64(ping.cpu))
 			}
-			fmt.Printf("%-20s %9.0f %7.2f %9v %9v %6.1f%% %9.3f %13v %7s %s\n", row.name, row.perSec, row.perSec/bare.perSec,
+			xBare := row.perSec / bare.perSec
+			if row.bare > 0 {
+				xBare = row.perSec / row.bare
+			}
+			fmt.Printf("%-20s %9.0f %7.2f %9v %9v %6.1f%% %9.3f %13v %7s %s\n", row.name, row.perSec, xBare,
 				row.p50, row.p99, 100*row.denied, row.cmds, row.cpu.Round(10*time.Nanosecond), xPing, row.leased)
 			if row.admissions != "" {
 				notes = append(notes, row.admissions)
@@ -240,7 +249,18 @@ func (e *e2e) workload(name string) (e2eRow, error) {
 			fromLeases = in.Leased
 		}
 	}
-	res, err := e.load([]string{ln.Addr().String()}, perIP, false, fromLeases)
+	bare := ""
+	if e.pair > 1 && name != "http-bare" {
+		bln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return e2eRow{}, err
+		}
+		bsrv := &http.Server{Handler: bareHandler}
+		go func() { _ = bsrv.Serve(bln) }()
+		defer bsrv.Close()
+		bare = bln.Addr().String()
+	}
+	res, err := e.load([]string{ln.Addr().String()}, perIP, false, fromLeases, bare)
 	if err != nil {
 		return e2eRow{}, err
 	}
@@ -268,11 +288,13 @@ type loadResult struct {
 	admitted     []span          // every admitted request's, if recorded
 	refused      []span          // and every denied one's
 	leased       uint64          // decisions answered from leases while measured
+	bare         float64         // the bare handler's requests/s in turns with it, if measured so
+	idleFor      time.Duration   // the measured part's length, for the idle server's CPU
 }
 
 func (r loadResult) row(name string, e *e2e) e2eRow {
 	n := max(r.reqs, 1)
-	cpu := r.cpu - time.Duration(e.idle*float64(r.elapsed))
+	cpu := r.cpu - time.Duration(e.idle*float64(r.idleFor))
 	return e2eRow{
 		name:   name,
 		reqs:   r.reqs,
@@ -282,6 +304,7 @@ func (r loadResult) row(name string, e *e2e) e2eRow {
 		denied: float64(r.denied) / float64(n),
 		cmds:   float64(r.cmds) / float64(n),
 		cpu:    max(cpu, 0) / time.Duration(n),
+		bare:   r.bare,
 	}
 }
 
@@ -290,13 +313,25 @@ func (r loadResult) row(name string, e *e2e) e2eRow {
 // measures the second part. perIP sends each request from a client IP
 // (X-Forwarded-For) drawn from e.ipKeys; record keeps every admitted
 // request's round trip, from the start of the load; leased, if not nil,
-// counts the decisions answered from leases. Any answer but 200 and 429
-// is an error.
-func (e *e2e) load(addrs []string, perIP, record bool, leased func() uint64) (loadResult, error) {
+// counts the decisions answered from leases. If bare is not "", e.conns
+// more connections drive the bare handler's server there, in turns with
+// addrs's (e.pair turns each, e.duration in all each), so that the two
+// are measured side by side (loadResult.bare); Redis's figures are then
+// those of the whole measured part, which only addrs's requests use.
+// Any answer but 200 and 429 is an error.
+func (e *e2e) load(addrs []string, perIP, record bool, leased func() uint64, bare string) (loadResult, error) {
 	ctx := context.Background()
-	conns := make([]net.Conn, e.conns)
+	sets := 1
+	if bare != "" {
+		sets = 2
+	}
+	conns := make([]net.Conn, sets*e.conns)
 	for i := range conns {
-		c, err := net.Dial("tcp", addrs[i%len(addrs)])
+		addr := bare
+		if i < e.conns {
+			addr = addrs[i%len(addrs)]
+		}
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			for _, c := range conns[:i] {
 				_ = c.Close()
@@ -311,11 +346,26 @@ func (e *e2e) load(addrs []string, perIP, record bool, leased func() uint64) (lo
 		stopping
 	)
 	var phase atomic.Int32
+	// turn is the set of connections that sends (0: addrs's, 1: bare's);
+	// the other waits on turnCond.
+	var turnMu sync.Mutex
+	turnCond := sync.NewCond(&turnMu)
+	turn := 0
+	wait := func(set int) int32 {
+		turnMu.Lock()
+		defer turnMu.Unlock()
+		for turn != set && phase.Load() != stopping {
+			turnCond.Wait()
+		}
+		return phase.Load()
+	}
 	var mu sync.Mutex
 	var res loadResult
+	var bareReqs int
 	var firstErr error
 	var wg sync.WaitGroup
 	for i, c := range conns {
+		set := i / e.conns
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -328,12 +378,12 @@ func (e *e2e) load(addrs []string, perIP, record bool, leased func() uint64) (lo
 			reqs, denied := 0, 0
 			var err error
 			for {
-				p := phase.Load()
+				p := wait(set)
 				if p == stopping {
 					break
 				}
 				req = append(req[:0], "GET / HTTP/1.1\r\nHost: bench\r\n"...)
-				if perIP {
+				if perIP && set == 0 {
 					k := rng.IntN(e.ipKeys)
 					req = fmt.Appendf(req, "X-Forwarded-For: 10.%d.%d.%d\r\n", k>>16&255, k>>8&255, k&255)
 				}
@@ -369,6 +419,10 @@ func (e *e2e) load(addrs []string, perIP, record bool, leased func() uint64) (lo
 			if err != nil && firstErr == nil {
 				firstErr = err
 			}
+			if set == 1 {
+				bareReqs += reqs
+				return
+			}
 			res.reqs += reqs
 			res.denied += denied
 			res.lat = append(res.lat, lat...)
@@ -376,8 +430,15 @@ func (e *e2e) load(addrs []string, perIP, record bool, leased func() uint64) (lo
 			res.refused = append(res.refused, refused...)
 		}()
 	}
+	setPhase := func(p int32, set int) {
+		turnMu.Lock()
+		phase.Store(p)
+		turn = set
+		turnMu.Unlock()
+		turnCond.Broadcast()
+	}
 	fail := func(err error) (loadResult, error) {
-		phase.Store(stopping)
+		setPhase(stopping, 0)
 		wg.Wait()
 		return loadResult{}, err
 	}
@@ -390,9 +451,26 @@ func (e *e2e) load(addrs []string, perIP, record bool, leased func() uint64) (lo
 		res.leased = leased()
 	}
 	res.start = time.Now()
-	phase.Store(measuring)
-	time.Sleep(e.duration)
-	phase.Store(stopping)
+	var mine, theirs time.Duration // the measured time of each set
+	if sets == 1 {
+		setPhase(measuring, 0)
+		time.Sleep(e.duration)
+		mine = time.Since(res.start)
+	} else {
+		slice := e.duration / time.Duration(e.pair)
+		for range e.pair {
+			t := time.Now()
+			setPhase(measuring, 0)
+			time.Sleep(slice)
+			t1 := time.Now()
+			setPhase(measuring, 1)
+			time.Sleep(slice)
+			mine, theirs = mine+t1.Sub(t), theirs+time.Since(t1)
+		}
+	}
+	// A request sent before the switch and answered after counts for its
+	// set: it runs over its slice by a round trip at most.
+	setPhase(stopping, 0)
 	res.end = time.Now()
 	if leased != nil {
 		res.leased = leased() - res.leased
@@ -408,7 +486,11 @@ func (e *e2e) load(addrs []string, perIP, record bool, leased func() uint64) (lo
 	if res.reqs == 0 {
 		return loadResult{}, errors.New("no request answered")
 	}
-	res.elapsed = res.end.Sub(res.start)
+	res.elapsed = mine
+	res.idleFor = res.end.Sub(res.start)
+	if theirs > 0 {
+		res.bare = float64(bareReqs) / theirs.Seconds()
+	}
 	res.cpu, res.cmds = cpu1-cpu0, cmds1-cmds0
 	slices.Sort(res.lat)
 	return res, nil
@@ -523,7 +605,7 @@ func (e *e2e) appsWorkload(name string, leased bool) (e2eRow, error) {
 		}
 		addrs[i] = addr
 	}
-	res, err := e.load(addrs, false, true, nil)
+	res, err := e.load(addrs, false, true, nil, "")
 	if err != nil {
 		return e2eRow{}, err
 	}

@@ -25,7 +25,7 @@
 //	                 handler that sends one PING per request: requests/s,
 //	                 Redis commands and CPU per request (see e2e.go).
 //
-//	go run ./tools/ratelimit-bench -run http-bare,http-ping,http-global,http-global-leased -duration 3s -rounds 2
+//	go run ./tools/ratelimit-bench -run http-bare,http-ping,http-global,http-global-leased -duration 3s -rounds 2 -pair 6
 //
 // With -callgrind it instead counts the Redis server's instructions per
 // decision, at 1 and at 16 decisions per call, beside the floor of one
@@ -72,6 +72,7 @@ func main() {
 	cgOut := flag.String("callgrind-out", "", "with -callgrind, keep the callgrind dumps in this directory")
 	cgEntries := flag.String("entries", "100,1000,10000", "with -callgrind, the entries per key of the exact log's rows")
 	cgLease := flag.Duration("lease", 0, "the lease of the *-leased workloads' limits (default: Leased()'s); with -callgrind, the exact log's limits lend leases of this length (10ms: every request carries it, no key takes one)")
+	pair := flag.Int("pair", 1, "if more than 1, each end-to-end workload (but http-apps) is measured in this many turns with a bare handler's server, its x bare against that")
 	rounds := flag.Int("rounds", 1, "runs of the end-to-end workloads, every other one in the reverse order")
 	conns := flag.Int("conns", 64, "keep-alive HTTP connections of the end-to-end (http-*) workloads")
 	apps := flag.Int("apps", 4, "app processes of the http-apps workloads")
@@ -87,9 +88,9 @@ func main() {
 		}
 		return
 	}
-	if *rounds < 1 || *conns < 1 || *apps < 1 || *ipKeys < 1 || *appQuota < 1 || *appQuota > maxQuota || *appWindow < time.Millisecond {
-		log.Fatalf("-rounds %d, -conns %d, -apps %d, -ip-keys %d, -app-quota %d, -app-window %v: want at least 1 of each, a quota of at most %d and a window of 1ms or more",
-			*rounds, *conns, *apps, *ipKeys, *appQuota, *appWindow, maxQuota)
+	if *pair < 1 || *rounds < 1 || *conns < 1 || *apps < 1 || *ipKeys < 1 || *appQuota < 1 || *appQuota > maxQuota || *appWindow < time.Millisecond {
+		log.Fatalf("-pair %d, -rounds %d, -conns %d, -apps %d, -ip-keys %d, -app-quota %d, -app-window %v: want at least 1 of each, a quota of at most %d and a window of 1ms or more",
+			*pair, *rounds, *conns, *apps, *ipKeys, *appQuota, *appWindow, maxQuota)
 	}
 	if *cg {
 		if err := callgrindRun(*decisions, *batch, *cgOut, *cgEntries, *cgLease); err != nil {
@@ -191,7 +192,7 @@ func main() {
 		erdb := redis.NewClient(&eopt)
 		defer erdb.Close()
 		e := &e2e{url: url, rdb: erdb, conns: *conns, apps: *apps, duration: *duration, ipKeys: *ipKeys,
-			appQuota: *appQuota, appWindow: *appWindow, lease: *cgLease, rounds: *rounds}
+			appQuota: *appQuota, appWindow: *appWindow, lease: *cgLease, rounds: *rounds, pair: *pair}
 		if windowsOK, err = runE2E(e, want); err != nil {
 			log.Fatal(err)
 		}
