@@ -61,7 +61,11 @@ import (
 // INFO left out); and Redis CPU per request (INFO cpu, user and system,
 // less what the idle server spends in the same time, measured first), and
 // that as a multiple of http-ping's. Every process (the tool, its app
-// processes, Redis) shares the machine's cores.
+// processes, Redis) shares the machine's cores, so throughput drifts with
+// whatever else runs: -rounds N runs the workloads N times, every other
+// time in the reverse order, and -pair N measures each workload (but the
+// apps ones) in N turns with a bare handler's server of its own, over
+// as many connections of their own, and takes its x bare against that.
 
 // e2eWorkloads are the end-to-end workloads' names, in the order they run.
 var e2eWorkloads = []string{"http-bare", "http-ping", "http-global", "http-global-leased",
