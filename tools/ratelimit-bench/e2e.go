@@ -633,6 +633,7 @@ func (e *e2e) appsWorkload(name string, leased bool) (e2eRow, error) {
 	most := mostInWindow(res.admitted, e.appWindow)
 	mean, least, windows := admittedShare(res.admitted, res.start, res.end, e.appWindow, e.appQuota)
 	offered, _, _ := admittedShare(append(res.refused, res.admitted...), res.start, res.end, e.appWindow, e.appQuota)
+	room, withRoom := roomAtDenials(res.admitted, res.refused, e.appWindow, e.appQuota)
 	verdict := "at most the quota"
 	if most > e.appQuota {
 		verdict, row.over = "MORE THAN THE QUOTA", true
@@ -642,8 +643,9 @@ func (e *e2e) appsWorkload(name string, leased bool) (e2eRow, error) {
 		share = fmt.Sprintf("mean %.3f, least %.3f of the quota (under-admission %.1f%%; requests made: mean %.2f of the quota), over %d windows starting every %v",
 			mean, least, 100*(1-mean), offered, windows, e.appWindow/100)
 	}
-	row.admissions = fmt.Sprintf("%s: %d app processes, %d per %v%s: most admitted in any %v window %d: %s; admitted per window %s",
-		name, e.apps, e.appQuota, e.appWindow, map[bool]string{true: ", leased"}[leased], e.appWindow, most, verdict, share)
+	row.admissions = fmt.Sprintf("%s: %d app processes, %d per %v%s: most admitted in any %v window %d: %s; admitted per window %s; "+
+		"room at a denial (the quota less every admission that may lie in the window ending at it): mean %.3f of the quota, some room at %.1f%% of the denials",
+		name, e.apps, e.appQuota, e.appWindow, map[bool]string{true: ", leased"}[leased], e.appWindow, most, verdict, share, room, 100*withRoom)
 	if row.denied == 0 {
 		row.admissions += "; the load never reached the quota (nothing denied): raise -conns or lower -app-quota"
 	}
@@ -681,6 +683,39 @@ func mostInWindow(spans []span, w time.Duration) int {
 		most = max(most, count(rank(spans[i].sent.UnixNano()+int64(w))))
 	}
 	return most
+}
+
+// roomAtDenials returns, over the denied requests, the mean share of the
+// quota that was surely free in the window of length w ending at the
+// decision (the quota less every admitted request whose round trip
+// overlaps that window: the decision lies somewhere in the denied
+// request's round trip), and the share of denials with some room: what
+// a denial left unused, client side.
+func roomAtDenials(admitted, denied []span, w time.Duration, quota int) (mean, withRoom float64) {
+	if len(denied) == 0 {
+		return 0, 0
+	}
+	sent := make([]int64, len(admitted))
+	got := make([]int64, len(admitted))
+	for i, a := range admitted {
+		sent[i], got[i] = a.sent.UnixNano(), a.got.UnixNano()
+	}
+	slices.Sort(sent)
+	slices.Sort(got)
+	some := 0
+	for _, d := range denied {
+		// Admissions sent before the denial's answer, less those answered
+		// a window or more before it was sent (each of which was sent
+		// before the answer too).
+		before, _ := slices.BinarySearch(sent, d.got.UnixNano())
+		gone, _ := slices.BinarySearch(got, d.sent.Add(-w).UnixNano()+1)
+		room := max(quota-(before-gone), 0)
+		mean += float64(room) / float64(quota)
+		if room > 0 {
+			some++
+		}
+	}
+	return mean / float64(len(denied)), float64(some) / float64(len(denied))
 }
 
 // admittedShare returns the mean and the least share of the quota
