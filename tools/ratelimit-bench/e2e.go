@@ -622,14 +622,6 @@ func (e *e2e) appsWorkload(name string, leased bool) (e2eRow, error) {
 	}
 	stops = nil
 	row := res.row(name, e)
-	if os.Getenv("BENCH_DEBUG") != "" {
-		t0 := res.start.Add(-warmup(e.duration))
-		hist := make([]int, int(res.end.Sub(t0)/(100*time.Millisecond))+2)
-		for _, s := range res.admitted {
-			hist[int(s.got.Sub(t0)/(100*time.Millisecond))]++
-		}
-		fmt.Fprintln(os.Stderr, "admitted per 100ms:", hist)
-	}
 	most := mostInWindow(res.admitted, e.appWindow)
 	mean, least, windows := admittedShare(res.admitted, res.start, res.end, e.appWindow, e.appQuota)
 	offered, _, _ := admittedShare(append(res.refused, res.admitted...), res.start, res.end, e.appWindow, e.appQuota)
