@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
 )
 
@@ -119,8 +118,7 @@ func (l *Limiter) resetLimit(ctx context.Context, name, id string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
 	defer cancel()
-	req := slidinglog.AppendRequest(nil, 0, 1, d.spec.Limits[i].Lua)
-	err = d.forget(ctx, i, log.Key, req) // lifts a block too
+	err = d.forget(ctx, i, log.Key, d.forgetRequest(i)) // lifts a block too
 	d.denies.Forget(log)
 	d.local.Forget(log) // FailLocal's count, and block
 	if err != nil {

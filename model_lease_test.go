@@ -639,31 +639,40 @@ func (m *leaseModel) clock() {
 }
 
 // TestResetLeasableAtItsClock: a Reset of a limit that lends leases
-// forgets what was logged up to the Limiter's clock (WithClock), which
-// its decisions are timed by, not up to the Redis server's: a clock an
-// hour ahead of the server's has its entries of a second before forgotten,
-// and the client is admitted again.
+// (Limiter.Reset, and Inspector.Reset of the limit by name) forgets what
+// was logged up to the Limiter's clock (WithClock), which its decisions
+// are timed by, not up to the Redis server's: a clock an hour ahead of
+// the server's has its entries of a second before forgotten, and the
+// client is admitted again.
 func TestResetLeasableAtItsClock(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
-		clock := &testClock{t: time.Now().Add(time.Hour)}
-		l := Per(time.Minute, 3, Header("X-Id")).Named("leasable-reset")
-		l.Lease = 100 * time.Millisecond
-		lim := mustNew(t, b.newClient(t), []Limit{l}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
-		ctx := context.Background()
-		for range 3 {
-			if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || !res.Allowed {
-				t.Fatalf("Allow: %v, %v", res.Allowed, err)
+		for _, byName := range []bool{false, true} {
+			clock := &testClock{t: time.Now().Add(time.Hour)}
+			l := Per(time.Minute, 3, Header("X-Id")).Named(fmt.Sprintf("leasable-reset-%v", byName))
+			l.Lease = 100 * time.Millisecond
+			lim := mustNew(t, b.newClient(t), []Limit{l}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
+			ctx := context.Background()
+			for range 3 {
+				if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || !res.Allowed {
+					t.Fatalf("Allow: %v, %v", res.Allowed, err)
+				}
 			}
-		}
-		if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || res.Allowed {
-			t.Fatalf("Allow over the quota: %v, %v", res.Allowed, err)
-		}
-		clock.Set(clock.Now().Add(time.Second)) // the requests' entries are a unit ahead of their clock at most
-		if err := lim.Reset(ctx, []string{"a"}); err != nil {
-			t.Fatal(err)
-		}
-		if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || !res.Allowed || res.Limits[0].Remaining != 2 {
-			t.Fatalf("Allow after Reset: allowed %v, remaining %d, %v; want admitted with 2 left", res.Allowed, res.Limits[0].Remaining, err)
+			if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || res.Allowed {
+				t.Fatalf("Allow over the quota: %v, %v", res.Allowed, err)
+			}
+			clock.Set(clock.Now().Add(time.Second)) // the requests' entries are a unit ahead of their clock at most
+			var reset error
+			if byName {
+				reset = lim.Inspect().Reset(ctx, l.Name, "a")
+			} else {
+				reset = lim.Reset(ctx, []string{"a"})
+			}
+			if reset != nil {
+				t.Fatal(reset)
+			}
+			if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || !res.Allowed || res.Limits[0].Remaining != 2 {
+				t.Fatalf("Allow after Reset (by name %v): allowed %v, remaining %d, %v; want admitted with 2 left", byName, res.Allowed, res.Limits[0].Remaining, err)
+			}
 		}
 	})
 }

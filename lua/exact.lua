@@ -5,7 +5,8 @@
 -- SPAN units; its unit (6 bytes), in microseconds; its refresh-by (3
 -- bytes), in units after the base: the key expires then; and its floor (2
 -- bytes), in units after the base: the time of the newest entry a refund
--- or rollback removed (0 until one does; a write anew sets it back to 0).
+-- or rollback removed, or the time a leasable log's forget keeps (see
+-- exact_forget; 0 until one does; a write anew sets it back to 0).
 -- An entry (2 bytes) is a time, as its offset in units after the base. The unit is
 -- about window/8192 (the library picks it); a time is rounded up to it, so
 -- an entry counts up to one unit longer than its window, never shorter.
@@ -434,7 +435,7 @@ end
 --
 -- A lease (lim[ACQUIRE]) logs min(ACQUIRE, quota - count) entries
 -- instead, at the lease's end: now rounded up to the unit, plus L, rounded
--- up to the unit; or the log's time if that is later (see leases, below).
+-- up to the unit; or the log's time if that is later (see leases, above).
 local function exact_admit(log, lim, now, n)
   local t = log[TIME]
   local units = lim[ACQUIRE]

@@ -219,9 +219,9 @@ local FAST_LIMITS = 4
 -- limit is not an enforced exact log without flags (with leased true: or
 -- with FLAG_LEASE alone), checked before reading any, or exact_fast leaves
 -- one to the general path, it leaves the request to it, having written
--- nothing. It returns what exact_fast does, the server's time if it read it (clock,
--- or nil), and, if a write was refused, the units of cost it could not
--- take back from the limits written before.
+-- nothing. It returns what exact_fast does, the server's time if it read
+-- it (clock, or nil), and, if a write was refused, the units of cost it
+-- could not take back from the limits written before.
 local function fast_many(keys, k, arg, count, R, r, clock, leased)
   local byte = string.byte
   -- With leased, the limits may lend leases (FLAG_LEASE, then the lease):
@@ -341,9 +341,10 @@ local function each(keys, argv, write)
   local decoded = #argv > 1 and {} or nil
   for j = 1, #argv do
     local arg, now, n, limits = argv[j]
-    -- The fast path (exact_fast): a request of one enforced exact log,
-    -- decoded here in locals. It leaves the request to what follows if
-    -- it cannot decide it, having written nothing.
+    -- The fast path (exact_fast): a request of one enforced exact log
+    -- (with no flags, or FLAG_LEASE alone), decoded here in locals, or of
+    -- two to FAST_LIMITS (fast_many). It leaves the request to what
+    -- follows if it cannot decide it, having written nothing.
     local fast, left, L = false, 0, 1
     if write and #arg == REQUEST_HEAD + LIMIT_HEAD then
       local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, count, kind, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6,
