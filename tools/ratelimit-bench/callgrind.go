@@ -33,7 +33,7 @@ import (
 // start-up and the filling are thus never counted; what each cell counts
 // is the whole call, from reading the command to writing the reply.
 //
-//	go run ./tools/ratelimit-bench -callgrind [-decisions 320] [-batch 16] [-entries 100,1000,10000]
+//	go run ./tools/ratelimit-bench -callgrind [-decisions 320] [-batch 16] [-entries 100,1000,10000] [-lease 10ms]
 //
 // It prints a Markdown table, each cell at 1 and at -batch decisions per
 // call, on -batch keys decided round in turn:
@@ -74,10 +74,19 @@ import (
 // tool checks with INFO commandstats that every cell made exactly one call
 // per decision, or one per batch.
 //
+// With -lease D the exact log's limits lend leases of D (Limit.Lease), so
+// that every request carries the lease on the wire and is decided as a
+// leasable log's; with D = 10ms (the least: the 1-minute window's unit)
+// each key sees a few requests per lease period at most, so none is hot
+// and none takes a lease: the cells then measure what a
+// leasable limit's cold keys (per-IP keys, a request or two each) cost
+// Redis, beside the same run without -lease. The denials, which stand the
+// clock still, are then not measured.
+//
 // With -callgrind-out DIR the dumps stay in DIR, callgrind.out.1 and on, one
 // per cell in the order measured (the idle server first), for
 // callgrind_annotate.
-func callgrindRun(decisions, batch int, keep, entries string) error {
+func callgrindRun(decisions, batch int, keep, entries string, lease time.Duration) error {
 	var sizes []int
 	for _, f := range strings.Split(entries, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -85,6 +94,9 @@ func callgrindRun(decisions, batch int, keep, entries string) error {
 			return fmt.Errorf("-entries %q: want numbers of 2 or more, separated by commas", entries)
 		}
 		sizes = append(sizes, n)
+	}
+	if lease < 0 || lease > 0 && (lease < time.Millisecond || lease > time.Minute/8) {
+		return fmt.Errorf("-lease %v: want 0, or 1ms to the exact log's window's eighth (7.5s)", lease)
 	}
 	if batch < 2 || decisions < batch || decisions%batch != 0 {
 		return fmt.Errorf("-batch %d, -decisions %d: want a batch of 2 or more, and decisions a multiple of it", batch, decisions)
@@ -280,8 +292,10 @@ func callgrindRun(decisions, batch int, keep, entries string) error {
 		clock := func() time.Time { return now }
 		name := "cg" + strconv.Itoa(n)
 		newLimiter := func(quota int) (*ratelimit.Limiter, error) {
-			return ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(window, quota, ratelimit.Global()).Named(name)},
-				ratelimit.WithClock(clock), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1, BreakerFailures: -1}),
+			lim := ratelimit.Per(window, quota, ratelimit.Global()).Named(name)
+			lim.Lease = lease
+			return ratelimit.New(rdb, []ratelimit.Limit{lim},
+				ratelimit.WithClock(clock), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1, BreakerFailures: -1, OperatorRefresh: -1}),
 				ratelimit.WithTimeout(10*time.Minute))
 		}
 		allow, err := newLimiter(admitQuota)
@@ -382,6 +396,12 @@ func callgrindRun(decisions, batch int, keep, entries string) error {
 		if c.sliding, c.seen[0], err = admissions("sliding", fill, step); err != nil {
 			return err
 		}
+		if lease > 0 {
+			// Denials stand the clock still, so a key would see enough
+			// requests in one lease period to ask for a lease.
+			logs = append(logs, c)
+			continue
+		}
 		now = now.Add(-step) // the time of the last round: each key holds n entries in its window
 		deny, err := newLimiter(n)
 		if err != nil {
@@ -425,12 +445,22 @@ func callgrindRun(decisions, batch int, keep, entries string) error {
 
 	// The tables.
 	num := func(v float64) string { return thousands(int64(v + 0.5)) }
-	ratio := func(a, b float64) string { return strconv.FormatFloat(a/b, 'f', 2, 64) + "x" }
+	ratio := func(a, b float64) string {
+		if a == 0 {
+			return "-" // not measured
+		}
+		return strconv.FormatFloat(a/b, 'f', 2, 64) + "x"
+	}
 	b := strconv.Itoa(batch)
 	fmt.Printf("Redis instructions per decision, %s under callgrind, %d decisions per cell, %d keys decided in turn; "+
 		"the idle server's %s instructions per second subtracted. %s elapsed.\n\n",
 		"Redis "+field(info, "redis_version"), decisions, batch, num(idleRate), time.Since(started).Round(time.Second))
-	fmt.Printf("    go run ./tools/ratelimit-bench -callgrind -decisions %d -batch %d -entries %s\n\n", decisions, batch, entries)
+	flags := ""
+	if lease > 0 {
+		flags = " -lease " + lease.String()
+		fmt.Printf("The exact log's limits lend leases of %v (Limit.Lease): every request carries the lease, and no key sees enough requests in one to take one.\n\n", lease)
+	}
+	fmt.Printf("    go run ./tools/ratelimit-bench -callgrind -decisions %d -batch %d -entries %s%s\n\n", decisions, batch, entries, flags)
 	fmt.Printf("| workload | entries per key | 1 per call | %s per call |\n| --- | ---: | ---: | ---: |\n", b)
 	fmt.Printf("| `EVALSHA return 1` (the floor of one call) | | %s | |\n", num(floor))
 	fmt.Printf("| fixed window (INCRBY, PEXPIRE or PTTL, in one EVALSHA) | | %s | %s |\n", num(fixed[0]), num(fixed[1]))
@@ -438,7 +468,9 @@ func callgrindRun(decisions, batch int, keep, entries string) error {
 		e := thousands(int64(c.n))
 		fmt.Printf("| exact log, admission, none leaving the window | %s | %s | %s |\n", e, num(c.growing[0]), num(c.growing[1]))
 		fmt.Printf("| exact log, admission, one leaving per one logged | %s | %s | %s |\n", e, num(c.sliding[0]), num(c.sliding[1]))
-		fmt.Printf("| exact log, denial (deny cache off) | %s | %s | %s |\n", e, num(c.deny[0]), num(c.deny[1]))
+		if lease == 0 {
+			fmt.Printf("| exact log, denial (deny cache off) | %s | %s | %s |\n", e, num(c.deny[0]), num(c.deny[1]))
+		}
 	}
 	fmt.Printf("\n| entries per key, admission | admission / fixed window, 1 per call (target ≤ 1.8x) | admission at %s per call / fixed window at 1 (target ≤ 0.60x) "+
 		"| admission / fixed window, %s per call | denial / admission, 1 per call (target ≤ 1x) | denial / admission, %s per call (target ≤ 1x) |\n"+

@@ -19,6 +19,13 @@
 //	                 the keys' own MEMORY USAGE); and
 //	                 bytes per key of a full 10,000-per-hour limit, as an exact
 //	                 log and in 1-minute buckets.
+//	http-*           end to end: an HTTP server in the tool (and, for
+//	                 http-apps, in -apps app processes) driven over -conns
+//	                 keep-alive connections, beside the bare handler and a
+//	                 handler that sends one PING per request: requests/s,
+//	                 Redis commands and CPU per request (see e2e.go).
+//
+//	go run ./tools/ratelimit-bench -run http-bare,http-ping,http-global,http-global-leased -duration 3s -rounds 2 -pair 6
 //
 // With -callgrind it instead counts the Redis server's instructions per
 // decision, at 1 and at 16 decisions per call, beside the floor of one
@@ -64,9 +71,29 @@ func main() {
 	batch := flag.Int("batch", 16, "with -callgrind, the decisions per call of the batched cells, and the keys decided in turn")
 	cgOut := flag.String("callgrind-out", "", "with -callgrind, keep the callgrind dumps in this directory")
 	cgEntries := flag.String("entries", "100,1000,10000", "with -callgrind, the entries per key of the exact log's rows")
+	cgLease := flag.Duration("lease", 0, "the lease of the *-leased workloads' limits (default: Leased()'s); with -callgrind, the exact log's limits lend leases of this length (10ms: every request carries it, no key takes one)")
+	pair := flag.Int("pair", 1, "if more than 1, each end-to-end workload (but http-apps) is measured in this many turns with a bare handler's server, its x bare against that")
+	rounds := flag.Int("rounds", 1, "runs of the end-to-end workloads, every other one in the reverse order")
+	conns := flag.Int("conns", 64, "keep-alive HTTP connections of the end-to-end (http-*) workloads")
+	apps := flag.Int("apps", 4, "app processes of the http-apps workloads")
+	ipKeys := flag.Int("ip-keys", 100_000, "client IPs of the http-per-ip workloads")
+	appQuota := flag.Int("app-quota", 10_000, "quota of the http-apps workloads' Global limit")
+	appWindow := flag.Duration("app-window", 2*time.Second, "window of the http-apps workloads' Global limit")
+	app := flag.Bool("app", false, "run as an app process of the http-apps workloads (the tool starts them)")
+	appLeased := flag.Bool("app-leased", false, "with -app, the limit is Leased")
 	flag.Parse()
+	if *app {
+		if err := appMain(*appQuota, *appWindow, *appLeased, *cgLease); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
+	if *pair < 1 || *rounds < 1 || *conns < 1 || *apps < 1 || *ipKeys < 1 || *appQuota < 1 || *appQuota > maxQuota || *appWindow < time.Millisecond {
+		log.Fatalf("-pair %d, -rounds %d, -conns %d, -apps %d, -ip-keys %d, -app-quota %d, -app-window %v: want at least 1 of each, a quota of at most %d and a window of 1ms or more",
+			*pair, *rounds, *conns, *apps, *ipKeys, *appQuota, *appWindow, maxQuota)
+	}
 	if *cg {
-		if err := callgrindRun(*decisions, *batch, *cgOut, *cgEntries); err != nil {
+		if err := callgrindRun(*decisions, *batch, *cgOut, *cgEntries, *cgLease); err != nil {
 			log.Fatal(err)
 		}
 		return
@@ -154,8 +181,24 @@ func main() {
 		perCall := float64(s.ops) / float64(max(calls1-calls0, 1))
 		fmt.Printf("%-16s %12.0f %9.2f %9v %9v %12v %9.1f\n", w.name, s.opsPerSec, s.opsPerSec/ceiling, s.p50, s.p99, perOp.Round(10*time.Nanosecond), perCall)
 	}
-	if want("memory") {
+	e2eWanted := slices.ContainsFunc(e2eWorkloads, want)
+	windowsOK := true
+	if e2eWanted {
 		if throughput {
+			fmt.Println()
+		}
+		eopt := *opt
+		eopt.PoolSize = *conns
+		erdb := redis.NewClient(&eopt)
+		defer erdb.Close()
+		e := &e2e{url: url, rdb: erdb, conns: *conns, apps: *apps, duration: *duration, ipKeys: *ipKeys,
+			appQuota: *appQuota, appWindow: *appWindow, lease: *cgLease, rounds: *rounds, pair: *pair}
+		if windowsOK, err = runE2E(e, want); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if want("memory") {
+		if throughput || e2eWanted {
 			fmt.Println()
 		}
 		for _, m := range []struct{ keys, perKey int }{{1000, 100}, {100, 1000}} {
@@ -179,6 +222,10 @@ func main() {
 			}
 			fmt.Printf("memory: 10,000 per hour, %s, full: %.0f bytes per key\n", kind, perKey)
 		}
+	}
+	if !windowsOK {
+		pprof.StopCPUProfile()
+		log.Fatal("a window admitted more than the quota")
 	}
 }
 
