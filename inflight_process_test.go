@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,48 +20,30 @@ import (
 )
 
 // inflightAppEnv, set with appEnv, makes the test binary an in-flight app
-// process (serveInFlightApp): its value is the lease.
+// process (inflightApp): its value is the lease.
 const inflightAppEnv = "RATELIMIT_TEST_INFLIGHT_APP"
 
 // inflightAppCap is the in-flight app's cap per user.
 const inflightAppCap = 4
 
-// serveInFlightApp serves, on a loopback port it prints, a Limiter with an
-// in-flight limit of inflightAppCap per X-User with the lease its
-// environment gives: an admitted request gets "in\n" at once, flushed, and
-// holds its slot until its client goes away.
-func serveInFlightApp() int {
+// inflightApp is a Limiter with an in-flight limit of inflightAppCap per
+// X-User with the lease its environment gives: an admitted request gets
+// "in\n" at once, flushed, and holds its slot until its client goes away.
+func inflightApp(client redis.UniversalClient) (http.Handler, error) {
 	lease, err := time.ParseDuration(os.Getenv(inflightAppEnv))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return nil, err
 	}
-	opt, err := redis.ParseURL(os.Getenv(appEnv))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	opt.ContextTimeoutEnabled = true
-	l, err := New(redis.NewClient(opt), []Limit{InFlight(inflightAppCap, Header("X-User")).with(func(l *Limit) { l.Window = lease })},
+	l, err := New(client, []Limit{InFlight(inflightAppCap, Header("X-User")).with(func(l *Limit) { l.Window = lease })},
 		WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return nil, err
 	}
-	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "in\n")
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
-	}))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	fmt.Println("LISTEN", ln.Addr())
-	go http.Serve(ln, h)
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	return 0
+	})), nil
 }
 
 // TestInFlightProcesses: three app processes share an in-flight limit on

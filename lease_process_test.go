@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,7 +21,7 @@ import (
 )
 
 // leaseAppEnv, set with appEnv, makes the test binary a leased app
-// process (serveLeaseApp): its value is the Global limit's quota.
+// process (leaseApp): its value is the Global limit's quota.
 const leaseAppEnv = "RATELIMIT_TEST_LEASE_APP"
 
 // The leased app's limit: a Global limit of leaseAppQuota per
@@ -38,42 +37,25 @@ func leaseAppLimit(quota int) Limit {
 	return Per(leaseAppWindow, quota, Global()).Named("global").Leased()
 }
 
-// serveLeaseApp serves, on a loopback port it prints, a Limiter with a
-// leased Global limit of the quota its environment gives: "/" is
-// limited; "/leased" answers how many decisions the Limiter answered from
-// a lease (Inspector.Leased).
-func serveLeaseApp() int {
+// leaseApp is a Limiter with a leased Global limit of the quota its
+// environment gives: "/" is limited; "/leased" answers how many decisions
+// the Limiter answered from a lease (Inspector.Leased).
+func leaseApp(client redis.UniversalClient) (http.Handler, error) {
 	quota, err := strconv.Atoi(os.Getenv(leaseAppEnv))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return nil, err
 	}
-	opt, err := redis.ParseURL(os.Getenv(appEnv))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	opt.ContextTimeoutEnabled = true
-	l, err := New(redis.NewClient(opt), []Limit{leaseAppLimit(quota)}, WithTimeout(redistest.DecisionTimeout),
+	l, err := New(client, []Limit{leaseAppLimit(quota)}, WithTimeout(redistest.DecisionTimeout),
 		WithRedis(RedisOptions{Prefix: leaseAppPrefix, DenyCache: -1}))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/", l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
 	mux.HandleFunc("/leased", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprint(w, l.Inspect().Leased())
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	fmt.Println("LISTEN", ln.Addr())
-	go http.Serve(ln, mux)
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	return 0
+	return mux, nil
 }
 
 // leaseAdmit is a request a client saw admitted: sent and answered on

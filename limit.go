@@ -69,8 +69,9 @@ type Limit struct {
 	// Lease, if not zero, lets a process that sees a key of the limit
 	// hot reserve part of its quota for at most that long and decide
 	// that key's requests from the reservation in memory ([Limit.Leased]):
-	// from 1ms to Window/8, on an exact log that does not block or
-	// shadow. Default: zero, every decision asks Redis.
+	// from 1ms (and at least the log's time unit, about Window/8192) to
+	// Window/8, on an exact log that does not block or shadow. Default:
+	// zero, every decision asks Redis.
 	Lease time.Duration
 
 	defaulted bool // Name was given by the library, not by the user
@@ -322,6 +323,9 @@ func (l Limit) validate() error {
 	if l.Lease != 0 {
 		check(l.Lease < time.Millisecond || l.Lease > l.Window/8,
 			"lease %v: must be 0 (no leases) or from 1ms to the window's eighth (%v)", l.Lease, l.Window/8)
+		unit := time.Duration(timeUnit(l.Window)) * time.Microsecond
+		check(l.Lease >= time.Millisecond && l.Lease < unit,
+			"lease %v: must be at least the log's time unit, %v for a window of %v (about window/8192)", l.Lease, unit, l.Window)
 		check(l.Precision != 0, "lease %v: a bucketed limit (Precision) does not lend leases; lease an exact log", l.Lease)
 		check(l.Shadow, "lease %v: a shadow limit never denies: it has nothing to lease", l.Lease)
 		check(l.InFlight, "lease %v: an in-flight limit counts requests in flight (its Window is a slot's lease), not a rate: it lends no leases", l.Lease)

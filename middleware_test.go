@@ -596,6 +596,13 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"precision", c, []Limit{PerMinute(1, Global()).Bucketed(time.Microsecond)}, nil, "precision 1µs"},
 		{"buckets", c, []Limit{PerMinute(1, Global()).Bucketed(7 * time.Second)}, nil, "whole number"},
 		{"too many buckets", c, []Limit{PerHour(1, Global()).Bucketed(time.Second)}, nil, "3600 buckets"},
+		{"short lease", c, []Limit{leasedFor(PerMinute(100, Global()), 100*time.Microsecond)}, nil, "lease 100µs: must be 0 (no leases) or from 1ms"},
+		{"lease below the unit", c, []Limit{leasedFor(PerMinute(100, Global()), 5*time.Millisecond)}, nil, "lease 5ms: must be at least the log's time unit, 10ms"},
+		{"long lease", c, []Limit{leasedFor(PerMinute(100, Global()), 8*time.Second)}, nil, "to the window's eighth (7.5s)"},
+		{"bucketed lease", c, []Limit{PerMinute(100, Global()).Bucketed(time.Second).Leased()}, nil, "a bucketed limit (Precision) does not lend leases"},
+		{"shadow lease", c, []Limit{PerMinute(100, Global()).Shadowed().Leased()}, nil, "a shadow limit never denies"},
+		{"blocking lease", c, []Limit{PerMinute(100, ClientIP()).Block(time.Minute).Leased()}, nil, "cannot lend leases"},
+		{"in-flight lease", c, []Limit{leasedFor(InFlight(3, ClientIP()), time.Second)}, nil, "an in-flight limit counts requests in flight"},
 		{"route path", c, []Limit{ok}, []Option{WithRoutes(map[string]RouteLimits{"POST ": {Cost: 2}})}, `route "POST ": no path`},
 		{"route cost", c, []Limit{ok}, []Option{WithRoutes(map[string]RouteLimits{"/x": {Cost: -1}})}, "cost -1"},
 		{"route name", c, []Limit{ok}, []Option{WithRoutes(map[string]RouteLimits{"/x": {Limits: []Limit{ok.Named(ok.defaultName())}}})}, "both named"},
@@ -617,6 +624,12 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	if _, err := New(c, []Limit{ok}, nil); err == nil || !strings.Contains(err.Error(), "option 0 is nil") {
 		t.Errorf("nil option: %v; want it refused", err)
 	}
+}
+
+// leasedFor returns l with leases of lease.
+func leasedFor(l Limit, lease time.Duration) Limit {
+	l.Lease = lease
+	return l
 }
 
 // TestRouteLimits: a route's own tighter limit, declared with WithRoutes,

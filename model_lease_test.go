@@ -293,23 +293,12 @@ func (m *leaseModel) checkLogs() {
 	}
 }
 
-// decodeExactLog returns the entries of an exact log (see lua/exact.lua):
-// how many of each time.
+// decodeExactLog decodes an exact log (see logmodel.DecodeExact).
 func decodeExactLog(t *testing.T, s string) map[int64]int {
-	if len(s) < 18 || (len(s)-18)%2 != 0 {
-		t.Fatalf("no log: %q", s)
-	}
-	u := func(b string) int64 {
-		v := int64(0)
-		for i := range len(b) {
-			v = v*256 + int64(b[i])
-		}
-		return v
-	}
-	base, unit := u(s[0:7]), u(s[7:13])
-	out := map[int64]int{}
-	for p := 18; p < len(s); p += 2 {
-		out[base+u(s[p:p+2])*unit]++
+	t.Helper()
+	out, err := logmodel.DecodeExact(s)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

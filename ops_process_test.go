@@ -32,35 +32,70 @@ const appEnv = "RATELIMIT_TEST_APP"
 const appRefresh = 100 * time.Millisecond
 
 func serveApp() int {
-	if os.Getenv(inflightAppEnv) != "" {
-		return serveInFlightApp() // inflight_process_test.go
+	if err := serveAppErr(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
-	if os.Getenv(leaseAppEnv) != "" {
-		return serveLeaseApp() // lease_process_test.go
+	return 0
+}
+
+// serveAppErr serves the app its environment names (an in-flight one, a
+// leased one, or the operator's) on a loopback port it prints, until its
+// stdin closes.
+func serveAppErr() error {
+	client, err := appClient()
+	if err != nil {
+		return err
 	}
-	var client redis.UniversalClient
+	var h http.Handler
+	switch {
+	case os.Getenv(inflightAppEnv) != "":
+		h, err = inflightApp(client) // inflight_process_test.go
+	case os.Getenv(leaseAppEnv) != "":
+		h, err = leaseApp(client) // lease_process_test.go
+	default:
+		h, err = operatorApp(client)
+	}
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	fmt.Println("LISTEN", ln.Addr())
+	go http.Serve(ln, h)
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return nil
+}
+
+// appClient returns a client of the Redis at appEnv's URL: of Cluster
+// nodes if appEnv+"_CLUSTER" is set.
+func appClient() (redis.UniversalClient, error) {
 	if os.Getenv(appEnv+"_CLUSTER") != "" {
 		opt, err := redis.ParseClusterURL(os.Getenv(appEnv))
 		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return nil, err
 		}
 		opt.ContextTimeoutEnabled = true
-		client = redis.NewClusterClient(opt)
-	} else {
-		opt, err := redis.ParseURL(os.Getenv(appEnv))
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		opt.ContextTimeoutEnabled = true
-		client = redis.NewClient(opt)
+		return redis.NewClusterClient(opt), nil
 	}
+	opt, err := redis.ParseURL(os.Getenv(appEnv))
+	if err != nil {
+		return nil, err
+	}
+	opt.ContextTimeoutEnabled = true
+	return redis.NewClient(opt), nil
+}
+
+// operatorApp is the operator's app: a Limiter of 2 a minute per X-User
+// that refreshes its operator state every appRefresh; "POST /block"
+// blocks the form's target through its own Limiter.
+func operatorApp(client redis.UniversalClient) (http.Handler, error) {
 	l, err := New(client, []Limit{PerMinute(2, Header("X-User")).Named("user")},
 		WithRedis(RedisOptions{OperatorRefresh: appRefresh, DenyCache: -1}), WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/", l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
@@ -70,15 +105,7 @@ func serveApp() int {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	fmt.Println("LISTEN", ln.Addr())
-	go http.Serve(ln, mux)
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	return 0
+	return mux, nil
 }
 
 // startApps starts n app processes on the Redis at url and returns their

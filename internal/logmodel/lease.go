@@ -1,5 +1,7 @@
 package logmodel
 
+import "fmt"
+
 // Leases of an exact log (Limit.Lease, L): a process reserves units of a
 // log in one call, as entries stamped at the lease's end T, decides
 // requests from them in memory until T, and gives back (removes at T)
@@ -78,4 +80,27 @@ func (s *State) Forget(r LogRef, now int64) {
 	}
 	g.Runs = kept
 	g.Touch(now - floorMod(now, l.Unit) + l.Unit)
+}
+
+// DecodeExact returns the entries of an exact log as Redis holds it (see
+// lua/exact.lua: an 18-byte header of base, unit, refresh-by and floor,
+// then 2 bytes per entry, its time in units after the base): how many
+// entries hold each time, in Unix microseconds.
+func DecodeExact(s string) (map[int64]int, error) {
+	if len(s) < 18 || (len(s)-18)%2 != 0 {
+		return nil, fmt.Errorf("no exact log: %q", s)
+	}
+	u := func(b string) int64 {
+		v := int64(0)
+		for i := range len(b) {
+			v = v*256 + int64(b[i])
+		}
+		return v
+	}
+	base, unit := u(s[0:7]), u(s[7:13])
+	out := map[int64]int{}
+	for p := 18; p < len(s); p += 2 {
+		out[base+u(s[p:p+2])*unit]++
+	}
+	return out, nil
 }

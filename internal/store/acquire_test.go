@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/logmodel"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/store"
@@ -112,23 +113,12 @@ func (r *leaseRig) entries() map[int64]int {
 	return logEntries(r.t, s)
 }
 
-// logEntries decodes an exact log (see lua/exact.lua): its entries' times.
+// logEntries decodes an exact log (see logmodel.DecodeExact).
 func logEntries(t *testing.T, s string) map[int64]int {
 	t.Helper()
-	if len(s) < 18 || (len(s)-18)%2 != 0 {
-		t.Fatalf("no log: %q", s)
-	}
-	u := func(b string) int64 {
-		v := int64(0)
-		for i := range len(b) {
-			v = v*256 + int64(b[i])
-		}
-		return v
-	}
-	base, unit := u(s[0:7]), u(s[7:13])
-	out := map[int64]int{}
-	for p := 18; p < len(s); p += 2 {
-		out[base+u(s[p:p+2])*unit]++
+	out, err := logmodel.DecodeExact(s)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

@@ -168,7 +168,7 @@ func callgrindRun(decisions, batch int, keep, entries string, lease time.Duratio
 	// the counters, and returns the instructions counted, the time op
 	// took and the calls of scripts and functions it made.
 	count := func(op func() error) (instr int64, took time.Duration, calls int64, err error) {
-		_, calls0, err := redisCounters(ctx, rdb)
+		c0, err := redisCounters(ctx, rdb)
 		if err != nil {
 			return 0, 0, 0, err
 		}
@@ -189,13 +189,13 @@ func callgrindRun(decisions, batch int, keep, entries string, lease time.Duratio
 		if err := control("-i", "off"); err != nil {
 			return 0, 0, 0, err
 		}
-		_, calls1, err := redisCounters(ctx, rdb)
+		c1, err := redisCounters(ctx, rdb)
 		if err != nil {
 			return 0, 0, 0, err
 		}
 		dumps++
 		n, err := dumpInstructions(out + "." + strconv.Itoa(dumps))
-		return n, took, calls1 - calls0, err
+		return n, took, c1.scripts - c0.scripts, err
 	}
 	// The idle server: what its timer and event loop cost per second.
 	idle, idleTook, _, err := count(func() error { time.Sleep(2 * time.Second); return nil })

@@ -122,17 +122,17 @@ type e2eRow struct {
 // every window of the apps workloads held at most their quota.
 func runE2E(e *e2e, want func(string) bool) (ok bool, err error) {
 	ctx := context.Background()
-	cpu0, _, err := redisCommands(ctx, e.rdb)
+	c0, err := redisCounters(ctx, e.rdb)
 	if err != nil {
 		return false, err
 	}
 	t0 := time.Now()
 	time.Sleep(time.Second)
-	cpu1, _, err := redisCommands(ctx, e.rdb)
+	c1, err := redisCounters(ctx, e.rdb)
 	if err != nil {
 		return false, err
 	}
-	e.idle = max(0, (cpu1-cpu0).Seconds()/time.Since(t0).Seconds())
+	e.idle = max(0, (c1.cpu-c0.cpu).Seconds()/time.Since(t0).Seconds())
 	leases := "Leased()'s"
 	if e.lease > 0 {
 		leases = e.lease.String()
@@ -447,7 +447,7 @@ func (e *e2e) load(addrs []string, perIP, record bool, leased func() uint64, bar
 		return loadResult{}, err
 	}
 	time.Sleep(warmup(e.duration))
-	cpu0, cmds0, err := redisCommands(ctx, e.rdb)
+	c0, err := redisCounters(ctx, e.rdb)
 	if err != nil {
 		return fail(err)
 	}
@@ -479,7 +479,7 @@ func (e *e2e) load(addrs []string, perIP, record bool, leased func() uint64, bar
 	if leased != nil {
 		res.leased = leased() - res.leased
 	}
-	cpu1, cmds1, err := redisCommands(ctx, e.rdb)
+	c1, err := redisCounters(ctx, e.rdb)
 	if err != nil {
 		return fail(err)
 	}
@@ -495,7 +495,7 @@ func (e *e2e) load(addrs []string, perIP, record bool, leased func() uint64, bar
 	if theirs > 0 {
 		res.bare = float64(bareReqs) / theirs.Seconds()
 	}
-	res.cpu, res.cmds = cpu1-cpu0, cmds1-cmds0
+	res.cpu, res.cmds = c1.cpu-c0.cpu, c1.commands-c0.commands
 	slices.Sort(res.lat)
 	return res, nil
 }
@@ -533,41 +533,6 @@ func readResponse(br *bufio.Reader) (status int, err error) {
 	}
 	_, err = br.Discard(length)
 	return status, err
-}
-
-// redisCommands returns the CPU time the Redis server has used, user and
-// system, and the calls of every command it has run (INFO commandstats,
-// which counts the commands scripts and functions run) but INFO.
-func redisCommands(ctx context.Context, rdb *redis.Client) (cpu time.Duration, calls int64, err error) {
-	info, err := rdb.Info(ctx, "cpu", "commandstats").Result()
-	if err != nil {
-		return 0, 0, err
-	}
-	var total float64
-	for _, name := range []string{"used_cpu_user", "used_cpu_sys"} {
-		v, err := strconv.ParseFloat(field(info, name), 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("INFO cpu %s: %w", name, err)
-		}
-		total += v
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		// cmdstat_fcall:calls=N,usec=...
-		cmd, stats, ok := strings.Cut(line, ":")
-		if !ok || !strings.HasPrefix(cmd, "cmdstat_") || cmd == "cmdstat_info" {
-			continue
-		}
-		v, ok := strings.CutPrefix(stats, "calls=")
-		if !ok {
-			return 0, 0, fmt.Errorf("INFO commandstats: %q", line)
-		}
-		n, err := strconv.ParseInt(v[:strings.IndexByte(v+",", ',')], 10, 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("INFO commandstats %s: %w", cmd, err)
-		}
-		calls += n
-	}
-	return time.Duration(total * float64(time.Second)), calls, nil
 }
 
 // appsWorkload runs e.apps app processes on one Global limit of

@@ -160,7 +160,7 @@ func main() {
 		if err := rdb.FlushAll(ctx).Err(); err != nil {
 			log.Fatal(err)
 		}
-		cpu0, calls0, err := redisCounters(ctx, rdb)
+		c0, err := redisCounters(ctx, rdb)
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -168,17 +168,17 @@ func main() {
 		if err != nil {
 			log.Fatalf("%s: %v", w.name, err)
 		}
-		cpu1, calls1, err := redisCounters(ctx, rdb)
+		c1, err := redisCounters(ctx, rdb)
 		if err != nil {
 			log.Fatal(err)
 		}
 		if w.name == "ceiling" {
 			ceiling = s.opsPerSec
 		}
-		perOp := time.Duration(float64(cpu1-cpu0) / float64(s.ops))
+		perOp := time.Duration(float64(c1.cpu-c0.cpu) / float64(s.ops))
 		// Operations per call of the limiter's code (or of the no-op
 		// script): the batch size, or more where the deny cache answers.
-		perCall := float64(s.ops) / float64(max(calls1-calls0, 1))
+		perCall := float64(s.ops) / float64(max(c1.scripts-c0.scripts, 1))
 		fmt.Printf("%-16s %12.0f %9.2f %9v %9v %12v %9.1f\n", w.name, s.opsPerSec, s.opsPerSec/ceiling, s.p50, s.p99, perOp.Round(10*time.Nanosecond), perCall)
 	}
 	e2eWanted := slices.ContainsFunc(e2eWorkloads, want)
@@ -382,34 +382,54 @@ func (b bench) memory(keys, perKey int) (delta, inKeys float64, err error) {
 	return float64(after-before) / entries, float64(used) / entries, nil
 }
 
-// redisCounters returns the CPU time the Redis server has used, user and
-// system, and how many calls of scripts and functions it has run. CPU per
-// operation is a steadier measure than throughput on a machine where the
-// load tool and Redis share the cores.
-func redisCounters(ctx context.Context, rdb *redis.Client) (cpu time.Duration, calls int64, err error) {
+// counters are what the Redis server has done so far: the CPU time it
+// has used, user and system; the calls of scripts and functions it has
+// run; and the calls of every command but INFO (INFO commandstats counts
+// the commands scripts and functions run, besides their FCALL).
+type counters struct {
+	cpu      time.Duration
+	scripts  int64
+	commands int64
+}
+
+// redisCounters returns the server's counters. CPU per operation is a
+// steadier measure than throughput on a machine where the load tool and
+// Redis share the cores.
+func redisCounters(ctx context.Context, rdb *redis.Client) (c counters, err error) {
 	info, err := rdb.Info(ctx, "cpu", "commandstats").Result()
 	if err != nil {
-		return 0, 0, err
+		return c, err
 	}
 	var total float64
 	for _, name := range []string{"used_cpu_user", "used_cpu_sys"} {
 		v, err := strconv.ParseFloat(field(info, name), 64)
 		if err != nil {
-			return 0, 0, fmt.Errorf("INFO cpu %s: %w", name, err)
+			return c, fmt.Errorf("INFO cpu %s: %w", name, err)
 		}
 		total += v
 	}
-	for _, cmd := range []string{"fcall", "evalsha", "eval"} {
+	c.cpu = time.Duration(total * float64(time.Second))
+	for _, line := range strings.Split(info, "\r\n") {
 		// cmdstat_fcall:calls=N,usec=...
-		if v, ok := strings.CutPrefix(field(info, "cmdstat_"+cmd), "calls="); ok {
-			n, err := strconv.ParseInt(v[:strings.IndexByte(v+",", ',')], 10, 64)
-			if err != nil {
-				return 0, 0, fmt.Errorf("INFO commandstats %s: %w", cmd, err)
-			}
-			calls += n
+		cmd, stats, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(cmd, "cmdstat_") || cmd == "cmdstat_info" {
+			continue
+		}
+		v, ok := strings.CutPrefix(stats, "calls=")
+		if !ok {
+			return c, fmt.Errorf("INFO commandstats: %q", line)
+		}
+		n, err := strconv.ParseInt(v[:strings.IndexByte(v+",", ',')], 10, 64)
+		if err != nil {
+			return c, fmt.Errorf("INFO commandstats %s: %w", cmd, err)
+		}
+		c.commands += n
+		switch cmd {
+		case "cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval":
+			c.scripts += n
 		}
 	}
-	return time.Duration(total * float64(time.Second)), calls, nil
+	return c, nil
 }
 
 // memoryFull fills keys keys of lim over one window (a request of cost
