@@ -81,7 +81,7 @@ func TestModelLeases(t *testing.T) {
 	t.Logf("seed %d (RATELIMIT_SEED replays it)", seed)
 	size := func(short, long int) int {
 		if raceEnabled {
-			return short
+			return max(short/3, 1) // a third: the runs without the race detector take the default and check its steps
 		}
 		return longtest.LongOr(t, short, long)
 	}
@@ -289,7 +289,7 @@ func runReplicas(t *testing.T, env replicaEnv, seed int64, runs, steps, minSteps
 		s.leasedDenials, s.underAdmitted, s.maxRoom, float64(s.sumRoom)/float64(max(s.underAdmitted, 1)), s.maxExcess, s.tightRoom, s.tightBound)
 	t.Logf("under-admission at the clock's latest time, no reset within a window: %d denials, %d of a request that would have fit (room: at most %d, %.1f on average)",
 		s.steadyDenials, s.steadyUnder, s.steadyMaxRoom, float64(s.steadySumRoom)/float64(max(s.steadyUnder, 1)))
-	if minSteps > 0 && !t.Failed() && s.steps < minSteps {
+	if minSteps > 0 && !t.Failed() && s.steps < minSteps && !raceEnabled {
 		t.Errorf("%d steps; want at least %d", s.steps, minSteps)
 	}
 }

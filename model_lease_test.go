@@ -50,7 +50,7 @@ func TestModelLease(t *testing.T) {
 	t.Parallel() // waits on servers: runs beside the other parallel tests
 	episodes := func(short, long int) int {
 		if raceEnabled {
-			return short
+			return short / 3 // a third: the runs without the race detector take the default and check its steps
 		}
 		return longtest.LongOr(t, short, long)
 	}
@@ -107,7 +107,7 @@ func runModelLease(t *testing.T, backends []leaseBackend, episodes, minSteps int
 		}
 	}
 	t.Logf("%d steps; seen %v", steps, seen)
-	if minSteps > 0 && steps < minSteps && !testing.Short() {
+	if minSteps > 0 && steps < minSteps && !testing.Short() && !raceEnabled {
 		t.Errorf("%d steps on a real server; want at least %d", steps, minSteps)
 	}
 }
