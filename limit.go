@@ -489,3 +489,20 @@ func (l *Limit) policyWindow() time.Duration {
 	}
 	return l.Window
 }
+
+// timeUnit returns the time unit of a log with the given window, in
+// microseconds: the smallest of 1, 2 and 5 times a power of ten that is at
+// least window/8192. Whole seconds and milliseconds are then whole numbers of
+// units (for units up to a second), and a window is at most 8192 units, so
+// offsets within seven windows fit in an exact log's 2-byte entries (see
+// lua/exact.lua).
+func timeUnit(window time.Duration) int64 {
+	target := (window.Microseconds() + 8191) / 8192
+	for p := int64(1); ; p *= 10 {
+		for _, m := range []int64{1, 2, 5} {
+			if m*p >= target {
+				return m * p
+			}
+		}
+	}
+}

@@ -150,23 +150,6 @@ func WithRedis(o RedisOptions) Option {
 	}
 }
 
-// timeUnit returns the time unit of a log with the given window, in
-// microseconds: the smallest of 1, 2 and 5 times a power of ten that is at
-// least window/8192. Whole seconds and milliseconds are then whole numbers of
-// units (for units up to a second), and a window is at most 8192 units, so
-// offsets within seven windows fit in an exact log's 2-byte entries (see
-// lua/exact.lua).
-func timeUnit(window time.Duration) int64 {
-	target := (window.Microseconds() + 8191) / 8192
-	for p := int64(1); ; p *= 10 {
-		for _, m := range []int64{1, 2, 5} {
-			if m*p >= target {
-				return m * p
-			}
-		}
-	}
-}
-
 // sharded reports whether c spreads keys over several Redis servers by hash
 // tag, so that one script call may touch only keys that share a tag.
 func sharded(c redis.UniversalClient) bool {

@@ -214,7 +214,7 @@ func TestAcquireNeverOver(t *testing.T) {
 	inflightBackends(t, func(t *testing.T, b inflightBackend) {
 		rng := seeded(t)
 		checked := 0
-		for trial := range 40 {
+		for trial := range underRace(40) {
 			quota := []int{1, 3, 10, 100, 300}[rng.IntN(5)]
 			r := newLeaseRig(t, b, quota)
 			if trial%2 == 1 {
