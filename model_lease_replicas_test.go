@@ -93,7 +93,7 @@ func TestModelLeases(t *testing.T) {
 			},
 			setTime: mr.SetTime, windows: []time.Duration{100 * time.Millisecond, time.Second, 10 * time.Second, time.Minute, time.Hour},
 		}
-		runReplicas(t, env, seed, size(4, 12), 500, 0)
+		runReplicas(t, env, seed, size(4, 8), 500, 0)
 	})
 	t.Run("server", func(t *testing.T) {
 		srv := redistest.Start(t)
@@ -104,7 +104,7 @@ func TestModelLeases(t *testing.T) {
 			// Keys expire on the server's clock: windows far longer than a run.
 			windows: []time.Duration{time.Minute, 5 * time.Minute, time.Hour},
 		}
-		runReplicas(t, env, seed+1, size(6, 18), 2000, 10_000)
+		runReplicas(t, env, seed+1, size(6, 12), 2000, 10_000)
 	})
 	t.Run("cluster", func(t *testing.T) {
 		c := redistest.StartCluster(t, 3, 0)
@@ -113,7 +113,7 @@ func TestModelLeases(t *testing.T) {
 			newClient: func() redis.UniversalClient { return c.Client() },
 			windows:   []time.Duration{time.Minute, time.Hour},
 		}
-		runReplicas(t, env, seed+2, size(2, 6), 1000, 0)
+		runReplicas(t, env, seed+2, size(2, 4), 1000, 0)
 	})
 }
 

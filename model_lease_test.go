@@ -58,18 +58,18 @@ func TestModelLease(t *testing.T) {
 		mr := miniredis.RunT(t)
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = rdb.Close() })
-		runModelLease(t, []leaseBackend{{rdb: rdb}}, episodes(100, 400), 0)
+		runModelLease(t, []leaseBackend{{rdb: rdb}}, episodes(100, 200), 0)
 	})
 	t.Run("server", func(t *testing.T) {
 		srv := redistest.Start(t)
 		plain := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 		ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": srv.Addr}, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = plain.Close(); _ = ring.Close() })
-		runModelLease(t, []leaseBackend{{rdb: plain, real: true}, {rdb: ring, split: true, real: true}}, episodes(120, 600), 10_000)
+		runModelLease(t, []leaseBackend{{rdb: plain, real: true}, {rdb: ring, split: true, real: true}}, episodes(120, 240), 10_000)
 	})
 	t.Run("cluster", func(t *testing.T) {
 		c := redistest.StartCluster(t, 3, 0)
-		runModelLease(t, []leaseBackend{{rdb: c.Client(), split: true, real: true}}, episodes(20, 100), 0)
+		runModelLease(t, []leaseBackend{{rdb: c.Client(), split: true, real: true}}, episodes(20, 40), 0)
 	})
 }
 

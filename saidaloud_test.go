@@ -275,7 +275,9 @@ func TestRoutesUnseenAllocs(t *testing.T) {
 		if name == "WithRoutesFrom" { // what looking the route up costs when Handler wraps the mux itself
 			base = run(passThrough(tc.lim.Handler(mux)))
 		}
-		if n := run(tc.lim.Handler(tc.chain)); n != base {
+		// More would be the Handler's own; fewer is the measure's noise
+		// (a pool the collector emptied during the chain's own run).
+		if n := run(tc.lim.Handler(tc.chain)); n > base {
 			t.Errorf("%s: %v allocations per request, want %v (the chain's own)", name, n, base)
 		}
 		if tc.lim.unseen.done.Load() {
