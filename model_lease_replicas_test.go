@@ -832,7 +832,14 @@ func (m *replicaRun) reset() {
 	}
 	m.epochs[key]++
 	m.resets[key] = append(m.resets[key], m.now)
-	delete(m.logs, key) // a log without leases is deleted
+	if g := m.logs[key]; g != nil && g.Logged && m.limits[i].lease == 0 {
+		// A plain log keeps its time, a unit later, and no entry (see
+		// logmodel's Forget).
+		g.Runs = nil
+		g.Touch(g.Time + m.limits[i].unit)
+	} else {
+		delete(m.logs, key)
+	}
 	m.steps++
 	m.stats.steps++
 	m.stats.resets++

@@ -22,7 +22,8 @@ func modelRefund(s *logmodel.State, is *issuedResult) (wantErr bool) {
 }
 
 // modelReset is rule 5: Reset forgets the logs of ids, each limit's: an exact
-// log's key is deleted, whatever it holds; a bucketed limit's fields are
+// log's entries are removed, its time kept a unit later (State.Forget), and
+// a key that holds no log deleted; a bucketed limit's fields are
 // removed from the identifier's hash, which fails if another program
 // holds the key. It lifts their blocks (rule 6), but where it fails. It
 // reports whether Reset must fail.
@@ -32,7 +33,7 @@ func modelReset(s *logmodel.State, keys, ids []string) (wantErr bool) {
 			wantErr = true
 			continue
 		}
-		delete(s.Logs, logmodel.LogRef{Limit: i, ID: id})
+		s.Forget(logmodel.LogRef{Limit: i, ID: id}, 0)
 		delete(s.Foreign, keys[i])
 		delete(s.Blocked, logmodel.LogRef{Limit: i, ID: id}) // rule 6: Reset lifts a block
 	}

@@ -491,8 +491,13 @@ local function exact_remove(key, lim, at, n)
   return k
 end
 
--- exact_forget removes the log at key, and returns 1 if there was one. A
--- log that lends leases (lim[LEASE]) is not removed: it keeps its entries
+-- exact_forget removes the entries of the log at key, and returns 1 if
+-- there was a log. What is logged after the forget is stamped later than
+-- every entry it removed, so that a refund or rollback of a request it
+-- removed (entries of one time are interchangeable) takes nothing logged
+-- since: the log stays, without entries, its expiry kept, as its time
+-- (the floor) one unit after the log's time (every entry's time is at
+-- or before it). A log that lends leases (lim[LEASE]) keeps its entries
 -- stamped after now, the reset's time (the units of the leases still out,
 -- which their holders go on deciding from until their end, and what was
 -- logged at it; and, rounded up to the unit, the requests of the last
@@ -501,9 +506,6 @@ end
 -- every entry it removed, so that a holder's give-back of a lease it
 -- removed takes nothing logged since. A key that holds no log is deleted.
 local function exact_forget(key, lim, now)
-  if not lim[LEASE] then
-    return redis.call('DEL', key)
-  end
   local s = redis.pcall('GET', key)
   if type(s) ~= 'string' or #s < HEADER or (#s - HEADER) % ENTRY ~= 0 then
     return redis.call('DEL', key)
@@ -518,16 +520,19 @@ local function exact_forget(key, lim, now)
   if size > 0 then
     newest = math.max(newest, entry_at(s, HEADER, size - 1))
   end
-  local x = now - base
-  local from = first_after(s, HEADER, 0, size, (x - x % unit) / unit)
-  if from < size then -- the newest entry, after now, stays: so does the log's time
-    if from > 0 then
-      redis.call('SET', key, string.sub(s, 1, HEADER - ENTRY) .. encode_entry(newest) .. string.sub(s, HEADER + ENTRY * from + 1),
-        'KEEPTTL')
+  local t = base + newest * unit + unit
+  if lim[LEASE] then
+    local x = now - base
+    local from = first_after(s, HEADER, 0, size, (x - x % unit) / unit)
+    if from < size then -- the newest entry, after now, stays: so does the log's time
+      if from > 0 then
+        redis.call('SET', key, string.sub(s, 1, HEADER - ENTRY) .. encode_entry(newest) .. string.sub(s, HEADER + ENTRY * from + 1),
+          'KEEPTTL')
+      end
+      return 1
     end
-    return 1
+    t = math.max(base + newest * unit, now - now % unit + unit)
   end
-  local t = math.max(base + newest * unit, now - now % unit + unit)
   if (t - base) / unit > MAX_OFFSET then
     base = t - t % (unit * SPAN)
   end

@@ -450,9 +450,10 @@ local function rollback(keys, argv)
   return removed
 end
 
--- forget removes what the request's limits (argv[1]) counted: the whole
--- exact log (but, in a log that lends leases, the entries stamped after
--- the request's time, 0: the server's clock; see exact_forget), the
+-- forget removes what the request's limits (argv[1]) counted: the exact
+-- log's entries (but, in a log that lends leases, the entries stamped after
+-- the request's time, 0: the server's clock), keeping the log's time a
+-- unit on (see exact_forget), the
 -- bucketed limit's fields; and lifts the block of each limit with
 -- FLAG_BLOCK (its block key follows the limits' keys, as in decide).
 -- Returns how many counted anything.

@@ -599,8 +599,13 @@ func (s *Local) Charge(q *Query, stamps []int64) {
 	}
 }
 
-// Forget drops the logs of ids, and reports how many it held. An overflow
-// log is kept: it counts other clients too.
+// Forget drops the logs of ids (and lifts their blocks), and reports how
+// many it held. An overflow log is kept: it counts other clients too. An
+// exact log (an id without a Field) that logged entries keeps its time, a
+// unit later, without its entries, until its window has passed from
+// then: what is logged after it is stamped later than every entry it
+// dropped, so that a Refund of a request it dropped takes nothing logged
+// since, as in Redis (see lua/exact.lua).
 func (s *Local) Forget(ids ...LogID) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -610,10 +615,23 @@ func (s *Local) Forget(ids ...LogID) int {
 	dropped := 0
 	for _, id := range ids {
 		h := s.hash(id)
-		if g := s.logs[h]; g != nil {
+		g := s.logs[h]
+		if g == nil {
+			continue
+		}
+		dropped++
+		if id.Field != "" || !g.logged || g.inflight {
 			delete(s.logs, h)
 			s.bytes.Add(-g.bytes())
-			dropped++
+			continue
+		}
+		freed := g.bytes()
+		g.runs, g.alloc = make([]localRun, 0, 1), 1
+		g.time += g.unit
+		g.blockWall, g.blockEnd = 0, 0
+		s.bytes.Add(g.bytes() - freed)
+		if !s.opts.KeepExpired {
+			s.sweep.Added(g.expiry())
 		}
 	}
 	return dropped

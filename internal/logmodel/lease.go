@@ -59,17 +59,25 @@ func (s *State) Acquire(r LogRef, n, k int, now int64) Lent {
 	return Lent{Verdict: v, Granted: lent}
 }
 
-// Forget is a reset of the log r at now: a log that lends leases keeps
-// its entries stamped after now, and its time, at least the first time of
-// its unit after now; any other log is gone.
+// Forget is a reset of the log r at now. An exact log keeps its time, a
+// unit later, and no entry: what is logged after it is stamped later than
+// every entry it removed (all at or before its time), so that a refund of
+// a request it removed takes nothing logged since. A log that lends
+// leases keeps its entries stamped after now, and its time, at least the
+// first time of its unit after now. Any other log is gone.
 func (s *State) Forget(r LogRef, now int64) {
 	g := s.Logs[r]
 	if g == nil {
 		return
 	}
 	l := s.Limits[r.Limit]
-	if l.Lease == 0 || !g.Logged {
+	if l.Bucketed || l.InFlight || !g.Logged {
 		delete(s.Logs, r)
+		return
+	}
+	if l.Lease == 0 {
+		g.Runs = nil
+		g.Touch(g.Time + l.Unit)
 		return
 	}
 	kept := g.Runs[:0]
