@@ -39,7 +39,9 @@ const (
 // end T (see lua/exact.lua), and that this process then takes, in memory,
 // request by request. A request's other limits are sent to Next in the
 // same step, with the leased ones' quotas 0; if Next denies or fails, the
-// units taken go back to their lease. Unused units are given back (their entries removed
+// units taken go back to their lease; if Next decided after a lease's end
+// (see late), what it logged is taken back, the units go back, and the
+// whole query goes to Next. Unused units are given back (their entries removed
 // through Rollbacks) when the lease ends, when the key cools and at Close.
 //
 // A key is hot when it saw hotRequests in the lease period: two counters
@@ -227,6 +229,11 @@ func (ls *Leases) Decide(ctx context.Context, q *Query, out *Outcome) error {
 			ls.release(sc, abandoned)
 			return err
 		}
+		if late(sc.taken, bits, out) {
+			err := ls.decideLate(ctx, q, sc.taken, bits, out)
+			ls.release(sc, abandoned)
+			return err
+		}
 		ls.replies(q, sc.taken, out)
 		out.Leased = bits
 		ls.leased.Add(1)
@@ -239,6 +246,53 @@ func (ls *Leases) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	ls.leased.Add(1)
 	ls.release(sc, false)
 	return nil
+}
+
+// late reports whether Redis decided the other limits of a request that
+// took units from leases (those of bits, in out) after one of those
+// leases' end T (their units' time), on the Redis clock: the request
+// would then be admitted later than the time of its leased units, which
+// leave the window at T + W, before a window from its admission ends.
+func late(taken []taken, bits uint64, out *Outcome) bool {
+	decided := out.Now
+	for i := range out.Replies {
+		if (i >= maxLeased || bits&(1<<i) == 0) && out.Replies[i].OK {
+			decided = max(decided, out.Replies[i].Now)
+		}
+	}
+	for _, t := range taken {
+		if decided > t.g.stamp {
+			return true
+		}
+	}
+	return false
+}
+
+// decideLate decides q, whose other limits Redis admitted after the end
+// of a lease it took units from (see late), the ordinary way: it takes
+// back what that call logged (a rollback, as a split decision's: waiting
+// for Redis until q's deadline at most, the rest in the background, what
+// it cannot take back counted in out.Unreverted), gives the taken units
+// back to their leases, and sends the whole of q to Next.
+func (ls *Leases) decideLate(ctx context.Context, q *Query, taken []taken, bits uint64, out *Outcome) error {
+	groups := q.Spec.Whole
+	if q.Spec.Split {
+		groups = q.Spec.Groups(q.Tags)
+	}
+	logged := func(i int) int64 {
+		if i < maxLeased && bits&(1<<i) != 0 {
+			return 0
+		}
+		return out.Replies[i].Next
+	}
+	unreverted := out.Unreverted + ls.Rollbacks.Rollback(Reservations(q.Spec, q.Keys, groups, q.Cost, logged), q.Cost, q.Deadline)
+	for _, t := range taken {
+		ls.putBack(t, q.Cost)
+	}
+	out.Reset(out.Replies)
+	err := ls.Next.Decide(ctx, q, out)
+	out.Unreverted += unreverted
+	return err
 }
 
 // release returns sc to the pool, unless a call that went on without
