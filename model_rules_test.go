@@ -24,8 +24,8 @@ func modelRefund(s *logmodel.State, is *issuedResult) (wantErr bool) {
 // modelReset is rule 5: Reset forgets the logs of ids, each limit's: an exact
 // log's entries are removed, its time kept a unit later (State.Forget), and
 // a key that holds no log deleted; a bucketed limit's fields are
-// removed from the identifier's hash, which fails if another program
-// holds the key. It lifts their blocks (rule 6), but where it fails. It
+// removed from the identifier's hash, its time kept a bucket later, which
+// fails if another program holds the key. It lifts their blocks (rule 6), but where it fails. It
 // reports whether Reset must fail.
 func modelReset(s *logmodel.State, keys, ids []string) (wantErr bool) {
 	for i, id := range ids {

@@ -14,10 +14,11 @@ import (
 // TestResetThenUndoTakesNothingLater: a Result admitted before a reset,
 // refunded or settled lower after it, takes back nothing of the requests
 // admitted after the reset in the same time unit of the log (10 ms for a
-// minute's window): counted from the caller's side, the requests admitted
-// after the reset and kept never exceed the quota. On miniredis (the Redis
-// clock), a real server and store.Local (WithClock), for Limiter.Reset and
-// Inspector.Reset, Refund and Settle.
+// minute's window), or in the same bucket of a bucketed limit: counted
+// from the caller's side, the requests admitted after the reset and kept
+// never exceed the quota. On miniredis (the Redis clock), a real server
+// and store.Local (WithClock), for Limiter.Reset and Inspector.Reset,
+// Refund and Settle.
 //
 //	go test -run TestResetThenUndoTakesNothingLater -count=1 .
 func TestResetThenUndoTakesNothingLater(t *testing.T) {
@@ -60,50 +61,56 @@ func TestResetThenUndoTakesNothingLater(t *testing.T) {
 		"Settle 0": func(l *Limiter, res Result) error { return l.Settle(context.Background(), res, 0) },
 	}
 	const quota, cost = 100, 50
-	limits := []Limit{PerMinute(quota, Header("X-User")).Named("user")}
-	// 1 ms into a unit of the log (10 ms for a minute's window): every
-	// step below stays in it.
+	kinds := map[string]Limit{
+		"exact":   PerMinute(quota, Header("X-User")).Named("user"),
+		"buckets": PerMinute(quota, Header("X-User")).Named("user").Bucketed(time.Second),
+	}
+	// 1 ms into a unit of the log (10 ms for a minute's window), and into
+	// a bucket: every step below stays in them.
 	start := time.UnixMicro(1_800_000_000_000_000 + 1000)
 	for _, e := range envs {
-		for rname, reset := range resets {
-			for uname, undo := range undos {
-				t.Run(e.name+"/"+rname+"/"+uname, func(t *testing.T) {
-					l, set := e.make(t, limits, start)
-					now := start
-					step := func() { now = now.Add(time.Millisecond); set(now) }
-					allow := func() Result {
+		for kind, limit := range kinds {
+			limits := []Limit{limit}
+			for rname, reset := range resets {
+				for uname, undo := range undos {
+					t.Run(e.name+"/"+kind+"/"+rname+"/"+uname, func(t *testing.T) {
+						l, set := e.make(t, limits, start)
+						now := start
+						step := func() { now = now.Add(time.Millisecond); set(now) }
+						allow := func() Result {
+							step()
+							res, err := l.Allow(context.Background(), []string{"u"}, cost)
+							if err != nil {
+								t.Fatal(err)
+							}
+							return res
+						}
+						before := allow()
+						if !before.Allowed {
+							t.Fatal("the first request denied")
+						}
 						step()
-						res, err := l.Allow(context.Background(), []string{"u"}, cost)
-						if err != nil {
+						if err := reset(l, "u"); err != nil {
 							t.Fatal(err)
 						}
-						return res
-					}
-					before := allow()
-					if !before.Allowed {
-						t.Fatal("the first request denied")
-					}
-					step()
-					if err := reset(l, "u"); err != nil {
-						t.Fatal(err)
-					}
-					kept := 0 // units admitted after the reset and kept
-					for range 2 {
+						kept := 0 // units admitted after the reset and kept
+						for range 2 {
+							if res := allow(); res.Allowed {
+								kept += cost
+							}
+						}
+						step()
+						if err := undo(l, before); err != nil {
+							t.Fatalf("%s of the Result admitted before the reset: %v", uname, err)
+						}
 						if res := allow(); res.Allowed {
 							kept += cost
 						}
-					}
-					step()
-					if err := undo(l, before); err != nil {
-						t.Fatalf("%s of the Result admitted before the reset: %v", uname, err)
-					}
-					if res := allow(); res.Allowed {
-						kept += cost
-					}
-					if kept != quota {
-						t.Fatalf("%d units admitted after the reset in %v: quota %d", kept, now.Sub(start), quota)
-					}
-				})
+						if kept != quota {
+							t.Fatalf("%d units admitted after the reset in %v: quota %d", kept, now.Sub(start), quota)
+						}
+					})
+				}
 			}
 		}
 	}

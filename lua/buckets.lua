@@ -241,12 +241,20 @@ local function buckets_remove(key, lim, at, n)
 end
 
 -- buckets_forget removes the limit's fields from the hash at key, the
--- other limits' staying.
+-- other limits' staying, but for its newest marker, moved on to the next
+-- bucket's start: what is logged after the forget is counted in a later
+-- bucket than what it removed, so that a refund or rollback of a request
+-- it removed takes nothing logged since.
 local function buckets_forget(key, lim)
   local gone = limit_fields(key, lim[NAME])
   if #gone == 0 then
     return 0
   end
+  local nfield = newest_field(lim)
+  local newest = tonumber(redis.call('HGET', key, nfield))
   redis.call('HDEL', key, unpack(gone))
+  if newest then
+    redis.call('HSET', key, nfield, string.format('%d', newest - newest % lim[UNIT] + lim[UNIT]))
+  end
   return 1
 end

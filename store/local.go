@@ -600,12 +600,12 @@ func (s *Local) Charge(q *Query, stamps []int64) {
 }
 
 // Forget drops the logs of ids (and lifts their blocks), and reports how
-// many it held. An overflow log is kept: it counts other clients too. An
-// exact log (an id without a Field) that logged entries keeps its time, a
-// unit later, without its entries, until its window has passed from
-// then: what is logged after it is stamped later than every entry it
-// dropped, so that a Refund of a request it dropped takes nothing logged
-// since, as in Redis (see lua/exact.lua).
+// many it held. An overflow log is kept: it counts other clients too. A
+// log that logged entries keeps its time, a unit (a bucket) later,
+// without its entries, until its window has passed from then: what is
+// logged after it is stamped later than every entry it dropped, so that
+// a Refund of a request it dropped takes nothing logged since, as in
+// Redis (see lua/exact.lua).
 func (s *Local) Forget(ids ...LogID) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -620,7 +620,7 @@ func (s *Local) Forget(ids ...LogID) int {
 			continue
 		}
 		dropped++
-		if id.Field != "" || !g.logged || g.inflight {
+		if !g.logged || g.inflight {
 			delete(s.logs, h)
 			s.bytes.Add(-g.bytes())
 			continue

@@ -60,18 +60,19 @@ func (s *State) Acquire(r LogRef, n, k int, now int64) Lent {
 }
 
 // Forget is a reset of the log r at now. An exact log keeps its time, a
-// unit later, and no entry: what is logged after it is stamped later than
-// every entry it removed (all at or before its time), so that a refund of
-// a request it removed takes nothing logged since. A log that lends
-// leases keeps its entries stamped after now, and its time, at least the
-// first time of its unit after now. Any other log is gone.
+// unit later, and no entry, as a bucketed limit its time, a bucket later:
+// what is logged after it is stamped later than every entry it removed
+// (all at or before its time), so that a refund of a request it removed
+// takes nothing logged since. A log that lends leases keeps its entries
+// stamped after now, and its time, at least the first time of its unit
+// after now. Any other log is gone.
 func (s *State) Forget(r LogRef, now int64) {
 	g := s.Logs[r]
 	if g == nil {
 		return
 	}
 	l := s.Limits[r.Limit]
-	if l.Bucketed || l.InFlight || !g.Logged {
+	if l.InFlight || !g.Logged {
 		delete(s.Logs, r)
 		return
 	}
