@@ -238,6 +238,26 @@ func (st *settlement) of(l *Limiter) *ticket {
 	return nil
 }
 
+// unsettled returns the tickets of the Limiter l that nothing has settled
+// yet.
+func (st *settlement) unsettled(l *Limiter) []*ticket {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var out []*ticket
+	for _, t := range st.tickets {
+		if t.owner == l && !t.refunded.Load() {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// settlementOf returns the settlement ctx carries, nil if none.
+func settlementOf(ctx context.Context) *settlement {
+	st, _ := ctx.Value(settlementKey{}).(*settlement)
+	return st
+}
+
 // carrySettlement makes r's context, in place, carry t for Settle: Handler
 // and the adapters hand r itself to the handler.
 func carrySettlement(r *http.Request, t *ticket) {
@@ -266,25 +286,29 @@ func withSettlement(ctx context.Context, t *ticket) context.Context {
 	return context.WithValue(ctx, settlementKey{}, &settlement{tickets: []*ticket{t}})
 }
 
-// settleAfter settles t, the ticket of a request rs admitted, once its
-// handler returned with status and h, unless the handler settled it: at
-// the cost the Limiter's settle function ([WithSettle]) returns.
-func (l *Limiter) settleAfter(r *http.Request, t *ticket, status int, h http.Header) {
-	rs := l
-	f := rs.cfg.settle
-	if f == nil || t.refunded.Load() {
+// settleAfter settles the request r once its handler returned with status
+// and h, at the cost the Limiter's settle function ([WithSettle]) returns:
+// every ticket of l that r's settlement st holds and nothing has settled
+// yet, one per pass of l that counted r (the Limiter's own limits in one,
+// a route's in a later one), each once. A handler that settled r left
+// nothing to settle.
+func (l *Limiter) settleAfter(r *http.Request, st *settlement, status int, h http.Header) {
+	f := l.cfg.settle
+	if f == nil || st == nil {
 		return
 	}
-	cost := f(status, h, t.cost)
-	if cost == t.cost {
-		return
-	}
-	err := checkSettleCost(cost)
-	if err == nil {
-		err = t.settle(context.WithoutCancel(r.Context()), cost)
-	}
-	if err != nil && !errors.Is(err, ErrRefunded) && rs.cfg.onError != nil {
-		rs.cfg.onError(r, err)
+	for _, t := range st.unsettled(l) {
+		cost := f(status, h, t.cost)
+		if cost == t.cost {
+			continue
+		}
+		err := checkSettleCost(cost)
+		if err == nil {
+			err = t.settle(context.WithoutCancel(r.Context()), cost)
+		}
+		if err != nil && !errors.Is(err, ErrRefunded) && l.cfg.onError != nil {
+			l.cfg.onError(r, err)
+		}
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // settleRouters serve two routes through each router: GET /handler, whose
@@ -198,4 +199,49 @@ func TestEquivalenceSettle(t *testing.T) {
 		}
 		t.Logf("%d settled requests compared across routers", compared)
 	})
+}
+
+// TestSettleEveryPass: a Limiter mounted twice on a request's way (its
+// Handler around middleware and a router that mounts it again, where the
+// route is known) counts the request in its own limits in the first pass
+// and in the route's in the second; the response-side settle (WithSettle's
+// function) corrects both, once each: admitted at 100, settled at 70, the
+// per-IP log and the login route's both hold 70, on every router of
+// outerRouters and on miniredis and a real server.
+func TestSettleEveryPass(t *testing.T) {
+	for _, rt := range outerRouters {
+		t.Run(rt.name, func(t *testing.T) {
+			forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+				var settles atomic.Int64
+				ip, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named("ip")},
+					append(opts, ratelimit.WithTimeout(redistest.DecisionTimeout),
+						ratelimit.WithCost(func(*http.Request) int { return 100 }),
+						ratelimit.WithSettle(func(int, http.Header, int) int { settles.Add(1); return 70 }),
+						ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
+							"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named("login")}},
+						}))...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				h := rt.build(ip)
+				if w := send(h, "POST", "/login", "192.0.2.1"); w.Code != http.StatusOK {
+					t.Fatalf("POST /login: %d", w.Code)
+				}
+				want := map[string]int64{"ratelimit:ip:ip:{192.0.2.1}": 70, "ratelimit:login:ip:{192.0.2.1}": 70}
+				if got := logs(t, rdb); !maps.Equal(got, want) {
+					t.Errorf("admitted at 100, settled at 70: logs %v, want %v", got, want)
+				}
+				if w := send(h, "GET", "/me", "192.0.2.1"); w.Code != http.StatusOK {
+					t.Fatalf("GET /me: %d", w.Code)
+				}
+				want["ratelimit:ip:ip:{192.0.2.1}"] = 140
+				if got := logs(t, rdb); !maps.Equal(got, want) {
+					t.Errorf("then GET /me, settled at 70: logs %v, want %v", got, want)
+				}
+				if n := settles.Load(); n < 2 {
+					t.Errorf("the settle function ran %d times for 2 requests", n)
+				}
+			})
+		})
+	}
 }
