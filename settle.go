@@ -179,22 +179,28 @@ func (t *ticket) debit(ctx context.Context, n int) error {
 // derives from), from its handler: in every Limiter that admitted it with
 // settlement on ([WithSettle], [WithRefund]), as [Limiter.Settle] does. It
 // settles once: a later call returns [ErrRefunded], and the Limiters'
-// response-side functions then do not run. A ctx that carries nothing to
-// settle (settlement off, a request admitted undecided under [FailOpen] or
-// exempt from every limit, a context that is not a request's) returns
-// [ErrNotRefundable]. The errors of the Limiters are joined. gRPC: the
-// same from a unary or stream handler's context (see the grpc adapter).
+// response-side functions then do not run.
+//
+// Settlement must be on in the Limiter that admits the request: New it
+// with [WithSettle] (WithSettle(nil) when only handlers settle) or
+// [WithRefund]. Without it the request stays counted at its estimate, and
+// Settle returns an error that wraps [ErrNotRefundable] and names
+// WithSettle; so does a ctx that carries nothing else to settle (a request
+// admitted undecided under [FailOpen] or exempt from every limit, a
+// context that is not a request's). The errors of the Limiters are joined,
+// each as [Limiter.Settle] returns it. gRPC: the same from a unary or
+// stream handler's context (see the grpc adapter).
 func Settle(ctx context.Context, cost int) error {
 	if err := checkSettleCost(cost); err != nil {
 		return err
 	}
-	st, _ := ctx.Value(settlementKey{}).(*settlement)
+	st := settlementOf(ctx)
 	if st == nil {
-		return ErrNotRefundable
+		return errNoSettlement
 	}
 	entries, first := st.take()
 	if len(entries) == 0 {
-		return ErrNotRefundable
+		return errNoSettlement
 	}
 	if !first {
 		return ErrRefunded
@@ -207,6 +213,12 @@ func Settle(ctx context.Context, cost int) error {
 	}
 	return errors.Join(errs...)
 }
+
+// errNoSettlement is Settle's error for a context that carries no
+// settlement: most often a Limiter without settlement on.
+var errNoSettlement = fmt.Errorf("%w: the request's context carries no settlement: "+
+	"turn settlement on in the Limiter that admits it with ratelimit.WithSettle (WithSettle(nil) to settle from handlers only); "+
+	"a request exempt from every limit, or admitted undecided (FailOpen), has nothing to settle either", ErrNotRefundable)
 
 // settlementKey is the context key of a request's settlement.
 type settlementKey struct{}
@@ -334,8 +346,9 @@ func (l *Limiter) settleAfter(r *http.Request, st *settlement, status int, h htt
 // context, and with settle a wrapped ResponseWriter (as [WithRefund]); a
 // Redis call per request settled at another cost. [Limiter.Handler] and
 // the router adapters settle; gRPC handlers call Settle. A nil settle is
-// not an error: settlement is on, from the handler only. Default:
-// settlement off. WithSettle and WithRefund together are an error from
+// not an error: settlement is on, from the handler only; without
+// WithSettle (or WithRefund), [Settle] settles nothing and says so.
+// Default: settlement off. WithSettle and WithRefund together are an error from
 // [New]. See docs/limits.md (settle).
 func WithSettle(settle func(status int, h http.Header, cost int) int) Option {
 	return func(c *config) {

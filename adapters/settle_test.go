@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -244,4 +245,32 @@ func TestSettleEveryPass(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestSettleOffNamesTheSwitch: a handler that settles its request with
+// ratelimit.Settle behind a Limiter without settlement on (WithCost alone)
+// gets an error that wraps ErrNotRefundable and names the option to turn
+// on, through net/http and every router; with WithSettle(nil) the same
+// handler settles (the log holds the real cost, not the estimate).
+func TestSettleOffNamesTheSwitch(t *testing.T) {
+	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+		for i, rt := range settleRouters {
+			t.Run(rt.name, func(t *testing.T) {
+				estimate := ratelimit.WithCost(func(*http.Request) int { return 10 })
+				ip := "198.51.100." + strconv.Itoa(i+1)
+				off := rt.build(perIP(t, rdb, 1000, append(opts, estimate)...))
+				w := send(off, "GET", "/handler?n=1", ip)
+				if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "WithSettle") {
+					t.Errorf("Settle without settlement on: %d %q, want the error naming WithSettle", w.Code, w.Body)
+				}
+				on := rt.build(perIP(t, rdb, 1000, append(opts, estimate, ratelimit.WithSettle(nil))...))
+				if w := send(on, "GET", "/handler?n=1", ip); w.Code != http.StatusOK {
+					t.Errorf("Settle with WithSettle(nil): %d %q", w.Code, w.Body)
+				}
+				if got := logs(t, rdb)["ratelimit:ip:ip:{"+ip+"}"]; got != 10+1 {
+					t.Errorf("the log holds %d, want 11: the estimate unsettled, then 1 settled", got)
+				}
+			})
+		}
+	})
 }
