@@ -38,12 +38,23 @@ const maxSettleCost = math.MaxInt32
 // Allow, returns [ErrNotRefundable]; one its plans exempted from every
 // limit counted nothing, and returns nil. On a Redis Cluster each hash tag
 // is its own call, and a debit is logged in all of them or, where one fails
-// for good, taken back from the others. Settle waits for Redis for the
-// Limiter's timeout ([WithTimeout]) at most, and ctx's deadline; the rest
-// goes on in the background, tried again as a rollback is. Units that could
-// not be settled are counted in [Inspector.Unreverted], and the error then
-// wraps [ErrNotReverted]. A Result [FailLocal] decided is settled in this
-// process's logs. A cost out of range is an error that settles nothing.
+// for good, taken back from the others. A Result [FailLocal] decided is
+// settled in this process's logs. A cost out of range is an error that
+// settles nothing.
+//
+// Settle waits for Redis for the Limiter's timeout ([WithTimeout]) at
+// most, and ctx's deadline. Its error tells three outcomes apart:
+//
+//   - nil: applied, and Redis confirmed it (or nothing was left to do);
+//   - one that wraps [ErrSettlePending]: Redis had not confirmed it by
+//     then, and it goes on in the background, tried again as a rollback
+//     is; it may yet be applied, and what is not is counted in
+//     [Inspector.Unreverted] then, and logged;
+//   - one that wraps [ErrNotReverted]: not applied, and it will not be
+//     (Redis refused it, or gave no reply to a call that may have run,
+//     which is never sent again); its units are counted in
+//     [Inspector.Unreverted] by the time Settle returns.
+//
 // See docs/limits.md (settle).
 func (l *Limiter) Settle(ctx context.Context, res Result, cost int) error {
 	if err := checkSettleCost(cost); err != nil {
@@ -126,8 +137,11 @@ func (t *ticket) credit(ctx context.Context, n int) error {
 	}
 	reservations := store.Reservations(t.spec, t.keys, t.groups(), n, func(i int) int64 { return stamps[i] })
 	var err error
-	if u := t.rs.Rollbacks.Rollback(reservations, n, store.Deadline(ctx, time.Now(), t.timeout)); u > 0 {
+	switch u, pending := t.rs.Rollbacks.Credit(reservations, n, store.Deadline(ctx, time.Now(), t.timeout)); {
+	case u > 0:
 		err = fmt.Errorf("%w: %d units stay counted until they leave their windows", ErrNotReverted, u)
+	case pending:
+		err = fmt.Errorf("%w: taking back %d units", ErrSettlePending, n)
 	}
 	for i, key := range t.keys {
 		t.denies.Forget(store.LogID{Key: key, Field: t.spec.Limits[i].Field})
@@ -169,8 +183,11 @@ func (t *ticket) debit(ctx context.Context, n int) error {
 		return nil
 	}
 	charges := store.Charges(t.spec, t.keys, t.groups(), n, now, t.quotas, t.stamp)
-	if u := t.rs.Rollbacks.Charge(charges, store.Deadline(ctx, time.Now(), t.timeout)); u > 0 {
+	switch u, pending := t.rs.Rollbacks.Charge(charges, store.Deadline(ctx, time.Now(), t.timeout)); {
+	case u > 0:
 		return fmt.Errorf("%w: a settled debit of %d was not logged (%d units)", ErrNotReverted, n, u)
+	case pending:
+		return fmt.Errorf("%w: logging a settled debit of %d", ErrSettlePending, n)
 	}
 	return nil
 }
@@ -188,8 +205,11 @@ func (t *ticket) debit(ctx context.Context, n int) error {
 // WithSettle; so does a ctx that carries nothing else to settle (a request
 // admitted undecided under [FailOpen] or exempt from every limit, a
 // context that is not a request's). The errors of the Limiters are joined,
-// each as [Limiter.Settle] returns it. gRPC: the same from a unary or
-// stream handler's context (see the grpc adapter).
+// each as [Limiter.Settle] returns it: nil once applied, one that wraps
+// [ErrSettlePending] when Redis had not confirmed it within the timeout
+// (it goes on in the background), one that wraps [ErrNotReverted] when it
+// is known not to be applied. gRPC: the same from a unary or stream
+// handler's context (see the grpc adapter).
 func Settle(ctx context.Context, cost int) error {
 	if err := checkSettleCost(cost); err != nil {
 		return err
