@@ -64,8 +64,8 @@ func TestInFlightHeldUntilHandlerReturns(t *testing.T) {
 	})
 }
 
-// waitAdmitted calls until user is admitted: a slot is released in the
-// background once its handler returns.
+// waitAdmitted calls until user is admitted: a cancelled stream's slot is
+// released once its handler, which sees the cancel, returns.
 func waitAdmitted(t *testing.T, s *testServer, user string) {
 	t.Helper()
 	for deadline := time.Now().Add(redistest.DecisionTimeout); ; time.Sleep(5 * time.Millisecond) {
