@@ -73,7 +73,11 @@ func (p Pass) Check(w http.ResponseWriter, r *http.Request) bool {
 // [Pass.Decide] or [Pass.Check]) once its handler has returned: a function
 // to call with the response's final status (0 is read as 200) and header,
 // which runs the Limiter's [WithSettle] function, unless the handler
-// settled the request itself ([Settle]). It returns nil when there is
+// settled the request itself ([Settle]). It settles the request in every
+// limit the Limiter counted it in, in every pass over it (its own limits
+// in one, a route's in a later one), each once: the first such function
+// to run settles them all, and the others find nothing left. It returns
+// nil when there is
 // nothing to do after the handler: settlement off, no response-side
 // function, or a request not admitted or admitted undecided. An adapter
 // that sees the status (a router's response writer) calls it after the
@@ -87,19 +91,15 @@ func (p Pass) Settlement(r *http.Request) func(status int, h http.Header) {
 	if !l.cfg.settleOn || l.cfg.settle == nil {
 		return nil
 	}
-	st, _ := r.Context().Value(settlementKey{}).(*settlement)
-	if st == nil {
-		return nil
-	}
-	t := st.of(l)
-	if t == nil {
+	st := settlementOf(r.Context())
+	if st == nil || st.of(l) == nil {
 		return nil
 	}
 	return func(status int, h http.Header) {
 		if status == 0 {
 			status = http.StatusOK
 		}
-		l.settleAfter(r, t, status, h)
+		l.settleAfter(r, st, status, h)
 	}
 }
 

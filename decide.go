@@ -423,7 +423,10 @@ func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) R
 // instance's deny cache may keep denying the keys for up to its maximum age
 // ([RedisOptions].DenyCache). A Result [FailLocal] decided is refunded in this
 // process's logs, where it was counted. Refund is [Limiter.Settle] at cost
-// 0: the two share the Result's once flag.
+// 0: the two share the Result's once flag, and its error tells the same
+// outcomes apart: nil once applied, [ErrSettlePending] when Redis had not
+// confirmed it within the timeout (it goes on in the background),
+// [ErrNotReverted] when it is known not to be applied.
 func (l *Limiter) Refund(ctx context.Context, res Result) error {
 	return l.Settle(ctx, res, 0)
 }

@@ -30,8 +30,24 @@ var (
 	// ErrNotRefundable.
 	ErrRefunded = fmt.Errorf("%w: the request was refunded before", ErrNotRefundable)
 
-	// ErrNotReverted is wrapped by [Limiter.Refund]'s error when Redis
-	// could not remove the request's entries: they stay counted until they
-	// leave their windows. [Inspector.Unreverted] counts such units.
+	// ErrNotReverted is wrapped by the error of [Limiter.Refund],
+	// [Limiter.Settle] and [Settle] when the settle could not be applied,
+	// and will not be: Redis refused it, gave no reply to a call that may
+	// have run (never sent again), or too many were under way. A credit's
+	// entries stay counted until they leave their windows; a debit is
+	// logged nowhere. [Inspector.Unreverted] counts the units by the time
+	// the call returns.
 	ErrNotReverted = errors.New("ratelimit: entries could not be removed")
+
+	// ErrSettlePending is wrapped by the error of [Limiter.Refund],
+	// [Limiter.Settle] and [Settle] when Redis had not confirmed the
+	// settle within the Limiter's timeout ([WithTimeout]) or ctx's
+	// deadline: it was handed to the background, which tries it again as
+	// it tries a rollback (until Redis answers, until the request's
+	// entries would have left their windows, or 30 seconds). It may yet be
+	// applied; if it is not, its units are added to
+	// [Inspector.Unreverted] then, and the logger ([WithLogger]) says so.
+	// It does not wrap ErrNotReverted, which says that the settle is known
+	// not to be applied.
+	ErrSettlePending = errors.New("ratelimit: settle not confirmed within the timeout; it goes on in the background")
 )

@@ -312,9 +312,36 @@ func (set *holdSet) close() {
 	})
 }
 
-// releaseAll releases, in the background, the holds chained from h.
+// releaseAll releases the holds chained from h before it returns, so that
+// the response the server finishes once the handler's chain has returned
+// goes out after: a client that waits for its answer never finds its own
+// request's slot still held. Each release waits for Redis for its
+// Limiter's timeout at most, counted from when releaseAll began; a slot
+// whose release Redis did not confirm by then is no longer renewed, and
+// frees by itself within its lease.
 func releaseAll(h *hold) {
+	if h == nil {
+		return
+	}
+	start := time.Now()
 	for ; h != nil; h = h.next {
-		h.leaveAsync()
+		h.leave(start)
+	}
+}
+
+// leave releases h, once, waiting for Redis until start plus the
+// Limiter's timeout, and reports a failure as leaveAsync does.
+func (h *hold) leave(start time.Time) {
+	if h.released.Load() {
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), start.Add(h.set.timeout))
+	err := h.release(ctx)
+	cancel()
+	if err != nil {
+		h.set.warn("ratelimit: in-flight release failed; the slot frees within its lease", err)
+	}
+	if h.set.released != nil {
+		h.set.released(err)
 	}
 }

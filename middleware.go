@@ -103,7 +103,7 @@ func (h *limitHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	sw := &statusWriter{ResponseWriter: w}
 	h.next.ServeHTTP(sw.wrap(), r)
-	l.settleAfter(r, t, sw.status(), w.Header())
+	l.settleAfter(r, settlementOf(r.Context()), sw.status(), w.Header())
 }
 
 // routesWarning is the message of WarningRoutesUnseen.

@@ -132,7 +132,9 @@ func (c *config) nilArg(option string, isNil bool, instead string) {
 // than once (an export, a batch call). Default: every request costs 1. A
 // route's [RouteLimits].Cost, if set, takes its place for that route. A cost
 // below 1 is an error: the request gets 503, or is served under [FailOpen];
-// a cost above a limit's quota is always denied. A nil cost is an error
+// a cost above a limit's quota is always denied. A cost that is an
+// estimate, settled at the real cost once known, needs [WithSettle] too
+// (WithSettle(nil) for [Settle] from the handler). A nil cost is an error
 // from [New].
 func WithCost(cost func(r *http.Request) int) Option {
 	return func(c *config) {

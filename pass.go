@@ -104,9 +104,13 @@ func headerID(h http.Header) uintptr {
 
 // Leave ends the pass Enter began. It does nothing for a later pass, so
 // that an adapter defers it whatever Enter returned. The first pass's
-// Leave releases, in the background, the in-flight slots ([InFlight]) the
-// passes over the request took: an adapter defers it until the rest of
-// the chain has served the request.
+// Leave releases the in-flight slots ([InFlight]) the passes over the
+// request took, before it returns (waiting for Redis for the Limiter's
+// timeout at most; a slot not released by then frees within its lease):
+// an adapter defers it until the rest of the chain has served the
+// request, so that the server finishes the response after the release,
+// and a client that sends its next request once it has the answer never
+// finds the slot still held.
 func (p Pass) Leave() {
 	if !p.first {
 		return

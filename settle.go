@@ -38,12 +38,23 @@ const maxSettleCost = math.MaxInt32
 // Allow, returns [ErrNotRefundable]; one its plans exempted from every
 // limit counted nothing, and returns nil. On a Redis Cluster each hash tag
 // is its own call, and a debit is logged in all of them or, where one fails
-// for good, taken back from the others. Settle waits for Redis for the
-// Limiter's timeout ([WithTimeout]) at most, and ctx's deadline; the rest
-// goes on in the background, tried again as a rollback is. Units that could
-// not be settled are counted in [Inspector.Unreverted], and the error then
-// wraps [ErrNotReverted]. A Result [FailLocal] decided is settled in this
-// process's logs. A cost out of range is an error that settles nothing.
+// for good, taken back from the others. A Result [FailLocal] decided is
+// settled in this process's logs. A cost out of range is an error that
+// settles nothing.
+//
+// Settle waits for Redis for the Limiter's timeout ([WithTimeout]) at
+// most, and ctx's deadline. Its error tells three outcomes apart:
+//
+//   - nil: applied, and Redis confirmed it (or nothing was left to do);
+//   - one that wraps [ErrSettlePending]: Redis had not confirmed it by
+//     then, and it goes on in the background, tried again as a rollback
+//     is; it may yet be applied, and what is not is counted in
+//     [Inspector.Unreverted] then, and logged;
+//   - one that wraps [ErrNotReverted]: not applied, and it will not be
+//     (Redis refused it, or gave no reply to a call that may have run,
+//     which is never sent again); its units are counted in
+//     [Inspector.Unreverted] by the time Settle returns.
+//
 // See docs/limits.md (settle).
 func (l *Limiter) Settle(ctx context.Context, res Result, cost int) error {
 	if err := checkSettleCost(cost); err != nil {
@@ -126,8 +137,11 @@ func (t *ticket) credit(ctx context.Context, n int) error {
 	}
 	reservations := store.Reservations(t.spec, t.keys, t.groups(), n, func(i int) int64 { return stamps[i] })
 	var err error
-	if u := t.rs.Rollbacks.Rollback(reservations, n, store.Deadline(ctx, time.Now(), t.timeout)); u > 0 {
+	switch u, pending := t.rs.Rollbacks.Credit(reservations, n, store.Deadline(ctx, time.Now(), t.timeout)); {
+	case u > 0:
 		err = fmt.Errorf("%w: %d units stay counted until they leave their windows", ErrNotReverted, u)
+	case pending:
+		err = fmt.Errorf("%w: taking back %d units", ErrSettlePending, n)
 	}
 	for i, key := range t.keys {
 		t.denies.Forget(store.LogID{Key: key, Field: t.spec.Limits[i].Field})
@@ -169,8 +183,11 @@ func (t *ticket) debit(ctx context.Context, n int) error {
 		return nil
 	}
 	charges := store.Charges(t.spec, t.keys, t.groups(), n, now, t.quotas, t.stamp)
-	if u := t.rs.Rollbacks.Charge(charges, store.Deadline(ctx, time.Now(), t.timeout)); u > 0 {
+	switch u, pending := t.rs.Rollbacks.Charge(charges, store.Deadline(ctx, time.Now(), t.timeout)); {
+	case u > 0:
 		return fmt.Errorf("%w: a settled debit of %d was not logged (%d units)", ErrNotReverted, n, u)
+	case pending:
+		return fmt.Errorf("%w: logging a settled debit of %d", ErrSettlePending, n)
 	}
 	return nil
 }
@@ -179,22 +196,31 @@ func (t *ticket) debit(ctx context.Context, n int) error {
 // derives from), from its handler: in every Limiter that admitted it with
 // settlement on ([WithSettle], [WithRefund]), as [Limiter.Settle] does. It
 // settles once: a later call returns [ErrRefunded], and the Limiters'
-// response-side functions then do not run. A ctx that carries nothing to
-// settle (settlement off, a request admitted undecided under [FailOpen] or
-// exempt from every limit, a context that is not a request's) returns
-// [ErrNotRefundable]. The errors of the Limiters are joined. gRPC: the
-// same from a unary or stream handler's context (see the grpc adapter).
+// response-side functions then do not run.
+//
+// Settlement must be on in the Limiter that admits the request: New it
+// with [WithSettle] (WithSettle(nil) when only handlers settle) or
+// [WithRefund]. Without it the request stays counted at its estimate, and
+// Settle returns an error that wraps [ErrNotRefundable] and names
+// WithSettle; so does a ctx that carries nothing else to settle (a request
+// admitted undecided under [FailOpen] or exempt from every limit, a
+// context that is not a request's). The errors of the Limiters are joined,
+// each as [Limiter.Settle] returns it: nil once applied, one that wraps
+// [ErrSettlePending] when Redis had not confirmed it within the timeout
+// (it goes on in the background), one that wraps [ErrNotReverted] when it
+// is known not to be applied. gRPC: the same from a unary or stream
+// handler's context (see the grpc adapter).
 func Settle(ctx context.Context, cost int) error {
 	if err := checkSettleCost(cost); err != nil {
 		return err
 	}
-	st, _ := ctx.Value(settlementKey{}).(*settlement)
+	st := settlementOf(ctx)
 	if st == nil {
-		return ErrNotRefundable
+		return errNoSettlement
 	}
 	entries, first := st.take()
 	if len(entries) == 0 {
-		return ErrNotRefundable
+		return errNoSettlement
 	}
 	if !first {
 		return ErrRefunded
@@ -207,6 +233,12 @@ func Settle(ctx context.Context, cost int) error {
 	}
 	return errors.Join(errs...)
 }
+
+// errNoSettlement is Settle's error for a context that carries no
+// settlement: most often a Limiter without settlement on.
+var errNoSettlement = fmt.Errorf("%w: the request's context carries no settlement: "+
+	"turn settlement on in the Limiter that admits it with ratelimit.WithSettle (WithSettle(nil) to settle from handlers only); "+
+	"a request exempt from every limit, or admitted undecided (FailOpen), has nothing to settle either", ErrNotRefundable)
 
 // settlementKey is the context key of a request's settlement.
 type settlementKey struct{}
@@ -238,6 +270,26 @@ func (st *settlement) of(l *Limiter) *ticket {
 	return nil
 }
 
+// unsettled returns the tickets of the Limiter l that nothing has settled
+// yet.
+func (st *settlement) unsettled(l *Limiter) []*ticket {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var out []*ticket
+	for _, t := range st.tickets {
+		if t.owner == l && !t.refunded.Load() {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// settlementOf returns the settlement ctx carries, nil if none.
+func settlementOf(ctx context.Context) *settlement {
+	st, _ := ctx.Value(settlementKey{}).(*settlement)
+	return st
+}
+
 // carrySettlement makes r's context, in place, carry t for Settle: Handler
 // and the adapters hand r itself to the handler.
 func carrySettlement(r *http.Request, t *ticket) {
@@ -266,25 +318,29 @@ func withSettlement(ctx context.Context, t *ticket) context.Context {
 	return context.WithValue(ctx, settlementKey{}, &settlement{tickets: []*ticket{t}})
 }
 
-// settleAfter settles t, the ticket of a request rs admitted, once its
-// handler returned with status and h, unless the handler settled it: at
-// the cost the Limiter's settle function ([WithSettle]) returns.
-func (l *Limiter) settleAfter(r *http.Request, t *ticket, status int, h http.Header) {
-	rs := l
-	f := rs.cfg.settle
-	if f == nil || t.refunded.Load() {
+// settleAfter settles the request r once its handler returned with status
+// and h, at the cost the Limiter's settle function ([WithSettle]) returns:
+// every ticket of l that r's settlement st holds and nothing has settled
+// yet, one per pass of l that counted r (the Limiter's own limits in one,
+// a route's in a later one), each once. A handler that settled r left
+// nothing to settle.
+func (l *Limiter) settleAfter(r *http.Request, st *settlement, status int, h http.Header) {
+	f := l.cfg.settle
+	if f == nil || st == nil {
 		return
 	}
-	cost := f(status, h, t.cost)
-	if cost == t.cost {
-		return
-	}
-	err := checkSettleCost(cost)
-	if err == nil {
-		err = t.settle(context.WithoutCancel(r.Context()), cost)
-	}
-	if err != nil && !errors.Is(err, ErrRefunded) && rs.cfg.onError != nil {
-		rs.cfg.onError(r, err)
+	for _, t := range st.unsettled(l) {
+		cost := f(status, h, t.cost)
+		if cost == t.cost {
+			continue
+		}
+		err := checkSettleCost(cost)
+		if err == nil {
+			err = t.settle(context.WithoutCancel(r.Context()), cost)
+		}
+		if err != nil && !errors.Is(err, ErrRefunded) && l.cfg.onError != nil {
+			l.cfg.onError(r, err)
+		}
 	}
 }
 
@@ -310,8 +366,9 @@ func (l *Limiter) settleAfter(r *http.Request, t *ticket, status int, h http.Hea
 // context, and with settle a wrapped ResponseWriter (as [WithRefund]); a
 // Redis call per request settled at another cost. [Limiter.Handler] and
 // the router adapters settle; gRPC handlers call Settle. A nil settle is
-// not an error: settlement is on, from the handler only. Default:
-// settlement off. WithSettle and WithRefund together are an error from
+// not an error: settlement is on, from the handler only; without
+// WithSettle (or WithRefund), [Settle] settles nothing and says so.
+// Default: settlement off. WithSettle and WithRefund together are an error from
 // [New]. See docs/limits.md (settle).
 func WithSettle(settle func(status int, h http.Header, cost int) int) Option {
 	return func(c *config) {

@@ -297,7 +297,8 @@ func testSettleOnce(t *testing.T, b backend) {
 
 // TestSettleUnreachable: a settle that cannot reach Redis (the server is
 // gone) is counted in Unreverted, debit and credit alike, never lost
-// silently; the call itself returns within the Limiter's timeout.
+// silently; the call itself returns within the Limiter's timeout, with an
+// error that says the settle was not confirmed.
 func TestSettleUnreachable(t *testing.T) {
 	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
@@ -330,8 +331,11 @@ func TestSettleUnreachable(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // the background's give-up, on the wall clock
 	}
 	for _, err := range []error{err1, err2} {
-		if err != nil && !errors.Is(err, ErrNotReverted) {
-			t.Errorf("error %v does not wrap ErrNotReverted", err)
+		// Handed to the background (Redis has not answered by the
+		// timeout), or known lost if the background gave up first (a
+		// loaded machine): never nil.
+		if !errors.Is(err, ErrSettlePending) && !errors.Is(err, ErrNotReverted) {
+			t.Errorf("a settle Redis never confirmed: %v, want ErrSettlePending or ErrNotReverted", err)
 		}
 	}
 }

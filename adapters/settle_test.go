@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ import (
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // settleRouters serve two routes through each router: GET /handler, whose
@@ -197,5 +199,78 @@ func TestEquivalenceSettle(t *testing.T) {
 			}
 		}
 		t.Logf("%d settled requests compared across routers", compared)
+	})
+}
+
+// TestSettleEveryPass: a Limiter mounted twice on a request's way (its
+// Handler around middleware and a router that mounts it again, where the
+// route is known) counts the request in its own limits in the first pass
+// and in the route's in the second; the response-side settle (WithSettle's
+// function) corrects both, once each: admitted at 100, settled at 70, the
+// per-IP log and the login route's both hold 70, on every router of
+// outerRouters and on miniredis and a real server.
+func TestSettleEveryPass(t *testing.T) {
+	for _, rt := range outerRouters {
+		t.Run(rt.name, func(t *testing.T) {
+			forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+				var settles atomic.Int64
+				ip, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named("ip")},
+					append(opts, ratelimit.WithTimeout(redistest.DecisionTimeout),
+						ratelimit.WithCost(func(*http.Request) int { return 100 }),
+						ratelimit.WithSettle(func(int, http.Header, int) int { settles.Add(1); return 70 }),
+						ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
+							"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named("login")}},
+						}))...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				h := rt.build(ip)
+				if w := send(h, "POST", "/login", "192.0.2.1"); w.Code != http.StatusOK {
+					t.Fatalf("POST /login: %d", w.Code)
+				}
+				want := map[string]int64{"ratelimit:ip:ip:{192.0.2.1}": 70, "ratelimit:login:ip:{192.0.2.1}": 70}
+				if got := logs(t, rdb); !maps.Equal(got, want) {
+					t.Errorf("admitted at 100, settled at 70: logs %v, want %v", got, want)
+				}
+				if w := send(h, "GET", "/me", "192.0.2.1"); w.Code != http.StatusOK {
+					t.Fatalf("GET /me: %d", w.Code)
+				}
+				want["ratelimit:ip:ip:{192.0.2.1}"] = 140
+				if got := logs(t, rdb); !maps.Equal(got, want) {
+					t.Errorf("then GET /me, settled at 70: logs %v, want %v", got, want)
+				}
+				if n := settles.Load(); n < 2 {
+					t.Errorf("the settle function ran %d times for 2 requests", n)
+				}
+			})
+		})
+	}
+}
+
+// TestSettleOffNamesTheSwitch: a handler that settles its request with
+// ratelimit.Settle behind a Limiter without settlement on (WithCost alone)
+// gets an error that wraps ErrNotRefundable and names the option to turn
+// on, through net/http and every router; with WithSettle(nil) the same
+// handler settles (the log holds the real cost, not the estimate).
+func TestSettleOffNamesTheSwitch(t *testing.T) {
+	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
+		for i, rt := range settleRouters {
+			t.Run(rt.name, func(t *testing.T) {
+				estimate := ratelimit.WithCost(func(*http.Request) int { return 10 })
+				ip := "198.51.100." + strconv.Itoa(i+1)
+				off := rt.build(perIP(t, rdb, 1000, append(opts, estimate)...))
+				w := send(off, "GET", "/handler?n=1", ip)
+				if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "WithSettle") {
+					t.Errorf("Settle without settlement on: %d %q, want the error naming WithSettle", w.Code, w.Body)
+				}
+				on := rt.build(perIP(t, rdb, 1000, append(opts, estimate, ratelimit.WithSettle(nil))...))
+				if w := send(on, "GET", "/handler?n=1", ip); w.Code != http.StatusOK {
+					t.Errorf("Settle with WithSettle(nil): %d %q", w.Code, w.Body)
+				}
+				if got := logs(t, rdb)["ratelimit:ip:ip:{"+ip+"}"]; got != 10+1 {
+					t.Errorf("the log holds %d, want 11: the estimate unsettled, then 1 settled", got)
+				}
+			})
+		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,8 +71,8 @@ func TestSettle(t *testing.T) {
 		_, err := grpcratelimit.UnaryServerInterceptor(off)(t.Context(), nil, info, func(ctx context.Context, _ any) (any, error) {
 			return nil, ratelimit.Settle(ctx, 1)
 		})
-		if !errors.Is(err, ratelimit.ErrNotRefundable) {
-			t.Errorf("Settle without settlement on: %v, want ErrNotRefundable", err)
+		if !errors.Is(err, ratelimit.ErrNotRefundable) || !strings.Contains(err.Error(), "WithSettle") {
+			t.Errorf("Settle without settlement on: %v, want ErrNotRefundable, naming WithSettle", err)
 		}
 	})
 }

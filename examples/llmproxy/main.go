@@ -57,8 +57,12 @@ func newProxy(rdb redis.UniversalClient, upstream *url.URL, opts ...ratelimit.Op
 		ratelimit.PerMinute(tokensPerMinute, ratelimit.Header("Authorization")).Named("tokens"),
 	}, append([]ratelimit.Option{
 		ratelimit.WithCost(estimate),
-		// A call the proxy settled from the reply's usage is settled;
-		// one the upstream failed, which reports none, costs nothing.
+		// WithSettle turns settlement on: without it ratelimit.Settle
+		// (in settle, below) has nothing to settle, and every call stays
+		// counted at its estimate. A call the proxy settled from the
+		// reply's usage is settled; one the upstream failed, which
+		// reports none, costs nothing. (WithSettle(nil) would let the
+		// handler alone settle.)
 		ratelimit.WithSettle(func(status int, _ http.Header, cost int) int {
 			if status >= 500 {
 				return 0

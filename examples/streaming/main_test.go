@@ -59,7 +59,8 @@ func TestStreams(t *testing.T) {
 			resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get("RateLimit"))
 	}
 	close1()
-	// The slot is released in the background once the handler returns.
+	// The slot is released once the handler, which sees the client go,
+	// returns.
 	for deadline := time.Now().Add(redistest.DecisionTimeout); ; time.Sleep(10 * time.Millisecond) {
 		if _, closeAgain := open(); closeAgain != nil {
 			closeAgain()

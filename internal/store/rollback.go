@@ -89,8 +89,18 @@ func Reservations(p *Spec, keys []string, groups [][]int, cost int, stamp func(i
 // room to run in the background. They, and those the background gives up
 // on, are added to Inspector.Unreverted.
 func (rb *Rollbacks) Rollback(reservations []reservation, cost int, deadline time.Time) (unreverted uint64) {
+	unreverted, _ = rb.Credit(reservations, cost, deadline)
+	return unreverted
+}
+
+// Credit is Rollback that also reports whether the removal was still
+// under way at deadline (pending): Redis had not confirmed it, and it
+// goes on in the background, which counts in Unreverted what it cannot
+// remove. When pending is false, the units not counted in unreverted
+// were removed.
+func (rb *Rollbacks) Credit(reservations []reservation, cost int, deadline time.Time) (unreverted uint64, pending bool) {
 	if len(reservations) == 0 {
-		return 0
+		return 0, false
 	}
 	select {
 	case rb.slots <- struct{}{}:
@@ -100,20 +110,32 @@ func (rb *Rollbacks) Rollback(reservations []reservation, cost int, deadline tim
 		}
 		rb.fail(unreverted, fmt.Errorf("ratelimit: %d rollbacks in flight: not removing a reservation from %s (it stays counted until it leaves the window)",
 			maxPendingRollbacks, reservations[0].keys[0]))
-		return unreverted
+		return unreverted, false
 	}
 	done := make(chan uint64, 1)
 	go func() {
 		defer func() { <-rb.slots }()
 		done <- rb.removeReservations(reservations, cost)
 	}()
+	return awaitUntil(done, deadline)
+}
+
+// awaitUntil waits until deadline at the latest for the units a call in
+// the background reports on done; pending says that it had not reported
+// by then (it counts itself what it cannot do).
+func awaitUntil(done <-chan uint64, deadline time.Time) (units uint64, pending bool) {
 	wait := time.NewTimer(time.Until(deadline))
 	defer wait.Stop()
 	select {
 	case n := <-done:
-		return n
+		return n, false
 	case <-wait.C:
-		return 0 // still under way: it counts itself if it gives up
+		select {
+		case n := <-done: // done at the deadline too
+			return n, false
+		default:
+			return 0, true
+		}
 	}
 }
 

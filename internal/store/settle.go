@@ -78,11 +78,13 @@ func Charges(p *Spec, keys []string, groups [][]int, debit int, now int64, quota
 // logged everywhere or nowhere. It waits for Redis until deadline at the
 // latest; the rest goes on in the background, tried again as rollbacks are
 // (see maxRollbackTime). It returns the units known, at return, not to be
-// logged as they should: every group's, when one failed. They, and those
-// the background gives up on, are added to Unreverted.
-func (rb *Rollbacks) Charge(charges []Charge, deadline time.Time) (unapplied uint64) {
+// logged as they should: every group's, when one failed; and whether the
+// charge was still under way at deadline (pending: Redis had not confirmed
+// it). They, and those the background gives up on, are added to
+// Unreverted. When pending is false and unapplied 0, the debit is logged.
+func (rb *Rollbacks) Charge(charges []Charge, deadline time.Time) (unapplied uint64, pending bool) {
 	if len(charges) == 0 {
-		return 0
+		return 0, false
 	}
 	select {
 	case rb.slots <- struct{}{}:
@@ -91,21 +93,14 @@ func (rb *Rollbacks) Charge(charges []Charge, deadline time.Time) (unapplied uin
 			unapplied += charges[i].total()
 		}
 		rb.fail(unapplied, fmt.Errorf("ratelimit: %d rollbacks in flight: not logging a settled debit in %s", maxPendingRollbacks, charges[0].keys[0]))
-		return unapplied
+		return unapplied, false
 	}
 	done := make(chan uint64, 1)
 	go func() {
 		defer func() { <-rb.slots }()
 		done <- rb.chargeAll(charges)
 	}()
-	wait := time.NewTimer(time.Until(deadline))
-	defer wait.Stop()
-	select {
-	case n := <-done:
-		return n
-	case <-wait.C:
-		return 0 // still under way: it counts itself if it fails
-	}
+	return awaitUntil(done, deadline)
 }
 
 // chargeAll logs the debit of each of charges, each tried until Redis
