@@ -230,15 +230,40 @@ type Reply = store.Reply
 // Fallback decides with fallback when primary cannot (FailLocal): the
 // outcome is then fallback's, marked local, along with primary's error.
 // Queries that count nothing are not answered by the fallback.
-// Once primary decides again, the fallback's logs are given back as they
-// expire.
+//
+// What the fallback admitted stays counted once primary decides again,
+// until it leaves its windows: while the fallback holds logs, a decision
+// first reads (counting nothing) the fallback's count of each enforced
+// limit that is not an in-flight one. If that count leaves room for the
+// request, primary decides with each quota less that count
+// (Query.Quotas); if it does not, primary is only asked for its counts
+// (a peek), and the request is denied, Reset and Next not before either
+// store's. Either way the reply's Count is primary's and the fallback's
+// together. So a window of a limit never holds more than its quota of
+// what primary admitted and what this process admitted in the fallback:
+// nothing is written back, a decision costs no more calls, and one that
+// fails writes nothing more than it did. The fallback's logs are given
+// back as they expire.
 type Fallback struct {
 	Primary Store
 	Local   *store.Local
 }
 
 func (f Fallback) Decide(ctx context.Context, q *Query, out *Outcome) error {
-	err := f.Primary.Decide(ctx, q, out)
+	p := q
+	var counted *localCounts
+	if f.Local.Bytes() > 0 { // the logs of an outage, until they expire
+		if counted = f.count(ctx, q); counted != nil {
+			p = &counted.q
+		}
+	}
+	err := f.Primary.Decide(ctx, p, out)
+	if counted != nil {
+		q.Abandoned = q.Abandoned || p.Abandoned
+		if err == nil {
+			counted.merge(q, out)
+		}
+	}
 	if err == nil {
 		f.Local.Sweep(q.Local.UnixMicro())
 	}
@@ -255,6 +280,104 @@ func (f Fallback) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	_ = f.Local.Decide(ctx, &local.Query, &out.Outcome)
 	out.Local = true
 	return err
+}
+
+// localCounts is what the fallback's logs hold of a query's clients: out,
+// its reply to the query as a peek of the enforced limits that are not
+// in-flight ones; counts, each limit's count there (0 for the others);
+// and q, the query to ask primary: a peek if out denies, else with each
+// quota less that count.
+type localCounts struct {
+	q      Query
+	out    Outcome
+	counts []int64
+}
+
+// count reads the fallback's counts of q's clients (see Fallback), or
+// returns nil when its logs hold none of them.
+func (f Fallback) count(ctx context.Context, q *Query) *localCounts {
+	n := len(q.Keys)
+	c := &localCounts{q: *q, counts: make([]int64, n)}
+	peek := q.Query
+	peek.Peek = true
+	peek.Quotas = make([]int, n)
+	for i := range n {
+		if lim := &q.Limits[i]; !lim.InFlight && !lim.Shadow {
+			peek.Quotas[i] = q.Quota(i) // 0 for the others: not counted
+		}
+	}
+	if peek.Now == 0 {
+		peek.Now = time.Now().UnixMicro()
+	}
+	c.out.Reset(make([]Reply, n))
+	_ = f.Local.Decide(ctx, &peek, &c.out.Outcome)
+	any := false
+	for i := range n {
+		if peek.Quotas[i] > 0 && c.out.Replies[i].OK && c.out.Replies[i].Count > 0 {
+			c.counts[i] = c.out.Replies[i].Count
+			any = true
+		}
+	}
+	if !c.out.Allowed {
+		c.q.Peek = true // denied here whatever primary holds: only its counts are asked
+		return c
+	}
+	if !any {
+		return nil
+	}
+	quotas := make([]int, n)
+	for i := range n {
+		// The peek admitted: a count leaves room for the cost, so the
+		// quota stays at least 1 (0 would not count the limit).
+		quotas[i] = q.Quota(i) - int(c.counts[i])
+	}
+	c.q.Quotas = quotas
+	return c
+}
+
+// merge makes out, primary's outcome of c.q, the outcome of q with the
+// fallback's counts: each Count the sum of both. When the fallback's
+// logs denied, the request is denied by the limit they name; a limit
+// without room for the cost then fits not before either store says its
+// own count lets it (Reset the later of both, -1 if either says it never
+// fits), and a limit's oldest entry (Next, or Reset with room) is the
+// earlier of both stores'.
+func (c *localCounts) merge(q *Query, out *Outcome) {
+	for i, cnt := range c.counts {
+		if cnt > 0 && out.Replies[i].OK {
+			out.Replies[i].Count += cnt
+		}
+	}
+	if c.out.Allowed {
+		return
+	}
+	out.Allowed, out.Denier = false, c.out.Denier
+	for i := range out.Replies {
+		r, l := &out.Replies[i], &c.out.Replies[i]
+		switch {
+		case !l.OK: // not counted here: primary's reply stands
+			continue
+		case !r.OK || r.Count == c.counts[i]: // primary holds nothing of it
+			count := r.Count
+			*r = *l
+			r.Count = max(count, l.Count)
+			continue
+		case c.counts[i] == 0: // the fallback holds nothing of it
+			r.Block = max(r.Block, l.Block)
+			continue
+		}
+		if r.Count+int64(q.Cost) > int64(q.Quota(i)) || l.Block != 0 {
+			if r.Reset == -1 || l.Reset == -1 {
+				r.Reset = -1
+			} else {
+				r.Reset = max(r.Reset, l.Reset)
+			}
+		} else {
+			r.Reset = min(r.Reset, l.Reset)
+		}
+		r.Next = min(r.Next, l.Next)
+		r.Block = max(r.Block, l.Block)
+	}
 }
 
 // External decides in a store the application gave (WithStore), within
