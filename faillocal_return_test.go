@@ -237,3 +237,51 @@ func testBoundAcrossReturn(t *testing.T, b outageBackend, n, trial int) {
 		t.Fatalf("seed %d: nothing admitted", seed)
 	}
 }
+
+// TestFailLocalResetAfterReturn: once Redis is back, a denial by what an
+// instance admitted during the outage says when the request fits, never
+// before: instance A admitted 1 through Redis, then its quota of 4 in
+// this process during an outage; after the return instance B admitted 1
+// through Redis. A is denied, and its Reset is when both counts together
+// leave room (A's local entries falling while B's entry stays), not the
+// earlier time either store alone would give; a request at that Reset is
+// admitted.
+func TestFailLocalResetAfterReturn(t *testing.T) {
+	forOutageBackends(t, func(t *testing.T, b outageBackend) {
+		ctx := context.Background()
+		const quota = 4
+		clock := &testClock{t: t0.Add(-9 * time.Second)}
+		ls := returnLimiters(t, b, 2, quota, clock)
+		a, bb := ls[0], ls[1]
+		ids := []string{"c"}
+		if res, err := a.Allow(ctx, ids, 1); err != nil || !res.Allowed || res.Local {
+			t.Fatalf("before the outage: %+v, %v", res, err)
+		}
+		b.cut()
+		for i := range quota {
+			clock.Set(t0.Add(time.Duration(i) * time.Second))
+			if res, err := a.Allow(ctx, ids, 1); err == nil || !res.Allowed || !res.Local {
+				t.Fatalf("request %d during the outage: %+v, %v", i, res, err)
+			}
+		}
+		reconnect(t, b, ls)
+		clock.Set(t0.Add(5 * time.Second))
+		if res, err := bb.Allow(ctx, ids, 1); err != nil || !res.Allowed || res.Local {
+			t.Fatalf("B after the return: %+v, %v", res, err)
+		}
+		clock.Set(t0.Add(10 * time.Second))
+		res, err := a.Allow(ctx, ids, 1)
+		if err != nil || res.Allowed || res.Local || res.Remaining != 0 {
+			t.Fatalf("A after the return: %+v, %v; want a denial", res, err)
+		}
+		// A's local entries at 0, 1, 2, 3 s and B's at 5 s: 4 of 4 until
+		// 61 s, when A's second local entry leaves.
+		if fits := t0.Add(61 * time.Second); res.Reset.Before(fits) {
+			t.Fatalf("A's denial resets at %v, before the request fits at %v", res.Reset.Sub(t0), fits.Sub(t0))
+		}
+		clock.Set(res.Reset)
+		if res, err := a.Allow(ctx, ids, 1); err != nil || !res.Allowed {
+			t.Fatalf("A at its Reset: %+v, %v; want admitted", res, err)
+		}
+	})
+}

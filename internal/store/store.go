@@ -261,7 +261,7 @@ func (f Fallback) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	if counted != nil {
 		q.Abandoned = q.Abandoned || p.Abandoned
 		if err == nil {
-			counted.merge(q, out)
+			f.merge(ctx, q, counted, out)
 		}
 	}
 	if err == nil {
@@ -284,11 +284,13 @@ func (f Fallback) Decide(ctx context.Context, q *Query, out *Outcome) error {
 
 // localCounts is what the fallback's logs hold of a query's clients: out,
 // its reply to the query as a peek of the enforced limits that are not
-// in-flight ones; counts, each limit's count there (0 for the others);
+// in-flight ones, and peek, that query; counts, each limit's count there
+// (0 for the others);
 // and q, the query to ask primary: a peek if out denies, else with each
 // quota less that count.
 type localCounts struct {
 	q      Query
+	peek   store.Query // the fallback's peek
 	out    Outcome
 	counts []int64
 }
@@ -311,6 +313,7 @@ func (f Fallback) count(ctx context.Context, q *Query) *localCounts {
 	}
 	c.out.Reset(make([]Reply, n))
 	_ = f.Local.Decide(ctx, &peek, &c.out.Outcome)
+	c.peek = peek
 	any := false
 	for i := range n {
 		if peek.Quotas[i] > 0 && c.out.Replies[i].OK && c.out.Replies[i].Count > 0 {
@@ -337,12 +340,15 @@ func (f Fallback) count(ctx context.Context, q *Query) *localCounts {
 
 // merge makes out, primary's outcome of c.q, the outcome of q with the
 // fallback's counts: each Count the sum of both. When the fallback's
-// logs denied, the request is denied by the limit they name; a limit
-// without room for the cost then fits not before either store says its
-// own count lets it (Reset the later of both, -1 if either says it never
-// fits), and a limit's oldest entry (Next, or Reset with room) is the
+// logs denied, the request is denied by the limit they name, and each
+// limit without room says when the request fits, never before it does:
+// primary's count only falls, so it fits once the fallback's count has
+// fallen to the room primary's count leaves (read in a second peek of
+// the fallback, with each quota less primary's count) and, if primary's
+// count alone leaves no room, once primary says it does (-1 if the cost
+// never fits). A limit with room has its oldest entry (Reset, Next) the
 // earlier of both stores'.
-func (c *localCounts) merge(q *Query, out *Outcome) {
+func (f Fallback) merge(ctx context.Context, q *Query, c *localCounts, out *Outcome) {
 	for i, cnt := range c.counts {
 		if cnt > 0 && out.Replies[i].OK {
 			out.Replies[i].Count += cnt
@@ -351,32 +357,62 @@ func (c *localCounts) merge(q *Query, out *Outcome) {
 	if c.out.Allowed {
 		return
 	}
+	n := int64(q.Cost)
+	again := c.peek
+	again.Quotas = make([]int, len(q.Keys))
+	full := false
+	for i := range q.Keys {
+		r := &out.Replies[i]
+		if c.peek.Quotas[i] == 0 || !r.OK {
+			continue
+		}
+		quota, primary := int64(q.Quota(i)), r.Count-c.counts[i]
+		if r.Count+n <= quota && c.out.Replies[i].Block == 0 {
+			continue // room in both together
+		}
+		// The fallback's count must fall to quota - primary, or to
+		// nothing if primary's alone leaves no room.
+		again.Quotas[i] = int(max(quota-primary, n))
+		full = true
+	}
+	var fits Outcome
+	if full {
+		fits.Reset(make([]Reply, len(q.Keys)))
+		_ = f.Local.Decide(ctx, &again, &fits.Outcome)
+	}
 	out.Allowed, out.Denier = false, c.out.Denier
 	for i := range out.Replies {
 		r, l := &out.Replies[i], &c.out.Replies[i]
 		switch {
-		case !l.OK: // not counted here: primary's reply stands
+		case c.peek.Quotas[i] == 0 || !l.OK: // not counted here: primary's reply stands
 			continue
-		case !r.OK || r.Count == c.counts[i]: // primary holds nothing of it
-			count := r.Count
+		case !r.OK: // primary did not read it: the fallback's reply
 			*r = *l
-			r.Count = max(count, l.Count)
-			continue
-		case c.counts[i] == 0: // the fallback holds nothing of it
-			r.Block = max(r.Block, l.Block)
 			continue
 		}
-		if r.Count+int64(q.Cost) > int64(q.Quota(i)) || l.Block != 0 {
-			if r.Reset == -1 || l.Reset == -1 {
-				r.Reset = -1
-			} else {
-				r.Reset = max(r.Reset, l.Reset)
-			}
-		} else {
-			r.Reset = min(r.Reset, l.Reset)
-		}
-		r.Next = min(r.Next, l.Next)
+		primary := r.Count - c.counts[i]
 		r.Block = max(r.Block, l.Block)
+		if again.Quotas[i] == 0 { // room: the oldest entry is the earlier
+			switch {
+			case c.counts[i] == 0:
+			case primary == 0:
+				r.Reset, r.Next = l.Reset, l.Next
+			default:
+				r.Reset, r.Next = min(r.Reset, l.Reset), min(r.Next, l.Next)
+			}
+			continue
+		}
+		at := fits.Replies[i].Reset
+		switch {
+		case n > int64(q.Quota(i)) || at == -1 || r.Reset == -1 && primary+n > int64(q.Quota(i)):
+			at = -1
+		case primary+n > int64(q.Quota(i)):
+			at = max(at, r.Reset) // when primary's own count lets the cost fit
+		}
+		r.Reset = at
+		if primary == 0 || l.Next != 0 && l.Next < r.Next {
+			r.Next = l.Next
+		}
 	}
 }
 
