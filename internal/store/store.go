@@ -237,8 +237,8 @@ type Reply = store.Reply
 // limit that is not an in-flight one. If that count leaves room for the
 // request, primary decides with each quota less that count
 // (Query.Quotas); if it does not, primary is only asked for its counts
-// (a peek), and the request is denied, Reset and Next not before either
-// store's. Either way the reply's Count is primary's and the fallback's
+// (a peek), and the request is denied, its Reset never before it fits
+// (see merge). Either way the reply's Count is primary's and the fallback's
 // together. So a window of a limit never holds more than its quota of
 // what primary admitted and what this process admitted in the fallback:
 // nothing is written back, a decision costs no more calls, and one that
@@ -282,12 +282,11 @@ func (f Fallback) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	return err
 }
 
-// localCounts is what the fallback's logs hold of a query's clients: out,
-// its reply to the query as a peek of the enforced limits that are not
-// in-flight ones, and peek, that query; counts, each limit's count there
-// (0 for the others);
-// and q, the query to ask primary: a peek if out denies, else with each
-// quota less that count.
+// localCounts is what the fallback's logs hold of a query's clients:
+// peek, the query as a peek of the enforced limits that are not in-flight
+// ones, and out, the fallback's reply to it; counts, each limit's count
+// there (0 for the others); and q, the query to ask primary: a peek if
+// out denies, else with each quota less that count.
 type localCounts struct {
 	q      Query
 	peek   store.Query // the fallback's peek
@@ -390,7 +389,7 @@ func (f Fallback) merge(ctx context.Context, q *Query, c *localCounts, out *Outc
 			*r = *l
 			continue
 		}
-		primary := r.Count - c.counts[i]
+		primary, blocked := r.Count-c.counts[i], r.Block != 0
 		r.Block = max(r.Block, l.Block)
 		if again.Quotas[i] == 0 { // room: the oldest entry is the earlier
 			switch {
@@ -406,8 +405,8 @@ func (f Fallback) merge(ctx context.Context, q *Query, c *localCounts, out *Outc
 		switch {
 		case n > int64(q.Quota(i)) || at == -1 || r.Reset == -1 && primary+n > int64(q.Quota(i)):
 			at = -1
-		case primary+n > int64(q.Quota(i)):
-			at = max(at, r.Reset) // when primary's own count lets the cost fit
+		case primary+n > int64(q.Quota(i)) || blocked:
+			at = max(at, r.Reset) // when primary's own count, or block, lets the cost fit
 		}
 		r.Reset = at
 		if primary == 0 || l.Next != 0 && l.Next < r.Next {
