@@ -203,3 +203,41 @@ func blockTarget(rng *rand.Rand, client netip.Addr) (string, netip.Prefix) {
 	}
 	return target, p
 }
+
+// TestBlockComposedShadow: a block of a client's network is reported by
+// a shadow limit counted by Compose(ClientIP(), Route()), as by one
+// counted by ClientIP, and never enforced through it: the request is
+// served.
+func TestBlockComposedShadow(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		l := mustNew(t, b.newClient(t), []Limit{
+			PerMinute(1000, Route()).Named("route"),
+			PerMinute(1000, Compose(ClientIP(), Route())).Named("shadow-ip-route").Shadowed(),
+		}, noRefresh, WithRedis(RedisOptions{DenyCache: -1}))
+		if err := l.Inspect().Operator().Block(ctx, "198.51.100.0/24", time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/x/{id}", okHandler)
+		h := l.Handler(mux)
+		for _, tc := range []struct {
+			remote  string
+			blocked bool
+		}{{"198.51.100.7:1", true}, {"[::ffff:198.51.100.8]:1", true}, {"198.51.101.7:1", false}} {
+			r := httptest.NewRequest("GET", "/x/1", nil)
+			r.RemoteAddr = tc.remote
+			r.Pattern = "GET /x/{id}"
+			res, err := l.Inspect().StatusRequest(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sh := res.Limits[1]; !res.Allowed || sh.Denied != tc.blocked || sh.Blocked.IsZero() == tc.blocked {
+				t.Errorf("%s: %+v; want allowed, the shadow limit blocked %v", tc.remote, res, tc.blocked)
+			}
+			if w := serve(h, "GET", "/x/1", tc.remote); w.Code != http.StatusOK {
+				t.Errorf("%s: status %d, want 200 (a shadow limit enforces no block)", tc.remote, w.Code)
+			}
+		}
+	})
+}
