@@ -38,7 +38,7 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	}
 	// A manual block answers from memory (see live.go); one atomic load
 	// when there is none.
-	if out := &s.out; rs.blockedOutcome(rs.enforcedIDs(s), q.Local.UnixMicro(), out, s.replies(len(rs.limits))) {
+	if out := &s.out; rs.blockedOutcome(s, rs.enforcedIDs(s), fromKeys, q.Local.UnixMicro(), out, s.replies(len(rs.limits))) {
 		res := rs.result(s, out, cost, peek)
 		res.Blocked = true
 		if res.index >= 0 {
@@ -60,7 +60,7 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 			return rs.result(s, out, cost, peek), nil
 		}
 	}
-	if rs.shadowBlocks(s, q.Local.UnixMicro()) {
+	if rs.shadowBlocks(s, fromKeys, q.Local.UnixMicro()) {
 		q.Quotas = s.quotas
 	}
 	q.Keys, q.Tags = rs.keys(s, fromKeys)
@@ -141,8 +141,9 @@ func (rs *ruleset) anyShadow() bool {
 // its quota in s.quotas to 0, so that the request is not logged there: a
 // shadow limit logs only what enforcing it would have admitted, and an
 // enforced limit would have denied the blocked client. It reports whether
-// there is one; s.quotas then holds every limit's quota.
-func (rs *ruleset) shadowBlocks(s *scratch, now int64) bool {
+// there is one; s.quotas then holds every limit's quota. fromKeys is
+// decide's.
+func (rs *ruleset) shadowBlocks(s *scratch, fromKeys bool, now int64) bool {
 	o := rs.ops.Load()
 	if o == nil || !o.blocking || !rs.anyShadow() {
 		return false
@@ -154,8 +155,7 @@ func (rs *ruleset) shadowBlocks(s *scratch, now int64) bool {
 		if !rs.limits[i].Shadow {
 			continue
 		}
-		s.enforced = append(s.enforced[:0], s.ids[i])
-		if _, until, ok := o.blocked(s.enforced, now); ok {
+		if until := rs.blockedUntil(o, s, i, s.ids[i], fromKeys, now); until != 0 {
 			s.shadowUntil[i], any = until, true
 		}
 	}
@@ -199,14 +199,19 @@ func (rs *ruleset) reportShadowBlocks(s *scratch, res *Result) {
 
 // blockedOutcome fills out with the denial of a request of ids that a
 // manual block answers, at now (Unix µs), and reports whether there is
-// one.
-func (rs *ruleset) blockedOutcome(ids []string, now int64, out *store.Outcome, replies []store.Reply) bool {
+// one. fromKeys is decide's.
+func (rs *ruleset) blockedOutcome(s *scratch, ids []string, fromKeys bool, now int64, out *store.Outcome, replies []store.Reply) bool {
 	o := rs.ops.Load()
 	if o == nil || !o.blocking {
 		return false
 	}
-	i, until, ok := o.blocked(ids, now)
-	if !ok {
+	i, until := -1, int64(0)
+	for j, id := range ids {
+		if u := rs.blockedUntil(o, s, j, id, fromKeys, now); u > until {
+			i, until = j, u
+		}
+	}
+	if i < 0 {
 		return false
 	}
 	out.Reset(replies)
@@ -215,6 +220,29 @@ func (rs *ruleset) blockedOutcome(ids []string, now int64, out *store.Outcome, r
 	// Remaining 0, Reset and Retry-After the block's end.
 	out.Replies[i] = store.Reply{OK: true, Now: now, Count: int64(rs.limits[i].tiers[0].quota), Reset: until, Next: until}
 	return true
+}
+
+// blockedUntil returns when the latest manual block of o that matches
+// id, the identifier of rs's limit i, ends, if after now (Unix µs); 0 if
+// none does. The empty identifier matches none. An identifier that a
+// Compose key returned (fromKeys) is matched whole and through each of
+// its parts (Key.parts), so that a block of a client's address or
+// network denies a limit counted by Compose(ClientIP(), ...), however
+// nested, as it denies one counted by ClientIP. An identifier given by
+// the caller (Allow) is matched whole: the library cannot tell its parts.
+func (rs *ruleset) blockedUntil(o *liveOps, s *scratch, i int, id string, fromKeys bool, now int64) int64 {
+	if id == "" {
+		return 0
+	}
+	until := o.blockedID(id, now, 0)
+	if parts := rs.limits[i].Key.parts; fromKeys && parts != nil {
+		s.parts = parts(s.parts[:0], id)
+		for _, p := range s.parts {
+			until = o.blockedID(p, now, until)
+		}
+		clear(s.parts)
+	}
+	return until
 }
 
 // resolvePlans finds the plan of the client of each limit with plans, for
@@ -271,6 +299,7 @@ type scratch struct {
 	noKey      int  // the limit whose Key could not identify the request (ErrNoKey), -1 if none
 	ids        []string
 	enforced   []string // ids as manual blocks see them (enforcedIDs)
+	parts      []string // a composed identifier's parts (blockedUntil)
 	buf        []byte
 	ends       []int
 	keys       []string

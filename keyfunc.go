@@ -49,6 +49,11 @@ type Key struct {
 	// kind, if set, is what the Key counts by when name does not say it
 	// all (see kindOf).
 	kind string
+	// parts, set for a Compose key, appends to dst the identifiers its
+	// parts returned, read back from id, the identifier it returned: each
+	// part unescaped, a nested Compose's parts in turn. A manual block
+	// matches them as it matches a whole identifier (ruleset.blockedAt).
+	parts func(dst []string, id string) []string
 }
 
 // kindOf returns what k counts by, as its limits' Redis keys and
@@ -271,16 +276,21 @@ var kindJoin = strings.NewReplacer("%", "%25", "+", "%2B")
 // Compose returns a Key made of several: a request is identified by all their
 // values together, for example Compose(ClientIP(), Route()) counts each client
 // on each route separately. If any part has no key, neither has the whole.
+// A manual block ([operator.Operator.Block]) matches each part as it
+// matches a Key's whole identifier: a block of a client's address or
+// network denies the request through Compose(ClientIP(), Route()).
 func Compose(keys ...Key) Key {
 	names := make([]string, len(keys))
 	kinds := make([]string, len(keys))
 	fns := make([]func(*http.Request) (string, error), len(keys))
+	nested := make([]func([]string, string) []string, len(keys))
 	var err error
 	peer, router := false, false
 	for i, k := range keys {
 		names[i] = k.name
 		kinds[i] = kindJoin.Replace(k.kindOf()) // a part's own '+' is not a join
 		fns[i] = k.fn
+		nested[i] = k.parts
 		peer = peer || k.peer
 		router = router || k.router
 		if k.fn == nil && err == nil {
@@ -293,7 +303,19 @@ func Compose(keys ...Key) Key {
 	if len(keys) == 0 {
 		err = errors.New("Compose of no keys")
 	}
-	return Key{name: strings.Join(names, "+"), kind: strings.Join(kinds, "+"), err: err, escaped: true, peer: peer, router: router, fn: func(r *http.Request) (string, error) {
+	parts := func(dst []string, id string) []string {
+		for _, sub := range nested {
+			part, rest, _ := strings.Cut(id, string(composeSep))
+			id = rest
+			if part = unescapeID(part); sub != nil {
+				dst = sub(dst, part)
+			} else if part != "" {
+				dst = append(dst, part)
+			}
+		}
+		return dst
+	}
+	return Key{name: strings.Join(names, "+"), kind: strings.Join(kinds, "+"), err: err, escaped: true, peer: peer, router: router, parts: parts, fn: func(r *http.Request) (string, error) {
 		// Each part is escaped and the parts are joined by a byte that
 		// escaping never emits, so ("a|b", "c") and ("a", "b|c") differ.
 		var buf [128]byte // most keys fit: one allocation, the string

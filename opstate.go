@@ -93,45 +93,52 @@ func family(a netip.Addr) int {
 
 // blocked returns the limit whose identifier among ids is blocked at now
 // (Unix µs), and until when: the block that lasts longest if several
-// match. ok is false if none is. An identifier is blocked by a block of
-// the same identifier, and, if it is an IP address or network (as
-// ClientIP's identifiers are, see netid.ReadIdentifier), by every network block
-// that overlaps it: one that holds it, and one inside it (an address or a
-// network longer than ClientIP's grouping blocks the group that holds it).
+// match. ok is false if none is. See blockedID.
 func (o *liveOps) blocked(ids []string, now int64) (limit int, until int64, ok bool) {
 	limit = -1
 	for i, id := range ids {
-		if exp, found := o.ids[id]; found && exp > now && exp > until {
-			limit, until = i, exp
-		}
-		if len(o.bits[0])+len(o.bits[1]) == 0 {
-			continue
-		}
-		g, isIP := netid.ReadIdentifier(id)
-		if !isIP {
-			continue
-		}
-		f := family(g.Addr())
-		longer := false
-		for _, bits := range o.bits[f] {
-			if bits > g.Bits() {
-				longer = true // inside g, if at all: netid.BlockedInside
-				continue
-			}
-			p, err := g.Addr().Prefix(bits)
-			if err != nil {
-				continue
-			}
-			if exp, found := o.nets[f][p]; found && exp > now && exp > until {
-				limit, until = i, exp
-			}
-		}
-		if !longer {
-			continue
-		}
-		if u := netid.BlockedInside(o.sorted[f], g, now, until); u > until {
+		if u := o.blockedID(id, now, until); u > until {
 			limit, until = i, u
 		}
 	}
 	return limit, until, limit >= 0
+}
+
+// blockedID returns the latest expiry after now (Unix µs) of the blocks
+// that match the identifier id, and until if none is later. An
+// identifier is matched by a block of the same identifier, and, if it is
+// an IP address or network (as ClientIP's identifiers are, see
+// netid.ReadIdentifier), by every network block that overlaps it: one
+// that holds it, and one inside it (an address or a network longer than
+// ClientIP's grouping blocks the group that holds it).
+func (o *liveOps) blockedID(id string, now, until int64) int64 {
+	if exp, found := o.ids[id]; found && exp > now && exp > until {
+		until = exp
+	}
+	if len(o.bits[0])+len(o.bits[1]) == 0 {
+		return until
+	}
+	g, isIP := netid.ReadIdentifier(id)
+	if !isIP {
+		return until
+	}
+	f := family(g.Addr())
+	longer := false
+	for _, bits := range o.bits[f] {
+		if bits > g.Bits() {
+			longer = true // inside g, if at all: netid.BlockedInside
+			continue
+		}
+		p, err := g.Addr().Prefix(bits)
+		if err != nil {
+			continue
+		}
+		if exp, found := o.nets[f][p]; found && exp > now && exp > until {
+			until = exp
+		}
+	}
+	if longer {
+		until = netid.BlockedInside(o.sorted[f], g, now, until)
+	}
+	return until
 }

@@ -172,9 +172,15 @@ const (
 	// FailLocal enforces the same limits in this process while Redis cannot
 	// be reached, and goes back to Redis as soon as it answers. Each app
 	// instance then counts only its own requests, so across N instances a
-	// limit admits up to N times its quota; the counts of the outage are not
-	// carried over to Redis. Responses carry the local counts in their
-	// headers. A request whose cost is below 1 gets 503, as under
+	// limit admits up to N times its quota in a window. What an instance
+	// admitted locally still counts once Redis is back, added to Redis's
+	// count until it leaves its window (nothing is written to Redis), so the
+	// return adds nothing to that bound: one instance alone admits at most
+	// the quota in any window; only a window in which an outage begins after
+	// Redis admitted may hold one quota more, since the local logs cannot
+	// know what Redis admitted before (see docs/failures.md, the bound).
+	// In-flight limits ([InFlight]) are not carried across the return.
+	// Responses carry the local counts in their headers. A request whose cost is below 1 gets 503, as under
 	// FailClosed; one whose Key cannot identify it gets [WithMissingKey]'s
 	// answer. [Limiter.Allow] decides
 	// locally too, and returns the error with the local Result. The local

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"crypto/sha256"
 	"encoding/base64"
+	"strings"
 )
 
 // Redis keys have the form
@@ -75,6 +76,40 @@ func appendEscaped(dst []byte, id string) []byte {
 		}
 	}
 	return dst
+}
+
+// unescapeID returns id as it was before appendEscaped escaped it: id
+// itself when it holds no '%', as a client address never does. A '%'
+// not followed by two hex digits, which appendEscaped never writes, is
+// kept as it is.
+func unescapeID(id string) string {
+	i := strings.IndexByte(id, '%')
+	if i < 0 {
+		return id
+	}
+	b := make([]byte, 0, len(id))
+	b = append(b, id[:i]...)
+	for ; i < len(id); i++ {
+		if c := id[i]; c == '%' && i+2 < len(id) && isHex(id[i+1]) && isHex(id[i+2]) {
+			b = append(b, unhex(id[i+1])<<4|unhex(id[i+2]))
+			i += 2
+		} else {
+			b = append(b, c)
+		}
+	}
+	return string(b)
+}
+
+func isHex(c byte) bool { return '0' <= c && c <= '9' || 'A' <= c && c <= 'F' || 'a' <= c && c <= 'f' }
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
 }
 
 // escapedLen is the length of id escaped, without building it.

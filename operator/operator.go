@@ -291,6 +291,9 @@ func (o *Operator) ClearQuota(ctx context.Context, limit, plan string) (bool, er
 // or, when target is an IP address or a CIDR ("203.0.113.7",
 // "2001:db8::/48", in any spelling), any of whose identifiers is an address
 // or network that overlaps it, as ratelimit.ClientIP identifies clients.
+// The identifier of a ratelimit.Compose key is matched whole and through
+// each of its parts, however nested: a block of an address denies the
+// limits counted by Compose(ClientIP(), ...) too.
 // Such a request is answered from memory, without a call to Redis, with
 // Retry-After the block's remaining time. Blocking a target again replaces
 // its expiry. It fails for an invalid target (empty, longer than

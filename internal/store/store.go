@@ -230,15 +230,40 @@ type Reply = store.Reply
 // Fallback decides with fallback when primary cannot (FailLocal): the
 // outcome is then fallback's, marked local, along with primary's error.
 // Queries that count nothing are not answered by the fallback.
-// Once primary decides again, the fallback's logs are given back as they
-// expire.
+//
+// What the fallback admitted stays counted once primary decides again,
+// until it leaves its windows: while the fallback holds logs, a decision
+// first reads (counting nothing) the fallback's count of each enforced
+// limit that is not an in-flight one. If that count leaves room for the
+// request, primary decides with each quota less that count
+// (Query.Quotas); if it does not, primary is only asked for its counts
+// (a peek), and the request is denied, its Reset never before it fits
+// (see merge). Either way the reply's Count is primary's and the fallback's
+// together. So a window of a limit never holds more than its quota of
+// what primary admitted and what this process admitted in the fallback:
+// nothing is written back, a decision costs no more calls, and one that
+// fails writes nothing more than it did. The fallback's logs are given
+// back as they expire.
 type Fallback struct {
 	Primary Store
 	Local   *store.Local
 }
 
 func (f Fallback) Decide(ctx context.Context, q *Query, out *Outcome) error {
-	err := f.Primary.Decide(ctx, q, out)
+	p := q
+	var counted *localCounts
+	if f.Local.Bytes() > 0 { // the logs of an outage, until they expire
+		if counted = f.count(ctx, q); counted != nil {
+			p = &counted.q
+		}
+	}
+	err := f.Primary.Decide(ctx, p, out)
+	if counted != nil {
+		q.Abandoned = q.Abandoned || p.Abandoned
+		if err == nil {
+			f.merge(ctx, q, counted, out)
+		}
+	}
 	if err == nil {
 		f.Local.Sweep(q.Local.UnixMicro())
 	}
@@ -255,6 +280,139 @@ func (f Fallback) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	_ = f.Local.Decide(ctx, &local.Query, &out.Outcome)
 	out.Local = true
 	return err
+}
+
+// localCounts is what the fallback's logs hold of a query's clients:
+// peek, the query as a peek of the enforced limits that are not in-flight
+// ones, and out, the fallback's reply to it; counts, each limit's count
+// there (0 for the others); and q, the query to ask primary: a peek if
+// out denies, else with each quota less that count.
+type localCounts struct {
+	q      Query
+	peek   store.Query // the fallback's peek
+	out    Outcome
+	counts []int64
+}
+
+// count reads the fallback's counts of q's clients (see Fallback), or
+// returns nil when its logs hold none of them.
+func (f Fallback) count(ctx context.Context, q *Query) *localCounts {
+	n := len(q.Keys)
+	c := &localCounts{q: *q, counts: make([]int64, n)}
+	peek := q.Query
+	peek.Peek = true
+	peek.Quotas = make([]int, n)
+	for i := range n {
+		if lim := &q.Limits[i]; !lim.InFlight && !lim.Shadow {
+			peek.Quotas[i] = q.Quota(i) // 0 for the others: not counted
+		}
+	}
+	if peek.Now == 0 {
+		peek.Now = time.Now().UnixMicro()
+	}
+	c.out.Reset(make([]Reply, n))
+	_ = f.Local.Decide(ctx, &peek, &c.out.Outcome)
+	c.peek = peek
+	any := false
+	for i := range n {
+		if peek.Quotas[i] > 0 && c.out.Replies[i].OK && c.out.Replies[i].Count > 0 {
+			c.counts[i] = c.out.Replies[i].Count
+			any = true
+		}
+	}
+	if !c.out.Allowed {
+		c.q.Peek = true // denied here whatever primary holds: only its counts are asked
+		return c
+	}
+	if !any {
+		return nil
+	}
+	quotas := make([]int, n)
+	for i := range n {
+		// The peek admitted: a count leaves room for the cost, so the
+		// quota stays at least 1 (0 would not count the limit).
+		quotas[i] = q.Quota(i) - int(c.counts[i])
+	}
+	c.q.Quotas = quotas
+	return c
+}
+
+// merge makes out, primary's outcome of c.q, the outcome of q with the
+// fallback's counts: each Count the sum of both. When the fallback's
+// logs denied, the request is denied by the limit they name, and each
+// limit without room says when the request fits, never before it does:
+// primary's count only falls, so it fits once the fallback's count has
+// fallen to the room primary's count leaves (read in a second peek of
+// the fallback, with each quota less primary's count) and, if primary's
+// count alone leaves no room, once primary says it does (-1 if the cost
+// never fits). A limit with room has its oldest entry (Reset, Next) the
+// earlier of both stores'.
+func (f Fallback) merge(ctx context.Context, q *Query, c *localCounts, out *Outcome) {
+	for i, cnt := range c.counts {
+		if cnt > 0 && out.Replies[i].OK {
+			out.Replies[i].Count += cnt
+		}
+	}
+	if c.out.Allowed {
+		return
+	}
+	n := int64(q.Cost)
+	again := c.peek
+	again.Quotas = make([]int, len(q.Keys))
+	full := false
+	for i := range q.Keys {
+		r := &out.Replies[i]
+		if c.peek.Quotas[i] == 0 || !r.OK {
+			continue
+		}
+		quota, primary := int64(q.Quota(i)), r.Count-c.counts[i]
+		if r.Count+n <= quota && c.out.Replies[i].Block == 0 {
+			continue // room in both together
+		}
+		// The fallback's count must fall to quota - primary, or to
+		// nothing if primary's alone leaves no room.
+		again.Quotas[i] = int(max(quota-primary, n))
+		full = true
+	}
+	var fits Outcome
+	if full {
+		fits.Reset(make([]Reply, len(q.Keys)))
+		_ = f.Local.Decide(ctx, &again, &fits.Outcome)
+	}
+	out.Allowed, out.Denier = false, c.out.Denier
+	for i := range out.Replies {
+		r, l := &out.Replies[i], &c.out.Replies[i]
+		switch {
+		case c.peek.Quotas[i] == 0 || !l.OK: // not counted here: primary's reply stands
+			continue
+		case !r.OK: // primary did not read it: the fallback's reply
+			*r = *l
+			continue
+		}
+		primary, blocked := r.Count-c.counts[i], r.Block != 0
+		r.Block = max(r.Block, l.Block)
+		if again.Quotas[i] == 0 { // room: the oldest entry is the earlier
+			switch {
+			case c.counts[i] == 0:
+			case primary == 0:
+				r.Reset, r.Next = l.Reset, l.Next
+			default:
+				r.Reset, r.Next = min(r.Reset, l.Reset), min(r.Next, l.Next)
+			}
+			continue
+		}
+		at := fits.Replies[i].Reset
+		switch {
+		case n > int64(q.Quota(i)) || at == -1 || r.Reset == -1 && primary+n > int64(q.Quota(i)):
+			at = -1
+		case primary+n > int64(q.Quota(i)) || blocked:
+			at = max(at, r.Reset) // when primary's own count, or block, lets the cost fit
+		}
+		r.Reset = at
+		if primary == 0 || l.Next != 0 && l.Next < r.Next {
+			r.Next = l.Next
+		}
+	}
 }
 
 // External decides in a store the application gave (WithStore), within
