@@ -501,7 +501,11 @@ local function exact_admit(log, lim, now, n)
   end
   local at = t + (-t) % lim[UNIT] -- rounded up to the unit
   local offset = log[BASE] and (at - log[BASE]) / lim[UNIT]
-  if log[BASE] and log[LUNIT] == lim[UNIT] and log[DEAD] * 2 <= log[COUNT] and offset >= log[NEWEST] and offset >= 0 and
+  -- A log kept for a longer window than lim's (see definitions) keeps the
+  -- entries that have left lim's window: it is written anew at its
+  -- refresh-by, not for them.
+  if log[BASE] and log[LUNIT] == lim[UNIT] and
+    (log[DEAD] * 2 <= log[COUNT] or log[LKEEP] * lim[UNIT] >= lim[WINDOW] + lim[UNIT]) and offset >= log[NEWEST] and offset >= 0 and
     offset <= MAX_OFFSET and offset + lim[WINDOW] / lim[UNIT] <= log[REFRESH] and log[LKEEP] * lim[UNIT] >= lim[WINDOW] and
     log[LAHEAD] * lim[UNIT] >= (lim[AHEAD] or 0) then
     local entry = encode_entry(offset)
@@ -800,7 +804,7 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead)
   if offset > MAX_OFFSET then
     return false -- written anew at another base
   end
-  if count and dead * 2 > count or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
+  if count and dead * 2 > count and keep < window + unit or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
     -- Written anew at the same base (see exact_rewrite): without the
     -- entries that have left the window a unit (AHEAD, the log's ahead)
     -- before at, or its keep.
