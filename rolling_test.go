@@ -191,3 +191,104 @@ func TestRollingBucketed(t *testing.T) {
 		}
 	})
 }
+
+// rollingBurst asks lim n times for id at the clock's time and returns how
+// many it admitted.
+func rollingBurst(t *testing.T, lim *Limiter, id string, n int) int {
+	t.Helper()
+	admitted := 0
+	for range n {
+		res, err := lim.Allow(context.Background(), []string{id}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Allowed {
+			admitted++
+		}
+	}
+	return admitted
+}
+
+// TestRollingWindowFirstWrite: the transition's bound when a window grows
+// under a name (docs/limits.md): until the longer release first writes a
+// client's log, the log holds only what the shorter one kept, its last
+// window and a unit, so a window of the longer release that starts
+// before then may hold its quota and the shorter's. Here exactly: 64
+// admitted by the 1m release at 0s, 1 at 62s (its write anew drops the
+// 64), then the 2m release admits 63 at 63s: 128 in its window. From its
+// first write on, the log keeps 2m: the 1m release's next write anew
+// keeps what the 2m release counts, which then denies.
+func TestRollingWindowFirstWrite(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		clock := &testClock{t: leaseStart}
+		opts := []Option{WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1})}
+		short := mustNew(t, b.newClient(t), []Limit{PerMinute(64, Header("X-Client")).Named("grow")}, opts...)
+		long := mustNew(t, b.newClient(t), []Limit{Per(2*time.Minute, 64, Header("X-Client")).Named("grow")}, opts...)
+		at := func(d time.Duration) { clock.Set(leaseStart.Add(d)) }
+		at(0)
+		if n := rollingBurst(t, short, "c", 64); n != 64 {
+			t.Fatalf("the 1m release admitted %d of 64 at 0s", n)
+		}
+		at(62 * time.Second)
+		if n := rollingBurst(t, short, "c", 1); n != 1 {
+			t.Fatalf("the 1m release admitted %d of 1 at 62s", n)
+		}
+		at(63 * time.Second)
+		if n := rollingBurst(t, long, "c", 70); n != 63 {
+			t.Fatalf("the 2m release admitted %d at 63s, want 63: the bound is its quota and the 1m release's in its window, 128", n)
+		}
+		at(125 * time.Second)
+		if n := rollingBurst(t, short, "c", 10); n != 10 {
+			t.Fatalf("the 1m release admitted %d of 10 at 125s", n)
+		}
+		at(126 * time.Second)
+		if n := rollingBurst(t, long, "c", 10); n != 0 {
+			t.Fatalf("the 2m release admitted %d at 126s, with 74 in its window (quota 64): the 1m release's write anew dropped what it counts", n)
+		}
+	})
+}
+
+// TestRollingWindowKeepBound: a log keeps no more than MAX_OFFSET - SPAN
+// (65,407) of its units, so a window more than that longer than the
+// other release's (1m's unit is 10ms: 654.07s) is counted, in the longer
+// release, only as far back as the log holds (docs/limits.md): here the
+// 64 admitted at 61s by the 1m release are dropped by its write anew at
+// 716s, and the 20m release admits 63 at 717s beside them. Within the
+// bound (admitted at 100s), it counts them and denies.
+func TestRollingWindowKeepBound(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		clock := &testClock{t: leaseStart}
+		opts := []Option{WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1})}
+		short := mustNew(t, b.newClient(t), []Limit{PerMinute(64, Header("X-Client")).Named("far")}, opts...)
+		long := mustNew(t, b.newClient(t), []Limit{Per(20*time.Minute, 64, Header("X-Client")).Named("far")}, opts...)
+		start := leaseStart
+		at := func(d time.Duration) { clock.Set(start.Add(d)) }
+		for i, c := range []struct {
+			id     string
+			first  time.Duration // when the 1m release admits 64
+			then   time.Duration // when it admits 1 more, writing the log anew
+			admits int           // what the 20m release admits a second later
+		}{
+			{"beyond", 61 * time.Second, 716 * time.Second, 63},
+			{"within", 100 * time.Second, 716 * time.Second, 0},
+		} {
+			start = leaseStart.Add(time.Duration(i) * time.Hour)
+			at(0)
+			if n := rollingBurst(t, long, c.id, 1); n != 1 {
+				t.Fatalf("%s: the 20m release admitted %d of 1 at 0s", c.id, n)
+			}
+			at(c.first)
+			if n := rollingBurst(t, short, c.id, 64); n != 64 {
+				t.Fatalf("%s: the 1m release admitted %d of 64 at %v", c.id, n, c.first)
+			}
+			at(c.then)
+			if n := rollingBurst(t, short, c.id, 1); n != 1 {
+				t.Fatalf("%s: the 1m release admitted %d of 1 at %v", c.id, n, c.then)
+			}
+			at(c.then + time.Second)
+			if n := rollingBurst(t, long, c.id, 70); n != c.admits {
+				t.Fatalf("%s: the 20m release admitted %d at %v, want %d", c.id, n, c.then+time.Second, c.admits)
+			}
+		}
+	})
+}
