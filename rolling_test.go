@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 )
@@ -289,6 +291,46 @@ func TestRollingWindowKeepBound(t *testing.T) {
 			if n := rollingBurst(t, long, c.id, 70); n != c.admits {
 				t.Fatalf("%s: the 20m release admitted %d at %v, want %d", c.id, n, c.then+time.Second, c.admits)
 			}
+		}
+	})
+}
+
+// TestRollingLeasedRoute: one Limiter whose two routes share an explicit
+// name, leased on one and not on the other, counts every admission of
+// either in the one window: none over the quota.
+func TestRollingLeasedRoute(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		seed := testSeed(t)
+		rng := rand.New(rand.NewPCG(uint64(seed), 13))
+		base := PerMinute(64, Header("X-Client")).Named("shared")
+		clock := &testClock{t: leaseStart}
+		lim := mustNew(t, b.newClient(t), []Limit{PerHour(1_000_000, Global()).Named("all")}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}),
+			WithRoutes(map[string]RouteLimits{"/leased": {Limits: []Limit{base.Leased()}}, "/plain": {Limits: []Limit{base}}}))
+		t.Cleanup(func() { _ = lim.Close() })
+		mux := http.NewServeMux()
+		mux.Handle("/leased", okHandler)
+		mux.Handle("/plain", okHandler)
+		h := lim.Handler(mux)
+		c := rollingCase{name: "leased and plain routes", releases: [2]Limit{base, base}}
+		var admitted []rollingAdmission
+		now := leaseStart
+		for now.Before(leaseStart.Add(10 * time.Minute)) {
+			now = now.Add(time.Duration(rng.IntN(60)) * time.Millisecond)
+			clock.Set(now)
+			r := rng.IntN(2)
+			req := httptest.NewRequest("GET", []string{"/leased", "/plain"}[r], nil)
+			req.Header.Set("X-Client", "hot")
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, req)
+			if w.Code == http.StatusOK {
+				admitted = append(admitted, rollingAdmission{now, 1, r, "hot"})
+			}
+		}
+		if worst, where := rollingOver(admitted, c); worst > 0 {
+			t.Errorf("seed %d (RATELIMIT_SEED): %d over the quota: %s", seed, worst, where)
+		}
+		if lim.Inspect().Leased() == 0 {
+			t.Errorf("no decision from a lease: the test tests nothing")
 		}
 	})
 }
