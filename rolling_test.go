@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -26,6 +28,10 @@ type rollingAdmission struct {
 	release int
 	client  string
 }
+
+// rollingRuns numbers the runs of runRolling, which each take a key
+// prefix of their own.
+var rollingRuns atomic.Int64
 
 // rollingCase is a pair of definitions of one name.
 type rollingCase struct {
@@ -49,9 +55,10 @@ func runRolling(t *testing.T, b backend, c rollingCase, seed int64, length time.
 	rng := rand.New(rand.NewPCG(uint64(seed), 11))
 	clock := &testClock{t: leaseStart}
 	var rel [2]*Limiter
+	prefix := fmt.Sprintf("rolling%d:", rollingRuns.Add(1))
 	for i := range rel {
-		// A prefix of the case's own: the cases share a server.
-		rel[i] = mustNew(t, b.newClient(t), []Limit{c.releases[i]}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1, Prefix: fmt.Sprintf("rolling%d:", seed)}))
+		// A prefix of the run's own: the cases share a server.
+		rel[i] = mustNew(t, b.newClient(t), []Limit{c.releases[i]}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1, Prefix: prefix}))
 		t.Cleanup(func() { _ = rel[i].Close() })
 	}
 	ctx := context.Background()
@@ -333,4 +340,23 @@ func TestRollingLeasedRoute(t *testing.T) {
 			t.Errorf("no decision from a lease: the test tests nothing")
 		}
 	})
+}
+
+// TestDefinitionConflictSays: the conflict warning says how two
+// definitions of one name count while both run.
+func TestDefinitionConflictSays(t *testing.T) {
+	d := definition{kind: "ip", window: time.Minute}
+	for _, c := range []struct {
+		other definition
+		want  string
+	}{
+		{definition{kind: "user", window: time.Minute}, "logs of their own"},
+		{definition{kind: "ip", window: time.Minute, precision: time.Second}, "may admit both quotas"},
+		{definition{kind: "ip", window: 2 * time.Minute}, "each every request in its own window"},
+		{definition{kind: "ip", window: time.Minute, quota: 5, defaulted: true}, "each up to its own quota"},
+	} {
+		if got := d.conflict(c.other); !strings.Contains(got, c.want) {
+			t.Errorf("%v and %v: %q, want it to say %q", d, c.other, got, c.want)
+		}
+	}
 }

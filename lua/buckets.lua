@@ -8,10 +8,10 @@
 -- marker's name carries the precision, so that a limit whose precision
 -- changes under the same name (a rolling deploy) finds buckets it cannot
 -- read as they are: a decision that may write moves each into the bucket
--- of its own precision that holds the old bucket's last instant (later
--- than its requests were, never sooner, by less than the larger
--- precision; moved back and forth, a bucket settles within both
--- precisions of its time), and the newest marker with them
+-- of its own precision that holds the old bucket's last instant, or now's
+-- if that is earlier (later than its requests were, never sooner, by less
+-- than the larger precision; moved back and forth, a bucket settles
+-- within both precisions of its time), and the newest marker with them
 -- (buckets_regrid); one that may not counts their total again as one
 -- bucket at the request's time. A request at now
 -- counts the buckets from k =
@@ -73,7 +73,8 @@ end
 
 -- buckets_regrid moves the buckets of the limit at key that another
 -- precision wrote (its newest marker says which) into lim's precision,
--- each into the bucket that holds its last instant, and keeps the key
+-- each into the bucket that holds its last instant, or the one of now if
+-- that is later (its requests were logged by now), and keeps the key
 -- until the latest of them leaves the window on the clock of now. It
 -- returns false, having written nothing, if no marker says the other
 -- precision.
@@ -100,13 +101,18 @@ local function buckets_regrid(key, lim, now)
     return false
   end
   newest = tonumber(redis.call('HGET', key, prefix .. 'n' .. string.format('%d', old)))
+  -- No bucket later than the one of now (or of the old newest bucket's
+  -- start, if later): its requests were logged at those times at the
+  -- latest, and a bucket ahead of the clock would move the window on.
+  local cap = math.max(now, newest or 0)
+  cap = (cap - cap % p) / p
   local moved, total, first, last = {}, 0, false, false
   local counts = #fields > 0 and redis.call('HMGET', key, unpack(fields)) or {}
   for j = 1, #fields do
     local c = tonumber(counts[j]) or 0
     if c > 0 then
       local t = (tonumber(string.sub(fields[j], #prefix + 1)) + 1) * old - 1
-      local k = (t - t % p) / p
+      local k = math.min((t - t % p) / p, cap)
       moved[k] = (moved[k] or 0) + c
       total = total + c
       if not first or k < first then
@@ -120,7 +126,7 @@ local function buckets_regrid(key, lim, now)
   redis.call('HDEL', key, unpack(gone))
   if newest then
     local t = newest + old - 1
-    newest = t - t % p
+    newest = math.min(t - t % p, cap * p)
     if not last or newest > last * p then
       last = newest / p
     end
@@ -203,11 +209,15 @@ local function buckets_read(key, lim, now, write)
   local name = lim[NAME]
   local nfield = newest_field(lim)
   local v = redis.call('HMGET', key, name .. ':t', name .. ':o', nfield)
-  if not v[3] and (v[1] or v[2]) then
-    if not (write and buckets_regrid(key, lim, now)) then
+  if not v[3] then
+    -- No marker of this precision: another's may be there (a limit of
+    -- this precision then writes beside it; later, the other would read
+    -- its buckets as its own).
+    if write and buckets_regrid(key, lim, now) then
+      v = redis.call('HMGET', key, name .. ':t', name .. ':o', nfield)
+    elseif v[1] or v[2] then
       return buckets_convert(key, lim, now, write, tonumber(v[1]) or 0)
     end
-    v = redis.call('HMGET', key, name .. ':t', name .. ':o', nfield)
   end
   local newest, t = tonumber(v[3]) or false, now
   if newest and newest > now then
