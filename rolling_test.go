@@ -360,3 +360,23 @@ func TestDefinitionConflictSays(t *testing.T) {
 		}
 	}
 }
+
+// TestRollingPrecisionIdle: a client that filled a bucketed limit in one
+// release's precision and was idle for 10 minutes is admitted by the
+// other's, its full quota: the old buckets left the window long ago.
+func TestRollingPrecisionIdle(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		clock := &testClock{t: leaseStart}
+		opts := []Option{WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1})}
+		base := PerMinute(64, Header("X-Client")).Named("idle")
+		two := mustNew(t, b.newClient(t), []Limit{base.Bucketed(2 * time.Second)}, opts...)
+		five := mustNew(t, b.newClient(t), []Limit{base.Bucketed(5 * time.Second)}, opts...)
+		if n := rollingBurst(t, two, "c", 70); n != 64 {
+			t.Fatalf("the 2s release admitted %d, want 64", n)
+		}
+		clock.Set(leaseStart.Add(10 * time.Minute))
+		if n := rollingBurst(t, five, "c", 70); n != 64 {
+			t.Fatalf("after 10 minutes idle, the 5s release admitted %d, want 64", n)
+		}
+	})
+}
