@@ -84,7 +84,7 @@
 -- cover its own; else it writes the log anew. A log only one definition
 -- writes has its ahead 0 (no lease) or its AHEAD, and its keep its
 -- window: it is read and written as above. Both only grow while the log
--- lives; no more than MAX_OFFSET units are kept.
+-- lives; no more than MAX_OFFSET - SPAN units are kept.
 --
 -- Reading a string into Lua costs Redis in proportion to its length (it
 -- hashes every byte), so a log that may hold more than WHOLE entries (its
