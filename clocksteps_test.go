@@ -249,9 +249,10 @@ func testWindowChange(t *testing.T, b backend) {
 // TestBucketPrecisionChange: a bucketed limit whose precision changes
 // under the same name (1s to 5s, 5s to 1s) does not read the old buckets
 // as if they were its own (which read them 5 times later, or earlier:
-// gone from the window): it counts them again as if logged at the first
-// request after the change, so it denies while they are in the window and
-// admits again once they have left it, a window after the change at most.
+// gone from the window): it moves each into its own bucket that holds
+// the old bucket's last instant, so it denies while they are in the
+// window and admits again once they have left it, a window after their
+// time and at most the larger precision later.
 func TestBucketPrecisionChange(t *testing.T) { forBackends(t, testBucketPrecisionChange) }
 
 func testBucketPrecisionChange(t *testing.T, b backend) {
@@ -272,7 +273,7 @@ func testBucketPrecisionChange(t *testing.T, b backend) {
 					t.Fatalf("before the change, request %d: %+v %v", i, res, err)
 				}
 			}
-			for _, at := range []time.Duration{20 * time.Second, 40 * time.Second, 68 * time.Second} {
+			for _, at := range []time.Duration{20 * time.Second, 40 * time.Second, 59 * time.Second} {
 				clock.Set(t0.Add(at))
 				if res, err := after.Allow(ctx, []string{"k"}, 1); err != nil || res.Allowed {
 					t.Fatalf("after the change, at %v: %+v %v; want denied: 10 in the window", at, res, err)

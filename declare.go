@@ -75,7 +75,7 @@ func (d *declarer) check(decls []operator.Declaration, lg *slog.Logger) {
 		}
 		if other := declared(o); !mine.same(other) {
 			d.warned[o.Limit].report(lg, d.observers, WarningDefinitionConflict,
-				"ratelimit: another live Limiter of this Redis and prefix uses a limit's name for another limit: one name is one log in Redis, so the two count in one log by other rules; give them distinct names with Named",
+				"ratelimit: another live Limiter of this Redis and prefix uses a limit's name for another definition: "+mine.conflict(other)+"; give them distinct names with Named unless a deploy is rolling out (see docs/limits.md)",
 				slog.String("limit", o.Limit), slog.String("this", mine.String()), slog.String("other", other.String()))
 		}
 	}

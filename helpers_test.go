@@ -166,8 +166,9 @@ func logEntries(t testing.TB, c redis.UniversalClient, name, kind, id string) in
 }
 
 // logHeader is the length of an exact log's header (lua/exact.lua): its
-// base, 7 bytes, its unit, 6, its refresh-by, 3, and its floor, 2.
-const logHeader = 18
+// base, 7 bytes, its unit, 6, its refresh-by, 3, its ahead and keep, 2
+// each, and its floor, 2.
+const logHeader = 22
 
 func logBase(t *testing.T, c redis.UniversalClient, key string) time.Time {
 	t.Helper()

@@ -230,7 +230,11 @@ func (l Limit) Block(d time.Duration) Limit {
 }
 
 // Leased returns a copy of l whose hot keys are decided from leases
-// ([Limit].Lease) of Window/16, at most 1s: a process that sees a key
+// ([Limit].Lease) of Window/16, at most 1s, but at least 1ms and the
+// log's time unit (about Window/8192: more than 1s for a window over
+// about 2h16m, such as 20s for a day), so that [New] accepts it for every
+// window of 8ms or more; a window under 8ms, which no lease fits (see
+// Lease), is left without one. A process that sees a key
 // of the limit take many requests reserves units of its quota in one
 // Redis call, as entries of the key's own log, decides the key's next
 // requests in memory from them, and gives back what it did not use when
@@ -239,7 +243,11 @@ func (l Limit) Block(d time.Duration) Limit {
 // units other processes hold and have not used yet. Keys that see few
 // requests take no lease. See docs/design.md (leases).
 func (l Limit) Leased() Limit {
-	l.Lease = min(l.Window/16, time.Second)
+	unit := time.Duration(timeUnit(l.Window)) * time.Microsecond
+	l.Lease = max(min(l.Window/16, time.Second), unit, time.Millisecond)
+	if l.Lease > l.Window/8 {
+		l.Lease = 0
+	}
 	return l
 }
 

@@ -885,7 +885,7 @@ func (m *replicaRun) redisLog(key repKey) string {
 		return fmt.Sprintf("keys %v: %v", keys, err)
 	}
 	b, err := rdb.Get(ctx, keys[0]).Bytes()
-	if err != nil || len(b) < 18 || len(b)%2 != 0 {
+	if err != nil || len(b) < logHeader || len(b)%2 != 0 {
 		return fmt.Sprintf("%s: %d bytes, %v", keys[0], len(b), err)
 	}
 	num := func(b []byte) (n int64) {
@@ -894,9 +894,9 @@ func (m *replicaRun) redisLog(key repKey) string {
 		}
 		return n
 	}
-	base, unit, floor := num(b[:7]), num(b[7:13]), num(b[16:18])
+	base, unit, floor := num(b[:7]), num(b[7:13]), num(b[logHeader-2:logHeader])
 	var runs []string
-	for i := 18; i < len(b); {
+	for i := logHeader; i < len(b); {
 		off, n := num(b[i:i+2]), 0
 		for ; i < len(b) && num(b[i:i+2]) == off; i += 2 {
 			n++

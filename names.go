@@ -64,6 +64,20 @@ func (d definition) same(e definition) bool {
 	return !(d.defaulted || e.defaulted) || d.quota == e.quota
 }
 
+// conflict says how limits of definitions d and e, not the same, of one
+// name count while both run (see docs/limits.md, a rolling deploy).
+func (d definition) conflict(e definition) string {
+	switch {
+	case d.kind != e.kind:
+		return "they count different kinds of key, in logs of their own, so each admits its quota"
+	case (d.precision == 0) != (e.precision == 0):
+		return "one counts in an exact log, the other in buckets, apart, so a window may admit both quotas while both run"
+	case d.window != e.window || d.precision != e.precision:
+		return "they count in one log, each every request in its own window and bucket"
+	}
+	return "unnamed limits of other quotas count in one log, each up to its own quota"
+}
+
 // String describes d, for an error: "counted by ip, 100 per 1m, exact".
 func (d definition) String() string {
 	s := fmt.Sprintf("counted by %s, %d per %s", d.kind, d.quota, formatWindow(d.window))

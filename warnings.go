@@ -42,8 +42,12 @@ const (
 	// and key prefix (another replica, or another release during a
 	// rolling deploy) declares one of this Limiter's limit names with
 	// another definition: another kind of key, window or precision (or,
-	// for a default name, quota). One name is one log in Redis, so both
-	// count in it by their own rules. Reported once per name and Limiter,
+	// for a default name, quota). Its message says how the two count
+	// meanwhile (see docs/limits.md, changing a definition): limits of one
+	// kind whose window, bucket or lease differ share the log, each
+	// counting every request in its own window; an exact and a bucketed
+	// limit count apart, so a window may admit both quotas; other kinds
+	// of key count apart. Reported once per name and Limiter,
 	// from the refresh of the operator state ([RedisOptions].OperatorRefresh) that
 	// first reads the other declaration: within one refresh interval of
 	// the later Limiter's start (see Declaration in package operator).

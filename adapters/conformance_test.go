@@ -243,13 +243,13 @@ func logs(t *testing.T, rdb *redis.Client) map[string]int64 {
 		if k == operator.Key("ratelimit:") {
 			continue // the Limiters' declarations, not a log
 		}
-		// An exact log (lua/exact.lua): an 18-byte header (base, unit,
-		// refresh-by, floor), then 2 bytes an entry.
+		// An exact log (lua/exact.lua): a 22-byte header (base, unit,
+		// refresh-by, ahead, keep, floor), then 2 bytes an entry.
 		log, err := rdb.Get(ctx, k).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		got[k] = int64(len(log)-18) / 2
+		got[k] = int64(len(log)-22) / 2
 	}
 	return got
 }

@@ -7,8 +7,13 @@
 -- refund empties that bucket). The newest
 -- marker's name carries the precision, so that a limit whose precision
 -- changes under the same name (a rolling deploy) finds buckets it cannot
--- read: it counts their total again as one bucket at the request's time
--- (later than they were, never sooner) and drops them. A request at now
+-- read as they are: a decision that may write moves each into the bucket
+-- of its own precision that holds the old bucket's last instant, or now's
+-- if that is earlier (later than its requests were, never sooner, by less
+-- than the larger precision; moved back and forth, a bucket settles
+-- within both precisions of its time), and the newest marker with them
+-- (buckets_regrid); one that may not counts their total again as one
+-- bucket at the request's time. A request at now
 -- counts the buckets from k =
 -- floor(now/P) - W/P + 1 to floor(now/P). Memory is bounded by W/P fields
 -- whatever the quota; the count can differ from an exact log's by the
@@ -64,6 +69,85 @@ local function limit_fields(key, name)
     end
   end
   return fields
+end
+
+-- buckets_regrid moves the buckets of the limit at key that another
+-- precision wrote (its newest marker says which) into lim's precision,
+-- each into the bucket that holds its last instant, or the one of now if
+-- that is later (its requests were logged by now), and keeps the key
+-- until the latest of them leaves the window on the clock of now. It
+-- returns false, having written nothing, if no marker says the other
+-- precision.
+local function buckets_regrid(key, lim, now)
+  local name, p = lim[NAME], lim[UNIT]
+  local prefix, old, newest = name .. ':', false, false
+  local gone, fields = {}, {}
+  for _, f in ipairs(redis.call('HKEYS', key)) do
+    if string.sub(f, 1, #prefix) == prefix then
+      local rest = string.sub(f, #prefix + 1)
+      local marker = string.match(rest, '^n(%d+)$')
+      if marker then
+        old = math.max(old or 0, tonumber(marker)) -- the coarsest, if several
+        gone[#gone + 1] = f
+      elseif string.match(rest, '^%d+$') then
+        fields[#fields + 1] = f
+        gone[#gone + 1] = f
+      elseif rest == 't' or rest == 'o' or rest == 'n' then
+        gone[#gone + 1] = f
+      end
+    end
+  end
+  if not old or old <= 0 then
+    return false
+  end
+  newest = tonumber(redis.call('HGET', key, prefix .. 'n' .. string.format('%d', old)))
+  -- No bucket later than the one of now (or of the old newest bucket's
+  -- start, if later): its requests were logged at those times at the
+  -- latest, and a bucket ahead of the clock would move the window on.
+  local cap = math.max(now, newest or 0)
+  cap = (cap - cap % p) / p
+  local moved, total, first, last = {}, 0, false, false
+  local counts = #fields > 0 and redis.call('HMGET', key, unpack(fields)) or {}
+  for j = 1, #fields do
+    local c = tonumber(counts[j]) or 0
+    if c > 0 then
+      local t = (tonumber(string.sub(fields[j], #prefix + 1)) + 1) * old - 1
+      local k = math.min((t - t % p) / p, cap)
+      moved[k] = (moved[k] or 0) + c
+      total = total + c
+      if not first or k < first then
+        first = k
+      end
+      if not last or k > last then
+        last = k
+      end
+    end
+  end
+  redis.call('HDEL', key, unpack(gone))
+  if newest then
+    local t = newest + old - 1
+    newest = math.min(t - t % p, cap * p)
+    if not last or newest > last * p then
+      last = newest / p
+    end
+  end
+  if not last then
+    return true
+  end
+  local args = {prefix .. 'n' .. string.format('%d', p), string.format('%d', last * p)}
+  if total > 0 then
+    for k, c in pairs(moved) do
+      args[#args + 1], args[#args + 2] = bucket_field(name, k), string.format('%d', c)
+    end
+    args[#args + 1], args[#args + 2] = prefix .. 't', string.format('%d', total)
+    args[#args + 1], args[#args + 2] = prefix .. 'o', string.format('%d', first)
+  end
+  redis.call('HSET', key, unpack(args))
+  local ttl = math.ceil((last * p + lim[WINDOW] - now) / 1000) + 1
+  if ttl > 0 and redis.call('PTTL', key) < ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+  return true
 end
 
 -- buckets_convert reads, at now, the buckets of a limit that another
@@ -125,8 +209,15 @@ local function buckets_read(key, lim, now, write)
   local name = lim[NAME]
   local nfield = newest_field(lim)
   local v = redis.call('HMGET', key, name .. ':t', name .. ':o', nfield)
-  if not v[3] and (v[1] or v[2]) then
-    return buckets_convert(key, lim, now, write, tonumber(v[1]) or 0)
+  if not v[3] then
+    -- No marker of this precision: another's may be there (a limit of
+    -- this precision then writes beside it; later, the other would read
+    -- its buckets as its own).
+    if write and buckets_regrid(key, lim, now) then
+      v = redis.call('HMGET', key, name .. ':t', name .. ':o', nfield)
+    elseif v[1] or v[2] then
+      return buckets_convert(key, lim, now, write, tonumber(v[1]) or 0)
+    end
   end
   local newest, t = tonumber(v[3]) or false, now
   if newest and newest > now then

@@ -3,7 +3,8 @@
 --
 -- The header is the log's base (7 bytes), a time that is a multiple of
 -- SPAN units; its unit (6 bytes), in microseconds; its refresh-by (3
--- bytes), in units after the base: the key expires then; and its floor (2
+-- bytes), in units after the base: the key expires then; its ahead and
+-- keep (2 bytes each, in units; see definitions, below); and its floor (2
 -- bytes), in units after the base: the time of the newest entry a refund
 -- or rollback removed, or the time a leasable log's forget keeps (see
 -- exact_forget; 0 until one does; a write anew sets it back to 0).
@@ -67,12 +68,30 @@
 -- it then counts what the general path would (from now), and keeps what
 -- it must when it writes the log anew.
 --
+-- Definitions. Limits of one name that differ in their window, unit or
+-- lease (the releases of a rolling deploy, or one Limiter's routes) share
+-- the log, so the log says what its readers need of it: its ahead, the
+-- most its time may run ahead of a clock (the largest AHEAD of a limit
+-- that lent from it, and a unit it was logged in before, rounded up to);
+-- and its keep, the longest window a limit that wrote it counts. Each
+-- write makes them at least its own (see header_needs). Every reader
+-- counts from max(now, the log's time - A) - window, A the largest of
+-- its own AHEAD, the log's ahead, and the log's unit if it is not its
+-- own (decide_at); every write anew keeps the entries after at - A -
+-- keep (exact_rewrite) and keeps the key alive for keep: so each limit
+-- counts every entry in its own window, whichever wrote it. A write
+-- appends only to a log whose unit is its own and whose ahead and keep
+-- cover its own; else it writes the log anew. A log only one definition
+-- writes has its ahead 0 (no lease) or its AHEAD, and its keep its
+-- window: it is read and written as above. Both only grow while the log
+-- lives; no more than MAX_OFFSET - SPAN units are kept.
+--
 -- Reading a string into Lua costs Redis in proportion to its length (it
 -- hashes every byte), so a log that may hold more than WHOLE entries (its
 -- quota says) is never read whole: its header and entries are read with
 -- GETRANGE, the entries where its window starts found from their times.
 
-local HEADER = 18
+local HEADER = 22
 local ENTRY = 2
 local MAX_OFFSET = 65535
 local SPAN = 128
@@ -82,7 +101,7 @@ local PROBE = 64 -- entries read at once where a large log's window starts
 -- A large log's header and oldest entry are its bytes 0 to HEAD_LAST
 -- (HEADER + ENTRY - 1), its newest entry its bytes NEWEST_FIRST (-ENTRY)
 -- to -1: strings, which Redis takes without formatting a number.
-local HEAD_LAST = '19'
+local HEAD_LAST = '23'
 local NEWEST_FIRST = '-2'
 
 -- What exact_read read of a log is an array (cheaper for Redis to build
@@ -99,6 +118,8 @@ local NEWEST = 9 -- the offset of the newest entry; -1 if none
 local LUNIT = 10 -- the log's unit (its header's)
 local TIME = 11 -- the time the log is decided at (see decide_at)
 local FLOOR = 12 -- the floor's offset (the header's)
+local LAHEAD = 13 -- the log's ahead, in its units (the header's)
+local LKEEP = 14 -- the log's keep, in its units (the header's)
 
 -- decode_entry returns the offset in the entry bytes hi, lo.
 local function decode_entry(hi, lo)
@@ -133,13 +154,14 @@ local function first_after(s, skip, i, j, cut)
   return i
 end
 
--- decode_header sets the log's base, unit, refresh-by and floor from the
--- header bytes, and returns the offset of the oldest entry from the two
--- bytes after them (nil if there are none).
-local function decode_header(log, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2)
+-- decode_header sets the log's base, unit, refresh-by, ahead, keep and
+-- floor from the header bytes, and returns the offset of the oldest entry
+-- from the two bytes after them (nil if there are none).
+local function decode_header(log, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, a1, a2, k1, k2, f1, f2, o1, o2)
   log[BASE] = (((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
   log[LUNIT] = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6
   log[REFRESH] = (r1 * 256 + r2) * 256 + r3
+  log[LAHEAD], log[LKEEP] = decode_entry(a1, a2), decode_entry(k1, k2)
   log[FLOOR] = decode_entry(f1, f2)
   return o2 and decode_entry(o1, o2)
 end
@@ -156,10 +178,10 @@ end
 -- window at that time: an entry at offset o is in the window until base +
 -- o * unit + window.
 --
--- A log that lends leases counts from max(now, the log's time - AHEAD)
--- instead: its time may be up to AHEAD ahead of every clock (see leases,
--- above), and an entry still in the window on the clock of the requests
--- must count.
+-- A log that lends leases, or that another definition wrote (see
+-- definitions, above), counts from max(now, the log's time - A) instead:
+-- its time may be up to A ahead of every clock (see leases, above), and
+-- an entry still in the window on the clock of the requests must count.
 local function decide_at(log, lim, now)
   local base, unit = log[BASE], log[LUNIT]
   local newest = base + math.max(log[NEWEST], log[FLOOR]) * unit
@@ -167,8 +189,11 @@ local function decide_at(log, lim, now)
   if newest > now + (-now) % lim[UNIT] then
     log[TIME] = newest
     view = newest
-    local ahead = lim[AHEAD]
-    if ahead then
+    local ahead = math.max(lim[AHEAD] or 0, log[LAHEAD] * unit)
+    if unit ~= lim[UNIT] and unit > ahead then
+      ahead = unit
+    end
+    if ahead > 0 then
       view = math.max(now, newest - ahead)
     end
   end
@@ -311,7 +336,7 @@ end
 -- exact_read reads the log at key for a request at now (see KEY to TIME),
 -- and returns it, its count and the time it is decided at.
 local function exact_read(key, lim, now)
-  local log = {key, false, false, 0, 0, 0, 0, false, -1, false, now, 0}
+  local log = {key, false, false, 0, 0, 0, 0, false, -1, false, now, 0, 0, 0}
   if lim[QUOTA] <= WHOLE then
     read_whole(log, lim, now)
   else
@@ -361,15 +386,40 @@ local function live_entries(log, lim, base)
   return table.concat(parts)
 end
 
--- encode_header returns the header of a log of the given base, unit and
--- refresh-by, its floor 0.
-local function encode_header(base, unit, refresh)
+-- encode_header returns the header of a log of the given base, unit,
+-- refresh-by, ahead and keep (in units), its floor 0.
+local function encode_header(base, unit, refresh, ahead, keep)
   local b = {}
   put(b, base, 7)
   put(b, unit, 6)
   put(b, refresh, 3)
+  put(b, ahead, 2)
+  put(b, keep, 2)
   put(b, 0, 2)
   return string.char(unpack(b))
+end
+
+-- header_needs returns the ahead and keep (see definitions, above), in
+-- microseconds, of the log after lim writes it in unit: the log's, and at
+-- least lim's own (its AHEAD, its window), and the log's unit if it is
+-- not unit (its times were rounded up to it).
+local function header_needs(log, lim, unit)
+  local ahead, keep = lim[AHEAD] or 0, lim[WINDOW]
+  if log[BASE] then
+    local lunit = log[LUNIT]
+    ahead = math.max(ahead, log[LAHEAD] * lunit)
+    keep = math.max(keep, log[LKEEP] * lunit)
+    if lunit ~= unit then
+      ahead = math.max(ahead, lunit)
+    end
+  end
+  return ahead, keep
+end
+
+-- in_units returns the microseconds d in units, rounded up, at most
+-- MAX_OFFSET.
+local function in_units(d, unit)
+  return math.min(MAX_OFFSET, math.ceil(d / unit))
 end
 
 -- keep_for makes the log at key live for at least ms more milliseconds,
@@ -401,15 +451,18 @@ end
 -- counts them.
 --
 -- A log that lends leases keeps the entries after at - AHEAD - window: a
--- later request counts from its log's time - AHEAD at the earliest.
+-- later request counts from its log's time - AHEAD at the earliest; a log
+-- of several definitions, those after at - A - keep (see definitions,
+-- above), as many as offsets hold.
 local function exact_rewrite(log, lim, now, n, at)
   local unit, base = lim[UNIT], log[BASE]
+  local ahead, keep = header_needs(log, lim, unit)
   if log[DEAD] > 0 then
-    local x = at - (lim[AHEAD] or unit) - lim[WINDOW] - base
-    local keep = exact_search(log, 0, log[DEAD], (x - x % log[LUNIT]) / log[LUNIT])
-    if keep < log[DEAD] then
-      log[COUNT], log[DEAD] = log[COUNT] + log[DEAD] - keep, keep
-      log[FIRST] = exact_entry(log, keep)
+    local x = math.max(at - math.max(lim[AHEAD] or unit, ahead) - keep, at - (MAX_OFFSET - SPAN) * unit) - base
+    local from = exact_search(log, 0, log[DEAD], (x - x % log[LUNIT]) / log[LUNIT])
+    if from < log[DEAD] then
+      log[COUNT], log[DEAD] = log[COUNT] + log[DEAD] - from, from
+      log[FIRST] = exact_entry(log, from)
     end
   end
   local oldest = at
@@ -422,12 +475,15 @@ local function exact_rewrite(log, lim, now, n, at)
   local offset = (at - base) / unit
   local live = live_entries(log, lim, base) .. string.rep(encode_entry(offset), n)
   local wunits = lim[WINDOW] / unit
+  if keep > lim[WINDOW] then
+    wunits = math.min(keep / unit, MAX_OFFSET)
+  end
   local refresh = offset + wunits + math.ceil(wunits / REFRESH_SLACK)
   local ttl = math.ceil((base + refresh * unit - now) / 1000)
   if log[BASE] and log[TIME] > now then
     ttl = math.max(ttl, redis.call('PTTL', log[KEY]))
   end
-  redis.call('SET', log[KEY], encode_header(base, unit, refresh) .. live, 'PX', ttl)
+  redis.call('SET', log[KEY], encode_header(base, unit, refresh, in_units(ahead, unit), in_units(keep, unit)) .. live, 'PX', ttl)
 end
 
 -- exact_admit logs n entries at the log's time and returns their time,
@@ -445,8 +501,13 @@ local function exact_admit(log, lim, now, n)
   end
   local at = t + (-t) % lim[UNIT] -- rounded up to the unit
   local offset = log[BASE] and (at - log[BASE]) / lim[UNIT]
-  if log[BASE] and log[LUNIT] == lim[UNIT] and log[DEAD] * 2 <= log[COUNT] and offset >= log[NEWEST] and offset >= 0 and
-    offset <= MAX_OFFSET and offset + lim[WINDOW] / lim[UNIT] <= log[REFRESH] then
+  -- A log kept for a longer window than lim's (see definitions) keeps the
+  -- entries that have left lim's window: it is written anew at its
+  -- refresh-by, not for them.
+  if log[BASE] and log[LUNIT] == lim[UNIT] and
+    (log[DEAD] * 2 <= log[COUNT] or log[LKEEP] * lim[UNIT] >= lim[WINDOW] + lim[UNIT]) and offset >= log[NEWEST] and offset >= 0 and
+    offset <= MAX_OFFSET and offset + lim[WINDOW] / lim[UNIT] <= log[REFRESH] and log[LKEEP] * lim[UNIT] >= lim[WINDOW] and
+    log[LAHEAD] * lim[UNIT] >= (lim[AHEAD] or 0) then
     local entry = encode_entry(offset)
     if n > 1 then
       entry = string.rep(entry, n)
@@ -536,7 +597,8 @@ local function exact_forget(key, lim, now)
   if (t - base) / unit > MAX_OFFSET then
     base = t - t % (unit * SPAN)
   end
-  redis.call('SET', key, string.sub(encode_header(base, unit, 0), 1, HEADER - ENTRY) .. encode_entry((t - base) / unit), 'KEEPTTL')
+  redis.call('SET', key, string.sub(encode_header(base, unit, 0, log[LAHEAD], log[LKEEP]), 1, HEADER - ENTRY) ..
+    encode_entry((t - base) / unit), 'KEEPTTL')
   return 1
 end
 
@@ -598,21 +660,21 @@ end
 -- entries after at - ahead - window (see leases, above).
 local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead)
   local byte = string.byte
-  local s, size, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2
+  local s, size, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, a1, a2, k1, k2, f1, f2, o1, o2
   if quota <= WHOLE then
     s = redis.pcall('GET', key)
     if type(s) ~= 'string' then
       return false
     end
     size = (#s - HEADER) / ENTRY
-    b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2 = byte(s, 1, HEADER + ENTRY)
+    b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, a1, a2, k1, k2, f1, f2, o1, o2 = byte(s, 1, HEADER + ENTRY)
   else
     -- Bytes from the (quota - n + 1)-th newest entry's place to the
-    -- oldest entry's last: the header and the oldest entry (all 20) if
-    -- the log has no more than quota - n - 8 entries, so that the request
+    -- oldest entry's last: the header and the oldest entry (all 24) if
+    -- the log has no more than quota - n - 10 entries, so that the request
     -- fits whatever their times (its length, unread, comes with APPEND's
     -- reply); else fewer, and the header and length are read.
-    local head = '' -- a log of at least quota - n - 8 entries (fewer bytes), or none
+    local head = '' -- a log of at least quota - n - 10 entries (fewer bytes), or none
     if quota - n >= HEADER / ENTRY then
       local fits = -ENTRY * (quota - n + 1)
       head = BOUNDS[fits] or bounds(fits, fits)
@@ -628,10 +690,14 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead)
       end
       size = (redis.pcall('STRLEN', key) - HEADER) / ENTRY
     end
-    b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, f1, f2, o1, o2 = byte(head, 1, HEADER + ENTRY)
+    b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, a1, a2, k1, k2, f1, f2, o1, o2 = byte(head, 1, HEADER + ENTRY)
   end
   if not o2 or size and size % 1 ~= 0 or ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6 ~= unit then
     return false -- no entry, no log, or a log of another unit
+  end
+  local keep, lahead = (k1 * 256 + k2) * unit, (a1 * 256 + a2) * unit
+  if keep < window or lahead < (ahead or 0) then
+    return false -- a log whose header does not cover the limit (see definitions)
   end
   local base = (((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
   local hi, lo
@@ -743,11 +809,12 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead)
   if offset > MAX_OFFSET then
     return false -- written anew at another base
   end
-  if count and dead * 2 > count or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
+  if count and dead * 2 > count and keep < window + unit or offset + window / unit > (r1 * 256 + r2) * 256 + r3 then
     -- Written anew at the same base (see exact_rewrite): without the
-    -- entries that have left the window a unit (AHEAD) before at.
+    -- entries that have left the window a unit (AHEAD, the log's ahead)
+    -- before at, or its keep.
     if dead > 0 then
-      x = at - (ahead or unit) - window - base
+      x = math.max(at - math.max(ahead or unit, lahead) - keep, at - (MAX_OFFSET - SPAN) * unit) - base
       x = (x - x % unit) / unit
       if x < cut then -- keep those after x, at cut
         local i = dead - from -- of str
@@ -773,9 +840,12 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead)
     end
     count = count or #live / ENTRY
     local wunits = window / unit
+    if keep > window then
+      wunits = math.min(keep / unit, MAX_OFFSET)
+    end
     local refresh = offset + wunits + math.ceil(wunits / REFRESH_SLACK)
     lo = offset % 256
-    live = encode_header(base, unit, refresh) .. live .. string.rep(string.char((offset - lo) / 256, lo), n)
+    live = encode_header(base, unit, refresh, a1 * 256 + a2, k1 * 256 + k2) .. live .. string.rep(string.char((offset - lo) / 256, lo), n)
     local ttl = string.format('%d', math.ceil((base + refresh * unit - now) / 1000))
     if plan then
       return 1, count, stamp, at, 'SET', live, ttl

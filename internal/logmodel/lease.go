@@ -92,11 +92,11 @@ func (s *State) Forget(r LogRef, now int64) {
 }
 
 // DecodeExact returns the entries of an exact log as Redis holds it (see
-// lua/exact.lua: an 18-byte header of base, unit, refresh-by and floor,
+// lua/exact.lua: a 22-byte header of base, unit, refresh-by, ahead, keep and floor,
 // then 2 bytes per entry, its time in units after the base): how many
 // entries hold each time, in Unix microseconds.
 func DecodeExact(s string) (map[int64]int, error) {
-	if len(s) < 18 || (len(s)-18)%2 != 0 {
+	if len(s) < 22 || (len(s)-22)%2 != 0 {
 		return nil, fmt.Errorf("no exact log: %q", s)
 	}
 	u := func(b string) int64 {
@@ -108,7 +108,7 @@ func DecodeExact(s string) (map[int64]int, error) {
 	}
 	base, unit := u(s[0:7]), u(s[7:13])
 	out := map[int64]int{}
-	for p := 18; p < len(s); p += 2 {
+	for p := 22; p < len(s); p += 2 {
 		out[base+u(s[p:p+2])*unit]++
 	}
 	return out, nil
