@@ -298,6 +298,7 @@ type oHold struct {
 }
 
 type oAllowed struct {
+	c     int
 	layer *oLayer
 	res   Result
 	adm   *oracle.Admission
@@ -743,7 +744,7 @@ func (o *oracleRun) request(c int) {
 				return
 			}
 			if res.Allowed {
-				o.allowed = append(o.allowed, oAllowed{layer: l, res: res, adm: o.lastAdm, cost: cost})
+				o.allowed = append(o.allowed, oAllowed{c: c, layer: l, res: res, adm: o.lastAdm, cost: cost})
 				if l.inflight > 0 {
 					o.held = append(o.held, oHold{rep: rep, layer: l, res: res, c: c, at: res.Now})
 				}
@@ -967,15 +968,24 @@ func (o *oracleRun) reset() {
 	for _, f := range l.fams {
 		o.or.Reset(f.name, oID(f.kind, c), err == nil)
 	}
+	if l.inflight > 0 {
+		// A reset forgets the client's in-flight slots too: its holds no
+		// longer count (their Release gives back nothing).
+		o.held = slices.DeleteFunc(o.held, func(h oHold) bool { return h.c == c })
+	}
 	if oracleOpen("refund-after-reset") {
-		// Draw no settle of what the reset forgot.
-		kept := o.allowed[:0]
-		for _, a := range o.allowed {
-			if a.layer != l {
-				kept = append(kept, a)
+		// Draw no settle of what the reset forgot: of a request counted in
+		// a log the reset forgot, through any replica.
+		o.allowed = slices.DeleteFunc(o.allowed, func(a oAllowed) bool {
+			for _, af := range a.layer.fams {
+				for _, f := range l.fams {
+					if af.name == f.name && oID(af.kind, a.c) == oID(f.kind, c) {
+						return true
+					}
+				}
 			}
-		}
-		o.allowed = kept
+			return false
+		})
 	} else {
 		o.dims["refund-after-reset"] = true
 	}
@@ -991,7 +1001,7 @@ func (o *oracleRun) override() {
 	}
 	for _, rep := range o.reps {
 		for _, l := range rep.layers {
-			err := l.lim.Inspect().Operator().SetQuota(context.Background(), f.name, "", q, time.Hour)
+			err := l.lim.Inspect().Operator().SetQuota(context.Background(), f.name, "", q, 0)
 			o.step("override of %s to %d on replica %d: %v", f.name, q, rep.idx, err)
 		}
 	}
