@@ -266,7 +266,8 @@ type oracleRun struct {
 	reps     []*oReplica
 	dims     map[string]bool
 	late     map[string]time.Duration
-	slack    map[string]int
+	maxQuota map[string]int // a leased limit's largest quota yet (plans, overrides)
+	quotas   int            // overrides set so far
 	leased   map[string]bool
 	blocks   []netip.Prefix
 	down     bool
@@ -325,7 +326,7 @@ func (o *oracleRun) draw(dim string, p float64) bool {
 func runOracle(t *testing.T, seed uint64, steps int, b backend) {
 	t.Helper()
 	o := &oracleRun{t: t, r: rand.New(rand.NewPCG(seed, 0x0a11ce)), seed: seed, b: b, or: oracle.New(), dims: map[string]bool{},
-		late: map[string]time.Duration{}, slack: map[string]int{}, leased: map[string]bool{}, epochs: map[string]int{}, denials: map[string]oDenial{}}
+		late: map[string]time.Duration{}, maxQuota: map[string]int{}, leased: map[string]bool{}, epochs: map[string]int{}, denials: map[string]oDenial{}}
 	defer func() {
 		fails := o.or.Failures()
 		if len(fails) == 0 && o.failures == 0 {
@@ -479,7 +480,7 @@ func (o *oracleRun) build() {
 				if ls := f.leaseOf(); ls > 0 {
 					late += 2*ls + f.window/2048 + time.Millisecond
 					o.leased[f.name] = true
-					o.slack[f.name] = max(o.slack[f.name], (len(o.reps)+1)*2*((2*f.quota+15)/16))
+					o.maxQuota[f.name] = max(o.maxQuota[f.name], 2*f.quota) // the plan big's
 				}
 				o.late[f.name] = max(o.late[f.name], late)
 			}
@@ -698,7 +699,7 @@ func (o *oracleRun) limitsOf(l *oLayer, res Result, c int) (rate []oracle.Limit,
 		}
 		f := l.fams[i]
 		rate = append(rate, oracle.Limit{Name: f.name, ID: oID(f.kind, c), Quota: lr.Quota, Window: lr.Window, Late: o.late[f.name],
-			Slack: o.slack[f.name], LocalOnly: res.Local, Precision: f.precision})
+			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: f.precision})
 	}
 	return rate, inflightDenied
 }
@@ -717,6 +718,20 @@ func (o *oracleRun) blockedClient(l *oLayer, c int) bool {
 		}
 	}
 	return false
+}
+
+// slackOf is how many units leases may hold beside a refusal of a
+// leased limit, name (see oracle.Limit.Slack): every process, at most two
+// leases of a key at once, each at most quota/16, plus the leases a
+// changed quota left to be given back at their end (each override makes
+// every process take another: docs/design.md, "A changed quota takes
+// another lease; the old one is given back at its end").
+func (o *oracleRun) slackOf(name string) int {
+	q := o.maxQuota[name]
+	if q == 0 {
+		return 0
+	}
+	return len(o.reps) * 2 * (1 + o.quotas) * ((q + 15) / 16)
 }
 
 // request sends one request of client c through a random replica, and
@@ -972,7 +987,7 @@ func (o *oracleRun) reset() {
 	err := l.lim.Reset(context.Background(), ids)
 	o.step("reset of client %d on replica %d: %v", c, rep.idx, err)
 	for _, f := range l.fams {
-		o.or.Reset(f.name, oID(f.kind, c), err == nil)
+		o.or.Reset(f.name, oID(f.kind, c), o.clock.Now(), err == nil)
 	}
 	if l.inflight > 0 {
 		// A reset forgets the client's in-flight slots too: its holds no
@@ -1013,6 +1028,10 @@ func (o *oracleRun) override() {
 	}
 	o.dims["override"] = true
 	o.epoch++
+	o.quotas++
+	if _, ok := o.maxQuota[f.name]; ok {
+		o.maxQuota[f.name] = max(o.maxQuota[f.name], q)
+	}
 }
 
 // block blocks a client's address, or its /24, through every Limiter's

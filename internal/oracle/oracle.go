@@ -92,7 +92,8 @@ type log struct {
 	// sureReset is the seq of the last reset the limiter confirmed (nil
 	// error); reset the last one, confirmed or not: a Reset that fails for
 	// Redis may still have forgotten the client in FailLocal's store.
-	sureReset int64
+	sureReset   int64
+	sureResetAt time.Time
 }
 
 // Oracle records what a caller saw and checks the promises on every
@@ -133,14 +134,20 @@ func (o *Oracle) Failures() []string {
 // limiter counts (every credit applied, unconfirmed debits left out, only
 // process replica's local entries when localOnly); with generous true,
 // the most (only confirmed credits, every debit).
-func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, replica int) int {
+//
+// A generous count keeps, across a reset, the entries within late before
+// it: a correct limiter may have stamped them after the reset (a leased
+// log's time runs up to AHEAD ahead, docs/design.md), and a forget keeps
+// what is stamped after it.
+func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, replica int, late time.Duration) int {
 	n := 0
 	reset, at := l.reset, func(e *entry) time.Time { return e.at }
 	if generous {
 		reset, at = l.sureReset, func(e *entry) time.Time { return e.latest }
 	}
 	for _, e := range l.entries {
-		if e.seq >= seq || e.seq <= reset || !at(e).After(from) || e.at.After(to) {
+		forgotten := e.seq <= reset && (!generous || !e.latest.Add(late).After(l.sureResetAt))
+		if e.seq >= seq || forgotten || !at(e).After(from) || e.at.After(to) {
 			continue
 		}
 		if localOnly && (!e.local || e.replica != replica) {
@@ -188,7 +195,7 @@ func (o *Oracle) Admit(replica int, local bool, at time.Time, cost int, limits [
 			start := time.Unix(0, at.UnixNano()/int64(p)*int64(p)) // the decision's bucket, on Unix time
 			from = start.Add(p - lim.Window).Add(-time.Nanosecond)
 		}
-		n := l.count(from, at, o.seq, false, lim.LocalOnly, replica)
+		n := l.count(from, at, o.seq, false, lim.LocalOnly, replica, 0)
 		if n+cost > lim.Quota {
 			o.fail("over-admission: %s admitted cost %d at %s in %s/%s (quota %d, window %s) which already held %d in its window (local=%v); window: %s",
 				what, cost, at.Format("15:04:05.000000"), lim.Name, lim.ID, lim.Quota, lim.Window, n, local, l.describe(at.Add(-lim.Window), at))
@@ -214,7 +221,7 @@ func (o *Oracle) Refused(replica int, at time.Time, cost int, limits []Limit, wh
 	}
 	for _, lim := range limits {
 		l := o.log(lim.Name, lim.ID)
-		n := l.count(at.Add(-lim.Window-lim.Late), at, o.seq, true, lim.LocalOnly, replica)
+		n := l.count(at.Add(-lim.Window-lim.Late), at, o.seq, true, lim.LocalOnly, replica, lim.Late)
 		if n+lim.Slack+cost > lim.Quota {
 			return // this limit may have had no room
 		}
@@ -235,7 +242,7 @@ func (o *Oracle) Room(replica int, at time.Time, cost int, limits []Limit) bool 
 	defer o.mu.Unlock()
 	for _, lim := range limits {
 		l := o.log(lim.Name, lim.ID)
-		if l.count(at.Add(-lim.Window-lim.Late), at, o.seq+1, true, lim.LocalOnly, replica)+lim.Slack+cost > lim.Quota {
+		if l.count(at.Add(-lim.Window-lim.Late), at, o.seq+1, true, lim.LocalOnly, replica, lim.Late)+lim.Slack+cost > lim.Quota {
 			return false
 		}
 	}
@@ -270,14 +277,14 @@ func (a *Admission) Settle(from, to time.Time, cost int, sure bool) {
 // (Units of leases still out survive a reset in a correct limiter: Slack
 // covers them for refusals, and for admissions forgetting more only makes
 // the check more lenient.)
-func (o *Oracle) Reset(name, id string, sure bool) {
+func (o *Oracle) Reset(name, id string, at time.Time, sure bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.seq++
 	l := o.log(name, id)
 	l.reset = o.seq
 	if sure {
-		l.sureReset = o.seq
+		l.sureReset, l.sureResetAt = o.seq, at
 	}
 }
 
