@@ -29,36 +29,39 @@ import (
 // while the fault is open. Set an entry to false to draw it again; each
 // says what it finds.
 var knownOpen = map[string]bool{
-	// Replicas run two definitions of one explicitly named limit (Leased on
-	// and off, another lease, another window, Bucketed on and off, another
-	// bucket precision): a client is admitted over, or refused under, both
-	// releases' quotas.
+	// Replicas run two definitions of one explicitly named limit (another
+	// window, Bucketed on and off, another bucket precision, Leased on and
+	// off, another lease): a client is admitted over, or refused under,
+	// both releases' quotas, or refused after its Retry-After.
 	"replica-definition": true,
-	// A request's calls take time (the clock moves by up to the decision
-	// timeout between them): a unit taken from a live lease is admitted
-	// after the lease's end T, when its other limits' call is decided.
-	"slow-calls-leased": true,
-	// A refund or settle after a reset (in the same time unit) takes the
-	// entries of requests admitted since.
+	// A refund or settle of a Result after a reset of its client takes the
+	// entries of requests admitted since (in the same time unit).
 	"refund-after-reset": true,
-	// An operator's block of an address or network misses keys composed
-	// with ClientIP (Compose(ClientIP(), Header(...))).
+	// A key composed with ClientIP (Compose(ClientIP(), Header(...))):
+	// an operator's block of its address or network is missed.
 	"block-compose": true,
-	// FailLocal's local admissions are not counted once Redis answers
-	// again: a client gets its quota locally and again from Redis.
+	// Redis answers again after a FailLocal outage: the local admissions
+	// are not counted, a client gets its quota locally and again from
+	// Redis.
 	"faillocal-return": true,
-	// Leased() on a window over about 2h16m builds a limit New refuses.
+	// Leased() on a window over about 2h16m (here 3h): New refuses the
+	// lease it chose (shorter than the log's time unit).
 	"leased-long-window": true,
-	// WithSettle settles only the first pass of a Limiter mounted twice.
-	"settle-mounted-twice": true,
-	// Settle or Refund under an outage (unconfirmed) returns nil.
+	// Limiter.Settle of a Redis decision while Redis is down returns nil,
+	// not an error wrapping ErrNotReverted.
 	"settle-unconfirmed": true,
-	// An in-flight cap of 1 refuses a strictly sequential client through
-	// Handler: the slot is released in the background after the response.
+	// An in-flight cap on a replica reached through Handler: a strictly
+	// sequential client is refused (the slot is given back in the
+	// background after the response).
 	"inflight-sequential-handler": true,
-	// Settle from a handler whose Limiter has no WithSettle (nor
-	// WithRefund) returns nil and counts the estimate.
-	"settle-without-withsettle": true,
+
+	// Drawn on main, where they find nothing: the clock moving between a
+	// request's calls with leased limits (the decision clock is WithClock's
+	// here, read once per decision, which hides a Redis that decides a
+	// call after the lease's end), and Settle from a handler of Limiters
+	// without settlement (it returns ErrNotRefundable).
+	"slow-calls-leased":         false,
+	"settle-without-withsettle": false,
 }
 
 // oracleOpen reports whether dimension dim is left out of the draws (see
