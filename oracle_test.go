@@ -55,13 +55,17 @@ var knownOpen = map[string]bool{
 	// background after the response).
 	"inflight-sequential-handler": true,
 
-	// Drawn on main, where they find nothing: the clock moving between a
+	// Settle from a handler returns nil, although a Limiter that admitted
+	// the request (stacked) has no settlement on and counts the estimate.
+	"settle-without-withsettle": true,
+
+	// Drawn on main, where it finds nothing: the clock moving between a
 	// request's calls with leased limits (the decision clock is WithClock's
 	// here, read once per decision, which hides a Redis that decides a
-	// call after the lease's end), and Settle from a handler of Limiters
-	// without settlement (it returns ErrNotRefundable).
-	"slow-calls-leased":         false,
-	"settle-without-withsettle": false,
+	// call after the lease's end). The route's limits a second pass of a
+	// Limiter mounted twice decides, settled by WithSettle, are always
+	// drawn: they find nothing either.
+	"slow-calls-leased": false,
 }
 
 // oracleOpen reports whether dimension dim is left out of the draws (see
@@ -99,7 +103,8 @@ func oracleOpen(dim string) bool {
 // RATELIMIT_ORACLE_SEED=N replays scenario N alone (printed on failure);
 // RATELIMIT_ORACLE_ALL=1 also draws the dimensions knownOpen leaves out
 // (RATELIMIT_ORACLE_DRAW=a,b those named);
-// RATELIMIT_LONG=1 runs more, on miniredis and on a real redis-server.
+// RATELIMIT_ORACLE_TRACE=1 logs every scenario's steps; RATELIMIT_LONG=1
+// runs more, on miniredis and on a real redis-server.
 func TestOracle(t *testing.T) {
 	seeds := []uint64{}
 	if s := os.Getenv("RATELIMIT_ORACLE_SEED"); s != "" {
@@ -220,6 +225,8 @@ func oIP(c int) netip.Addr {
 type oLayer struct {
 	lim      *Limiter
 	fams     []oFamily
+	route    []oFamily // the limits of the route "/" (WithRoutes), decided by a later pass
+	routeOpt Option
 	inflight int // the in-flight cap, 0 for none
 	settle   bool
 	refund   bool
@@ -332,6 +339,9 @@ func runOracle(t *testing.T, seed uint64, steps int, b backend) {
 		late: map[string]time.Duration{}, maxQuota: map[string]int{}, leased: map[string]bool{}, epochs: map[string]int{}, denials: map[string]oDenial{}}
 	defer func() {
 		fails := o.or.Failures()
+		if os.Getenv("RATELIMIT_ORACLE_TRACE") != "" {
+			t.Logf("seed %d:\n  %s", seed, strings.Join(o.trace, "\n  "))
+		}
 		if len(fails) == 0 && o.failures == 0 {
 			return
 		}
@@ -407,6 +417,12 @@ func (o *oracleRun) build() {
 		}
 		base = append(base, f)
 	}
+	// A route's limit, which a Limiter mounted twice (around the mux and
+	// on the route) decides in its second pass.
+	var routeFam oFamily
+	if r.IntN(2) == 0 {
+		routeFam = oFamily{name: "r0", kind: "header", quota: 1 + r.IntN(10), window: windows[r.IntN(len(windows))]}
+	}
 	inflight := 0
 	if r.IntN(4) == 0 {
 		inflight = 1 + r.IntN(2)
@@ -439,6 +455,11 @@ func (o *oracleRun) build() {
 		if rep.mode == "twice" {
 			o.dims["mounted-twice"] = true
 		}
+		var route []oFamily
+		if rep.mode == "twice" && routeFam.name != "" {
+			route = []oFamily{routeFam}
+			o.dims["route-second-pass"] = true
+		}
 		if rep.mode != "allow" && oracleOpen("inflight-sequential-handler") {
 			cap = 0 // its slots are given back after the response, in the background
 		}
@@ -449,7 +470,7 @@ func (o *oracleRun) build() {
 			if rep.mode == "stacked" {
 				rep.mode = "handler"
 			}
-			rep.layers = []*oLayer{{fams: fams, inflight: cap}}
+			rep.layers = []*oLayer{{fams: fams, inflight: cap, route: route}}
 		}
 		for _, l := range rep.layers {
 			if !o.newLimiter(rep, l, failLocal) {
@@ -463,14 +484,17 @@ func (o *oracleRun) build() {
 				if rep.mode == "twice" {
 					mux := http.NewServeMux()
 					mux.Handle("/", h)
-					h = rep.layers[i].lim.Handler(mux)
+					// Between the outer pass and the mux, a middleware of
+					// the application's: the outer pass cannot see the
+					// route, which the pass the mux mounts decides.
+					h = rep.layers[i].lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { mux.ServeHTTP(w, r) }))
 				}
 			}
 			rep.srv = h
 		}
 		o.reps = append(o.reps, rep)
 		for _, l := range rep.layers {
-			for _, f := range l.fams {
+			for _, f := range append(slices.Clone(l.fams), l.route...) {
 				o.step("replica %d (%s): %+v inflight %d settle %v refund %v", ri, rep.mode, f, l.inflight, l.settle, l.refund)
 			}
 		}
@@ -478,7 +502,7 @@ func (o *oracleRun) build() {
 	// The tolerances of refusals: see oracle.Limit.
 	for _, rep := range o.reps {
 		for _, l := range rep.layers {
-			for _, f := range l.fams {
+			for _, f := range append(slices.Clone(l.fams), l.route...) {
 				late := f.window/4096 + time.Millisecond + f.precision
 				if ls := f.leaseOf(); ls > 0 {
 					late += 2*ls + f.window/2048 + time.Millisecond
@@ -546,6 +570,13 @@ func (o *oracleRun) newLimiter(rep *oReplica, l *oLayer, failLocal bool) bool {
 		limits = append(limits, InFlight(l.inflight, Header("X-Id")).Named("inflight"))
 	}
 	l.obs = &oObserver{}
+	if len(l.route) > 0 {
+		var rl []Limit
+		for _, f := range l.route {
+			rl = append(rl, f.limit())
+		}
+		l.routeOpt = WithRoutes(map[string]RouteLimits{"/": {Limits: rl}})
+	}
 	c := o.b.newClient(o.t)
 	if o.slow > 0 {
 		c.AddHook(oSlowHook{o})
@@ -555,6 +586,9 @@ func (o *oracleRun) newLimiter(rep *oReplica, l *oLayer, failLocal bool) bool {
 		WithCost(func(r *http.Request) int { n, _ := strconv.Atoi(r.Header.Get("X-Cost")); return max(n, 1) })}
 	if failLocal {
 		opts = append(opts, WithFailureMode(FailLocal))
+	}
+	if l.routeOpt != nil {
+		opts = append(opts, l.routeOpt)
 	}
 	if rep.mode != "allow" {
 		switch o.r.IntN(3) {
@@ -695,12 +729,13 @@ func (o *oracleRun) limitsOf(l *oLayer, res Result, c int) (rate []oracle.Limit,
 			inflightDenied = inflightDenied || lr.Denied
 			continue
 		}
-		i := slices.IndexFunc(l.fams, func(f oFamily) bool { return f.name == lr.Name })
+		all := append(slices.Clone(l.fams), l.route...)
+		i := slices.IndexFunc(all, func(f oFamily) bool { return f.name == lr.Name })
 		if i < 0 {
 			o.fail("a Result names a limit %q the layer has not", lr.Name)
 			continue
 		}
-		f := l.fams[i]
+		f := all[i]
 		rate = append(rate, oracle.Limit{Name: f.name, ID: oID(f.kind, c), Quota: lr.Quota, Window: lr.Window, Late: o.late[f.name],
 			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: f.precision})
 	}
@@ -817,7 +852,11 @@ func (o *oracleRun) request(c int) {
 	case rec.Header().Get("X-Settled") == "ctx" || rec.Header().Get("X-Settled") == "unsure":
 		sure = sure && rec.Header().Get("X-Settled") == "ctx"
 		for i, a := range adms {
-			if layers[i].settle || layers[i].refund || !sure {
+			// Settle's nil says the request is settled at its real cost: in
+			// every Limiter that admitted it, as the caller reads it; while
+			// that fault is open, only in those with settlement on, as its
+			// doc says today.
+			if layers[i].settle || layers[i].refund || !sure || !oracleOpen("settle-without-withsettle") {
 				a.Settle(start, now, actual, sure)
 			}
 		}
