@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -58,6 +59,12 @@ var knownOpen = map[string]bool{
 	// Settle from a handler returns nil, although a Limiter that admitted
 	// the request (stacked) has no settlement on and counts the estimate.
 	"settle-without-withsettle": true,
+
+	// An operator's override of a leased limit's quota while requests are
+	// decided from leases of it, or of another leased limit of the same
+	// request: a limit admits one unit over its largest quota in force
+	// (intermittently: the leases are taken in the background).
+	"override-leased": true,
 
 	// Drawn on main, where it finds nothing: the clock moving between a
 	// request's calls with leased limits (the decision clock is WithClock's
@@ -122,7 +129,21 @@ func TestOracle(t *testing.T) {
 	steps := longtest.LongOr(t, 120, 300)
 	t.Run("miniredis", func(t *testing.T) {
 		for _, seed := range seeds {
-			runOracle(t, seed, steps, backend{mr: miniredis.RunT(t)})
+			runOracle(t, seed, steps, backend{mr: miniredis.RunT(t)}, false)
+			if t.Failed() {
+				return
+			}
+		}
+	})
+	// On the real clock, Redis's TIME deciding (no WithClock), with leased
+	// limits and Redis calls that take real time: a lease's units are
+	// admitted while its other limits' calls are decided later.
+	t.Run("realtime", func(t *testing.T) {
+		if oracleOpen("slow-calls-leased") {
+			t.Skip("slow-calls-leased is open (knownOpen)")
+		}
+		for _, seed := range seeds[:min(longtest.LongOr(t, 3, 40), len(seeds))] {
+			runOracle(t, seed, steps, backend{mr: miniredis.RunT(t)}, true)
 			if t.Failed() {
 				return
 			}
@@ -135,7 +156,7 @@ func TestOracle(t *testing.T) {
 			if err := srv.Client().FlushAll(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}
-			runOracle(t, seed, steps, backend{srv: srv})
+			runOracle(t, seed, steps, backend{srv: srv}, false)
 			if t.Failed() {
 				return
 			}
@@ -266,32 +287,35 @@ type oReplica struct {
 
 // oracleRun is one scenario.
 type oracleRun struct {
-	t        *testing.T
-	r        *rand.Rand
-	seed     uint64
-	b        backend
-	clock    *testClock
-	setTime  func(time.Time)
-	or       *oracle.Oracle
-	reps     []*oReplica
-	dims     map[string]bool
-	late     map[string]time.Duration
-	maxQuota map[string]int // a leased limit's largest quota yet (plans, overrides)
-	quotas   int            // overrides set so far
-	leased   map[string]bool
-	blocks   []netip.Prefix
-	down     bool
-	slow     time.Duration // the most a call moves the clock
-	timeout  time.Duration
-	epochs   map[string]int
-	epoch    int // bumped by what changes every limit's room
-	denials  map[string]oDenial
-	held     []oHold
-	allowed  []oAllowed
-	trace    []string
-	failures int
-	lastAdm  *oracle.Admission // of the last decision, if it admitted
-	slowRand *rand.Rand        // the slow calls' draws, under oSlowMu
+	t          *testing.T
+	r          *rand.Rand
+	seed       uint64
+	b          backend
+	clock      *testClock
+	setTime    func(time.Time)
+	now        func() time.Time
+	realtime   bool // on the real clock, with no WithClock: Redis's TIME decides
+	or         *oracle.Oracle
+	reps       []*oReplica
+	dims       map[string]bool
+	late       map[string]time.Duration
+	maxQuota   map[string]int // a leased limit's largest quota yet (plans, overrides)
+	quotas     int            // overrides set so far
+	overridden map[string]int // the largest override of each limit yet
+	leased     map[string]bool
+	blocks     []netip.Prefix
+	down       bool
+	slow       time.Duration // the most a call moves the clock
+	timeout    time.Duration
+	epochs     map[string]int
+	epoch      int // bumped by what changes every limit's room
+	denials    map[string]oDenial
+	held       []oHold
+	allowed    []oAllowed
+	trace      []string
+	failures   int
+	lastAdm    *oracle.Admission // of the last decision, if it admitted
+	slowRand   *rand.Rand        // the slow calls' draws, under oSlowMu
 }
 
 type oDenial struct {
@@ -319,7 +343,7 @@ type oAllowed struct {
 }
 
 func (o *oracleRun) step(format string, args ...any) {
-	o.trace = append(o.trace, fmt.Sprintf("%s ", o.clock.Now().Format("15:04:05.000000"))+fmt.Sprintf(format, args...))
+	o.trace = append(o.trace, fmt.Sprintf("%s ", o.now().Format("15:04:05.000000"))+fmt.Sprintf(format, args...))
 }
 
 func (o *oracleRun) draw(dim string, p float64) bool {
@@ -333,10 +357,10 @@ func (o *oracleRun) draw(dim string, p float64) bool {
 	return false
 }
 
-func runOracle(t *testing.T, seed uint64, steps int, b backend) {
+func runOracle(t *testing.T, seed uint64, steps int, b backend, realtime bool) {
 	t.Helper()
-	o := &oracleRun{t: t, r: rand.New(rand.NewPCG(seed, 0x0a11ce)), seed: seed, b: b, or: oracle.New(), dims: map[string]bool{},
-		late: map[string]time.Duration{}, maxQuota: map[string]int{}, leased: map[string]bool{}, epochs: map[string]int{}, denials: map[string]oDenial{}}
+	o := &oracleRun{t: t, realtime: realtime, r: rand.New(rand.NewPCG(seed, 0x0a11ce)), seed: seed, b: b, or: oracle.New(), dims: map[string]bool{},
+		late: map[string]time.Duration{}, maxQuota: map[string]int{}, overridden: map[string]int{}, leased: map[string]bool{}, epochs: map[string]int{}, denials: map[string]oDenial{}}
 	defer func() {
 		fails := o.or.Failures()
 		if os.Getenv("RATELIMIT_ORACLE_TRACE") != "" {
@@ -367,6 +391,7 @@ func runOracle(t *testing.T, seed uint64, steps int, b backend) {
 	}
 	for _, rep := range o.reps {
 		for _, l := range rep.layers {
+			o.step("replica %d: %d decided from leases", rep.idx, l.lim.Inspect().Leased())
 			_ = l.lim.Close()
 		}
 	}
@@ -383,12 +408,16 @@ func (o *oracleRun) build() {
 	start := time.Now().Truncate(time.Second)
 	o.timeout = 5 * time.Second
 	o.clock = &testClock{t: start}
-	o.setTime = o.clock.Set
+	o.setTime, o.now = o.clock.Set, o.clock.Now
 	if o.b.mr != nil {
 		o.b.mr.SetTime(start)
 		o.setTime = func(t time.Time) { o.clock.Set(t); o.b.mr.SetTime(t) }
 	}
 	windows := []time.Duration{time.Second, 10 * time.Second, time.Minute, time.Hour}
+	if o.realtime {
+		o.setTime, o.now = func(time.Time) {}, time.Now
+		windows = []time.Duration{time.Second}
+	}
 	nfam := 1 + r.IntN(2)
 	var base []oFamily
 	for i := range nfam {
@@ -398,14 +427,21 @@ func (o *oracleRun) build() {
 			f.kind = "header"
 		}
 		o.dims["key-"+f.kind] = true
-		switch x := r.IntN(6); {
+		x := r.IntN(6)
+		if o.realtime && i == 0 {
+			x = 1 // a leased limit
+		}
+		switch {
 		case x == 0:
 			f.precision = f.window / time.Duration([]int{2, 4, 10}[r.IntN(3)])
 			o.dims["bucketed"] = true
 		case x <= 2:
 			f.quota = 32 + r.IntN(64) // a lease is taken only for a quota of 32 × the cost or more
 			f.lease = []time.Duration{-1, f.window / 8, f.window / 64, max(f.window/1024, time.Millisecond)}[r.IntN(4)]
-			if o.draw("leased-long-window", 0.2) {
+			if o.realtime {
+				f.lease = []time.Duration{-1, f.window / 16, f.window / 8}[r.IntN(3)]
+			}
+			if !o.realtime && o.draw("leased-long-window", 0.2) {
 				f.window = 3 * time.Hour
 				f.lease = -1
 			}
@@ -430,12 +466,18 @@ func (o *oracleRun) build() {
 	}
 	nrep := 1 + r.IntN(3)
 	differ := nrep > 1 && o.draw("replica-differ", 0.6)
-	failLocal := o.b.mr != nil && o.draw("faillocal", 0.3)
+	failLocal := o.b.mr != nil && !o.realtime && o.draw("faillocal", 0.3)
 	if failLocal {
 		nrep = 1 // FailLocal counts per process: N processes may admit N quotas
 	}
 	anyLeased := slices.ContainsFunc(base, func(f oFamily) bool { return f.lease != 0 })
-	if (!anyLeased || !oracleOpen("slow-calls-leased")) && o.draw("slow-calls", 0.4) {
+	if o.realtime {
+		// One call in eight takes real time, up to twice the longest
+		// lease drawn here (125ms), far below the decision's timeout.
+		o.slow = 250 * time.Millisecond
+		o.slowRand = rand.New(rand.NewPCG(o.seed, 2))
+		o.dims["slow-calls-leased"] = true
+	} else if (!anyLeased || !oracleOpen("slow-calls-leased")) && o.draw("slow-calls", 0.4) {
 		o.slow = o.timeout
 		o.slowRand = rand.New(rand.NewPCG(o.seed, 2))
 		if anyLeased {
@@ -581,9 +623,12 @@ func (o *oracleRun) newLimiter(rep *oReplica, l *oLayer, failLocal bool) bool {
 	if o.slow > 0 {
 		c.AddHook(oSlowHook{o})
 	}
-	opts := []Option{WithTimeout(o.timeout), WithClock(o.clock.Now), WithObserver(l.obs),
+	opts := []Option{WithTimeout(o.timeout), WithObserver(l.obs), WithLogger(slog.New(slog.DiscardHandler), false),
 		WithRedis(RedisOptions{DenyCache: -1, OperatorRefresh: -1}),
 		WithCost(func(r *http.Request) int { n, _ := strconv.Atoi(r.Header.Get("X-Cost")); return max(n, 1) })}
+	if !o.realtime {
+		opts = append(opts, WithClock(o.clock.Now))
+	}
 	if failLocal {
 		opts = append(opts, WithFailureMode(FailLocal))
 	}
@@ -648,7 +693,14 @@ func (o *oracleRun) advance(name string) {
 	// acquired ahead): it draws from its own source, so that the
 	// scenario's own draws stay replayable whatever the goroutines do.
 	d := time.Duration(o.slowRand.Int64N(int64(o.slow)))
-	o.setTime(o.clock.Now().Add(d))
+	if o.realtime {
+		if o.slowRand.IntN(8) > 0 {
+			return // most calls are quick, so that keys get hot
+		}
+		time.Sleep(d) // the call takes d: Redis's TIME moves on meanwhile
+		return
+	}
+	o.setTime(o.now().Add(d))
 }
 
 // handler is the application behind a replica's middleware: it settles,
@@ -681,8 +733,10 @@ func (o *oracleRun) handler(rep *oReplica) http.Handler {
 func (o *oracleRun) act() {
 	r := o.r
 	switch x := r.IntN(100); {
-	case x < 62:
+	case x < 58:
 		o.request(r.IntN(3))
+	case x < 62:
+		o.burst()
 	case x < 80:
 		o.tick()
 	case x < 86:
@@ -714,7 +768,11 @@ func (o *oracleRun) tick() {
 	default:
 		d = time.Duration(o.r.Int64N(int64(time.Second)))
 	}
-	o.setTime(o.clock.Now().Add(d))
+	if o.realtime {
+		d = min(d/20, 50*time.Millisecond)
+		time.Sleep(d) // the real clock is the only one here
+	}
+	o.setTime(o.now().Add(d))
 	o.step("tick %s", d)
 }
 
@@ -736,7 +794,7 @@ func (o *oracleRun) limitsOf(l *oLayer, res Result, c int) (rate []oracle.Limit,
 			continue
 		}
 		f := all[i]
-		rate = append(rate, oracle.Limit{Name: f.name, ID: oID(f.kind, c), Quota: lr.Quota, Window: lr.Window, Late: o.late[f.name],
+		rate = append(rate, oracle.Limit{Name: f.name, ID: oID(f.kind, c), Quota: lr.Quota, AdmitQuota: o.admitQuota(f.name, c), Window: lr.Window, Late: o.late[f.name],
 			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: f.precision})
 	}
 	return rate, inflightDenied
@@ -756,6 +814,42 @@ func (o *oracleRun) blockedClient(l *oLayer, c int) bool {
 		}
 	}
 	return false
+}
+
+// admitQuota is the quota admissions of client c in the leased limit
+// name are held to when its quota differs between the replicas or an
+// override changed it (see oracle.Limit.AdmitQuota): the largest of them
+// for c. Zero otherwise: each decision's own.
+func (o *oracleRun) admitQuota(name string, c int) int {
+	if !o.leased[name] {
+		return 0
+	}
+	qs := map[int]bool{}
+	top := 0
+	for _, rep := range o.reps {
+		for _, l := range rep.layers {
+			for _, f := range append(slices.Clone(l.fams), l.route...) {
+				if f.name != name {
+					continue
+				}
+				q := f.quota
+				if f.plans {
+					switch plan, _ := oraclePlanOf(context.Background(), oID(f.kind, c)); plan {
+					case "big":
+						q = 2 * f.quota
+					case "small":
+						q = max(1, f.quota/2)
+					}
+				}
+				qs[q] = true
+				top = max(top, q)
+			}
+		}
+	}
+	if len(qs) < 2 && o.overridden[name] == 0 {
+		return 0
+	}
+	return max(top, o.overridden[name])
 }
 
 // slackOf is how many units leases may hold beside a refusal of a
@@ -781,7 +875,28 @@ func (o *oracleRun) request(c int) {
 	if r.IntN(3) > 0 {
 		cost = 1
 	}
-	start := o.clock.Now()
+	o.requestVia(rep, c, cost)
+}
+
+// burst sends many requests of cost 1 of one client through one replica
+// at once (on the test's clock; as fast as they go on the real one):
+// its keys get hot, and leased limits lend leases.
+func (o *oracleRun) burst() {
+	rep := o.reps[o.r.IntN(len(o.reps))]
+	c := o.r.IntN(3)
+	n := 10 + o.r.IntN(40)
+	o.step("burst of %d requests of client %d via replica %d", n, c, rep.idx)
+	for range n {
+		o.requestVia(rep, c, 1)
+		if len(o.or.Failures()) > 0 || o.failures > 0 {
+			return
+		}
+	}
+}
+
+func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
+	r := o.r
+	start := o.now()
 	what := fmt.Sprintf("client %d cost %d via replica %d (%s)", c, cost, rep.idx, rep.mode)
 	if rep.mode == "allow" {
 		for _, l := range rep.layers {
@@ -846,7 +961,7 @@ func (o *oracleRun) request(c int) {
 			}
 		}
 	}
-	now := o.clock.Now()
+	now := o.now()
 	sure := !o.down
 	switch {
 	case rec.Header().Get("X-Settled") == "ctx" || rec.Header().Get("X-Settled") == "unsure":
@@ -892,7 +1007,7 @@ func (o *oracleRun) settlementOn(rep *oReplica) bool {
 // reports false when the request goes no further (refused).
 func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, start time.Time, what string) bool {
 	o.lastAdm = nil
-	end := o.clock.Now()
+	end := o.now()
 	if !res.Local && (res.Now.Before(start.Add(-time.Microsecond)) && len(o.leased) == 0 || res.Now.After(end.Add(time.Microsecond))) {
 		o.fail("%s: Result.Now %s outside the request's time [%s, %s]", what, res.Now, start, end)
 	}
@@ -979,7 +1094,7 @@ func (o *oracleRun) settleAllowed() {
 	a := o.allowed[i]
 	o.allowed = slices.Delete(o.allowed, i, i+1)
 	actual := o.r.IntN(2*a.cost + 1)
-	from := o.clock.Now()
+	from := o.now()
 	err := a.layer.lim.Settle(context.Background(), a.res, actual)
 	o.step("settle of an Allow at %s (cost %d) at %d: %v", a.res.Now.Format("15:04:05.000000"), a.cost, actual, err)
 	switch {
@@ -987,12 +1102,12 @@ func (o *oracleRun) settleAllowed() {
 		if !oracleOpen("settle-unconfirmed") {
 			o.fail("a settle of a Redis decision returned nil while Redis was down")
 		}
-		a.adm.Settle(from, o.clock.Now(), actual, false)
+		a.adm.Settle(from, o.now(), actual, false)
 	case err == nil:
-		a.adm.Settle(from, o.clock.Now(), actual, true)
+		a.adm.Settle(from, o.now(), actual, true)
 	case errors.Is(err, ErrNotRefundable):
 	default:
-		a.adm.Settle(from, o.clock.Now(), actual, false)
+		a.adm.Settle(from, o.now(), actual, false)
 	}
 	if actual > a.cost {
 		for _, lr := range a.res.Limits {
@@ -1032,7 +1147,7 @@ func (o *oracleRun) reset() {
 		if f.kind == "compose" {
 			continue // Reset's ids are escaped whole, as Allow's: it cannot name a composed key
 		}
-		o.or.Reset(f.name, oID(f.kind, c), o.clock.Now(), err == nil)
+		o.or.Reset(f.name, oID(f.kind, c), o.now(), err == nil)
 	}
 	if l.inflight > 0 {
 		// A reset forgets the client's in-flight slots too: its holds no
@@ -1060,6 +1175,12 @@ func (o *oracleRun) reset() {
 // override sets a quota override on one family, through every Limiter's
 // own Operator (each applies its own changes at once).
 func (o *oracleRun) override() {
+	if len(o.leased) > 0 {
+		if oracleOpen("override-leased") {
+			return
+		}
+		o.dims["override-leased"] = true
+	}
 	f := o.reps[0].layers[0].fams[0]
 	q := 1 + o.r.IntN(2*f.quota)
 	if o.leased[f.name] {
@@ -1074,6 +1195,7 @@ func (o *oracleRun) override() {
 	o.dims["override"] = true
 	o.epoch++
 	o.quotas++
+	o.overridden[f.name] = max(o.overridden[f.name], q)
 	if _, ok := o.maxQuota[f.name]; ok {
 		o.maxQuota[f.name] = max(o.maxQuota[f.name], q)
 	}

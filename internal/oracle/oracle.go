@@ -51,6 +51,13 @@ type Limit struct {
 	// this process until Redis answers again, so up to N times the quota
 	// across N instances").
 	LocalOnly bool
+	// AdmitQuota, if above Quota, is the quota admissions are held to
+	// instead: for a leased limit whose quota differs between releases
+	// (or changes by an override), a process admits from a lease it
+	// reserved under its own quota at an acquire the caller does not see,
+	// while another release admits up to its own; the window then holds
+	// at most the largest quota in force, which the caller gives here.
+	AdmitQuota int
 	// Precision is a bucketed limit's bucket length (zero for an exact
 	// log). Such a limit counts whole buckets and promises only that no
 	// window aligned to bucket edges holds more than the quota
@@ -196,9 +203,9 @@ func (o *Oracle) Admit(replica int, local bool, at time.Time, cost int, limits [
 			from = start.Add(p - lim.Window).Add(-time.Nanosecond)
 		}
 		n := l.count(from, at, o.seq, false, lim.LocalOnly, replica, 0)
-		if n+cost > lim.Quota {
+		if q := max(lim.Quota, lim.AdmitQuota); n+cost > q {
 			o.fail("over-admission: %s admitted cost %d at %s in %s/%s (quota %d, window %s) which already held %d in its window (local=%v); window: %s",
-				what, cost, at.Format("15:04:05.000000"), lim.Name, lim.ID, lim.Quota, lim.Window, n, local, l.describe(at.Add(-lim.Window), at))
+				what, cost, at.Format("15:04:05.000000"), lim.Name, lim.ID, q, lim.Window, n, local, l.describe(at.Add(-lim.Window), at))
 		}
 		e := &entry{seq: o.seq, at: at, latest: at, units: cost, local: local, replica: replica, what: what}
 		l.entries = append(l.entries, e)
