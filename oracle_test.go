@@ -122,7 +122,7 @@ func TestOracle(t *testing.T) {
 		seeds = append(seeds, n)
 	} else {
 		base := rand.Uint64() % 1_000_000_000
-		for i := range longtest.LongOr(t, 150, 1500) {
+		for i := range longtest.LongOr(t, 60, 1000) {
 			seeds = append(seeds, base+uint64(i))
 		}
 	}
@@ -142,8 +142,8 @@ func TestOracle(t *testing.T) {
 		if oracleOpen("slow-calls-leased") {
 			t.Skip("slow-calls-leased is open (knownOpen)")
 		}
-		for _, seed := range seeds[:min(longtest.LongOr(t, 3, 40), len(seeds))] {
-			runOracle(t, seed, steps, backend{mr: miniredis.RunT(t)}, true)
+		for _, seed := range seeds[:min(longtest.LongOr(t, 1, 40), len(seeds))] {
+			runOracle(t, seed, steps/2, backend{mr: miniredis.RunT(t)}, true)
 			if t.Failed() {
 				return
 			}
@@ -151,7 +151,7 @@ func TestOracle(t *testing.T) {
 	})
 	t.Run("redis", func(t *testing.T) {
 		srv := redistest.Start(t)
-		n := longtest.LongOr(t, 15, 300)
+		n := longtest.LongOr(t, 10, 200)
 		for _, seed := range seeds[:min(n, len(seeds))] {
 			if err := srv.Client().FlushAll(context.Background()).Err(); err != nil {
 				t.Fatal(err)
@@ -409,7 +409,7 @@ func (o *oracleRun) build() {
 	o.timeout = 5 * time.Second
 	o.clock = &testClock{t: start}
 	o.setTime, o.now = o.clock.Set, o.clock.Now
-	if o.b.mr != nil {
+	if o.b.mr != nil && !o.realtime { // else miniredis's TIME is the real clock
 		o.b.mr.SetTime(start)
 		o.setTime = func(t time.Time) { o.clock.Set(t); o.b.mr.SetTime(t) }
 	}
@@ -472,7 +472,7 @@ func (o *oracleRun) build() {
 	}
 	anyLeased := slices.ContainsFunc(base, func(f oFamily) bool { return f.lease != 0 })
 	if o.realtime {
-		// One call in eight takes real time, up to twice the longest
+		// One call in sixteen takes real time, up to twice the longest
 		// lease drawn here (125ms), far below the decision's timeout.
 		o.slow = 250 * time.Millisecond
 		o.slowRand = rand.New(rand.NewPCG(o.seed, 2))
@@ -694,7 +694,7 @@ func (o *oracleRun) advance(name string) {
 	// scenario's own draws stay replayable whatever the goroutines do.
 	d := time.Duration(o.slowRand.Int64N(int64(o.slow)))
 	if o.realtime {
-		if o.slowRand.IntN(8) > 0 {
+		if o.slowRand.IntN(16) > 0 {
 			return // most calls are quick, so that keys get hot
 		}
 		time.Sleep(d) // the call takes d: Redis's TIME moves on meanwhile
