@@ -117,7 +117,7 @@ type aoClock struct {
 	t  time.Time
 }
 
-func (c *aoClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *aoClock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *aoClock) Set(t time.Time) { c.mu.Lock(); defer c.mu.Unlock(); c.t = t }
 
 func runAdapterOracle(t *testing.T, router string, seed uint64, steps int) {
