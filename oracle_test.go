@@ -311,6 +311,7 @@ type oracleRun struct {
 	epoch      int // bumped by what changes every limit's room
 	denials    map[string]oDenial
 	held       []oHold
+	unreleased []oHold // holds whose Release failed
 	allowed    []oAllowed
 	trace      []string
 	failures   int
@@ -1028,6 +1029,11 @@ func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, s
 			open++
 		}
 	}
+	for _, h := range o.unreleased {
+		if h.c == c && at.Sub(h.at) <= 30*time.Second+o.timeout {
+			open++ // a refusal may count it
+		}
+	}
 	if res.Allowed {
 		o.step("%s: admitted at %s %v", what, at.Format("15:04:05.000000"), keys)
 		if blocked && (!oracleOpen("block-compose") || !slices.ContainsFunc(l.fams, func(f oFamily) bool { return f.kind == "compose" })) {
@@ -1036,7 +1042,7 @@ func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, s
 		if l.inflight > 0 && open+1 > l.inflight && !res.Local {
 			live := 0
 			for _, h := range o.held {
-				if h.c == c && at.Sub(h.at) < 30*time.Second {
+				if h.c == c && !h.res.Local && at.Sub(h.at) < 30*time.Second {
 					live++
 				}
 			}
@@ -1125,6 +1131,11 @@ func (o *oracleRun) release() {
 	for _, h := range o.held {
 		err := h.layer.lim.Release(context.Background(), h.res)
 		o.step("release of client %d: %v", h.c, err)
+		if err != nil {
+			// The slot may stay taken until its lease (InFlight's
+			// default, 30s) ends.
+			o.unreleased = append(o.unreleased, h)
+		}
 	}
 	o.held = nil
 }
