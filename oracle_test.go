@@ -66,12 +66,13 @@ var knownOpen = map[string]bool{
 	// (intermittently: the leases are taken in the background).
 	"override-leased": true,
 
-	// Drawn on main, where it finds nothing: the clock moving between a
-	// request's calls with leased limits (the decision clock is WithClock's
-	// here, read once per decision, which hides a Redis that decides a
-	// call after the lease's end). The route's limits a second pass of a
-	// Limiter mounted twice decides, settled by WithSettle, are always
-	// drawn: they find nothing either.
+	// Drawn on main, where it finds nothing: leased limits whose
+	// requests' Redis calls take time (on the test's clock, moved by up to
+	// the decision timeout between calls; and in the realtime subtest, on
+	// Redis's own clock with calls that take real time, up to twice the
+	// lease). The route's limits a second pass of a Limiter mounted twice
+	// decides, settled by WithSettle, are always drawn: they find nothing
+	// either.
 	"slow-calls-leased": false,
 }
 
