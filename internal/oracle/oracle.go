@@ -1,0 +1,321 @@
+// Package oracle holds a rate limiter to its promises from the caller's
+// side. It is given, in the order a client saw them, every admission and
+// refusal the limiter reported (the limit, the client's identity, the
+// cost, the decision's time as the limiter reported it and the quota in
+// force), every refund, settle and reset the caller made, and checks:
+//
+//   - no decision admits a request that, with what its limit admitted in
+//     the window ending at it, exceeds the quota in force (for the quota
+//     and window the deciding instance runs: under a rolling deploy, each
+//     release's own); zero tolerance (docs/limits.md, docs/design.md "Why
+//     this never admits over");
+//   - no request is refused while every limit has room for it, with the
+//     tolerance each limit's Slack and Late say (below);
+//   - a Retry-After is kept, and a sequential client within an in-flight
+//     cap is never refused (the callers check those with Keeps and the
+//     in-flight counts they keep; see the generator).
+//
+// It reads no Redis and shares no code with the limiter: it knows only
+// what a caller of the public API sees.
+package oracle
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Limit is one limit as a decision reported it in force.
+type Limit struct {
+	Name   string        // the log's name: limits of one name share a count
+	ID     string        // the client's identity in it (the caller's own spelling)
+	Quota  int           // the quota in force for the client (plan, override)
+	Window time.Duration // the window in force
+	// Late is how much later than its admission an entry may still be
+	// counted by a correct limiter, which only delays room, never grants
+	// it early: an exact log times an entry up to its unit (about
+	// Window/8192) late (Result.RetryAfter's doc); a bucketed limit counts
+	// a whole bucket (its Precision) until the bucket leaves the window; a
+	// leased limit's entries are stamped at the lease's end, up to AHEAD
+	// (the lease rounded up to the unit, plus a unit) after the request
+	// (docs/design.md, "The count cut"). Used only for refusals.
+	Late time.Duration
+	// Slack is how many units a correct limiter may hold elsewhere while
+	// it refuses: the units other processes' leases hold and have not used
+	// (docs/design.md, "What leases cost": each process at most two
+	// leases of a key, each at most quota/16). Zero for a limit that
+	// lends no leases: a refusal with room is then a failure.
+	Slack int
+	// LocalOnly marks a decision FailLocal made in one process: it counts
+	// only that process's local admissions (docs/failures.md: "counted in
+	// this process until Redis answers again, so up to N times the quota
+	// across N instances").
+	LocalOnly bool
+	// AdmitQuota, if above Quota, is the quota admissions are held to
+	// instead: for a leased limit whose quota differs between releases
+	// (or changes by an override), a process admits from a lease it
+	// reserved under its own quota at an acquire the caller does not see,
+	// while another release admits up to its own; the window then holds
+	// at most the largest quota in force, which the caller gives here.
+	AdmitQuota int
+	// Precision is a bucketed limit's bucket length (zero for an exact
+	// log). Such a limit counts whole buckets and promises only that no
+	// window aligned to bucket edges holds more than the quota
+	// (docs/limits.md, the table of the two kinds): its admissions are
+	// checked against the window of whole buckets that ends with the
+	// decision's bucket.
+	Precision time.Duration
+}
+
+type logKey struct{ name, id string }
+
+// entry is one admission (or a settle's debit) in one limit's log.
+type entry struct {
+	seq     int64
+	at      time.Time
+	latest  time.Time // a debit's latest possible time (its call took time); else at
+	units   int
+	credits []credit
+	debit   bool
+	sure    bool // a debit that surely was logged
+	local   bool // counted by FailLocal in process replica
+	replica int
+	what    string
+}
+
+// credit is units taken back from an entry: sure if the limiter confirmed
+// it (a nil error); a credit it did not confirm may still be applied in
+// the background (Settle's doc), so the checks take the reading that
+// flags nothing a correct limiter may do.
+type credit struct {
+	seq   int64
+	units int
+	sure  bool
+}
+
+type log struct {
+	entries []*entry
+	reset   int64 // seq of the last reset: earlier entries are forgotten
+	// sureReset is the seq of the last reset the limiter confirmed (nil
+	// error); reset the last one, confirmed or not: a Reset that fails for
+	// Redis may still have forgotten the client in FailLocal's store.
+	sureReset   int64
+	sureResetAt time.Time
+}
+
+// Oracle records what a caller saw and checks the promises on every
+// decision. It is safe for concurrent use.
+type Oracle struct {
+	mu       sync.Mutex
+	seq      int64
+	logs     map[logKey]*log
+	failures []string
+}
+
+// New returns an empty Oracle.
+func New() *Oracle { return &Oracle{logs: map[logKey]*log{}} }
+
+func (o *Oracle) log(name, id string) *log {
+	k := logKey{name, id}
+	l := o.logs[k]
+	if l == nil {
+		l = &log{}
+		o.logs[k] = l
+	}
+	return l
+}
+
+func (o *Oracle) fail(format string, args ...any) {
+	o.failures = append(o.failures, fmt.Sprintf(format, args...))
+}
+
+// Failures returns what the checks found so far.
+func (o *Oracle) Failures() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.failures...)
+}
+
+// count returns the units l holds in (from, to] before sequence seq, as
+// the caller knows them: with generous false, the fewest a correct
+// limiter counts (every credit applied, unconfirmed debits left out, only
+// process replica's local entries when localOnly); with generous true,
+// the most (only confirmed credits, every debit).
+//
+// A generous count keeps, across a reset, the entries within late before
+// it: a correct limiter may have stamped them after the reset (a leased
+// log's time runs up to AHEAD ahead, docs/design.md), and a forget keeps
+// what is stamped after it.
+func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, replica int, late time.Duration) int {
+	n := 0
+	reset, at := l.reset, func(e *entry) time.Time { return e.at }
+	if generous {
+		reset, at = l.sureReset, func(e *entry) time.Time { return e.latest }
+	}
+	for _, e := range l.entries {
+		forgotten := e.seq <= reset && (!generous || !e.latest.Add(late).After(l.sureResetAt))
+		if e.seq >= seq || forgotten || !at(e).After(from) || e.at.After(to) {
+			continue
+		}
+		if localOnly && (!e.local || e.replica != replica) {
+			continue
+		}
+		if e.debit && !e.sure && !generous {
+			continue
+		}
+		u := e.units
+		for _, c := range e.credits {
+			if c.seq < seq && (c.sure || !generous) {
+				u -= c.units
+			}
+		}
+		n += max(u, 0)
+	}
+	return n
+}
+
+// Admission is a request the limiter admitted, for its refunds and
+// settles.
+type Admission struct {
+	o       *Oracle
+	entries []*entry
+	limits  []Limit
+	replica int
+	local   bool
+	cost    int
+}
+
+// Admit records that a process (replica) admitted a request of cost at at
+// in limits, and fails if a limit had no room for it: the entries of
+// its window (at-Window, at], counting every credit applied and no
+// unconfirmed debit, plus cost, exceed its quota. what describes the
+// request for the message.
+func (o *Oracle) Admit(replica int, local bool, at time.Time, cost int, limits []Limit, what string) *Admission {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.seq++
+	a := &Admission{o: o, limits: limits, replica: replica, local: local, cost: cost}
+	for _, lim := range limits {
+		l := o.log(lim.Name, lim.ID)
+		from := at.Add(-lim.Window)
+		if p := lim.Precision; p > 0 {
+			start := time.Unix(0, at.UnixNano()/int64(p)*int64(p)) // the decision's bucket, on Unix time
+			from = start.Add(p - lim.Window).Add(-time.Nanosecond)
+		}
+		n := l.count(from, at, o.seq, false, lim.LocalOnly, replica, 0)
+		if q := max(lim.Quota, lim.AdmitQuota); n+cost > q {
+			o.fail("over-admission: %s admitted cost %d at %s in %s/%s (quota %d, window %s) which already held %d in its window (local=%v); window: %s",
+				what, cost, at.Format("15:04:05.000000"), lim.Name, lim.ID, q, lim.Window, n, local, l.describe(at.Add(-lim.Window), at))
+		}
+		e := &entry{seq: o.seq, at: at, latest: at, units: cost, local: local, replica: replica, what: what}
+		l.entries = append(l.entries, e)
+		a.entries = append(a.entries, e)
+	}
+	return a
+}
+
+// Refused records that a process refused a request of cost at at, over
+// limits, and fails if every one of them had room for it even on the most
+// generous count a correct limiter may make: the entries of (at-Window-
+// Late, at] with only the confirmed credits, plus Slack, plus cost, fit in
+// the quota.
+func (o *Oracle) Refused(replica int, at time.Time, cost int, limits []Limit, what string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.seq++
+	if len(limits) == 0 {
+		return
+	}
+	for _, lim := range limits {
+		l := o.log(lim.Name, lim.ID)
+		n := l.count(at.Add(-lim.Window-lim.Late), at, o.seq, true, lim.LocalOnly, replica, lim.Late)
+		if n+lim.Slack+cost > lim.Quota {
+			return // this limit may have had no room
+		}
+	}
+	desc := ""
+	for _, lim := range limits {
+		l := o.log(lim.Name, lim.ID)
+		desc += fmt.Sprintf(" %s/%s quota %d window %s late %s slack %d: %s;", lim.Name, lim.ID, lim.Quota, lim.Window, lim.Late, lim.Slack,
+			l.describe(at.Add(-lim.Window-lim.Late), at))
+	}
+	o.fail("refused with room: %s of cost %d at %s:%s", what, cost, at.Format("15:04:05.000000"), desc)
+}
+
+// Room reports whether every limit surely has room for a request of cost at
+// at (as Refused decides), for the callers' own checks.
+func (o *Oracle) Room(replica int, at time.Time, cost int, limits []Limit) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, lim := range limits {
+		l := o.log(lim.Name, lim.ID)
+		if l.count(at.Add(-lim.Window-lim.Late), at, o.seq+1, true, lim.LocalOnly, replica, lim.Late)+lim.Slack+cost > lim.Quota {
+			return false
+		}
+	}
+	return true
+}
+
+// Settle records that the caller settled a at cost, between from and to
+// (a debit is logged at the settle's time, which the caller knows to the
+// time its call took), with sure whether the limiter confirmed it. Refund
+// is Settle at 0.
+func (a *Admission) Settle(from, to time.Time, cost int, sure bool) {
+	o := a.o
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.seq++
+	switch {
+	case cost < a.cost:
+		for _, e := range a.entries {
+			e.credits = append(e.credits, credit{seq: o.seq, units: a.cost - cost, sure: sure})
+		}
+	case cost > a.cost:
+		for i, lim := range a.limits {
+			l := o.log(lim.Name, lim.ID)
+			l.entries = append(l.entries, &entry{seq: o.seq, at: from, latest: to, units: min(cost-a.cost, lim.Quota), debit: true, sure: sure,
+				local: a.local, replica: a.replica, what: a.entries[i].what + " (debit)"})
+		}
+	}
+}
+
+// Reset records that the caller reset the client id of limit name: what
+// was admitted before is forgotten; sure says the limiter confirmed it.
+// (Units of leases still out survive a reset in a correct limiter: Slack
+// covers them for refusals, and for admissions forgetting more only makes
+// the check more lenient.)
+func (o *Oracle) Reset(name, id string, at time.Time, sure bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.seq++
+	l := o.log(name, id)
+	l.reset = o.seq
+	if sure {
+		l.sureReset, l.sureResetAt = o.seq, at
+	}
+}
+
+// describe lists l's entries in (from, to], for messages.
+func (l *log) describe(from, to time.Time) string {
+	s := ""
+	for _, e := range l.entries {
+		if e.seq <= l.reset || !e.at.After(from) || e.at.After(to) {
+			continue
+		}
+		s += fmt.Sprintf(" [%s %d", e.at.Format("15:04:05.000000"), e.units)
+		for _, c := range e.credits {
+			s += fmt.Sprintf(" -%d(sure=%v)", c.units, c.sure)
+		}
+		if e.local {
+			s += fmt.Sprintf(" local@%d", e.replica)
+		}
+		if e.debit {
+			s += " debit"
+		}
+		s += " " + e.what + "]"
+	}
+	if s == "" {
+		return "(empty)"
+	}
+	return s
+}
