@@ -48,6 +48,9 @@ func (l *Limiter) holdFor(r *http.Request, h *hold) {
 	s.mu.Lock()
 	for i := range s.passes {
 		if q := &s.passes[i]; q.same(p) {
+			if q.held != nil && q.held.set == h.set && h.shared.CompareAndSwap(false, true) {
+				h.set.inflight.Add(-1) // the request is counted once, by its first hold
+			}
 			h.next, q.held = q.held, h
 			s.mu.Unlock()
 			return

@@ -41,6 +41,17 @@ type hold struct {
 	local    *pubstore.Local
 	released atomic.Bool
 	next     *hold // the next hold of the same request, in its pass (see holdFor)
+	// shared: an earlier hold of the same request counts it in
+	// holdSet.inflight, and this one does not.
+	shared atomic.Bool
+}
+
+// uncount takes h's request out of holdSet.inflight, unless another hold
+// of the request counts it.
+func (h *hold) uncount() {
+	if !h.shared.Load() {
+		h.set.inflight.Add(-1)
+	}
 }
 
 // release frees h's slots, once: in this process's store, or in Redis
@@ -50,7 +61,7 @@ func (h *hold) release(ctx context.Context) error {
 	if h == nil || !h.released.CompareAndSwap(false, true) {
 		return nil
 	}
-	h.set.inflight.Add(-1)
+	h.uncount()
 	stamps := make([]int64, len(h.idx))
 	for j := range stamps {
 		stamps[j] = int64(h.holder)
@@ -122,7 +133,7 @@ func (h *hold) leaveAsync() {
 	default:
 		set.remove(h) // no longer renewed: it frees within its lease
 		if h.released.CompareAndSwap(false, true) {
-			set.inflight.Add(-1)
+			h.uncount()
 		}
 		set.warn("ratelimit: too many in-flight releases under way; a slot frees within its lease", nil)
 		return
