@@ -408,6 +408,13 @@ func epEqual(a, b epSnap) bool {
 // compares what Redis holds after each response (and while each request
 // runs) with the computed expectation: every limit a request was counted
 // in holds its final cost, no slot is held once it is answered.
+//
+// No request of the sequences is refused by a route's limit: behind a
+// Handler over a router, the route's limits are a second decision, and a
+// request they refuse stays counted in the Limiter's own limits, where one
+// decision would count it nowhere (docs/routers.md says so). The request
+// sent while another runs is refused by the Limiter's own "conn", which
+// every entry decides first.
 func TestEntryPoints(t *testing.T) {
 	type entry struct {
 		name  string
