@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -80,6 +81,8 @@ type leaseAdmit struct {
 // lease and a window after the kill at the latest (the lease's end T is
 // at most a lease after it, and its entries leave a window after T).
 func TestLeaseProcesses(t *testing.T) {
+	// App processes killed: a long test
+	longtest.SkipUnlessLong(t)
 	t.Parallel() // waits on servers: runs beside the other parallel tests
 	const quota = 160
 	srv := redistest.Start(t)

@@ -20,7 +20,7 @@ import (
 // that primary answers again the reservation is gone. (A rollback with a
 // timeout of its own would double the decision's time.)
 func TestRollbackBounded(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 1)
+	c := startCluster(t, 3, 1)
 	quietRedisLog(t)
 	const timeout = 500 * time.Millisecond
 	const margin = 400 * time.Millisecond // a loaded 2-core machine under -race
@@ -122,6 +122,7 @@ func (h *afterFirstCall) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 // that comes late is read, and the request taken back: it leaves no entry
 // (rather than staying counted until it leaves the window).
 func TestLateReplyTakenBack(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	srv := redistest.Start(t)
 	proxy := redistest.NewProxy(t, srv.Addr)
 	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})

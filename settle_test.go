@@ -22,7 +22,7 @@ import (
 func forSettleBackends(t *testing.T, fn func(t *testing.T, b backend)) {
 	forBackends(t, fn)
 	t.Run("cluster", func(t *testing.T) {
-		fn(t, backend{cluster: redistest.StartCluster(t, 3, 0)})
+		fn(t, backend{cluster: startCluster(t, 3, 0)})
 	})
 }
 
@@ -299,6 +299,7 @@ func testSettleOnce(t *testing.T, b backend) {
 // gone) is counted in Unreverted, debit and credit alike, never lost
 // silently; the call itself returns within the Limiter's timeout.
 func TestSettleUnreachable(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
@@ -341,6 +342,7 @@ func TestSettleUnreachable(t *testing.T) {
 // requests wait, a credit frees room, and the count of the requests that
 // follow says so. Seeded costs; miniredis and a real server, each gone.
 func TestSettleFailLocal(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	forBackends(t, func(t *testing.T, b backend) {
 		c := redis.NewClient(&redis.Options{Addr: b.addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 		t.Cleanup(func() { _ = c.Close() })
@@ -457,6 +459,7 @@ func testSettleDebitAllOrNothing(t *testing.T, b backend) {
 // again, so that it is not logged twice, and its units are counted in
 // Unreverted. Redis runs it once, when it comes.
 func TestSettleSentOnce(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	srv := redistest.Start(t)
 	proxy := redistest.NewProxy(t, srv.Addr)
 	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true, ReadTimeout: 300 * time.Millisecond})

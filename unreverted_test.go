@@ -55,6 +55,7 @@ func waitSent(t *testing.T, lim *Limiter) {
 //     never comes, Redis may have logged the request, and it counts cost ×
 //     limits.
 func TestUnrevertedOnlyWhatMayHaveRun(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("seed %d", seed)
@@ -132,7 +133,7 @@ func TestUnrevertedClusterDeadPrimary(t *testing.T) {
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("seed %d", seed)
-	c := redistest.StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
+	c := startCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
 	// An identifier served by a primary that stays (live) and one by the
 	// primary that is stopped (dead).
 	dead, err := c.PrimaryFor(logKey("dead", "header.X-Dead", "victim"))
