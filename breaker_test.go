@@ -334,7 +334,6 @@ func TestBreakerHurriedCalls(t *testing.T) {
 // leaves Redis little, and the timeouts that follow say nothing about
 // Redis: before, five of them opened the breaker on a healthy Redis.
 func TestBreakerSlowPlanOf(t *testing.T) {
-	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	slow := func(ctx context.Context, id string) (string, error) {
 		if id == "slow" {
 			d, _ := ctx.Deadline()

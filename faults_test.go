@@ -180,7 +180,6 @@ const faultTimeout = 2 * time.Second
 // well. The breakers' clock stands still otherwise, so that a breaker
 // opened by mistake stays open however slow the machine.
 func TestRedisAnswers(t *testing.T) {
-	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	backendSrv := redistest.Start(t)
 	backend := backendSrv.Client()
 	ctx := context.Background()

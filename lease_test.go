@@ -398,7 +398,6 @@ const hotLeaseRequests = 8
 // timeout at most and get the failure mode as without leases; FailLocal
 // decides them in this process.
 func TestLeaseRedisDown(t *testing.T) {
-	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	for name, mode := range map[string]FailureMode{"FailOpen": FailOpen, "FailLocal": FailLocal} {
 		for _, hung := range []bool{false, true} {
 			t.Run(name+"/hung="+strconv.FormatBool(hung), func(t *testing.T) { testLeaseRedisDown(t, mode, hung) })

@@ -122,7 +122,6 @@ func (h *afterFirstCall) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 // that comes late is read, and the request taken back: it leaves no entry
 // (rather than staying counted until it leaves the window).
 func TestLateReplyTakenBack(t *testing.T) {
-	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	srv := redistest.Start(t)
 	proxy := redistest.NewProxy(t, srv.Addr)
 	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})

@@ -201,7 +201,6 @@ func (env *onceEnv) settle(t *testing.T) int64 {
 // on each time-out, up to MaxRetries (3) times: Redis would log the
 // request 4 times, and Unreverted say 0.)
 func TestDecideSentOnceOnLateReply(t *testing.T) {
-	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	forOnceClients(t, func(t *testing.T, env *onceEnv) {
 		rdb := env.rdb
 		ctx := context.Background()
@@ -232,7 +231,6 @@ func TestDecideSentOnceOnLateReply(t *testing.T) {
 // ReadTimeout, and each decision's error says that its call may have run
 // (a Client that retries sends the whole pipeline again).
 func TestPipelineSentOnceOnLateReply(t *testing.T) {
-	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	forOnceClients(t, func(t *testing.T, env *onceEnv) {
 		rdb := env.rdb
 		lim := mustNew(t, rdb, []Limit{PerMinute(100, Header("X-Id")).Named("pipe")}, noRefresh)
@@ -266,7 +264,6 @@ func TestPipelineSentOnceOnLateReply(t *testing.T) {
 // with the rollback trying again, would remove the entry of the other
 // request admitted at the same millisecond too.
 func TestRefundSentOnceOnLateReply(t *testing.T) {
-	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	forOnceClients(t, func(t *testing.T, env *onceEnv) {
 		rdb := env.rdb
 		ctx := context.Background()

@@ -299,7 +299,6 @@ func testSettleOnce(t *testing.T, b backend) {
 // gone) is counted in Unreverted, debit and credit alike, never lost
 // silently; the call itself returns within the Limiter's timeout.
 func TestSettleUnreachable(t *testing.T) {
-	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
@@ -459,7 +458,6 @@ func testSettleDebitAllOrNothing(t *testing.T, b backend) {
 // again, so that it is not logged twice, and its units are counted in
 // Unreverted. Redis runs it once, when it comes.
 func TestSettleSentOnce(t *testing.T) {
-	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	srv := redistest.Start(t)
 	proxy := redistest.NewProxy(t, srv.Addr)
 	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true, ReadTimeout: 300 * time.Millisecond})

@@ -55,7 +55,6 @@ func waitSent(t *testing.T, lim *Limiter) {
 //     never comes, Redis may have logged the request, and it counts cost ×
 //     limits.
 func TestUnrevertedOnlyWhatMayHaveRun(t *testing.T) {
-	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("seed %d", seed)

@@ -11,7 +11,8 @@
 // running in parallel each get the lines of the others). A test that has
 // failed gets no more lines, so that its last lines are its failure. A
 // line that no test was attached to receive is kept (the last few) and
-// printed at the end of a failed run ([Unclaimed]).
+// printed at the end of a failed run, the first of each form
+// ([Unclaimed]).
 package testlog
 
 import (
@@ -32,15 +33,19 @@ import (
 // counted, and the count is logged when the test ends.
 const repeats = 3
 
-// unclaimedLines is how many lines no test received are kept.
-const unclaimedLines = 40
+// unclaimedForms is how many forms of lines no test received are kept.
+const unclaimedForms = 40
 
 var router struct {
 	sync.Mutex
 	tests     []*attached
-	unclaimed []string
-	dropped   int // unclaimed lines beyond those kept
+	unclaimed map[string]int  // lines no test received, of each form
+	firsts    []unclaimedLine // the first of each form
+	dropped   int             // lines of forms beyond unclaimedForms
 }
+
+// unclaimedLine is the first line of a form no test received.
+type unclaimedLine struct{ form, line string }
 
 // attached is a test receiving lines.
 type attached struct {
@@ -102,11 +107,19 @@ func Write(who, form, line string) {
 	if claimed {
 		return
 	}
-	router.unclaimed = append(router.unclaimed, line)
-	if len(router.unclaimed) > unclaimedLines {
-		router.unclaimed = router.unclaimed[1:]
-		router.dropped++
+	if router.unclaimed == nil {
+		router.unclaimed = map[string]int{}
 	}
+	if n := router.unclaimed[form]; n > 0 {
+		router.unclaimed[form] = n + 1
+		return
+	}
+	if len(router.unclaimed) >= unclaimedForms {
+		router.dropped++
+		return
+	}
+	router.unclaimed[form] = 1
+	router.firsts = append(router.firsts, unclaimedLine{form, line})
 }
 
 // deeper reports whether a subtest of a is attached too: the line goes to
@@ -125,7 +138,7 @@ type Printf struct{}
 
 // Printf implements go-redis's internal.Logging.
 func (Printf) Printf(_ context.Context, format string, v ...any) {
-	Write("redis: ", format, fmt.Sprintf(format, v...))
+	Write("go-redis: ", format, strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "))
 }
 
 // SetDefault makes slog's default logger, and so log's (log.Printf),
@@ -149,22 +162,21 @@ func (writer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Unclaimed returns the lines no test received (the last ones), one per
-// line, with a line saying how many more were not kept; "" if none.
+// Unclaimed returns the lines no test received, the first of each form
+// with how many there were, one per line; "" if none.
 func Unclaimed() string {
 	router.Lock()
 	defer router.Unlock()
-	if len(router.unclaimed) == 0 {
+	if len(router.firsts) == 0 {
 		return ""
 	}
 	var b strings.Builder
-	if router.dropped > 0 {
-		fmt.Fprintf(&b, "testlog: %d lines logged outside the tests, the last %d:\n", router.dropped+len(router.unclaimed), len(router.unclaimed))
-	} else {
-		fmt.Fprintf(&b, "testlog: %d lines logged outside the tests:\n", len(router.unclaimed))
+	b.WriteString("testlog: logged outside the tests:\n")
+	for _, l := range router.firsts {
+		fmt.Fprintf(&b, "%s (%d like it)\n", l.line, router.unclaimed[l.form])
 	}
-	for _, l := range router.unclaimed {
-		b.WriteString(l + "\n")
+	if router.dropped > 0 {
+		fmt.Fprintf(&b, "(and %d lines of other forms)\n", router.dropped)
 	}
 	return b.String()
 }
