@@ -81,9 +81,10 @@ type leaseAdmit struct {
 // lease and a window after the kill at the latest (the lease's end T is
 // at most a lease after it, and its entries leave a window after T).
 func TestLeaseProcesses(t *testing.T) {
-	// App processes killed: a long test
+	// App processes killed, whose leases are taken and end in real time: a
+	// long test, run alone (not beside the parallel tests, which starve the
+	// apps of the CPU they need to see a key hot within a lease).
 	longtest.SkipUnlessLong(t)
-	t.Parallel() // waits on servers: runs beside the other parallel tests
 	const quota = 160
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr

@@ -137,10 +137,7 @@ func forLeaseBackends(t *testing.T, fn func(t *testing.T, b backend)) {
 // refunds, and a per-client limit that denies now and then, never
 // admits more than its quota in any window, and takes far fewer round
 // trips than requests while it is not full.
-func TestLeaseNeverOver(t *testing.T) {
-	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
-	forLeaseBackends(t, testLeaseNeverOver)
-}
+func TestLeaseNeverOver(t *testing.T) { forLeaseBackends(t, testLeaseNeverOver) }
 
 func testLeaseNeverOver(t *testing.T, b backend) {
 	rng := leaseRand(t)

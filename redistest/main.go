@@ -74,7 +74,7 @@ var redisLogger = &redisLog{}
 
 func (l *redisLog) Printf(ctx context.Context, format string, v ...any) {
 	if l.quiet.Load() == 0 {
-		testlog.Printf{}.Printf(ctx, format, v...)
+		testlog.Redis{}.Printf(ctx, format, v...)
 	}
 }
 

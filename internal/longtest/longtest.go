@@ -1,7 +1,8 @@
-// Package longtest is this repository's policy for its long tests, the few
-// that take tens of seconds each (100,000-identifier memory floods, Cluster
-// failovers), and the live-heap reading its memory tests compare with a
-// bound.
+// Package longtest is this repository's policy for its long tests, those
+// that take seconds to tens of seconds each and would hold up the everyday
+// go test (the Cluster tests, app processes killed, chaos and floods under
+// load, 100,000-identifier memory floods, the models' long runs), and the
+// live-heap reading its memory tests compare with a bound.
 //
 // Without Env=1 go test leaves the long tests out or shortens them, and a
 // package whose TestMain calls [Main] names them; CI sets Env=1, with

@@ -9,10 +9,9 @@
 // line is about: a line goes to every test attached ([Attach]) and not
 // ended, the deepest of a test and its subtests, while it runs (tests
 // running in parallel each get the lines of the others). A test that has
-// failed gets no more lines, so that its last lines are its failure. A
-// line that no test was attached to receive is kept (the last few) and
-// printed at the end of a failed run, the first of each form
-// ([Unclaimed]).
+// failed gets no more lines, so that its last lines are its failure. The
+// lines no test was attached to receive are counted, and the first of
+// each form printed at the end of a failed run ([Unclaimed]).
 package testlog
 
 import (
@@ -133,11 +132,11 @@ func deeper(a *attached) bool {
 	return false
 }
 
-// Printf routes a line of go-redis's logger (redis.SetLogger).
-type Printf struct{}
+// Redis is go-redis's logger (redis.SetLogger): it routes its lines.
+type Redis struct{}
 
 // Printf implements go-redis's internal.Logging.
-func (Printf) Printf(_ context.Context, format string, v ...any) {
+func (Redis) Printf(_ context.Context, format string, v ...any) {
 	Write("go-redis: ", format, strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "))
 }
 
