@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/redistest"
 	pubstore "github.com/slidinglog/ratelimit/store"
 )
@@ -395,6 +396,7 @@ const hotLeaseRequests = 8
 // timeout at most and get the failure mode as without leases; FailLocal
 // decides them in this process.
 func TestLeaseRedisDown(t *testing.T) {
+	longtest.SkipUnlessLong(t) // a server stopped or paused for seconds, four times
 	for name, mode := range map[string]FailureMode{"FailOpen": FailOpen, "FailLocal": FailLocal} {
 		for _, hung := range []bool{false, true} {
 			t.Run(name+"/hung="+strconv.FormatBool(hung), func(t *testing.T) { testLeaseRedisDown(t, mode, hung) })
