@@ -76,7 +76,10 @@ import (
 // the concurrent requests and of the replicas' background calls).
 //
 // On a real server (redistest.Start; RATELIMIT_SERVER=valkey for Valkey)
-// it runs at least 10,000 steps by default, under the race detector too.
+// it runs at least 10,000 steps by default, under the race detector too;
+// with RATELIMIT_LONG=1, also with every rollback held back 250ms before
+// it is sent, as on a loaded machine, so that the leases given back in
+// the background pile up in the logs and the bound is held to them.
 //
 //	go test -run TestModelLeases -count=1 .
 func TestModelLeases(t *testing.T) {
@@ -110,6 +113,21 @@ func TestModelLeases(t *testing.T) {
 		}
 		runReplicas(t, env, seed+1, size(6, 12), 2000, 10_000)
 	})
+	t.Run("server_slow_give-backs", func(t *testing.T) {
+		// Every rollback (a lease's give-back, a refund) waits 250ms
+		// before it reaches Redis, as on a loaded machine: the leases that
+		// ended pile up in the logs while the clock jumps on.
+		longtest.SkipUnlessLong(t)
+		srv := redistest.Start(t)
+		env := replicaEnv{
+			newClient: func() redis.UniversalClient {
+				return redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+			},
+			windows:  []time.Duration{time.Minute, 5 * time.Minute, time.Hour},
+			slowBack: 250 * time.Millisecond,
+		}
+		runReplicas(t, env, seed+3, max(size(4, 4), 1), 2000, 0)
+	})
 	t.Run("cluster", func(t *testing.T) {
 		c := startCluster(t, 3, 0)
 		env := replicaEnv{
@@ -127,6 +145,7 @@ type replicaEnv struct {
 	newClient func() redis.UniversalClient // a client of its own for a replica
 	setTime   func(time.Time)              // miniredis's SetTime, or nil
 	windows   []time.Duration              // the windows drawn
+	slowBack  time.Duration                // how long each rollback waits before it is sent
 }
 
 // errKilled is what a killed replica's client answers every call with:
@@ -340,6 +359,7 @@ func newReplicaRun(t *testing.T, env replicaEnv, stats *replicaStats, seed, run 
 	m.prefix = prefix
 	if !env.split {
 		m.check = newReplicaModel(prefix, m.limits)
+		m.check.slowBack = env.slowBack
 	}
 	for k := range n {
 		client := env.newClient()
