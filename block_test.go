@@ -62,7 +62,7 @@ func endBlock(t *testing.T, mr *miniredis.Miniredis, c redis.UniversalClient, ke
 func TestBlockAcrossReplicas(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) { testBlockAcrossReplicas(t, b) })
 	t.Run("cluster", func(t *testing.T) {
-		testBlockAcrossReplicas(t, backend{cluster: redistest.StartCluster(t, 3, 0)})
+		testBlockAcrossReplicas(t, backend{cluster: startCluster(t, 3, 0)})
 	})
 }
 
@@ -137,7 +137,7 @@ func testBlockAcrossReplicas(t *testing.T, b backend) {
 // replica's memory of it, at once.
 func TestBlockReset(t *testing.T) {
 	forBackends(t, testBlockReset)
-	t.Run("cluster", func(t *testing.T) { testBlockReset(t, backend{cluster: redistest.StartCluster(t, 3, 0)}) })
+	t.Run("cluster", func(t *testing.T) { testBlockReset(t, backend{cluster: startCluster(t, 3, 0)}) })
 }
 
 func testBlockReset(t *testing.T, b backend) {

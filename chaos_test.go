@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -201,6 +202,7 @@ func checkLatency(t *testing.T, events []event) time.Duration {
 // TestChaosRestart kills redis-server under load and starts it again on
 // the same port, empty and without the script.
 func TestChaosRestart(t *testing.T) {
+	longtest.SkipUnlessLong(t) // a Redis restarted under load
 	srv := redistest.Start(t)
 	lc := startLeakCheck(t, srv)
 	quietRedisLog(t)
@@ -299,6 +301,7 @@ func TestChaosRestart(t *testing.T) {
 // over and over under load: no request may fail because of it. It is not
 // about time, so its decisions have a timeout a loaded machine meets.
 func TestChaosScriptFlush(t *testing.T) {
+	longtest.SkipUnlessLong(t) // the library flushed under load
 	srv := redistest.Start(t)
 	lc := startLeakCheck(t, srv)
 	var failures atomic.Int64
@@ -343,6 +346,7 @@ func TestChaosScriptFlush(t *testing.T) {
 // still return within the timeout, with the failure mode, and Redis decides
 // again once the pause ends.
 func TestChaosStall(t *testing.T) {
+	longtest.SkipUnlessLong(t) // a Redis stalled under load
 	srv := redistest.Start(t)
 	lc := startLeakCheck(t, srv)
 	quietRedisLog(t)
@@ -379,6 +383,7 @@ func TestChaosStall(t *testing.T) {
 // a client with 4 connections while Redis is paused: every one waits at
 // most the timeout, and no goroutine or connection is left behind.
 func TestChaosPoolExhaustion(t *testing.T) {
+	longtest.SkipUnlessLong(t) // a pool exhausted under load
 	srv := redistest.Start(t)
 	lc := startLeakCheck(t, srv)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, PoolSize: 4})

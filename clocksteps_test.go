@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/testlog"
 )
 
 // stepModel is what a limit decides, as documented: a log's time never
@@ -84,6 +86,7 @@ func (m *bucketModel) decide(now int64, cost int) (bool, int, time.Duration) {
 // testSeed returns the seed of a random test: RATELIMIT_SEED's, to replay
 // a failure, or a new one.
 func testSeed(t *testing.T) int64 {
+	testlog.Attach(t) // a randomized test's log says what go-redis and the library logged
 	if s := os.Getenv("RATELIMIT_SEED"); s != "" {
 		seed, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {

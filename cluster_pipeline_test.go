@@ -14,7 +14,6 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
-	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestClusterPipelineRedirects sends batches of decisions, as the pipeline
@@ -33,7 +32,7 @@ import (
 // would be logged 4 times each, never rolled back, never counted in
 // Unreverted.
 func TestClusterPipelineRedirects(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 0)
+	c := startCluster(t, 3, 0)
 	ctx := context.Background()
 	rdb := c.Client()
 	seen := &replyKinds{}
@@ -210,7 +209,7 @@ func TestClusterPipelineRedirects(t *testing.T) {
 // held at the client by a hook, on decisions of other clients, while the
 // two decisions queue up in turn.
 func TestClusterBatchTryAgain(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 0)
+	c := startCluster(t, 3, 0)
 	ctx := context.Background()
 	rdb := c.Client()
 	gate := &senderGate{}

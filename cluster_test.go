@@ -68,7 +68,7 @@ var clusterSuite = []struct {
 // a replica each), emptied between tests.
 func TestCluster(t *testing.T) {
 	t.Parallel() // waits on servers: runs beside the other parallel tests
-	c := redistest.StartCluster(t, 3, 1)
+	c := startCluster(t, 3, 1)
 	for _, tc := range clusterSuite {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := c.FlushAll(); err != nil {
@@ -262,7 +262,7 @@ func testSingleSlot(t *testing.T, b backend) {
 // promoted the limiter decides again, without a restart and despite the new
 // primary not knowing the script, and never admits more than the limit.
 func TestClusterFailover(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 1)
+	c := startCluster(t, 3, 1)
 	quietRedisLog(t) // go-redis logs every failed dial to the dead node
 	b := backend{cluster: c}
 	const quota = 300
@@ -476,7 +476,7 @@ func testPipelineReload(t *testing.T, b backend) {
 func TestClusterDeadShard(t *testing.T) {
 	longtest.SkipUnlessLong(t) // two Clusters, each through an outage: 20s
 	t.Run("FullCoverage", func(t *testing.T) {
-		c := redistest.StartCluster(t, 3, 1)
+		c := startCluster(t, 3, 1)
 		quietRedisLog(t) // go-redis logs every failed dial to the dead node
 		victim, healthy, dead := pickShards(t, c)
 		ld := startShardLoad(t, c, victim, healthy, dead)
@@ -520,7 +520,7 @@ func TestClusterDeadShard(t *testing.T) {
 	})
 
 	t.Run("PartialCoverage", func(t *testing.T) {
-		c := redistest.StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
+		c := startCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
 		quietRedisLog(t)
 		victim, healthy, dead := pickShards(t, c)
 		ld := startShardLoad(t, c, victim, healthy, dead)
@@ -916,7 +916,7 @@ func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 // after five of them, give every client of the primary ErrCircuitOpen, and
 // the migrating client TRYAGAIN for the whole migration.
 func TestClusterSlotMigration(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 0)
+	c := startCluster(t, 3, 0)
 	ctx := context.Background()
 	rdb := c.Client()
 	// 5 a minute and 1,000 an hour for each client, 1,000,000 an hour in all.
@@ -1049,7 +1049,7 @@ func TestClusterSlotMigration(t *testing.T) {
 // the CLUSTERDOWN replies opened (every primary's, for its cool-down, in a
 // real outage) would stay open, and the test would fail, however slow the machine.
 func TestClusterDownRecovery(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 0)
+	c := startCluster(t, 3, 0)
 	ctx := context.Background()
 	lim := mustNew(t, c.Client(), []Limit{PerHour(1_000_000, Header("X-Id")).Named("cd")})
 	clock := &testClock{t: t0}

@@ -19,6 +19,7 @@ import (
 // quota; and the next window admits as much again. Generated: the quotas
 // (raised or lowered), the window, the key, the order of the replicas.
 func TestQuotaChangeOneBudget(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	forBackends(t, func(t *testing.T, b backend) {
 		seed := testSeed(t)
 		rng := rand.New(rand.NewSource(seed))
@@ -167,6 +168,7 @@ func genNameCase(rng *rand.Rand) nameCase {
 // (ClientIP, headers in two spellings, a KeyFunc named "ip", a Compose),
 // windows, precisions and quotas. A Limiter's Close frees its names.
 func TestNameOneDefinition(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	forBackends(t, func(t *testing.T, b backend) {
 		seed := testSeed(t)
 		rng := rand.New(rand.NewSource(seed))

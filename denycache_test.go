@@ -105,7 +105,10 @@ func TestDenyCacheUntilOldestLeaves(t *testing.T) {
 // that its Retry-After and Reset are never early. (Dated from when the
 // decision was sent, a request that took 350ms to reach Redis made the
 // cache 350ms early.)
-func TestDenyCacheSlowReply(t *testing.T) { forBackends(t, testDenyCacheSlowReply) }
+func TestDenyCacheSlowReply(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
+	forBackends(t, testDenyCacheSlowReply)
+}
 
 func testDenyCacheSlowReply(t *testing.T, b backend) {
 	proxy := redistest.NewProxy(t, b.addr())
@@ -301,7 +304,10 @@ func testDenyCacheBucketedLimitsApart(t *testing.T, b backend) {
 // defaults), all distinct, of escaped and safe bytes, and checks that the
 // deny cache holds each by a key of at most the prefix, the limit's name
 // and 131 bytes, within MaxDenyBytes of that: it keeps no identifier whole.
-func TestDenyCacheHostileBytes(t *testing.T) { forBackends(t, testDenyCacheHostileBytes) }
+func TestDenyCacheHostileBytes(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
+	forBackends(t, testDenyCacheHostileBytes)
+}
 
 func testDenyCacheHostileBytes(t *testing.T, b backend) {
 	seed := rand.Uint64()

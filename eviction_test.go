@@ -161,6 +161,7 @@ func testEvictionWarning(t *testing.T, b backend) {
 // CONFIG GET (renamed away, or denied by an ACL), where decisions go on as
 // usual; and no CONFIG GET at all from a Limiter that logs nothing.
 func TestEvictionWarningPolicies(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	for _, tc := range []struct {
 		name   string
 		args   []string

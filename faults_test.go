@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/redistest"
 )
@@ -193,6 +194,7 @@ func TestRedisAnswers(t *testing.T) {
 			t.Cleanup(func() { _ = c.Close() })
 			timeout := redistest.DecisionTimeout
 			if row.fault.stall {
+				longtest.SkipUnlessLong(t) // decisions that wait out a stall: seconds
 				timeout = faultTimeout
 			}
 			const failures = 3

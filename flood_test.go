@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/clientip"
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -235,6 +236,7 @@ func (st *floodStats) check(t *testing.T, what string) {
 
 // TestFloodKeepsBreakerClosed floods Allow on a denied key in-process.
 func TestFloodKeepsBreakerClosed(t *testing.T) {
+	longtest.SkipUnlessLong(t) // a flood of decisions for seconds
 	srv := redistest.Start(t)
 	lim, err := New(srv.Client(), []Limit{PerMinute(5, Header("X-Client")).Named("flood")}, WithTimeout(floodTimeout))
 	if err != nil {
@@ -291,6 +293,7 @@ func TestFloodKeepsBreakerClosed(t *testing.T) {
 // the HTTP client and reaches about 8,000 requests a second, too few to
 // starve anything.
 func TestFloodKeepsBreakerClosedHTTP(t *testing.T) {
+	longtest.SkipUnlessLong(t) // a flood of requests for seconds
 	redis := redistest.Start(t)
 	st := &floodStats{}
 	flooder := "192.0.2.1"

@@ -17,6 +17,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/internal/testlog"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -68,6 +69,7 @@ func (b backend) clock(start time.Time) ([]Option, func(time.Time)) {
 // forBackends runs fn against miniredis and against a real redis-server.
 func forBackends(t *testing.T, fn func(t *testing.T, b backend)) {
 	t.Run("miniredis", func(t *testing.T) {
+		testlog.Attach(t)
 		fn(t, backend{mr: miniredis.RunT(t)})
 	})
 	t.Run("redis", func(t *testing.T) {
@@ -92,7 +94,9 @@ func (c *testClock) Set(t time.Time) {
 	c.t = t
 }
 
-// TestMain says how many real-Redis tests were skipped, if any.
+// TestMain says how many real-Redis tests were skipped and which long tests
+// were left out, if any, and sends what go-redis and the library log to
+// the tests' logs (longtest.Main).
 // With RATELIMIT_TEST_APP set, the test binary is an app process of
 // TestOperatorProcesses instead (see serveApp).
 func TestMain(m *testing.M) {
@@ -109,8 +113,11 @@ func TestMain(m *testing.M) {
 // mustNew is New that fails the test on error. Its Limiter's decisions have
 // the timeout redistest.DecisionTimeout, which a loaded machine meets,
 // unless opts set another: a test about timeouts sets its own.
+//
+// What the Limiter and go-redis log goes to t's log (see package testlog).
 func mustNew(t testing.TB, c redis.UniversalClient, limits []Limit, opts ...Option) *Limiter {
 	t.Helper()
+	testlog.Attach(t)
 	l, err := New(c, limits, append([]Option{WithTimeout(redistest.DecisionTimeout)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -238,3 +245,13 @@ func decideOnce(l *Limiter, w http.ResponseWriter, r *http.Request) (Verdict, er
 // commands Redis runs: the refresh's background calls (a script that
 // declares the Limiter's limits) would count among the decisions'.
 var noRefresh = WithRedis(RedisOptions{OperatorRefresh: -1})
+
+// startCluster starts a Redis Cluster (redistest.StartCluster) for a long
+// test: a Cluster takes seconds to form, and its tests wait out
+// failovers, so they run with RATELIMIT_LONG=1 (as CI does) and are named
+// as left out without it (longtest.Main).
+func startCluster(tb testing.TB, primaries, replicas int, args ...string) *redistest.Cluster {
+	tb.Helper()
+	longtest.SkipUnlessLong(tb)
+	return redistest.StartCluster(tb, primaries, replicas, args...)
+}

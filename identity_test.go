@@ -205,6 +205,7 @@ func (g idGen) client(base netip.Addr) netip.Addr {
 // of the client is answered alike; LimitStatus and ResetLimit, given any
 // spelling of the client, read and reset its identifier's log.
 func TestIdentityBlocks(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	forBackends(t, func(t *testing.T, b backend) {
 		trials := 120
 		if b.mr == nil {

@@ -32,7 +32,7 @@ import (
 func TestInFlightHandler(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) { testInFlightHandler(t, backend{mr: miniredis.RunT(t)}, 6) })
 	t.Run("redis", func(t *testing.T) { testInFlightHandler(t, backend{srv: redistest.Start(t)}, 4) })
-	t.Run("cluster", func(t *testing.T) { testInFlightHandler(t, backend{cluster: redistest.StartCluster(t, 3, 0)}, 2) })
+	t.Run("cluster", func(t *testing.T) { testInFlightHandler(t, backend{cluster: startCluster(t, 3, 0)}, 2) })
 }
 
 // heldRequest is one request of the test, in its handler or on its way.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -54,6 +55,7 @@ func inflightApp(client redis.UniversalClient) (http.Handler, error) {
 // free by themselves within one lease of the kill, and the others admit
 // up to the cap again, not more.
 func TestInFlightProcesses(t *testing.T) {
+	longtest.SkipUnlessLong(t) // app processes killed
 	srv := redistest.Start(t)
 	const lease = 2 * time.Second
 	apps, cmds := startInFlightApps(t, 3, "redis://"+srv.Addr, lease)

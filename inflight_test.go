@@ -231,6 +231,7 @@ func (decideOnlyStore) Decide(context.Context, *store.Query, *store.Outcome) err
 // once and tried again at the next tick, which renews the slot once Redis
 // is back.
 func TestInFlightRenewalFails(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	mr := miniredis.RunT(t)
 	ticks := make(chan time.Time)
 	type renewal struct {
@@ -298,7 +299,7 @@ func TestInFlightConcurrent(t *testing.T) {
 	}{
 		{"miniredis", func(t *testing.T) backend { return backend{mr: miniredis.RunT(t)} }},
 		{"redis", func(t *testing.T) backend { return backend{srv: redistest.Start(t)} }},
-		{"cluster", func(t *testing.T) backend { return backend{cluster: redistest.StartCluster(t, 3, 0)} }},
+		{"cluster", func(t *testing.T) backend { return backend{cluster: startCluster(t, 3, 0)} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seed := rand.Uint64()

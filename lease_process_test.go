@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -80,7 +81,10 @@ type leaseAdmit struct {
 // lease and a window after the kill at the latest (the lease's end T is
 // at most a lease after it, and its entries leave a window after T).
 func TestLeaseProcesses(t *testing.T) {
-	t.Parallel() // waits on servers: runs beside the other parallel tests
+	// App processes killed, whose leases are taken and end in real time: a
+	// long test, run alone (not beside the parallel tests, which starve the
+	// apps of the CPU they need to see a key hot within a lease).
+	longtest.SkipUnlessLong(t)
 	const quota = 160
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr

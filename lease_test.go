@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/redistest"
 	pubstore "github.com/slidinglog/ratelimit/store"
 )
@@ -128,7 +129,7 @@ func forLeaseBackends(t *testing.T, fn func(t *testing.T, b backend)) {
 		if testing.Short() {
 			t.Skip("a Cluster takes seconds to start")
 		}
-		fn(t, backend{cluster: redistest.StartCluster(t, 3, 0)})
+		fn(t, backend{cluster: startCluster(t, 3, 0)})
 	})
 }
 
@@ -225,7 +226,10 @@ func testLeaseFewCalls(t *testing.T, b backend) {
 // TestLeaseColdKeys: per-client keys of a leased limit that see a few
 // requests each (two, here: a key that sees 8 in a lease's length is hot)
 // take no lease, and cost the round trips they cost without it.
-func TestLeaseColdKeys(t *testing.T) { forBackends(t, testLeaseColdKeys) }
+func TestLeaseColdKeys(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
+	forBackends(t, testLeaseColdKeys)
+}
 
 func testLeaseColdKeys(t *testing.T, b backend) {
 	seed := uint64(testSeed(t))
@@ -273,7 +277,10 @@ func testLeaseColdKeys(t *testing.T, b backend) {
 // requests decided from a lease take back or log their units: once the
 // Limiter closes, the leased log counts exactly the units admitted, as
 // settled, and not refunded.
-func TestLeaseOtherLimitDenies(t *testing.T) { forLeaseBackends(t, testLeaseOtherLimitDenies) }
+func TestLeaseOtherLimitDenies(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
+	forLeaseBackends(t, testLeaseOtherLimitDenies)
+}
 
 func testLeaseOtherLimitDenies(t *testing.T, b backend) {
 	rng := leaseRand(t)
@@ -389,6 +396,7 @@ const hotLeaseRequests = 8
 // timeout at most and get the failure mode as without leases; FailLocal
 // decides them in this process.
 func TestLeaseRedisDown(t *testing.T) {
+	longtest.SkipUnlessLong(t) // a server stopped or paused for seconds, four times
 	for name, mode := range map[string]FailureMode{"FailOpen": FailOpen, "FailLocal": FailLocal} {
 		for _, hung := range []bool{false, true} {
 			t.Run(name+"/hung="+strconv.FormatBool(hung), func(t *testing.T) { testLeaseRedisDown(t, mode, hung) })

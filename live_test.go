@@ -151,6 +151,7 @@ func TestOperatorOverride(t *testing.T) {
 // up, observers see a denial; unblocking lifts it at the refresh; a block
 // lapses by its expiry on the Limiter's clock without a refresh.
 func TestOperatorBlock(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		start := time.Now()
@@ -306,6 +307,7 @@ func (d *denials) last() string {
 // expiry on the Limiter's clock exactly, without a refresh; a refresh
 // after it, even with Redis unreachable, keeps the override lapsed.
 func TestOperatorLapse(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		start := time.Now()

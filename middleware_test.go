@@ -737,7 +737,10 @@ func testProblemDetails(t *testing.T, b backend) {
 // entry leaves the window (lua/exact.lua sets the expiry that much later, so
 // that a busy log is not written anew on every admission), so idle keys
 // disappear, and a denial does not extend it.
-func TestExpiry(t *testing.T) { forBackends(t, testExpiry) }
+func TestExpiry(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
+	forBackends(t, testExpiry)
+}
 
 func testExpiry(t *testing.T, b backend) {
 	c := b.newClient(t)

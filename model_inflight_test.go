@@ -57,7 +57,7 @@ func TestModelInFlight(t *testing.T) {
 		runModelInFlight(t, srv.Addr, "", storetest.Config{MinWindow: time.Minute, OwnClock: true}, repeats(3, 9), 10_000)
 	})
 	t.Run("cluster", func(t *testing.T) {
-		c := redistest.StartCluster(t, 3, 0)
+		c := startCluster(t, 3, 0)
 		runModelInFlightOn(t, c.Client(), true, storetest.Config{MinWindow: time.Minute, OwnClock: true}, repeats(1, 3))
 	})
 	t.Run("server scripts", func(t *testing.T) {

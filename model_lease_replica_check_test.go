@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/slidinglog/ratelimit/internal/logmodel"
 	internalstore "github.com/slidinglog/ratelimit/internal/store"
@@ -30,6 +31,9 @@ type replicaModel struct {
 	lost    map[logmodel.LogRef]bool
 	calls   int
 	diverge []string // the first divergences
+	// slowBack delays every rollback before it is sent, as a loaded
+	// machine may (see TestModelLeases).
+	slowBack time.Duration
 }
 
 func newReplicaModel(prefix string, limits [repLimits]repLimit) *replicaModel {
@@ -179,6 +183,7 @@ func uintAt(b []byte) (n int64) {
 
 func (l *replicaCheckLib) Rollback(ctx context.Context, keys []string, req, stamps []byte) (int64, error) {
 	m := l.m
+	time.Sleep(m.slowBack) // outside m.mu: the other calls go on meanwhile
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n, err := l.Library.Rollback(ctx, keys, req, stamps)

@@ -59,7 +59,11 @@ import (
 //     kept likewise (a reset keeps what is stamped after it), and the
 //     units held in leases: up to leaseSlots leases of each of the
 //     limit's quotas, quota/16 units each (a lease's most), per replica
-//     alive or killed at most a window and A before r;
+//     alive or killed at most a window and A before r, and a lease's
+//     most per give-back the replica had under way when the request was
+//     sent (a lease that ended stays in the log until its give-back
+//     arrives: on this test's clock, which jumps while give-backs run in
+//     real time, that may be many leases later on a loaded machine);
 //   - no divergence (on one server; see replicaModel): every Redis call
 //     the replicas make (decisions, leases' acquires, give-backs,
 //     refunds, resets) is applied to internal/logmodel's model with
@@ -72,7 +76,10 @@ import (
 // the concurrent requests and of the replicas' background calls).
 //
 // On a real server (redistest.Start; RATELIMIT_SERVER=valkey for Valkey)
-// it runs at least 10,000 steps by default, under the race detector too.
+// it runs at least 10,000 steps by default, under the race detector too;
+// with RATELIMIT_LONG=1, also with every rollback held back 250ms before
+// it is sent, as on a loaded machine, so that the leases given back in
+// the background pile up in the logs and the bound is held to them.
 //
 //	go test -run TestModelLeases -count=1 .
 func TestModelLeases(t *testing.T) {
@@ -106,8 +113,23 @@ func TestModelLeases(t *testing.T) {
 		}
 		runReplicas(t, env, seed+1, size(6, 12), 2000, 10_000)
 	})
+	t.Run("server_slow_give-backs", func(t *testing.T) {
+		// Every rollback (a lease's give-back, a refund) waits 250ms
+		// before it reaches Redis, as on a loaded machine: the leases that
+		// ended pile up in the logs while the clock jumps on.
+		longtest.SkipUnlessLong(t)
+		srv := redistest.Start(t)
+		env := replicaEnv{
+			newClient: func() redis.UniversalClient {
+				return redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+			},
+			windows:  []time.Duration{time.Minute, 5 * time.Minute, time.Hour},
+			slowBack: 250 * time.Millisecond,
+		}
+		runReplicas(t, env, seed+3, max(size(4, 4), 1), 2000, 0)
+	})
 	t.Run("cluster", func(t *testing.T) {
-		c := redistest.StartCluster(t, 3, 0)
+		c := startCluster(t, 3, 0)
 		env := replicaEnv{
 			split:     true,
 			newClient: func() redis.UniversalClient { return c.Client() },
@@ -123,6 +145,7 @@ type replicaEnv struct {
 	newClient func() redis.UniversalClient // a client of its own for a replica
 	setTime   func(time.Time)              // miniredis's SetTime, or nil
 	windows   []time.Duration              // the windows drawn
+	slowBack  time.Duration                // how long each rollback waits before it is sent
 }
 
 // errKilled is what a killed replica's client answers every call with:
@@ -336,6 +359,7 @@ func newReplicaRun(t *testing.T, env replicaEnv, stats *replicaStats, seed, run 
 	m.prefix = prefix
 	if !env.split {
 		m.check = newReplicaModel(prefix, m.limits)
+		m.check.slowBack = env.slowBack
 	}
 	for k := range n {
 		client := env.newClient()
@@ -568,6 +592,7 @@ func (m *replicaRun) concurrent() {
 func (m *replicaRun) allow(k int, ids []string, cost int) {
 	r := m.reps[k]
 	before := leasedOf(r.l)
+	giving := m.givingBack()
 	res, err := r.l.Allow(context.Background(), ids, cost)
 	if err != nil {
 		m.t.Fatalf("%s: replica %d, %v cost %d: %v", m.where(), k, ids, cost, err)
@@ -581,7 +606,7 @@ func (m *replicaRun) allow(k int, ids []string, cost int) {
 	vs, at := m.modelled(ids, cost, res, true)
 	if !res.Allowed {
 		m.stats.denied++
-		m.checkUnder(ids, cost, res, vs)
+		m.checkUnder(ids, cost, res, vs, giving)
 		return
 	}
 	m.admitted(k, ids, cost, res, leased, at)
@@ -709,11 +734,28 @@ func (m *replicaRun) modelled(ids []string, cost int, res Result, check bool) (v
 // ended and is being given back.
 const leaseSlots = 3
 
+// givingBack returns, for each replica, how many of its give-backs (and
+// refunds) were under way: sent, not yet answered by Redis. The units of
+// a lease that ended stay in its log until its give-back arrives, which
+// on this test's clock may be many leases later: the clock jumps while
+// the give-backs run in real time, behind the other work of a loaded
+// machine.
+func (m *replicaRun) givingBack() []int {
+	n := make([]int, len(m.reps))
+	for k, r := range m.reps {
+		if r.l != nil {
+			n[k] = r.l.redis.Rollbacks.InFlight()
+		}
+	}
+	return n
+}
+
 // checkUnder: a leased limit that denies a request its exact log
 // without leases (vs, the model's verdicts) would have admitted, had less
 // room than what its log may count beyond the model's (see
-// TestModelLeases).
-func (m *replicaRun) checkUnder(ids []string, cost int, res Result, vs [repLimits]logmodel.Verdict) {
+// TestModelLeases); giving is givingBack's count from before the request
+// was sent.
+func (m *replicaRun) checkUnder(ids []string, cost int, res Result, vs [repLimits]logmodel.Verdict, giving []int) {
 	for i := range repUser + 1 {
 		lr := res.Limits[i]
 		if lr.Skipped || !lr.Denied || cost > lr.Quota {
@@ -765,9 +807,11 @@ func (m *replicaRun) checkUnder(ids []string, cost int, res Result, vs [repLimit
 			return a.latest > after-l.ahead && a.latest > since
 		})
 		held := 0
-		for _, r := range m.reps {
+		for k, r := range m.reps {
 			if r.killed == 0 || r.killed > since {
-				held += leaseSlots * l.kmax
+				// and each give-back under way, of a lease of this key or
+				// another, holds at most a lease's units, quota/16
+				held += leaseSlots*l.kmax + giving[k]*slices.Max(l.quotas)/16
 			}
 		}
 		bound := late + kept + held

@@ -68,7 +68,7 @@ func TestModelLease(t *testing.T) {
 		runModelLease(t, []leaseBackend{{rdb: plain, real: true}, {rdb: ring, split: true, real: true}}, episodes(120, 240), 10_000)
 	})
 	t.Run("cluster", func(t *testing.T) {
-		c := redistest.StartCluster(t, 3, 0)
+		c := startCluster(t, 3, 0)
 		runModelLease(t, []leaseBackend{{rdb: c.Client(), split: true, real: true}}, episodes(20, 40), 0)
 	})
 }

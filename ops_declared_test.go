@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -17,6 +18,8 @@ import (
 // have is stored (exit 0) with a note on stderr; before any app runs,
 // nothing is declared and an override is stored unchecked.
 func TestOperatorProcessesUndeclared(t *testing.T) {
+	// A go build of ratelimitctl: a long test
+	longtest.SkipUnlessLong(t)
 	t.Parallel() // waits on servers: runs beside the other parallel tests
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr

@@ -18,6 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/operator"
 	"github.com/slidinglog/ratelimit/redistest"
 )
@@ -249,6 +250,8 @@ func eventually(t *testing.T, what string, bases []string, ok func(base string, 
 // override, a block and an unblock made by ratelimitctl (a fourth
 // process), and a block made by one app, are applied by every app.
 func TestOperatorProcesses(t *testing.T) {
+	// App processes, and a go build: a long test
+	longtest.SkipUnlessLong(t)
 	t.Parallel() // waits on servers: runs beside the other parallel tests
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr
@@ -302,7 +305,7 @@ func TestOperatorProcesses(t *testing.T) {
 // Cluster, where the state's key has a slot of its own.
 func TestOperatorProcessesCluster(t *testing.T) {
 	t.Parallel() // waits on servers: runs beside the other parallel tests
-	c := redistest.StartCluster(t, 3, 0)
+	c := startCluster(t, 3, 0)
 	url := "redis://" + c.Nodes[0].Addr
 	for _, n := range c.Nodes[1:] {
 		url += map[bool]string{true: "?", false: "&"}[!strings.Contains(url, "?")] + "addr=" + n.Addr

@@ -352,6 +352,7 @@ func serveRequest(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
 // TestPlansLocal: under FailLocal, with Redis unreachable, the in-process
 // logs give each client its plan's quota too.
 func TestPlansLocal(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	table := &planTable{plans: map[string]string{"bob": "pro", "ops": "internal"}}

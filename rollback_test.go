@@ -20,7 +20,7 @@ import (
 // that primary answers again the reservation is gone. (A rollback with a
 // timeout of its own would double the decision's time.)
 func TestRollbackBounded(t *testing.T) {
-	c := redistest.StartCluster(t, 3, 1)
+	c := startCluster(t, 3, 1)
 	quietRedisLog(t)
 	const timeout = 500 * time.Millisecond
 	const margin = 400 * time.Millisecond // a loaded 2-core machine under -race

@@ -22,7 +22,7 @@ import (
 func forSettleBackends(t *testing.T, fn func(t *testing.T, b backend)) {
 	forBackends(t, fn)
 	t.Run("cluster", func(t *testing.T) {
-		fn(t, backend{cluster: redistest.StartCluster(t, 3, 0)})
+		fn(t, backend{cluster: startCluster(t, 3, 0)})
 	})
 }
 
@@ -345,6 +345,7 @@ func TestSettleUnreachable(t *testing.T) {
 // requests wait, a credit frees room, and the count of the requests that
 // follow says so. Seeded costs; miniredis and a real server, each gone.
 func TestSettleFailLocal(t *testing.T) {
+	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	forBackends(t, func(t *testing.T, b backend) {
 		c := redis.NewClient(&redis.Options{Addr: b.addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 		t.Cleanup(func() { _ = c.Close() })

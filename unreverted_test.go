@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/redistest"
 )
@@ -55,6 +56,7 @@ func waitSent(t *testing.T, lim *Limiter) {
 //     never comes, Redis may have logged the request, and it counts cost ×
 //     limits.
 func TestUnrevertedOnlyWhatMayHaveRun(t *testing.T) {
+	longtest.SkipUnlessLong(t) // a server stopped, then paused, for seconds
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("seed %d", seed)
@@ -132,7 +134,7 @@ func TestUnrevertedClusterDeadPrimary(t *testing.T) {
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("seed %d", seed)
-	c := redistest.StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
+	c := startCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
 	// An identifier served by a primary that stays (live) and one by the
 	// primary that is stopped (dead).
 	dead, err := c.PrimaryFor(logKey("dead", "header.X-Dead", "victim"))

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/testlog"
 )
 
 // Cluster is a Redis Cluster of redis-server processes on loopback, owned by
@@ -51,6 +53,7 @@ const NodeTimeout = 1000 * time.Millisecond
 //	c = redistest.StartCluster(t, 3, 0, "--cluster-require-full-coverage", "no")
 func StartCluster(tb testing.TB, primaries, replicas int, args ...string) *Cluster {
 	tb.Helper()
+	testlog.Attach(tb) // go-redis's log goes to tb's (see Main)
 	cli := lookPath(tb, program(tb, "cli"))
 	bin := lookPath(tb, program(tb, "server"))
 	if primaries < 3 {

@@ -3,8 +3,6 @@ package redistest
 import (
 	"context"
 	"fmt"
-	"io"
-	"log"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/testlog"
 )
 
 // Main runs the tests of m, says how many of them were skipped for want of
@@ -20,21 +20,28 @@ import (
 //
 //	func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
 //
-// go test shows a passing package's output only with -v, so without -v the
-// line goes to the terminal the tests run in (/dev/tty) when there is one;
-// with -v, or without a terminal, it goes to standard output.
+// The line goes to go test's output: go test shows a passing package's
+// output only with -v, so without -v Main writes it on go test's own
+// standard output where it can (Linux: a terminal, a pipe, a file go test
+// appends to), else on the terminal.
 //
 // Main also installs go-redis's logger for the test binary, before any test
-// runs, so that [QuietRedisLog] can silence it without calling
-// redis.SetLogger while clients' goroutines run (which go-redis before
-// v9.23.0 reads without synchronization: a data race under -race).
+// runs (go-redis before v9.23.0 reads it without synchronization, so it
+// must not change while clients' goroutines run): what go-redis logs (a
+// failed dial to a server a test stopped, say) goes to the log of the
+// tests running (t.Log), those that started a server ([Start],
+// [StartCluster], [NewProxy]) and those attached otherwise, so go test
+// prints it only for a failing test, or with -v; a test that failed gets
+// no more of it, so that its last lines are its failure. A line no test
+// received is printed at the end of a failed run.
 func Main(m *testing.M) int {
 	redis.SetLogger(redisLogger)
 	code := m.Run()
 	if n := skipped.Load(); n > 0 {
-		w, closeTTY := notices()
-		fmt.Fprint(w, skipNotice(n))
-		closeTTY()
+		testlog.Notice(code, skipNotice(n))
+	}
+	if code != 0 {
+		fmt.Print(testlog.Unclaimed())
 	}
 	return code
 }
@@ -56,29 +63,18 @@ func testPackage() string {
 	return strings.TrimSuffix(filepath.Base(os.Args[0]), ".test")
 }
 
-// notices returns where Main writes its line, and how to close it.
-func notices() (io.Writer, func()) {
-	if !testing.Verbose() {
-		if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
-			return tty, func() { _ = tty.Close() }
-		}
-	}
-	return os.Stdout, func() {}
-}
-
 // redisLog is go-redis's logger in a test binary whose TestMain calls
-// Main: it writes as go-redis's default logger does, unless a test has
+// Main: it writes to the tests' logs (see Main), unless a test has
 // silenced it.
 type redisLog struct {
 	quiet atomic.Int64 // tests that silenced it and have not ended
-	std   *log.Logger
 }
 
-var redisLogger = &redisLog{std: log.New(os.Stderr, "redis: ", log.LstdFlags|log.Lshortfile)}
+var redisLogger = &redisLog{}
 
-func (l *redisLog) Printf(_ context.Context, format string, v ...any) {
+func (l *redisLog) Printf(ctx context.Context, format string, v ...any) {
 	if l.quiet.Load() == 0 {
-		_ = l.std.Output(2, fmt.Sprintf(format, v...))
+		testlog.Redis{}.Printf(ctx, format, v...)
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/testlog"
 )
 
 // Proxy is a TCP proxy on loopback in front of a server, for tests that
@@ -33,6 +35,7 @@ type Proxy struct {
 // client's connection is closed when the proxy cannot reach target.
 func NewProxy(tb testing.TB, target string) *Proxy {
 	tb.Helper()
+	testlog.Attach(tb) // go-redis's log goes to tb's (see Main)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)

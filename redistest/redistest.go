@@ -35,6 +35,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/internal/testlog"
 )
 
 // RequireEnv is the environment variable that turns a missing redis-server
@@ -126,6 +128,7 @@ func lookPath(tb testing.TB, name string) string {
 // (bad args, say: the failure quotes the server's log).
 func Start(tb testing.TB, args ...string) *Server {
 	tb.Helper()
+	testlog.Attach(tb) // go-redis's log goes to tb's (see Main)
 	s := &Server{tb: tb, bin: lookPath(tb, program(tb, "server")), dir: tb.TempDir()}
 	var err error
 	for range 5 {

@@ -1,7 +1,8 @@
-// Package longtest is this repository's policy for its long tests, the few
-// that take tens of seconds each (100,000-identifier memory floods, Cluster
-// failovers), and the live-heap reading its memory tests compare with a
-// bound.
+// Package longtest is this repository's policy for its long tests, those
+// that take seconds to tens of seconds each and would hold up the everyday
+// go test (the Cluster tests, app processes killed, chaos and floods under
+// load, 100,000-identifier memory floods, the models' long runs), and the
+// live-heap reading its memory tests compare with a bound.
 //
 // Without Env=1 go test leaves the long tests out or shortens them, and a
 // package whose TestMain calls [Main] names them; CI sets Env=1, with
@@ -9,16 +10,18 @@
 package longtest
 
 import (
+	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/slidinglog/ratelimit/internal/testlog"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -72,20 +75,45 @@ func shortened(name string) {
 
 // Main runs the tests of m with [redistest.Main], then names the long
 // tests it skipped or shortened for want of Env=1, where redistest.Main
-// writes its own line, and returns m's exit code:
+// writes its own line (go test's output: see testlog.Notice), and returns
+// m's exit code:
 //
 //	func TestMain(m *testing.M) { os.Exit(longtest.Main(m)) }
+//
+// Before the tests run, it sends slog's and log's default loggers (the
+// library's warnings) to the tests' logs, as redistest.Main does
+// go-redis's (see package testlog), and, unless go test was given
+// -parallel, lets parallelPerCore parallel tests run per core.
 func Main(m *testing.M) int {
+	testlog.SetDefault()
+	parallel()
 	code := redistest.Main(m)
 	left.Lock()
 	line := notice(left.skipped, left.shortened)
 	left.Unlock()
 	if line != "" {
-		w, closeTTY := notices()
-		fmt.Fprint(w, line)
-		closeTTY()
+		testlog.Notice(code, line)
 	}
 	return code
+}
+
+// parallelPerCore is how many parallel tests run at once per core, unless
+// go test is given -parallel: the tests that call t.Parallel wait on
+// servers and clocks most of their time, which go test's default (one per
+// core) leaves idle.
+const parallelPerCore = 4
+
+// parallel sets -test.parallel to parallelPerCore per core (GOMAXPROCS)
+// unless the command line set it.
+func parallel() {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", strconv.Itoa(parallelPerCore*runtime.GOMAXPROCS(0)))
+	}
 }
 
 // notice is the line [Main] prints when the long tests named were skipped
@@ -103,18 +131,6 @@ func notice(skipped, shortened []string) string {
 	}
 	return fmt.Sprintf("longtest: long tests left out in %s: %s (%s=1 runs them in full, as CI does)\n",
 		strings.TrimSuffix(filepath.Base(os.Args[0]), ".test"), strings.Join(parts, "; "), Env)
-}
-
-// notices returns where Main writes its line, and how to close it: the
-// terminal the tests run in without -v (go test shows a passing package's
-// output only with -v), else standard output.
-func notices() (io.Writer, func()) {
-	if !testing.Verbose() {
-		if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
-			return tty, func() { _ = tty.Close() }
-		}
-	}
-	return os.Stdout, func() {}
 }
 
 // LiveHeap returns the bytes of heap still reachable, after two

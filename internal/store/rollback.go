@@ -139,6 +139,11 @@ func awaitUntil(done <-chan uint64, deadline time.Time) (units uint64, pending b
 	}
 }
 
+// InFlight returns how many rollbacks are under way (see Rollback), a
+// lease's give-back among them: from the call to Rollback until Redis has
+// answered them, or they were given up.
+func (rb *Rollbacks) InFlight() int { return len(rb.slots) }
+
 // removeReservations removes reservations, each tried until Redis answers
 // or it is no longer worth it, and returns the units it could not remove,
 // which it has counted. A call sent that got no reply (its reply was late,
