@@ -159,10 +159,11 @@ func TestFailLocalRemembersOutage(t *testing.T) {
 // logs cannot know what Redis admitted before). The seed is printed on a
 // failure.
 func TestFailLocalBoundAcrossReturn(t *testing.T) {
+	t.Parallel()
 	for _, n := range []int{1, 3} {
 		t.Run(fmt.Sprintf("%d instances", n), func(t *testing.T) {
 			forOutageBackends(t, func(t *testing.T, b outageBackend) {
-				for trial := range longtest.LongOr(t, 4, 30) {
+				for trial := range longtest.LongOr(t, 2, 30) {
 					testBoundAcrossReturn(t, b, n, trial)
 				}
 			})

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/internal/longtest"
 )
 
 // A rolling deploy: the replicas of two releases, one Redis, one limit
@@ -146,6 +148,7 @@ func checkRolling(t *testing.T, b backend, c rollingCase) {
 // or leased for another length, or both on one Limiter's routes, counts
 // every admission in its window in both: no window over the quota.
 func TestRollingLease(t *testing.T) {
+	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		base := PerMinute(64, Header("X-Client")).Named("shared")
 		for _, c := range []rollingCase{
@@ -161,6 +164,7 @@ func TestRollingLease(t *testing.T) {
 // TestRollingWindow: a limit whose window changes under its explicit
 // name counts, in each release, every admission in its own window.
 func TestRollingWindow(t *testing.T) {
+	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		for _, w := range [][2]time.Duration{{time.Minute, 2 * time.Minute}, {2 * time.Minute, time.Minute}, {time.Minute, 90 * time.Second}, {10 * time.Second, 7 * time.Second}} {
 			c := rollingCase{name: fmt.Sprint(w[0], " and ", w[1]), releases: [2]Limit{Per(w[0], 64, Header("X-Client")).Named("shared"), Per(w[1], 64, Header("X-Client")).Named("shared")}}
@@ -176,6 +180,7 @@ func TestRollingWindow(t *testing.T) {
 // for any bucketed limit) goes over the quota, and a client at a fifth
 // of it, alternating between the releases, is never refused.
 func TestRollingPrecision(t *testing.T) {
+	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		base := PerMinute(64, Header("X-Client")).Named("shared")
 		for _, p := range [][2]time.Duration{{2 * time.Second, 5 * time.Second}, {5 * time.Second, time.Second}, {time.Second, 6 * time.Second}} {
@@ -191,6 +196,7 @@ func TestRollingPrecision(t *testing.T) {
 // releases run, a window holds at most both quotas, the bound
 // docs/limits.md gives; a slow client is never refused.
 func TestRollingBucketed(t *testing.T) {
+	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		base := PerMinute(64, Header("X-Client")).Named("shared")
 		for _, r := range [][2]Limit{{base, base.Bucketed(time.Second)}, {base.Bucketed(5 * time.Second), base}} {
@@ -228,6 +234,7 @@ func rollingBurst(t *testing.T, lim *Limiter, id string, n int) int {
 // first write on, the log keeps 2m: the 1m release's next write anew
 // keeps what the 2m release counts, which then denies.
 func TestRollingWindowFirstWrite(t *testing.T) {
+	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: leaseStart}
 		opts := []Option{WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1})}
@@ -265,6 +272,7 @@ func TestRollingWindowFirstWrite(t *testing.T) {
 // 716s, and the 20m release admits 63 at 717s beside them. Within the
 // bound (admitted at 100s), it counts them and denies.
 func TestRollingWindowKeepBound(t *testing.T) {
+	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: leaseStart}
 		opts := []Option{WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1})}
@@ -321,7 +329,7 @@ func TestRollingLeasedRoute(t *testing.T) {
 		c := rollingCase{name: "leased and plain routes", releases: [2]Limit{base, base}}
 		var admitted []rollingAdmission
 		now := leaseStart
-		for now.Before(leaseStart.Add(10 * time.Minute)) {
+		for now.Before(leaseStart.Add(longtest.LongOr(t, 3*time.Minute, 10*time.Minute))) {
 			now = now.Add(time.Duration(rng.IntN(60)) * time.Millisecond)
 			clock.Set(now)
 			r := rng.IntN(2)
@@ -365,6 +373,7 @@ func TestDefinitionConflictSays(t *testing.T) {
 // release's precision and was idle for 10 minutes is admitted by the
 // other's, its full quota: the old buckets left the window long ago.
 func TestRollingPrecisionIdle(t *testing.T) {
+	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: leaseStart}
 		opts := []Option{WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1})}
