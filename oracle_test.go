@@ -30,50 +30,11 @@ import (
 // while the fault is open. Set an entry to false to draw it again; each
 // says what it finds.
 var knownOpen = map[string]bool{
-	// Replicas run two definitions of one explicitly named limit (another
-	// window, Bucketed on and off, another bucket precision, Leased on and
-	// off, another lease): a client is admitted over, or refused under,
-	// both releases' quotas, or refused after its Retry-After.
-	"replica-definition": true,
-	// A refund or settle of a Result after a reset of its client takes the
-	// entries of requests admitted since (in the same time unit).
-	"refund-after-reset": true,
-	// A key composed with ClientIP (Compose(ClientIP(), Header(...))):
-	// an operator's block of its address or network is missed.
-	"block-compose": true,
-	// Redis answers again after a FailLocal outage: the local admissions
-	// are not counted, a client gets its quota locally and again from
-	// Redis.
-	"faillocal-return": true,
-	// Leased() on a window over about 2h16m (here 3h): New refuses the
-	// lease it chose (shorter than the log's time unit).
-	"leased-long-window": true,
-	// Limiter.Settle of a Redis decision while Redis is down returns nil,
-	// not an error wrapping ErrNotReverted.
-	"settle-unconfirmed": true,
-	// An in-flight cap on a replica reached through Handler: a strictly
-	// sequential client is refused (the slot is given back in the
-	// background after the response).
-	"inflight-sequential-handler": true,
-
-	// Settle from a handler returns nil, although a Limiter that admitted
-	// the request (stacked) has no settlement on and counts the estimate.
-	"settle-without-withsettle": true,
-
 	// An operator's override of a leased limit's quota while requests are
 	// decided from leases of it, or of another leased limit of the same
 	// request: a limit admits one unit over its largest quota in force
 	// (intermittently: the leases are taken in the background).
 	"override-leased": true,
-
-	// Drawn on main, where it finds nothing: leased limits whose
-	// requests' Redis calls take time (on the test's clock, moved by up to
-	// the decision timeout between calls; and in the realtime subtest, on
-	// Redis's own clock with calls that take real time, up to twice the
-	// lease). The route's limits a second pass of a Limiter mounted twice
-	// decides, settled by WithSettle, are always drawn: they find nothing
-	// either.
-	"slow-calls-leased": false,
 }
 
 // oracleOpen reports whether dimension dim is left out of the draws (see
@@ -140,9 +101,6 @@ func TestOracle(t *testing.T) {
 	// limits and Redis calls that take real time: a lease's units are
 	// admitted while its other limits' calls are decided later.
 	t.Run("realtime", func(t *testing.T) {
-		if oracleOpen("slow-calls-leased") {
-			t.Skip("slow-calls-leased is open (knownOpen)")
-		}
 		for _, seed := range seeds[:min(longtest.LongOr(t, 1, 40), len(seeds))] {
 			runOracle(t, seed, steps/2, backend{mr: miniredis.RunT(t)}, true)
 			if t.Failed() {
@@ -304,6 +262,7 @@ type oracleRun struct {
 	quotas     int            // overrides set so far
 	overridden map[string]int // the largest override of each limit yet
 	leased     map[string]bool
+	split      map[string]bool // names run both exact and bucketed
 	blocks     []netip.Prefix
 	down       bool
 	slow       time.Duration // the most a call moves the clock
@@ -362,7 +321,7 @@ func (o *oracleRun) draw(dim string, p float64) bool {
 func runOracle(t *testing.T, seed uint64, steps int, b backend, realtime bool) {
 	t.Helper()
 	o := &oracleRun{t: t, realtime: realtime, r: rand.New(rand.NewPCG(seed, 0x0a11ce)), seed: seed, b: b, or: oracle.New(), dims: map[string]bool{},
-		late: map[string]time.Duration{}, maxQuota: map[string]int{}, overridden: map[string]int{}, leased: map[string]bool{}, epochs: map[string]int{}, denials: map[string]oDenial{}}
+		late: map[string]time.Duration{}, maxQuota: map[string]int{}, overridden: map[string]int{}, leased: map[string]bool{}, split: map[string]bool{}, epochs: map[string]int{}, denials: map[string]oDenial{}}
 	defer func() {
 		fails := o.or.Failures()
 		if os.Getenv("RATELIMIT_ORACLE_TRACE") != "" {
@@ -425,9 +384,6 @@ func (o *oracleRun) build() {
 	for i := range nfam {
 		f := oFamily{name: "f" + strconv.Itoa(i), kind: []string{"header", "ip", "compose", "global"}[r.IntN(4)],
 			quota: 1 + r.IntN(10), window: windows[r.IntN(len(windows))]}
-		if f.kind == "compose" && oracleOpen("block-compose") {
-			f.kind = "header"
-		}
 		o.dims["key-"+f.kind] = true
 		x := r.IntN(6)
 		if o.realtime && i == 0 {
@@ -479,7 +435,7 @@ func (o *oracleRun) build() {
 		o.slow = 250 * time.Millisecond
 		o.slowRand = rand.New(rand.NewPCG(o.seed, 2))
 		o.dims["slow-calls-leased"] = true
-	} else if (!anyLeased || !oracleOpen("slow-calls-leased")) && o.draw("slow-calls", 0.4) {
+	} else if o.draw("slow-calls", 0.4) {
 		o.slow = o.timeout
 		o.slowRand = rand.New(rand.NewPCG(o.seed, 2))
 		if anyLeased {
@@ -503,9 +459,6 @@ func (o *oracleRun) build() {
 		if rep.mode == "twice" && routeFam.name != "" {
 			route = []oFamily{routeFam}
 			o.dims["route-second-pass"] = true
-		}
-		if rep.mode != "allow" && oracleOpen("inflight-sequential-handler") {
-			cap = 0 // its slots are given back after the response, in the background
 		}
 		if rep.mode == "stacked" && len(fams) > 1 {
 			o.dims["stacked"] = true
@@ -543,6 +496,20 @@ func (o *oracleRun) build() {
 			}
 		}
 	}
+	kinds := map[string]map[bool]bool{}
+	for _, rep := range o.reps {
+		for _, l := range rep.layers {
+			for _, f := range append(slices.Clone(l.fams), l.route...) {
+				if kinds[f.name] == nil {
+					kinds[f.name] = map[bool]bool{}
+				}
+				kinds[f.name][f.precision > 0] = true
+			}
+		}
+	}
+	for name, k := range kinds {
+		o.split[name] = len(k) == 2
+	}
 	// The tolerances of refusals: see oracle.Limit.
 	for _, rep := range o.reps {
 		for _, l := range rep.layers {
@@ -565,12 +532,7 @@ func (o *oracleRun) vary(fams []oFamily, cap int) ([]oFamily, int) {
 	r := o.r
 	i := r.IntN(len(fams))
 	f := &fams[i]
-	definition := []string{"window", "bucketed", "precision", "lease"}
-	other := []string{"quota", "plans", "inflight"}
-	fields := other
-	if !oracleOpen("replica-definition") {
-		fields = append(fields, definition...)
-	}
+	fields := []string{"quota", "plans", "inflight", "window", "bucketed", "precision", "lease"}
 	field := fields[r.IntN(len(fields))]
 	o.dims["replica-"+field] = true
 	switch field {
@@ -796,10 +758,42 @@ func (o *oracleRun) limitsOf(l *oLayer, res Result, c int) (rate []oracle.Limit,
 			continue
 		}
 		f := all[i]
-		rate = append(rate, oracle.Limit{Name: f.name, ID: oID(f.kind, c), Quota: lr.Quota, AdmitQuota: o.admitQuota(f.name, c), Window: lr.Window, Late: o.late[f.name],
+		rate = append(rate, oracle.Limit{Name: o.logName(f), ID: oID(f.kind, c), Keep: oKeep(lr.Window), Quota: lr.Quota, AdmitQuota: o.admitQuota(f.name, c), Window: lr.Window, Late: o.late[f.name],
 			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: f.precision})
 	}
 	return rate, inflightDenied
+}
+
+// logName is the name the oracle counts f's admissions under: its own,
+// unless the replicas run it both exact and bucketed. An exact log and
+// buckets count apart, as two names would: while both run, a window may
+// hold both quotas (docs/limits.md, "Changing a definition while a deploy
+// rolls", Exact or bucketed; docs/fault-contract.md). Each kind is then
+// held to its own quota over its own admissions, exactly.
+func (o *oracleRun) logName(f oFamily) string {
+	if !o.split[f.name] {
+		return f.name
+	}
+	if f.precision > 0 {
+		return f.name + "#bucketed"
+	}
+	return f.name + "#exact"
+}
+
+// oKeep is how far back an exact log of window w reaches: 65,407 of its
+// time units, the smallest of 1, 2 and 5 times a power of ten
+// microseconds that is at least w/8192 (docs/limits.md: 13 s for a 1 s
+// window's 200 µs, 10.9 minutes for a minute's 10 ms, 9 h for an hour's
+// 500 ms).
+func oKeep(w time.Duration) time.Duration {
+	target := (w.Microseconds() + 8191) / 8192
+	for p := int64(1); ; p *= 10 {
+		for _, m := range []int64{1, 2, 5} {
+			if m*p >= target {
+				return 65407 * time.Duration(m*p) * time.Microsecond
+			}
+		}
+	}
 }
 
 // blockedClient reports whether an operator's block covers client c in
@@ -936,7 +930,7 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 	switch x := r.IntN(10); {
 	case x == 0:
 		req.Header.Set("X-Do", "fail")
-	case x == 1 && (!oracleOpen("settle-without-withsettle") || o.settlementOn(rep)):
+	case x == 1:
 		actual = r.IntN(2 * cost)
 		req.Header.Set("X-Do", "settle")
 	case x == 2:
@@ -948,6 +942,7 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 	rep.srv.ServeHTTP(rec, req)
 	var adms []*oracle.Admission
 	var layers []*oLayer
+	remote := false // a Redis decision admitted it
 	for _, l := range rep.layers {
 		for _, res := range l.obs.take() {
 			if res.Limits == nil {
@@ -960,6 +955,7 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 			if res.Allowed {
 				adms = append(adms, o.lastAdm)
 				layers = append(layers, l)
+				remote = remote || !res.Local
 			}
 		}
 	}
@@ -967,20 +963,35 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 	sure := !o.down
 	switch {
 	case rec.Header().Get("X-Settled") == "ctx" || rec.Header().Get("X-Settled") == "unsure":
+		// Settle settles in every Limiter that admitted the request with
+		// settlement on; one without counts the estimate (Settle's doc).
+		// Its nil says Redis confirmed it; an error wrapping
+		// ErrSettlePending or ErrNotReverted, that it may or may not be
+		// applied (ErrNotReverted's call may have run): the checks then
+		// take either reading.
 		sure = sure && rec.Header().Get("X-Settled") == "ctx"
 		for i, a := range adms {
-			// Settle's nil says the request is settled at its real cost: in
-			// every Limiter that admitted it, as the caller reads it; while
-			// that fault is open, only in those with settlement on, as its
-			// doc says today.
-			if layers[i].settle || layers[i].refund || !sure || !oracleOpen("settle-without-withsettle") {
+			if layers[i].settle || layers[i].refund {
 				a.Settle(start, now, actual, sure)
 			}
 		}
 		if rec.Header().Get("X-Settled") == "ctx" && !o.settlementOn(rep) {
 			o.fail("%s: Settle from the handler of Limiters without settlement returned nil", what)
 		}
+		if rec.Header().Get("X-Settled") == "ctx" && o.down && remote {
+			o.fail("%s: Settle from the handler returned nil while Redis was down", what)
+		}
 		o.step("%s: settled at %d from the handler: %s", what, actual, rec.Header().Get("X-Settle-Err"))
+	case rec.Header().Get("X-Settled") == "none":
+		// Settle's error wraps ErrNotRefundable and names WithSettle: the
+		// request stays counted at its estimate everywhere.
+		if o.settlementOn(rep) && len(adms) > 0 {
+			o.fail("%s: Settle from the handler settled nothing (%s) behind a Limiter with settlement on", what, rec.Header().Get("X-Settle-Err"))
+		}
+		if !strings.Contains(rec.Header().Get("X-Settle-Err"), "WithSettle") {
+			o.fail("%s: Settle's error without settlement does not name WithSettle: %s", what, rec.Header().Get("X-Settle-Err"))
+		}
+		o.step("%s: not settled from the handler: %s", what, rec.Header().Get("X-Settle-Err"))
 	case rec.Code >= 500:
 		for i, a := range adms {
 			if layers[i].refund {
@@ -1037,7 +1048,7 @@ func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, s
 	}
 	if res.Allowed {
 		o.step("%s: admitted at %s %v", what, at.Format("15:04:05.000000"), keys)
-		if blocked && (!oracleOpen("block-compose") || !slices.ContainsFunc(l.fams, func(f oFamily) bool { return f.kind == "compose" })) {
+		if blocked {
 			o.fail("%s: admitted although an operator's block covers %s", what, oIP(c))
 		}
 		if l.inflight > 0 && open+1 > l.inflight && !res.Local {
@@ -1066,7 +1077,7 @@ func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, s
 		return false
 	}
 	if inflightDenied {
-		if open < l.inflight && !res.Local && (rep.mode == "allow" || !oracleOpen("inflight-sequential-handler")) {
+		if open < l.inflight && !res.Local {
 			o.fail("%s: refused by its in-flight cap %d with %d held (a sequential client)", what, l.inflight, open)
 		}
 		return false
@@ -1079,7 +1090,7 @@ func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, s
 		for i, k := range keys {
 			same = same && o.epochs[k] == d.epochs[i]
 		}
-		anyLeased := slices.ContainsFunc(rate, func(lim oracle.Limit) bool { return o.leased[lim.Name] })
+		anyLeased := slices.ContainsFunc(rate, func(lim oracle.Limit) bool { return o.leased[strings.TrimSuffix(strings.TrimSuffix(lim.Name, "#exact"), "#bucketed")] })
 		if same && !anyLeased && !res.Local {
 			o.fail("%s: refused at %s, after the Retry-After %s of its refusal at %s, nothing admitted meanwhile", what, at, d.ra, d.at)
 		}
@@ -1104,16 +1115,22 @@ func (o *oracleRun) settleAllowed() {
 	from := o.now()
 	err := a.layer.lim.Settle(context.Background(), a.res, actual)
 	o.step("settle of an Allow at %s (cost %d) at %d: %v", a.res.Now.Format("15:04:05.000000"), a.cost, actual, err)
+	// nil: Redis confirmed it; an error wrapping ErrSettlePending or
+	// ErrNotReverted: it may or may not be applied (a pending one goes on
+	// in the background; a lost one's call may have run), and the checks
+	// take either reading (Limiter.Settle's doc).
 	switch {
-	case err == nil && o.down && !a.res.Local:
-		if !oracleOpen("settle-unconfirmed") {
-			o.fail("a settle of a Redis decision returned nil while Redis was down")
-		}
-		a.adm.Settle(from, o.now(), actual, false)
+	case err == nil && o.down && !a.res.Local && actual != a.cost && o.now().Before(a.res.Now.Add(oShortest(a.res))):
+		// (nil is also a settle with nothing to do: at the estimate, or
+		// of entries that left their windows.)
+		o.fail("a settle of a Redis decision returned nil while Redis was down")
 	case err == nil:
 		a.adm.Settle(from, o.now(), actual, true)
 	case errors.Is(err, ErrNotRefundable):
+	case errors.Is(err, ErrSettlePending) || errors.Is(err, ErrNotReverted):
+		a.adm.Settle(from, o.now(), actual, false)
 	default:
+		o.fail("a settle returned %v, which wraps neither ErrSettlePending nor ErrNotReverted", err)
 		a.adm.Settle(from, o.now(), actual, false)
 	}
 	if actual > a.cost {
@@ -1125,6 +1142,17 @@ func (o *oracleRun) settleAllowed() {
 			}
 		}
 	}
+}
+
+// oShortest is the shortest window of res's limits.
+func oShortest(res Result) time.Duration {
+	w := time.Duration(1<<63 - 1)
+	for _, lr := range res.Limits {
+		if !lr.InFlight && lr.Window > 0 {
+			w = min(w, lr.Window)
+		}
+	}
+	return w
 }
 
 // release gives back the in-flight slots held by Allow's Results.
@@ -1159,29 +1187,14 @@ func (o *oracleRun) reset() {
 		if f.kind == "compose" {
 			continue // Reset's ids are escaped whole, as Allow's: it cannot name a composed key
 		}
-		o.or.Reset(f.name, oID(f.kind, c), o.now(), err == nil)
+		o.or.Reset(o.logName(f), oID(f.kind, c), o.now(), err == nil)
 	}
 	if l.inflight > 0 {
 		// A reset forgets the client's in-flight slots too: its holds no
 		// longer count (their Release gives back nothing).
 		o.held = slices.DeleteFunc(o.held, func(h oHold) bool { return h.c == c })
 	}
-	if oracleOpen("refund-after-reset") {
-		// Draw no settle of what the reset forgot: of a request counted in
-		// a log the reset forgot, through any replica.
-		o.allowed = slices.DeleteFunc(o.allowed, func(a oAllowed) bool {
-			for _, af := range a.layer.fams {
-				for _, f := range l.fams {
-					if af.name == f.name && oID(af.kind, a.c) == oID(f.kind, c) {
-						return true
-					}
-				}
-			}
-			return false
-		})
-	} else {
-		o.dims["refund-after-reset"] = true
-	}
+	o.dims["refund-after-reset"] = true
 }
 
 // override sets a quota override on one family, through every Limiter's
@@ -1247,9 +1260,6 @@ func (o *oracleRun) block() {
 func (o *oracleRun) outage() {
 	if o.b.mr == nil || !o.dims["faillocal"] {
 		return
-	}
-	if o.down && oracleOpen("faillocal-return") {
-		return // keep the outage to the end: the return is a known fault
 	}
 	o.down = !o.down
 	if o.down {

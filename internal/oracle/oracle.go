@@ -65,6 +65,10 @@ type Limit struct {
 	// checked against the window of whole buckets that ends with the
 	// decision's bucket.
 	Precision time.Duration
+	// Keep is how far back a log this limit writes reaches: 65,407 of its
+	// time units (docs/limits.md, "Changing a definition while a deploy
+	// rolls"). Zero: no bound (a log only one definition writes).
+	Keep time.Duration
 }
 
 type logKey struct{ name, id string }
@@ -81,6 +85,11 @@ type entry struct {
 	local   bool // counted by FailLocal in process replica
 	replica int
 	what    string
+	// The window, quota and keep (Limit.Keep) of the limit that admitted
+	// it, for the bounds of a window that grows under one name.
+	window time.Duration
+	quota  int
+	keep   time.Duration
 }
 
 // credit is units taken back from an entry: sure if the limiter confirmed
@@ -174,6 +183,73 @@ func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, rep
 	return n
 }
 
+// grown returns how many of the units l holds in lim's window ending at
+// at (before sequence seq) a decision of lim may not count, when a limit
+// of the same name with a shorter window wrote the log: the two bounds
+// docs/limits.md gives for a window that grows under one name
+// ("Changing a definition while a deploy rolls"), each held exactly:
+//
+//   - before lim's window first writes the log (its first admission since
+//     the last reset), the log holds only what the shorter window kept:
+//     what the shorter admitted before its own window ending at at, up to
+//     ⌈(longer − shorter) / shorter⌉ × the shorter's quota;
+//   - a log the shorter writes reaches no further back than its Keep:
+//     what was admitted before that, by the shorter (up to its quota for
+//     each of its windows in the rest of lim's, ⌈(longer − keep) /
+//     shorter⌉) and by lim's window itself once the shorter wrote after
+//     it (up to lim's quota).
+//
+// Zero when only lim's window (or longer ones) wrote the log.
+func (l *log) grown(lim Limit, at time.Time, seq int64, replica int) int {
+	first := seq // the seq of lim's window's first write since the reset
+	for _, e := range l.entries {
+		if e.seq > l.reset && e.seq < first && !e.debit && e.window >= lim.Window {
+			first = e.seq
+		}
+	}
+	ceil := func(a, b time.Duration) int { return int((a + b - 1) / b) }
+	var missed, missedBound, old, oldBound, own int
+	from := at.Add(-lim.Window)
+	for _, e := range l.entries {
+		if e.seq >= seq || e.seq <= l.reset || !e.at.After(from) || e.at.After(at) || e.window == 0 {
+			continue
+		}
+		if lim.LocalOnly && (!e.local || e.replica != replica) {
+			continue
+		}
+		if e.debit && !e.sure {
+			continue
+		}
+		u := e.units
+		for _, c := range e.credits {
+			if c.seq < seq {
+				u -= c.units
+			}
+		}
+		u = max(u, 0)
+		if e.window >= lim.Window {
+			// Dropped if a shorter window whose log reaches not as far
+			// back wrote the log after it.
+			for _, w := range l.entries {
+				if w.seq > e.seq && w.seq < seq && !w.debit && w.window < lim.Window && w.keep > 0 && !e.at.After(w.at.Add(-w.keep)) {
+					own += u
+					break
+				}
+			}
+			continue
+		}
+		switch {
+		case e.keep > 0 && e.keep < lim.Window && !e.at.After(at.Add(-e.keep)):
+			old += u
+			oldBound = max(oldBound, ceil(lim.Window-e.keep, e.window)*e.quota)
+		case e.seq < first && !e.at.After(at.Add(-e.window)):
+			missed += u
+			missedBound = max(missedBound, ceil(lim.Window-e.window, e.window)*e.quota)
+		}
+	}
+	return min(missed, missedBound) + min(old, oldBound) + min(own, max(lim.Quota, lim.AdmitQuota))
+}
+
 // Admission is a request the limiter admitted, for its refunds and
 // settles.
 type Admission struct {
@@ -203,11 +279,13 @@ func (o *Oracle) Admit(replica int, local bool, at time.Time, cost int, limits [
 			from = start.Add(p - lim.Window).Add(-time.Nanosecond)
 		}
 		n := l.count(from, at, o.seq, false, lim.LocalOnly, replica, 0)
-		if q := max(lim.Quota, lim.AdmitQuota); n+cost > q {
-			o.fail("over-admission: %s admitted cost %d at %s in %s/%s (quota %d, window %s) which already held %d in its window (local=%v); window: %s",
-				what, cost, at.Format("15:04:05.000000"), lim.Name, lim.ID, q, lim.Window, n, local, l.describe(at.Add(-lim.Window), at))
+		extra := l.grown(lim, at, o.seq, replica)
+		if q := max(lim.Quota, lim.AdmitQuota); n-extra+cost > q {
+			o.fail("over-admission: %s admitted cost %d at %s in %s/%s (quota %d, window %s) which already held %d in its window (%d of which a longer window may miss; local=%v); window: %s",
+				what, cost, at.Format("15:04:05.000000"), lim.Name, lim.ID, q, lim.Window, n, extra, local, l.describe(at.Add(-lim.Window), at))
 		}
-		e := &entry{seq: o.seq, at: at, latest: at, units: cost, local: local, replica: replica, what: what}
+		e := &entry{seq: o.seq, at: at, latest: at, units: cost, local: local, replica: replica, what: what,
+			window: lim.Window, quota: max(lim.Quota, lim.AdmitQuota), keep: lim.Keep}
 		l.entries = append(l.entries, e)
 		a.entries = append(a.entries, e)
 	}
@@ -274,7 +352,7 @@ func (a *Admission) Settle(from, to time.Time, cost int, sure bool) {
 		for i, lim := range a.limits {
 			l := o.log(lim.Name, lim.ID)
 			l.entries = append(l.entries, &entry{seq: o.seq, at: from, latest: to, units: min(cost-a.cost, lim.Quota), debit: true, sure: sure,
-				local: a.local, replica: a.replica, what: a.entries[i].what + " (debit)"})
+				local: a.local, replica: a.replica, what: a.entries[i].what + " (debit)", window: lim.Window, quota: max(lim.Quota, lim.AdmitQuota), keep: lim.Keep})
 		}
 	}
 }
