@@ -21,6 +21,7 @@ package oracle
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -189,15 +190,13 @@ func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, rep
 // docs/limits.md gives for a window that grows under one name
 // ("Changing a definition while a deploy rolls"), each held exactly:
 //
+//   - a log the shorter writes reaches no further back than its Keep: a
+//     write of the shorter at w drops what either admitted at or before
+//     w − Keep, which no later decision counts;
 //   - before lim's window first writes the log (its first admission since
 //     the last reset), the log holds only what the shorter window kept:
 //     what the shorter admitted before its own window ending at at, up to
-//     ⌈(longer − shorter) / shorter⌉ × the shorter's quota;
-//   - a log the shorter writes reaches no further back than its Keep:
-//     what was admitted before that, by the shorter (up to its quota for
-//     each of its windows in the rest of lim's, ⌈(longer − keep) /
-//     shorter⌉) and by lim's window itself once the shorter wrote after
-//     it (up to lim's quota).
+//     ⌈(longer − shorter) / shorter⌉ × the shorter's quota.
 //
 // Zero when only lim's window (or longer ones) wrote the log.
 func (l *log) grown(lim Limit, at time.Time, seq int64, replica int) int {
@@ -207,8 +206,7 @@ func (l *log) grown(lim Limit, at time.Time, seq int64, replica int) int {
 			first = e.seq
 		}
 	}
-	ceil := func(a, b time.Duration) int { return int((a + b - 1) / b) }
-	var missed, missedBound, old, oldBound, own int
+	var dropped, missed, missedBound int
 	from := at.Add(-lim.Window)
 	for _, e := range l.entries {
 		if e.seq >= seq || e.seq <= l.reset || !e.at.After(from) || e.at.After(at) || e.window == 0 {
@@ -227,27 +225,19 @@ func (l *log) grown(lim Limit, at time.Time, seq int64, replica int) int {
 			}
 		}
 		u = max(u, 0)
-		if e.window >= lim.Window {
-			// Dropped if a shorter window whose log reaches not as far
-			// back wrote the log after it.
-			for _, w := range l.entries {
-				if w.seq > e.seq && w.seq < seq && !w.debit && w.window < lim.Window && w.keep > 0 && !e.at.After(w.at.Add(-w.keep)) {
-					own += u
-					break
-				}
-			}
+		if slices.ContainsFunc(l.entries, func(w *entry) bool {
+			return w.seq > e.seq && w.seq < seq && !w.debit && w.window < lim.Window && w.keep > 0 && w.keep < lim.Window &&
+				!e.at.After(w.at.Add(-w.keep))
+		}) {
+			dropped += u
 			continue
 		}
-		switch {
-		case e.keep > 0 && e.keep < lim.Window && !e.at.After(at.Add(-e.keep)):
-			old += u
-			oldBound = max(oldBound, ceil(lim.Window-e.keep, e.window)*e.quota)
-		case e.seq < first && !e.at.After(at.Add(-e.window)):
+		if e.window < lim.Window && e.seq < first && !e.at.After(at.Add(-e.window)) {
 			missed += u
-			missedBound = max(missedBound, ceil(lim.Window-e.window, e.window)*e.quota)
+			missedBound = max(missedBound, int((lim.Window-e.window+e.window-1)/e.window)*e.quota)
 		}
 	}
-	return min(missed, missedBound) + min(old, oldBound) + min(own, max(lim.Quota, lim.AdmitQuota))
+	return dropped + min(missed, missedBound)
 }
 
 // Admission is a request the limiter admitted, for its refunds and
