@@ -111,6 +111,25 @@ type log struct {
 	// Redis may still have forgotten the client in FailLocal's store.
 	sureReset   int64
 	sureResetAt time.Time
+	resets      []time.Time // the times of every reset, for bucketed logs
+}
+
+// resetBucket is the extra lateness a bucketed limit of precision p may
+// count e with: a reset keeps the newest bucket marker a bucket on
+// (docs/fault-contract.md, a Result refunded after a Reset: "its time a
+// unit (a bucket) on"), so an entry admitted after a reset at r, in r's
+// own bucket, is counted in the next one: one bucket later than its own.
+func (l *log) resetBucket(e *entry, p time.Duration) time.Duration {
+	if p <= 0 {
+		return 0
+	}
+	for _, r := range l.resets {
+		end := time.Unix(0, r.UnixNano()/int64(p)*int64(p)).Add(p)
+		if !e.at.Before(r) && e.at.Before(end) {
+			return p
+		}
+	}
+	return 0
 }
 
 // Oracle records what a caller saw and checks the promises on every
@@ -156,7 +175,10 @@ func (o *Oracle) Failures() []string {
 // it: a correct limiter may have stamped them after the reset (a leased
 // log's time runs up to AHEAD ahead, docs/design.md), and a forget keeps
 // what is stamped after it.
-func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, replica int, late time.Duration) int {
+//
+// precision, for a generous count of a bucketed limit, widens from by a
+// bucket for the entries a reset moved a bucket on (resetBucket).
+func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, replica int, late, precision time.Duration) int {
 	n := 0
 	reset, at := l.reset, func(e *entry) time.Time { return e.at }
 	if generous {
@@ -164,7 +186,7 @@ func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, rep
 	}
 	for _, e := range l.entries {
 		forgotten := e.seq <= reset && (!generous || !e.latest.Add(late).After(l.sureResetAt))
-		if e.seq >= seq || forgotten || !at(e).After(from) || e.at.After(to) {
+		if e.seq >= seq || forgotten || !at(e).After(from.Add(-l.resetBucket(e, precision))) || e.at.After(to) {
 			continue
 		}
 		if localOnly && (!e.local || e.replica != replica) {
@@ -268,7 +290,7 @@ func (o *Oracle) Admit(replica int, local bool, at time.Time, cost int, limits [
 			start := time.Unix(0, at.UnixNano()/int64(p)*int64(p)) // the decision's bucket, on Unix time
 			from = start.Add(p - lim.Window).Add(-time.Nanosecond)
 		}
-		n := l.count(from, at, o.seq, false, lim.LocalOnly, replica, 0)
+		n := l.count(from, at, o.seq, false, lim.LocalOnly, replica, 0, 0)
 		extra := l.grown(lim, at, o.seq, replica)
 		if q := max(lim.Quota, lim.AdmitQuota); n-extra+cost > q {
 			o.fail("over-admission: %s admitted cost %d at %s in %s/%s (quota %d, window %s) which already held %d in its window (%d of which a longer window may miss; local=%v); window: %s",
@@ -296,7 +318,7 @@ func (o *Oracle) Refused(replica int, at time.Time, cost int, limits []Limit, wh
 	}
 	for _, lim := range limits {
 		l := o.log(lim.Name, lim.ID)
-		n := l.count(at.Add(-lim.Window-lim.Late), at, o.seq, true, lim.LocalOnly, replica, lim.Late)
+		n := l.count(at.Add(-lim.Window-lim.Late), at, o.seq, true, lim.LocalOnly, replica, lim.Late, lim.Precision)
 		if n+lim.Slack+cost > lim.Quota {
 			return // this limit may have had no room
 		}
@@ -317,7 +339,7 @@ func (o *Oracle) Room(replica int, at time.Time, cost int, limits []Limit) bool 
 	defer o.mu.Unlock()
 	for _, lim := range limits {
 		l := o.log(lim.Name, lim.ID)
-		if l.count(at.Add(-lim.Window-lim.Late), at, o.seq+1, true, lim.LocalOnly, replica, lim.Late)+lim.Slack+cost > lim.Quota {
+		if l.count(at.Add(-lim.Window-lim.Late), at, o.seq+1, true, lim.LocalOnly, replica, lim.Late, lim.Precision)+lim.Slack+cost > lim.Quota {
 			return false
 		}
 	}
@@ -358,6 +380,7 @@ func (o *Oracle) Reset(name, id string, at time.Time, sure bool) {
 	o.seq++
 	l := o.log(name, id)
 	l.reset = o.seq
+	l.resets = append(l.resets, at)
 	if sure {
 		l.sureReset, l.sureResetAt = o.seq, at
 	}
