@@ -246,37 +246,38 @@ type oReplica struct {
 
 // oracleRun is one scenario.
 type oracleRun struct {
-	t          *testing.T
-	r          *rand.Rand
-	seed       uint64
-	b          backend
-	clock      *testClock
-	setTime    func(time.Time)
-	now        func() time.Time
-	realtime   bool // on the real clock, with no WithClock: Redis's TIME decides
-	or         *oracle.Oracle
-	reps       []*oReplica
-	dims       map[string]bool
-	late       map[string]time.Duration
-	maxQuota   map[string]int // a leased limit's largest quota yet (plans, overrides)
-	quotas     int            // overrides set so far
-	overridden map[string]int // the largest override of each limit yet
-	leased     map[string]bool
-	split      map[string]bool // names run both exact and bucketed
-	blocks     []netip.Prefix
-	down       bool
-	slow       time.Duration // the most a call moves the clock
-	timeout    time.Duration
-	epochs     map[string]int
-	epoch      int // bumped by what changes every limit's room
-	denials    map[string]oDenial
-	held       []oHold
-	unreleased []oHold // holds whose Release failed
-	allowed    []oAllowed
-	trace      []string
-	failures   int
-	lastAdm    *oracle.Admission // of the last decision, if it admitted
-	slowRand   *rand.Rand        // the slow calls' draws, under oSlowMu
+	t            *testing.T
+	r            *rand.Rand
+	seed         uint64
+	b            backend
+	clock        *testClock
+	setTime      func(time.Time)
+	now          func() time.Time
+	realtime     bool // on the real clock, with no WithClock: Redis's TIME decides
+	or           *oracle.Oracle
+	reps         []*oReplica
+	dims         map[string]bool
+	late         map[string]time.Duration
+	maxQuota     map[string]int // a leased limit's largest quota yet (plans, overrides)
+	quotas       int            // overrides set so far
+	overridden   map[string]int // the largest override of each limit yet
+	leased       map[string]bool
+	split        map[string]bool          // names run both exact and bucketed
+	maxPrecision map[string]time.Duration // the longest bucket of each name
+	blocks       []netip.Prefix
+	down         bool
+	slow         time.Duration // the most a call moves the clock
+	timeout      time.Duration
+	epochs       map[string]int
+	epoch        int // bumped by what changes every limit's room
+	denials      map[string]oDenial
+	held         []oHold
+	unreleased   []oHold // holds whose Release failed
+	allowed      []oAllowed
+	trace        []string
+	failures     int
+	lastAdm      *oracle.Admission // of the last decision, if it admitted
+	slowRand     *rand.Rand        // the slow calls' draws, under oSlowMu
 }
 
 type oDenial struct {
@@ -321,7 +322,7 @@ func (o *oracleRun) draw(dim string, p float64) bool {
 func runOracle(t *testing.T, seed uint64, steps int, b backend, realtime bool) {
 	t.Helper()
 	o := &oracleRun{t: t, realtime: realtime, r: rand.New(rand.NewPCG(seed, 0x0a11ce)), seed: seed, b: b, or: oracle.New(), dims: map[string]bool{},
-		late: map[string]time.Duration{}, maxQuota: map[string]int{}, overridden: map[string]int{}, leased: map[string]bool{}, split: map[string]bool{}, epochs: map[string]int{}, denials: map[string]oDenial{}}
+		late: map[string]time.Duration{}, maxQuota: map[string]int{}, overridden: map[string]int{}, leased: map[string]bool{}, split: map[string]bool{}, maxPrecision: map[string]time.Duration{}, epochs: map[string]int{}, denials: map[string]oDenial{}}
 	defer func() {
 		fails := o.or.Failures()
 		if os.Getenv("RATELIMIT_ORACLE_TRACE") != "" {
@@ -504,6 +505,7 @@ func (o *oracleRun) build() {
 					kinds[f.name] = map[bool]bool{}
 				}
 				kinds[f.name][f.precision > 0] = true
+				o.maxPrecision[f.name] = max(o.maxPrecision[f.name], f.precision)
 			}
 		}
 	}
@@ -759,7 +761,7 @@ func (o *oracleRun) limitsOf(l *oLayer, res Result, c int) (rate []oracle.Limit,
 		}
 		f := all[i]
 		rate = append(rate, oracle.Limit{Name: o.logName(f), ID: oID(f.kind, c), Keep: oKeep(lr.Window), Quota: lr.Quota, AdmitQuota: o.admitQuota(f.name, c), Window: lr.Window, Late: o.late[f.name],
-			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: f.precision})
+			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: o.precisionOf(f)})
 	}
 	return rate, inflightDenied
 }
@@ -778,6 +780,20 @@ func (o *oracleRun) logName(f oFamily) string {
 		return f.name + "#bucketed"
 	}
 	return f.name + "#exact"
+}
+
+// precisionOf is the bucket length f's admissions are held to: f's own,
+// or, when the replicas run f's name bucketed in buckets of several
+// lengths, the longest. Each moves the other's buckets into its own,
+// later, but a coarser one drops a bucket once it leaves its own window,
+// which a finer one may still count: no window short of the larger
+// precision holds more than the quota (docs/limits.md, "Changing a
+// definition while a deploy rolls", Bucket precision).
+func (o *oracleRun) precisionOf(f oFamily) time.Duration {
+	if f.precision == 0 {
+		return 0
+	}
+	return max(f.precision, o.maxPrecision[f.name])
 }
 
 // oKeep is how far back an exact log of window w reaches: 65,407 of its
@@ -1090,7 +1106,9 @@ func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, s
 		for i, k := range keys {
 			same = same && o.epochs[k] == d.epochs[i]
 		}
-		anyLeased := slices.ContainsFunc(rate, func(lim oracle.Limit) bool { return o.leased[strings.TrimSuffix(strings.TrimSuffix(lim.Name, "#exact"), "#bucketed")] })
+		anyLeased := slices.ContainsFunc(rate, func(lim oracle.Limit) bool {
+			return o.leased[strings.TrimSuffix(strings.TrimSuffix(lim.Name, "#exact"), "#bucketed")]
+		})
 		if same && !anyLeased && !res.Local {
 			o.fail("%s: refused at %s, after the Retry-After %s of its refusal at %s, nothing admitted meanwhile", what, at, d.ra, d.at)
 		}
