@@ -264,6 +264,7 @@ type oracleRun struct {
 	leased       map[string]bool
 	split        map[string]bool          // names run both exact and bucketed
 	maxPrecision map[string]time.Duration // the longest bucket of each name
+	leaseSpan    map[string]time.Duration // the longest lease of each name
 	blocks       []netip.Prefix
 	down         bool
 	slow         time.Duration // the most a call moves the clock
@@ -322,7 +323,7 @@ func (o *oracleRun) draw(dim string, p float64) bool {
 func runOracle(t *testing.T, seed uint64, steps int, b backend, realtime bool) {
 	t.Helper()
 	o := &oracleRun{t: t, realtime: realtime, r: rand.New(rand.NewPCG(seed, 0x0a11ce)), seed: seed, b: b, or: oracle.New(), dims: map[string]bool{},
-		late: map[string]time.Duration{}, maxQuota: map[string]int{}, overridden: map[string]int{}, leased: map[string]bool{}, split: map[string]bool{}, maxPrecision: map[string]time.Duration{}, epochs: map[string]int{}, denials: map[string]oDenial{}}
+		late: map[string]time.Duration{}, maxQuota: map[string]int{}, overridden: map[string]int{}, leased: map[string]bool{}, split: map[string]bool{}, maxPrecision: map[string]time.Duration{}, leaseSpan: map[string]time.Duration{}, epochs: map[string]int{}, denials: map[string]oDenial{}}
 	defer func() {
 		fails := o.or.Failures()
 		if os.Getenv("RATELIMIT_ORACLE_TRACE") != "" {
@@ -520,6 +521,7 @@ func (o *oracleRun) build() {
 				if ls := f.leaseOf(); ls > 0 {
 					late += 2*ls + f.window/2048 + time.Millisecond
 					o.leased[f.name] = true
+					o.leaseSpan[f.name] = max(o.leaseSpan[f.name], ls)
 					o.maxQuota[f.name] = max(o.maxQuota[f.name], 2*f.quota) // the plan big's
 				}
 				o.late[f.name] = max(o.late[f.name], late)
@@ -761,7 +763,7 @@ func (o *oracleRun) limitsOf(l *oLayer, res Result, c int) (rate []oracle.Limit,
 		}
 		f := all[i]
 		rate = append(rate, oracle.Limit{Name: o.logName(f), ID: oID(f.kind, c), Keep: oKeep(lr.Window), Quota: lr.Quota, AdmitQuota: o.admitQuota(f.name, c), Window: lr.Window, Late: o.late[f.name],
-			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: o.precisionOf(f)})
+			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: o.precisionOf(f), Lease: o.leaseSpan[f.name]})
 	}
 	return rate, inflightDenied
 }

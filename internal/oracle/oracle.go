@@ -66,6 +66,12 @@ type Limit struct {
 	// checked against the window of whole buckets that ends with the
 	// decision's bucket.
 	Precision time.Duration
+	// Lease, for a leased limit, is its longest lease: a request decided
+	// from a lease is admitted from units the lease reserved at its
+	// acquire, up to a lease before, so a settle's debit logged since
+	// (post-paid, whatever the room: Settle's doc) does not count against
+	// it. Used only for admissions.
+	Lease time.Duration
 	// Keep is how far back a log this limit writes reaches: 65,407 of its
 	// time units (docs/limits.md, "Changing a definition while a deploy
 	// rolls"). Zero: no bound (a log only one definition writes).
@@ -112,6 +118,18 @@ type log struct {
 	sureReset   int64
 	sureResetAt time.Time
 	resets      []time.Time // the times of every reset, for bucketed logs
+}
+
+// debits returns the units of the sure debits l holds, logged after from
+// and before sequence seq.
+func (l *log) debits(from, to time.Time, seq int64) int {
+	n := 0
+	for _, e := range l.entries {
+		if e.debit && e.sure && e.seq < seq && e.seq > l.reset && e.at.After(from) && !e.at.After(to) {
+			n += e.units
+		}
+	}
+	return n
 }
 
 // resetBucket is the extra lateness a bucketed limit of precision p may
@@ -290,7 +308,7 @@ func (o *Oracle) Admit(replica int, local bool, at time.Time, cost int, limits [
 			start := time.Unix(0, at.UnixNano()/int64(p)*int64(p)) // the decision's bucket, on Unix time
 			from = start.Add(p - lim.Window).Add(-time.Nanosecond)
 		}
-		n := l.count(from, at, o.seq, false, lim.LocalOnly, replica, 0, 0)
+		n := l.count(from, at, o.seq, false, lim.LocalOnly, replica, 0, 0) - l.debits(at.Add(-lim.Lease), at, o.seq)
 		extra := l.grown(lim, at, o.seq, replica)
 		if q := max(lim.Quota, lim.AdmitQuota); n-extra+cost > q {
 			o.fail("over-admission: %s admitted cost %d at %s in %s/%s (quota %d, window %s) which already held %d in its window (%d of which a longer window may miss; local=%v); window: %s",
