@@ -223,8 +223,9 @@ type oLayer struct {
 }
 
 type oObserver struct {
-	mu  sync.Mutex
-	got []Result
+	mu   sync.Mutex
+	got  []Result
+	errs []error // each decision's error, for the trace
 }
 
 func (o *oObserver) Observe(res Result, err error, _ time.Duration) {
@@ -236,15 +237,18 @@ func (o *oObserver) Observe(res Result, err error, _ time.Duration) {
 	}
 	res.Limits = slices.Clone(res.Limits)
 	o.got = append(o.got, res)
+	o.errs = append(o.errs, err)
 }
 
 func (o *oObserver) take() []Result {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	g := o.got
-	o.got = nil
+	o.got, o.errs = nil, nil
 	return g
 }
+
+
 
 type oReplica struct {
 	idx    int
@@ -948,6 +952,7 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 			l.obs.take()
 			if err != nil && !res.Local {
 				o.step("%s: error %v", what, err)
+				o.undecided(rep, l, c, start)
 				return
 			}
 			if !o.decided(rep, l, res, c, cost, start, what) {
@@ -984,9 +989,11 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 	var layers []*oLayer
 	remote := false // a Redis decision admitted it
 	for _, l := range rep.layers {
-		for _, res := range l.obs.take() {
+		errs := slices.Clone(l.obs.errs)
+		for i, res := range l.obs.take() {
 			if res.Limits == nil {
-				o.step("%s: undecided", what)
+				o.step("%s: undecided: %v", what, errs[i])
+				o.undecided(rep, l, c, start)
 				continue
 			}
 			if !o.decided(rep, l, res, c, cost, start, what) {
@@ -1044,6 +1051,18 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 				a.Settle(start, now, actual, sure)
 			}
 		}
+	}
+}
+
+// undecided records a decision of layer l that failed: a call Redis gave
+// no reply to may have run and taken an in-flight slot, which then frees
+// within its lease (docs/limits.md, In-flight limits: "a slot Redis has
+// not released by then is no longer renewed and frees within its
+// lease"): a refusal may count it until then, as a hold whose Release
+// failed.
+func (o *oracleRun) undecided(rep *oReplica, l *oLayer, c int, at time.Time) {
+	if l.inflight > 0 {
+		o.unreleased = append(o.unreleased, oHold{rep: rep, layer: l, c: c, at: at})
 	}
 }
 
