@@ -346,7 +346,7 @@ func runOracle(t *testing.T, seed uint64, steps int, b backend, realtime bool) {
 			return
 		}
 		tail := o.trace[max(0, len(o.trace)-40):]
-		t.Errorf("seed %d (replay: RATELIMIT_ORACLE_SEED=%d go test -count=1 -run 'TestOracle/%s' .), dimensions %v:\n%s\nlast steps:\n  %s",
+		t.Errorf("seed %d (replay: RATELIMIT_ORACLE_SEED=%d go test -count=1 -run 'TestOracle/^%s$' .), dimensions %v:\n%s\nlast steps:\n  %s",
 			seed, seed, t.Name()[strings.LastIndex(t.Name(), "/")+1:], slices.Sorted(func(yield func(string) bool) {
 				for d := range o.dims {
 					if !yield(d) {
@@ -1135,7 +1135,10 @@ func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, s
 		}
 		return false
 	}
-	if inflightDenied {
+	// The in-flight cap refused it only if it names the cap: a request a
+	// rate limit refused is held to the rate limits (its in-flight
+	// limit's own Denied may say the cap was full too).
+	if inflightDenied && res.DeniedBy == "inflight" {
 		if open < l.inflight && !res.Local {
 			o.fail("%s: refused by its in-flight cap %d with %d held (a sequential client)", what, l.inflight, open)
 		}
