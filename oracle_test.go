@@ -33,24 +33,24 @@ var knownOpen = map[string]bool{
 	// Replicas run one explicitly named leased limit with a lease longer
 	// than 65,407 units of another release's window (7m30s, an eighth of
 	// an hour, against a 10s window's 2ms units), whose lead a log that
-	// release writes records as that long (docs/limits.md): the longer
-	// window then admits over its quota (seed 673096363 at this
-	// generator: f1 1h leased 7m30s and 10s leased, the 1h release
-	// admitted at 52 of 45 once the 10s release wrote the log). The docs
-	// give no bound for it.
+	// release writes records as that long (docs/limits.md), which gives
+	// no bound for what follows: the longer window admits over its quota
+	// (RATELIMIT_ORACLE_DRAW=lease-lead-beyond-offsets
+	// RATELIMIT_ORACLE_SEED=673096363: f1 an hour leased 7m30s on two
+	// replicas and 10s leased on the third; once the 10s release wrote
+	// the log, an hour's release admitted at 52 of 45). Not reduced
+	// further: a plain burst of each release does not show it.
 	"lease-lead-beyond-offsets": true,
 	// Replicas run one name bucketed in buckets of two lengths: a refund
 	// or settle below the estimate of a Result whose bucket a decision of
-	// the other precision has moved into its own returns nil and takes
-	// nothing back (seed 151289918 at this generator: f1 in 6m and 15m
-	// buckets, a refund of 2 units lost; the client is refused with
-	// room). While open, such credits are taken as unconfirmed.
+	// the other precision has since moved into its own returns nil and
+	// takes nothing back (PerHour(3, Global()) in 15m buckets admits 2,
+	// the same name in 6m buckets admits 1, the first Limiter's Refund
+	// returns nil, the second then refuses 2; miniredis and Redis;
+	// RATELIMIT_ORACLE_DRAW=refund-bucket-moved
+	// RATELIMIT_ORACLE_SEED=151289918). While open, such credits are
+	// taken as unconfirmed (either reading passes).
 	"refund-bucket-moved": true,
-	// An operator's override of a leased limit's quota while requests are
-	// decided from leases of it, or of another leased limit of the same
-	// request: a limit admits one unit over its largest quota in force
-	// (intermittently: the leases are taken in the background).
-	"override-leased": true,
 }
 
 // oracleOpen reports whether dimension dim is left out of the draws (see
