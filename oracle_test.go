@@ -352,8 +352,12 @@ func runOracle(t *testing.T, seed uint64, steps int, b backend, realtime bool) {
 			return
 		}
 		tail := o.trace[max(0, len(o.trace)-40):]
-		t.Errorf("seed %d (replay: RATELIMIT_ORACLE_SEED=%d go test -count=1 -run 'TestOracle/^%s$' .), dimensions %v:\n%s\nlast steps:\n  %s",
-			seed, seed, t.Name()[strings.LastIndex(t.Name(), "/")+1:], slices.Sorted(func(yield func(string) bool) {
+		long := ""
+		if steps > 120 {
+			long = "RATELIMIT_LONG=1 " // the long run's scenarios have more steps
+		}
+		t.Errorf("seed %d (replay: %sRATELIMIT_ORACLE_SEED=%d go test -count=1 -run 'TestOracle/^%s$' .), dimensions %v:\n%s\nlast steps:\n  %s",
+			seed, long, seed, t.Name()[strings.LastIndex(t.Name(), "/")+1:], slices.Sorted(func(yield func(string) bool) {
 				for d := range o.dims {
 					if !yield(d) {
 						return

@@ -265,8 +265,9 @@ func (l *log) grown(lim Limit, at time.Time, seq int64, replica int) int {
 			}
 		}
 		u = max(u, 0)
+		// (A settle's debit is a write of its release too.)
 		if slices.ContainsFunc(l.entries, func(w *entry) bool {
-			return w.seq > e.seq && w.seq < seq && !w.debit && w.window < lim.Window && w.keep > 0 && w.keep < lim.Window &&
+			return w.seq > e.seq && w.seq < seq && w.window < lim.Window && w.keep > 0 && w.keep < lim.Window &&
 				!e.at.After(w.at.Add(-w.keep))
 		}) {
 			dropped += u
