@@ -1178,7 +1178,18 @@ func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, s
 	o.or.Refused(rep.idx, at, cost, rate, what)
 	// Retry-After: the same request at or after it, with nothing admitted
 	// meanwhile in its limits, is admitted.
-	if d, ok := o.denials[sig]; ok && d.epoch == o.epoch && !at.Before(d.at.Add(d.ra)) && d.ra > 0 && slices.Equal(d.keys, keys) {
+	//
+	// A name bucketed in two precisions moves the other's buckets into
+	// its own, later by less than the larger precision (docs/limits.md,
+	// Bucket precision): a Retry-After given before such a move may be
+	// early by that much.
+	var moved time.Duration
+	for _, lim := range rate {
+		if name := strings.SplitN(lim.Name, "#", 2)[0]; len(o.precisions[name]) > 1 {
+			moved = max(moved, o.maxPrecision[name])
+		}
+	}
+	if d, ok := o.denials[sig]; ok && d.epoch == o.epoch && !at.Before(d.at.Add(d.ra+moved)) && d.ra > 0 && slices.Equal(d.keys, keys) {
 		same := true
 		for i, k := range keys {
 			same = same && o.epochs[k] == d.epochs[i]
