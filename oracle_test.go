@@ -1015,7 +1015,7 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 	rep.srv.ServeHTTP(rec, req)
 	var adms []*oracle.Admission
 	var layers []*oLayer
-	remote := false // a Redis decision admitted it
+	remote := false // a Redis decision of a Limiter with settlement on admitted it
 	for _, l := range rep.layers {
 		errs := slices.Clone(l.obs.errs)
 		for i, res := range l.obs.take() {
@@ -1030,7 +1030,7 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 			if res.Allowed {
 				adms = append(adms, o.lastAdm)
 				layers = append(layers, l)
-				remote = remote || !res.Local
+				remote = remote || !res.Local && (l.settle || l.refund)
 			}
 		}
 	}
