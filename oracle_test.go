@@ -296,7 +296,7 @@ type oracleRun struct {
 	maxPrecision map[string]time.Duration          // the longest bucket of each name
 	leaseSpan    map[string]time.Duration          // the longest lease of each name
 	precisions   map[string]map[time.Duration]bool // the bucket lengths of each name
-	blocks       []netip.Prefix
+	blocks       []oBlock
 	down         bool
 	slow         time.Duration // the most a call moves the clock
 	timeout      time.Duration
@@ -310,6 +310,14 @@ type oracleRun struct {
 	failures     int
 	lastAdm      *oracle.Admission // of the last decision, if it admitted
 	slowRand     *rand.Rand        // the slow calls' draws, under oSlowMu
+}
+
+// oBlock is an operator's block of 24h: it ends 24h after the Block
+// calls, which began at from and ended at to.
+type oBlock struct {
+	p        netip.Prefix
+	from, to time.Time
+	sure     bool // every Block call returned nil
 }
 
 type oDenial struct {
@@ -869,14 +877,19 @@ func oKeep(w time.Duration) time.Duration {
 }
 
 // blockedClient reports whether an operator's block covers client c in
-// one of l's limits.
-func (o *oracleRun) blockedClient(l *oLayer, c int) bool {
+// one of l's limits at t: surely (sure: made and not yet ended), or
+// possibly (not sure: made and perhaps not yet ended). A block lasts the
+// 24h it was made for.
+func (o *oracleRun) blockedClient(l *oLayer, c int, t time.Time, sure bool) bool {
 	for _, f := range l.fams {
 		if f.kind != "ip" && f.kind != "compose" {
 			continue
 		}
-		for _, p := range o.blocks {
-			if p.Contains(oIP(c)) {
+		for _, b := range o.blocks {
+			if !b.p.Contains(oIP(c)) {
+				continue
+			}
+			if sure && b.sure && !t.Before(b.to) && t.Before(b.from.Add(24*time.Hour)) || !sure && !t.After(b.to.Add(24*time.Hour)) {
 				return true
 			}
 		}
@@ -1136,7 +1149,7 @@ func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, s
 		keys = append(keys, lim.Name+"/"+lim.ID)
 	}
 	sig := fmt.Sprintf("%d/%p/%d/%d", rep.idx, l, c, cost)
-	blocked := o.blockedClient(l, c)
+	blocked := o.blockedClient(l, c, at, true)
 	open := 0
 	for _, h := range o.held {
 		if h.c == c && h.layer.inflight > 0 {
@@ -1173,7 +1186,7 @@ func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, s
 	}
 	o.step("%s: refused at %s by %s (blocked %v, retry after %s, local %v)", what, at.Format("15:04:05.000000"), res.DeniedBy, res.Blocked, res.RetryAfter, res.Local)
 	if res.Blocked {
-		if !blocked {
+		if !o.blockedClient(l, c, at, false) {
 			o.fail("%s: refused as blocked, no block covers it", what)
 		}
 		return false
@@ -1358,6 +1371,7 @@ func (o *oracleRun) block() {
 		target = p.Addr().String()
 	}
 	ok := true
+	from := o.now()
 	for _, rep := range o.reps {
 		for _, l := range rep.layers {
 			if err := l.lim.Inspect().Operator().Block(context.Background(), target, 24*time.Hour); err != nil {
@@ -1366,8 +1380,9 @@ func (o *oracleRun) block() {
 			}
 		}
 	}
+	// A block whose calls failed in part may yet hold where they ran.
+	o.blocks = append(o.blocks, oBlock{p: p, from: from, to: o.now(), sure: ok})
 	if ok {
-		o.blocks = append(o.blocks, p)
 		o.dims["block"] = true
 		o.step("block of %s", target)
 	}
