@@ -286,3 +286,43 @@ func TestFailLocalResetAfterReturn(t *testing.T) {
 		}
 	})
 }
+
+// TestFailLocalReturnRetryAfterLatest: after Redis's return, a request
+// denied by what this instance admitted in the outage in one limit (a
+// short window) while another (an hour) has no room in both stores
+// together is told to retry when both fit: the Retry-After is the later
+// limit's, and the request is still denied at the earlier one's.
+func TestFailLocalReturnRetryAfterLatest(t *testing.T) {
+	forOutageBackends(t, func(t *testing.T, b outageBackend) {
+		ctx := context.Background()
+		clock := &testClock{t: t0}
+		c := redis.NewClient(&redis.Options{Addr: b.addr(), ContextTimeoutEnabled: true, DialerRetries: 1, DialerRetryTimeout: time.Millisecond})
+		t.Cleanup(func() { _ = c.Close() })
+		l := mustNew(t, c, []Limit{Per(10*time.Second, 1, Header("X-Id")).Named("short"), PerHour(2, Header("X-Id")).Named("long")},
+			WithFailureMode(FailLocal), WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1, BreakerFailures: -1, OperatorRefresh: -1}))
+		ids := []string{"c", "c"}
+		if res, err := l.Allow(ctx, ids, 1); err != nil || res.Local || !res.Allowed {
+			t.Fatalf("Redis up: %+v, %v", res, err)
+		}
+		b.cut()
+		clock.Set(t0.Add(20 * time.Second))
+		if res, err := l.Allow(ctx, ids, 1); err == nil || !res.Local || !res.Allowed {
+			t.Fatalf("in the outage: %+v, %v; want admitted locally", res, err)
+		}
+		reconnect(t, b, []*Limiter{l})
+		// "short" holds the local entry (until 30s); "long" one entry in
+		// Redis (until 1h) and one locally (until 1h20s): full.
+		clock.Set(t0.Add(21 * time.Second))
+		res, err := l.Allow(ctx, ids, 1)
+		if err != nil || res.Local || res.Allowed {
+			t.Fatalf("Redis back: %+v, %v; want a denial", res, err)
+		}
+		if want := time.Hour - 21*time.Second; res.RetryAfter < want {
+			t.Errorf("Redis back: Retry-After %v (denied by %s); want at least %v, when \"long\" has room", res.RetryAfter, res.DeniedBy, want)
+		}
+		clock.Set(t0.Add(31 * time.Second))
+		if res, err := l.Allow(ctx, ids, 1); err != nil || res.Allowed {
+			t.Fatalf("at 31s: %+v, %v; want a denial (\"long\" is full)", res, err)
+		}
+	})
+}

@@ -30,50 +30,48 @@ import (
 // while the fault is open. Set an entry to false to draw it again; each
 // says what it finds.
 var knownOpen = map[string]bool{
-	// Replicas run two definitions of one explicitly named limit (another
-	// window, Bucketed on and off, another bucket precision, Leased on and
-	// off, another lease): a client is admitted over, or refused under,
-	// both releases' quotas, or refused after its Retry-After.
-	"replica-definition": true,
-	// A refund or settle of a Result after a reset of its client takes the
-	// entries of requests admitted since (in the same time unit).
-	"refund-after-reset": true,
-	// A key composed with ClientIP (Compose(ClientIP(), Header(...))):
-	// an operator's block of its address or network is missed.
-	"block-compose": true,
-	// Redis answers again after a FailLocal outage: the local admissions
-	// are not counted, a client gets its quota locally and again from
-	// Redis.
-	"faillocal-return": true,
-	// Leased() on a window over about 2h16m (here 3h): New refuses the
-	// lease it chose (shorter than the log's time unit).
-	"leased-long-window": true,
-	// Limiter.Settle of a Redis decision while Redis is down returns nil,
-	// not an error wrapping ErrNotReverted.
-	"settle-unconfirmed": true,
-	// An in-flight cap on a replica reached through Handler: a strictly
-	// sequential client is refused (the slot is given back in the
-	// background after the response).
-	"inflight-sequential-handler": true,
-
-	// Settle from a handler returns nil, although a Limiter that admitted
-	// the request (stacked) has no settlement on and counts the estimate.
-	"settle-without-withsettle": true,
-
+	// Resets of a bucketed limit's client with nothing logged between:
+	// each moves the newest bucket marker a bucket further on, so what is
+	// admitted next counts that many buckets late, and the client is
+	// refused with room (PerMinute(3, Global()).Bucketed(15s): admit 1,
+	// Reset four times, admit 3; 90s later a request is refused with a
+	// Retry-After of 30s; miniredis and Redis; the documented bound is
+	// one bucket). The oracle tolerates it (oracle.Limit.ResetDrift)
+	// while open: set it to false once fixed.
+	"reset-bucket-drift": true,
 	// An operator's override of a leased limit's quota while requests are
-	// decided from leases of it, or of another leased limit of the same
-	// request: a limit admits one unit over its largest quota in force
-	// (intermittently: the leases are taken in the background).
+	// decided from its leases: the limit admits one unit over the quota
+	// in force, rarely (none in some 1,300 default-size scenarios; one
+	// in a long run): RATELIMIT_ORACLE_DRAW=override-leased
+	// RATELIMIT_LONG=1 RATELIMIT_ORACLE_SEED=27338477 go test -run
+	// 'TestOracle/^miniredis$': f0 an hour, quota 3, leased (56.25s) on
+	// one replica and not on the other, overridden to 32 three times
+	// (the same quota each time) and reset once between; right after the
+	// third override the leased replica admits the 33rd unit of the
+	// window (docs/design.md: "A changed quota takes another lease; the
+	// old one is given back at its end").
 	"override-leased": true,
-
-	// Drawn on main, where it finds nothing: leased limits whose
-	// requests' Redis calls take time (on the test's clock, moved by up to
-	// the decision timeout between calls; and in the realtime subtest, on
-	// Redis's own clock with calls that take real time, up to twice the
-	// lease). The route's limits a second pass of a Limiter mounted twice
-	// decides, settled by WithSettle, are always drawn: they find nothing
-	// either.
-	"slow-calls-leased": false,
+	// Replicas run one explicitly named leased limit with a lease longer
+	// than 65,407 units of another release's window (7m30s, an eighth of
+	// an hour, against a 10s window's 2ms units), whose lead a log that
+	// release writes records as that long (docs/limits.md), which gives
+	// no bound for what follows: the longer window admits over its quota
+	// (RATELIMIT_ORACLE_DRAW=lease-lead-beyond-offsets
+	// RATELIMIT_ORACLE_SEED=673096363: f1 an hour leased 7m30s on two
+	// replicas and 10s leased on the third; once the 10s release wrote
+	// the log, an hour's release admitted at 52 of 45). Not reduced
+	// further: a plain burst of each release does not show it.
+	"lease-lead-beyond-offsets": true,
+	// Replicas run one name bucketed in buckets of two lengths: a refund
+	// or settle below the estimate of a Result whose bucket a decision of
+	// the other precision has since moved into its own returns nil and
+	// takes nothing back (PerHour(3, Global()) in 15m buckets admits 2,
+	// the same name in 6m buckets admits 1, the first Limiter's Refund
+	// returns nil, the second then refuses 2; miniredis and Redis;
+	// RATELIMIT_ORACLE_DRAW=refund-bucket-moved
+	// RATELIMIT_ORACLE_SEED=151289918). While open, such credits are
+	// taken as unconfirmed (either reading passes).
+	"refund-bucket-moved": true,
 }
 
 // oracleOpen reports whether dimension dim is left out of the draws (see
@@ -140,9 +138,6 @@ func TestOracle(t *testing.T) {
 	// limits and Redis calls that take real time: a lease's units are
 	// admitted while its other limits' calls are decided later.
 	t.Run("realtime", func(t *testing.T) {
-		if oracleOpen("slow-calls-leased") {
-			t.Skip("slow-calls-leased is open (knownOpen)")
-		}
 		for _, seed := range seeds[:min(longtest.LongOr(t, 1, 40), len(seeds))] {
 			runOracle(t, seed, steps/2, backend{mr: miniredis.RunT(t)}, true)
 			if t.Failed() {
@@ -256,8 +251,9 @@ type oLayer struct {
 }
 
 type oObserver struct {
-	mu  sync.Mutex
-	got []Result
+	mu   sync.Mutex
+	got  []Result
+	errs []error // each decision's error, for the trace
 }
 
 func (o *oObserver) Observe(res Result, err error, _ time.Duration) {
@@ -269,13 +265,14 @@ func (o *oObserver) Observe(res Result, err error, _ time.Duration) {
 	}
 	res.Limits = slices.Clone(res.Limits)
 	o.got = append(o.got, res)
+	o.errs = append(o.errs, err)
 }
 
 func (o *oObserver) take() []Result {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	g := o.got
-	o.got = nil
+	o.got, o.errs = nil, nil
 	return g
 }
 
@@ -288,36 +285,48 @@ type oReplica struct {
 
 // oracleRun is one scenario.
 type oracleRun struct {
-	t          *testing.T
-	r          *rand.Rand
-	seed       uint64
-	b          backend
-	clock      *testClock
-	setTime    func(time.Time)
-	now        func() time.Time
-	realtime   bool // on the real clock, with no WithClock: Redis's TIME decides
-	or         *oracle.Oracle
-	reps       []*oReplica
-	dims       map[string]bool
-	late       map[string]time.Duration
-	maxQuota   map[string]int // a leased limit's largest quota yet (plans, overrides)
-	quotas     int            // overrides set so far
-	overridden map[string]int // the largest override of each limit yet
-	leased     map[string]bool
-	blocks     []netip.Prefix
-	down       bool
-	slow       time.Duration // the most a call moves the clock
-	timeout    time.Duration
-	epochs     map[string]int
-	epoch      int // bumped by what changes every limit's room
-	denials    map[string]oDenial
-	held       []oHold
-	unreleased []oHold // holds whose Release failed
-	allowed    []oAllowed
-	trace      []string
-	failures   int
-	lastAdm    *oracle.Admission // of the last decision, if it admitted
-	slowRand   *rand.Rand        // the slow calls' draws, under oSlowMu
+	t            *testing.T
+	r            *rand.Rand
+	seed         uint64
+	b            backend
+	clock        *testClock
+	setTime      func(time.Time)
+	now          func() time.Time
+	realtime     bool // on the real clock, with no WithClock: Redis's TIME decides
+	or           *oracle.Oracle
+	reps         []*oReplica
+	dims         map[string]bool
+	late         map[string]time.Duration
+	maxQuota     map[string]int // a leased limit's largest quota yet (plans, overrides)
+	quotas       int            // overrides set so far
+	overridden   map[string]int // the largest override of each limit yet
+	leased       map[string]bool
+	split        map[string]bool                   // names run both exact and bucketed
+	maxPrecision map[string]time.Duration          // the longest bucket of each name
+	leaseSpan    map[string]time.Duration          // the longest lease of each name
+	precisions   map[string]map[time.Duration]bool // the bucket lengths of each name
+	blocks       []oBlock
+	down         bool
+	slow         time.Duration // the most a call moves the clock
+	timeout      time.Duration
+	epochs       map[string]int
+	epoch        int // bumped by what changes every limit's room
+	denials      map[string]oDenial
+	held         []oHold
+	unreleased   []oHold // holds whose Release failed
+	allowed      []oAllowed
+	trace        []string
+	failures     int
+	lastAdm      *oracle.Admission // of the last decision, if it admitted
+	slowRand     *rand.Rand        // the slow calls' draws, under oSlowMu
+}
+
+// oBlock is an operator's block of 24h: it ends 24h after the Block
+// calls, which began at from and ended at to.
+type oBlock struct {
+	p        netip.Prefix
+	from, to time.Time
+	sure     bool // every Block call returned nil
 }
 
 type oDenial struct {
@@ -362,7 +371,7 @@ func (o *oracleRun) draw(dim string, p float64) bool {
 func runOracle(t *testing.T, seed uint64, steps int, b backend, realtime bool) {
 	t.Helper()
 	o := &oracleRun{t: t, realtime: realtime, r: rand.New(rand.NewPCG(seed, 0x0a11ce)), seed: seed, b: b, or: oracle.New(), dims: map[string]bool{},
-		late: map[string]time.Duration{}, maxQuota: map[string]int{}, overridden: map[string]int{}, leased: map[string]bool{}, epochs: map[string]int{}, denials: map[string]oDenial{}}
+		late: map[string]time.Duration{}, maxQuota: map[string]int{}, overridden: map[string]int{}, leased: map[string]bool{}, split: map[string]bool{}, maxPrecision: map[string]time.Duration{}, leaseSpan: map[string]time.Duration{}, precisions: map[string]map[time.Duration]bool{}, epochs: map[string]int{}, denials: map[string]oDenial{}}
 	defer func() {
 		fails := o.or.Failures()
 		if os.Getenv("RATELIMIT_ORACLE_TRACE") != "" {
@@ -372,8 +381,12 @@ func runOracle(t *testing.T, seed uint64, steps int, b backend, realtime bool) {
 			return
 		}
 		tail := o.trace[max(0, len(o.trace)-40):]
-		t.Errorf("seed %d (replay: RATELIMIT_ORACLE_SEED=%d go test -count=1 -run 'TestOracle/%s' .), dimensions %v:\n%s\nlast steps:\n  %s",
-			seed, seed, t.Name()[strings.LastIndex(t.Name(), "/")+1:], slices.Sorted(func(yield func(string) bool) {
+		long := ""
+		if steps > 120 {
+			long = "RATELIMIT_LONG=1 " // the long run's scenarios have more steps
+		}
+		t.Errorf("seed %d (replay: %sRATELIMIT_ORACLE_SEED=%d go test -count=1 -run 'TestOracle/^%s$' .), dimensions %v:\n%s\nlast steps:\n  %s",
+			seed, long, seed, t.Name()[strings.LastIndex(t.Name(), "/")+1:], slices.Sorted(func(yield func(string) bool) {
 				for d := range o.dims {
 					if !yield(d) {
 						return
@@ -425,9 +438,6 @@ func (o *oracleRun) build() {
 	for i := range nfam {
 		f := oFamily{name: "f" + strconv.Itoa(i), kind: []string{"header", "ip", "compose", "global"}[r.IntN(4)],
 			quota: 1 + r.IntN(10), window: windows[r.IntN(len(windows))]}
-		if f.kind == "compose" && oracleOpen("block-compose") {
-			f.kind = "header"
-		}
 		o.dims["key-"+f.kind] = true
 		x := r.IntN(6)
 		if o.realtime && i == 0 {
@@ -479,7 +489,7 @@ func (o *oracleRun) build() {
 		o.slow = 250 * time.Millisecond
 		o.slowRand = rand.New(rand.NewPCG(o.seed, 2))
 		o.dims["slow-calls-leased"] = true
-	} else if (!anyLeased || !oracleOpen("slow-calls-leased")) && o.draw("slow-calls", 0.4) {
+	} else if o.draw("slow-calls", 0.4) {
 		o.slow = o.timeout
 		o.slowRand = rand.New(rand.NewPCG(o.seed, 2))
 		if anyLeased {
@@ -503,9 +513,6 @@ func (o *oracleRun) build() {
 		if rep.mode == "twice" && routeFam.name != "" {
 			route = []oFamily{routeFam}
 			o.dims["route-second-pass"] = true
-		}
-		if rep.mode != "allow" && oracleOpen("inflight-sequential-handler") {
-			cap = 0 // its slots are given back after the response, in the background
 		}
 		if rep.mode == "stacked" && len(fams) > 1 {
 			o.dims["stacked"] = true
@@ -543,6 +550,27 @@ func (o *oracleRun) build() {
 			}
 		}
 	}
+	kinds := map[string]map[bool]bool{}
+	for _, rep := range o.reps {
+		for _, l := range rep.layers {
+			for _, f := range append(slices.Clone(l.fams), l.route...) {
+				if kinds[f.name] == nil {
+					kinds[f.name] = map[bool]bool{}
+				}
+				kinds[f.name][f.precision > 0] = true
+				o.maxPrecision[f.name] = max(o.maxPrecision[f.name], f.precision)
+				if f.precision > 0 {
+					if o.precisions[f.name] == nil {
+						o.precisions[f.name] = map[time.Duration]bool{}
+					}
+					o.precisions[f.name][f.precision] = true
+				}
+			}
+		}
+	}
+	for name, k := range kinds {
+		o.split[name] = len(k) == 2
+	}
 	// The tolerances of refusals: see oracle.Limit.
 	for _, rep := range o.reps {
 		for _, l := range rep.layers {
@@ -551,6 +579,7 @@ func (o *oracleRun) build() {
 				if ls := f.leaseOf(); ls > 0 {
 					late += 2*ls + f.window/2048 + time.Millisecond
 					o.leased[f.name] = true
+					o.leaseSpan[f.name] = max(o.leaseSpan[f.name], ls)
 					o.maxQuota[f.name] = max(o.maxQuota[f.name], 2*f.quota) // the plan big's
 				}
 				o.late[f.name] = max(o.late[f.name], late)
@@ -563,14 +592,10 @@ func (o *oracleRun) build() {
 // release being rolled out does.
 func (o *oracleRun) vary(fams []oFamily, cap int) ([]oFamily, int) {
 	r := o.r
+	base := slices.Clone(fams)
 	i := r.IntN(len(fams))
 	f := &fams[i]
-	definition := []string{"window", "bucketed", "precision", "lease"}
-	other := []string{"quota", "plans", "inflight"}
-	fields := other
-	if !oracleOpen("replica-definition") {
-		fields = append(fields, definition...)
-	}
+	fields := []string{"quota", "plans", "inflight", "window", "bucketed", "precision", "lease"}
 	field := fields[r.IntN(len(fields))]
 	o.dims["replica-"+field] = true
 	switch field {
@@ -602,7 +627,19 @@ func (o *oracleRun) vary(fams []oFamily, cap int) ([]oFamily, int) {
 		f.precision = 0
 		f.lease = []time.Duration{0, -1, f.window / 8, f.window / 64}[r.IntN(4)]
 	}
+	if b := base[i]; (oLeadBeyond(b, *f) || oLeadBeyond(*f, b)) && oracleOpen("lease-lead-beyond-offsets") {
+		return base, cap // leave the replica's definition as it was
+	} else if oLeadBeyond(b, *f) || oLeadBeyond(*f, b) {
+		o.dims["lease-lead-beyond-offsets"] = true
+	}
 	return fams, cap
+}
+
+// oLeadBeyond reports whether a's lease is longer than 65,407 units of
+// b's exact log (oKeep): its lead is then recorded as that long in a log
+// b writes (docs/limits.md).
+func oLeadBeyond(a, b oFamily) bool {
+	return a.leaseOf() > 0 && b.precision == 0 && a.precision == 0 && a.leaseOf() > oKeep(b.window)
 }
 
 func (o *oracleRun) newLimiter(rep *oReplica, l *oLayer, failLocal bool) bool {
@@ -796,21 +833,73 @@ func (o *oracleRun) limitsOf(l *oLayer, res Result, c int) (rate []oracle.Limit,
 			continue
 		}
 		f := all[i]
-		rate = append(rate, oracle.Limit{Name: f.name, ID: oID(f.kind, c), Quota: lr.Quota, AdmitQuota: o.admitQuota(f.name, c), Window: lr.Window, Late: o.late[f.name],
-			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: f.precision})
+		rate = append(rate, oracle.Limit{Name: o.logName(f), ID: oID(f.kind, c), Keep: oKeep(lr.Window), Quota: lr.Quota, AdmitQuota: o.admitQuota(f.name, c), Window: lr.Window, Late: o.late[f.name],
+			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: o.precisionOf(f), Lease: o.leaseSpan[f.name],
+			ResetDrift: f.precision > 0 && knownOpen["reset-bucket-drift"]})
 	}
 	return rate, inflightDenied
 }
 
+// logName is the name the oracle counts f's admissions under: its own,
+// unless the replicas run it both exact and bucketed. An exact log and
+// buckets count apart, as two names would: while both run, a window may
+// hold both quotas (docs/limits.md, "Changing a definition while a deploy
+// rolls", Exact or bucketed; docs/fault-contract.md). Each kind is then
+// held to its own quota over its own admissions, exactly.
+func (o *oracleRun) logName(f oFamily) string {
+	if !o.split[f.name] {
+		return f.name
+	}
+	if f.precision > 0 {
+		return f.name + "#bucketed"
+	}
+	return f.name + "#exact"
+}
+
+// precisionOf is the bucket length f's admissions are held to: f's own,
+// or, when the replicas run f's name bucketed in buckets of several
+// lengths, the longest. Each moves the other's buckets into its own,
+// later, but a coarser one drops a bucket once it leaves its own window,
+// which a finer one may still count: no window short of the larger
+// precision holds more than the quota (docs/limits.md, "Changing a
+// definition while a deploy rolls", Bucket precision).
+func (o *oracleRun) precisionOf(f oFamily) time.Duration {
+	if f.precision == 0 {
+		return 0
+	}
+	return max(f.precision, o.maxPrecision[f.name])
+}
+
+// oKeep is how far back an exact log of window w reaches: 65,407 of its
+// time units, the smallest of 1, 2 and 5 times a power of ten
+// microseconds that is at least w/8192 (docs/limits.md: 13 s for a 1 s
+// window's 200 µs, 10.9 minutes for a minute's 10 ms, 9 h for an hour's
+// 500 ms).
+func oKeep(w time.Duration) time.Duration {
+	target := (w.Microseconds() + 8191) / 8192
+	for p := int64(1); ; p *= 10 {
+		for _, m := range []int64{1, 2, 5} {
+			if m*p >= target {
+				return 65407 * time.Duration(m*p) * time.Microsecond
+			}
+		}
+	}
+}
+
 // blockedClient reports whether an operator's block covers client c in
-// one of l's limits.
-func (o *oracleRun) blockedClient(l *oLayer, c int) bool {
+// one of l's limits at t: surely (sure: made and not yet ended), or
+// possibly (not sure: made and perhaps not yet ended). A block lasts the
+// 24h it was made for.
+func (o *oracleRun) blockedClient(l *oLayer, c int, t time.Time, sure bool) bool {
 	for _, f := range l.fams {
 		if f.kind != "ip" && f.kind != "compose" {
 			continue
 		}
-		for _, p := range o.blocks {
-			if p.Contains(oIP(c)) {
+		for _, b := range o.blocks {
+			if !b.p.Contains(oIP(c)) {
+				continue
+			}
+			if sure && b.sure && !t.Before(b.to) && t.Before(b.from.Add(24*time.Hour)) || !sure && !t.After(b.to.Add(24*time.Hour)) {
 				return true
 			}
 		}
@@ -914,6 +1003,7 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 			l.obs.take()
 			if err != nil && !res.Local {
 				o.step("%s: error %v", what, err)
+				o.undecided(rep, l, c, start)
 				return
 			}
 			if !o.decided(rep, l, res, c, cost, start, what) {
@@ -936,7 +1026,7 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 	switch x := r.IntN(10); {
 	case x == 0:
 		req.Header.Set("X-Do", "fail")
-	case x == 1 && (!oracleOpen("settle-without-withsettle") || o.settlementOn(rep)):
+	case x == 1:
 		actual = r.IntN(2 * cost)
 		req.Header.Set("X-Do", "settle")
 	case x == 2:
@@ -948,10 +1038,13 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 	rep.srv.ServeHTTP(rec, req)
 	var adms []*oracle.Admission
 	var layers []*oLayer
+	remote := false // a Redis decision of a Limiter with settlement on admitted it
 	for _, l := range rep.layers {
-		for _, res := range l.obs.take() {
+		errs := slices.Clone(l.obs.errs)
+		for i, res := range l.obs.take() {
 			if res.Limits == nil {
-				o.step("%s: undecided", what)
+				o.step("%s: undecided: %v", what, errs[i])
+				o.undecided(rep, l, c, start)
 				continue
 			}
 			if !o.decided(rep, l, res, c, cost, start, what) {
@@ -960,6 +1053,7 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 			if res.Allowed {
 				adms = append(adms, o.lastAdm)
 				layers = append(layers, l)
+				remote = remote || !res.Local && (l.settle || l.refund)
 			}
 		}
 	}
@@ -967,33 +1061,75 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 	sure := !o.down
 	switch {
 	case rec.Header().Get("X-Settled") == "ctx" || rec.Header().Get("X-Settled") == "unsure":
+		// Settle settles in every Limiter that admitted the request with
+		// settlement on; one without counts the estimate (Settle's doc).
+		// Its nil says Redis confirmed it; an error wrapping
+		// ErrSettlePending or ErrNotReverted, that it may or may not be
+		// applied (ErrNotReverted's call may have run): the checks then
+		// take either reading.
 		sure = sure && rec.Header().Get("X-Settled") == "ctx"
 		for i, a := range adms {
-			// Settle's nil says the request is settled at its real cost: in
-			// every Limiter that admitted it, as the caller reads it; while
-			// that fault is open, only in those with settlement on, as its
-			// doc says today.
-			if layers[i].settle || layers[i].refund || !sure || !oracleOpen("settle-without-withsettle") {
-				a.Settle(start, now, actual, sure)
+			if layers[i].settle || layers[i].refund {
+				a.Settle(start, now, actual, sure && !o.movedBuckets(layers[i]))
 			}
 		}
 		if rec.Header().Get("X-Settled") == "ctx" && !o.settlementOn(rep) {
 			o.fail("%s: Settle from the handler of Limiters without settlement returned nil", what)
 		}
+		if rec.Header().Get("X-Settled") == "ctx" && o.down && remote && actual != cost { // (at the estimate: nothing to do)
+			o.fail("%s: Settle from the handler returned nil while Redis was down", what)
+		}
 		o.step("%s: settled at %d from the handler: %s", what, actual, rec.Header().Get("X-Settle-Err"))
+	case rec.Header().Get("X-Settled") == "none":
+		// Settle's error wraps ErrNotRefundable and names WithSettle: the
+		// request stays counted at its estimate everywhere.
+		if o.settlementOn(rep) && len(adms) > 0 {
+			o.fail("%s: Settle from the handler settled nothing (%s) behind a Limiter with settlement on", what, rec.Header().Get("X-Settle-Err"))
+		}
+		if !strings.Contains(rec.Header().Get("X-Settle-Err"), "WithSettle") {
+			o.fail("%s: Settle's error without settlement does not name WithSettle: %s", what, rec.Header().Get("X-Settle-Err"))
+		}
+		o.step("%s: not settled from the handler: %s", what, rec.Header().Get("X-Settle-Err"))
 	case rec.Code >= 500:
 		for i, a := range adms {
 			if layers[i].refund {
-				a.Settle(start, now, 0, sure)
+				a.Settle(start, now, 0, sure && !o.movedBuckets(layers[i]))
 			}
 		}
 	case req.Header.Get("X-Do") == "actual":
 		for i, a := range adms {
 			if layers[i].settle {
-				a.Settle(start, now, actual, sure)
+				a.Settle(start, now, actual, sure && !o.movedBuckets(layers[i]))
 			}
 		}
 	}
+}
+
+// undecided records a decision of layer l that failed: a call Redis gave
+// no reply to may have run and taken an in-flight slot, which then frees
+// within its lease (docs/limits.md, In-flight limits: "a slot Redis has
+// not released by then is no longer renewed and frees within its
+// lease"): a refusal may count it until then, as a hold whose Release
+// failed.
+func (o *oracleRun) undecided(rep *oReplica, l *oLayer, c int, at time.Time) {
+	if l.inflight > 0 {
+		o.unreleased = append(o.unreleased, oHold{rep: rep, layer: l, c: c, at: at})
+	}
+}
+
+// movedBuckets reports whether a credit in layer l may be lost while
+// refund-bucket-moved is open: one of its names runs bucketed in buckets
+// of two lengths.
+func (o *oracleRun) movedBuckets(l *oLayer) bool {
+	if !oracleOpen("refund-bucket-moved") {
+		return false
+	}
+	for _, f := range append(slices.Clone(l.fams), l.route...) {
+		if len(o.precisions[f.name]) > 1 {
+			return true
+		}
+	}
+	return false
 }
 
 func (o *oracleRun) settlementOn(rep *oReplica) bool {
@@ -1023,7 +1159,7 @@ func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, s
 		keys = append(keys, lim.Name+"/"+lim.ID)
 	}
 	sig := fmt.Sprintf("%d/%p/%d/%d", rep.idx, l, c, cost)
-	blocked := o.blockedClient(l, c)
+	blocked := o.blockedClient(l, c, at, true)
 	open := 0
 	for _, h := range o.held {
 		if h.c == c && h.layer.inflight > 0 {
@@ -1037,7 +1173,7 @@ func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, s
 	}
 	if res.Allowed {
 		o.step("%s: admitted at %s %v", what, at.Format("15:04:05.000000"), keys)
-		if blocked && (!oracleOpen("block-compose") || !slices.ContainsFunc(l.fams, func(f oFamily) bool { return f.kind == "compose" })) {
+		if blocked {
 			o.fail("%s: admitted although an operator's block covers %s", what, oIP(c))
 		}
 		if l.inflight > 0 && open+1 > l.inflight && !res.Local {
@@ -1060,13 +1196,16 @@ func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, s
 	}
 	o.step("%s: refused at %s by %s (blocked %v, retry after %s, local %v)", what, at.Format("15:04:05.000000"), res.DeniedBy, res.Blocked, res.RetryAfter, res.Local)
 	if res.Blocked {
-		if !blocked {
+		if !o.blockedClient(l, c, at, false) {
 			o.fail("%s: refused as blocked, no block covers it", what)
 		}
 		return false
 	}
-	if inflightDenied {
-		if open < l.inflight && !res.Local && (rep.mode == "allow" || !oracleOpen("inflight-sequential-handler")) {
+	// The in-flight cap refused it only if it names the cap: a request a
+	// rate limit refused is held to the rate limits (its in-flight
+	// limit's own Denied may say the cap was full too).
+	if inflightDenied && res.DeniedBy == "inflight" {
+		if open < l.inflight && !res.Local {
 			o.fail("%s: refused by its in-flight cap %d with %d held (a sequential client)", what, l.inflight, open)
 		}
 		return false
@@ -1074,12 +1213,25 @@ func (o *oracleRun) decided(rep *oReplica, l *oLayer, res Result, c, cost int, s
 	o.or.Refused(rep.idx, at, cost, rate, what)
 	// Retry-After: the same request at or after it, with nothing admitted
 	// meanwhile in its limits, is admitted.
-	if d, ok := o.denials[sig]; ok && d.epoch == o.epoch && !at.Before(d.at.Add(d.ra)) && d.ra > 0 && slices.Equal(d.keys, keys) {
+	//
+	// A name bucketed in two precisions moves the other's buckets into
+	// its own, later by less than the larger precision (docs/limits.md,
+	// Bucket precision): a Retry-After given before such a move may be
+	// early by that much.
+	var moved time.Duration
+	for _, lim := range rate {
+		if name := strings.SplitN(lim.Name, "#", 2)[0]; len(o.precisions[name]) > 1 {
+			moved = max(moved, o.maxPrecision[name])
+		}
+	}
+	if d, ok := o.denials[sig]; ok && d.epoch == o.epoch && !at.Before(d.at.Add(d.ra+moved)) && d.ra > 0 && slices.Equal(d.keys, keys) {
 		same := true
 		for i, k := range keys {
 			same = same && o.epochs[k] == d.epochs[i]
 		}
-		anyLeased := slices.ContainsFunc(rate, func(lim oracle.Limit) bool { return o.leased[lim.Name] })
+		anyLeased := slices.ContainsFunc(rate, func(lim oracle.Limit) bool {
+			return o.leased[strings.TrimSuffix(strings.TrimSuffix(lim.Name, "#exact"), "#bucketed")]
+		})
 		if same && !anyLeased && !res.Local {
 			o.fail("%s: refused at %s, after the Retry-After %s of its refusal at %s, nothing admitted meanwhile", what, at, d.ra, d.at)
 		}
@@ -1104,16 +1256,22 @@ func (o *oracleRun) settleAllowed() {
 	from := o.now()
 	err := a.layer.lim.Settle(context.Background(), a.res, actual)
 	o.step("settle of an Allow at %s (cost %d) at %d: %v", a.res.Now.Format("15:04:05.000000"), a.cost, actual, err)
+	// nil: Redis confirmed it; an error wrapping ErrSettlePending or
+	// ErrNotReverted: it may or may not be applied (a pending one goes on
+	// in the background; a lost one's call may have run), and the checks
+	// take either reading (Limiter.Settle's doc).
 	switch {
-	case err == nil && o.down && !a.res.Local:
-		if !oracleOpen("settle-unconfirmed") {
-			o.fail("a settle of a Redis decision returned nil while Redis was down")
-		}
-		a.adm.Settle(from, o.now(), actual, false)
+	case err == nil && o.down && !a.res.Local && actual != a.cost && o.now().Before(a.res.Now.Add(oShortest(a.res))):
+		// (nil is also a settle with nothing to do: at the estimate, or
+		// of entries that left their windows.)
+		o.fail("a settle of a Redis decision returned nil while Redis was down")
 	case err == nil:
-		a.adm.Settle(from, o.now(), actual, true)
+		a.adm.Settle(from, o.now(), actual, !o.movedBuckets(a.layer))
 	case errors.Is(err, ErrNotRefundable):
+	case errors.Is(err, ErrSettlePending) || errors.Is(err, ErrNotReverted):
+		a.adm.Settle(from, o.now(), actual, false)
 	default:
+		o.fail("a settle returned %v, which wraps neither ErrSettlePending nor ErrNotReverted", err)
 		a.adm.Settle(from, o.now(), actual, false)
 	}
 	if actual > a.cost {
@@ -1125,6 +1283,17 @@ func (o *oracleRun) settleAllowed() {
 			}
 		}
 	}
+}
+
+// oShortest is the shortest window of res's limits.
+func oShortest(res Result) time.Duration {
+	w := time.Duration(1<<63 - 1)
+	for _, lr := range res.Limits {
+		if !lr.InFlight && lr.Window > 0 {
+			w = min(w, lr.Window)
+		}
+	}
+	return w
 }
 
 // release gives back the in-flight slots held by Allow's Results.
@@ -1159,29 +1328,15 @@ func (o *oracleRun) reset() {
 		if f.kind == "compose" {
 			continue // Reset's ids are escaped whole, as Allow's: it cannot name a composed key
 		}
-		o.or.Reset(f.name, oID(f.kind, c), o.now(), err == nil)
+		o.or.Reset(o.logName(f), oID(f.kind, c), o.now(), err == nil)
 	}
-	if l.inflight > 0 {
+	if l.inflight > 0 && err == nil {
 		// A reset forgets the client's in-flight slots too: its holds no
-		// longer count (their Release gives back nothing).
+		// longer count (their Release gives back nothing). One that
+		// failed may have forgotten nothing.
 		o.held = slices.DeleteFunc(o.held, func(h oHold) bool { return h.c == c })
 	}
-	if oracleOpen("refund-after-reset") {
-		// Draw no settle of what the reset forgot: of a request counted in
-		// a log the reset forgot, through any replica.
-		o.allowed = slices.DeleteFunc(o.allowed, func(a oAllowed) bool {
-			for _, af := range a.layer.fams {
-				for _, f := range l.fams {
-					if af.name == f.name && oID(af.kind, a.c) == oID(f.kind, c) {
-						return true
-					}
-				}
-			}
-			return false
-		})
-	} else {
-		o.dims["refund-after-reset"] = true
-	}
+	o.dims["refund-after-reset"] = true
 }
 
 // override sets a quota override on one family, through every Limiter's
@@ -1226,6 +1381,7 @@ func (o *oracleRun) block() {
 		target = p.Addr().String()
 	}
 	ok := true
+	from := o.now()
 	for _, rep := range o.reps {
 		for _, l := range rep.layers {
 			if err := l.lim.Inspect().Operator().Block(context.Background(), target, 24*time.Hour); err != nil {
@@ -1234,8 +1390,9 @@ func (o *oracleRun) block() {
 			}
 		}
 	}
+	// A block whose calls failed in part may yet hold where they ran.
+	o.blocks = append(o.blocks, oBlock{p: p, from: from, to: o.now(), sure: ok})
 	if ok {
-		o.blocks = append(o.blocks, p)
 		o.dims["block"] = true
 		o.step("block of %s", target)
 	}
@@ -1247,9 +1404,6 @@ func (o *oracleRun) block() {
 func (o *oracleRun) outage() {
 	if o.b.mr == nil || !o.dims["faillocal"] {
 		return
-	}
-	if o.down && oracleOpen("faillocal-return") {
-		return // keep the outage to the end: the return is a known fault
 	}
 	o.down = !o.down
 	if o.down {

@@ -30,12 +30,6 @@ import (
 	"github.com/slidinglog/ratelimit/internal/oracle"
 )
 
-// inflightOpen leaves in-flight caps out of TestOracleAdapters' draws
-// while a strictly sequential client can be refused by its in-flight cap
-// (the slot is given back in the background after the response). Set it
-// to false to draw them (RATELIMIT_ORACLE_ALL=1 draws them too).
-const inflightOpen = true
-
 // TestOracleAdapters holds the routers' middleware to the promises the
 // oracle (internal/oracle) checks from the caller's side, as TestOracle
 // does the root package's Handler and Allow: seeded scenarios of one or
@@ -143,7 +137,7 @@ func runAdapterOracle(t *testing.T, router string, seed uint64, steps int) {
 	}
 	twice := r.IntN(3) == 0
 	inflight := 0
-	if (!inflightOpen || os.Getenv("RATELIMIT_ORACLE_ALL") != "") && r.IntN(3) == 0 {
+	if r.IntN(3) == 0 {
 		inflight = 1 + r.IntN(2)
 	}
 	obs := &aoObserver{}
@@ -304,7 +298,7 @@ func runAdapterOracle(t *testing.T, router string, seed uint64, steps int) {
 					step("%s: refused by %s, retry after %s", what, res.DeniedBy, res.RetryAfter)
 					if inflightDenied {
 						// Requests are sequential: none is in flight.
-						t.Errorf("seed %d (replay: RATELIMIT_ORACLE_ALL=1 RATELIMIT_ORACLE_SEED=%d go test -count=1 -run 'TestOracleAdapters/%s' .): %s refused by its in-flight cap %d, none in flight; %s",
+						t.Errorf("seed %d (replay: RATELIMIT_ORACLE_SEED=%d go test -count=1 -run 'TestOracleAdapters/%s' .): %s refused by its in-flight cap %d, none in flight; %s",
 							seed, seed, strings.ReplaceAll(router, "/", ""), what, inflight, trace[0])
 						return
 					}

@@ -21,6 +21,7 @@ package oracle
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -65,6 +66,21 @@ type Limit struct {
 	// checked against the window of whole buckets that ends with the
 	// decision's bucket.
 	Precision time.Duration
+	// Lease, for a leased limit, is its longest lease: a request decided
+	// from a lease is admitted from units the lease reserved at its
+	// acquire, up to a lease before, so a settle's debit logged since
+	// (post-paid, whatever the room: Settle's doc) does not count against
+	// it. Used only for admissions.
+	Lease time.Duration
+	// ResetDrift says a bucketed limit's consecutive resets, with nothing
+	// logged between, each move its newest marker a bucket further on
+	// (an open fault; see the generator's knownOpen): entries admitted
+	// after them count that many buckets late.
+	ResetDrift bool
+	// Keep is how far back a log this limit writes reaches: 65,407 of its
+	// time units (docs/limits.md, "Changing a definition while a deploy
+	// rolls"). Zero: no bound (a log only one definition writes).
+	Keep time.Duration
 }
 
 type logKey struct{ name, id string }
@@ -81,6 +97,11 @@ type entry struct {
 	local   bool // counted by FailLocal in process replica
 	replica int
 	what    string
+	// The window, quota and keep (Limit.Keep) of the limit that admitted
+	// it, for the bounds of a window that grows under one name.
+	window time.Duration
+	quota  int
+	keep   time.Duration
 }
 
 // credit is units taken back from an entry: sure if the limiter confirmed
@@ -101,6 +122,53 @@ type log struct {
 	// Redis may still have forgotten the client in FailLocal's store.
 	sureReset   int64
 	sureResetAt time.Time
+	resets      []time.Time // the times of every reset, for bucketed logs
+	resetSeqs   []int64     // their sequence numbers
+}
+
+// debits returns the units of the sure debits l holds, logged after from
+// and before sequence seq.
+func (l *log) debits(from, to time.Time, seq int64) int {
+	n := 0
+	for _, e := range l.entries {
+		if e.debit && e.sure && e.seq < seq && e.seq > l.reset && e.at.After(from) && !e.at.After(to) {
+			n += e.units
+		}
+	}
+	return n
+}
+
+// resetBucket is the extra lateness a bucketed limit of precision p may
+// count e with: a reset keeps the newest bucket marker a bucket on
+// (docs/fault-contract.md, a Result refunded after a Reset: "its time a
+// unit (a bucket) on"), so an entry admitted after a reset at r, in r's
+// own bucket, is counted in the next one: one bucket later than its own.
+func (l *log) resetBucket(e *entry, p time.Duration, drift bool) time.Duration {
+	if p <= 0 {
+		return 0
+	}
+	extra := time.Duration(0)
+	for i, r := range l.resets {
+		end := time.Unix(0, r.UnixNano()/int64(p)*int64(p)).Add(p)
+		if !e.at.Before(r) && e.at.Before(end) {
+			extra = p
+		}
+		if !drift || l.resetSeqs[i] > e.seq {
+			continue
+		}
+		// Drift (Limit.ResetDrift): the run of resets up to this one
+		// with nothing logged between moved the marker a bucket each.
+		k := 1
+		for j := i - 1; j >= 0 && !slices.ContainsFunc(l.entries, func(x *entry) bool {
+			return !x.debit && x.seq > l.resetSeqs[j] && x.seq < l.resetSeqs[j+1]
+		}); j-- {
+			k++
+		}
+		if !e.at.Before(r) && e.at.Before(end.Add(time.Duration(k)*p)) {
+			extra = max(extra, time.Duration(k)*p)
+		}
+	}
+	return extra
 }
 
 // Oracle records what a caller saw and checks the promises on every
@@ -146,7 +214,10 @@ func (o *Oracle) Failures() []string {
 // it: a correct limiter may have stamped them after the reset (a leased
 // log's time runs up to AHEAD ahead, docs/design.md), and a forget keeps
 // what is stamped after it.
-func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, replica int, late time.Duration) int {
+//
+// precision, for a generous count of a bucketed limit, widens from by a
+// bucket for the entries a reset moved a bucket on (resetBucket).
+func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, replica int, late, precision time.Duration, drift bool) int {
 	n := 0
 	reset, at := l.reset, func(e *entry) time.Time { return e.at }
 	if generous {
@@ -154,7 +225,7 @@ func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, rep
 	}
 	for _, e := range l.entries {
 		forgotten := e.seq <= reset && (!generous || !e.latest.Add(late).After(l.sureResetAt))
-		if e.seq >= seq || forgotten || !at(e).After(from) || e.at.After(to) {
+		if e.seq >= seq || forgotten || !at(e).After(from.Add(-l.resetBucket(e, precision, drift))) || e.at.After(to) {
 			continue
 		}
 		if localOnly && (!e.local || e.replica != replica) {
@@ -172,6 +243,63 @@ func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, rep
 		n += max(u, 0)
 	}
 	return n
+}
+
+// grown returns how many of the units l holds in lim's window ending at
+// at (before sequence seq) a decision of lim may not count, when a limit
+// of the same name with a shorter window wrote the log: the two bounds
+// docs/limits.md gives for a window that grows under one name
+// ("Changing a definition while a deploy rolls"), each held exactly:
+//
+//   - a log the shorter writes reaches no further back than its Keep: a
+//     write of the shorter at w drops what either admitted at or before
+//     w − Keep, which no later decision counts;
+//   - before lim's window first writes the log (its first admission since
+//     the last reset), the log holds only what the shorter window kept:
+//     what the shorter admitted before its own window ending at at, up to
+//     ⌈(longer − shorter) / shorter⌉ × the shorter's quota.
+//
+// Zero when only lim's window (or longer ones) wrote the log.
+func (l *log) grown(lim Limit, at time.Time, seq int64, replica int) int {
+	first := seq // the seq of lim's window's first write since the reset
+	for _, e := range l.entries {
+		if e.seq > l.reset && e.seq < first && !e.debit && e.window >= lim.Window {
+			first = e.seq
+		}
+	}
+	var dropped, missed, missedBound int
+	from := at.Add(-lim.Window)
+	for _, e := range l.entries {
+		if e.seq >= seq || e.seq <= l.reset || !e.at.After(from) || e.at.After(at) || e.window == 0 {
+			continue
+		}
+		if lim.LocalOnly && (!e.local || e.replica != replica) {
+			continue
+		}
+		if e.debit && !e.sure {
+			continue
+		}
+		u := e.units
+		for _, c := range e.credits {
+			if c.seq < seq {
+				u -= c.units
+			}
+		}
+		u = max(u, 0)
+		// (A settle's debit is a write of its release too.)
+		if slices.ContainsFunc(l.entries, func(w *entry) bool {
+			return w.seq > e.seq && w.seq < seq && w.window < lim.Window && w.keep > 0 && w.keep < lim.Window &&
+				!e.at.After(w.at.Add(-w.keep))
+		}) {
+			dropped += u
+			continue
+		}
+		if e.window < lim.Window && e.seq < first && !e.at.After(at.Add(-e.window)) {
+			missed += u
+			missedBound = max(missedBound, int((lim.Window-e.window+e.window-1)/e.window)*e.quota)
+		}
+	}
+	return dropped + min(missed, missedBound)
 }
 
 // Admission is a request the limiter admitted, for its refunds and
@@ -202,12 +330,14 @@ func (o *Oracle) Admit(replica int, local bool, at time.Time, cost int, limits [
 			start := time.Unix(0, at.UnixNano()/int64(p)*int64(p)) // the decision's bucket, on Unix time
 			from = start.Add(p - lim.Window).Add(-time.Nanosecond)
 		}
-		n := l.count(from, at, o.seq, false, lim.LocalOnly, replica, 0)
-		if q := max(lim.Quota, lim.AdmitQuota); n+cost > q {
-			o.fail("over-admission: %s admitted cost %d at %s in %s/%s (quota %d, window %s) which already held %d in its window (local=%v); window: %s",
-				what, cost, at.Format("15:04:05.000000"), lim.Name, lim.ID, q, lim.Window, n, local, l.describe(at.Add(-lim.Window), at))
+		n := l.count(from, at, o.seq, false, lim.LocalOnly, replica, 0, 0, false) - l.debits(at.Add(-lim.Lease), at, o.seq)
+		extra := l.grown(lim, at, o.seq, replica)
+		if q := max(lim.Quota, lim.AdmitQuota); n-extra+cost > q {
+			o.fail("over-admission: %s admitted cost %d at %s in %s/%s (quota %d, window %s) which already held %d in its window (%d of which a longer window may miss; local=%v); window: %s",
+				what, cost, at.Format("15:04:05.000000"), lim.Name, lim.ID, q, lim.Window, n, extra, local, l.describe(at.Add(-lim.Window), at))
 		}
-		e := &entry{seq: o.seq, at: at, latest: at, units: cost, local: local, replica: replica, what: what}
+		e := &entry{seq: o.seq, at: at, latest: at, units: cost, local: local, replica: replica, what: what,
+			window: lim.Window, quota: max(lim.Quota, lim.AdmitQuota), keep: lim.Keep}
 		l.entries = append(l.entries, e)
 		a.entries = append(a.entries, e)
 	}
@@ -228,7 +358,7 @@ func (o *Oracle) Refused(replica int, at time.Time, cost int, limits []Limit, wh
 	}
 	for _, lim := range limits {
 		l := o.log(lim.Name, lim.ID)
-		n := l.count(at.Add(-lim.Window-lim.Late), at, o.seq, true, lim.LocalOnly, replica, lim.Late)
+		n := l.count(at.Add(-lim.Window-lim.Late), at, o.seq, true, lim.LocalOnly, replica, lim.Late, lim.Precision, lim.ResetDrift)
 		if n+lim.Slack+cost > lim.Quota {
 			return // this limit may have had no room
 		}
@@ -249,7 +379,7 @@ func (o *Oracle) Room(replica int, at time.Time, cost int, limits []Limit) bool 
 	defer o.mu.Unlock()
 	for _, lim := range limits {
 		l := o.log(lim.Name, lim.ID)
-		if l.count(at.Add(-lim.Window-lim.Late), at, o.seq+1, true, lim.LocalOnly, replica, lim.Late)+lim.Slack+cost > lim.Quota {
+		if l.count(at.Add(-lim.Window-lim.Late), at, o.seq+1, true, lim.LocalOnly, replica, lim.Late, lim.Precision, lim.ResetDrift)+lim.Slack+cost > lim.Quota {
 			return false
 		}
 	}
@@ -274,7 +404,7 @@ func (a *Admission) Settle(from, to time.Time, cost int, sure bool) {
 		for i, lim := range a.limits {
 			l := o.log(lim.Name, lim.ID)
 			l.entries = append(l.entries, &entry{seq: o.seq, at: from, latest: to, units: min(cost-a.cost, lim.Quota), debit: true, sure: sure,
-				local: a.local, replica: a.replica, what: a.entries[i].what + " (debit)"})
+				local: a.local, replica: a.replica, what: a.entries[i].what + " (debit)", window: lim.Window, quota: max(lim.Quota, lim.AdmitQuota), keep: lim.Keep})
 		}
 	}
 }
@@ -290,6 +420,8 @@ func (o *Oracle) Reset(name, id string, at time.Time, sure bool) {
 	o.seq++
 	l := o.log(name, id)
 	l.reset = o.seq
+	l.resets = append(l.resets, at)
+	l.resetSeqs = append(l.resetSeqs, o.seq)
 	if sure {
 		l.sureReset, l.sureResetAt = o.seq, at
 	}

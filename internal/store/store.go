@@ -339,7 +339,8 @@ func (f Fallback) count(ctx context.Context, q *Query) *localCounts {
 
 // merge makes out, primary's outcome of c.q, the outcome of q with the
 // fallback's counts: each Count the sum of both. When the fallback's
-// logs denied, the request is denied by the limit they name, and each
+// logs denied, the request is denied by the limit without room that fits
+// last, and each
 // limit without room says when the request fits, never before it does:
 // primary's count only falls, so it fits once the fallback's count has
 // fallen to the room primary's count leaves (read in a second peek of
@@ -411,6 +412,16 @@ func (f Fallback) merge(ctx context.Context, q *Query, c *localCounts, out *Outc
 		r.Reset = at
 		if primary == 0 || l.Next != 0 && l.Next < r.Next {
 			r.Next = l.Next
+		}
+	}
+	// The denier is the limit without room that fits last (one whose cost
+	// never fits, -1, last), as a decision in one store names it: its
+	// Reset is the Retry-After, so the fallback's denier, which may fit
+	// first, is not enough.
+	for i := range out.Replies {
+		if w := out.Denier; again.Quotas[i] != 0 && out.Replies[i].OK && i != w &&
+			(w < 0 || out.Replies[w].Reset != -1 && (out.Replies[i].Reset == -1 || out.Replies[i].Reset > out.Replies[w].Reset)) {
+			out.Denier = i
 		}
 	}
 }
