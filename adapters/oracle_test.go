@@ -49,7 +49,11 @@ func TestOracleAdapters(t *testing.T) {
 		seeds = append(seeds, n)
 	} else {
 		base := rand.Uint64() % 1_000_000_000
-		for i := range longtest.LongOr(t, 12, 200) {
+		n := longtest.LongOr(t, 12, 90)
+		if raceEnabled {
+			n = max(12, n/3)
+		}
+		for i := range n {
 			seeds = append(seeds, base+uint64(i))
 		}
 	}
