@@ -30,6 +30,15 @@ import (
 // while the fault is open. Set an entry to false to draw it again; each
 // says what it finds.
 var knownOpen = map[string]bool{
+	// Replicas run one leased name in two windows, the longer beyond
+	// 65,407 units of the shorter's log (an hour beside 10s: 130s): a
+	// leased limit admitted over its quota by more than the bound
+	// docs/limits.md gives for what the shorter's writes drop
+	// (RATELIMIT_LONG=1 RATELIMIT_ORACLE_DRAW=window-beyond-keep-leased
+	// RATELIMIT_ORACLE_SEED=328618356 go test -run 'TestOracle/^redis$':
+	// 51 in an hour at a quota of 48). Not yet reduced: while open, the
+	// generator does not draw such a pair.
+	"window-beyond-keep-leased": true,
 	// Resets of a bucketed limit's client faster than one a bucket, with
 	// requests admitted between them: each moves the newest bucket marker
 	// a bucket past the one the requests since the last were counted in,
@@ -636,6 +645,11 @@ func (o *oracleRun) vary(fams []oFamily, cap int) ([]oFamily, int) {
 		f.precision = 0
 		f.lease = []time.Duration{0, -1, f.window / 8, f.window / 64}[r.IntN(4)]
 	}
+	if b := base[i]; (oKeepBeyond(b, *f) || oKeepBeyond(*f, b)) && oracleOpen("window-beyond-keep-leased") {
+		return base, cap
+	} else if oKeepBeyond(b, *f) || oKeepBeyond(*f, b) {
+		o.dims["window-beyond-keep-leased"] = true
+	}
 	if b := base[i]; (oLeadBeyond(b, *f) || oLeadBeyond(*f, b)) && oracleOpen("lease-lead-beyond-offsets") {
 		return base, cap // leave the replica's definition as it was
 	} else if oLeadBeyond(b, *f) || oLeadBeyond(*f, b) {
@@ -649,6 +663,13 @@ func (o *oracleRun) vary(fams []oFamily, cap int) ([]oFamily, int) {
 // b writes (docs/limits.md).
 func oLeadBeyond(a, b oFamily) bool {
 	return a.leaseOf() > 0 && b.precision == 0 && a.precision == 0 && a.leaseOf() > oKeep(b.window)
+}
+
+// oKeepBeyond reports whether a, leased, has a window longer than
+// 65,407 units of b's exact log (oKeep): a write of b's then drops what
+// a's window still counts (docs/limits.md).
+func oKeepBeyond(a, b oFamily) bool {
+	return a.leaseOf() > 0 && b.precision == 0 && a.precision == 0 && a.window > oKeep(b.window)
 }
 
 func (o *oracleRun) newLimiter(rep *oReplica, l *oLayer, failLocal bool) bool {
