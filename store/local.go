@@ -626,11 +626,8 @@ func (s *Local) Forget(ids ...LogID) int {
 			continue
 		}
 		freed := g.bytes()
-		// A unit after the newest entry, or the log's time if later: a log
-		// with no entry (reset before, nothing logged since) keeps its
-		// time, so resets in a row never move it ahead.
-		if n := len(g.runs); n > 0 {
-			g.time = max(g.time, g.runs[n-1].t+g.unit)
+		if len(g.runs) > 0 { // a log with no entries (reset before) keeps its time
+			g.time += g.unit
 		}
 		g.runs, g.alloc = make([]localRun, 0, 1), 1
 		g.blockWall, g.blockEnd = 0, 0

@@ -77,13 +77,8 @@ func (s *State) Forget(r LogRef, now int64) {
 		return
 	}
 	if l.Lease == 0 {
-		// A unit after the newest entry, or the log's time if later: a
-		// log with no entry (reset before, nothing logged since) keeps
-		// its time, so resets in a row never move it ahead.
-		if n := len(g.Runs); n > 0 {
-			g.Touch(g.Runs[n-1].T + l.Unit)
-		}
 		g.Runs = nil
+		g.Touch(g.Time + l.Unit)
 		return
 	}
 	kept := g.Runs[:0]
