@@ -52,6 +52,15 @@ var knownOpen = map[string]bool{
 	// open, the generator resets a name with buckets at most once per
 	// its longest bucket.
 	"reset-bucket-repeated": true,
+	// Resets of a bucketed limit's client with nothing logged between:
+	// each moves the newest bucket marker a bucket further on, so what is
+	// admitted next counts that many buckets late, and the client is
+	// refused with room (PerMinute(3, Global()).Bucketed(15s): admit 1,
+	// Reset four times, admit 3; 90s later a request is refused with a
+	// Retry-After of 30s; miniredis and Redis; the documented bound is
+	// one bucket; an exact log's floor moves a unit so, window/8192). The oracle tolerates it (oracle.Limit.ResetDrift)
+	// while open: set it to false once fixed.
+	"reset-bucket-drift": true,
 	// An operator's override of a leased limit's quota while requests are
 	// decided from its leases: the limit admits one unit over the quota
 	// in force, rarely (none in some 1,300 default-size scenarios; one
@@ -865,7 +874,7 @@ func (o *oracleRun) limitsOf(l *oLayer, res Result, c int) (rate []oracle.Limit,
 		f := all[i]
 		rate = append(rate, oracle.Limit{Name: o.logName(f), ID: oID(f.kind, c), Keep: oKeep(lr.Window), Quota: lr.Quota, AdmitQuota: o.admitQuota(f.name, c), Window: lr.Window, Late: o.late[f.name],
 			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: o.precisionOf(f), Lease: o.leaseSpan[f.name],
-		})
+			ResetDrift: f.precision > 0 && knownOpen["reset-bucket-drift"]})
 	}
 	return rate, inflightDenied
 }

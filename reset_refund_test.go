@@ -22,7 +22,36 @@ import (
 //
 //	go test -run TestResetThenUndoTakesNothingLater -count=1 .
 func TestResetThenUndoTakesNothingLater(t *testing.T) {
-	envs := resetEnvs()
+	type env struct {
+		name string
+		make func(t *testing.T, limits []Limit, start time.Time) (*Limiter, func(time.Time))
+	}
+	redisEnv := func(b func(t *testing.T) backend) func(t *testing.T, limits []Limit, start time.Time) (*Limiter, func(time.Time)) {
+		return func(t *testing.T, limits []Limit, start time.Time) (*Limiter, func(time.Time)) {
+			be := b(t)
+			opts, set := be.clock(start)
+			l := mustNew(t, be.newClient(t), limits, opts...)
+			t.Cleanup(func() { _ = l.Close() })
+			return l, set
+		}
+	}
+	envs := []env{
+		{"miniredis", redisEnv(func(t *testing.T) backend { return backend{mr: miniredis.RunT(t)} })},
+		{"redis", redisEnv(func(t *testing.T) backend { return backend{srv: redistest.Start(t)} })},
+		{"local", func(t *testing.T, limits []Limit, start time.Time) (*Limiter, func(time.Time)) {
+			local, err := store.NewLocal(store.LocalOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := &testClock{t: start}
+			l, err := New(nil, limits, WithStore(local), WithClock(c.Now))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = l.Close() })
+			return l, c.Set
+		}},
+	}
 	resets := map[string]func(l *Limiter, id string) error{
 		"Limiter.Reset":   func(l *Limiter, id string) error { return l.Reset(context.Background(), []string{id}) },
 		"Inspector.Reset": func(l *Limiter, id string) error { return l.Inspect().Reset(context.Background(), "user", id) },
@@ -83,105 +112,6 @@ func TestResetThenUndoTakesNothingLater(t *testing.T) {
 					})
 				}
 			}
-		}
-	}
-}
-
-// resetEnv is a store a reset test runs on: a Limiter of the limits over
-// it, and a setter of its clock.
-type resetEnv struct {
-	name string
-	make func(t *testing.T, limits []Limit, start time.Time) (*Limiter, func(time.Time))
-}
-
-// resetEnvs returns miniredis (its clock set), a real server (the
-// Limiter's clock) and store.Local.
-func resetEnvs() []resetEnv {
-	redisEnv := func(b func(t *testing.T) backend) func(t *testing.T, limits []Limit, start time.Time) (*Limiter, func(time.Time)) {
-		return func(t *testing.T, limits []Limit, start time.Time) (*Limiter, func(time.Time)) {
-			be := b(t)
-			opts, set := be.clock(start)
-			l := mustNew(t, be.newClient(t), limits, opts...)
-			t.Cleanup(func() { _ = l.Close() })
-			return l, set
-		}
-	}
-	return []resetEnv{
-		{"miniredis", redisEnv(func(t *testing.T) backend { return backend{mr: miniredis.RunT(t)} })},
-		{"redis", redisEnv(func(t *testing.T) backend { return backend{srv: redistest.Start(t)} })},
-		{"local", func(t *testing.T, limits []Limit, start time.Time) (*Limiter, func(time.Time)) {
-			local, err := store.NewLocal(store.LocalOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := &testClock{t: start}
-			l, err := New(nil, limits, WithStore(local), WithClock(c.Now))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = l.Close() })
-			return l, c.Set
-		}},
-	}
-}
-
-// TestResetsInARowKeepTheClock: resets in a row, nothing counted between
-// them, leave the log's time (an exact log's floor, a bucketed limit's
-// newest marker) where the first put it: a client that filled its quota
-// after 50 resets is admitted again once its requests left the window,
-// not 50 units (or buckets) later. On miniredis, a real server and
-// store.Local.
-//
-//	go test -run TestResetsInARowKeepTheClock -count=1 .
-func TestResetsInARowKeepTheClock(t *testing.T) {
-	const quota, resets = 3, 50
-	kinds := []struct {
-		name  string
-		limit Limit
-		after time.Duration // when the quota admitted after the resets has left the window
-	}{
-		{"exact", PerHour(quota, Header("X-User")).Named("user"), time.Hour + 5*time.Second},                        // units of 500ms: 50 resets would move it 25s
-		{"buckets", PerMinute(quota, Header("X-User")).Named("user").Bucketed(15 * time.Second), 150 * time.Second}, // 50 buckets would be 750s
-	}
-	start := time.UnixMicro(1_800_000_000_000_000 + 1000)
-	for _, e := range resetEnvs() {
-		for _, k := range kinds {
-			if e.name == "local" && k.limit.Precision != 0 {
-				continue // store.Local keeps exact logs only
-			}
-			t.Run(e.name+"/"+k.name, func(t *testing.T) {
-				l, set := e.make(t, []Limit{k.limit}, start)
-				ctx := context.Background()
-				now := start
-				allow := func() Result {
-					now = now.Add(time.Millisecond)
-					set(now)
-					res, err := l.Allow(ctx, []string{"u"}, 1)
-					if err != nil {
-						t.Fatal(err)
-					}
-					return res
-				}
-				if !allow().Allowed {
-					t.Fatal("the first request denied")
-				}
-				for range resets {
-					now = now.Add(time.Millisecond)
-					set(now)
-					if err := l.Reset(ctx, []string{"u"}); err != nil {
-						t.Fatal(err)
-					}
-				}
-				for i := range quota {
-					if res := allow(); !res.Allowed {
-						t.Fatalf("request %d after the resets denied", i)
-					}
-				}
-				now = start.Add(k.after)
-				if res := allow(); !res.Allowed {
-					t.Fatalf("denied %v after the start, its quota long out of the window: retry after %v (the log's time moved on with every reset)", k.after, res.RetryAfter)
-				}
-			})
 		}
 	}
 }

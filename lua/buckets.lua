@@ -343,18 +343,9 @@ local function buckets_forget(key, lim)
   end
   local nfield = newest_field(lim)
   local newest = tonumber(redis.call('HGET', key, nfield))
-  -- The marker moves a bucket on only if a bucket is forgotten: resets in
-  -- a row, with nothing counted between them, leave it where it is.
-  local counted = false
-  for _, f in ipairs(gone) do
-    counted = counted or string.match(string.sub(f, #lim[NAME] + 2), '^%d+$') ~= nil
-  end
   redis.call('HDEL', key, unpack(gone))
   if newest then
-    if counted then
-      newest = newest - newest % lim[UNIT] + lim[UNIT]
-    end
-    redis.call('HSET', key, nfield, string.format('%d', newest))
+    redis.call('HSET', key, nfield, string.format('%d', newest - newest % lim[UNIT] + lim[UNIT]))
   end
   return 1
 end

@@ -581,13 +581,7 @@ local function exact_forget(key, lim, now)
   if size > 0 then
     newest = math.max(newest, entry_at(s, HEADER, size - 1))
   end
-  -- The log's time a unit after its newest entry, or its floor if later:
-  -- a reset of a log with no entries (a second one, say) leaves it as it
-  -- is, so that resets in a row never move the log's time ahead.
-  local t = base + log[FLOOR] * unit
-  if size > 0 then
-    t = math.max(t, base + entry_at(s, HEADER, size - 1) * unit + unit)
-  end
+  local t = base + newest * unit + unit
   if lim[LEASE] then
     local x = now - base
     local from = first_after(s, HEADER, 0, size, (x - x % unit) / unit)

@@ -626,10 +626,8 @@ func (s *Local) Forget(ids ...LogID) int {
 			continue
 		}
 		freed := g.bytes()
-		if len(g.runs) > 0 { // a log with no entries (reset before) keeps its time
-			g.time += g.unit
-		}
 		g.runs, g.alloc = make([]localRun, 0, 1), 1
+		g.time += g.unit
 		g.blockWall, g.blockEnd = 0, 0
 		s.bytes.Add(g.bytes() - freed)
 		if !s.opts.KeepExpired {

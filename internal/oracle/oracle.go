@@ -72,6 +72,11 @@ type Limit struct {
 	// (post-paid, whatever the room: Settle's doc) does not count against
 	// it. Used only for admissions.
 	Lease time.Duration
+	// ResetDrift says a bucketed limit's consecutive resets, with nothing
+	// logged between, each move its newest marker a bucket further on
+	// (an open fault; see the generator's knownOpen): entries admitted
+	// after them count that many buckets late.
+	ResetDrift bool
 	// Keep is how far back a log this limit writes reaches: 65,407 of its
 	// time units (docs/limits.md, "Changing a definition while a deploy
 	// rolls"). Zero: no bound (a log only one definition writes).
@@ -118,6 +123,7 @@ type log struct {
 	sureReset   int64
 	sureResetAt time.Time
 	resets      []time.Time // the times of every reset, for bucketed logs
+	resetSeqs   []int64     // their sequence numbers
 }
 
 // debits returns the units of the sure debits l holds, logged after from
@@ -137,17 +143,32 @@ func (l *log) debits(from, to time.Time, seq int64) int {
 // (docs/fault-contract.md, a Result refunded after a Reset: "its time a
 // unit (a bucket) on"), so an entry admitted after a reset at r, in r's
 // own bucket, is counted in the next one: one bucket later than its own.
-func (l *log) resetBucket(e *entry, p time.Duration) time.Duration {
+func (l *log) resetBucket(e *entry, p time.Duration, drift bool) time.Duration {
 	if p <= 0 {
 		return 0
 	}
-	for _, r := range l.resets {
+	extra := time.Duration(0)
+	for i, r := range l.resets {
 		end := time.Unix(0, r.UnixNano()/int64(p)*int64(p)).Add(p)
 		if !e.at.Before(r) && e.at.Before(end) {
-			return p
+			extra = p
+		}
+		if !drift || l.resetSeqs[i] > e.seq {
+			continue
+		}
+		// Drift (Limit.ResetDrift): the run of resets up to this one
+		// with nothing logged between moved the marker a bucket each.
+		k := 1
+		for j := i - 1; j >= 0 && !slices.ContainsFunc(l.entries, func(x *entry) bool {
+			return !x.debit && x.seq > l.resetSeqs[j] && x.seq < l.resetSeqs[j+1]
+		}); j-- {
+			k++
+		}
+		if !e.at.Before(r) && e.at.Before(end.Add(time.Duration(k)*p)) {
+			extra = max(extra, time.Duration(k)*p)
 		}
 	}
-	return 0
+	return extra
 }
 
 // Oracle records what a caller saw and checks the promises on every
@@ -196,7 +217,7 @@ func (o *Oracle) Failures() []string {
 //
 // precision, for a generous count of a bucketed limit, widens from by a
 // bucket for the entries a reset moved a bucket on (resetBucket).
-func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, replica int, late, precision time.Duration) int {
+func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, replica int, late, precision time.Duration, drift bool) int {
 	n := 0
 	reset, at := l.reset, func(e *entry) time.Time { return e.at }
 	if generous {
@@ -204,7 +225,7 @@ func (l *log) count(from, to time.Time, seq int64, generous, localOnly bool, rep
 	}
 	for _, e := range l.entries {
 		forgotten := e.seq <= reset && (!generous || !e.latest.Add(late).After(l.sureResetAt))
-		if e.seq >= seq || forgotten || !at(e).After(from.Add(-l.resetBucket(e, precision))) || e.at.After(to) {
+		if e.seq >= seq || forgotten || !at(e).After(from.Add(-l.resetBucket(e, precision, drift))) || e.at.After(to) {
 			continue
 		}
 		if localOnly && (!e.local || e.replica != replica) {
@@ -309,7 +330,7 @@ func (o *Oracle) Admit(replica int, local bool, at time.Time, cost int, limits [
 			start := time.Unix(0, at.UnixNano()/int64(p)*int64(p)) // the decision's bucket, on Unix time
 			from = start.Add(p - lim.Window).Add(-time.Nanosecond)
 		}
-		n := l.count(from, at, o.seq, false, lim.LocalOnly, replica, 0, 0) - l.debits(at.Add(-lim.Lease), at, o.seq)
+		n := l.count(from, at, o.seq, false, lim.LocalOnly, replica, 0, 0, false) - l.debits(at.Add(-lim.Lease), at, o.seq)
 		extra := l.grown(lim, at, o.seq, replica)
 		if q := max(lim.Quota, lim.AdmitQuota); n-extra+cost > q {
 			o.fail("over-admission: %s admitted cost %d at %s in %s/%s (quota %d, window %s) which already held %d in its window (%d of which a longer window may miss; local=%v); window: %s",
@@ -337,7 +358,7 @@ func (o *Oracle) Refused(replica int, at time.Time, cost int, limits []Limit, wh
 	}
 	for _, lim := range limits {
 		l := o.log(lim.Name, lim.ID)
-		n := l.count(at.Add(-lim.Window-lim.Late), at, o.seq, true, lim.LocalOnly, replica, lim.Late, lim.Precision)
+		n := l.count(at.Add(-lim.Window-lim.Late), at, o.seq, true, lim.LocalOnly, replica, lim.Late, lim.Precision, lim.ResetDrift)
 		if n+lim.Slack+cost > lim.Quota {
 			return // this limit may have had no room
 		}
@@ -358,7 +379,7 @@ func (o *Oracle) Room(replica int, at time.Time, cost int, limits []Limit) bool 
 	defer o.mu.Unlock()
 	for _, lim := range limits {
 		l := o.log(lim.Name, lim.ID)
-		if l.count(at.Add(-lim.Window-lim.Late), at, o.seq+1, true, lim.LocalOnly, replica, lim.Late, lim.Precision)+lim.Slack+cost > lim.Quota {
+		if l.count(at.Add(-lim.Window-lim.Late), at, o.seq+1, true, lim.LocalOnly, replica, lim.Late, lim.Precision, lim.ResetDrift)+lim.Slack+cost > lim.Quota {
 			return false
 		}
 	}
@@ -400,6 +421,7 @@ func (o *Oracle) Reset(name, id string, at time.Time, sure bool) {
 	l := o.log(name, id)
 	l.reset = o.seq
 	l.resets = append(l.resets, at)
+	l.resetSeqs = append(l.resetSeqs, o.seq)
 	if sure {
 		l.sureReset, l.sureResetAt = o.seq, at
 	}
