@@ -134,6 +134,7 @@ func oracleOpen(dim string) bool {
 // RATELIMIT_ORACLE_TRACE=1 logs every scenario's steps; RATELIMIT_LONG=1
 // runs more, on miniredis and on a real redis-server.
 func TestOracle(t *testing.T) {
+	t.Parallel()
 	seeds := []uint64{}
 	if s := os.Getenv("RATELIMIT_ORACLE_SEED"); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
