@@ -163,7 +163,7 @@ func TestFailLocalBoundAcrossReturn(t *testing.T) {
 	for _, n := range []int{1, 3} {
 		t.Run(fmt.Sprintf("%d instances", n), func(t *testing.T) {
 			forOutageBackends(t, func(t *testing.T, b outageBackend) {
-				for trial := range longtest.LongOr(t, 2, 30) {
+				for trial := range longtest.LongOr(t, 2, 6) {
 					testBoundAcrossReturn(t, b, n, trial)
 				}
 			})
