@@ -188,8 +188,8 @@ func Unclaimed() string {
 // go test's own standard output, where the binary can write to it
 // (Linux): a terminal, a pipe, or a file go test appends to (>>; into a
 // file it writes at an offset of its own, >, a line written beside it
-// would be overwritten); else on the terminal, if there is one, else on
-// the binary's standard output.
+// would be overwritten); else on the binary's standard output, which
+// go test shows with -v.
 func Notice(code int, line string) {
 	w, closeW := notices(code)
 	defer closeW()
@@ -203,9 +203,6 @@ func notices(code int) (io.Writer, func()) {
 	}
 	if f := goTestStdout(); f != nil {
 		return f, func() { _ = f.Close() }
-	}
-	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
-		return tty, func() { _ = tty.Close() }
 	}
 	return os.Stdout, none
 }
