@@ -135,27 +135,7 @@ func oracleOpen(dim string) bool {
 // runs more, on miniredis and on a real redis-server.
 func TestOracle(t *testing.T) {
 	t.Parallel()
-	seeds := []uint64{}
-	if s := os.Getenv("RATELIMIT_ORACLE_SEED"); s != "" {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("RATELIMIT_ORACLE_SEED: %v", err)
-		}
-		seeds = append(seeds, n)
-	} else {
-		// A default run draws new scenarios each time, so that every edit
-		// explores; a long run (CI's) replays one fixed set, so that what
-		// it finds is the same wherever it runs (RATELIMIT_ORACLE_SEED
-		// replays one scenario of either).
-		base := longtest.LongOr(t, rand.Uint64()%1_000_000_000, 700_000_000)
-		n := longtest.LongOr(t, 60, 400)
-		if raceEnabled {
-			n = max(60, n/3) // the race detector makes miniredis's Lua several times slower
-		}
-		for i := range n {
-			seeds = append(seeds, base+uint64(i))
-		}
-	}
+	seeds := oracle.Seeds(t, 60, 400, raceEnabled)
 	steps := longtest.LongOr(t, 120, 300)
 	t.Run("miniredis", func(t *testing.T) {
 		for _, seed := range seeds {

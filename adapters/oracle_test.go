@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,27 +39,7 @@ import (
 // RATELIMIT_ORACLE_SEED=N replays scenario N; RATELIMIT_LONG=1 runs more.
 func TestOracleAdapters(t *testing.T) {
 	gin.SetMode(gin.TestMode)
-	seeds := []uint64{}
-	if s := os.Getenv("RATELIMIT_ORACLE_SEED"); s != "" {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("RATELIMIT_ORACLE_SEED: %v", err)
-		}
-		seeds = append(seeds, n)
-	} else {
-		// A default run draws new scenarios each time, so that every edit
-		// explores; a long run (CI's) replays one fixed set, so that what
-		// it finds is the same wherever it runs (RATELIMIT_ORACLE_SEED
-		// replays one scenario of either).
-		base := longtest.LongOr(t, rand.Uint64()%1_000_000_000, 700_000_000)
-		n := longtest.LongOr(t, 12, 90)
-		if raceEnabled {
-			n = max(12, n/3)
-		}
-		for i := range n {
-			seeds = append(seeds, base+uint64(i))
-		}
-	}
+	seeds := oracle.Seeds(t, 12, 90, raceEnabled)
 	for _, router := range []string{"net/http", "chi", "echo", "gin"} {
 		t.Run(strings.ReplaceAll(router, "/", ""), func(t *testing.T) {
 			for _, seed := range seeds {
