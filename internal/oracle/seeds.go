@@ -11,8 +11,8 @@ import (
 
 // Seeds returns the scenarios a generator runs: the one
 // RATELIMIT_ORACLE_SEED names, if set; else short of them (long with
-// RATELIMIT_LONG=1, a third of long under the race detector, at least
-// short). A default run draws new scenarios each time, so that every edit
+// RATELIMIT_LONG=1; short under the race detector, whose run is there to
+// find data races: CI's runs without it replay the long set in full). A default run draws new scenarios each time, so that every edit
 // explores; a long run (CI's) replays one fixed set, so that what it finds
 // is the same wherever it runs.
 func Seeds(tb testing.TB, short, long int, race bool) []uint64 {
@@ -27,7 +27,7 @@ func Seeds(tb testing.TB, short, long int, race bool) []uint64 {
 	base := longtest.LongOr(tb, rand.Uint64()%1_000_000_000, 700_000_000)
 	n := longtest.LongOr(tb, short, long)
 	if race {
-		n = max(short, n/3) // the race detector makes miniredis's Lua several times slower
+		n = short // the race detector makes miniredis's Lua several times slower
 	}
 	seeds := make([]uint64, n)
 	for i := range seeds {
