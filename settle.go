@@ -335,9 +335,11 @@ func (l *Limiter) settleAfter(r *http.Request, st *settlement, status int, h htt
 //
 // A cost out of range, and a settle that fails, go to the error handler
 // ([Handlers].Error). Settlement costs, per admitted request, its
-// context, and with settle a wrapped ResponseWriter (as [WithRefund]); a
-// Redis call per request settled at another cost. [Limiter.Handler] and
-// the router adapters settle; gRPC handlers call Settle. A nil settle is
+// settlement (one allocation, which the request's pass holds), and with
+// settle a wrapped ResponseWriter (as [WithRefund]); a Redis call per
+// request settled at another cost. [Limiter.Handler] and the router
+// adapters settle ([Pass.Done]), also when the handler panicked, with the
+// status written by then; gRPC handlers call Settle. A nil settle is
 // not an error: settlement is on, from the handler only; without
 // WithSettle (or WithRefund), [Settle] settles nothing and says so.
 // Default: settlement off. WithSettle and WithRefund together are an error from
