@@ -2,10 +2,13 @@ package ratelimit
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"sync"
 	"testing"
+
+	"github.com/alicebob/miniredis/v2"
 )
 
 // TestPasses: a pass over the request a first pass handed on, or over one
@@ -118,4 +121,34 @@ func TestZeroPass(t *testing.T) {
 		t.Error("the zero Pass settles")
 	}
 	p.Decide(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+}
+
+// TestDoneAfterPanic: a handler that panics still has its request settled
+// by the response side, with the status it wrote, and its in-flight slot
+// released, by the time the panic leaves Handler.
+func TestDoneAfterPanic(t *testing.T) {
+	c := backend{mr: miniredis.RunT(t)}.newClient(t)
+	var statuses []int
+	lim := mustNew(t, c, []Limit{PerMinute(100, Global()).Named("calls"), InFlight(1, Global()).Named("conn")},
+		WithSettle(func(status int, _ http.Header, cost int) int { statuses = append(statuses, status); return cost }))
+	h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/panic" {
+			w.WriteHeader(http.StatusBadGateway)
+			panic(http.ErrAbortHandler)
+		}
+	}))
+	func() {
+		defer func() {
+			if recover() != http.ErrAbortHandler {
+				t.Error("the handler's panic did not leave Handler")
+			}
+		}()
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/panic", nil))
+	}()
+	if n := lim.Inspect().InFlight(); n != 0 || len(statuses) != 1 || statuses[0] != http.StatusBadGateway {
+		t.Errorf("after the panic: %d in flight, settled with statuses %v; want 0, [502]", n, statuses)
+	}
+	if w := serve(h, "GET", "/", "192.0.2.1:1"); w.Code != http.StatusOK {
+		t.Errorf("the next request: %d, want 200 (its slot free)", w.Code)
+	}
 }
