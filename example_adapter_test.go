@@ -53,8 +53,12 @@ func (pr *pathRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func rateLimit(l *ratelimit.Limiter, pr *pathRouter) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			pass := l.Enter(r) // a Limiter mounted twice counts r once
-			defer pass.Leave()
+			// A Limiter mounted twice counts r once. Enter hands on a copy
+			// of r, which carries the pass: the adapter's to change and pass on.
+			pass, r := l.Enter(r)
+			// Done gets the response's final status: this Limiter has no
+			// WithSettle, which needs it (see Pass.Settles), so 0 will do.
+			defer pass.Done(0, w.Header())
 			r.Pattern = route.Unmatched
 			if p := pr.match(r); p != "" {
 				r.Pattern = p // the router's syntax: the Limiter reads ":id" as {id}

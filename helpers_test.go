@@ -227,17 +227,18 @@ var okHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 })
 
 // checkOnce decides r with l in a pass of its own, as custom middleware
-// does (see Pass.Check), and reports whether to serve r.
+// does (see Pass.Check), and reports whether to serve r. It serves no
+// response, so the pass's Done settles nothing.
 func checkOnce(l *Limiter, w http.ResponseWriter, r *http.Request) bool {
-	p := l.Enter(r)
-	defer p.Leave()
+	p, r := l.Enter(r)
+	defer p.Done(-1, nil)
 	return p.Check(w, r)
 }
 
 // decideOnce is checkOnce with Pass.Decide.
 func decideOnce(l *Limiter, w http.ResponseWriter, r *http.Request) (Verdict, error) {
-	p := l.Enter(r)
-	defer p.Leave()
+	p, r := l.Enter(r)
+	defer p.Done(-1, nil)
 	return p.Decide(w, r)
 }
 

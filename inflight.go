@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"net/http"
 
 	"github.com/slidinglog/ratelimit/internal/store"
 	pubstore "github.com/slidinglog/ratelimit/store"
@@ -33,31 +32,6 @@ func (rs *ruleset) newHold(q *store.Query, out *store.Outcome, local *pubstore.L
 		}
 	}
 	return h
-}
-
-// holdFor records h, the in-flight slots a decision of r took, in the
-// first pass of l over r, whose Leave releases them. With no pass under
-// way (a decision outside Enter and Leave), h is released at once.
-func (l *Limiter) holdFor(r *http.Request, h *hold) {
-	p := Pass{l: l, h: r.Header, r: r}
-	if p.h != nil {
-		p.hid = headerID(p.h)
-		p.r = nil
-	}
-	s := p.shard()
-	s.mu.Lock()
-	for i := range s.passes {
-		if q := &s.passes[i]; q.same(p) {
-			if q.held != nil && q.held.set == h.set && h.shared.CompareAndSwap(false, true) {
-				h.set.inflight.Add(-1) // the request is counted once, by its first hold
-			}
-			h.next, q.held = q.held, h
-			s.mu.Unlock()
-			return
-		}
-	}
-	s.mu.Unlock()
-	h.leaveAsync()
 }
 
 // Release frees the in-flight slots ([InFlight]) that res, a Result of

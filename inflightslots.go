@@ -40,7 +40,7 @@ type hold struct {
 	// WithStore's Local), where they need no renewal.
 	local    *pubstore.Local
 	released atomic.Bool
-	next     *hold // the next hold of the same request, in its pass (see holdFor)
+	next     *hold // the next hold of the same request, in its pass (see entry.hold)
 	// shared: an earlier hold of the same request counts it in
 	// holdSet.inflight, and this one does not.
 	shared atomic.Bool

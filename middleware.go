@@ -56,8 +56,15 @@ type limitHandler struct {
 }
 
 func (h *limitHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	pass := h.l.Enter(r)
-	defer pass.Leave()
+	pass, r := h.l.Enter(r) // r is the pass's own copy from here on
+	var sw *statusWriter    // the response's status, when Done settles
+	defer func() {
+		status := 0
+		if sw != nil {
+			status = sw.status()
+		}
+		pass.Done(status, w.Header())
+	}()
 	// A wrapped mux decides the route, even under another mux that has set
 	// r.Pattern to its own pattern (such as "/").
 	if h.mux != nil {
@@ -68,8 +75,7 @@ func (h *limitHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if pattern == "" || muxRedirect(r, mh) {
 			pattern = route.Unmatched
 		}
-		// The mux sets r.Pattern in place too, to the same value, when it
-		// dispatches the request.
+		// The mux sets the same when it dispatches the request.
 		r.Pattern = pattern
 	}
 	// A route table the first pass cannot see is checked for once the
@@ -77,33 +83,15 @@ func (h *limitHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !pass.again() && r.Pattern == "" && h.l.routes != nil && !h.l.unseen.done.Load() {
 		defer h.l.routesUnseen(pass, r)
 	}
-	l := h.l.rulesFor(pass, r)
-	if l == nil {
-		h.next.ServeHTTP(w, r)
+	if rs := h.l.rulesFor(pass, r); rs != nil && !rs.check(w, r, pass.e) {
 		return
 	}
-	if !l.cfg.settleOn {
-		if l.check(w, r, nil) {
-			h.next.ServeHTTP(w, r)
-		}
+	if pass.Settles() {
+		sw = &statusWriter{ResponseWriter: w}
+		h.next.ServeHTTP(sw.wrap(), r)
 		return
 	}
-	var t *ticket
-	if !l.check(w, r, &t) {
-		return
-	}
-	if t == nil { // admitted undecided, or exempt: nothing to settle
-		h.next.ServeHTTP(w, r)
-		return
-	}
-	carrySettlement(r, t) // in place, as the mux sets r.Pattern: routesUnseen reads r
-	if l.cfg.settle == nil {
-		h.next.ServeHTTP(w, r)
-		return
-	}
-	sw := &statusWriter{ResponseWriter: w}
-	h.next.ServeHTTP(sw.wrap(), r)
-	l.settleAfter(r, settlementOf(r.Context()), sw.status(), w.Header())
+	h.next.ServeHTTP(w, r)
 }
 
 // routesWarning is the message of WarningRoutesUnseen.
@@ -114,8 +102,9 @@ const routesRemedy = "wrap the mux itself, inside the other middleware: logging(
 
 // routesUnseen reports WarningRoutesUnseen if the request r, which l's
 // first pass p decided without a route, was not decided with one by a
-// later pass either: its route table could not apply. When the mux set
-// r.Pattern in place (the middleware between passed r itself on), it
+// later pass either: its route table could not apply. r is the request p
+// handed on. When the mux set its Pattern (the middleware between passed
+// r itself on), it
 // warns only if the route is one l declared; when r's route stays unknown,
 // only if none of l's passes has ever resolved a route (a later pass that
 // did shows the table reachable, and an unknown route then a request no
@@ -152,10 +141,9 @@ func muxRedirect(r *http.Request, h http.Handler) bool {
 }
 
 // check decides r as verdict does and writes the default answers
-// (net/http's plain-text 429, 503 and 401): it reports whether to serve r. If t is not nil, an admitted
-// request's refund ticket is stored there.
-func (rs *ruleset) check(w http.ResponseWriter, r *http.Request, t **ticket) bool {
-	switch v, _ := rs.verdict(w, r, t); v {
+// (net/http's plain-text 429, 503 and 401): it reports whether to serve r.
+func (rs *ruleset) check(w http.ResponseWriter, r *http.Request, e *entry) bool {
+	switch v, _ := rs.verdict(w, r, e); v {
 	case Proceed:
 		return true
 	case Denied:
@@ -173,8 +161,10 @@ func (rs *ruleset) check(w http.ResponseWriter, r *http.Request, t **ticket) boo
 // (Handlers.Denied, Handlers.Unavailable) if it has them, and says what
 // is left to do (see Verdict). The error is the one that made it
 // apply the failure mode, or the ErrNoKey of a request a Key could not
-// identify (answered as WithMissingKey says), nil if neither.
-func (rs *ruleset) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (Verdict, error) {
+// identify (answered as WithMissingKey says), nil if neither. e is the
+// Limiter's first pass over r, which keeps the in-flight slots the decision
+// takes and, with settlement on, an admitted request's ticket.
+func (rs *ruleset) verdict(w http.ResponseWriter, r *http.Request, e *entry) (Verdict, error) {
 	rs = rs.current() // the quota overrides in force
 	if rs.watchProxies && !rs.proxies.done.Load() {
 		rs.proxies.watch(r, rs.cfg.logger, rs.cfg.logIDs, rs.cfg.observers)
@@ -190,11 +180,8 @@ func (rs *ruleset) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (
 	}
 	s := getScratch()
 	defer s.put()
-	s.wantTicket = t != nil
-	res, err := rs.decideRequest(r, s)
-	if t != nil {
-		*t = res.ticket
-	}
+	s.wantTicket = e != nil && rs.cfg.settleOn
+	res, err := rs.decideRequest(r, s, e)
 	if err != nil {
 		if rs.cfg.onError != nil {
 			rs.cfg.onError(r, err)
@@ -225,6 +212,9 @@ func (rs *ruleset) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (
 	}
 	rs.joinHeaders(w.Header(), &res)
 	if res.Allowed {
+		if res.ticket != nil && s.wantTicket {
+			e.carry(r, res.ticket)
+		}
 		return Proceed, err
 	}
 	if dr, ok := w.(DenialRecorder); ok {
@@ -267,8 +257,9 @@ func (rs *ruleset) statusRequest(r *http.Request) (Result, error) {
 }
 
 // decideRequest decides r using s and reports the decision to the
-// observers; the Result's Limits live in s.
-func (rs *ruleset) decideRequest(r *http.Request, s *scratch) (Result, error) {
+// observers; the Result's Limits live in s. The in-flight slots it takes
+// are e's to release (see entry.hold).
+func (rs *ruleset) decideRequest(r *http.Request, s *scratch, e *entry) (Result, error) {
 	watched := rs.watched()
 	var start time.Time
 	if watched {
@@ -279,7 +270,7 @@ func (rs *ruleset) decideRequest(r *http.Request, s *scratch) (Result, error) {
 	if err == nil {
 		res, err = rs.decide(r.Context(), s, cost, true, false)
 		if res.hold != nil {
-			rs.holdFor(r, res.hold) // released when the pass over r ends
+			e.hold(res.hold) // released when the pass over r ends
 		}
 	} else if s.noKey >= 0 {
 		res = Result{Allowed: rs.cfg.missingKey == MissingKeySkip, Limits: rs.noKey[s.noKey], index: -1}

@@ -1,106 +1,109 @@
 package ratelimit
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"sync"
 	"testing"
+
+	"github.com/alicebob/miniredis/v2"
 )
 
-// TestPasses: a second pass of one Limiter over one request, or over a copy
-// of it that shares its Header, is a later pass until the first leaves;
-// other Limiters and other requests pass first; nothing stays recorded.
+// TestPasses: a pass over the request a first pass handed on, or over one
+// derived from it, is a later pass until the first is done; other
+// Limiters and other requests pass first; Enter changes no request.
 func TestPasses(t *testing.T) {
 	l1, l2 := new(Limiter), new(Limiter)
 	r := httptest.NewRequest("GET", "/", nil)
-	other := httptest.NewRequest("GET", "/", nil)
-	p := l1.Enter(r)
+	before := *r
+	p, r1 := l1.Enter(r)
 	if p.again() {
 		t.Fatal("first pass taken for a later one")
 	}
-	if again := l1.Enter(r.WithContext(t.Context())); !again.again() || again.firstRoute() != nil {
-		t.Errorf("second pass over a copy of the request: again %v, route %v; want true, nil", again.again(), again.firstRoute())
+	if r1 == r || r1.Context().Value(passKey{l1}) == nil {
+		t.Fatal("Enter did not hand on a copy of the request carrying the pass")
 	}
-	// What the first pass decided with is what later passes see.
+	// A router's or a middleware's request derived from the one handed on.
+	type k struct{}
+	derived := r1.WithContext(context.WithValue(r1.Context(), k{}, 1))
+	again, r2 := l1.Enter(derived)
+	if !again.again() || again.firstRoute() != nil || r2 == derived {
+		t.Errorf("second pass over a derived request: again %v, route %v, same request %v; want true, nil, false",
+			again.again(), again.firstRoute(), r2 == derived)
+	}
+	if r2.Context() != derived.Context() {
+		t.Error("a later pass's request has another context")
+	}
+	// What a pass decided with is what later passes see.
 	route := new(routeRules)
 	p.decided(route)
-	if again := l1.Enter(r); again.firstRoute() != route || p.again() {
+	if again, _ := l1.Enter(r1); again.firstRoute() != route || p.again() {
 		t.Errorf("second pass sees route %p (want %p); first pass again %v", again.firstRoute(), route, p.again())
 	}
 	if got := p.resolved(); got != route {
 		t.Errorf("resolved %p, want %p", got, route)
 	}
-	// A later pass's Leave ends nothing.
-	l1.Enter(r).Leave()
-	if again := l1.Enter(r); !again.again() {
-		t.Error("a later pass's Leave ended the first")
+	// A later pass's Done ends nothing.
+	again.Done(0, nil)
+	if again, _ := l1.Enter(r1); !again.again() {
+		t.Error("a later pass's Done ended the first")
 	}
-	p2 := l2.Enter(r)
-	if p2.again() {
+	if p2, _ := l2.Enter(r1); p2.again() {
 		t.Error("another Limiter's pass taken for a later one")
 	}
-	p3 := l1.Enter(other)
-	if p3.again() {
+	if p3, _ := l1.Enter(httptest.NewRequest("GET", "/", nil)); p3.again() {
 		t.Error("a pass over another request taken for a later one")
 	}
-	p.Leave()
-	p2.Leave()
-	p3.Leave()
-	p = l1.Enter(r)
-	if p.again() {
-		t.Error("a later pass after the first left")
+	p.Done(0, nil)
+	p.Done(0, nil) // a second Done does nothing
+	if p, _ := l1.Enter(r1); p.again() {
+		t.Error("a later pass after the first was done")
 	}
-	p.Leave()
-	// A request without a Header is known by its pointer.
-	bare := &http.Request{}
-	p = l1.Enter(bare)
-	if again := l1.Enter(bare); p.again() || !again.again() {
-		t.Errorf("request without a Header: first again %v, second again %v; want false, true", p.again(), again.again())
-	}
-	if again := l1.Enter(&http.Request{}); !again.again() {
-		again.Leave()
-	} else {
-		t.Error("another request without a Header taken for the first")
-	}
-	p.Leave()
-	for i := range passShards {
-		if n := len(passShards[i].passes); n != 0 {
-			t.Errorf("shard %d keeps %d passes", i, n)
-		}
+	if !reflect.DeepEqual(*r, before) {
+		t.Error("Enter changed the request it was given")
 	}
 }
 
-// TestPassesConcurrent: concurrent requests of one Limiter never take one
-// another for a later pass.
+// TestPassesConcurrent: concurrent requests of one Limiter, from one base
+// context, never take one another for a later pass.
 func TestPassesConcurrent(t *testing.T) {
 	l := new(Limiter)
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
 			for range 1000 {
-				r := httptest.NewRequest("GET", "/", nil)
-				p := l.Enter(r)
+				p, _ := l.Enter(httptest.NewRequest("GET", "/", nil))
 				if p.again() {
 					t.Error("first pass taken for a later one")
 					return
 				}
-				p.Leave()
+				p.Done(0, nil)
 			}
 		})
 	}
 	wg.Wait()
 }
 
-// TestPassAllocs: a pass allocates nothing once the record has grown.
+// TestPassAllocs: a first pass allocates once (the request it hands on,
+// which holds its state), a later pass once (its copy of the request).
 func TestPassAllocs(t *testing.T) {
 	l := new(Limiter)
 	r := httptest.NewRequest("GET", "/", nil)
-	l.Enter(r).Leave()
 	if n := testing.AllocsPerRun(100, func() {
-		p := l.Enter(r)
-		p.Leave()
-	}); n != 0 {
-		t.Errorf("%v allocations a pass, want 0", n)
+		p, _ := l.Enter(r)
+		p.Done(0, nil)
+	}); n != 1 {
+		t.Errorf("%v allocations a first pass, want 1", n)
+	}
+	p, r1 := l.Enter(r)
+	defer p.Done(0, nil)
+	if n := testing.AllocsPerRun(100, func() {
+		again, _ := l.Enter(r1)
+		again.Done(0, nil)
+	}); n != 1 {
+		t.Errorf("%v allocations a later pass, want 1", n)
 	}
 }
 
@@ -113,6 +116,39 @@ func TestZeroPass(t *testing.T) {
 		}
 	}()
 	var p Pass
-	p.Leave() // does nothing
+	p.Done(0, nil) // does nothing
+	if p.Settles() {
+		t.Error("the zero Pass settles")
+	}
 	p.Decide(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+}
+
+// TestDoneAfterPanic: a handler that panics still has its request settled
+// by the response side, with the status it wrote, and its in-flight slot
+// released, by the time the panic leaves Handler.
+func TestDoneAfterPanic(t *testing.T) {
+	c := backend{mr: miniredis.RunT(t)}.newClient(t)
+	var statuses []int
+	lim := mustNew(t, c, []Limit{PerMinute(100, Global()).Named("calls"), InFlight(1, Global()).Named("conn")},
+		WithSettle(func(status int, _ http.Header, cost int) int { statuses = append(statuses, status); return cost }))
+	h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/panic" {
+			w.WriteHeader(http.StatusBadGateway)
+			panic(http.ErrAbortHandler)
+		}
+	}))
+	func() {
+		defer func() {
+			if recover() != http.ErrAbortHandler {
+				t.Error("the handler's panic did not leave Handler")
+			}
+		}()
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/panic", nil))
+	}()
+	if n := lim.Inspect().InFlight(); n != 0 || len(statuses) != 1 || statuses[0] != http.StatusBadGateway {
+		t.Errorf("after the panic: %d in flight, settled with statuses %v; want 0, [502]", n, statuses)
+	}
+	if w := serve(h, "GET", "/", "192.0.2.1:1"); w.Code != http.StatusOK {
+		t.Errorf("the next request: %d, want 200 (its slot free)", w.Code)
+	}
 }

@@ -197,11 +197,11 @@ func (w rwFHRP) Push(target string, opts *http.PushOptions) error { return w.pus
 //
 // refund sees the response's final status (200 if the handler wrote a body
 // or nothing; 101 for a hijacked connection). [Limiter.Handler] and the
-// router adapters refund ([Pass.Settlement]); gRPC handlers can call
+// router adapters refund ([Pass.Done]); gRPC handlers can call
 // [Settle] at 0. It is [WithSettle] with a function that returns 0 where
 // refund reports true, and turns settlement on as that does: giving both
 // is an error from [New]. It costs a wrapped ResponseWriter and the
-// request's context per request, and a Redis call per refund. Default: no
+// request's settlement per request, and a Redis call per refund. Default: no
 // refunds. A nil refund is an error from [New]. See docs/limits.md
 // (refunds).
 func WithRefund(refund func(status int) bool) Option {

@@ -240,15 +240,18 @@ var errNoSettlement = fmt.Errorf("%w: the request's context carries no settlemen
 	"turn settlement on in the Limiter that admits it with ratelimit.WithSettle (WithSettle(nil) to settle from handlers only); "+
 	"a request exempt from every limit, or admitted undecided (FailOpen), has nothing to settle either", ErrNotRefundable)
 
-// settlementKey is the context key of a request's settlement.
+// settlementKey is the context key of a request's settlement, which the
+// context of a Limiter's pass answers (see entry.Value).
 type settlementKey struct{}
 
 // settlement is what an admitted request's context carries with
-// settlement on: the tickets of the Limiters that admitted it, for Settle.
+// settlement on: the tickets of the Limiters that admitted it, for Settle
+// and for their passes' Done.
 type settlement struct {
 	mu      sync.Mutex
 	done    bool // Settle was called
 	tickets []*ticket
+	one     [1]*ticket // tickets' first storage: most requests have one
 }
 
 // add adds t, a Limiter's ticket of the request.
@@ -256,18 +259,6 @@ func (st *settlement) add(t *ticket) {
 	st.mu.Lock()
 	st.tickets = append(st.tickets, t)
 	st.mu.Unlock()
-}
-
-// of returns the ticket of the Limiter l, nil if none.
-func (st *settlement) of(l *Limiter) *ticket {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	for _, t := range st.tickets {
-		if t.owner == l {
-			return t
-		}
-	}
-	return nil
 }
 
 // unsettled returns the tickets of the Limiter l that nothing has settled
@@ -290,15 +281,6 @@ func settlementOf(ctx context.Context) *settlement {
 	return st
 }
 
-// carrySettlement makes r's context, in place, carry t for Settle: Handler
-// and the adapters hand r itself to the handler.
-func carrySettlement(r *http.Request, t *ticket) {
-	ctx := r.Context()
-	if next := withSettlement(ctx, t); next != ctx {
-		*r = *r.WithContext(next)
-	}
-}
-
 // take returns the tickets, and whether this is the first call.
 func (st *settlement) take() ([]*ticket, bool) {
 	st.mu.Lock()
@@ -306,16 +288,6 @@ func (st *settlement) take() ([]*ticket, bool) {
 	first := !st.done
 	st.done = true
 	return st.tickets, first
-}
-
-// withSettlement returns ctx carrying a settlement that holds t: ctx's own
-// if it has one (another Limiter's, which t joins), else a new one.
-func withSettlement(ctx context.Context, t *ticket) context.Context {
-	if st, _ := ctx.Value(settlementKey{}).(*settlement); st != nil {
-		st.add(t)
-		return ctx
-	}
-	return context.WithValue(ctx, settlementKey{}, &settlement{tickets: []*ticket{t}})
 }
 
 // settleAfter settles the request r once its handler returned with status
@@ -363,9 +335,11 @@ func (l *Limiter) settleAfter(r *http.Request, st *settlement, status int, h htt
 //
 // A cost out of range, and a settle that fails, go to the error handler
 // ([Handlers].Error). Settlement costs, per admitted request, its
-// context, and with settle a wrapped ResponseWriter (as [WithRefund]); a
-// Redis call per request settled at another cost. [Limiter.Handler] and
-// the router adapters settle; gRPC handlers call Settle. A nil settle is
+// settlement (one allocation, which the request's pass holds), and with
+// settle a wrapped ResponseWriter (as [WithRefund]); a Redis call per
+// request settled at another cost. [Limiter.Handler] and the router
+// adapters settle ([Pass.Done]), also when the handler panicked, with the
+// status written by then; gRPC handlers call Settle. A nil settle is
 // not an error: settlement is on, from the handler only; without
 // WithSettle (or WithRefund), [Settle] settles nothing and says so.
 // Default: settlement off. WithSettle and WithRefund together are an error from

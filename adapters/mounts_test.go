@@ -184,7 +184,9 @@ func TestBehindAuth(t *testing.T) {
 
 // twiceRouters mount one Limiter two or three times on the way of GET
 // /users/{id}: twice at the root and again in a group, or around a route
-// behind middleware that replaces the request (as authentication does).
+// behind middleware that replaces the request (as authentication does) or
+// clones it, header and all: a later pass finds the first in the
+// request's context.
 var twiceRouters = []struct {
 	name  string
 	build func(l *ratelimit.Limiter) http.Handler
@@ -196,9 +198,14 @@ var twiceRouters = []struct {
 		}))
 		return l.Handler(l.Handler(mux))
 	}},
+	{"net/http, cloned between", func(l *ratelimit.Limiter) http.Handler {
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /users/{id}", ok)
+		return l.Handler(cloning(l.Handler(mux)))
+	}},
 	{"chi", func(l *ratelimit.Limiter) http.Handler {
 		r := chi.NewRouter()
-		r.Use(chiratelimit.Middleware(l), chiratelimit.Middleware(l))
+		r.Use(chiratelimit.Middleware(l), cloning, chiratelimit.Middleware(l))
 		r.Group(func(r chi.Router) {
 			r.Use(func(next http.Handler) http.Handler {
 				return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { next.ServeHTTP(w, withUser(r, "x")) })
@@ -238,6 +245,11 @@ var twiceRouters = []struct {
 		t.Handle("GET", "/users/:id", ok)
 		return t
 	}},
+}
+
+// cloning is middleware that hands on a deep copy of the request.
+func cloning(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { next.ServeHTTP(w, r.Clone(r.Context())) })
 }
 
 // TestMountedTwice: a Limiter that a request meets several times on its

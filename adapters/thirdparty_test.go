@@ -88,8 +88,15 @@ func (t *tinyRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func tinyRateLimit(l *ratelimit.Limiter, router *tinyRouter) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			pass := l.Enter(r)
-			defer pass.Leave()
+			pass, r := l.Enter(r) // the pass's copy of r, handed on below
+			var sw *statusWriter  // the status, when Done settles (WithSettle's, WithRefund's)
+			defer func() {
+				status := 0
+				if sw != nil {
+					status = sw.status
+				}
+				pass.Done(status, w.Header())
+			}()
 			// The route in the router's own syntax: the Limiter reads
 			// ":name" and "*name" as {name} and {...}.
 			r.Pattern = route.Unmatched
@@ -100,10 +107,9 @@ func tinyRateLimit(l *ratelimit.Limiter, router *tinyRouter) func(http.Handler) 
 			status := 0
 			switch v {
 			case ratelimit.Proceed:
-				if done := pass.Settlement(r); done != nil { // WithSettle's, WithRefund's
-					sw := &statusWriter{ResponseWriter: w}
+				if pass.Settles() {
+					sw = &statusWriter{ResponseWriter: w}
 					next.ServeHTTP(sw, r)
-					done(sw.status, w.Header())
 					return
 				}
 				next.ServeHTTP(w, r)
@@ -124,7 +130,7 @@ func tinyRateLimit(l *ratelimit.Limiter, router *tinyRouter) func(http.Handler) 
 	}
 }
 
-// statusWriter keeps the status a handler wrote, for Pass.Settlement.
+// statusWriter keeps the status a handler wrote, for Pass.Done.
 type statusWriter struct {
 	http.ResponseWriter
 	status int

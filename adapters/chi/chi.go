@@ -45,8 +45,17 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 	var checked atomic.Bool // the routes were checked, at the first request
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			pass := l.Enter(r)
-			defer pass.Leave()
+			// r is the pass's copy of the request from here on, handed on
+			// below; ww keeps the status, when Done settles.
+			pass, r := l.Enter(r)
+			var ww middleware.WrapResponseWriter
+			defer func() {
+				if ww != nil {
+					pass.Done(ww.Status(), ww.Header())
+					return
+				}
+				pass.Done(0, w.Header())
+			}()
 			if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.Routes != nil {
 				if !checked.Load() && checked.CompareAndSwap(false, true) {
 					_ = l.Inspect().WarnUnmatchedRoutes(routeList(rctx.Routes))
@@ -56,10 +65,9 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 			if !pass.Check(w, r) {
 				return
 			}
-			if done := pass.Settlement(r); done != nil { // WithSettle's function sees the status
-				ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+			if pass.Settles() { // WithSettle's function sees the status
+				ww = middleware.NewWrapResponseWriter(w, r.ProtoMajor)
 				next.ServeHTTP(ww, r)
-				done(ww.Status(), ww.Header())
 				return
 			}
 			next.ServeHTTP(w, r)
@@ -103,7 +111,7 @@ func routeList(r chi.Routes) []string {
 var finders = sync.Pool{New: func() any { return chi.NewRouteContext() }}
 
 // resolve sets r.Pattern to the template of the route r matches, or to
-// route.Unmatched. It asks the root router rather than trusting r.Pattern,
+// route.Unmatched. r is the request the Limiter's pass hands on. It asks the root router rather than trusting r.Pattern,
 // which chi sets to a mount point's partial pattern ("/admin/*") inside
 // sub-routers.
 func resolve(r *http.Request) {

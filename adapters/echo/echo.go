@@ -47,15 +47,17 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 	}
 	var checked atomic.Bool // the routes were checked, at the first request
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
-		return func(c echo.Context) error {
-			pass := l.Enter(c.Request())
-			defer pass.Leave()
+		return func(c echo.Context) (err error) {
+			// The pass's copy of the request, handed on with c.
+			pass, r := l.Enter(c.Request())
+			c.SetRequest(r)
+			defer func() { pass.Done(status(c, err), c.Response().Header()) }()
 			if e := c.Echo(); e != nil {
 				if !checked.Load() && checked.CompareAndSwap(false, true) {
 					_ = l.Inspect().WarnUnmatchedRoutes(routeList(e))
 				}
 			}
-			r := resolve(c)
+			resolve(c, r)
 			// ClientIP(clientip.FromRouter()) counts by echo's c.RealIP(), handed
 			// over in RemoteAddr while l decides, if e.IPExtractor says
 			// whom to believe; without one echo believes any client's
@@ -71,11 +73,7 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 			}
 			switch v {
 			case ratelimit.Proceed:
-				err := next(c)
-				if done := pass.Settlement(r); done != nil { // WithSettle's function
-					done(status(c, err), c.Response().Header())
-				}
-				return err
+				return next(c)
 			case ratelimit.Denied:
 				return echo.NewHTTPError(http.StatusTooManyRequests)
 			case ratelimit.Unavailable:
@@ -137,16 +135,14 @@ var (
 	methodNotAllowedPC = reflect.ValueOf(echo.MethodNotAllowedHandler).Pointer()
 )
 
-// resolve sets the request's Pattern to the route's template and returns
-// the request.
-func resolve(c echo.Context) *http.Request {
+// resolve sets the Pattern of r, c's request as the Limiter's pass hands
+// it on, to the route's template.
+func resolve(c echo.Context, r *http.Request) {
 	// echo's route, even under a mux that has set r.Pattern to its own
 	// pattern (such as "/"), as the other adapters do.
-	r := c.Request()
 	if pc := reflect.ValueOf(c.Handler()).Pointer(); pc == notFoundPC || pc == methodNotAllowedPC || c.Path() == "" {
 		r.Pattern = route.Unmatched
 	} else {
 		r.Pattern = route.Normalize(c.Path())
 	}
-	return r
 }

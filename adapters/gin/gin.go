@@ -54,9 +54,10 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 		panic("ginratelimit: Middleware of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
 	}
 	return func(c *gin.Context) {
-		r := c.Request
-		pass := l.Enter(r)
-		defer pass.Leave()
+		// The pass's copy of the request, handed on with c.
+		pass, r := l.Enter(c.Request)
+		c.Request = r
+		defer func() { pass.Done(c.Writer.Status(), c.Writer.Header()) }()
 		// gin's route, even under a mux that has set r.Pattern to its own
 		// pattern (such as "/"), as the other adapters do.
 		if t := c.FullPath(); t != "" {
@@ -79,9 +80,6 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 		switch v {
 		case ratelimit.Proceed:
 			c.Next()
-			if done := pass.Settlement(r); done != nil { // WithSettle's function
-				done(c.Writer.Status(), c.Writer.Header())
-			}
 		case ratelimit.Denied:
 			c.AbortWithStatusJSON(http.StatusTooManyRequests, tooManyBody)
 			_ = c.Error(ErrTooManyRequests) // private: c.Error's default type

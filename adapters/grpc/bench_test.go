@@ -84,9 +84,9 @@ func BenchmarkUnary(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			clear(w.Header())
-			p := l.Enter(r)
+			p, r := l.Enter(r)
 			ok := p.Check(w, r)
-			p.Leave()
+			p.Done(-1, nil)
 			if !ok {
 				b.Fatal("denied")
 			}

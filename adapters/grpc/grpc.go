@@ -133,15 +133,17 @@ import (
 // A call l admits reaches the handler with the rate-limit headers set as
 // header metadata; a refused one gets a status error and never reaches it.
 // It does not panic: a Limiter that cannot decide applies its failure mode.
-// With settlement on ([ratelimit.WithSettle], [ratelimit.WithRefund]), the
-// handler's context carries the call's settlement: the handler settles the
-// call at its real cost with [ratelimit.Settle](ctx, n).
+// The handler's context carries l's pass over the call, so that the same
+// Limiter further down the chain counts the call once; with settlement on
+// ([ratelimit.WithSettle], [ratelimit.WithRefund]) it carries the call's
+// settlement too: the handler settles the call at its real cost with
+// [ratelimit.Settle](ctx, n).
 func UnaryServerInterceptor(l *ratelimit.Limiter) grpc.UnaryServerInterceptor {
 	if l == nil {
 		panic("grpcratelimit: UnaryServerInterceptor of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
 	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		md, settle, c, err := decide(ctx, l, info.FullMethod, true)
+		md, passed, c, err := decide(ctx, l, info.FullMethod, true)
 		defer c.leave() // after the handler: its in-flight slots are held until it returns
 		if md != nil {
 			_ = grpc.SetHeader(ctx, md) // fails only without a transport stream, as in direct calls
@@ -149,10 +151,7 @@ func UnaryServerInterceptor(l *ratelimit.Limiter) grpc.UnaryServerInterceptor {
 		if err != nil {
 			return nil, err
 		}
-		if settle != nil { // settlement on: the handler may call ratelimit.Settle
-			ctx = settle
-		}
-		return handler(ctx, req)
+		return handler(passed, req)
 	}
 }
 
@@ -161,8 +160,8 @@ func UnaryServerInterceptor(l *ratelimit.Limiter) grpc.UnaryServerInterceptor {
 // follow are not counted. Otherwise it is [UnaryServerInterceptor]; chain
 // it with [grpc.ChainStreamInterceptor]. The rate-limit headers are set
 // with ss.SetHeader, so they go out with the handler's first message or
-// its own headers. With settlement on, the stream's Context carries the
-// call's settlement, for [ratelimit.Settle].
+// its own headers. The stream's Context carries l's pass over the call and,
+// with settlement on, the call's settlement, for [ratelimit.Settle].
 func StreamServerInterceptor(l *ratelimit.Limiter) grpc.StreamServerInterceptor {
 	if l == nil {
 		panic("grpcratelimit: StreamServerInterceptor of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
@@ -170,7 +169,8 @@ func StreamServerInterceptor(l *ratelimit.Limiter) grpc.StreamServerInterceptor 
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		// grpc passes no service implementation for a method it does not
 		// register (grpc.UnknownServiceHandler).
-		md, settle, c, err := decide(ss.Context(), l, info.FullMethod, srv != nil)
+		ctx := ss.Context()
+		md, passed, c, err := decide(ctx, l, info.FullMethod, srv != nil)
 		defer c.leave() // after the stream's handler: its in-flight slots are held until it returns
 		if md != nil {
 			_ = ss.SetHeader(md) // fails only once headers were sent, which they cannot be yet
@@ -178,29 +178,32 @@ func StreamServerInterceptor(l *ratelimit.Limiter) grpc.StreamServerInterceptor 
 		if err != nil {
 			return err
 		}
-		if settle != nil { // settlement on: the handler may call ratelimit.Settle
-			ss = settledStream{ServerStream: ss, ctx: settle}
+		if passed != ctx {
+			c.stream = passedStream{ServerStream: ss, ctx: passed}
+			ss = &c.stream // c is recycled once the handler has returned
 		}
 		return handler(srv, ss)
 	}
 }
 
-// settledStream is a stream whose context carries the call's settlement,
-// for ratelimit.Settle.
-type settledStream struct {
+// passedStream is a stream whose context carries the Limiter's pass over
+// the call, and its settlement, for ratelimit.Settle.
+type passedStream struct {
 	grpc.ServerStream
 	ctx context.Context
 }
 
-// Context returns the stream's context, with the call's settlement.
-func (s settledStream) Context() context.Context { return s.ctx }
+// Context returns the stream's context, with the pass.
+func (s *passedStream) Context() context.Context { return s.ctx }
 
 // call is the scratch space of one decision, recycled through calls.
 type call struct {
 	url    url.URL
 	header http.Header
 	w      writer
+	req    http.Request   // the view of the call the Limiter's pass is given
 	pass   ratelimit.Pass // the Limiter's pass over the call, until leave
+	stream passedStream   // a stream's, with the pass's context
 }
 
 var calls = sync.Pool{New: func() any {
@@ -208,24 +211,24 @@ var calls = sync.Pool{New: func() any {
 }}
 
 // decide decides the call to method with l. It returns the metadata to send
-// as headers (nil if none), the context to hand the handler if it is not
-// ctx (nil: ctx; with settlement on, one that carries the call's
-// settlement, for ratelimit.Settle), the call, whose leave the caller
-// defers once the handler has returned (the Limiter's pass over the call
-// ends there, and with it the call's in-flight slots), and, if the call
-// may not proceed, its status error. registered reports whether the
-// server registers method.
+// as headers (nil if none), the context to hand the handler (ctx's
+// descendant that carries the Limiter's pass over the call and, with
+// settlement on, its settlement, for ratelimit.Settle), the call, whose
+// leave the caller defers once the handler has returned (the Limiter's
+// pass over the call ends there, and with it the call's in-flight slots),
+// and, if the call may not proceed, its status error. registered reports
+// whether the server registers method.
 func decide(ctx context.Context, l *ratelimit.Limiter, method string, registered bool) (metadata.MD, context.Context, *call, error) {
 	c := calls.Get().(*call)
-	md, settle, err := c.decide(ctx, l, method, registered)
-	return md, settle, c, err
+	md, passed, err := c.decide(ctx, l, method, registered)
+	return md, passed, c, err
 }
 
 // leave ends the Limiter's pass over the call, which releases its
-// in-flight slots, and recycles c: its Header identified the pass, so it
-// is not reused before.
+// in-flight slots, and recycles c. A call has no HTTP response to settle
+// by: its handler settles with ratelimit.Settle.
 func (c *call) leave() {
-	c.pass.Leave()
+	c.pass.Done(-1, nil)
 	c.pass = ratelimit.Pass{}
 	c.put()
 }
@@ -263,8 +266,11 @@ func (c *call) decide(ctx context.Context, l *ratelimit.Limiter, method string, 
 			}
 		}
 	}
-	req := base.WithContext(ctx)
-	c.pass = l.Enter(req) // a request of its own: always a first pass
+	c.req = *base.WithContext(ctx)
+	// A later pass if ctx carries l's pass already (l's interceptor twice
+	// in a chain).
+	var req *http.Request
+	c.pass, req = l.Enter(&c.req)
 	v, err := c.pass.Decide(&c.w, req)
 	if err != nil && ctx.Err() != nil {
 		// The call ended (its client's deadline, a cancellation) before it
@@ -276,10 +282,7 @@ func (c *call) decide(ctx context.Context, l *ratelimit.Limiter, method string, 
 	md := headerMD(c.w.h)
 	switch v {
 	case ratelimit.Proceed:
-		if settle := req.Context(); settle != ctx { // Decide put the settlement in it
-			return md, settle, nil
-		}
-		return md, nil, nil
+		return md, req.Context(), nil
 	case ratelimit.Denied:
 		return md, nil, c.w.refusal(codes.ResourceExhausted)
 	case ratelimit.Unavailable:
@@ -317,7 +320,7 @@ func (c *call) put() {
 	clear(c.header)
 	clear(c.w.h)
 	c.w.status, c.w.denied = 0, false
-	c.url = url.URL{}
+	c.url, c.req, c.stream = url.URL{}, http.Request{}, passedStream{}
 	calls.Put(c)
 }
 
