@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -194,10 +195,22 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	if err != nil {
 		errs = append(errs, err)
 	}
+	// Every mistake at once: the routes are checked with the limits, and
+	// the checks of both together run on what compiled.
+	l.rules = p
+	for _, check := range []func() error{
+		func() error { return l.buildRoutes(split) },
+		func() error { return checkRoutesFrom(cfg.routes, cfg.routesFrom) },
+		l.checkInFlightStore, l.checkLeaseStore, l.definitionClashes,
+	} {
+		if err := check(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
 	}
-	l.rules, l.base = p, &routeRules{all: p}
+	l.base = &routeRules{all: p}
 	l.local = cfg.local
 	if local, ok := cfg.store.(*pubstore.Local); ok {
 		l.local = local
@@ -218,21 +231,6 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 			Rollbacks: store.NewRollbacks(lib, cfg.timeout, l.logRollbackFailure),
 		}
 		l.store = l.wrap(l.redis)
-	}
-	if err := l.buildRoutes(split); err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
-	}
-	if err := l.checkInFlightStore(); err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
-	}
-	if err := l.checkLeaseStore(); err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
-	}
-	if err := checkRoutesFrom(cfg.routes, cfg.routesFrom); err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
-	}
-	if err := l.definitionClashes(); err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
 	w, closed := weak.Make(l), new(atomic.Bool)
 	l.closed = closed
@@ -407,7 +405,9 @@ func (l *Limiter) definitionClashes() error {
 
 // eachRuleset calls f with l's rules and each of its routes'..
 func (l *Limiter) eachRuleset(f func(p *ruleset)) {
-	f(l.rules)
+	if l.rules != nil { // nil while New reports invalid limits
+		f(l.rules)
+	}
 	for _, byMethod := range l.routes {
 		for _, rt := range byMethod {
 			f(rt.all)
@@ -476,15 +476,21 @@ func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
 }
 
 // buildRoutes compiles the rulesets of every route WithRoutes declared:
-// l's limits and the route's, and the route's alone.
+// l's limits and the route's, and the route's alone. With l.rules nil
+// (l's own limits are invalid) it only checks the routes, so that New
+// reports their mistakes with those of the limits.
 func (l *Limiter) buildRoutes(split bool) error {
 	var errs []error
 	generated := make(routeNames)
-	mine := make([]*planCache, len(l.rules.limits))
-	for i := range l.rules.limits {
-		mine[i] = l.rules.limits[i].planCache
+	var mine []*planCache
+	if l.rules != nil {
+		mine = make([]*planCache, len(l.rules.limits))
+		for i := range l.rules.limits {
+			mine[i] = l.rules.limits[i].planCache
+		}
 	}
-	for template, rl := range l.cfg.routes {
+	for _, template := range slices.Sorted(maps.Keys(l.cfg.routes)) {
+		rl := l.cfg.routes[template]
 		method, path := splitTemplate(template)
 		if err := validRoute(method, path); err != nil {
 			errs = append(errs, fmt.Errorf("route %q: %w; write a path such as \"/login\", \"/users/{id}\" or \"/files/{...}\", or a method and a path, \"POST /login\"", template, err))
@@ -503,6 +509,18 @@ func (l *Limiter) buildRoutes(split bool) error {
 		if err := generated.add(limits, template); err != nil {
 			errs = append(errs, err)
 			continue
+		}
+		if len(limits) > 0 {
+			// The route's limits alone first, so that their mistakes
+			// are said by their index in the route's list, whether or
+			// not the Limiter's own limits are valid.
+			if _, err := l.compile(limits, cost, split, nil); err != nil {
+				errs = append(errs, fmt.Errorf("route %q: %w", template, err))
+				continue
+			}
+		}
+		if l.rules == nil {
+			continue // the Limiter's own limits are invalid: New says why
 		}
 		all, err := l.compile(append(l.rules.declared(), limits...), cost, split, mine)
 		if err != nil {
