@@ -89,6 +89,9 @@ type Limiter struct {
 	// from leases, below FailLocal and the deny cache; nil if no limit of
 	// l or its routes lends leases.
 	leases *store.Leases
+	// outage says when Redis cannot be reached, and when it answers
+	// again (nil with WithStore).
+	outage *outageWatch
 	// closed: Close was called; the names it used are free for another
 	// definition (see claimNames).
 	closed *atomic.Bool
@@ -221,6 +224,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	l.denies = &store.DenyCache{MaxAge: cfg.denyCache}
 	l.evictions = store.NewEvictionCheck()
 	l.proxies = &proxyWatch{}
+	l.outage = newOutageWatch(client, &cfg)
 	if cfg.store != nil {
 		l.store = l.wrap(store.External{Store: cfg.store})
 	} else {
@@ -234,6 +238,9 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	}
 	w, closed := weak.Make(l), new(atomic.Bool)
 	l.closed = closed
+	if l.outage != nil {
+		l.outage.alive = func() bool { return w.Value() != nil && !closed.Load() }
+	}
 	if err := claimNames(client, cfg.prefix, l.limitNames(), func() bool { return w.Value() != nil && !closed.Load() }); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
@@ -436,11 +443,15 @@ func (l *Limiter) logRollbackFailure(err error) {
 
 // wrap returns the store l decides with when base is the store that counts
 // across instances: base, wrapped by FailLocal's fallback and the deny
-// cache as configured. When a limit lends leases, base is the Redis store
+// cache as configured; a Redis store is watched for an outage first
+// (outageStore). When a limit lends leases, base is the Redis store
 // wrapped by the leases (see startLeases). A store WithStore gave has no
 // deny cache, and a Local none of FailLocal's either: it never fails.
 func (l *Limiter) wrap(base store.Store) store.Store {
 	s := base
+	if l.outage != nil && l.cfg.store == nil {
+		s = outageStore{Store: s, watch: l.outage}
+	}
 	if _, local := l.cfg.store.(*pubstore.Local); l.cfg.failure == FailLocal && !local {
 		s = store.Fallback{Primary: s, Local: l.local}
 	}
@@ -583,7 +594,9 @@ type opsRunner struct {
 
 	mu      sync.Mutex // one read at a time
 	latest  atomic.Pointer[liveOps]
-	failing atomic.Bool // the last read failed, and it was logged
+	failing atomic.Bool // the last read failed
+	said    atomic.Bool // and that was logged (not an outage, said by outage)
+	outage  *outageWatch
 
 	stop, done chan struct{}
 	closeOnce  sync.Once
@@ -595,7 +608,8 @@ type opsRunner struct {
 // nothing was read yet), the whole state, and publishes it; when the
 // version stands, it publishes the state again if an override has lapsed
 // since. It takes at most the decision timeout. On an error the state
-// last read stays published, and the first error of a streak is logged.
+// last read stays published, and the first error of a streak is logged,
+// unless Redis cannot be reached: the outage watch says that.
 func (run *opsRunner) refresh(ctx context.Context, force bool) error {
 	run.mu.Lock()
 	defer run.mu.Unlock()
@@ -618,9 +632,17 @@ func (run *opsRunner) refresh(ctx context.Context, force bool) error {
 			return err // the application closed the client: nothing to warn of (see startOperatorRefresh)
 		}
 		if !run.failing.Swap(true) {
-			run.logger.Warn("ratelimit: cannot read the operator state; the state last read stays in force", slog.String("key", run.key), slog.Any("error", err))
+			warn := func() {
+				run.said.Store(true)
+				run.logger.Warn("ratelimit: cannot read the operator state; the state last read stays in force", slog.String("key", run.key), slog.Any("error", err))
+			}
+			// An outage is said once, by the outage watch, not as the
+			// operator state's: that warning is left to other failures.
+			if !run.outage.suspect(err, warn) {
+				warn()
+			}
 		}
-	} else if run.failing.Swap(false) {
+	} else if run.failing.Swap(false) && run.said.Swap(false) {
 		run.logger.Info("ratelimit: the operator state can be read again", slog.String("key", run.key))
 	}
 	return err
@@ -717,7 +739,7 @@ func (l *Limiter) declarer(now func() time.Time) *declarer {
 // client is closed (redis.ErrClosed).
 func (l *Limiter) startOperatorRefresh() {
 	run := l.opsRun
-	run.client, run.timeout, run.logger = l.client, l.cfg.timeout, l.cfg.logger
+	run.client, run.timeout, run.logger, run.outage = l.client, l.cfg.timeout, l.cfg.logger, l.outage
 	if l.cfg.clock != nil {
 		run.now = l.cfg.clock
 	} else {
