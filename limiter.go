@@ -290,8 +290,8 @@ func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bo
 	defaulted := make(map[string]bool, len(limits))
 	policyNames := make(map[string]struct{}, len(limits))
 	for i, lim := range limits {
-		if lim.InFlight && lim.Window == 0 {
-			lim.Window = defaultLease
+		if lim.InFlight && lim.SlotLease == 0 {
+			lim.SlotLease = defaultLease
 		}
 		if lim.Name == "" {
 			lim.Name, lim.defaulted = lim.defaultName(), true
@@ -309,6 +309,12 @@ func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bo
 			continue
 		}
 		seen[lim.Name], defaulted[lim.Name] = i, lim.defaulted
+		if lim.InFlight {
+			// The stores, the declarations and LimitResult read an
+			// in-flight limit's lease where a rate limit has its
+			// window: the compiled limit carries it there.
+			lim.Window = lim.SlotLease
+		}
 		c := l.compileLimit(lim)
 		if i < len(caches) && caches[i] != nil {
 			c.planCache = caches[i] // the same limit: one cache
@@ -572,6 +578,9 @@ func (rs *ruleset) declared() []Limit {
 		out[i] = rs.limits[i].Limit
 		if out[i].defaulted {
 			out[i].Name, out[i].defaulted = "", false
+		}
+		if out[i].InFlight {
+			out[i].Window = 0 // compile's copy of SlotLease
 		}
 	}
 	return out

@@ -183,7 +183,15 @@ func (o *outageWatch) check() {
 // is the cause (a connection refused, say), where the Limiter's client,
 // retrying, would report its deadline. Other clients are asked
 // themselves.
-func (o *outageWatch) ping() error {
+func (o *outageWatch) ping() (err error) {
+	defer func() {
+		// A client (or a hook of it) that panics must not take the
+		// process down from a goroutine the application does not know
+		// of: the check then finds nothing to say.
+		if p := recover(); p != nil {
+			err = errPingPanicked
+		}
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
 	if c, ok := o.client.(*redis.Client); ok {
@@ -229,6 +237,9 @@ func (o *outageWatch) upMessage(d time.Duration) string {
 	return fmt.Sprintf("ratelimit: %s answers again, after about %v: deciding in Redis again", at, d.Round(time.Second))
 }
 
+// errPingPanicked is ping's error when the client panicked: not an outage.
+var errPingPanicked = errors.New("ratelimit: the Redis client panicked on PING")
+
 // outageError reports whether err may say that Redis cannot serve any
 // call: a connection refused, lost or timed out, or a server that is
 // loading, busy with a script or without its primary. Not a reply about
@@ -236,7 +247,7 @@ func (o *outageWatch) upMessage(d time.Duration) string {
 // client the application closed, nor a caller that gave up.
 func outageError(err error) bool {
 	switch {
-	case err == nil, errors.Is(err, redis.ErrClosed), errors.Is(err, context.Canceled),
+	case err == nil, err == errPingPanicked, errors.Is(err, redis.ErrClosed), errors.Is(err, context.Canceled),
 		errors.Is(err, slidinglog.ErrUnexpectedReply), errors.Is(err, pubstore.ErrCircuitOpen):
 		return false
 	}
