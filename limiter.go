@@ -83,7 +83,7 @@ type Limiter struct {
 	// settled counts the units settles took back and logged.
 	settled settleCounts
 	// holds are the in-flight slots l holds, which it renews and
-	// releases (see inflight_hold.go); nil if l has no in-flight limit.
+	// releases (see inflightslots.go); nil if l has no in-flight limit.
 	holds *holdSet
 	// leases decides the hot keys of leasable limits ([Limit].Lease)
 	// from leases, below FailLocal and the deny cache; nil if no limit of
