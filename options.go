@@ -161,8 +161,9 @@ type RouteLimits struct {
 // [KeyFunc] failed, a cost is below 1. A request a [Key] cannot identify
 // ([ErrNoKey]) is not one of these: see [WithMissingKey].
 //
-// When Redis cannot be reached (a PING on a connection of its own fails
-// too), the Limiter says so once per outage, at Warn, through the
+// When Redis cannot be reached (a failed call, then a PING, fail: for a
+// single server, on a connection of its own, without retries, so that
+// its error is the cause), the Limiter says so once per outage, at Warn, through the
 // [WithLogger] logger or [slog.Default]: where Redis is, why it cannot be
 // reached and what the failure mode answers meanwhile ("ratelimit: Redis
 // at 127.0.0.1:6379 is unreachable (dial tcp 127.0.0.1:6379: connect:
