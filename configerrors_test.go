@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	pubstore "github.com/slidinglog/ratelimit/store"
 )
 
@@ -95,5 +97,29 @@ func TestNewSaysEveryMistake(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestNewSaysNameClashWithOtherMistakes: a name another live Limiter of
+// the process uses for another limit is reported with the options' and
+// the routes' mistakes, not only once they are fixed.
+func TestNewSaysNameClashWithOtherMistakes(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	noRefresh := WithRedis(RedisOptions{OperatorRefresh: -1})
+	first, err := New(c, []Limit{PerMinute(5, ClientIP()).Named("shared")}, noRefresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = first.Close() })
+	_, err = New(c, []Limit{PerHour(5, ClientIP()).Named("shared")}, WithTimeout(-time.Second), noRefresh,
+		WithRoutes(map[string]RouteLimits{"GET /reports": {Cost: -3}}))
+	if err == nil {
+		t.Fatal("New: no error")
+	}
+	for _, w := range []string{"limit shared: another Limiter of this process uses the name", `route "GET /reports": cost -3 is negative`, "timeout -1s is not positive"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("New's error does not say %q:\n%s", w, err)
+		}
 	}
 }

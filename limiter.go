@@ -211,6 +211,12 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		}
 	}
 	if len(errs) > 0 {
+		if !noClient {
+			// The names other Limiters use, checked without a claim.
+			if err := claimNames(client, cfg.prefix, l.limitNames(), nil); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
 	}
 	l.base = &routeRules{all: p}
