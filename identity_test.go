@@ -20,12 +20,12 @@ import (
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
-// The class test of the identity rules (identity.go): generated client
+// The class test of the identity rules (internal/netid): generated client
 // addresses, spelled every way a request may carry them, against
 // generated entries, spelled every way an operator or a configuration may
 // write them, under generated groupings, through the real paths (a
 // Limiter's blocks and allow-lists, ClientIP's trusted proxies, the
-// look-ups of LimitStatus and ResetLimit), each compared with what the
+// look-ups of Inspector.Status and Inspector.Reset), each compared with what the
 // documentation says (idOracle).
 
 // idGen generates addresses, spellings and entries.
@@ -266,7 +266,7 @@ func testIdentityBlocks(t *testing.T, b backend, trials int) {
 				counted += 3
 			}
 			if st, err := l.Inspect().Status(ctx, "id", spelled); err != nil || st.Remaining != quota-counted {
-				fail("LimitStatus(%q) = %+v, %v; want the log of %s, %d requests in it", spelled, st, err, o.id(client), counted)
+				fail("Inspector.Status(%q) = %+v, %v; want the log of %s, %d requests in it", spelled, st, err, o.id(client), counted)
 			}
 			if err := l.Inspect().Reset(ctx, "id", spelled); err != nil {
 				fail("ResetLimit(%q): %v", spelled, err)
@@ -423,7 +423,7 @@ func TestIdentityLookup(t *testing.T) {
 		} {
 			serve(h, "GET", "/", tc.remote)
 			if st, err := l.Inspect().Status(ctx, "lk", tc.spelled); err != nil || st.Remaining != 1 {
-				t.Errorf("LimitStatus(%q) = %+v, %v; want the log of %s, one request in it", tc.spelled, st, err, tc.id)
+				t.Errorf("Inspector.Status(%q) = %+v, %v; want the log of %s, one request in it", tc.spelled, st, err, tc.id)
 			}
 			if err := l.Inspect().Reset(ctx, "lk", tc.spelled); err != nil {
 				t.Fatal(err)

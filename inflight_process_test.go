@@ -35,7 +35,7 @@ func inflightApp(client redis.UniversalClient) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := New(client, []Limit{InFlight(inflightAppCap, Header("X-User")).with(func(l *Limit) { l.Window = lease })},
+	l, err := New(client, []Limit{InFlight(inflightAppCap, Header("X-User")).with(func(l *Limit) { l.SlotLease = lease })},
 		WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		return nil, err

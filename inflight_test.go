@@ -22,14 +22,14 @@ import (
 func TestInFlightConfig(t *testing.T) {
 	c := backend{mr: miniredis.RunT(t)}.newClient(t)
 	l := mustNew(t, c, []Limit{InFlight(3, ClientIP())})
-	if got := l.rules.limits[0]; got.Name != "ip-inflight" || got.Window != 30*time.Second || !got.InFlight {
+	if got := l.rules.limits[0]; got.Name != "ip-inflight" || got.SlotLease != 30*time.Second || !got.InFlight {
 		t.Fatalf("defaults: %+v", got.Limit)
 	}
 	if got := l.rules.limits[0].head; !strings.Contains(got, ":inflight.ip:") {
 		t.Fatalf("key head %q: want the in-flight kind segment", got)
 	}
 	l = mustNew(t, c, []Limit{{Quota: 2, Key: ClientIP(), InFlight: true}})
-	if got := l.rules.limits[0].Window; got != defaultLease {
+	if got := l.rules.limits[0].SlotLease; got != defaultLease {
 		t.Fatalf("zero lease: %v, want %v", got, defaultLease)
 	}
 	for _, tc := range []struct {
@@ -38,7 +38,9 @@ func TestInFlightConfig(t *testing.T) {
 	}{
 		{InFlight(3, ClientIP()).Bucketed(time.Second), "not in buckets"},
 		{InFlight(3, ClientIP()).Block(time.Minute), "cannot block"},
-		{Per(500*time.Millisecond, 3, ClientIP()).with(func(l *Limit) { l.InFlight = true }), "at least 1s"},
+		{InFlight(3, ClientIP()).with(func(l *Limit) { l.SlotLease = 500 * time.Millisecond }), "at least 1s"},
+		{Per(time.Minute, 3, ClientIP()).with(func(l *Limit) { l.InFlight = true }), "leave Window zero (a slot's lease is SlotLease)"},
+		{PerMinute(3, ClientIP()).with(func(l *Limit) { l.SlotLease = time.Minute }), "only an in-flight limit (InFlight) has slots to lease"},
 		{InFlight(0, ClientIP()), "quota 0"},
 		{InFlight(3, Key{}), "no key"},
 	} {
@@ -117,7 +119,7 @@ func TestInFlightRenewal(t *testing.T) {
 			}
 		})
 		lease := 3 * time.Second
-		l := mustNew(t, b.newClient(t), []Limit{InFlight(1, ClientIP()).with(func(l *Limit) { l.Window = lease })}, opts...)
+		l := mustNew(t, b.newClient(t), []Limit{InFlight(1, ClientIP()).with(func(l *Limit) { l.SlotLease = lease })}, opts...)
 		defer l.Close()
 		ctx := context.Background()
 		allow := func() Result {

@@ -42,9 +42,9 @@ type Limit struct {
 	// the quota (see the README for figures).
 	Quota int
 	// Window is the length of the sliding window, at least 1ms. Windows are
-	// kept at microsecond precision on the Redis clock. For an in-flight
-	// limit ([InFlight]) it is the lease of a slot: 30s when zero, at
-	// least 1s.
+	// kept at microsecond precision on the Redis clock. An in-flight limit
+	// ([InFlight]) has none: leave it zero (its slots' lease is
+	// SlotLease).
 	Window time.Duration
 	// Key says what the limit counts by: [ClientIP], [User], [Route],
 	// [Global], [Compose]... It is required.
@@ -63,9 +63,16 @@ type Limit struct {
 	// block.
 	BlockFor time.Duration
 	// InFlight makes the limit cap the requests in flight at once instead
-	// of a rate ([InFlight]): Quota is the cap per identifier, Window the
-	// lease of a slot (see InFlight). Default: false, a rate limit.
+	// of a rate ([InFlight]): Quota is the cap per identifier, SlotLease
+	// the lease of a slot. Default: false, a rate limit.
 	InFlight bool
+	// SlotLease is how long a slot of an in-flight limit stays taken
+	// without renewal: the Limiter renews the slots it holds every
+	// SlotLease/3, and a slot whose holder stopped renewing (a replica
+	// that was killed) frees by itself at most SlotLease after its last
+	// renewal (see [InFlight]). 30s when zero, at least 1s; a limit that
+	// is not in flight leaves it zero.
+	SlotLease time.Duration
 	// Lease, if not zero, lets a process that sees a key of the limit
 	// hot reserve part of its quota for at most that long and decide
 	// that key's requests from the reservation in memory ([Limit.Leased]):
@@ -327,6 +334,8 @@ func (l Limit) validate() error {
 	check(l.BlockFor > 0 && l.Key.global, "block %v: a Global limit counts every client together: its block would block them all", l.BlockFor)
 	if l.InFlight {
 		errs = append(errs, l.validateInFlight()...)
+	} else {
+		check(l.SlotLease != 0, "slot lease %v: only an in-flight limit (InFlight) has slots to lease; leave SlotLease zero", l.SlotLease)
 	}
 	if l.Lease != 0 {
 		check(l.Lease < time.Millisecond || l.Lease > l.Window/8,
@@ -336,7 +345,7 @@ func (l Limit) validate() error {
 			"lease %v: must be at least the log's time unit, %v for a window of %v (about window/8192)", l.Lease, unit, l.Window)
 		check(l.Precision != 0, "lease %v: a bucketed limit (Precision) does not lend leases; lease an exact log", l.Lease)
 		check(l.Shadow, "lease %v: a shadow limit never denies: it has nothing to lease", l.Lease)
-		check(l.InFlight, "lease %v: an in-flight limit counts requests in flight (its Window is a slot's lease), not a rate: it lends no leases", l.Lease)
+		check(l.InFlight, "lease %v: an in-flight limit counts requests in flight (its slots' lease is SlotLease), not a rate: it lends no leases", l.Lease)
 		check(l.BlockFor != 0, "lease %v: a limit that blocks (BlockFor) must see every denial in Redis, so it cannot lend leases", l.Lease)
 	}
 	check(!validName(l.Name), "name %q: use 1 to %d ASCII letters, digits, '-', '_' or '.'", l.Name, maxNameLen)
@@ -439,7 +448,7 @@ const (
 // without Retry-After, as no time can be promised ([Result].RetryAfter is
 // 0, DeniedBy names the limit).
 //
-// Window is the lease of a slot: 30 seconds by default, at least 1s. A
+// SlotLease is the lease of a slot: 30 seconds by default, at least 1s. A
 // Limiter renews the slots it holds every lease/3; a slot whose holder
 // stopped renewing it (a replica that was killed) frees by itself at most
 // one lease after its last renewal. Plans ([Limit.Tiered]) and
@@ -448,15 +457,18 @@ const (
 // BlockFor on it. Under FailLocal, the slots of requests decided in this
 // process live in this process. See docs/limits.md (in-flight limits).
 func InFlight(max int, key Key) Limit {
-	return Limit{Quota: max, Window: defaultLease, Key: key, InFlight: true}
+	return Limit{Quota: max, SlotLease: defaultLease, Key: key, InFlight: true}
 }
 
 // validateInFlight reports what is wrong with l, an in-flight limit,
 // beyond what every limit checks.
 func (l Limit) validateInFlight() []error {
 	var errs []error
-	if l.Window < minLease {
-		errs = append(errs, fmt.Errorf("lease (Window) %v of an in-flight limit: must be at least %v", l.Window, minLease))
+	if l.Window != 0 {
+		errs = append(errs, fmt.Errorf("window %v of an in-flight limit: it caps the requests in flight at once, in no window; leave Window zero (a slot's lease is SlotLease)", l.Window))
+	}
+	if l.SlotLease < minLease {
+		errs = append(errs, fmt.Errorf("slot lease (SlotLease) %v of an in-flight limit: must be at least %v", l.SlotLease, minLease))
 	}
 	if l.Precision != 0 {
 		errs = append(errs, errors.New("an in-flight limit counts requests in flight, not in buckets: leave Precision zero"))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -82,12 +83,15 @@ type Limiter struct {
 	// settled counts the units settles took back and logged.
 	settled settleCounts
 	// holds are the in-flight slots l holds, which it renews and
-	// releases (see inflight_hold.go); nil if l has no in-flight limit.
+	// releases (see inflightslots.go); nil if l has no in-flight limit.
 	holds *holdSet
 	// leases decides the hot keys of leasable limits ([Limit].Lease)
 	// from leases, below FailLocal and the deny cache; nil if no limit of
 	// l or its routes lends leases.
 	leases *store.Leases
+	// outage says when Redis cannot be reached, and when it answers
+	// again (nil with WithStore).
+	outage *outageWatch
 	// closed: Close was called; the names it used are free for another
 	// definition (see claimNames).
 	closed *atomic.Bool
@@ -194,10 +198,28 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	if err != nil {
 		errs = append(errs, err)
 	}
+	// Every mistake at once: the routes are checked with the limits, and
+	// the checks of both together run on what compiled.
+	l.rules = p
+	for _, check := range []func() error{
+		func() error { return l.buildRoutes(split) },
+		func() error { return checkRoutesFrom(cfg.routes, cfg.routesFrom) },
+		l.checkInFlightStore, l.checkLeaseStore, l.definitionClashes,
+	} {
+		if err := check(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if len(errs) > 0 {
+		if !noClient {
+			// The names other Limiters use, checked without a claim.
+			if err := claimNames(client, cfg.prefix, l.limitNames(), nil); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", errors.Join(errs...))
 	}
-	l.rules, l.base = p, &routeRules{all: p}
+	l.base = &routeRules{all: p}
 	l.local = cfg.local
 	if local, ok := cfg.store.(*pubstore.Local); ok {
 		l.local = local
@@ -208,6 +230,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	l.denies = &store.DenyCache{MaxAge: cfg.denyCache}
 	l.evictions = store.NewEvictionCheck()
 	l.proxies = &proxyWatch{}
+	l.outage = newOutageWatch(client, &cfg)
 	if cfg.store != nil {
 		l.store = l.wrap(store.External{Store: cfg.store})
 	} else {
@@ -219,23 +242,11 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		}
 		l.store = l.wrap(l.redis)
 	}
-	if err := l.buildRoutes(split); err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
-	}
-	if err := l.checkInFlightStore(); err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
-	}
-	if err := l.checkLeaseStore(); err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
-	}
-	if err := checkRoutesFrom(cfg.routes, cfg.routesFrom); err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
-	}
-	if err := l.definitionClashes(); err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
-	}
 	w, closed := weak.Make(l), new(atomic.Bool)
 	l.closed = closed
+	if l.outage != nil {
+		l.outage.alive = func() bool { return w.Value() != nil && !closed.Load() }
+	}
 	if err := claimNames(client, cfg.prefix, l.limitNames(), func() bool { return w.Value() != nil && !closed.Load() }); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
@@ -285,8 +296,8 @@ func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bo
 	defaulted := make(map[string]bool, len(limits))
 	policyNames := make(map[string]struct{}, len(limits))
 	for i, lim := range limits {
-		if lim.InFlight && lim.Window == 0 {
-			lim.Window = defaultLease
+		if lim.InFlight && lim.SlotLease == 0 {
+			lim.SlotLease = defaultLease
 		}
 		if lim.Name == "" {
 			lim.Name, lim.defaulted = lim.defaultName(), true
@@ -304,6 +315,12 @@ func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bo
 			continue
 		}
 		seen[lim.Name], defaulted[lim.Name] = i, lim.defaulted
+		if lim.InFlight {
+			// The stores, the declarations and LimitResult read an
+			// in-flight limit's lease where a rate limit has its
+			// window: the compiled limit carries it there.
+			lim.Window = lim.SlotLease
+		}
 		c := l.compileLimit(lim)
 		if i < len(caches) && caches[i] != nil {
 			c.planCache = caches[i] // the same limit: one cache
@@ -407,7 +424,9 @@ func (l *Limiter) definitionClashes() error {
 
 // eachRuleset calls f with l's rules and each of its routes'..
 func (l *Limiter) eachRuleset(f func(p *ruleset)) {
-	f(l.rules)
+	if l.rules != nil { // nil while New reports invalid limits
+		f(l.rules)
+	}
 	for _, byMethod := range l.routes {
 		for _, rt := range byMethod {
 			f(rt.all)
@@ -436,11 +455,15 @@ func (l *Limiter) logRollbackFailure(err error) {
 
 // wrap returns the store l decides with when base is the store that counts
 // across instances: base, wrapped by FailLocal's fallback and the deny
-// cache as configured. When a limit lends leases, base is the Redis store
+// cache as configured; a Redis store is watched for an outage first
+// (outageStore). When a limit lends leases, base is the Redis store
 // wrapped by the leases (see startLeases). A store WithStore gave has no
 // deny cache, and a Local none of FailLocal's either: it never fails.
 func (l *Limiter) wrap(base store.Store) store.Store {
 	s := base
+	if l.outage != nil && l.cfg.store == nil {
+		s = outageStore{Store: s, watch: l.outage}
+	}
 	if _, local := l.cfg.store.(*pubstore.Local); l.cfg.failure == FailLocal && !local {
 		s = store.Fallback{Primary: s, Local: l.local}
 	}
@@ -476,15 +499,21 @@ func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
 }
 
 // buildRoutes compiles the rulesets of every route WithRoutes declared:
-// l's limits and the route's, and the route's alone.
+// l's limits and the route's, and the route's alone. With l.rules nil
+// (l's own limits are invalid) it only checks the routes, so that New
+// reports their mistakes with those of the limits.
 func (l *Limiter) buildRoutes(split bool) error {
 	var errs []error
 	generated := make(routeNames)
-	mine := make([]*planCache, len(l.rules.limits))
-	for i := range l.rules.limits {
-		mine[i] = l.rules.limits[i].planCache
+	var mine []*planCache
+	if l.rules != nil {
+		mine = make([]*planCache, len(l.rules.limits))
+		for i := range l.rules.limits {
+			mine[i] = l.rules.limits[i].planCache
+		}
 	}
-	for template, rl := range l.cfg.routes {
+	for _, template := range slices.Sorted(maps.Keys(l.cfg.routes)) {
+		rl := l.cfg.routes[template]
 		method, path := splitTemplate(template)
 		if err := validRoute(method, path); err != nil {
 			errs = append(errs, fmt.Errorf("route %q: %w; write a path such as \"/login\", \"/users/{id}\" or \"/files/{...}\", or a method and a path, \"POST /login\"", template, err))
@@ -503,6 +532,18 @@ func (l *Limiter) buildRoutes(split bool) error {
 		if err := generated.add(limits, template); err != nil {
 			errs = append(errs, err)
 			continue
+		}
+		if len(limits) > 0 {
+			// The route's limits alone first, so that their mistakes
+			// are said by their index in the route's list, whether or
+			// not the Limiter's own limits are valid.
+			if _, err := l.compile(limits, cost, split, nil); err != nil {
+				errs = append(errs, fmt.Errorf("route %q: %w", template, err))
+				continue
+			}
+		}
+		if l.rules == nil {
+			continue // the Limiter's own limits are invalid: New says why
 		}
 		all, err := l.compile(append(l.rules.declared(), limits...), cost, split, mine)
 		if err != nil {
@@ -544,6 +585,9 @@ func (rs *ruleset) declared() []Limit {
 		if out[i].defaulted {
 			out[i].Name, out[i].defaulted = "", false
 		}
+		if out[i].InFlight {
+			out[i].Window = 0 // compile's copy of SlotLease
+		}
 	}
 	return out
 }
@@ -565,7 +609,9 @@ type opsRunner struct {
 
 	mu      sync.Mutex // one read at a time
 	latest  atomic.Pointer[liveOps]
-	failing atomic.Bool // the last read failed, and it was logged
+	failing atomic.Bool // the last read failed
+	said    atomic.Bool // and that was logged (not an outage, said by outage)
+	outage  *outageWatch
 
 	stop, done chan struct{}
 	closeOnce  sync.Once
@@ -577,7 +623,8 @@ type opsRunner struct {
 // nothing was read yet), the whole state, and publishes it; when the
 // version stands, it publishes the state again if an override has lapsed
 // since. It takes at most the decision timeout. On an error the state
-// last read stays published, and the first error of a streak is logged.
+// last read stays published, and the first error of a streak is logged,
+// unless Redis cannot be reached: the outage watch says that.
 func (run *opsRunner) refresh(ctx context.Context, force bool) error {
 	run.mu.Lock()
 	defer run.mu.Unlock()
@@ -600,9 +647,17 @@ func (run *opsRunner) refresh(ctx context.Context, force bool) error {
 			return err // the application closed the client: nothing to warn of (see startOperatorRefresh)
 		}
 		if !run.failing.Swap(true) {
-			run.logger.Warn("ratelimit: cannot read the operator state; the state last read stays in force", slog.String("key", run.key), slog.Any("error", err))
+			warn := func() {
+				run.said.Store(true)
+				run.logger.Warn("ratelimit: cannot read the operator state; the state last read stays in force", slog.String("key", run.key), slog.Any("error", err))
+			}
+			// An outage is said once, by the outage watch, not as the
+			// operator state's: that warning is left to other failures.
+			if !run.outage.suspect(err, warn) {
+				warn()
+			}
 		}
-	} else if run.failing.Swap(false) {
+	} else if run.failing.Swap(false) && run.said.Swap(false) {
 		run.logger.Info("ratelimit: the operator state can be read again", slog.String("key", run.key))
 	}
 	return err
@@ -699,7 +754,7 @@ func (l *Limiter) declarer(now func() time.Time) *declarer {
 // client is closed (redis.ErrClosed).
 func (l *Limiter) startOperatorRefresh() {
 	run := l.opsRun
-	run.client, run.timeout, run.logger = l.client, l.cfg.timeout, l.cfg.logger
+	run.client, run.timeout, run.logger, run.outage = l.client, l.cfg.timeout, l.cfg.logger, l.outage
 	if l.cfg.clock != nil {
 		run.now = l.cfg.clock
 	} else {

@@ -117,7 +117,8 @@ func clientID(c redis.UniversalClient) any {
 // definition (see definition.same), records none and says which, naming
 // both definitions. Before it refuses, it collects garbage once, so that
 // a Limiter no one refers to any more never counts, whenever the
-// collector would have found it.
+// collector would have found it. With alive nil it only checks: New
+// reports the clashes of a configuration it refuses for other mistakes.
 func claimNames(client redis.UniversalClient, prefix string, mine map[string]definition, alive func() bool) error {
 	id := clientID(client)
 	if id == nil {
@@ -151,6 +152,9 @@ func claimNames(client redis.UniversalClient, prefix string, mine map[string]def
 	}
 	if clash := clashes(); len(clash) > 0 {
 		return errors.Join(clash...)
+	}
+	if alive == nil {
+		return nil
 	}
 	if names.m == nil {
 		names.m = make(map[nameUse][]nameOwner)

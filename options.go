@@ -46,6 +46,9 @@ type config struct {
 	renewTicks <-chan time.Time
 	renewed    func(n int64, err error)
 	released   func(err error) // in tests, told of every release of a request's slots
+	// outageProbe, in tests, replaces how often a Redis found unreachable
+	// is asked whether it answers again (defaultOutageProbe).
+	outageProbe time.Duration
 
 	prefix      string
 	timeout     time.Duration
@@ -157,6 +160,16 @@ type RouteLimits struct {
 // failed or timed out, the circuit breaker is open, a [Plans].Of or a
 // [KeyFunc] failed, a cost is below 1. A request a [Key] cannot identify
 // ([ErrNoKey]) is not one of these: see [WithMissingKey].
+//
+// When Redis cannot be reached (a failed call, then a PING, fail: for a
+// single server, on a connection of its own, without retries, so that
+// its error is the cause), the Limiter says so once per outage, at Warn, through the
+// [WithLogger] logger or [slog.Default]: where Redis is, why it cannot be
+// reached and what the failure mode answers meanwhile ("ratelimit: Redis
+// at 127.0.0.1:6379 is unreachable (dial tcp 127.0.0.1:6379: connect:
+// connection refused): failing closed: requests get 503 until it
+// answers"); it then asks every second, and says at Info when Redis
+// answers again. A Limiter of [WithStore] has no such message.
 type FailureMode uint8
 
 const (

@@ -140,8 +140,9 @@ type LimitResult struct {
 	Blocked time.Time
 	Shadow  bool // a shadow limit: Denied says it would have denied
 	// InFlight reports an in-flight limit ([InFlight]): Quota is its cap,
-	// Window its lease, Remaining its free slots (after the request, if
-	// it took one), and Reset zero, as no time can be promised.
+	// Window its slots' lease ([Limit].SlotLease), Remaining its free
+	// slots (after the request, if it took one), and Reset zero, as no
+	// time can be promised.
 	InFlight bool
 	// Skipped reports that the limit was not consulted: on a Redis Cluster, a
 	// decision whose limits span several hash slots stops at the first slot

@@ -22,7 +22,7 @@ import (
 // that the compiler checks them; TestReadmeSnippets checks that the README
 // still says the same. It is never called.
 func readmeSnippets(limiter *ratelimit.Limiter, mux *http.ServeMux, r chi.Router, e *echo.Echo, g *gin.Engine, cloudflareRanges []string) {
-	// Quick start: route limits.
+	// Limits: route limits.
 	ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
 		"POST /login":  {Limits: []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("login")}},
 		"GET /reports": {Cost: 10},
