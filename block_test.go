@@ -13,8 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/clientip"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/internal/store"
 	"github.com/slidinglog/ratelimit/operator"
 	"github.com/slidinglog/ratelimit/redistest"
 )
@@ -22,7 +22,7 @@ import (
 // blockKey returns the block key of the exact log of limit name, of kind,
 // and id.
 func blockKey(name, kind, id string) string {
-	return store.BlockKey(store.LogID{Key: logKey(name, kind, id)})
+	return redislog.BlockKey(redislog.LogID{Key: logKey(name, kind, id)})
 }
 
 // endBlock makes the block at key end now on the Redis clock: on

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/store"
 	"net"
 	"net/http"
 	"os"
@@ -15,8 +15,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // TestCircuitBreaker: after 3 failures in a row the limiter stops calling
@@ -43,30 +43,30 @@ func TestCircuitBreaker(t *testing.T) {
 
 	mr.SetError("LOADING Redis is loading the dataset in memory")
 	for i := range 3 {
-		if err := allow(); err == nil || errors.Is(err, pubstore.ErrCircuitOpen) {
+		if err := allow(); err == nil || errors.Is(err, store.ErrCircuitOpen) {
 			t.Fatalf("failure %d: %v", i, err)
 		}
 	}
 	if n := calls(func() {
-		if err := allow(); !errors.Is(err, pubstore.ErrCircuitOpen) {
-			t.Errorf("after 3 failures: %v, want pubstore.ErrCircuitOpen", err)
+		if err := allow(); !errors.Is(err, store.ErrCircuitOpen) {
+			t.Errorf("after 3 failures: %v, want store.ErrCircuitOpen", err)
 		}
 	}); n != 0 {
 		t.Errorf("an open breaker sent %d commands", n)
 	}
 	// The middleware answers at once, and the hook sees why.
-	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 503 || len(hooked) != 1 || !errors.Is(hooked[0], pubstore.ErrCircuitOpen) {
+	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 503 || len(hooked) != 1 || !errors.Is(hooked[0], store.ErrCircuitOpen) {
 		t.Errorf("middleware with an open breaker: %d, hook %v", w.Code, hooked)
 	}
 
 	// After the cool-down one probe goes through; it fails, so the
 	// breaker opens again.
 	clock.Set(t0.Add(10 * time.Second))
-	if err := allow(); err == nil || errors.Is(err, pubstore.ErrCircuitOpen) {
+	if err := allow(); err == nil || errors.Is(err, store.ErrCircuitOpen) {
 		t.Errorf("probe after the cool-down: %v, want Redis's own error", err)
 	}
-	if err := allow(); !errors.Is(err, pubstore.ErrCircuitOpen) {
-		t.Errorf("after a failed probe: %v, want pubstore.ErrCircuitOpen", err)
+	if err := allow(); !errors.Is(err, store.ErrCircuitOpen) {
+		t.Errorf("after a failed probe: %v, want store.ErrCircuitOpen", err)
 	}
 
 	// Redis is back: the next probe closes the breaker.
@@ -222,8 +222,8 @@ func TestBreakerSlowCalls(t *testing.T) {
 	if !lim.Inspect().BreakerOpen() {
 		t.Error("timeouts while Redis answered nobody did not open the breaker")
 	}
-	if err := fast(); !errors.Is(err, pubstore.ErrCircuitOpen) {
-		t.Errorf("after timeouts while Redis answered nobody: %v, want pubstore.ErrCircuitOpen", err)
+	if err := fast(); !errors.Is(err, store.ErrCircuitOpen) {
+		t.Errorf("after timeouts while Redis answered nobody: %v, want store.ErrCircuitOpen", err)
 	}
 }
 
@@ -232,7 +232,7 @@ func TestBreakerSlowCalls(t *testing.T) {
 // its goroutines on time) and starts the count of failures over; timeouts
 // learnt on time still open the breaker.
 func TestBreakerBusyProcess(t *testing.T) {
-	bs := &store.Breakers{Failures: 3, CoolDown: time.Hour}
+	bs := &redislog.Breakers{Failures: 3, CoolDown: time.Hour}
 	b := &bs.Single
 	timeout := fmt.Errorf("ratelimit: redis: %w", context.DeadlineExceeded)
 	onTime := func() { // a deadline an hour away: learnt before it passed
@@ -263,7 +263,7 @@ func TestBreakerBusyProcess(t *testing.T) {
 // TestBreakerIgnoresCancelled: decisions their callers cancelled (clients
 // that went away) neither count as failures nor start the count over.
 func TestBreakerIgnoresCancelled(t *testing.T) {
-	bs := &store.Breakers{Failures: 3, CoolDown: time.Hour}
+	bs := &redislog.Breakers{Failures: 3, CoolDown: time.Hour}
 	b := &bs.Single
 	fail := func(err error) {
 		start := time.Now()
@@ -314,7 +314,7 @@ func testBreakerIgnoresCallersDeadline(t *testing.T, b backend) {
 // opens the breaker through the calls that had it, whatever the hurried
 // ones do in between.
 func TestBreakerHurriedCalls(t *testing.T) {
-	bs := &store.Breakers{Failures: 3, CoolDown: time.Hour}
+	bs := &redislog.Breakers{Failures: 3, CoolDown: time.Hour}
 	b := &bs.Single
 	timeout := fmt.Errorf("ratelimit: redis: %w", context.DeadlineExceeded)
 	call := func(hurried bool) {
@@ -352,13 +352,13 @@ func TestBreakerSlowPlanOf(t *testing.T) {
 		PerMinute(100, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"pro": 1000}, Of: slow}),
 	}, WithRedis(RedisOptions{BreakerFailures: 3, BreakerCoolDown: time.Hour}), WithTimeout(300*time.Millisecond))
 	for i := range 5 {
-		if _, err := lim.Allow(context.Background(), []string{"slow"}, 1); errors.Is(err, pubstore.ErrCircuitOpen) {
+		if _, err := lim.Allow(context.Background(), []string{"slow"}, 1); errors.Is(err, store.ErrCircuitOpen) {
 			t.Fatalf("slow Of, decision %d: %v", i, err)
 		}
 	}
 	for i := range 10 {
 		_, err := lim.Allow(context.Background(), []string{"quick"}, 1)
-		if errors.Is(err, pubstore.ErrCircuitOpen) {
+		if errors.Is(err, store.ErrCircuitOpen) {
 			t.Fatalf("quick Of after 5 slow ones, decision %d: %v", i, err)
 		}
 		if err == nil {

@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/internal/store"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // decide decides a request of cost over the limits' keys for s.ids.
@@ -26,7 +26,7 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 		rs.evictions.Start(rs.client, rs.cfg.logger) // once per Limiter, in the background
 	}
 	q := &s.q
-	*q = store.Query{Query: pubstore.Query{Limits: rs.spec.Public, Cost: cost, Peek: peek}, Spec: rs.spec, Wall: time.Now(), Timeout: rs.cfg.timeout}
+	*q = redislog.Query{Query: store.Query{Limits: rs.spec.Public, Cost: cost, Peek: peek}, Spec: rs.spec, Wall: time.Now(), Timeout: rs.cfg.timeout}
 	q.Local = q.Wall
 	if rs.cfg.clock != nil {
 		q.Local = rs.cfg.clock()
@@ -76,7 +76,7 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	res := rs.result(s, out, cost, peek)
 	rs.reportShadowBlocks(s, &res)
 	if len(rs.spec.InFlight) > 0 && (err == nil || out.Local) && out.Allowed && !peek {
-		var local *pubstore.Local
+		var local *store.Local
 		if out.Local || rs.decidesLocally() {
 			local = rs.local
 		}
@@ -102,10 +102,10 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	return res, err
 }
 
-// decidesLocally reports whether l decides in a store.Local that
+// decidesLocally reports whether l decides in a redislog.Local that
 // WithStore gave (l.local).
 func (l *Limiter) decidesLocally() bool {
-	_, ok := l.cfg.store.(*pubstore.Local)
+	_, ok := l.cfg.store.(*store.Local)
 	return ok
 }
 
@@ -200,7 +200,7 @@ func (rs *ruleset) reportShadowBlocks(s *scratch, res *Result) {
 // blockedOutcome fills out with the denial of a request of ids that a
 // manual block answers, at now (Unix µs), and reports whether there is
 // one. fromKeys is decide's.
-func (rs *ruleset) blockedOutcome(s *scratch, ids []string, fromKeys bool, now int64, out *store.Outcome, replies []store.Reply) bool {
+func (rs *ruleset) blockedOutcome(s *scratch, ids []string, fromKeys bool, now int64, out *redislog.Outcome, replies []redislog.Reply) bool {
 	o := rs.ops.Load()
 	if o == nil || !o.blocking {
 		return false
@@ -218,7 +218,7 @@ func (rs *ruleset) blockedOutcome(s *scratch, ids []string, fromKeys bool, now i
 	out.Now, out.Denier = now, i
 	// The limit that names the client reads full until the block ends:
 	// Remaining 0, Reset and Retry-After the block's end.
-	out.Replies[i] = store.Reply{OK: true, Now: now, Count: int64(rs.limits[i].tiers[0].quota), Reset: until, Next: until}
+	out.Replies[i] = redislog.Reply{OK: true, Now: now, Count: int64(rs.limits[i].tiers[0].quota), Reset: until, Next: until}
 	return true
 }
 
@@ -288,7 +288,7 @@ func (lim *compiledLimit) planOf(ctx context.Context, id string, now, deadline t
 // deadline returns when a call to Redis begun at start must end: after the
 // limiter's timeout, or at ctx's deadline if that is earlier.
 func (l *Limiter) deadline(ctx context.Context, start time.Time) time.Time {
-	return store.Deadline(ctx, start, l.cfg.timeout)
+	return redislog.Deadline(ctx, start, l.cfg.timeout)
 }
 
 // scratch holds what one decision needs, recycled through scratches so that
@@ -304,15 +304,15 @@ type scratch struct {
 	ends       []int
 	keys       []string
 	tags       []string
-	reps       []store.Reply
+	reps       []redislog.Reply
 	limits     []LimitResult
 	tiers      []int // each limit's plan (tier), when the Limiter has plans
 	quotas     []int // and quota (0: not counted)
 	// shadowUntil: when the manual block of each shadow limit's
 	// identifier ends, 0 if none (shadowBlocks)
 	shadowUntil []int64
-	q           store.Query // q.abandoned: a call that may still read the keys went on without the decision
-	out         store.Outcome
+	q           redislog.Query // q.abandoned: a call that may still read the keys went on without the decision
+	out         redislog.Outcome
 }
 
 var scratches = sync.Pool{New: func() any { return new(scratch) }}
@@ -330,11 +330,11 @@ func (s *scratch) put() {
 	clear(s.tags)
 	s.ids, s.keys, s.tags, s.tiers, s.quotas, s.shadowUntil = s.ids[:0], s.keys[:0], s.tags[:0], s.tiers[:0], s.quotas[:0], s.shadowUntil[:0]
 	s.wantTicket, s.digests = false, false
-	s.q, s.out = store.Query{}, store.Outcome{}
+	s.q, s.out = redislog.Query{}, redislog.Outcome{}
 	scratches.Put(s)
 }
 
-func (s *scratch) replies(n int) []store.Reply {
+func (s *scratch) replies(n int) []redislog.Reply {
 	s.reps = grow(s.reps, n)
 	return s.reps
 }
@@ -382,7 +382,7 @@ func (rs *ruleset) tags(dst, keys []string) []string {
 
 // result builds the Result of a decision of cost from its outcome; its
 // Limits are s's, which the caller copies if they are to outlive s.
-func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) Result {
+func (rs *ruleset) result(s *scratch, out *redislog.Outcome, cost int, peek bool) Result {
 	res := Result{Allowed: out.Allowed, Now: time.UnixMicro(out.Now), Limits: s.results(len(rs.limits)), Local: out.Local, Cached: out.Cached}
 	closest := -1
 	for i := range rs.limits {
@@ -551,15 +551,15 @@ func (rs *ruleset) reset(ctx context.Context, ids []string) error {
 		if err := rs.forget(ctx, i, key, req); err != nil {
 			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", rs.limits[i].Name, err))
 		}
-		rs.denies.Forget(store.LogID{Key: key, Field: rs.spec.Limits[i].Field})
-		rs.local.Forget(store.LogID{Key: key, Field: rs.spec.Limits[i].Field}) // FailLocal's count, and block
+		rs.denies.Forget(redislog.LogID{Key: key, Field: rs.spec.Limits[i].Field})
+		rs.local.Forget(redislog.LogID{Key: key, Field: rs.spec.Limits[i].Field}) // FailLocal's count, and block
 	}
 	return errors.Join(errs...)
 }
 
 // forget forgets, in Redis, what limit i counted at key, with the forget
 // request req; a Limiter with no Redis (WithStore) has nothing there to
-// forget, and fails unless it decides in a store.Local, which the
+// forget, and fails unless it decides in a redislog.Local, which the
 // callers forget in.
 func (rs *ruleset) forget(ctx context.Context, i int, key string, req []byte) error {
 	if rs.redis == nil {
@@ -586,7 +586,7 @@ func (rs *ruleset) forgetRequest(i int) []byte {
 
 // errNoReset is the error of a Reset on a Limiter whose store of
 // WithStore cannot forget.
-var errNoReset = errors.New("the store cannot forget a client (only a store.Local can)")
+var errNoReset = errors.New("the store cannot forget a client (only a redislog.Local can)")
 
 // Unreverted returns how many units of cost this Limiter, its routes included,
 // has left counted in Redis for requests that were not admitted

@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -344,7 +344,7 @@ func testDenyCacheHostileBytes(t *testing.T, b backend) {
 	if held < n/2 || held > n {
 		t.Fatalf("seed %d: %d denials held for %d clients", seed, held, n)
 	}
-	if b := lim.denies.Bytes(); b > held*(maxKey+store.DenyEntryOverhead) || b > store.MaxDenyBytes(maxKey) {
-		t.Errorf("seed %d: %d denials hold %d bytes, more than %d each", seed, held, b, maxKey+store.DenyEntryOverhead)
+	if b := lim.denies.Bytes(); b > held*(maxKey+redislog.DenyEntryOverhead) || b > redislog.MaxDenyBytes(maxKey) {
+		t.Errorf("seed %d: %d denials hold %d bytes, more than %d each", seed, held, b, maxKey+redislog.DenyEntryOverhead)
 	}
 }

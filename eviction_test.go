@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -40,7 +40,7 @@ func (h *recordHandler) evictionWarnings() []map[string]string {
 	defer h.mu.Unlock()
 	var ws []map[string]string
 	for _, r := range h.records {
-		if r.Message != store.EvictionWarning {
+		if r.Message != redislog.EvictionWarning {
 			continue
 		}
 		attrs := map[string]string{"level": r.Level.String()}
@@ -60,7 +60,7 @@ func waitEvictionCheck(t *testing.T, lim *Limiter) {
 	t.Helper()
 	select {
 	case <-lim.evictions.Done:
-	case <-time.After(store.EvictionCheckTimeout + 20*time.Second):
+	case <-time.After(redislog.EvictionCheckTimeout + 20*time.Second):
 		t.Fatal("the memory policy check did not end")
 	}
 }

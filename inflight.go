@@ -4,14 +4,14 @@ import (
 	"context"
 	"net/http"
 
-	"github.com/slidinglog/ratelimit/internal/store"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // newHold returns the hold of the request q admitted with the outcome
 // out, nil if it took no slot. local says that the slots are in the
-// store.Local local.
-func (rs *ruleset) newHold(q *store.Query, out *store.Outcome, local *pubstore.Local) *hold {
+// redislog.Local local.
+func (rs *ruleset) newHold(q *redislog.Query, out *redislog.Outcome, local *store.Local) *hold {
 	var h *hold
 	for _, i := range rs.spec.InFlight {
 		if out.Replies[i].Next == 0 {

@@ -10,9 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/internal/store"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // holderMask keeps the 48 bits a holder id has on the wire.
@@ -32,13 +32,13 @@ func newHolder() uint64 {
 type hold struct {
 	set    *holdSet // the Limiter's, which renews the slots while they are held
 	holder uint64
-	spec   *store.Spec
+	spec   *redislog.Spec
 	idx    []int    // the limits it holds a slot in, in the spec
 	keys   []string // their keys
 	tags   []string // their hash tags, when the spec is split
 	// local: the slots are in this process's store (FailLocal, or
 	// WithStore's Local), where they need no renewal.
-	local    *pubstore.Local
+	local    *store.Local
 	released atomic.Bool
 	next     *hold // the next hold of the same request, in its pass (see holdFor)
 	// shared: an earlier hold of the same request counts it in
@@ -67,9 +67,9 @@ func (h *hold) release(ctx context.Context) error {
 		stamps[j] = int64(h.holder)
 	}
 	if h.local != nil {
-		ids := make([]store.LogID, len(h.idx))
+		ids := make([]redislog.LogID, len(h.idx))
 		for j, i := range h.idx {
-			ids[j] = store.LogID{Key: h.keys[j], Field: h.spec.Limits[i].Field}
+			ids[j] = redislog.LogID{Key: h.keys[j], Field: h.spec.Limits[i].Field}
 		}
 		h.local.Refund(ids, stamps, 1)
 		return nil
@@ -159,7 +159,7 @@ const maxReleases = 4096
 // A holdSet is a Limiter's in-flight slots held in Redis, which its
 // renewal goroutine renews every lease/3 (see renewLoop).
 type holdSet struct {
-	lib     store.Library
+	lib     redislog.Library
 	timeout time.Duration
 	now     func() time.Time // the decisions' clock (WithClock), nil for Redis's own
 	logger  *slog.Logger

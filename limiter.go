@@ -16,10 +16,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/ophook"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/internal/store"
 	"github.com/slidinglog/ratelimit/operator"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // minClock is the earliest time a WithClock clock may read, in Unix
@@ -52,12 +52,12 @@ type Limiter struct {
 	// store decides: the Redis store, wrapped by the deny cache and
 	// FailLocal's in-process store as configured, or WithStore's. Every
 	// ruleset of l decides with it. redis is nil under WithStore.
-	store  store.Store
-	redis  *store.Redis
-	local  *pubstore.Local // FailLocal's, or WithStore's if it is a Local
-	denies *store.DenyCache
+	store  redislog.Store
+	redis  *redislog.Redis
+	local  *store.Local // FailLocal's, or WithStore's if it is a Local
+	denies *redislog.DenyCache
 	// evictions checks the memory policy.
-	evictions *store.EvictionCheck
+	evictions *redislog.EvictionCheck
 	// proxies logs the untrusted-proxy warning, once.
 	proxies *proxyWatch
 	// noKeyWarned says that the default answer to a request a Key could
@@ -87,7 +87,7 @@ type Limiter struct {
 	// leases decides the hot keys of leasable limits ([Limit].Lease)
 	// from leases, below FailLocal and the deny cache; nil if no limit of
 	// l or its routes lends leases.
-	leases *store.Leases
+	leases *redislog.Leases
 	// closed: Close was called; the names it used are free for another
 	// definition (see claimNames).
 	closed *atomic.Bool
@@ -102,7 +102,7 @@ type Limiter struct {
 type ruleset struct {
 	*Limiter
 	limits []compiledLimit
-	spec   *store.Spec // what the stores know of the limits
+	spec   *redislog.Spec // what the stores know of the limits
 	// cost is the request's cost: WithCost's, a route's Cost, or nil for 1.
 	cost func(*http.Request) int
 
@@ -199,23 +199,23 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	}
 	l.rules, l.base = p, &routeRules{all: p}
 	l.local = cfg.local
-	if local, ok := cfg.store.(*pubstore.Local); ok {
+	if local, ok := cfg.store.(*store.Local); ok {
 		l.local = local
 	}
 	if l.local == nil {
-		l.local, _ = pubstore.NewLocal(pubstore.LocalOptions{MaxBytes: cfg.localBytes}) // WithRedis checked the bound
+		l.local, _ = store.NewLocal(store.LocalOptions{MaxBytes: cfg.localBytes}) // WithRedis checked the bound
 	}
-	l.denies = &store.DenyCache{MaxAge: cfg.denyCache}
-	l.evictions = store.NewEvictionCheck()
+	l.denies = &redislog.DenyCache{MaxAge: cfg.denyCache}
+	l.evictions = redislog.NewEvictionCheck()
 	l.proxies = &proxyWatch{}
 	if cfg.store != nil {
-		l.store = l.wrap(store.External{Store: cfg.store})
+		l.store = l.wrap(redislog.External{Store: cfg.store})
 	} else {
 		lib := slidinglog.New(slidinglog.Default, client, split)
-		l.redis = &store.Redis{
+		l.redis = &redislog.Redis{
 			Lib:       lib,
-			Breakers:  &store.Breakers{Failures: int32(cfg.breakerFailures), CoolDown: cfg.breakerCoolDown},
-			Rollbacks: store.NewRollbacks(lib, cfg.timeout, l.logRollbackFailure),
+			Breakers:  &redislog.Breakers{Failures: int32(cfg.breakerFailures), CoolDown: cfg.breakerCoolDown},
+			Rollbacks: redislog.NewRollbacks(lib, cfg.timeout, l.logRollbackFailure),
 		}
 		l.store = l.wrap(l.redis)
 	}
@@ -439,26 +439,26 @@ func (l *Limiter) logRollbackFailure(err error) {
 // cache as configured. When a limit lends leases, base is the Redis store
 // wrapped by the leases (see startLeases). A store WithStore gave has no
 // deny cache, and a Local none of FailLocal's either: it never fails.
-func (l *Limiter) wrap(base store.Store) store.Store {
+func (l *Limiter) wrap(base redislog.Store) redislog.Store {
 	s := base
-	if _, local := l.cfg.store.(*pubstore.Local); l.cfg.failure == FailLocal && !local {
-		s = store.Fallback{Primary: s, Local: l.local}
+	if _, local := l.cfg.store.(*store.Local); l.cfg.failure == FailLocal && !local {
+		s = redislog.Fallback{Primary: s, Local: l.local}
 	}
 	if l.cfg.denyCache > 0 && l.cfg.store == nil {
-		s = store.Cached{Next: s, Cache: l.denies, Clock: l.localNow}
+		s = redislog.Cached{Next: s, Cache: l.denies, Clock: l.localNow}
 	}
 	return s
 }
 
 // newSpec returns what the stores need of limits; split says that keys
 // with different hash tags must be decided apart.
-func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
-	public := make([]pubstore.Limit, len(limits))
+func newSpec(limits []compiledLimit, split bool) (*redislog.Spec, error) {
+	public := make([]store.Limit, len(limits))
 	global := make([]bool, len(limits))
 	lease := make([]time.Duration, len(limits))
 	for i := range limits {
 		lim := &limits[i]
-		public[i] = pubstore.Limit{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Block: lim.BlockFor,
+		public[i] = store.Limit{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Block: lim.BlockFor,
 			Unit: time.Duration(timeUnit(lim.Window)) * time.Microsecond, InFlight: lim.InFlight}
 		if lim.InFlight {
 			public[i].Unit = 0 // a slot's lease is kept to the microsecond
@@ -468,7 +468,7 @@ func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
 		}
 		global[i], lease[i] = lim.Key.global, lim.Lease
 	}
-	p, bad, err := store.NewLeasedSpec(public, global, lease, split)
+	p, bad, err := redislog.NewLeasedSpec(public, global, lease, split)
 	if err != nil && bad >= 0 {
 		return nil, fmt.Errorf("limit %s: %w", limits[bad].Name, err)
 	}
@@ -860,11 +860,11 @@ func (l *Limiter) inflightLimits() (has bool, shortest time.Duration) {
 }
 
 // checkInFlightStore reports in-flight limits on a store that cannot
-// release their slots: one WithStore gave, other than a store.Local.
+// release their slots: one WithStore gave, other than a redislog.Local.
 func (l *Limiter) checkInFlightStore() error {
-	if _, local := l.cfg.store.(*pubstore.Local); !local && l.cfg.store != nil {
+	if _, local := l.cfg.store.(*store.Local); !local && l.cfg.store != nil {
 		if has, _ := l.inflightLimits(); has {
-			return errors.New("in-flight limits need Redis or a store.Local: the store WithStore gave cannot release their slots")
+			return errors.New("in-flight limits need Redis or a redislog.Local: the store WithStore gave cannot release their slots")
 		}
 	}
 	return nil
@@ -925,7 +925,7 @@ func (l *Limiter) startLeases() {
 	if shortest == 0 || l.redis == nil {
 		return
 	}
-	l.leases = store.NewLeases(l.redis, l.redis.Rollbacks, l.localNow, l.cfg.timeout)
+	l.leases = redislog.NewLeases(l.redis, l.redis.Rollbacks, l.localNow, l.cfg.timeout)
 	l.store = l.wrap(l.leases)
 	w := weak.Make(l)
 	l.leases.Start(max(shortest, 10*time.Millisecond), func() bool { return w.Value() != nil })

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
-	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 )
 
 // scriptedStore stands in for Redis: while down it fails every decision;
@@ -26,7 +26,7 @@ type scriptedStore struct {
 
 var errScriptedDown = errors.New("scripted Redis: down")
 
-func (s *scriptedStore) Decide(_ context.Context, q *store.Query, out *store.Outcome) error {
+func (s *scriptedStore) Decide(_ context.Context, q *redislog.Query, out *redislog.Outcome) error {
 	s.calls.Add(1)
 	if s.down.Load() {
 		return errScriptedDown
@@ -38,9 +38,9 @@ func (s *scriptedStore) Decide(_ context.Context, q *store.Query, out *store.Out
 	}
 	for i := range out.Replies {
 		if out.Allowed || i > 0 && s.onlyFirst {
-			out.Replies[i] = store.Reply{OK: true, Now: now, Count: 0, Reset: now + q.Spec.Limits[i].Window.Microseconds(), Next: now}
+			out.Replies[i] = redislog.Reply{OK: true, Now: now, Count: 0, Reset: now + q.Spec.Limits[i].Window.Microseconds(), Next: now}
 		} else {
-			out.Replies[i] = store.Reply{OK: true, Now: now, Count: int64(q.Quota(i)), Reset: now + 30e6, Next: now + 30e6}
+			out.Replies[i] = redislog.Reply{OK: true, Now: now, Count: int64(q.Quota(i)), Reset: now + 30e6, Next: now + 30e6}
 		}
 	}
 	return nil
@@ -157,7 +157,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 // them back: by entry count and by live heap after a collection.
 func TestBoundedMemoryDenyCache(t *testing.T) {
 	longtest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
-	ids, seed := hostileIDs(store.MaxDenyEntries)
+	ids, seed := hostileIDs(redislog.MaxDenyEntries)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
 	redis := &scriptedStore{}
@@ -175,8 +175,8 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 			t.Fatalf("%.20s: %+v %v, want denied by Redis", id, res, err)
 		}
 	}
-	if n := lim.denies.Len(); n > store.MaxDenyEntries {
-		t.Errorf("the deny cache holds %d denials, want at most %d", n, store.MaxDenyEntries)
+	if n := lim.denies.Len(); n > redislog.MaxDenyEntries {
+		t.Errorf("the deny cache holds %d denials, want at most %d", n, redislog.MaxDenyEntries)
 	}
 	// The cache answers the flood's identifiers, so it held them.
 	calls := redis.calls.Load()
@@ -250,7 +250,7 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 // far less than those strings would.
 func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
 	longtest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
-	ids, seed := hostileIDs(store.MaxDenyEntries)
+	ids, seed := hostileIDs(redislog.MaxDenyEntries)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
 	redis := &scriptedStore{onlyFirst: true}
@@ -274,7 +274,7 @@ func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
 	t.Logf("%d denials, %d bytes of live heap each", n, perEntry)
 	// A key is about 160 bytes, the five of a request 800: an entry that
 	// kept them all alive would take more than 900.
-	if n < store.MaxDenyEntries/2 || perEntry > 600 {
+	if n < redislog.MaxDenyEntries/2 || perEntry > 600 {
 		t.Errorf("%d denials take %d bytes each, want at most 600: an entry keeps more than its own key", n, perEntry)
 	}
 	runtime.KeepAlive(ids)

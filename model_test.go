@@ -20,7 +20,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/logmodel"
 	"github.com/slidinglog/ratelimit/internal/longtest"
-	internalstore "github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/store"
 )
@@ -573,7 +573,7 @@ func (m *modelRun) blockKeyOf(r logmodel.LogRef) string {
 	if m.model.Limits[r.Limit].Bucketed {
 		id.Field = m.model.Limits[r.Limit].Name
 	}
-	return internalstore.BlockKey(id)
+	return redislog.BlockKey(id)
 }
 
 // foreign has another program write at one of the keys: a hash where a

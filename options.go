@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // An Option configures a [Limiter]. Options are applied in order.
@@ -70,9 +70,9 @@ type config struct {
 	breakerFailures int
 	breakerCoolDown time.Duration
 	denyCache       time.Duration
-	localBytes      int64           // RedisOptions.LocalMemory's; 0: the default
-	local           *pubstore.Local // in tests, a store shared by Limiters
-	store           pubstore.Store  // WithStore's; nil: Redis
+	localBytes      int64        // RedisOptions.LocalMemory's; 0: the default
+	local           *store.Local // in tests, a store shared by Limiters
+	store           store.Store  // WithStore's; nil: Redis
 	errs            []error
 
 	// WithMissingKey's and Handlers.MissingKey's; missingKeySet says

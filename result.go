@@ -5,8 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/store"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // An Observer receives every decision of the middleware ([Limiter.Handler],
@@ -187,10 +187,10 @@ func closer(a, b *LimitResult) bool {
 // cost and the time of its entries in each, and the stores that hold them.
 type ticket struct {
 	refunded atomic.Bool // Refund has taken it: it removes nothing more
-	rs       *store.Redis
-	local    *pubstore.Local // the in-process store, if it decided: the entries are there
-	denies   *store.DenyCache
-	spec     *store.Spec
+	rs       *redislog.Redis
+	local    *store.Local // the in-process store, if it decided: the entries are there
+	denies   *redislog.DenyCache
+	spec     *redislog.Spec
 	keys     []string
 	tags     []string
 	cost     int

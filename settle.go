@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/store"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // maxSettleCost is the largest real cost a request is settled at.
@@ -95,7 +95,7 @@ func (t *ticket) settle(ctx context.Context, cost int) error {
 }
 
 // stamp returns when t's request was logged in limit i, if it is settled
-// there (see store.Spec.Settles); 0 if not.
+// there (see redislog.Spec.Settles); 0 if not.
 func (t *ticket) stamp(i int) int64 {
 	if !t.spec.Settles(i) {
 		return 0
@@ -104,10 +104,10 @@ func (t *ticket) stamp(i int) int64 {
 }
 
 // logIDs returns the logs of t's limits.
-func (t *ticket) logIDs() []store.LogID {
-	ids := make([]store.LogID, len(t.keys))
+func (t *ticket) logIDs() []redislog.LogID {
+	ids := make([]redislog.LogID, len(t.keys))
 	for i, key := range t.keys {
-		ids[i] = store.LogID{Key: key, Field: t.spec.Limits[i].Field}
+		ids[i] = redislog.LogID{Key: key, Field: t.spec.Limits[i].Field}
 	}
 	return ids
 }
@@ -135,16 +135,16 @@ func (t *ticket) credit(ctx context.Context, n int) error {
 		t.local.Refund(t.logIDs(), stamps, n)
 		return nil
 	}
-	reservations := store.Reservations(t.spec, t.keys, t.groups(), n, func(i int) int64 { return stamps[i] })
+	reservations := redislog.Reservations(t.spec, t.keys, t.groups(), n, func(i int) int64 { return stamps[i] })
 	var err error
-	switch u, pending := t.rs.Rollbacks.Credit(reservations, n, store.Deadline(ctx, time.Now(), t.timeout)); {
+	switch u, pending := t.rs.Rollbacks.Credit(reservations, n, redislog.Deadline(ctx, time.Now(), t.timeout)); {
 	case u > 0:
 		err = fmt.Errorf("%w: %d units stay counted until they leave their windows", ErrNotReverted, u)
 	case pending:
 		err = fmt.Errorf("%w: taking back %d units", ErrSettlePending, n)
 	}
 	for i, key := range t.keys {
-		t.denies.Forget(store.LogID{Key: key, Field: t.spec.Limits[i].Field})
+		t.denies.Forget(redislog.LogID{Key: key, Field: t.spec.Limits[i].Field})
 	}
 	return err
 }
@@ -178,12 +178,12 @@ func (t *ticket) debit(ctx context.Context, n int) error {
 		for i := range stamps {
 			stamps[i] = t.stamp(i)
 		}
-		q := pubstore.Query{Limits: t.spec.Public, Keys: t.keys, Cost: n, Quotas: t.quotas, Now: now}
+		q := store.Query{Limits: t.spec.Public, Keys: t.keys, Cost: n, Quotas: t.quotas, Now: now}
 		t.local.Charge(&q, stamps)
 		return nil
 	}
-	charges := store.Charges(t.spec, t.keys, t.groups(), n, now, t.quotas, t.stamp)
-	switch u, pending := t.rs.Rollbacks.Charge(charges, store.Deadline(ctx, time.Now(), t.timeout)); {
+	charges := redislog.Charges(t.spec, t.keys, t.groups(), n, now, t.quotas, t.stamp)
+	switch u, pending := t.rs.Rollbacks.Charge(charges, redislog.Deadline(ctx, time.Now(), t.timeout)); {
 	case u > 0:
 		return fmt.Errorf("%w: a settled debit of %d was not logged (%d units)", ErrNotReverted, n, u)
 	case pending:
