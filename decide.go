@@ -76,21 +76,27 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	res := rs.result(s, out, cost, peek)
 	rs.reportShadowBlocks(s, &res)
 	if len(rs.spec.InFlight) > 0 && (err == nil || out.Local) && out.Allowed && !peek {
-		var local *store.Local
-		if out.Local || rs.decidesLocally() {
-			local = rs.local
+		var in store.Holder // Redis's
+		if out.Local {
+			in = rs.local
+		} else if rs.redis == nil {
+			in, _ = rs.cfg.store.(store.Holder) // New checked it
 		}
-		res.hold = rs.newHold(q, out, local)
+		res.hold = rs.newHold(q, out, in)
 	}
-	if (err == nil || out.Local) && out.Allowed && !peek && s.wantTicket && (rs.redis != nil || out.Local || rs.decidesLocally()) {
+	settler, _ := rs.cfg.store.(store.Settler)
+	if (err == nil || out.Local) && out.Allowed && !peek && s.wantTicket && (rs.redis != nil || out.Local || settler != nil) {
 		t := &ticket{rs: rs.redis, denies: rs.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
 			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout, clock: rs.cfg.clock, settled: &rs.settled,
 			owner: rs.Limiter}
 		if q.Quotas != nil {
 			t.quotas = slices.Clone(q.Quotas)
 		}
-		if out.Local || rs.decidesLocally() {
-			t.local = rs.local
+		switch {
+		case out.Local:
+			t.in = rs.local
+		case rs.redis == nil:
+			t.in = settler
 		}
 		for i := range t.stamps {
 			if !rs.spec.Limits[i].InFlight { // a refund never releases a slot
@@ -102,7 +108,7 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	return res, err
 }
 
-// decidesLocally reports whether l decides in a redislog.Local that
+// decidesLocally reports whether l decides in a store.Local that
 // WithStore gave (l.local).
 func (l *Limiter) decidesLocally() bool {
 	_, ok := l.cfg.store.(*store.Local)
@@ -552,21 +558,25 @@ func (rs *ruleset) reset(ctx context.Context, ids []string) error {
 			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", rs.limits[i].Name, err))
 		}
 		rs.denies.Forget(redislog.LogID{Key: key, Field: rs.spec.Limits[i].Field})
-		rs.local.Forget(redislog.LogID{Key: key, Field: rs.spec.Limits[i].Field}) // FailLocal's count, and block
+		rs.local.Forget(ctx, store.LogID{Key: key, Field: rs.spec.Limits[i].Field}) // FailLocal's count, and block
 	}
 	return errors.Join(errs...)
 }
 
 // forget forgets, in Redis, what limit i counted at key, with the forget
-// request req; a Limiter with no Redis (WithStore) has nothing there to
-// forget, and fails unless it decides in a redislog.Local, which the
+// request req; a Limiter with no Redis (WithStore) forgets in its store,
+// which must be a store.Forgetter, unless it is a store.Local, which the
 // callers forget in.
 func (rs *ruleset) forget(ctx context.Context, i int, key string, req []byte) error {
 	if rs.redis == nil {
 		if rs.decidesLocally() {
 			return nil
 		}
-		return errNoReset
+		f, ok := rs.cfg.store.(store.Forgetter)
+		if !ok {
+			return fmt.Errorf("the store cannot forget a client: %T does not implement store.Forgetter", rs.cfg.store)
+		}
+		return f.Forget(ctx, store.LogID{Key: key, Field: rs.spec.Limits[i].Field})
 	}
 	_, err := rs.redis.Lib.Forget(ctx, rs.spec.LuaKeys([]string{key}, []int{i}), req)
 	return err
@@ -583,10 +593,6 @@ func (rs *ruleset) forgetRequest(i int) []byte {
 	}
 	return slidinglog.AppendRequest(nil, now, 1, rs.spec.Limits[i].Lua)
 }
-
-// errNoReset is the error of a Reset on a Limiter whose store of
-// WithStore cannot forget.
-var errNoReset = errors.New("the store cannot forget a client (only a redislog.Local can)")
 
 // Unreverted returns how many units of cost this Limiter, its routes included,
 // has left counted in Redis for requests that were not admitted

@@ -550,7 +550,7 @@ func TestLeaseWithStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = New(nil, []Limit{PerMinute(1000, Global()).Leased()}, WithStore(local))
-	if err == nil || !strings.Contains(err.Error(), "need Redis") {
+	if err == nil || !strings.Contains(err.Error(), "need the Redis store") {
 		t.Fatalf("New: %v, want the leased limit refused", err)
 	}
 }

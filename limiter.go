@@ -222,10 +222,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	if err := l.buildRoutes(split); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
-	if err := l.checkInFlightStore(); err != nil {
-		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
-	}
-	if err := l.checkLeaseStore(); err != nil {
+	if err := l.checkStoreFeatures(); err != nil {
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
 	if err := checkRoutesFrom(cfg.routes, cfg.routesFrom); err != nil {
@@ -859,15 +856,36 @@ func (l *Limiter) inflightLimits() (has bool, shortest time.Duration) {
 	return has, shortest
 }
 
-// checkInFlightStore reports in-flight limits on a store that cannot
-// release their slots: one WithStore gave, other than a redislog.Local.
-func (l *Limiter) checkInFlightStore() error {
-	if _, local := l.cfg.store.(*store.Local); !local && l.cfg.store != nil {
-		if has, _ := l.inflightLimits(); has {
-			return errors.New("in-flight limits need Redis or a redislog.Local: the store WithStore gave cannot release their slots")
-		}
+// checkStoreFeatures reports each feature of l's configuration that the
+// store WithStore gave lacks the interface of: in-flight limits
+// (store.Holder), settlement (WithRefund, WithSettle: store.Settler),
+// and leases, which only the Redis store lends.
+func (l *Limiter) checkStoreFeatures() error {
+	if l.cfg.store == nil {
+		return nil
 	}
-	return nil
+	var errs []error
+	reported := map[string]bool{}
+	l.eachRuleset(func(p *ruleset) {
+		for i := range p.limits {
+			lim := &p.limits[i]
+			if reported[lim.Name] {
+				continue
+			}
+			if _, ok := l.cfg.store.(store.Holder); lim.InFlight && !ok {
+				reported[lim.Name] = true
+				errs = append(errs, fmt.Errorf("limit %d (%s): in-flight limits need a store that implements store.Holder; %T does not", i, lim.Name, l.cfg.store))
+			}
+			if lim.Lease > 0 {
+				reported[lim.Name] = true
+				errs = append(errs, fmt.Errorf("limit %d (%s): leased limits (Limit.Lease, Leased) need the Redis store (package redisstore): a lease is entries of the key's log that only it lends; %T does not", i, lim.Name, l.cfg.store))
+			}
+		}
+	})
+	if _, ok := l.cfg.store.(store.Settler); l.cfg.settleOn && !ok {
+		errs = append(errs, fmt.Errorf("%s: settlement needs a store that implements store.Settler; %T does not", strings.Join(l.cfg.settleBy, " and "), l.cfg.store))
+	}
+	return errors.Join(errs...)
 }
 
 // startRenewal makes l's set of in-flight slots, if l has in-flight limits,
@@ -883,9 +901,14 @@ func (l *Limiter) startRenewal() {
 		held: map[*hold]struct{}{}, releasing: make(chan struct{}, maxReleases), ticks: l.cfg.renewTicks, renewed: l.cfg.renewed, released: l.cfg.released}
 	l.holds = set
 	if l.redis == nil {
-		return // WithStore's Local: its slots live in this process, unrenewed
+		h, ok := l.cfg.store.(store.Holder)
+		if _, local := h.(*store.Local); !ok || local {
+			return // WithStore's Local: its slots live in this process, unrenewed
+		}
+		set.in = h
+	} else {
+		set.lib = l.redis.Lib
 	}
-	set.lib = l.redis.Lib
 	w := weak.Make(l)
 	set.start(func() bool { return w.Value() != nil })
 }
@@ -902,16 +925,6 @@ func (l *Limiter) shortestLease() time.Duration {
 		}
 	})
 	return shortest
-}
-
-// checkLeaseStore reports leasable limits on a store WithStore gave: a
-// lease is entries of the key's log in Redis, which only the Redis store
-// lends.
-func (l *Limiter) checkLeaseStore() error {
-	if l.cfg.store != nil && l.shortestLease() > 0 {
-		return errors.New("leased limits (Limit.Lease, Leased) need Redis: a store WithStore gave cannot lend leases; drop the lease or decide in Redis")
-	}
-	return nil
 }
 
 // startLeases puts the leases between the Redis store and the wrappers

@@ -188,7 +188,7 @@ func closer(a, b *LimitResult) bool {
 type ticket struct {
 	refunded atomic.Bool // Refund has taken it: it removes nothing more
 	rs       *redislog.Redis
-	local    *store.Local // the in-process store, if it decided: the entries are there
+	in       store.Settler // the store that decided if not Redis (FailLocal's in-process store, or WithStore's): the entries are there
 	denies   *redislog.DenyCache
 	spec     *redislog.Spec
 	keys     []string

@@ -121,6 +121,15 @@ func (t *ticket) groups() [][]int {
 	return t.spec.Whole
 }
 
+// inContext returns ctx bounded by the Limiter's timeout, for a call of
+// t.in that is not this process's store.Local, which needs no bound.
+func (t *ticket) inContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, local := t.in.(*store.Local); local {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, t.timeout)
+}
+
 // credit takes n units of t's request back from every limit it was
 // logged in.
 func (t *ticket) credit(ctx context.Context, n int) error {
@@ -131,8 +140,12 @@ func (t *ticket) credit(ctx context.Context, n int) error {
 	if t.settled != nil {
 		t.settled.credited.Add(uint64(n))
 	}
-	if t.local != nil { // FailLocal decided: its entries are in this process
-		t.local.Refund(t.logIDs(), stamps, n)
+	if t.in != nil { // FailLocal decided (its entries are in this process), or WithStore's store
+		ctx, cancel := t.inContext(ctx)
+		defer cancel()
+		if err := t.in.Credit(ctx, t.logIDs(), stamps, n); err != nil {
+			return fmt.Errorf("%w: the store did not take back %d units: %w", ErrNotReverted, n, err)
+		}
 		return nil
 	}
 	reservations := redislog.Reservations(t.spec, t.keys, t.groups(), n, func(i int) int64 { return stamps[i] })
@@ -173,13 +186,17 @@ func (t *ticket) debit(ctx context.Context, n int) error {
 	if t.clock != nil {
 		now = t.clock().UnixMicro()
 	}
-	if t.local != nil {
+	if t.in != nil {
 		stamps := make([]int64, len(t.stamps))
 		for i := range stamps {
 			stamps[i] = t.stamp(i)
 		}
 		q := store.Query{Limits: t.spec.Public, Keys: t.keys, Cost: n, Quotas: t.quotas, Now: now}
-		t.local.Charge(&q, stamps)
+		ctx, cancel := t.inContext(ctx)
+		defer cancel()
+		if err := t.in.Debit(ctx, &q, stamps); err != nil {
+			return fmt.Errorf("%w: the store did not log a settled debit of %d: %w", ErrNotReverted, n, err)
+		}
 		return nil
 	}
 	charges := redislog.Charges(t.spec, t.keys, t.groups(), n, now, t.quotas, t.stamp)

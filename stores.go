@@ -204,13 +204,23 @@ var errNoRedis = errors.New("ratelimit: operator: the Limiter has no Redis (With
 // so is a nil s). With a [store.Local], one process gets the same exact
 // limits, headers and Results, with no Redis: a service of one instance,
 // or an application's own tests (with [WithClock] to drive the time).
-// Refund and Reset work on a store.Local; with another store, Refund
-// returns [ErrNotRefundable] and Reset an error. The deny cache, the
-// circuit breaker and the operator state (which lives in Redis: the
-// Limiter's Operator fails) do not apply; [WithTimeout] bounds each
-// decision through its context, and [WithFailureMode] answers s's errors
-// (FailLocal decides them in this process, a store of [RedisOptions].LocalMemory;
-// a store.Local never fails). Default: none, the Redis client's store.
+//
+// The features beyond a decision need s to implement the optional
+// interfaces of package store, which a store.Local implements:
+// refunds and settles ([WithRefund], [WithSettle], [Limiter.Refund],
+// [Limiter.Settle]) need a [store.Settler], Reset and ResetLimit a
+// [store.Forgetter], in-flight limits ([InFlight]) a [store.Holder],
+// whose slots the Limiter renews. New fails for an in-flight limit or
+// settlement on a store that lacks the interface, with an error that
+// names it; Refund then returns [ErrNotRefundable] and Reset an error that
+// names store.Forgetter. Leased limits ([Limit].Leased) are an error from
+// New with any store but the Redis store. The deny cache, the circuit
+// breaker and the operator state (which lives in Redis: the Limiter's
+// Operator fails) do not apply; [WithTimeout] bounds each decision, and
+// each call of the optional interfaces, through its context, and
+// [WithFailureMode] answers s's errors (FailLocal decides them in this
+// process, a store of [RedisOptions].LocalMemory; a store.Local never
+// fails). Default: none, the Redis client's store. See docs/stores.md.
 func WithStore(s store.Store) Option {
 	return func(c *config) {
 		if s == nil || nilPointer(s) {
