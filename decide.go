@@ -558,7 +558,7 @@ func (rs *ruleset) reset(ctx context.Context, ids []string) error {
 			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", rs.limits[i].Name, err))
 		}
 		rs.denies.Forget(redislog.LogID{Key: key, Field: rs.spec.Limits[i].Field})
-		rs.local.Forget(ctx, store.LogID{Key: key, Field: rs.spec.Limits[i].Field}) // FailLocal's count, and block
+		rs.local.Forget(ctx, rs.forgetQuery(i, key)) // FailLocal's count, and block
 	}
 	return errors.Join(errs...)
 }
@@ -576,10 +576,20 @@ func (rs *ruleset) forget(ctx context.Context, i int, key string, req []byte) er
 		if !ok {
 			return fmt.Errorf("the store cannot forget a client: %T does not implement store.Forgetter", rs.cfg.store)
 		}
-		return f.Forget(ctx, store.LogID{Key: key, Field: rs.spec.Limits[i].Field})
+		return f.Forget(ctx, rs.forgetQuery(i, key))
 	}
 	_, err := rs.redis.Lib.Forget(ctx, rs.spec.LuaKeys([]string{key}, []int{i}), req)
 	return err
+}
+
+// forgetQuery returns the query of a Forget of limit i's log at key, at
+// the Limiter's clock (WithClock) if it has one, else at the store's.
+func (rs *ruleset) forgetQuery(i int, key string) *store.Query {
+	q := &store.Query{Limits: rs.spec.Public[i : i+1], Keys: []string{key}, Cost: 1}
+	if rs.cfg.clock != nil {
+		q.Now = max(rs.cfg.clock().UnixMicro(), 0)
+	}
+	return q
 }
 
 // forgetRequest returns the request that forgets what limit i counted:

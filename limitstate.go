@@ -120,7 +120,7 @@ func (l *Limiter) resetLimit(ctx context.Context, name, id string) error {
 	defer cancel()
 	err = d.forget(ctx, i, log.Key, d.forgetRequest(i)) // lifts a block too
 	d.denies.Forget(log)
-	d.local.Forget(ctx, log) // FailLocal's count, and block
+	d.local.Forget(ctx, d.forgetQuery(i, log.Key)) // FailLocal's count, and block
 	if err != nil {
 		return fmt.Errorf("ratelimit: reset %s: %w", name, err)
 	}

@@ -103,15 +103,6 @@ func (t *ticket) stamp(i int) int64 {
 	return t.stamps[i]
 }
 
-// logIDs returns the logs of t's limits.
-func (t *ticket) logIDs() []redislog.LogID {
-	ids := make([]redislog.LogID, len(t.keys))
-	for i, key := range t.keys {
-		ids[i] = redislog.LogID{Key: key, Field: t.spec.Limits[i].Field}
-	}
-	return ids
-}
-
 // groups returns the groups of t's limits that share a hash tag: one call
 // each (on a cluster they share a slot; elsewhere everything does).
 func (t *ticket) groups() [][]int {
@@ -143,7 +134,8 @@ func (t *ticket) credit(ctx context.Context, n int) error {
 	if t.in != nil { // FailLocal decided (its entries are in this process), or WithStore's store
 		ctx, cancel := t.inContext(ctx)
 		defer cancel()
-		if err := t.in.Credit(ctx, t.logIDs(), stamps, n); err != nil {
+		q := store.Query{Limits: t.spec.Public, Keys: t.keys, Cost: n}
+		if err := t.in.Credit(ctx, &q, stamps); err != nil {
 			return fmt.Errorf("%w: the store did not take back %d units: %w", ErrNotReverted, n, err)
 		}
 		return nil

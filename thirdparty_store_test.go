@@ -45,9 +45,9 @@ func (s *fullStore) count(name string) int {
 	return s.calls[name]
 }
 
-func (s *fullStore) Credit(ctx context.Context, ids []store.LogID, stamps []int64, n int) error {
+func (s *fullStore) Credit(ctx context.Context, q *store.Query, stamps []int64) error {
 	s.called("Credit")
-	return s.local.Credit(ctx, ids, stamps, n)
+	return s.local.Credit(ctx, q, stamps)
 }
 
 func (s *fullStore) Debit(ctx context.Context, q *store.Query, stamps []int64) error {
@@ -55,9 +55,9 @@ func (s *fullStore) Debit(ctx context.Context, q *store.Query, stamps []int64) e
 	return s.local.Debit(ctx, q, stamps)
 }
 
-func (s *fullStore) Forget(ctx context.Context, ids ...store.LogID) error {
+func (s *fullStore) Forget(ctx context.Context, q *store.Query) error {
 	s.called("Forget")
-	return s.local.Forget(ctx, ids...)
+	return s.local.Forget(ctx, q)
 }
 
 func (s *fullStore) Release(ctx context.Context, ids []store.LogID, holder uint64) error {

@@ -26,15 +26,17 @@ import (
 // Reply.Next), never for an in-flight limit (see [Holder]).
 type Settler interface {
 	Store
-	// Credit takes back n units of one request: in the log ids[i], up
-	// to n entries logged at stamps[i] (the Reply.Next of the decision
-	// that logged them), those still in the log; a stamp of 0 (the
-	// request was not logged there) skips the log. Entries of one time
-	// are interchangeable. A credit never lets a log's time run
+	// Credit takes back q.Cost units of a request admitted over q's
+	// limits: in the log of limit i (q.Log(i)), up to q.Cost entries
+	// logged at stamps[i] (the Reply.Next of the decision that logged
+	// them), those still in the log; a stamp of 0 (the request was not
+	// logged there) skips the log. Entries of one time are
+	// interchangeable. A credit never lets a log's time run
 	// backwards: what is decided after it is logged no earlier than
 	// before it. Entries that have left their window, or were never
 	// logged, are not found, and that is not an error.
-	Credit(ctx context.Context, ids []LogID, stamps []int64, n int) error
+	// q.Now, q.Quotas, q.Peek and q.Holder are ignored.
+	Credit(ctx context.Context, q *Query, stamps []int64) error
 	// Debit logs q.Cost more units for a request admitted over q's
 	// limits and logged at stamps[i] in limit i (0: not logged there,
 	// skipped): in each such limit, min(q.Cost, q.Quota(i)) units,
@@ -48,13 +50,15 @@ type Settler interface {
 // A Forgetter forgets clients: the limiter's Reset and ResetLimit.
 type Forgetter interface {
 	Store
-	// Forget drops the logs ids, their entries and their blocks (see
-	// [Limit].Block): the next decision of each finds it empty. A log
-	// that does not exist is skipped. Ids of an in-flight limit drop its
-	// slots. A log's time does not run backwards: what is logged after
-	// Forget is stamped later than every entry it dropped, so that a
-	// Credit of a dropped request takes back nothing logged since.
-	Forget(ctx context.Context, ids ...LogID) error
+	// Forget drops the log of each of q's limits (q.Log(i)), its
+	// entries and its block (see [Limit].Block): the next decision of
+	// each finds it empty. A log that does not exist is skipped; an
+	// in-flight limit's log drops its slots. A log's time does not run
+	// backwards: what is logged after Forget (at q.Now, or the store's
+	// clock if 0) is stamped later than every entry it dropped, so that
+	// a Credit of a dropped request takes back nothing logged since.
+	// q.Cost, q.Quotas, q.Peek and q.Holder are ignored.
+	Forget(ctx context.Context, q *Query) error
 }
 
 // A Holder releases and renews the slots of in-flight limits

@@ -500,18 +500,27 @@ func (s *Local) addLocked(g *localLog, at, n int64) {
 	g.runs = append(g.runs, localRun{at, n})
 }
 
-// Credit takes back n units of a request that was logged at stamps[i]
-// (0: not logged; Reply.Next of an admitted request) in the log of
-// ids[i], for each i: up to n entries of that time, those still there
+// Credit takes back q.Cost units of a request that was logged at
+// stamps[i] (0: not logged; Reply.Next of an admitted request) in the log
+// of q's limit i, for each i: up to q.Cost entries of that time, those still there
 // (entries of one time are interchangeable); in the limit's overflow log
 // if the identifier has no log of its own. The logs' times stay: a credit
 // never lets a log's time run backwards. Entries a full store logged
 // later than their request (see Local) are not found, and stay counted.
 // In an in-flight log, stamps[i] is read as a holder id, as Release
 // reads it. It never fails ([Settler]).
-func (s *Local) Credit(ctx context.Context, ids []LogID, stamps []int64, n int) error {
-	s.credit(ids, stamps, n)
+func (s *Local) Credit(ctx context.Context, q *Query, stamps []int64) error {
+	s.credit(logsOf(q), stamps, q.Cost)
 	return nil
+}
+
+// logsOf returns the logs of q's limits.
+func logsOf(q *Query) []LogID {
+	ids := make([]LogID, len(q.Keys))
+	for i := range ids {
+		ids[i] = q.Log(i)
+	}
+	return ids
 }
 
 // Release frees the slot holder holds in each in-flight log of ids, if
@@ -638,15 +647,15 @@ func (s *Local) Debit(ctx context.Context, q *Query, stamps []int64) error {
 	return nil
 }
 
-// Forget drops the logs of ids (and lifts their blocks) ([Forgetter]); it
-// never fails. An overflow log is kept: it counts other clients too. A
+// Forget drops the logs of q's limits (and lifts their blocks)
+// ([Forgetter]); it never fails. An overflow log is kept: it counts other clients too. A
 // log that logged entries keeps its time, a unit (a bucket) later,
 // without its entries, until its window has passed from then: what is
 // logged after it is stamped later than every entry it dropped, so that
 // a Credit of a request it dropped takes nothing logged since, as in
 // Redis (see lua/exact.lua).
-func (s *Local) Forget(ctx context.Context, ids ...LogID) error {
-	s.forget(ids...)
+func (s *Local) Forget(ctx context.Context, q *Query) error {
+	s.forget(logsOf(q)...)
 	return nil
 }
 

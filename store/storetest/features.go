@@ -33,21 +33,21 @@ func RunSettler(t *testing.T, cfg Config, newStore func(t *testing.T) store.Stor
 				s := settler(t, f.s)
 				a := f.decide(t, 0, 3, true)
 				f.wantCount(t, 0, 3)
-				if err := s.Credit(f.ctx, f.ids(), a.stamps(), 2); err != nil {
+				if err := s.Credit(f.ctx, f.query(0, 2, false), a.stamps()); err != nil {
 					t.Fatalf("Credit: %v", err)
 				}
 				f.wantCount(t, 0, 1)
-				if err := s.Credit(f.ctx, f.ids(), []int64{0}, 1); err != nil {
+				if err := s.Credit(f.ctx, f.query(0, 1, false), []int64{0}); err != nil {
 					t.Fatalf("Credit of stamp 0: %v", err)
 				}
 				f.wantCount(t, 0, 1)
 				if !bucketed { // a bucket's stamp is any time in the bucket
-					if err := s.Credit(f.ctx, f.ids(), []int64{a.stamps()[0] + time.Hour.Microseconds()/2}, 1); err != nil {
+					if err := s.Credit(f.ctx, f.query(0, 1, false), []int64{a.stamps()[0] + time.Hour.Microseconds()/2}); err != nil {
 						t.Fatalf("Credit of a stamp nothing was logged at: %v", err)
 					}
 					f.wantCount(t, 0, 1)
 				}
-				if err := s.Credit(f.ctx, f.ids(), a.stamps(), 5); err != nil {
+				if err := s.Credit(f.ctx, f.query(0, 5, false), a.stamps()); err != nil {
 					t.Fatalf("Credit of more than is logged: %v", err)
 				}
 				f.wantCount(t, 0, 0)
@@ -58,7 +58,7 @@ func RunSettler(t *testing.T, cfg Config, newStore func(t *testing.T) store.Stor
 				late := f.unit * 3
 				a := f.decide(t, 0, 1, true)
 				b := f.decide(t, late, 1, true)
-				if err := s.Credit(f.ctx, f.ids(), b.stamps(), 1); err != nil {
+				if err := s.Credit(f.ctx, f.query(0, 1, false), b.stamps()); err != nil {
 					t.Fatalf("Credit: %v", err)
 				}
 				c := f.decide(t, 0, 1, true) // before the log's time: logged at it
@@ -101,7 +101,7 @@ func RunSettler(t *testing.T, cfg Config, newStore func(t *testing.T) store.Stor
 				f := newFixture(t, newStore, bucketed)
 				s := settler(t, f.s)
 				a := f.decide(t, 0, 1, true)
-				if err := s.Credit(f.ctx, f.ids(), a.stamps(), 1); err != nil {
+				if err := s.Credit(f.ctx, f.query(0, 1, false), a.stamps()); err != nil {
 					t.Fatalf("Credit: %v", err)
 				}
 				later := f.window + f.unit // the log has gone
@@ -140,7 +140,7 @@ func RunForgetter(t *testing.T, cfg Config, newStore func(t *testing.T) store.St
 				if f.decide(t, late, 1, false).Allowed {
 					t.Fatal("a full log admits")
 				}
-				if err := s.Forget(f.ctx, f.ids()...); err != nil {
+				if err := s.Forget(f.ctx, f.query(late, 1, false)); err != nil {
 					t.Fatalf("Forget: %v", err)
 				}
 				f.wantCount(t, late, 0)
@@ -148,7 +148,7 @@ func RunForgetter(t *testing.T, cfg Config, newStore func(t *testing.T) store.St
 				if b.stamps()[0] < f.at(late) {
 					t.Errorf("after Forget, a decision was logged at %d, before the entries Forget dropped (%d)", b.stamps()[0], f.at(late))
 				}
-				if err := s.Forget(f.ctx, store.LogID{Key: f.key + ":none", Field: f.field}); err != nil {
+				if err := s.Forget(f.ctx, &store.Query{Limits: []store.Limit{f.lim}, Keys: []string{f.key + ":none"}, Cost: 1, Now: f.now}); err != nil {
 					t.Errorf("Forget of a log that does not exist: %v", err)
 				}
 			})
@@ -164,7 +164,7 @@ func RunForgetter(t *testing.T, cfg Config, newStore func(t *testing.T) store.St
 				if out.Allowed || out.Replies[0].Block == 0 {
 					t.Fatalf("a full log of a blocking limit: allowed %v, block %d; want a denial and a block", out.Allowed, out.Replies[0].Block)
 				}
-				if err := s.Forget(f.ctx, f.ids()...); err != nil {
+				if err := s.Forget(f.ctx, f.query(0, 1, false)); err != nil {
 					t.Fatalf("Forget: %v", err)
 				}
 				if out := f.decide(t, f.unit, 1, true); out.Replies[0].Block != 0 {
@@ -212,8 +212,6 @@ func (f *fixture) at(d int64) int64 {
 	}
 	return (t + f.unit - 1) / f.unit * f.unit
 }
-
-func (f *fixture) ids() []store.LogID { return []store.LogID{{Key: f.key, Field: f.field}} }
 
 func (f *fixture) query(d int64, cost int, peek bool) *store.Query {
 	return &store.Query{Limits: []store.Limit{f.lim}, Keys: []string{f.key}, Cost: cost, Now: f.now + d, Peek: peek}
