@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"net"
 	"net/http"
 	"os"
@@ -43,30 +43,30 @@ func TestCircuitBreaker(t *testing.T) {
 
 	mr.SetError("LOADING Redis is loading the dataset in memory")
 	for i := range 3 {
-		if err := allow(); err == nil || errors.Is(err, store.ErrCircuitOpen) {
+		if err := allow(); err == nil || errors.Is(err, redisstore.ErrCircuitOpen) {
 			t.Fatalf("failure %d: %v", i, err)
 		}
 	}
 	if n := calls(func() {
-		if err := allow(); !errors.Is(err, store.ErrCircuitOpen) {
-			t.Errorf("after 3 failures: %v, want store.ErrCircuitOpen", err)
+		if err := allow(); !errors.Is(err, redisstore.ErrCircuitOpen) {
+			t.Errorf("after 3 failures: %v, want redisstore.ErrCircuitOpen", err)
 		}
 	}); n != 0 {
 		t.Errorf("an open breaker sent %d commands", n)
 	}
 	// The middleware answers at once, and the hook sees why.
-	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 503 || len(hooked) != 1 || !errors.Is(hooked[0], store.ErrCircuitOpen) {
+	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 503 || len(hooked) != 1 || !errors.Is(hooked[0], redisstore.ErrCircuitOpen) {
 		t.Errorf("middleware with an open breaker: %d, hook %v", w.Code, hooked)
 	}
 
 	// After the cool-down one probe goes through; it fails, so the
 	// breaker opens again.
 	clock.Set(t0.Add(10 * time.Second))
-	if err := allow(); err == nil || errors.Is(err, store.ErrCircuitOpen) {
+	if err := allow(); err == nil || errors.Is(err, redisstore.ErrCircuitOpen) {
 		t.Errorf("probe after the cool-down: %v, want Redis's own error", err)
 	}
-	if err := allow(); !errors.Is(err, store.ErrCircuitOpen) {
-		t.Errorf("after a failed probe: %v, want store.ErrCircuitOpen", err)
+	if err := allow(); !errors.Is(err, redisstore.ErrCircuitOpen) {
+		t.Errorf("after a failed probe: %v, want redisstore.ErrCircuitOpen", err)
 	}
 
 	// Redis is back: the next probe closes the breaker.
@@ -222,8 +222,8 @@ func TestBreakerSlowCalls(t *testing.T) {
 	if !lim.Inspect().BreakerOpen() {
 		t.Error("timeouts while Redis answered nobody did not open the breaker")
 	}
-	if err := fast(); !errors.Is(err, store.ErrCircuitOpen) {
-		t.Errorf("after timeouts while Redis answered nobody: %v, want store.ErrCircuitOpen", err)
+	if err := fast(); !errors.Is(err, redisstore.ErrCircuitOpen) {
+		t.Errorf("after timeouts while Redis answered nobody: %v, want redisstore.ErrCircuitOpen", err)
 	}
 }
 
@@ -352,13 +352,13 @@ func TestBreakerSlowPlanOf(t *testing.T) {
 		PerMinute(100, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"pro": 1000}, Of: slow}),
 	}, WithRedis(RedisOptions{BreakerFailures: 3, BreakerCoolDown: time.Hour}), WithTimeout(300*time.Millisecond))
 	for i := range 5 {
-		if _, err := lim.Allow(context.Background(), []string{"slow"}, 1); errors.Is(err, store.ErrCircuitOpen) {
+		if _, err := lim.Allow(context.Background(), []string{"slow"}, 1); errors.Is(err, redisstore.ErrCircuitOpen) {
 			t.Fatalf("slow Of, decision %d: %v", i, err)
 		}
 	}
 	for i := range 10 {
 		_, err := lim.Allow(context.Background(), []string{"quick"}, 1)
-		if errors.Is(err, store.ErrCircuitOpen) {
+		if errors.Is(err, redisstore.ErrCircuitOpen) {
 			t.Fatalf("quick Of after 5 slow ones, decision %d: %v", i, err)
 		}
 		if err == nil {

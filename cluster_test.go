@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -750,7 +750,7 @@ func (ld *shardLoad) finish() shardStats {
 		st.lastFail = e.at
 		st.lastFailEnd = max(st.lastFailEnd, e.at+e.latency)
 		switch {
-		case errors.Is(e.err, store.ErrCircuitOpen):
+		case errors.Is(e.err, redisstore.ErrCircuitOpen):
 			st.kinds["circuit open"]++
 		case strings.Contains(e.err.Error(), "CLUSTERDOWN"):
 			st.kinds["CLUSTERDOWN"]++
@@ -1044,7 +1044,7 @@ func TestClusterSlotMigration(t *testing.T) {
 // unserved refuses every command with CLUSTERDOWN) by taking a slot from it
 // with CLUSTER DELSLOTS, and gives it back. While the node says
 // CLUSTERDOWN, decisions on it fail with that error, never with
-// store.ErrCircuitOpen; once every node reports cluster_state:ok again, the very
+// redisstore.ErrCircuitOpen; once every node reports cluster_state:ok again, the very
 // next decisions succeed. The breakers' clock stands still, so a breaker
 // the CLUSTERDOWN replies opened (every primary's, for its cool-down, in a
 // real outage) would stay open, and the test would fail, however slow the machine.
@@ -1115,7 +1115,7 @@ func TestClusterDownRecovery(t *testing.T) {
 	// 2 breakers' worth of decisions on the node that says CLUSTERDOWN.
 	for i := range 2 * defaultBreakerFailures {
 		err := allow(ids[down])
-		if err == nil || errors.Is(err, store.ErrCircuitOpen) || !strings.Contains(err.Error(), "CLUSTERDOWN") {
+		if err == nil || errors.Is(err, redisstore.ErrCircuitOpen) || !strings.Contains(err.Error(), "CLUSTERDOWN") {
 			t.Fatalf("decision %d on %s, which says CLUSTERDOWN: %v; want CLUSTERDOWN", i, down.Addr, err)
 		}
 	}

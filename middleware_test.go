@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -339,7 +339,7 @@ func testScriptReloaded(t *testing.T, b backend) {
 			t.Fatal("the limiter fell back to scripts on a Redis that has functions")
 		}
 		forEachPrimary(t, c, func(p *redis.Client) error {
-			libs, err := p.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: store.LibraryName()}).Result()
+			libs, err := p.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: redisstore.LibraryName()}).Result()
 			names, readOnly := slidinglog.Default.FunctionNames()
 			if err == nil && (len(libs) != 1 || len(libs[0].Functions) != len(names)) {
 				err = fmt.Errorf("FUNCTION LIST: %+v; want the functions %v", libs, names)
@@ -443,8 +443,8 @@ func TestUnexpectedReply(t *testing.T) {
 		[]any{int64(0), int64(1), int64(0), int64(0), int64(-1), int64(0)}, // negative reset
 	} {
 		lim := mustNew(t, stubClient{reply: reply}, []Limit{PerMinute(5, Global())})
-		if _, err := lim.Allow(context.Background(), []string{"k"}, 1); !errors.Is(err, store.ErrUnexpectedReply) {
-			t.Errorf("reply %#v: err = %v, want store.ErrUnexpectedReply", reply, err)
+		if _, err := lim.Allow(context.Background(), []string{"k"}, 1); !errors.Is(err, redisstore.ErrUnexpectedReply) {
+			t.Errorf("reply %#v: err = %v, want redisstore.ErrUnexpectedReply", reply, err)
 		}
 	}
 }
