@@ -14,6 +14,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/store"
 )
@@ -91,13 +92,13 @@ func BenchmarkMiddleware(b *testing.B) {
 		lim.opsRun.latest.Store(newLiveOps(st, time.Now().UnixMicro()))
 	}
 	b.Run("ip/blocks", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, WithRedis(RedisOptions{OperatorRefresh: -1}))
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, withRedis(redisstore.Options{OperatorRefresh: -1}))
 		lim.store = lim.wrap(stub(allowOne))
 		withState(lim, blocks)
 		run(b, lim.Handler(okHandler))
 	})
 	b.Run("ip/blocked", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, WithRedis(RedisOptions{OperatorRefresh: -1}))
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, withRedis(redisstore.Options{OperatorRefresh: -1}))
 		lim.store = lim.wrap(stub(allowOne))
 		st := blocks
 		st.Blocks = append(slices.Clone(st.Blocks), operator.Block{Target: "203.0.113.0/24", Prefix: netip.MustParsePrefix("203.0.113.0/24"), Expires: far})
@@ -105,7 +106,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		run(b, lim.Handler(okHandler))
 	})
 	b.Run("ip/override", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Named("ip")}, WithRedis(RedisOptions{OperatorRefresh: -1}))
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Named("ip")}, withRedis(redisstore.Options{OperatorRefresh: -1}))
 		lim.store = lim.wrap(stub(allowOne))
 		withState(lim, operator.State{Version: 1, Quotas: []operator.Override{{Limit: "ip", Quota: 500}}})
 		run(b, lim.Handler(okHandler))

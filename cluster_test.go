@@ -213,16 +213,16 @@ func testOddIdentifiers(t *testing.T, b backend) {
 	}
 }
 
-// testSingleSlot: RedisOptions.SingleSlot puts every key in one slot, so that a
+// testSingleSlot: redisstore.Options.SingleSlot puts every key in one slot, so that a
 // global and a per-user limit are decided in one atomic call.
 func testSingleSlot(t *testing.T, b backend) {
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{
 		PerHour(5, Global()).Named("global"),
 		PerHour(2, Header("X-User")).Named("user"),
-	}, WithRedis(RedisOptions{SingleSlot: true}))
+	}, withRedis(redisstore.Options{SingleSlot: true}))
 	if lim.rules.spec.Split {
-		t.Fatal("RedisOptions.SingleSlot still splits decisions")
+		t.Fatal("redisstore.Options.SingleSlot still splits decisions")
 	}
 	admitted := 0
 	for u := range 4 {

@@ -456,7 +456,7 @@ func (rs *ruleset) result(s *scratch, out *redislog.Outcome, cost int, peek bool
 // wraps [ErrNotRefundable]. A Result whose plans exempted it from every
 // limit ([Unlimited]) counted nothing, and its Refund returns nil. Another
 // instance's deny cache may keep denying the keys for up to its maximum age
-// ([RedisOptions].DenyCache). A Result [FailLocal] decided is refunded in this
+// (redisstore.Options.DenyCache). A Result [FailLocal] decided is refunded in this
 // process's logs, where it was counted. Refund is [Limiter.Settle] at cost
 // 0: the two share the Result's once flag, and its error tells the same
 // outcomes apart: nil once applied, [ErrSettlePending] when Redis had not
@@ -530,7 +530,7 @@ func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, e
 // (not an overflow log that other clients share), even when Redis cannot
 // be reached, whose error Reset then returns. This instance's deny cache forgets the keys at once;
 // another instance may keep denying from its own for up to its maximum age
-// ([RedisOptions].DenyCache). All the keys share one timeout ([WithTimeout]); the
+// (redisstore.Options.DenyCache). All the keys share one timeout ([WithTimeout]); the
 // error joins the failures of each limit. Reset covers l's own limits: to
 // reset a limit a route declared ([WithRoutes]), call Reset on a Limiter
 // built with that limit (the same name and prefix address the same

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/redislog"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -223,7 +224,7 @@ func TestEvictionReadmits(t *testing.T) {
 	srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
 	admin, c := srv.Client(), srv.Client()
 	ctx := context.Background()
-	lim := mustNew(t, c, []Limit{PerMinute(3, Header("X-Id")).Named("evict")}, WithRedis(RedisOptions{DenyCache: -1}))
+	lim := mustNew(t, c, []Limit{PerMinute(3, Header("X-Id")).Named("evict")}, withRedis(redisstore.Options{DenyCache: -1}))
 	allowed := func() bool {
 		res, err := lim.Allow(ctx, []string{"victim"}, 1)
 		if err != nil {

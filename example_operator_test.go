@@ -16,7 +16,7 @@ import (
 // Operator, which applies them at once; another process (an operator's
 // tool, ratelimitctl) uses operator.New(rdb, "ratelimit:") of package
 // github.com/slidinglog/ratelimit/operator, and
-// every Limiter applies its changes within RedisOptions.OperatorRefresh's interval
+// every Limiter applies its changes within redisstore.Options.OperatorRefresh's interval
 // (1s by default).
 func ExampleInspector_Operator() {
 	rdb, done := newRedis()

@@ -56,7 +56,7 @@ type faultRow struct {
 }
 
 // coolDown is the "others" of a reply that counts against the breaker.
-const coolDown = "the breaker's cool-down (RedisOptions.BreakerFailures; 1s by default), after its 5th in a row"
+const coolDown = "the breaker's cool-down (redisstore.Options.BreakerFailures; 1s by default), after its 5th in a row"
 
 // faultTable is the table of Redis's answers to a decision. A reply that
 // concerns one slot, one key or one command never stops the decisions of
@@ -201,7 +201,7 @@ func TestRedisAnswers(t *testing.T) {
 			lim := mustNew(t, c, []Limit{
 				PerMinute(faultQuota, Header("X-Id")).Named("fa"),
 				PerHour(100, Header("X-Id")).Named("fb"),
-			}, WithRedis(RedisOptions{BreakerFailures: failures, BreakerCoolDown: time.Second, DenyCache: -1}), WithTimeout(timeout)) // every decision reaches the server
+			}, withRedis(redisstore.Options{BreakerFailures: failures, BreakerCoolDown: time.Second, DenyCache: -1}), WithTimeout(timeout)) // every decision reaches the server
 			clock := &testClock{t: t0}
 			lim.redis.Breakers.Now = clock.Now
 			lib := lim.redis.Lib.(*slidinglog.Redis)

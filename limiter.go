@@ -19,6 +19,7 @@ import (
 	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/store"
 )
 
@@ -183,13 +184,21 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		client = nil // a typed nil pointer too: nothing calls Redis
 	case noClient:
 		errs = append(errs, errors.New("nil Redis client: give one, or a store with WithStore"))
+	default: // the Redis store of client, with the default options
+		rs, err := redisstore.New(client, cfg.redisOptions)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			cfg.store = rs
+		}
 	}
-	if noClient {
-	} else if enabled, known := contextTimeouts(client); known && !enabled {
-		errs = append(errs, errors.New("the Redis client ignores context deadlines, so the decision timeout cannot hold: set ContextTimeoutEnabled: true in its options"))
+	if rs, ok := cfg.store.(*redisstore.Store); ok { // the Redis store: decided in Redis, not through the store seam
+		client, noClient = rs.Client(), false
+		cfg.useRedisStore(rs.Options())
+		cfg.store = nil
 	}
 	l := &Limiter{client: client, cfg: cfg, opsRun: &opsRunner{key: operator.Key(cfg.prefix)}}
-	split := !noClient && sharded(client) && !cfg.singleSlot
+	split := !noClient && redisstore.Sharded(client) && !cfg.singleSlot
 	p, err := l.compile(limits, cfg.cost, split, nil)
 	if err != nil {
 		errs = append(errs, err)
@@ -203,7 +212,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		l.local = local
 	}
 	if l.local == nil {
-		l.local, _ = store.NewLocal(store.LocalOptions{MaxBytes: cfg.localBytes}) // WithRedis checked the bound
+		l.local, _ = store.NewLocal(store.LocalOptions{MaxBytes: cfg.localBytes}) // WithLocalMemory checked the bound
 	}
 	l.denies = &redislog.DenyCache{MaxAge: cfg.denyCache}
 	l.evictions = redislog.NewEvictionCheck()
@@ -546,7 +555,7 @@ func (rs *ruleset) declared() []Limit {
 }
 
 // opsRunner reads a Limiter's operator state: from its refresh goroutine
-// (RedisOptions.OperatorRefresh), and after a change made by the Limiter's own
+// (redisstore.Options.OperatorRefresh), and after a change made by the Limiter's own
 // Operator. It holds no reference to the Limiter, so that the goroutine
 // does not keep it alive: it publishes the state it read in latest, and
 // the Limiter applies it at its next decision (Limiter.syncOps).
@@ -690,7 +699,7 @@ func (l *Limiter) declarer(now func() time.Time) *declarer {
 }
 
 // startOperatorRefresh starts the goroutine that reads the operator state
-// (RedisOptions.OperatorRefresh), unless the refresh is off. The goroutine refers
+// (redisstore.Options.OperatorRefresh), unless the refresh is off. The goroutine refers
 // to l only weakly: a Limiter nobody refers to is collected, and the
 // goroutine ends at its next tick. It ends too, silently, once the
 // client is closed (redis.ErrClosed).

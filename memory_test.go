@@ -12,6 +12,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/redislog"
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // scriptedStore stands in for Redis: while down it fails every decision;
@@ -87,7 +88,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 	lim := mustNew(t, stubClient{}, []Limit{
 		PerMinute(3, Header("X-Id")).Named("id"),
 		PerMinute(1_000_000, Global()).Named("all"),
-	}, WithFailureMode(FailLocal), WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1, LocalMemory: 1 << 20}))
+	}, WithFailureMode(FailLocal), WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}), WithLocalMemory(1<<20))
 	lim.store = lim.wrap(redis)
 	ctx := context.Background()
 	allow := func(id string) Result {
@@ -167,7 +168,7 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 		PerMinute(3, Header("X-Id")).Named("id"),
 		PerMinute(30, Header("X-Id")).Named("id-30"),
 		PerHour(300, Header("X-Id")).Named("id-300"),
-	}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: 5 * time.Second}))
+	}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: 5 * time.Second}))
 	lim.store = lim.wrap(redis)
 	ctx := context.Background()
 	for _, id := range ids {
@@ -259,7 +260,7 @@ func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
 	for i := range 5 {
 		limits = append(limits, PerMinute(3+i, Header("X-Id")).Named(fmt.Sprintf("a-rather-long-limit-name-%d", i)))
 	}
-	lim := mustNew(t, stubClient{}, limits, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: 5 * time.Second}))
+	lim := mustNew(t, stubClient{}, limits, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: 5 * time.Second}))
 	lim.store = lim.wrap(redis)
 	ctx := context.Background()
 	base := longtest.LiveHeap()

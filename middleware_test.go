@@ -589,7 +589,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"bad compose", c, []Limit{PerMinute(1, Compose(Global(), Key{}))}, nil, "zero Key"},
 		{"bad name", c, []Limit{ok.Named("a{b}")}, nil, `name "a{b}"`},
 		{"duplicate", c, []Limit{ok, ok}, nil, "both named"},
-		{"prefix", c, []Limit{ok}, []Option{WithRedis(RedisOptions{Prefix: "rl{x}:"})}, "prefix"},
+		{"prefix", c, []Limit{ok}, []Option{withRedis(redisstore.Options{Prefix: "rl{x}:"})}, "prefix"},
 		{"timeout", c, []Limit{ok}, []Option{WithTimeout(0)}, "timeout 0s"},
 		{"mode", c, []Limit{ok}, []Option{WithFailureMode(9)}, "failure mode"},
 		{"deadlines", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), []Limit{ok}, nil, "ContextTimeoutEnabled"},

@@ -15,6 +15,7 @@ import (
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/store"
 )
@@ -639,7 +640,7 @@ func TestResetLeasableAtItsClock(t *testing.T) {
 			clock := &testClock{t: time.Now().Add(time.Hour)}
 			l := Per(time.Minute, 3, Header("X-Id")).Named(fmt.Sprintf("leasable-reset-%v", byName))
 			l.Lease = 100 * time.Millisecond
-			lim := mustNew(t, b.newClient(t), []Limit{l}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
+			lim := mustNew(t, b.newClient(t), []Limit{l}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
 			ctx := context.Background()
 			for range 3 {
 				if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || !res.Allowed {

@@ -94,13 +94,13 @@ var errLocalDown = errors.New("model: Redis is down")
 func (m *modelRun) useLocalStore() (redis.UniversalClient, []Option) {
 	m.local, _ = store.NewLocal(store.LocalOptions{KeepExpired: true})
 	if m.env.withStore {
-		return nil, []Option{WithStore(m.local), WithRedis(RedisOptions{OperatorRefresh: -1})}
+		return nil, []Option{WithStore(m.local), withRedis(redisstore.Options{OperatorRefresh: -1})}
 	}
 	down := redis.NewClient(&redis.Options{
 		Dialer:                func(context.Context, string, string) (net.Conn, error) { return nil, errLocalDown },
 		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
 	})
-	return down, []Option{WithFailureMode(FailLocal), withLocalStore(m.local), WithRedis(RedisOptions{OperatorRefresh: -1})}
+	return down, []Option{WithFailureMode(FailLocal), withLocalStore(m.local), withRedis(redisstore.Options{OperatorRefresh: -1})}
 }
 
 // localDecision checks, when the local store decides, that Redis did not

@@ -21,6 +21,7 @@ import (
 	"github.com/slidinglog/ratelimit/internal/logmodel"
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/redislog"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/store"
 )
@@ -233,7 +234,7 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 	for k := range m.lims {
 		m.now[k] = start
 		m.clocks[k] = &testClock{t: time.UnixMicro(start)}
-		l, err := New(client, limits, append(append([]Option{WithClock(m.clocks[k].Now), WithRedis(RedisOptions{DenyCache: -1}), WithTimeout(redistest.DecisionTimeout)}, extra...), m.overrideOptions(k)...)...)
+		l, err := New(client, limits, append(append([]Option{WithClock(m.clocks[k].Now), withRedis(redisstore.Options{DenyCache: -1}), WithTimeout(redistest.DecisionTimeout)}, extra...), m.overrideOptions(k)...)...)
 		if err != nil {
 			rt.Fatal(err)
 		}

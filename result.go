@@ -68,7 +68,7 @@ type Result struct {
 	// request in this process instead ([FailLocal]).
 	Local bool
 	// Cached reports a denial answered from this process's memory
-	// ([RedisOptions].DenyCache) without calling Redis; only the limit that denied
+	// (redisstore.Options.DenyCache) without calling Redis; only the limit that denied
 	// was consulted.
 	Cached bool
 	// Blocked reports a denial because the client is blocked: by an

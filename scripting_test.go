@@ -76,7 +76,7 @@ func TestNoScripting(t *testing.T) {
 		t.Helper()
 		mode := []FailureMode{FailOpen, FailClosed, FailLocal}[rng.Intn(3)]
 		lim, err := New(c, []Limit{PerMinute(3, Header("X-Id")).Named("lua")},
-			WithTimeout(redistest.DecisionTimeout), WithFailureMode(mode), WithRedis(RedisOptions{OperatorRefresh: -1}))
+			WithTimeout(redistest.DecisionTimeout), WithFailureMode(mode), withRedis(redisstore.Options{OperatorRefresh: -1}))
 		if err != nil {
 			t.Fatalf("New: %v; want no error: New does not contact Redis", err)
 		}

@@ -3,7 +3,7 @@
 // quota overrides and manual blocks. It needs only a Redis client and the
 // prefix, not the application's Limiter, so that a separate process (the
 // ratelimitctl command) can act; the Limiters read the state every
-// refresh interval (ratelimit.RedisOptions.OperatorRefresh) and apply it.
+// refresh interval (redisstore.Options.OperatorRefresh) and apply it.
 //
 // The state is one Redis hash per key prefix (see [Key]). It holds a
 // field "v", the version, which every change of an override or a block
@@ -57,7 +57,7 @@ var (
 )
 
 // Key returns the Redis key of the operator state of the Limiters built
-// with prefix (ratelimit.RedisOptions.Prefix): "<prefix>!operator{ratelimit-operator}".
+// with prefix (redisstore.Options.Prefix): "<prefix>!operator{ratelimit-operator}".
 // The '!' cannot appear in a limit name, so the key never meets a count;
 // the hash tag puts it in one Redis Cluster slot.
 func Key(prefix string) string { return prefix + "!operator{ratelimit-operator}" }
@@ -66,7 +66,7 @@ func Key(prefix string) string { return prefix + "!operator{ratelimit-operator}"
 // prefix: quota overrides and manual blocks. Every change is one script
 // call on one key that also increments the state's version, so that the
 // Limiters, which read the version every refresh interval
-// (ratelimit.RedisOptions.OperatorRefresh), see it whole. A change returned nil is
+// (redisstore.Options.OperatorRefresh), see it whole. A change returned nil is
 // stored in Redis; the Limiters apply it within their refresh interval
 // plus one decision timeout.
 //
@@ -96,7 +96,7 @@ func init() {
 }
 
 // New returns an Operator for the Limiters that use client's Redis with
-// prefix (ratelimit.RedisOptions.Prefix; "ratelimit:" by default). It fails for a
+// prefix (redisstore.Options.Prefix; "ratelimit:" by default). It fails for a
 // nil client or a prefix with '{' or '}'. It does not contact Redis.
 func New(client redis.UniversalClient, prefix string) (*Operator, error) {
 	if client == nil || nilPointer(client) {
