@@ -432,7 +432,7 @@ func TestBlockOperatorUnblock(t *testing.T) {
 		if res, _ := l.Allow(ctx, ids, 1); res.Allowed || !res.Blocked {
 			t.Fatalf("not blocked: %+v", res)
 		}
-		bare, err := operator.New(c, "ratelimit:")
+		bare, err := operator.New(c, operator.Options{Prefix: "ratelimit:"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/ophook"
 	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/operator"
@@ -666,11 +665,10 @@ func (run *opsRunner) fetch(ctx context.Context, cur *liveOps, force bool) (st o
 // are timed by (which must not refer to l), and the declarations of l's
 // limits, if the refresh is on.
 func (l *Limiter) declarer(now func() time.Time) *declarer {
-	op, err := operator.New(l.client, l.cfg.prefix)
+	op, err := operator.New(l.client, operator.Options{Prefix: l.cfg.prefix, Now: now})
 	if err != nil {
 		panic("ratelimit: " + err.Error()) // New checked the client and the prefix
 	}
-	ophook.Configure(op, ophook.Hooks{Now: now})
 	d := &declarer{op: op, every: l.cfg.opsRefresh, mine: map[string]definition{}, observers: l.cfg.observers, warned: map[string]*warnOnce{}}
 	l.eachRuleset(func(p *ruleset) {
 		for i := range p.limits {

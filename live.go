@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 
-	"github.com/slidinglog/ratelimit/internal/ophook"
 	"github.com/slidinglog/ratelimit/operator"
 )
 
@@ -44,13 +43,12 @@ func (l *Limiter) operator() *operator.Operator {
 	if l.client == nil {
 		return nil // WithStore: no operator state
 	}
-	op, err := operator.New(l.client, l.cfg.prefix)
+	op, err := operator.New(l.client, operator.Options{Prefix: l.cfg.prefix, Now: l.localNow, AfterChange: func(ctx context.Context) {
+		_ = l.refreshOperator(context.WithoutCancel(ctx), true)
+	}, Unblock: l.unblockAll})
 	if err != nil {
 		panic("ratelimit: " + err.Error()) // New checked the client and the prefix
 	}
-	ophook.Configure(op, ophook.Hooks{Now: l.localNow, After: func(ctx context.Context) {
-		_ = l.refreshOperator(context.WithoutCancel(ctx), true)
-	}, Unblock: l.unblockAll})
 	return op
 }
 

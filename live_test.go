@@ -74,7 +74,7 @@ func TestOperatorOverride(t *testing.T) {
 		}, Quotas: map[string]int{"pro": 10}}
 		lim := PerMinute(2, Header("X-Key")).Named("api").Tiered(plans)
 		l := newDriven(t, b.newClient(t), []Limit{lim}, WithHeaders(HeadersXRateLimit|HeadersIETF))
-		op, err := operator.New(b.newClient(t), defaultPrefix)
+		op, err := operator.New(b.newClient(t), operator.Options{Prefix: defaultPrefix})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -273,7 +273,7 @@ func TestOperatorNoRefresh(t *testing.T) {
 		ctx := context.Background()
 		l := mustNew(t, b.newClient(t), []Limit{PerMinute(100, Header("X-User")).Named("user")}, withRedis(redisstore.Options{OperatorRefresh: -1}))
 		defer l.Close()
-		op, _ := operator.New(b.newClient(t), defaultPrefix)
+		op, _ := operator.New(b.newClient(t), operator.Options{Prefix: defaultPrefix})
 		if err := op.Block(ctx, "eve", time.Hour); err != nil {
 			t.Fatal(err)
 		}
@@ -367,7 +367,7 @@ func TestOperatorFlush(t *testing.T) {
 		ctx := context.Background()
 		c := b.newClient(t)
 		l := newDriven(t, b.newClient(t), []Limit{PerMinute(100, Header("X-User")).Named("user")})
-		op, _ := operator.New(c, defaultPrefix)
+		op, _ := operator.New(c, operator.Options{Prefix: defaultPrefix})
 		if err := op.Block(ctx, "eve", time.Hour); err != nil {
 			t.Fatal(err)
 		}

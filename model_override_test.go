@@ -9,7 +9,6 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/slidinglog/ratelimit/internal/logmodel"
-	"github.com/slidinglog/ratelimit/internal/ophook"
 	"github.com/slidinglog/ratelimit/operator"
 	"github.com/slidinglog/ratelimit/redisstore"
 )
@@ -195,11 +194,10 @@ func (m *modelRun) overrideOperator(rt *rapid.T) (op *operator.Operator, k int, 
 	if rapid.Bool().Draw(rt, "own operator") {
 		return m.lims[k].Inspect().Operator(), k, true
 	}
-	op, err := operator.New(m.admin, defaultPrefix)
+	op, err := operator.New(m.admin, operator.Options{Prefix: defaultPrefix, Now: m.clocks[k].Now})
 	if err != nil {
 		rt.Fatal(err)
 	}
-	ophook.Configure(op, ophook.Hooks{Now: m.clocks[k].Now})
 	return op, k, false
 }
 

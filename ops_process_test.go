@@ -322,7 +322,7 @@ func TestOperatorProcessesCluster(t *testing.T) {
 		return blockedFor(appGet(t, base, "mallory")) > 590
 	})
 	ctl("block", "10.1.0.0/16", "1m")
-	op, err := operator.New(c.Client(), defaultPrefix)
+	op, err := operator.New(c.Client(), operator.Options{Prefix: defaultPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}

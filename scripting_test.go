@@ -100,7 +100,7 @@ func TestNoScripting(t *testing.T) {
 			}
 			if i == 0 {
 				// The Operator's changes run a script of their own.
-				op, err := operator.New(c, "")
+				op, err := operator.New(c, operator.Options{})
 				if err != nil {
 					t.Fatal(err)
 				}

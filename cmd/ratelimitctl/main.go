@@ -173,7 +173,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		client = redis.NewClient(opt)
 	}
 	defer client.Close()
-	op, err := operator.New(client, *prefix)
+	op, err := operator.New(client, operator.Options{Prefix: *prefix})
 	if err != nil {
 		fmt.Fprintln(stderr, "ratelimitctl:", err)
 		return 2
