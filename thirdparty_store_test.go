@@ -3,11 +3,15 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/store"
 )
 
@@ -179,4 +183,72 @@ func TestThirdPartyStoreFeatures(t *testing.T) {
 			t.Errorf("Reset: %v; want an error that names store.Forgetter", err)
 		}
 	})
+}
+
+// TestRedisStoreGivenWithStore: a Limiter given a *redisstore.Store
+// decides as one given the store's client with the same options: the same
+// Results and Redis keys, a block of its Operator in force at once, and
+// Reset, Refund and in-flight limits as with the client.
+func TestRedisStoreGivenWithStore(t *testing.T) {
+	ctx := context.Background()
+	o := redisstore.Options{Prefix: "given:", DenyCache: -1, OperatorRefresh: -1}
+	limits := []Limit{PerMinute(3, Header("X-Id")).Named("rate"), InFlight(2, Header("X-Id")).Named("conc")}
+	run := func(l *Limiter) []Result {
+		var out []Result
+		for i := range 5 {
+			res, err := l.Allow(ctx, []string{"a", "a"}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 {
+				if err := l.Refund(ctx, res); err != nil {
+					t.Fatalf("Refund: %v", err)
+				}
+			}
+			if err := l.Release(ctx, res); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			res.ticket, res.hold = nil, nil
+			out = append(out, res)
+		}
+		if err := l.Reset(ctx, []string{"b", "b"}); err != nil {
+			t.Fatalf("Reset: %v", err)
+		}
+		return out
+	}
+	var results [2][]Result
+	var keys [2][]string
+	for i := range 2 {
+		mr := miniredis.RunT(t)
+		b := backend{mr: mr}
+		c := b.newClient(t)
+		clock := &testClock{t: t0}
+		var l *Limiter
+		if i == 0 {
+			l = mustNew(t, c, limits, withRedis(o), WithClock(clock.Now))
+		} else {
+			rs, err := redisstore.New(c, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l = mustNew(t, nil, limits, WithStore(rs), WithClock(clock.Now))
+		}
+		results[i] = run(l)
+		keys[i] = redisKeys(t, b)
+		if i == 1 {
+			if err := l.Inspect().Operator().Block(ctx, "a", time.Hour); err != nil {
+				t.Fatalf("Operator().Block: %v", err)
+			}
+			if res, err := l.Allow(ctx, []string{"a", "a"}, 1); err != nil || res.Allowed {
+				t.Errorf("after the Limiter's Operator blocked a: %+v, %v; want denied", res, err)
+			}
+		}
+		_ = l.Close()
+	}
+	if !reflect.DeepEqual(results[0], results[1]) {
+		t.Errorf("Results with the client:\n%+v\nwith WithStore(redisstore):\n%+v", results[0], results[1])
+	}
+	if !reflect.DeepEqual(keys[0], keys[1]) || len(keys[0]) == 0 || !strings.HasPrefix(keys[0][0], "given:") {
+		t.Errorf("keys with the client %q, with WithStore(redisstore) %q; want the same, under the prefix", keys[0], keys[1])
+	}
 }
