@@ -162,10 +162,14 @@ type LimiterWatcher interface {
 }
 
 // New returns a Limiter that enforces limits in the Redis that client talks
-// to. client may be a *redis.Client, *redis.ClusterClient, *redis.Ring or a
-// failover client; it must be built with ContextTimeoutEnabled: true so that
-// the decision timeout holds (New reports an error otherwise, for the
-// go-redis client types).
+// to, through the Redis store (package redisstore) with its default
+// options: redisstore.New(client, redisstore.Options{}). client may be a
+// *redis.Client, *redis.ClusterClient, *redis.Ring or a failover client;
+// it must be built with ContextTimeoutEnabled: true so that the decision
+// timeout holds (New reports an error otherwise, for the go-redis client
+// types). To set the store's options (a key prefix, the circuit breaker,
+// the deny cache, ...), or to decide in another store, give a nil client
+// and the store with [WithStore].
 //
 // New reports every configuration error at once: no limits, a quota below 1,
 // a window below 1ms, a missing or invalid [Key], invalid or duplicate limit

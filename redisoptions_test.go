@@ -44,66 +44,61 @@ func TestRedisStoreOptions(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		want := defaultConfig()
 		var bad []string // the fields New must name
-		var opts []Option
-		for i := range 1 {
-			var o redisstore.Options
-			l := strconv.Itoa(i) + " "
-			switch rapid.IntRange(0, 2).Draw(t, l+"prefix kind") {
-			case 1:
-				o.Prefix = rapid.StringMatching(`[a-z:]{1,8}`).Draw(t, l+"prefix")
-				want.prefix = o.Prefix
-			case 2:
-				o.Prefix = rapid.StringMatching(`[a-z:]{0,4}[{}][a-z:{}]{0,4}`).Draw(t, l+"prefix")
-				bad = append(bad, "Options.Prefix")
-			}
-			switch rapid.IntRange(0, 3).Draw(t, l+"failures kind") {
-			case 1:
-				o.BreakerFailures = -1
-				want.breakerFailures = 0
-			case 2:
-				o.BreakerFailures = rapid.IntRange(-100, -2).Draw(t, l+"failures")
-				bad = append(bad, "Options.BreakerFailures")
-			case 3:
-				o.BreakerFailures = rapid.IntRange(1, 100).Draw(t, l+"failures")
-				want.breakerFailures = o.BreakerFailures
-			}
-			var f redisField[time.Duration]
-			if f = drawDuration(t, l+"cool-down", false); f.valid && f.v != 0 {
-				want.breakerCoolDown = f.v
-			} else if !f.valid {
-				bad = append(bad, "Options.BreakerCoolDown")
-			}
-			o.BreakerCoolDown = f.v
-			if f = drawDuration(t, l+"deny cache", true); f.valid && f.v != 0 {
-				want.denyCache = max(f.v, 0)
-			} else if !f.valid {
-				bad = append(bad, "Options.DenyCache")
-			}
-			o.DenyCache = f.v
-			if f = drawDuration(t, l+"refresh", true); f.valid && f.v != 0 {
-				want.opsRefresh = max(f.v, 0)
-			} else if !f.valid {
-				bad = append(bad, "Options.OperatorRefresh")
-			}
-			o.OperatorRefresh = f.v
-			if o.SingleSlot = rapid.Bool().Draw(t, l+"single slot"); o.SingleSlot {
-				want.singleSlot = true
-			}
-			rs, err := redisstore.New(stubClient{}, o)
-			if len(bad) > 0 {
-				for _, field := range bad {
-					if err == nil || !strings.Contains(err.Error(), field) {
-						t.Fatalf("redisstore.New: %v; want an error naming %s", err, field)
-					}
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("redisstore.New: %v", err)
-			}
-			opts = append(opts, WithStore(rs))
+		var o redisstore.Options
+		switch rapid.IntRange(0, 2).Draw(t, "prefix kind") {
+		case 1:
+			o.Prefix = rapid.StringMatching(`[a-z:]{1,8}`).Draw(t, "prefix")
+			want.prefix = o.Prefix
+		case 2:
+			o.Prefix = rapid.StringMatching(`[a-z:]{0,4}[{}][a-z:{}]{0,4}`).Draw(t, "prefix")
+			bad = append(bad, "Options.Prefix")
 		}
-		lim, err := New(nil, []Limit{PerMinute(3, Header("X-Id")).Named("opts")}, opts...)
+		switch rapid.IntRange(0, 3).Draw(t, "failures kind") {
+		case 1:
+			o.BreakerFailures = -1
+			want.breakerFailures = 0
+		case 2:
+			o.BreakerFailures = rapid.IntRange(-100, -2).Draw(t, "failures")
+			bad = append(bad, "Options.BreakerFailures")
+		case 3:
+			o.BreakerFailures = rapid.IntRange(1, 100).Draw(t, "failures")
+			want.breakerFailures = o.BreakerFailures
+		}
+		var f redisField[time.Duration]
+		if f = drawDuration(t, "cool-down", false); f.valid && f.v != 0 {
+			want.breakerCoolDown = f.v
+		} else if !f.valid {
+			bad = append(bad, "Options.BreakerCoolDown")
+		}
+		o.BreakerCoolDown = f.v
+		if f = drawDuration(t, "deny cache", true); f.valid && f.v != 0 {
+			want.denyCache = max(f.v, 0)
+		} else if !f.valid {
+			bad = append(bad, "Options.DenyCache")
+		}
+		o.DenyCache = f.v
+		if f = drawDuration(t, "refresh", true); f.valid && f.v != 0 {
+			want.opsRefresh = max(f.v, 0)
+		} else if !f.valid {
+			bad = append(bad, "Options.OperatorRefresh")
+		}
+		o.OperatorRefresh = f.v
+		if o.SingleSlot = rapid.Bool().Draw(t, "single slot"); o.SingleSlot {
+			want.singleSlot = true
+		}
+		rs, err := redisstore.New(stubClient{}, o)
+		if len(bad) > 0 {
+			for _, field := range bad {
+				if err == nil || !strings.Contains(err.Error(), field) {
+					t.Fatalf("redisstore.New: %v; want an error naming %s", err, field)
+				}
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("redisstore.New: %v", err)
+		}
+		lim, err := New(nil, []Limit{PerMinute(3, Header("X-Id")).Named("opts")}, WithStore(rs))
 		if err != nil {
 			t.Fatalf("New: %v", err)
 		}

@@ -1,11 +1,14 @@
 // Package store is the seam between the limiter's policy and the logs it
 // counts in: a [Store] decides whether a request fits in a set of sliding
-// logs, and logs it there if it does. The limiter's own store keeps the
-// logs in Redis; [Local] keeps them in this process, for a service of one
-// instance, for tests, and for the limiter's FailLocal mode. Any other
-// store (another database, a proxy to one) plugs in through
-// ratelimit.WithStore, and proves itself with the conformance suite of
-// package storetest, which every store of this module passes.
+// logs, and logs it there if it does. The Redis store (package
+// redisstore) keeps the logs in Redis; [Local] keeps them in this
+// process, for a service of one instance, for tests, and for the
+// limiter's FailLocal mode. Any other store (another database, a proxy to
+// one) plugs in through ratelimit.WithStore, and proves itself with the
+// conformance suites of package storetest, which every store of this
+// module passes. What the limiter needs beyond a decision (refunds and
+// settles, resets, in-flight slots) is asked through the optional
+// interfaces [Settler], [Forgetter] and [Holder].
 //
 // The rules a store applies are those of docs/design.md: each limit keeps
 // one log per key, an exact log or buckets; a request of cost n fits a
