@@ -900,8 +900,8 @@ func (l *Limiter) checkStoreFeatures() error {
 }
 
 // startRenewal makes l's set of in-flight slots, if l has in-flight limits,
-// and starts the goroutine that renews the slots held in Redis every
-// lease/3 of the shortest lease. The goroutine refers to l only weakly:
+// and starts the goroutine that renews the slots held in Redis (or in the
+// store.Holder WithStore gave) every lease/3 of the shortest lease. The goroutine refers to l only weakly:
 // it ends with Close, or at its next tick once l is collected.
 func (l *Limiter) startRenewal() {
 	has, shortest := l.inflightLimits()

@@ -73,10 +73,6 @@ func withLocalStore(s *store.Local) Option {
 	return func(c *config) { c.local = s }
 }
 
-// errNoRedis is the error of what needs Redis on a Limiter that decides
-// in a store of WithStore other than the Redis store: the operator state.
-var errNoRedis = errors.New("ratelimit: operator: the Limiter's store is not the Redis store (redisstore), where the operator state lives")
-
 // WithStore has the Limiter decide in s instead of the Redis store New
 // builds of its client: give [New] a nil Redis client with it (a client
 // and a store is an error from New, and so is a nil s).
