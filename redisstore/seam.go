@@ -35,7 +35,7 @@ func (s *Store) mechanism() *redislog.Redis {
 // spec returns the compiled form of limits.
 func (s *Store) spec(limits []store.Limit) (*redislog.Spec, error) {
 	s.mechanism()
-	key := fmt.Sprint(limits)
+	key := fmt.Sprintf("%#v", limits)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if p := s.specs[key]; p != nil {
