@@ -10,6 +10,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // countingHook counts the round trips a client makes: a command, or a
@@ -102,7 +104,7 @@ func TestBatchingSurvivesPanics(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	c.AddHook(&panicHook{})
-	lim := mustNew(t, c, []Limit{PerMinute(5, Global())}, WithRedis(RedisOptions{BreakerFailures: -1}))
+	lim := mustNew(t, c, []Limit{PerMinute(5, Global())}, withRedis(redisstore.Options{BreakerFailures: -1}))
 	var wg sync.WaitGroup
 	for range 50 {
 		wg.Add(1)

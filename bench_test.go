@@ -12,10 +12,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // stubClient answers every script call with a fixed reply, without a
@@ -55,8 +56,8 @@ func (w *nopWriter) WriteHeader(int)             {}
 //	go test -run '^$' -bench Middleware -benchmem .
 func BenchmarkMiddleware(b *testing.B) {
 	now := t0.UnixMicro()
-	allowOne := store.Outcome{Outcome: pubstore.Outcome{Allowed: true, Denier: -1, Now: now, Replies: []store.Reply{{OK: true, Now: now, Count: 3, Reset: now + 60e6, Next: now}}}}
-	allowTwo := store.Outcome{Outcome: pubstore.Outcome{Allowed: true, Denier: -1, Now: now, Replies: []store.Reply{{OK: true, Now: now, Count: 3, Reset: now + 60e6, Next: now},
+	allowOne := redislog.Outcome{Outcome: store.Outcome{Allowed: true, Denier: -1, Now: now, Replies: []redislog.Reply{{OK: true, Now: now, Count: 3, Reset: now + 60e6, Next: now}}}}
+	allowTwo := redislog.Outcome{Outcome: store.Outcome{Allowed: true, Denier: -1, Now: now, Replies: []redislog.Reply{{OK: true, Now: now, Count: 3, Reset: now + 60e6, Next: now},
 		{OK: true, Now: now, Count: 40, Reset: now + 1e6, Next: now}}}}
 	r, _ := http.NewRequest("GET", "/users/7", nil)
 	r.RemoteAddr = "203.0.113.7:5000"
@@ -69,7 +70,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		}
 	}
 	b.Run("bare", func(b *testing.B) { run(b, okHandler) })
-	stub := func(o store.Outcome) store.Store { return stubStore{o: o} }
+	stub := func(o redislog.Outcome) redislog.Store { return stubStore{o: o} }
 	b.Run("ip", func(b *testing.B) {
 		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())})
 		lim.store = lim.wrap(stub(allowOne))
@@ -91,13 +92,13 @@ func BenchmarkMiddleware(b *testing.B) {
 		lim.opsRun.latest.Store(newLiveOps(st, time.Now().UnixMicro()))
 	}
 	b.Run("ip/blocks", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, WithRedis(RedisOptions{OperatorRefresh: -1}))
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, withRedis(redisstore.Options{OperatorRefresh: -1}))
 		lim.store = lim.wrap(stub(allowOne))
 		withState(lim, blocks)
 		run(b, lim.Handler(okHandler))
 	})
 	b.Run("ip/blocked", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, WithRedis(RedisOptions{OperatorRefresh: -1}))
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, withRedis(redisstore.Options{OperatorRefresh: -1}))
 		lim.store = lim.wrap(stub(allowOne))
 		st := blocks
 		st.Blocks = append(slices.Clone(st.Blocks), operator.Block{Target: "203.0.113.0/24", Prefix: netip.MustParsePrefix("203.0.113.0/24"), Expires: far})
@@ -105,7 +106,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		run(b, lim.Handler(okHandler))
 	})
 	b.Run("ip/override", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Named("ip")}, WithRedis(RedisOptions{OperatorRefresh: -1}))
+		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Named("ip")}, withRedis(redisstore.Options{OperatorRefresh: -1}))
 		lim.store = lim.wrap(stub(allowOne))
 		withState(lim, operator.State{Version: 1, Quotas: []operator.Override{{Limit: "ip", Quota: 500}}})
 		run(b, lim.Handler(okHandler))
@@ -164,7 +165,7 @@ func BenchmarkMiddleware(b *testing.B) {
 func BenchmarkDenyCache(b *testing.B) {
 	now := t0.UnixMicro()
 	// Denied: 100 in the log, the oldest leaves in a second.
-	deny := store.Outcome{Outcome: pubstore.Outcome{Denier: 0, Now: now, Replies: []store.Reply{{OK: true, Now: now, Count: 100, Reset: now + 1e6, Next: now + 1e6}}}}
+	deny := redislog.Outcome{Outcome: store.Outcome{Denier: 0, Now: now, Replies: []redislog.Reply{{OK: true, Now: now, Count: 100, Reset: now + 1e6, Next: now + 1e6}}}}
 	var calls atomic.Int64 // to Redis: once per cached denial
 	newHandler := func(b *testing.B) http.Handler {
 		calls.Store(0)
@@ -218,11 +219,11 @@ func BenchmarkAllowRedis(b *testing.B) {
 // stubStore answers every query with o, in place of Redis, without
 // allocating, and counts its calls if calls is set.
 type stubStore struct {
-	o     store.Outcome
+	o     redislog.Outcome
 	calls *atomic.Int64
 }
 
-func (s stubStore) Decide(_ context.Context, _ *store.Query, out *store.Outcome) error {
+func (s stubStore) Decide(_ context.Context, _ *redislog.Query, out *redislog.Outcome) error {
 	if s.calls != nil {
 		s.calls.Add(1)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/slidinglog/ratelimit/clientip"
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/netid"
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // blockShape is a Key a block test limits by, and the groupings (IPv4
@@ -76,7 +77,7 @@ func TestBlockEveryKeyOfTheAddress(t *testing.T) {
 		mux := http.NewServeMux()
 		mux.Handle("/x/{id}", okHandler)
 		for i, sh := range shapes {
-			limiters[i] = mustNew(t, b.newClient(t), []Limit{PerMinute(1_000_000, sh.key).Named(fmt.Sprintf("cmp%d", i))}, noRefresh, WithRedis(RedisOptions{DenyCache: -1}))
+			limiters[i] = mustNew(t, b.newClient(t), []Limit{PerMinute(1_000_000, sh.key).Named(fmt.Sprintf("cmp%d", i))}, noRefresh, withRedis(redisstore.Options{DenyCache: -1}))
 			t.Cleanup(func() { limiters[i].Close() })
 			handlers[i] = limiters[i].Handler(mux)
 		}
@@ -214,7 +215,7 @@ func TestBlockComposedShadow(t *testing.T) {
 		l := mustNew(t, b.newClient(t), []Limit{
 			PerMinute(1000, Route()).Named("route"),
 			PerMinute(1000, Compose(ClientIP(), Route())).Named("shadow-ip-route").Shadowed(),
-		}, noRefresh, WithRedis(RedisOptions{DenyCache: -1}))
+		}, noRefresh, withRedis(redisstore.Options{DenyCache: -1}))
 		if err := l.Inspect().Operator().Block(ctx, "198.51.100.0/24", time.Hour); err != nil {
 			t.Fatal(err)
 		}

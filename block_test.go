@@ -13,16 +13,17 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/clientip"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/internal/store"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // blockKey returns the block key of the exact log of limit name, of kind,
 // and id.
 func blockKey(name, kind, id string) string {
-	return store.BlockKey(store.LogID{Key: logKey(name, kind, id)})
+	return redislog.BlockKey(redislog.LogID{Key: logKey(name, kind, id)})
 }
 
 // endBlock makes the block at key end now on the Redis clock: on
@@ -73,8 +74,8 @@ func testBlockAcrossReplicas(t *testing.T, b backend) {
 	ca, cb := b.newClient(t), b.newClient(t)
 	hook := &countingHook{}
 	ca.AddHook(hook)
-	a := mustNew(t, ca, []Limit{limit, PerMinute(100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: time.Hour}))
-	rb := mustNew(t, cb, []Limit{limit, PerMinute(100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
+	a := mustNew(t, ca, []Limit{limit, PerMinute(100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour}))
+	rb := mustNew(t, cb, []Limit{limit, PerMinute(100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
 	ids := []string{"c1", "c1"}
 	allow := func(l *Limiter) Result {
 		t.Helper()
@@ -150,7 +151,7 @@ func testBlockReset(t *testing.T, b backend) {
 			// time (a unit on), which a pass at the same time would be
 			// decided at.
 			clock.Set(t0.Add(time.Duration(pass) * time.Minute))
-			l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("rst").Block(time.Hour)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: time.Hour}))
+			l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("rst").Block(time.Hour)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour}))
 			ids := []string{"x"}
 			l.Allow(ctx, ids, 1)
 			if res, err := l.Allow(ctx, ids, 1); err != nil || res.Allowed || res.RetryAfter != time.Hour {
@@ -189,7 +190,7 @@ func TestBlockFailedDecision(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		c := b.newClient(t)
-		l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("fa").Block(time.Hour), PerMinute(5, Header("X-Id")).Named("fb")}, WithRedis(RedisOptions{DenyCache: -1}))
+		l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("fa").Block(time.Hour), PerMinute(5, Header("X-Id")).Named("fb")}, withRedis(redisstore.Options{DenyCache: -1}))
 		ids := []string{"y", "y"}
 		if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed {
 			t.Fatalf("%+v, %v", res, err)
@@ -220,7 +221,7 @@ func TestBlockFailedDecision(t *testing.T) {
 func TestBlockHeaders(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: t0}
-		l := mustNew(t, b.newClient(t), []Limit{PerSecond(1, ClientIP()).Named("hb").Block(90 * time.Second)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: time.Hour}))
+		l := mustNew(t, b.newClient(t), []Limit{PerSecond(1, ClientIP()).Named("hb").Block(90 * time.Second)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour}))
 		h := l.Handler(okHandler)
 		serve(h, "GET", "/", "10.0.0.1:1")
 		w := serve(h, "GET", "/", "10.0.0.1:1")
@@ -268,7 +269,7 @@ func TestBlockClockSteps(t *testing.T) {
 		ctx := context.Background()
 		clock := &testClock{t: t0}
 		c := b.newClient(t)
-		l := mustNew(t, c, []Limit{PerSecond(1, Header("X-Id")).Named("cs").Block(10 * time.Minute)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
+		l := mustNew(t, c, []Limit{PerSecond(1, Header("X-Id")).Named("cs").Block(10 * time.Minute)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
 		ids := []string{"s"}
 		l.Allow(ctx, ids, 1)
 		if res, err := l.Allow(ctx, ids, 1); err != nil || res.Allowed || res.RetryAfter != 10*time.Minute {
@@ -295,7 +296,7 @@ func TestUnblockLimit(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		clock := &testClock{t: t0}
-		l := mustNew(t, b.newClient(t), []Limit{PerMinute(1, Header("X-Id")).Named("ub").Block(time.Hour)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: time.Hour}))
+		l := mustNew(t, b.newClient(t), []Limit{PerMinute(1, Header("X-Id")).Named("ub").Block(time.Hour)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour}))
 		ids := []string{"u"}
 		l.Allow(ctx, ids, 1)
 		if res, _ := l.Allow(ctx, ids, 1); res.Allowed || res.Limits[0].Blocked.IsZero() {
@@ -330,7 +331,7 @@ func TestBlockUnderOOM(t *testing.T) {
 			c := srv.Client()
 			ctx := context.Background()
 			clock := &testClock{t: t0}
-			lim := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("oom").Block(time.Hour)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}), WithFailureMode(FailOpen))
+			lim := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("oom").Block(time.Hour)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}), WithFailureMode(FailOpen))
 			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(scriptsOnly)
 			for _, id := range []string{"blocked", "over"} {
 				if res, err := lim.Allow(ctx, []string{id}, 1); err != nil || !res.Allowed {
@@ -373,7 +374,7 @@ func TestBlockWithPlans(t *testing.T) {
 			PerMinute(1, Header("X-Id")).Named("pb").Block(time.Hour).Tiered(plans),
 			PerMinute(10, Header("X-Id")).Named("pc"),
 			PerMinute(5, Header("X-Id")).Named("pd").Tiered(Plans{Quotas: map[string]int{"pro": 7}, Of: plans.Of}),
-		}, WithRedis(RedisOptions{DenyCache: -1}))
+		}, withRedis(redisstore.Options{DenyCache: -1}))
 		ids := []string{"p", "p", "p"}
 		for i := range 3 {
 			res, err := l.Allow(ctx, ids, 1)
@@ -396,8 +397,8 @@ func TestBlockResetOtherReplica(t *testing.T) {
 		ctx := context.Background()
 		clock := &testClock{t: t0}
 		limit := PerMinute(1, Header("X-Id")).Named("ro").Block(time.Hour)
-		a := mustNew(t, b.newClient(t), []Limit{limit}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: 5 * time.Second}))
-		other := mustNew(t, b.newClient(t), []Limit{limit}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: 5 * time.Second}))
+		a := mustNew(t, b.newClient(t), []Limit{limit}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: 5 * time.Second}))
+		other := mustNew(t, b.newClient(t), []Limit{limit}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: 5 * time.Second}))
 		ids := []string{"r"}
 		a.Allow(ctx, ids, 1)
 		if res, _ := a.Allow(ctx, ids, 1); res.Allowed || res.Limits[0].Blocked.IsZero() {
@@ -425,13 +426,13 @@ func TestBlockOperatorUnblock(t *testing.T) {
 		ctx := context.Background()
 		clock := &testClock{t: t0}
 		c := b.newClient(t)
-		l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("ou").Block(time.Hour)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: time.Hour, OperatorRefresh: -1}))
+		l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("ou").Block(time.Hour)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour, OperatorRefresh: -1}))
 		ids := []string{"x"}
 		l.Allow(ctx, ids, 1)
 		if res, _ := l.Allow(ctx, ids, 1); res.Allowed || !res.Blocked {
 			t.Fatalf("not blocked: %+v", res)
 		}
-		bare, err := operator.New(c, "ratelimit:")
+		bare, err := operator.New(c, operator.Options{Prefix: "ratelimit:"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -459,7 +460,7 @@ func TestBlockOperatorUnblock(t *testing.T) {
 // RemoteAddr is answered 429.
 func blockProbe(t *testing.T, b backend, opts ...clientip.Option) (*operator.Operator, func(remote string) bool) {
 	t.Helper()
-	l := newDriven(t, b.newClient(t), []Limit{PerMinute(1000, ClientIP(opts...)).Named("ip")}, WithRedis(RedisOptions{DenyCache: -1}))
+	l := newDriven(t, b.newClient(t), []Limit{PerMinute(1000, ClientIP(opts...)).Named("ip")}, withRedis(redisstore.Options{DenyCache: -1}))
 	h := l.Handler(okHandler)
 	return l.Inspect().Operator(), func(remote string) bool {
 		t.Helper()

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"net"
 	"net/http"
 	"os"
@@ -15,8 +15,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // TestCircuitBreaker: after 3 failures in a row the limiter stops calling
@@ -27,7 +27,7 @@ func TestCircuitBreaker(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	var hooked []error
-	lim := mustNew(t, c, []Limit{PerMinute(100, Global())}, WithRedis(RedisOptions{BreakerFailures: 3, BreakerCoolDown: 10 * time.Second}), noRefresh,
+	lim := mustNew(t, c, []Limit{PerMinute(100, Global())}, withRedis(redisstore.Options{BreakerFailures: 3, BreakerCoolDown: 10 * time.Second}), noRefresh,
 		WithHandlers(Handlers{Error: func(_ *http.Request, err error) { hooked = append(hooked, err) }}))
 	clock := &testClock{t: t0}
 	lim.redis.Breakers.Now = clock.Now
@@ -43,30 +43,30 @@ func TestCircuitBreaker(t *testing.T) {
 
 	mr.SetError("LOADING Redis is loading the dataset in memory")
 	for i := range 3 {
-		if err := allow(); err == nil || errors.Is(err, pubstore.ErrCircuitOpen) {
+		if err := allow(); err == nil || errors.Is(err, redisstore.ErrCircuitOpen) {
 			t.Fatalf("failure %d: %v", i, err)
 		}
 	}
 	if n := calls(func() {
-		if err := allow(); !errors.Is(err, pubstore.ErrCircuitOpen) {
-			t.Errorf("after 3 failures: %v, want pubstore.ErrCircuitOpen", err)
+		if err := allow(); !errors.Is(err, redisstore.ErrCircuitOpen) {
+			t.Errorf("after 3 failures: %v, want redisstore.ErrCircuitOpen", err)
 		}
 	}); n != 0 {
 		t.Errorf("an open breaker sent %d commands", n)
 	}
 	// The middleware answers at once, and the hook sees why.
-	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 503 || len(hooked) != 1 || !errors.Is(hooked[0], pubstore.ErrCircuitOpen) {
+	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 503 || len(hooked) != 1 || !errors.Is(hooked[0], redisstore.ErrCircuitOpen) {
 		t.Errorf("middleware with an open breaker: %d, hook %v", w.Code, hooked)
 	}
 
 	// After the cool-down one probe goes through; it fails, so the
 	// breaker opens again.
 	clock.Set(t0.Add(10 * time.Second))
-	if err := allow(); err == nil || errors.Is(err, pubstore.ErrCircuitOpen) {
+	if err := allow(); err == nil || errors.Is(err, redisstore.ErrCircuitOpen) {
 		t.Errorf("probe after the cool-down: %v, want Redis's own error", err)
 	}
-	if err := allow(); !errors.Is(err, pubstore.ErrCircuitOpen) {
-		t.Errorf("after a failed probe: %v, want pubstore.ErrCircuitOpen", err)
+	if err := allow(); !errors.Is(err, redisstore.ErrCircuitOpen) {
+		t.Errorf("after a failed probe: %v, want redisstore.ErrCircuitOpen", err)
 	}
 
 	// Redis is back: the next probe closes the breaker.
@@ -103,7 +103,7 @@ func TestFailLocal(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	var hooked int
 	lim := mustNew(t, c, []Limit{PerMinute(3, ClientIP()).Named("ip")}, WithFailureMode(FailLocal),
-		WithRedis(RedisOptions{BreakerFailures: -1}), WithHandlers(Handlers{Error: func(*http.Request, error) { hooked++ }}))
+		withRedis(redisstore.Options{BreakerFailures: -1}), WithHandlers(Handlers{Error: func(*http.Request, error) { hooked++ }}))
 	h := lim.Handler(okHandler)
 	codes := func(n int, addr string) string {
 		var s []string
@@ -157,7 +157,7 @@ func TestBreakerSlowCalls(t *testing.T) {
 	admit := (slidinglog.AppendReply(nil, slidinglog.Reply{Allowed: true, Denied: -1, Now: now},
 		[]slidinglog.LimitReply{{Count: 0, Reset: now + 60e6, Stamp: now}}))
 	timeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded} // what a socket deadline gives
-	lim := mustNew(t, stubClient{}, []Limit{PerMinute(100, Header("X-Client"))}, WithRedis(RedisOptions{BreakerFailures: 3, BreakerCoolDown: time.Hour}))
+	lim := mustNew(t, stubClient{}, []Limit{PerMinute(100, Header("X-Client"))}, withRedis(redisstore.Options{BreakerFailures: 3, BreakerCoolDown: time.Hour}))
 	blocked := make(chan chan struct{}) // a slow call's release
 	lim.redis.Lib = fakeLibrary{decide: func(keys []string) (any, error) {
 		if strings.Contains(keys[0], "slow") {
@@ -222,8 +222,8 @@ func TestBreakerSlowCalls(t *testing.T) {
 	if !lim.Inspect().BreakerOpen() {
 		t.Error("timeouts while Redis answered nobody did not open the breaker")
 	}
-	if err := fast(); !errors.Is(err, pubstore.ErrCircuitOpen) {
-		t.Errorf("after timeouts while Redis answered nobody: %v, want pubstore.ErrCircuitOpen", err)
+	if err := fast(); !errors.Is(err, redisstore.ErrCircuitOpen) {
+		t.Errorf("after timeouts while Redis answered nobody: %v, want redisstore.ErrCircuitOpen", err)
 	}
 }
 
@@ -232,7 +232,7 @@ func TestBreakerSlowCalls(t *testing.T) {
 // its goroutines on time) and starts the count of failures over; timeouts
 // learnt on time still open the breaker.
 func TestBreakerBusyProcess(t *testing.T) {
-	bs := &store.Breakers{Failures: 3, CoolDown: time.Hour}
+	bs := &redislog.Breakers{Failures: 3, CoolDown: time.Hour}
 	b := &bs.Single
 	timeout := fmt.Errorf("ratelimit: redis: %w", context.DeadlineExceeded)
 	onTime := func() { // a deadline an hour away: learnt before it passed
@@ -263,7 +263,7 @@ func TestBreakerBusyProcess(t *testing.T) {
 // TestBreakerIgnoresCancelled: decisions their callers cancelled (clients
 // that went away) neither count as failures nor start the count over.
 func TestBreakerIgnoresCancelled(t *testing.T) {
-	bs := &store.Breakers{Failures: 3, CoolDown: time.Hour}
+	bs := &redislog.Breakers{Failures: 3, CoolDown: time.Hour}
 	b := &bs.Single
 	fail := func(err error) {
 		start := time.Now()
@@ -292,7 +292,7 @@ func TestBreakerIgnoresCallersDeadline(t *testing.T) {
 }
 
 func testBreakerIgnoresCallersDeadline(t *testing.T, b backend) {
-	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(100, Global())}, WithRedis(RedisOptions{BreakerFailures: 3, BreakerCoolDown: time.Hour}))
+	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(100, Global())}, withRedis(redisstore.Options{BreakerFailures: 3, BreakerCoolDown: time.Hour}))
 	failed := 0
 	for _, d := range []time.Duration{-time.Second, 0, time.Nanosecond, time.Microsecond, time.Microsecond, 10 * time.Microsecond} {
 		ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -314,7 +314,7 @@ func testBreakerIgnoresCallersDeadline(t *testing.T, b backend) {
 // opens the breaker through the calls that had it, whatever the hurried
 // ones do in between.
 func TestBreakerHurriedCalls(t *testing.T) {
-	bs := &store.Breakers{Failures: 3, CoolDown: time.Hour}
+	bs := &redislog.Breakers{Failures: 3, CoolDown: time.Hour}
 	b := &bs.Single
 	timeout := fmt.Errorf("ratelimit: redis: %w", context.DeadlineExceeded)
 	call := func(hurried bool) {
@@ -350,15 +350,15 @@ func TestBreakerSlowPlanOf(t *testing.T) {
 	}
 	lim := mustNew(t, backend{mr: miniredis.RunT(t)}.newClient(t), []Limit{
 		PerMinute(100, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"pro": 1000}, Of: slow}),
-	}, WithRedis(RedisOptions{BreakerFailures: 3, BreakerCoolDown: time.Hour}), WithTimeout(300*time.Millisecond))
+	}, withRedis(redisstore.Options{BreakerFailures: 3, BreakerCoolDown: time.Hour}), WithTimeout(300*time.Millisecond))
 	for i := range 5 {
-		if _, err := lim.Allow(context.Background(), []string{"slow"}, 1); errors.Is(err, pubstore.ErrCircuitOpen) {
+		if _, err := lim.Allow(context.Background(), []string{"slow"}, 1); errors.Is(err, redisstore.ErrCircuitOpen) {
 			t.Fatalf("slow Of, decision %d: %v", i, err)
 		}
 	}
 	for i := range 10 {
 		_, err := lim.Allow(context.Background(), []string{"quick"}, 1)
-		if errors.Is(err, pubstore.ErrCircuitOpen) {
+		if errors.Is(err, redisstore.ErrCircuitOpen) {
 			t.Fatalf("quick Of after 5 slow ones, decision %d: %v", i, err)
 		}
 		if err == nil {

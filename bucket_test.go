@@ -10,6 +10,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // bucketTotal returns what limit name, of kind, has counted for id in its
@@ -154,7 +156,7 @@ func testBucketedIdle(t *testing.T, b backend) {
 	opts, setTime := b.clock(t0)
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Global()).Bucketed(time.Second).Named("idle")},
-		append(opts, WithRedis(RedisOptions{DenyCache: -1}))...)
+		append(opts, withRedis(redisstore.Options{DenyCache: -1}))...)
 	ctx := context.Background()
 	for s := range 60 {
 		setTime(t0.Add(time.Duration(s) * time.Second))

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -393,7 +394,7 @@ func TestChaosPoolExhaustion(t *testing.T) {
 	// its timeout (reproduced with v9.20.0 to v9.22.0, not with v9.23.0).
 	// What this test checks is the decisions' own connections.
 	lim := mustNew(t, c, []Limit{PerMinute(1_000_000, Global()).Named("pool")},
-		WithTimeout(chaosTimeout), WithRedis(RedisOptions{BreakerFailures: -1, OperatorRefresh: -1}))
+		WithTimeout(chaosTimeout), withRedis(redisstore.Options{BreakerFailures: -1, OperatorRefresh: -1}))
 	if err := lc.admin.Do(context.Background(), "CLIENT", "PAUSE", 1000, "ALL").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -439,7 +440,7 @@ func TestChaosPoolExhaustion(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // waiting for the pause to end
 	}
-	_ = lim.Close() // its operator-state refresh (RedisOptions.OperatorRefresh)
+	_ = lim.Close() // its operator-state refresh (redisstore.Options.OperatorRefresh)
 	_ = c.Close()
 	lc.verify(t)
 }

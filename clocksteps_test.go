@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/testlog"
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // stepModel is what a limit decides, as documented: a log's time never
@@ -139,7 +140,7 @@ func testClockSteps(t *testing.T, b backend) {
 			if err := c.FlushAll(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}
-			lim := mustNew(t, c, []Limit{limit}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
+			lim := mustNew(t, c, []Limit{limit}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
 			now := t0
 			w := int64(window)
 			for i := range steps {
@@ -181,7 +182,7 @@ func TestClockStepBackWithRoom(t *testing.T) { forBackends(t, testClockStepBackW
 
 func testClockStepBackWithRoom(t *testing.T, b backend) {
 	clock := &testClock{t: t0}
-	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(3, Header("X-Id")).Named("back")}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
+	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(3, Header("X-Id")).Named("back")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
 	ctx := context.Background()
 	if res, err := lim.Allow(ctx, []string{"k"}, 1); err != nil || !res.Allowed {
 		t.Fatalf("%+v %v", res, err)
@@ -225,7 +226,7 @@ func testWindowChange(t *testing.T, b backend) {
 			now := t0
 			for phase, window := range windows {
 				// Each release is a process of its own: a client of its own.
-				lim := mustNew(t, b.newClient(t), []Limit{Per(window, quota, Header("X-Id")).Named("w")}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
+				lim := mustNew(t, b.newClient(t), []Limit{Per(window, quota, Header("X-Id")).Named("w")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
 				model.window, model.unit = window.Microseconds(), timeUnit(window)
 				// The first phase stays within one window of its start, so
 				// that it drops no entry the second would count.
@@ -268,8 +269,8 @@ func testBucketPrecisionChange(t *testing.T, b backend) {
 			clock := &testClock{t: t0}
 			ctx := context.Background()
 			// Each release is a process of its own: a client of its own.
-			before := mustNew(t, b.newClient(t), []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[0])}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
-			after := mustNew(t, b.newClient(t), []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[1])}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
+			before := mustNew(t, b.newClient(t), []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[0])}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
+			after := mustNew(t, b.newClient(t), []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[1])}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
 			for i := range 10 {
 				clock.Set(t0.Add(time.Duration(i) * time.Second))
 				if res, err := before.Allow(ctx, []string{"k"}, 1); err != nil || !res.Allowed {

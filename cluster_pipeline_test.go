@@ -12,8 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/internal/store"
 )
 
 // TestClusterPipelineRedirects sends batches of decisions, as the pipeline
@@ -56,7 +56,7 @@ func TestClusterPipelineRedirects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slot := store.KeySlot(logKey("pa", "header.X-Id", "mig"))
+	slot := redislog.KeySlot(logKey("pa", "header.X-Id", "mig"))
 	var healthy []string
 	slots := map[int]bool{slot: true}
 	for i := 0; i < 10_000 && len(healthy) < 5; i++ {
@@ -65,7 +65,7 @@ func TestClusterPipelineRedirects(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s := store.KeySlot(logKey("pa", "header.X-Id", id)); p == source && !slots[s] {
+		if s := redislog.KeySlot(logKey("pa", "header.X-Id", id)); p == source && !slots[s] {
 			slots[s] = true
 			healthy = append(healthy, id)
 		}
@@ -224,13 +224,13 @@ func TestClusterBatchTryAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slot := store.KeySlot(logKey("ba", "header.X-Id", "mig"))
+	slot := redislog.KeySlot(logKey("ba", "header.X-Id", "mig"))
 	healthy := ""
 	for i := 0; i < 10_000 && healthy == ""; i++ {
 		id := "h" + strconv.Itoa(i)
 		if p, err := c.PrimaryFor(logKey("ba", "header.X-Id", id)); err != nil {
 			t.Fatal(err)
-		} else if p == source && store.KeySlot(logKey("ba", "header.X-Id", id)) != slot {
+		} else if p == source && redislog.KeySlot(logKey("ba", "header.X-Id", id)) != slot {
 			healthy = id
 		}
 	}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -19,8 +19,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/internal/store"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -213,16 +213,16 @@ func testOddIdentifiers(t *testing.T, b backend) {
 	}
 }
 
-// testSingleSlot: RedisOptions.SingleSlot puts every key in one slot, so that a
+// testSingleSlot: redisstore.Options.SingleSlot puts every key in one slot, so that a
 // global and a per-user limit are decided in one atomic call.
 func testSingleSlot(t *testing.T, b backend) {
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{
 		PerHour(5, Global()).Named("global"),
 		PerHour(2, Header("X-User")).Named("user"),
-	}, WithRedis(RedisOptions{SingleSlot: true}))
+	}, withRedis(redisstore.Options{SingleSlot: true}))
 	if lim.rules.spec.Split {
-		t.Fatal("RedisOptions.SingleSlot still splits decisions")
+		t.Fatal("redisstore.Options.SingleSlot still splits decisions")
 	}
 	admitted := 0
 	for u := range 4 {
@@ -750,7 +750,7 @@ func (ld *shardLoad) finish() shardStats {
 		st.lastFail = e.at
 		st.lastFailEnd = max(st.lastFailEnd, e.at+e.latency)
 		switch {
-		case errors.Is(e.err, pubstore.ErrCircuitOpen):
+		case errors.Is(e.err, redisstore.ErrCircuitOpen):
 			st.kinds["circuit open"]++
 		case strings.Contains(e.err.Error(), "CLUSTERDOWN"):
 			st.kinds["CLUSTERDOWN"]++
@@ -950,7 +950,7 @@ func TestClusterSlotMigration(t *testing.T) {
 		switch {
 		case migrating == "":
 			migrating = id
-		case store.KeySlot(logKey("ma", "header.X-Id", id)) != store.KeySlot(logKey("ma", "header.X-Id", migrating)):
+		case redislog.KeySlot(logKey("ma", "header.X-Id", id)) != redislog.KeySlot(logKey("ma", "header.X-Id", migrating)):
 			others = append(others, id)
 		}
 	}
@@ -964,7 +964,7 @@ func TestClusterSlotMigration(t *testing.T) {
 		}
 	}
 
-	slot := store.KeySlot(logKey("ma", "header.X-Id", migrating))
+	slot := redislog.KeySlot(logKey("ma", "header.X-Id", migrating))
 	if got, err := rdb.ClusterKeySlot(ctx, logKey("ma", "header.X-Id", migrating)).Result(); err != nil || got != int64(slot) {
 		t.Fatalf("CLUSTER KEYSLOT %d, %v; keySlot %d", got, err, slot)
 	}
@@ -1044,7 +1044,7 @@ func TestClusterSlotMigration(t *testing.T) {
 // unserved refuses every command with CLUSTERDOWN) by taking a slot from it
 // with CLUSTER DELSLOTS, and gives it back. While the node says
 // CLUSTERDOWN, decisions on it fail with that error, never with
-// pubstore.ErrCircuitOpen; once every node reports cluster_state:ok again, the very
+// redisstore.ErrCircuitOpen; once every node reports cluster_state:ok again, the very
 // next decisions succeed. The breakers' clock stands still, so a breaker
 // the CLUSTERDOWN replies opened (every primary's, for its cool-down, in a
 // real outage) would stay open, and the test would fail, however slow the machine.
@@ -1089,7 +1089,7 @@ func TestClusterDownRecovery(t *testing.T) {
 	slot := -1
 	for _, s := range slots {
 		if len(s.Nodes) > 0 && s.Nodes[0].Addr == down.Addr {
-			if slot = s.Start; slot == store.KeySlot(logKey("cd", "header.X-Id", ids[down])) {
+			if slot = s.Start; slot == redislog.KeySlot(logKey("cd", "header.X-Id", ids[down])) {
 				slot++
 			}
 			break
@@ -1115,7 +1115,7 @@ func TestClusterDownRecovery(t *testing.T) {
 	// 2 breakers' worth of decisions on the node that says CLUSTERDOWN.
 	for i := range 2 * defaultBreakerFailures {
 		err := allow(ids[down])
-		if err == nil || errors.Is(err, pubstore.ErrCircuitOpen) || !strings.Contains(err.Error(), "CLUSTERDOWN") {
+		if err == nil || errors.Is(err, redisstore.ErrCircuitOpen) || !strings.Contains(err.Error(), "CLUSTERDOWN") {
 			t.Fatalf("decision %d on %s, which says CLUSTERDOWN: %v; want CLUSTERDOWN", i, down.Addr, err)
 		}
 	}

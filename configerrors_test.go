@@ -8,7 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/redisstore"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // TestNewSaysEveryMistake: New reports the mistakes of the limits, the
@@ -18,7 +19,7 @@ import (
 func TestNewSaysEveryMistake(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /login", func(http.ResponseWriter, *http.Request) {})
-	local, err := pubstore.NewLocal(pubstore.LocalOptions{})
+	local, err := store.NewLocal(store.LocalOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +107,7 @@ func TestNewSaysEveryMistake(t *testing.T) {
 func TestNewSaysNameClashWithOtherMistakes(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	noRefresh := WithRedis(RedisOptions{OperatorRefresh: -1})
+	noRefresh := withRedis(redisstore.Options{OperatorRefresh: -1})
 	first, err := New(c, []Limit{PerMinute(5, ClientIP()).Named("shared")}, noRefresh)
 	if err != nil {
 		t.Fatal(err)

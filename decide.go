@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/internal/store"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // decide decides a request of cost over the limits' keys for s.ids.
@@ -26,7 +26,7 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 		rs.evictions.Start(rs.client, rs.cfg.logger) // once per Limiter, in the background
 	}
 	q := &s.q
-	*q = store.Query{Query: pubstore.Query{Limits: rs.spec.Public, Cost: cost, Peek: peek}, Spec: rs.spec, Wall: time.Now(), Timeout: rs.cfg.timeout}
+	*q = redislog.Query{Query: store.Query{Limits: rs.spec.Public, Cost: cost, Peek: peek}, Spec: rs.spec, Wall: time.Now(), Timeout: rs.cfg.timeout}
 	q.Local = q.Wall
 	if rs.cfg.clock != nil {
 		q.Local = rs.cfg.clock()
@@ -76,21 +76,27 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	res := rs.result(s, out, cost, peek)
 	rs.reportShadowBlocks(s, &res)
 	if len(rs.spec.InFlight) > 0 && (err == nil || out.Local) && out.Allowed && !peek {
-		var local *pubstore.Local
-		if out.Local || rs.decidesLocally() {
-			local = rs.local
+		var in store.Holder // Redis's
+		if out.Local {
+			in = rs.local
+		} else if rs.redis == nil {
+			in, _ = rs.cfg.store.(store.Holder) // New checked it
 		}
-		res.hold = rs.newHold(q, out, local)
+		res.hold = rs.newHold(q, out, in)
 	}
-	if (err == nil || out.Local) && out.Allowed && !peek && s.wantTicket && (rs.redis != nil || out.Local || rs.decidesLocally()) {
+	settler, _ := rs.cfg.store.(store.Settler)
+	if (err == nil || out.Local) && out.Allowed && !peek && s.wantTicket && (rs.redis != nil || out.Local || settler != nil) {
 		t := &ticket{rs: rs.redis, denies: rs.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
 			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout, clock: rs.cfg.clock, settled: &rs.settled,
 			owner: rs.Limiter}
 		if q.Quotas != nil {
 			t.quotas = slices.Clone(q.Quotas)
 		}
-		if out.Local || rs.decidesLocally() {
-			t.local = rs.local
+		switch {
+		case out.Local:
+			t.in = rs.local
+		case rs.redis == nil:
+			t.in = settler
 		}
 		for i := range t.stamps {
 			if !rs.spec.Limits[i].InFlight { // a refund never releases a slot
@@ -105,7 +111,7 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 // decidesLocally reports whether l decides in a store.Local that
 // WithStore gave (l.local).
 func (l *Limiter) decidesLocally() bool {
-	_, ok := l.cfg.store.(*pubstore.Local)
+	_, ok := l.cfg.store.(*store.Local)
 	return ok
 }
 
@@ -200,7 +206,7 @@ func (rs *ruleset) reportShadowBlocks(s *scratch, res *Result) {
 // blockedOutcome fills out with the denial of a request of ids that a
 // manual block answers, at now (Unix µs), and reports whether there is
 // one. fromKeys is decide's.
-func (rs *ruleset) blockedOutcome(s *scratch, ids []string, fromKeys bool, now int64, out *store.Outcome, replies []store.Reply) bool {
+func (rs *ruleset) blockedOutcome(s *scratch, ids []string, fromKeys bool, now int64, out *redislog.Outcome, replies []redislog.Reply) bool {
 	o := rs.ops.Load()
 	if o == nil || !o.blocking {
 		return false
@@ -218,7 +224,7 @@ func (rs *ruleset) blockedOutcome(s *scratch, ids []string, fromKeys bool, now i
 	out.Now, out.Denier = now, i
 	// The limit that names the client reads full until the block ends:
 	// Remaining 0, Reset and Retry-After the block's end.
-	out.Replies[i] = store.Reply{OK: true, Now: now, Count: int64(rs.limits[i].tiers[0].quota), Reset: until, Next: until}
+	out.Replies[i] = redislog.Reply{OK: true, Now: now, Count: int64(rs.limits[i].tiers[0].quota), Reset: until, Next: until}
 	return true
 }
 
@@ -288,7 +294,7 @@ func (lim *compiledLimit) planOf(ctx context.Context, id string, now, deadline t
 // deadline returns when a call to Redis begun at start must end: after the
 // limiter's timeout, or at ctx's deadline if that is earlier.
 func (l *Limiter) deadline(ctx context.Context, start time.Time) time.Time {
-	return store.Deadline(ctx, start, l.cfg.timeout)
+	return redislog.Deadline(ctx, start, l.cfg.timeout)
 }
 
 // scratch holds what one decision needs, recycled through scratches so that
@@ -304,15 +310,15 @@ type scratch struct {
 	ends       []int
 	keys       []string
 	tags       []string
-	reps       []store.Reply
+	reps       []redislog.Reply
 	limits     []LimitResult
 	tiers      []int // each limit's plan (tier), when the Limiter has plans
 	quotas     []int // and quota (0: not counted)
 	// shadowUntil: when the manual block of each shadow limit's
 	// identifier ends, 0 if none (shadowBlocks)
 	shadowUntil []int64
-	q           store.Query // q.abandoned: a call that may still read the keys went on without the decision
-	out         store.Outcome
+	q           redislog.Query // q.abandoned: a call that may still read the keys went on without the decision
+	out         redislog.Outcome
 }
 
 var scratches = sync.Pool{New: func() any { return new(scratch) }}
@@ -330,11 +336,11 @@ func (s *scratch) put() {
 	clear(s.tags)
 	s.ids, s.keys, s.tags, s.tiers, s.quotas, s.shadowUntil = s.ids[:0], s.keys[:0], s.tags[:0], s.tiers[:0], s.quotas[:0], s.shadowUntil[:0]
 	s.wantTicket, s.digests = false, false
-	s.q, s.out = store.Query{}, store.Outcome{}
+	s.q, s.out = redislog.Query{}, redislog.Outcome{}
 	scratches.Put(s)
 }
 
-func (s *scratch) replies(n int) []store.Reply {
+func (s *scratch) replies(n int) []redislog.Reply {
 	s.reps = grow(s.reps, n)
 	return s.reps
 }
@@ -382,7 +388,7 @@ func (rs *ruleset) tags(dst, keys []string) []string {
 
 // result builds the Result of a decision of cost from its outcome; its
 // Limits are s's, which the caller copies if they are to outlive s.
-func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) Result {
+func (rs *ruleset) result(s *scratch, out *redislog.Outcome, cost int, peek bool) Result {
 	res := Result{Allowed: out.Allowed, Now: time.UnixMicro(out.Now), Limits: s.results(len(rs.limits)), Local: out.Local, Cached: out.Cached}
 	closest := -1
 	for i := range rs.limits {
@@ -450,7 +456,7 @@ func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) R
 // wraps [ErrNotRefundable]. A Result whose plans exempted it from every
 // limit ([Unlimited]) counted nothing, and its Refund returns nil. Another
 // instance's deny cache may keep denying the keys for up to its maximum age
-// ([RedisOptions].DenyCache). A Result [FailLocal] decided is refunded in this
+// (redisstore.Options.DenyCache). A Result [FailLocal] decided is refunded in this
 // process's logs, where it was counted. Refund is [Limiter.Settle] at cost
 // 0: the two share the Result's once flag, and its error tells the same
 // outcomes apart: nil once applied, [ErrSettlePending] when Redis had not
@@ -524,7 +530,7 @@ func (l *Limiter) Status(ctx context.Context, ids []string, cost int) (Result, e
 // (not an overflow log that other clients share), even when Redis cannot
 // be reached, whose error Reset then returns. This instance's deny cache forgets the keys at once;
 // another instance may keep denying from its own for up to its maximum age
-// ([RedisOptions].DenyCache). All the keys share one timeout ([WithTimeout]); the
+// (redisstore.Options.DenyCache). All the keys share one timeout ([WithTimeout]); the
 // error joins the failures of each limit. Reset covers l's own limits: to
 // reset a limit a route declared ([WithRoutes]), call Reset on a Limiter
 // built with that limit (the same name and prefix address the same
@@ -551,25 +557,39 @@ func (rs *ruleset) reset(ctx context.Context, ids []string) error {
 		if err := rs.forget(ctx, i, key, req); err != nil {
 			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", rs.limits[i].Name, err))
 		}
-		rs.denies.Forget(store.LogID{Key: key, Field: rs.spec.Limits[i].Field})
-		rs.local.Forget(store.LogID{Key: key, Field: rs.spec.Limits[i].Field}) // FailLocal's count, and block
+		rs.denies.Forget(redislog.LogID{Key: key, Field: rs.spec.Limits[i].Field})
+		rs.local.Forget(ctx, rs.forgetQuery(i, key)) // FailLocal's count, and block
 	}
 	return errors.Join(errs...)
 }
 
 // forget forgets, in Redis, what limit i counted at key, with the forget
-// request req; a Limiter with no Redis (WithStore) has nothing there to
-// forget, and fails unless it decides in a store.Local, which the
+// request req; a Limiter with no Redis (WithStore) forgets in its store,
+// which must be a store.Forgetter, unless it is a store.Local, which the
 // callers forget in.
 func (rs *ruleset) forget(ctx context.Context, i int, key string, req []byte) error {
 	if rs.redis == nil {
 		if rs.decidesLocally() {
 			return nil
 		}
-		return errNoReset
+		f, ok := rs.cfg.store.(store.Forgetter)
+		if !ok {
+			return fmt.Errorf("the store cannot forget a client: %T does not implement store.Forgetter", rs.cfg.store)
+		}
+		return f.Forget(ctx, rs.forgetQuery(i, key))
 	}
 	_, err := rs.redis.Lib.Forget(ctx, rs.spec.LuaKeys([]string{key}, []int{i}), req)
 	return err
+}
+
+// forgetQuery returns the query of a Forget of limit i's log at key, at
+// the Limiter's clock (WithClock) if it has one, else at the store's.
+func (rs *ruleset) forgetQuery(i int, key string) *store.Query {
+	q := &store.Query{Limits: rs.spec.Public[i : i+1], Keys: []string{key}, Cost: 1}
+	if rs.cfg.clock != nil {
+		q.Now = max(rs.cfg.clock().UnixMicro(), 0)
+	}
+	return q
 }
 
 // forgetRequest returns the request that forgets what limit i counted:
@@ -583,10 +603,6 @@ func (rs *ruleset) forgetRequest(i int) []byte {
 	}
 	return slidinglog.AppendRequest(nil, now, 1, rs.spec.Limits[i].Lua)
 }
-
-// errNoReset is the error of a Reset on a Limiter whose store of
-// WithStore cannot forget.
-var errNoReset = errors.New("the store cannot forget a client (only a store.Local can)")
 
 // Unreverted returns how many units of cost this Limiter, its routes included,
 // has left counted in Redis for requests that were not admitted

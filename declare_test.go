@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // warnLog collects the limits WarningDefinitionConflict names in a
@@ -119,7 +120,7 @@ func TestDefinitionConflicts(t *testing.T) {
 				live = append(live, rep)
 			}
 			for _, rep := range live {
-				rep.l = newDriven(t, b.newClient(t), rep.limits, WithRedis(RedisOptions{Prefix: prefix}),
+				rep.l = newDriven(t, b.newClient(t), rep.limits, withRedis(redisstore.Options{Prefix: prefix}),
 					WithLogger(slog.New(slog.NewTextHandler(rep.log, nil)), false), WithObserver(rep.obs))
 			}
 			for _, rep := range live {

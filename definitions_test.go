@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // TestQuotaChangeOneBudget: the replicas of an old and a new release (two
@@ -31,8 +33,8 @@ func TestQuotaChangeOneBudget(t *testing.T) {
 				key, header = Header("X-Api-Key"), "X-Api-Key"
 			}
 			clock := &testClock{t: time.Unix(1_700_000_000+int64(round)*10_000, 0)}
-			oldRel := mustNew(t, b.newClient(t), []Limit{Per(window, oldQ, key)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
-			newRel := mustNew(t, b.newClient(t), []Limit{Per(window, newQ, key)}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
+			oldRel := mustNew(t, b.newClient(t), []Limit{Per(window, oldQ, key)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
+			newRel := mustNew(t, b.newClient(t), []Limit{Per(window, newQ, key)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
 			replicas := []http.Handler{oldRel.Handler(okHandler), newRel.Handler(okHandler)}
 			quotas := []int{oldQ, newQ}
 			ask := func(h http.Handler, client int) int {
@@ -205,7 +207,7 @@ func TestNameOneDefinition(t *testing.T) {
 					}
 				}
 				// Another prefix, or another client, is another log.
-				if _, err := New(c, []Limit{ly}, WithRedis(RedisOptions{Prefix: "other:"})); err != nil {
+				if _, err := New(c, []Limit{ly}, withRedis(redisstore.Options{Prefix: "other:"})); err != nil {
 					t.Fatalf("%s: another prefix: %v", desc, err)
 				}
 				if _, err := New(b.newClient(t), []Limit{ly}); err != nil {

@@ -64,7 +64,7 @@ func WithHandlers(h Handlers) Option {
 // A DenialObserver is an [Observer] that also wants to know whom a limit
 // denied: the admin package's heavy-hitters sketch. Give it to
 // [WithObserver]; after the Observe of each decision that denied a
-// request (from Redis, from the deny cache, [RedisOptions].DenyCache, or from
+// request (from Redis, from the deny cache, redisstore.Options.DenyCache, or from
 // [FailLocal]'s count), the Limiter calls ObserveDenial with the name of
 // the limit that denied (Result.DeniedBy) and the identifier that limit's
 // [Key] gave the request, or [Limiter.Allow] was given. Shadow limits

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // denialLog is a DenialObserver that keeps what it is told.
@@ -52,7 +54,7 @@ func testDenialObserver(t *testing.T, b backend) {
 	r := rand.New(rand.NewPCG(seed, 0))
 	opts, _ := b.clock(t0)
 	if b.srv != nil {
-		opts = append(opts, WithRedis(RedisOptions{DenyCache: time.Minute})) // denials from memory are reported too
+		opts = append(opts, withRedis(redisstore.Options{DenyCache: time.Minute})) // denials from memory are reported too
 	}
 	log := &denialLog{}
 	var denied struct {

@@ -11,7 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -26,7 +27,7 @@ func testDenyCache(t *testing.T, b backend) {
 	c := b.newClient(t)
 	hook := &countingHook{}
 	c.AddHook(hook)
-	lim := mustNew(t, c, []Limit{PerMinute(4, Global()).Named("d")}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: 5 * time.Second}))
+	lim := mustNew(t, c, []Limit{PerMinute(4, Global()).Named("d")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: 5 * time.Second}))
 	ctx := context.Background()
 	allow := func(cost int) (Result, int64) {
 		t.Helper()
@@ -115,7 +116,7 @@ func testDenyCacheSlowReply(t *testing.T, b backend) {
 	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	direct := b.newClient(t)
-	lim := mustNew(t, c, []Limit{Per(3*time.Second, 2, Global()).Named("slow")}, WithRedis(RedisOptions{DenyCache: 10 * time.Second}))
+	lim := mustNew(t, c, []Limit{Per(3*time.Second, 2, Global()).Named("slow")}, withRedis(redisstore.Options{DenyCache: 10 * time.Second}))
 	ctx := context.Background()
 	// Requests of cost 1, then 2, take 350ms to reach Redis: the first is
 	// admitted, the second denied, and the denial cached.
@@ -157,7 +158,7 @@ func TestDenyCacheLearnsFromAdmissions(t *testing.T) {
 		lim := mustNew(t, c, []Limit{
 			Per(time.Second, 1, Header("X-Client")).Named("x"),
 			Per(3*time.Second, 2, Global()).Named("g"),
-		}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: 10 * time.Second}))
+		}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: 10 * time.Second}))
 		ctx := context.Background()
 		allow := func(client string) Result {
 			t.Helper()
@@ -314,7 +315,7 @@ func testDenyCacheHostileBytes(t *testing.T, b backend) {
 	r := rand.New(rand.NewPCG(seed, 0))
 	const prefix, name = "hostile:", "per-client"
 	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(1, Header("X-Client")).Named(name)},
-		WithRedis(RedisOptions{Prefix: prefix, DenyCache: time.Minute}))
+		withRedis(redisstore.Options{Prefix: prefix, DenyCache: time.Minute}))
 	h := lim.Handler(okHandler)
 	buf := make([]byte, 2<<20)
 	for i := range buf {
@@ -344,7 +345,7 @@ func testDenyCacheHostileBytes(t *testing.T, b backend) {
 	if held < n/2 || held > n {
 		t.Fatalf("seed %d: %d denials held for %d clients", seed, held, n)
 	}
-	if b := lim.denies.Bytes(); b > held*(maxKey+store.DenyEntryOverhead) || b > store.MaxDenyBytes(maxKey) {
-		t.Errorf("seed %d: %d denials hold %d bytes, more than %d each", seed, held, b, maxKey+store.DenyEntryOverhead)
+	if b := lim.denies.Bytes(); b > held*(maxKey+redislog.DenyEntryOverhead) || b > redislog.MaxDenyBytes(maxKey) {
+		t.Errorf("seed %d: %d denials hold %d bytes, more than %d each", seed, held, b, maxKey+redislog.DenyEntryOverhead)
 	}
 }

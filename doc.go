@@ -5,7 +5,7 @@
 // user, route template, header, or a constant). A [Limiter] holds several
 // limits and decides each request with one Lua call that runs atomically in
 // Redis (a Redis Function on Redis 7 and later, a script otherwise; see
-// store.LibraryName): it counts each limit's log entries still in the window,
+// redisstore.LibraryName): it counts each limit's log entries still in the window,
 // checks that every limit has room for the request's cost, and only then
 // logs it in all of them. A denied request is logged nowhere. Time is the Redis server's
 // clock.

@@ -12,7 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -40,7 +41,7 @@ func (h *recordHandler) evictionWarnings() []map[string]string {
 	defer h.mu.Unlock()
 	var ws []map[string]string
 	for _, r := range h.records {
-		if r.Message != store.EvictionWarning {
+		if r.Message != redislog.EvictionWarning {
 			continue
 		}
 		attrs := map[string]string{"level": r.Level.String()}
@@ -60,7 +61,7 @@ func waitEvictionCheck(t *testing.T, lim *Limiter) {
 	t.Helper()
 	select {
 	case <-lim.evictions.Done:
-	case <-time.After(store.EvictionCheckTimeout + 20*time.Second):
+	case <-time.After(redislog.EvictionCheckTimeout + 20*time.Second):
 		t.Fatal("the memory policy check did not end")
 	}
 }
@@ -223,7 +224,7 @@ func TestEvictionReadmits(t *testing.T) {
 	srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
 	admin, c := srv.Client(), srv.Client()
 	ctx := context.Background()
-	lim := mustNew(t, c, []Limit{PerMinute(3, Header("X-Id")).Named("evict")}, WithRedis(RedisOptions{DenyCache: -1}))
+	lim := mustNew(t, c, []Limit{PerMinute(3, Header("X-Id")).Named("evict")}, withRedis(redisstore.Options{DenyCache: -1}))
 	allowed := func() bool {
 		res, err := lim.Allow(ctx, []string{"victim"}, 1)
 		if err != nil {

@@ -14,9 +14,9 @@ import (
 // An operator raises a limit's quota and blocks a network while the
 // application runs. Here the changes are made through the Limiter's own
 // Operator, which applies them at once; another process (an operator's
-// tool, ratelimitctl) uses operator.New(rdb, "ratelimit:") of package
+// tool, ratelimitctl) uses operator.New(rdb, operator.Options{}) of package
 // github.com/slidinglog/ratelimit/operator, and
-// every Limiter applies its changes within RedisOptions.OperatorRefresh's interval
+// every Limiter applies its changes within redisstore.Options.OperatorRefresh's interval
 // (1s by default).
 func ExampleInspector_Operator() {
 	rdb, done := newRedis()

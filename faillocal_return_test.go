@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // outageBackend is a Redis a test can cut and bring back with its data,
@@ -77,7 +78,7 @@ func returnLimiters(t *testing.T, b outageBackend, n, quota int, clock *testCloc
 		c := redis.NewClient(&redis.Options{Addr: b.addr(), ContextTimeoutEnabled: true, DialerRetries: 1, DialerRetryTimeout: time.Millisecond})
 		t.Cleanup(func() { _ = c.Close() })
 		ls[i] = mustNew(t, c, []Limit{PerMinute(quota, Header("X-Id")).Named("ret")}, WithFailureMode(FailLocal),
-			WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1, BreakerFailures: -1, OperatorRefresh: -1}))
+			WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1, BreakerFailures: -1, OperatorRefresh: -1}))
 	}
 	return ls
 }
@@ -299,7 +300,7 @@ func TestFailLocalReturnRetryAfterLatest(t *testing.T) {
 		c := redis.NewClient(&redis.Options{Addr: b.addr(), ContextTimeoutEnabled: true, DialerRetries: 1, DialerRetryTimeout: time.Millisecond})
 		t.Cleanup(func() { _ = c.Close() })
 		l := mustNew(t, c, []Limit{Per(10*time.Second, 1, Header("X-Id")).Named("short"), PerHour(2, Header("X-Id")).Named("long")},
-			WithFailureMode(FailLocal), WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1, BreakerFailures: -1, OperatorRefresh: -1}))
+			WithFailureMode(FailLocal), WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1, BreakerFailures: -1, OperatorRefresh: -1}))
 		ids := []string{"c", "c"}
 		if res, err := l.Allow(ctx, ids, 1); err != nil || res.Local || !res.Allowed {
 			t.Fatalf("Redis up: %+v, %v", res, err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/store"
 )
 
@@ -20,7 +21,7 @@ func failLocalLimiter(t *testing.T, clock *testClock, limits []Limit, opts ...Op
 	t.Helper()
 	redis := &scriptedStore{}
 	redis.down.Store(true)
-	lim := mustNew(t, stubClient{}, limits, append([]Option{WithFailureMode(FailLocal), WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1, OperatorRefresh: -1})}, opts...)...)
+	lim := mustNew(t, stubClient{}, limits, append([]Option{WithFailureMode(FailLocal), WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1, OperatorRefresh: -1})}, opts...)...)
 	lim.store = lim.wrap(redis)
 	return lim
 }
@@ -137,7 +138,7 @@ func soakFailLocal(t *testing.T, clients int, bytes int64) {
 	clock := &testClock{t: t0}
 	var opts []Option
 	if bytes > 0 {
-		opts = append(opts, WithRedis(RedisOptions{LocalMemory: bytes}))
+		opts = append(opts, WithLocalMemory(bytes))
 	}
 	base := longtest.LiveHeap()
 	lim := failLocalLimiter(t, clock, []Limit{PerMinute(quota, Header("X-Forwarded-For")).Named("ip"), PerMinute(1_000_000, Global()).Named("all")}, opts...)
@@ -198,15 +199,15 @@ func soakFailLocal(t *testing.T, clients int, bytes int64) {
 // a panic; a valid one is the local store's; 0 keeps the default.
 func TestWithLocalMemory(t *testing.T) {
 	for _, n := range []int64{-1, 65535} {
-		if _, err := New(stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithRedis(RedisOptions{LocalMemory: n})); err == nil {
-			t.Errorf("WithRedis(RedisOptions{LocalMemory: %d}): no error", n)
+		if _, err := New(stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithLocalMemory(n)); err == nil {
+			t.Errorf("WithLocalMemory(%d): no error", n)
 		}
 	}
-	lim := mustNew(t, stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithRedis(RedisOptions{LocalMemory: 1 << 20, OperatorRefresh: -1}))
+	lim := mustNew(t, stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, withRedis(redisstore.Options{OperatorRefresh: -1}), WithLocalMemory(1<<20))
 	if got := lim.local.Bound(); got != 1<<20 {
 		t.Errorf("bound %d, want %d", got, 1<<20)
 	}
-	if got := mustNew(t, stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithRedis(RedisOptions{OperatorRefresh: -1})).local.Bound(); got != store.DefaultLocalMemory {
+	if got := mustNew(t, stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, withRedis(redisstore.Options{OperatorRefresh: -1})).local.Bound(); got != store.DefaultLocalMemory {
 		t.Errorf("default bound %d, want %d", got, store.DefaultLocalMemory)
 	}
 }

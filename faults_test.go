@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"io"
 	"net"
 	"strconv"
@@ -56,7 +56,7 @@ type faultRow struct {
 }
 
 // coolDown is the "others" of a reply that counts against the breaker.
-const coolDown = "the breaker's cool-down (RedisOptions.BreakerFailures; 1s by default), after its 5th in a row"
+const coolDown = "the breaker's cool-down (redisstore.Options.BreakerFailures; 1s by default), after its 5th in a row"
 
 // faultTable is the table of Redis's answers to a decision. A reply that
 // concerns one slot, one key or one command never stops the decisions of
@@ -176,7 +176,7 @@ const faultTimeout = 2 * time.Second
 // meet the row's reply, as many as the breaker's failures in a row; then
 // the test checks what they got, whether the breaker opened, how the code
 // is loaded, and whether other clients' decisions are made. Where the
-// breaker opened, the others fail with store.ErrCircuitOpen, and are made again
+// breaker opened, the others fail with redisstore.ErrCircuitOpen, and are made again
 // once the cool-down has passed on the breakers' clock and the server is
 // well. The breakers' clock stands still otherwise, so that a breaker
 // opened by mistake stays open however slow the machine.
@@ -201,7 +201,7 @@ func TestRedisAnswers(t *testing.T) {
 			lim := mustNew(t, c, []Limit{
 				PerMinute(faultQuota, Header("X-Id")).Named("fa"),
 				PerHour(100, Header("X-Id")).Named("fb"),
-			}, WithRedis(RedisOptions{BreakerFailures: failures, BreakerCoolDown: time.Second, DenyCache: -1}), WithTimeout(timeout)) // every decision reaches the server
+			}, withRedis(redisstore.Options{BreakerFailures: failures, BreakerCoolDown: time.Second, DenyCache: -1}), WithTimeout(timeout)) // every decision reaches the server
 			clock := &testClock{t: t0}
 			lim.redis.Breakers.Now = clock.Now
 			lib := lim.redis.Lib.(*slidinglog.Redis)
@@ -225,7 +225,7 @@ func TestRedisAnswers(t *testing.T) {
 					if row.name == "WRONGTYPE" {
 						word = "WRONGTYPE"
 					}
-					if err == nil || errors.Is(err, store.ErrCircuitOpen) || !strings.Contains(err.Error(), word) {
+					if err == nil || errors.Is(err, redisstore.ErrCircuitOpen) || !strings.Contains(err.Error(), word) {
 						t.Errorf("victim's decision %d: %+v, %v; want an error with %q", i, res, err, word)
 					}
 				case getsTimeout:
@@ -276,8 +276,8 @@ func TestRedisAnswers(t *testing.T) {
 				id := "other-" + strconv.Itoa(i)
 				res, err := allow(id)
 				if row.counts {
-					if !errors.Is(err, store.ErrCircuitOpen) {
-						t.Errorf("%s with the breaker open: %+v, %v; want store.ErrCircuitOpen", id, res, err)
+					if !errors.Is(err, redisstore.ErrCircuitOpen) {
+						t.Errorf("%s with the breaker open: %+v, %v; want redisstore.ErrCircuitOpen", id, res, err)
 					}
 					continue
 				}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -121,7 +121,7 @@ func (st *floodStats) why(err error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	switch {
-	case errors.Is(err, store.ErrCircuitOpen):
+	case errors.Is(err, redisstore.ErrCircuitOpen):
 		st.circuitOpen++
 	case errors.Is(err, context.DeadlineExceeded):
 		st.timeouts++
@@ -223,7 +223,7 @@ func (st *floodStats) check(t *testing.T, what string) {
 		t.Errorf("the other clients made %.0f decisions a second beside the flood, %.0f beside the reference flood (%d decisions): less than a third", pace[1], pace[0], st.decisions[0])
 	}
 	if st.circuitOpen != 0 || st.floodCircuit.Load() != 0 {
-		t.Errorf("the breaker opened during the flood: %d of the other clients' decisions and %d of the flood's failed with store.ErrCircuitOpen",
+		t.Errorf("the breaker opened during the flood: %d of the other clients' decisions and %d of the flood's failed with redisstore.ErrCircuitOpen",
 			st.circuitOpen, st.floodCircuit.Load())
 	}
 	if all := st.alone + st.decisions[0] + st.decisions[1]; st.failed*20 > all {
@@ -264,7 +264,7 @@ func TestFloodKeepsBreakerClosed(t *testing.T) {
 		ids := []string{"flooder"}
 		return func() (bool, error) {
 			res, err := lim.Allow(ctx, ids, 1)
-			if errors.Is(err, store.ErrCircuitOpen) {
+			if errors.Is(err, redisstore.ErrCircuitOpen) {
 				st.floodCircuit.Add(1)
 			}
 			if err == nil && res.Allowed {
@@ -301,7 +301,7 @@ func TestFloodKeepsBreakerClosedHTTP(t *testing.T) {
 		WithHandlers(Handlers{Error: func(r *http.Request, err error) {
 			if r.Header.Get("X-Forwarded-For") != flooder {
 				st.why(err)
-			} else if errors.Is(err, store.ErrCircuitOpen) {
+			} else if errors.Is(err, redisstore.ErrCircuitOpen) {
 				st.floodCircuit.Add(1)
 			}
 		}}))

@@ -18,6 +18,7 @@ import (
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/testlog"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -60,7 +61,7 @@ func (b backend) clock(start time.Time) ([]Option, func(time.Time)) {
 		// The deny cache measures time on the local clock, which does not
 		// follow miniredis's.
 		b.mr.SetTime(start)
-		return []Option{WithRedis(RedisOptions{DenyCache: -1})}, b.mr.SetTime
+		return []Option{withRedis(redisstore.Options{DenyCache: -1})}, b.mr.SetTime
 	}
 	c := &testClock{t: start}
 	return []Option{WithClock(c.Now)}, c.Set
@@ -245,7 +246,7 @@ func decideOnce(l *Limiter, w http.ResponseWriter, r *http.Request) (Verdict, er
 // noRefresh turns the operator refresh off, for a test that counts the
 // commands Redis runs: the refresh's background calls (a script that
 // declares the Limiter's limits) would count among the decisions'.
-var noRefresh = WithRedis(RedisOptions{OperatorRefresh: -1})
+var noRefresh = withRedis(redisstore.Options{OperatorRefresh: -1})
 
 // startCluster starts a Redis Cluster (redistest.StartCluster) for a long
 // test: a Cluster takes seconds to form, and its tests wait out
@@ -255,4 +256,30 @@ func startCluster(tb testing.TB, primaries, replicas int, args ...string) *redis
 	tb.Helper()
 	longtest.SkipUnlessLong(tb)
 	return redistest.StartCluster(tb, primaries, replicas, args...)
+}
+
+// withRedis gives the Redis store New builds of its client the options
+// o, as redisstore.New(client, o) given with WithStore would have them.
+// Several merge field by field: a zero field keeps what an earlier one
+// gave.
+func withRedis(o redisstore.Options) Option {
+	return func(c *config) {
+		r := &c.redisOptions
+		if o.Prefix != "" {
+			r.Prefix = o.Prefix
+		}
+		if o.BreakerFailures != 0 {
+			r.BreakerFailures = o.BreakerFailures
+		}
+		if o.BreakerCoolDown != 0 {
+			r.BreakerCoolDown = o.BreakerCoolDown
+		}
+		if o.DenyCache != 0 {
+			r.DenyCache = o.DenyCache
+		}
+		if o.OperatorRefresh != 0 {
+			r.OperatorRefresh = o.OperatorRefresh
+		}
+		r.SingleSlot = r.SingleSlot || o.SingleSlot
+	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -80,7 +81,7 @@ func runInFlightHandler(t *testing.T, b backend, seed uint64) {
 	}
 	released := make(chan error, 64)
 	opts := []Option{WithHeaders(HeadersXRateLimit | HeadersIETF), WithHandlers(Handlers{Denied: ProblemDetails}),
-		WithRedis(RedisOptions{Prefix: prefix}), func(c *config) { c.released = func(err error) { released <- err } }}
+		withRedis(redisstore.Options{Prefix: prefix}), func(c *config) { c.released = func(err error) { released <- err } }}
 	c := b.newClient(t)
 	l := mustNew(t, c, limits, opts...)
 	defer l.Close()

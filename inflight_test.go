@@ -49,8 +49,8 @@ func TestInFlightConfig(t *testing.T) {
 			t.Errorf("%+v: error %v, want one that says %q", tc.lim, err, tc.want)
 		}
 	}
-	// A store of WithStore other than a Local cannot release slots.
-	if _, err := New(nil, []Limit{InFlight(3, ClientIP())}, WithStore(decideOnlyStore{})); err == nil || !strings.Contains(err.Error(), "cannot release") {
+	// A store of WithStore that is not a store.Holder cannot release slots.
+	if _, err := New(nil, []Limit{InFlight(3, ClientIP())}, WithStore(decideOnlyStore{})); err == nil || !strings.Contains(err.Error(), "store.Holder") {
 		t.Errorf("in-flight limits on a store that cannot release them: %v", err)
 	}
 	// Two in-flight limits of one key are two names: a name is a definition.
@@ -192,7 +192,7 @@ func TestInFlightFailLocal(t *testing.T) {
 			ids := []string{"u", "u"}
 			r1, _ := l.Allow(ctx, ids, 1)
 			r2, _ := l.Allow(ctx, ids, 1)
-			if !r1.Allowed || !r2.Allowed || r1.hold == nil || r1.hold.local == nil {
+			if !r1.Allowed || !r2.Allowed || r1.hold == nil || !r1.hold.inProcess() {
 				t.Fatalf("%+v %+v", r1, r2)
 			}
 			_ = l.Refund(ctx, r2)

@@ -10,9 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/internal/store"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // holderMask keeps the 48 bits a holder id has on the wire.
@@ -32,13 +32,14 @@ func newHolder() uint64 {
 type hold struct {
 	set    *holdSet // the Limiter's, which renews the slots while they are held
 	holder uint64
-	spec   *store.Spec
+	spec   *redislog.Spec
 	idx    []int    // the limits it holds a slot in, in the spec
 	keys   []string // their keys
 	tags   []string // their hash tags, when the spec is split
-	// local: the slots are in this process's store (FailLocal, or
-	// WithStore's Local), where they need no renewal.
-	local    *pubstore.Local
+	// in is the store the slots are in, if not Redis: this process's
+	// (FailLocal's, or WithStore's Local), where they need no renewal, or
+	// a store.Holder WithStore gave, whose slots the set renews.
+	in       store.Holder
 	released atomic.Bool
 	next     *hold // the next hold of the same request, in its pass (see entry.hold)
 	// shared: an earlier hold of the same request counts it in
@@ -54,8 +55,8 @@ func (h *hold) uncount() {
 	}
 }
 
-// release frees h's slots, once: in this process's store, or in Redis
-// within ctx, one call per hash tag. A slot whose release fails is left to
+// release frees h's slots, once: in this process's store, in the store
+// WithStore gave, or in Redis within ctx, one call per hash tag. A slot whose release fails is left to
 // its lease, which is no longer renewed: it frees by itself within one.
 func (h *hold) release(ctx context.Context) error {
 	if h == nil || !h.released.CompareAndSwap(false, true) {
@@ -66,12 +67,17 @@ func (h *hold) release(ctx context.Context) error {
 	for j := range stamps {
 		stamps[j] = int64(h.holder)
 	}
-	if h.local != nil {
+	if h.in != nil {
+		if !h.inProcess() {
+			h.set.remove(h)
+		}
 		ids := make([]store.LogID, len(h.idx))
 		for j, i := range h.idx {
 			ids[j] = store.LogID{Key: h.keys[j], Field: h.spec.Limits[i].Field}
 		}
-		h.local.Refund(ids, stamps, 1)
+		if err := h.in.Release(ctx, ids, h.holder); err != nil {
+			return fmt.Errorf("ratelimit: releasing an in-flight slot in %s (it frees within its lease): %w", ids[0].Key, err)
+		}
 		return nil
 	}
 	h.set.remove(h)
@@ -87,6 +93,12 @@ func (h *hold) release(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// inProcess reports whether h's slots are in this process's store.
+func (h *hold) inProcess() bool {
+	_, ok := h.in.(*store.Local)
+	return ok
 }
 
 // groups returns h's slots by hash tag, as indices into h.idx: one group
@@ -120,7 +132,7 @@ func (h *hold) leaveAsync() {
 	if h == nil || h.released.Load() {
 		return
 	}
-	if h.local != nil {
+	if h.inProcess() {
 		err := h.release(context.Background()) // in memory: at once
 		if h.set.released != nil {
 			h.set.released(err)
@@ -156,10 +168,12 @@ func (h *hold) leaveAsync() {
 // per Limiter.
 const maxReleases = 4096
 
-// A holdSet is a Limiter's in-flight slots held in Redis, which its
+// A holdSet is a Limiter's in-flight slots held in Redis (or in the
+// store.Holder WithStore gave, set.in), which its
 // renewal goroutine renews every lease/3 (see renewLoop).
 type holdSet struct {
-	lib     store.Library
+	lib     redislog.Library
+	in      store.Holder // the store WithStore gave, whose slots it renews instead of Redis's
 	timeout time.Duration
 	now     func() time.Time // the decisions' clock (WithClock), nil for Redis's own
 	logger  *slog.Logger
@@ -261,7 +275,9 @@ func (set *holdSet) renew(ctx context.Context) (int64, error) {
 		cctx, cancel := context.WithTimeout(ctx, set.timeout)
 		var n int64
 		var err error
-		if at, ok := set.lib.(interface {
+		if set.in != nil {
+			n, err = set.renewIn(cctx, k.lease, c.keys, c.holders)
+		} else if at, ok := set.lib.(interface {
 			RenewAt(context.Context, int64, []string, time.Duration, [][]uint64) (int64, error)
 		}); ok && set.now != nil {
 			n, err = at.RenewAt(cctx, set.now().UnixMicro(), c.keys, k.lease, c.holders)
@@ -282,6 +298,21 @@ func (set *holdSet) renew(ctx context.Context) (int64, error) {
 		set.logger.Info("ratelimit: in-flight slots renew again")
 	}
 	return total, err
+}
+
+// renewIn renews, in the store WithStore gave, the slots of holders[i]
+// in the log keys[i], at the decisions' clock if the Limiter has one.
+func (set *holdSet) renewIn(ctx context.Context, lease time.Duration, keys []string, holders [][]uint64) (int64, error) {
+	var now int64
+	if set.now != nil {
+		now = set.now().UnixMicro()
+	}
+	ids := make([]store.LogID, len(keys))
+	for i, key := range keys {
+		ids[i] = store.LogID{Key: key}
+	}
+	n, err := set.in.Renew(ctx, now, ids, lease, holders)
+	return int64(n), err
 }
 
 // start starts the renewal goroutine, which renews every set.every until

@@ -120,8 +120,8 @@ func (in Inspector) RouterIP() bool { return in.l.usesRouterIP() }
 
 // Operator returns an [operator.Operator] on the Limiter's Redis client and prefix
 // whose changes the Limiter applies as soon as they return (other Limiters
-// within their refresh interval); nil for a Limiter without Redis
-// ([WithStore]), whose methods all return an error.
+// within their refresh interval); nil for a Limiter whose store is not the
+// Redis store ([WithStore]), whose methods all return an error.
 func (in Inspector) Operator() *operator.Operator { return in.l.operator() }
 
 // OperatorState returns the operator state the Limiter applies: the

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // lateCallHook runs delay once, before the first call of the library's
@@ -109,7 +111,7 @@ func testLeaseOtherLimitsDecidedLate(t *testing.T, b backend) {
 	}}
 	c := b.newClient(t)
 	c.AddHook(hook)
-	noDenyCache := WithRedis(RedisOptions{DenyCache: -1})
+	noDenyCache := withRedis(redisstore.Options{DenyCache: -1})
 	l := mustNew(t, c, limits, noDenyCache)
 	t.Cleanup(func() { _ = l.Close() })
 

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -47,7 +48,7 @@ func leaseApp(client redis.UniversalClient) (http.Handler, error) {
 		return nil, err
 	}
 	l, err := New(client, []Limit{leaseAppLimit(quota)}, WithTimeout(redistest.DecisionTimeout),
-		WithRedis(RedisOptions{Prefix: leaseAppPrefix, DenyCache: -1}))
+		withRedis(redisstore.Options{Prefix: leaseAppPrefix, DenyCache: -1}))
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +201,7 @@ func TestLeaseProcesses(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	reader, err := New(rdb, []Limit{leaseAppLimit(quota)}, WithTimeout(redistest.DecisionTimeout),
-		WithRedis(RedisOptions{Prefix: leaseAppPrefix, DenyCache: -1}))
+		withRedis(redisstore.Options{Prefix: leaseAppPrefix, DenyCache: -1}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -52,7 +53,7 @@ func testLeaseResetReplicas(t *testing.T, b backend, how string, offset time.Dur
 	newReplica := func() *Limiter {
 		client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 		l, err := New(client, []Limit{lim}, WithClock(clock.Now), WithTimeout(redistest.DecisionTimeout),
-			WithRedis(RedisOptions{Prefix: prefix, DenyCache: -1, OperatorRefresh: -1}))
+			withRedis(redisstore.Options{Prefix: prefix, DenyCache: -1, OperatorRefresh: -1}))
 		if err != nil {
 			t.Fatal(err)
 		}

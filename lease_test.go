@@ -15,7 +15,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/redistest"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // Leased limits (Limit.Leased) through the Limiter, on miniredis, a real
@@ -388,7 +388,7 @@ func testLeaseReset(t *testing.T, b backend) {
 }
 
 // hotLeaseRequests is how many requests make a key hot (see
-// internal/store.Leases).
+// internal/redislog.Leases).
 const hotLeaseRequests = 8
 
 // TestLeaseRedisDown: with Redis gone (stopped) or hung (paused) when a
@@ -545,12 +545,12 @@ func TestLeaseHeaders(t *testing.T) {
 // TestLeaseWithStore: a leased limit needs Redis: New refuses it with a
 // store WithStore gave.
 func TestLeaseWithStore(t *testing.T) {
-	local, err := pubstore.NewLocal(pubstore.LocalOptions{})
+	local, err := store.NewLocal(store.LocalOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = New(nil, []Limit{PerMinute(1000, Global()).Leased()}, WithStore(local))
-	if err == nil || !strings.Contains(err.Error(), "need Redis") {
+	if err == nil || !strings.Contains(err.Error(), "need the Redis store") {
 		t.Fatalf("New: %v, want the leased limit refused", err)
 	}
 }

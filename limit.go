@@ -227,7 +227,7 @@ const maxBlock = 30 * 24 * time.Hour
 // The block is kept in Redis, written by the same atomic call that denied,
 // so every replica that shares the limit's name and prefix sees it, and it
 // lasts at least d on the Redis clock. Replicas that know of it deny from
-// their deny cache ([RedisOptions].DenyCache) without calling Redis.
+// their deny cache (redisstore.Options.DenyCache) without calling Redis.
 // [Limiter.Reset] and [Inspector.Reset] lift it with the count;
 // [LimitResult.Blocked] says when it ends. Under FailLocal the local store
 // blocks in this process only. See docs/operations.md (blocks by a limit).

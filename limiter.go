@@ -16,11 +16,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/slidinglog/ratelimit/internal/ophook"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/internal/store"
 	"github.com/slidinglog/ratelimit/operator"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/redisstore"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // minClock is the earliest time a WithClock clock may read, in Unix
@@ -53,12 +53,12 @@ type Limiter struct {
 	// store decides: the Redis store, wrapped by the deny cache and
 	// FailLocal's in-process store as configured, or WithStore's. Every
 	// ruleset of l decides with it. redis is nil under WithStore.
-	store  store.Store
-	redis  *store.Redis
-	local  *pubstore.Local // FailLocal's, or WithStore's if it is a Local
-	denies *store.DenyCache
+	store  redislog.Store
+	redis  *redislog.Redis
+	local  *store.Local // FailLocal's, or WithStore's if it is a Local
+	denies *redislog.DenyCache
 	// evictions checks the memory policy.
-	evictions *store.EvictionCheck
+	evictions *redislog.EvictionCheck
 	// proxies logs the untrusted-proxy warning, once.
 	proxies *proxyWatch
 	// noKeyWarned says that the default answer to a request a Key could
@@ -88,7 +88,7 @@ type Limiter struct {
 	// leases decides the hot keys of leasable limits ([Limit].Lease)
 	// from leases, below FailLocal and the deny cache; nil if no limit of
 	// l or its routes lends leases.
-	leases *store.Leases
+	leases *redislog.Leases
 	// outage says when Redis cannot be reached, and when it answers
 	// again (nil with WithStore).
 	outage *outageWatch
@@ -106,7 +106,7 @@ type Limiter struct {
 type ruleset struct {
 	*Limiter
 	limits []compiledLimit
-	spec   *store.Spec // what the stores know of the limits
+	spec   *redislog.Spec // what the stores know of the limits
 	// cost is the request's cost: WithCost's, a route's Cost, or nil for 1.
 	cost func(*http.Request) int
 
@@ -166,10 +166,14 @@ type LimiterWatcher interface {
 }
 
 // New returns a Limiter that enforces limits in the Redis that client talks
-// to. client may be a *redis.Client, *redis.ClusterClient, *redis.Ring or a
-// failover client; it must be built with ContextTimeoutEnabled: true so that
-// the decision timeout holds (New reports an error otherwise, for the
-// go-redis client types).
+// to, through the Redis store (package redisstore) with its default
+// options: redisstore.New(client, redisstore.Options{}). client may be a
+// *redis.Client, *redis.ClusterClient, *redis.Ring or a failover client;
+// it must be built with ContextTimeoutEnabled: true so that the decision
+// timeout holds (New reports an error otherwise, for the go-redis client
+// types). To set the store's options (a key prefix, the circuit breaker,
+// the deny cache, ...), or to decide in another store, give a nil client
+// and the store with [WithStore].
 //
 // New reports every configuration error at once: no limits, a quota below 1,
 // a window below 1ms, a missing or invalid [Key], invalid or duplicate limit
@@ -187,13 +191,21 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		client = nil // a typed nil pointer too: nothing calls Redis
 	case noClient:
 		errs = append(errs, errors.New("nil Redis client: give one, or a store with WithStore"))
+	default: // the Redis store of client, with the default options
+		rs, err := redisstore.New(client, cfg.redisOptions)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			cfg.store = rs
+		}
 	}
-	if noClient {
-	} else if enabled, known := contextTimeouts(client); known && !enabled {
-		errs = append(errs, errors.New("the Redis client ignores context deadlines, so the decision timeout cannot hold: set ContextTimeoutEnabled: true in its options"))
+	if rs, ok := cfg.store.(*redisstore.Store); ok { // the Redis store: decided in Redis, not through the store seam
+		client, noClient = rs.Client(), false
+		cfg.useRedisStore(rs.Options())
+		cfg.store = nil
 	}
 	l := &Limiter{client: client, cfg: cfg, opsRun: &opsRunner{key: operator.Key(cfg.prefix)}}
-	split := !noClient && sharded(client) && !cfg.singleSlot
+	split := !noClient && redisstore.Sharded(client) && !cfg.singleSlot
 	p, err := l.compile(limits, cfg.cost, split, nil)
 	if err != nil {
 		errs = append(errs, err)
@@ -204,7 +216,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	for _, check := range []func() error{
 		func() error { return l.buildRoutes(split) },
 		func() error { return checkRoutesFrom(cfg.routes, cfg.routesFrom) },
-		l.checkInFlightStore, l.checkLeaseStore, l.definitionClashes,
+		l.checkStoreFeatures, l.definitionClashes,
 	} {
 		if err := check(); err != nil {
 			errs = append(errs, err)
@@ -221,24 +233,24 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	}
 	l.base = &routeRules{all: p}
 	l.local = cfg.local
-	if local, ok := cfg.store.(*pubstore.Local); ok {
+	if local, ok := cfg.store.(*store.Local); ok {
 		l.local = local
 	}
 	if l.local == nil {
-		l.local, _ = pubstore.NewLocal(pubstore.LocalOptions{MaxBytes: cfg.localBytes}) // WithRedis checked the bound
+		l.local, _ = store.NewLocal(store.LocalOptions{MaxBytes: cfg.localBytes}) // WithLocalMemory checked the bound
 	}
-	l.denies = &store.DenyCache{MaxAge: cfg.denyCache}
-	l.evictions = store.NewEvictionCheck()
+	l.denies = &redislog.DenyCache{MaxAge: cfg.denyCache}
+	l.evictions = redislog.NewEvictionCheck()
 	l.proxies = &proxyWatch{}
 	l.outage = newOutageWatch(client, &cfg)
 	if cfg.store != nil {
-		l.store = l.wrap(store.External{Store: cfg.store})
+		l.store = l.wrap(redislog.External{Store: cfg.store})
 	} else {
 		lib := slidinglog.New(slidinglog.Default, client, split)
-		l.redis = &store.Redis{
+		l.redis = &redislog.Redis{
 			Lib:       lib,
-			Breakers:  &store.Breakers{Failures: int32(cfg.breakerFailures), CoolDown: cfg.breakerCoolDown},
-			Rollbacks: store.NewRollbacks(lib, cfg.timeout, l.logRollbackFailure),
+			Breakers:  &redislog.Breakers{Failures: int32(cfg.breakerFailures), CoolDown: cfg.breakerCoolDown},
+			Rollbacks: redislog.NewRollbacks(lib, cfg.timeout, l.logRollbackFailure),
 		}
 		l.store = l.wrap(l.redis)
 	}
@@ -459,29 +471,29 @@ func (l *Limiter) logRollbackFailure(err error) {
 // (outageStore). When a limit lends leases, base is the Redis store
 // wrapped by the leases (see startLeases). A store WithStore gave has no
 // deny cache, and a Local none of FailLocal's either: it never fails.
-func (l *Limiter) wrap(base store.Store) store.Store {
+func (l *Limiter) wrap(base redislog.Store) redislog.Store {
 	s := base
 	if l.outage != nil && l.cfg.store == nil {
 		s = outageStore{Store: s, watch: l.outage}
 	}
-	if _, local := l.cfg.store.(*pubstore.Local); l.cfg.failure == FailLocal && !local {
-		s = store.Fallback{Primary: s, Local: l.local}
+	if _, local := l.cfg.store.(*store.Local); l.cfg.failure == FailLocal && !local {
+		s = redislog.Fallback{Primary: s, Local: l.local}
 	}
 	if l.cfg.denyCache > 0 && l.cfg.store == nil {
-		s = store.Cached{Next: s, Cache: l.denies, Clock: l.localNow}
+		s = redislog.Cached{Next: s, Cache: l.denies, Clock: l.localNow}
 	}
 	return s
 }
 
 // newSpec returns what the stores need of limits; split says that keys
 // with different hash tags must be decided apart.
-func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
-	public := make([]pubstore.Limit, len(limits))
+func newSpec(limits []compiledLimit, split bool) (*redislog.Spec, error) {
+	public := make([]store.Limit, len(limits))
 	global := make([]bool, len(limits))
 	lease := make([]time.Duration, len(limits))
 	for i := range limits {
 		lim := &limits[i]
-		public[i] = pubstore.Limit{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Block: lim.BlockFor,
+		public[i] = store.Limit{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Block: lim.BlockFor,
 			Unit: time.Duration(timeUnit(lim.Window)) * time.Microsecond, InFlight: lim.InFlight}
 		if lim.InFlight {
 			public[i].Unit = 0 // a slot's lease is kept to the microsecond
@@ -491,7 +503,7 @@ func newSpec(limits []compiledLimit, split bool) (*store.Spec, error) {
 		}
 		global[i], lease[i] = lim.Key.global, lim.Lease
 	}
-	p, bad, err := store.NewLeasedSpec(public, global, lease, split)
+	p, bad, err := redislog.NewLeasedSpec(public, global, lease, split)
 	if err != nil && bad >= 0 {
 		return nil, fmt.Errorf("limit %s: %w", limits[bad].Name, err)
 	}
@@ -593,7 +605,7 @@ func (rs *ruleset) declared() []Limit {
 }
 
 // opsRunner reads a Limiter's operator state: from its refresh goroutine
-// (RedisOptions.OperatorRefresh), and after a change made by the Limiter's own
+// (redisstore.Options.OperatorRefresh), and after a change made by the Limiter's own
 // Operator. It holds no reference to the Limiter, so that the goroutine
 // does not keep it alive: it publishes the state it read in latest, and
 // the Limiter applies it at its next decision (Limiter.syncOps).
@@ -715,11 +727,10 @@ func (run *opsRunner) fetch(ctx context.Context, cur *liveOps, force bool) (st o
 // are timed by (which must not refer to l), and the declarations of l's
 // limits, if the refresh is on.
 func (l *Limiter) declarer(now func() time.Time) *declarer {
-	op, err := operator.New(l.client, l.cfg.prefix)
+	op, err := operator.New(l.client, operator.Options{Prefix: l.cfg.prefix, Now: now})
 	if err != nil {
 		panic("ratelimit: " + err.Error()) // New checked the client and the prefix
 	}
-	ophook.Configure(op, ophook.Hooks{Now: now})
 	d := &declarer{op: op, every: l.cfg.opsRefresh, mine: map[string]definition{}, observers: l.cfg.observers, warned: map[string]*warnOnce{}}
 	l.eachRuleset(func(p *ruleset) {
 		for i := range p.limits {
@@ -748,7 +759,7 @@ func (l *Limiter) declarer(now func() time.Time) *declarer {
 }
 
 // startOperatorRefresh starts the goroutine that reads the operator state
-// (RedisOptions.OperatorRefresh), unless the refresh is off. The goroutine refers
+// (redisstore.Options.OperatorRefresh), unless the refresh is off. The goroutine refers
 // to l only weakly: a Limiter nobody refers to is collected, and the
 // goroutine ends at its next tick. It ends too, silently, once the
 // client is closed (redis.ErrClosed).
@@ -914,20 +925,41 @@ func (l *Limiter) inflightLimits() (has bool, shortest time.Duration) {
 	return has, shortest
 }
 
-// checkInFlightStore reports in-flight limits on a store that cannot
-// release their slots: one WithStore gave, other than a store.Local.
-func (l *Limiter) checkInFlightStore() error {
-	if _, local := l.cfg.store.(*pubstore.Local); !local && l.cfg.store != nil {
-		if has, _ := l.inflightLimits(); has {
-			return errors.New("in-flight limits need Redis or a store.Local: the store WithStore gave cannot release their slots")
-		}
+// checkStoreFeatures reports each feature of l's configuration that the
+// store WithStore gave lacks the interface of: in-flight limits
+// (store.Holder), settlement (WithRefund, WithSettle: store.Settler),
+// and leases, which only the Redis store lends.
+func (l *Limiter) checkStoreFeatures() error {
+	if l.cfg.store == nil {
+		return nil
 	}
-	return nil
+	var errs []error
+	reported := map[string]bool{}
+	l.eachRuleset(func(p *ruleset) {
+		for i := range p.limits {
+			lim := &p.limits[i]
+			if reported[lim.Name] {
+				continue
+			}
+			if _, ok := l.cfg.store.(store.Holder); lim.InFlight && !ok {
+				reported[lim.Name] = true
+				errs = append(errs, fmt.Errorf("limit %d (%s): in-flight limits need a store that implements store.Holder; %T does not", i, lim.Name, l.cfg.store))
+			}
+			if lim.Lease > 0 {
+				reported[lim.Name] = true
+				errs = append(errs, fmt.Errorf("limit %d (%s): leased limits (Limit.Lease, Leased) need the Redis store (package redisstore): a lease is entries of the key's log that only it lends; %T does not", i, lim.Name, l.cfg.store))
+			}
+		}
+	})
+	if _, ok := l.cfg.store.(store.Settler); l.cfg.settleOn && !ok {
+		errs = append(errs, fmt.Errorf("%s: settlement needs a store that implements store.Settler; %T does not", strings.Join(l.cfg.settleBy, " and "), l.cfg.store))
+	}
+	return errors.Join(errs...)
 }
 
 // startRenewal makes l's set of in-flight slots, if l has in-flight limits,
-// and starts the goroutine that renews the slots held in Redis every
-// lease/3 of the shortest lease. The goroutine refers to l only weakly:
+// and starts the goroutine that renews the slots held in Redis (or in the
+// store.Holder WithStore gave) every lease/3 of the shortest lease. The goroutine refers to l only weakly:
 // it ends with Close, or at its next tick once l is collected.
 func (l *Limiter) startRenewal() {
 	has, shortest := l.inflightLimits()
@@ -938,9 +970,14 @@ func (l *Limiter) startRenewal() {
 		held: map[*hold]struct{}{}, releasing: make(chan struct{}, maxReleases), ticks: l.cfg.renewTicks, renewed: l.cfg.renewed, released: l.cfg.released}
 	l.holds = set
 	if l.redis == nil {
-		return // WithStore's Local: its slots live in this process, unrenewed
+		h, ok := l.cfg.store.(store.Holder)
+		if _, local := h.(*store.Local); !ok || local {
+			return // WithStore's Local: its slots live in this process, unrenewed
+		}
+		set.in = h
+	} else {
+		set.lib = l.redis.Lib
 	}
-	set.lib = l.redis.Lib
 	w := weak.Make(l)
 	set.start(func() bool { return w.Value() != nil })
 }
@@ -959,16 +996,6 @@ func (l *Limiter) shortestLease() time.Duration {
 	return shortest
 }
 
-// checkLeaseStore reports leasable limits on a store WithStore gave: a
-// lease is entries of the key's log in Redis, which only the Redis store
-// lends.
-func (l *Limiter) checkLeaseStore() error {
-	if l.cfg.store != nil && l.shortestLease() > 0 {
-		return errors.New("leased limits (Limit.Lease, Leased) need Redis: a store WithStore gave cannot lend leases; drop the lease or decide in Redis")
-	}
-	return nil
-}
-
 // startLeases puts the leases between the Redis store and the wrappers
 // of wrap, if a limit of l or its routes lends them, and starts the
 // goroutine that gives back the leases that ended and forgets the keys
@@ -980,7 +1007,7 @@ func (l *Limiter) startLeases() {
 	if shortest == 0 || l.redis == nil {
 		return
 	}
-	l.leases = store.NewLeases(l.redis, l.redis.Rollbacks, l.localNow, l.cfg.timeout)
+	l.leases = redislog.NewLeases(l.redis, l.redis.Rollbacks, l.localNow, l.cfg.timeout)
 	l.store = l.wrap(l.leases)
 	w := weak.Make(l)
 	l.leases.Start(max(shortest, 10*time.Millisecond), func() bool { return w.Value() != nil })

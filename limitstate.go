@@ -6,7 +6,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 )
 
 // One limit's state and reset, by the limit's name, for the admin
@@ -120,7 +120,7 @@ func (l *Limiter) resetLimit(ctx context.Context, name, id string) error {
 	defer cancel()
 	err = d.forget(ctx, i, log.Key, d.forgetRequest(i)) // lifts a block too
 	d.denies.Forget(log)
-	d.local.Forget(log) // FailLocal's count, and block
+	d.local.Forget(ctx, d.forgetQuery(i, log.Key)) // FailLocal's count, and block
 	if err != nil {
 		return fmt.Errorf("ratelimit: reset %s: %w", name, err)
 	}
@@ -130,19 +130,19 @@ func (l *Limiter) resetLimit(ctx context.Context, name, id string) error {
 // limitLog returns the ruleset and index of the limit called name, and
 // that limit's log of id, built in s: the name must be one of l's and id
 // must not be empty.
-func (l *Limiter) limitLog(s *scratch, name, id string) (*ruleset, int, store.LogID, error) {
+func (l *Limiter) limitLog(s *scratch, name, id string) (*ruleset, int, redislog.LogID, error) {
 	d, i := l.limitNamed(name)
 	if d == nil {
-		return nil, 0, store.LogID{}, fmt.Errorf("ratelimit: no limit named %q", name)
+		return nil, 0, redislog.LogID{}, fmt.Errorf("ratelimit: no limit named %q", name)
 	}
 	if id == "" {
-		return nil, 0, store.LogID{}, fmt.Errorf("%w: empty id for limit %s", ErrNoKey, name)
+		return nil, 0, redislog.LogID{}, fmt.Errorf("%w: empty id for limit %s", ErrNoKey, name)
 	}
 	for range d.limits {
 		s.ids = append(s.ids, id)
 	}
 	keys, _ := d.keys(s, false)
-	return d, i, store.LogID{Key: keys[i], Field: d.spec.Limits[i].Field}, nil
+	return d, i, redislog.LogID{Key: keys[i], Field: d.spec.Limits[i].Field}, nil
 }
 
 // unblockLimit lifts the block ([Limit.Block]) that the limit called name
@@ -164,7 +164,7 @@ func (l *Limiter) unblockLimit(ctx context.Context, name, id string) (bool, erro
 	defer cancel()
 	var n int64
 	if d.redis != nil {
-		n, err = d.redis.Lib.Client().Del(ctx, store.BlockKey(log)).Result()
+		n, err = d.redis.Lib.Client().Del(ctx, redislog.BlockKey(log)).Result()
 	}
 	d.denies.Forget(log)
 	lifted := d.local.EndBlock(log) // FailLocal's block

@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 
-	"github.com/slidinglog/ratelimit/internal/ophook"
 	"github.com/slidinglog/ratelimit/operator"
 )
 
 // Close stops the Limiter's background work: the refresh of the operator
-// state ([RedisOptions].OperatorRefresh) and the renewal of the in-flight
+// state (redisstore.Options.OperatorRefresh) and the renewal of the in-flight
 // slots it holds ([InFlight]: a request still in flight keeps its slot for
 // at most one lease more, and releases it when it ends), gives back the
 // units its leases hold ([Limit.Leased]; waiting for Redis for the
@@ -37,20 +36,19 @@ func (l *Limiter) Close() error {
 
 // Operator returns an [operator.Operator] for l's Redis client and prefix
 // whose changes l applies at once, when they return (the other Limiters
-// within their refresh interval, see [RedisOptions].OperatorRefresh), on l's clock
+// within their refresh interval, see redisstore.Options.OperatorRefresh), on l's clock
 // ([WithClock]), and whose Unblock also lifts the blocks l's limits set
 // ([Limit.Block]).
 func (l *Limiter) operator() *operator.Operator {
 	if l.client == nil {
 		return nil // WithStore: no operator state
 	}
-	op, err := operator.New(l.client, l.cfg.prefix)
+	op, err := operator.New(l.client, operator.Options{Prefix: l.cfg.prefix, Now: l.localNow, AfterChange: func(ctx context.Context) {
+		_ = l.refreshOperator(context.WithoutCancel(ctx), true)
+	}, Unblock: l.unblockAll})
 	if err != nil {
 		panic("ratelimit: " + err.Error()) // New checked the client and the prefix
 	}
-	ophook.Configure(op, ophook.Hooks{Now: l.localNow, After: func(ctx context.Context) {
-		_ = l.refreshOperator(context.WithoutCancel(ctx), true)
-	}, Unblock: l.unblockAll})
 	return op
 }
 
@@ -70,7 +68,7 @@ func (l *Limiter) unblockAll(ctx context.Context, id string) (bool, error) {
 }
 
 // OperatorState returns the operator state l applies: the overrides and
-// blocks it last read ([RedisOptions].OperatorRefresh), less the overrides that
+// blocks it last read (redisstore.Options.OperatorRefresh), less the overrides that
 // have lapsed since on l's clock; blocks that have ended since are listed
 // until the state is read again or an override lapses. Version is 0
 // before the first read. Declared lists the live declarations of the

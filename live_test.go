@@ -17,6 +17,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/netid"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -53,7 +54,7 @@ func (d *driven) tick() error {
 func TestOperatorRefreshValidation(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer c.Close()
-	if _, err := New(c, []Limit{PerMinute(1, ClientIP())}, WithRedis(RedisOptions{OperatorRefresh: -time.Second})); err == nil {
+	if _, err := New(c, []Limit{PerMinute(1, ClientIP())}, withRedis(redisstore.Options{OperatorRefresh: -time.Second})); err == nil {
 		t.Error("a negative refresh interval was accepted")
 	}
 }
@@ -73,7 +74,7 @@ func TestOperatorOverride(t *testing.T) {
 		}, Quotas: map[string]int{"pro": 10}}
 		lim := PerMinute(2, Header("X-Key")).Named("api").Tiered(plans)
 		l := newDriven(t, b.newClient(t), []Limit{lim}, WithHeaders(HeadersXRateLimit|HeadersIETF))
-		op, err := operator.New(b.newClient(t), defaultPrefix)
+		op, err := operator.New(b.newClient(t), operator.Options{Prefix: defaultPrefix})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -265,14 +266,14 @@ func TestOperatorPropagation(t *testing.T) {
 	})
 }
 
-// TestOperatorNoRefresh: WithRedis(RedisOptions{OperatorRefresh: -1}) starts nothing and applies
+// TestOperatorNoRefresh: withRedis(redisstore.Options{OperatorRefresh: -1}) starts nothing and applies
 // nothing.
 func TestOperatorNoRefresh(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		l := mustNew(t, b.newClient(t), []Limit{PerMinute(100, Header("X-User")).Named("user")}, WithRedis(RedisOptions{OperatorRefresh: -1}))
+		l := mustNew(t, b.newClient(t), []Limit{PerMinute(100, Header("X-User")).Named("user")}, withRedis(redisstore.Options{OperatorRefresh: -1}))
 		defer l.Close()
-		op, _ := operator.New(b.newClient(t), defaultPrefix)
+		op, _ := operator.New(b.newClient(t), operator.Options{Prefix: defaultPrefix})
 		if err := op.Block(ctx, "eve", time.Hour); err != nil {
 			t.Fatal(err)
 		}
@@ -366,7 +367,7 @@ func TestOperatorFlush(t *testing.T) {
 		ctx := context.Background()
 		c := b.newClient(t)
 		l := newDriven(t, b.newClient(t), []Limit{PerMinute(100, Header("X-User")).Named("user")})
-		op, _ := operator.New(c, defaultPrefix)
+		op, _ := operator.New(c, operator.Options{Prefix: defaultPrefix})
 		if err := op.Block(ctx, "eve", time.Hour); err != nil {
 			t.Fatal(err)
 		}

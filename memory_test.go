@@ -11,7 +11,8 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
-	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // scriptedStore stands in for Redis: while down it fails every decision;
@@ -26,7 +27,7 @@ type scriptedStore struct {
 
 var errScriptedDown = errors.New("scripted Redis: down")
 
-func (s *scriptedStore) Decide(_ context.Context, q *store.Query, out *store.Outcome) error {
+func (s *scriptedStore) Decide(_ context.Context, q *redislog.Query, out *redislog.Outcome) error {
 	s.calls.Add(1)
 	if s.down.Load() {
 		return errScriptedDown
@@ -38,9 +39,9 @@ func (s *scriptedStore) Decide(_ context.Context, q *store.Query, out *store.Out
 	}
 	for i := range out.Replies {
 		if out.Allowed || i > 0 && s.onlyFirst {
-			out.Replies[i] = store.Reply{OK: true, Now: now, Count: 0, Reset: now + q.Spec.Limits[i].Window.Microseconds(), Next: now}
+			out.Replies[i] = redislog.Reply{OK: true, Now: now, Count: 0, Reset: now + q.Spec.Limits[i].Window.Microseconds(), Next: now}
 		} else {
-			out.Replies[i] = store.Reply{OK: true, Now: now, Count: int64(q.Quota(i)), Reset: now + 30e6, Next: now + 30e6}
+			out.Replies[i] = redislog.Reply{OK: true, Now: now, Count: int64(q.Quota(i)), Reset: now + 30e6, Next: now + 30e6}
 		}
 	}
 	return nil
@@ -87,7 +88,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 	lim := mustNew(t, stubClient{}, []Limit{
 		PerMinute(3, Header("X-Id")).Named("id"),
 		PerMinute(1_000_000, Global()).Named("all"),
-	}, WithFailureMode(FailLocal), WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1, LocalMemory: 1 << 20}))
+	}, WithFailureMode(FailLocal), WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}), WithLocalMemory(1<<20))
 	lim.store = lim.wrap(redis)
 	ctx := context.Background()
 	allow := func(id string) Result {
@@ -157,7 +158,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 // them back: by entry count and by live heap after a collection.
 func TestBoundedMemoryDenyCache(t *testing.T) {
 	longtest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
-	ids, seed := hostileIDs(store.MaxDenyEntries)
+	ids, seed := hostileIDs(redislog.MaxDenyEntries)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
 	redis := &scriptedStore{}
@@ -167,7 +168,7 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 		PerMinute(3, Header("X-Id")).Named("id"),
 		PerMinute(30, Header("X-Id")).Named("id-30"),
 		PerHour(300, Header("X-Id")).Named("id-300"),
-	}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: 5 * time.Second}))
+	}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: 5 * time.Second}))
 	lim.store = lim.wrap(redis)
 	ctx := context.Background()
 	for _, id := range ids {
@@ -175,8 +176,8 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 			t.Fatalf("%.20s: %+v %v, want denied by Redis", id, res, err)
 		}
 	}
-	if n := lim.denies.Len(); n > store.MaxDenyEntries {
-		t.Errorf("the deny cache holds %d denials, want at most %d", n, store.MaxDenyEntries)
+	if n := lim.denies.Len(); n > redislog.MaxDenyEntries {
+		t.Errorf("the deny cache holds %d denials, want at most %d", n, redislog.MaxDenyEntries)
 	}
 	// The cache answers the flood's identifiers, so it held them.
 	calls := redis.calls.Load()
@@ -250,7 +251,7 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 // far less than those strings would.
 func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
 	longtest.SkipUnlessLong(t) // 100,000 identifiers: tens of seconds under -race
-	ids, seed := hostileIDs(store.MaxDenyEntries)
+	ids, seed := hostileIDs(redislog.MaxDenyEntries)
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: t0}
 	redis := &scriptedStore{onlyFirst: true}
@@ -259,7 +260,7 @@ func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
 	for i := range 5 {
 		limits = append(limits, PerMinute(3+i, Header("X-Id")).Named(fmt.Sprintf("a-rather-long-limit-name-%d", i)))
 	}
-	lim := mustNew(t, stubClient{}, limits, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: 5 * time.Second}))
+	lim := mustNew(t, stubClient{}, limits, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: 5 * time.Second}))
 	lim.store = lim.wrap(redis)
 	ctx := context.Background()
 	base := longtest.LiveHeap()
@@ -274,7 +275,7 @@ func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
 	t.Logf("%d denials, %d bytes of live heap each", n, perEntry)
 	// A key is about 160 bytes, the five of a request 800: an entry that
 	// kept them all alive would take more than 900.
-	if n < store.MaxDenyEntries/2 || perEntry > 600 {
+	if n < redislog.MaxDenyEntries/2 || perEntry > 600 {
 		t.Errorf("%d denials take %d bytes each, want at most 600: an entry keeps more than its own key", n, perEntry)
 	}
 	runtime.KeepAlive(ids)

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -339,7 +339,7 @@ func testScriptReloaded(t *testing.T, b backend) {
 			t.Fatal("the limiter fell back to scripts on a Redis that has functions")
 		}
 		forEachPrimary(t, c, func(p *redis.Client) error {
-			libs, err := p.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: store.LibraryName()}).Result()
+			libs, err := p.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: redisstore.LibraryName()}).Result()
 			names, readOnly := slidinglog.Default.FunctionNames()
 			if err == nil && (len(libs) != 1 || len(libs[0].Functions) != len(names)) {
 				err = fmt.Errorf("FUNCTION LIST: %+v; want the functions %v", libs, names)
@@ -443,8 +443,8 @@ func TestUnexpectedReply(t *testing.T) {
 		[]any{int64(0), int64(1), int64(0), int64(0), int64(-1), int64(0)}, // negative reset
 	} {
 		lim := mustNew(t, stubClient{reply: reply}, []Limit{PerMinute(5, Global())})
-		if _, err := lim.Allow(context.Background(), []string{"k"}, 1); !errors.Is(err, store.ErrUnexpectedReply) {
-			t.Errorf("reply %#v: err = %v, want store.ErrUnexpectedReply", reply, err)
+		if _, err := lim.Allow(context.Background(), []string{"k"}, 1); !errors.Is(err, redisstore.ErrUnexpectedReply) {
+			t.Errorf("reply %#v: err = %v, want redisstore.ErrUnexpectedReply", reply, err)
 		}
 	}
 }
@@ -589,7 +589,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"bad compose", c, []Limit{PerMinute(1, Compose(Global(), Key{}))}, nil, "zero Key"},
 		{"bad name", c, []Limit{ok.Named("a{b}")}, nil, `name "a{b}"`},
 		{"duplicate", c, []Limit{ok, ok}, nil, "both named"},
-		{"prefix", c, []Limit{ok}, []Option{WithRedis(RedisOptions{Prefix: "rl{x}:"})}, "prefix"},
+		{"prefix", c, []Limit{ok}, []Option{withRedis(redisstore.Options{Prefix: "rl{x}:"})}, "prefix"},
 		{"timeout", c, []Limit{ok}, []Option{WithTimeout(0)}, "timeout 0s"},
 		{"mode", c, []Limit{ok}, []Option{WithFailureMode(9)}, "failure mode"},
 		{"deadlines", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), []Limit{ok}, nil, "ContextTimeoutEnabled"},

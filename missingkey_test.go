@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // TestMissingKey: a request a Key cannot identify is its own outcome, under
@@ -26,7 +28,7 @@ func testMissingKey(t *testing.T, b backend) {
 			var hooked []error
 			logger, logs := newLogger()
 			lim := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("ip-" + mode.String()), PerMinute(2, UserFromContext(ctxKey{})).Named("user-" + mode.String())},
-				WithFailureMode(mode), WithObserver(&obs), WithLogger(logger, false), WithRedis(RedisOptions{BreakerFailures: 2, BreakerCoolDown: 1 << 40}),
+				WithFailureMode(mode), WithObserver(&obs), WithLogger(logger, false), withRedis(redisstore.Options{BreakerFailures: 2, BreakerCoolDown: 1 << 40}),
 				WithHandlers(Handlers{Error: func(_ *http.Request, err error) { hooked = append(hooked, err) }}))
 			h := lim.Handler(okHandler)
 			for i := range 5 {

@@ -11,8 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	internalstore "github.com/slidinglog/ratelimit/internal/store"
 	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/store"
 	"github.com/slidinglog/ratelimit/store/storetest"
@@ -104,18 +104,18 @@ func runModelInFlightOn(t *testing.T, rdb redis.UniversalClient, split bool, cfg
 // the public seam: it compiles a query's limits once per slice of limits
 // and decides within redistest.DecisionTimeout.
 type modelInFlightStore struct {
-	rs    *internalstore.Redis
+	rs    *redislog.Redis
 	lib   *slidinglog.Redis
 	split bool
 	mu    sync.Mutex
-	specs map[*store.Limit]*internalstore.Spec
+	specs map[*store.Limit]*redislog.Spec
 }
 
 func newModelInFlightStore(t *testing.T, rdb redis.UniversalClient, split bool) *modelInFlightStore {
 	lib := slidinglog.New(slidinglog.Default, rdb, split)
-	rs := &internalstore.Redis{Lib: lib, Breakers: &internalstore.Breakers{Failures: 1000, CoolDown: time.Second},
-		Rollbacks: internalstore.NewRollbacks(lib, redistest.DecisionTimeout, func(err error) { t.Errorf("rollback: %v", err) })}
-	return &modelInFlightStore{rs: rs, lib: lib, split: split, specs: map[*store.Limit]*internalstore.Spec{}}
+	rs := &redislog.Redis{Lib: lib, Breakers: &redislog.Breakers{Failures: 1000, CoolDown: time.Second},
+		Rollbacks: redislog.NewRollbacks(lib, redistest.DecisionTimeout, func(err error) { t.Errorf("rollback: %v", err) })}
+	return &modelInFlightStore{rs: rs, lib: lib, split: split, specs: map[*store.Limit]*redislog.Spec{}}
 }
 
 func (s *modelInFlightStore) Decide(ctx context.Context, q *store.Query, out *store.Outcome) error {
@@ -123,7 +123,7 @@ func (s *modelInFlightStore) Decide(ctx context.Context, q *store.Query, out *st
 	spec := s.specs[&q.Limits[0]]
 	if spec == nil {
 		var err error
-		if spec, _, err = internalstore.NewSpec(q.Limits, nil, s.split); err != nil {
+		if spec, _, err = redislog.NewSpec(q.Limits, nil, s.split); err != nil {
 			s.mu.Unlock()
 			return err
 		}
@@ -135,9 +135,9 @@ func (s *modelInFlightStore) Decide(ctx context.Context, q *store.Query, out *st
 		tags[i] = key[strings.LastIndexByte(key, '{')+1 : len(key)-1]
 	}
 	start := time.Now()
-	iq := &internalstore.Query{Query: *q, Spec: spec, Tags: tags, Wall: start, Local: time.UnixMicro(q.Now),
-		Timeout: redistest.DecisionTimeout, Deadline: internalstore.Deadline(ctx, start, redistest.DecisionTimeout)}
-	iout := internalstore.Outcome{Outcome: *out}
+	iq := &redislog.Query{Query: *q, Spec: spec, Tags: tags, Wall: start, Local: time.UnixMicro(q.Now),
+		Timeout: redistest.DecisionTimeout, Deadline: redislog.Deadline(ctx, start, redistest.DecisionTimeout)}
+	iout := redislog.Outcome{Outcome: *out}
 	err := s.rs.Decide(ctx, iq, &iout)
 	*out = iout.Outcome
 	return err

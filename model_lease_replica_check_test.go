@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/logmodel"
-	internalstore "github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 )
 
 // replicaModel holds every Redis call of a TestModelLeases run's replicas
@@ -81,7 +81,7 @@ func (m *replicaModel) diverged(format string, args ...any) {
 }
 
 // decided applies a query the Redis store answered, and compares.
-func (m *replicaModel) decided(q *internalstore.Query, out *internalstore.Outcome) {
+func (m *replicaModel) decided(q *redislog.Query, out *redislog.Outcome) {
 	m.calls++
 	type part struct {
 		j   int
@@ -118,7 +118,7 @@ func (m *replicaModel) decided(q *internalstore.Query, out *internalstore.Outcom
 		p := parts[0]
 		lent := m.state.Acquire(p.ref, q.Cost, q.Acquire, q.Now)
 		r := out.Replies[p.j]
-		got := internalstore.Granted(q, out)
+		got := redislog.Granted(q, out)
 		if out.Allowed != lent.Room || r.Count != int64(lent.Count) || got != lent.Granted || lent.Room && r.Next != lent.At {
 			m.diverged("acquire of %d (cost %d) of %v at %d: Redis admitted %v, count %d, lent %d at %d; the model: %v, %d, %d at %d",
 				q.Acquire, q.Cost, p.ref, q.Now, out.Allowed, r.Count, got, r.Next, lent.Room, lent.Count, lent.Granted, lent.At)
@@ -152,11 +152,11 @@ func (m *replicaModel) decided(q *internalstore.Query, out *internalstore.Outcom
 // replicaCheckStore is the Redis store the lease layer calls, one call at
 // a time, each applied to the model.
 type replicaCheckStore struct {
-	next internalstore.Store
+	next redislog.Store
 	m    *replicaModel
 }
 
-func (s *replicaCheckStore) Decide(ctx context.Context, q *internalstore.Query, out *internalstore.Outcome) error {
+func (s *replicaCheckStore) Decide(ctx context.Context, q *redislog.Query, out *redislog.Outcome) error {
 	s.m.mu.Lock()
 	defer s.m.mu.Unlock()
 	err := s.next.Decide(ctx, q, out)
@@ -169,7 +169,7 @@ func (s *replicaCheckStore) Decide(ctx context.Context, q *internalstore.Query, 
 // replicaCheckLib is the Lua library's runner, whose rollbacks and
 // forgets are applied to the model, one call at a time.
 type replicaCheckLib struct {
-	internalstore.Library
+	redislog.Library
 	m *replicaModel
 }
 

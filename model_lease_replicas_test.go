@@ -16,6 +16,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/logmodel"
 	"github.com/slidinglog/ratelimit/internal/longtest"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -366,7 +367,7 @@ func newReplicaRun(t *testing.T, env replicaEnv, stats *replicaStats, seed, run 
 		hook := &killHook{}
 		client.AddHook(hook)
 		l, err := New(client, limits, WithClock(m.clock.Now), WithTimeout(redistest.DecisionTimeout),
-			WithRedis(RedisOptions{Prefix: prefix, DenyCache: -1, OperatorRefresh: -1}))
+			withRedis(redisstore.Options{Prefix: prefix, DenyCache: -1, OperatorRefresh: -1}))
 		if err != nil {
 			t.Fatalf("replica %d: %v", k, err)
 		}

@@ -13,8 +13,9 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/logmodel"
 	"github.com/slidinglog/ratelimit/internal/longtest"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	internalstore "github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/store"
 )
@@ -118,9 +119,9 @@ type leaseModel struct {
 	t       *testing.T
 	rng     *rand.Rand
 	b       leaseBackend
-	rs      *internalstore.Redis
+	rs      *redislog.Redis
 	lib     *slidinglog.Redis
-	spec    *internalstore.Spec
+	spec    *redislog.Spec
 	prefix  string
 	model   logmodel.State
 	now     [2]int64 // the two clocks, µs
@@ -183,14 +184,14 @@ func newLeaseModel(t *testing.T, rng *rand.Rand, b leaseBackend, episode int) *l
 		global = append(global, l.Global)
 		lease = append(lease, time.Duration(l.Lease)*time.Microsecond)
 	}
-	spec, bad, err := internalstore.NewLeasedSpec(limits, global, lease, b.split)
+	spec, bad, err := redislog.NewLeasedSpec(limits, global, lease, b.split)
 	if err != nil {
 		t.Fatalf("NewLeasedSpec: limit %d: %v", bad, err)
 	}
 	m.spec = spec
 	m.lib = slidinglog.New(slidinglog.Default, b.rdb, b.split)
-	m.rs = &internalstore.Redis{Lib: m.lib, Breakers: &internalstore.Breakers{Failures: 1000, CoolDown: time.Second},
-		Rollbacks: internalstore.NewRollbacks(m.lib, redistest.DecisionTimeout, func(err error) { t.Errorf("rollback: %v", err) })}
+	m.rs = &redislog.Redis{Lib: m.lib, Breakers: &redislog.Breakers{Failures: 1000, CoolDown: time.Second},
+		Rollbacks: redislog.NewRollbacks(m.lib, redistest.DecisionTimeout, func(err error) { t.Errorf("rollback: %v", err) })}
 	start := modelStart + rng.Int64N(1e12)
 	m.now = [2]int64{start, start}
 	m.logf("limits %v, split %v, clocks at %d", m.model.Limits, b.split, start)
@@ -315,9 +316,9 @@ func (m *leaseModel) cost() int {
 }
 
 // query returns a query of spec over keys (one per limit of spec).
-func (m *leaseModel) query(spec *internalstore.Spec, keys, tags []string, cost int, now int64, peek bool) *internalstore.Query {
+func (m *leaseModel) query(spec *redislog.Spec, keys, tags []string, cost int, now int64, peek bool) *redislog.Query {
 	start := time.Now()
-	return &internalstore.Query{Query: store.Query{Limits: spec.Public, Keys: keys, Cost: cost, Now: now, Peek: peek},
+	return &redislog.Query{Query: store.Query{Limits: spec.Public, Keys: keys, Cost: cost, Now: now, Peek: peek},
 		Spec: spec, Tags: tags, Wall: start, Local: time.UnixMicro(now), Timeout: redistest.DecisionTimeout,
 		Deadline: start.Add(redistest.DecisionTimeout)}
 }
@@ -336,8 +337,8 @@ func (m *leaseModel) decide(peek bool) {
 	before := m.copyLogs(ids)
 	want := m.model.Decide(keys, ids, cost, now, m.b.split, peek)
 	q := m.query(m.spec, keys, ids, cost, now, peek)
-	var out internalstore.Outcome
-	out.Reset(make([]internalstore.Reply, n))
+	var out redislog.Outcome
+	out.Reset(make([]redislog.Reply, n))
 	err := m.rs.Decide(context.Background(), q, &out)
 	desc := fmt.Sprintf("decide(%q, cost %d, peek %v) at %d", ids, cost, peek, now)
 	m.logf("%s -> allowed %v, %+v, err %v; %s", desc, out.Allowed, out.Replies, err, want)
@@ -371,7 +372,7 @@ func (m *leaseModel) copyLogs(ids []string) []logmodel.Log {
 
 // compare checks a decision's outcome against the model's, whose logs of
 // the request's limits were before.
-func (m *leaseModel) compare(desc string, out *internalstore.Outcome, want logmodel.Outcome, before []logmodel.Log, ids []string, cost int, peek bool) {
+func (m *leaseModel) compare(desc string, out *redislog.Outcome, want logmodel.Outcome, before []logmodel.Log, ids []string, cost int, peek bool) {
 	t := m.t
 	if out.Allowed != want.Allowed {
 		t.Errorf("%s: allowed %v; the model says %v (%s)", desc, out.Allowed, want.Allowed, want)
@@ -407,7 +408,7 @@ func (m *leaseModel) compare(desc string, out *internalstore.Outcome, want logmo
 // compareLimit checks one limit's reply r against the model's verdict v,
 // g being the model's log before the request, logged whether the request
 // was logged in it.
-func (m *leaseModel) compareLimit(desc string, r internalstore.Reply, v logmodel.Verdict, l logmodel.Limit, g *logmodel.Log, now int64, cost int, logged bool) {
+func (m *leaseModel) compareLimit(desc string, r redislog.Reply, v logmodel.Verdict, l logmodel.Limit, g *logmodel.Log, now int64, cost int, logged bool) {
 	t := m.t
 	if r.OK != v.Consulted {
 		t.Errorf("%s: consulted %v; the model says %v", desc, r.OK, v.Consulted)
@@ -493,8 +494,8 @@ func (m *leaseModel) acquire() {
 	spec := m.spec.Limits[i].Acquire
 	q := m.query(spec, []string{m.key(i, id)}, []string{id}, cost, now, false)
 	q.Acquire = units
-	var out internalstore.Outcome
-	out.Reset(make([]internalstore.Reply, 1))
+	var out redislog.Outcome
+	out.Reset(make([]redislog.Reply, 1))
 	err := m.rs.Decide(context.Background(), q, &out)
 	desc := fmt.Sprintf("acquire(limit %d %q, cost %d, units %d) at %d", i, id, cost, units, now)
 	m.logf("%s -> allowed %v, %+v, err %v; model: room %v count %d granted %d at %d", desc, out.Allowed, out.Replies[0], err, want.Room, want.Count, want.Granted, want.At)
@@ -507,7 +508,7 @@ func (m *leaseModel) acquire() {
 		return
 	}
 	m.compareLimit(desc, out.Replies[0], want.Verdict, l, &g, now, cost, want.Room)
-	if got := internalstore.Granted(q, &out); got != want.Granted {
+	if got := redislog.Granted(q, &out); got != want.Granted {
 		m.t.Errorf("%s: lent %d; the model says %d", desc, got, want.Granted)
 	}
 	if want.Room {
@@ -539,7 +540,7 @@ func (m *leaseModel) giveBack() {
 		n = 1 + m.rng.IntN(n)
 	}
 	spec := m.spec.Limits[ls.ref.Limit].Acquire
-	res := internalstore.Reservations(spec, []string{m.key(ls.ref.Limit, ls.ref.ID)}, [][]int{{0}}, n, func(int) int64 { return ls.at })
+	res := redislog.Reservations(spec, []string{m.key(ls.ref.Limit, ls.ref.ID)}, [][]int{{0}}, n, func(int) int64 { return ls.at })
 	u := m.rs.Rollbacks.Rollback(res, n, time.Now().Add(redistest.DecisionTimeout))
 	removed := m.model.Log(ls.ref).Remove(ls.at, n)
 	m.logf("give back %d of the lease of %v at %d (left %d) -> unreverted %d; the model removes %d", n, ls.ref, ls.at, ls.left, u, removed)
@@ -565,9 +566,9 @@ func (m *leaseModel) refund() {
 	for i, id := range d.ids {
 		keys[i] = m.key(i, id)
 	}
-	res := internalstore.Reservations(m.spec, keys, m.spec.Whole, d.cost, func(i int) int64 { return d.stamps[i] })
+	res := redislog.Reservations(m.spec, keys, m.spec.Whole, d.cost, func(i int) int64 { return d.stamps[i] })
 	if m.b.split {
-		res = internalstore.Reservations(m.spec, keys, m.spec.Groups(d.ids), d.cost, func(i int) int64 { return d.stamps[i] })
+		res = redislog.Reservations(m.spec, keys, m.spec.Groups(d.ids), d.cost, func(i int) int64 { return d.stamps[i] })
 	}
 	u := m.rs.Rollbacks.Rollback(res, d.cost, time.Now().Add(redistest.DecisionTimeout))
 	for _, p := range d.placed {
@@ -639,7 +640,7 @@ func TestResetLeasableAtItsClock(t *testing.T) {
 			clock := &testClock{t: time.Now().Add(time.Hour)}
 			l := Per(time.Minute, 3, Header("X-Id")).Named(fmt.Sprintf("leasable-reset-%v", byName))
 			l.Lease = 100 * time.Millisecond
-			lim := mustNew(t, b.newClient(t), []Limit{l}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}))
+			lim := mustNew(t, b.newClient(t), []Limit{l}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
 			ctx := context.Background()
 			for range 3 {
 				if res, err := lim.Allow(ctx, []string{"a"}, 1); err != nil || !res.Allowed {

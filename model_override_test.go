@@ -9,15 +9,15 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/slidinglog/ratelimit/internal/logmodel"
-	"github.com/slidinglog/ratelimit/internal/ophook"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // The overrides dimension of TestModel: quota overrides ([Operator]) of
 // limits and of plans, set with and without a ttl, lapsing, cleared, made
 // by an instance's own Operator (applied there at once) or by another
 // process's (applied at a refresh), with the operator refresh on (driven
-// by the test's ticks) or off (WithRedis(RedisOptions{OperatorRefresh: -1}): only an own
+// by the test's ticks) or off (withRedis(redisstore.Options{OperatorRefresh: -1}): only an own
 // Operator's change reads the state). The model keeps what Redis holds and
 // what each instance applies, and gives every decision the quota in force
 // on its instance at its clock; the real Limiter must decide with it, and
@@ -115,9 +115,9 @@ func (m *modelRun) overrideOptions(k int) []Option {
 		return nil
 	}
 	if !ov.refresh {
-		return []Option{WithRedis(RedisOptions{OperatorRefresh: -1})}
+		return []Option{withRedis(redisstore.Options{OperatorRefresh: -1})}
 	}
-	return []Option{WithRedis(RedisOptions{OperatorRefresh: time.Hour}), func(c *config) {
+	return []Option{withRedis(redisstore.Options{OperatorRefresh: time.Hour}), func(c *config) {
 		c.opsTicks = ov.ticks[k]
 		c.opsRefreshed = func(err error) { ov.refreshed[k] <- err }
 	}}
@@ -194,11 +194,10 @@ func (m *modelRun) overrideOperator(rt *rapid.T) (op *operator.Operator, k int, 
 	if rapid.Bool().Draw(rt, "own operator") {
 		return m.lims[k].Inspect().Operator(), k, true
 	}
-	op, err := operator.New(m.admin, defaultPrefix)
+	op, err := operator.New(m.admin, operator.Options{Prefix: defaultPrefix, Now: m.clocks[k].Now})
 	if err != nil {
 		rt.Fatal(err)
 	}
-	ophook.Configure(op, ophook.Hooks{Now: m.clocks[k].Now})
 	return op, k, false
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/logmodel"
 	"github.com/slidinglog/ratelimit/internal/longtest"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/store"
 )
@@ -61,7 +62,7 @@ func testModelScripts(t *testing.T) {
 		t.Fatal(err)
 	}
 	runModel(t, modelEnv{addr: srv.Addr, user: "scripts", minWindow: time.Minute, expires: true, repeats: longtest.LongOr(t, 2, 5), overrides: true})
-	libs, err := full.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: store.LibraryName()}).Result()
+	libs, err := full.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: redisstore.LibraryName()}).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,13 +94,13 @@ var errLocalDown = errors.New("model: Redis is down")
 func (m *modelRun) useLocalStore() (redis.UniversalClient, []Option) {
 	m.local, _ = store.NewLocal(store.LocalOptions{KeepExpired: true})
 	if m.env.withStore {
-		return nil, []Option{WithStore(m.local), WithRedis(RedisOptions{OperatorRefresh: -1})}
+		return nil, []Option{WithStore(m.local), withRedis(redisstore.Options{OperatorRefresh: -1})}
 	}
 	down := redis.NewClient(&redis.Options{
 		Dialer:                func(context.Context, string, string) (net.Conn, error) { return nil, errLocalDown },
 		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
 	})
-	return down, []Option{WithFailureMode(FailLocal), withLocalStore(m.local), WithRedis(RedisOptions{OperatorRefresh: -1})}
+	return down, []Option{WithFailureMode(FailLocal), withLocalStore(m.local), withRedis(redisstore.Options{OperatorRefresh: -1})}
 }
 
 // localDecision checks, when the local store decides, that Redis did not
@@ -124,7 +125,7 @@ func (m *modelRun) localDecision(rt *rapid.T, desc string, res Result, err error
 // localErr returns err, but nil where the local store decides and err
 // says that Redis is down.
 func (m *modelRun) localErr(err error) error {
-	if m.env.local && (errors.Is(err, errLocalDown) || errors.Is(err, store.ErrCircuitOpen)) {
+	if m.env.local && (errors.Is(err, errLocalDown) || errors.Is(err, redisstore.ErrCircuitOpen)) {
 		return nil
 	}
 	return err

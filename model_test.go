@@ -20,7 +20,8 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/logmodel"
 	"github.com/slidinglog/ratelimit/internal/longtest"
-	internalstore "github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 	"github.com/slidinglog/ratelimit/store"
 )
@@ -233,7 +234,7 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 	for k := range m.lims {
 		m.now[k] = start
 		m.clocks[k] = &testClock{t: time.UnixMicro(start)}
-		l, err := New(client, limits, append(append([]Option{WithClock(m.clocks[k].Now), WithRedis(RedisOptions{DenyCache: -1}), WithTimeout(redistest.DecisionTimeout)}, extra...), m.overrideOptions(k)...)...)
+		l, err := New(client, limits, append(append([]Option{WithClock(m.clocks[k].Now), withRedis(redisstore.Options{DenyCache: -1}), WithTimeout(redistest.DecisionTimeout)}, extra...), m.overrideOptions(k)...)...)
 		if err != nil {
 			rt.Fatal(err)
 		}
@@ -573,7 +574,7 @@ func (m *modelRun) blockKeyOf(r logmodel.LogRef) string {
 	if m.model.Limits[r.Limit].Bucketed {
 		id.Field = m.model.Limits[r.Limit].Name
 	}
-	return internalstore.BlockKey(id)
+	return redislog.BlockKey(id)
 }
 
 // foreign has another program write at one of the keys: a hash where a

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/route"
 	"net/http"
 	"runtime"
@@ -134,7 +135,7 @@ func TestDefaultNameAcrossLimiters(t *testing.T) {
 			t.Error("a second Limiter's unnamed route limit, of the same default name and another quota, was accepted")
 		}
 		for name, opts := range map[string][]Option{
-			"another prefix": {WithRedis(RedisOptions{Prefix: "other:"})},
+			"another prefix": {withRedis(redisstore.Options{Prefix: "other:"})},
 		} {
 			if _, err := New(c, []Limit{PerMinute(6, ClientIP())}, opts...); err != nil {
 				t.Errorf("%s: %v", name, err)

@@ -9,7 +9,7 @@ import (
 
 // BreakerOpen reports whether a circuit breaker of the limiter is open now:
 // Redis (or, on a cluster, one of its primaries) failed repeatedly and is
-// not being called (see [RedisOptions].BreakerFailures).
+// not being called (see redisstore.Options.BreakerFailures).
 func (l *Limiter) breakerOpen() bool { return l.redis != nil && l.redis.Breakers.Open() }
 
 // watched reports whether anything observes the limiter's decisions.

@@ -15,6 +15,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // TestLogger: failures at Warn, denials at Debug, shadow denials at Info,
@@ -29,7 +31,7 @@ func TestLogger(t *testing.T) {
 		lim := mustNew(t, c, []Limit{
 			PerMinute(1, Header("X-User")).Named("user"),
 			PerMinute(1, Header("X-User")).Shadowed().Named("trial"),
-		}, WithLogger(logger, withIDs), WithRedis(RedisOptions{DenyCache: -1, BreakerFailures: -1}))
+		}, WithLogger(logger, withIDs), withRedis(redisstore.Options{DenyCache: -1, BreakerFailures: -1}))
 		ctx := context.Background()
 		_, _ = lim.Allow(ctx, []string{"secret-user", "secret-user"}, 1)
 		_, _ = lim.Allow(ctx, []string{"secret-user", "secret-user"}, 1)
@@ -114,7 +116,7 @@ func TestObserverSeesResult(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	var o recordingObserver
 	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("a"), PerMinute(5, Global()).Shadowed().Named("b")},
-		WithObserver(&o), WithRedis(RedisOptions{DenyCache: time.Hour, BreakerFailures: -1}))
+		WithObserver(&o), withRedis(redisstore.Options{DenyCache: time.Hour, BreakerFailures: -1}))
 	ctx := context.Background()
 	for range 2 { // admitted, filling the limit; denied from the cache
 		_, _ = lim.Allow(ctx, []string{"g", "g"}, 1)
@@ -157,7 +159,7 @@ func TestResultExempt(t *testing.T) {
 	var o exemptObserver
 	lim := mustNew(t, backend{mr: mr}.newClient(t), []Limit{
 		PerMinute(1, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"ops": Unlimited}, Of: func(_ context.Context, id string) (string, error) { return id, nil }}),
-	}, WithObserver(&o), WithRedis(RedisOptions{BreakerFailures: -1}),
+	}, WithObserver(&o), withRedis(redisstore.Options{BreakerFailures: -1}),
 		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
 		WithAllowList(ClientIP(), "192.0.2.9"))
 	h := lim.Handler(okHandler)

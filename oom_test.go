@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -29,7 +30,7 @@ func TestDenialsUnderOOM(t *testing.T) {
 			lim := mustNew(t, c, []Limit{
 				PerMinute(2, ClientIP()).Named("ip"),
 				PerMinute(100, ClientIP()).Bucketed(time.Second).Named("bk"),
-			}, WithFailureMode(FailOpen), WithHandlers(Handlers{Error: func(*http.Request, error) { failures++ }}), WithRedis(RedisOptions{DenyCache: -1}))
+			}, WithFailureMode(FailOpen), WithHandlers(Handlers{Error: func(*http.Request, error) { failures++ }}), withRedis(redisstore.Options{DenyCache: -1}))
 			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(scriptsOnly)
 			h := lim.Handler(okHandler)
 			for i := range 2 {

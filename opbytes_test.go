@@ -13,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
-	"github.com/slidinglog/ratelimit/internal/ophook"
 	"github.com/slidinglog/ratelimit/operator"
 )
 
@@ -67,11 +66,10 @@ func TestOperatorStateBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	fields = nil
-	op, err := operator.New(c, "ratelimit:")
+	op, err := operator.New(c, operator.Options{Now: func() time.Time { return clock }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ophook.Configure(op, ophook.Hooks{Now: func() time.Time { return clock }})
 	var live *liveOps
 	var st operator.State
 	before := longtest.LiveHeap()

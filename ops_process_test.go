@@ -20,6 +20,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -29,7 +30,7 @@ import (
 // appEnv+"_CLUSTER" set says that the URL names Cluster nodes.
 const appEnv = "RATELIMIT_TEST_APP"
 
-// appRefresh is the app processes' RedisOptions.OperatorRefresh interval.
+// appRefresh is the app processes' redisstore.Options.OperatorRefresh interval.
 const appRefresh = 100 * time.Millisecond
 
 func serveApp() int {
@@ -94,7 +95,7 @@ func appClient() (redis.UniversalClient, error) {
 // blocks the form's target through its own Limiter.
 func operatorApp(client redis.UniversalClient) (http.Handler, error) {
 	l, err := New(client, []Limit{PerMinute(2, Header("X-User")).Named("user")},
-		WithRedis(RedisOptions{OperatorRefresh: appRefresh, DenyCache: -1}), WithTimeout(redistest.DecisionTimeout))
+		withRedis(redisstore.Options{OperatorRefresh: appRefresh, DenyCache: -1}), WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		return nil, err
 	}
@@ -321,7 +322,7 @@ func TestOperatorProcessesCluster(t *testing.T) {
 		return blockedFor(appGet(t, base, "mallory")) > 590
 	})
 	ctl("block", "10.1.0.0/16", "1m")
-	op, err := operator.New(c.Client(), defaultPrefix)
+	op, err := operator.New(c.Client(), operator.Options{Prefix: defaultPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}

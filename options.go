@@ -7,7 +7,8 @@ import (
 	"strconv"
 	"time"
 
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/redisstore"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // An Option configures a [Limiter]. Options are applied in order.
@@ -18,25 +19,23 @@ import (
 // WithObserver(nil), WithLogger(nil, ...), WithRoutesFrom(nil)), is an
 // error from [New] that names it: leave the option out to keep its
 // default. (A nil or empty map or list, such as WithRoutes(nil), is an
-// empty one.) The fields of [RedisOptions] and [Handlers] are the
-// exception: there a zero field keeps the default.
+// empty one.) The fields of [Handlers] are the exception: there a zero
+// field keeps the default.
 type Option func(*config)
 
-// The defaults of WithTimeout and RedisOptions.Prefix.
+// The defaults of WithTimeout and of the Redis store's options.
 const (
 	defaultTimeout = 100 * time.Millisecond
-	defaultPrefix  = "ratelimit:"
+	defaultPrefix  = redisstore.DefaultPrefix
 
-	defaultBreakerFailures = 5
-	defaultBreakerCoolDown = time.Second
-	defaultDenyCache       = time.Second
-	// defaultOperatorRefresh is how often a Limiter reads the operator
-	// state's version by default: the deny cache's default maximum age.
-	defaultOperatorRefresh = time.Second
+	defaultBreakerFailures = redisstore.DefaultBreakerFailures
+	defaultBreakerCoolDown = redisstore.DefaultBreakerCoolDown
+	defaultDenyCache       = redisstore.DefaultDenyCache
+	defaultOperatorRefresh = redisstore.DefaultOperatorRefresh
 )
 
 type config struct {
-	// opsRefresh is RedisOptions.OperatorRefresh's interval; opsTicks, in tests,
+	// opsRefresh is redisstore.Options.OperatorRefresh's interval; opsTicks, in tests,
 	// replaces its ticker.
 	opsRefresh   time.Duration
 	opsTicks     <-chan time.Time
@@ -73,10 +72,13 @@ type config struct {
 	breakerFailures int
 	breakerCoolDown time.Duration
 	denyCache       time.Duration
-	localBytes      int64           // RedisOptions.LocalMemory's; 0: the default
-	local           *pubstore.Local // in tests, a store shared by Limiters
-	store           pubstore.Store  // WithStore's; nil: Redis
-	errs            []error
+	localBytes      int64 // WithLocalMemory's; 0: the default
+	// redisOptions, in tests, are the options of the Redis store New
+	// builds of its client (see withRedis).
+	redisOptions redisstore.Options
+	local        *store.Local // in tests, a store shared by Limiters
+	store        store.Store  // WithStore's; nil: Redis
+	errs         []error
 
 	// WithMissingKey's and Handlers.MissingKey's; missingKeySet says
 	// that one was given.
@@ -199,12 +201,12 @@ const (
 	// locally too, and returns the error with the local Result. The local
 	// logs follow Redis's rules (a log's time never runs backwards; blocks,
 	// refunds and Reset apply to them too) and are bounded in bytes
-	// ([RedisOptions].LocalMemory, 64 MiB by default); a log is dropped only once
+	// ([WithLocalMemory], 64 MiB by default); a log is dropped only once
 	// every entry of it has left its window (on a later decision, local
 	// or, once Redis is back, Redis's): no client's traffic can erase
 	// another's count. A full store counts a client that has no log in one
 	// of its limit's many overflow logs, picked by a hash of the client
-	// (see [RedisOptions].LocalMemory): it may deny early, never admits over a
+	// (see [WithLocalMemory]): it may deny early, never admits over a
 	// quota.
 	FailLocal
 )

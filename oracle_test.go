@@ -22,6 +22,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/oracle"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -687,7 +688,7 @@ func (o *oracleRun) newLimiter(rep *oReplica, l *oLayer, failLocal bool) bool {
 		c.AddHook(oSlowHook{o})
 	}
 	opts := []Option{WithTimeout(o.timeout), WithObserver(l.obs), WithLogger(slog.New(slog.DiscardHandler), false),
-		WithRedis(RedisOptions{DenyCache: -1, OperatorRefresh: -1}),
+		withRedis(redisstore.Options{DenyCache: -1, OperatorRefresh: -1}),
 		WithCost(func(r *http.Request) int { n, _ := strconv.Atoi(r.Header.Get("X-Cost")); return max(n, 1) })}
 	if !o.realtime {
 		opts = append(opts, WithClock(o.clock.Now))

@@ -16,9 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/internal/store"
-	pubstore "github.com/slidinglog/ratelimit/store"
 )
 
 // defaultOutageProbe is how often a Limiter asks a Redis it found
@@ -248,7 +247,7 @@ var errPingPanicked = errors.New("ratelimit: the Redis client panicked on PING")
 func outageError(err error) bool {
 	switch {
 	case err == nil, err == errPingPanicked, errors.Is(err, redis.ErrClosed), errors.Is(err, context.Canceled),
-		errors.Is(err, slidinglog.ErrUnexpectedReply), errors.Is(err, pubstore.ErrCircuitOpen):
+		errors.Is(err, slidinglog.ErrUnexpectedReply), errors.Is(err, redislog.ErrCircuitOpen):
 		return false
 	}
 	var re redis.Error
@@ -266,11 +265,11 @@ func outageError(err error) bool {
 
 // outageStore is the Redis store, its failures watched for an outage.
 type outageStore struct {
-	store.Store
+	redislog.Store
 	watch *outageWatch
 }
 
-func (s outageStore) Decide(ctx context.Context, q *store.Query, out *store.Outcome) error {
+func (s outageStore) Decide(ctx context.Context, q *redislog.Query, out *redislog.Outcome) error {
 	err := s.Store.Decide(ctx, q, out)
 	if err != nil {
 		s.watch.suspect(err, nil)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -14,7 +15,7 @@ import (
 // Operator sets with a ttl is in force until its expiry on the decision
 // clock (WithClock), and the declared quota applies from its expiry on,
 // to the microsecond, whether the refresh runs or is off
-// (WithRedis(RedisOptions{OperatorRefresh: -1})), and whether the refresh has run since. Seeded
+// (withRedis(redisstore.Options{OperatorRefresh: -1})), and whether the refresh has run since. Seeded
 // draws of the declared and overriding quotas, the ttl and the traffic.
 func TestOverrideLapsesOnTheDecisionClock(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
@@ -31,12 +32,12 @@ func TestOverrideLapsesOnTheDecisionClock(t *testing.T) {
 			clock := &testClock{t: start}
 			prefix := "lapse" + string(rune('a'+round)) + ":"
 			lim := Per(24*time.Hour, declared, Header("X-Id")).Named("api")
-			opts := []Option{WithClock(clock.Now), WithRedis(RedisOptions{Prefix: prefix, DenyCache: -1}), WithTimeout(redistest.DecisionTimeout)}
+			opts := []Option{WithClock(clock.Now), withRedis(redisstore.Options{Prefix: prefix, DenyCache: -1}), WithTimeout(redistest.DecisionTimeout)}
 			var l *Limiter
 			if refresh {
 				l = newDriven(t, b.newClient(t), []Limit{lim}, opts...).Limiter // never ticked: the lapse needs no refresh
 			} else {
-				l = mustNew(t, b.newClient(t), []Limit{lim}, append(opts, WithRedis(RedisOptions{OperatorRefresh: -1}))...)
+				l = mustNew(t, b.newClient(t), []Limit{lim}, append(opts, withRedis(redisstore.Options{OperatorRefresh: -1}))...)
 			}
 			desc := func(s string) string {
 				return s + " (refresh " + map[bool]string{true: "on", false: "off"}[refresh] + ", declared " + strconv.Itoa(declared) + ", override " + strconv.Itoa(quota) + " for " + ttl.String() + ")"

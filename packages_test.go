@@ -10,11 +10,11 @@ import (
 )
 
 // TestPackagesUsableAlone: the packages split out of the root (clientip,
-// route, operator, store, store/storetest, redistest), and every package
+// route, operator, store, store/storetest, redisstore, redistest), and every package
 // of the module they import, leave the root package out, so that the root
 // may import them and each stays usable on its own.
 func TestPackagesUsableAlone(t *testing.T) {
-	dirs := []string{"clientip", "route", "operator", "store", "store/storetest", "redistest"}
+	dirs := []string{"clientip", "route", "operator", "store", "store/storetest", "redisstore", "redistest"}
 	walked := 0
 	for _, dir := range dirs {
 		t.Run(dir, func(t *testing.T) { walked += checkNoRootImport(t, dir) })

@@ -14,6 +14,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // planTable is a Plans.Of that looks the plan of an id up in a table, and
@@ -425,7 +427,7 @@ func TestRefundUnderPlans(t *testing.T) {
 			}
 			return table.of(ctx, id)
 		}}),
-	}, WithRedis(RedisOptions{BreakerFailures: -1}))
+	}, withRedis(redisstore.Options{BreakerFailures: -1}))
 	ctx := context.Background()
 	res, err := l.Allow(ctx, []string{"ops", "ops"}, 1)
 	if err != nil || !res.Allowed {

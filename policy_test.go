@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // pathObserver records how the last decision was answered.
@@ -84,9 +86,9 @@ func testPolicyEveryPath(t *testing.T, b backend) {
 		opts   []Option
 		paths  []string // the path of each of 5 requests
 	}{
-		{"redis", b.newClient(t), []Option{WithRedis(RedisOptions{DenyCache: -1})},
+		{"redis", b.newClient(t), []Option{withRedis(redisstore.Options{DenyCache: -1})},
 			[]string{"redis admit", "redis admit", "redis admit", "redis deny", "redis deny"}},
-		{"deny cache", b.newClient(t), []Option{WithRedis(RedisOptions{DenyCache: time.Minute})},
+		{"deny cache", b.newClient(t), []Option{withRedis(redisstore.Options{DenyCache: time.Minute})},
 			[]string{"redis admit", "redis admit", "redis admit", "cached deny", "cached deny"}},
 		{"FailLocal", dead, []Option{WithFailureMode(FailLocal)},
 			[]string{"local admit", "local admit", "local admit", "local deny", "local deny"}},
@@ -97,7 +99,7 @@ func testPolicyEveryPath(t *testing.T, b backend) {
 			obs := &pathObserver{}
 			clock := &testClock{t: t0}
 			lim := mustNew(t, tc.client, limits, append([]Option{WithClock(clock.Now), WithObserver(obs),
-				WithHeaders(HeadersIETF | HeadersXRateLimit), WithRedis(RedisOptions{Prefix: "policy-" + strings.ReplaceAll(tc.name, " ", "-") + ":"})}, tc.opts...)...)
+				WithHeaders(HeadersIETF | HeadersXRateLimit), withRedis(redisstore.Options{Prefix: "policy-" + strings.ReplaceAll(tc.name, " ", "-") + ":"})}, tc.opts...)...)
 			h := lim.Handler(okHandler)
 			for n, user := range []string{"alice", "bob", "olga"} {
 				for i, path := range tc.paths {

@@ -164,7 +164,7 @@ func appendKind(dst []byte, kind string) []byte {
 }
 
 // keyHead returns the head of the Redis keys of a limit named name whose
-// Key is of kind, under prefix (with RedisOptions.SingleSlot's hash tag, if any):
+// Key is of kind, under prefix (with redisstore.Options.SingleSlot's hash tag, if any):
 // what appendKey completes with the identifier. A bucketed limit's head
 // has no name (its identifier's bucketed limits of one kind share one
 // hash).

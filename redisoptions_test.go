@@ -11,10 +11,11 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
-// redisField is one drawn RedisOptions field value and what it means:
+// redisField is one drawn redisstore.Options field value and what it means:
 // valid is false for a value New must refuse.
 type redisField[T any] struct {
 	v     T
@@ -35,78 +36,69 @@ func drawDuration(t *rapid.T, label string, offable bool) redisField[time.Durati
 	return redisField[time.Duration]{time.Duration(rapid.Int64Range(1, int64(time.Hour)).Draw(t, label)), true}
 }
 
-// TestRedisOptions: several WithRedis merge field by field, a zero field
-// keeping what an earlier one gave or the default, -1 turning off what
-// can be off; every invalid field is an error from New that names it,
-// and a valid set is the Limiter's configuration.
-func TestRedisOptions(t *testing.T) {
+// TestRedisStoreOptions: the options of a redisstore.Store given with
+// WithStore are the Limiter's configuration, a zero field keeping the
+// default, -1 turning off what can be off; every invalid field is an
+// error from redisstore.New that names it.
+func TestRedisStoreOptions(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		want := defaultConfig()
-		var opts []Option
 		var bad []string // the fields New must name
-		for i := range rapid.IntRange(1, 3).Draw(t, "options") {
-			var o RedisOptions
-			l := strconv.Itoa(i) + " "
-			switch rapid.IntRange(0, 2).Draw(t, l+"prefix kind") {
-			case 1:
-				o.Prefix = rapid.StringMatching(`[a-z:]{1,8}`).Draw(t, l+"prefix")
-				want.prefix = o.Prefix
-			case 2:
-				o.Prefix = rapid.StringMatching(`[a-z:]{0,4}[{}][a-z:{}]{0,4}`).Draw(t, l+"prefix")
-				bad = append(bad, "RedisOptions.Prefix")
-			}
-			switch rapid.IntRange(0, 3).Draw(t, l+"failures kind") {
-			case 1:
-				o.BreakerFailures = -1
-				want.breakerFailures = 0
-			case 2:
-				o.BreakerFailures = rapid.IntRange(-100, -2).Draw(t, l+"failures")
-				bad = append(bad, "RedisOptions.BreakerFailures")
-			case 3:
-				o.BreakerFailures = rapid.IntRange(1, 100).Draw(t, l+"failures")
-				want.breakerFailures = o.BreakerFailures
-			}
-			var f redisField[time.Duration]
-			if f = drawDuration(t, l+"cool-down", false); f.valid && f.v != 0 {
-				want.breakerCoolDown = f.v
-			} else if !f.valid {
-				bad = append(bad, "RedisOptions.BreakerCoolDown")
-			}
-			o.BreakerCoolDown = f.v
-			if f = drawDuration(t, l+"deny cache", true); f.valid && f.v != 0 {
-				want.denyCache = max(f.v, 0)
-			} else if !f.valid {
-				bad = append(bad, "RedisOptions.DenyCache")
-			}
-			o.DenyCache = f.v
-			if f = drawDuration(t, l+"refresh", true); f.valid && f.v != 0 {
-				want.opsRefresh = max(f.v, 0)
-			} else if !f.valid {
-				bad = append(bad, "RedisOptions.OperatorRefresh")
-			}
-			o.OperatorRefresh = f.v
-			if o.SingleSlot = rapid.Bool().Draw(t, l+"single slot"); o.SingleSlot {
-				want.singleSlot = true
-			}
-			switch rapid.IntRange(0, 2).Draw(t, l+"memory kind") {
-			case 1:
-				o.LocalMemory = rapid.Int64Range(64<<10, 1<<30).Draw(t, l+"memory")
-				want.localBytes = o.LocalMemory
-			case 2:
-				o.LocalMemory = rapid.Int64Range(-1<<20, 64<<10-1).Filter(func(n int64) bool { return n != 0 }).Draw(t, l+"memory")
-				bad = append(bad, "RedisOptions.LocalMemory")
-			}
-			opts = append(opts, WithRedis(o))
+		var o redisstore.Options
+		switch rapid.IntRange(0, 2).Draw(t, "prefix kind") {
+		case 1:
+			o.Prefix = rapid.StringMatching(`[a-z:]{1,8}`).Draw(t, "prefix")
+			want.prefix = o.Prefix
+		case 2:
+			o.Prefix = rapid.StringMatching(`[a-z:]{0,4}[{}][a-z:{}]{0,4}`).Draw(t, "prefix")
+			bad = append(bad, "Options.Prefix")
 		}
-		lim, err := New(stubClient{}, []Limit{PerMinute(3, Header("X-Id")).Named("opts")}, opts...)
+		switch rapid.IntRange(0, 3).Draw(t, "failures kind") {
+		case 1:
+			o.BreakerFailures = -1
+			want.breakerFailures = 0
+		case 2:
+			o.BreakerFailures = rapid.IntRange(-100, -2).Draw(t, "failures")
+			bad = append(bad, "Options.BreakerFailures")
+		case 3:
+			o.BreakerFailures = rapid.IntRange(1, 100).Draw(t, "failures")
+			want.breakerFailures = o.BreakerFailures
+		}
+		var f redisField[time.Duration]
+		if f = drawDuration(t, "cool-down", false); f.valid && f.v != 0 {
+			want.breakerCoolDown = f.v
+		} else if !f.valid {
+			bad = append(bad, "Options.BreakerCoolDown")
+		}
+		o.BreakerCoolDown = f.v
+		if f = drawDuration(t, "deny cache", true); f.valid && f.v != 0 {
+			want.denyCache = max(f.v, 0)
+		} else if !f.valid {
+			bad = append(bad, "Options.DenyCache")
+		}
+		o.DenyCache = f.v
+		if f = drawDuration(t, "refresh", true); f.valid && f.v != 0 {
+			want.opsRefresh = max(f.v, 0)
+		} else if !f.valid {
+			bad = append(bad, "Options.OperatorRefresh")
+		}
+		o.OperatorRefresh = f.v
+		if o.SingleSlot = rapid.Bool().Draw(t, "single slot"); o.SingleSlot {
+			want.singleSlot = true
+		}
+		rs, err := redisstore.New(stubClient{}, o)
 		if len(bad) > 0 {
 			for _, field := range bad {
 				if err == nil || !strings.Contains(err.Error(), field) {
-					t.Fatalf("New: %v; want an error naming %s", err, field)
+					t.Fatalf("redisstore.New: %v; want an error naming %s", err, field)
 				}
 			}
 			return
 		}
+		if err != nil {
+			t.Fatalf("redisstore.New: %v", err)
+		}
+		lim, err := New(nil, []Limit{PerMinute(3, Header("X-Id")).Named("opts")}, WithStore(rs))
 		if err != nil {
 			t.Fatalf("New: %v", err)
 		}
@@ -167,12 +159,12 @@ func TestHandlers(t *testing.T) {
 			}
 			opts = append(opts, WithLogger(slog.New(slog.DiscardHandler), false))
 			limits := []Limit{PerMinute(1, Header("X-Id")).Named("h" + strconv.Itoa(n))}
-			lim, err := New(c, limits, append(opts, WithTimeout(redistest.DecisionTimeout), WithRedis(RedisOptions{OperatorRefresh: -1}))...)
+			lim, err := New(c, limits, append(opts, WithTimeout(redistest.DecisionTimeout), withRedis(redisstore.Options{OperatorRefresh: -1}))...)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer lim.Close()
-			down, err := New(stubClient{}, limits, append(opts, WithRedis(RedisOptions{OperatorRefresh: -1, Prefix: "down:"}))...)
+			down, err := New(stubClient{}, limits, append(opts, withRedis(redisstore.Options{OperatorRefresh: -1, Prefix: "down:"}))...)
 			if err != nil {
 				t.Fatal(err)
 			}

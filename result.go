@@ -5,8 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/store"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // An Observer receives every decision of the middleware ([Limiter.Handler],
@@ -68,7 +68,7 @@ type Result struct {
 	// request in this process instead ([FailLocal]).
 	Local bool
 	// Cached reports a denial answered from this process's memory
-	// ([RedisOptions].DenyCache) without calling Redis; only the limit that denied
+	// (redisstore.Options.DenyCache) without calling Redis; only the limit that denied
 	// was consulted.
 	Cached bool
 	// Blocked reports a denial because the client is blocked: by an
@@ -188,10 +188,10 @@ func closer(a, b *LimitResult) bool {
 // cost and the time of its entries in each, and the stores that hold them.
 type ticket struct {
 	refunded atomic.Bool // Refund has taken it: it removes nothing more
-	rs       *store.Redis
-	local    *pubstore.Local // the in-process store, if it decided: the entries are there
-	denies   *store.DenyCache
-	spec     *store.Spec
+	rs       *redislog.Redis
+	in       store.Settler // the store that decided if not Redis (FailLocal's in-process store, or WithStore's): the entries are there
+	denies   *redislog.DenyCache
+	spec     *redislog.Spec
 	keys     []string
 	tags     []string
 	cost     int

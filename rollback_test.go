@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -40,7 +41,7 @@ func TestRollbackBounded(t *testing.T) {
 	rdb := c.Client()
 	// The user's primary stalls just after it has reserved the request.
 	stall := &afterFirstCall{do: up.Pause}
-	lim := mustNew(t, rdb, limits, WithTimeout(timeout), WithRedis(RedisOptions{BreakerFailures: -1}))
+	lim := mustNew(t, rdb, limits, WithTimeout(timeout), withRedis(redisstore.Options{BreakerFailures: -1}))
 	ctx := context.Background()
 	// The library loaded on every primary, and connections and the slot map
 	// ready, before the clock starts.

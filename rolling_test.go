@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // A rolling deploy: the replicas of two releases, one Redis, one limit
@@ -60,7 +61,7 @@ func runRolling(t *testing.T, b backend, c rollingCase, seed int64, length time.
 	prefix := fmt.Sprintf("rolling%d:", rollingRuns.Add(1))
 	for i := range rel {
 		// A prefix of the run's own: the cases share a server.
-		rel[i] = mustNew(t, b.newClient(t), []Limit{c.releases[i]}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1, Prefix: prefix}))
+		rel[i] = mustNew(t, b.newClient(t), []Limit{c.releases[i]}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1, Prefix: prefix}))
 		t.Cleanup(func() { _ = rel[i].Close() })
 	}
 	ctx := context.Background()
@@ -243,7 +244,7 @@ func TestRollingWindowFirstWrite(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: leaseStart}
-		opts := []Option{WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1})}
+		opts := []Option{WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1})}
 		short := mustNew(t, b.newClient(t), []Limit{PerMinute(64, Header("X-Client")).Named("grow")}, opts...)
 		long := mustNew(t, b.newClient(t), []Limit{Per(2*time.Minute, 64, Header("X-Client")).Named("grow")}, opts...)
 		at := func(d time.Duration) { clock.Set(leaseStart.Add(d)) }
@@ -281,7 +282,7 @@ func TestRollingWindowKeepBound(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: leaseStart}
-		opts := []Option{WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1})}
+		opts := []Option{WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1})}
 		short := mustNew(t, b.newClient(t), []Limit{PerMinute(64, Header("X-Client")).Named("far")}, opts...)
 		long := mustNew(t, b.newClient(t), []Limit{Per(20*time.Minute, 64, Header("X-Client")).Named("far")}, opts...)
 		start := leaseStart
@@ -325,7 +326,7 @@ func TestRollingLeasedRoute(t *testing.T) {
 		rng := rand.New(rand.NewPCG(uint64(seed), 13))
 		base := PerMinute(64, Header("X-Client")).Named("shared")
 		clock := &testClock{t: leaseStart}
-		lim := mustNew(t, b.newClient(t), []Limit{PerHour(1_000_000, Global()).Named("all")}, WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1}),
+		lim := mustNew(t, b.newClient(t), []Limit{PerHour(1_000_000, Global()).Named("all")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}),
 			WithRoutes(map[string]RouteLimits{"/leased": {Limits: []Limit{base.Leased()}}, "/plain": {Limits: []Limit{base}}}))
 		t.Cleanup(func() { _ = lim.Close() })
 		mux := http.NewServeMux()
@@ -382,7 +383,7 @@ func TestRollingPrecisionIdle(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: leaseStart}
-		opts := []Option{WithClock(clock.Now), WithRedis(RedisOptions{DenyCache: -1})}
+		opts := []Option{WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1})}
 		base := PerMinute(64, Header("X-Client")).Named("idle")
 		two := mustNew(t, b.newClient(t), []Limit{base.Bucketed(2 * time.Second)}, opts...)
 		five := mustNew(t, b.newClient(t), []Limit{base.Bucketed(5 * time.Second)}, opts...)

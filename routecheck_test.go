@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"errors"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/route"
 	"net/http"
 	"net/http/httptest"
@@ -39,9 +40,9 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 		{route.Unmatched, ""},
 	} {
 		_, err := New(stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")},
-			WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithRoutesFrom(mux), WithRedis(RedisOptions{OperatorRefresh: -1}))
+			WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithRoutesFrom(mux), withRedis(redisstore.Options{OperatorRefresh: -1}))
 		api := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")},
-			WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithRedis(RedisOptions{OperatorRefresh: -1}))
+			WithRoutes(map[string]RouteLimits{tc.entry: limit}), withRedis(redisstore.Options{OperatorRefresh: -1}))
 		for by, err := range map[string]error{"New": err, "CheckMux": api.Inspect().CheckMux(mux)} {
 			switch {
 			case tc.want == "" && err != nil:
@@ -54,7 +55,7 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 	// Routes added after New: nothing to check yet.
 	late := http.NewServeMux()
 	if _, err := New(stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")},
-		WithRoutes(map[string]RouteLimits{"POST /logn": limit}), WithRoutesFrom(late), WithRedis(RedisOptions{OperatorRefresh: -1})); err != nil {
+		WithRoutes(map[string]RouteLimits{"POST /logn": limit}), WithRoutesFrom(late), withRedis(redisstore.Options{OperatorRefresh: -1})); err != nil {
 		t.Errorf("a mux with no routes yet: %v; want no error from New", err)
 	}
 }
@@ -74,7 +75,7 @@ func TestHandlerWarnsUnknownRoute(t *testing.T) {
 			lg, buf := newLogger()
 			wc := &warningCounter{}
 			mux := http.NewServeMux()
-			opts := []Option{WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithLogger(lg, false), WithObserver(wc), WithRedis(RedisOptions{OperatorRefresh: -1})}
+			opts := []Option{WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithLogger(lg, false), WithObserver(wc), withRedis(redisstore.Options{OperatorRefresh: -1})}
 			if from {
 				opts = append(opts, WithRoutesFrom(mux))
 			}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/slidinglog/ratelimit/clientip"
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // warningCounter is an Observer that counts the Warnings it is told of and
@@ -100,7 +101,7 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 
 	// Made to work: the mux the user hands over, whatever wraps it.
 	mux := loginMux()
-	api := mustNew(t, c, limits(), loginRoutes(), WithRoutesFrom(mux), WithRedis(RedisOptions{Prefix: "rf1:"}))
+	api := mustNew(t, c, limits(), loginRoutes(), WithRoutesFrom(mux), withRedis(redisstore.Options{Prefix: "rf1:"}))
 	h := api.Handler(logging(mux))
 	var got []int
 	for range 3 {
@@ -122,7 +123,7 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 	} {
 		buf := defaultLog(t)
 		wc := &warningCounter{}
-		api := mustNew(t, c, limits(), loginRoutes(), WithObserver(wc), WithRedis(RedisOptions{Prefix: "rf2" + tc.name + ":"}))
+		api := mustNew(t, c, limits(), loginRoutes(), WithObserver(wc), withRedis(redisstore.Options{Prefix: "rf2" + tc.name + ":"}))
 		h := api.Handler(tc.wrap(loginMux()))
 		for range 3 {
 			post(h, "/login")
@@ -142,8 +143,8 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 	// Not reported: the right shapes, and a Limiter without routes.
 	buf := defaultLog(t)
 	wc := &warningCounter{}
-	right := mustNew(t, c, limits(), loginRoutes(), WithObserver(wc), WithRedis(RedisOptions{Prefix: "rf3:"}))
-	noRoutes := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("plain")}, WithObserver(wc), WithRedis(RedisOptions{Prefix: "rf4:"}))
+	right := mustNew(t, c, limits(), loginRoutes(), WithObserver(wc), withRedis(redisstore.Options{Prefix: "rf3:"}))
+	noRoutes := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("plain")}, WithObserver(wc), withRedis(redisstore.Options{Prefix: "rf4:"}))
 	inner := loginMux()
 	for _, h := range []http.Handler{
 		logging(right.Handler(inner)),
@@ -168,7 +169,7 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 	c := b.newClient(t)
 	buf := defaultLog(t)
 	wc := &warningCounter{}
-	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP()).Named("ip")}, WithObserver(wc), WithRedis(RedisOptions{Prefix: "pw1:"}))
+	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP()).Named("ip")}, WithObserver(wc), withRedis(redisstore.Options{Prefix: "pw1:"}))
 	h := lim.Handler(okHandler)
 	var got []int
 	for _, client := range []string{"198.51.100.1", "198.51.100.2", "198.51.100.3"} {
@@ -188,7 +189,7 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 	// each client its own bucket, nothing reported.
 	buf = defaultLog(t)
 	wc = &warningCounter{}
-	lim = mustNew(t, c, []Limit{PerMinute(1, ClientIP(clientip.FromRouter())).Named("ip")}, WithObserver(wc), WithRedis(RedisOptions{Prefix: "pw2:"}))
+	lim = mustNew(t, c, []Limit{PerMinute(1, ClientIP(clientip.FromRouter())).Named("ip")}, WithObserver(wc), withRedis(redisstore.Options{Prefix: "pw2:"}))
 	h = lim.Handler(okHandler)
 	for _, client := range []string{"198.51.100.1", "198.51.100.2", "198.51.100.3"} {
 		if code := proxied(h, "/", client+":1", "X-Forwarded-For", client); code != 200 {

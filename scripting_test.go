@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"math/rand"
 	"net/http"
 	"net/http/httptest"
@@ -60,14 +60,14 @@ var noScriptings = []noScripting{
 // TestNoScripting: a server that runs no Lua for the limiter (scripting
 // commands renamed away, an ACL user without @scripting; on a real server,
 // Redis or Valkey, and on miniredis refusing them) makes every decision
-// fail with one clear error: it wraps store.ErrNoScripting, names the commands
+// fail with one clear error: it wraps redisstore.ErrNoScripting, names the commands
 // refused and says what to change. New does not fail. Seeded over the
 // ways of refusing × a single client and a split one (a Ring: pipelines)
 // ×
 // the failure modes × the number of decisions (Status and Reset say
 // it too): the failure mode answers
 // each request, and the circuit breaker never opens (it would hide the cause
-// behind store.ErrCircuitOpen).
+// behind redisstore.ErrCircuitOpen).
 func TestNoScripting(t *testing.T) {
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
@@ -76,15 +76,15 @@ func TestNoScripting(t *testing.T) {
 		t.Helper()
 		mode := []FailureMode{FailOpen, FailClosed, FailLocal}[rng.Intn(3)]
 		lim, err := New(c, []Limit{PerMinute(3, Header("X-Id")).Named("lua")},
-			WithTimeout(redistest.DecisionTimeout), WithFailureMode(mode), WithRedis(RedisOptions{OperatorRefresh: -1}))
+			WithTimeout(redistest.DecisionTimeout), WithFailureMode(mode), withRedis(redisstore.Options{OperatorRefresh: -1}))
 		if err != nil {
 			t.Fatalf("New: %v; want no error: New does not contact Redis", err)
 		}
 		n := 1 + rng.Intn(8) // more than the breaker's 5 failures, sometimes
 		for i := range n {
 			res, err := lim.Allow(context.Background(), []string{fmt.Sprint("id", i%2)}, 1)
-			if !errors.Is(err, store.ErrNoScripting) || errors.Is(err, store.ErrCircuitOpen) {
-				t.Fatalf("seed %d, %s, %v, decision %d: error %v; want store.ErrNoScripting", seed, ns.name, mode, i, err)
+			if !errors.Is(err, redisstore.ErrNoScripting) || errors.Is(err, redisstore.ErrCircuitOpen) {
+				t.Fatalf("seed %d, %s, %v, decision %d: error %v; want redisstore.ErrNoScripting", seed, ns.name, mode, i, err)
 			}
 			msg := err.Error()
 			if i == 0 {
@@ -100,22 +100,22 @@ func TestNoScripting(t *testing.T) {
 			}
 			if i == 0 {
 				// The Operator's changes run a script of their own.
-				op, err := operator.New(c, "")
+				op, err := operator.New(c, operator.Options{})
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := op.Block(context.Background(), "x", time.Minute); !errors.Is(err, store.ErrNoScripting) || !strings.Contains(err.Error(), "@scripting") {
-					t.Errorf("seed %d, %s: Operator.Block: %v; want store.ErrNoScripting, saying what to do", seed, ns.name, err)
+				if err := op.Block(context.Background(), "x", time.Minute); !errors.Is(err, redisstore.ErrNoScripting) || !strings.Contains(err.Error(), "@scripting") {
+					t.Errorf("seed %d, %s: Operator.Block: %v; want redisstore.ErrNoScripting, saying what to do", seed, ns.name, err)
 				}
 			}
 			if mode == FailLocal && !res.Local || mode != FailLocal && (res.Allowed || res.Local) {
 				t.Errorf("seed %d, %s, %v: Allow's Result %+v", seed, ns.name, mode, res)
 			}
-			if _, err := lim.Status(context.Background(), []string{"id0"}, 1); !errors.Is(err, store.ErrNoScripting) {
-				t.Errorf("seed %d, %s: Status: %v; want store.ErrNoScripting", seed, ns.name, err)
+			if _, err := lim.Status(context.Background(), []string{"id0"}, 1); !errors.Is(err, redisstore.ErrNoScripting) {
+				t.Errorf("seed %d, %s: Status: %v; want redisstore.ErrNoScripting", seed, ns.name, err)
 			}
-			if err := lim.Reset(context.Background(), []string{"id0"}); !errors.Is(err, store.ErrNoScripting) {
-				t.Errorf("seed %d, %s: Reset: %v; want store.ErrNoScripting", seed, ns.name, err)
+			if err := lim.Reset(context.Background(), []string{"id0"}); !errors.Is(err, redisstore.ErrNoScripting) {
+				t.Errorf("seed %d, %s: Reset: %v; want redisstore.ErrNoScripting", seed, ns.name, err)
 			}
 			// Through the middleware, the failure mode answers.
 			req := httptest.NewRequest("GET", "/", nil)

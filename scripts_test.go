@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"strconv"
 	"strings"
 	"testing"
@@ -50,7 +50,7 @@ func TestScriptsWhereFunctionsAreDenied(t *testing.T) {
 		if admitted != 10 || lim.redis.Lib.(*slidinglog.Redis).ScriptsOnly() != tc.scripts {
 			t.Errorf("%s: %d of 15 admitted, scripts only %v; want 10 and %v", tc.id, admitted, lim.redis.Lib.(*slidinglog.Redis).ScriptsOnly(), tc.scripts)
 		}
-		libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: store.LibraryName()}).Result()
+		libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: redisstore.LibraryName()}).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -195,12 +195,12 @@ func testLibraryReloadedAfterOOM(t *testing.T, pipeline bool) {
 			t.Fatalf("after the back-off: %v", err)
 		}
 	}
-	libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: store.LibraryName()}).Result()
+	libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: redisstore.LibraryName()}).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(libs) != 1 {
-		t.Errorf("FUNCTION LIST after the back-off: %+v; want library %s", libs, store.LibraryName())
+		t.Errorf("FUNCTION LIST after the back-off: %+v; want library %s", libs, redisstore.LibraryName())
 	}
 	// Every call, and those that found no function, through FCALL.
 	if n, s, e := commandCalls(t, admin, "fcall")-fcall, commandCalls(t, admin, "evalsha")-evalsha, commandCalls(t, admin, "eval")-eval; n < 5*calls || s != 0 || e != 0 {

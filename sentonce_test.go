@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -204,7 +205,7 @@ func TestDecideSentOnceOnLateReply(t *testing.T) {
 	forOnceClients(t, func(t *testing.T, env *onceEnv) {
 		rdb := env.rdb
 		ctx := context.Background()
-		lim := mustNew(t, rdb, []Limit{PerMinute(100, Header("X-Id")).Named("once")}, WithRedis(RedisOptions{BreakerFailures: -1}), noRefresh)
+		lim := mustNew(t, rdb, []Limit{PerMinute(100, Header("X-Id")).Named("once")}, withRedis(redisstore.Options{BreakerFailures: -1}), noRefresh)
 		// The library loaded and a connection open before the proxy mutes.
 		if _, err := lim.Allow(ctx, []string{"warm"}, 1); err != nil {
 			t.Fatal(err)
@@ -269,7 +270,7 @@ func TestRefundSentOnceOnLateReply(t *testing.T) {
 		ctx := context.Background()
 		at := time.Now()
 		lim := mustNew(t, rdb, []Limit{PerMinute(100, Header("X-Id")).Named("refund")},
-			WithRedis(RedisOptions{BreakerFailures: -1}), WithClock(func() time.Time { return at }), noRefresh)
+			withRedis(redisstore.Options{BreakerFailures: -1}), WithClock(func() time.Time { return at }), noRefresh)
 		var res [2]Result
 		for i := range res {
 			var err error

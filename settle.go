@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/slidinglog/ratelimit/internal/store"
-	pubstore "github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/internal/redislog"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // maxSettleCost is the largest real cost a request is settled at.
@@ -95,21 +95,12 @@ func (t *ticket) settle(ctx context.Context, cost int) error {
 }
 
 // stamp returns when t's request was logged in limit i, if it is settled
-// there (see store.Spec.Settles); 0 if not.
+// there (see redislog.Spec.Settles); 0 if not.
 func (t *ticket) stamp(i int) int64 {
 	if !t.spec.Settles(i) {
 		return 0
 	}
 	return t.stamps[i]
-}
-
-// logIDs returns the logs of t's limits.
-func (t *ticket) logIDs() []store.LogID {
-	ids := make([]store.LogID, len(t.keys))
-	for i, key := range t.keys {
-		ids[i] = store.LogID{Key: key, Field: t.spec.Limits[i].Field}
-	}
-	return ids
 }
 
 // groups returns the groups of t's limits that share a hash tag: one call
@@ -119,6 +110,15 @@ func (t *ticket) groups() [][]int {
 		return t.spec.Groups(t.tags)
 	}
 	return t.spec.Whole
+}
+
+// inContext returns ctx bounded by the Limiter's timeout, for a call of
+// t.in that is not this process's store.Local, which needs no bound.
+func (t *ticket) inContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, local := t.in.(*store.Local); local {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, t.timeout)
 }
 
 // credit takes n units of t's request back from every limit it was
@@ -131,20 +131,25 @@ func (t *ticket) credit(ctx context.Context, n int) error {
 	if t.settled != nil {
 		t.settled.credited.Add(uint64(n))
 	}
-	if t.local != nil { // FailLocal decided: its entries are in this process
-		t.local.Refund(t.logIDs(), stamps, n)
+	if t.in != nil { // FailLocal decided (its entries are in this process), or WithStore's store
+		ctx, cancel := t.inContext(ctx)
+		defer cancel()
+		q := store.Query{Limits: t.spec.Public, Keys: t.keys, Cost: n}
+		if err := t.in.Credit(ctx, &q, stamps); err != nil {
+			return fmt.Errorf("%w: the store did not take back %d units: %w", ErrNotReverted, n, err)
+		}
 		return nil
 	}
-	reservations := store.Reservations(t.spec, t.keys, t.groups(), n, func(i int) int64 { return stamps[i] })
+	reservations := redislog.Reservations(t.spec, t.keys, t.groups(), n, func(i int) int64 { return stamps[i] })
 	var err error
-	switch u, pending := t.rs.Rollbacks.Credit(reservations, n, store.Deadline(ctx, time.Now(), t.timeout)); {
+	switch u, pending := t.rs.Rollbacks.Credit(reservations, n, redislog.Deadline(ctx, time.Now(), t.timeout)); {
 	case u > 0:
 		err = fmt.Errorf("%w: %d units stay counted until they leave their windows", ErrNotReverted, u)
 	case pending:
 		err = fmt.Errorf("%w: taking back %d units", ErrSettlePending, n)
 	}
 	for i, key := range t.keys {
-		t.denies.Forget(store.LogID{Key: key, Field: t.spec.Limits[i].Field})
+		t.denies.Forget(redislog.LogID{Key: key, Field: t.spec.Limits[i].Field})
 	}
 	return err
 }
@@ -173,17 +178,21 @@ func (t *ticket) debit(ctx context.Context, n int) error {
 	if t.clock != nil {
 		now = t.clock().UnixMicro()
 	}
-	if t.local != nil {
+	if t.in != nil {
 		stamps := make([]int64, len(t.stamps))
 		for i := range stamps {
 			stamps[i] = t.stamp(i)
 		}
-		q := pubstore.Query{Limits: t.spec.Public, Keys: t.keys, Cost: n, Quotas: t.quotas, Now: now}
-		t.local.Charge(&q, stamps)
+		q := store.Query{Limits: t.spec.Public, Keys: t.keys, Cost: n, Quotas: t.quotas, Now: now}
+		ctx, cancel := t.inContext(ctx)
+		defer cancel()
+		if err := t.in.Debit(ctx, &q, stamps); err != nil {
+			return fmt.Errorf("%w: the store did not log a settled debit of %d: %w", ErrNotReverted, n, err)
+		}
 		return nil
 	}
-	charges := store.Charges(t.spec, t.keys, t.groups(), n, now, t.quotas, t.stamp)
-	switch u, pending := t.rs.Rollbacks.Charge(charges, store.Deadline(ctx, time.Now(), t.timeout)); {
+	charges := redislog.Charges(t.spec, t.keys, t.groups(), n, now, t.quotas, t.stamp)
+	switch u, pending := t.rs.Rollbacks.Charge(charges, redislog.Deadline(ctx, time.Now(), t.timeout)); {
 	case u > 0:
 		return fmt.Errorf("%w: a settled debit of %d was not logged (%d units)", ErrNotReverted, n, u)
 	case pending:

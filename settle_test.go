@@ -14,6 +14,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -305,7 +306,7 @@ func TestSettleUnreachable(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	// A window of a second: the background gives up after it.
 	lim := mustNew(t, c, []Limit{PerSecond(100, Header("X-U")).Named("a"), PerSecond(100, Global()).Named("g")},
-		WithRedis(RedisOptions{BreakerFailures: -1}), WithTimeout(300*time.Millisecond))
+		withRedis(redisstore.Options{BreakerFailures: -1}), WithTimeout(300*time.Millisecond))
 	ctx := context.Background()
 	debit, err := lim.Allow(ctx, []string{"x", "global"}, 2)
 	if err != nil || !debit.Allowed {
@@ -467,7 +468,7 @@ func TestSettleSentOnce(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true, ReadTimeout: 300 * time.Millisecond})
 	t.Cleanup(func() { _ = c.Close() })
 	admin := srv.Client()
-	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-U")).Named("once")}, WithRedis(RedisOptions{BreakerFailures: -1, OperatorRefresh: -1}))
+	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-U")).Named("once")}, withRedis(redisstore.Options{BreakerFailures: -1, OperatorRefresh: -1}))
 	ctx := context.Background()
 	res, err := lim.Allow(ctx, []string{"k"}, 2)
 	if err != nil || !res.Allowed {

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // TestShadowBlock generates rulesets of enforced and shadow limits, each
@@ -37,7 +39,7 @@ func testShadowBlock(t *testing.T, b backend) {
 			}
 			limits = append(limits, l)
 		}
-		l := newDriven(t, b.newClient(t), limits, WithClock(clock.Now), WithRedis(RedisOptions{Prefix: "sb" + string(rune('0'+round)) + ":"}))
+		l := newDriven(t, b.newClient(t), limits, WithClock(clock.Now), withRedis(redisstore.Options{Prefix: "sb" + string(rune('0'+round)) + ":"}))
 		op := l.Inspect().Operator()
 		ids := []string{"alice", "bob", "mallory", "eve"}
 		blocked := map[string]time.Duration{}

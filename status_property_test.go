@@ -16,6 +16,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -174,7 +175,7 @@ func newStatusProp(rt *rapid.T, client redis.UniversalClient) *statusProp {
 	}
 	p.now = time.UnixMicro(modelStart + rapid.Int64Range(0, 1e12).Draw(rt, "start"))
 	p.tc = &testClock{t: p.now}
-	l, err := New(client, limits, WithClock(p.tc.Now), WithRedis(RedisOptions{DenyCache: -1, OperatorRefresh: -1}),
+	l, err := New(client, limits, WithClock(p.tc.Now), withRedis(redisstore.Options{DenyCache: -1, OperatorRefresh: -1}),
 		WithTimeout(redistest.DecisionTimeout), WithObserver(p.obs))
 	if err != nil {
 		rt.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -125,7 +126,7 @@ func TestAllowFailLocal(t *testing.T) {
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("g")}, WithFailureMode(FailLocal), WithRedis(RedisOptions{BreakerFailures: -1}))
+	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("g")}, WithFailureMode(FailLocal), withRedis(redisstore.Options{BreakerFailures: -1}))
 	mr.SetError("LOADING Redis is loading the dataset in memory")
 	ctx := context.Background()
 	for i, want := range []bool{true, false} {
@@ -147,7 +148,7 @@ func TestStatusTimeout(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true, ReadTimeout: time.Minute})
 	t.Cleanup(func() { _ = c.Close() })
 	const timeout = 300 * time.Millisecond
-	lim := mustNew(t, c, []Limit{PerMinute(3, Global())}, WithTimeout(timeout), WithRedis(RedisOptions{BreakerFailures: -1}))
+	lim := mustNew(t, c, []Limit{PerMinute(3, Global())}, WithTimeout(timeout), withRedis(redisstore.Options{BreakerFailures: -1}))
 	if _, err := lim.Status(context.Background(), []string{"k"}, 1); err != nil { // loads the library
 		t.Fatal(err)
 	}

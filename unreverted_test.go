@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -81,7 +82,7 @@ func TestUnrevertedOnlyWhatMayHaveRun(t *testing.T) {
 			g := &gatedDialer{open: make(chan struct{})}
 			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, Dialer: g.dial})
 			t.Cleanup(func() { _ = rdb.Close() })
-			lim := mustNew(t, rdb, limitsOf(n), WithTimeout(200*time.Millisecond), WithRedis(RedisOptions{BreakerFailures: -1, OperatorRefresh: -1}))
+			lim := mustNew(t, rdb, limitsOf(n), WithTimeout(200*time.Millisecond), withRedis(redisstore.Options{BreakerFailures: -1, OperatorRefresh: -1}))
 			if i == 0 {
 				srv.Stop()
 			}
@@ -104,7 +105,7 @@ func TestUnrevertedOnlyWhatMayHaveRun(t *testing.T) {
 			n, cost := 1+rng.Intn(3), 1+rng.Intn(5)
 			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, ReadTimeout: time.Second, MaxRetries: -1})
 			t.Cleanup(func() { _ = rdb.Close() })
-			lim := mustNew(t, rdb, limitsOf(n), WithTimeout(200*time.Millisecond), WithRedis(RedisOptions{BreakerFailures: -1, OperatorRefresh: -1}))
+			lim := mustNew(t, rdb, limitsOf(n), WithTimeout(200*time.Millisecond), withRedis(redisstore.Options{BreakerFailures: -1, OperatorRefresh: -1}))
 			// The library loaded and a connection open before the server stalls.
 			if _, err := lim.Allow(context.Background(), ids(n, "warm"), 1); err != nil {
 				t.Fatal(err)
@@ -161,7 +162,7 @@ func TestUnrevertedClusterDeadPrimary(t *testing.T) {
 	lim := mustNew(t, rdb, []Limit{
 		PerMinute(1000, Header("X-Live")).Named("live"),
 		PerMinute(1000, Header("X-Dead")).Named("dead"),
-	}, WithTimeout(300*time.Millisecond), WithRedis(RedisOptions{BreakerFailures: -1, OperatorRefresh: -1}))
+	}, WithTimeout(300*time.Millisecond), withRedis(redisstore.Options{BreakerFailures: -1, OperatorRefresh: -1}))
 	// Scripts: a function would be loaded on every primary, the dead one too.
 	lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(true)
 	// The map of slots loaded, from the live primary.

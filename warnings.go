@@ -48,7 +48,7 @@ const (
 	// counting every request in its own window; an exact and a bucketed
 	// limit count apart, so a window may admit both quotas; other kinds
 	// of key count apart. Reported once per name and Limiter,
-	// from the refresh of the operator state ([RedisOptions].OperatorRefresh) that
+	// from the refresh of the operator state (redisstore.Options.OperatorRefresh) that
 	// first reads the other declaration: within one refresh interval of
 	// the later Limiter's start (see Declaration in package operator).
 	WarningDefinitionConflict Warning = "definition_conflict"

@@ -27,6 +27,7 @@ import (
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/oracle"
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // TestOracleAdapters holds the routers' middleware to the promises the
@@ -140,7 +141,6 @@ func runAdapterOracle(t *testing.T, router string, seed uint64, steps int) {
 	}
 	opts := []ratelimit.Option{ratelimit.WithTimeout(5 * time.Second), ratelimit.WithClock(clock.Now), ratelimit.WithObserver(obs),
 		ratelimit.WithLogger(slog.New(slog.DiscardHandler), false),
-		ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1, OperatorRefresh: -1}),
 		ratelimit.WithCost(func(r *http.Request) int { n, _ := strconv.Atoi(r.Header.Get("X-Cost")); return max(n, 1) })}
 	if len(routeLimits) > 0 {
 		opts = append(opts, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"GET /items": {Limits: routeLimits}}))
@@ -158,7 +158,8 @@ func runAdapterOracle(t *testing.T, router string, seed uint64, steps int) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
-	lim, err := ratelimit.New(rdb, limits, opts...)
+	opts = append(opts, ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{DenyCache: -1, OperatorRefresh: -1})))
+	lim, err := ratelimit.New(nil, limits, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

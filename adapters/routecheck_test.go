@@ -23,6 +23,7 @@ import (
 	chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/route"
 )
 
@@ -419,8 +420,8 @@ func TestRouteTableMethodAndSlash(t *testing.T) {
 		} {
 			table := map[string]ratelimit.RouteLimits{tc.entry: {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("route")}}}
 			newL := func(router string) *ratelimit.Limiter {
-				o := append([]ratelimit.Option{ratelimit.WithRoutes(table), ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: fmt.Sprintf("ms%d%s:", i, router)})}, opts...)
-				return perIP(t, rdb, 100, o...)
+				o := append([]ratelimit.Option{ratelimit.WithRoutes(table), ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{Prefix: fmt.Sprintf("ms%d%s:", i, router)}))}, opts...)
+				return perIP(t, nil, 100, o...)
 			}
 			type router struct {
 				name     string

@@ -17,6 +17,7 @@ import (
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
 	"github.com/slidinglog/ratelimit/clientip"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -30,8 +31,8 @@ import (
 func TestRouterClientIP(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
 		newLimiter := func(t *testing.T) *ratelimit.Limiter {
-			o := append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: t.Name() + ":"})}, opts...)
-			l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.FromRouter())).Named("ip")}, o...)
+			o := append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{Prefix: t.Name() + ":"}))}, opts...)
+			l, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.FromRouter())).Named("ip")}, o...)
 			if err != nil {
 				t.Fatal(err)
 			}

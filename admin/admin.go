@@ -46,7 +46,7 @@
 // and plan ([operator.Declaration]);
 // unblock and clear change them in Redis through each watched Limiter's
 // [ratelimit.Inspector.Operator], for every replica (each within its
-// refresh interval, [ratelimit.RedisOptions].OperatorRefresh).
+// refresh interval, redisstore.Options.OperatorRefresh).
 //
 // The Handler trusts whoever reaches it: mount it on a port only
 // operators reach. It refuses cross-origin POSTs from browsers

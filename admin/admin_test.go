@@ -20,6 +20,7 @@ import (
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/admin"
 	"github.com/slidinglog/ratelimit/operator"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -58,10 +59,10 @@ func newFixture(t *testing.T, opts admin.Options) *fixture {
 		opts.Now = func() time.Time { return t0 }
 	}
 	adm := admin.New(opts)
-	lim, err := ratelimit.New(rdb, []ratelimit.Limit{
+	lim, err := ratelimit.New(nil, []ratelimit.Limit{
 		ratelimit.PerMinute(3, ratelimit.Header("X-Client")).Named("client"),
 		ratelimit.PerMinute(1000, ratelimit.Global()).Named("all"),
-	}, ratelimit.WithObserver(adm), ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1}))
+	}, ratelimit.WithObserver(adm), ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{DenyCache: -1})))
 	if err != nil {
 		t.Fatal(err)
 	}

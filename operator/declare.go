@@ -19,7 +19,7 @@ import (
 // A Declaration is the definition a live Limiter gives one of its
 // limits: what the limit's name stands for in Redis (the kind of key its
 // log counts by, its window and precision) and the quotas it declares.
-// Each Limiter with the refresh on (ratelimit.RedisOptions.OperatorRefresh)
+// Each Limiter with the refresh on (redisstore.Options.OperatorRefresh)
 // declares its limits at each refresh, stamped with the Redis server's
 // clock, and a declaration not refreshed for its lifetime (30s, or four
 // refresh intervals if longer) no longer counts:

@@ -3,7 +3,7 @@
 // quota overrides and manual blocks. It needs only a Redis client and the
 // prefix, not the application's Limiter, so that a separate process (the
 // ratelimitctl command) can act; the Limiters read the state every
-// refresh interval (ratelimit.RedisOptions.OperatorRefresh) and apply it.
+// refresh interval (redisstore.Options.OperatorRefresh) and apply it.
 //
 // The state is one Redis hash per key prefix (see [Key]). It holds a
 // field "v", the version, which every change of an override or a block
@@ -29,7 +29,6 @@ import (
 
 	"github.com/slidinglog/ratelimit/internal/limitname"
 	"github.com/slidinglog/ratelimit/internal/netid"
-	"github.com/slidinglog/ratelimit/internal/ophook"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 )
 
@@ -57,7 +56,7 @@ var (
 )
 
 // Key returns the Redis key of the operator state of the Limiters built
-// with prefix (ratelimit.RedisOptions.Prefix): "<prefix>!operator{ratelimit-operator}".
+// with prefix (redisstore.Options.Prefix): "<prefix>!operator{ratelimit-operator}".
 // The '!' cannot appear in a limit name, so the key never meets a count;
 // the hash tag puts it in one Redis Cluster slot.
 func Key(prefix string) string { return prefix + "!operator{ratelimit-operator}" }
@@ -66,7 +65,7 @@ func Key(prefix string) string { return prefix + "!operator{ratelimit-operator}"
 // prefix: quota overrides and manual blocks. Every change is one script
 // call on one key that also increments the state's version, so that the
 // Limiters, which read the version every refresh interval
-// (ratelimit.RedisOptions.OperatorRefresh), see it whole. A change returned nil is
+// (redisstore.Options.OperatorRefresh), see it whole. A change returned nil is
 // stored in Redis; the Limiters apply it within their refresh interval
 // plus one decision timeout.
 //
@@ -85,28 +84,47 @@ type Operator struct {
 	unblock func(ctx context.Context, id string) (bool, error)
 }
 
-func init() {
-	ophook.Configure = func(o any, h ophook.Hooks) {
-		op := o.(*Operator)
-		if h.Now != nil {
-			op.now = h.Now
-		}
-		op.after, op.unblock = h.After, h.Unblock
-	}
+// Options configure an [Operator]. The zero value is the default: the
+// Limiters of the default prefix, on the local clock.
+type Options struct {
+	// Prefix is the key prefix of the Limiters the Operator changes the
+	// state of (redisstore.Options.Prefix). Default: "ratelimit:". A
+	// prefix with '{' or '}' is an error from New.
+	Prefix string
+	// Now is the clock expiries are computed on. Default: time.Now.
+	Now func() time.Time
+	// AfterChange, if not nil, runs after every change that succeeded,
+	// before the method returns (a Limiter's own Operator reloads that
+	// Limiter's state with it).
+	AfterChange func(ctx context.Context)
+	// Unblock, if not nil, lifts the blocks that limits set by
+	// themselves (ratelimit.Limit.Block) for an identifier, and reports
+	// whether it lifted one: [Operator.Unblock] calls it after removing
+	// the manual block. Default: nil, Unblock lifts manual blocks only.
+	Unblock func(ctx context.Context, id string) (bool, error)
 }
 
 // New returns an Operator for the Limiters that use client's Redis with
-// prefix (ratelimit.RedisOptions.Prefix; "ratelimit:" by default). It fails for a
-// nil client or a prefix with '{' or '}'. It does not contact Redis.
-func New(client redis.UniversalClient, prefix string) (*Operator, error) {
+// the prefix o.Prefix. It fails for a nil client or a prefix with '{' or
+// '}'. It does not contact Redis.
+func New(client redis.UniversalClient, o Options) (*Operator, error) {
 	if client == nil || nilPointer(client) {
 		return nil, errors.New("operator: New: nil Redis client")
 	}
-	if strings.ContainsAny(prefix, "{}") {
-		return nil, fmt.Errorf("operator: New: prefix %q contains '{' or '}'", prefix)
+	if o.Prefix == "" {
+		o.Prefix = defaultPrefix
 	}
-	return &Operator{client: client, key: Key(prefix), now: time.Now}, nil
+	if strings.ContainsAny(o.Prefix, "{}") {
+		return nil, fmt.Errorf("operator: New: prefix %q contains '{' or '}'", o.Prefix)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Operator{client: client, key: Key(o.Prefix), now: o.Now, after: o.AfterChange, unblock: o.Unblock}, nil
 }
+
+// defaultPrefix is redisstore.Options.Prefix's default.
+const defaultPrefix = "ratelimit:"
 
 // errNil is the error of every method of a nil *Operator: the one a
 // Limiter without Redis gives (ratelimit.WithStore), or New's with an

@@ -137,7 +137,7 @@ func TestSetQuotaDeclared(t *testing.T) {
 		names := []string{"a", "b", "c", "d"}
 		for round := range 20 {
 			prefix := "sq" + strconv.Itoa(round) + ":"
-			op, err := New(c, prefix)
+			op, err := New(c, Options{Prefix: prefix})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -208,7 +208,7 @@ func TestDeclareVersion(t *testing.T) {
 	ctx := context.Background()
 	start := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	mr.SetTime(start)
-	op, _ := New(c, "")
+	op, _ := New(c, Options{})
 	a := []Declaration{{Limit: "a", Kind: "ip", Window: time.Minute, Quota: 5}}
 	v1, _, err := op.Declare(ctx, a, time.Second)
 	if err != nil || v1 == 0 {
@@ -235,15 +235,15 @@ func TestDeclareVersion(t *testing.T) {
 }
 
 func TestValidation(t *testing.T) {
-	if _, err := New(nil, "x:"); err == nil {
+	if _, err := New(nil, Options{Prefix: "x:"}); err == nil {
 		t.Error("New(nil) succeeded")
 	}
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer c.Close()
-	if _, err := New(c, "a{b}"); err == nil {
+	if _, err := New(c, Options{Prefix: "a{b}"}); err == nil {
 		t.Error("a prefix with braces was accepted")
 	}
-	op, err := New(c, "x:")
+	op, err := New(c, Options{Prefix: "x:"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +274,7 @@ func TestValidation(t *testing.T) {
 func TestFull(t *testing.T) {
 	forBackends(t, func(t *testing.T, c redis.UniversalClient, _ *miniredis.Miniredis) {
 		ctx := context.Background()
-		op, _ := New(c, "full:")
+		op, _ := New(c, Options{Prefix: "full:"})
 		fields := []any{"v", "1"}
 		for i := range MaxEntries {
 			fields = append(fields, "b/id"+strconv.Itoa(i), "1") // expired long ago
@@ -332,4 +332,47 @@ func TestFull(t *testing.T) {
 			t.Fatalf("the hash holds %d fields, want the %d written", n, MaxEntries+2)
 		}
 	})
+}
+
+// TestOptions: New defaults the prefix, computes expiries on Options.Now,
+// runs AfterChange after each change that succeeded (not after one that
+// changed nothing), and Unblock lifts the limits' own blocks through
+// Options.Unblock.
+func TestOptions(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	defer c.Close()
+	ctx := context.Background()
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	changes, unblocked := 0, []string{}
+	op, err := New(c, Options{
+		Now:         func() time.Time { return now },
+		AfterChange: func(context.Context) { changes++ },
+		Unblock: func(_ context.Context, id string) (bool, error) {
+			unblocked = append(unblocked, id)
+			return id == "own", nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := op.Block(ctx, "x", time.Hour); err != nil || changes != 1 {
+		t.Fatalf("Block: %v, %d changes; want 1", err, changes)
+	}
+	st, err := op.List(ctx)
+	if err != nil || len(st.Blocks) != 1 || !st.Blocks[0].Expires.Equal(now.Add(time.Hour)) {
+		t.Fatalf("List: %+v, %v; want x blocked until %v (Options.Now's hour later)", st, err, now.Add(time.Hour))
+	}
+	if n, _ := c.Exists(ctx, Key("ratelimit:")).Result(); n != 1 {
+		t.Error("the state is not under the default prefix")
+	}
+	if ok, err := op.Unblock(ctx, "x"); !ok || err != nil || changes != 2 {
+		t.Errorf("Unblock(x): %v, %v, %d changes; want true, nil, 2", ok, err, changes)
+	}
+	if ok, err := op.Unblock(ctx, "own"); !ok || err != nil || changes != 2 {
+		t.Errorf("Unblock(own): %v, %v, %d changes; want true (Options.Unblock lifted it), nil, still 2", ok, err, changes)
+	}
+	if len(unblocked) != 2 || unblocked[1] != "own" {
+		t.Errorf("Options.Unblock saw %q; want x, then own", unblocked)
+	}
 }

@@ -73,7 +73,7 @@ func TestLocalCharge(t *testing.T) {
 			later += 2 * time.Minute.Microseconds()
 			s.Sweep(later)
 		}
-		s.Charge(&Query{Limits: limits, Keys: keys, Cost: debit, Now: later}, stamps)
+		s.Debit(context.Background(), &Query{Limits: limits, Keys: keys, Cost: debit, Now: later}, stamps)
 		for i := range limits {
 			if stamps[i] != 0 {
 				_, at := stamp(&limits[i], later)

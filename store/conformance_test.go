@@ -34,3 +34,13 @@ func TestLocalConformance(t *testing.T) {
 		})
 	}
 }
+
+// TestLocalFeatureConformance runs the suites of the optional interfaces
+// on store.Local, which implements them all.
+//
+//	go test -run TestLocalFeatureConformance -count=1 ./store
+func TestLocalFeatureConformance(t *testing.T) {
+	newLocal := func(t *testing.T) store.Store { return new(store.Local) }
+	t.Run("Settler", func(t *testing.T) { storetest.RunSettler(t, storetest.Config{Forward: true}, newLocal) })
+	t.Run("Forgetter", func(t *testing.T) { storetest.RunForgetter(t, storetest.Config{Forward: true}, newLocal) })
+}

@@ -22,7 +22,7 @@ func TestLocalInFlightConformance(t *testing.T) {
 		{"sweep", storetest.Config{Forward: true}, store.LocalOptions{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cfg := storetest.InFlightConfig{Config: c.cfg, Release: releaseLocal}
+			cfg := storetest.InFlightConfig{Config: c.cfg, NeverExpire: true}
 			storetest.RunInFlight(t, cfg, func(t *testing.T) store.Store {
 				s, err := store.NewLocal(c.opts)
 				if err != nil {
@@ -32,14 +32,4 @@ func TestLocalInFlightConformance(t *testing.T) {
 			})
 		})
 	}
-}
-
-// releaseLocal releases slots of a store.Local through Refund.
-func releaseLocal(s store.Store, logs []store.LogID, holders []uint64) error {
-	stamps := make([]int64, len(holders))
-	for i, h := range holders {
-		stamps[i] = int64(h)
-	}
-	s.(*store.Local).Refund(logs, stamps, 1)
-	return nil
 }

@@ -40,7 +40,7 @@ const (
 // the requests of this process only, and a limit's block ends on this
 // process's wall clock. Its Decide never fails, but for a query of an
 // in-flight limit without a holder id. An in-flight limit's slots live in
-// this process and never expire: Refund releases them. A zero Local is a store
+// this process and never expire: Release frees them. A zero Local is a store
 // with the default options; build one with [NewLocal] to set them. A
 // Local is safe for concurrent use.
 //
@@ -218,7 +218,7 @@ func stamp(lim *Limit, now int64) (view, at int64) {
 
 // Decide decides q in this process's logs, at q.Now (the wall clock if
 // 0), and logs the request if every enforced limit admits it: in an
-// in-flight limit, it holds a slot under q.Holder until Refund releases
+// in-flight limit, it holds a slot under q.Holder until Release frees
 // it. It fails only for a query of an in-flight limit without a Holder
 // (not a peek).
 func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
@@ -500,17 +500,64 @@ func (s *Local) addLocked(g *localLog, at, n int64) {
 	g.runs = append(g.runs, localRun{at, n})
 }
 
-// Refund takes back a request of cost that was logged at stamps[i] (0:
-// not logged; Reply.Next of an admitted request) in the log of ids[i],
-// for each i: up to cost entries of that
-// time, those still there (entries of one time are interchangeable); in
-// the limit's overflow log if the identifier has no log of its own. The
-// logs' times stay: a refund never lets a log's time run backwards.
-// Entries a full store logged later than their request (see Local) are
-// not found, and stay counted. In an in-flight limit, stamps[i] is the
-// holder id (the Reply.Next of its decision): its slot is released,
-// whatever cost.
-func (s *Local) Refund(ids []LogID, stamps []int64, cost int) {
+// Credit takes back q.Cost units of a request that was logged at
+// stamps[i] (0: not logged; Reply.Next of an admitted request) in the log
+// of q's limit i, for each i: up to q.Cost entries of that time, those still there
+// (entries of one time are interchangeable); in the limit's overflow log
+// if the identifier has no log of its own. The logs' times stay: a credit
+// never lets a log's time run backwards. Entries a full store logged
+// later than their request (see Local) are not found, and stay counted.
+// In an in-flight log, stamps[i] is read as a holder id, as Release
+// reads it. It never fails ([Settler]).
+func (s *Local) Credit(ctx context.Context, q *Query, stamps []int64) error {
+	s.credit(logsOf(q), stamps, q.Cost)
+	return nil
+}
+
+// logsOf returns the logs of q's limits.
+func logsOf(q *Query) []LogID {
+	ids := make([]LogID, len(q.Keys))
+	for i := range ids {
+		ids[i] = q.Log(i)
+	}
+	return ids
+}
+
+// Release frees the slot holder holds in each in-flight log of ids, if
+// any ([Holder]). It never fails.
+func (s *Local) Release(ctx context.Context, ids []LogID, holder uint64) error {
+	stamps := make([]int64, len(ids))
+	for i := range stamps {
+		stamps[i] = int64(holder)
+	}
+	s.credit(ids, stamps, 1)
+	return nil
+}
+
+// Renew counts the slots held in the log ids[i] by one of holders[i]: a
+// Local's slots never expire, so there is no lease to extend ([Holder]).
+// It never fails.
+func (s *Local) Renew(ctx context.Context, now int64, ids []LogID, lease time.Duration, holders [][]uint64) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	held := 0
+	for i, id := range ids {
+		h := s.hash(id)
+		for _, holder := range holders[i] {
+			g := s.logs[h]
+			if g == nil || !g.holds(int64(holder)) {
+				g = s.logs[s.overflowHash(id, h)]
+			}
+			if g != nil && g.inflight && g.holds(int64(holder)) {
+				held++
+			}
+		}
+	}
+	return held, nil
+}
+
+// credit is Credit, and Release with the holder id in stamps.
+func (s *Local) credit(ids []LogID, stamps []int64, cost int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.logs == nil {
@@ -543,7 +590,7 @@ func (s *Local) Refund(ids []LogID, stamps []int64, cost int) {
 	}
 }
 
-// Charge logs a debit of q.Cost more units for a request that was
+// Debit logs a debit of q.Cost more units for a request that was
 // admitted over q's limits and logged at stamps[i] (0: not logged;
 // Reply.Next of an admitted request) in limit i, for each limit where it
 // was logged, up to the limit's quota (q.Quota(i)): the limiter settles a
@@ -553,10 +600,10 @@ func (s *Local) Refund(ids []LogID, stamps []int64, cost int) {
 // decision would be; in the limit's overflow log if the identifier has no
 // log of its own. A log that has gone (its entries left their windows) is
 // made anew, if the store has room; where it has none, the debit is not
-// logged. q.Peek is ignored.
-func (s *Local) Charge(q *Query, stamps []int64) {
+// logged. q.Peek is ignored. It never fails ([Settler]).
+func (s *Local) Debit(ctx context.Context, q *Query, stamps []int64) error {
 	if q.Cost <= 0 {
-		return
+		return nil
 	}
 	now := q.Now
 	if now == 0 {
@@ -597,16 +644,23 @@ func (s *Local) Charge(q *Query, stamps []int64) {
 			s.sweep.Added(g.expiry())
 		}
 	}
+	return nil
 }
 
-// Forget drops the logs of ids (and lifts their blocks), and reports how
-// many it held. An overflow log is kept: it counts other clients too. A
+// Forget drops the logs of q's limits (and lifts their blocks)
+// ([Forgetter]); it never fails. An overflow log is kept: it counts other clients too. A
 // log that logged entries keeps its time, a unit (a bucket) later,
 // without its entries, until its window has passed from then: what is
 // logged after it is stamped later than every entry it dropped, so that
-// a Refund of a request it dropped takes nothing logged since, as in
+// a Credit of a request it dropped takes nothing logged since, as in
 // Redis (see lua/exact.lua).
-func (s *Local) Forget(ids ...LogID) int {
+func (s *Local) Forget(ctx context.Context, q *Query) error {
+	s.forget(logsOf(q)...)
+	return nil
+}
+
+// forget is Forget, and reports how many logs it dropped.
+func (s *Local) forget(ids ...LogID) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.logs == nil {

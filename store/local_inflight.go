@@ -7,7 +7,7 @@ import (
 
 // In-flight limits in a Local store (Limit.InFlight). A slot lives in
 // this process, so it never expires: it is held until its holder
-// releases it (Refund with the holder id as the stamp), or its log is
+// releases it (Release), or its log is
 // forgotten. The log of an in-flight limit holds one run per slot, whose
 // t is the holder id and n 1; once it holds none it is dropped.
 

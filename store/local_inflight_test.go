@@ -43,7 +43,7 @@ func TestLocalInFlightBounded(t *testing.T) {
 	key := func(c int) string { return fmt.Sprintf("rl:conc:{c%d}", c) }
 	release := func(j int) {
 		sl := held[j]
-		s.Refund([]LogID{{Key: key(sl.client)}}, []int64{int64(sl.holder)}, 1)
+		s.Release(context.Background(), []LogID{{Key: key(sl.client)}}, sl.holder)
 		count[sl.client]--
 		held = append(held[:j], held[j+1:]...)
 	}

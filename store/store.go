@@ -1,11 +1,14 @@
 // Package store is the seam between the limiter's policy and the logs it
 // counts in: a [Store] decides whether a request fits in a set of sliding
-// logs, and logs it there if it does. The limiter's own store keeps the
-// logs in Redis; [Local] keeps them in this process, for a service of one
-// instance, for tests, and for the limiter's FailLocal mode. Any other
-// store (another database, a proxy to one) plugs in through
-// ratelimit.WithStore, and proves itself with the conformance suite of
-// package storetest, which every store of this module passes.
+// logs, and logs it there if it does. The Redis store (package
+// redisstore) keeps the logs in Redis; [Local] keeps them in this
+// process, for a service of one instance, for tests, and for the
+// limiter's FailLocal mode. Any other store (another database, a proxy to
+// one) plugs in through ratelimit.WithStore, and proves itself with the
+// conformance suites of package storetest, which every store of this
+// module passes. What the limiter needs beyond a decision (refunds and
+// settles, resets, in-flight slots) is asked through the optional
+// interfaces [Settler], [Forgetter] and [Holder].
 //
 // The rules a store applies are those of docs/design.md: each limit keeps
 // one log per key, an exact log or buckets; a request of cost n fits a
@@ -15,11 +18,7 @@ package store
 
 import (
 	"context"
-	"errors"
-	"sync"
 	"time"
-
-	"github.com/slidinglog/ratelimit/internal/luasource"
 )
 
 // A Store decides requests over sliding logs. It is safe for concurrent
@@ -165,39 +164,3 @@ type Reply struct {
 	// (see [Limit].Block): the limit denies any cost until then.
 	Block int64
 }
-
-// ErrCircuitOpen is returned (wrapped) when the limiter did not call
-// Redis because the server's circuit breaker is open: Redis failed
-// several times in a row and the cool-down has not passed (see
-// ratelimit.RedisOptions.BreakerFailures). The request gets the failure mode at
-// once, without waiting for a timeout.
-var ErrCircuitOpen = errors.New("ratelimit: circuit open: Redis failed repeatedly, not calling it during the cool-down")
-
-// ErrNoScripting is returned (wrapped) by a decision, Status and Reset
-// when the Redis server refuses to run the limiter's Lua code at all: it
-// refuses FCALL or FUNCTION LOAD, and EVALSHA or EVAL (commands renamed
-// away with rename-command, an ACL user without @scripting, a server
-// without its Lua engine). The error's message names the commands Redis
-// refused and what to change. ratelimit.New does not contact Redis, so
-// it cannot report this: the first decision does, and every decision
-// until the server runs Lua again. The request gets the failure mode
-// (FailOpen admits, FailClosed answers 503, FailLocal decides in this
-// process); the circuit breaker does not count it, since Redis answers
-// at once.
-var ErrNoScripting = errors.New("the Redis server cannot run Lua")
-
-// ErrUnexpectedReply is returned (wrapped) when Redis answers the
-// limiter's Lua code with a reply of the wrong shape, for example because
-// another program wrote to the limiter's keys. The request gets the
-// failure mode.
-var ErrUnexpectedReply = errors.New("ratelimit: unexpected reply from Redis")
-
-// LibraryName returns the name of the Redis Function library that the
-// Redis store loads: "ratelimit_" and 12 hex digits of the SHA-1 of its
-// code (package lua). Each version of the code has its own library, so
-// instances of two versions can share a Redis during a rolling deploy;
-// the libraries of versions no longer running can be removed with
-// FUNCTION DELETE.
-func LibraryName() string { return libraryName() }
-
-var libraryName = sync.OnceValue(func() string { return luasource.Name(luasource.Embedded()) })

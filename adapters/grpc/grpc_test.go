@@ -21,6 +21,7 @@ import (
 	"github.com/slidinglog/ratelimit"
 	grpcratelimit "github.com/slidinglog/ratelimit/adapters/grpc"
 	"github.com/slidinglog/ratelimit/clientip"
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 func perPeer(quota int) []ratelimit.Limit {
@@ -149,7 +150,7 @@ func TestRouteLimit(t *testing.T) {
 func TestForwardedFor(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		t.Run("untrusted peer", func(t *testing.T) {
-			s := serve(t, newLimiter(t, rdb, perPeer(1), ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: "untrusted:"})), nil)
+			s := serve(t, newLimiterWith(t, rdb, redisstore.Options{Prefix: "untrusted:"}, perPeer(1)), nil)
 			if _, err := s.check(t, "x-forwarded-for", "203.0.113.1"); err != nil {
 				t.Fatal(err)
 			}
@@ -159,7 +160,7 @@ func TestForwardedFor(t *testing.T) {
 		})
 		t.Run("trusted peer", func(t *testing.T) {
 			limits := []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustProxies("127.0.0.0/8"))).Named("ip")}
-			s := serve(t, newLimiter(t, rdb, limits, ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: "trusted:"})), nil)
+			s := serve(t, newLimiterWith(t, rdb, redisstore.Options{Prefix: "trusted:"}, limits), nil)
 			for _, ip := range []string{"203.0.113.1", "203.0.113.2"} {
 				if _, err := s.check(t, "x-forwarded-for", ip); err != nil {
 					t.Fatalf("first call of %s: %v", ip, err)
@@ -346,7 +347,7 @@ func TestLimiterHandlers(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				var called atomic.Int32
-				l := newLimiter(t, rdb, perPeer(1), ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: tc.name + ":"}),
+				l := newLimiterWith(t, rdb, redisstore.Options{Prefix: tc.name + ":"}, perPeer(1),
 					ratelimit.WithHandlers(ratelimit.Handlers{Denied: func(w http.ResponseWriter, r *http.Request, res ratelimit.Result) {
 						called.Add(1)
 						tc.handler(w, r, res)
@@ -438,7 +439,7 @@ func TestQuotaFailureNamesDenier(t *testing.T) {
 			for _, cache := range []time.Duration{-1, time.Second} {
 				name := fmt.Sprintf("%s-first/deny-cache-%v", order[0].Name, cache)
 				t.Run(name, func(t *testing.T) {
-					s := serve(t, newLimiter(t, rdb, order, ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: name + ":", DenyCache: cache})), nil)
+					s := serve(t, newLimiterWith(t, rdb, redisstore.Options{Prefix: name + ":", DenyCache: cache}, order), nil)
 					if _, err := s.check(t, "x-api-key", "k"); err != nil {
 						t.Fatal(err)
 					}
@@ -452,7 +453,7 @@ func TestQuotaFailureNamesDenier(t *testing.T) {
 			}
 		}
 		t.Run("X-RateLimit only", func(t *testing.T) {
-			l := newLimiter(t, rdb, []ratelimit.Limit{ip, key}, ratelimit.WithRedis(ratelimit.RedisOptions{Prefix: "x:"}), ratelimit.WithHeaders(ratelimit.HeadersXRateLimit))
+			l := newLimiterWith(t, rdb, redisstore.Options{Prefix: "x:"}, []ratelimit.Limit{ip, key}, ratelimit.WithHeaders(ratelimit.HeadersXRateLimit))
 			s := serve(t, l, nil)
 			if _, err := s.check(t, "x-api-key", "k"); err != nil {
 				t.Fatal(err)
@@ -482,7 +483,7 @@ func TestCallersDeadline(t *testing.T) {
 	}
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		for _, mode := range []ratelimit.FailureMode{ratelimit.FailClosed, ratelimit.FailOpen} {
-			l := newLimiter(t, rdb, perPeer(10), ratelimit.WithFailureMode(mode), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 3, BreakerCoolDown: time.Hour}))
+			l := newLimiterWith(t, rdb, redisstore.Options{BreakerFailures: 3, BreakerCoolDown: time.Hour}, perPeer(10), ratelimit.WithFailureMode(mode))
 			hurried := serve(t, l, []grpc.UnaryServerInterceptor{expire})
 			for range 5 {
 				// A call whose decision Redis answered in time is

@@ -21,6 +21,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	grpcratelimit "github.com/slidinglog/ratelimit/adapters/grpc"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -66,6 +67,13 @@ func newLimiter(t *testing.T, rdb redis.UniversalClient, limits []ratelimit.Limi
 		t.Fatal(err)
 	}
 	return l
+}
+
+// newLimiterWith is newLimiter on the Redis store of rdb with the options
+// ro.
+func newLimiterWith(t *testing.T, rdb redis.UniversalClient, ro redisstore.Options, limits []ratelimit.Limit, opts ...ratelimit.Option) *ratelimit.Limiter {
+	t.Helper()
+	return newLimiter(t, nil, limits, append([]ratelimit.Option{ratelimit.WithStore(redisStore(t, rdb, ro))}, opts...)...)
 }
 
 // testServer is a gRPC health server on loopback TCP whose calls l

@@ -15,6 +15,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	grpcratelimit "github.com/slidinglog/ratelimit/adapters/grpc"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/route"
 )
 
@@ -42,8 +43,8 @@ func TestCheckRoutes(t *testing.T) {
 		return ratelimit.RouteLimits{Limits: []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("m" + strconv.Itoa(i))}}
 	}
 	check := func(table map[string]ratelimit.RouteLimits) error {
-		l, err := ratelimit.New(deadRedis(t), []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("ip")},
-			ratelimit.WithRoutes(table), ratelimit.WithRedis(ratelimit.RedisOptions{OperatorRefresh: -1}))
+		l, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("ip")},
+			ratelimit.WithRoutes(table), ratelimit.WithStore(redisStore(t, deadRedis(t), redisstore.Options{OperatorRefresh: -1})))
 		if err != nil {
 			t.Fatal(err)
 		}

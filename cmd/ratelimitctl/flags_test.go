@@ -108,7 +108,7 @@ func prepare(t *testing.T, b ctlBackend) *operator.Operator {
 	if err := b.client.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	op, err := operator.New(b.client, "ratelimit:")
+	op, err := operator.New(b.client, operator.Options{Prefix: "ratelimit:"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func TestFlagsNeverIgnored(t *testing.T) {
 
 		// ratelimitctl's own flags before the command are honoured:
 		// -prefix changes the state of another prefix, not this one.
-		other, err := operator.New(b.client, "other:")
+		other, err := operator.New(b.client, operator.Options{Prefix: "other:"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,7 +2,7 @@
 // that share a Redis and a key prefix, while they run: quota overrides and
 // manual blocks (see package github.com/slidinglog/ratelimit/operator).
 // Every Limiter applies a change
-// within its refresh interval (ratelimit.RedisOptions.OperatorRefresh, 1s by
+// within its refresh interval (redisstore.Options.OperatorRefresh, 1s by
 // default) plus one decision timeout.
 //
 // Usage:
@@ -83,7 +83,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	url := fs.String("redis", "redis://localhost:6379", "Redis URL (redis:// or rediss://)")
 	cluster := fs.Bool("cluster", false, "the URL names nodes of a Redis Cluster")
-	prefix := fs.String("prefix", "ratelimit:", "the Limiters' key prefix (RedisOptions.Prefix)")
+	prefix := fs.String("prefix", "ratelimit:", "the Limiters' key prefix (redisstore.Options.Prefix)")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for Redis")
 	usage := func() {
 		fmt.Fprintln(stderr, globalUsage)
@@ -173,7 +173,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		client = redis.NewClient(opt)
 	}
 	defer client.Close()
-	op, err := operator.New(client, *prefix)
+	op, err := operator.New(client, operator.Options{Prefix: *prefix})
 	if err != nil {
 		fmt.Fprintln(stderr, "ratelimitctl:", err)
 		return 2

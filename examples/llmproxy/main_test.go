@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -91,13 +92,13 @@ func TestTokensPerMinute(t *testing.T) {
 		mr.SetTime(start)
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = rdb.Close() })
-		run(t, rdb, []ratelimit.Option{ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1})}, mr.SetTime)
+		run(t, nil, []ratelimit.Option{ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{DenyCache: -1}))}, mr.SetTime)
 	})
 	t.Run("redis", func(t *testing.T) {
 		mu := make(chan time.Time, 1) // the clock, passed hand to hand
 		mu <- start
 		now := func() time.Time { t := <-mu; mu <- t; return t }
 		set := func(t time.Time) { <-mu; mu <- t }
-		run(t, redistest.Start(t).Client(), []ratelimit.Option{ratelimit.WithClock(now), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1})}, set)
+		run(t, nil, []ratelimit.Option{ratelimit.WithClock(now), ratelimit.WithStore(redisStore(t, redistest.Start(t).Client(), redisstore.Options{DenyCache: -1}))}, set)
 	})
 }

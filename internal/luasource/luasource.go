@@ -1,6 +1,6 @@
 // Package luasource joins the files of the Lua library (package lua) into
 // its source, and names it: the source the Redis store loads
-// (internal/slidinglog) and the name store.LibraryName reports.
+// (internal/slidinglog) and the name redisstore.LibraryName reports.
 package luasource
 
 import (

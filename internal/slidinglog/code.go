@@ -16,7 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/luasource"
-	"github.com/slidinglog/ratelimit/store"
 )
 
 // Files are the library's source files, in the order they are joined
@@ -207,9 +206,9 @@ func (m *scriptMode) run(ctx context.Context, c redis.UniversalClient, e *luaEnt
 func ptr[T any](v T) *T { return &v }
 
 // ErrNoScripting is wrapped by the error of every call to a Redis that
-// cannot run the library at all (see store.ErrNoScripting and
+// cannot run the library at all (see redisstore.ErrNoScripting and
 // NoScriptingError).
-var ErrNoScripting = store.ErrNoScripting
+var ErrNoScripting = errors.New("the Redis server cannot run Lua")
 
 // A NoScriptingError is the error of a call to a Redis that refused to
 // run the library as a function and as a script. It wraps ErrNoScripting

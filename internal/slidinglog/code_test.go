@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/slidinglog/ratelimit/store"
+	"github.com/slidinglog/ratelimit/internal/luasource"
 )
 
 // testCode is the library as the repository holds it: the tests read
@@ -43,12 +43,12 @@ func TestLoad(t *testing.T) {
 }
 
 // TestLibraryName: the library the store loads (Default, embedded) is the
-// one on disk, and store.LibraryName names it.
+// one on disk, and luasource.Name (redisstore.LibraryName) names it.
 func TestLibraryName(t *testing.T) {
 	if got, want := Default.LibraryName(), testCode.LibraryName(); got != want {
 		t.Errorf("the embedded library is %s, the one on disk %s", got, want)
 	}
-	if got, want := store.LibraryName(), Default.LibraryName(); got != want {
-		t.Errorf("store.LibraryName() = %s, the library loaded is %s", got, want)
+	if got, want := luasource.Name(luasource.Embedded()), Default.LibraryName(); got != want {
+		t.Errorf("luasource.Name() = %s, the library loaded is %s", got, want)
 	}
 }

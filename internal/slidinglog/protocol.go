@@ -1,15 +1,14 @@
 package slidinglog
 
 import (
+	"errors"
 	"fmt"
 	"time"
-
-	"github.com/slidinglog/ratelimit/store"
 )
 
 // ErrUnexpectedReply is returned (wrapped) when Redis answers the library
-// with a reply of the wrong shape (store.ErrUnexpectedReply).
-var ErrUnexpectedReply = store.ErrUnexpectedReply
+// with a reply of the wrong shape (redisstore.ErrUnexpectedReply).
+var ErrUnexpectedReply = errors.New("ratelimit: unexpected reply from Redis")
 
 // Kind is how a limit counts (see lua/exact.lua and lua/buckets.lua).
 type Kind uint8

@@ -22,6 +22,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	ratelimitotel "github.com/slidinglog/ratelimit/metrics/otel"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -56,12 +57,18 @@ var epoch = time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 // epoch, with no deny cache (every denial is Redis's).
 func newLimiter(t *testing.T, b backend, m *ratelimitotel.Metrics, limits []ratelimit.Limit, opts ...ratelimit.Option) *ratelimit.Limiter {
 	t.Helper()
+	return newLimiterWith(t, b, m, redisstore.Options{DenyCache: -1}, limits, opts...)
+}
+
+// newLimiterWith is newLimiter on a Redis store with the options ro.
+func newLimiterWith(t *testing.T, b backend, m *ratelimitotel.Metrics, ro redisstore.Options, limits []ratelimit.Limit, opts ...ratelimit.Option) *ratelimit.Limiter {
+	t.Helper()
 	opts = append([]ratelimit.Option{
-		ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1}),
+		ratelimit.WithObserver(m), ratelimit.WithStore(redisStore(t, b.client, ro)),
 		ratelimit.WithClock(func() time.Time { return epoch }),
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
 	}, opts...)
-	lim, err := ratelimit.New(b.client, limits, opts...)
+	lim, err := ratelimit.New(nil, limits, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,10 +169,10 @@ func diff(t *testing.T, what string, got, want map[string]int64) {
 func TestMetrics(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		m, reader := newMetrics(t)
-		lim := newLimiter(t, b, m, []ratelimit.Limit{
+		lim := newLimiterWith(t, b, m, redisstore.Options{DenyCache: -1, BreakerFailures: 1, BreakerCoolDown: time.Hour}, []ratelimit.Limit{
 			ratelimit.PerMinute(2, ratelimit.Global()).Named("api"),
 			ratelimit.PerMinute(1, ratelimit.Global()).Shadowed().Named("trial"),
-		}, ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithFailureMode(ratelimit.FailOpen),
+		}, ratelimit.WithFailureMode(ratelimit.FailOpen),
 			ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }))
 		h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		ctx := context.Background()
@@ -286,14 +293,14 @@ func TestWatchCounts(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	m, reader := newMetrics(t)
-	opts := []ratelimit.Option{ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout)}
-	watched, err := ratelimit.New(c, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global()).Named("watched")}, opts...)
+	opts := []ratelimit.Option{ratelimit.WithStore(redisStore(t, c, redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour})), ratelimit.WithTimeout(redistest.DecisionTimeout)}
+	watched, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global()).Named("watched")}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.Watch(watched)
 	m.Watch(nil) // ignored
-	unwatched, err := ratelimit.New(c, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global()).Named("unwatched")}, opts...)
+	unwatched, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global()).Named("unwatched")}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,8 +400,8 @@ func TestOneStep(t *testing.T) {
 		slog.SetDefault(slog.New(slog.DiscardHandler))
 		t.Cleanup(func() { slog.SetDefault(old) })
 		m, reader := newMetrics(t)
-		lim, err := ratelimit.New(b.client, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
-			ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout),
+		lim, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
+			ratelimit.WithObserver(m), ratelimit.WithStore(redisStore(t, b.client, redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour})), ratelimit.WithTimeout(redistest.DecisionTimeout),
 			ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login")}}}))
 		if err != nil {
 			t.Fatal(err)
@@ -436,10 +443,10 @@ type userKey struct{}
 func TestMissingKey(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		m, reader := newMetrics(t)
-		lim := newLimiter(t, b, m, []ratelimit.Limit{
+		lim := newLimiterWith(t, b, m, redisstore.Options{DenyCache: -1, BreakerFailures: 1, BreakerCoolDown: time.Hour}, []ratelimit.Limit{
 			ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("ip"),
 			ratelimit.PerMinute(10, ratelimit.UserFromContext(userKey{})).Named("user"),
-		}, ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}))
+		})
 		h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		for range 3 {
 			w := httptest.NewRecorder()

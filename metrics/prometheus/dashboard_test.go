@@ -19,6 +19,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	ratelimitprom "github.com/slidinglog/ratelimit/metrics/prometheus"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -46,11 +47,11 @@ func gatherAll(t *testing.T) exported {
 	t.Cleanup(func() { _ = rdb.Close() })
 	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	m := ratelimitprom.New()
-	lim, err := ratelimit.New(rdb, []ratelimit.Limit{
+	lim, err := ratelimit.New(nil, []ratelimit.Limit{
 		ratelimit.PerMinute(2, ratelimit.Header("X-Client")).Named("api"),
 		ratelimit.PerMinute(1, ratelimit.Header("X-Client")).Shadowed().Named("trial"),
 	}, ratelimit.WithObserver(m), ratelimit.WithClock(func() time.Time { return now }),
-		ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: time.Minute, BreakerFailures: 1, BreakerCoolDown: time.Hour}),
+		ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{DenyCache: time.Minute, BreakerFailures: 1, BreakerCoolDown: time.Hour})),
 		ratelimit.WithMissingKey(ratelimit.MissingKeyDeny), // said: no warning logged
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }))

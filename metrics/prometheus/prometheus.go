@@ -51,7 +51,7 @@ import (
 //	    included) ([ratelimit.Inspector.Settled])
 //	ratelimit_deny_cache_hits_total{limit}      counter: denials answered
 //	    from this process's memory without calling Redis
-//	    (ratelimit.RedisOptions.DenyCache), also counted as "denied" above
+//	    (redisstore.Options.DenyCache), also counted as "denied" above
 //	ratelimit_warnings_total{warning}           counter: mistakes the
 //	    limiters reported ([ratelimit.Warning]), once each per Limiter:
 //	    "untrusted_proxy" (every client behind a proxy shares one

@@ -17,6 +17,7 @@ import (
 
 	"github.com/slidinglog/ratelimit"
 	ratelimitprom "github.com/slidinglog/ratelimit/metrics/prometheus"
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -28,10 +29,10 @@ func TestMetrics(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	m := ratelimitprom.New()
-	lim, err := ratelimit.New(rdb, []ratelimit.Limit{
+	lim, err := ratelimit.New(nil, []ratelimit.Limit{
 		ratelimit.PerMinute(2, ratelimit.Global()).Named("api"),
 		ratelimit.PerMinute(1, ratelimit.Global()).Shadowed().Named("trial"),
-	}, ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1, BreakerFailures: 1, BreakerCoolDown: time.Hour}),
+	}, ratelimit.WithObserver(m), ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{DenyCache: -1, BreakerFailures: 1, BreakerCoolDown: time.Hour})),
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
 		ratelimit.WithAllowList(ratelimit.Header("X-Probe"), "uptime"))
@@ -106,8 +107,8 @@ func TestOneStep(t *testing.T) {
 	t.Cleanup(func() { slog.SetDefault(old) })
 	srv := redistest.Start(t)
 	m := ratelimitprom.New()
-	lim, err := ratelimit.New(srv.Client(), []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
-		ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout),
+	lim, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
+		ratelimit.WithObserver(m), ratelimit.WithStore(redisStore(t, srv.Client(), redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour})), ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login")}}}))
 	if err != nil {
 		t.Fatal(err)
@@ -177,10 +178,10 @@ func TestMissingKey(t *testing.T) {
 	for name, client := range clients {
 		t.Run(name, func(t *testing.T) {
 			m := ratelimitprom.New()
-			lim, err := ratelimit.New(client(t), []ratelimit.Limit{
+			lim, err := ratelimit.New(nil, []ratelimit.Limit{
 				ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("ip"),
 				ratelimit.PerMinute(10, ratelimit.UserFromContext(userKey{})).Named("user"),
-			}, ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout))
+			}, ratelimit.WithObserver(m), ratelimit.WithStore(redisStore(t, client(t), redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour})), ratelimit.WithTimeout(redistest.DecisionTimeout))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -20,14 +20,18 @@ type InFlightConfig struct {
 	Config
 	// Release releases slots: logs[i] is the log of an in-flight limit,
 	// holders[i] the holder id a decision took a slot in it under (its
-	// Reply.Next). Required.
+	// Reply.Next). nil: the store's [store.Holder] Release (the suite
+	// fails for a store that does not implement store.Holder).
 	Release func(s store.Store, logs []store.LogID, holders []uint64) error
 	// Renew, if not nil, renews at now, with lease, the slots of holders
 	// in the in-flight log (each of holders' slots still held gets a
 	// lease from now, never a shorter one), and returns how many it
-	// found. nil says that the store's slots never expire (store.Local):
-	// the suite then checks that no lease ends.
+	// found. nil: the store's [store.Holder] Renew, unless NeverExpire.
 	Renew func(s store.Store, log store.LogID, holders []uint64, now int64, lease time.Duration) (int, error)
+	// NeverExpire says that the store's slots never expire
+	// (store.Local): nothing is renewed, and the suite checks that no
+	// lease ends.
+	NeverExpire bool
 	// Split says that the store decides the limits of each hash tag (each
 	// identifier) apart, and takes back what a group admitted when a later
 	// one denies (the Redis store on a Cluster); the model follows.
@@ -46,7 +50,7 @@ type InFlightConfig struct {
 // admitted or denied, and by which limit; each limit's count and, for a
 // rate limit, its remaining and reset as Run checks them; an in-flight
 // limit's Reset -1 (no time is promised) and its Next, the holder id of
-// the slot the request took, 0 where it took none. With Renew nil, no
+// the slot the request took, 0 where it took none. With NeverExpire, no
 // slot ever expires; else a slot whose lease ended counts no more, and
 // some holders crash: they are never renewed nor released again, and
 // their slots must free one lease after their last renewal. It returns
@@ -97,6 +101,30 @@ type heldSlots struct {
 }
 
 func newInFlightCheck(rt *rapid.T, cfg InFlightConfig, s store.Store) *inflightCheck {
+	if cfg.Release == nil || cfg.Renew == nil && !cfg.NeverExpire {
+		h, ok := s.(store.Holder)
+		if !ok {
+			rt.Fatalf("%T does not implement store.Holder: give InFlightConfig.Release (and Renew, or NeverExpire)", s)
+		}
+		if cfg.Release == nil {
+			cfg.Release = func(_ store.Store, logs []store.LogID, holders []uint64) error {
+				for i := range logs {
+					if err := h.Release(context.Background(), logs[i:i+1], holders[i]); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+		}
+		if cfg.Renew == nil && !cfg.NeverExpire {
+			cfg.Renew = func(_ store.Store, log store.LogID, holders []uint64, now int64, lease time.Duration) (int, error) {
+				return h.Renew(context.Background(), now, []store.LogID{log}, lease, [][]uint64{holders})
+			}
+		}
+	}
+	if cfg.NeverExpire {
+		cfg.Renew = nil
+	}
 	r := &inflightCheck{check: &check{cfg: cfg.Config, store: s, seen: map[string]int{}, head: fmt.Sprintf("storetest:%d:", runs.Add(1))}, icfg: cfg,
 		crashed: map[uint64]bool{}}
 	r.model = logmodel.State{Logs: map[logmodel.LogRef]*logmodel.Log{}, Foreign: map[string]string{}, Blocked: map[logmodel.LogRef]bool{},

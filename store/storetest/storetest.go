@@ -1,5 +1,8 @@
 // Package storetest is the conformance suite of the store seam: every
-// [store.Store] must pass it, the Redis store and store.Local included.
+// [store.Store] must pass it, the Redis store and store.Local included,
+// and a store that implements an optional interface passes its suite too:
+// [RunSettler] for store.Settler, [RunForgetter] for store.Forgetter,
+// [RunInFlight] for store.Holder.
 // It drives a store and a reference model of the sliding log
 // (internal/logmodel: docs/design.md's rules in plain Go) with the same
 // random sequences of steps, and checks after every step that the two

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 // The -callgrind mode counts the Redis server's instructions per decision,
@@ -294,8 +295,11 @@ func callgrindRun(decisions, batch int, keep, entries string, lease time.Duratio
 		newLimiter := func(quota int) (*ratelimit.Limiter, error) {
 			lim := ratelimit.Per(window, quota, ratelimit.Global()).Named(name)
 			lim.Lease = lease
-			return ratelimit.New(rdb, []ratelimit.Limit{lim},
-				ratelimit.WithClock(clock), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1, BreakerFailures: -1, OperatorRefresh: -1}),
+			rs, err := redisstore.New(rdb, redisstore.Options{DenyCache: -1, BreakerFailures: -1, OperatorRefresh: -1})
+			if err != nil {
+				return nil, err
+			}
+			return ratelimit.New(nil, []ratelimit.Limit{lim}, ratelimit.WithClock(clock), ratelimit.WithStore(rs),
 				ratelimit.WithTimeout(10*time.Minute))
 		}
 		allow, err := newLimiter(admitQuota)

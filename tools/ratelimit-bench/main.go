@@ -59,6 +59,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/redisstore"
 )
 
 func main() {
@@ -441,8 +442,12 @@ func (b bench) memoryFull(lim ratelimit.Limit, keys int) (float64, error) {
 		return 0, err
 	}
 	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
-	l, err := ratelimit.New(b.rdb, []ratelimit.Limit{lim}, ratelimit.WithTimeout(5*time.Second),
-		ratelimit.WithClock(func() time.Time { return now }), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1}))
+	rs, err := redisstore.New(b.rdb, redisstore.Options{DenyCache: -1})
+	if err != nil {
+		return 0, err
+	}
+	l, err := ratelimit.New(nil, []ratelimit.Limit{lim}, ratelimit.WithTimeout(5*time.Second),
+		ratelimit.WithClock(func() time.Time { return now }), ratelimit.WithStore(rs))
 	if err != nil {
 		return 0, err
 	}

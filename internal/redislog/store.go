@@ -1,4 +1,4 @@
-// Package store is the limiter's mechanism behind the public store seam
+// Package redislog is the limiter's mechanism behind the public store seam
 // (package store of the module's root): the Redis store ([Redis]) decides
 // in Redis through the Lua library (internal/slidinglog), with a circuit
 // breaker per server ([Breakers]) and rollbacks of what a failed or denied
@@ -10,7 +10,7 @@
 // nothing of HTTP, keys or plans: the root package (policy) compiles a
 // route's limits into a [Spec] and asks a [Query]. It must not import
 // the root.
-package store
+package redislog
 
 import (
 	"context"

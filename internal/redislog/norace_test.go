@@ -1,6 +1,6 @@
 //go:build !race
 
-package store
+package redislog
 
 // underRace: see race_test.go.
 func underRace(n int) int { return n }

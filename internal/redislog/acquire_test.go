@@ -1,4 +1,4 @@
-package store
+package redislog
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 // acquire query logs the units it lends at the lease's end, a rollback
 // gives back part of them, decisions count them, a forget keeps them.
 //
-//	go test -run TestAcquire -count=1 ./internal/store
+//	go test -run TestAcquire -count=1 ./internal/redislog
 
 // leaseRig is a Redis store with one leasable limit.
 type leaseRig struct {

@@ -1,4 +1,4 @@
-package store
+package redislog
 
 import (
 	"context"
@@ -240,3 +240,8 @@ func redisErrorIs(err error, prefix string) bool {
 	var re redis.Error
 	return errors.As(err, &re) && strings.HasPrefix(re.Error(), prefix)
 }
+
+// ErrCircuitOpen is wrapped by the error of a decision the Redis store
+// did not send because the server's breaker is open
+// (redisstore.ErrCircuitOpen).
+var ErrCircuitOpen = errors.New("ratelimit: circuit open: Redis failed repeatedly, not calling it during the cool-down")

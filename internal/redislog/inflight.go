@@ -1,4 +1,4 @@
-package store
+package redislog
 
 // InFlightReservations returns what releases the in-flight slots of a
 // request, for Rollbacks.Rollback: for each of groups, its in-flight

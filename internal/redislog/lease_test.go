@@ -1,4 +1,4 @@
-package store
+package redislog
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // The lease layer (Leases) over a fake Redis store, on a controlled
 // clock:
 //
-//	go test -run 'TestLease|BenchmarkLease' -count=1 ./internal/store
+//	go test -run 'TestLease|BenchmarkLease' -count=1 ./internal/redislog
 //
 // RATELIMIT_SEED replays a generated test's seed.
 
@@ -472,7 +472,7 @@ func TestLeaseAllocs(t *testing.T) {
 // BenchmarkLeases decides a hot Global leased limit from leases, from
 // parallel goroutines.
 //
-//	go test -run '^$' -bench BenchmarkLeases -benchmem ./internal/store
+//	go test -run '^$' -bench BenchmarkLeases -benchmem ./internal/redislog
 func BenchmarkLeases(b *testing.B) {
 	rng := leaseSeed(b)
 	r := newLayerRig(b, rng, 1<<30)
@@ -539,7 +539,7 @@ func (nopStore) Decide(_ context.Context, q *Query, out *Outcome) error {
 // key of a leasable limit: its two counters, before the query goes on
 // as it is ("direct" is the same query without the layer).
 //
-//	go test -run '^$' -bench BenchmarkLeasesCold -benchmem ./internal/store
+//	go test -run '^$' -bench BenchmarkLeasesCold -benchmem ./internal/redislog
 func BenchmarkLeasesCold(b *testing.B) {
 	rng := leaseSeed(b)
 	r := newLayerRig(b, rng, 1000)

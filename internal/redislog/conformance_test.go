@@ -1,4 +1,4 @@
-package store
+package redislog
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 // its own clock, so the windows are a minute at least there.
 // RATELIMIT_SERVER=valkey runs the real-server cases on Valkey.
 //
-//	go test -run TestRedisConformance -count=1 ./internal/store
+//	go test -run TestRedisConformance -count=1 ./internal/redislog
 func TestRedisConformance(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
 		mr := miniredis.RunT(t)

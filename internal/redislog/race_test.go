@@ -1,6 +1,6 @@
 //go:build race
 
-package store
+package redislog
 
 // underRace returns a third of n under the race detector, which makes a
 // decision some ten times slower: the runs without it (CI's other

@@ -1,4 +1,4 @@
-package store
+package redislog
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 // store), on miniredis, a real server (RATELIMIT_SERVER=valkey for
 // Valkey) and a Cluster:
 //
-//	go test -run TestInFlight -count=1 ./internal/store
+//	go test -run TestInFlight -count=1 ./internal/redislog
 
 // inflightBackend is a Redis the in-flight tests run on.
 type inflightBackend struct {
@@ -566,7 +566,7 @@ func TestInFlightWithoutHolder(t *testing.T) {
 // Function, and as scripts; leases of a minute at least on a real server
 // (its keys expire on its own clock).
 //
-//	go test -run TestRedisInFlightConformance -count=1 ./internal/store
+//	go test -run TestRedisInFlightConformance -count=1 ./internal/redislog
 func TestRedisInFlightConformance(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
 		mr := miniredis.RunT(t)

@@ -1,4 +1,4 @@
-package store
+package redislog
 
 import (
 	"context"
@@ -13,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
-	"github.com/slidinglog/ratelimit/store"
 )
 
 // Redis decides in Redis, through the Lua library (internal/slidinglog),
@@ -145,7 +144,7 @@ func (d *decision) group(ctx context.Context, keys []string, idx []int) (bool, e
 		var ok bool
 		if ok, probe = b.allow(rs.Breakers.clock(q.Wall)); !ok {
 			rs.reloadClusterState(ctx)
-			return false, store.ErrCircuitOpen
+			return false, ErrCircuitOpen
 		}
 	}
 	// A call left less than half the Limiter's timeout (its caller's

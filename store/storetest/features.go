@@ -1,0 +1,267 @@
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/slidinglog/ratelimit/store"
+)
+
+// RunSettler is the conformance suite of [store.Settler]: every store
+// that implements it passes it. It runs fixed scenarios on keys of their
+// own, each on a store newStore returns, with windows of an hour and
+// times near the wall clock (so that a store whose logs expire on its own
+// clock keeps them): a credit takes back the units logged at its stamp
+// and no more, skips a stamp of 0 and a stamp nothing was logged at, and
+// never lets a log's time run backwards; a debit logs its units whatever
+// the room, up to each limit's quota for the request, skips a stamp of 0,
+// and remakes a log that has gone. Exact and bucketed logs are both
+// checked. cfg.Forward is honoured; the other fields of cfg do not apply.
+// It fails for a store that does not implement store.Settler.
+func RunSettler(t *testing.T, cfg Config, newStore func(t *testing.T) store.Store) {
+	t.Helper()
+	for _, bucketed := range []bool{false, true} {
+		name := "exact"
+		if bucketed {
+			name = "bucketed"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Run("Credit", func(t *testing.T) {
+				f := newFixture(t, newStore, bucketed)
+				s := settler(t, f.s)
+				a := f.decide(t, 0, 3, true)
+				f.wantCount(t, 0, 3)
+				if err := s.Credit(f.ctx, f.query(0, 2, false), a.stamps()); err != nil {
+					t.Fatalf("Credit: %v", err)
+				}
+				f.wantCount(t, 0, 1)
+				if err := s.Credit(f.ctx, f.query(0, 1, false), []int64{0}); err != nil {
+					t.Fatalf("Credit of stamp 0: %v", err)
+				}
+				f.wantCount(t, 0, 1)
+				if !bucketed { // a bucket's stamp is any time in the bucket
+					if err := s.Credit(f.ctx, f.query(0, 1, false), []int64{a.stamps()[0] + time.Hour.Microseconds()/2}); err != nil {
+						t.Fatalf("Credit of a stamp nothing was logged at: %v", err)
+					}
+					f.wantCount(t, 0, 1)
+				}
+				if err := s.Credit(f.ctx, f.query(0, 5, false), a.stamps()); err != nil {
+					t.Fatalf("Credit of more than is logged: %v", err)
+				}
+				f.wantCount(t, 0, 0)
+			})
+			t.Run("CreditKeepsTime", func(t *testing.T) {
+				f := newFixture(t, newStore, bucketed)
+				s := settler(t, f.s)
+				late := f.unit * 3
+				a := f.decide(t, 0, 1, true)
+				b := f.decide(t, late, 1, true)
+				if err := s.Credit(f.ctx, f.query(0, 1, false), b.stamps()); err != nil {
+					t.Fatalf("Credit: %v", err)
+				}
+				c := f.decide(t, 0, 1, true) // before the log's time: logged at it
+				if c.stamps()[0] < b.stamps()[0] {
+					t.Errorf("after a credit of the entry logged at %d, a decision at %d was logged at %d: the log's time ran backwards",
+						b.stamps()[0], a.stamps()[0], c.stamps()[0])
+				}
+				f.wantCount(t, late, 2)
+			})
+			t.Run("Debit", func(t *testing.T) {
+				f := newFixture(t, newStore, bucketed)
+				s := settler(t, f.s)
+				a := f.decide(t, 0, 2, true)
+				q := f.query(0, 10, false)
+				if err := s.Debit(f.ctx, q, a.stamps()); err != nil {
+					t.Fatalf("Debit: %v", err)
+				}
+				f.wantCount(t, 0, 2+f.quota) // up to the quota, over the room
+				q = f.query(0, 3, false)
+				if err := s.Debit(f.ctx, q, []int64{0}); err != nil {
+					t.Fatalf("Debit of stamp 0: %v", err)
+				}
+				f.wantCount(t, 0, 2+f.quota)
+				if out := f.decide(t, 0, 1, false); out.Allowed {
+					t.Errorf("a decision over a debited log is admitted")
+				}
+			})
+			t.Run("DebitQuotas", func(t *testing.T) {
+				f := newFixture(t, newStore, bucketed)
+				s := settler(t, f.s)
+				a := f.decide(t, 0, 1, true)
+				q := f.query(0, 10, false)
+				q.Quotas = []int{2}
+				if err := s.Debit(f.ctx, q, a.stamps()); err != nil {
+					t.Fatalf("Debit: %v", err)
+				}
+				f.wantCount(t, 0, 3)
+			})
+			t.Run("DebitRemakes", func(t *testing.T) {
+				f := newFixture(t, newStore, bucketed)
+				s := settler(t, f.s)
+				a := f.decide(t, 0, 1, true)
+				if err := s.Credit(f.ctx, f.query(0, 1, false), a.stamps()); err != nil {
+					t.Fatalf("Credit: %v", err)
+				}
+				later := f.window + f.unit // the log has gone
+				if cfg.Forward {
+					later = f.unit
+				}
+				if err := s.Debit(f.ctx, f.query(later, 2, false), a.stamps()); err != nil {
+					t.Fatalf("Debit: %v", err)
+				}
+				f.wantCount(t, later, 2)
+			})
+		})
+	}
+}
+
+// RunForgetter is the conformance suite of [store.Forgetter]: every
+// store that implements it passes it, on fixed scenarios as RunSettler
+// runs them. Forget empties a log, exact or bucketed, lifts its block
+// (unless cfg.NoBlock), skips a log that does not exist, and keeps the
+// log's time: a request logged after Forget is logged no earlier than
+// the entries it dropped. It fails for a store that does not implement
+// store.Forgetter.
+func RunForgetter(t *testing.T, cfg Config, newStore func(t *testing.T) store.Store) {
+	t.Helper()
+	for _, bucketed := range []bool{false, true} {
+		name := "exact"
+		if bucketed {
+			name = "bucketed"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Run("Forget", func(t *testing.T) {
+				f := newFixture(t, newStore, bucketed)
+				s := forgetter(t, f.s)
+				late := f.unit * 3
+				f.decide(t, late, f.quota, true)
+				if f.decide(t, late, 1, false).Allowed {
+					t.Fatal("a full log admits")
+				}
+				if err := s.Forget(f.ctx, f.query(late, 1, false)); err != nil {
+					t.Fatalf("Forget: %v", err)
+				}
+				f.wantCount(t, late, 0)
+				b := f.decide(t, 0, 1, true) // before the dropped entries
+				if b.stamps()[0] < f.at(late) {
+					t.Errorf("after Forget, a decision was logged at %d, before the entries Forget dropped (%d)", b.stamps()[0], f.at(late))
+				}
+				if err := s.Forget(f.ctx, &store.Query{Limits: []store.Limit{f.lim}, Keys: []string{f.key + ":none"}, Cost: 1, Now: f.now}); err != nil {
+					t.Errorf("Forget of a log that does not exist: %v", err)
+				}
+			})
+			if cfg.NoBlock {
+				return
+			}
+			t.Run("ForgetBlock", func(t *testing.T) {
+				f := newFixture(t, newStore, bucketed)
+				f.lim.Block = time.Hour
+				s := forgetter(t, f.s)
+				f.decide(t, 0, f.quota, true)
+				out := f.decide(t, 0, 1, false)
+				if out.Allowed || out.Replies[0].Block == 0 {
+					t.Fatalf("a full log of a blocking limit: allowed %v, block %d; want a denial and a block", out.Allowed, out.Replies[0].Block)
+				}
+				if err := s.Forget(f.ctx, f.query(0, 1, false)); err != nil {
+					t.Fatalf("Forget: %v", err)
+				}
+				if out := f.decide(t, f.unit, 1, true); out.Replies[0].Block != 0 {
+					t.Errorf("Forget left the block, until %d", out.Replies[0].Block)
+				}
+			})
+		})
+	}
+}
+
+// fixture is one scenario's store, and its one limit and key.
+type fixture struct {
+	ctx                context.Context
+	s                  store.Store
+	lim                store.Limit
+	key, field         string
+	quota              int
+	now                int64 // the scenario's start, Unix µs
+	window, unit       int64
+	bucketed           bool
+	unitDur, windowDur time.Duration
+}
+
+func newFixture(t *testing.T, newStore func(t *testing.T) store.Store, bucketed bool) *fixture {
+	f := &fixture{ctx: context.Background(), s: newStore(t), quota: 5, bucketed: bucketed,
+		key: fmt.Sprintf("storetest:%d:{f}", runs.Add(1)), windowDur: time.Hour, unitDur: time.Second}
+	f.window, f.unit = f.windowDur.Microseconds(), f.unitDur.Microseconds()
+	// A whole second, so that an exact log's times and a bucket's start
+	// agree with the stamps the scenarios compute.
+	f.now = time.Now().Truncate(time.Second).UnixMicro()
+	f.lim = store.Limit{Quota: f.quota, Window: f.windowDur, Unit: f.unitDur}
+	if bucketed {
+		f.field = "b"
+		f.lim.Bucketed, f.lim.Field = true, f.field
+	}
+	return f
+}
+
+// at returns the time a request decided at f.now+d is logged at, on an
+// empty log: a unit's end for an exact log, a bucket's start for buckets.
+func (f *fixture) at(d int64) int64 {
+	t := f.now + d
+	if f.bucketed {
+		return t - t%f.unit
+	}
+	return (t + f.unit - 1) / f.unit * f.unit
+}
+
+func (f *fixture) query(d int64, cost int, peek bool) *store.Query {
+	return &store.Query{Limits: []store.Limit{f.lim}, Keys: []string{f.key}, Cost: cost, Now: f.now + d, Peek: peek}
+}
+
+// decided is an outcome, with the stamps to settle it by.
+type decided struct{ *store.Outcome }
+
+func (d decided) stamps() []int64 { return []int64{d.Replies[0].Next} }
+
+// decide decides a request of cost at f.now+d; admit says it must be
+// admitted.
+func (f *fixture) decide(t *testing.T, d int64, cost int, admit bool) decided {
+	t.Helper()
+	out := &store.Outcome{Denier: -1, Replies: make([]store.Reply, 1)}
+	if err := f.s.Decide(f.ctx, f.query(d, cost, false), out); err != nil {
+		t.Fatalf("Decide: %v", err)
+	}
+	if admit && !out.Allowed {
+		t.Fatalf("a request of cost %d at +%dµs is denied (count %d of %d)", cost, d, out.Replies[0].Count, f.quota)
+	}
+	return decided{out}
+}
+
+// wantCount checks that the log holds n units at f.now+d.
+func (f *fixture) wantCount(t *testing.T, d int64, n int) {
+	t.Helper()
+	out := &store.Outcome{Denier: -1, Replies: make([]store.Reply, 1)}
+	if err := f.s.Decide(f.ctx, f.query(d, 1, true), out); err != nil {
+		t.Fatalf("Decide (peek): %v", err)
+	}
+	if out.Replies[0].Count != int64(n) {
+		t.Errorf("the log holds %d units; want %d", out.Replies[0].Count, n)
+	}
+}
+
+func settler(t *testing.T, s store.Store) store.Settler {
+	t.Helper()
+	st, ok := s.(store.Settler)
+	if !ok {
+		t.Fatalf("%T does not implement store.Settler", s)
+	}
+	return st
+}
+
+func forgetter(t *testing.T, s store.Store) store.Forgetter {
+	t.Helper()
+	fg, ok := s.(store.Forgetter)
+	if !ok {
+		t.Fatalf("%T does not implement store.Forgetter", s)
+	}
+	return fg
+}
