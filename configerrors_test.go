@@ -76,7 +76,7 @@ func TestNewSaysEveryMistake(t *testing.T) {
 		name:   "a store that cannot hold in-flight limits, with a bad route",
 		limits: []Limit{PerMinute(10, Global())},
 		opts:   []Option{WithStore(decideOnlyStore{}), WithRoutes(map[string]RouteLimits{"GET /s": {Limits: []Limit{InFlight(2, ClientIP())}}, "GET /reports": {Cost: -3}})},
-		want:   []string{"in-flight limits need Redis or a store.Local", `route "GET /reports": cost -3 is negative`},
+		want:   []string{"in-flight limits need a store that implements store.Holder", `route "GET /reports": cost -3 is negative`},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var err error
