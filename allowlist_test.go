@@ -43,7 +43,7 @@ func testAllowListClientIP(t *testing.T, b backend) {
 	var o recordingObserver
 	ip := ClientIP(clientip.TrustProxies("10.0.0.0/8"))
 	lim := mustNew(t, c, []Limit{PerMinute(1, ip).Named("ip")},
-		WithAllowList(ip, "192.0.2.7", "198.51.100.0/24", "2001:db8::1"), WithObserver(&o))
+		WithAllowList(ip, "192.0.2.7", "198.51.100.0/24", "2001:db8::1"), WithObserver(observerOf(&o)))
 	h := lim.Handler(okHandler)
 	for _, tc := range []struct{ name, peer, xff string }{
 		{"listed address", "192.0.2.7:1", ""},

@@ -211,7 +211,7 @@ func TestBreakerSlowCalls(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	if lim.Inspect().BreakerOpen() {
+	if lim.Inspect().Stats().BreakerOpen {
 		t.Error("timeouts opened the breaker while Redis answered later decisions")
 	}
 	if err := fast(); err != nil {
@@ -219,7 +219,7 @@ func TestBreakerSlowCalls(t *testing.T) {
 	}
 	// Three time out, and Redis answered nothing since they started.
 	slow(3, func() {})
-	if !lim.Inspect().BreakerOpen() {
+	if !lim.Inspect().Stats().BreakerOpen {
 		t.Error("timeouts while Redis answered nobody did not open the breaker")
 	}
 	if err := fast(); !errors.Is(err, pubstore.ErrCircuitOpen) {

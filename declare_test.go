@@ -120,7 +120,7 @@ func TestDefinitionConflicts(t *testing.T) {
 			}
 			for _, rep := range live {
 				rep.l = newDriven(t, b.newClient(t), rep.limits, WithRedis(RedisOptions{Prefix: prefix}),
-					WithLogger(slog.New(slog.NewTextHandler(rep.log, nil)), false), WithObserver(rep.obs))
+					WithLogger(slog.New(slog.NewTextHandler(rep.log, nil)), false), WithObserver(observerOf(rep.obs)))
 			}
 			for _, rep := range live {
 				if err := rep.l.tick(); err != nil {

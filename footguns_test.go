@@ -138,7 +138,7 @@ func testSkip(t *testing.T, b backend) {
 	c := b.newClient(t)
 	var o recordingObserver
 	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("skip")},
-		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }), WithObserver(&o))
+		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }), WithObserver(observerOf(&o)))
 	h := lim.Handler(okHandler)
 	for range 3 {
 		w := serve(h, "GET", "/healthz", "192.0.2.1:1")

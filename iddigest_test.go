@@ -32,7 +32,7 @@ func testIDDigest(t *testing.T, b backend) {
 	lim := mustNew(t, b.newClient(t), []Limit{
 		PerMinute(1, Header("X-A")).Named("a"),
 		PerMinute(1, Compose(Header("X-B"), Header("X-A"))).Named("ab"),
-	}, append(opts, WithObserver(log))...)
+	}, append(opts, WithObserver(observerOf(log)))...)
 	h := lim.Handler(okHandler)
 	ctx := context.Background()
 	const alphabet = "abcXYZ019-._~ %{}#|\x01\xff"
@@ -98,17 +98,17 @@ func testIDDigest(t *testing.T, b backend) {
 			}
 			continue
 		}
-		lr, err := lim.Inspect().StatusDigest(ctx, limit, digest)
+		lr, err := lim.Inspect().Status(ctx, limit, digest)
 		if err != nil {
 			t.Fatalf("seed %d step %d: %v", seed, step, err)
 		}
 		if !lr.Denied || lr.Remaining != 0 || lr.Name != limit {
 			t.Fatalf("seed %d step %d: LimitStatusDigest(%s, %d bytes) = %+v, want denied", seed, step, limit, len(id), lr)
 		}
-		if err := lim.Inspect().ResetDigest(ctx, limit, digest); err != nil {
+		if err := lim.Inspect().Reset(ctx, limit, digest); err != nil {
 			t.Fatalf("seed %d step %d: %v", seed, step, err)
 		}
-		if lr, err := lim.Inspect().StatusDigest(ctx, limit, digest); err != nil || lr.Denied || lr.Remaining != 1 {
+		if lr, err := lim.Inspect().Status(ctx, limit, digest); err != nil || lr.Denied || lr.Remaining != 1 {
 			t.Fatalf("seed %d step %d: after ResetLimitDigest(%s): %+v, %v", seed, step, limit, lr, err)
 		}
 		if limit == "a" {
@@ -118,14 +118,14 @@ func testIDDigest(t *testing.T, b backend) {
 		}
 	}
 	for _, bad := range []string{"", "#", "#abc", "x" + operator.IDDigest(strings.Repeat("y", 200))[1:], operator.IDDigest(strings.Repeat("y", 200)) + "="} {
-		if _, err := lim.Inspect().StatusDigest(ctx, "a", bad); err == nil {
+		if _, err := lim.Inspect().Status(ctx, "a", bad); err == nil {
 			t.Errorf("LimitStatusDigest(%q): no error", bad)
 		}
-		if err := lim.Inspect().ResetDigest(ctx, "a", bad); err == nil {
+		if err := lim.Inspect().Reset(ctx, "a", bad); err == nil {
 			t.Errorf("ResetLimitDigest(%q): no error", bad)
 		}
 	}
-	if _, err := lim.Inspect().StatusDigest(ctx, "nope", operator.IDDigest(strings.Repeat("y", 200))); err == nil {
+	if _, err := lim.Inspect().Status(ctx, "nope", operator.IDDigest(strings.Repeat("y", 200))); err == nil {
 		t.Error("LimitStatusDigest of an unknown limit: no error")
 	}
 }

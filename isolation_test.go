@@ -288,7 +288,7 @@ func testPoisonedKeyFailsOnlyItsRequests(t *testing.T, b backend) {
 	if n := logEntries(t, c, "all", "global", GlobalID); n != int64(good) {
 		t.Errorf("the global log holds %d entries for %d healthy requests", n, good)
 	}
-	if u := lim.Inspect().Unreverted(); u != 0 {
+	if u := lim.Inspect().Stats().Unreverted; u != 0 {
 		t.Errorf("Unreverted = %d, want 0", u)
 	}
 }
@@ -332,7 +332,7 @@ func TestFailedRequestLeftCounted(t *testing.T) {
 			t.Fatalf("decision %d: %+v %v; want the RequestError, 2 units unreverted", i, res, err)
 		}
 	}
-	if n := lim.Inspect().Unreverted(); n != 6 {
+	if n := lim.Inspect().Stats().Unreverted; n != 6 {
 		t.Errorf("Unreverted() = %d, want 6", n)
 	}
 	now := t0.UnixMicro()

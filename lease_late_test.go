@@ -128,7 +128,7 @@ func testLeaseOtherLimitsDecidedLate(t *testing.T, b backend) {
 	// per-client limit is held back past the lease's end.
 	for i := 0; !hook.fired.Load(); i++ {
 		if i == quota/2 {
-			t.Fatalf("%d requests and none from a lease (%d leased)", i, l.Inspect().Leased())
+			t.Fatalf("%d requests and none from a lease (%d leased)", i, l.Inspect().Stats().Leased)
 		}
 		allow(l)
 	}

@@ -54,7 +54,7 @@ func leaseApp(client redis.UniversalClient) (http.Handler, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/", l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
 	mux.HandleFunc("/leased", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprint(w, l.Inspect().Leased())
+		fmt.Fprint(w, l.Inspect().Stats().Leased)
 	})
 	return mux, nil
 }

@@ -166,7 +166,7 @@ func testLeaseNeverOver(t *testing.T, b backend) {
 			continue
 		}
 		if rng.IntN(20) == 0 {
-			if err := r.l.Refund(context.Background(), res); err != nil {
+			if err := r.l.Settle(context.Background(), res, 0); err != nil {
 				t.Fatal(err)
 			}
 			continue
@@ -180,7 +180,7 @@ func testLeaseNeverOver(t *testing.T, b backend) {
 	var leased uint64
 	for _, r := range replicas {
 		trips += r.hook.trips.Load()
-		leased += r.l.Inspect().Leased()
+		leased += r.l.Inspect().Stats().Leased
 	}
 	if leased == 0 {
 		t.Errorf("no decision from a lease")
@@ -215,7 +215,7 @@ func testLeaseFewCalls(t *testing.T, b backend) {
 	if trips > n/10 {
 		t.Errorf("%d round trips for %d requests: want at most %d", trips, n, n/10)
 	}
-	if got := r.l.Inspect().Leased(); got < n*9/10 {
+	if got := r.l.Inspect().Stats().Leased; got < n*9/10 {
 		t.Errorf("%d of %d requests decided from leases", got, n)
 	}
 	_ = r.l.Close()
@@ -262,7 +262,7 @@ func testLeaseColdKeys(t *testing.T, b backend) {
 				t.Fatal(err)
 			}
 		}
-		if got := r.l.Inspect().Leased(); got != 0 {
+		if got := r.l.Inspect().Stats().Leased; got != 0 {
 			t.Errorf("leased %v: %d decisions from leases", leased, got)
 		}
 		trips[leased] = r.decisions.Load()
@@ -307,7 +307,7 @@ func testLeaseOtherLimitDenies(t *testing.T, b backend) {
 		}
 		switch rng.IntN(10) {
 		case 0:
-			if err := r.l.Refund(context.Background(), res); err != nil {
+			if err := r.l.Settle(context.Background(), res, 0); err != nil {
 				t.Fatal(err)
 			}
 			refunded++
@@ -322,8 +322,8 @@ func testLeaseOtherLimitDenies(t *testing.T, b backend) {
 		}
 		units += cost
 	}
-	if denied == 0 || refunded == 0 || settled == 0 || r.l.Inspect().Leased() == 0 {
-		t.Fatalf("%d denied, %d refunded, %d settled, %d from leases: the test tests nothing", denied, refunded, settled, r.l.Inspect().Leased())
+	if denied == 0 || refunded == 0 || settled == 0 || r.l.Inspect().Stats().Leased == 0 {
+		t.Fatalf("%d denied, %d refunded, %d settled, %d from leases: the test tests nothing", denied, refunded, settled, r.l.Inspect().Stats().Leased)
 	}
 	_ = r.l.Close()
 	res, err := r.l.Status(context.Background(), []string{GlobalID, "nobody"}, 1)
@@ -364,18 +364,18 @@ func testLeaseReset(t *testing.T, b backend) {
 	for range 3 * hotLeaseRequests {
 		allow(holder)
 	}
-	if holder.Inspect().Leased() == 0 {
+	if holder.Inspect().Stats().Leased == 0 {
 		t.Fatal("no lease taken")
 	}
 	if err := other.Reset(context.Background(), []string{GlobalID}); err != nil {
 		t.Fatal(err)
 	}
 	admitted = admitted[:0]
-	before := holder.Inspect().Leased()
+	before := holder.Inspect().Stats().Leased
 	for range 20 {
 		allow(holder)
 	}
-	if holder.Inspect().Leased() == before {
+	if holder.Inspect().Stats().Leased == before {
 		t.Error("the holder stopped deciding from its lease after the Reset")
 	}
 	for range 2 * quota {
@@ -418,7 +418,7 @@ func testLeaseRedisDown(t *testing.T, mode FailureMode, hung bool) {
 			t.Fatal(err)
 		}
 	}
-	if r.l.Inspect().Leased() == 0 {
+	if r.l.Inspect().Stats().Leased == 0 {
 		t.Fatal("no lease taken")
 	}
 	if hung {
@@ -515,13 +515,13 @@ func TestLeaseHeaders(t *testing.T) {
 	for range 200 {
 		now = now.Add(100 * time.Microsecond)
 		clock.Set(now)
-		before := r.l.Inspect().Leased()
+		before := r.l.Inspect().Stats().Leased
 		rec := serve(h, "GET", "/", "192.0.2.1:1234")
 		remaining, err := strconv.Atoi(rec.Header().Get("X-RateLimit-Remaining"))
 		if err != nil || rec.Code != http.StatusOK {
 			t.Fatalf("status %d, X-RateLimit-Remaining %q", rec.Code, rec.Header().Get("X-RateLimit-Remaining"))
 		}
-		if r.l.Inspect().Leased() == before {
+		if r.l.Inspect().Stats().Leased == before {
 			last = -1
 			continue
 		}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -151,16 +150,6 @@ type compiledLimit struct {
 	planCache *planCache // Plans.Cache's, if any
 }
 
-// A LimiterWatcher is an [Observer] that wants to know the Limiters it
-// observes, to report their state (the metrics modules' circuit-breaker
-// gauge): [New] calls Watch once with the Limiter it returns, so that
-// [WithObserver] is the one step a metrics module needs. Watch must be
-// safe to call twice for one Limiter (by New and by the application).
-type LimiterWatcher interface {
-	Observer
-	Watch(l *Limiter)
-}
-
 // New returns a Limiter that enforces limits in the Redis that client talks
 // to. client may be a *redis.Client, *redis.ClusterClient, *redis.Ring or a
 // failover client; it must be built with ContextTimeoutEnabled: true so that
@@ -244,8 +233,8 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	l.startRenewal()
 	l.startLeases()
 	for _, o := range cfg.observers {
-		if w, ok := o.(LimiterWatcher); ok {
-			w.Watch(l)
+		if o.Limiter != nil {
+			o.Limiter(l)
 		}
 	}
 	return l, nil
@@ -262,9 +251,6 @@ func applyOptions(opts []Option) (config, []error) {
 			continue
 		}
 		o(&cfg)
-	}
-	if len(cfg.settleBy) > 1 {
-		errs = append(errs, fmt.Errorf("%s: settlement is configured once: WithRefund(f) is WithSettle with a function that returns 0 where f reports true", strings.Join(cfg.settleBy, " and ")))
 	}
 	return cfg, append(errs, cfg.errs...)
 }

@@ -26,7 +26,7 @@ func testMissingKey(t *testing.T, b backend) {
 			var hooked []error
 			logger, logs := newLogger()
 			lim := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("ip-" + mode.String()), PerMinute(2, UserFromContext(ctxKey{})).Named("user-" + mode.String())},
-				WithFailureMode(mode), WithObserver(&obs), WithLogger(logger, false), WithRedis(RedisOptions{BreakerFailures: 2, BreakerCoolDown: 1 << 40}),
+				WithFailureMode(mode), WithObserver(observerOf(&obs)), WithLogger(logger, false), WithRedis(RedisOptions{BreakerFailures: 2, BreakerCoolDown: 1 << 40}),
 				WithHandlers(Handlers{Error: func(_ *http.Request, err error) { hooked = append(hooked, err) }}))
 			h := lim.Handler(okHandler)
 			for i := range 5 {
@@ -35,7 +35,7 @@ func testMissingKey(t *testing.T, b backend) {
 					t.Fatalf("no user %d: %d %v %q; want 401 Unauthorized, no Retry-After, no limit headers", i, w.Code, w.Header(), w.Body)
 				}
 			}
-			if lim.Inspect().BreakerOpen() {
+			if lim.Inspect().Stats().BreakerOpen {
 				t.Error("the circuit breaker opened on requests without a key")
 			}
 			if len(hooked) != 5 || !errors.Is(hooked[0], ErrNoKey) {
@@ -79,7 +79,7 @@ func testMissingKeyChoices(t *testing.T, b backend) {
 	var obs recordingObserver
 	logger, logs := newLogger()
 	skip := mustNew(t, c, []Limit{PerMinute(2, UserFromContext(ctxKey{})).Named("skip")}, WithMissingKey(MissingKeySkip),
-		WithObserver(&obs), WithLogger(logger, false))
+		WithObserver(observerOf(&obs)), WithLogger(logger, false))
 	if w := serve(skip.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "" {
 		t.Errorf("skip: %d %v, want 200 without limit headers", w.Code, w.Header())
 	}

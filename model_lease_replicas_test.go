@@ -837,7 +837,7 @@ func (m *replicaRun) refund() {
 		if *is.refunded || m.reps[is.rep].killed != 0 || m.resetSince(is) {
 			continue
 		}
-		if err := m.reps[is.rep].l.Refund(context.Background(), is.res); err != nil {
+		if err := m.reps[is.rep].l.Settle(context.Background(), is.res, 0); err != nil {
 			m.t.Fatalf("%s: refund by replica %d: %v", m.where(), is.rep, err)
 		}
 		*is.refunded = true
@@ -978,4 +978,4 @@ func (m *replicaRun) window(key repKey, to int64) string {
 }
 
 // leasedOf returns how many decisions l answered from a lease.
-func leasedOf(l *Limiter) uint64 { return l.Inspect().Leased() }
+func leasedOf(l *Limiter) uint64 { return l.Inspect().Stats().Leased }

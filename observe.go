@@ -13,7 +13,7 @@ import (
 func (l *Limiter) breakerOpen() bool { return l.redis != nil && l.redis.Breakers.Open() }
 
 // watched reports whether anything observes the limiter's decisions.
-func (l *Limiter) watched() bool { return len(l.cfg.observers) > 0 || l.cfg.logger != nil }
+func (l *Limiter) watched() bool { return l.cfg.decisionHooks || l.cfg.logger != nil }
 
 // observe reports a decision to the observers and the logger.
 func (rs *ruleset) observe(r *http.Request, ids []string, res *Result, err error, start time.Time) {
@@ -22,8 +22,10 @@ func (rs *ruleset) observe(r *http.Request, ids []string, res *Result, err error
 	if err != nil && !res.Local && !res.noKey() {
 		seen.Allowed, seen.Limits = false, rs.skipped
 	}
-	for _, o := range rs.cfg.observers {
-		o.Observe(seen, err, latency)
+	for i := range rs.cfg.observers {
+		if f := rs.cfg.observers[i].Decision; f != nil {
+			f(seen, err, latency)
+		}
 	}
 	rs.observeDenial(ids, res, err) // denied.go
 	if rs.cfg.logger != nil {
@@ -84,20 +86,62 @@ func (rs *ruleset) warnNoKey(i int, err error) {
 		"this is said once", attrs...)
 }
 
-// WithObserver adds an Observer of every decision of the middleware and of
-// [Limiter.Allow]. If o is a [LimiterWatcher] (the metrics modules'
-// Metrics are), [New] also hands it the Limiter, so that it can report
-// the Limiter's state (its circuit breakers): WithObserver is the one step
-// metrics need. If o is a [WarningObserver], it also learns of every
-// [Warning]. Default: none. A nil o (or a nil pointer in it) is an error
-// from [New].
+// An Observer is a set of hooks a [Limiter] calls as it works, for
+// metrics, logs and admin pages; give it with [WithObserver]. Every hook
+// is optional: a nil one is not called. The hooks run on the goroutine of
+// the request or call they report (a warning of the operator state's
+// refresh, on that refresh's): they must be fast and safe for concurrent
+// use. The metrics modules and the admin package return theirs from
+// their Observer methods.
+type Observer struct {
+	// Decision receives every decision of the middleware
+	// ([Limiter.Handler], [Pass.Check]) and of [Limiter.Allow]:
+	// [Limiter.Status] and [Inspector.StatusRequest] count nothing and
+	// are not observed. It receives the decision's Result, the error that
+	// kept the Limiter from deciding (nil if none) and how long the
+	// decision took. When err is not nil and res.Local is false, no
+	// decision was made: res.Limits then lists every limit, each with
+	// Skipped set, and either one has NoKey (a Key could not identify the
+	// request, err wraps [ErrNoKey], and res.Allowed says whether
+	// [WithMissingKey] let it through) or the failure mode applied. Under
+	// [FailLocal], err comes with the local decision (res.Local). It must
+	// not keep or change res.Limits, which is valid only during the call.
+	Decision func(res Result, err error, latency time.Duration)
+
+	// Denial learns whom a limit denied: after the Decision hooks of each
+	// decision that denied a request (from Redis, from the deny cache,
+	// [RedisOptions].DenyCache, or from [FailLocal]'s count), it receives
+	// the name of the limit that denied (Result.DeniedBy) and the
+	// identifier that limit's [Key] gave the request, or [Limiter.Allow]
+	// was given. Shadow limits deny nothing and are not reported, nor are
+	// requests no decision could be made for. The identifier is the
+	// client's: hostile input, of any length. It may keep the strings.
+	Denial func(limit, id string)
+
+	// Warning learns of every [Warning] the Limiter reports: once per
+	// warning and Limiter (per name, for WarningDefinitionConflict).
+	Warning func(w Warning)
+
+	// Limiter is called once by [New] with the Limiter it returns, before
+	// New returns, so that the observer can report the Limiter's state
+	// ([Inspector.Stats]): WithObserver is then the one step a metrics
+	// module needs. It must be safe to call twice for one Limiter (by New
+	// and by the application).
+	Limiter func(l *Limiter)
+}
+
+// WithObserver adds o's hooks ([Observer]). Several WithObserver add
+// several observers: each hook of each runs, in the order the options
+// were given. Default: none. An Observer with no hook set is an error from
+// [New].
 func WithObserver(o Observer) Option {
 	return func(c *config) {
-		if o == nil || nilPointer(o) {
-			c.nilArg("WithObserver", true, "leave the option out")
+		if o.Decision == nil && o.Denial == nil && o.Warning == nil && o.Limiter == nil {
+			c.nilArg("WithObserver", true, "set at least one of its hooks, or leave the option out")
 			return
 		}
 		c.observers = append(c.observers, o)
+		c.decisionHooks = c.decisionHooks || o.Decision != nil || o.Denial != nil
 	}
 }
 

@@ -63,9 +63,11 @@ type config struct {
 	routerAllow bool                       // an allow-list reads the address the router resolved
 	routesFrom  *http.ServeMux
 	observers   []Observer
-	logger      *slog.Logger
-	logIDs      bool
-	singleSlot  bool
+	// decisionHooks: an observer has a Decision or Denial hook.
+	decisionHooks bool
+	logger        *slog.Logger
+	logIDs        bool
+	singleSlot    bool
 
 	breakerFailures int
 	breakerCoolDown time.Duration
@@ -82,10 +84,8 @@ type config struct {
 	onNoKey       func(http.ResponseWriter, *http.Request, error)
 
 	// settle (above) is WithSettle's function, or WithRefund's as one;
-	// settleOn says that settlement is on, settleBy which options turned
-	// it on.
+	// settleOn says that settlement is on.
 	settleOn bool
-	settleBy []string
 }
 
 func defaultConfig() config {

@@ -139,7 +139,7 @@ func testPlans(t *testing.T, b backend) {
 		t.Fatalf("ops: %+v, %v; want admitted, the user limit skipped under plan internal", res, err)
 	}
 	// Its refund takes back what was counted, and only that.
-	if err := l.Refund(ctx, res); err != nil {
+	if err := l.Settle(ctx, res, 0); err != nil {
 		t.Errorf("refund of a request an unlimited plan exempted from one limit: %v", err)
 	}
 	if n := logEntries(t, c, "global", "global", GlobalID); n != globalBefore+10 {
@@ -411,7 +411,7 @@ func TestPolicyOfManyPlans(t *testing.T) {
 
 // TestRefundUnderPlans: a Result its plans exempted from every limit
 // counted nothing, and its Refund has nothing to do (it returned
-// ErrNotRefundable for an admitted Result); one exempted from some limits
+// ErrNotAdmitted for an admitted Result); one exempted from some limits
 // is taken back from the others, and what a failed refund leaves counted is
 // its cost in those alone (the exempted limits were counted too).
 func TestRefundUnderPlans(t *testing.T) {
@@ -431,7 +431,7 @@ func TestRefundUnderPlans(t *testing.T) {
 	if err != nil || !res.Allowed {
 		t.Fatalf("ops: %+v %v", res, err)
 	}
-	if err := l.Refund(ctx, res); err != nil {
+	if err := l.Settle(ctx, res, 0); err != nil {
 		t.Errorf("refund of a request no limit counted: %v, want nil", err)
 	}
 	res, err = l.Allow(ctx, []string{"half", "half"}, 3)
@@ -439,11 +439,11 @@ func TestRefundUnderPlans(t *testing.T) {
 		t.Fatalf("half: %+v %v", res, err)
 	}
 	b.mr.SetError("ERR injected") // not an outage: the refund is not retried
-	err = l.Refund(ctx, res)
+	err = l.Settle(ctx, res, 0)
 	if !errors.Is(err, ErrNotReverted) || !strings.Contains(err.Error(), ": 3 units stay counted") {
 		t.Errorf("failed refund: %v; want ErrNotReverted for 3 units (cost 3 in limit b alone)", err)
 	}
-	if n := l.Inspect().Unreverted(); n != 3 {
+	if n := l.Inspect().Stats().Unreverted; n != 3 {
 		t.Errorf("Unreverted() = %d, want 3", n)
 	}
 	b.mr.SetError("")

@@ -9,24 +9,6 @@ import (
 	pubstore "github.com/slidinglog/ratelimit/store"
 )
 
-// An Observer receives every decision of the middleware ([Limiter.Handler],
-// [Pass.Check]) and of [Limiter.Allow], for metrics; [Limiter.Status]
-// and [Inspector.StatusRequest] count nothing and are not observed. The
-// metrics/prometheus package has one.
-type Observer interface {
-	// Observe receives one decision's Result, the error that kept the
-	// limiter from deciding (nil if none) and how long the decision took. When err
-	// is not nil and res.Local is false, no decision was made: res.Limits
-	// then lists every limit, each with Skipped set, and either one has
-	// NoKey (a Key could not identify the request, err wraps [ErrNoKey],
-	// and res.Allowed says whether [WithMissingKey] let it through) or the
-	// failure mode applied. Under [FailLocal], err comes with the local decision
-	// (res.Local). Observe runs on the request's goroutine: it must be fast
-	// and safe for concurrent use, and must not keep or change res.Limits,
-	// which is valid only during the call.
-	Observe(res Result, err error, latency time.Duration)
-}
-
 // Result is the outcome of one decision: what [Limiter.Allow],
 // [Limiter.Status] and [Inspector.StatusRequest] return, and what an
 // [Observer] and a [Handlers].Denied handler see.
@@ -88,9 +70,14 @@ type Result struct {
 	// removal still under way then is counted by [Inspector.Unreverted] if it
 	// fails, not here.
 	Unreverted uint64
+	// Cost is the cost the request was admitted at: Allow's cost, or
+	// [WithCost]'s or a route's Cost. [Limiter.Settle] at Cost frees the
+	// Result's in-flight slots and changes no count. 0 for a Result that
+	// admitted nothing, or was not counted ([Limiter.Status]).
+	Cost int
 
 	index  int     // of the limit Limit, Remaining and Reset describe; -1 for none
-	ticket *ticket // for Refund, when the request was admitted
+	ticket *ticket // for Settle, when the request was admitted
 	hold   *hold   // the in-flight slots the request holds, nil if none
 }
 
@@ -186,7 +173,7 @@ func closer(a, b *LimitResult) bool {
 // was counted (its keys, and their hash tags when the plan is split), its
 // cost and the time of its entries in each, and the stores that hold them.
 type ticket struct {
-	refunded atomic.Bool // Refund has taken it: it removes nothing more
+	refunded atomic.Bool // Settle has taken it: it changes nothing more
 	rs       *store.Redis
 	local    *pubstore.Local // the in-process store, if it decided: the entries are there
 	denies   *store.DenyCache

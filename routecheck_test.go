@@ -42,7 +42,7 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 			WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithRoutesFrom(mux), WithRedis(RedisOptions{OperatorRefresh: -1}))
 		api := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")},
 			WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithRedis(RedisOptions{OperatorRefresh: -1}))
-		for by, err := range map[string]error{"New": err, "CheckMux": api.Inspect().CheckMux(mux)} {
+		for by, err := range map[string]error{"New": err, "CheckMux": route.CheckMux(api.Inspect().Stats().Routes, mux)} {
 			switch {
 			case tc.want == "" && err != nil:
 				t.Errorf("%s %q: %v; want no error", by, tc.entry, err)
@@ -74,7 +74,7 @@ func TestHandlerWarnsUnknownRoute(t *testing.T) {
 			lg, buf := newLogger()
 			wc := &warningCounter{}
 			mux := http.NewServeMux()
-			opts := []Option{WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithLogger(lg, false), WithObserver(wc), WithRedis(RedisOptions{OperatorRefresh: -1})}
+			opts := []Option{WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithLogger(lg, false), WithObserver(observerOf(wc)), WithRedis(RedisOptions{OperatorRefresh: -1})}
 			if from {
 				opts = append(opts, WithRoutesFrom(mux))
 			}

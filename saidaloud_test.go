@@ -122,7 +122,7 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 	} {
 		buf := defaultLog(t)
 		wc := &warningCounter{}
-		api := mustNew(t, c, limits(), loginRoutes(), WithObserver(wc), WithRedis(RedisOptions{Prefix: "rf2" + tc.name + ":"}))
+		api := mustNew(t, c, limits(), loginRoutes(), WithObserver(observerOf(wc)), WithRedis(RedisOptions{Prefix: "rf2" + tc.name + ":"}))
 		h := api.Handler(tc.wrap(loginMux()))
 		for range 3 {
 			post(h, "/login")
@@ -142,8 +142,8 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 	// Not reported: the right shapes, and a Limiter without routes.
 	buf := defaultLog(t)
 	wc := &warningCounter{}
-	right := mustNew(t, c, limits(), loginRoutes(), WithObserver(wc), WithRedis(RedisOptions{Prefix: "rf3:"}))
-	noRoutes := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("plain")}, WithObserver(wc), WithRedis(RedisOptions{Prefix: "rf4:"}))
+	right := mustNew(t, c, limits(), loginRoutes(), WithObserver(observerOf(wc)), WithRedis(RedisOptions{Prefix: "rf3:"}))
+	noRoutes := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("plain")}, WithObserver(observerOf(wc)), WithRedis(RedisOptions{Prefix: "rf4:"}))
 	inner := loginMux()
 	for _, h := range []http.Handler{
 		logging(right.Handler(inner)),
@@ -168,7 +168,7 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 	c := b.newClient(t)
 	buf := defaultLog(t)
 	wc := &warningCounter{}
-	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP()).Named("ip")}, WithObserver(wc), WithRedis(RedisOptions{Prefix: "pw1:"}))
+	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP()).Named("ip")}, WithObserver(observerOf(wc)), WithRedis(RedisOptions{Prefix: "pw1:"}))
 	h := lim.Handler(okHandler)
 	var got []int
 	for _, client := range []string{"198.51.100.1", "198.51.100.2", "198.51.100.3"} {
@@ -188,7 +188,7 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 	// each client its own bucket, nothing reported.
 	buf = defaultLog(t)
 	wc = &warningCounter{}
-	lim = mustNew(t, c, []Limit{PerMinute(1, ClientIP(clientip.FromRouter())).Named("ip")}, WithObserver(wc), WithRedis(RedisOptions{Prefix: "pw2:"}))
+	lim = mustNew(t, c, []Limit{PerMinute(1, ClientIP(clientip.FromRouter())).Named("ip")}, WithObserver(observerOf(wc)), WithRedis(RedisOptions{Prefix: "pw2:"}))
 	h = lim.Handler(okHandler)
 	for _, client := range []string{"198.51.100.1", "198.51.100.2", "198.51.100.3"} {
 		if code := proxied(h, "/", client+":1", "X-Forwarded-For", client); code != 200 {
@@ -223,7 +223,7 @@ func TestNilOptions(t *testing.T) {
 		"WithCost":        WithCost(nil),
 		"WithSkip":        WithSkip(nil),
 		"WithRefund":      WithRefund(nil),
-		"WithObserver":    WithObserver(nil),
+		"WithObserver":    WithObserver(Observer{}),
 		"WithLogger":      WithLogger(nil, false),
 		"WithRoutesFrom":  WithRoutesFrom(nil),
 		"option 1 is nil": nil,
@@ -233,17 +233,13 @@ func TestNilOptions(t *testing.T) {
 			t.Errorf("%s(nil): %v; want an error naming it", name, err)
 		}
 	}
-	var typed *warningCounter
-	if _, err := New(stubClient{}, limits, WithObserver(typed)); err == nil || !strings.Contains(err.Error(), "WithObserver") {
-		t.Errorf("WithObserver of a nil pointer: %v; want an error", err)
-	}
 }
 
 // TestObserverWatched: New hands the Limiter it returns
 // to a LimiterWatcher among its observers, once, and not its routes'.
 func TestObserverWatched(t *testing.T) {
 	wc := &warningCounter{}
-	lim := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")}, WithObserver(wc), loginRoutes())
+	lim := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")}, WithObserver(observerOf(wc)), loginRoutes())
 	if len(wc.watched) != 1 || wc.watched[0] != lim {
 		t.Errorf("watched %v; want the Limiter New returned, once", wc.watched)
 	}

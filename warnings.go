@@ -8,7 +8,7 @@ import (
 // A Warning names a mistake in how a [Limiter] is mounted or configured that
 // it can see only at request time, and reports once, out loud: through the
 // [WithLogger] logger, or [slog.Default] without one, at Warn, and to every
-// [WarningObserver] among its observers.
+// [Observer].Warning hook.
 type Warning string
 
 const (
@@ -54,21 +54,11 @@ const (
 	WarningDefinitionConflict Warning = "definition_conflict"
 )
 
-// A WarningObserver is an [Observer] that also learns of every [Warning] a
-// Limiter reports: the metrics modules count them. ObserveWarning runs
-// once per warning and Limiter (per name, for
-// WarningDefinitionConflict), on the goroutine of the request that
-// revealed it, or the refresh goroutine of the operator state.
-type WarningObserver interface {
-	Observer
-	ObserveWarning(w Warning)
-}
-
 // warnOnce reports one warning kind once per Limiter.
 type warnOnce struct{ done atomic.Bool }
 
 // report logs msg with attrs through lg (slog's default if nil) and tells
-// the WarningObservers among observers, the first time only.
+// the Warning hooks of observers, the first time only.
 func (w *warnOnce) report(lg *slog.Logger, observers []Observer, kind Warning, msg string, attrs ...any) {
 	if !w.done.CompareAndSwap(false, true) {
 		return
@@ -77,9 +67,9 @@ func (w *warnOnce) report(lg *slog.Logger, observers []Observer, kind Warning, m
 		lg = slog.Default()
 	}
 	lg.Warn(msg, append(attrs, slog.String("warning", string(kind)))...)
-	for _, o := range observers {
-		if wo, ok := o.(WarningObserver); ok {
-			wo.ObserveWarning(kind)
+	for i := range observers {
+		if f := observers[i].Warning; f != nil {
+			f(kind)
 		}
 	}
 }
