@@ -58,4 +58,3 @@ func (l *Limiter) holdFor(r *http.Request, h *hold) {
 	s.mu.Unlock()
 	h.leaveAsync()
 }
-

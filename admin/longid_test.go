@@ -158,9 +158,10 @@ func TestSketchBytes(t *testing.T) {
 	limits := []string{"a", "b", "c"}
 	before := longtest.LiveHeap()
 	adm := admin.New(o)
+	deny := adm.Observer().Denial
 	for i := range 2 * o.Capacity * (o.Minutes + 1) {
 		now = t0.Add(time.Duration(i%(o.Minutes+1)) * time.Minute)
-		adm.ObserveDenial(limits[i%len(limits)], big[i:i+1<<20])
+		deny(limits[i%len(limits)], big[i:i+1<<20])
 	}
 	after := longtest.LiveHeap()
 	held := after - min(before, after)

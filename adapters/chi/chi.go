@@ -15,6 +15,7 @@ package chiratelimit
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/internal/routehook"
 	"github.com/slidinglog/ratelimit/route"
 )
 
@@ -49,7 +51,7 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 			defer pass.Leave()
 			if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.Routes != nil {
 				if !checked.Load() && checked.CompareAndSwap(false, true) {
-					_ = l.Inspect().WarnUnmatchedRoutes(routeList(rctx.Routes))
+					routehook.Warn(l, route.Check(l.Inspect().Stats().Routes, routeList(rctx.Routes)))
 				}
 			}
 			resolve(r)
@@ -73,7 +75,7 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 // (Middleware reads "/login/" as "/login", as chi's RoutePattern does: the
 // entry is "/login"). The error names each such entry and the nearest
 // route, and wraps [route.ErrUnmatched]; nil if every entry
-// matches a route (see [ratelimit.Inspector.CheckRoutes]). A GET route
+// matches a route (see [route.Check]). A GET route
 // counts as a HEAD route too, as chi's middleware.GetHead serves it. r is
 // the root router, with its routes registered: call CheckRoutes before
 // serving, or in a test. Middleware checks the same at its first request
@@ -82,7 +84,10 @@ func CheckRoutes(l *ratelimit.Limiter, r chi.Routes) error {
 	if r == nil {
 		return errors.New("chiratelimit: CheckRoutes: nil router")
 	}
-	return l.Inspect().CheckRoutes(routeList(r))
+	if l == nil {
+		return errors.New("chiratelimit: CheckRoutes of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
+	}
+	return check(l, routeList(r))
 }
 
 // routeList lists the routes of r as Middleware resolves them: "METHOD
@@ -150,4 +155,13 @@ func trim(p string) string {
 		p = strings.TrimSuffix(strings.TrimSuffix(p, "//"), "/")
 	}
 	return p
+}
+
+// check is route.Check of l's route table ([ratelimit.Stats].Routes)
+// against a router's routes, its error prefixed as the Limiter's own.
+func check(l *ratelimit.Limiter, routes []string) error {
+	if err := route.Check(l.Inspect().Stats().Routes, routes); err != nil {
+		return fmt.Errorf("ratelimit: %w", err)
+	}
+	return nil
 }

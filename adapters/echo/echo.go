@@ -15,6 +15,7 @@ package echoratelimit
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"reflect"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/slidinglog/ratelimit"
+	"github.com/slidinglog/ratelimit/internal/routehook"
 	"github.com/slidinglog/ratelimit/route"
 )
 
@@ -45,14 +47,16 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 	if l == nil {
 		panic("echoratelimit: Middleware of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
 	}
-	var checked atomic.Bool // the routes were checked, at the first request
+	// checked: the routes were checked, at the first request.
+	var checked atomic.Bool
+	byRouterIP := l.Inspect().Stats().RouterIP // a setting: read once
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			pass := l.Enter(c.Request())
 			defer pass.Leave()
 			if e := c.Echo(); e != nil {
 				if !checked.Load() && checked.CompareAndSwap(false, true) {
-					_ = l.Inspect().WarnUnmatchedRoutes(routeList(e))
+					routehook.Warn(l, route.Check(l.Inspect().Stats().Routes, routeList(e)))
 				}
 			}
 			r := resolve(c)
@@ -60,7 +64,7 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 			// over in RemoteAddr while l decides, if e.IPExtractor says
 			// whom to believe; without one echo believes any client's
 			// X-Forwarded-For, so the peer address is kept.
-			routerIP := l.Inspect().RouterIP() && c.Echo().IPExtractor != nil
+			routerIP := byRouterIP && c.Echo().IPExtractor != nil
 			var peer string
 			if routerIP {
 				peer, r.RemoteAddr = r.RemoteAddr, c.RealIP()
@@ -116,7 +120,10 @@ func CheckRoutes(l *ratelimit.Limiter, e *echo.Echo) error {
 	if e == nil {
 		return errors.New("echoratelimit: CheckRoutes: nil *echo.Echo")
 	}
-	return l.Inspect().CheckRoutes(routeList(e))
+	if l == nil {
+		return errors.New("echoratelimit: CheckRoutes of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
+	}
+	return check(l, routeList(e))
 }
 
 // routeList lists the routes of e: "METHOD /path" in echo's syntax.
@@ -149,4 +156,13 @@ func resolve(c echo.Context) *http.Request {
 		r.Pattern = route.Normalize(c.Path())
 	}
 	return r
+}
+
+// check is route.Check of l's route table ([ratelimit.Stats].Routes)
+// against a router's routes, its error prefixed as the Limiter's own.
+func check(l *ratelimit.Limiter, routes []string) error {
+	if err := route.Check(l.Inspect().Stats().Routes, routes); err != nil {
+		return fmt.Errorf("ratelimit: %w", err)
+	}
+	return nil
 }

@@ -103,6 +103,7 @@ package grpcratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"net"
 	"net/http"
@@ -508,5 +509,17 @@ func CheckRoutes(l *ratelimit.Limiter, s interface {
 			routes = append(routes, http.MethodPost+" /"+name+"/"+m.Name)
 		}
 	}
-	return l.Inspect().CheckRoutes(routes)
+	if l == nil {
+		return errors.New("grpcratelimit: CheckRoutes of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
+	}
+	return check(l, routes)
+}
+
+// check is route.Check of l's route table ([ratelimit.Stats].Routes)
+// against a router's routes, its error prefixed as the Limiter's own.
+func check(l *ratelimit.Limiter, routes []string) error {
+	if err := route.Check(l.Inspect().Stats().Routes, routes); err != nil {
+		return fmt.Errorf("ratelimit: %w", err)
+	}
+	return nil
 }

@@ -57,7 +57,7 @@ var epoch = time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 func newLimiter(t *testing.T, b backend, m *ratelimitotel.Metrics, limits []ratelimit.Limit, opts ...ratelimit.Option) *ratelimit.Limiter {
 	t.Helper()
 	opts = append([]ratelimit.Option{
-		ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1}),
+		ratelimit.WithObserver(m.Observer()), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1}),
 		ratelimit.WithClock(func() time.Time { return epoch }),
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
 	}, opts...)
@@ -65,7 +65,7 @@ func newLimiter(t *testing.T, b backend, m *ratelimitotel.Metrics, limits []rate
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Watch(lim)
+	m.Observer().Limiter(lim)
 	return lim
 }
 
@@ -269,7 +269,7 @@ func TestUnreverted(t *testing.T) {
 			t.Fatalf("Allow: %+v, %v", res, err)
 		}
 		b.kill()
-		if err := lim.Refund(ctx, res); !errors.Is(err, ratelimit.ErrNotReverted) {
+		if err := lim.Settle(ctx, res, 0); !errors.Is(err, ratelimit.ErrNotReverted) {
 			t.Fatalf("refund with Redis dead: %v, want ErrNotReverted", err)
 		}
 		_, others := collect(t, reader).requests()
@@ -291,21 +291,21 @@ func TestWatchCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Watch(watched)
-	m.Watch(nil) // ignored
+	m.Observer().Limiter(watched)
+	m.Observer().Limiter(nil) // ignored
 	unwatched, err := ratelimit.New(c, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global()).Named("unwatched")}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	mr.SetError("LOADING Redis is loading the dataset in memory")
 	_, _ = unwatched.Allow(context.Background(), []string{ratelimit.GlobalID}, 1) // opens its breaker
-	if !unwatched.Inspect().BreakerOpen() {
+	if !unwatched.Inspect().Stats().BreakerOpen {
 		t.Fatal("the unwatched limiter's breaker is not open")
 	}
 	if v := collect(t, reader).values["ratelimit.breaker.open{}"]; v != 0 {
 		t.Errorf("breaker.open = %d with only an unwatched breaker open, want 0", v)
 	}
-	m.Watch(unwatched)
+	m.Observer().Limiter(unwatched)
 	if v := collect(t, reader).values["ratelimit.breaker.open{}"]; v != 1 {
 		t.Errorf("breaker.open = %d once the open breaker is watched, want 1", v)
 	}
@@ -349,8 +349,9 @@ func TestObserveAllocs(t *testing.T) {
 	res := ratelimit.Result{Allowed: true, Limits: []ratelimit.LimitResult{
 		{Name: "api"}, {Name: "user", Plan: "pro"}, {Name: "trial", Shadow: true, Denied: true},
 	}}
-	m.Observe(res, nil, time.Millisecond)
-	if n := testing.AllocsPerRun(100, func() { m.Observe(res, nil, time.Millisecond) }); n != 0 {
+	observe := m.Observer().Decision
+	observe(res, nil, time.Millisecond)
+	if n := testing.AllocsPerRun(100, func() { observe(res, nil, time.Millisecond) }); n != 0 {
 		t.Errorf("Observe: %v allocations, want 0", n)
 	}
 }
@@ -367,7 +368,7 @@ func TestGlobalProvider(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	otel.SetMeterProvider(mp)
-	m.Observe(ratelimit.Result{Allowed: true, Limits: []ratelimit.LimitResult{{Name: "api"}}}, nil, time.Millisecond)
+	m.Observer().Decision(ratelimit.Result{Allowed: true, Limits: []ratelimit.LimitResult{{Name: "api"}}}, nil, time.Millisecond)
 	got := collect(t, reader)
 	diff(t, "through the global provider", got.values, map[string]int64{
 		"ratelimit.requests{ratelimit.limit=api,ratelimit.result=allowed}": 1,
@@ -380,8 +381,8 @@ func TestGlobalProvider(t *testing.T) {
 // does not panic at request time.
 func TestZeroMetrics(t *testing.T) {
 	var m ratelimitotel.Metrics
-	m.Observe(benchResult, nil, time.Millisecond)
-	m.Watch(nil)
+	m.Observer().Decision(benchResult, nil, time.Millisecond)
+	m.Observer().Limiter(nil)
 }
 
 // TestOneStep: WithObserver is the one step: without
@@ -394,7 +395,7 @@ func TestOneStep(t *testing.T) {
 		t.Cleanup(func() { slog.SetDefault(old) })
 		m, reader := newMetrics(t)
 		lim, err := ratelimit.New(b.client, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
-			ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout),
+			ratelimit.WithObserver(m.Observer()), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout),
 			ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login")}}}))
 		if err != nil {
 			t.Fatal(err)

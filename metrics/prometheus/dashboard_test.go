@@ -49,7 +49,7 @@ func gatherAll(t *testing.T) exported {
 	lim, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(2, ratelimit.Header("X-Client")).Named("api"),
 		ratelimit.PerMinute(1, ratelimit.Header("X-Client")).Shadowed().Named("trial"),
-	}, ratelimit.WithObserver(m), ratelimit.WithClock(func() time.Time { return now }),
+	}, ratelimit.WithObserver(m.Observer()), ratelimit.WithClock(func() time.Time { return now }),
 		ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: time.Minute, BreakerFailures: 1, BreakerCoolDown: time.Hour}),
 		ratelimit.WithMissingKey(ratelimit.MissingKeyDeny), // said: no warning logged
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
@@ -74,7 +74,7 @@ func gatherAll(t *testing.T) exported {
 	}
 	send("/healthz", "c") // skipped
 	send("/", "")         // no_key
-	m.ObserveWarning(ratelimit.WarningUntrustedProxy)
+	m.Observer().Warning(ratelimit.WarningUntrustedProxy)
 	mr.SetError("LOADING Redis is loading the dataset in memory")
 	send("/", "d") // error, and the breaker opens
 	families, err := reg.Gather()

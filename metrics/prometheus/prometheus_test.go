@@ -31,14 +31,14 @@ func TestMetrics(t *testing.T) {
 	lim, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(2, ratelimit.Global()).Named("api"),
 		ratelimit.PerMinute(1, ratelimit.Global()).Shadowed().Named("trial"),
-	}, ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1, BreakerFailures: 1, BreakerCoolDown: time.Hour}),
+	}, ratelimit.WithObserver(m.Observer()), ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: -1, BreakerFailures: 1, BreakerCoolDown: time.Hour}),
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
 		ratelimit.WithAllowList(ratelimit.Header("X-Probe"), "uptime"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Watch(lim) // New watched it already: counted once
+	m.Observer().Limiter(lim) // New watched it already: counted once
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(m)
 
@@ -107,7 +107,7 @@ func TestOneStep(t *testing.T) {
 	srv := redistest.Start(t)
 	m := ratelimitprom.New()
 	lim, err := ratelimit.New(srv.Client(), []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
-		ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout),
+		ratelimit.WithObserver(m.Observer()), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login")}}}))
 	if err != nil {
 		t.Fatal(err)
@@ -180,11 +180,11 @@ func TestMissingKey(t *testing.T) {
 			lim, err := ratelimit.New(client(t), []ratelimit.Limit{
 				ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("ip"),
 				ratelimit.PerMinute(10, ratelimit.UserFromContext(userKey{})).Named("user"),
-			}, ratelimit.WithObserver(m), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout))
+			}, ratelimit.WithObserver(m.Observer()), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout))
 			if err != nil {
 				t.Fatal(err)
 			}
-			m.Watch(lim)
+			m.Observer().Limiter(lim)
 			reg := prometheus.NewPedanticRegistry()
 			reg.MustRegister(m)
 			h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
