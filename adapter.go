@@ -28,6 +28,7 @@ import "net/http"
 // in place to one that derives from it. [Pass.Settlement] gives the
 // function to call once the handler returned.
 func (p Pass) Decide(w http.ResponseWriter, r *http.Request) (Verdict, error) {
+	p.limiter().checkServed(r)
 	d := p.limiter().rulesFor(p, r)
 	if d == nil {
 		return Proceed, nil
@@ -52,6 +53,7 @@ func (p Pass) Decide(w http.ResponseWriter, r *http.Request) (Verdict, error) {
 // With settlement on, an admitted request's context carries its
 // settlement, as with Decide.
 func (p Pass) Check(w http.ResponseWriter, r *http.Request) bool {
+	p.limiter().checkServed(r)
 	d := p.limiter().rulesFor(p, r)
 	if d == nil {
 		return true

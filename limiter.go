@@ -70,7 +70,10 @@ type Limiter struct {
 	routeSeen atomic.Bool
 	// unmatched reports WarningRouteUnmatched (see routes.go).
 	unmatched warnOnce
-	routerIP  bool
+	// servedChecked: the route table was checked against the routes a
+	// request's context carried (see checkServed).
+	servedChecked atomic.Bool
+	routerIP      bool
 
 	// ops is the operator state in force (overrides and blocks, see
 	// live.go), nil before it was first read; opsRun reads it, and

@@ -5,16 +5,23 @@ import (
 	"log/slog"
 	"net/http"
 
-	"github.com/slidinglog/ratelimit/internal/routehook"
 	"github.com/slidinglog/ratelimit/route"
 )
 
-func init() {
-	routehook.Warn = func(l any, err error) {
-		if l, ok := l.(*Limiter); ok && l != nil {
-			l.warnUnmatched(prefixed(err))
-		}
+// checkServed checks l's route table, once per Limiter, against the
+// routes of the router that serves r, if r's context carries them
+// (route.WithServed: the adapters that learn their routers' routes only
+// once requests are served), and reports the entries that match none as
+// WarningRouteUnmatched.
+func (l *Limiter) checkServed(r *http.Request) {
+	if l == nil || l.cfg.routes == nil || l.servedChecked.Load() {
+		return
 	}
+	served := route.Served(r.Context())
+	if served == nil || !l.servedChecked.CompareAndSwap(false, true) {
+		return
+	}
+	l.warnUnmatched(prefixed(route.Check(templates(l.cfg.routes), served)))
 }
 
 // warnUnmatched reports err, from route.Check or route.CheckMux, as

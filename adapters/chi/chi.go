@@ -25,7 +25,6 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/routehook"
 	"github.com/slidinglog/ratelimit/route"
 )
 
@@ -51,7 +50,7 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 			defer pass.Leave()
 			if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.Routes != nil {
 				if !checked.Load() && checked.CompareAndSwap(false, true) {
-					routehook.Warn(l, route.Check(l.Inspect().Stats().Routes, routeList(rctx.Routes)))
+					*r = *r.WithContext(route.WithServed(r.Context(), routeList(rctx.Routes))) // l checks its route table
 				}
 			}
 			resolve(r)

@@ -23,7 +23,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/slidinglog/ratelimit"
-	"github.com/slidinglog/ratelimit/internal/routehook"
 	"github.com/slidinglog/ratelimit/route"
 )
 
@@ -56,7 +55,8 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 			defer pass.Leave()
 			if e := c.Echo(); e != nil {
 				if !checked.Load() && checked.CompareAndSwap(false, true) {
-					routehook.Warn(l, route.Check(l.Inspect().Stats().Routes, routeList(e)))
+					req := c.Request()
+					*req = *req.WithContext(route.WithServed(req.Context(), routeList(e))) // l checks its route table
 				}
 			}
 			r := resolve(c)
