@@ -296,7 +296,7 @@ func testBreakerIgnoresCallersDeadline(t *testing.T, b backend) {
 	failed := 0
 	for _, d := range []time.Duration{-time.Second, 0, time.Nanosecond, time.Microsecond, time.Microsecond, 10 * time.Microsecond} {
 		ctx, cancel := context.WithTimeout(context.Background(), d)
-		if _, err := lim.Allow(ctx, []string{GlobalID}, 1); err != nil {
+		if _, err := lim.Allow(ctx, []string{globalID}, 1); err != nil {
 			failed++
 		}
 		cancel()
@@ -304,7 +304,7 @@ func testBreakerIgnoresCallersDeadline(t *testing.T, b backend) {
 	if failed < 3 {
 		t.Fatalf("only %d of 6 decisions ran out of their caller's time: the test says nothing", failed)
 	}
-	if res, err := lim.Allow(context.Background(), []string{GlobalID}, 1); err != nil || !res.Allowed {
+	if res, err := lim.Allow(context.Background(), []string{globalID}, 1); err != nil || !res.Allowed {
 		t.Fatalf("after %d decisions out of their caller's time: %v (allowed %v); want admitted, the breaker closed", failed, err, res.Allowed)
 	}
 }

@@ -446,7 +446,7 @@ func (rs *ruleset) result(s *scratch, out *store.Outcome, cost int, peek bool) R
 
 // Allow decides whether a request of the given cost, identified by ids, may
 // proceed, and if so counts it in every limit. ids[i] identifies the client
-// for the Limiter's i-th limit ([GlobalID] for a [Global] one). Allow is
+// for the Limiter's i-th limit ("global" for a [Global] one). Allow is
 // how to use a Limiter outside HTTP: it decides with the Limiter's own
 // limits (never a route's), counts with the middleware's requests of the
 // same identifiers, and is seen by Observers and the logger. Settle every

@@ -335,7 +335,7 @@ func TestInFlightConcurrent(t *testing.T) {
 					r := rand.New(rand.NewPCG(seed, uint64(g+1)))
 					for range 30 {
 						u := users[r.IntN(len(users))]
-						res, err := l.Allow(context.Background(), []string{u, GlobalID}, 1+r.IntN(5))
+						res, err := l.Allow(context.Background(), []string{u, globalID}, 1+r.IntN(5))
 						if err != nil {
 							t.Error(err)
 							return
@@ -368,7 +368,7 @@ func TestInFlightConcurrent(t *testing.T) {
 				t.Fatalf("only %d admitted", admitted)
 			}
 			for _, u := range users {
-				if res, err := l.Status(context.Background(), []string{u, GlobalID}, 1); err != nil || res.Limits[0].Remaining != userCap || res.Limits[1].Remaining != globalCap {
+				if res, err := l.Status(context.Background(), []string{u, globalID}, 1); err != nil || res.Limits[0].Remaining != userCap || res.Limits[1].Remaining != globalCap {
 					t.Fatalf("slots left held at the end: %+v %v", res.Limits, err)
 				}
 			}

@@ -115,7 +115,7 @@ func testLeaseOtherLimitsDecidedLate(t *testing.T, b backend) {
 
 	var admitted []admission
 	allow := func(l *Limiter) bool {
-		res, err := l.Allow(context.Background(), []string{GlobalID, "c"}, 1)
+		res, err := l.Allow(context.Background(), []string{globalID, "c"}, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,7 +138,7 @@ func testLeaseOtherLimitsDecidedLate(t *testing.T, b backend) {
 	}
 	// The per-client limit counts each request admitted once: what the
 	// late call logged was taken back, or else stayed the request's.
-	st, err := l.Status(context.Background(), []string{GlobalID, "c"}, 1)
+	st, err := l.Status(context.Background(), []string{globalID, "c"}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -206,7 +206,7 @@ func TestLeaseProcesses(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = reader.Close() })
 	counted := func() int {
-		res, err := reader.Status(context.Background(), []string{GlobalID}, 1)
+		res, err := reader.Status(context.Background(), []string{globalID}, 1)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -61,7 +61,7 @@ func testLeaseResetReplicas(t *testing.T, b backend, how string, offset time.Dur
 	}
 	a, bb := newReplica(), newReplica()
 	ctx := context.Background()
-	ids := []string{GlobalID}
+	ids := []string{globalID}
 	allow := func(l *Limiter) bool {
 		res, err := l.Allow(ctx, ids, 1)
 		if err != nil {
@@ -81,7 +81,7 @@ func testLeaseResetReplicas(t *testing.T, b backend, how string, offset time.Dur
 	}
 	reset := bb.Reset(ctx, ids)
 	if how == "Inspector.Reset" {
-		reset = bb.Inspect().Reset(ctx, "g", GlobalID)
+		reset = bb.Inspect().Reset(ctx, "g", globalID)
 	}
 	if reset != nil {
 		t.Fatal(reset)

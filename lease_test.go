@@ -157,7 +157,7 @@ func testLeaseNeverOver(t *testing.T, b backend) {
 		clock.Set(now)
 		r := replicas[rng.IntN(len(replicas))]
 		cost := 1 + rng.IntN(2)
-		res, err := r.l.Allow(context.Background(), []string{GlobalID, "c" + strconv.Itoa(rng.IntN(4))}, cost)
+		res, err := r.l.Allow(context.Background(), []string{globalID, "c" + strconv.Itoa(rng.IntN(4))}, cost)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -205,7 +205,7 @@ func testLeaseFewCalls(t *testing.T, b backend) {
 		now = now.Add(time.Duration(rng.IntN(200)) * time.Microsecond)
 		clock.Set(now)
 		cost := 1 + rng.IntN(3)
-		res, err := r.l.Allow(context.Background(), []string{GlobalID}, cost)
+		res, err := r.l.Allow(context.Background(), []string{globalID}, cost)
 		if err != nil || !res.Allowed {
 			t.Fatalf("denied: %v", err)
 		}
@@ -294,7 +294,7 @@ func testLeaseOtherLimitDenies(t *testing.T, b backend) {
 		now = now.Add(time.Duration(rng.IntN(1000)) * time.Microsecond)
 		clock.Set(now)
 		cost := 1 + rng.IntN(3)
-		res, err := r.l.Allow(context.Background(), []string{GlobalID, "c" + strconv.Itoa(rng.IntN(20))}, cost)
+		res, err := r.l.Allow(context.Background(), []string{globalID, "c" + strconv.Itoa(rng.IntN(20))}, cost)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -326,7 +326,7 @@ func testLeaseOtherLimitDenies(t *testing.T, b backend) {
 		t.Fatalf("%d denied, %d refunded, %d settled, %d from leases: the test tests nothing", denied, refunded, settled, r.l.Inspect().Stats().Leased)
 	}
 	_ = r.l.Close()
-	res, err := r.l.Status(context.Background(), []string{GlobalID, "nobody"}, 1)
+	res, err := r.l.Status(context.Background(), []string{globalID, "nobody"}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +352,7 @@ func testLeaseReset(t *testing.T, b backend) {
 	allow := func(l *Limiter) bool {
 		now = now.Add(100 * time.Microsecond)
 		clock.Set(now)
-		res, err := l.Allow(context.Background(), []string{GlobalID}, 1)
+		res, err := l.Allow(context.Background(), []string{globalID}, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -367,7 +367,7 @@ func testLeaseReset(t *testing.T, b backend) {
 	if holder.Inspect().Stats().Leased == 0 {
 		t.Fatal("no lease taken")
 	}
-	if err := other.Reset(context.Background(), []string{GlobalID}); err != nil {
+	if err := other.Reset(context.Background(), []string{globalID}); err != nil {
 		t.Fatal(err)
 	}
 	admitted = admitted[:0]
@@ -414,7 +414,7 @@ func testLeaseRedisDown(t *testing.T, mode FailureMode, hung bool) {
 	for range 4 * hotLeaseRequests {
 		now = now.Add(time.Millisecond)
 		clock.Set(now)
-		if _, err := r.l.Allow(context.Background(), []string{GlobalID, "a"}, 1); err != nil {
+		if _, err := r.l.Allow(context.Background(), []string{globalID, "a"}, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -432,7 +432,7 @@ func testLeaseRedisDown(t *testing.T, mode FailureMode, hung bool) {
 		now = now.Add(time.Millisecond)
 		clock.Set(now)
 		start := time.Now()
-		res, err := r.l.Allow(context.Background(), []string{GlobalID, "a"}, 1)
+		res, err := r.l.Allow(context.Background(), []string{globalID, "a"}, 1)
 		took := time.Since(start)
 		t.Logf("decision %d: %v in %v", i, err, took)
 		if err == nil {
@@ -463,12 +463,12 @@ func testLeaseCloseGivesBack(t *testing.T, b backend) {
 	for range 100 {
 		now = now.Add(100 * time.Microsecond)
 		clock.Set(now)
-		if res, err := r.l.Allow(context.Background(), []string{GlobalID}, 1); err != nil || !res.Allowed {
+		if res, err := r.l.Allow(context.Background(), []string{globalID}, 1); err != nil || !res.Allowed {
 			t.Fatalf("denied: %v", err)
 		}
 	}
 	st := mustNew(t, b.newClient(t), limits, WithClock(clock.Now))
-	held, err := st.Status(context.Background(), []string{GlobalID}, 1)
+	held, err := st.Status(context.Background(), []string{globalID}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,7 +487,7 @@ func testLeaseCloseGivesBack(t *testing.T, b backend) {
 func waitGivenBack(t *testing.T, st *Limiter, quota, want int) {
 	t.Helper()
 	for deadline := time.Now().Add(redistest.DecisionTimeout); ; time.Sleep(5 * time.Millisecond) {
-		res, err := st.Status(context.Background(), []string{GlobalID}, 1)
+		res, err := st.Status(context.Background(), []string{globalID}, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -572,7 +572,7 @@ func BenchmarkLeaseAllow(b *testing.B) {
 			defer func() { _ = l.Close() }()
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
-				ids := []string{GlobalID}
+				ids := []string{globalID}
 				for pb.Next() {
 					if _, err := l.Allow(context.Background(), ids, 1); err != nil {
 						b.Error(err)

@@ -67,7 +67,7 @@ func testLeasedDailyLimit(t *testing.T, b backend) {
 	for range 3000 {
 		now = now.Add(time.Duration(1+rng.IntN(20)) * time.Millisecond)
 		clock.Set(now)
-		res, err := r.l.Allow(context.Background(), []string{GlobalID}, 5)
+		res, err := r.l.Allow(context.Background(), []string{globalID}, 5)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -25,7 +25,7 @@ func testMissingKey(t *testing.T, b backend) {
 			var obs recordingObserver
 			var hooked []error
 			logger, logs := newLogger()
-			lim := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("ip-" + mode.String()), PerMinute(2, UserFromContext(ctxKey{})).Named("user-" + mode.String())},
+			lim := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("ip-" + mode.String()), PerMinute(2, User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(ctxKey{}).(string); return u, ok })).Named("user-" + mode.String())},
 				WithFailureMode(mode), WithObserver(observerOf(&obs)), WithLogger(logger, false), WithRedis(RedisOptions{BreakerFailures: 2, BreakerCoolDown: 1 << 40}),
 				WithHandlers(Handlers{Error: func(_ *http.Request, err error) { hooked = append(hooked, err) }}))
 			h := lim.Handler(okHandler)
@@ -78,7 +78,7 @@ func testMissingKeyChoices(t *testing.T, b backend) {
 	c := b.newClient(t)
 	var obs recordingObserver
 	logger, logs := newLogger()
-	skip := mustNew(t, c, []Limit{PerMinute(2, UserFromContext(ctxKey{})).Named("skip")}, WithMissingKey(MissingKeySkip),
+	skip := mustNew(t, c, []Limit{PerMinute(2, User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(ctxKey{}).(string); return u, ok })).Named("skip")}, WithMissingKey(MissingKeySkip),
 		WithObserver(observerOf(&obs)), WithLogger(logger, false))
 	if w := serve(skip.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "" {
 		t.Errorf("skip: %d %v, want 200 without limit headers", w.Code, w.Header())

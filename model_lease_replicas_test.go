@@ -439,7 +439,7 @@ func (m *replicaRun) drawIDs() []string {
 	if m.rng.IntN(3) > 0 {
 		ip = fmt.Sprintf("10.0.%d.%d", m.rng.IntN(4), m.rng.IntN(250)+2)
 	}
-	return []string{GlobalID, user, ip}
+	return []string{globalID, user, ip}
 }
 
 func (m *replicaRun) drawCost() int {
@@ -891,7 +891,7 @@ func (m *replicaRun) reset() {
 
 // switchPlan switches the plan of the Global key or of a user.
 func (m *replicaRun) switchPlan() {
-	name := "g/" + GlobalID
+	name := "g/" + globalID
 	if m.rng.IntN(2) == 0 {
 		name = "user/" + repUsers[m.rng.IntN(len(repUsers))]
 	}

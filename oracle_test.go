@@ -242,7 +242,7 @@ func oID(kind string, c int) string {
 	case "compose":
 		return oIP(c).String() + "|u" + strconv.Itoa(c)
 	}
-	return GlobalID
+	return globalID
 }
 
 // oIP is client c's address: clients 0 and 1 share a /24.

@@ -61,7 +61,7 @@ func testPlans(t *testing.T, b backend) {
 
 	// The default plan: the limit's own quota.
 	for i := range 3 {
-		res, err := l.Allow(ctx, []string{GlobalID, "alice"}, 1)
+		res, err := l.Allow(ctx, []string{globalID, "alice"}, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,22 +100,22 @@ func testPlans(t *testing.T, b backend) {
 	}
 
 	// Weights count against the plan's quota.
-	if res, err := l.Allow(ctx, []string{GlobalID, "carol"}, 3); err != nil || !res.Allowed || res.Limits[1].Remaining != 1 {
+	if res, err := l.Allow(ctx, []string{globalID, "carol"}, 3); err != nil || !res.Allowed || res.Limits[1].Remaining != 1 {
 		t.Errorf("carol, cost 3 of 4: %+v, %v; want admitted with 1 left", res, err)
 	}
-	if res, err := l.Allow(ctx, []string{GlobalID, "carol"}, 3); err != nil || res.Allowed || res.DeniedBy != "user" || res.RetryAfter <= 0 {
+	if res, err := l.Allow(ctx, []string{globalID, "carol"}, 3); err != nil || res.Allowed || res.DeniedBy != "user" || res.RetryAfter <= 0 {
 		t.Errorf("carol, cost 3 with 1 left: %+v, %v; want denied by user, retry later", res, err)
 	}
 
 	// Status reports the plan, counting nothing.
-	st, err := l.Status(ctx, []string{GlobalID, "bob"}, 1)
+	st, err := l.Status(ctx, []string{globalID, "bob"}, 1)
 	if lr := st.Limits[1]; err != nil || st.Allowed || lr.Plan != "pro" || lr.Quota != 4 || lr.Remaining != 0 {
 		t.Errorf("Status(bob): %+v, %v; want denied, plan pro, quota 4, none left", st, err)
 	}
 
 	// An Unlimited plan: the limit neither counts nor consults the client;
 	// the others still do.
-	globalBefore := logEntries(t, c, "global", "global", GlobalID)
+	globalBefore := logEntries(t, c, "global", "global", globalID)
 	for i := range 10 {
 		w := serveRequest(h, request("ops"))
 		if w.Code != http.StatusOK {
@@ -131,10 +131,10 @@ func testPlans(t *testing.T, b backend) {
 	if n := logEntries(t, c, "user", "header.X-User", "ops"); n != 0 {
 		t.Errorf("the unlimited client has %d entries in its log; want none", n)
 	}
-	if n := logEntries(t, c, "global", "global", GlobalID); n != globalBefore+10 {
+	if n := logEntries(t, c, "global", "global", globalID); n != globalBefore+10 {
 		t.Errorf("global log %d after 10 unlimited requests from %d; want them counted", n, globalBefore)
 	}
-	res, err := l.Allow(ctx, []string{GlobalID, "ops"}, 1)
+	res, err := l.Allow(ctx, []string{globalID, "ops"}, 1)
 	if lr := res.Limits[1]; err != nil || !res.Allowed || !lr.Skipped || lr.Plan != "internal" || lr.Quota != Unlimited {
 		t.Fatalf("ops: %+v, %v; want admitted, the user limit skipped under plan internal", res, err)
 	}
@@ -142,7 +142,7 @@ func testPlans(t *testing.T, b backend) {
 	if err := l.Settle(ctx, res, 0); err != nil {
 		t.Errorf("refund of a request an unlimited plan exempted from one limit: %v", err)
 	}
-	if n := logEntries(t, c, "global", "global", GlobalID); n != globalBefore+10 {
+	if n := logEntries(t, c, "global", "global", globalID); n != globalBefore+10 {
 		t.Errorf("global log %d after the refund; want %d", n, globalBefore+10)
 	}
 

@@ -88,7 +88,7 @@ func testRefundTwice(t *testing.T, b backend) {
 	lim := mustNew(t, c, []Limit{PerMinute(2, Global()).Named("two")}, opts...)
 	allow := func() Result {
 		t.Helper()
-		res, err := lim.Allow(ctx, []string{GlobalID}, 1)
+		res, err := lim.Allow(ctx, []string{globalID}, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,7 +107,7 @@ func testRefundTwice(t *testing.T, b backend) {
 			t.Errorf("refunding a refunded Result again: %v, want ErrSettled", err)
 		}
 	}
-	if n := logEntries(t, c, "two", "global", GlobalID); n != 1 {
+	if n := logEntries(t, c, "two", "global", globalID); n != 1 {
 		t.Errorf("the log holds %d entries after one of two requests was refunded (three times), want 1", n)
 	}
 	if !allow().Allowed {
@@ -122,7 +122,7 @@ func testRefundTwice(t *testing.T, b backend) {
 	lim2 := mustNew(t, c, []Limit{PerMinute(100, Global()).Named("hundred")}, opts...)
 	var refunded []Result
 	for i := range 20 {
-		res, err := lim2.Allow(ctx, []string{GlobalID}, 1)
+		res, err := lim2.Allow(ctx, []string{globalID}, 1)
 		if err != nil || !res.Allowed {
 			t.Fatalf("request %d: %v %v", i, res.Allowed, err)
 		}
@@ -152,7 +152,7 @@ func testRefundTwice(t *testing.T, b backend) {
 	if ok.Load() != 10 || again.Load() != 30 {
 		t.Errorf("40 concurrent refunds of 10 Results: %d succeeded and %d were refused, want 10 and 30", ok.Load(), again.Load())
 	}
-	if n := logEntries(t, c, "hundred", "global", GlobalID); n != 10 {
+	if n := logEntries(t, c, "hundred", "global", globalID); n != 10 {
 		t.Errorf("the log holds %d entries, want the 10 requests not refunded", n)
 	}
 }

@@ -108,7 +108,7 @@ func TestTopDenied(t *testing.T) {
 		drawn[id] = true
 		n := r.IntN(12)
 		for range 3 + n {
-			res, err := f.lim.Allow(ctx, []string{id, ratelimit.GlobalID}, 1)
+			res, err := f.lim.Allow(ctx, []string{id, "global"}, 1)
 			if err != nil {
 				t.Fatalf("seed %d: %v", seed, err)
 			}
@@ -258,7 +258,7 @@ func TestOperatorState(t *testing.T) {
 	if len(idx.Overrides) != 0 || len(idx.Blocks) != 0 {
 		t.Errorf("after the forms: %+v %+v", idx.Overrides, idx.Blocks)
 	}
-	if res, err := f.lim.Allow(ctx, []string{`<b>mallory</b>`, ratelimit.GlobalID}, 1); err != nil || !res.Allowed || res.Limit != 3 {
+	if res, err := f.lim.Allow(ctx, []string{`<b>mallory</b>`, "global"}, 1); err != nil || !res.Allowed || res.Limit != 3 {
 		t.Errorf("mallory after the unblock: %+v %v", res, err)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/admin"
 	"github.com/slidinglog/ratelimit/internal/longtest"
 
@@ -69,7 +68,7 @@ func TestLongIdentifiers(t *testing.T) {
 		seen[id] = true
 		ids = append(ids, id)
 		for range 4 {
-			_, _ = f.lim.Allow(ctx, []string{id, ratelimit.GlobalID}, 1)
+			_, _ = f.lim.Allow(ctx, []string{id, "global"}, 1)
 		}
 	}
 	var idx struct {

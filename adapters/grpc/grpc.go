@@ -44,7 +44,7 @@
 //     [ratelimit.Header] and the trusted-proxy rules of ClientIP read it.
 //     Binary metadata (keys ending in "-bin") and pseudo-headers are left
 //     out; Host is the :authority.
-//   - Context the call's context, so that [ratelimit.UserFromContext] sees
+//   - Context the call's context, so that a [ratelimit.User] key sees
 //     what an earlier interceptor stored there and a plan's Of can read it.
 //     The decision is cancelled with the call, and bounded by its deadline
 //     (the client's grpc-timeout) when that is shorter than the Limiter's

@@ -62,7 +62,7 @@ func TestSettle(t *testing.T) {
 				t.Fatalf("seed %d step %d: %v", seed, step, err)
 			}
 			used += n
-			st, err := l.Status(context.Background(), []string{ratelimit.GlobalID}, 1)
+			st, err := l.Status(context.Background(), []string{"global"}, 1)
 			if err != nil || st.Limits[0].Remaining != 10000-used {
 				t.Fatalf("seed %d step %d: remaining %d, want %d (%v)", seed, step, st.Limits[0].Remaining, 10000-used, err)
 			}

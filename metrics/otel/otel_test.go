@@ -264,7 +264,7 @@ func TestUnreverted(t *testing.T) {
 		// once its entries would have left the window anyway.
 		lim := newLimiter(t, b, m, []ratelimit.Limit{ratelimit.Per(time.Second, 10, ratelimit.Global()).Named("burst")})
 		ctx := context.Background()
-		res, err := lim.Allow(ctx, []string{ratelimit.GlobalID}, 3)
+		res, err := lim.Allow(ctx, []string{"global"}, 3)
 		if err != nil || !res.Allowed {
 			t.Fatalf("Allow: %+v, %v", res, err)
 		}
@@ -298,7 +298,7 @@ func TestWatchCounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	mr.SetError("LOADING Redis is loading the dataset in memory")
-	_, _ = unwatched.Allow(context.Background(), []string{ratelimit.GlobalID}, 1) // opens its breaker
+	_, _ = unwatched.Allow(context.Background(), []string{"global"}, 1) // opens its breaker
 	if !unwatched.Inspect().Stats().BreakerOpen {
 		t.Fatal("the unwatched limiter's breaker is not open")
 	}
@@ -319,7 +319,7 @@ func TestWithAttributes(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	m, reader := newMetrics(t, ratelimitotel.WithAttributes(attribute.String("service", "billing")))
 	lim := newLimiter(t, backend{client: c}, m, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global()).Named("api")})
-	_, _ = lim.Allow(context.Background(), []string{ratelimit.GlobalID}, 1)
+	_, _ = lim.Allow(context.Background(), []string{"global"}, 1)
 	got := collect(t, reader)
 	diff(t, "with service", got.values, map[string]int64{
 		"ratelimit.requests{ratelimit.limit=api,ratelimit.result=allowed,service=billing}": 1,
@@ -439,7 +439,7 @@ func TestMissingKey(t *testing.T) {
 		m, reader := newMetrics(t)
 		lim := newLimiter(t, b, m, []ratelimit.Limit{
 			ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("ip"),
-			ratelimit.PerMinute(10, ratelimit.UserFromContext(userKey{})).Named("user"),
+			ratelimit.PerMinute(10, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user"),
 		}, ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}))
 		h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		for range 3 {

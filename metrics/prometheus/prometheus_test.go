@@ -179,7 +179,7 @@ func TestMissingKey(t *testing.T) {
 			m := ratelimitprom.New()
 			lim, err := ratelimit.New(client(t), []ratelimit.Limit{
 				ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("ip"),
-				ratelimit.PerMinute(10, ratelimit.UserFromContext(userKey{})).Named("user"),
+				ratelimit.PerMinute(10, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user"),
 			}, ratelimit.WithObserver(m.Observer()), ratelimit.WithRedis(ratelimit.RedisOptions{BreakerFailures: 1, BreakerCoolDown: time.Hour}), ratelimit.WithTimeout(redistest.DecisionTimeout))
 			if err != nil {
 				t.Fatal(err)
