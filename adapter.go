@@ -19,7 +19,7 @@ import "net/http"
 //
 // The error is the one that made the Limiter apply its failure mode (also
 // under FailOpen, with Proceed), or the [ErrNoKey] of a request a Key could
-// not identify (with NoKey, Answered, or Proceed under MissingKeySkip), nil
+// not identify (with NoKey, Answered, or Proceed under Handlers.ServeMissingKey), nil
 // otherwise. Decide does not allocate beyond what the decision itself
 // needs, unless settlement is on.
 //

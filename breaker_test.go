@@ -141,7 +141,7 @@ func TestFailLocal(t *testing.T) {
 	if got := codes(3, "192.0.2.2:1"); got != "200/1 200/0 429/0" {
 		t.Errorf("after the outage, a client admitted once during it: %s", got)
 	}
-	// A request no Key can identify gets 401 (WithMissingKey), never a local bucket.
+	// A request no Key can identify gets 401 (Handlers.MissingKey), never a local bucket.
 	lim2 := mustNew(t, c, []Limit{PerMinute(3, Header("X-Key"))}, WithFailureMode(FailLocal))
 	if w := serve(lim2.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 401 {
 		t.Errorf("no key under FailLocal: %d", w.Code)

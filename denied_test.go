@@ -63,7 +63,7 @@ func testDenialObserver(t *testing.T, b backend) {
 		PerMinute(4, Header("X-IP")).Named("ip"),
 		PerMinute(3, Header("X-User")).Named("user"),
 		PerMinute(1, Header("X-User")).Shadowed().Named("trial"),
-	}, append(opts, WithObserver(observerOf(log)), WithMissingKey(MissingKeySkip),
+	}, append(opts, WithObserver(observerOf(log)), WithHandlers(Handlers{ServeMissingKey: true}),
 		WithRoutes(map[string]RouteLimits{"POST /login": {Limits: []Limit{PerMinute(1, Header("X-IP")).Named("login")}}}),
 		WithHandlers(Handlers{Denied: func(w http.ResponseWriter, r *http.Request, res Result) {
 			denied.limit = res.DeniedBy

@@ -9,7 +9,7 @@ var (
 	// ErrNoKey is wrapped by the error of a request a [Key] cannot
 	// identify: a missing header, no user, no route template, a broken or
 	// hostile forwarding header. It is not a failure: the middleware
-	// answers such a request as [WithMissingKey] says (by default 401
+	// answers such a request as [Handlers].MissingKey says (by default 401
 	// Unauthorized, gRPC Unauthenticated), never with the failure mode,
 	// and never falls back to a bucket shared with other clients.
 	// [Handlers].Error, [Handlers].MissingKey and observers get an error

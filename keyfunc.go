@@ -153,7 +153,7 @@ func Header(name string) Key {
 // User returns a Key that identifies a request by the user fn returns, for
 // example the subject of a verified token. fn reports ok == false (or an
 // empty user) when the request has no user; such a request has no key
-// ([ErrNoKey]) and is refused with 401 ([WithMissingKey] says otherwise),
+// ([ErrNoKey]) and is refused with 401 ([Handlers].ServeMissingKey says otherwise),
 // so mount a per-user limit only on routes that require authentication,
 // behind the authentication middleware.
 func User(fn func(r *http.Request) (user string, ok bool)) Key {

@@ -82,7 +82,7 @@ func (rs *ruleset) warnNoKey(i int, err error) {
 	}
 	lg.Warn("ratelimit: a request the limit's key cannot identify was refused with 401 Unauthorized, "+
 		"the default for a missing key: put the limit behind the authentication that gives every request its key, "+
-		"or choose with ratelimit.WithMissingKey (MissingKeySkip lets such requests through this Limiter uncounted); "+
+		"or choose with ratelimit.WithHandlers (Handlers.MissingKey answers them, Handlers.ServeMissingKey lets them through this Limiter uncounted); "+
 		"this is said once", attrs...)
 }
 
@@ -103,7 +103,7 @@ type Observer struct {
 	// decision was made: res.Limits then lists every limit, each with
 	// Skipped set, and either one has NoKey (a Key could not identify the
 	// request, err wraps [ErrNoKey], and res.Allowed says whether
-	// [WithMissingKey] let it through) or the failure mode applied. Under
+	// [Handlers].ServeMissingKey let it through) or the failure mode applied. Under
 	// [FailLocal], err comes with the local decision (res.Local). It must
 	// not keep or change res.Limits, which is valid only during the call.
 	Decision func(res Result, err error, latency time.Duration)

@@ -140,8 +140,8 @@ type LimitResult struct {
 	Skipped bool
 	// NoKey reports that the limit's [Key] could not identify the request
 	// ([ErrNoKey]): no decision was made, every limit is Skipped, and the
-	// request got [WithMissingKey]'s answer (Allowed under
-	// [MissingKeySkip]). Observers count it as its own outcome, never as
+	// request got the [Handlers].MissingKey answer (Allowed under
+	// [Handlers].ServeMissingKey). Observers count it as its own outcome, never as
 	// a failure.
 	NoKey bool
 
@@ -211,7 +211,7 @@ type Verdict uint8
 const (
 	// Proceed: serve the request. The rate-limit headers are set, unless
 	// no decision could be made under FailOpen, or WithSkip or
-	// MissingKeySkip let the request through undecided.
+	// Handlers.ServeMissingKey let the request through undecided.
 	Proceed Verdict = iota
 	// Answered: the Limiter's own handler ([Handlers].Denied,
 	// [Handlers].Unavailable, [Handlers].MissingKey) has written the
@@ -228,7 +228,7 @@ const (
 	// the client.
 	Unavailable
 	// NoKey: a [Key] could not identify the request ([ErrNoKey]), the
-	// Limiter refuses it ([WithMissingKey]'s default) and has no handler
+	// Limiter refuses it (the [Handlers].MissingKey default) and has no handler
 	// for it. No header is set; answer 401 Unauthorized (gRPC:
 	// Unauthenticated). The error says which limit and why; it is for
 	// logs, not for the client.

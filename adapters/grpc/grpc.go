@@ -79,7 +79,7 @@
 //     codes.Unavailable, with a RetryInfo of 1 second. The reason goes to
 //     [ratelimit.Handlers].Error, never to the client;
 //   - a Key cannot identify the call (no user in its context, a missing
-//     metadata key; [ratelimit.ErrNoKey]) under [ratelimit.WithMissingKey]'s
+//     metadata key; [ratelimit.ErrNoKey]) under the [ratelimit.Handlers].MissingKey
 //     default: codes.Unauthenticated, "rate limiter cannot identify the
 //     caller", with no RetryInfo (waiting does not help). The reason goes
 //     to [ratelimit.Handlers].Error, never to the client.

@@ -108,7 +108,7 @@ const (
 	ResultError = "error"
 	// ResultNoKey: the limit's Key could not identify the request
 	// ([ratelimit.ErrNoKey]: no user, a missing header); the request got
-	// [ratelimit.WithMissingKey]'s answer (401 by default). Not a failure.
+	// the [ratelimit.Handlers].MissingKey answer (401 by default). Not a failure.
 	ResultNoKey = "no_key"
 )
 

@@ -51,7 +51,7 @@ func gatherAll(t *testing.T) exported {
 		ratelimit.PerMinute(1, ratelimit.Header("X-Client")).Shadowed().Named("trial"),
 	}, ratelimit.WithObserver(m.Observer()), ratelimit.WithClock(func() time.Time { return now }),
 		ratelimit.WithRedis(ratelimit.RedisOptions{DenyCache: time.Minute, BreakerFailures: 1, BreakerCoolDown: time.Hour}),
-		ratelimit.WithMissingKey(ratelimit.MissingKeyDeny), // said: no warning logged
+		ratelimit.WithHandlers(ratelimit.Handlers{MissingKey: func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusUnauthorized) }}), // said: no warning logged
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }))
 	if err != nil {

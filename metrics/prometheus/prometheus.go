@@ -35,7 +35,7 @@ import (
 //	    denied), "skipped" (let through undecided, ratelimit.WithSkip or
 //	    ratelimit.WithAllowList), "no_key" (the limit's Key could not
 //	    identify the request, ratelimit.ErrNoKey: answered as
-//	    ratelimit.WithMissingKey says, 401 by default; not a failure) or
+//	    ratelimit.Handlers.MissingKey says, 401 by default; not a failure) or
 //	    "error" (no decision: the failure mode applied)
 //	ratelimit_decision_duration_seconds         histogram of decision latency
 //	ratelimit_breaker_open                      gauge: 1 while a watched
