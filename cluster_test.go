@@ -21,6 +21,7 @@ import (
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
 	"github.com/slidinglog/ratelimit/internal/store"
+	"github.com/slidinglog/ratelimit/internal/testlog"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -408,7 +409,7 @@ func freshIDOn(t *testing.T, c *redistest.Cluster, key string) string {
 }
 
 // quietRedisLog silences go-redis's own logging for the rest of the test.
-func quietRedisLog(t *testing.T) { redistest.QuietRedisLog(t) }
+func quietRedisLog(t *testing.T) { testlog.QuietRedis(t) }
 
 // testPipelineReload: a batch sent as a pipeline to primaries that have
 // forgotten the library (or, for a Redis without functions, the script) is
