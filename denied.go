@@ -97,16 +97,3 @@ func WithHandlers(h Handlers) Option {
 		}
 	}
 }
-
-// observeDenial reports res's denial, if it is one, to the
-// Denial hooks: the limit that denied and its identifier among ids.
-func (l *Limiter) observeDenial(ids []string, res *Result, err error) {
-	if res.Allowed || err != nil && !res.Local || res.index < 0 || res.index >= len(ids) {
-		return
-	}
-	for i := range l.cfg.observers {
-		if f := l.cfg.observers[i].Denial; f != nil {
-			f(res.DeniedBy, ids[res.index])
-		}
-	}
-}

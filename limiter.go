@@ -235,10 +235,8 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	l.startOperatorRefresh()
 	l.startRenewal()
 	l.startLeases()
-	for _, o := range cfg.observers {
-		if o.Limiter != nil {
-			o.Limiter(l)
-		}
+	for _, f := range cfg.onLimiter {
+		f.(func(*Limiter))(l)
 	}
 	return l, nil
 }
@@ -654,7 +652,7 @@ func (l *Limiter) declarer(now func() time.Time) *declarer {
 		panic("ratelimit: " + err.Error()) // New checked the client and the prefix
 	}
 	ophook.Configure(op, ophook.Hooks{Now: now})
-	d := &declarer{op: op, every: l.cfg.opsRefresh, mine: map[string]definition{}, observers: l.cfg.observers, warned: map[string]*warnOnce{}}
+	d := &declarer{op: op, every: l.cfg.opsRefresh, mine: map[string]definition{}, onWarning: l.cfg.onWarning, warned: map[string]*warnOnce{}}
 	l.eachRuleset(func(p *ruleset) {
 		for i := range p.limits {
 			lim := &p.limits[i]

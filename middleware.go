@@ -137,7 +137,7 @@ func (l *Limiter) routesUnseen(p Pass, r *http.Request) {
 	if r.Pattern != "" {
 		attrs = append(attrs, slog.String("route", r.Pattern))
 	}
-	l.unseen.report(l.cfg.logger, l.cfg.observers, WarningRoutesUnseen, routesWarning, attrs...)
+	l.unseen.report(l.cfg.logger, l.cfg.onWarning, WarningRoutesUnseen, routesWarning, attrs...)
 }
 
 // muxRedirect reports whether a ServeMux answers the CONNECT request r with
@@ -177,7 +177,7 @@ func (rs *ruleset) check(w http.ResponseWriter, r *http.Request, t **ticket) boo
 func (rs *ruleset) verdict(w http.ResponseWriter, r *http.Request, t **ticket) (Verdict, error) {
 	rs = rs.current() // the quota overrides in force
 	if rs.watchProxies && !rs.proxies.done.Load() {
-		rs.proxies.watch(r, rs.cfg.logger, rs.cfg.logIDs, rs.cfg.observers)
+		rs.proxies.watch(r, rs.cfg.logger, rs.cfg.logIDs, rs.cfg.onWarning)
 	}
 	for _, skip := range rs.cfg.skips {
 		if skip(r) {

@@ -13,7 +13,9 @@ import (
 func (l *Limiter) breakerOpen() bool { return l.redis != nil && l.redis.Breakers.Open() }
 
 // watched reports whether anything observes the limiter's decisions.
-func (l *Limiter) watched() bool { return l.cfg.decisionHooks || l.cfg.logger != nil }
+func (l *Limiter) watched() bool {
+	return len(l.cfg.onDecision) > 0 || len(l.cfg.onDenial) > 0 || l.cfg.logger != nil
+}
 
 // observe reports a decision to the observers and the logger.
 func (rs *ruleset) observe(r *http.Request, ids []string, res *Result, err error, start time.Time) {
@@ -22,14 +24,23 @@ func (rs *ruleset) observe(r *http.Request, ids []string, res *Result, err error
 	if err != nil && !res.Local && !res.noKey() {
 		seen.Allowed, seen.Limits = false, rs.skipped
 	}
-	for i := range rs.cfg.observers {
-		if f := rs.cfg.observers[i].Decision; f != nil {
-			f(seen, err, latency)
-		}
+	for _, f := range rs.cfg.onDecision {
+		f(seen, err, latency)
 	}
-	rs.observeDenial(ids, res, err) // denied.go
+	rs.observeDenial(ids, res, err)
 	if rs.cfg.logger != nil {
 		rs.log(r, ids, &seen, err)
+	}
+}
+
+// observeDenial reports res's denial, if it is one, to the
+// Denial hooks: the limit that denied and its identifier among ids.
+func (l *Limiter) observeDenial(ids []string, res *Result, err error) {
+	if res.Allowed || err != nil && !res.Local || res.index < 0 || res.index >= len(ids) {
+		return
+	}
+	for _, f := range l.cfg.onDenial {
+		f(res.DeniedBy, ids[res.index])
 	}
 }
 
@@ -140,8 +151,18 @@ func WithObserver(o Observer) Option {
 			c.nilArg("WithObserver", true, "set at least one of its hooks, or leave the option out")
 			return
 		}
-		c.observers = append(c.observers, o)
-		c.decisionHooks = c.decisionHooks || o.Decision != nil || o.Denial != nil
+		if o.Decision != nil {
+			c.onDecision = append(c.onDecision, o.Decision)
+		}
+		if o.Denial != nil {
+			c.onDenial = append(c.onDenial, o.Denial)
+		}
+		if o.Warning != nil {
+			c.onWarning = append(c.onWarning, o.Warning)
+		}
+		if o.Limiter != nil {
+			c.onLimiter = append(c.onLimiter, o.Limiter)
+		}
 	}
 }
 

@@ -62,12 +62,15 @@ type config struct {
 	peerAllow   bool                       // an allow-list reads the peer address, trusting no proxy
 	routerAllow bool                       // an allow-list reads the address the router resolved
 	routesFrom  *http.ServeMux
-	observers   []Observer
-	// decisionHooks: an observer has a Decision or Denial hook.
-	decisionHooks bool
-	logger        *slog.Logger
-	logIDs        bool
-	singleSlot    bool
+	// The hooks of WithObserver's observers, by kind; onLimiter holds
+	// func(*Limiter) values, which New calls.
+	onDecision []func(Result, error, time.Duration)
+	onDenial   []func(limit, id string)
+	onWarning  []func(Warning)
+	onLimiter  []any
+	logger     *slog.Logger
+	logIDs     bool
+	singleSlot bool
 
 	breakerFailures int
 	breakerCoolDown time.Duration

@@ -30,7 +30,7 @@ func (l *Limiter) warnUnmatched(err error) {
 	if err == nil {
 		return
 	}
-	l.unmatched.report(l.cfg.logger, l.cfg.observers, WarningRouteUnmatched, routeUnmatchedWarning,
+	l.unmatched.report(l.cfg.logger, l.cfg.onWarning, WarningRouteUnmatched, routeUnmatchedWarning,
 		slog.String("routes", err.Error()), slog.String("remedy", routeUnmatchedRemedy))
 }
 

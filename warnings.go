@@ -58,8 +58,8 @@ const (
 type warnOnce struct{ done atomic.Bool }
 
 // report logs msg with attrs through lg (slog's default if nil) and tells
-// the Warning hooks of observers, the first time only.
-func (w *warnOnce) report(lg *slog.Logger, observers []Observer, kind Warning, msg string, attrs ...any) {
+// the Warning hooks onWarning, the first time only.
+func (w *warnOnce) report(lg *slog.Logger, onWarning []func(Warning), kind Warning, msg string, attrs ...any) {
 	if !w.done.CompareAndSwap(false, true) {
 		return
 	}
@@ -67,9 +67,7 @@ func (w *warnOnce) report(lg *slog.Logger, observers []Observer, kind Warning, m
 		lg = slog.Default()
 	}
 	lg.Warn(msg, append(attrs, slog.String("warning", string(kind)))...)
-	for i := range observers {
-		if f := observers[i].Warning; f != nil {
-			f(kind)
-		}
+	for _, f := range onWarning {
+		f(kind)
 	}
 }
