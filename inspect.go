@@ -92,7 +92,9 @@ func (in Inspector) Operator() *operator.Operator { return in.l.operator() }
 // Stats returns the Limiter's state and counters now, its routes
 // included, as [database/sql.DB.Stats] does: what metrics export and an
 // admin page shows, and the settings a router adapter needs. The counters
-// only grow; metrics export them as counters.
+// only grow; metrics export them as counters. Reading it changes nothing:
+// an override that has lapsed is left out of Operator, and the Limiter
+// stops applying it at its next decision.
 func (in Inspector) Stats() Stats {
 	l := in.l
 	s := Stats{
@@ -103,13 +105,29 @@ func (in Inspector) Stats() Stats {
 		Credited:    l.settled.credited.Load(),
 		RouterIP:    l.usesRouterIP(),
 		Routes:      templates(l.cfg.routes),
-		Operator:    l.operatorState(),
+		Operator:    l.peekOperatorState(),
 	}
 	slices.Sort(s.Routes)
 	if l.holds != nil {
 		s.InFlight = int(l.holds.inflight.Load())
 	}
 	return s
+}
+
+// peekOperatorState returns the operator state l applies, as
+// operatorState does, without applying anything: reading Stats changes
+// no decision.
+func (l *Limiter) peekOperatorState() operator.State {
+	o := l.opsRun.latest.Load()
+	if o == nil {
+		return operator.State{}
+	}
+	if o.nextExpiry != 0 {
+		if now := l.opsRun.now().UnixMicro(); now >= o.nextExpiry {
+			return newLiveOps(o.state, now).state
+		}
+	}
+	return o.state
 }
 
 // Stats is a Limiter's state and counters at one time ([Inspector.Stats]).
