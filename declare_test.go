@@ -45,7 +45,7 @@ func (w *warnLog) conflicts() map[string]int {
 	return out
 }
 
-// countWarnings is a WarningObserver that counts the warnings it is told of.
+// countWarnings is an observer (its Warning hook) that counts the warnings it is told of.
 type countWarnings struct {
 	mu sync.Mutex
 	n  map[Warning]int

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// denialLog is a DenialObserver that keeps what it is told.
+// denialLog is an observer (its Denial hook) that keeps what it is told.
 type denialLog struct {
 	mu      sync.Mutex
 	denials []string // "limit\x00id"
@@ -41,7 +41,7 @@ func (d *denialLog) take() []string {
 
 // TestDenialObserver generates sequences of requests, through Handler
 // (route limits included) and Allow, from a few clients with hostile
-// identifiers, and checks that a DenialObserver is told of exactly the
+// identifiers, and checks that a Denial hook is told of exactly the
 // denials, each with the limit that denied and that limit's identifier
 // for the request: never of an admitted request, a shadow limit's
 // would-be denial, or a request a Key could not identify.

@@ -73,7 +73,7 @@ func TestLimitReportsEveryError(t *testing.T) {
 
 type ctxKey struct{}
 
-// TestGlobalID: Allow with globalID counts in the log the middleware's
+// TestGlobalID: Allow with "global" counts in the log the middleware's
 // Global limit counts in.
 func TestGlobalID(t *testing.T) { forBackends(t, testGlobalID) }
 

@@ -15,7 +15,7 @@ import (
 // TestIDDigest generates identifiers of every length around operator.MaxKeyID and
 // beyond (up to 1 MB, as a header can be), of safe and escaped bytes,
 // denies them through the middleware by a Header limit and a Compose
-// limit, and checks that what a DenialObserver is told, once digested by
+// limit, and checks that what a Denial hook is told, once digested by
 // IDDigest, addresses the client's counts: LimitStatusDigest reports the
 // denial as LimitStatus of the identifier does, and ResetLimitDigest
 // forgets that limit's counts for it and nothing else. Identifiers of at

@@ -14,7 +14,7 @@ import (
 
 // A Key says what a [Limit] counts by: the client IP, a header, the user, the
 // route template, a constant, or a composition of these. Build one with
-// [ClientIP], [Header], [User], [UserFromContext], [Route], [Global],
+// [ClientIP], [Header], [User], [Route], [Global],
 // [Compose] or [KeyFunc]; the zero Key is invalid and is rejected by [New].
 //
 // A limit's Redis keys record what its Key counts by ("ip", "user",

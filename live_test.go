@@ -186,7 +186,7 @@ func TestOperatorBlock(t *testing.T) {
 			t.Fatalf("mallory: %d, Retry-After %q, Remaining %q; want 429, 91, 0", resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get("X-RateLimit-Remaining"))
 		}
 		if got := obs.last(); got != "user mallory" {
-			t.Errorf("the DenialObserver was told %q, want the user limit and mallory", got)
+			t.Errorf("the Denial hook was told %q, want the user limit and mallory", got)
 		}
 		for _, addr := range []string{"198.51.100.77:1", "[2001:db8:1:2::5]:1"} {
 			if resp := get(addr, "alice"); resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "60" {
@@ -282,7 +282,7 @@ func TestOperatorNoRefresh(t *testing.T) {
 	})
 }
 
-// denials records what a DenialObserver is told.
+// denials records what a Denial hook is told.
 type denials struct {
 	mu   sync.Mutex
 	seen []string

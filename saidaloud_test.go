@@ -89,7 +89,7 @@ func post(h http.Handler, target string) int {
 // TestRoutesBehindWrapper: a route table behind other
 // middleware, api.Handler(logging(mux)), applies with WithRoutesFrom(mux);
 // without it, the first request it could not apply to is reported once, on
-// slog's default logger and to a WarningObserver, naming the route when the
+// slog's default logger and to a Warning hook, naming the route when the
 // middleware passed the request itself on; the right shape,
 // logging(api.Handler(mux)), is not reported.
 func TestRoutesBehindWrapper(t *testing.T) { forBackends(t, testRoutesBehindWrapper) }
@@ -135,7 +135,7 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 			t.Errorf("%s: warning does not name the route: %q", tc.name, out)
 		}
 		if n := wc.count(WarningRoutesUnseen); n != 1 {
-			t.Errorf("%s: WarningObserver counted %d routes_unseen; want 1", tc.name, n)
+			t.Errorf("%s: the Warning hook counted %d routes_unseen; want 1", tc.name, n)
 		}
 	}
 
@@ -160,7 +160,7 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 
 // TestProxyWarningByDefault: without WithLogger, the
 // untrusted-proxy warning goes to slog's default logger, once, and to a
-// WarningObserver; a key that takes the router's address (FromRouter) is
+// Warning hook; a key that takes the router's address (FromRouter) is
 // not reported, and counts what the router resolved.
 func TestProxyWarningByDefault(t *testing.T) { forBackends(t, testProxyWarningByDefault) }
 
@@ -181,7 +181,7 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 		t.Errorf("default log %q; want one warning with its remedy and no client address", out)
 	}
 	if n := wc.count(WarningUntrustedProxy); n != 1 {
-		t.Errorf("WarningObserver counted %d untrusted_proxy; want 1", n)
+		t.Errorf("the Warning hook counted %d untrusted_proxy; want 1", n)
 	}
 
 	// The router resolved the address (chi's RealIP rewrote RemoteAddr):
@@ -236,7 +236,7 @@ func TestNilOptions(t *testing.T) {
 }
 
 // TestObserverWatched: New hands the Limiter it returns
-// to a LimiterWatcher among its observers, once, and not its routes'.
+// to the Limiter hooks of its observers, once, and not its routes'.
 func TestObserverWatched(t *testing.T) {
 	wc := &warningCounter{}
 	lim := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")}, WithObserver(observerOf(wc)), loginRoutes())

@@ -204,8 +204,8 @@ var errNoRedis = errors.New("ratelimit: operator: the Limiter has no Redis (With
 // so is a nil s). With a [store.Local], one process gets the same exact
 // limits, headers and Results, with no Redis: a service of one instance,
 // or an application's own tests (with [WithClock] to drive the time).
-// Refund and Reset work on a store.Local; with another store, Refund
-// returns [ErrNotRefundable] and Reset an error. The deny cache, the
+// Settle and Reset work on a store.Local; with another store, Settle
+// returns [ErrNotAdmitted] and Reset an error. The deny cache, the
 // circuit breaker and the operator state (which lives in Redis: the
 // Limiter's Operator fails) do not apply; [WithTimeout] bounds each
 // decision through its context, and [WithFailureMode] answers s's errors
