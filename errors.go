@@ -42,7 +42,7 @@ var (
 	// and will not be: Redis refused it, gave no reply to a call that may
 	// have run (never sent again), or too many were under way. A credit's
 	// entries stay counted until they leave their windows; a debit is
-	// logged nowhere. [Inspector.Unreverted] counts the units by the time
+	// logged nowhere. [Stats].Unreverted counts the units by the time
 	// the call returns.
 	ErrNotReverted = errors.New("ratelimit: entries could not be removed")
 
@@ -53,7 +53,7 @@ var (
 	// it tries a rollback (until Redis answers, until the request's
 	// entries would have left their windows, or 30 seconds). It may yet be
 	// applied; if it is not, its units are added to
-	// [Inspector.Unreverted] then, and the logger ([WithLogger]) says so.
+	// [Stats].Unreverted then, and the logger ([WithLogger]) says so.
 	// It does not wrap ErrNotReverted, which says that the settle is known
 	// not to be applied.
 	ErrSettlePending = errors.New("ratelimit: settle not confirmed within the timeout; it goes on in the background")

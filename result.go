@@ -67,7 +67,7 @@ type Result struct {
 	// the reply was later than the client's ReadTimeout), which Redis may
 	// have run: the library never sends such a call again, and counts what
 	// it may have logged, so this can count units Redis never kept. A
-	// removal still under way then is counted by [Inspector.Unreverted] if it
+	// removal still under way then is counted by [Stats].Unreverted if it
 	// fails, not here.
 	Unreverted uint64
 	// Cost is the cost the request was admitted at: Allow's cost, or

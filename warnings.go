@@ -33,10 +33,11 @@ const (
 	// such entry and the nearest route, at the first request served by a
 	// mount that can list the router's routes then: [Limiter.Handler]
 	// around a ServeMux or with [WithRoutesFrom], and the chi and echo
-	// adapters. Where the routes are known earlier the mistake is an
-	// error instead: from [New] with [WithRoutesFrom] (a mux with its
-	// routes registered), and from [Inspector.CheckRoutes],
-	// [Inspector.CheckMux] and the adapters' CheckRoutes.
+	// adapters (which hand the routes over with [route.WithServed]).
+	// Where the routes are known earlier the mistake is an error instead:
+	// from [New] with [WithRoutesFrom] (a mux with its routes registered),
+	// from [route.Check] and [route.CheckMux] of [Stats].Routes, and from
+	// the adapters' CheckRoutes.
 	WarningRouteUnmatched Warning = "route_unmatched"
 	// WarningDefinitionConflict: another live Limiter of the same Redis
 	// and key prefix (another replica, or another release during a

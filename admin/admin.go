@@ -275,7 +275,7 @@ type Index struct {
 	Overrides []Override `json:"overrides"`
 	Blocks    []Block    `json:"blocks"`
 	// Settled is what the watched Limiters' settles logged and took back
-	// ([ratelimit.Inspector.Settled]), since they started.
+	// ([ratelimit.Stats].Debited and Credited), since they started.
 	Settled Settled `json:"settled"`
 }
 

@@ -112,7 +112,7 @@ func status(c echo.Context, err error) int {
 // handler with 405, so a "HEAD" entry needs a HEAD route), a trailing
 // slash the route does not have. The error names each such entry and the
 // nearest route, and wraps [route.ErrUnmatched]; nil if every
-// entry matches a route (see [ratelimit.Inspector.CheckRoutes]). Call it
+// entry matches a route (see [route.Check]). Call it
 // once the routes are added, before serving or in a test. Middleware
 // checks the same at its first request and reports the error as
 // [ratelimit.WarningRouteUnmatched].

@@ -109,7 +109,7 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 // "HEAD" entry needs one), a trailing slash the route does not have. The
 // error names each such entry and the nearest route, and wraps
 // [route.ErrUnmatched]; nil if every entry matches a route (see
-// [ratelimit.Inspector.CheckRoutes]). g is the engine (or anything that
+// [route.Check]). g is the engine (or anything that
 // lists gin's routes), with its routes added: call CheckRoutes before
 // serving, or in a test. Middleware cannot check this itself, as a gin
 // handler cannot reach its engine's routes.

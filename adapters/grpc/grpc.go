@@ -492,7 +492,7 @@ var addrs [256]atomic.Pointer[addrEntry]
 // a POST), a service prefix ("/helloworld.Greeter/": a template names one
 // method). The error names each such entry and the nearest method, and
 // wraps [route.ErrUnmatched]; nil if every entry names a method
-// of s (see [ratelimit.Inspector.CheckRoutes]). s is the server (a
+// of s (see [route.Check]). s is the server (a
 // *grpc.Server, or anything with its GetServiceInfo), with its services
 // registered: call CheckRoutes before Serve, or in a test. The
 // interceptors cannot check this themselves, as they do not see the

@@ -25,16 +25,16 @@
 //	    breaker of a watched limiter is open, else 0
 //	ratelimit.inflight           Int64ObservableGauge {request}: requests
 //	    holding in-flight slots ([ratelimit.InFlight]) through the watched
-//	    limiters in this process ([ratelimit.Inspector.InFlight]),
+//	    limiters in this process ([ratelimit.Stats].InFlight),
 //	    reported from the first collection that finds a slot held
 //	ratelimit.unreverted         Int64ObservableCounter {unit}: units of
 //	    cost the watched limiters left counted in Redis for requests they did
-//	    not admit ([ratelimit.Inspector.Unreverted])
+//	    not admit ([ratelimit.Stats].Unreverted)
 //	ratelimit.settled            Int64ObservableCounter {unit}: units of
 //	    cost the watched limiters' settles logged and took back, with
 //	    attribute ratelimit.direction: "debited" (real costs above the
 //	    admitted ones) or "credited" (below them, refunds included),
-//	    each from its first unit on ([ratelimit.Inspector.Settled])
+//	    each from its first unit on ([ratelimit.Stats].Debited and Credited)
 //	ratelimit.warnings           Int64Counter {warning}: mistakes the
 //	    limiters reported ([ratelimit.Warning]), once each per Limiter, with
 //	    attribute ratelimit.warning: "untrusted_proxy" (every client behind

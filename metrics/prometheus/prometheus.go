@@ -42,15 +42,15 @@ import (
 //	    limiter's circuit breaker is open
 //	ratelimit_inflight_requests                 gauge: requests holding
 //	    in-flight slots ([ratelimit.InFlight]) through the watched
-//	    limiters in this process ([ratelimit.Inspector.InFlight])
+//	    limiters in this process ([ratelimit.Stats].InFlight)
 //	ratelimit_unreverted_units_total            counter: units of cost the
 //	    watched limiters left counted in Redis for requests they did not
 //	    admit, because Redis could not take them back
-//	    ([ratelimit.Inspector.Unreverted])
+//	    ([ratelimit.Stats].Unreverted)
 //	ratelimit_settled_units_total{direction}     counter: units of cost the
 //	    watched limiters' settles logged ("debited": real costs above the
 //	    admitted ones) and took back ("credited": below them, refunds
-//	    included) ([ratelimit.Inspector.Settled])
+//	    included) ([ratelimit.Stats].Debited and Credited)
 //	ratelimit_deny_cache_hits_total{limit}      counter: denials answered
 //	    from this process's memory without calling Redis
 //	    (ratelimit.RedisOptions.DenyCache), also counted as "denied" above
