@@ -521,3 +521,30 @@ func (h *afterFailedCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook 
 func (h *afterFailedCall) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
+
+// TestSettleLastWins: WithRefund is a form of WithSettle, and of the two
+// the last one given decides what the middleware settles.
+func TestSettleLastWins(t *testing.T) { forBackends(t, testSettleLastWins) }
+
+func testSettleLastWins(t *testing.T, b backend) {
+	c := b.newClient(t)
+	fail := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusInternalServerError) })
+	refund := WithRefund(func(status int) bool { return status >= 500 })
+	for i, tc := range []struct {
+		opts     []Option
+		refunded bool
+	}{
+		{[]Option{WithSettle(nil), refund}, true},
+		{[]Option{refund, WithSettle(nil)}, false},
+	} {
+		lim := mustNew(t, c, []Limit{PerMinute(1, ClientIP()).Named("last" + strconv.Itoa(i))}, tc.opts...)
+		h := lim.Handler(fail)
+		if w := serve(h, "GET", "/", "192.0.2.1:1"); w.Code != http.StatusInternalServerError {
+			t.Fatalf("case %d: first request %d", i, w.Code)
+		}
+		w := serve(h, "GET", "/", "192.0.2.1:1")
+		if refunded := w.Code == http.StatusInternalServerError; refunded != tc.refunded {
+			t.Errorf("case %d: second request %d; want the first refunded: %v", i, w.Code, tc.refunded)
+		}
+	}
+}
