@@ -114,9 +114,10 @@ type Observer struct {
 	// decision was made: res.Limits then lists every limit, each with
 	// Skipped set, and either one has NoKey (a Key could not identify the
 	// request, err wraps [ErrNoKey], and res.Allowed says whether
-	// [Handlers].ServeMissingKey let it through) or the failure mode applied. Under
-	// [FailLocal], err comes with the local decision (res.Local). It must
-	// not keep or change res.Limits, which is valid only during the call.
+	// [Handlers].ServeMissingKey let it through) or the failure mode
+	// applied. Under [FailLocal], err comes with the local decision
+	// (res.Local). It must not keep or change res.Limits, which is valid
+	// only during the call.
 	Decision func(res Result, err error, latency time.Duration)
 
 	// Denial learns whom a limit denied: after the Decision hooks of each
