@@ -20,7 +20,7 @@ import "net/http"
 //
 // The error is the one that made the Limiter apply its failure mode (also
 // under FailOpen, with Proceed), or the [ErrNoKey] of a request a Key could
-// not identify (with NoKey, Answered, or Proceed under MissingKeySkip), nil
+// not identify (with NoKey, Answered, or Proceed under Handlers.ServeMissingKey), nil
 // otherwise. Decide does not allocate beyond what the decision itself
 // needs, unless settlement is on.
 //
@@ -28,6 +28,7 @@ import "net/http"
 // admitted request's settlement, which the context of the request Enter
 // returned carries for [Settle], and which [Pass.Done] completes.
 func (p Pass) Decide(w http.ResponseWriter, r *http.Request) (Verdict, error) {
+	p.limiter().checkServed(r)
 	rs := p.limiter().rulesFor(p, r)
 	if rs == nil {
 		return Proceed, nil
@@ -41,6 +42,7 @@ func (p Pass) Decide(w http.ResponseWriter, r *http.Request) (Verdict, error) {
 // caller must serve it, with the headers set (none for a request admitted
 // undecided under [FailOpen]). Settlement is kept as with Decide.
 func (p Pass) Check(w http.ResponseWriter, r *http.Request) bool {
+	p.limiter().checkServed(r)
 	rs := p.limiter().rulesFor(p, r)
 	if rs == nil {
 		return true

@@ -43,7 +43,7 @@ func testAllowListClientIP(t *testing.T, b backend) {
 	var o recordingObserver
 	ip := ClientIP(clientip.TrustProxies("10.0.0.0/8"))
 	lim := mustNew(t, c, []Limit{PerMinute(1, ip).Named("ip")},
-		WithAllowList(ip, "192.0.2.7", "198.51.100.0/24", "2001:db8::1"), WithObserver(&o))
+		WithAllowList(ip, "192.0.2.7", "198.51.100.0/24", "2001:db8::1"), WithObserver(observerOf(&o)))
 	h := lim.Handler(okHandler)
 	for _, tc := range []struct{ name, peer, xff string }{
 		{"listed address", "192.0.2.7:1", ""},
@@ -107,7 +107,7 @@ func testAllowListIdentifiers(t *testing.T, b backend) {
 			t.Errorf("key %q: %d %v; want 200 without rate-limit headers", key, w.Code, w.Header())
 		}
 	}
-	if n := logEntries(t, c, "all", "global", GlobalID); n != 0 {
+	if n := logEntries(t, c, "all", "global", globalID); n != 0 {
 		t.Errorf("%d entries after allow-listed requests, want 0", n)
 	}
 	// No key: decided (and counted) by the Global limit; then "Partner",
@@ -149,7 +149,7 @@ func TestAllowListErrors(t *testing.T) {
 		{WithAllowList(ClientIP(clientip.IPv4Prefix(33)), "192.0.2.1"), "IPv4Prefix: 33 bits"},
 		{WithAllowList(Header(""), "x"), "empty header name"},
 		{WithAllowList(Header("X-Api-Key"), "ok", ""), "empty entry"},
-		{WithAllowList(Global(), GlobalID), "Global"},
+		{WithAllowList(Global(), globalID), "Global"},
 		{WithAllowList(Compose(ClientIP(), Route()), "x"), "Compose"},
 	} {
 		_, err := New(c, []Limit{PerMinute(1, Global())}, tc.opt)

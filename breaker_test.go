@@ -141,7 +141,7 @@ func TestFailLocal(t *testing.T) {
 	if got := codes(3, "192.0.2.2:1"); got != "200/1 200/0 429/0" {
 		t.Errorf("after the outage, a client admitted once during it: %s", got)
 	}
-	// A request no Key can identify gets 401 (WithMissingKey), never a local bucket.
+	// A request no Key can identify gets 401 (Handlers.MissingKey), never a local bucket.
 	lim2 := mustNew(t, c, []Limit{PerMinute(3, Header("X-Key"))}, WithFailureMode(FailLocal))
 	if w := serve(lim2.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 401 {
 		t.Errorf("no key under FailLocal: %d", w.Code)
@@ -211,7 +211,7 @@ func TestBreakerSlowCalls(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	if lim.Inspect().BreakerOpen() {
+	if lim.Inspect().Stats().BreakerOpen {
 		t.Error("timeouts opened the breaker while Redis answered later decisions")
 	}
 	if err := fast(); err != nil {
@@ -219,7 +219,7 @@ func TestBreakerSlowCalls(t *testing.T) {
 	}
 	// Three time out, and Redis answered nothing since they started.
 	slow(3, func() {})
-	if !lim.Inspect().BreakerOpen() {
+	if !lim.Inspect().Stats().BreakerOpen {
 		t.Error("timeouts while Redis answered nobody did not open the breaker")
 	}
 	if err := fast(); !errors.Is(err, redisstore.ErrCircuitOpen) {
@@ -296,7 +296,7 @@ func testBreakerIgnoresCallersDeadline(t *testing.T, b backend) {
 	failed := 0
 	for _, d := range []time.Duration{-time.Second, 0, time.Nanosecond, time.Microsecond, time.Microsecond, 10 * time.Microsecond} {
 		ctx, cancel := context.WithTimeout(context.Background(), d)
-		if _, err := lim.Allow(ctx, []string{GlobalID}, 1); err != nil {
+		if _, err := lim.Allow(ctx, []string{globalID}, 1); err != nil {
 			failed++
 		}
 		cancel()
@@ -304,7 +304,7 @@ func testBreakerIgnoresCallersDeadline(t *testing.T, b backend) {
 	if failed < 3 {
 		t.Fatalf("only %d of 6 decisions ran out of their caller's time: the test says nothing", failed)
 	}
-	if res, err := lim.Allow(context.Background(), []string{GlobalID}, 1); err != nil || !res.Allowed {
+	if res, err := lim.Allow(context.Background(), []string{globalID}, 1); err != nil || !res.Allowed {
 		t.Fatalf("after %d decisions out of their caller's time: %v (allowed %v); want admitted, the breaker closed", failed, err, res.Allowed)
 	}
 }

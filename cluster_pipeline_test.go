@@ -318,7 +318,7 @@ func TestClusterBatchTryAgain(t *testing.T) {
 			t.Errorf("the migrating client's log %s holds %d entries for 2 admissions", name, n)
 		}
 	}
-	if n := lim.Inspect().Unreverted(); n != 0 {
+	if n := lim.Inspect().Stats().Unreverted; n != 0 {
 		t.Errorf("Unreverted() = %d, want 0", n)
 	}
 	if gate.tryAgain.Load() == 0 {

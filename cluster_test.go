@@ -21,6 +21,7 @@ import (
 	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/internal/slidinglog"
+	"github.com/slidinglog/ratelimit/internal/testlog"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
@@ -408,7 +409,7 @@ func freshIDOn(t *testing.T, c *redistest.Cluster, key string) string {
 }
 
 // quietRedisLog silences go-redis's own logging for the rest of the test.
-func quietRedisLog(t *testing.T) { redistest.QuietRedisLog(t) }
+func quietRedisLog(t *testing.T) { testlog.QuietRedis(t) }
 
 // testPipelineReload: a batch sent as a pipeline to primaries that have
 // forgotten the library (or, for a Redis without functions, the script) is
@@ -925,7 +926,7 @@ func TestClusterSlotMigration(t *testing.T) {
 		PerMinute(5, Header("X-Id")).Named("ma"),
 		PerHour(1000, Header("X-Id")).Named("mb"),
 	})
-	source, err := c.PrimaryFor(logKey("mg", "global", GlobalID))
+	source, err := c.PrimaryFor(logKey("mg", "global", globalID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -957,7 +958,7 @@ func TestClusterSlotMigration(t *testing.T) {
 	if migrating == "" || len(others) < 3 {
 		t.Fatalf("no identifiers on %s", source.Addr)
 	}
-	allow := func(id string) (Result, error) { return lim.Allow(ctx, []string{GlobalID, id, id}, 1) }
+	allow := func(id string) (Result, error) { return lim.Allow(ctx, []string{globalID, id, id}, 1) }
 	for _, id := range append([]string{migrating}, others...) {
 		if res, err := allow(id); err != nil || !res.Allowed {
 			t.Fatalf("before the migration, %s: %+v, %v", id, res, err)
@@ -1034,7 +1035,7 @@ func TestClusterSlotMigration(t *testing.T) {
 	if res, err := allow(migrating); err != nil || res.Allowed {
 		t.Errorf("after the migration, the migrating client at its limit: %+v, %v; want a denial", res, err)
 	}
-	if g := logEntries(t, rdb, "mg", "global", GlobalID); g != 4+4*4 {
+	if g := logEntries(t, rdb, "mg", "global", globalID); g != 4+4*4 {
 		t.Errorf("the global log holds %d entries, want %d", g, 4+4*4)
 	}
 }

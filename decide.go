@@ -75,6 +75,9 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	}
 	res := rs.result(s, out, cost, peek)
 	rs.reportShadowBlocks(s, &res)
+	if (err == nil || out.Local) && out.Allowed && !peek {
+		res.Cost = cost
+	}
 	if len(rs.spec.InFlight) > 0 && (err == nil || out.Local) && out.Allowed && !peek {
 		var in store.Holder // Redis's
 		if out.Local {
@@ -447,32 +450,14 @@ func (rs *ruleset) result(s *scratch, out *redislog.Outcome, cost int, peek bool
 	return res
 }
 
-// Refund takes back the request res admitted: its entries leave every log
-// it was counted in, as if it had never been admitted. Exactly its own cost
-// is removed: entries of the same time are interchangeable, so no other
-// request loses anything. A Result is refunded once: the first Refund of
-// it, or of any copy of it, removes its entries, even when several run at
-// once; every later one removes nothing and returns [ErrRefunded], which
-// wraps [ErrNotRefundable]. A Result whose plans exempted it from every
-// limit ([Unlimited]) counted nothing, and its Refund returns nil. Another
-// instance's deny cache may keep denying the keys for up to its maximum age
-// (redisstore.Options.DenyCache). A Result [FailLocal] decided is refunded in this
-// process's logs, where it was counted. Refund is [Limiter.Settle] at cost
-// 0: the two share the Result's once flag, and its error tells the same
-// outcomes apart: nil once applied, [ErrSettlePending] when Redis had not
-// confirmed it within the timeout (it goes on in the background),
-// [ErrNotReverted] when it is known not to be applied.
-func (l *Limiter) Refund(ctx context.Context, res Result) error {
-	return l.Settle(ctx, res, 0)
-}
-
 // Allow decides whether a request of the given cost, identified by ids, may
 // proceed, and if so counts it in every limit. ids[i] identifies the client
-// for the Limiter's i-th limit ([GlobalID] for a [Global] one). Allow is
+// for the Limiter's i-th limit ("global" for a [Global] one). Allow is
 // how to use a Limiter outside HTTP: it decides with the Limiter's own
 // limits (never a route's), counts with the middleware's requests of the
-// same identifiers, and is seen by Observers and the logger; an admitted
-// Result can be given to [Limiter.Refund].
+// same identifiers, and is seen by Observers and the logger. Settle every
+// admitted Result with [Limiter.Settle], with defer: at res.Cost to free
+// its in-flight slots, at 0 to refund it, at another cost to settle it.
 //
 // The error is non-nil when the arguments are invalid (a wrong number of
 // ids, an empty id, cost < 1) or Redis could not decide; the Result then

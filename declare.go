@@ -27,7 +27,7 @@ type declarer struct {
 	// mine is the definition of each of the Limiter's names, as the
 	// operator state holds it (declared).
 	mine      map[string]definition
-	observers []Observer
+	onWarning []func(Warning)
 	// warned holds the names a conflict was reported of, once each;
 	// failing says that the last declaration failed or was refused, and
 	// was logged.
@@ -74,7 +74,7 @@ func (d *declarer) check(decls []operator.Declaration, lg *slog.Logger) {
 			continue
 		}
 		if other := declared(o); !mine.same(other) {
-			d.warned[o.Limit].report(lg, d.observers, WarningDefinitionConflict,
+			d.warned[o.Limit].report(lg, d.onWarning, WarningDefinitionConflict,
 				"ratelimit: another live Limiter of this Redis and prefix uses a limit's name for another definition: "+mine.conflict(other)+"; give them distinct names with Named unless a deploy is rolling out (see docs/limits.md)",
 				slog.String("limit", o.Limit), slog.String("this", mine.String()), slog.String("other", other.String()))
 		}

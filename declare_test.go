@@ -46,7 +46,7 @@ func (w *warnLog) conflicts() map[string]int {
 	return out
 }
 
-// countWarnings is a WarningObserver that counts the warnings it is told of.
+// countWarnings is an observer (its Warning hook) that counts the warnings it is told of.
 type countWarnings struct {
 	mu sync.Mutex
 	n  map[Warning]int
@@ -121,7 +121,7 @@ func TestDefinitionConflicts(t *testing.T) {
 			}
 			for _, rep := range live {
 				rep.l = newDriven(t, b.newClient(t), rep.limits, withRedis(redisstore.Options{Prefix: prefix}),
-					WithLogger(slog.New(slog.NewTextHandler(rep.log, nil)), false), WithObserver(rep.obs))
+					WithLogger(slog.New(slog.NewTextHandler(rep.log, nil)), false), WithObserver(observerOf(rep.obs)))
 			}
 			for _, rep := range live {
 				if err := rep.l.tick(); err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/slidinglog/ratelimit/redisstore"
 )
 
-// denialLog is a DenialObserver that keeps what it is told.
+// denialLog is an observer (its Denial hook) that keeps what it is told.
 type denialLog struct {
 	mu      sync.Mutex
 	denials []string // "limit\x00id"
@@ -43,7 +43,7 @@ func (d *denialLog) take() []string {
 
 // TestDenialObserver generates sequences of requests, through Handler
 // (route limits included) and Allow, from a few clients with hostile
-// identifiers, and checks that a DenialObserver is told of exactly the
+// identifiers, and checks that a Denial hook is told of exactly the
 // denials, each with the limit that denied and that limit's identifier
 // for the request: never of an admitted request, a shadow limit's
 // would-be denial, or a request a Key could not identify.
@@ -65,7 +65,7 @@ func testDenialObserver(t *testing.T, b backend) {
 		PerMinute(4, Header("X-IP")).Named("ip"),
 		PerMinute(3, Header("X-User")).Named("user"),
 		PerMinute(1, Header("X-User")).Shadowed().Named("trial"),
-	}, append(opts, WithObserver(log), WithMissingKey(MissingKeySkip),
+	}, append(opts, WithObserver(observerOf(log)), WithHandlers(Handlers{ServeMissingKey: true}),
 		WithRoutes(map[string]RouteLimits{"POST /login": {Limits: []Limit{PerMinute(1, Header("X-IP")).Named("login")}}}),
 		WithHandlers(Handlers{Denied: func(w http.ResponseWriter, r *http.Request, res Result) {
 			denied.limit = res.DeniedBy

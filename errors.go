@@ -1,9 +1,6 @@
 package ratelimit
 
-import (
-	"errors"
-	"fmt"
-)
+import "errors"
 
 // The errors of the root package, for errors.Is. The store's own errors
 // (an open circuit breaker, a server without Lua, an unexpected reply)
@@ -12,41 +9,51 @@ var (
 	// ErrNoKey is wrapped by the error of a request a [Key] cannot
 	// identify: a missing header, no user, no route template, a broken or
 	// hostile forwarding header. It is not a failure: the middleware
-	// answers such a request as [WithMissingKey] says (by default 401
+	// answers such a request as [Handlers].MissingKey says (by default 401
 	// Unauthorized, gRPC Unauthenticated), never with the failure mode,
 	// and never falls back to a bucket shared with other clients.
 	// [Handlers].Error, [Handlers].MissingKey and observers get an error
 	// that wraps it.
 	ErrNoKey = errors.New("ratelimit: request has no key")
 
-	// ErrNotRefundable is returned by [Limiter.Refund] for a Result that
-	// did not admit a request, or that did not come from Allow (or the
-	// middleware with [WithRefund]).
-	ErrNotRefundable = errors.New("ratelimit: nothing to refund")
+	// ErrNotAdmitted is returned by [Limiter.Settle] for a Result that
+	// counted no request it could settle: a denial, a Result of
+	// [Limiter.Status] or [Inspector.StatusRequest], the zero Result, or
+	// one from a decision that failed ([FailOpen], [FailClosed]).
+	ErrNotAdmitted = errors.New("ratelimit: the Result admitted no request: there is nothing to settle")
 
-	// ErrRefunded is returned by [Limiter.Refund] for a Result (or a copy
-	// of one) that was refunded before: it removes nothing more, since the
-	// entries left of the same time are other requests'. It wraps
-	// ErrNotRefundable.
-	ErrRefunded = fmt.Errorf("%w: the request was refunded before", ErrNotRefundable)
+	// ErrSettled is returned by [Limiter.Settle] and [Settle] for a Result
+	// (or a copy of one), or a request, that was settled before: a Result
+	// is settled once, as entries of one time are interchangeable and a
+	// second settle would change another request's.
+	ErrSettled = errors.New("ratelimit: the request was settled before; a request is settled once")
 
-	// ErrNotReverted is wrapped by the error of [Limiter.Refund],
-	// [Limiter.Settle] and [Settle] when the settle could not be applied,
+	// ErrSettlementOff is returned by [Settle] for a context that carries
+	// no settlement: the Limiter that admitted the request was not given
+	// [WithSettle] (or [WithRefund]), or nothing was counted to settle
+	// (the request was exempt from every limit, or admitted undecided
+	// under [FailOpen]), or ctx is not an admitted request's.
+	ErrSettlementOff = errors.New("ratelimit: the request's context carries no settlement: " +
+		"give New ratelimit.WithSettle (WithSettle(nil) to settle from handlers only); " +
+		"a request exempt from every limit, or admitted undecided (FailOpen), has nothing to settle either")
+
+	// ErrNotReverted is wrapped by the error of [Limiter.Settle] and
+	// [Settle] when the settle could not be applied,
 	// and will not be: Redis refused it, gave no reply to a call that may
 	// have run (never sent again), or too many were under way. A credit's
 	// entries stay counted until they leave their windows; a debit is
-	// logged nowhere. [Inspector.Unreverted] counts the units by the time
+	// logged nowhere. [Stats].Unreverted counts the units by the time
 	// the call returns.
 	ErrNotReverted = errors.New("ratelimit: entries could not be removed")
 
-	// ErrSettlePending is wrapped by the error of [Limiter.Refund],
-	// [Limiter.Settle] and [Settle] when Redis had not confirmed the
+	// ErrSettlePending is wrapped by the error of [Limiter.Settle] and
+	// [Settle] when Redis had not confirmed the
 	// settle within the Limiter's timeout ([WithTimeout]) or ctx's
 	// deadline: it was handed to the background, which tries it again as
 	// it tries a rollback (until Redis answers, until the request's
 	// entries would have left their windows, or 30 seconds). It may yet be
 	// applied; if it is not, its units are added to
-	// [Inspector.Unreverted] then, and the logger ([WithLogger]) says so.
+	// [Stats].Unreverted then, and the logger ([WithLogger]) says so.
 	// It does not wrap ErrNotReverted, which says that the settle is known
 	// not to be applied.
 	ErrSettlePending = errors.New("ratelimit: settle not confirmed within the timeout; it goes on in the background")

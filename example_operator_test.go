@@ -45,7 +45,7 @@ func ExampleInspector_Operator() {
 		log.Fatal(err)
 	}
 	get(h, "/", "198.51.100.9:6000")
-	st := limiter.Inspect().OperatorState()
+	st := limiter.Inspect().Stats().Operator
 	fmt.Println(len(st.Quotas), "override,", len(st.Blocks), "blocks")
 	// Output:
 	// 200 remaining=99 retry-after=

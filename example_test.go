@@ -401,7 +401,7 @@ func ExampleLimiter_Handler_behindAuthentication() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	perUser, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.UserFromContext(userKey{})).Named("user")},
+	perUser, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user")},
 		ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)

@@ -149,7 +149,7 @@ func soakFailLocal(t *testing.T, clients int, bytes int64) {
 	for _, e := range events {
 		clock.Set(t0.Add(e.at))
 		ip := fmt.Sprintf("10.%d.%d.%d", e.client>>16, e.client>>8&255, e.client&255)
-		res, err := lim.Allow(ctx, []string{ip, GlobalID}, 1)
+		res, err := lim.Allow(ctx, []string{ip, globalID}, 1)
 		if !res.Local || !errors.Is(err, errScriptedDown) {
 			t.Fatalf("%+v %v; want a local decision", res, err)
 		}

@@ -71,46 +71,9 @@ func TestLimitReportsEveryError(t *testing.T) {
 	}
 }
 
-type userName struct{ name string }
-
-func (u *userName) String() string { return u.name }
-
 type ctxKey struct{}
 
-// TestUserFromContextIDs: a user stored as an integer or a fmt.Stringer
-// identifies the request, and an integer is the same user as its decimal
-// string.
-func TestUserFromContextIDs(t *testing.T) { forBackends(t, testUserFromContextIDs) }
-
-func testUserFromContextIDs(t *testing.T, b backend) {
-	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(2, UserFromContext(ctxKey{})).Named("u")})
-	h := lim.Handler(okHandler)
-	serveAs := func(user any) int {
-		r := httptest.NewRequest("GET", "/", nil)
-		r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, user))
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		return w.Code
-	}
-	for i, tc := range []struct {
-		user any
-		code int
-	}{
-		{int64(7), 200}, {"7", 200}, {int32(7), 429}, // one user
-		{&userName{"ann"}, 200}, {&userName{"ann"}, 200}, {&userName{"ann"}, 429},
-		{(*userName)(nil), 401}, {3.5, 401}, {"", 401}, // no key (WithMissingKey)
-	} {
-		if got := serveAs(tc.user); got != tc.code {
-			t.Errorf("request %d as %#v: %d, want %d", i, tc.user, got, tc.code)
-		}
-	}
-	if n := logEntries(t, c, "u", "user", "7"); n != 2 {
-		t.Errorf("the log of user 7 holds %d entries, want 2", n)
-	}
-}
-
-// TestGlobalID: Allow with GlobalID counts in the log the middleware's
+// TestGlobalID: Allow with "global" counts in the log the middleware's
 // Global limit counts in.
 func TestGlobalID(t *testing.T) { forBackends(t, testGlobalID) }
 
@@ -121,11 +84,11 @@ func testGlobalID(t *testing.T, b backend) {
 		t.Fatalf("first request: %d", w.Code)
 	}
 	ctx := context.Background()
-	if res, err := lim.Allow(ctx, []string{GlobalID}, 1); err != nil || !res.Allowed || res.Remaining != 0 {
-		t.Fatalf("Allow(GlobalID): %+v %v; want the second of 2 admitted", res, err)
+	if res, err := lim.Allow(ctx, []string{globalID}, 1); err != nil || !res.Allowed || res.Remaining != 0 {
+		t.Fatalf("Allow(globalID): %+v %v; want the second of 2 admitted", res, err)
 	}
-	if res, err := lim.Allow(ctx, []string{GlobalID}, 1); err != nil || res.Allowed {
-		t.Errorf("Allow(GlobalID) over the limit: %+v %v; want denied", res, err)
+	if res, err := lim.Allow(ctx, []string{globalID}, 1); err != nil || res.Allowed {
+		t.Errorf("Allow(globalID) over the limit: %+v %v; want denied", res, err)
 	}
 }
 
@@ -138,7 +101,7 @@ func testSkip(t *testing.T, b backend) {
 	c := b.newClient(t)
 	var o recordingObserver
 	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("skip")},
-		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }), WithObserver(&o))
+		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }), WithObserver(observerOf(&o)))
 	h := lim.Handler(okHandler)
 	for range 3 {
 		w := serve(h, "GET", "/healthz", "192.0.2.1:1")
@@ -146,7 +109,7 @@ func testSkip(t *testing.T, b backend) {
 			t.Fatalf("/healthz: %d %v; want 200 without rate-limit headers", w.Code, w.Header())
 		}
 	}
-	if n := logEntries(t, c, "skip", "global", GlobalID); n != 0 {
+	if n := logEntries(t, c, "skip", "global", globalID); n != 0 {
 		t.Errorf("%d entries after skipped requests, want 0", n)
 	}
 	for i, want := range []int{200, 429} {
@@ -182,7 +145,7 @@ func testSkipsAddUp(t *testing.T, b backend) {
 			t.Errorf("%s: %d %v; want 200 without rate-limit headers (skipped)", path, w.Code, w.Header())
 		}
 	}
-	if n := logEntries(t, c, "skips", "global", GlobalID); n != 0 {
+	if n := logEntries(t, c, "skips", "global", globalID); n != 0 {
 		t.Errorf("%d entries after skipped requests, want 0", n)
 	}
 	for i, want := range []int{200, 429} {

@@ -27,9 +27,9 @@ func checkDigest(d string) error {
 	return nil
 }
 
-// LimitStatusDigest is [Inspector.Status] for the identifier whose
+// limitStatusDigest is [Inspector.Status] for the identifier whose
 // digest ([operator.IDDigest]) is digest: the state of the limit called name for
-// it, counting nothing. It fails as LimitStatus does, and for a digest
+// it, counting nothing. It fails as limitStatus does, and for a digest
 // not of operator.IDDigest's form. The plan of a limit with plans ([Plans]) and a
 // manual block ([operator.Operator.Block]) are looked up by the digest, which
 // names no plan and no block: the result is the default plan's, as if not
@@ -55,10 +55,10 @@ func (l *Limiter) limitStatusDigest(ctx context.Context, name, digest string) (L
 	return res.Limits[i], nil
 }
 
-// ResetLimitDigest is [Inspector.Reset] for the identifier whose
+// resetLimitDigest is [Inspector.Reset] for the identifier whose
 // digest ([operator.IDDigest]) is digest: it forgets everything the limit called
 // name counted for it, and lifts the limit's block of it ([Limit.Block]).
-// It fails as ResetLimit does, and for a digest not of operator.IDDigest's form.
+// It fails as resetLimit does, and for a digest not of operator.IDDigest's form.
 func (l *Limiter) resetLimitDigest(ctx context.Context, name, digest string) error {
 	if err := checkDigest(digest); err != nil {
 		return err

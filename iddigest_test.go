@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -14,7 +15,7 @@ import (
 // TestIDDigest generates identifiers of every length around operator.MaxKeyID and
 // beyond (up to 1 MB, as a header can be), of safe and escaped bytes,
 // denies them through the middleware by a Header limit and a Compose
-// limit, and checks that what a DenialObserver is told, once digested by
+// limit, and checks that what a Denial hook is told, once digested by
 // IDDigest, addresses the client's counts: LimitStatusDigest reports the
 // denial as LimitStatus of the identifier does, and ResetLimitDigest
 // forgets that limit's counts for it and nothing else. Identifiers of at
@@ -32,7 +33,7 @@ func testIDDigest(t *testing.T, b backend) {
 	lim := mustNew(t, b.newClient(t), []Limit{
 		PerMinute(1, Header("X-A")).Named("a"),
 		PerMinute(1, Compose(Header("X-B"), Header("X-A"))).Named("ab"),
-	}, append(opts, WithObserver(log))...)
+	}, append(opts, WithObserver(observerOf(log)))...)
 	h := lim.Handler(okHandler)
 	ctx := context.Background()
 	const alphabet = "abcXYZ019-._~ %{}#|\x01\xff"
@@ -98,34 +99,65 @@ func testIDDigest(t *testing.T, b backend) {
 			}
 			continue
 		}
-		lr, err := lim.Inspect().StatusDigest(ctx, limit, digest)
+		lr, err := lim.Inspect().Status(ctx, limit, digest)
 		if err != nil {
 			t.Fatalf("seed %d step %d: %v", seed, step, err)
 		}
 		if !lr.Denied || lr.Remaining != 0 || lr.Name != limit {
 			t.Fatalf("seed %d step %d: LimitStatusDigest(%s, %d bytes) = %+v, want denied", seed, step, limit, len(id), lr)
 		}
-		if err := lim.Inspect().ResetDigest(ctx, limit, digest); err != nil {
+		if err := lim.Inspect().Reset(ctx, limit, digest); err != nil {
 			t.Fatalf("seed %d step %d: %v", seed, step, err)
 		}
-		if lr, err := lim.Inspect().StatusDigest(ctx, limit, digest); err != nil || lr.Denied || lr.Remaining != 1 {
+		if lr, err := lim.Inspect().Status(ctx, limit, digest); err != nil || lr.Denied || lr.Remaining != 1 {
 			t.Fatalf("seed %d step %d: after ResetLimitDigest(%s): %+v, %v", seed, step, limit, lr, err)
 		}
 		if limit == "a" {
-			if lr, err := lim.Inspect().Status(ctx, "a", a); err != nil || lr.Remaining != 1 {
+			if lr, err := lim.Inspect().Status(ctx, "a", escapeID(a)); err != nil || lr.Remaining != 1 {
 				t.Fatalf("seed %d step %d: LimitStatus after ResetLimitDigest: %+v, %v", seed, step, lr, err)
 			}
 		}
 	}
-	for _, bad := range []string{"", "#", "#abc", "x" + operator.IDDigest(strings.Repeat("y", 200))[1:], operator.IDDigest(strings.Repeat("y", 200)) + "="} {
-		if _, err := lim.Inspect().StatusDigest(ctx, "a", bad); err == nil {
-			t.Errorf("LimitStatusDigest(%q): no error", bad)
-		}
-		if err := lim.Inspect().ResetDigest(ctx, "a", bad); err == nil {
-			t.Errorf("ResetLimitDigest(%q): no error", bad)
+	if _, err := lim.Inspect().Status(ctx, "a", ""); err == nil {
+		t.Error("Status of an empty id: no error")
+	}
+	if err := lim.Inspect().Reset(ctx, "a", ""); err == nil {
+		t.Error("Reset of an empty id: no error")
+	}
+	// No identifier is read as a digest: one that begins with '#' is given
+	// with one more '#' in front, and one that is not of a digest's form
+	// may also be given as it is.
+	shaped := operator.IDDigest(strings.Repeat("y", 200)) // an identifier of a digest's form
+	n := 0
+	for _, tc := range []struct{ id, asGiven string }{
+		{"#", "#"}, {"#abc", "#abc"}, {"##x", ""}, {shaped, ""}, {"x" + shaped[1:], "x" + shaped[1:]}, {shaped + "=", shaped + "="},
+	} {
+		for _, given := range []string{escapeID(tc.id), tc.asGiven} {
+			if given == "" {
+				continue
+			}
+			if err := lim.Inspect().Reset(ctx, "a", given); err != nil {
+				t.Fatalf("Reset(%q): %v", given, err)
+			}
+			if res, err := lim.Allow(ctx, []string{tc.id, "other" + strconv.Itoa(n)}, 1); err != nil || !res.Allowed {
+				t.Fatalf("a request of %q: %+v, %v", tc.id, res, err)
+			}
+			n++
+			if lr, err := lim.Inspect().Status(ctx, "a", given); err != nil || !lr.Denied {
+				t.Errorf("Status(%q) after a request of %q: %+v, %v; want it denied", given, tc.id, lr, err)
+			}
 		}
 	}
-	if _, err := lim.Inspect().StatusDigest(ctx, "nope", operator.IDDigest(strings.Repeat("y", 200))); err == nil {
+	if _, err := lim.Inspect().Status(ctx, "nope", operator.IDDigest(strings.Repeat("y", 200))); err == nil {
 		t.Error("LimitStatusDigest of an unknown limit: no error")
 	}
+}
+
+// escapeID returns id as Inspector.Status and Reset take an identifier:
+// with one more '#' in front when it begins with '#'.
+func escapeID(id string) string {
+	if strings.HasPrefix(id, "#") {
+		return "#" + id
+	}
+	return id
 }

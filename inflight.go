@@ -1,8 +1,6 @@
 package ratelimit
 
 import (
-	"context"
-
 	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/store"
 )
@@ -32,24 +30,4 @@ func (rs *ruleset) newHold(q *redislog.Query, out *redislog.Outcome, in store.Ho
 		}
 	}
 	return h
-}
-
-// Release frees the in-flight slots ([InFlight]) that res, a Result of
-// [Limiter.Allow], holds: call it when the work res admitted ends. It
-// waits for Redis within ctx and the Limiter's timeout ([WithTimeout]); a
-// slot whose release fails is no longer renewed and frees by itself
-// within its lease, and the error says so. A Result holds its slots until
-// Release (or, if it is lost, until the Limiter is collected or closed,
-// and one lease more): release every admitted one, with defer. Release of
-// a Result that holds no slot (denied, or of a Limiter without in-flight
-// limits) and any Release after the first return nil. [Limiter.Refund]
-// never releases slots. Handler and the adapters release their requests'
-// slots themselves when the handler returns.
-func (l *Limiter) Release(ctx context.Context, res Result) error {
-	if res.hold == nil || res.hold.released.Load() {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
-	defer cancel()
-	return res.hold.release(ctx)
 }

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -61,8 +62,9 @@ func TestInFlightConfig(t *testing.T) {
 
 func (l Limit) with(f func(*Limit)) Limit { f(&l); return l }
 
-// TestInFlightAllowRelease: Allow takes a slot, Release frees it, a
-// second Release does nothing, Refund never frees a slot.
+// TestInFlightAllowRelease: Allow takes a slot, Settle frees it (at the
+// admitted cost or at 0, a refund), a second Settle returns ErrSettled and
+// frees nothing more.
 func TestInFlightAllowRelease(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		l := mustNew(t, b.newClient(t), []Limit{InFlight(2, ClientIP()), PerMinute(100, ClientIP())})
@@ -75,26 +77,36 @@ func TestInFlightAllowRelease(t *testing.T) {
 		if r1.Limits[0].Remaining != 1 || !r1.Limits[0].InFlight {
 			t.Fatalf("after one: %+v", r1.Limits[0])
 		}
+		if r1.Cost != 5 {
+			t.Fatalf("Cost %d, want 5", r1.Cost)
+		}
 		r2, _ := l.Allow(ctx, ids, 1)
-		if err := l.Refund(ctx, r2); err != nil {
+		if err := l.Settle(ctx, r2, 0); err != nil {
 			t.Fatal(err)
+		}
+		r2, err = l.Allow(ctx, ids, 1)
+		if err != nil || !r2.Allowed {
+			t.Fatalf("after a refund, which frees its slot: %+v %v", r2, err)
 		}
 		r3, err := l.Allow(ctx, ids, 1)
 		if err != nil || r3.Allowed || r3.DeniedBy != "ip-inflight" || r3.RetryAfter != 0 {
-			t.Fatalf("third in flight (a refund frees no slot): %+v %v", r3, err)
+			t.Fatalf("third in flight: %+v %v", r3, err)
 		}
-		if err := l.Release(ctx, r1); err != nil {
+		if err := l.Settle(ctx, r1, r1.Cost); err != nil {
 			t.Fatal(err)
 		}
-		if err := l.Release(ctx, r1); err != nil {
-			t.Fatal("second release:", err)
+		if err := l.Settle(ctx, r1, r1.Cost); !errors.Is(err, ErrSettled) {
+			t.Fatalf("second settle: %v, want ErrSettled", err)
 		}
 		r4, err := l.Allow(ctx, ids, 1)
 		if err != nil || !r4.Allowed {
 			t.Fatalf("after a release: %+v %v", r4, err)
 		}
-		if err := l.Release(ctx, r3); err != nil {
-			t.Fatal("release of a denial:", err)
+		if err := l.Settle(ctx, r3, r3.Cost); !errors.Is(err, ErrNotAdmitted) {
+			t.Fatalf("settle of a denial: %v, want ErrNotAdmitted", err)
+		}
+		if err := errors.Join(l.Settle(ctx, r2, r2.Cost), l.Settle(ctx, r4, r4.Cost)); err != nil {
+			t.Fatal(err)
 		}
 	})
 }
@@ -154,13 +166,13 @@ func TestInFlightRenewal(t *testing.T) {
 			t.Fatalf("not admitted a lease after the last renewal: %+v", res)
 		}
 		// The expired holder's release takes nothing from the new one.
-		if err := l.Release(ctx, held); err != nil {
+		if err := l.Settle(ctx, held, held.Cost); err != nil {
 			t.Fatal(err)
 		}
 		if again := allow(); again.Allowed {
 			t.Fatal("an expired holder's release freed another's slot")
 		}
-		_ = l.Release(ctx, res)
+		_ = l.Settle(ctx, res, res.Cost)
 	})
 }
 
@@ -195,11 +207,14 @@ func TestInFlightFailLocal(t *testing.T) {
 			if !r1.Allowed || !r2.Allowed || r1.hold == nil || !r1.hold.inProcess() {
 				t.Fatalf("%+v %+v", r1, r2)
 			}
-			_ = l.Refund(ctx, r2)
+			_ = l.Settle(ctx, r2, 0) // frees its slot
+			if r2, _ = l.Allow(ctx, ids, 1); !r2.Allowed {
+				t.Fatalf("after a refund: %+v", r2)
+			}
 			if r3, _ := l.Allow(ctx, ids, 1); r3.Allowed || r3.DeniedBy != "header-inflight" {
 				t.Fatalf("a third in flight: %+v", r3)
 			}
-			if err := l.Release(ctx, r1); err != nil {
+			if err := l.Settle(ctx, r1, r1.Cost); err != nil {
 				t.Fatal(err)
 			}
 			// Through Handler: the one free slot is held while the handler runs.
@@ -322,7 +337,7 @@ func TestInFlightConcurrent(t *testing.T) {
 					r := rand.New(rand.NewPCG(seed, uint64(g+1)))
 					for range 30 {
 						u := users[r.IntN(len(users))]
-						res, err := l.Allow(context.Background(), []string{u, GlobalID}, 1+r.IntN(5))
+						res, err := l.Allow(context.Background(), []string{u, globalID}, 1+r.IntN(5))
 						if err != nil {
 							t.Error(err)
 							return
@@ -343,7 +358,7 @@ func TestInFlightConcurrent(t *testing.T) {
 						held[u]--
 						total--
 						mu.Unlock()
-						if err := l.Release(context.Background(), res); err != nil {
+						if err := l.Settle(context.Background(), res, res.Cost); err != nil {
 							t.Error(err)
 						}
 					}
@@ -355,7 +370,7 @@ func TestInFlightConcurrent(t *testing.T) {
 				t.Fatalf("only %d admitted", admitted)
 			}
 			for _, u := range users {
-				if res, err := l.Status(context.Background(), []string{u, GlobalID}, 1); err != nil || res.Limits[0].Remaining != userCap || res.Limits[1].Remaining != globalCap {
+				if res, err := l.Status(context.Background(), []string{u, globalID}, 1); err != nil || res.Limits[0].Remaining != userCap || res.Limits[1].Remaining != globalCap {
 					t.Fatalf("slots left held at the end: %+v %v", res.Limits, err)
 				}
 			}

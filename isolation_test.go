@@ -286,10 +286,10 @@ func testPoisonedKeyFailsOnlyItsRequests(t *testing.T, b backend) {
 	if good == 0 || bad == 0 {
 		t.Fatalf("%d healthy and %d poisoned requests: the test sent none of one kind", good, bad)
 	}
-	if n := logEntries(t, c, "all", "global", GlobalID); n != int64(good) {
+	if n := logEntries(t, c, "all", "global", globalID); n != int64(good) {
 		t.Errorf("the global log holds %d entries for %d healthy requests", n, good)
 	}
-	if u := lim.Inspect().Unreverted(); u != 0 {
+	if u := lim.Inspect().Stats().Unreverted; u != 0 {
 		t.Errorf("Unreverted = %d, want 0", u)
 	}
 }
@@ -327,20 +327,20 @@ func TestFailedRequestLeftCounted(t *testing.T) {
 	}
 	lim.redis.Lib = fakeLibrary{decide: func([]string) (any, error) { return failed, nil }}
 	for i := range 3 {
-		res, err := lim.Allow(ctx, []string{"a", GlobalID}, 1)
+		res, err := lim.Allow(ctx, []string{"a", globalID}, 1)
 		var re *slidinglog.RequestError
 		if !errors.As(err, &re) || re.Msg != "ERR boom" || res.Allowed || res.Unreverted != 2 {
 			t.Fatalf("decision %d: %+v %v; want the RequestError, 2 units unreverted", i, res, err)
 		}
 	}
-	if n := lim.Inspect().Unreverted(); n != 6 {
+	if n := lim.Inspect().Stats().Unreverted; n != 6 {
 		t.Errorf("Unreverted() = %d, want 6", n)
 	}
 	now := t0.UnixMicro()
 	admit := slidinglog.AppendReply(nil, slidinglog.Reply{Allowed: true, Denied: -1, Now: now},
 		[]slidinglog.LimitReply{{Reset: now + 60e6, Stamp: now}, {Reset: now + 60e6, Stamp: now}})
 	lim.redis.Lib = fakeLibrary{decide: func([]string) (any, error) { return admit, nil }}
-	if res, err := lim.Allow(ctx, []string{"b", GlobalID}, 1); err != nil || !res.Allowed {
+	if res, err := lim.Allow(ctx, []string{"b", globalID}, 1); err != nil || !res.Allowed {
 		t.Errorf("after the failures: %+v %v; want admitted, the breaker closed", res, err)
 	}
 }

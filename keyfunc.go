@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/netip"
 	"reflect"
-	"strconv"
 	"strings"
 
 	"github.com/slidinglog/ratelimit/clientip"
@@ -15,7 +14,7 @@ import (
 
 // A Key says what a [Limit] counts by: the client IP, a header, the user, the
 // route template, a constant, or a composition of these. Build one with
-// [ClientIP], [Header], [User], [UserFromContext], [Route], [Global],
+// [ClientIP], [Header], [User], [Route], [Global],
 // [Compose] or [KeyFunc]; the zero Key is invalid and is rejected by [New].
 //
 // A limit's Redis keys record what its Key counts by ("ip", "user",
@@ -83,15 +82,16 @@ func KeyFunc(name string, fn func(r *http.Request) (string, error)) Key {
 
 // Global returns a Key that is the same for every request: a limit counted by
 // it is one shared budget for all clients (for example 10,000 requests per
-// minute for the whole API).
+// minute for the whole API). The identifier it gives every request is
+// "global": pass "global" to [Limiter.Allow], [Limiter.Status] or
+// [Limiter.Reset] for a Global limit so that they count in the same log as
+// the middleware.
 func Global() Key {
-	return Key{name: "global", global: true, fn: func(*http.Request) (string, error) { return GlobalID, nil }}
+	return Key{name: "global", global: true, fn: func(*http.Request) (string, error) { return globalID, nil }}
 }
 
-// GlobalID is the identifier a [Global] key gives every request. Pass it to
-// [Limiter.Allow], [Limiter.Status] or [Limiter.Reset] for a Global limit
-// so that they count in the same log as the middleware.
-const GlobalID = "global"
+// globalID is the identifier a Global key gives every request.
+const globalID = "global"
 
 // ClientIP returns a Key that identifies a request by its client's IP
 // address, as a [clientip.Resolver] with opts resolves it: by default the
@@ -153,7 +153,7 @@ func Header(name string) Key {
 // User returns a Key that identifies a request by the user fn returns, for
 // example the subject of a verified token. fn reports ok == false (or an
 // empty user) when the request has no user; such a request has no key
-// ([ErrNoKey]) and is refused with 401 ([WithMissingKey] says otherwise),
+// ([ErrNoKey]) and is refused with 401 ([Handlers].ServeMissingKey says otherwise),
 // so mount a per-user limit only on routes that require authentication,
 // behind the authentication middleware.
 func User(fn func(r *http.Request) (user string, ok bool)) Key {
@@ -167,51 +167,6 @@ func User(fn func(r *http.Request) (user string, ok bool)) Key {
 		k.err = errors.New("nil user function")
 	}
 	return k
-}
-
-// UserFromContext returns a Key that identifies a request by the user
-// stored in its context under ctxKey (typically by an authentication
-// middleware that runs first): a string, an integer (written in decimal:
-// the int64 7 and the string "7" are the same user), or a [fmt.Stringer]
-// (its String). A missing or empty value, a nil pointer, or a value of
-// another type is [ErrNoKey]; see [User].
-func UserFromContext(ctxKey any) Key {
-	k := User(func(r *http.Request) (string, bool) {
-		return userID(r.Context().Value(ctxKey))
-	})
-	if ctxKey == nil {
-		k.err = errors.New("nil context key")
-	}
-	return k
-}
-
-// userID returns the identifier of a user stored in a context: a string,
-// an integer in decimal, or what a fmt.Stringer says. Anything else, and
-// an empty string, is no user.
-func userID(v any) (string, bool) {
-	var s string
-	switch u := v.(type) {
-	case string:
-		s = u
-	case int:
-		s = strconv.Itoa(u)
-	case int64:
-		s = strconv.FormatInt(u, 10)
-	case int32:
-		s = strconv.FormatInt(int64(u), 10)
-	case uint:
-		s = strconv.FormatUint(uint64(u), 10)
-	case uint64:
-		s = strconv.FormatUint(u, 10)
-	case uint32:
-		s = strconv.FormatUint(uint64(u), 10)
-	case fmt.Stringer:
-		if nilPointer(u) {
-			return "", false
-		}
-		s = u.String()
-	}
-	return s, s != ""
 }
 
 // nilPointer reports whether v is a nil pointer in an interface, which

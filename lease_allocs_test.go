@@ -32,7 +32,7 @@ func testLeaseAllocs(t *testing.T, b backend, perClient bool) {
 		if leased {
 			lim = lim.Leased()
 		}
-		limits, ids := []Limit{lim}, []string{GlobalID}
+		limits, ids := []Limit{lim}, []string{globalID}
 		if perClient {
 			limits = append(limits, PerMinute(1_000_000, Header("X-Client")).Named(lim.Name+"-ip"))
 			ids = append(ids, "a")

@@ -117,7 +117,7 @@ func testLeaseOtherLimitsDecidedLate(t *testing.T, b backend) {
 
 	var admitted []admission
 	allow := func(l *Limiter) bool {
-		res, err := l.Allow(context.Background(), []string{GlobalID, "c"}, 1)
+		res, err := l.Allow(context.Background(), []string{globalID, "c"}, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,7 +130,7 @@ func testLeaseOtherLimitsDecidedLate(t *testing.T, b backend) {
 	// per-client limit is held back past the lease's end.
 	for i := 0; !hook.fired.Load(); i++ {
 		if i == quota/2 {
-			t.Fatalf("%d requests and none from a lease (%d leased)", i, l.Inspect().Leased())
+			t.Fatalf("%d requests and none from a lease (%d leased)", i, l.Inspect().Stats().Leased)
 		}
 		allow(l)
 	}
@@ -140,7 +140,7 @@ func testLeaseOtherLimitsDecidedLate(t *testing.T, b backend) {
 	}
 	// The per-client limit counts each request admitted once: what the
 	// late call logged was taken back, or else stayed the request's.
-	st, err := l.Status(context.Background(), []string{GlobalID, "c"}, 1)
+	st, err := l.Status(context.Background(), []string{globalID, "c"}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,7 +55,7 @@ func leaseApp(client redis.UniversalClient) (http.Handler, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/", l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
 	mux.HandleFunc("/leased", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprint(w, l.Inspect().Leased())
+		fmt.Fprint(w, l.Inspect().Stats().Leased)
 	})
 	return mux, nil
 }
@@ -207,7 +207,7 @@ func TestLeaseProcesses(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = reader.Close() })
 	counted := func() int {
-		res, err := reader.Status(context.Background(), []string{GlobalID}, 1)
+		res, err := reader.Status(context.Background(), []string{globalID}, 1)
 		if err != nil {
 			t.Fatal(err)
 		}

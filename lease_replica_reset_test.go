@@ -62,7 +62,7 @@ func testLeaseResetReplicas(t *testing.T, b backend, how string, offset time.Dur
 	}
 	a, bb := newReplica(), newReplica()
 	ctx := context.Background()
-	ids := []string{GlobalID}
+	ids := []string{globalID}
 	allow := func(l *Limiter) bool {
 		res, err := l.Allow(ctx, ids, 1)
 		if err != nil {
@@ -77,12 +77,12 @@ func testLeaseResetReplicas(t *testing.T, b backend, how string, offset time.Dur
 			t.Fatalf("offset %v: A denied before the quota", offset)
 		}
 	}
-	if a.Inspect().Leased() == 0 {
+	if a.Inspect().Stats().Leased == 0 {
 		t.Fatalf("offset %v: A took no lease after 16 requests in a lease's time", offset)
 	}
 	reset := bb.Reset(ctx, ids)
 	if how == "Inspector.Reset" {
-		reset = bb.Inspect().Reset(ctx, "g", GlobalID)
+		reset = bb.Inspect().Reset(ctx, "g", globalID)
 	}
 	if reset != nil {
 		t.Fatal(reset)
@@ -98,7 +98,7 @@ func testLeaseResetReplicas(t *testing.T, b backend, how string, offset time.Dur
 			}
 		}
 	}
-	t.Logf("%s, offset %v: %d admitted after the reset, quota %d (A answered %d from leases)", how, offset, admitted, quota, a.Inspect().Leased())
+	t.Logf("%s, offset %v: %d admitted after the reset, quota %d (A answered %d from leases)", how, offset, admitted, quota, a.Inspect().Stats().Leased)
 	if admitted > quota {
 		t.Errorf("%s, clock %v from the server's: %d admitted in the window after a reset, quota %d: the reset dropped units a lease still held", how, offset, admitted, quota)
 	}

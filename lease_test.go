@@ -157,7 +157,7 @@ func testLeaseNeverOver(t *testing.T, b backend) {
 		clock.Set(now)
 		r := replicas[rng.IntN(len(replicas))]
 		cost := 1 + rng.IntN(2)
-		res, err := r.l.Allow(context.Background(), []string{GlobalID, "c" + strconv.Itoa(rng.IntN(4))}, cost)
+		res, err := r.l.Allow(context.Background(), []string{globalID, "c" + strconv.Itoa(rng.IntN(4))}, cost)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -166,7 +166,7 @@ func testLeaseNeverOver(t *testing.T, b backend) {
 			continue
 		}
 		if rng.IntN(20) == 0 {
-			if err := r.l.Refund(context.Background(), res); err != nil {
+			if err := r.l.Settle(context.Background(), res, 0); err != nil {
 				t.Fatal(err)
 			}
 			continue
@@ -180,7 +180,7 @@ func testLeaseNeverOver(t *testing.T, b backend) {
 	var leased uint64
 	for _, r := range replicas {
 		trips += r.hook.trips.Load()
-		leased += r.l.Inspect().Leased()
+		leased += r.l.Inspect().Stats().Leased
 	}
 	if leased == 0 {
 		t.Errorf("no decision from a lease")
@@ -205,7 +205,7 @@ func testLeaseFewCalls(t *testing.T, b backend) {
 		now = now.Add(time.Duration(rng.IntN(200)) * time.Microsecond)
 		clock.Set(now)
 		cost := 1 + rng.IntN(3)
-		res, err := r.l.Allow(context.Background(), []string{GlobalID}, cost)
+		res, err := r.l.Allow(context.Background(), []string{globalID}, cost)
 		if err != nil || !res.Allowed {
 			t.Fatalf("denied: %v", err)
 		}
@@ -215,7 +215,7 @@ func testLeaseFewCalls(t *testing.T, b backend) {
 	if trips > n/10 {
 		t.Errorf("%d round trips for %d requests: want at most %d", trips, n, n/10)
 	}
-	if got := r.l.Inspect().Leased(); got < n*9/10 {
+	if got := r.l.Inspect().Stats().Leased; got < n*9/10 {
 		t.Errorf("%d of %d requests decided from leases", got, n)
 	}
 	_ = r.l.Close()
@@ -262,7 +262,7 @@ func testLeaseColdKeys(t *testing.T, b backend) {
 				t.Fatal(err)
 			}
 		}
-		if got := r.l.Inspect().Leased(); got != 0 {
+		if got := r.l.Inspect().Stats().Leased; got != 0 {
 			t.Errorf("leased %v: %d decisions from leases", leased, got)
 		}
 		trips[leased] = r.decisions.Load()
@@ -294,7 +294,7 @@ func testLeaseOtherLimitDenies(t *testing.T, b backend) {
 		now = now.Add(time.Duration(rng.IntN(1000)) * time.Microsecond)
 		clock.Set(now)
 		cost := 1 + rng.IntN(3)
-		res, err := r.l.Allow(context.Background(), []string{GlobalID, "c" + strconv.Itoa(rng.IntN(20))}, cost)
+		res, err := r.l.Allow(context.Background(), []string{globalID, "c" + strconv.Itoa(rng.IntN(20))}, cost)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -307,7 +307,7 @@ func testLeaseOtherLimitDenies(t *testing.T, b backend) {
 		}
 		switch rng.IntN(10) {
 		case 0:
-			if err := r.l.Refund(context.Background(), res); err != nil {
+			if err := r.l.Settle(context.Background(), res, 0); err != nil {
 				t.Fatal(err)
 			}
 			refunded++
@@ -322,11 +322,11 @@ func testLeaseOtherLimitDenies(t *testing.T, b backend) {
 		}
 		units += cost
 	}
-	if denied == 0 || refunded == 0 || settled == 0 || r.l.Inspect().Leased() == 0 {
-		t.Fatalf("%d denied, %d refunded, %d settled, %d from leases: the test tests nothing", denied, refunded, settled, r.l.Inspect().Leased())
+	if denied == 0 || refunded == 0 || settled == 0 || r.l.Inspect().Stats().Leased == 0 {
+		t.Fatalf("%d denied, %d refunded, %d settled, %d from leases: the test tests nothing", denied, refunded, settled, r.l.Inspect().Stats().Leased)
 	}
 	_ = r.l.Close()
-	res, err := r.l.Status(context.Background(), []string{GlobalID, "nobody"}, 1)
+	res, err := r.l.Status(context.Background(), []string{globalID, "nobody"}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +352,7 @@ func testLeaseReset(t *testing.T, b backend) {
 	allow := func(l *Limiter) bool {
 		now = now.Add(100 * time.Microsecond)
 		clock.Set(now)
-		res, err := l.Allow(context.Background(), []string{GlobalID}, 1)
+		res, err := l.Allow(context.Background(), []string{globalID}, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -364,18 +364,18 @@ func testLeaseReset(t *testing.T, b backend) {
 	for range 3 * hotLeaseRequests {
 		allow(holder)
 	}
-	if holder.Inspect().Leased() == 0 {
+	if holder.Inspect().Stats().Leased == 0 {
 		t.Fatal("no lease taken")
 	}
-	if err := other.Reset(context.Background(), []string{GlobalID}); err != nil {
+	if err := other.Reset(context.Background(), []string{globalID}); err != nil {
 		t.Fatal(err)
 	}
 	admitted = admitted[:0]
-	before := holder.Inspect().Leased()
+	before := holder.Inspect().Stats().Leased
 	for range 20 {
 		allow(holder)
 	}
-	if holder.Inspect().Leased() == before {
+	if holder.Inspect().Stats().Leased == before {
 		t.Error("the holder stopped deciding from its lease after the Reset")
 	}
 	for range 2 * quota {
@@ -414,11 +414,11 @@ func testLeaseRedisDown(t *testing.T, mode FailureMode, hung bool) {
 	for range 4 * hotLeaseRequests {
 		now = now.Add(time.Millisecond)
 		clock.Set(now)
-		if _, err := r.l.Allow(context.Background(), []string{GlobalID, "a"}, 1); err != nil {
+		if _, err := r.l.Allow(context.Background(), []string{globalID, "a"}, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if r.l.Inspect().Leased() == 0 {
+	if r.l.Inspect().Stats().Leased == 0 {
 		t.Fatal("no lease taken")
 	}
 	if hung {
@@ -432,7 +432,7 @@ func testLeaseRedisDown(t *testing.T, mode FailureMode, hung bool) {
 		now = now.Add(time.Millisecond)
 		clock.Set(now)
 		start := time.Now()
-		res, err := r.l.Allow(context.Background(), []string{GlobalID, "a"}, 1)
+		res, err := r.l.Allow(context.Background(), []string{globalID, "a"}, 1)
 		took := time.Since(start)
 		t.Logf("decision %d: %v in %v", i, err, took)
 		if err == nil {
@@ -463,12 +463,12 @@ func testLeaseCloseGivesBack(t *testing.T, b backend) {
 	for range 100 {
 		now = now.Add(100 * time.Microsecond)
 		clock.Set(now)
-		if res, err := r.l.Allow(context.Background(), []string{GlobalID}, 1); err != nil || !res.Allowed {
+		if res, err := r.l.Allow(context.Background(), []string{globalID}, 1); err != nil || !res.Allowed {
 			t.Fatalf("denied: %v", err)
 		}
 	}
 	st := mustNew(t, b.newClient(t), limits, WithClock(clock.Now))
-	held, err := st.Status(context.Background(), []string{GlobalID}, 1)
+	held, err := st.Status(context.Background(), []string{globalID}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,7 +487,7 @@ func testLeaseCloseGivesBack(t *testing.T, b backend) {
 func waitGivenBack(t *testing.T, st *Limiter, quota, want int) {
 	t.Helper()
 	for deadline := time.Now().Add(redistest.DecisionTimeout); ; time.Sleep(5 * time.Millisecond) {
-		res, err := st.Status(context.Background(), []string{GlobalID}, 1)
+		res, err := st.Status(context.Background(), []string{globalID}, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -515,13 +515,13 @@ func TestLeaseHeaders(t *testing.T) {
 	for range 200 {
 		now = now.Add(100 * time.Microsecond)
 		clock.Set(now)
-		before := r.l.Inspect().Leased()
+		before := r.l.Inspect().Stats().Leased
 		rec := serve(h, "GET", "/", "192.0.2.1:1234")
 		remaining, err := strconv.Atoi(rec.Header().Get("X-RateLimit-Remaining"))
 		if err != nil || rec.Code != http.StatusOK {
 			t.Fatalf("status %d, X-RateLimit-Remaining %q", rec.Code, rec.Header().Get("X-RateLimit-Remaining"))
 		}
-		if r.l.Inspect().Leased() == before {
+		if r.l.Inspect().Stats().Leased == before {
 			last = -1
 			continue
 		}
@@ -572,7 +572,7 @@ func BenchmarkLeaseAllow(b *testing.B) {
 			defer func() { _ = l.Close() }()
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
-				ids := []string{GlobalID}
+				ids := []string{globalID}
 				for pb.Next() {
 					if _, err := l.Allow(context.Background(), ids, 1); err != nil {
 						b.Error(err)

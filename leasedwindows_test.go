@@ -67,7 +67,7 @@ func testLeasedDailyLimit(t *testing.T, b backend) {
 	for range 3000 {
 		now = now.Add(time.Duration(1+rng.IntN(20)) * time.Millisecond)
 		clock.Set(now)
-		res, err := r.l.Allow(context.Background(), []string{GlobalID}, 5)
+		res, err := r.l.Allow(context.Background(), []string{globalID}, 5)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,7 +81,7 @@ func testLeasedDailyLimit(t *testing.T, b backend) {
 	if admitted < quota/2 {
 		t.Errorf("%d units admitted of %d asked for in a day: quota %d", admitted, 3000*5, quota)
 	}
-	if r.l.Inspect().Leased() == 0 {
+	if r.l.Inspect().Stats().Leased == 0 {
 		t.Errorf("no decision from a lease")
 	}
 }

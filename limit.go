@@ -438,7 +438,7 @@ const (
 // limit's name and Redis: a request takes one slot, whatever its cost,
 // and frees it when it ends (when the handler returns, streams and
 // hijacked connections included; for [Limiter.Allow], at
-// [Limiter.Release]). Its default name is the key's and "-inflight", such
+// [Limiter.Settle]). Its default name is the key's and "-inflight", such
 // as "user-inflight":
 //
 //	ratelimit.InFlight(20, ratelimit.User(userOf)) // 20 requests of a user at once

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,7 +71,10 @@ type Limiter struct {
 	routeSeen atomic.Bool
 	// unmatched reports WarningRouteUnmatched (see routes.go).
 	unmatched warnOnce
-	routerIP  bool
+	// servedChecked: the route table was checked against the routes a
+	// request's context carried (see checkServed).
+	servedChecked atomic.Bool
+	routerIP      bool
 
 	// ops is the operator state in force (overrides and blocks, see
 	// live.go), nil before it was first read; opsRun reads it, and
@@ -153,16 +155,6 @@ type compiledLimit struct {
 	tiers     []tier
 	tierOf    map[string]int
 	planCache *planCache // Plans.Cache's, if any
-}
-
-// A LimiterWatcher is an [Observer] that wants to know the Limiters it
-// observes, to report their state (the metrics modules' circuit-breaker
-// gauge): [New] calls Watch once with the Limiter it returns, so that
-// [WithObserver] is the one step a metrics module needs. Watch must be
-// safe to call twice for one Limiter (by New and by the application).
-type LimiterWatcher interface {
-	Observer
-	Watch(l *Limiter)
 }
 
 // New returns a Limiter that enforces limits in the Redis that client talks
@@ -266,10 +258,8 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	l.startOperatorRefresh()
 	l.startRenewal()
 	l.startLeases()
-	for _, o := range cfg.observers {
-		if w, ok := o.(LimiterWatcher); ok {
-			w.Watch(l)
-		}
+	for _, f := range cfg.onLimiter {
+		f.(func(*Limiter))(l)
 	}
 	return l, nil
 }
@@ -285,9 +275,6 @@ func applyOptions(opts []Option) (config, []error) {
 			continue
 		}
 		o(&cfg)
-	}
-	if len(cfg.settleBy) > 1 {
-		errs = append(errs, fmt.Errorf("%s: settlement is configured once: WithRefund(f) is WithSettle with a function that returns 0 where f reports true", strings.Join(cfg.settleBy, " and ")))
 	}
 	return cfg, append(errs, cfg.errs...)
 }
@@ -731,7 +718,7 @@ func (l *Limiter) declarer(now func() time.Time) *declarer {
 	if err != nil {
 		panic("ratelimit: " + err.Error()) // New checked the client and the prefix
 	}
-	d := &declarer{op: op, every: l.cfg.opsRefresh, mine: map[string]definition{}, observers: l.cfg.observers, warned: map[string]*warnOnce{}}
+	d := &declarer{op: op, every: l.cfg.opsRefresh, mine: map[string]definition{}, onWarning: l.cfg.onWarning, warned: map[string]*warnOnce{}}
 	l.eachRuleset(func(p *ruleset) {
 		for i := range p.limits {
 			lim := &p.limits[i]
@@ -952,7 +939,7 @@ func (l *Limiter) checkStoreFeatures() error {
 		}
 	})
 	if _, ok := l.cfg.store.(store.Settler); l.cfg.settleOn && !ok {
-		errs = append(errs, fmt.Errorf("%s: settlement needs a store that implements store.Settler; %T does not", strings.Join(l.cfg.settleBy, " and "), l.cfg.store))
+		errs = append(errs, fmt.Errorf("WithSettle (or WithRefund): settlement needs a store that implements store.Settler; %T does not", l.cfg.store))
 	}
 	return errors.Join(errs...)
 }

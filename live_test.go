@@ -127,7 +127,7 @@ func TestOperatorOverride(t *testing.T) {
 		if got := get("pro-1").Header.Get("X-RateLimit-Limit"); got != "20" {
 			t.Errorf("the pro plan overridden: X-RateLimit-Limit %q, want 20", got)
 		}
-		st := l.Inspect().OperatorState()
+		st := l.Inspect().Stats().Operator
 		if len(st.Quotas) != 2 || st.Version < 1_000_000_000_000_000 {
 			t.Errorf("OperatorState: %+v, want 2 overrides at a version from the server's clock", st)
 		}
@@ -159,7 +159,7 @@ func TestOperatorBlock(t *testing.T) {
 		clock := &testClock{t: start}
 		obs := &denials{}
 		l := newDriven(t, b.newClient(t), []Limit{PerMinute(100, ClientIP()).Named("ip"), PerMinute(100, Header("X-User")).Named("user")},
-			WithClock(clock.Now), WithObserver(obs))
+			WithClock(clock.Now), WithObserver(observerOf(obs)))
 		op := l.Inspect().Operator() // this Limiter applies its changes at once
 		h := l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		get := func(addr, user string) *http.Response {
@@ -187,7 +187,7 @@ func TestOperatorBlock(t *testing.T) {
 			t.Fatalf("mallory: %d, Retry-After %q, Remaining %q; want 429, 91, 0", resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get("X-RateLimit-Remaining"))
 		}
 		if got := obs.last(); got != "user mallory" {
-			t.Errorf("the DenialObserver was told %q, want the user limit and mallory", got)
+			t.Errorf("the Denial hook was told %q, want the user limit and mallory", got)
 		}
 		for _, addr := range []string{"198.51.100.77:1", "[2001:db8:1:2::5]:1"} {
 			if resp := get(addr, "alice"); resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "60" {
@@ -283,7 +283,7 @@ func TestOperatorNoRefresh(t *testing.T) {
 	})
 }
 
-// denials records what a DenialObserver is told.
+// denials records what a Denial hook is told.
 type denials struct {
 	mu   sync.Mutex
 	seen []string
@@ -348,8 +348,8 @@ func TestOperatorLapse(t *testing.T) {
 		_ = l.tick()
 		if b.mr != nil {
 			res, _ := l.Status(ctx, []string{"bob"}, 1)
-			if len(l.Inspect().OperatorState().Quotas) != 0 || l.rules.current().limits[0].Quota != 2 || res.Limit != 0 {
-				t.Fatalf("after a refresh with Redis down: %+v, quota %d", l.Inspect().OperatorState(), l.rules.current().limits[0].Quota)
+			if len(l.Inspect().Stats().Operator.Quotas) != 0 || l.rules.current().limits[0].Quota != 2 || res.Limit != 0 {
+				t.Fatalf("after a refresh with Redis down: %+v, quota %d", l.Inspect().Stats().Operator, l.rules.current().limits[0].Quota)
 			}
 			return
 		}
@@ -383,7 +383,7 @@ func TestOperatorFlush(t *testing.T) {
 		if err := l.tick(); err != nil {
 			t.Fatal(err)
 		}
-		st := l.Inspect().OperatorState()
+		st := l.Inspect().Stats().Operator
 		if len(st.Blocks) != 1 || st.Blocks[0].Target != "mallory" {
 			t.Fatalf("after a flush and one block: %+v, want mallory alone", st)
 		}

@@ -92,7 +92,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 	lim.store = lim.wrap(redis)
 	ctx := context.Background()
 	allow := func(id string) Result {
-		res, err := lim.Allow(ctx, []string{id, GlobalID}, 1)
+		res, err := lim.Allow(ctx, []string{id, globalID}, 1)
 		if !res.Local || !errors.Is(err, errScriptedDown) {
 			t.Fatalf("%.20s: %+v %v, want a local decision", id, res, err)
 		}
@@ -136,7 +136,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 	// Redis is back; the logs expire.
 	redis.down.Store(false)
 	clock.Set(t0.Add(2 * time.Minute))
-	if res, err := lim.Allow(ctx, []string{"after", GlobalID}, 1); err != nil || res.Local || !res.Allowed {
+	if res, err := lim.Allow(ctx, []string{"after", globalID}, 1); err != nil || res.Local || !res.Allowed {
 		t.Fatalf("after the outage: %+v %v", res, err)
 	}
 	if n := lim.local.Len(); n != 0 {

@@ -15,7 +15,7 @@ import (
 // Handler returns middleware that rate-limits the requests to next: an
 // admitted request reaches next with the rate-limit headers set; a denied one
 // is answered with 429 (see [Handlers].Denied); one a [Key] cannot
-// identify gets 401 ([WithMissingKey]); one the limiter cannot decide gets
+// identify gets 401 ([Handlers].MissingKey); one the limiter cannot decide gets
 // the failure mode ([WithFailureMode]).
 //
 // Wrap a single route, or a whole [http.ServeMux]: Handler then looks the
@@ -126,7 +126,7 @@ func (l *Limiter) routesUnseen(p Pass, r *http.Request) {
 	if r.Pattern != "" {
 		attrs = append(attrs, slog.String("route", r.Pattern))
 	}
-	l.unseen.report(l.cfg.logger, l.cfg.observers, WarningRoutesUnseen, routesWarning, attrs...)
+	l.unseen.report(l.cfg.logger, l.cfg.onWarning, WarningRoutesUnseen, routesWarning, attrs...)
 }
 
 // muxRedirect reports whether a ServeMux answers the CONNECT request r with
@@ -161,13 +161,13 @@ func (rs *ruleset) check(w http.ResponseWriter, r *http.Request, e *entry) bool 
 // (Handlers.Denied, Handlers.Unavailable) if it has them, and says what
 // is left to do (see Verdict). The error is the one that made it
 // apply the failure mode, or the ErrNoKey of a request a Key could not
-// identify (answered as WithMissingKey says), nil if neither. e is the
+// identify (answered as Handlers.MissingKey says), nil if neither. e is the
 // Limiter's first pass over r, which keeps the in-flight slots the decision
 // takes and, with settlement on, an admitted request's ticket.
 func (rs *ruleset) verdict(w http.ResponseWriter, r *http.Request, e *entry) (Verdict, error) {
 	rs = rs.current() // the quota overrides in force
 	if rs.watchProxies && !rs.proxies.done.Load() {
-		rs.proxies.watch(r, rs.cfg.logger, rs.cfg.logIDs, rs.cfg.observers)
+		rs.proxies.watch(r, rs.cfg.logger, rs.cfg.logIDs, rs.cfg.onWarning)
 	}
 	for _, skip := range rs.cfg.skips {
 		if skip(r) {
@@ -188,7 +188,7 @@ func (rs *ruleset) verdict(w http.ResponseWriter, r *http.Request, e *entry) (Ve
 		}
 		if s.noKey >= 0 { // no identity: its own answer, never the failure mode's
 			switch {
-			case rs.cfg.missingKey == MissingKeySkip:
+			case rs.cfg.missingKey == noKeySkip:
 				return Proceed, err
 			case rs.cfg.onNoKey != nil:
 				rs.cfg.onNoKey(w, r, err)
@@ -273,7 +273,7 @@ func (rs *ruleset) decideRequest(r *http.Request, s *scratch, e *entry) (Result,
 			e.hold(res.hold) // released when the pass over r ends
 		}
 	} else if s.noKey >= 0 {
-		res = Result{Allowed: rs.cfg.missingKey == MissingKeySkip, Limits: rs.noKey[s.noKey], index: -1}
+		res = Result{Allowed: rs.cfg.missingKey == noKeySkip, Limits: rs.noKey[s.noKey], index: -1}
 	}
 	if watched {
 		rs.observe(r, s.ids, &res, err, start)

@@ -490,7 +490,7 @@ func testFailureModes(t *testing.T, b backend) {
 		}
 	}
 	// A key function that cannot identify the request reaches the error
-	// handler too, but is answered as WithMissingKey says (401).
+	// handler too, but is answered as Handlers.MissingKey says (401).
 	var hooked error
 	lim := mustNew(t, c, []Limit{PerMinute(5, Header("X-Api-Key"))},
 		WithHandlers(Handlers{Error: func(_ *http.Request, err error) { hooked = err }}))

@@ -440,7 +440,7 @@ func (m *replicaRun) drawIDs() []string {
 	if m.rng.IntN(3) > 0 {
 		ip = fmt.Sprintf("10.0.%d.%d", m.rng.IntN(4), m.rng.IntN(250)+2)
 	}
-	return []string{GlobalID, user, ip}
+	return []string{globalID, user, ip}
 }
 
 func (m *replicaRun) drawCost() int {
@@ -838,7 +838,7 @@ func (m *replicaRun) refund() {
 		if *is.refunded || m.reps[is.rep].killed != 0 || m.resetSince(is) {
 			continue
 		}
-		if err := m.reps[is.rep].l.Refund(context.Background(), is.res); err != nil {
+		if err := m.reps[is.rep].l.Settle(context.Background(), is.res, 0); err != nil {
 			m.t.Fatalf("%s: refund by replica %d: %v", m.where(), is.rep, err)
 		}
 		*is.refunded = true
@@ -892,7 +892,7 @@ func (m *replicaRun) reset() {
 
 // switchPlan switches the plan of the Global key or of a user.
 func (m *replicaRun) switchPlan() {
-	name := "g/" + GlobalID
+	name := "g/" + globalID
 	if m.rng.IntN(2) == 0 {
 		name = "user/" + repUsers[m.rng.IntN(len(repUsers))]
 	}
@@ -979,4 +979,4 @@ func (m *replicaRun) window(key repKey, to int64) string {
 }
 
 // leasedOf returns how many decisions l answered from a lease.
-func leasedOf(l *Limiter) uint64 { return l.Inspect().Leased() }
+func leasedOf(l *Limiter) uint64 { return l.Inspect().Stats().Leased }

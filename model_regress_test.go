@@ -33,7 +33,7 @@ func TestBucketRefundKeepsResetTrue(t *testing.T) {
 		lim := mustNew(t, b.newClient(t), []Limit{PerMinute(2, Global()).Bucketed(100 * time.Millisecond).Named("bk")}, opts...)
 		first := modelStep(t, lim, setTime, t0, 1)
 		modelStep(t, lim, setTime, t0.Add(100*time.Millisecond), 1)
-		if err := lim.Refund(context.Background(), first); err != nil {
+		if err := lim.Settle(context.Background(), first, 0); err != nil {
 			t.Fatal(err)
 		}
 		res := modelStep(t, lim, setTime, t0.Add(100*time.Millisecond), 2)
@@ -105,7 +105,7 @@ func TestRefundKeepsLogTime(t *testing.T) {
 				if !third.Allowed {
 					t.Fatalf("the request at t0+60s was denied: %+v", third)
 				}
-				if err := lim.Refund(context.Background(), third); err != nil {
+				if err := lim.Settle(context.Background(), third, 0); err != nil {
 					t.Fatal(err)
 				}
 				if res := modelStep(t, lim, setTime, t0.Add(30*time.Second), 1); !res.Allowed {

@@ -10,7 +10,7 @@ import "github.com/slidinglog/ratelimit/internal/logmodel"
 // was logged in, entries of one time being interchangeable; none if only
 // shadow limits without room counted it); any later
 // refund, or one of a Result that was not admitted, removes nothing and
-// must fail with ErrNotRefundable. It reports whether it must fail.
+// must fail with ErrSettled or ErrNotAdmitted. It reports whether it must fail.
 func modelRefund(s *logmodel.State, is *issuedResult) (wantErr bool) {
 	if is.refunded || !is.admitted {
 		return true

@@ -327,7 +327,7 @@ func (m *modelRun) actions() map[string]func(*rapid.T) {
 // stays counted.
 func (m *modelRun) check(rt *rapid.T) {
 	for k, l := range m.lims {
-		if n := l.Inspect().Unreverted(); n != 0 {
+		if n := l.Inspect().Stats().Unreverted; n != 0 {
 			rt.Fatalf("instance %d: Unreverted() = %d", k, n)
 		}
 	}
@@ -520,12 +520,12 @@ func (m *modelRun) refund(rt *rapid.T) {
 		return
 	}
 	k := rapid.IntRange(0, 1).Draw(rt, "instance")
-	err := m.lims[k].Refund(context.Background(), is.res)
+	err := m.lims[k].Settle(context.Background(), is.res, 0)
 	wantErr := modelRefund(&m.model, is)
 	rt.Logf("step %d: Refund of %s (refunded before: %v) on instance %d -> %v; the model removes %v", m.steps, is.desc, is.refunded, k, err, !wantErr)
 	switch {
-	case wantErr && !errors.Is(err, ErrNotRefundable):
-		rt.Fatalf("Refund of %s (refunded before: %v): %v; want ErrNotRefundable", is.desc, is.refunded, err)
+	case wantErr && !refused(err):
+		rt.Fatalf("Refund of %s (refunded before: %v): %v; want a refusal (ErrNotAdmitted, ErrSettled)", is.desc, is.refunded, err)
 	case !wantErr && err != nil:
 		rt.Fatalf("Refund of %s: %v", is.desc, err)
 	}

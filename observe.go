@@ -13,7 +13,9 @@ import (
 func (l *Limiter) breakerOpen() bool { return l.redis != nil && l.redis.Breakers.Open() }
 
 // watched reports whether anything observes the limiter's decisions.
-func (l *Limiter) watched() bool { return len(l.cfg.observers) > 0 || l.cfg.logger != nil }
+func (l *Limiter) watched() bool {
+	return len(l.cfg.onDecision) > 0 || len(l.cfg.onDenial) > 0 || l.cfg.logger != nil
+}
 
 // observe reports a decision to the observers and the logger.
 func (rs *ruleset) observe(r *http.Request, ids []string, res *Result, err error, start time.Time) {
@@ -22,12 +24,23 @@ func (rs *ruleset) observe(r *http.Request, ids []string, res *Result, err error
 	if err != nil && !res.Local && !res.noKey() {
 		seen.Allowed, seen.Limits = false, rs.skipped
 	}
-	for _, o := range rs.cfg.observers {
-		o.Observe(seen, err, latency)
+	for _, f := range rs.cfg.onDecision {
+		f(seen, err, latency)
 	}
-	rs.observeDenial(ids, res, err) // denied.go
+	rs.observeDenial(ids, res, err)
 	if rs.cfg.logger != nil {
 		rs.log(r, ids, &seen, err)
+	}
+}
+
+// observeDenial reports res's denial, if it is one, to the
+// Denial hooks: the limit that denied and its identifier among ids.
+func (l *Limiter) observeDenial(ids []string, res *Result, err error) {
+	if res.Allowed || err != nil && !res.Local || res.index < 0 || res.index >= len(ids) {
+		return
+	}
+	for _, f := range l.cfg.onDenial {
+		f(res.DeniedBy, ids[res.index])
 	}
 }
 
@@ -80,24 +93,77 @@ func (rs *ruleset) warnNoKey(i int, err error) {
 	}
 	lg.Warn("ratelimit: a request the limit's key cannot identify was refused with 401 Unauthorized, "+
 		"the default for a missing key: put the limit behind the authentication that gives every request its key, "+
-		"or choose with ratelimit.WithMissingKey (MissingKeySkip lets such requests through this Limiter uncounted); "+
+		"or choose with ratelimit.WithHandlers (Handlers.MissingKey answers them, Handlers.ServeMissingKey lets them through this Limiter uncounted); "+
 		"this is said once", attrs...)
 }
 
-// WithObserver adds an Observer of every decision of the middleware and of
-// [Limiter.Allow]. If o is a [LimiterWatcher] (the metrics modules'
-// Metrics are), [New] also hands it the Limiter, so that it can report
-// the Limiter's state (its circuit breakers): WithObserver is the one step
-// metrics need. If o is a [WarningObserver], it also learns of every
-// [Warning]. Default: none. A nil o (or a nil pointer in it) is an error
-// from [New].
+// An Observer is a set of hooks a [Limiter] calls as it works, for
+// metrics, logs and admin pages; give it with [WithObserver]. Every hook
+// is optional: a nil one is not called. The hooks run on the goroutine of
+// the request or call they report (a warning of the operator state's
+// refresh, on that refresh's): they must be fast and safe for concurrent
+// use. The metrics modules and the admin package return theirs from
+// their Observer methods.
+type Observer struct {
+	// Decision receives every decision of the middleware
+	// ([Limiter.Handler], [Pass.Check]) and of [Limiter.Allow]:
+	// [Limiter.Status] and [Inspector.StatusRequest] count nothing and
+	// are not observed. It receives the decision's Result, the error that
+	// kept the Limiter from deciding (nil if none) and how long the
+	// decision took. When err is not nil and res.Local is false, no
+	// decision was made: res.Limits then lists every limit, each with
+	// Skipped set, and either one has NoKey (a Key could not identify the
+	// request, err wraps [ErrNoKey], and res.Allowed says whether
+	// [Handlers].ServeMissingKey let it through) or the failure mode
+	// applied. Under [FailLocal], err comes with the local decision
+	// (res.Local). It must not keep or change res.Limits, which is valid
+	// only during the call.
+	Decision func(res Result, err error, latency time.Duration)
+
+	// Denial learns whom a limit denied: after the Decision hooks of each
+	// decision that denied a request (from Redis, from the deny cache,
+	// [RedisOptions].DenyCache, or from [FailLocal]'s count), it receives
+	// the name of the limit that denied (Result.DeniedBy) and the
+	// identifier that limit's [Key] gave the request, or [Limiter.Allow]
+	// was given. Shadow limits deny nothing and are not reported, nor are
+	// requests no decision could be made for. The identifier is the
+	// client's: hostile input, of any length. It may keep the strings.
+	Denial func(limit, id string)
+
+	// Warning learns of every [Warning] the Limiter reports: once per
+	// warning and Limiter (per name, for WarningDefinitionConflict).
+	Warning func(w Warning)
+
+	// Limiter is called once by [New] with the Limiter it returns, before
+	// New returns, so that the observer can report the Limiter's state
+	// ([Inspector.Stats]): WithObserver is then the one step a metrics
+	// module needs. It must be safe to call twice for one Limiter (by New
+	// and by the application).
+	Limiter func(l *Limiter)
+}
+
+// WithObserver adds o's hooks ([Observer]). Several WithObserver add
+// several observers: each hook of each runs, in the order the options
+// were given. Default: none. An Observer with no hook set is an error from
+// [New].
 func WithObserver(o Observer) Option {
 	return func(c *config) {
-		if o == nil || nilPointer(o) {
-			c.nilArg("WithObserver", true, "leave the option out")
+		if o.Decision == nil && o.Denial == nil && o.Warning == nil && o.Limiter == nil {
+			c.nilArg("WithObserver", true, "set at least one of its hooks, or leave the option out")
 			return
 		}
-		c.observers = append(c.observers, o)
+		if o.Decision != nil {
+			c.onDecision = append(c.onDecision, o.Decision)
+		}
+		if o.Denial != nil {
+			c.onDenial = append(c.onDenial, o.Denial)
+		}
+		if o.Warning != nil {
+			c.onWarning = append(c.onWarning, o.Warning)
+		}
+		if o.Limiter != nil {
+			c.onLimiter = append(c.onLimiter, o.Limiter)
+		}
 	}
 }
 

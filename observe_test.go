@@ -66,7 +66,7 @@ func TestObservedDecisions(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	var o countingObserver
-	lim := mustNew(t, c, []Limit{PerMinute(5, Global()).Named("req")}, WithObserver(&o))
+	lim := mustNew(t, c, []Limit{PerMinute(5, Global()).Named("req")}, WithObserver(observerOf(&o)))
 	r := httptest.NewRequest("GET", "/", nil)
 	if !checkOnce(lim, httptest.NewRecorder(), r) {
 		t.Fatal("Check denied")
@@ -75,7 +75,7 @@ func TestObservedDecisions(t *testing.T) {
 	if err != nil || !res.Allowed {
 		t.Fatalf("%+v %v", res, err)
 	}
-	if err := lim.Refund(context.Background(), res); err != nil {
+	if err := lim.Settle(context.Background(), res, 0); err != nil {
 		t.Errorf("refunding an Allow result: %v", err)
 	}
 	if _, err := lim.Inspect().StatusRequest(r); err != nil {
@@ -116,7 +116,7 @@ func TestObserverSeesResult(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	var o recordingObserver
 	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("a"), PerMinute(5, Global()).Shadowed().Named("b")},
-		WithObserver(&o), withRedis(redisstore.Options{DenyCache: time.Hour, BreakerFailures: -1}))
+		WithObserver(observerOf(&o)), withRedis(redisstore.Options{DenyCache: time.Hour, BreakerFailures: -1}))
 	ctx := context.Background()
 	for range 2 { // admitted, filling the limit; denied from the cache
 		_, _ = lim.Allow(ctx, []string{"g", "g"}, 1)
@@ -159,7 +159,7 @@ func TestResultExempt(t *testing.T) {
 	var o exemptObserver
 	lim := mustNew(t, backend{mr: mr}.newClient(t), []Limit{
 		PerMinute(1, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"ops": Unlimited}, Of: func(_ context.Context, id string) (string, error) { return id, nil }}),
-	}, WithObserver(&o), withRedis(redisstore.Options{BreakerFailures: -1}),
+	}, WithObserver(observerOf(&o)), withRedis(redisstore.Options{BreakerFailures: -1}),
 		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
 		WithAllowList(ClientIP(), "192.0.2.9"))
 	h := lim.Handler(okHandler)

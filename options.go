@@ -64,10 +64,15 @@ type config struct {
 	peerAllow   bool                       // an allow-list reads the peer address, trusting no proxy
 	routerAllow bool                       // an allow-list reads the address the router resolved
 	routesFrom  *http.ServeMux
-	observers   []Observer
-	logger      *slog.Logger
-	logIDs      bool
-	singleSlot  bool
+	// The hooks of WithObserver's observers, by kind; onLimiter holds
+	// func(*Limiter) values, which New calls.
+	onDecision []func(Result, error, time.Duration)
+	onDenial   []func(limit, id string)
+	onWarning  []func(Warning)
+	onLimiter  []any
+	logger     *slog.Logger
+	logIDs     bool
+	singleSlot bool
 
 	breakerFailures int
 	breakerCoolDown time.Duration
@@ -80,17 +85,15 @@ type config struct {
 	store        store.Store  // WithStore's; nil: Redis
 	errs         []error
 
-	// WithMissingKey's and Handlers.MissingKey's; missingKeySet says
-	// that one was given.
-	missingKey    MissingKey
+	// Handlers.ServeMissingKey's and Handlers.MissingKey's;
+	// missingKeySet says that one was given.
+	missingKey    noKeyAnswer
 	missingKeySet bool
 	onNoKey       func(http.ResponseWriter, *http.Request, error)
 
 	// settle (above) is WithSettle's function, or WithRefund's as one;
-	// settleOn says that settlement is on, settleBy which options turned
-	// it on.
+	// settleOn says that settlement is on.
 	settleOn bool
-	settleBy []string
 }
 
 func defaultConfig() config {
@@ -161,7 +164,7 @@ type RouteLimits struct {
 // FailureMode says what the middleware does when it cannot decide: Redis
 // failed or timed out, the circuit breaker is open, a [Plans].Of or a
 // [KeyFunc] failed, a cost is below 1. A request a [Key] cannot identify
-// ([ErrNoKey]) is not one of these: see [WithMissingKey].
+// ([ErrNoKey]) is not one of these: see [Handlers].MissingKey.
 //
 // When Redis cannot be reached (a failed call, then a PING, fail: for a
 // single server, on a connection of its own, without retries, so that
@@ -182,7 +185,7 @@ const (
 	// FailOpen serves the request without rate-limit headers, as if no limit
 	// applied. Choose it when availability matters more than the limit. A
 	// request whose Key cannot identify it is no failure: it gets
-	// [WithMissingKey]'s answer (401 by default), not this one.
+	// the [Handlers].MissingKey answer (401 by default), not this one.
 	FailOpen
 	// FailLocal enforces the same limits in this process while Redis cannot
 	// be reached, and goes back to Redis as soon as it answers. Each app
@@ -196,7 +199,7 @@ const (
 	// know what Redis admitted before (see docs/failures.md, the bound).
 	// In-flight limits ([InFlight]) are not carried across the return.
 	// Responses carry the local counts in their headers. A request whose cost is below 1 gets 503, as under
-	// FailClosed; one whose Key cannot identify it gets [WithMissingKey]'s
+	// FailClosed; one whose Key cannot identify it gets the [Handlers].MissingKey
 	// answer. [Limiter.Allow] decides
 	// locally too, and returns the error with the local Result. The local
 	// logs follow Redis's rules (a log's time never runs backwards; blocks,
@@ -271,49 +274,20 @@ const (
 	HeadersNone HeaderSet = 0
 )
 
-// MissingKey says what the middleware does with a request that one of a
-// Limiter's [Key]s cannot identify ([ErrNoKey]): no user under a [User]
-// key, a missing [Header], a [ClientIP] whose forwarding header is broken
-// or hostile, no route template under a [Route] key. Nothing failed: the
-// request has no identity to count it by. It is never the failure mode's
-// answer (no 503, no FailOpen pass, no local decision), never a Redis
-// failure for the circuit breaker, and observers see it as its own
-// outcome (metrics/prometheus and metrics/otel: "no_key"). See
-// [WithMissingKey].
-type MissingKey uint8
+// noKeyAnswer is what the middleware does with a request a Key cannot
+// identify: refuse it (the default), or serve it uncounted by the Limiter
+// (Handlers.ServeMissingKey).
+type noKeyAnswer uint8
 
 const (
-	// MissingKeyDeny refuses the request: 401 Unauthorized with the body
-	// "Unauthorized", no rate-limit headers and no Retry-After (waiting
-	// does not help), counted in no limit; gRPC calls get
-	// codes.Unauthenticated, echo an echo.HTTPError 401, gin 401 and
-	// {"error":"Unauthorized"}. [Handlers].MissingKey answers instead,
-	// if given. It is the default: a client that could escape a per-user
-	// limit by dropping its credentials would not be limited at all. A
-	// per-user limit belongs behind authentication, which refuses such a
-	// request before the Limiter sees it; when the Limiter refuses one
-	// under this default, it says so once, at Warn, through the
-	// [WithLogger] logger or else [slog.Default], naming the limit.
-	MissingKeyDeny MissingKey = iota
-	// MissingKeySkip lets the request through undecided by this Limiter,
-	// as [WithSkip] does: counted in none of its limits, no Redis call,
-	// no rate-limit headers of its own. For a Limiter whose limits all
-	// count by an identity some requests lack on purpose (optional
-	// authentication), behind another Limiter that counts every request
-	// by something a client cannot drop (its [ClientIP]): the anonymous
-	// requests then meet that one alone. Never use it for a Limiter that
-	// also holds the per-IP limits: a client would escape them too by
-	// dropping its identity.
-	MissingKeySkip
+	noKeyDeny noKeyAnswer = iota
+	noKeySkip
 )
 
-// String returns "deny" or "skip".
-func (m MissingKey) String() string {
-	switch m {
-	case MissingKeyDeny:
-		return "deny"
-	case MissingKeySkip:
+// String returns "deny" or "skip", as the logs say it.
+func (m noKeyAnswer) String() string {
+	if m == noKeySkip {
 		return "skip"
 	}
-	return "MissingKey(" + strconv.Itoa(int(m)) + ")"
+	return "deny"
 }

@@ -243,7 +243,7 @@ func oID(kind string, c int) string {
 	case "compose":
 		return oIP(c).String() + "|u" + strconv.Itoa(c)
 	}
-	return GlobalID
+	return globalID
 }
 
 // oIP is client c's address: clients 0 and 1 share a /24.
@@ -419,7 +419,7 @@ func runOracle(t *testing.T, seed uint64, steps int, b backend, realtime bool) {
 	}
 	for _, rep := range o.reps {
 		for _, l := range rep.layers {
-			o.step("replica %d: %d decided from leases", rep.idx, l.lim.Inspect().Leased())
+			o.step("replica %d: %d decided from leases", rep.idx, l.lim.Inspect().Stats().Leased)
 			_ = l.lim.Close()
 		}
 	}
@@ -687,7 +687,7 @@ func (o *oracleRun) newLimiter(rep *oReplica, l *oLayer, failLocal bool) bool {
 	if o.slow > 0 {
 		c.AddHook(oSlowHook{o})
 	}
-	opts := []Option{WithTimeout(o.timeout), WithObserver(l.obs), WithLogger(slog.New(slog.DiscardHandler), false),
+	opts := []Option{WithTimeout(o.timeout), WithObserver(observerOf(l.obs)), WithLogger(slog.New(slog.DiscardHandler), false),
 		withRedis(redisstore.Options{DenyCache: -1, OperatorRefresh: -1}),
 		WithCost(func(r *http.Request) int { n, _ := strconv.Atoi(r.Header.Get("X-Cost")); return max(n, 1) })}
 	if !o.realtime {
@@ -778,7 +778,7 @@ func (o *oracleRun) handler(rep *oReplica) http.Handler {
 			w.Header().Set("X-Settle-Err", fmt.Sprint(err))
 			if err == nil {
 				w.Header().Set("X-Settled", "ctx")
-			} else if errors.Is(err, ErrNotRefundable) {
+			} else if refused(err) {
 				w.Header().Set("X-Settled", "none")
 			} else {
 				w.Header().Set("X-Settled", "unsure")
@@ -1106,7 +1106,7 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 		}
 		o.step("%s: settled at %d from the handler: %s", what, actual, rec.Header().Get("X-Settle-Err"))
 	case rec.Header().Get("X-Settled") == "none":
-		// Settle's error wraps ErrNotRefundable and names WithSettle: the
+		// Settle returns ErrSettlementOff, which names WithSettle: the
 		// request stays counted at its estimate everywhere.
 		if o.settlementOn(rep) && len(adms) > 0 {
 			o.fail("%s: Settle from the handler settled nothing (%s) behind a Limiter with settlement on", what, rec.Header().Get("X-Settle-Err"))
@@ -1281,6 +1281,14 @@ func (o *oracleRun) settleAllowed() {
 	from := o.now()
 	err := a.layer.lim.Settle(context.Background(), a.res, actual)
 	o.step("settle of an Allow at %s (cost %d) at %d: %v", a.res.Now.Format("15:04:05.000000"), a.cost, actual, err)
+	// A settle frees the Result's in-flight slots too: it holds them no
+	// longer, or, if the settle failed, until their lease ends.
+	if j := slices.IndexFunc(o.held, func(h oHold) bool { return h.res.hold != nil && h.res.hold == a.res.hold }); j >= 0 {
+		if err != nil && !refused(err) {
+			o.unreleased = append(o.unreleased, o.held[j])
+		}
+		o.held = slices.Delete(o.held, j, j+1)
+	}
 	// nil: Redis confirmed it; an error wrapping ErrSettlePending or
 	// ErrNotReverted: it may or may not be applied (a pending one goes on
 	// in the background; a lost one's call may have run), and the checks
@@ -1292,8 +1300,12 @@ func (o *oracleRun) settleAllowed() {
 		o.fail("a settle of a Redis decision returned nil while Redis was down")
 	case err == nil:
 		a.adm.Settle(from, o.now(), actual, !o.movedBuckets(a.layer))
-	case errors.Is(err, ErrNotRefundable):
+	case refused(err):
 	case errors.Is(err, ErrSettlePending) || errors.Is(err, ErrNotReverted):
+		a.adm.Settle(from, o.now(), actual, false)
+	case a.res.hold != nil:
+		// The release of its slots failed: the settle may or may not be
+		// applied.
 		a.adm.Settle(from, o.now(), actual, false)
 	default:
 		o.fail("a settle returned %v, which wraps neither ErrSettlePending nor ErrNotReverted", err)
@@ -1324,7 +1336,7 @@ func oShortest(res Result) time.Duration {
 // release gives back the in-flight slots held by Allow's Results.
 func (o *oracleRun) release() {
 	for _, h := range o.held {
-		err := h.layer.lim.Release(context.Background(), h.res)
+		err := h.layer.lim.Settle(context.Background(), h.res, h.res.Cost)
 		o.step("release of client %d: %v", h.c, err)
 		if err != nil {
 			// The slot may stay taken until its lease (InFlight's

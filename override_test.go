@@ -81,7 +81,7 @@ func TestOverrideLapsesOnTheDecisionClock(t *testing.T) {
 			if want := max(declared-used, 0); admitted != want {
 				t.Fatalf("%s: after the expiry %d more admitted; want %d", desc("Allow"), admitted, want)
 			}
-			if st := l.Inspect().OperatorState(); len(st.Quotas) != 0 {
+			if st := l.Inspect().Stats().Operator; len(st.Quotas) != 0 {
 				t.Fatalf("%s: OperatorState lists %v after the expiry", desc("OperatorState"), st.Quotas)
 			}
 		}

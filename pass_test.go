@@ -145,7 +145,7 @@ func TestDoneAfterPanic(t *testing.T) {
 		}()
 		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/panic", nil))
 	}()
-	if n := lim.Inspect().InFlight(); n != 0 || len(statuses) != 1 || statuses[0] != http.StatusBadGateway {
+	if n := lim.Inspect().Stats().InFlight; n != 0 || len(statuses) != 1 || statuses[0] != http.StatusBadGateway {
 		t.Errorf("after the panic: %d in flight, settled with statuses %v; want 0, [502]", n, statuses)
 	}
 	if w := serve(h, "GET", "/", "192.0.2.1:1"); w.Code != http.StatusOK {

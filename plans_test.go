@@ -63,7 +63,7 @@ func testPlans(t *testing.T, b backend) {
 
 	// The default plan: the limit's own quota.
 	for i := range 3 {
-		res, err := l.Allow(ctx, []string{GlobalID, "alice"}, 1)
+		res, err := l.Allow(ctx, []string{globalID, "alice"}, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,22 +102,22 @@ func testPlans(t *testing.T, b backend) {
 	}
 
 	// Weights count against the plan's quota.
-	if res, err := l.Allow(ctx, []string{GlobalID, "carol"}, 3); err != nil || !res.Allowed || res.Limits[1].Remaining != 1 {
+	if res, err := l.Allow(ctx, []string{globalID, "carol"}, 3); err != nil || !res.Allowed || res.Limits[1].Remaining != 1 {
 		t.Errorf("carol, cost 3 of 4: %+v, %v; want admitted with 1 left", res, err)
 	}
-	if res, err := l.Allow(ctx, []string{GlobalID, "carol"}, 3); err != nil || res.Allowed || res.DeniedBy != "user" || res.RetryAfter <= 0 {
+	if res, err := l.Allow(ctx, []string{globalID, "carol"}, 3); err != nil || res.Allowed || res.DeniedBy != "user" || res.RetryAfter <= 0 {
 		t.Errorf("carol, cost 3 with 1 left: %+v, %v; want denied by user, retry later", res, err)
 	}
 
 	// Status reports the plan, counting nothing.
-	st, err := l.Status(ctx, []string{GlobalID, "bob"}, 1)
+	st, err := l.Status(ctx, []string{globalID, "bob"}, 1)
 	if lr := st.Limits[1]; err != nil || st.Allowed || lr.Plan != "pro" || lr.Quota != 4 || lr.Remaining != 0 {
 		t.Errorf("Status(bob): %+v, %v; want denied, plan pro, quota 4, none left", st, err)
 	}
 
 	// An Unlimited plan: the limit neither counts nor consults the client;
 	// the others still do.
-	globalBefore := logEntries(t, c, "global", "global", GlobalID)
+	globalBefore := logEntries(t, c, "global", "global", globalID)
 	for i := range 10 {
 		w := serveRequest(h, request("ops"))
 		if w.Code != http.StatusOK {
@@ -133,18 +133,18 @@ func testPlans(t *testing.T, b backend) {
 	if n := logEntries(t, c, "user", "header.X-User", "ops"); n != 0 {
 		t.Errorf("the unlimited client has %d entries in its log; want none", n)
 	}
-	if n := logEntries(t, c, "global", "global", GlobalID); n != globalBefore+10 {
+	if n := logEntries(t, c, "global", "global", globalID); n != globalBefore+10 {
 		t.Errorf("global log %d after 10 unlimited requests from %d; want them counted", n, globalBefore)
 	}
-	res, err := l.Allow(ctx, []string{GlobalID, "ops"}, 1)
+	res, err := l.Allow(ctx, []string{globalID, "ops"}, 1)
 	if lr := res.Limits[1]; err != nil || !res.Allowed || !lr.Skipped || lr.Plan != "internal" || lr.Quota != Unlimited {
 		t.Fatalf("ops: %+v, %v; want admitted, the user limit skipped under plan internal", res, err)
 	}
 	// Its refund takes back what was counted, and only that.
-	if err := l.Refund(ctx, res); err != nil {
+	if err := l.Settle(ctx, res, 0); err != nil {
 		t.Errorf("refund of a request an unlimited plan exempted from one limit: %v", err)
 	}
-	if n := logEntries(t, c, "global", "global", GlobalID); n != globalBefore+10 {
+	if n := logEntries(t, c, "global", "global", globalID); n != globalBefore+10 {
 		t.Errorf("global log %d after the refund; want %d", n, globalBefore+10)
 	}
 
@@ -413,7 +413,7 @@ func TestPolicyOfManyPlans(t *testing.T) {
 
 // TestRefundUnderPlans: a Result its plans exempted from every limit
 // counted nothing, and its Refund has nothing to do (it returned
-// ErrNotRefundable for an admitted Result); one exempted from some limits
+// ErrNotAdmitted for an admitted Result); one exempted from some limits
 // is taken back from the others, and what a failed refund leaves counted is
 // its cost in those alone (the exempted limits were counted too).
 func TestRefundUnderPlans(t *testing.T) {
@@ -433,7 +433,7 @@ func TestRefundUnderPlans(t *testing.T) {
 	if err != nil || !res.Allowed {
 		t.Fatalf("ops: %+v %v", res, err)
 	}
-	if err := l.Refund(ctx, res); err != nil {
+	if err := l.Settle(ctx, res, 0); err != nil {
 		t.Errorf("refund of a request no limit counted: %v, want nil", err)
 	}
 	res, err = l.Allow(ctx, []string{"half", "half"}, 3)
@@ -441,11 +441,11 @@ func TestRefundUnderPlans(t *testing.T) {
 		t.Fatalf("half: %+v %v", res, err)
 	}
 	b.mr.SetError("ERR injected") // not an outage: the refund is not retried
-	err = l.Refund(ctx, res)
+	err = l.Settle(ctx, res, 0)
 	if !errors.Is(err, ErrNotReverted) || !strings.Contains(err.Error(), ": 3 units stay counted") {
 		t.Errorf("failed refund: %v; want ErrNotReverted for 3 units (cost 3 in limit b alone)", err)
 	}
-	if n := l.Inspect().Unreverted(); n != 3 {
+	if n := l.Inspect().Stats().Unreverted; n != 3 {
 		t.Errorf("Unreverted() = %d, want 3", n)
 	}
 	b.mr.SetError("")

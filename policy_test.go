@@ -98,7 +98,7 @@ func testPolicyEveryPath(t *testing.T, b backend) {
 		t.Run(tc.name, func(t *testing.T) {
 			obs := &pathObserver{}
 			clock := &testClock{t: t0}
-			lim := mustNew(t, tc.client, limits, append([]Option{WithClock(clock.Now), WithObserver(obs),
+			lim := mustNew(t, tc.client, limits, append([]Option{WithClock(clock.Now), WithObserver(observerOf(obs)),
 				WithHeaders(HeadersIETF | HeadersXRateLimit), withRedis(redisstore.Options{Prefix: "policy-" + strings.ReplaceAll(tc.name, " ", "-") + ":"})}, tc.opts...)...)
 			h := lim.Handler(okHandler)
 			for n, user := range []string{"alice", "bob", "olga"} {

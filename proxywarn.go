@@ -44,10 +44,10 @@ func watchesProxies(cfg *config, limits []Limit) bool {
 }
 
 // check reports the warning, through logger (slog's default if nil) and
-// to observers, if r carries a proxy header and the warning was not
+// to the Warning hooks, if r carries a proxy header and the warning was not
 // reported before; the header's value and the peer are logged only if
 // logIDs. It does not allocate when r carries no proxy header.
-func (p *proxyWatch) watch(r *http.Request, logger *slog.Logger, logIDs bool, observers []Observer) {
+func (p *proxyWatch) watch(r *http.Request, logger *slog.Logger, logIDs bool, onWarning []func(Warning)) {
 	for _, h := range proxyHeaders {
 		v := r.Header[h.key]
 		if len(v) == 0 {
@@ -64,7 +64,7 @@ func (p *proxyWatch) watch(r *http.Request, logger *slog.Logger, logIDs bool, ob
 			}
 			attrs = append(attrs, slog.String("value", value), slog.String("peer", r.RemoteAddr))
 		}
-		p.report(logger, observers, WarningUntrustedProxy, proxyWarning, attrs...)
+		p.report(logger, onWarning, WarningUntrustedProxy, proxyWarning, attrs...)
 		return
 	}
 }

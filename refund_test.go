@@ -59,7 +59,7 @@ func testRefund(t *testing.T, b backend) {
 	if err != nil || !res.Allowed {
 		t.Fatalf("%+v %v", res, err)
 	}
-	if err := lim.Refund(ctx, res); err != nil {
+	if err := lim.Settle(ctx, res, 0); err != nil {
 		t.Fatal(err)
 	}
 	if n := logEntries(t, c, "exact", "global", "k"); n != 0 {
@@ -69,7 +69,7 @@ func testRefund(t *testing.T, b backend) {
 	if err != nil || st.Limits[0].Remaining != 3000 || st.Limits[1].Remaining != 3000 {
 		t.Errorf("after a refund: %+v %v", st, err)
 	}
-	if err := lim.Refund(ctx, st); !errors.Is(err, ErrNotRefundable) {
+	if err := lim.Settle(ctx, st, 0); !refused(err) {
 		t.Errorf("refunding a Status: %v", err)
 	}
 }
@@ -77,7 +77,7 @@ func testRefund(t *testing.T, b backend) {
 // TestRefundTwice: a Result refunded twice (itself or a copy, one after
 // the other or at once) removes its own entries once; the later calls
 // remove nothing, so no other request of the same time loses its entry,
-// and they say so with ErrRefunded.
+// and they say so with ErrSettled.
 func TestRefundTwice(t *testing.T) { forBackends(t, testRefundTwice) }
 
 func testRefundTwice(t *testing.T, b backend) {
@@ -88,7 +88,7 @@ func testRefundTwice(t *testing.T, b backend) {
 	lim := mustNew(t, c, []Limit{PerMinute(2, Global()).Named("two")}, opts...)
 	allow := func() Result {
 		t.Helper()
-		res, err := lim.Allow(ctx, []string{GlobalID}, 1)
+		res, err := lim.Allow(ctx, []string{globalID}, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,16 +98,16 @@ func testRefundTwice(t *testing.T, b backend) {
 	if !a.Allowed || !bres.Allowed {
 		t.Fatalf("the first two requests: %v %v", a.Allowed, bres.Allowed)
 	}
-	if err := lim.Refund(ctx, a); err != nil {
+	if err := lim.Settle(ctx, a, 0); err != nil {
 		t.Fatal(err)
 	}
 	copyOfA := a
 	for _, r := range []Result{a, copyOfA} {
-		if err := lim.Refund(ctx, r); !errors.Is(err, ErrRefunded) || !errors.Is(err, ErrNotRefundable) {
-			t.Errorf("refunding a refunded Result again: %v, want ErrRefunded (an ErrNotRefundable)", err)
+		if err := lim.Settle(ctx, r, 0); !errors.Is(err, ErrSettled) {
+			t.Errorf("refunding a refunded Result again: %v, want ErrSettled", err)
 		}
 	}
-	if n := logEntries(t, c, "two", "global", GlobalID); n != 1 {
+	if n := logEntries(t, c, "two", "global", globalID); n != 1 {
 		t.Errorf("the log holds %d entries after one of two requests was refunded (three times), want 1", n)
 	}
 	if !allow().Allowed {
@@ -122,7 +122,7 @@ func testRefundTwice(t *testing.T, b backend) {
 	lim2 := mustNew(t, c, []Limit{PerMinute(100, Global()).Named("hundred")}, opts...)
 	var refunded []Result
 	for i := range 20 {
-		res, err := lim2.Allow(ctx, []string{GlobalID}, 1)
+		res, err := lim2.Allow(ctx, []string{globalID}, 1)
 		if err != nil || !res.Allowed {
 			t.Fatalf("request %d: %v %v", i, res.Allowed, err)
 		}
@@ -137,10 +137,10 @@ func testRefundTwice(t *testing.T, b backend) {
 			wg.Add(1)
 			go func(res Result) {
 				defer wg.Done()
-				switch err := lim2.Refund(ctx, res); {
+				switch err := lim2.Settle(ctx, res, 0); {
 				case err == nil:
 					ok.Add(1)
-				case errors.Is(err, ErrRefunded):
+				case errors.Is(err, ErrSettled):
 					again.Add(1)
 				default:
 					t.Error(err)
@@ -152,7 +152,7 @@ func testRefundTwice(t *testing.T, b backend) {
 	if ok.Load() != 10 || again.Load() != 30 {
 		t.Errorf("40 concurrent refunds of 10 Results: %d succeeded and %d were refused, want 10 and 30", ok.Load(), again.Load())
 	}
-	if n := logEntries(t, c, "hundred", "global", GlobalID); n != 10 {
+	if n := logEntries(t, c, "hundred", "global", globalID); n != 10 {
 		t.Errorf("the log holds %d entries, want the 10 requests not refunded", n)
 	}
 }

@@ -190,29 +190,29 @@ func (w rwHRP) Push(target string, opts *http.PushOptions) error  { return w.pus
 func (w rwFHRP) Push(target string, opts *http.PushOptions) error { return w.push(target, opts) }
 
 // WithRefund makes the middleware take back requests whose response status
-// refund reports true, as if they had never been admitted ([Limiter.Refund]),
-// for example failures that should not cost the client:
+// refund reports true, as if they had never been admitted (a settle at 0,
+// [Limiter.Settle]), for example failures that should not cost the client:
 //
 //	ratelimit.WithRefund(func(status int) bool { return status >= 500 })
 //
 // refund sees the response's final status (200 if the handler wrote a body
 // or nothing; 101 for a hijacked connection). [Limiter.Handler] and the
 // router adapters refund ([Pass.Done]); gRPC handlers can call
-// [Settle] at 0. It is [WithSettle] with a function that returns 0 where
-// refund reports true, and turns settlement on as that does: giving both
-// is an error from [New]. It costs a wrapped ResponseWriter and the
-// request's settlement per request, and a Redis call per refund. Default: no
-// refunds. A nil refund is an error from [New]. See docs/limits.md
-// (refunds).
+// [Settle] at 0. WithRefund(f) is [WithSettle] with a function that
+// returns 0 where f reports true and the admitted cost otherwise: it turns
+// settlement on as that does, and of WithRefund and WithSettle the last
+// one given wins, as for every other option. It costs a wrapped
+// ResponseWriter and the request's context per request, and a Redis call
+// per refund. Default: no refunds. A nil refund is an error from [New].
+// See docs/limits.md (refunds).
 func WithRefund(refund func(status int) bool) Option {
-	return func(c *config) {
-		c.nilArg("WithRefund", refund == nil, "leave the option out")
-		c.settleOn, c.settleBy = true, append(c.settleBy, "WithRefund")
-		c.settle = func(status int, _ http.Header, cost int) int {
-			if refund(status) {
-				return 0
-			}
-			return cost
-		}
+	if refund == nil {
+		return func(c *config) { c.nilArg("WithRefund", true, "leave the option out") }
 	}
+	return WithSettle(func(status int, _ http.Header, cost int) int {
+		if refund(status) {
+			return 0
+		}
+		return cost
+	})
 }

@@ -57,7 +57,7 @@ func TestResetThenUndoTakesNothingLater(t *testing.T) {
 		"Inspector.Reset": func(l *Limiter, id string) error { return l.Inspect().Reset(context.Background(), "user", id) },
 	}
 	undos := map[string]func(l *Limiter, res Result) error{
-		"Refund":   func(l *Limiter, res Result) error { return l.Refund(context.Background(), res) },
+		"Refund":   func(l *Limiter, res Result) error { return l.Settle(context.Background(), res, 0) },
 		"Settle 0": func(l *Limiter, res Result) error { return l.Settle(context.Background(), res, 0) },
 	}
 	const quota, cost = 100, 50

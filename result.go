@@ -9,24 +9,6 @@ import (
 	"github.com/slidinglog/ratelimit/store"
 )
 
-// An Observer receives every decision of the middleware ([Limiter.Handler],
-// [Pass.Check]) and of [Limiter.Allow], for metrics; [Limiter.Status]
-// and [Inspector.StatusRequest] count nothing and are not observed. The
-// metrics/prometheus package has one.
-type Observer interface {
-	// Observe receives one decision's Result, the error that kept the
-	// limiter from deciding (nil if none) and how long the decision took. When err
-	// is not nil and res.Local is false, no decision was made: res.Limits
-	// then lists every limit, each with Skipped set, and either one has
-	// NoKey (a Key could not identify the request, err wraps [ErrNoKey],
-	// and res.Allowed says whether [WithMissingKey] let it through) or the
-	// failure mode applied. Under [FailLocal], err comes with the local decision
-	// (res.Local). Observe runs on the request's goroutine: it must be fast
-	// and safe for concurrent use, and must not keep or change res.Limits,
-	// which is valid only during the call.
-	Observe(res Result, err error, latency time.Duration)
-}
-
 // Result is the outcome of one decision: what [Limiter.Allow],
 // [Limiter.Status] and [Inspector.StatusRequest] return, and what an
 // [Observer] and a [Handlers].Denied handler see.
@@ -85,12 +67,17 @@ type Result struct {
 	// the reply was later than the client's ReadTimeout), which Redis may
 	// have run: the library never sends such a call again, and counts what
 	// it may have logged, so this can count units Redis never kept. A
-	// removal still under way then is counted by [Inspector.Unreverted] if it
+	// removal still under way then is counted by [Stats].Unreverted if it
 	// fails, not here.
 	Unreverted uint64
+	// Cost is the cost the request was admitted at: Allow's cost, or
+	// [WithCost]'s or a route's Cost. [Limiter.Settle] at Cost frees the
+	// Result's in-flight slots and changes no count. 0 for a Result that
+	// admitted nothing, or was not counted ([Limiter.Status]).
+	Cost int
 
 	index  int     // of the limit Limit, Remaining and Reset describe; -1 for none
-	ticket *ticket // for Refund, when the request was admitted
+	ticket *ticket // for Settle, when the request was admitted
 	hold   *hold   // the in-flight slots the request holds, nil if none
 }
 
@@ -154,8 +141,8 @@ type LimitResult struct {
 	Skipped bool
 	// NoKey reports that the limit's [Key] could not identify the request
 	// ([ErrNoKey]): no decision was made, every limit is Skipped, and the
-	// request got [WithMissingKey]'s answer (Allowed under
-	// [MissingKeySkip]). Observers count it as its own outcome, never as
+	// request got the [Handlers].MissingKey answer (Allowed under
+	// [Handlers].ServeMissingKey). Observers count it as its own outcome, never as
 	// a failure.
 	NoKey bool
 
@@ -187,7 +174,7 @@ func closer(a, b *LimitResult) bool {
 // was counted (its keys, and their hash tags when the plan is split), its
 // cost and the time of its entries in each, and the stores that hold them.
 type ticket struct {
-	refunded atomic.Bool // Refund has taken it: it removes nothing more
+	refunded atomic.Bool // Settle has taken it: it changes nothing more
 	rs       *redislog.Redis
 	in       store.Settler // the store that decided if not Redis (FailLocal's in-process store, or WithStore's): the entries are there
 	denies   *redislog.DenyCache
@@ -225,7 +212,7 @@ type Verdict uint8
 const (
 	// Proceed: serve the request. The rate-limit headers are set, unless
 	// no decision could be made under FailOpen, or WithSkip or
-	// MissingKeySkip let the request through undecided.
+	// Handlers.ServeMissingKey let the request through undecided.
 	Proceed Verdict = iota
 	// Answered: the Limiter's own handler ([Handlers].Denied,
 	// [Handlers].Unavailable, [Handlers].MissingKey) has written the
@@ -242,7 +229,7 @@ const (
 	// the client.
 	Unavailable
 	// NoKey: a [Key] could not identify the request ([ErrNoKey]), the
-	// Limiter refuses it ([WithMissingKey]'s default) and has no handler
+	// Limiter refuses it (the [Handlers].MissingKey default) and has no handler
 	// for it. No header is set; answer 401 Unauthorized (gRPC:
 	// Unauthenticated). The error says which limit and why; it is for
 	// logs, not for the client.

@@ -74,7 +74,7 @@ func TestRollbackBounded(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // polling Redis for the background rollback
 	}
-	if n := lim.Inspect().Unreverted(); n != 0 {
+	if n := lim.Inspect().Stats().Unreverted; n != 0 {
 		t.Errorf("Unreverted() = %d, want 0: the rollback succeeded", n)
 	}
 }
@@ -151,7 +151,7 @@ func TestLateReplyTakenBack(t *testing.T) {
 	if n := logEntries(t, admin, "late", "global", "k"); n != 0 {
 		t.Errorf("the log holds %d entries for a request answered with an error", n)
 	}
-	if n := lim.Inspect().Unreverted(); n != 0 {
+	if n := lim.Inspect().Stats().Unreverted; n != 0 {
 		t.Errorf("Unreverted() = %d, want 0", n)
 	}
 }

@@ -351,7 +351,7 @@ func TestRollingLeasedRoute(t *testing.T) {
 		if worst, where := rollingOver(admitted, c); worst > 0 {
 			t.Errorf("seed %d (RATELIMIT_SEED): %d over the quota: %s", seed, worst, where)
 		}
-		if lim.Inspect().Leased() == 0 {
+		if lim.Inspect().Stats().Leased == 0 {
 			t.Errorf("no decision from a lease: the test tests nothing")
 		}
 	})

@@ -43,7 +43,7 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 			WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithRoutesFrom(mux), withRedis(redisstore.Options{OperatorRefresh: -1}))
 		api := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")},
 			WithRoutes(map[string]RouteLimits{tc.entry: limit}), withRedis(redisstore.Options{OperatorRefresh: -1}))
-		for by, err := range map[string]error{"New": err, "CheckMux": api.Inspect().CheckMux(mux)} {
+		for by, err := range map[string]error{"New": err, "CheckMux": route.CheckMux(api.Inspect().Stats().Routes, mux)} {
 			switch {
 			case tc.want == "" && err != nil:
 				t.Errorf("%s %q: %v; want no error", by, tc.entry, err)
@@ -75,7 +75,7 @@ func TestHandlerWarnsUnknownRoute(t *testing.T) {
 			lg, buf := newLogger()
 			wc := &warningCounter{}
 			mux := http.NewServeMux()
-			opts := []Option{WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithLogger(lg, false), WithObserver(wc), withRedis(redisstore.Options{OperatorRefresh: -1})}
+			opts := []Option{WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithLogger(lg, false), WithObserver(observerOf(wc)), withRedis(redisstore.Options{OperatorRefresh: -1})}
 			if from {
 				opts = append(opts, WithRoutesFrom(mux))
 			}

@@ -44,7 +44,7 @@ func WithRoutes(routes map[string]RouteLimits) Option {
 // router adapters are not affected. Default: none. A nil mux is an error
 // from [New], and so is a [WithRoutes] entry that no route of mux serves
 // when mux has its routes by New (it serves one of the entries, or has a
-// route near one; see [Inspector.CheckMux]); routes registered after New
+// route near one; see [route.CheckMux]); routes registered after New
 // are checked at Handler's first request ([WarningRouteUnmatched]).
 func WithRoutesFrom(mux *http.ServeMux) Option {
 	return func(c *config) {

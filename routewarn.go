@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -9,58 +8,29 @@ import (
 	"github.com/slidinglog/ratelimit/route"
 )
 
-// CheckRoutes reports every [WithRoutes] entry that no route of a router
-// serves, given the router's routes: each "METHOD /template", or
-// "/template" for a route of every method, in any router's syntax. It is
-// [route.Check] of l's table: each entry that matches no route is named
-// in the error, which wraps [route.ErrUnmatched], with the nearest route
-// when one is near. nil if every entry matches.
-//
-// The router adapters call it through their CheckRoutes functions (chi's,
-// echo's, gin's and gRPC's), which list the routes as the adapter resolves
-// them; for a ServeMux, see [Inspector.CheckMux].
-func (l *Limiter) checkRoutes(routes []string) error {
-	if l == nil {
-		return errors.New("ratelimit: CheckRoutes of a nil *Limiter: check the error New returned")
+// checkServed checks l's route table, once per Limiter, against the
+// routes of the router that serves r, if r's context carries them
+// (route.WithServed: the adapters that learn their routers' routes only
+// once requests are served), and reports the entries that match none as
+// WarningRouteUnmatched.
+func (l *Limiter) checkServed(r *http.Request) {
+	if l == nil || l.cfg.routes == nil || l.servedChecked.Load() {
+		return
 	}
-	return prefixed(route.Check(templates(l.cfg.routes), routes))
+	served := route.Served(r.Context())
+	if served == nil || !l.servedChecked.CompareAndSwap(false, true) {
+		return
+	}
+	l.warnUnmatched(prefixed(route.Check(templates(l.cfg.routes), served)))
 }
 
-// CheckMux reports every [WithRoutes] entry that no route of mux serves,
-// as [Inspector.CheckRoutes] does: it is [route.CheckMux] of l's table, which
-// asks mux which route each entry's requests reach. [New] calls it for the mux of [WithRoutesFrom] when the mux has routes
-// by then (it serves an entry, or has a route near one), and
-// [Limiter.Handler] around a ServeMux, or with WithRoutesFrom, warns with
-// its error through [WarningRouteUnmatched] at its first request. A nil
-// mux is an error.
-func (l *Limiter) checkMuxRoutes(mux *http.ServeMux) error {
-	if l == nil {
-		return errors.New("ratelimit: CheckMux of a nil *Limiter: check the error New returned")
-	}
-	if mux == nil {
-		return errors.New("ratelimit: CheckMux: nil mux")
-	}
-	return prefixed(route.CheckMux(templates(l.cfg.routes), mux))
-}
-
-// WarnUnmatchedRoutes is [Inspector.CheckRoutes] for an adapter that learns
-// its router's routes only once requests are served (chi's root router,
-// echo's server): it calls it at its first request, when the routes are
-// registered, and the error, if any, is also reported once per Limiter as
-// [WarningRouteUnmatched].
-func (l *Limiter) warnUnmatchedRoutes(routes []string) error {
-	err := l.checkRoutes(routes)
-	l.warnUnmatched(err)
-	return err
-}
-
-// warnUnmatched reports err, from CheckRoutes or CheckMux, as
+// warnUnmatched reports err, from route.Check or route.CheckMux, as
 // WarningRouteUnmatched, once per Limiter; nothing if err is nil.
 func (l *Limiter) warnUnmatched(err error) {
 	if err == nil {
 		return
 	}
-	l.unmatched.report(l.cfg.logger, l.cfg.observers, WarningRouteUnmatched, routeUnmatchedWarning,
+	l.unmatched.report(l.cfg.logger, l.cfg.onWarning, WarningRouteUnmatched, routeUnmatchedWarning,
 		slog.String("routes", err.Error()), slog.String("remedy", routeUnmatchedRemedy))
 }
 
@@ -76,4 +46,10 @@ func prefixed(err error) error {
 		return nil
 	}
 	return fmt.Errorf("ratelimit: %w", err)
+}
+
+// checkMuxRoutes is route.CheckMux of l's route table, as Handler checks
+// the ServeMux it wraps, or the mux of WithRoutesFrom.
+func (l *Limiter) checkMuxRoutes(mux *http.ServeMux) error {
+	return prefixed(route.CheckMux(templates(l.cfg.routes), mux))
 }

@@ -90,7 +90,7 @@ func post(h http.Handler, target string) int {
 // TestRoutesBehindWrapper: a route table behind other
 // middleware, api.Handler(logging(mux)), applies with WithRoutesFrom(mux);
 // without it, the first request it could not apply to is reported once, on
-// slog's default logger and to a WarningObserver, naming the route when the
+// slog's default logger and to a Warning hook, naming the route when the
 // middleware passed the request itself on; the right shape,
 // logging(api.Handler(mux)), is not reported.
 func TestRoutesBehindWrapper(t *testing.T) { forBackends(t, testRoutesBehindWrapper) }
@@ -123,7 +123,7 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 	} {
 		buf := defaultLog(t)
 		wc := &warningCounter{}
-		api := mustNew(t, c, limits(), loginRoutes(), WithObserver(wc), withRedis(redisstore.Options{Prefix: "rf2" + tc.name + ":"}))
+		api := mustNew(t, c, limits(), loginRoutes(), WithObserver(observerOf(wc)), withRedis(redisstore.Options{Prefix: "rf2" + tc.name + ":"}))
 		h := api.Handler(tc.wrap(loginMux()))
 		for range 3 {
 			post(h, "/login")
@@ -136,15 +136,15 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 			t.Errorf("%s: warning does not name the route: %q", tc.name, out)
 		}
 		if n := wc.count(WarningRoutesUnseen); n != 1 {
-			t.Errorf("%s: WarningObserver counted %d routes_unseen; want 1", tc.name, n)
+			t.Errorf("%s: the Warning hook counted %d routes_unseen; want 1", tc.name, n)
 		}
 	}
 
 	// Not reported: the right shapes, and a Limiter without routes.
 	buf := defaultLog(t)
 	wc := &warningCounter{}
-	right := mustNew(t, c, limits(), loginRoutes(), WithObserver(wc), withRedis(redisstore.Options{Prefix: "rf3:"}))
-	noRoutes := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("plain")}, WithObserver(wc), withRedis(redisstore.Options{Prefix: "rf4:"}))
+	right := mustNew(t, c, limits(), loginRoutes(), WithObserver(observerOf(wc)), withRedis(redisstore.Options{Prefix: "rf3:"}))
+	noRoutes := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("plain")}, WithObserver(observerOf(wc)), withRedis(redisstore.Options{Prefix: "rf4:"}))
 	inner := loginMux()
 	for _, h := range []http.Handler{
 		logging(right.Handler(inner)),
@@ -161,7 +161,7 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 
 // TestProxyWarningByDefault: without WithLogger, the
 // untrusted-proxy warning goes to slog's default logger, once, and to a
-// WarningObserver; a key that takes the router's address (FromRouter) is
+// Warning hook; a key that takes the router's address (FromRouter) is
 // not reported, and counts what the router resolved.
 func TestProxyWarningByDefault(t *testing.T) { forBackends(t, testProxyWarningByDefault) }
 
@@ -169,7 +169,7 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 	c := b.newClient(t)
 	buf := defaultLog(t)
 	wc := &warningCounter{}
-	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP()).Named("ip")}, WithObserver(wc), withRedis(redisstore.Options{Prefix: "pw1:"}))
+	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP()).Named("ip")}, WithObserver(observerOf(wc)), withRedis(redisstore.Options{Prefix: "pw1:"}))
 	h := lim.Handler(okHandler)
 	var got []int
 	for _, client := range []string{"198.51.100.1", "198.51.100.2", "198.51.100.3"} {
@@ -182,14 +182,14 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 		t.Errorf("default log %q; want one warning with its remedy and no client address", out)
 	}
 	if n := wc.count(WarningUntrustedProxy); n != 1 {
-		t.Errorf("WarningObserver counted %d untrusted_proxy; want 1", n)
+		t.Errorf("the Warning hook counted %d untrusted_proxy; want 1", n)
 	}
 
 	// The router resolved the address (chi's RealIP rewrote RemoteAddr):
 	// each client its own bucket, nothing reported.
 	buf = defaultLog(t)
 	wc = &warningCounter{}
-	lim = mustNew(t, c, []Limit{PerMinute(1, ClientIP(clientip.FromRouter())).Named("ip")}, WithObserver(wc), withRedis(redisstore.Options{Prefix: "pw2:"}))
+	lim = mustNew(t, c, []Limit{PerMinute(1, ClientIP(clientip.FromRouter())).Named("ip")}, WithObserver(observerOf(wc)), withRedis(redisstore.Options{Prefix: "pw2:"}))
 	h = lim.Handler(okHandler)
 	for _, client := range []string{"198.51.100.1", "198.51.100.2", "198.51.100.3"} {
 		if code := proxied(h, "/", client+":1", "X-Forwarded-For", client); code != 200 {
@@ -224,7 +224,7 @@ func TestNilOptions(t *testing.T) {
 		"WithCost":        WithCost(nil),
 		"WithSkip":        WithSkip(nil),
 		"WithRefund":      WithRefund(nil),
-		"WithObserver":    WithObserver(nil),
+		"WithObserver":    WithObserver(Observer{}),
 		"WithLogger":      WithLogger(nil, false),
 		"WithRoutesFrom":  WithRoutesFrom(nil),
 		"option 1 is nil": nil,
@@ -234,17 +234,13 @@ func TestNilOptions(t *testing.T) {
 			t.Errorf("%s(nil): %v; want an error naming it", name, err)
 		}
 	}
-	var typed *warningCounter
-	if _, err := New(stubClient{}, limits, WithObserver(typed)); err == nil || !strings.Contains(err.Error(), "WithObserver") {
-		t.Errorf("WithObserver of a nil pointer: %v; want an error", err)
-	}
 }
 
 // TestObserverWatched: New hands the Limiter it returns
-// to a LimiterWatcher among its observers, once, and not its routes'.
+// to the Limiter hooks of its observers, once, and not its routes'.
 func TestObserverWatched(t *testing.T) {
 	wc := &warningCounter{}
-	lim := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")}, WithObserver(wc), loginRoutes())
+	lim := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")}, WithObserver(observerOf(wc)), loginRoutes())
 	if len(wc.watched) != 1 || wc.watched[0] != lim {
 		t.Errorf("watched %v; want the Limiter New returned, once", wc.watched)
 	}

@@ -221,8 +221,8 @@ func TestDecideSentOnceOnLateReply(t *testing.T) {
 		if n := logEntries(t, c, "once", "header.X-Id", "late"); n != 1 {
 			t.Errorf("Redis logged the request %d times, want once: go-redis sent the call again", n)
 		}
-		if res.Unreverted != 1 || lim.Inspect().Unreverted() != 1 {
-			t.Errorf("Unreverted: Result %d, Limiter %d; want 1: the unit Redis logged without a reply was not counted", res.Unreverted, lim.Inspect().Unreverted())
+		if res.Unreverted != 1 || lim.Inspect().Stats().Unreverted != 1 {
+			t.Errorf("Unreverted: Result %d, Limiter %d; want 1: the unit Redis logged without a reply was not counted", res.Unreverted, lim.Inspect().Stats().Unreverted)
 		}
 	})
 }
@@ -279,7 +279,7 @@ func TestRefundSentOnceOnLateReply(t *testing.T) {
 			}
 		}
 		env.mute(t)
-		err := lim.Refund(ctx, res[0])
+		err := lim.Settle(ctx, res[0], 0)
 		t.Logf("%d calls sent", env.settle(t))
 		c := env.direct
 		if !errors.Is(err, ErrNotReverted) {
@@ -288,7 +288,7 @@ func TestRefundSentOnceOnLateReply(t *testing.T) {
 		if n := logEntries(t, c, "refund", "header.X-Id", "refund"); n != 1 {
 			t.Errorf("the log holds %d entries after one of 2 was refunded, want 1: the rollback ran again and took the other request's", n)
 		}
-		if n := lim.Inspect().Unreverted(); n != 1 {
+		if n := lim.Inspect().Stats().Unreverted; n != 1 {
 			t.Errorf("Unreverted() = %d, want 1: the refund it could not confirm", n)
 		}
 	})

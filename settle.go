@@ -16,31 +16,45 @@ import (
 // maxSettleCost is the largest real cost a request is settled at.
 const maxSettleCost = math.MaxInt32
 
-// Settle settles the request res admitted at its real cost, once it is
-// known (after the response: the tokens a model answered with, the rows a
-// search returned). res was admitted at an estimate, c0 (its cost, from
-// [WithCost] or a route's Cost); cost is the real one, from 0 to
+// Settle settles the request res admitted once its work is done: at its
+// real cost, and freeing the in-flight slots ([InFlight]) it holds. Every
+// Result [Limiter.Allow] admitted is settled once, with defer: at
+// res.Cost when the estimate stands, which changes no count and only
+// frees the slots; at 0 to take the request back as if it had never been
+// admitted (a refund: exactly its own entries leave every log, so no
+// other request loses anything); at the real cost once it is known (after
+// the response: the tokens a model answered with, the rows a search
+// returned). res was admitted at an estimate, res.Cost (Allow's cost, or
+// [WithCost]'s or a route's Cost); cost is the real one, from 0 to
 // 2^31-1:
 //
-//   - below c0, the difference is taken back from the request's own entries
-//     in every limit that counted it (a partial [Limiter.Refund]); entries
-//     that have left their windows since are not there to take back;
-//   - above c0, the difference is logged, at the settle's time, in every
-//     limit that counted the request, whatever its room: post-paid, the
-//     client's next requests wait until the debit leaves the window, and
-//     nothing else is admitted over a quota. A debit larger than a
+//   - below res.Cost, the difference is taken back from the request's own
+//     entries in every limit that counted it; entries that have left their
+//     windows since are not there to take back;
+//   - above res.Cost, the difference is logged, at the settle's time, in
+//     every limit that counted the request, whatever its room: post-paid,
+//     the client's next requests wait until the debit leaves the window,
+//     and nothing else is admitted over a quota. A debit larger than a
 //     limit's quota (the client's plan's) is logged there as that quota:
 //     more would make no request wait longer.
 //
-// A Result is settled once: Settle and Refund ([Limiter.Refund] is Settle
-// at 0) share its once flag, and a later call of either returns
-// [ErrRefunded]. A Result that did not admit a request, or did not come from
-// Allow, returns [ErrNotRefundable]; one its plans exempted from every
-// limit counted nothing, and returns nil. On a Redis Cluster each hash tag
-// is its own call, and a debit is logged in all of them or, where one fails
-// for good, taken back from the others. A Result [FailLocal] decided is
-// settled in this process's logs. A cost out of range is an error that
-// settles nothing.
+// A Result is settled once: the first Settle of it, or of any copy of it,
+// applies, even when several run at once; every later one changes nothing
+// and returns [ErrSettled]. A Result that admitted nothing (a denial, a
+// Status, the zero Result) returns [ErrNotAdmitted]; one its plans
+// exempted from every limit counted nothing, and returns nil. A cost out
+// of range is an error that settles and frees nothing. On a Redis Cluster
+// each hash tag is its own call, and a debit is logged in all of them or,
+// where one fails for good, taken back from the others. A Result
+// [FailLocal] decided is settled in this process's logs, where it was
+// counted. Another instance's deny cache may keep denying the keys for up
+// to its maximum age ([RedisOptions].DenyCache).
+//
+// A Result holds its in-flight slots until it is settled (or, if it is
+// lost, until the Limiter is collected or closed, and one lease more). A
+// slot whose release fails is no longer renewed and frees by itself
+// within its lease; the error says so. Handler and the adapters free
+// their requests' slots themselves when the handler returns.
 //
 // Settle waits for Redis for the Limiter's timeout ([WithTimeout]) at
 // most, and ctx's deadline. Its error tells three outcomes apart:
@@ -49,25 +63,36 @@ const maxSettleCost = math.MaxInt32
 //   - one that wraps [ErrSettlePending]: Redis had not confirmed it by
 //     then, and it goes on in the background, tried again as a rollback
 //     is; it may yet be applied, and what is not is counted in
-//     [Inspector.Unreverted] then, and logged;
+//     [Stats].Unreverted then, and logged;
 //   - one that wraps [ErrNotReverted]: not applied, and it will not be
 //     (Redis refused it, or gave no reply to a call that may have run,
 //     which is never sent again); its units are counted in
-//     [Inspector.Unreverted] by the time Settle returns.
+//     [Stats].Unreverted by the time Settle returns.
 //
 // See docs/limits.md (settle).
 func (l *Limiter) Settle(ctx context.Context, res Result, cost int) error {
 	if err := checkSettleCost(cost); err != nil {
 		return err
 	}
-	t := res.ticket
-	if res.Allowed && t == nil && res.index < 0 && res.Limits != nil {
+	t, h := res.ticket, res.hold
+	if res.Allowed && t == nil && h == nil && res.index < 0 && res.Limits != nil {
 		return nil // its plans exempted it from every limit: nothing was counted
 	}
-	if !res.Allowed || t == nil {
-		return ErrNotRefundable
+	if !res.Allowed || t == nil && h == nil {
+		return ErrNotAdmitted
 	}
-	return t.settle(ctx, cost)
+	var released, settled error
+	if h != nil && !h.released.Load() {
+		rctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
+		released = h.release(rctx)
+		cancel()
+	} else if t == nil {
+		return ErrSettled // its slots were freed by an earlier Settle
+	}
+	if t != nil {
+		settled = t.settle(ctx, cost)
+	}
+	return errors.Join(settled, released)
 }
 
 // checkSettleCost returns the error of a real cost out of range.
@@ -83,7 +108,7 @@ func (t *ticket) settle(ctx context.Context, cost int) error {
 	if !t.refunded.CompareAndSwap(false, true) {
 		// Entries of one time are interchangeable: a second removal would
 		// take another request's.
-		return ErrRefunded
+		return ErrSettled
 	}
 	switch {
 	case cost < t.cost:
@@ -204,16 +229,16 @@ func (t *ticket) debit(ctx context.Context, n int) error {
 // Settle settles, at its real cost, the request whose context ctx is (or
 // derives from), from its handler: in every Limiter that admitted it with
 // settlement on ([WithSettle], [WithRefund]), as [Limiter.Settle] does. It
-// settles once: a later call returns [ErrRefunded], and the Limiters'
+// settles once: a later call returns [ErrSettled], and the Limiters'
 // response-side functions then do not run.
 //
 // Settlement must be on in the Limiter that admits the request: New it
 // with [WithSettle] (WithSettle(nil) when only handlers settle) or
 // [WithRefund]. Without it the request stays counted at its estimate, and
-// Settle returns an error that wraps [ErrNotRefundable] and names
-// WithSettle; so does a ctx that carries nothing else to settle (a request
-// admitted undecided under [FailOpen] or exempt from every limit, a
-// context that is not a request's). The errors of the Limiters are joined,
+// Settle returns [ErrSettlementOff], which names WithSettle; so does a ctx
+// that carries nothing else to settle (a request admitted undecided under
+// [FailOpen] or exempt from every limit, a context that is not a
+// request's). The errors of the Limiters are joined,
 // each as [Limiter.Settle] returns it: nil once applied, one that wraps
 // [ErrSettlePending] when Redis had not confirmed it within the timeout
 // (it goes on in the background), one that wraps [ErrNotReverted] when it
@@ -225,29 +250,23 @@ func Settle(ctx context.Context, cost int) error {
 	}
 	st := settlementOf(ctx)
 	if st == nil {
-		return errNoSettlement
+		return ErrSettlementOff
 	}
 	entries, first := st.take()
 	if len(entries) == 0 {
-		return errNoSettlement
+		return ErrSettlementOff
 	}
 	if !first {
-		return ErrRefunded
+		return ErrSettled
 	}
 	var errs []error
 	for _, t := range entries {
-		if err := t.settle(ctx, cost); err != nil && !errors.Is(err, ErrRefunded) {
+		if err := t.settle(ctx, cost); err != nil && !errors.Is(err, ErrSettled) {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
-
-// errNoSettlement is Settle's error for a context that carries no
-// settlement: most often a Limiter without settlement on.
-var errNoSettlement = fmt.Errorf("%w: the request's context carries no settlement: "+
-	"turn settlement on in the Limiter that admits it with ratelimit.WithSettle (WithSettle(nil) to settle from handlers only); "+
-	"a request exempt from every limit, or admitted undecided (FailOpen), has nothing to settle either", ErrNotRefundable)
 
 // settlementKey is the context key of a request's settlement, which the
 // context of a Limiter's pass answers (see entry.Value).
@@ -319,7 +338,7 @@ func (l *Limiter) settleAfter(r *http.Request, st *settlement, status int, h htt
 		if err == nil {
 			err = t.settle(context.WithoutCancel(r.Context()), cost)
 		}
-		if err != nil && !errors.Is(err, ErrRefunded) && l.cfg.onError != nil {
+		if err != nil && !errors.Is(err, ErrSettled) && l.cfg.onError != nil {
 			l.cfg.onError(r, err)
 		}
 	}
@@ -350,11 +369,12 @@ func (l *Limiter) settleAfter(r *http.Request, st *settlement, status int, h htt
 // adapters settle ([Pass.Done]), also when the handler panicked, with the
 // status written by then; gRPC handlers call Settle. A nil settle is
 // not an error: settlement is on, from the handler only; without
-// WithSettle (or WithRefund), [Settle] settles nothing and says so.
-// Default: settlement off. WithSettle and WithRefund together are an error from
-// [New]. See docs/limits.md (settle).
+// WithSettle (or WithRefund, a form of it), [Settle] settles nothing and
+// returns [ErrSettlementOff]. Of several WithSettle and WithRefund, the
+// last one given wins, as for every other option. Default: settlement off.
+// See docs/limits.md (settle).
 func WithSettle(settle func(status int, h http.Header, cost int) int) Option {
 	return func(c *config) {
-		c.settleOn, c.settle, c.settleBy = true, settle, append(c.settleBy, "WithSettle")
+		c.settleOn, c.settle = true, settle
 	}
 }

@@ -87,7 +87,7 @@ func TestSettleOutcomes(t *testing.T) {
 				}
 				settle := func(res Result) error {
 					if tc.cost == 0 {
-						return lim.Refund(ctx, res)
+						return lim.Settle(ctx, res, 0)
 					}
 					return lim.Settle(ctx, res, tc.cost)
 				}
@@ -121,7 +121,7 @@ func TestSettleOutcomes(t *testing.T) {
 						t.Fatalf("late: the log holds %d, want %d", logEntries(t, c, "o", "header.X-U", tc.name+"-late"), tc.cost)
 					}
 				}
-				if n := lim.Inspect().Unreverted(); n != 0 {
+				if n := lim.Inspect().Stats().Unreverted; n != 0 {
 					t.Errorf("a settle applied in the background: Unreverted %d, want 0", n)
 				}
 
@@ -140,9 +140,9 @@ func TestSettleOutcomes(t *testing.T) {
 				close(open)
 				<-g2.ran
 				unreverted += units
-				for deadline := time.Now().Add(redistest.DecisionTimeout); lim.Inspect().Unreverted() != unreverted; time.Sleep(5 * time.Millisecond) {
+				for deadline := time.Now().Add(redistest.DecisionTimeout); lim.Inspect().Stats().Unreverted != unreverted; time.Sleep(5 * time.Millisecond) {
 					if time.Now().After(deadline) {
-						t.Fatalf("a settle refused in the background: Unreverted %d, want %d", lim.Inspect().Unreverted(), unreverted)
+						t.Fatalf("a settle refused in the background: Unreverted %d, want %d", lim.Inspect().Stats().Unreverted, unreverted)
 					}
 				}
 
@@ -156,7 +156,7 @@ func TestSettleOutcomes(t *testing.T) {
 					t.Fatalf("a settle Redis refused: %v, want ErrNotReverted alone", err)
 				}
 				unreverted += units
-				if n := lim.Inspect().Unreverted(); n != unreverted {
+				if n := lim.Inspect().Stats().Unreverted; n != unreverted {
 					t.Errorf("a settle refused: Unreverted %d when it returned, want %d", n, unreverted)
 				}
 				if got := logEntries(t, c, "o", "header.X-U", tc.name+"-lost"); got != 5 {

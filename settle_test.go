@@ -79,7 +79,7 @@ func testSettle(t *testing.T, b backend) {
 			t.Fatalf("seed %d step %d: user %s at %v + %d: allowed %v, want %v", seed, step, u, used[u], c0, res.Allowed, room)
 		}
 		if !res.Allowed {
-			if err := lim.Settle(ctx, res, c0+1); !errors.Is(err, ErrNotRefundable) {
+			if err := lim.Settle(ctx, res, c0+1); !refused(err) {
 				t.Fatalf("settling a denial: %v", err)
 			}
 			continue
@@ -98,8 +98,8 @@ func testSettle(t *testing.T, b backend) {
 		if err := lim.Settle(ctx, res, cost); err != nil {
 			t.Fatalf("seed %d step %d: settle %d at %d: %v", seed, step, c0, cost, err)
 		}
-		if err := lim.Settle(ctx, res, cost); !errors.Is(err, ErrRefunded) {
-			t.Fatalf("a second settle: %v, want ErrRefunded", err)
+		if err := lim.Settle(ctx, res, cost); !errors.Is(err, ErrSettled) {
+			t.Fatalf("a second settle: %v, want ErrSettled", err)
 		}
 		for i, id := range ids(u) {
 			used[id][i] += c0 + min(cost-c0, quota[i]) // a debit is logged up to the quota
@@ -147,7 +147,7 @@ func testSettleDebitWaits(t *testing.T, b backend) {
 		if v := r.Header.Get("X-Settle"); v != "" {
 			n, _ := strconv.Atoi(v)
 			handlerErr = Settle(r.Context(), n)
-			if err := Settle(r.Context(), n); !errors.Is(err, ErrRefunded) {
+			if err := Settle(r.Context(), n); !errors.Is(err, ErrSettled) {
 				handlerErr = errors.Join(handlerErr, errors.New("second Settle: "+errString(err)))
 			}
 			w.Header().Set("X-Used", "99") // settled already: the function leaves it
@@ -220,7 +220,7 @@ func errString(err error) string {
 // TestSettleOnce: many goroutines settle one Result (copies of it) at once,
 // and ratelimit.Settle from a request's context races the response-side
 // function: exactly one settles, at its own cost, and the others get
-// ErrRefunded. Seeded costs.
+// ErrSettled. Seeded costs.
 func TestSettleOnce(t *testing.T) { forSettleBackends(t, testSettleOnce) }
 
 func testSettleOnce(t *testing.T, b backend) {
@@ -258,7 +258,7 @@ func testSettleOnce(t *testing.T, b backend) {
 				won = i
 			case err == nil:
 				t.Fatalf("seed %d: two settles succeeded", seed)
-			case !errors.Is(err, ErrRefunded):
+			case !errors.Is(err, ErrSettled):
 				t.Fatalf("seed %d: %v", seed, err)
 			}
 		}
@@ -325,9 +325,9 @@ func TestSettleUnreachable(t *testing.T) {
 	}
 	t.Logf("errors: %v; %v", err1, err2)
 	deadline := time.Now().Add(10 * time.Second)
-	for lim.Inspect().Unreverted() != 22 {
+	for lim.Inspect().Stats().Unreverted != 22 {
 		if time.Now().After(deadline) {
-			t.Fatalf("Unreverted() = %d, want 22 (14 not logged, 8 not taken back)", lim.Inspect().Unreverted())
+			t.Fatalf("Unreverted() = %d, want 22 (14 not logged, 8 not taken back)", lim.Inspect().Stats().Unreverted)
 		}
 		time.Sleep(20 * time.Millisecond) // the background's give-up, on the wall clock
 	}
@@ -405,22 +405,22 @@ func TestSettleBounds(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, cost := range []int{-1, maxSettleCost + 1} {
-		if err := lim.Settle(ctx, res, cost); err == nil || errors.Is(err, ErrNotRefundable) {
+		if err := lim.Settle(ctx, res, cost); err == nil || refused(err) {
 			t.Errorf("Settle at %d: %v", cost, err)
 		}
-		if err := Settle(ctx, cost); err == nil || errors.Is(err, ErrNotRefundable) {
+		if err := Settle(ctx, cost); err == nil || refused(err) {
 			t.Errorf("ratelimit.Settle at %d: %v", cost, err)
 		}
 	}
 	if err := lim.Settle(ctx, res, 0); err != nil { // still settles once
 		t.Fatal(err)
 	}
-	if err := Settle(ctx, 1); !errors.Is(err, ErrNotRefundable) {
+	if err := Settle(ctx, 1); !errors.Is(err, ErrSettlementOff) {
 		t.Errorf("Settle of a context with nothing to settle: %v", err)
 	}
-	_, err = New(c, []Limit{PerMinute(10, Global())}, WithSettle(nil), WithRefund(func(int) bool { return true }))
-	if err == nil {
-		t.Error("WithSettle and WithRefund: no error from New")
+	// WithRefund is a form of WithSettle: the last one given wins.
+	if _, err := New(c, []Limit{PerMinute(10, Global())}, WithSettle(nil), WithRefund(func(int) bool { return true })); err != nil {
+		t.Errorf("WithSettle and WithRefund: %v; want the last to win", err)
 	}
 }
 
@@ -453,7 +453,7 @@ func testSettleDebitAllOrNothing(t *testing.T, b backend) {
 	if got := bucketTotal(t, c, "b", "header.X-U", "amy"); got != 4 {
 		t.Errorf("the user's buckets hold %d, want 4", got)
 	}
-	if n := lim.Inspect().Unreverted(); n != 50+80+80 {
+	if n := lim.Inspect().Stats().Unreverted; n != 50+80+80 {
 		t.Errorf("Unreverted() = %d, want 210 (a debit of 80 in 3 limits, 50 in the one of quota 50)", n)
 	}
 }
@@ -483,7 +483,7 @@ func TestSettleSentOnce(t *testing.T) {
 	if !errors.Is(err, ErrNotReverted) {
 		t.Fatalf("a debit whose reply never came: %v, want ErrNotReverted", err)
 	}
-	if n := lim.Inspect().Unreverted(); n != 7 {
+	if n := lim.Inspect().Stats().Unreverted; n != 7 {
 		t.Errorf("Unreverted() = %d, want the debit, 7", n)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -521,4 +521,31 @@ func (h *afterFailedCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook 
 
 func (h *afterFailedCall) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// TestSettleLastWins: WithRefund is a form of WithSettle, and of the two
+// the last one given decides what the middleware settles.
+func TestSettleLastWins(t *testing.T) { forBackends(t, testSettleLastWins) }
+
+func testSettleLastWins(t *testing.T, b backend) {
+	c := b.newClient(t)
+	fail := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusInternalServerError) })
+	refund := WithRefund(func(status int) bool { return status >= 500 })
+	for i, tc := range []struct {
+		opts     []Option
+		refunded bool
+	}{
+		{[]Option{WithSettle(nil), refund}, true},
+		{[]Option{refund, WithSettle(nil)}, false},
+	} {
+		lim := mustNew(t, c, []Limit{PerMinute(1, ClientIP()).Named("last" + strconv.Itoa(i))}, tc.opts...)
+		h := lim.Handler(fail)
+		if w := serve(h, "GET", "/", "192.0.2.1:1"); w.Code != http.StatusInternalServerError {
+			t.Fatalf("case %d: first request %d", i, w.Code)
+		}
+		w := serve(h, "GET", "/", "192.0.2.1:1")
+		if refunded := w.Code == http.StatusInternalServerError; refunded != tc.refunded {
+			t.Errorf("case %d: second request %d; want the first refunded: %v", i, w.Code, tc.refunded)
+		}
+	}
 }

@@ -176,7 +176,7 @@ func newStatusProp(rt *rapid.T, client redis.UniversalClient) *statusProp {
 	p.now = time.UnixMicro(modelStart + rapid.Int64Range(0, 1e12).Draw(rt, "start"))
 	p.tc = &testClock{t: p.now}
 	l, err := New(client, limits, WithClock(p.tc.Now), withRedis(redisstore.Options{DenyCache: -1, OperatorRefresh: -1}),
-		WithTimeout(redistest.DecisionTimeout), WithObserver(p.obs))
+		WithTimeout(redistest.DecisionTimeout), WithObserver(observerOf(p.obs)))
 	if err != nil {
 		rt.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"errors"
 	"reflect"
 	"strings"
 	"sync"
@@ -121,24 +120,20 @@ func TestThirdPartyStoreFeatures(t *testing.T) {
 		if n := <-renewed; n != 1 || s.count("Renew") != 1 {
 			t.Errorf("renewed %d slots in %d calls; want 1 in 1", n, s.count("Renew"))
 		}
-		if err := l.Release(ctx, first); err != nil || s.count("Release") != 1 {
-			t.Fatalf("Release: %v, %d calls", err, s.count("Release"))
+		if err := l.Settle(ctx, first, 0); err != nil || s.count("Release") != 1 || s.count("Credit") != 1 {
+			t.Fatalf("Settle at 0: %v, %d releases, %d credits; want the slot freed and the 2 units taken back", err, s.count("Release"), s.count("Credit"))
 		}
 		second := allow(1, true)
-		if second.Remaining != 2 {
-			t.Errorf("after 2 then 1 of 5: %d remaining; want 2", second.Remaining)
+		if second.Remaining != 4 {
+			t.Errorf("after 2 taken back and 1 of 5: %d remaining; want 4", second.Remaining)
 		}
-		if err := l.Refund(ctx, first); err != nil || s.count("Credit") != 1 {
-			t.Fatalf("Refund: %v, %d credits", err, s.count("Credit"))
+		if err := l.Settle(ctx, second, second.Cost); err != nil || s.count("Release") != 2 || s.count("Credit") != 1 {
+			t.Fatalf("Settle at its cost: %v, %d releases, %d credits; want the slot freed and nothing taken back", err, s.count("Release"), s.count("Credit"))
 		}
-		_ = l.Release(ctx, second)
 		if res := allow(1, true); res.Remaining != 3 {
-			t.Errorf("after a refund of 2: %d remaining; want 3", res.Remaining)
-		} else {
-			if err := l.Settle(ctx, res, 3); err != nil || s.count("Debit") != 1 {
-				t.Fatalf("Settle at 3: %v, %d debits", err, s.count("Debit"))
-			}
-			_ = l.Release(ctx, res)
+			t.Errorf("after 1 and 1 of 5: %d remaining; want 3", res.Remaining)
+		} else if err := l.Settle(ctx, res, 3); err != nil || s.count("Debit") != 1 {
+			t.Fatalf("Settle at 3: %v, %d debits", err, s.count("Debit"))
 		}
 		if res, err := l.Status(ctx, []string{"a", "a"}, 1); err != nil || res.Limits[0].Remaining != 1 {
 			t.Fatalf("Status after 1 and a settle of 1 up to 3: %+v, %v; want 1 remaining", res, err)
@@ -161,7 +156,7 @@ func TestThirdPartyStoreFeatures(t *testing.T) {
 			{"in-flight", []Limit{PerMinute(5, Header("X-Id")), InFlight(2, Header("X-Id")).Named("api-inflight")}, nil,
 				"limit 1 (api-inflight): in-flight limits need a store that implements store.Holder; *ratelimit.ownStore does not"},
 			{"refund", []Limit{PerMinute(5, Header("X-Id"))}, []Option{WithRefund(func(int) bool { return true })},
-				"WithRefund: settlement needs a store that implements store.Settler; *ratelimit.ownStore does not"},
+				"settlement needs a store that implements store.Settler; *ratelimit.ownStore does not"},
 			{"lease", []Limit{PerMinute(500, Global()).Named("hot").Leased()}, nil,
 				"limit 0 (hot): leased limits (Limit.Lease, Leased) need the Redis store (package redisstore)"},
 		} {
@@ -176,8 +171,8 @@ func TestThirdPartyStoreFeatures(t *testing.T) {
 		if err != nil || !res.Allowed {
 			t.Fatalf("Allow: %+v, %v", res, err)
 		}
-		if err := l.Refund(ctx, res); !errors.Is(err, ErrNotRefundable) {
-			t.Errorf("Refund: %v; want ErrNotRefundable", err)
+		if err := l.Settle(ctx, res, 0); err == nil || !strings.Contains(err.Error(), "store.Settler") {
+			t.Errorf("Settle at 0: %v; want an error that names store.Settler", err)
 		}
 		if err := l.Reset(ctx, []string{"a"}); err == nil || !strings.Contains(err.Error(), "does not implement store.Forgetter") {
 			t.Errorf("Reset: %v; want an error that names store.Forgetter", err)
@@ -200,13 +195,12 @@ func TestRedisStoreGivenWithStore(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			cost := res.Cost // frees the in-flight slot, counts unchanged
 			if i == 0 {
-				if err := l.Refund(ctx, res); err != nil {
-					t.Fatalf("Refund: %v", err)
-				}
+				cost = 0 // a refund
 			}
-			if err := l.Release(ctx, res); err != nil {
-				t.Fatalf("Release: %v", err)
+			if err := l.Settle(ctx, res, cost); err != nil {
+				t.Fatalf("Settle at %d: %v", cost, err)
 			}
 			res.ticket, res.hold = nil, nil
 			out = append(out, res)

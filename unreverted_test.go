@@ -93,7 +93,7 @@ func TestUnrevertedOnlyWhatMayHaveRun(t *testing.T) {
 			}
 			close(g.open)
 			waitSent(t, lim)
-			if u := lim.Inspect().Unreverted(); u != 0 || res.Unreverted != 0 {
+			if u := lim.Inspect().Stats().Unreverted; u != 0 || res.Unreverted != 0 {
 				t.Errorf("seed %d: %d limits, cost %d, a refused connection (%v): Unreverted %d (Result %d); want 0: the call was never sent",
 					seed, n, cost, err, u, res.Unreverted)
 			}
@@ -118,7 +118,7 @@ func TestUnrevertedOnlyWhatMayHaveRun(t *testing.T) {
 			}
 			waitSent(t, lim)
 			srv.Resume()
-			if u := lim.Inspect().Unreverted(); u != uint64(n*cost) {
+			if u := lim.Inspect().Stats().Unreverted; u != uint64(n*cost) {
 				t.Errorf("seed %d: %d limits, cost %d, a stalled server (%v): Unreverted %d; want %d: Redis may have logged the request",
 					seed, n, cost, err, u, n*cost)
 			}
@@ -184,7 +184,7 @@ func TestUnrevertedClusterDeadPrimary(t *testing.T) {
 			t.Fatal("the reservation on the live primary was never taken back")
 		}
 	}
-	if u := lim.Inspect().Unreverted(); u != 0 || res.Unreverted != 0 {
+	if u := lim.Inspect().Stats().Unreverted; u != 0 || res.Unreverted != 0 {
 		t.Errorf("seed %d: cost %d, a dead primary (%v): Unreverted %d (Result %d); want 0: the reservation was taken back, the other call never sent",
 			seed, cost, err, u, res.Unreverted)
 	}

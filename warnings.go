@@ -8,7 +8,7 @@ import (
 // A Warning names a mistake in how a [Limiter] is mounted or configured that
 // it can see only at request time, and reports once, out loud: through the
 // [WithLogger] logger, or [slog.Default] without one, at Warn, and to every
-// [WarningObserver] among its observers.
+// [Observer].Warning hook.
 type Warning string
 
 const (
@@ -33,10 +33,11 @@ const (
 	// such entry and the nearest route, at the first request served by a
 	// mount that can list the router's routes then: [Limiter.Handler]
 	// around a ServeMux or with [WithRoutesFrom], and the chi and echo
-	// adapters. Where the routes are known earlier the mistake is an
-	// error instead: from [New] with [WithRoutesFrom] (a mux with its
-	// routes registered), and from [Inspector.CheckRoutes],
-	// [Inspector.CheckMux] and the adapters' CheckRoutes.
+	// adapters (which hand the routes over with [route.WithServed]).
+	// Where the routes are known earlier the mistake is an error instead:
+	// from [New] with [WithRoutesFrom] (a mux with its routes registered),
+	// from [route.Check] and [route.CheckMux] of [Stats].Routes, and from
+	// the adapters' CheckRoutes.
 	WarningRouteUnmatched Warning = "route_unmatched"
 	// WarningDefinitionConflict: another live Limiter of the same Redis
 	// and key prefix (another replica, or another release during a
@@ -54,22 +55,12 @@ const (
 	WarningDefinitionConflict Warning = "definition_conflict"
 )
 
-// A WarningObserver is an [Observer] that also learns of every [Warning] a
-// Limiter reports: the metrics modules count them. ObserveWarning runs
-// once per warning and Limiter (per name, for
-// WarningDefinitionConflict), on the goroutine of the request that
-// revealed it, or the refresh goroutine of the operator state.
-type WarningObserver interface {
-	Observer
-	ObserveWarning(w Warning)
-}
-
 // warnOnce reports one warning kind once per Limiter.
 type warnOnce struct{ done atomic.Bool }
 
 // report logs msg with attrs through lg (slog's default if nil) and tells
-// the WarningObservers among observers, the first time only.
-func (w *warnOnce) report(lg *slog.Logger, observers []Observer, kind Warning, msg string, attrs ...any) {
+// the Warning hooks onWarning, the first time only.
+func (w *warnOnce) report(lg *slog.Logger, onWarning []func(Warning), kind Warning, msg string, attrs ...any) {
 	if !w.done.CompareAndSwap(false, true) {
 		return
 	}
@@ -77,9 +68,7 @@ func (w *warnOnce) report(lg *slog.Logger, observers []Observer, kind Warning, m
 		lg = slog.Default()
 	}
 	lg.Warn(msg, append(attrs, slog.String("warning", string(kind)))...)
-	for _, o := range observers {
-		if wo, ok := o.(WarningObserver); ok {
-			wo.ObserveWarning(kind)
-		}
+	for _, f := range onWarning {
+		f(kind)
 	}
 }

@@ -72,8 +72,8 @@ func TestWithStoreLocal(t *testing.T) {
 		clock := &testClock{t: t0}
 		l := mustNew(t, nil, []Limit{PerMinute(quota, Header("X-Id")).Named("s").Block(time.Hour)},
 			WithStore(local), WithFailureMode(mode), WithClock(clock.Now))
-		if l.Inspect().BreakerOpen() || l.Inspect().Unreverted() != 0 {
-			t.Errorf("seed %d: breaker open %v, unreverted %d; want false, 0", seed, l.Inspect().BreakerOpen(), l.Inspect().Unreverted())
+		if l.Inspect().Stats().BreakerOpen || l.Inspect().Stats().Unreverted != 0 {
+			t.Errorf("seed %d: breaker open %v, unreverted %d; want false, 0", seed, l.Inspect().Stats().BreakerOpen, l.Inspect().Stats().Unreverted)
 		}
 		id := string(rune('a' + r.IntN(26)))
 		used := 0
@@ -88,11 +88,11 @@ func TestWithStoreLocal(t *testing.T) {
 			used += cost
 			last, lastCost = res, cost
 		}
-		if err := l.Refund(ctx, last); err != nil {
+		if err := l.Settle(ctx, last, 0); err != nil {
 			t.Fatalf("seed %d: Refund: %v", seed, err)
 		}
-		if err := l.Refund(ctx, last); !errors.Is(err, ErrNotRefundable) {
-			t.Fatalf("seed %d: second Refund: %v; want ErrNotRefundable", seed, err)
+		if err := l.Settle(ctx, last, 0); !refused(err) {
+			t.Fatalf("seed %d: second Refund: %v; want a refusal (ErrNotAdmitted, ErrSettled)", seed, err)
 		}
 		if res, err := l.Allow(ctx, []string{id}, quota-(used-lastCost)+1); err != nil || res.Allowed {
 			t.Fatalf("seed %d: over the quota: %+v, %v; want denied", seed, res, err)
@@ -148,8 +148,8 @@ func TestWithStoreOther(t *testing.T) {
 	if err != nil || !res.Allowed || !s.deadline {
 		t.Fatalf("Allow: %+v, %v, deadline %v; want admitted, with a deadline", res, err, s.deadline)
 	}
-	if err := l.Refund(ctx, res); !errors.Is(err, ErrNotRefundable) {
-		t.Errorf("Refund: %v; want ErrNotRefundable", err)
+	if err := l.Settle(ctx, res, 0); !refused(err) {
+		t.Errorf("Refund: %v; want a refusal (ErrNotAdmitted, ErrSettled)", err)
 	}
 	if err := l.Reset(ctx, []string{"a"}); err == nil {
 		t.Error("Reset on a store that cannot forget: no error")

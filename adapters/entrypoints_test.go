@@ -2,6 +2,7 @@ package adapters_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -167,9 +168,9 @@ func (e *epEnv) snap() epSnap {
 			}
 		}
 	}
-	s.local = e.l.Inspect().InFlight()
+	s.local = e.l.Inspect().Stats().InFlight
 	if e.route != nil {
-		s.local = max(s.local, e.route.Inspect().InFlight())
+		s.local = max(s.local, e.route.Inspect().Stats().InFlight)
 	}
 	return s
 }
@@ -207,9 +208,14 @@ func (e *epEnv) allow(step epStep) int {
 	ids := []string{epIP, epIP}
 	var held []ratelimit.Result
 	defer func() {
-		for _, res := range slices.Backward(held) {
-			if err := e.l.Release(ctx, res); err != nil {
-				e.t.Errorf("Release: %v", err)
+		for i, res := range slices.Backward(held) {
+			owner := e.l
+			if i == 1 {
+				owner = e.route
+			}
+			// A Result is settled once: one settled by the action is done.
+			if err := owner.Settle(ctx, res, res.Cost); err != nil && !errors.Is(err, ratelimit.ErrSettled) {
+				e.t.Errorf("Settle at the admitted cost: %v", err)
 			}
 		}
 	}()
@@ -228,8 +234,8 @@ func (e *epEnv) allow(step epStep) int {
 			e.t.Fatalf("Allow (route): %v", err)
 		}
 		if !rres.Allowed {
-			if err := e.l.Refund(ctx, res); err != nil {
-				e.t.Errorf("Refund: %v", err)
+			if err := e.l.Settle(ctx, res, 0); err != nil {
+				e.t.Errorf("Settle at 0: %v", err)
 			}
 			return http.StatusTooManyRequests
 		}
@@ -250,7 +256,7 @@ func (e *epEnv) allow(step epStep) int {
 		}
 		for i, l := range lims {
 			if step.final == 0 {
-				err = l.Refund(ctx, held[i])
+				err = l.Settle(ctx, held[i], 0)
 			} else {
 				err = l.Settle(ctx, held[i], step.final)
 			}

@@ -320,7 +320,7 @@ func TestEquivalence(t *testing.T) {
 		var ran string
 		apps := make([]http.Handler, len(eqRouters))
 		for i, rt := range eqRouters {
-			apps[i] = rt.build(eqLimiter(t, rdb, obs, opts), &ran)
+			apps[i] = rt.build(eqLimiter(t, rdb, ratelimit.Observer{Decision: obs.Observe}, opts), &ran)
 		}
 		paths := []string{"/nope"}
 		for _, rt := range eqRoutes {

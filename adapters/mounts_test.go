@@ -63,7 +63,7 @@ func authLimiters(t *testing.T, rdb redis.UniversalClient, opts []ratelimit.Opti
 	if err != nil {
 		t.Fatal(err)
 	}
-	user, err = ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.UserFromContext(userKey{})).Named("user")}, opts...)
+	user, err = ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user")}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +282,7 @@ func TestPlansBehindAuth(t *testing.T) {
 		t.Run(rt.name, func(t *testing.T) {
 			forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
 				ip, _ := authLimiters(t, rdb, opts)
-				user, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.UserFromContext(userKey{})).Named("user").Tiered(ratelimit.Plans{
+				user, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user").Tiered(ratelimit.Plans{
 					Quotas: map[string]int{"pro": 6, "internal": ratelimit.Unlimited},
 					Of:     func(_ context.Context, id string) (string, error) { return plans[id], nil },
 				})}, append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout)}, opts...)...)
@@ -455,7 +455,7 @@ func stackedLimiters(t *testing.T, outer, inner redis.UniversalClient, ipQuota, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	user, err = ratelimit.New(inner, []ratelimit.Limit{ratelimit.PerMinute(userQuota, ratelimit.UserFromContext(userKey{})).Named("user")},
+	user, err = ratelimit.New(inner, []ratelimit.Limit{ratelimit.PerMinute(userQuota, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user")},
 		append(opts, ratelimit.WithCost(func(*http.Request) int { return userCost }))...)
 	if err != nil {
 		t.Fatal(err)

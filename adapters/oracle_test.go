@@ -139,7 +139,7 @@ func runAdapterOracle(t *testing.T, router string, seed uint64, steps int) {
 	if inflight > 0 {
 		limits = append(limits, ratelimit.InFlight(inflight, ratelimit.Header("X-Id")).Named("inflight"))
 	}
-	opts := []ratelimit.Option{ratelimit.WithTimeout(5 * time.Second), ratelimit.WithClock(clock.Now), ratelimit.WithObserver(obs),
+	opts := []ratelimit.Option{ratelimit.WithTimeout(5 * time.Second), ratelimit.WithClock(clock.Now), ratelimit.WithObserver(ratelimit.Observer{Decision: obs.Observe}),
 		ratelimit.WithLogger(slog.New(slog.DiscardHandler), false),
 		ratelimit.WithCost(func(r *http.Request) int { n, _ := strconv.Atoi(r.Header.Get("X-Cost")); return max(n, 1) })}
 	if len(routeLimits) > 0 {

@@ -202,7 +202,7 @@ var genCheckers = []struct {
 			mux.HandleFunc(g.method+" "+g.write("mux"), ok)
 		}
 		l, _ := genLimiter(t, table)
-		err := l.Inspect().CheckMux(mux)
+		err := route.CheckMux(l.Inspect().Stats().Routes, mux)
 		// New refuses the same, once it can see that the mux has routes:
 		// it serves one of the entries.
 		_, newErr := ratelimit.New(nil, genLimits(), ratelimit.WithStore(newAdmitStore()), ratelimit.WithRoutes(table), ratelimit.WithRoutesFrom(mux))
@@ -435,7 +435,7 @@ func TestRouteTableMethodAndSlash(t *testing.T) {
 				mux := http.NewServeMux()
 				mux.HandleFunc("GET /doc", ok)
 				mux.HandleFunc("POST /dir/", ok)
-				routers = append(routers, router{"net/http", tc.want.mux, l.Inspect().CheckMux(mux), l.Handler(mux)})
+				routers = append(routers, router{"net/http", tc.want.mux, route.CheckMux(l.Inspect().Stats().Routes, mux), l.Handler(mux)})
 			}
 			{
 				l := newL("chi")

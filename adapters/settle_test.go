@@ -147,7 +147,7 @@ func TestEquivalenceSettle(t *testing.T) {
 		var ran string
 		apps := make([]http.Handler, len(eqRouters))
 		for i, rt := range eqRouters {
-			apps[i] = rt.build(eqLimiter(t, rdb, obs, append(slices.Clone(opts), settle)), &ran)
+			apps[i] = rt.build(eqLimiter(t, rdb, ratelimit.Observer{Decision: obs.Observe}, append(slices.Clone(opts), settle)), &ran)
 		}
 		compared := 0
 		for range 3 {
@@ -249,7 +249,7 @@ func TestSettleEveryPass(t *testing.T) {
 
 // TestSettleOffNamesTheSwitch: a handler that settles its request with
 // ratelimit.Settle behind a Limiter without settlement on (WithCost alone)
-// gets an error that wraps ErrNotRefundable and names the option to turn
+// gets an error that is ErrSettlementOff, which names the option to turn
 // on, through net/http and every router; with WithSettle(nil) the same
 // handler settles (the log holds the real cost, not the estimate).
 func TestSettleOffNamesTheSwitch(t *testing.T) {

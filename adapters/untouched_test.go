@@ -70,7 +70,7 @@ func TestCallerRequestUntouched(t *testing.T) {
 						t.Errorf("%s: the caller's request changed: Pattern %q, RemoteAddr %q, context changed %v, header %v, URL %v",
 							path, r.Pattern, r.RemoteAddr, r.Context() != before.Context(), r.Header, r.URL)
 					}
-					if n := l.Inspect().InFlight(); n != 0 {
+					if n := l.Inspect().Stats().InFlight; n != 0 {
 						t.Errorf("%s: %d requests hold in-flight slots after the response", path, n)
 					}
 				}

@@ -5,13 +5,12 @@
 // page, no external assets) and for tools (the same as JSON).
 //
 //	adm := admin.New(admin.Options{})
-//	limiter, err := ratelimit.New(rdb, limits, ratelimit.WithObserver(adm))
+//	limiter, err := ratelimit.New(rdb, limits, ratelimit.WithObserver(adm.Observer()))
 //	adminMux.Handle("/debug/ratelimit/", adm) // never on the public port
 //
-// WithObserver is the one step: the Handler is a
-// [ratelimit.DenialObserver], told of every denial, and a
-// [ratelimit.LimiterWatcher], given the Limiter to read and reset
-// identifiers with. One Handler may observe several Limiters.
+// WithObserver is the one step: the Handler's [Handler.Observer] is told
+// of every denial, and given the Limiter to read and reset identifiers
+// with. One Handler may observe several Limiters.
 //
 // The Handler counts denials in this process only, in memory bounded in
 // bytes whatever the number and the length of the identifiers (a
@@ -41,7 +40,7 @@
 // target everywhere.
 //
 // The index and an identifier's state show the quota overrides and manual
-// blocks the watched Limiters apply ([ratelimit.Inspector.OperatorState]),
+// blocks the watched Limiters apply ([ratelimit.Stats].Operator),
 // each override beside the quotas the live Limiters declare for its limit
 // and plan ([operator.Declaration]);
 // unblock and clear change them in Redis through each watched Limiter's
@@ -157,15 +156,18 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Observe implements [ratelimit.Observer]; the Handler needs only the
-// denials (ObserveDenial), and does nothing here.
-func (h *Handler) Observe(ratelimit.Result, error, time.Duration) {}
+// Observer returns the hooks that feed the Handler, for
+// [ratelimit.WithObserver]: Denial counts every denial, and Limiter gives
+// the Handler the Limiter to read and reset identifiers with. Observing
+// several Limiters, and one twice, is fine.
+func (h *Handler) Observer() ratelimit.Observer {
+	return ratelimit.Observer{Denial: h.observeDenial, Limiter: h.watch}
+}
 
-// ObserveDenial counts a denial of id by limit ([ratelimit.DenialObserver]).
-// It does not allocate for an identifier of at most
-// [operator.MaxKeyID] bytes already counted this minute; a longer one
-// costs its digest.
-func (h *Handler) ObserveDenial(limit, id string) {
+// observeDenial counts a denial of id by limit. It does not allocate for
+// an identifier of at most [operator.MaxKeyID] bytes already counted this
+// minute; a longer one costs its digest.
+func (h *Handler) observeDenial(limit, id string) {
 	h.top.Add(limit, sketchRef(id), h.opts.Now())
 }
 
@@ -206,12 +208,12 @@ func entryOf(e topk.Entry) Entry {
 	return out
 }
 
-// Watch gives the Handler a Limiter to read and reset identifiers with
-// ([ratelimit.LimiterWatcher]); [ratelimit.New] calls it for a Limiter
+// watch gives the Handler a Limiter to read and reset identifiers with;
+// [ratelimit.New] calls it, through Observer's Limiter hook, for a Limiter
 // the Handler observes. Watching twice is watching once; nil is ignored.
 // A Limiter is held weakly: once the application drops it, the Handler
 // forgets it.
-func (h *Handler) Watch(l *ratelimit.Limiter) {
+func (h *Handler) watch(l *ratelimit.Limiter) {
 	if l == nil {
 		return
 	}
@@ -273,7 +275,7 @@ type Index struct {
 	Overrides []Override `json:"overrides"`
 	Blocks    []Block    `json:"blocks"`
 	// Settled is what the watched Limiters' settles logged and took back
-	// ([ratelimit.Inspector.Settled]), since they started.
+	// ([ratelimit.Stats].Debited and Credited), since they started.
 	Settled Settled `json:"settled"`
 }
 
@@ -409,9 +411,9 @@ func (h *Handler) index(w http.ResponseWriter, r *http.Request) {
 	idx := Index{WindowSeconds: h.opts.Minutes * 60, Limits: []LimitIndex{}}
 	idx.Overrides, idx.Blocks = h.operatorState()
 	for _, l := range h.live() {
-		d, c := l.Inspect().Settled()
-		idx.Settled.Debited += d
-		idx.Settled.Credited += c
+		st := l.Inspect().Stats()
+		idx.Settled.Debited += st.Debited
+		idx.Settled.Credited += st.Credited
 	}
 	for _, name := range h.names() {
 		win := h.top.Window(name)
@@ -474,12 +476,7 @@ func (h *Handler) id(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
 	defer cancel()
-	var lr ratelimit.LimitResult
-	if id != "" {
-		lr, err = l.Inspect().Status(ctx, limit, id)
-	} else {
-		lr, err = l.Inspect().StatusDigest(ctx, limit, digest)
-	}
+	lr, err := l.Inspect().Status(ctx, limit, inspectorID(id, digest))
 	if err != nil {
 		h.fail(w, r, http.StatusServiceUnavailable, err)
 		return
@@ -530,12 +527,7 @@ func (h *Handler) reset(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
 	defer cancel()
-	if id != "" {
-		err = l.Inspect().Reset(ctx, limit, id)
-	} else {
-		err = l.Inspect().ResetDigest(ctx, limit, digest)
-	}
-	if err != nil {
+	if err := l.Inspect().Reset(ctx, limit, inspectorID(id, digest)); err != nil {
 		h.fail(w, r, http.StatusServiceUnavailable, err)
 		return
 	}
@@ -546,13 +538,27 @@ func (h *Handler) reset(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "id?"+urlValues(limit, id, digest), http.StatusSeeOther)
 }
 
+// inspectorID returns how [ratelimit.Inspector.Status] and Reset take
+// the identifier id, or the one whose digest is digest when id is "": the
+// digest, or id with one more '#' in front when it begins with '#', so
+// that it is never read as a digest.
+func inspectorID(id, digest string) string {
+	switch {
+	case id == "":
+		return digest
+	case id[0] == '#':
+		return "#" + id
+	}
+	return id
+}
+
 // operatorState returns the overrides and blocks the watched Limiters
 // apply, each once.
 func (h *Handler) operatorState() ([]Override, []Block) {
 	overrides, blocks := []Override{}, []Block{}
 	seenQ, seenB := map[[2]string]bool{}, map[string]bool{}
 	for _, l := range h.live() {
-		st := l.Inspect().OperatorState()
+		st := l.Inspect().Stats().Operator
 		for _, q := range st.Quotas {
 			if k := [2]string{q.Limit, q.Plan}; !seenQ[k] {
 				seenQ[k] = true

@@ -62,7 +62,7 @@ func newFixture(t *testing.T, opts admin.Options) *fixture {
 	lim, err := ratelimit.New(nil, []ratelimit.Limit{
 		ratelimit.PerMinute(3, ratelimit.Header("X-Client")).Named("client"),
 		ratelimit.PerMinute(1000, ratelimit.Global()).Named("all"),
-	}, ratelimit.WithObserver(adm), ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{DenyCache: -1})))
+	}, ratelimit.WithObserver(adm.Observer()), ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{DenyCache: -1})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestTopDenied(t *testing.T) {
 		drawn[id] = true
 		n := r.IntN(12)
 		for range 3 + n {
-			res, err := f.lim.Allow(ctx, []string{id, ratelimit.GlobalID}, 1)
+			res, err := f.lim.Allow(ctx, []string{id, "global"}, 1)
 			if err != nil {
 				t.Fatalf("seed %d: %v", seed, err)
 			}
@@ -259,7 +259,7 @@ func TestOperatorState(t *testing.T) {
 	if len(idx.Overrides) != 0 || len(idx.Blocks) != 0 {
 		t.Errorf("after the forms: %+v %+v", idx.Overrides, idx.Blocks)
 	}
-	if res, err := f.lim.Allow(ctx, []string{`<b>mallory</b>`, ratelimit.GlobalID}, 1); err != nil || !res.Allowed || res.Limit != 3 {
+	if res, err := f.lim.Allow(ctx, []string{`<b>mallory</b>`, "global"}, 1); err != nil || !res.Allowed || res.Limit != 3 {
 		t.Errorf("mallory after the unblock: %+v %v", res, err)
 	}
 }
@@ -320,11 +320,12 @@ func TestRefusals(t *testing.T) {
 // identifier already counted, and little for a new one.
 func TestObserveDenialNoAlloc(t *testing.T) {
 	adm := admin.New(admin.Options{Now: func() time.Time { return t0 }})
-	adm.ObserveDenial("api", "203.0.113.9")
-	if a := testing.AllocsPerRun(1000, func() { adm.ObserveDenial("api", "203.0.113.9") }); a != 0 {
+	deny := adm.Observer().Denial
+	deny("api", "203.0.113.9")
+	if a := testing.AllocsPerRun(1000, func() { deny("api", "203.0.113.9") }); a != 0 {
 		t.Errorf("%v allocations per denial of a known identifier", a)
 	}
-	if a := testing.AllocsPerRun(1000, func() { adm.ObserveDenial("api", fmt.Sprint("x")) }); a > 2 {
+	if a := testing.AllocsPerRun(1000, func() { deny("api", fmt.Sprint("x")) }); a > 2 {
 		t.Errorf("%v allocations per denial", a)
 	}
 }
@@ -333,6 +334,7 @@ func TestObserveDenialNoAlloc(t *testing.T) {
 // client denied again (known) and for a spray of new identities.
 func BenchmarkObserveDenial(b *testing.B) {
 	adm := admin.New(admin.Options{})
+	deny := adm.Observer().Denial
 	ids := make([]string, 100_000)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("198.51.%d.%d", i/256, i%256)
@@ -340,14 +342,14 @@ func BenchmarkObserveDenial(b *testing.B) {
 	b.Run("known", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			adm.ObserveDenial("api", "203.0.113.9")
+			deny("api", "203.0.113.9")
 		}
 	})
 	b.Run("spray", func(b *testing.B) {
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
-			adm.ObserveDenial("api", ids[i%len(ids)])
+			deny("api", ids[i%len(ids)])
 			i++
 		}
 	})

@@ -82,7 +82,7 @@ func TestBrowser(t *testing.T) {
 	lim, err := ratelimit.New(srv.Client(), []ratelimit.Limit{
 		ratelimit.PerMinute(5, ratelimit.Header("X-Client")).Named("per-client"),
 		ratelimit.PerMinute(100000, ratelimit.Global()).Named("global"),
-	}, ratelimit.WithObserver(adm), ratelimit.WithTimeout(redistest.DecisionTimeout),
+	}, ratelimit.WithObserver(adm.Observer()), ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithClock(func() time.Time { return start })) // the load takes one instant, however slow the machine
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/admin"
 	"github.com/slidinglog/ratelimit/operator"
 )
@@ -59,7 +58,7 @@ func TestBrowserResetForm(t *testing.T) {
 	}
 	for _, id := range ids {
 		for range 4 {
-			_, _ = f.lim.Allow(ctx, []string{id, ratelimit.GlobalID}, 1)
+			_, _ = f.lim.Allow(ctx, []string{id, "global"}, 1)
 		}
 	}
 	_, page := f.get(t, "", nil)

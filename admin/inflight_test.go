@@ -26,7 +26,7 @@ func TestInFlightState(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	adm := admin.New(admin.Options{})
 	lim, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.InFlight(5, ratelimit.Header("X-Client"))},
-		ratelimit.WithObserver(adm), ratelimit.WithTimeout(redistest.DecisionTimeout))
+		ratelimit.WithObserver(adm.Observer()), ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestInFlightState(t *testing.T) {
 		t.Fatalf("seed %d: the page does not say %q:\n%s", seed, want, page)
 	}
 	for _, res := range results {
-		if err := lim.Release(ctx, res); err != nil {
+		if err := lim.Settle(ctx, res, res.Cost); err != nil {
 			t.Fatal(err)
 		}
 	}

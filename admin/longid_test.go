@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/admin"
 	"github.com/slidinglog/ratelimit/internal/longtest"
 
@@ -69,7 +68,7 @@ func TestLongIdentifiers(t *testing.T) {
 		seen[id] = true
 		ids = append(ids, id)
 		for range 4 {
-			_, _ = f.lim.Allow(ctx, []string{id, ratelimit.GlobalID}, 1)
+			_, _ = f.lim.Allow(ctx, []string{id, "global"}, 1)
 		}
 	}
 	var idx struct {
@@ -158,9 +157,10 @@ func TestSketchBytes(t *testing.T) {
 	limits := []string{"a", "b", "c"}
 	before := longtest.LiveHeap()
 	adm := admin.New(o)
+	deny := adm.Observer().Denial
 	for i := range 2 * o.Capacity * (o.Minutes + 1) {
 		now = t0.Add(time.Duration(i%(o.Minutes+1)) * time.Minute)
-		adm.ObserveDenial(limits[i%len(limits)], big[i:i+1<<20])
+		deny(limits[i%len(limits)], big[i:i+1<<20])
 	}
 	after := longtest.LiveHeap()
 	held := after - min(before, after)

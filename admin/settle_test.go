@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/admin"
 )
 
@@ -15,7 +14,7 @@ func TestSettled(t *testing.T) {
 	f := newFixture(t, admin.Options{})
 	ctx := context.Background()
 	for _, s := range []struct{ c0, cost int }{{1, 2}, {1, 0}} {
-		res, err := f.lim.Allow(ctx, []string{"ann", ratelimit.GlobalID}, s.c0)
+		res, err := f.lim.Allow(ctx, []string{"ann", "global"}, s.c0)
 		if err != nil || !res.Allowed {
 			t.Fatal(res, err)
 		}

@@ -3,6 +3,11 @@
 // scripts (see docs/design.md for its rules and docs/functions.md for
 // how it is loaded). The files are embedded at build time; the store
 // reads them once, when the program starts.
+//
+// It is part of the module's API, under the same compatibility promise as
+// package ratelimit: Files is what an operator loads by hand (where the
+// application may not run FUNCTION LOAD itself) or audits, byte for byte
+// what the library runs.
 package lua
 
 import "embed"

@@ -17,10 +17,10 @@ const MaxKeyID = 128
 // SHA-256 of id, 44 bytes. It returns "" for an identifier of at most
 // MaxKeyID bytes, whose keys may hold it whole. id is the identifier as a
 // limit's Key gives it (for a Compose key, its escaped and joined parts)
-// or as ratelimit.Limiter.Allow is given it, which is what a
-// ratelimit.DenialObserver is told. ratelimit.Limiter.LimitStatusDigest
-// and ResetLimitDigest address a long identifier by its digest, so that
-// a tool (the admin page) need not keep the identifier itself.
+// or as ratelimit.Limiter.Allow is given it, which is what an
+// observer's Denial hook is told. ratelimit.Inspector's Status and Reset
+// take a long identifier by its digest, so that a tool (the admin page)
+// need not keep the identifier itself.
 func IDDigest(id string) string {
 	if len(id) <= MaxKeyID {
 		return ""

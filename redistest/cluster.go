@@ -26,10 +26,10 @@ type Cluster struct {
 	tb    testing.TB
 }
 
-// NodeTimeout is the cluster-node-timeout of the nodes [StartCluster]
+// nodeTimeout is the cluster-node-timeout of the nodes StartCluster
 // starts, unless its args say otherwise: a primary that does not answer for
 // this long is failed over.
-const NodeTimeout = 1000 * time.Millisecond
+const nodeTimeout = 1000 * time.Millisecond
 
 // StartCluster starts a Redis Cluster of primaries primaries with replicas
 // replicas each (at least 3 primaries, as Redis requires; replicas may be 0),
@@ -39,7 +39,7 @@ const NodeTimeout = 1000 * time.Millisecond
 // is missing, and fails it for fewer than 3 primaries, negative replicas,
 // or a cluster that does not form.
 //
-// Every node runs with cluster-node-timeout [NodeTimeout], a replica takes
+// Every node runs with cluster-node-timeout 1000 (a second), a replica takes
 // over whatever its replication lag, and otherwise Redis's defaults, among
 // them cluster-require-full-coverage yes: once a primary is marked failed,
 // every node refuses every command (CLUSTERDOWN) until a replica took its
@@ -75,7 +75,7 @@ func StartCluster(tb testing.TB, primaries, replicas int, args ...string) *Clust
 			args: []string{
 				"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(ports[1]),
 				"--cluster-config-file", "nodes.conf",
-				"--cluster-node-timeout", strconv.Itoa(int(NodeTimeout / time.Millisecond)),
+				"--cluster-node-timeout", strconv.Itoa(int(nodeTimeout / time.Millisecond)),
 				// A replica takes over however long it was cut off from its
 				// primary: tests kill primaries on purpose.
 				"--cluster-replica-validity-factor", "0",

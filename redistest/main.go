@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -54,7 +53,7 @@ func skipNotice(n int64) string {
 		tests = "test"
 	}
 	return fmt.Sprintf("redistest: %d real-Redis %s skipped in %s: redis-server not on PATH (apt-get install redis-server to run them; %s=1 makes this a failure)\n",
-		n, tests, testPackage(), RequireEnv)
+		n, tests, testPackage(), requireEnv)
 }
 
 // testPackage names the test binary's package, as go test names the binary
@@ -65,23 +64,13 @@ func testPackage() string {
 
 // redisLog is go-redis's logger in a test binary whose TestMain calls
 // Main: it writes to the tests' logs (see Main), unless a test has
-// silenced it.
-type redisLog struct {
-	quiet atomic.Int64 // tests that silenced it and have not ended
-}
+// silenced it (testlog.QuietRedis).
+type redisLog struct{}
 
 var redisLogger = &redisLog{}
 
 func (l *redisLog) Printf(ctx context.Context, format string, v ...any) {
-	if l.quiet.Load() == 0 {
+	if !testlog.RedisQuiet() {
 		testlog.Redis{}.Printf(ctx, format, v...)
 	}
-}
-
-// QuietRedisLog silences go-redis's own logging (a failed dial to a
-// server the test killed, say) until tb ends, in a test binary whose
-// TestMain calls [Main]; elsewhere it does nothing.
-func QuietRedisLog(tb testing.TB) {
-	redisLogger.quiet.Add(1)
-	tb.Cleanup(func() { redisLogger.quiet.Add(-1) })
 }

@@ -1,10 +1,17 @@
 // Package redistest starts real redis-server processes for tests, on free
 // loopback ports, and kills them when the test ends: a single server with
 // [Start], or a Redis Cluster of primaries and replicas with
-// [StartCluster]; [NewProxy] puts a slow network in front of either. With
-// RATELIMIT_SERVER=valkey ([ServerEnv]) it starts valkey-server (and uses
-// valkey-cli) instead. A user can test their own limits with it against the
-// server they run in production:
+// [StartCluster]; [NewProxy] puts a slow network in front of either, and
+// [Server] stops, pauses and restarts a server, for the failure modes.
+// With RATELIMIT_SERVER=valkey it starts valkey-server (and uses
+// valkey-cli) instead; another value than redis or valkey fails the tests
+// that start a server.
+//
+// It is part of the module's API, under the same compatibility promise as
+// package ratelimit: it is for the tests of code that uses the library, so
+// that an application can test its own limits, its handlers' answers and
+// its behaviour when Redis fails against the server it runs in
+// production:
 //
 //	func TestLimit(t *testing.T) {
 //		rdb := redistest.Start(t).Client()
@@ -14,7 +21,7 @@
 //
 // When redis-server (or, for a cluster, redis-cli) is not on PATH the test is
 // skipped, unless the environment variable RATELIMIT_REQUIRE_REDIS is set to
-// 1 ([RequireEnv]), in which case it fails: a CI run must never pass by
+// 1, in which case it fails: a CI run must never pass by
 // skipping real-Redis tests. A package whose TestMain calls [Main] says how
 // many tests it skipped. Every function that starts something reports a
 // failure to start through the test (tb.Fatal), never by a panic.
@@ -39,27 +46,27 @@ import (
 	"github.com/slidinglog/ratelimit/internal/testlog"
 )
 
-// RequireEnv is the environment variable that turns a missing redis-server
-// into a test failure.
-const RequireEnv = "RATELIMIT_REQUIRE_REDIS"
+// requireEnv is the environment variable that turns a missing redis-server
+// into a test failure (see the package doc).
+const requireEnv = "RATELIMIT_REQUIRE_REDIS"
 
-// ServerEnv is the environment variable that selects the server the tests
+// serverEnv is the environment variable that selects the server the tests
 // start: "redis" (the default: redis-server and redis-cli) or "valkey"
 // (valkey-server and valkey-cli). Any other value fails the tests that
 // start a server.
-const ServerEnv = "RATELIMIT_SERVER"
+const serverEnv = "RATELIMIT_SERVER"
 
 // program returns the name of the server's program that Redis names
-// redis-<role> ("server", "cli"), for the server ServerEnv selects.
+// redis-<role> ("server", "cli"), for the server serverEnv selects.
 func program(tb testing.TB, role string) string {
 	tb.Helper()
-	switch v := os.Getenv(ServerEnv); v {
+	switch v := os.Getenv(serverEnv); v {
 	case "", "redis":
 		return "redis-" + role
 	case "valkey":
 		return "valkey-" + role
 	default:
-		tb.Fatalf("redistest: %s=%q: want redis or valkey", ServerEnv, v)
+		tb.Fatalf("redistest: %s=%q: want redis or valkey", serverEnv, v)
 		return ""
 	}
 }
@@ -110,11 +117,11 @@ func lookPath(tb testing.TB, name string) string {
 	tb.Helper()
 	bin, err := exec.LookPath(name)
 	if err != nil {
-		if os.Getenv(RequireEnv) == "1" {
-			tb.Fatalf("%s not found on PATH and %s=1: %v", name, RequireEnv, err)
+		if os.Getenv(requireEnv) == "1" {
+			tb.Fatalf("%s not found on PATH and %s=1: %v", name, requireEnv, err)
 		}
 		skipped.Add(1)
-		tb.Skipf("%s not found on PATH (set %s=1 to make this a failure)", name, RequireEnv)
+		tb.Skipf("%s not found on PATH (set %s=1 to make this a failure)", name, requireEnv)
 	}
 	return bin
 }

@@ -86,7 +86,7 @@ func TestMain(m *testing.M) { os.Exit(Main(m)) }
 
 func TestSkipNotice(t *testing.T) {
 	got := skipNotice(1)
-	for _, want := range []string{"1 real-Redis test skipped", "apt-get install redis-server", RequireEnv + "=1"} {
+	for _, want := range []string{"1 real-Redis test skipped", "apt-get install redis-server", requireEnv + "=1"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("skipNotice(1) = %q, want it to mention %q", got, want)
 		}
@@ -105,8 +105,8 @@ func TestServerSelected(t *testing.T) {
 		t.Fatal(err)
 	}
 	valkey := strings.Contains(info, "valkey_version:")
-	if want := os.Getenv(ServerEnv) == "valkey"; valkey != want {
-		t.Errorf("%s=%q, and the server started says valkey=%v:\n%s", ServerEnv, os.Getenv(ServerEnv), valkey, info)
+	if want := os.Getenv(serverEnv) == "valkey"; valkey != want {
+		t.Errorf("%s=%q, and the server started says valkey=%v:\n%s", serverEnv, os.Getenv(serverEnv), valkey, info)
 	}
 	for _, line := range strings.Split(info, "\r\n") {
 		if strings.Contains(line, "_version:") {

@@ -15,6 +15,7 @@ package chiratelimit
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -58,7 +59,7 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 			}()
 			if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.Routes != nil {
 				if !checked.Load() && checked.CompareAndSwap(false, true) {
-					_ = l.Inspect().WarnUnmatchedRoutes(routeList(rctx.Routes))
+					*r = *r.WithContext(route.WithServed(r.Context(), routeList(rctx.Routes))) // l checks its route table
 				}
 			}
 			resolve(r)
@@ -81,7 +82,7 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 // (Middleware reads "/login/" as "/login", as chi's RoutePattern does: the
 // entry is "/login"). The error names each such entry and the nearest
 // route, and wraps [route.ErrUnmatched]; nil if every entry
-// matches a route (see [ratelimit.Inspector.CheckRoutes]). A GET route
+// matches a route (see [route.Check]). A GET route
 // counts as a HEAD route too, as chi's middleware.GetHead serves it. r is
 // the root router, with its routes registered: call CheckRoutes before
 // serving, or in a test. Middleware checks the same at its first request
@@ -90,7 +91,10 @@ func CheckRoutes(l *ratelimit.Limiter, r chi.Routes) error {
 	if r == nil {
 		return errors.New("chiratelimit: CheckRoutes: nil router")
 	}
-	return l.Inspect().CheckRoutes(routeList(r))
+	if l == nil {
+		return errors.New("chiratelimit: CheckRoutes of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
+	}
+	return check(l, routeList(r))
 }
 
 // routeList lists the routes of r as Middleware resolves them: "METHOD
@@ -158,4 +162,13 @@ func trim(p string) string {
 		p = strings.TrimSuffix(strings.TrimSuffix(p, "//"), "/")
 	}
 	return p
+}
+
+// check is route.Check of l's route table ([ratelimit.Stats].Routes)
+// against a router's routes, its error prefixed as the Limiter's own.
+func check(l *ratelimit.Limiter, routes []string) error {
+	if err := route.Check(l.Inspect().Stats().Routes, routes); err != nil {
+		return fmt.Errorf("ratelimit: %w", err)
+	}
+	return nil
 }

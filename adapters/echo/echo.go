@@ -15,6 +15,7 @@ package echoratelimit
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"reflect"
 	"sync/atomic"
@@ -45,7 +46,9 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 	if l == nil {
 		panic("echoratelimit: Middleware of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
 	}
-	var checked atomic.Bool // the routes were checked, at the first request
+	// checked: the routes were checked, at the first request.
+	var checked atomic.Bool
+	byRouterIP := l.Inspect().Stats().RouterIP // a setting: read once
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) (err error) {
 			// The pass's copy of the request, handed on with c.
@@ -54,7 +57,8 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 			defer func() { pass.Done(status(c, err), c.Response().Header()) }()
 			if e := c.Echo(); e != nil {
 				if !checked.Load() && checked.CompareAndSwap(false, true) {
-					_ = l.Inspect().WarnUnmatchedRoutes(routeList(e))
+					req := c.Request()
+					*req = *req.WithContext(route.WithServed(req.Context(), routeList(e))) // l checks its route table
 				}
 			}
 			resolve(c, r)
@@ -62,7 +66,7 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 			// over in RemoteAddr while l decides, if e.IPExtractor says
 			// whom to believe; without one echo believes any client's
 			// X-Forwarded-For, so the peer address is kept.
-			routerIP := l.Inspect().RouterIP() && c.Echo().IPExtractor != nil
+			routerIP := byRouterIP && c.Echo().IPExtractor != nil
 			var peer string
 			if routerIP {
 				peer, r.RemoteAddr = r.RemoteAddr, c.RealIP()
@@ -106,7 +110,7 @@ func status(c echo.Context, err error) int {
 // handler with 405, so a "HEAD" entry needs a HEAD route), a trailing
 // slash the route does not have. The error names each such entry and the
 // nearest route, and wraps [route.ErrUnmatched]; nil if every
-// entry matches a route (see [ratelimit.Inspector.CheckRoutes]). Call it
+// entry matches a route (see [route.Check]). Call it
 // once the routes are added, before serving or in a test. Middleware
 // checks the same at its first request and reports the error as
 // [ratelimit.WarningRouteUnmatched].
@@ -114,7 +118,10 @@ func CheckRoutes(l *ratelimit.Limiter, e *echo.Echo) error {
 	if e == nil {
 		return errors.New("echoratelimit: CheckRoutes: nil *echo.Echo")
 	}
-	return l.Inspect().CheckRoutes(routeList(e))
+	if l == nil {
+		return errors.New("echoratelimit: CheckRoutes of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
+	}
+	return check(l, routeList(e))
 }
 
 // routeList lists the routes of e: "METHOD /path" in echo's syntax.
@@ -145,4 +152,13 @@ func resolve(c echo.Context, r *http.Request) {
 	} else {
 		r.Pattern = route.Normalize(c.Path())
 	}
+}
+
+// check is route.Check of l's route table ([ratelimit.Stats].Routes)
+// against a router's routes, its error prefixed as the Limiter's own.
+func check(l *ratelimit.Limiter, routes []string) error {
+	if err := route.Check(l.Inspect().Stats().Routes, routes); err != nil {
+		return fmt.Errorf("ratelimit: %w", err)
+	}
+	return nil
 }

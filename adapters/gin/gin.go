@@ -15,6 +15,7 @@ package ginratelimit
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/gin-gonic/gin"
@@ -53,6 +54,7 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 	if l == nil {
 		panic("ginratelimit: Middleware of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
 	}
+	byRouterIP := l.Inspect().Stats().RouterIP // a setting: read once
 	return func(c *gin.Context) {
 		// The pass's copy of the request, handed on with c.
 		pass, r := l.Enter(c.Request)
@@ -68,7 +70,7 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 		// ClientIP(clientip.FromRouter()) counts by gin's c.ClientIP(), which
 		// SetTrustedProxies configures, handed over in RemoteAddr while l
 		// decides.
-		routerIP := l.Inspect().RouterIP()
+		routerIP := byRouterIP
 		var peer string
 		if routerIP {
 			peer, r.RemoteAddr = r.RemoteAddr, c.ClientIP()
@@ -105,7 +107,7 @@ func Middleware(l *ratelimit.Limiter) gin.HandlerFunc {
 // "HEAD" entry needs one), a trailing slash the route does not have. The
 // error names each such entry and the nearest route, and wraps
 // [route.ErrUnmatched]; nil if every entry matches a route (see
-// [ratelimit.Inspector.CheckRoutes]). g is the engine (or anything that
+// [route.Check]). g is the engine (or anything that
 // lists gin's routes), with its routes added: call CheckRoutes before
 // serving, or in a test. Middleware cannot check this itself, as a gin
 // handler cannot reach its engine's routes.
@@ -118,5 +120,17 @@ func CheckRoutes(l *ratelimit.Limiter, g interface{ Routes() gin.RoutesInfo }) e
 	for _, rt := range routes {
 		out = append(out, rt.Method+" "+rt.Path)
 	}
-	return l.Inspect().CheckRoutes(out)
+	if l == nil {
+		return errors.New("ginratelimit: CheckRoutes of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
+	}
+	return check(l, out)
+}
+
+// check is route.Check of l's route table ([ratelimit.Stats].Routes)
+// against a router's routes, its error prefixed as the Limiter's own.
+func check(l *ratelimit.Limiter, routes []string) error {
+	if err := route.Check(l.Inspect().Stats().Routes, routes); err != nil {
+		return fmt.Errorf("ratelimit: %w", err)
+	}
+	return nil
 }

@@ -172,9 +172,9 @@ func (e *gepEnv) snap() gepSnap {
 			}
 		}
 	}
-	s.local = e.l.Inspect().InFlight()
+	s.local = e.l.Inspect().Stats().InFlight
 	if e.route != nil {
-		s.local = max(s.local, e.route.Inspect().InFlight())
+		s.local = max(s.local, e.route.Inspect().Stats().InFlight)
 	}
 	return s
 }
@@ -231,9 +231,14 @@ func (e *gepEnv) viaAllow(step gepStep) codes.Code {
 	var held []ratelimit.Result
 	lims := []*ratelimit.Limiter{e.l}
 	defer func() {
-		for _, res := range slices.Backward(held) {
-			if err := e.l.Release(ctx, res); err != nil {
-				e.t.Errorf("Release: %v", err)
+		for i, res := range slices.Backward(held) {
+			owner := e.l
+			if i == 1 {
+				owner = e.route
+			}
+			// A Result is settled once: one settled by the action is done.
+			if err := owner.Settle(ctx, res, res.Cost); err != nil && !errors.Is(err, ratelimit.ErrSettled) {
+				e.t.Errorf("Settle at the admitted cost: %v", err)
 			}
 		}
 	}()
@@ -251,7 +256,7 @@ func (e *gepEnv) viaAllow(step gepStep) codes.Code {
 			e.t.Fatalf("Allow (route): %v", err)
 		}
 		if !rres.Allowed {
-			_ = e.l.Refund(ctx, res)
+			_ = e.l.Settle(ctx, res, 0)
 			return codes.ResourceExhausted
 		}
 		held = append(held, rres)

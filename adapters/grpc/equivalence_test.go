@@ -159,7 +159,7 @@ func TestMethodShapesEquivalent(t *testing.T) {
 			unknownRan.Add(1)
 			return status.Error(codes.NotFound, "proxied nowhere")
 		})
-		s := serve(t, routeLimiter(t, rdb, 100, ratelimit.WithObserver(obs)), nil, unknown)
+		s := serve(t, routeLimiter(t, rdb, 100, ratelimit.WithObserver(ratelimit.Observer{Decision: obs.Observe})), nil, unknown)
 		ctx := context.Background()
 		if err := rdb.FlushAll(ctx).Err(); err != nil {
 			t.Fatal(err)

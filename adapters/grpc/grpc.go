@@ -44,7 +44,7 @@
 //     [ratelimit.Header] and the trusted-proxy rules of ClientIP read it.
 //     Binary metadata (keys ending in "-bin") and pseudo-headers are left
 //     out; Host is the :authority.
-//   - Context the call's context, so that [ratelimit.UserFromContext] sees
+//   - Context the call's context, so that a [ratelimit.User] key sees
 //     what an earlier interceptor stored there and a plan's Of can read it.
 //     The decision is cancelled with the call, and bounded by its deadline
 //     (the client's grpc-timeout) when that is shorter than the Limiter's
@@ -79,7 +79,7 @@
 //     codes.Unavailable, with a RetryInfo of 1 second. The reason goes to
 //     [ratelimit.Handlers].Error, never to the client;
 //   - a Key cannot identify the call (no user in its context, a missing
-//     metadata key; [ratelimit.ErrNoKey]) under [ratelimit.WithMissingKey]'s
+//     metadata key; [ratelimit.ErrNoKey]) under the [ratelimit.Handlers].MissingKey
 //     default: codes.Unauthenticated, "rate limiter cannot identify the
 //     caller", with no RetryInfo (waiting does not help). The reason goes
 //     to [ratelimit.Handlers].Error, never to the client.
@@ -103,6 +103,7 @@ package grpcratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"net"
 	"net/http"
@@ -494,7 +495,7 @@ var addrs [256]atomic.Pointer[addrEntry]
 // a POST), a service prefix ("/helloworld.Greeter/": a template names one
 // method). The error names each such entry and the nearest method, and
 // wraps [route.ErrUnmatched]; nil if every entry names a method
-// of s (see [ratelimit.Inspector.CheckRoutes]). s is the server (a
+// of s (see [route.Check]). s is the server (a
 // *grpc.Server, or anything with its GetServiceInfo), with its services
 // registered: call CheckRoutes before Serve, or in a test. The
 // interceptors cannot check this themselves, as they do not see the
@@ -511,5 +512,17 @@ func CheckRoutes(l *ratelimit.Limiter, s interface {
 			routes = append(routes, http.MethodPost+" /"+name+"/"+m.Name)
 		}
 	}
-	return l.Inspect().CheckRoutes(routes)
+	if l == nil {
+		return errors.New("grpcratelimit: CheckRoutes of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
+	}
+	return check(l, routes)
+}
+
+// check is route.Check of l's route table ([ratelimit.Stats].Routes)
+// against a router's routes, its error prefixed as the Limiter's own.
+func check(l *ratelimit.Limiter, routes []string) error {
+	if err := route.Check(l.Inspect().Stats().Routes, routes); err != nil {
+		return fmt.Errorf("ratelimit: %w", err)
+	}
+	return nil
 }

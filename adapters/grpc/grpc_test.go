@@ -298,8 +298,8 @@ func TestStreamDecidedOnce(t *testing.T) {
 
 type userKey struct{}
 
-// UserFromContext reads what an earlier interceptor of the chain put in
-// the call's context.
+// A User key reads what an earlier interceptor of the chain put in the
+// call's context.
 func TestUserFromContext(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		auth := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -308,7 +308,7 @@ func TestUserFromContext(t *testing.T) {
 			}
 			return handler(ctx, req)
 		}
-		limits := []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.UserFromContext(userKey{})).Named("user")}
+		limits := []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user")}
 		s := serve(t, newLimiter(t, rdb, limits), []grpc.UnaryServerInterceptor{auth})
 		for _, u := range []string{"alice", "bob"} {
 			if _, err := s.check(t, "x-user", u); err != nil {

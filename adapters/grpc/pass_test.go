@@ -47,7 +47,7 @@ func TestInterceptorTwice(t *testing.T) {
 			t.Fatalf("the handlers ran %d times, want 5", ran)
 		}
 		for lim, want := range map[*ratelimit.Limiter]int{l: 95, other: 97} {
-			st, err := lim.Status(context.Background(), []string{ratelimit.GlobalID}, 1)
+			st, err := lim.Status(context.Background(), []string{"global"}, 1)
 			if err != nil || st.Limits[0].Remaining != want {
 				t.Errorf("%s: remaining %d, want %d (%v)", st.Limits[0].Name, st.Limits[0].Remaining, want, err)
 			}

@@ -47,8 +47,8 @@ func TestSettle(t *testing.T) {
 				if err := ratelimit.Settle(ctx, n); err != nil {
 					return err
 				}
-				if err := ratelimit.Settle(ctx, n); !errors.Is(err, ratelimit.ErrRefunded) {
-					return errors.New("a second Settle did not return ErrRefunded")
+				if err := ratelimit.Settle(ctx, n); !errors.Is(err, ratelimit.ErrSettled) {
+					return errors.New("a second Settle did not return ErrSettled")
 				}
 				return nil
 			}
@@ -62,7 +62,7 @@ func TestSettle(t *testing.T) {
 				t.Fatalf("seed %d step %d: %v", seed, step, err)
 			}
 			used += n
-			st, err := l.Status(context.Background(), []string{ratelimit.GlobalID}, 1)
+			st, err := l.Status(context.Background(), []string{"global"}, 1)
 			if err != nil || st.Limits[0].Remaining != 10000-used {
 				t.Fatalf("seed %d step %d: remaining %d, want %d (%v)", seed, step, st.Limits[0].Remaining, 10000-used, err)
 			}
@@ -71,8 +71,8 @@ func TestSettle(t *testing.T) {
 		_, err := grpcratelimit.UnaryServerInterceptor(off)(t.Context(), nil, info, func(ctx context.Context, _ any) (any, error) {
 			return nil, ratelimit.Settle(ctx, 1)
 		})
-		if !errors.Is(err, ratelimit.ErrNotRefundable) || !strings.Contains(err.Error(), "WithSettle") {
-			t.Errorf("Settle without settlement on: %v, want ErrNotRefundable, naming WithSettle", err)
+		if !errors.Is(err, ratelimit.ErrSettlementOff) || !strings.Contains(err.Error(), "WithSettle") {
+			t.Errorf("Settle without settlement on: %v, want ErrSettlementOff, naming WithSettle", err)
 		}
 	})
 }

@@ -62,7 +62,7 @@ func newAPI(rdb redis.UniversalClient, opts ...ratelimit.Option) (http.Handler, 
 		return nil, err
 	}
 	perUser, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(10, ratelimit.UserFromContext(userKey{})),
+		ratelimit.PerMinute(10, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })),
 	}, opts...)
 	if err != nil {
 		return nil, err

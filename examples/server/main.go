@@ -41,7 +41,7 @@ func main() {
 	rdb, where := connect()
 	metrics := ratelimitprom.New()
 	// WithObserver is the one step: New hands the Limiter to the metrics.
-	api, err := newLimiter(rdb, ratelimit.WithObserver(metrics))
+	api, err := newLimiter(rdb, ratelimit.WithObserver(metrics.Observer()))
 	if err != nil {
 		log.Fatal(err) // every configuration mistake, at once
 	}

@@ -6,7 +6,7 @@
 //
 // Without Env=1 go test leaves the long tests out or shortens them, and a
 // package whose TestMain calls [Main] names them; CI sets Env=1, with
-// redistest.RequireEnv=1, so that every test runs there, in full.
+// RATELIMIT_REQUIRE_REDIS=1, so that every test runs there, in full.
 package longtest
 
 import (

@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -256,3 +257,19 @@ func underGoTest() bool {
 	name := filepath.Base(exe)
 	return name == "go" || name == "go.exe"
 }
+
+// quiet counts the tests that silenced go-redis's logging and have not
+// ended.
+var quiet atomic.Int64
+
+// QuietRedis silences go-redis's own logging (a failed dial to a server
+// the test killed, say) until tb ends, in a test binary whose TestMain
+// calls redistest.Main; elsewhere it does nothing.
+func QuietRedis(tb testing.TB) {
+	quiet.Add(1)
+	tb.Cleanup(func() { quiet.Add(-1) })
+}
+
+// RedisQuiet reports whether a test running silenced go-redis's logging
+// (QuietRedis).
+func RedisQuiet() bool { return quiet.Load() > 0 }

@@ -17,19 +17,21 @@ var benchResult = ratelimit.Result{Allowed: true, Limits: []ratelimit.LimitResul
 // latency and three counter measurements per call.
 func BenchmarkObserve(b *testing.B) {
 	m, _ := newMetrics(b)
+	observe := m.Observer().Decision
 	b.ReportAllocs()
 	for b.Loop() {
-		m.Observe(benchResult, nil, time.Millisecond)
+		observe(benchResult, nil, time.Millisecond)
 	}
 }
 
 // BenchmarkObserveParallel is BenchmarkObserve from GOMAXPROCS goroutines.
 func BenchmarkObserveParallel(b *testing.B) {
 	m, _ := newMetrics(b)
+	observe := m.Observer().Decision
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			m.Observe(benchResult, nil, time.Millisecond)
+			observe(benchResult, nil, time.Millisecond)
 		}
 	})
 }

@@ -42,7 +42,7 @@ func Example() {
 	}
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
 		ratelimit.PerMinute(2, ratelimit.Header("X-API-Key")).Named("api"),
-	}, ratelimit.WithObserver(metrics), ratelimit.WithTimeout(redistest.DecisionTimeout))
+	}, ratelimit.WithObserver(metrics.Observer()), ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
 	}

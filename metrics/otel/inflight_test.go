@@ -13,7 +13,7 @@ import (
 func TestInFlightGauge(t *testing.T) {
 	m, reader := newMetrics(t)
 	lim, err := ratelimit.New(redistest.Start(t).Client(), []ratelimit.Limit{ratelimit.InFlight(10, ratelimit.ClientIP())},
-		ratelimit.WithObserver(m), ratelimit.WithTimeout(redistest.DecisionTimeout))
+		ratelimit.WithObserver(m.Observer()), ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func TestInFlightGauge(t *testing.T) {
 		held = append(held, res)
 	}
 	for _, res := range held {
-		_ = lim.Release(ctx, res)
+		_ = lim.Settle(ctx, res, res.Cost)
 	}
 	if got, ok := collect(t, reader).values["ratelimit.inflight{}"]; !ok || got != 0 {
 		t.Fatalf("after the releases: %d (reported %v), want 0", got, ok)

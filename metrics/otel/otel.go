@@ -6,11 +6,12 @@
 //
 //	metrics, err := ratelimitotel.New(provider) // nil: otel.GetMeterProvider()
 //	if err != nil { ... }
-//	limiter, err := ratelimit.New(rdb, limits, ratelimit.WithObserver(metrics))
+//	limiter, err := ratelimit.New(rdb, limits, ratelimit.WithObserver(metrics.Observer()))
 //	if err != nil { ... }
 //
 // WithObserver is the one step: ratelimit.New hands the Limiter to the
-// Metrics ([Metrics.Watch]), for the circuit-breaker gauge.
+// Metrics (the Limiter hook of [Metrics.Observer]), for the gauges of its
+// state.
 //
 // The instruments, from the meter named [ScopeName]:
 //
@@ -24,16 +25,16 @@
 //	    breaker of a watched limiter is open, else 0
 //	ratelimit.inflight           Int64ObservableGauge {request}: requests
 //	    holding in-flight slots ([ratelimit.InFlight]) through the watched
-//	    limiters in this process ([ratelimit.Inspector.InFlight]),
+//	    limiters in this process ([ratelimit.Stats].InFlight),
 //	    reported from the first collection that finds a slot held
 //	ratelimit.unreverted         Int64ObservableCounter {unit}: units of
 //	    cost the watched limiters left counted in Redis for requests they did
-//	    not admit ([ratelimit.Inspector.Unreverted])
+//	    not admit ([ratelimit.Stats].Unreverted)
 //	ratelimit.settled            Int64ObservableCounter {unit}: units of
 //	    cost the watched limiters' settles logged and took back, with
 //	    attribute ratelimit.direction: "debited" (real costs above the
 //	    admitted ones) or "credited" (below them, refunds included),
-//	    each from its first unit on ([ratelimit.Inspector.Settled])
+//	    each from its first unit on ([ratelimit.Stats].Debited and Credited)
 //	ratelimit.warnings           Int64Counter {warning}: mistakes the
 //	    limiters reported ([ratelimit.Warning]), once each per Limiter, with
 //	    attribute ratelimit.warning: "untrusted_proxy" (every client behind
@@ -107,7 +108,7 @@ const (
 	ResultError = "error"
 	// ResultNoKey: the limit's Key could not identify the request
 	// ([ratelimit.ErrNoKey]: no user, a missing header); the request got
-	// [ratelimit.WithMissingKey]'s answer (401 by default). Not a failure.
+	// the [ratelimit.Handlers].MissingKey answer (401 by default). Not a failure.
 	ResultNoKey = "no_key"
 )
 
@@ -131,11 +132,11 @@ var resultNames = [numResults]string{ResultAllowed, ResultDenied, ResultShadowDe
 // default timeout.
 var durationBounds = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25}
 
-// Metrics is a [ratelimit.Observer] that records each decision in
+// Metrics is an observer of [ratelimit.Limiter]s that records each decision in
 // OpenTelemetry instruments (see the package doc). It is safe for
-// concurrent use; give it to every Limiter it should observe
-// ([ratelimit.WithObserver]) and [Metrics.Watch] them. Make it with
-// [New]: a zero Metrics records nothing.
+// concurrent use; give its [Metrics.Observer] to every Limiter it should
+// observe ([ratelimit.WithObserver]). Make it with [New]: a zero Metrics
+// records nothing.
 type Metrics struct {
 	requests metric.Int64Counter
 	duration metric.Float64Histogram
@@ -274,15 +275,24 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	return m, nil
 }
 
-// Watch makes ratelimit.breaker.open report l's circuit breakers and
-// ratelimit.unreverted count what l left counted, its [ratelimit.WithRoutes]
-// routes included, from the next collection on. [ratelimit.New] calls it
-// for every Limiter the Metrics observe ([ratelimit.WithObserver]): call
-// it only for a Limiter that does not have them as an observer. A Limiter
-// watched twice is counted once; nil is ignored. A Limiter is watched
-// while the application holds it: once it is dropped, it no longer counts
-// in the gauge, and the units it had left counted stay in the counter.
-func (m *Metrics) Watch(l *ratelimit.Limiter) {
+// Observer returns the hooks that feed the Metrics, for
+// [ratelimit.WithObserver]: Decision records each decision, Warning counts
+// the warnings in ratelimit.warnings, and Limiter makes
+// ratelimit.breaker.open, ratelimit.unreverted and the other instruments
+// of a Limiter's state report it, its [ratelimit.WithRoutes] routes
+// included, from the next collection on. A Limiter that does not have
+// them as an observer can be handed to the Limiter hook by hand; a
+// Limiter watched twice is counted once, and nil is ignored. A Limiter is
+// watched while the application holds it: once it is dropped, it no
+// longer counts in the gauges, and the units it had left counted stay in
+// the counters.
+func (m *Metrics) Observer() ratelimit.Observer {
+	return ratelimit.Observer{Decision: m.observe, Warning: m.observeWarning, Limiter: m.watch}
+}
+
+// watch makes the instruments of a Limiter's state report l (see
+// Observer).
+func (m *Metrics) watch(l *ratelimit.Limiter) {
 	if l == nil {
 		return
 	}
@@ -296,9 +306,9 @@ func (m *Metrics) Watch(l *ratelimit.Limiter) {
 	m.limiters = append(m.limiters, watchedLimiter{l: weak.Make(l)})
 }
 
-// ObserveWarning counts a warning a Limiter reported
-// ([ratelimit.WarningObserver]) in ratelimit.warnings.
-func (m *Metrics) ObserveWarning(w ratelimit.Warning) {
+// observeWarning counts a warning a Limiter reported in
+// ratelimit.warnings.
+func (m *Metrics) observeWarning(w ratelimit.Warning) {
 	if m.warnings == nil {
 		return // a zero Metrics
 	}
@@ -313,7 +323,7 @@ func (m *Metrics) inflightRequests() int64 {
 	var n int64
 	for _, w := range m.limiters {
 		if l := w.l.Value(); l != nil {
-			n += int64(l.Inspect().InFlight())
+			n += int64(l.Inspect().Stats().InFlight)
 		}
 	}
 	return n
@@ -335,11 +345,12 @@ func (m *Metrics) watched() (open, units int64) {
 			m.goneCredited += w.credited
 			continue
 		}
-		w.debited, w.credited = l.Inspect().Settled()
-		if l.Inspect().BreakerOpen() {
+		st := l.Inspect().Stats()
+		w.debited, w.credited = st.Debited, st.Credited
+		if st.BreakerOpen {
 			open = 1
 		}
-		w.units = l.Inspect().Unreverted()
+		w.units = st.Unreverted
 		n += w.units
 		live = append(live, w)
 	}
@@ -362,7 +373,7 @@ func (m *Metrics) settledUnits() (debited, credited int64) {
 	return int64(min(d, math.MaxInt64)), int64(min(c, math.MaxInt64))
 }
 
-// Observe records one decision ([ratelimit.Observer]): its latency, unless
+// observe records one decision: its latency, unless
 // no limit decided (WithSkip, an allow-list or an exempting plan let the
 // request through: a duration of nothing would skew the histogram), and
 // one request per limit in ratelimit.requests, with the limit's result.
@@ -371,7 +382,7 @@ func (m *Metrics) settledUnits() (debited, credited int64) {
 // denied; a Redis Cluster decision stops at the first group of limits that
 // denies), nor, in a denied request, a limit that had room or that the
 // client's plan exempts (the request was not counted in it).
-func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration) {
+func (m *Metrics) observe(res ratelimit.Result, err error, latency time.Duration) {
 	if m.requests == nil {
 		return // a zero Metrics
 	}

@@ -64,7 +64,7 @@ func newLimiter(t *testing.T, b backend, m *ratelimitotel.Metrics, limits []rate
 func newLimiterWith(t *testing.T, b backend, m *ratelimitotel.Metrics, ro redisstore.Options, limits []ratelimit.Limit, opts ...ratelimit.Option) *ratelimit.Limiter {
 	t.Helper()
 	opts = append([]ratelimit.Option{
-		ratelimit.WithObserver(m), ratelimit.WithStore(redisStore(t, b.client, ro)),
+		ratelimit.WithObserver(m.Observer()), ratelimit.WithStore(redisStore(t, b.client, ro)),
 		ratelimit.WithClock(func() time.Time { return epoch }),
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
 	}, opts...)
@@ -72,7 +72,7 @@ func newLimiterWith(t *testing.T, b backend, m *ratelimitotel.Metrics, ro rediss
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Watch(lim)
+	m.Observer().Limiter(lim)
 	return lim
 }
 
@@ -271,12 +271,12 @@ func TestUnreverted(t *testing.T) {
 		// once its entries would have left the window anyway.
 		lim := newLimiter(t, b, m, []ratelimit.Limit{ratelimit.Per(time.Second, 10, ratelimit.Global()).Named("burst")})
 		ctx := context.Background()
-		res, err := lim.Allow(ctx, []string{ratelimit.GlobalID}, 3)
+		res, err := lim.Allow(ctx, []string{"global"}, 3)
 		if err != nil || !res.Allowed {
 			t.Fatalf("Allow: %+v, %v", res, err)
 		}
 		b.kill()
-		if err := lim.Refund(ctx, res); !errors.Is(err, ratelimit.ErrNotReverted) {
+		if err := lim.Settle(ctx, res, 0); !errors.Is(err, ratelimit.ErrNotReverted) {
 			t.Fatalf("refund with Redis dead: %v, want ErrNotReverted", err)
 		}
 		_, others := collect(t, reader).requests()
@@ -298,21 +298,21 @@ func TestWatchCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Watch(watched)
-	m.Watch(nil) // ignored
+	m.Observer().Limiter(watched)
+	m.Observer().Limiter(nil) // ignored
 	unwatched, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global()).Named("unwatched")}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	mr.SetError("LOADING Redis is loading the dataset in memory")
-	_, _ = unwatched.Allow(context.Background(), []string{ratelimit.GlobalID}, 1) // opens its breaker
-	if !unwatched.Inspect().BreakerOpen() {
+	_, _ = unwatched.Allow(context.Background(), []string{"global"}, 1) // opens its breaker
+	if !unwatched.Inspect().Stats().BreakerOpen {
 		t.Fatal("the unwatched limiter's breaker is not open")
 	}
 	if v := collect(t, reader).values["ratelimit.breaker.open{}"]; v != 0 {
 		t.Errorf("breaker.open = %d with only an unwatched breaker open, want 0", v)
 	}
-	m.Watch(unwatched)
+	m.Observer().Limiter(unwatched)
 	if v := collect(t, reader).values["ratelimit.breaker.open{}"]; v != 1 {
 		t.Errorf("breaker.open = %d once the open breaker is watched, want 1", v)
 	}
@@ -326,7 +326,7 @@ func TestWithAttributes(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	m, reader := newMetrics(t, ratelimitotel.WithAttributes(attribute.String("service", "billing")))
 	lim := newLimiter(t, backend{client: c}, m, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global()).Named("api")})
-	_, _ = lim.Allow(context.Background(), []string{ratelimit.GlobalID}, 1)
+	_, _ = lim.Allow(context.Background(), []string{"global"}, 1)
 	got := collect(t, reader)
 	diff(t, "with service", got.values, map[string]int64{
 		"ratelimit.requests{ratelimit.limit=api,ratelimit.result=allowed,service=billing}": 1,
@@ -356,8 +356,9 @@ func TestObserveAllocs(t *testing.T) {
 	res := ratelimit.Result{Allowed: true, Limits: []ratelimit.LimitResult{
 		{Name: "api"}, {Name: "user", Plan: "pro"}, {Name: "trial", Shadow: true, Denied: true},
 	}}
-	m.Observe(res, nil, time.Millisecond)
-	if n := testing.AllocsPerRun(100, func() { m.Observe(res, nil, time.Millisecond) }); n != 0 {
+	observe := m.Observer().Decision
+	observe(res, nil, time.Millisecond)
+	if n := testing.AllocsPerRun(100, func() { observe(res, nil, time.Millisecond) }); n != 0 {
 		t.Errorf("Observe: %v allocations, want 0", n)
 	}
 }
@@ -374,7 +375,7 @@ func TestGlobalProvider(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	otel.SetMeterProvider(mp)
-	m.Observe(ratelimit.Result{Allowed: true, Limits: []ratelimit.LimitResult{{Name: "api"}}}, nil, time.Millisecond)
+	m.Observer().Decision(ratelimit.Result{Allowed: true, Limits: []ratelimit.LimitResult{{Name: "api"}}}, nil, time.Millisecond)
 	got := collect(t, reader)
 	diff(t, "through the global provider", got.values, map[string]int64{
 		"ratelimit.requests{ratelimit.limit=api,ratelimit.result=allowed}": 1,
@@ -387,8 +388,8 @@ func TestGlobalProvider(t *testing.T) {
 // does not panic at request time.
 func TestZeroMetrics(t *testing.T) {
 	var m ratelimitotel.Metrics
-	m.Observe(benchResult, nil, time.Millisecond)
-	m.Watch(nil)
+	m.Observer().Decision(benchResult, nil, time.Millisecond)
+	m.Observer().Limiter(nil)
 }
 
 // TestOneStep: WithObserver is the one step: without
@@ -401,7 +402,7 @@ func TestOneStep(t *testing.T) {
 		t.Cleanup(func() { slog.SetDefault(old) })
 		m, reader := newMetrics(t)
 		lim, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
-			ratelimit.WithObserver(m), ratelimit.WithStore(redisStore(t, b.client, redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour})), ratelimit.WithTimeout(redistest.DecisionTimeout),
+			ratelimit.WithObserver(m.Observer()), ratelimit.WithStore(redisStore(t, b.client, redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour})), ratelimit.WithTimeout(redistest.DecisionTimeout),
 			ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login")}}}))
 		if err != nil {
 			t.Fatal(err)
@@ -445,7 +446,7 @@ func TestMissingKey(t *testing.T) {
 		m, reader := newMetrics(t)
 		lim := newLimiterWith(t, b, m, redisstore.Options{DenyCache: -1, BreakerFailures: 1, BreakerCoolDown: time.Hour}, []ratelimit.Limit{
 			ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("ip"),
-			ratelimit.PerMinute(10, ratelimit.UserFromContext(userKey{})).Named("user"),
+			ratelimit.PerMinute(10, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user"),
 		})
 		h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		for range 3 {

@@ -15,7 +15,7 @@ func TestSettled(t *testing.T) {
 		lim := newLimiter(t, b, m, []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.Global()).Named("tokens")})
 		ctx := context.Background()
 		for _, s := range []struct{ c0, cost int }{{5, 12}, {5, 2}, {4, 0}, {3, 3}} {
-			res, err := lim.Allow(ctx, []string{ratelimit.GlobalID}, s.c0)
+			res, err := lim.Allow(ctx, []string{"global"}, s.c0)
 			if err != nil {
 				t.Fatal(err)
 			}

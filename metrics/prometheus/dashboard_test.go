@@ -50,9 +50,9 @@ func gatherAll(t *testing.T) exported {
 	lim, err := ratelimit.New(nil, []ratelimit.Limit{
 		ratelimit.PerMinute(2, ratelimit.Header("X-Client")).Named("api"),
 		ratelimit.PerMinute(1, ratelimit.Header("X-Client")).Shadowed().Named("trial"),
-	}, ratelimit.WithObserver(m), ratelimit.WithClock(func() time.Time { return now }),
+	}, ratelimit.WithObserver(m.Observer()), ratelimit.WithClock(func() time.Time { return now }),
 		ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{DenyCache: time.Minute, BreakerFailures: 1, BreakerCoolDown: time.Hour})),
-		ratelimit.WithMissingKey(ratelimit.MissingKeyDeny), // said: no warning logged
+		ratelimit.WithHandlers(ratelimit.Handlers{MissingKey: func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusUnauthorized) }}), // said: no warning logged
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }))
 	if err != nil {
@@ -75,7 +75,7 @@ func gatherAll(t *testing.T) exported {
 	}
 	send("/healthz", "c") // skipped
 	send("/", "")         // no_key
-	m.ObserveWarning(ratelimit.WarningUntrustedProxy)
+	m.Observer().Warning(ratelimit.WarningUntrustedProxy)
 	mr.SetError("LOADING Redis is loading the dataset in memory")
 	send("/", "d") // error, and the breaker opens
 	families, err := reg.Gather()

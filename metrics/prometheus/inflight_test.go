@@ -22,7 +22,7 @@ func TestInFlightGauge(t *testing.T) {
 	srv := redistest.Start(t)
 	m := ratelimitprom.New()
 	lim, err := ratelimit.New(srv.Client(), []ratelimit.Limit{ratelimit.InFlight(10, ratelimit.ClientIP())},
-		ratelimit.WithObserver(m), ratelimit.WithTimeout(redistest.DecisionTimeout))
+		ratelimit.WithObserver(m.Observer()), ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestInFlightGauge(t *testing.T) {
 	for range 30 {
 		if len(held) > 0 && rng.IntN(2) == 0 {
 			k := rng.IntN(len(held))
-			if err := lim.Release(ctx, held[k]); err != nil {
+			if err := lim.Settle(ctx, held[k], held[k].Cost); err != nil {
 				t.Fatal(err)
 			}
 			held = append(held[:k], held[k+1:]...)

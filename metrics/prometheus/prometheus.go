@@ -4,11 +4,12 @@
 //	import ratelimitprom "github.com/slidinglog/ratelimit/metrics/prometheus"
 //
 //	metrics := ratelimitprom.New()
-//	limiter, err := ratelimit.New(rdb, limits, ratelimit.WithObserver(metrics))
+//	limiter, err := ratelimit.New(rdb, limits, ratelimit.WithObserver(metrics.Observer()))
 //	prometheus.MustRegister(metrics)
 //
 // WithObserver is the one step: ratelimit.New hands the Limiter to the
-// Metrics ([Metrics.Watch]), for the circuit-breaker gauge.
+// Metrics (the Limiter hook of [Metrics.Observer]), for the gauges of its
+// state.
 //
 // Labels hold limit names and outcomes, never client identifiers, so the
 // number of series stays bounded.
@@ -25,7 +26,8 @@ import (
 	"github.com/slidinglog/ratelimit"
 )
 
-// Metrics is a [ratelimit.Observer] and a [prometheus.Collector]:
+// Metrics observes [ratelimit.Limiter]s (give its [Metrics.Observer] to
+// [ratelimit.WithObserver]) and is a [prometheus.Collector]:
 //
 //	ratelimit_decisions_total{limit, outcome}  counter; outcome is "allowed"
 //	    (the limit had room and the request was admitted), "denied" (the
@@ -33,22 +35,22 @@ import (
 //	    denied), "skipped" (let through undecided, ratelimit.WithSkip or
 //	    ratelimit.WithAllowList), "no_key" (the limit's Key could not
 //	    identify the request, ratelimit.ErrNoKey: answered as
-//	    ratelimit.WithMissingKey says, 401 by default; not a failure) or
+//	    ratelimit.Handlers.MissingKey says, 401 by default; not a failure) or
 //	    "error" (no decision: the failure mode applied)
 //	ratelimit_decision_duration_seconds         histogram of decision latency
 //	ratelimit_breaker_open                      gauge: 1 while a watched
 //	    limiter's circuit breaker is open
 //	ratelimit_inflight_requests                 gauge: requests holding
 //	    in-flight slots ([ratelimit.InFlight]) through the watched
-//	    limiters in this process ([ratelimit.Inspector.InFlight])
+//	    limiters in this process ([ratelimit.Stats].InFlight)
 //	ratelimit_unreverted_units_total            counter: units of cost the
 //	    watched limiters left counted in Redis for requests they did not
 //	    admit, because Redis could not take them back
-//	    ([ratelimit.Inspector.Unreverted])
+//	    ([ratelimit.Stats].Unreverted)
 //	ratelimit_settled_units_total{direction}     counter: units of cost the
 //	    watched limiters' settles logged ("debited": real costs above the
 //	    admitted ones) and took back ("credited": below them, refunds
-//	    included) ([ratelimit.Inspector.Settled])
+//	    included) ([ratelimit.Stats].Debited and Credited)
 //	ratelimit_deny_cache_hits_total{limit}      counter: denials answered
 //	    from this process's memory without calling Redis
 //	    (redisstore.Options.DenyCache), also counted as "denied" above
@@ -133,22 +135,27 @@ func New() *Metrics {
 	return m
 }
 
-// ObserveWarning counts a warning a Limiter reported
-// ([ratelimit.WarningObserver]).
-func (m *Metrics) ObserveWarning(w ratelimit.Warning) {
+// Observer returns the hooks that feed the Metrics, for
+// [ratelimit.WithObserver]: Decision records each decision, Warning counts
+// the warnings, and Limiter makes the gauges and the unreverted and
+// settled counters report the Limiter, its [ratelimit.WithRoutes] routes
+// included. A Limiter that does not have them as an observer can be
+// handed to the Limiter hook by hand; a Limiter watched twice is counted
+// once, and nil is ignored. A Limiter is watched while the application
+// holds it: once it is dropped, it no longer counts in the gauges, and the
+// units it had left counted stay in the counters.
+func (m *Metrics) Observer() ratelimit.Observer {
+	return ratelimit.Observer{Decision: m.observe, Warning: m.observeWarning, Limiter: m.watch}
+}
+
+// observeWarning counts a warning a Limiter reported.
+func (m *Metrics) observeWarning(w ratelimit.Warning) {
 	m.warnings.WithLabelValues(string(w)).Inc()
 }
 
-// Watch makes ratelimit_breaker_open report l's circuit breakers and
-// ratelimit_unreverted_units_total count what l left counted, its
-// [ratelimit.WithRoutes] routes included. [ratelimit.New] calls it for
-// every Limiter the Metrics observe ([ratelimit.WithObserver]): call it
-// only for a Limiter that does not have them as an observer. A Limiter
-// watched twice is counted once; nil is ignored. A Limiter is watched
-// while the application holds it: once it is dropped, it no longer
-// counts in the gauge, and the units it had left counted stay in the
-// counter.
-func (m *Metrics) Watch(l *ratelimit.Limiter) {
+// watch makes the gauges and the counters of a Limiter's state report l
+// (see Observer).
+func (m *Metrics) watch(l *ratelimit.Limiter) {
 	if l == nil {
 		return
 	}
@@ -176,9 +183,10 @@ func (m *Metrics) state() (open bool, units uint64) {
 			m.goneCredited += w.credited
 			continue
 		}
-		open = open || l.Inspect().BreakerOpen()
-		w.units = l.Inspect().Unreverted()
-		w.debited, w.credited = l.Inspect().Settled()
+		st := l.Inspect().Stats()
+		open = open || st.BreakerOpen
+		w.units = st.Unreverted
+		w.debited, w.credited = st.Debited, st.Credited
 		units += w.units
 		live = append(live, w)
 	}
@@ -215,7 +223,7 @@ func (m *Metrics) inflightRequests() float64 {
 	n := 0
 	for _, w := range m.limiters {
 		if l := w.l.Value(); l != nil {
-			n += l.Inspect().InFlight()
+			n += l.Inspect().Stats().InFlight
 		}
 	}
 	return float64(n)
@@ -226,11 +234,11 @@ func (m *Metrics) unrevertedUnits() float64 {
 	return float64(units)
 }
 
-// Observe records one decision ([ratelimit.Observer]): its latency, unless
+// observe records one decision: its latency, unless
 // no limit decided (WithSkip, an allow-list or an exempting plan let the
 // request through: a duration of nothing would skew the histogram), and
 // the outcome of each limit.
-func (m *Metrics) Observe(res ratelimit.Result, err error, latency time.Duration) {
+func (m *Metrics) observe(res ratelimit.Result, err error, latency time.Duration) {
 	if !res.Exempt() {
 		m.latency.Observe(latency.Seconds())
 	}

@@ -32,14 +32,14 @@ func TestMetrics(t *testing.T) {
 	lim, err := ratelimit.New(nil, []ratelimit.Limit{
 		ratelimit.PerMinute(2, ratelimit.Global()).Named("api"),
 		ratelimit.PerMinute(1, ratelimit.Global()).Shadowed().Named("trial"),
-	}, ratelimit.WithObserver(m), ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{DenyCache: -1, BreakerFailures: 1, BreakerCoolDown: time.Hour})),
+	}, ratelimit.WithObserver(m.Observer()), ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{DenyCache: -1, BreakerFailures: 1, BreakerCoolDown: time.Hour})),
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
 		ratelimit.WithAllowList(ratelimit.Header("X-Probe"), "uptime"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Watch(lim) // New watched it already: counted once
+	m.Observer().Limiter(lim) // New watched it already: counted once
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(m)
 
@@ -108,7 +108,7 @@ func TestOneStep(t *testing.T) {
 	srv := redistest.Start(t)
 	m := ratelimitprom.New()
 	lim, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
-		ratelimit.WithObserver(m), ratelimit.WithStore(redisStore(t, srv.Client(), redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour})), ratelimit.WithTimeout(redistest.DecisionTimeout),
+		ratelimit.WithObserver(m.Observer()), ratelimit.WithStore(redisStore(t, srv.Client(), redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour})), ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login")}}}))
 	if err != nil {
 		t.Fatal(err)
@@ -180,12 +180,12 @@ func TestMissingKey(t *testing.T) {
 			m := ratelimitprom.New()
 			lim, err := ratelimit.New(nil, []ratelimit.Limit{
 				ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("ip"),
-				ratelimit.PerMinute(10, ratelimit.UserFromContext(userKey{})).Named("user"),
-			}, ratelimit.WithObserver(m), ratelimit.WithStore(redisStore(t, client(t), redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour})), ratelimit.WithTimeout(redistest.DecisionTimeout))
+				ratelimit.PerMinute(10, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user"),
+			}, ratelimit.WithObserver(m.Observer()), ratelimit.WithStore(redisStore(t, client(t), redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour})), ratelimit.WithTimeout(redistest.DecisionTimeout))
 			if err != nil {
 				t.Fatal(err)
 			}
-			m.Watch(lim)
+			m.Observer().Limiter(lim)
 			reg := prometheus.NewPedanticRegistry()
 			reg.MustRegister(m)
 			h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))

@@ -23,7 +23,7 @@ func TestSettled(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	m := ratelimitprom.New()
 	lim, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.Global()).Named("tokens")},
-		ratelimit.WithObserver(m), ratelimit.WithTimeout(redistest.DecisionTimeout))
+		ratelimit.WithObserver(m.Observer()), ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}
