@@ -79,6 +79,9 @@ func (l *Limiter) Settle(ctx context.Context, res Result, cost int) error {
 		return nil // its plans exempted it from every limit: nothing was counted
 	}
 	if !res.Allowed || t == nil && h == nil {
+		if _, ok := l.cfg.store.(store.Settler); res.Allowed && l.redis == nil && l.cfg.store != nil && !ok {
+			return fmt.Errorf("ratelimit: settle: the Limiter's store, %T, does not implement store.Settler: it cannot take back or add units", l.cfg.store)
+		}
 		return ErrNotAdmitted
 	}
 	var released, settled error

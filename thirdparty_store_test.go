@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"strings"
 	"sync"
@@ -199,8 +200,8 @@ func TestRedisStoreGivenWithStore(t *testing.T) {
 			if i == 0 {
 				cost = 0 // a refund
 			}
-			if err := l.Settle(ctx, res, cost); err != nil {
-				t.Fatalf("Settle at %d: %v", cost, err)
+			if err := l.Settle(ctx, res, cost); res.Allowed && err != nil || !res.Allowed && !errors.Is(err, ErrNotAdmitted) {
+				t.Fatalf("Settle at %d of %+v: %v", cost, res, err)
 			}
 			res.ticket, res.hold = nil, nil
 			out = append(out, res)
