@@ -1028,7 +1028,7 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 			l.obs.take()
 			if err != nil && !res.Local {
 				o.step("%s: error %v", what, err)
-				o.undecided(rep, l, c, start)
+				o.undecided(rep, l, c, cost, start, what)
 				return
 			}
 			if !o.decided(rep, l, res, c, cost, start, what) {
@@ -1069,7 +1069,7 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 		for i, res := range l.obs.take() {
 			if res.Limits == nil {
 				o.step("%s: undecided: %v", what, errs[i])
-				o.undecided(rep, l, c, start)
+				o.undecided(rep, l, c, cost, start, what)
 				continue
 			}
 			if !o.decided(rep, l, res, c, cost, start, what) {
@@ -1131,12 +1131,18 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 }
 
 // undecided records a decision of layer l that failed: a call Redis gave
-// no reply to may have run and taken an in-flight slot, which then frees
+// no reply to may have run, logged its cost and taken an in-flight slot.
+// Its rollback takes the cost back in the background, and a slot frees
 // within its lease (docs/limits.md, In-flight limits: "a slot Redis has
 // not released by then is no longer renewed and frees within its
-// lease"): a refusal may count it until then, as a hold whose Release
-// failed.
-func (o *oracleRun) undecided(rep *oReplica, l *oLayer, c int, at time.Time) {
+// lease"): a refusal may count both until then, as a debit not confirmed
+// and a hold whose release failed.
+func (o *oracleRun) undecided(rep *oReplica, l *oLayer, c, cost int, at time.Time, what string) {
+	var rate []oracle.Limit
+	for _, f := range append(slices.Clone(l.fams), l.route...) {
+		rate = append(rate, oracle.Limit{Name: o.logName(f), ID: oID(f.kind, c), Keep: oKeep(f.window), Quota: f.quota, Window: f.window})
+	}
+	o.or.Undecided(rep.idx, at, cost, rate, what)
 	if l.inflight > 0 {
 		o.unreleased = append(o.unreleased, oHold{rep: rep, layer: l, c: c, at: at})
 	}

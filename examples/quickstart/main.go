@@ -62,7 +62,7 @@ func newAPI(rdb redis.UniversalClient, opts ...ratelimit.Option) (http.Handler, 
 		return nil, err
 	}
 	perUser, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(10, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })),
+		ratelimit.PerMinute(10, ratelimit.User(userOf)),
 	}, opts...)
 	if err != nil {
 		return nil, err
@@ -78,6 +78,12 @@ func newAPI(rdb redis.UniversalClient, opts ...ratelimit.Option) (http.Handler, 
 }
 
 type userKey struct{}
+
+// userOf returns the user authenticate found, for the per-user limit.
+func userOf(r *http.Request) (string, bool) {
+	user, ok := r.Context().Value(userKey{}).(string)
+	return user, ok
+}
 
 // authenticate stands for your authentication: it takes the bearer token
 // for the user's name, and answers 401 without one.

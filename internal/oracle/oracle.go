@@ -344,6 +344,21 @@ func (o *Oracle) Admit(replica int, local bool, at time.Time, cost int, limits [
 	return a
 }
 
+// Undecided records a decision that failed without a reply (a timeout):
+// its call may have run and logged cost in limits, which its rollback
+// then takes back in the background, so that for a while a refusal may
+// count it, as it counts a debit not confirmed; an admission never does.
+func (o *Oracle) Undecided(replica int, at time.Time, cost int, limits []Limit, what string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.seq++
+	for _, lim := range limits {
+		l := o.log(lim.Name, lim.ID)
+		l.entries = append(l.entries, &entry{seq: o.seq, at: at, latest: at, units: cost, debit: true, replica: replica, what: what + " (undecided)",
+			window: lim.Window, quota: max(lim.Quota, lim.AdmitQuota), keep: lim.Keep})
+	}
+}
+
 // Refused records that a process refused a request of cost at at, over
 // limits, and fails if every one of them had room for it even on the most
 // generous count a correct limiter may make: the entries of (at-Window-
