@@ -113,7 +113,11 @@ local function buckets_regrid(key, lim, now)
     if c > 0 then
       local t = (tonumber(string.sub(fields[j], #prefix + 1)) + 1) * old - 1
       local k = math.min((t - t % p) / p, cap)
-      moved[k] = (moved[k] or 0) + c
+      -- Keyed by the bucket's field, not its number: a table indexed by
+      -- bucket numbers is, in some Lua implementations (gopher-lua's,
+      -- miniredis's), an array as long as the largest number.
+      local f = bucket_field(name, k)
+      moved[f] = (moved[f] or 0) + c
       total = total + c
       if not first or k < first then
         first = k
@@ -136,8 +140,8 @@ local function buckets_regrid(key, lim, now)
   end
   local args = {prefix .. 'n' .. string.format('%d', p), string.format('%d', last * p)}
   if total > 0 then
-    for k, c in pairs(moved) do
-      args[#args + 1], args[#args + 2] = bucket_field(name, k), string.format('%d', c)
+    for f, c in pairs(moved) do
+      args[#args + 1], args[#args + 2] = f, string.format('%d', c)
     end
     args[#args + 1], args[#args + 2] = prefix .. 't', string.format('%d', total)
     args[#args + 1], args[#args + 2] = prefix .. 'o', string.format('%d', first)
