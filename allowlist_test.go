@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -42,7 +43,7 @@ func testAllowListClientIP(t *testing.T, b backend) {
 	c := b.newClient(t)
 	var o recordingObserver
 	ip := ClientIP(clientip.TrustProxies("10.0.0.0/8"))
-	lim := mustNew(t, c, []Limit{PerMinute(1, ip).Named("ip")},
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1, ip).Named("ip")},
 		WithAllowList(ip, "192.0.2.7", "198.51.100.0/24", "2001:db8::1"), WithObserver(observerOf(&o)))
 	h := lim.Handler(okHandler)
 	for _, tc := range []struct{ name, peer, xff string }{
@@ -90,7 +91,7 @@ func TestAllowListIdentifiers(t *testing.T) { forBackends(t, testAllowListIdenti
 
 func testAllowListIdentifiers(t *testing.T, b backend) {
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("all")},
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1, Global()).Named("all")},
 		WithAllowList(Header("X-Api-Key"), "partner", "probe"))
 	h := lim.Handler(okHandler)
 	withKey := func(key string) *httptest.ResponseRecorder {
@@ -123,7 +124,7 @@ func testAllowListIdentifiers(t *testing.T, b backend) {
 
 	// A ClientIP allow-list for a request whose RemoteAddr is not an
 	// address: decided by the Global limit, not let through.
-	lim = mustNew(t, c, []Limit{PerMinute(1, Global()).Named("pipe")}, WithAllowList(ClientIP(), "192.0.2.0/24"))
+	lim = mustNew(t, c, []Limit{Per(time.Minute, 1, Global()).Named("pipe")}, WithAllowList(ClientIP(), "192.0.2.0/24"))
 	w := send(lim.Handler(okHandler), "@", "")
 	if w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "1" {
 		t.Errorf("unidentifiable client: %d %v; want 200 with rate-limit headers", w.Code, w.Header())
@@ -152,13 +153,13 @@ func TestAllowListErrors(t *testing.T) {
 		{WithAllowList(Global(), globalID), "Global"},
 		{WithAllowList(Compose(ClientIP(), Route()), "x"), "Compose"},
 	} {
-		_, err := New(c, []Limit{PerMinute(1, Global())}, tc.opt)
+		_, err := New(c, []Limit{Per(time.Minute, 1, Global())}, tc.opt)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New: %v; want an error containing %q", err, tc.want)
 		}
 	}
 	// Both bad entries are reported, and the good ones pass.
-	_, err := New(c, []Limit{PerMinute(1, Global())}, WithAllowList(ClientIP(), "192.0.2.1", "x", "2001:db8::/32", "10.0.0.1/8"))
+	_, err := New(c, []Limit{Per(time.Minute, 1, Global())}, WithAllowList(ClientIP(), "192.0.2.1", "x", "2001:db8::/32", "10.0.0.1/8"))
 	if err == nil || !strings.Contains(err.Error(), `"x"`) || !strings.Contains(err.Error(), `"10.0.0.1/8"`) ||
 		strings.Contains(err.Error(), "192.0.2.1\"") || strings.Contains(err.Error(), "2001:db8::/32") {
 		t.Errorf("New: %v; want both bad entries, and only them, reported", err)

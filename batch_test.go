@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -57,7 +58,7 @@ func testBatching(t *testing.T, b backend) {
 	hook := &countingHook{}
 	c.AddHook(hook)
 	const goroutines, each, quota = 100, 10, 500
-	lim := mustNew(t, c, []Limit{PerMinute(quota, Global()).Named("batch")})
+	lim := mustNew(t, c, []Limit{Per(time.Minute, quota, Global()).Named("batch")})
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -104,7 +105,7 @@ func TestBatchingSurvivesPanics(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	c.AddHook(&panicHook{})
-	lim := mustNew(t, c, []Limit{PerMinute(5, Global())}, withRedis(redisstore.Options{BreakerFailures: -1}))
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 5, Global())}, withRedis(redisstore.Options{BreakerFailures: -1}))
 	var wg sync.WaitGroup
 	for range 50 {
 		wg.Add(1)

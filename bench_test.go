@@ -72,7 +72,7 @@ func BenchmarkMiddleware(b *testing.B) {
 	b.Run("bare", func(b *testing.B) { run(b, okHandler) })
 	stub := func(o redislog.Outcome) redislog.Store { return stubStore{o: o} }
 	b.Run("ip", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())})
+		lim := mustNew(b, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP())})
 		lim.store = lim.wrap(stub(allowOne))
 		run(b, lim.Handler(okHandler))
 	})
@@ -92,13 +92,13 @@ func BenchmarkMiddleware(b *testing.B) {
 		lim.opsRun.latest.Store(newLiveOps(st, time.Now().UnixMicro()))
 	}
 	b.Run("ip/blocks", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, withRedis(redisstore.Options{OperatorRefresh: -1}))
+		lim := mustNew(b, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP())}, withRedis(redisstore.Options{OperatorRefresh: -1}))
 		lim.store = lim.wrap(stub(allowOne))
 		withState(lim, blocks)
 		run(b, lim.Handler(okHandler))
 	})
 	b.Run("ip/blocked", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())}, withRedis(redisstore.Options{OperatorRefresh: -1}))
+		lim := mustNew(b, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP())}, withRedis(redisstore.Options{OperatorRefresh: -1}))
 		lim.store = lim.wrap(stub(allowOne))
 		st := blocks
 		st.Blocks = append(slices.Clone(st.Blocks), operator.Block{Target: "203.0.113.0/24", Prefix: netip.MustParsePrefix("203.0.113.0/24"), Expires: far})
@@ -106,7 +106,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		run(b, lim.Handler(okHandler))
 	})
 	b.Run("ip/override", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Named("ip")}, withRedis(redisstore.Options{OperatorRefresh: -1}))
+		lim := mustNew(b, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP()).Named("ip")}, withRedis(redisstore.Options{OperatorRefresh: -1}))
 		lim.store = lim.wrap(stub(allowOne))
 		withState(lim, operator.State{Version: 1, Quotas: []operator.Override{{Limit: "ip", Quota: 500}}})
 		run(b, lim.Handler(okHandler))
@@ -115,18 +115,18 @@ func BenchmarkMiddleware(b *testing.B) {
 	// ResponseWriter (one allocation, whatever interfaces the writer has) to
 	// see the status; okHandler's 200 is not refunded.
 	b.Run("ip/refund", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())},
+		lim := mustNew(b, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP())},
 			WithRefund(func(status int) bool { return status >= 500 }))
 		lim.store = lim.wrap(stub(allowOne))
 		run(b, lim.Handler(okHandler))
 	})
 	b.Run("global+ip", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()), PerSecond(1000, Global())})
+		lim := mustNew(b, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP()), Per(time.Second, 1000, Global())})
 		lim.store = lim.wrap(stub(allowTwo))
 		run(b, lim.Handler(okHandler))
 	})
 	b.Run("global+ip/ietf", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()), PerSecond(1000, Global())},
+		lim := mustNew(b, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP()), Per(time.Second, 1000, Global())},
 			WithHeaders(HeadersXRateLimit|HeadersIETF))
 		lim.store = lim.wrap(stub(allowTwo))
 		run(b, lim.Handler(okHandler))
@@ -136,12 +136,12 @@ func BenchmarkMiddleware(b *testing.B) {
 	// minute with Cache; RateLimit-Policy names the plan.
 	plans := Plans{Quotas: map[string]int{"pro": 1000}, Of: func(context.Context, string) (string, error) { return "pro", nil }}
 	b.Run("global+ip/plans", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Tiered(plans), PerSecond(1000, Global())})
+		lim := mustNew(b, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP()).Tiered(plans), Per(time.Second, 1000, Global())})
 		lim.store = lim.wrap(stub(allowTwo))
 		run(b, lim.Handler(okHandler))
 	})
 	b.Run("global+ip/plans/ietf", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Tiered(plans), PerSecond(1000, Global())},
+		lim := mustNew(b, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP()).Tiered(plans), Per(time.Second, 1000, Global())},
 			WithHeaders(HeadersXRateLimit|HeadersIETF))
 		lim.store = lim.wrap(stub(allowTwo))
 		run(b, lim.Handler(okHandler))
@@ -149,7 +149,7 @@ func BenchmarkMiddleware(b *testing.B) {
 	cached := plans
 	cached.Cache = time.Minute
 	b.Run("global+ip/plans/cached/ietf", func(b *testing.B) {
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP()).Tiered(cached), PerSecond(1000, Global())},
+		lim := mustNew(b, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP()).Tiered(cached), Per(time.Second, 1000, Global())},
 			WithHeaders(HeadersXRateLimit|HeadersIETF))
 		lim.store = lim.wrap(stub(allowTwo))
 		run(b, lim.Handler(okHandler))
@@ -169,7 +169,7 @@ func BenchmarkDenyCache(b *testing.B) {
 	var calls atomic.Int64 // to Redis: once per cached denial
 	newHandler := func(b *testing.B) http.Handler {
 		calls.Store(0)
-		lim := mustNew(b, stubClient{}, []Limit{PerMinute(100, ClientIP())})
+		lim := mustNew(b, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP())})
 		lim.store = lim.wrap(stubStore{o: deny, calls: &calls})
 		return lim.Handler(okHandler)
 	}
@@ -206,7 +206,7 @@ func BenchmarkDenyCache(b *testing.B) {
 //
 //	go test -run '^$' -bench AllowRedis -benchmem .
 func BenchmarkAllowRedis(b *testing.B) {
-	lim := mustNew(b, redistest.Start(b).Client(), []Limit{PerMinute(1_000_000, Header("X-Client"))})
+	lim := mustNew(b, redistest.Start(b).Client(), []Limit{Per(time.Minute, 1_000_000, Header("X-Client"))})
 	ctx, ids := context.Background(), []string{"client"}
 	b.ReportAllocs()
 	for b.Loop() {

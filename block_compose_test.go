@@ -77,7 +77,7 @@ func TestBlockEveryKeyOfTheAddress(t *testing.T) {
 		mux := http.NewServeMux()
 		mux.Handle("/x/{id}", okHandler)
 		for i, sh := range shapes {
-			limiters[i] = mustNew(t, b.newClient(t), []Limit{PerMinute(1_000_000, sh.key).Named(fmt.Sprintf("cmp%d", i))}, noRefresh, withRedis(redisstore.Options{DenyCache: -1}))
+			limiters[i] = mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 1_000_000, sh.key).Named(fmt.Sprintf("cmp%d", i))}, noRefresh, withRedis(redisstore.Options{DenyCache: -1}))
 			t.Cleanup(func() { limiters[i].Close() })
 			handlers[i] = limiters[i].Handler(mux)
 		}
@@ -213,8 +213,8 @@ func TestBlockComposedShadow(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		l := mustNew(t, b.newClient(t), []Limit{
-			PerMinute(1000, Route()).Named("route"),
-			PerMinute(1000, Compose(ClientIP(), Route())).Named("shadow-ip-route").Shadowed(),
+			Per(time.Minute, 1000, Route()).Named("route"),
+			Per(time.Minute, 1000, Compose(ClientIP(), Route())).Named("shadow-ip-route").Shadowed(),
 		}, noRefresh, withRedis(redisstore.Options{DenyCache: -1}))
 		if err := l.Inspect().Operator().Block(ctx, "198.51.100.0/24", time.Hour); err != nil {
 			t.Fatal(err)

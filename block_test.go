@@ -69,13 +69,13 @@ func TestBlockAcrossReplicas(t *testing.T) {
 
 func testBlockAcrossReplicas(t *testing.T, b backend) {
 	ctx := context.Background()
-	limit := PerMinute(2, Header("X-Id")).Named("blk").Block(15 * time.Minute)
+	limit := Per(time.Minute, 2, Header("X-Id")).Named("blk").Block(15 * time.Minute)
 	clock := &testClock{t: t0}
 	ca, cb := b.newClient(t), b.newClient(t)
 	hook := &countingHook{}
 	ca.AddHook(hook)
-	a := mustNew(t, ca, []Limit{limit, PerMinute(100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour}))
-	rb := mustNew(t, cb, []Limit{limit, PerMinute(100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
+	a := mustNew(t, ca, []Limit{limit, Per(time.Minute, 100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour}))
+	rb := mustNew(t, cb, []Limit{limit, Per(time.Minute, 100, Header("X-Id")).Named("wide")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
 	ids := []string{"c1", "c1"}
 	allow := func(l *Limiter) Result {
 		t.Helper()
@@ -151,7 +151,7 @@ func testBlockReset(t *testing.T, b backend) {
 			// time (a unit on), which a pass at the same time would be
 			// decided at.
 			clock.Set(t0.Add(time.Duration(pass) * time.Minute))
-			l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("rst").Block(time.Hour)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour}))
+			l := mustNew(t, c, []Limit{Per(time.Minute, 1, Header("X-Id")).Named("rst").Block(time.Hour)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour}))
 			ids := []string{"x"}
 			l.Allow(ctx, ids, 1)
 			if res, err := l.Allow(ctx, ids, 1); err != nil || res.Allowed || res.RetryAfter != time.Hour {
@@ -190,7 +190,7 @@ func TestBlockFailedDecision(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		c := b.newClient(t)
-		l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("fa").Block(time.Hour), PerMinute(5, Header("X-Id")).Named("fb")}, withRedis(redisstore.Options{DenyCache: -1}))
+		l := mustNew(t, c, []Limit{Per(time.Minute, 1, Header("X-Id")).Named("fa").Block(time.Hour), Per(time.Minute, 5, Header("X-Id")).Named("fb")}, withRedis(redisstore.Options{DenyCache: -1}))
 		ids := []string{"y", "y"}
 		if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed {
 			t.Fatalf("%+v, %v", res, err)
@@ -221,7 +221,7 @@ func TestBlockFailedDecision(t *testing.T) {
 func TestBlockHeaders(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: t0}
-		l := mustNew(t, b.newClient(t), []Limit{PerSecond(1, ClientIP()).Named("hb").Block(90 * time.Second)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour}))
+		l := mustNew(t, b.newClient(t), []Limit{Per(time.Second, 1, ClientIP()).Named("hb").Block(90 * time.Second)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour}))
 		h := l.Handler(okHandler)
 		serve(h, "GET", "/", "10.0.0.1:1")
 		w := serve(h, "GET", "/", "10.0.0.1:1")
@@ -243,18 +243,18 @@ func TestBlockValidation(t *testing.T) {
 		limit Limit
 		want  string
 	}{
-		{PerMinute(1, ClientIP()).Block(-time.Second), "block -1s"},
-		{PerMinute(1, ClientIP()).Block(time.Microsecond), "block 1µs"},
-		{PerMinute(1, ClientIP()).Block(31 * 24 * time.Hour), "block 744h"},
-		{PerMinute(1, ClientIP()).Block(time.Minute).Shadowed(), "shadow"},
-		{PerMinute(1, Global()).Block(time.Minute), "Global"},
+		{Per(time.Minute, 1, ClientIP()).Block(-time.Second), "block -1s"},
+		{Per(time.Minute, 1, ClientIP()).Block(time.Microsecond), "block 1µs"},
+		{Per(time.Minute, 1, ClientIP()).Block(31 * 24 * time.Hour), "block 744h"},
+		{Per(time.Minute, 1, ClientIP()).Block(time.Minute).Shadowed(), "shadow"},
+		{Per(time.Minute, 1, Global()).Block(time.Minute), "Global"},
 	} {
 		_, err := New(c, []Limit{tc.limit})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: got %v, want an error about %q", tc.limit, err, tc.want)
 		}
 	}
-	if _, err := New(c, []Limit{PerMinute(1, ClientIP()).Block(time.Minute).Bucketed(time.Second)}); err != nil {
+	if _, err := New(c, []Limit{Per(time.Minute, 1, ClientIP()).Block(time.Minute).Bucketed(time.Second)}); err != nil {
 		t.Errorf("a bucketed limit that blocks: %v", err)
 	}
 	_ = errors.New
@@ -269,7 +269,7 @@ func TestBlockClockSteps(t *testing.T) {
 		ctx := context.Background()
 		clock := &testClock{t: t0}
 		c := b.newClient(t)
-		l := mustNew(t, c, []Limit{PerSecond(1, Header("X-Id")).Named("cs").Block(10 * time.Minute)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
+		l := mustNew(t, c, []Limit{Per(time.Second, 1, Header("X-Id")).Named("cs").Block(10 * time.Minute)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
 		ids := []string{"s"}
 		l.Allow(ctx, ids, 1)
 		if res, err := l.Allow(ctx, ids, 1); err != nil || res.Allowed || res.RetryAfter != 10*time.Minute {
@@ -296,7 +296,7 @@ func TestUnblockLimit(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		clock := &testClock{t: t0}
-		l := mustNew(t, b.newClient(t), []Limit{PerMinute(1, Header("X-Id")).Named("ub").Block(time.Hour)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour}))
+		l := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 1, Header("X-Id")).Named("ub").Block(time.Hour)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour}))
 		ids := []string{"u"}
 		l.Allow(ctx, ids, 1)
 		if res, _ := l.Allow(ctx, ids, 1); res.Allowed || res.Limits[0].Blocked.IsZero() {
@@ -331,7 +331,7 @@ func TestBlockUnderOOM(t *testing.T) {
 			c := srv.Client()
 			ctx := context.Background()
 			clock := &testClock{t: t0}
-			lim := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("oom").Block(time.Hour)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}), WithFailureMode(FailOpen))
+			lim := mustNew(t, c, []Limit{Per(time.Minute, 1, Header("X-Id")).Named("oom").Block(time.Hour)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}), WithFailureMode(FailOpen))
 			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(scriptsOnly)
 			for _, id := range []string{"blocked", "over"} {
 				if res, err := lim.Allow(ctx, []string{id}, 1); err != nil || !res.Allowed {
@@ -371,9 +371,9 @@ func TestBlockWithPlans(t *testing.T) {
 		ctx := context.Background()
 		plans := Plans{Quotas: map[string]int{"pro": 3}, Of: func(_ context.Context, id string) (string, error) { return "pro", nil }}
 		l := mustNew(t, b.newClient(t), []Limit{
-			PerMinute(1, Header("X-Id")).Named("pb").Block(time.Hour).Tiered(plans),
-			PerMinute(10, Header("X-Id")).Named("pc"),
-			PerMinute(5, Header("X-Id")).Named("pd").Tiered(Plans{Quotas: map[string]int{"pro": 7}, Of: plans.Of}),
+			Per(time.Minute, 1, Header("X-Id")).Named("pb").Block(time.Hour).Tiered(plans),
+			Per(time.Minute, 10, Header("X-Id")).Named("pc"),
+			Per(time.Minute, 5, Header("X-Id")).Named("pd").Tiered(Plans{Quotas: map[string]int{"pro": 7}, Of: plans.Of}),
 		}, withRedis(redisstore.Options{DenyCache: -1}))
 		ids := []string{"p", "p", "p"}
 		for i := range 3 {
@@ -396,7 +396,7 @@ func TestBlockResetOtherReplica(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		clock := &testClock{t: t0}
-		limit := PerMinute(1, Header("X-Id")).Named("ro").Block(time.Hour)
+		limit := Per(time.Minute, 1, Header("X-Id")).Named("ro").Block(time.Hour)
 		a := mustNew(t, b.newClient(t), []Limit{limit}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: 5 * time.Second}))
 		other := mustNew(t, b.newClient(t), []Limit{limit}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: 5 * time.Second}))
 		ids := []string{"r"}
@@ -426,7 +426,7 @@ func TestBlockOperatorUnblock(t *testing.T) {
 		ctx := context.Background()
 		clock := &testClock{t: t0}
 		c := b.newClient(t)
-		l := mustNew(t, c, []Limit{PerMinute(1, Header("X-Id")).Named("ou").Block(time.Hour)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour, OperatorRefresh: -1}))
+		l := mustNew(t, c, []Limit{Per(time.Minute, 1, Header("X-Id")).Named("ou").Block(time.Hour)}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: time.Hour, OperatorRefresh: -1}))
 		ids := []string{"x"}
 		l.Allow(ctx, ids, 1)
 		if res, _ := l.Allow(ctx, ids, 1); res.Allowed || !res.Blocked {
@@ -460,7 +460,7 @@ func TestBlockOperatorUnblock(t *testing.T) {
 // RemoteAddr is answered 429.
 func blockProbe(t *testing.T, b backend, opts ...clientip.Option) (*operator.Operator, func(remote string) bool) {
 	t.Helper()
-	l := newDriven(t, b.newClient(t), []Limit{PerMinute(1000, ClientIP(opts...)).Named("ip")}, withRedis(redisstore.Options{DenyCache: -1}))
+	l := newDriven(t, b.newClient(t), []Limit{Per(time.Minute, 1000, ClientIP(opts...)).Named("ip")}, withRedis(redisstore.Options{DenyCache: -1}))
 	h := l.Handler(okHandler)
 	return l.Inspect().Operator(), func(remote string) bool {
 		t.Helper()

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/redisstore"
 	"net"
 	"net/http"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -27,7 +28,7 @@ func TestCircuitBreaker(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	var hooked []error
-	lim := mustNew(t, c, []Limit{PerMinute(100, Global())}, withRedis(redisstore.Options{BreakerFailures: 3, BreakerCoolDown: 10 * time.Second}), noRefresh,
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Global())}, withRedis(redisstore.Options{BreakerFailures: 3, BreakerCoolDown: 10 * time.Second}), noRefresh,
 		WithHandlers(Handlers{Error: func(_ *http.Request, err error) { hooked = append(hooked, err) }}))
 	clock := &testClock{t: t0}
 	lim.redis.Breakers.Now = clock.Now
@@ -102,7 +103,7 @@ func TestFailLocal(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	var hooked int
-	lim := mustNew(t, c, []Limit{PerMinute(3, ClientIP()).Named("ip")}, WithFailureMode(FailLocal),
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 3, ClientIP()).Named("ip")}, WithFailureMode(FailLocal),
 		withRedis(redisstore.Options{BreakerFailures: -1}), WithHandlers(Handlers{Error: func(*http.Request, error) { hooked++ }}))
 	h := lim.Handler(okHandler)
 	codes := func(n int, addr string) string {
@@ -142,7 +143,7 @@ func TestFailLocal(t *testing.T) {
 		t.Errorf("after the outage, a client admitted once during it: %s", got)
 	}
 	// A request no Key can identify gets 401 (Handlers.MissingKey), never a local bucket.
-	lim2 := mustNew(t, c, []Limit{PerMinute(3, Header("X-Key"))}, WithFailureMode(FailLocal))
+	lim2 := mustNew(t, c, []Limit{Per(time.Minute, 3, Header("X-Key"))}, WithFailureMode(FailLocal))
 	if w := serve(lim2.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 401 {
 		t.Errorf("no key under FailLocal: %d", w.Code)
 	}
@@ -157,7 +158,7 @@ func TestBreakerSlowCalls(t *testing.T) {
 	admit := (slidinglog.AppendReply(nil, slidinglog.Reply{Allowed: true, Denied: -1, Now: now},
 		[]slidinglog.LimitReply{{Count: 0, Reset: now + 60e6, Stamp: now}}))
 	timeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded} // what a socket deadline gives
-	lim := mustNew(t, stubClient{}, []Limit{PerMinute(100, Header("X-Client"))}, withRedis(redisstore.Options{BreakerFailures: 3, BreakerCoolDown: time.Hour}))
+	lim := mustNew(t, stubClient{}, []Limit{Per(time.Minute, 100, Header("X-Client"))}, withRedis(redisstore.Options{BreakerFailures: 3, BreakerCoolDown: time.Hour}))
 	blocked := make(chan chan struct{}) // a slow call's release
 	lim.redis.Lib = fakeLibrary{decide: func(keys []string) (any, error) {
 		if strings.Contains(keys[0], "slow") {
@@ -292,7 +293,7 @@ func TestBreakerIgnoresCallersDeadline(t *testing.T) {
 }
 
 func testBreakerIgnoresCallersDeadline(t *testing.T, b backend) {
-	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(100, Global())}, withRedis(redisstore.Options{BreakerFailures: 3, BreakerCoolDown: time.Hour}))
+	lim := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 100, Global())}, withRedis(redisstore.Options{BreakerFailures: 3, BreakerCoolDown: time.Hour}))
 	failed := 0
 	for _, d := range []time.Duration{-time.Second, 0, time.Nanosecond, time.Microsecond, time.Microsecond, 10 * time.Microsecond} {
 		ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -349,7 +350,7 @@ func TestBreakerSlowPlanOf(t *testing.T) {
 		return "pro", nil
 	}
 	lim := mustNew(t, backend{mr: miniredis.RunT(t)}.newClient(t), []Limit{
-		PerMinute(100, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"pro": 1000}, Of: slow}),
+		Per(time.Minute, 100, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"pro": 1000}, Of: slow}),
 	}, withRedis(redisstore.Options{BreakerFailures: 3, BreakerCoolDown: time.Hour}), WithTimeout(300*time.Millisecond))
 	for i := range 5 {
 		if _, err := lim.Allow(context.Background(), []string{"slow"}, 1); errors.Is(err, redisstore.ErrCircuitOpen) {

@@ -42,7 +42,7 @@ func testBucketedAcrossReplicas(t *testing.T, b backend) {
 	var c redis.UniversalClient
 	for i := range lims {
 		c = b.newClient(t)
-		lims[i] = mustNew(t, c, []Limit{PerMinute(100, Global()).Bucketed(time.Second).Named("bk")})
+		lims[i] = mustNew(t, c, []Limit{Per(time.Minute, 100, Global()).Bucketed(time.Second).Named("bk")})
 	}
 	admitted := make(chan bool, 1000)
 	for i := range 1000 {
@@ -109,7 +109,7 @@ func testBucketedMixed(t *testing.T, b backend) {
 	opts, setTime := b.clock(t0)
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{
-		PerMinute(30, Global()).Named("global"),
+		Per(time.Minute, 30, Global()).Named("global"),
 		Per(10*time.Second, 4, Header("X-User")).Bucketed(time.Second).Named("user"),
 	}, opts...)
 	ctx := context.Background()
@@ -251,8 +251,8 @@ func TestBucketedWeightsAndExpiry(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: t0}
 		c := b.newClient(t)
-		hourly := mustNew(t, c, []Limit{PerHour(10, Header("X-Id")).Bucketed(time.Minute).Named("hourly")}, WithClock(clock.Now))
-		minutely := mustNew(t, c, []Limit{PerMinute(5, Header("X-Id")).Bucketed(time.Second).Named("minutely")}, WithClock(clock.Now))
+		hourly := mustNew(t, c, []Limit{Per(time.Hour, 10, Header("X-Id")).Bucketed(time.Minute).Named("hourly")}, WithClock(clock.Now))
+		minutely := mustNew(t, c, []Limit{Per(time.Minute, 5, Header("X-Id")).Bucketed(time.Second).Named("minutely")}, WithClock(clock.Now))
 		ctx := context.Background()
 		for i, want := range []bool{true, true, true, false} { // cost 3 of 10: the fourth does not fit
 			if res, err := hourly.Allow(ctx, []string{"u"}, 3); err != nil || res.Allowed != want {
@@ -286,8 +286,8 @@ func TestBucketedLocal(t *testing.T) {
 	b.mr.SetError("LOADING Redis is loading the dataset in memory")
 	clock := &testClock{t: t0}
 	l := mustNew(t, c, []Limit{
-		PerMinute(10, Header("X-User")).Named("m").Bucketed(time.Second),
-		PerHour(1000, Header("X-User")).Named("h").Bucketed(time.Minute),
+		Per(time.Minute, 10, Header("X-User")).Named("m").Bucketed(time.Second),
+		Per(time.Hour, 1000, Header("X-User")).Named("h").Bucketed(time.Minute),
 	}, WithFailureMode(FailLocal), WithClock(clock.Now))
 	admitted := 0
 	for range 20 {

@@ -208,7 +208,7 @@ func TestChaosRestart(t *testing.T) {
 	lc := startLeakCheck(t, srv)
 	quietRedisLog(t)
 	const quota = 200
-	ld := startLoad(t, srv, []Limit{PerMinute(quota, Global()).Named("chaos")})
+	ld := startLoad(t, srv, []Limit{Per(time.Minute, quota, Global()).Named("chaos")})
 	if !waitLogged(t, lc.admin, "chaos", "global", "global", quota, loadStartup) {
 		ld.finish()
 		t.Fatalf("the log did not reach the quota of %d in %v before the outage", quota, loadStartup)
@@ -307,7 +307,7 @@ func TestChaosScriptFlush(t *testing.T) {
 	lc := startLeakCheck(t, srv)
 	var failures atomic.Int64
 	const quota = 300
-	ld := startLoad(t, srv, []Limit{PerMinute(quota, Global()).Named("flush")},
+	ld := startLoad(t, srv, []Limit{Per(time.Minute, quota, Global()).Named("flush")},
 		WithTimeout(redistest.DecisionTimeout), WithHandlers(Handlers{Error: func(*http.Request, error) { failures.Add(1) }}))
 	flushes := 0
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); flushes++ {
@@ -351,7 +351,7 @@ func TestChaosStall(t *testing.T) {
 	srv := redistest.Start(t)
 	lc := startLeakCheck(t, srv)
 	quietRedisLog(t)
-	ld := startLoad(t, srv, []Limit{PerMinute(1_000_000, Global()).Named("stall")})
+	ld := startLoad(t, srv, []Limit{Per(time.Minute, 1_000_000, Global()).Named("stall")})
 	time.Sleep(300 * time.Millisecond)
 	paused := ld.since()
 	if err := lc.admin.Do(context.Background(), "CLIENT", "PAUSE", 1500, "ALL").Err(); err != nil {
@@ -393,7 +393,7 @@ func TestChaosPoolExhaustion(t *testing.T) {
 	// 1.25) leaves open a connection whose handshake the pause held past
 	// its timeout (reproduced with v9.20.0 to v9.22.0, not with v9.23.0).
 	// What this test checks is the decisions' own connections.
-	lim := mustNew(t, c, []Limit{PerMinute(1_000_000, Global()).Named("pool")},
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1_000_000, Global()).Named("pool")},
 		WithTimeout(chaosTimeout), withRedis(redisstore.Options{BreakerFailures: -1, OperatorRefresh: -1}))
 	if err := lc.admin.Do(context.Background(), "CLIENT", "PAUSE", 1000, "ALL").Err(); err != nil {
 		t.Fatal(err)

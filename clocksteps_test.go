@@ -182,7 +182,7 @@ func TestClockStepBackWithRoom(t *testing.T) { forBackends(t, testClockStepBackW
 
 func testClockStepBackWithRoom(t *testing.T, b backend) {
 	clock := &testClock{t: t0}
-	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(3, Header("X-Id")).Named("back")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
+	lim := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 3, Header("X-Id")).Named("back")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
 	ctx := context.Background()
 	if res, err := lim.Allow(ctx, []string{"k"}, 1); err != nil || !res.Allowed {
 		t.Fatalf("%+v %v", res, err)
@@ -269,8 +269,8 @@ func testBucketPrecisionChange(t *testing.T, b backend) {
 			clock := &testClock{t: t0}
 			ctx := context.Background()
 			// Each release is a process of its own: a client of its own.
-			before := mustNew(t, b.newClient(t), []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[0])}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
-			after := mustNew(t, b.newClient(t), []Limit{PerMinute(10, Header("X-Id")).Named("p").Bucketed(p[1])}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
+			before := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 10, Header("X-Id")).Named("p").Bucketed(p[0])}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
+			after := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 10, Header("X-Id")).Named("p").Bucketed(p[1])}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}))
 			for i := range 10 {
 				clock.Set(t0.Add(time.Duration(i) * time.Second))
 				if res, err := before.Allow(ctx, []string{"k"}, 1); err != nil || !res.Allowed {

@@ -39,8 +39,8 @@ func TestClusterPipelineRedirects(t *testing.T) {
 	rdb.OnNewNode(func(n *redis.Client) { n.AddHook(seen) })
 
 	lim := mustNew(t, rdb, []Limit{
-		PerMinute(100, Header("X-Id")).Named("pa"),
-		PerMinute(100, Header("X-Id")).Named("pb"),
+		Per(time.Minute, 100, Header("X-Id")).Named("pa"),
+		Per(time.Minute, 100, Header("X-Id")).Named("pb"),
 	})
 	lib := slidinglog.New(slidinglog.Default, rdb, true)
 	both := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua)
@@ -215,8 +215,8 @@ func TestClusterBatchTryAgain(t *testing.T) {
 	gate := &senderGate{}
 	rdb.AddHook(gate)
 	lim := mustNew(t, rdb, []Limit{
-		PerMinute(100, Header("X-Id")).Named("ba"),
-		PerMinute(100, Header("X-Id")).Named("bb"),
+		Per(time.Minute, 100, Header("X-Id")).Named("ba"),
+		Per(time.Minute, 100, Header("X-Id")).Named("bb"),
 	})
 	allow := func(ctx context.Context, id string) (Result, error) { return lim.Allow(ctx, []string{id, id}, 1) }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/redisstore"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -15,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 
 	"github.com/redis/go-redis/v9"
 
@@ -91,8 +92,8 @@ func testHierarchicalSpread(t *testing.T, b backend) {
 	for i := range lims {
 		clients[i] = b.newClient(t)
 		lims[i] = mustNew(t, clients[i], []Limit{
-			PerHour(global, Global()).Named("global"),
-			PerHour(2, Header("X-User")).Named("user"),
+			Per(time.Hour, global, Global()).Named("global"),
+			Per(time.Hour, 2, Header("X-User")).Named("user"),
 		})
 	}
 	admitted := make([]atomic.Int64, users)
@@ -179,9 +180,9 @@ func keysPerPrimary(t *testing.T, c *redistest.Cluster) map[string]int {
 func testOddIdentifiers(t *testing.T, b backend) {
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{
-		PerHour(1000, Global()).Named("global"),
-		PerHour(2, Header("X-Id")).Named("id"),
-		PerHour(2, Compose(Header("X-Id"), Route())).Named("id-route"),
+		Per(time.Hour, 1000, Global()).Named("global"),
+		Per(time.Hour, 2, Header("X-Id")).Named("id"),
+		Per(time.Hour, 2, Compose(Header("X-Id"), Route())).Named("id-route"),
 	})
 	ids := []string{
 		"{a}", "a", "{a", "a}", "}{", "{}", "{{a}}", "%7Ba%7D", "a:b", "a|b", "a%7Cb",
@@ -219,8 +220,8 @@ func testOddIdentifiers(t *testing.T, b backend) {
 func testSingleSlot(t *testing.T, b backend) {
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{
-		PerHour(5, Global()).Named("global"),
-		PerHour(2, Header("X-User")).Named("user"),
+		Per(time.Hour, 5, Global()).Named("global"),
+		Per(time.Hour, 2, Header("X-User")).Named("user"),
 	}, withRedis(redisstore.Options{SingleSlot: true}))
 	if lim.rules.spec.Split {
 		t.Fatal("redisstore.Options.SingleSlot still splits decisions")
@@ -267,7 +268,7 @@ func TestClusterFailover(t *testing.T) {
 	quietRedisLog(t) // go-redis logs every failed dial to the dead node
 	b := backend{cluster: c}
 	const quota = 300
-	limits := []Limit{PerHour(quota, Header("X-Id")).Named("fo")}
+	limits := []Limit{Per(time.Hour, quota, Header("X-Id")).Named("fo")}
 	const id = "tenant-1"
 	key := logKey("fo", "header.X-Id", id)
 	primary, err := c.PrimaryFor(key)
@@ -417,7 +418,7 @@ func quietRedisLog(t *testing.T) { testlog.QuietRedis(t) }
 func testPipelineReload(t *testing.T, b backend) {
 	c := b.newClient(t)
 	ctx := context.Background()
-	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-Id")).Named("pipe")})
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Header("X-Id")).Named("pipe")})
 	for _, scriptsOnly := range []bool{false, true} {
 		if err := c.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
@@ -620,7 +621,7 @@ const maxShardDecisions = 60_000
 // other than victim meanwhile.
 func startShardLoad(t *testing.T, c *redistest.Cluster, victim *redistest.Server, healthy, dead []string) *shardLoad {
 	t.Helper()
-	limits := []Limit{PerHour(1_000_000, Header("X-Id")).Named("ds")} // never denies here
+	limits := []Limit{Per(time.Hour, 1_000_000, Header("X-Id")).Named("ds")} // never denies here
 	var lims []*Limiter
 	for range 4 {
 		lims = append(lims, mustNew(t, c.Client(), limits))
@@ -922,9 +923,9 @@ func TestClusterSlotMigration(t *testing.T) {
 	rdb := c.Client()
 	// 5 a minute and 1,000 an hour for each client, 1,000,000 an hour in all.
 	lim := mustNew(t, rdb, []Limit{
-		PerHour(1_000_000, Global()).Named("mg"),
-		PerMinute(5, Header("X-Id")).Named("ma"),
-		PerHour(1000, Header("X-Id")).Named("mb"),
+		Per(time.Hour, 1_000_000, Global()).Named("mg"),
+		Per(time.Minute, 5, Header("X-Id")).Named("ma"),
+		Per(time.Hour, 1000, Header("X-Id")).Named("mb"),
 	})
 	source, err := c.PrimaryFor(logKey("mg", "global", globalID))
 	if err != nil {
@@ -1052,7 +1053,7 @@ func TestClusterSlotMigration(t *testing.T) {
 func TestClusterDownRecovery(t *testing.T) {
 	c := startCluster(t, 3, 0)
 	ctx := context.Background()
-	lim := mustNew(t, c.Client(), []Limit{PerHour(1_000_000, Header("X-Id")).Named("cd")})
+	lim := mustNew(t, c.Client(), []Limit{Per(time.Hour, 1_000_000, Header("X-Id")).Named("cd")})
 	clock := &testClock{t: t0}
 	lim.redis.Breakers.Now = clock.Now
 	ps, err := c.Primaries()

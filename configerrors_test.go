@@ -23,14 +23,14 @@ func TestNewSaysEveryMistake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	good := []Limit{PerMinute(100, ClientIP())}
-	badLimits := []Limit{PerMinute(0, ClientIP()), Per(time.Microsecond, 5, Global())}
+	good := []Limit{Per(time.Minute, 100, ClientIP())}
+	badLimits := []Limit{Per(time.Minute, 0, ClientIP()), Per(time.Microsecond, 5, Global())}
 	badLimitsSaid := []string{"limit 0 (ip-per-1m): quota 0: must be at least 1", "limit 1 (global-per-1us): window 1µs: must be at least 1ms"}
 	badRoutes := map[string]RouteLimits{
 		"GET /a/{":     {Cost: 2},
 		"GET /reports": {Cost: -3},
-		"POST /login":  {Limits: []Limit{PerMinute(5, ClientIP()).Named("login"), PerMinute(5, ClientIP()).Named("login")}},
-		"POST /upload": {Limits: []Limit{PerSecond(2_000_000, User(nil))}},
+		"POST /login":  {Limits: []Limit{Per(time.Minute, 5, ClientIP()).Named("login"), Per(time.Minute, 5, ClientIP()).Named("login")}},
+		"POST /upload": {Limits: []Limit{Per(time.Second, 2_000_000, User(nil))}},
 	}
 	badRoutesSaid := []string{
 		`route "GET /a/{"`, `write a path such as "/login"`,
@@ -67,14 +67,14 @@ func TestNewSaysEveryMistake(t *testing.T) {
 	}, {
 		name:   "a store's limits with a nil-client mistake",
 		client: stubClient{},
-		limits: []Limit{InFlight(2, ClientIP()), PerMinute(10, Global()).Leased()},
+		limits: []Limit{InFlight(2, ClientIP()), Per(time.Minute, 10, Global()).Leased()},
 		opts:   []Option{WithStore(local), WithRoutes(badRoutes)},
 		want: append([]string{
 			"a Redis client and WithStore: the Limiter decides in one store; give a nil client with WithStore",
 		}, badRoutesSaid...),
 	}, {
 		name:   "a store that cannot hold in-flight limits, with a bad route",
-		limits: []Limit{PerMinute(10, Global())},
+		limits: []Limit{Per(time.Minute, 10, Global())},
 		opts:   []Option{WithStore(decideOnlyStore{}), WithRoutes(map[string]RouteLimits{"GET /s": {Limits: []Limit{InFlight(2, ClientIP())}}, "GET /reports": {Cost: -3}})},
 		want:   []string{"in-flight limits need a store that implements store.Holder", `route "GET /reports": cost -3 is negative`},
 	}} {
@@ -108,12 +108,12 @@ func TestNewSaysNameClashWithOtherMistakes(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	noRefresh := withRedis(redisstore.Options{OperatorRefresh: -1})
-	first, err := New(c, []Limit{PerMinute(5, ClientIP()).Named("shared")}, noRefresh)
+	first, err := New(c, []Limit{Per(time.Minute, 5, ClientIP()).Named("shared")}, noRefresh)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = first.Close() })
-	_, err = New(c, []Limit{PerHour(5, ClientIP()).Named("shared")}, WithTimeout(-time.Second), noRefresh,
+	_, err = New(c, []Limit{Per(time.Hour, 5, ClientIP()).Named("shared")}, WithTimeout(-time.Second), noRefresh,
 		WithRoutes(map[string]RouteLimits{"GET /reports": {Cost: -3}}))
 	if err == nil {
 		t.Fatal("New: no error")

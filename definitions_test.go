@@ -229,16 +229,16 @@ func TestNameOneDefinition(t *testing.T) {
 // explicit name to limits of two definitions are refused, naming both;
 // of one definition and other quotas, accepted.
 func TestNameOneDefinitionInLimiter(t *testing.T) {
-	_, err := New(stubClient{}, []Limit{PerMinute(1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
-		"/a": {Limits: []Limit{PerMinute(5, ClientIP()).Named("auth")}},
-		"/b": {Limits: []Limit{PerMinute(5, Header("X-Api-Key")).Named("auth")}},
+	_, err := New(stubClient{}, []Limit{Per(time.Minute, 1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
+		"/a": {Limits: []Limit{Per(time.Minute, 5, ClientIP()).Named("auth")}},
+		"/b": {Limits: []Limit{Per(time.Minute, 5, Header("X-Api-Key")).Named("auth")}},
 	}))
 	if err == nil || !strings.Contains(err.Error(), "counted by ip,") || !strings.Contains(err.Error(), "counted by header.X-Api-Key,") {
 		t.Errorf("one name for a ClientIP and a Header limit on two routes: %v, want an error naming both", err)
 	}
-	if _, err := New(stubClient{}, []Limit{PerMinute(1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
-		"/a": {Limits: []Limit{PerMinute(5, ClientIP()).Named("auth")}},
-		"/b": {Limits: []Limit{PerMinute(10, ClientIP()).Named("auth")}},
+	if _, err := New(stubClient{}, []Limit{Per(time.Minute, 1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
+		"/a": {Limits: []Limit{Per(time.Minute, 5, ClientIP()).Named("auth")}},
+		"/b": {Limits: []Limit{Per(time.Minute, 10, ClientIP()).Named("auth")}},
 	})); err != nil {
 		t.Errorf("one name, one definition, two quotas: %v", err)
 	}
@@ -274,7 +274,7 @@ func TestKeyKindApart(t *testing.T) {
 			bucketed := rng.Intn(2) == 0
 			id := []string{"203.0.113.9", "alice", "global", "a|b", fmt.Sprint("c", i)}[rng.Intn(5)]
 			name := fmt.Sprint("kind-", i)
-			lx, ly := PerMinute(1, x.key).Named(name), PerMinute(1, y.key).Named(name)
+			lx, ly := Per(time.Minute, 1, x.key).Named(name), Per(time.Minute, 1, y.key).Named(name)
 			if bucketed {
 				lx, ly = lx.Bucketed(time.Second), ly.Bucketed(time.Second)
 			}

@@ -62,11 +62,11 @@ func testDenialObserver(t *testing.T, b backend) {
 		ids   []string
 	}
 	lim := mustNew(t, b.newClient(t), []Limit{
-		PerMinute(4, Header("X-IP")).Named("ip"),
-		PerMinute(3, Header("X-User")).Named("user"),
-		PerMinute(1, Header("X-User")).Shadowed().Named("trial"),
+		Per(time.Minute, 4, Header("X-IP")).Named("ip"),
+		Per(time.Minute, 3, Header("X-User")).Named("user"),
+		Per(time.Minute, 1, Header("X-User")).Shadowed().Named("trial"),
 	}, append(opts, WithObserver(observerOf(log)), WithHandlers(Handlers{ServeMissingKey: true}),
-		WithRoutes(map[string]RouteLimits{"POST /login": {Limits: []Limit{PerMinute(1, Header("X-IP")).Named("login")}}}),
+		WithRoutes(map[string]RouteLimits{"POST /login": {Limits: []Limit{Per(time.Minute, 1, Header("X-IP")).Named("login")}}}),
 		WithHandlers(Handlers{Denied: func(w http.ResponseWriter, r *http.Request, res Result) {
 			denied.limit = res.DeniedBy
 			w.WriteHeader(http.StatusTooManyRequests)
@@ -127,9 +127,9 @@ func TestResetLimit(t *testing.T) { forBackends(t, testResetLimit) }
 func testResetLimit(t *testing.T, b backend) {
 	opts, _ := b.clock(t0)
 	lim := mustNew(t, b.newClient(t), []Limit{
-		PerMinute(2, Header("X-IP")).Named("ip"),
-		PerMinute(5, Header("X-User")).Named("user"),
-	}, append(opts, WithRoutes(map[string]RouteLimits{"POST /login": {Limits: []Limit{PerMinute(1, Header("X-IP")).Named("login")}}}))...)
+		Per(time.Minute, 2, Header("X-IP")).Named("ip"),
+		Per(time.Minute, 5, Header("X-User")).Named("user"),
+	}, append(opts, WithRoutes(map[string]RouteLimits{"POST /login": {Limits: []Limit{Per(time.Minute, 1, Header("X-IP")).Named("login")}}}))...)
 	if got := lim.Inspect().Limits(); !slices.Equal(got, []string{"ip", "login", "user"}) {
 		t.Errorf("LimitNames: %q", got)
 	}

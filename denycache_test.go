@@ -27,7 +27,7 @@ func testDenyCache(t *testing.T, b backend) {
 	c := b.newClient(t)
 	hook := &countingHook{}
 	c.AddHook(hook)
-	lim := mustNew(t, c, []Limit{PerMinute(4, Global()).Named("d")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: 5 * time.Second}))
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 4, Global()).Named("d")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: 5 * time.Second}))
 	ctx := context.Background()
 	allow := func(cost int) (Result, int64) {
 		t.Helper()
@@ -206,8 +206,8 @@ func TestCachedDenialHeaders(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: t0}
 		lim := mustNew(t, b.newClient(t), []Limit{
-			PerMinute(100, Global()).Named("api"),
-			PerMinute(1, ClientIP()).Named("ip"),
+			Per(time.Minute, 100, Global()).Named("api"),
+			Per(time.Minute, 1, ClientIP()).Named("ip"),
 		}, WithClock(clock.Now), WithHeaders(HeadersIETF))
 		h := lim.Handler(okHandler)
 		for i, want := range []int{200, 429, 429} {
@@ -250,8 +250,8 @@ func testDenyCacheBucketedLimitsApart(t *testing.T, b backend) {
 	for _, order := range []string{"hour first", "second first"} {
 		t.Run(order, func(t *testing.T) {
 			clock := &testClock{t: t0}
-			hour := PerHour(5, Header("X-User")).Named("hour").Bucketed(time.Minute)
-			sec := PerSecond(100, Header("X-User")).Named("sec").Bucketed(100 * time.Millisecond)
+			hour := Per(time.Hour, 5, Header("X-User")).Named("hour").Bucketed(time.Minute)
+			sec := Per(time.Second, 100, Header("X-User")).Named("sec").Bucketed(100 * time.Millisecond)
 			limits := []Limit{hour, sec}
 			if order == "second first" {
 				limits = []Limit{sec, hour}
@@ -278,8 +278,8 @@ func testDenyCacheBucketedLimitsApart(t *testing.T, b backend) {
 	clock := &testClock{t: t0}
 	table := &planTable{plans: map[string]string{}}
 	l := mustNew(t, b.newClient(t), []Limit{
-		PerSecond(10, Header("X-User")).Named("b").Bucketed(100 * time.Millisecond),
-		PerMinute(10, Header("X-User")).Named("a").Bucketed(time.Second).Tiered(Plans{Quotas: map[string]int{"pro": 100}, Of: table.of}),
+		Per(time.Second, 10, Header("X-User")).Named("b").Bucketed(100 * time.Millisecond),
+		Per(time.Minute, 10, Header("X-User")).Named("a").Bucketed(time.Second).Tiered(Plans{Quotas: map[string]int{"pro": 100}, Of: table.of}),
 	}, WithClock(clock.Now))
 	for i := range 10 {
 		clock.Set(t0.Add(time.Duration(i) * time.Second))
@@ -314,7 +314,7 @@ func testDenyCacheHostileBytes(t *testing.T, b backend) {
 	seed := rand.Uint64()
 	r := rand.New(rand.NewPCG(seed, 0))
 	const prefix, name = "hostile:", "per-client"
-	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(1, Header("X-Client")).Named(name)},
+	lim := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 1, Header("X-Client")).Named(name)},
 		withRedis(redisstore.Options{Prefix: prefix, DenyCache: time.Minute}))
 	h := lim.Handler(okHandler)
 	buf := make([]byte, 2<<20)

@@ -73,8 +73,8 @@ func waitEvictionCheck(t *testing.T, lim *Limiter) {
 func decideFamily(t *testing.T, c redis.UniversalClient) (*Limiter, *recordHandler) {
 	t.Helper()
 	h := &recordHandler{}
-	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-Id")).Named("evict")}, WithLogger(slog.New(h), false),
-		WithRoutes(map[string]RouteLimits{"/login": {Limits: []Limit{PerMinute(100, Header("X-Id")).Named("evict-login")}}}))
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Header("X-Id")).Named("evict")}, WithLogger(slog.New(h), false),
+		WithRoutes(map[string]RouteLimits{"/login": {Limits: []Limit{Per(time.Minute, 100, Header("X-Id")).Named("evict-login")}}}))
 	login := lim.forRoute("POST", "/login").all
 	if login == lim.rules {
 		t.Fatal("no ruleset for the route")
@@ -193,7 +193,7 @@ func TestEvictionWarningPolicies(t *testing.T) {
 				t.Cleanup(func() { _ = c.Close() })
 			}
 			if !tc.logger {
-				lim := mustNew(t, c, []Limit{PerMinute(100, Global()).Named("evict")})
+				lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Global()).Named("evict")})
 				for range 3 {
 					if _, err := lim.Allow(context.Background(), []string{"g"}, 1); err != nil {
 						t.Fatal(err)
@@ -224,7 +224,7 @@ func TestEvictionReadmits(t *testing.T) {
 	srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
 	admin, c := srv.Client(), srv.Client()
 	ctx := context.Background()
-	lim := mustNew(t, c, []Limit{PerMinute(3, Header("X-Id")).Named("evict")}, withRedis(redisstore.Options{DenyCache: -1}))
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 3, Header("X-Id")).Named("evict")}, withRedis(redisstore.Options{DenyCache: -1}))
 	allowed := func() bool {
 		res, err := lim.Allow(ctx, []string{"victim"}, 1)
 		if err != nil {

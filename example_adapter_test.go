@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"time"
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/redistest"
@@ -93,7 +94,7 @@ func ExampleLimiter_Enter() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(2, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
+		ratelimit.Per(time.Minute, 2, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)

@@ -22,7 +22,7 @@ func ExampleInspector_Operator() {
 	rdb, done := newRedis()
 	defer done()
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(2, ratelimit.ClientIP()).Named("per-ip"),
+		ratelimit.Per(time.Minute, 2, ratelimit.ClientIP()).Named("per-ip"),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)

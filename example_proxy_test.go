@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"time"
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/clientip"
@@ -42,7 +43,7 @@ func ExampleTrustProxies_awsALB() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustProxies("10.0.0.0/16"))),
+		ratelimit.Per(time.Minute, 1, ratelimit.ClientIP(clientip.TrustProxies("10.0.0.0/16"))),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -66,7 +67,7 @@ func ExampleTrustProxies_gcpLoadBalancer() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustProxies("35.191.0.0/16", "130.211.0.0/22", "203.0.113.10"))),
+		ratelimit.Per(time.Minute, 1, ratelimit.ClientIP(clientip.TrustProxies("35.191.0.0/16", "130.211.0.0/22", "203.0.113.10"))),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -94,7 +95,7 @@ func ExampleProxyHeader_nginx() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustProxies("127.0.0.1", "::1"), clientip.ProxyHeader("X-Real-IP"))),
+		ratelimit.Per(time.Minute, 1, ratelimit.ClientIP(clientip.TrustProxies("127.0.0.1", "::1"), clientip.ProxyHeader("X-Real-IP"))),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -116,7 +117,7 @@ func ExampleTrustCloudflare_behindCloudflare() {
 
 	cloudflare := []string{"173.245.48.0/20", "2400:cb00::/32"} // ... all of https://www.cloudflare.com/ips/
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustCloudflare(cloudflare...))),
+		ratelimit.Per(time.Minute, 1, ratelimit.ClientIP(clientip.TrustCloudflare(cloudflare...))),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -143,7 +144,7 @@ func ExampleFromRouter() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.FromRouter())),
+		ratelimit.Per(time.Minute, 1, ratelimit.ClientIP(clientip.FromRouter())),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"time"
 
 	"github.com/slidinglog/ratelimit"
 	"github.com/slidinglog/ratelimit/redisstore"
@@ -20,7 +21,7 @@ func ExampleWithStore() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	lim, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(2, ratelimit.Header("X-Api-Key"))},
+	lim, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.Per(time.Minute, 2, ratelimit.Header("X-Api-Key"))},
 		ratelimit.WithStore(local))
 	if err != nil {
 		log.Fatal(err)
@@ -54,7 +55,7 @@ func ExampleWithStore_redis() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	lim, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(2, ratelimit.Header("X-Api-Key")).Named("key")},
+	lim, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.Per(time.Minute, 2, ratelimit.Header("X-Api-Key")).Named("key")},
 		ratelimit.WithStore(rs))
 	if err != nil {
 		log.Fatal(err)

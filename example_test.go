@@ -54,8 +54,8 @@ func Example() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1000, ratelimit.Global()),
-		ratelimit.PerSecond(2, ratelimit.ClientIP()),
+		ratelimit.Per(time.Minute, 1000, ratelimit.Global()),
+		ratelimit.Per(time.Second, 2, ratelimit.ClientIP()),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout)) // the default, 100ms, suits a real Redis: see newRedis
 	if err != nil {
 		log.Fatal(err)
@@ -83,8 +83,8 @@ func ExampleLimiter_Allow() {
 
 	// Allow is given the ids; the limits' Keys matter only to the middleware.
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerSecond(10, ratelimit.Global()).Named("jobs-per-second"),
-		ratelimit.PerHour(12, ratelimit.Global()).Named("jobs-per-hour"),
+		ratelimit.Per(time.Second, 10, ratelimit.Global()).Named("jobs-per-second"),
+		ratelimit.Per(time.Hour, 12, ratelimit.Global()).Named("jobs-per-hour"),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -111,9 +111,9 @@ func ExampleWithRoutes() {
 	defer done()
 
 	api, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("api"),
+		ratelimit.Per(time.Minute, 100, ratelimit.ClientIP()).Named("api"),
 	}, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-		"GET /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login")}},
+		"GET /login": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.ClientIP()).Named("login")}},
 	}), ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -140,7 +140,7 @@ func ExampleWithSkip() {
 	defer done()
 
 	api, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("api"),
+		ratelimit.Per(time.Minute, 1, ratelimit.ClientIP()).Named("api"),
 	}, ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
 		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/metrics" }),
 		ratelimit.WithTimeout(redistest.DecisionTimeout))
@@ -167,7 +167,7 @@ func ExampleWithAllowList() {
 	defer done()
 
 	ip := ratelimit.ClientIP()
-	api, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ip)},
+	api, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ip)},
 		ratelimit.WithAllowList(ip, "192.0.2.0/24", "2001:db8::7"),
 		ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
@@ -207,7 +207,7 @@ func ExampleTrustPrivateNetworks() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustPrivateNetworks())),
+		ratelimit.Per(time.Minute, 1, ratelimit.ClientIP(clientip.TrustPrivateNetworks())),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -235,7 +235,7 @@ func ExampleTrustCloudflare() {
 
 	cloudflare := []string{"173.245.48.0/20", "103.21.244.0/22", "2400:cb00::/32"} // ...: the whole list
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustCloudflare(cloudflare...))),
+		ratelimit.Per(time.Minute, 1, ratelimit.ClientIP(clientip.TrustCloudflare(cloudflare...))),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -269,7 +269,7 @@ func ExampleWithLogger_untrustedProxy() {
 		},
 	}))
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(100, ratelimit.ClientIP()),
+		ratelimit.Per(time.Minute, 100, ratelimit.ClientIP()),
 	}, ratelimit.WithLogger(logger, false), ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -290,7 +290,7 @@ func ExampleClientIP() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustProxies("10.0.0.0/8"))),
+		ratelimit.Per(time.Minute, 1, ratelimit.ClientIP(clientip.TrustProxies("10.0.0.0/8"))),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -322,7 +322,7 @@ func ExampleLimit_Tiered() {
 	defer done()
 
 	type planKey struct{}
-	users := ratelimit.PerMinute(2, ratelimit.Header("X-User")).Named("user").Tiered(ratelimit.Plans{
+	users := ratelimit.Per(time.Minute, 2, ratelimit.Header("X-User")).Named("user").Tiered(ratelimit.Plans{
 		Quotas: map[string]int{"pro": 5, "internal": ratelimit.Unlimited},
 		Of: func(ctx context.Context, user string) (string, error) {
 			plan, _ := ctx.Value(planKey{}).(string)
@@ -356,7 +356,7 @@ func ExampleWithHandlers() {
 	rdb, done := newRedis()
 	defer done()
 
-	api, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("api")},
+	api, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.ClientIP()).Named("api")},
 		ratelimit.WithHandlers(ratelimit.Handlers{Denied: func(w http.ResponseWriter, r *http.Request, res ratelimit.Result) {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusTooManyRequests)
@@ -396,12 +396,12 @@ func ExampleLimiter_Handler_behindAuthentication() {
 	defer done()
 
 	type userKey struct{}
-	perIP, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.ClientIP()).Named("ip")},
+	perIP, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 3, ratelimit.ClientIP()).Named("ip")},
 		ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
 	}
-	perUser, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user")},
+	perUser, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user")},
 		ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
@@ -443,7 +443,7 @@ func ExampleLimit_Block() {
 	defer done()
 
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(2, ratelimit.ClientIP()).Named("login").Block(15 * time.Minute),
+		ratelimit.Per(time.Minute, 2, ratelimit.ClientIP()).Named("login").Block(15 * time.Minute),
 	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)

@@ -77,7 +77,7 @@ func returnLimiters(t *testing.T, b outageBackend, n, quota int, clock *testCloc
 		// One dial per call: a decision meets a cut Redis at once.
 		c := redis.NewClient(&redis.Options{Addr: b.addr(), ContextTimeoutEnabled: true, DialerRetries: 1, DialerRetryTimeout: time.Millisecond})
 		t.Cleanup(func() { _ = c.Close() })
-		ls[i] = mustNew(t, c, []Limit{PerMinute(quota, Header("X-Id")).Named("ret")}, WithFailureMode(FailLocal),
+		ls[i] = mustNew(t, c, []Limit{Per(time.Minute, quota, Header("X-Id")).Named("ret")}, WithFailureMode(FailLocal),
 			WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1, BreakerFailures: -1, OperatorRefresh: -1}))
 	}
 	return ls
@@ -299,7 +299,7 @@ func TestFailLocalReturnRetryAfterLatest(t *testing.T) {
 		clock := &testClock{t: t0}
 		c := redis.NewClient(&redis.Options{Addr: b.addr(), ContextTimeoutEnabled: true, DialerRetries: 1, DialerRetryTimeout: time.Millisecond})
 		t.Cleanup(func() { _ = c.Close() })
-		l := mustNew(t, c, []Limit{Per(10*time.Second, 1, Header("X-Id")).Named("short"), PerHour(2, Header("X-Id")).Named("long")},
+		l := mustNew(t, c, []Limit{Per(10*time.Second, 1, Header("X-Id")).Named("short"), Per(time.Hour, 2, Header("X-Id")).Named("long")},
 			WithFailureMode(FailLocal), WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1, BreakerFailures: -1, OperatorRefresh: -1}))
 		ids := []string{"c", "c"}
 		if res, err := l.Allow(ctx, ids, 1); err != nil || res.Local || !res.Allowed {

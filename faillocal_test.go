@@ -141,7 +141,7 @@ func soakFailLocal(t *testing.T, clients int, bytes int64) {
 		opts = append(opts, WithLocalMemory(bytes))
 	}
 	base := longtest.LiveHeap()
-	lim := failLocalLimiter(t, clock, []Limit{PerMinute(quota, Header("X-Forwarded-For")).Named("ip"), PerMinute(1_000_000, Global()).Named("all")}, opts...)
+	lim := failLocalLimiter(t, clock, []Limit{Per(time.Minute, quota, Header("X-Forwarded-For")).Named("ip"), Per(time.Minute, 1_000_000, Global()).Named("all")}, opts...)
 	admitted := make([]int8, clients)
 	seen := make([]bool, clients)
 	var firsts, firstsAdmitted [30]int
@@ -199,15 +199,15 @@ func soakFailLocal(t *testing.T, clients int, bytes int64) {
 // a panic; a valid one is the local store's; 0 keeps the default.
 func TestWithLocalMemory(t *testing.T) {
 	for _, n := range []int64{-1, 65535} {
-		if _, err := New(stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, WithLocalMemory(n)); err == nil {
+		if _, err := New(stubClient{}, []Limit{Per(time.Minute, 3, Header("X-Id"))}, WithLocalMemory(n)); err == nil {
 			t.Errorf("WithLocalMemory(%d): no error", n)
 		}
 	}
-	lim := mustNew(t, stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, withRedis(redisstore.Options{OperatorRefresh: -1}), WithLocalMemory(1<<20))
+	lim := mustNew(t, stubClient{}, []Limit{Per(time.Minute, 3, Header("X-Id"))}, withRedis(redisstore.Options{OperatorRefresh: -1}), WithLocalMemory(1<<20))
 	if got := lim.local.Bound(); got != 1<<20 {
 		t.Errorf("bound %d, want %d", got, 1<<20)
 	}
-	if got := mustNew(t, stubClient{}, []Limit{PerMinute(3, Header("X-Id"))}, withRedis(redisstore.Options{OperatorRefresh: -1})).local.Bound(); got != store.DefaultLocalMemory {
+	if got := mustNew(t, stubClient{}, []Limit{Per(time.Minute, 3, Header("X-Id"))}, withRedis(redisstore.Options{OperatorRefresh: -1})).local.Bound(); got != store.DefaultLocalMemory {
 		t.Errorf("default bound %d, want %d", got, store.DefaultLocalMemory)
 	}
 }

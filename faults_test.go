@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/redisstore"
 	"io"
 	"net"
 	"strconv"
@@ -13,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 
 	"github.com/redis/go-redis/v9"
 
@@ -199,8 +200,8 @@ func TestRedisAnswers(t *testing.T) {
 			}
 			const failures = 3
 			lim := mustNew(t, c, []Limit{
-				PerMinute(faultQuota, Header("X-Id")).Named("fa"),
-				PerHour(100, Header("X-Id")).Named("fb"),
+				Per(time.Minute, faultQuota, Header("X-Id")).Named("fa"),
+				Per(time.Hour, 100, Header("X-Id")).Named("fb"),
 			}, withRedis(redisstore.Options{BreakerFailures: failures, BreakerCoolDown: time.Second, DenyCache: -1}), WithTimeout(timeout)) // every decision reaches the server
 			clock := &testClock{t: t0}
 			lim.redis.Breakers.Now = clock.Now
@@ -321,7 +322,7 @@ func TestNOPERMOnKeysKeepsFunctions(t *testing.T) {
 	opts.Username, opts.Password = "app", "pw"
 	app := redis.NewClient(&opts)
 	t.Cleanup(func() { _ = app.Close() })
-	lim := mustNew(t, app, []Limit{PerMinute(10, Header("X-Id")).Named("acl")})
+	lim := mustNew(t, app, []Limit{Per(time.Minute, 10, Header("X-Id")).Named("acl")})
 	lib := lim.redis.Lib.(*slidinglog.Redis)
 	for i := range 6 {
 		if _, err := lim.Allow(ctx, []string{"denied"}, 1); err == nil || !strings.Contains(err.Error(), "NOPERM") {

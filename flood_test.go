@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/redisstore"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -12,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 
 	"github.com/slidinglog/ratelimit/clientip"
 	"github.com/slidinglog/ratelimit/internal/longtest"
@@ -238,7 +239,7 @@ func (st *floodStats) check(t *testing.T, what string) {
 func TestFloodKeepsBreakerClosed(t *testing.T) {
 	longtest.SkipUnlessLong(t) // a flood of decisions for seconds
 	srv := redistest.Start(t)
-	lim, err := New(srv.Client(), []Limit{PerMinute(5, Header("X-Client")).Named("flood")}, WithTimeout(floodTimeout))
+	lim, err := New(srv.Client(), []Limit{Per(time.Minute, 5, Header("X-Client")).Named("flood")}, WithTimeout(floodTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +298,7 @@ func TestFloodKeepsBreakerClosedHTTP(t *testing.T) {
 	redis := redistest.Start(t)
 	st := &floodStats{}
 	flooder := "192.0.2.1"
-	lim, err := New(redis.Client(), []Limit{PerMinute(5, ClientIP(clientip.TrustProxies("127.0.0.1"))).Named("flood")}, WithTimeout(floodTimeout),
+	lim, err := New(redis.Client(), []Limit{Per(time.Minute, 5, ClientIP(clientip.TrustProxies("127.0.0.1"))).Named("flood")}, WithTimeout(floodTimeout),
 		WithHandlers(Handlers{Error: func(r *http.Request, err error) {
 			if r.Header.Get("X-Forwarded-For") != flooder {
 				st.why(err)

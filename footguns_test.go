@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -16,7 +17,7 @@ import (
 // a configuration error from New, not a panic at the first request.
 func TestNewRejectsNilPointerClient(t *testing.T) {
 	for _, c := range []redis.UniversalClient{(*redis.Client)(nil), (*redis.ClusterClient)(nil), (*redis.Ring)(nil)} {
-		_, err := New(c, []Limit{PerMinute(5, Global())})
+		_, err := New(c, []Limit{Per(time.Minute, 5, Global())})
 		if err == nil || !strings.Contains(err.Error(), "nil Redis client") {
 			t.Errorf("New(%T(nil)): %v; want the nil client reported", c, err)
 		}
@@ -28,7 +29,7 @@ func TestNewRejectsNilPointerClient(t *testing.T) {
 func TestRoutesThatCannotMatch(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	_, err := New(c, []Limit{PerMinute(5, Global())}, WithRoutes(map[string]RouteLimits{
+	_, err := New(c, []Limit{Per(time.Minute, 5, Global())}, WithRoutes(map[string]RouteLimits{
 		"GETT /x": {Cost: 2},
 		"login":   {Cost: 2},
 		"GET /ok": {Cost: 2},
@@ -51,11 +52,11 @@ func TestRoutesThatCannotMatch(t *testing.T) {
 func TestProxyHeaderNeedsTrustedProxies(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	_, err := New(c, []Limit{PerMinute(5, ClientIP(clientip.ProxyHeader("X-Real-IP")))})
+	_, err := New(c, []Limit{Per(time.Minute, 5, ClientIP(clientip.ProxyHeader("X-Real-IP")))})
 	if err == nil || !strings.Contains(err.Error(), "without TrustProxies") {
 		t.Errorf("ProxyHeader alone: %v; want an error", err)
 	}
-	if _, err := New(c, []Limit{PerMinute(5, ClientIP(clientip.ProxyHeader("X-Real-IP"), clientip.TrustProxies("10.0.0.0/8")))}); err != nil {
+	if _, err := New(c, []Limit{Per(time.Minute, 5, ClientIP(clientip.ProxyHeader("X-Real-IP"), clientip.TrustProxies("10.0.0.0/8")))}); err != nil {
 		t.Errorf("ProxyHeader with TrustProxies: %v", err)
 	}
 }
@@ -79,7 +80,7 @@ func TestGlobalID(t *testing.T) { forBackends(t, testGlobalID) }
 
 func testGlobalID(t *testing.T, b backend) {
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(2, Global()).Named("g")})
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 2, Global()).Named("g")})
 	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 200 {
 		t.Fatalf("first request: %d", w.Code)
 	}
@@ -100,7 +101,7 @@ func TestSkip(t *testing.T) { forBackends(t, testSkip) }
 func testSkip(t *testing.T, b backend) {
 	c := b.newClient(t)
 	var o recordingObserver
-	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("skip")},
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1, Global()).Named("skip")},
 		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }), WithObserver(observerOf(&o)))
 	h := lim.Handler(okHandler)
 	for range 3 {
@@ -125,7 +126,7 @@ func testSkip(t *testing.T, b backend) {
 			t.Errorf("skipped request %d observed as %+v; want allowed, no error, the limit skipped", i, s)
 		}
 	}
-	if _, err := New(c, []Limit{PerMinute(1, Global())}, WithSkip(nil)); err == nil {
+	if _, err := New(c, []Limit{Per(time.Minute, 1, Global())}, WithSkip(nil)); err == nil {
 		t.Error("New accepted a nil skip function")
 	}
 }
@@ -136,7 +137,7 @@ func TestSkipsAddUp(t *testing.T) { forBackends(t, testSkipsAddUp) }
 
 func testSkipsAddUp(t *testing.T, b backend) {
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("skips")},
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1, Global()).Named("skips")},
 		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
 		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/metrics" }))
 	h := lim.Handler(okHandler)
@@ -159,7 +160,7 @@ func testSkipsAddUp(t *testing.T, b backend) {
 // in the middleware but its pass's one (the request it hands on, see
 // Limiter.Enter), whichever of several picks it.
 func TestSkipAllocs(t *testing.T) {
-	lim := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP())},
+	lim := mustNew(t, stubClient{}, []Limit{Per(time.Minute, 1, ClientIP())},
 		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
 		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/metrics" }))
 	h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
@@ -178,7 +179,7 @@ func TestUnavailableHandler(t *testing.T) { forBackends(t, testUnavailableHandle
 func testUnavailableHandler(t *testing.T, b backend) {
 	c := b.newClient(t)
 	var got error
-	lim := mustNew(t, c, []Limit{PerMinute(5, Header("X-Api-Key")).Named("key")},
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 5, Header("X-Api-Key")).Named("key")},
 		WithHandlers(Handlers{Unavailable: func(w http.ResponseWriter, r *http.Request, err error) {
 			got = err
 			w.Header().Set("Content-Type", "application/json")

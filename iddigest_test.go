@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/slidinglog/ratelimit/operator"
 )
@@ -31,8 +32,8 @@ func testIDDigest(t *testing.T, b backend) {
 	opts, _ := b.clock(t0)
 	log := &denialLog{}
 	lim := mustNew(t, b.newClient(t), []Limit{
-		PerMinute(1, Header("X-A")).Named("a"),
-		PerMinute(1, Compose(Header("X-B"), Header("X-A"))).Named("ab"),
+		Per(time.Minute, 1, Header("X-A")).Named("a"),
+		Per(time.Minute, 1, Compose(Header("X-B"), Header("X-A"))).Named("ab"),
 	}, append(opts, WithObserver(observerOf(log)))...)
 	h := lim.Handler(okHandler)
 	ctx := context.Background()

@@ -226,7 +226,7 @@ func testIdentityBlocks(t *testing.T, b backend, trials int) {
 	c := b.newClient(t)
 	for _, o := range g.groupings() {
 		const quota = 1000
-		l := newDriven(t, c, []Limit{PerMinute(quota, ClientIP(clientip.IPv4Prefix(o.v4), clientip.IPv6Prefix(o.v6))).Named("id")}, withRedis(redisstore.Options{DenyCache: -1}))
+		l := newDriven(t, c, []Limit{Per(time.Minute, quota, ClientIP(clientip.IPv4Prefix(o.v4), clientip.IPv6Prefix(o.v6))).Named("id")}, withRedis(redisstore.Options{DenyCache: -1}))
 		op, h := l.Inspect().Operator(), l.Handler(okHandler)
 		for range trials {
 			base := g.addr(g.r.IntN(2) == 0)
@@ -304,7 +304,7 @@ func TestIdentityAllowList(t *testing.T) {
 		for i := range 40 {
 			base := g.addr(g.r.IntN(2) == 0)
 			e := g.entry(base)
-			l, err := New(c, []Limit{PerMinute(1000, key).Named("al" + strconv.Itoa(i))}, WithAllowList(key, e.text), withRedis(redisstore.Options{OperatorRefresh: -1}), WithTimeout(redistest.DecisionTimeout))
+			l, err := New(c, []Limit{Per(time.Minute, 1000, key).Named("al" + strconv.Itoa(i))}, WithAllowList(key, e.text), withRedis(redisstore.Options{OperatorRefresh: -1}), WithTimeout(redistest.DecisionTimeout))
 			refused := e.refused || e.net.Bits() == 0
 			fail := func(format string, args ...any) {
 				t.Helper()
@@ -415,7 +415,7 @@ func TestIdentityBlockedAllocs(t *testing.T) {
 func TestIdentityLookup(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		l := mustNew(t, b.newClient(t), []Limit{PerMinute(2, ClientIP()).Named("lk").Block(time.Hour)}, withRedis(redisstore.Options{DenyCache: -1, OperatorRefresh: -1}))
+		l := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 2, ClientIP()).Named("lk").Block(time.Hour)}, withRedis(redisstore.Options{DenyCache: -1, OperatorRefresh: -1}))
 		h := l.Handler(okHandler)
 		for _, tc := range []struct{ remote, id, spelled string }{
 			{"203.0.113.7:1", "203.0.113.7", "::ffff:203.0.113.7"},

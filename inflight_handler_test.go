@@ -75,7 +75,7 @@ func runInFlightHandler(t *testing.T, b backend, seed uint64) {
 		globalCap = 1 + rng.IntN(5)
 	}
 	prefix := fmt.Sprintf("if%d:", seed%1_000_000)
-	limits := []Limit{InFlight(userCap, Header("X-User")), PerMinute(10_000, Header("X-User"))}
+	limits := []Limit{InFlight(userCap, Header("X-User")), Per(time.Minute, 10_000, Header("X-User"))}
 	if globalCap > 0 {
 		limits = append(limits, InFlight(globalCap, Global()).Named("all-inflight"))
 	}

@@ -41,7 +41,7 @@ func TestInFlightConfig(t *testing.T) {
 		{InFlight(3, ClientIP()).Block(time.Minute), "cannot block"},
 		{InFlight(3, ClientIP()).with(func(l *Limit) { l.SlotLease = 500 * time.Millisecond }), "at least 1s"},
 		{Per(time.Minute, 3, ClientIP()).with(func(l *Limit) { l.InFlight = true }), "leave Window zero (a slot's lease is SlotLease)"},
-		{PerMinute(3, ClientIP()).with(func(l *Limit) { l.SlotLease = time.Minute }), "only an in-flight limit (InFlight) has slots to lease"},
+		{Per(time.Minute, 3, ClientIP()).with(func(l *Limit) { l.SlotLease = time.Minute }), "only an in-flight limit (InFlight) has slots to lease"},
 		{InFlight(0, ClientIP()), "quota 0"},
 		{InFlight(3, Key{}), "no key"},
 	} {
@@ -67,7 +67,7 @@ func (l Limit) with(f func(*Limit)) Limit { f(&l); return l }
 // frees nothing more.
 func TestInFlightAllowRelease(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
-		l := mustNew(t, b.newClient(t), []Limit{InFlight(2, ClientIP()), PerMinute(100, ClientIP())})
+		l := mustNew(t, b.newClient(t), []Limit{InFlight(2, ClientIP()), Per(time.Minute, 100, ClientIP())})
 		ctx := context.Background()
 		ids := []string{"a", "a"}
 		r1, err := l.Allow(ctx, ids, 5)
@@ -181,7 +181,7 @@ func TestInFlightRenewal(t *testing.T) {
 // and through Handler the slot frees when the handler returns. The same
 // with WithStore's Local.
 func TestInFlightFailLocal(t *testing.T) {
-	limits := []Limit{InFlight(2, Header("X-User")), PerMinute(100, Header("X-User"))}
+	limits := []Limit{InFlight(2, Header("X-User")), Per(time.Minute, 100, Header("X-User"))}
 	for _, tc := range []struct {
 		name string
 		make func(t *testing.T, opts ...Option) *Limiter

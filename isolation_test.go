@@ -238,7 +238,7 @@ func TestPoisonedKeyFailsOnlyItsRequests(t *testing.T) {
 func testPoisonedKeyFailsOnlyItsRequests(t *testing.T, b backend) {
 	c := b.newClient(t)
 	ctx := context.Background()
-	lim := mustNew(t, c, []Limit{PerMinute(1000, Header("X-Id")).Named("id"), PerMinute(100_000, Global()).Named("all")}, withRedis(redisstore.Options{DenyCache: -1}))
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1000, Header("X-Id")).Named("id"), Per(time.Minute, 100_000, Global()).Named("all")}, withRedis(redisstore.Options{DenyCache: -1}))
 	if err := c.Set(ctx, logKey("id", "header.X-Id", "bad"), "not a log", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +320,7 @@ func (w *recorder) WriteHeader(code int) {
 // own keys, does not count against the circuit breaker.
 func TestFailedRequestLeftCounted(t *testing.T) {
 	ctx := context.Background()
-	lim := mustNew(t, stubClient{}, []Limit{PerMinute(100, Header("X-Client")), PerMinute(100, Global())}, withRedis(redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour}))
+	lim := mustNew(t, stubClient{}, []Limit{Per(time.Minute, 100, Header("X-Client")), Per(time.Minute, 100, Global())}, withRedis(redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour}))
 	failed := []any{"ERR boom", int64(2)}
 	for range slidinglog.ReplyLen(2) - 2 {
 		failed = append(failed, int64(0))

@@ -28,13 +28,13 @@ func TestLeaseAllocs(t *testing.T) {
 func testLeaseAllocs(t *testing.T, b backend, perClient bool) {
 	allocs := map[bool]float64{}
 	for _, leased := range []bool{false, true} {
-		lim := PerMinute(1_000_000, Global()).Named("allocs" + strconv.FormatBool(leased) + strconv.FormatBool(perClient))
+		lim := Per(time.Minute, 1_000_000, Global()).Named("allocs" + strconv.FormatBool(leased) + strconv.FormatBool(perClient))
 		if leased {
 			lim = lim.Leased()
 		}
 		limits, ids := []Limit{lim}, []string{globalID}
 		if perClient {
-			limits = append(limits, PerMinute(1_000_000, Header("X-Client")).Named(lim.Name+"-ip"))
+			limits = append(limits, Per(time.Minute, 1_000_000, Header("X-Client")).Named(lim.Name+"-ip"))
 			ids = append(ids, "a")
 		}
 		clock := &testClock{t: leaseStart}

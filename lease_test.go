@@ -197,7 +197,7 @@ func testLeaseFewCalls(t *testing.T, b backend) {
 	rng := leaseRand(t)
 	const n, quota = 5000, 1_000_000
 	clock := &testClock{t: leaseStart}
-	limits := []Limit{PerMinute(quota, Global()).Named("hot").Leased()}
+	limits := []Limit{Per(time.Minute, quota, Global()).Named("hot").Leased()}
 	r := newLeaseReplicas(t, b, 1, clock, limits)[0]
 	now := leaseStart
 	units := 0
@@ -236,7 +236,7 @@ func testLeaseColdKeys(t *testing.T, b backend) {
 	trips := map[bool]int64{}
 	for _, leased := range []bool{false, true} {
 		rng := rand.New(rand.NewPCG(seed, 0))
-		lim := PerMinute(1000, Header("X-Client")).Named("cold" + strconv.FormatBool(leased))
+		lim := Per(time.Minute, 1000, Header("X-Client")).Named("cold" + strconv.FormatBool(leased))
 		if leased {
 			lim = lim.Leased()
 		}
@@ -285,7 +285,7 @@ func TestLeaseOtherLimitDenies(t *testing.T) {
 func testLeaseOtherLimitDenies(t *testing.T, b backend) {
 	rng := leaseRand(t)
 	const quota = 100_000
-	limits := []Limit{PerMinute(quota, Global()).Named("hot").Leased(), PerMinute(50, Header("X-Client")).Named("ip")}
+	limits := []Limit{Per(time.Minute, quota, Global()).Named("hot").Leased(), Per(time.Minute, 50, Header("X-Client")).Named("ip")}
 	clock := &testClock{t: leaseStart}
 	r := newLeaseReplicas(t, b, 1, clock, limits)[0]
 	now := leaseStart
@@ -343,7 +343,7 @@ func TestLeaseReset(t *testing.T) { forBackends(t, testLeaseReset) }
 
 func testLeaseReset(t *testing.T, b backend) {
 	const quota = 1600
-	limits := []Limit{PerMinute(quota, Global()).Named("hot").Leased()}
+	limits := []Limit{Per(time.Minute, quota, Global()).Named("hot").Leased()}
 	clock := &testClock{t: leaseStart}
 	replicas := newLeaseReplicas(t, b, 2, clock, limits)
 	holder, other := replicas[0].l, replicas[1].l
@@ -407,7 +407,7 @@ func TestLeaseRedisDown(t *testing.T) {
 func testLeaseRedisDown(t *testing.T, mode FailureMode, hung bool) {
 	b := backend{srv: redistest.Start(t)}
 	clock := &testClock{t: leaseStart}
-	limits := []Limit{PerMinute(100_000, Global()).Named("hot").Leased(), PerMinute(1000, Header("X-Client")).Named("ip")}
+	limits := []Limit{Per(time.Minute, 100_000, Global()).Named("hot").Leased(), Per(time.Minute, 1000, Header("X-Client")).Named("ip")}
 	timeout := 200 * time.Millisecond
 	r := newLeaseReplicas(t, b, 1, clock, limits, WithFailureMode(mode), WithTimeout(timeout))[0]
 	now := leaseStart
@@ -456,7 +456,7 @@ func TestLeaseCloseGivesBack(t *testing.T) { forBackends(t, testLeaseCloseGivesB
 
 func testLeaseCloseGivesBack(t *testing.T, b backend) {
 	const quota = 10_000
-	limits := []Limit{PerMinute(quota, Global()).Named("hot").Leased()}
+	limits := []Limit{Per(time.Minute, quota, Global()).Named("hot").Leased()}
 	clock := &testClock{t: leaseStart}
 	r := newLeaseReplicas(t, b, 1, clock, limits)[0]
 	now := leaseStart
@@ -508,7 +508,7 @@ func TestLeaseHeaders(t *testing.T) {
 	b := backend{srv: redistest.Start(t)}
 	const quota = 16_000
 	clock := &testClock{t: leaseStart}
-	r := newLeaseReplicas(t, b, 1, clock, []Limit{PerMinute(quota, Global()).Named("hot").Leased()})[0]
+	r := newLeaseReplicas(t, b, 1, clock, []Limit{Per(time.Minute, quota, Global()).Named("hot").Leased()})[0]
 	h := r.l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	now := leaseStart
 	fromLease, steps, last := 0, 0, -1
@@ -549,7 +549,7 @@ func TestLeaseWithStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = New(nil, []Limit{PerMinute(1000, Global()).Leased()}, WithStore(local))
+	_, err = New(nil, []Limit{Per(time.Minute, 1000, Global()).Leased()}, WithStore(local))
 	if err == nil || !strings.Contains(err.Error(), "need the Redis store") {
 		t.Fatalf("New: %v, want the leased limit refused", err)
 	}
@@ -563,7 +563,7 @@ func BenchmarkLeaseAllow(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, leased := range []bool{false, true} {
 		name := "redis"
-		lim := PerMinute(1_000_000, Global()).Named("bench-" + strconv.FormatBool(leased))
+		lim := Per(time.Minute, 1_000_000, Global()).Named("bench-" + strconv.FormatBool(leased))
 		if leased {
 			name, lim = "leased", lim.Leased()
 		}

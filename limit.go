@@ -16,8 +16,9 @@ import (
 )
 
 // A Limit admits at most Quota units of cost in any sliding Window, counted
-// separately for every identifier its Key yields. Build one with [PerSecond],
-// [PerMinute], [PerHour] or [Per]; name it with [Limit.Named].
+// separately for every identifier its Key yields. Build one with [Per]
+// (Per(time.Minute, 100, ClientIP()): 100 a minute per client address) or
+// [InFlight]; name it with [Limit.Named].
 //
 // The window slides with the request: a request at time t is admitted only if
 // the requests admitted in (t-Window, t] plus its own cost fit in Quota. There
@@ -26,7 +27,7 @@ type Limit struct {
 	// Name identifies the limit in Redis keys, in [Result.DeniedBy] and in
 	// the IETF RateLimit headers: ASCII letters, digits and "-_.", at most
 	// 64 bytes. Default: the key name and the window, such as "ip-per-1m"
-	// for PerMinute(100, ClientIP()), and for a limit a route declares
+	// for Per(time.Minute, 100, ClientIP()), and for a limit a route declares
 	// ([WithRoutes]) also the route ("ip-per-1m.POST_login"). The default
 	// name holds no quota, so a release that changes an unnamed limit's
 	// quota keeps counting in the same log.
@@ -157,7 +158,7 @@ func (p *Plans) validate() []error {
 // Tiered returns a copy of l whose quota depends on the client's plan (see
 // [Plans]), l.Quota being the default plan's:
 //
-//	ratelimit.PerMinute(100, ratelimit.User()).Tiered(ratelimit.Plans{
+//	ratelimit.Per(time.Minute, 100, ratelimit.User()).Tiered(ratelimit.Plans{
 //		Quotas: map[string]int{"pro": 1000, "internal": ratelimit.Unlimited},
 //		Of:     planOf, // the plan of the user, from the request's context
 //	})
@@ -188,7 +189,7 @@ func (l Limit) Shadowed() Limit {
 const maxBuckets = 1024
 
 // Bucketed returns a copy of l that counts requests in buckets of the given
-// precision, such as PerHour(10000, key).Bucketed(time.Minute), instead of
+// precision, such as Per(time.Hour, 10000, key).Bucketed(time.Minute), instead of
 // logging each one: the Redis memory of a key is then bounded by
 // Window/Precision buckets (at most 1,024) whatever the quota, where the
 // exact log holds one entry per admitted request. The price is precision
@@ -201,19 +202,14 @@ func (l Limit) Bucketed(precision time.Duration) Limit {
 	return l
 }
 
-// Per returns a Limit of quota per window, counted by key.
+// Per returns a Limit of quota per window, counted by key: for example
+// Per(time.Minute, 100, ClientIP()), 100 requests a minute per client
+// address. The window is always written out, so that one constructor
+// reads the same for a second, a minute, an hour or ten seconds. An
+// invalid window or quota (not positive) is an error from [New].
 func Per(window time.Duration, quota int, key Key) Limit {
 	return Limit{Quota: quota, Window: window, Key: key}
 }
-
-// PerSecond returns a Limit of quota per second, counted by key.
-func PerSecond(quota int, key Key) Limit { return Per(time.Second, quota, key) }
-
-// PerMinute returns a Limit of quota per minute, counted by key.
-func PerMinute(quota int, key Key) Limit { return Per(time.Minute, quota, key) }
-
-// PerHour returns a Limit of quota per hour, counted by key.
-func PerHour(quota int, key Key) Limit { return Per(time.Hour, quota, key) }
 
 // maxBlock bounds Limit.BlockFor.
 const maxBlock = 30 * 24 * time.Hour

@@ -54,7 +54,7 @@ func (d *driven) tick() error {
 func TestOperatorRefreshValidation(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer c.Close()
-	if _, err := New(c, []Limit{PerMinute(1, ClientIP())}, withRedis(redisstore.Options{OperatorRefresh: -time.Second})); err == nil {
+	if _, err := New(c, []Limit{Per(time.Minute, 1, ClientIP())}, withRedis(redisstore.Options{OperatorRefresh: -time.Second})); err == nil {
 		t.Error("a negative refresh interval was accepted")
 	}
 }
@@ -72,7 +72,7 @@ func TestOperatorOverride(t *testing.T) {
 			}
 			return "", nil
 		}, Quotas: map[string]int{"pro": 10}}
-		lim := PerMinute(2, Header("X-Key")).Named("api").Tiered(plans)
+		lim := Per(time.Minute, 2, Header("X-Key")).Named("api").Tiered(plans)
 		l := newDriven(t, b.newClient(t), []Limit{lim}, WithHeaders(HeadersXRateLimit|HeadersIETF))
 		op, err := operator.New(b.newClient(t), operator.Options{Prefix: defaultPrefix})
 		if err != nil {
@@ -158,7 +158,7 @@ func TestOperatorBlock(t *testing.T) {
 		start := time.Now()
 		clock := &testClock{t: start}
 		obs := &denials{}
-		l := newDriven(t, b.newClient(t), []Limit{PerMinute(100, ClientIP()).Named("ip"), PerMinute(100, Header("X-User")).Named("user")},
+		l := newDriven(t, b.newClient(t), []Limit{Per(time.Minute, 100, ClientIP()).Named("ip"), Per(time.Minute, 100, Header("X-User")).Named("user")},
 			WithClock(clock.Now), WithObserver(observerOf(obs)))
 		op := l.Inspect().Operator() // this Limiter applies its changes at once
 		h := l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
@@ -238,7 +238,7 @@ func TestOperatorBlock(t *testing.T) {
 func TestOperatorPropagation(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		limits := []Limit{PerMinute(100, Header("X-User")).Named("user")}
+		limits := []Limit{Per(time.Minute, 100, Header("X-User")).Named("user")}
 		a := newDriven(t, b.newClient(t), limits)
 		other := newDriven(t, b.newClient(t), limits)
 		if err := a.Inspect().Operator().Block(ctx, "eve", time.Hour); err != nil {
@@ -271,7 +271,7 @@ func TestOperatorPropagation(t *testing.T) {
 func TestOperatorNoRefresh(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		l := mustNew(t, b.newClient(t), []Limit{PerMinute(100, Header("X-User")).Named("user")}, withRedis(redisstore.Options{OperatorRefresh: -1}))
+		l := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 100, Header("X-User")).Named("user")}, withRedis(redisstore.Options{OperatorRefresh: -1}))
 		defer l.Close()
 		op, _ := operator.New(b.newClient(t), operator.Options{Prefix: defaultPrefix})
 		if err := op.Block(ctx, "eve", time.Hour); err != nil {
@@ -313,7 +313,7 @@ func TestOperatorLapse(t *testing.T) {
 		ctx := context.Background()
 		start := time.Now()
 		clock := &testClock{t: start}
-		l := newDriven(t, b.newClient(t), []Limit{PerMinute(2, Header("X-User")).Named("user")}, WithClock(clock.Now))
+		l := newDriven(t, b.newClient(t), []Limit{Per(time.Minute, 2, Header("X-User")).Named("user")}, WithClock(clock.Now))
 		op := l.Inspect().Operator()
 		if err := op.SetQuota(ctx, "user", "", 5, 10*time.Second); err != nil {
 			t.Fatal(err)
@@ -366,7 +366,7 @@ func TestOperatorFlush(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		c := b.newClient(t)
-		l := newDriven(t, b.newClient(t), []Limit{PerMinute(100, Header("X-User")).Named("user")})
+		l := newDriven(t, b.newClient(t), []Limit{Per(time.Minute, 100, Header("X-User")).Named("user")})
 		op, _ := operator.New(c, operator.Options{Prefix: defaultPrefix})
 		if err := op.Block(ctx, "eve", time.Hour); err != nil {
 			t.Fatal(err)
@@ -445,7 +445,7 @@ func TestOperatorRefreshEndsWithClient(t *testing.T) {
 	var logged strings.Builder
 	logger := slog.New(slog.NewTextHandler(&logged, nil))
 	c := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true})
-	d := newDriven(t, c, []Limit{PerMinute(100, Header("X-User")).Named("user")}, WithLogger(logger, false))
+	d := newDriven(t, c, []Limit{Per(time.Minute, 100, Header("X-User")).Named("user")}, WithLogger(logger, false))
 	_ = c.Close()
 	d.ticks <- time.Now()
 	if err := <-d.refreshed; !errors.Is(err, redis.ErrClosed) {

@@ -86,8 +86,8 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 	redis := &scriptedStore{}
 	base := longtest.LiveHeap()
 	lim := mustNew(t, stubClient{}, []Limit{
-		PerMinute(3, Header("X-Id")).Named("id"),
-		PerMinute(1_000_000, Global()).Named("all"),
+		Per(time.Minute, 3, Header("X-Id")).Named("id"),
+		Per(time.Minute, 1_000_000, Global()).Named("all"),
 	}, WithFailureMode(FailLocal), WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}), WithLocalMemory(1<<20))
 	lim.store = lim.wrap(redis)
 	ctx := context.Background()
@@ -165,9 +165,9 @@ func TestBoundedMemoryDenyCache(t *testing.T) {
 	redis.deny.Store(true)
 	base := longtest.LiveHeap()
 	lim := mustNew(t, stubClient{}, []Limit{
-		PerMinute(3, Header("X-Id")).Named("id"),
-		PerMinute(30, Header("X-Id")).Named("id-30"),
-		PerHour(300, Header("X-Id")).Named("id-300"),
+		Per(time.Minute, 3, Header("X-Id")).Named("id"),
+		Per(time.Minute, 30, Header("X-Id")).Named("id-30"),
+		Per(time.Hour, 300, Header("X-Id")).Named("id-300"),
 	}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: 5 * time.Second}))
 	lim.store = lim.wrap(redis)
 	ctx := context.Background()
@@ -211,7 +211,7 @@ func TestBoundedMemoryPlanCache(t *testing.T) {
 	clock := &testClock{t: t0}
 	base := longtest.LiveHeap()
 	lim := mustNew(t, stubClient{}, []Limit{
-		PerMinute(3, Header("X-Id")).Named("id").Tiered(Plans{
+		Per(time.Minute, 3, Header("X-Id")).Named("id").Tiered(Plans{
 			Quotas: map[string]int{"pro": 30},
 			Of:     func(context.Context, string) (string, error) { return "pro", nil },
 			Cache:  10 * time.Second,
@@ -258,7 +258,7 @@ func TestDenyCacheEntryHoldsItsKey(t *testing.T) {
 	redis.deny.Store(true)
 	var limits []Limit
 	for i := range 5 {
-		limits = append(limits, PerMinute(3+i, Header("X-Id")).Named(fmt.Sprintf("a-rather-long-limit-name-%d", i)))
+		limits = append(limits, Per(time.Minute, 3+i, Header("X-Id")).Named(fmt.Sprintf("a-rather-long-limit-name-%d", i)))
 	}
 	lim := mustNew(t, stubClient{}, limits, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: 5 * time.Second}))
 	lim.store = lim.wrap(redis)

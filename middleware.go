@@ -3,13 +3,14 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/route"
 	"log/slog"
 	"net/http"
 	"reflect"
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // Handler returns middleware that rate-limits the requests to next: an
@@ -23,7 +24,7 @@ import (
 // and each request is decided once against l's limits and its route's:
 //
 //	api, _ := ratelimit.New(rdb, limits, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-//		"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("login")}},
+//		"POST /login": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 5, ratelimit.ClientIP()).Named("login")}},
 //	}))
 //	http.ListenAndServe(":8080", api.Handler(mux))
 //

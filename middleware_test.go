@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/redisstore"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -88,7 +89,7 @@ func testExactAcrossReplicas(t *testing.T, b backend) {
 	var clients [replicas]redis.UniversalClient
 	for i := range handlers {
 		clients[i] = b.newClient(t)
-		handlers[i] = mustNew(t, clients[i], []Limit{PerMinute(quota, Global()).Named("api")}).Handler(okHandler)
+		handlers[i] = mustNew(t, clients[i], []Limit{Per(time.Minute, quota, Global()).Named("api")}).Handler(okHandler)
 	}
 	var admitted, denied atomic.Int64
 	var wg sync.WaitGroup
@@ -165,8 +166,8 @@ func testHierarchical(t *testing.T, b backend) {
 	for i := range handlers {
 		clients[i] = b.newClient(t)
 		handlers[i] = mustNew(t, clients[i], []Limit{
-			PerMinute(100, Global()).Named("global"),
-			PerMinute(10, userKey).Named("user"),
+			Per(time.Minute, 100, Global()).Named("global"),
+			Per(time.Minute, 10, userKey).Named("user"),
 		}).Handler(okHandler)
 	}
 	var mu sync.Mutex
@@ -221,7 +222,7 @@ func TestWeighted(t *testing.T) { forBackends(t, testWeighted) }
 func testWeighted(t *testing.T, b backend) {
 	opts, setTime := b.clock(t0)
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(10, Global()).Named("w")}, opts...)
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 10, Global()).Named("w")}, opts...)
 	allow := func(cost int) Result {
 		t.Helper()
 		res, err := lim.Allow(context.Background(), []string{"k"}, cost)
@@ -263,8 +264,8 @@ func TestRetryAfterAcrossLimits(t *testing.T) { forBackends(t, testRetryAfterAcr
 func testRetryAfterAcrossLimits(t *testing.T, b backend) {
 	opts, setTime := b.clock(t0)
 	lim := mustNew(t, b.newClient(t), []Limit{
-		PerSecond(2, Global()).Named("per-second"),
-		PerMinute(3, Global()).Named("per-minute"),
+		Per(time.Second, 2, Global()).Named("per-second"),
+		Per(time.Minute, 3, Global()).Named("per-minute"),
 	}, opts...)
 	allow := func(at time.Duration) Result {
 		t.Helper()
@@ -298,7 +299,7 @@ func TestScriptReloaded(t *testing.T) { forBackends(t, testScriptReloaded) }
 
 func testScriptReloaded(t *testing.T, b backend) {
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-Id")).Named("reload")})
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Header("X-Id")).Named("reload")})
 	ctx := context.Background()
 	for i := range 3 {
 		if err := c.ScriptFlush(ctx).Err(); err != nil {
@@ -420,7 +421,7 @@ func TestNoScriptAnywhereInError(t *testing.T) { forBackends(t, testNoScriptAnyw
 
 func testNoScriptAnywhereInError(t *testing.T, b backend) {
 	c := &noScriptClient{UniversalClient: b.newClient(t)}
-	lim := mustNew(t, c, []Limit{PerMinute(5, Global())})
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 5, Global())})
 	res, err := lim.Allow(context.Background(), []string{"k"}, 1)
 	if err != nil || !res.Allowed || c.evals != 1 {
 		t.Fatalf("got %+v, %v after %d EVALs", res, err, c.evals)
@@ -442,7 +443,7 @@ func TestUnexpectedReply(t *testing.T) {
 		[]any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(-1)}, // negative stamp (a block) when admitted
 		[]any{int64(0), int64(1), int64(0), int64(0), int64(-1), int64(0)}, // negative reset
 	} {
-		lim := mustNew(t, stubClient{reply: reply}, []Limit{PerMinute(5, Global())})
+		lim := mustNew(t, stubClient{reply: reply}, []Limit{Per(time.Minute, 5, Global())})
 		if _, err := lim.Allow(context.Background(), []string{"k"}, 1); !errors.Is(err, redisstore.ErrUnexpectedReply) {
 			t.Errorf("reply %#v: err = %v, want redisstore.ErrUnexpectedReply", reply, err)
 		}
@@ -458,7 +459,7 @@ func testFailureModes(t *testing.T, b backend) {
 	// Another program wrote a hash where a log should be: WRONGTYPE; or a
 	// string that is no log.
 	key := logKey("api", "global", "global")
-	limits := []Limit{PerMinute(5, Global()).Named("api")}
+	limits := []Limit{Per(time.Minute, 5, Global()).Named("api")}
 	for _, tc := range []struct {
 		mode    FailureMode
 		status  int
@@ -492,7 +493,7 @@ func testFailureModes(t *testing.T, b backend) {
 	// A key function that cannot identify the request reaches the error
 	// handler too, but is answered as Handlers.MissingKey says (401).
 	var hooked error
-	lim := mustNew(t, c, []Limit{PerMinute(5, Header("X-Api-Key"))},
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 5, Header("X-Api-Key"))},
 		WithHandlers(Handlers{Error: func(_ *http.Request, err error) { hooked = err }}))
 	if w := serve(lim.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 401 || !errors.Is(hooked, ErrNoKey) {
 		t.Errorf("missing key: status %d, hook got %v", w.Code, hooked)
@@ -550,7 +551,7 @@ func TestTimeout(t *testing.T) {
 	}()
 	c := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
-	lim := mustNew(t, c, []Limit{PerMinute(5, Global())}, WithTimeout(50*time.Millisecond))
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 5, Global())}, WithTimeout(50*time.Millisecond))
 	start := time.Now()
 	_, err = lim.Allow(context.Background(), []string{"k"}, 1)
 	if !errors.Is(err, context.DeadlineExceeded) {
@@ -570,7 +571,7 @@ func TestTimeout(t *testing.T) {
 func TestNewRejectsBadConfig(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer c.Close()
-	ok := PerMinute(10, Global())
+	ok := Per(time.Minute, 10, Global())
 	for _, tc := range []struct {
 		name   string
 		client redis.UniversalClient
@@ -580,28 +581,28 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}{
 		{"nil client", nil, []Limit{ok}, nil, "nil Redis client"},
 		{"no limits", c, nil, nil, "no limits"},
-		{"quota 0", c, []Limit{PerMinute(0, Global())}, nil, "quota 0"},
-		{"huge quota", c, []Limit{PerMinute(2_000_000, Global())}, nil, "at most 1000000"},
+		{"quota 0", c, []Limit{Per(time.Minute, 0, Global())}, nil, "quota 0"},
+		{"huge quota", c, []Limit{Per(time.Minute, 2_000_000, Global())}, nil, "at most 1000000"},
 		{"short window", c, []Limit{Per(time.Microsecond, 1, Global())}, nil, "window 1µs"},
 		{"no key", c, []Limit{{Quota: 1, Window: time.Second}}, nil, "no key"},
-		{"nil key func", c, []Limit{PerMinute(1, KeyFunc("x", nil))}, nil, "nil key function"},
-		{"empty header", c, []Limit{PerMinute(1, Header(""))}, nil, "empty header name"},
-		{"bad compose", c, []Limit{PerMinute(1, Compose(Global(), Key{}))}, nil, "zero Key"},
+		{"nil key func", c, []Limit{Per(time.Minute, 1, KeyFunc("x", nil))}, nil, "nil key function"},
+		{"empty header", c, []Limit{Per(time.Minute, 1, Header(""))}, nil, "empty header name"},
+		{"bad compose", c, []Limit{Per(time.Minute, 1, Compose(Global(), Key{}))}, nil, "zero Key"},
 		{"bad name", c, []Limit{ok.Named("a{b}")}, nil, `name "a{b}"`},
 		{"duplicate", c, []Limit{ok, ok}, nil, "both named"},
 		{"prefix", c, []Limit{ok}, []Option{withRedis(redisstore.Options{Prefix: "rl{x}:"})}, "prefix"},
 		{"timeout", c, []Limit{ok}, []Option{WithTimeout(0)}, "timeout 0s"},
 		{"mode", c, []Limit{ok}, []Option{WithFailureMode(9)}, "failure mode"},
 		{"deadlines", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), []Limit{ok}, nil, "ContextTimeoutEnabled"},
-		{"precision", c, []Limit{PerMinute(1, Global()).Bucketed(time.Microsecond)}, nil, "precision 1µs"},
-		{"buckets", c, []Limit{PerMinute(1, Global()).Bucketed(7 * time.Second)}, nil, "whole number"},
-		{"too many buckets", c, []Limit{PerHour(1, Global()).Bucketed(time.Second)}, nil, "3600 buckets"},
-		{"short lease", c, []Limit{leasedFor(PerMinute(100, Global()), 100*time.Microsecond)}, nil, "lease 100µs: must be 0 (no leases) or from 1ms"},
-		{"lease below the unit", c, []Limit{leasedFor(PerMinute(100, Global()), 5*time.Millisecond)}, nil, "lease 5ms: must be at least the log's time unit, 10ms"},
-		{"long lease", c, []Limit{leasedFor(PerMinute(100, Global()), 8*time.Second)}, nil, "to the window's eighth (7.5s)"},
-		{"bucketed lease", c, []Limit{PerMinute(100, Global()).Bucketed(time.Second).Leased()}, nil, "a bucketed limit (Precision) does not lend leases"},
-		{"shadow lease", c, []Limit{PerMinute(100, Global()).Shadowed().Leased()}, nil, "a shadow limit never denies"},
-		{"blocking lease", c, []Limit{PerMinute(100, ClientIP()).Block(time.Minute).Leased()}, nil, "cannot lend leases"},
+		{"precision", c, []Limit{Per(time.Minute, 1, Global()).Bucketed(time.Microsecond)}, nil, "precision 1µs"},
+		{"buckets", c, []Limit{Per(time.Minute, 1, Global()).Bucketed(7 * time.Second)}, nil, "whole number"},
+		{"too many buckets", c, []Limit{Per(time.Hour, 1, Global()).Bucketed(time.Second)}, nil, "3600 buckets"},
+		{"short lease", c, []Limit{leasedFor(Per(time.Minute, 100, Global()), 100*time.Microsecond)}, nil, "lease 100µs: must be 0 (no leases) or from 1ms"},
+		{"lease below the unit", c, []Limit{leasedFor(Per(time.Minute, 100, Global()), 5*time.Millisecond)}, nil, "lease 5ms: must be at least the log's time unit, 10ms"},
+		{"long lease", c, []Limit{leasedFor(Per(time.Minute, 100, Global()), 8*time.Second)}, nil, "to the window's eighth (7.5s)"},
+		{"bucketed lease", c, []Limit{Per(time.Minute, 100, Global()).Bucketed(time.Second).Leased()}, nil, "a bucketed limit (Precision) does not lend leases"},
+		{"shadow lease", c, []Limit{Per(time.Minute, 100, Global()).Shadowed().Leased()}, nil, "a shadow limit never denies"},
+		{"blocking lease", c, []Limit{Per(time.Minute, 100, ClientIP()).Block(time.Minute).Leased()}, nil, "cannot lend leases"},
 		{"in-flight lease", c, []Limit{leasedFor(InFlight(3, ClientIP()), time.Second)}, nil, "an in-flight limit counts requests in flight"},
 		{"route path", c, []Limit{ok}, []Option{WithRoutes(map[string]RouteLimits{"POST ": {Cost: 2}})}, `route "POST ": no path`},
 		{"route cost", c, []Limit{ok}, []Option{WithRoutes(map[string]RouteLimits{"/x": {Cost: -1}})}, "cost -1"},
@@ -614,7 +615,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		}
 	}
 	// Several errors are reported together.
-	_, err := New(nil, []Limit{PerMinute(0, Global())}, WithTimeout(-1))
+	_, err := New(nil, []Limit{Per(time.Minute, 0, Global())}, WithTimeout(-1))
 	for _, want := range []string{"nil Redis client", "quota 0", "timeout -1ns"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("combined: err = %v, want it to mention %q", err, want)
@@ -639,8 +640,8 @@ func TestRouteLimits(t *testing.T) { forBackends(t, testRouteLimits) }
 
 func testRouteLimits(t *testing.T, b backend) {
 	c := b.newClient(t)
-	api := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("api")}, WithRoutes(map[string]RouteLimits{
-		"POST /login": {Limits: []Limit{PerMinute(2, ClientIP()).Named("login")}},
+	api := mustNew(t, c, []Limit{Per(time.Minute, 100, ClientIP()).Named("api")}, WithRoutes(map[string]RouteLimits{
+		"POST /login": {Limits: []Limit{Per(time.Minute, 2, ClientIP()).Named("login")}},
 	}))
 	mux := http.NewServeMux()
 	mux.Handle("GET /", okHandler)
@@ -663,8 +664,8 @@ func testRouteLimits(t *testing.T, b backend) {
 	if n := logEntries(t, c, "login", "ip", "192.0.2.9"); n != 2 {
 		t.Errorf("login log holds %d, want 2", n)
 	}
-	if _, err := New(c, []Limit{PerMinute(100, ClientIP()).Named("api")}, WithRoutes(map[string]RouteLimits{
-		"POST /login": {Limits: []Limit{PerMinute(2, ClientIP()).Named("api")}},
+	if _, err := New(c, []Limit{Per(time.Minute, 100, ClientIP()).Named("api")}, WithRoutes(map[string]RouteLimits{
+		"POST /login": {Limits: []Limit{Per(time.Minute, 2, ClientIP()).Named("api")}},
 	})); err == nil {
 		t.Error("WithRoutes accepted a duplicate name")
 	}
@@ -675,7 +676,7 @@ func TestCostOption(t *testing.T) { forBackends(t, testCostOption) }
 
 func testCostOption(t *testing.T, b backend) {
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(10, Global()).Named("w")}, WithCost(func(r *http.Request) int {
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 10, Global()).Named("w")}, WithCost(func(r *http.Request) int {
 		n, _ := strconv.Atoi(r.URL.Query().Get("cost"))
 		return n
 	}))
@@ -702,10 +703,10 @@ func TestProblemDetails(t *testing.T) { forBackends(t, testProblemDetails) }
 
 func testProblemDetails(t *testing.T, b backend) {
 	lim := mustNew(t, b.newClient(t), []Limit{
-		PerMinute(1, Global()).Named("global"),
-		PerMinute(1, ClientIP()).Named("ip"),
-		PerMinute(5, Header("X-Key")).Named("key"),
-		PerMinute(1, Header("X-Key")).Shadowed().Named("shadow"),
+		Per(time.Minute, 1, Global()).Named("global"),
+		Per(time.Minute, 1, ClientIP()).Named("ip"),
+		Per(time.Minute, 5, Header("X-Key")).Named("key"),
+		Per(time.Minute, 1, Header("X-Key")).Shadowed().Named("shadow"),
 	}, WithHandlers(Handlers{Denied: ProblemDetails}))
 	h := lim.Handler(okHandler)
 	send := func() *httptest.ResponseRecorder {
@@ -772,7 +773,7 @@ func testExpiry(t *testing.T, b backend) {
 		if ok, ttl := allowTTL(); ok || ttl > first {
 			t.Errorf("admitted=%v, TTL %v after a denial; want denied, TTL at most %v", ok, ttl, first)
 		}
-		short := mustNew(t, c, []Limit{PerSecond(1, Global()).Named("short")})
+		short := mustNew(t, c, []Limit{Per(time.Second, 1, Global()).Named("short")})
 		if res, err := short.Allow(context.Background(), []string{"k"}, 1); err != nil || !res.Allowed {
 			t.Fatalf("%+v %v", res, err)
 		}
@@ -803,7 +804,7 @@ func TestSpoofedForwardedFor(t *testing.T) { forBackends(t, testSpoofedForwarded
 
 func testSpoofedForwardedFor(t *testing.T, b backend) {
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP(clientip.TrustProxies("10.0.0.0/8"))).Named("ip")})
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 2, ClientIP(clientip.TrustProxies("10.0.0.0/8"))).Named("ip")})
 	h := lim.Handler(okHandler)
 	send := func(peer, xff string) int {
 		r := httptest.NewRequest("GET", "/", nil)
@@ -837,7 +838,7 @@ func TestAllowEscapesIDs(t *testing.T) { forBackends(t, testAllowEscapesIDs) }
 
 func testAllowEscapesIDs(t *testing.T, b backend) {
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(5, Compose(ClientIP(), Route())).Named("c")})
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 5, Compose(ClientIP(), Route())).Named("c")})
 	if _, err := lim.Allow(context.Background(), []string{"{evil}|x"}, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -851,7 +852,7 @@ func testAllowEscapesIDs(t *testing.T, b backend) {
 // Handler and Check alike, and a request of no route counts WithCost's.
 func TestRouteCostCounted(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
-		lim := mustNew(t, b.newClient(t), []Limit{PerMinute(20, Global()).Named("cost")},
+		lim := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 20, Global()).Named("cost")},
 			WithCost(func(*http.Request) int { return 2 }),
 			WithRoutes(map[string]RouteLimits{"GET /report": {Cost: 5}}))
 		mux := http.NewServeMux()
@@ -884,7 +885,7 @@ func TestRouteCostCounted(t *testing.T) {
 func TestForRoute(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer c.Close()
-	lim := mustNew(t, c, []Limit{PerMinute(5, Global())}, WithRoutes(map[string]RouteLimits{
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 5, Global())}, WithRoutes(map[string]RouteLimits{
 		"POST /users/{id}": {Cost: 2},
 		"/users/:id":       {Cost: 3},
 		route.Unmatched:    {Cost: 4},
@@ -921,7 +922,7 @@ func TestCompactLog(t *testing.T) { forBackends(t, testCompactLog) }
 func testCompactLog(t *testing.T, b backend) {
 	opts, setTime := b.clock(t0)
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerSecond(3, Global()).Named("c")}, opts...)
+	lim := mustNew(t, c, []Limit{Per(time.Second, 3, Global()).Named("c")}, opts...)
 	key := logKey("c", "global", "k")
 	ctx := context.Background()
 	// 4 requests every 400ms for 20s, compared with an exact sliding log
@@ -983,7 +984,7 @@ func TestFirstEntryRoundedUp(t *testing.T) { forBackends(t, testFirstEntryRounde
 func testFirstEntryRoundedUp(t *testing.T, b backend) {
 	start := t0.Add(123 * time.Microsecond) // between two 200 µs units
 	opts, _ := b.clock(start)
-	lim := mustNew(t, b.newClient(t), []Limit{PerSecond(1, Global()).Named("first")}, opts...)
+	lim := mustNew(t, b.newClient(t), []Limit{Per(time.Second, 1, Global()).Named("first")}, opts...)
 	res, err := lim.Allow(context.Background(), []string{"k"}, 1)
 	if err != nil || !res.Allowed {
 		t.Fatalf("%+v %v", res, err)
@@ -1003,7 +1004,7 @@ func TestNestedMux(t *testing.T) {
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	lim := mustNew(t, c, []Limit{PerMinute(5, Route()).Named("r")})
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 5, Route()).Named("r")})
 	inner := http.NewServeMux()
 	inner.Handle("GET /users/{id}", okHandler)
 	outer := http.NewServeMux()

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/slidinglog/ratelimit/redisstore"
 )
@@ -27,7 +28,7 @@ func testMissingKey(t *testing.T, b backend) {
 			var obs recordingObserver
 			var hooked []error
 			logger, logs := newLogger()
-			lim := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("ip-" + mode.String()), PerMinute(2, User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(ctxKey{}).(string); return u, ok })).Named("user-" + mode.String())},
+			lim := mustNew(t, c, []Limit{Per(time.Minute, 100, ClientIP()).Named("ip-" + mode.String()), Per(time.Minute, 2, User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(ctxKey{}).(string); return u, ok })).Named("user-" + mode.String())},
 				WithFailureMode(mode), WithObserver(observerOf(&obs)), WithLogger(logger, false), withRedis(redisstore.Options{BreakerFailures: 2, BreakerCoolDown: 1 << 40}),
 				WithHandlers(Handlers{Error: func(_ *http.Request, err error) { hooked = append(hooked, err) }}))
 			h := lim.Handler(okHandler)
@@ -80,7 +81,7 @@ func testMissingKeyChoices(t *testing.T, b backend) {
 	c := b.newClient(t)
 	var obs recordingObserver
 	logger, logs := newLogger()
-	skip := mustNew(t, c, []Limit{PerMinute(2, User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(ctxKey{}).(string); return u, ok })).Named("skip")}, WithHandlers(Handlers{ServeMissingKey: true}),
+	skip := mustNew(t, c, []Limit{Per(time.Minute, 2, User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(ctxKey{}).(string); return u, ok })).Named("skip")}, WithHandlers(Handlers{ServeMissingKey: true}),
 		WithObserver(observerOf(&obs)), WithLogger(logger, false))
 	if w := serve(skip.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "" {
 		t.Errorf("skip: %d %v, want 200 without limit headers", w.Code, w.Header())
@@ -89,7 +90,7 @@ func testMissingKeyChoices(t *testing.T, b backend) {
 		t.Errorf("skip: observed %+v, want allowed with NoKey and ErrNoKey", obs.seen)
 	}
 	var got error
-	own := mustNew(t, c, []Limit{PerMinute(2, Header("X-Api-Key")).Named("own")}, WithLogger(logger, false),
+	own := mustNew(t, c, []Limit{Per(time.Minute, 2, Header("X-Api-Key")).Named("own")}, WithLogger(logger, false),
 		WithHandlers(Handlers{MissingKey: func(w http.ResponseWriter, _ *http.Request, err error) {
 			got = err
 			w.WriteHeader(http.StatusForbidden)
@@ -100,7 +101,7 @@ func testMissingKeyChoices(t *testing.T, b backend) {
 	if strings.Contains(logs.String(), "refused with 401") {
 		t.Errorf("warned although the answer was chosen:\n%s", logs)
 	}
-	broken := mustNew(t, c, []Limit{PerMinute(2, KeyFunc("session", func(*http.Request) (string, error) {
+	broken := mustNew(t, c, []Limit{Per(time.Minute, 2, KeyFunc("session", func(*http.Request) (string, error) {
 		return "", errors.New("session store down")
 	})).Named("session")})
 	if w := serve(broken.Handler(okHandler), "GET", "/", "192.0.2.1:1"); w.Code != 503 {

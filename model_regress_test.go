@@ -30,7 +30,7 @@ func modelStep(t *testing.T, lim *Limiter, setTime func(time.Time), at time.Time
 func TestBucketRefundKeepsResetTrue(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		opts, setTime := b.clock(t0)
-		lim := mustNew(t, b.newClient(t), []Limit{PerMinute(2, Global()).Bucketed(100 * time.Millisecond).Named("bk")}, opts...)
+		lim := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 2, Global()).Bucketed(100 * time.Millisecond).Named("bk")}, opts...)
 		first := modelStep(t, lim, setTime, t0, 1)
 		modelStep(t, lim, setTime, t0.Add(100*time.Millisecond), 1)
 		if err := lim.Settle(context.Background(), first, 0); err != nil {
@@ -54,7 +54,7 @@ func TestSplitStatusNamesLastDenier(t *testing.T) {
 		opts, setTime := b.clock(t0)
 		ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": b.addr()}, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = ring.Close() })
-		lim := mustNew(t, ring, []Limit{PerHour(1, Header("A")).Named("hour"), PerMinute(1, Header("B")).Named("minute")}, opts...)
+		lim := mustNew(t, ring, []Limit{Per(time.Hour, 1, Header("A")).Named("hour"), Per(time.Minute, 1, Header("B")).Named("minute")}, opts...)
 		setTime(t0)
 		ctx := context.Background()
 		if res, err := lim.Allow(ctx, []string{"a", "b"}, 1); err != nil || !res.Allowed {
@@ -94,7 +94,7 @@ func TestRefundKeepsLogTime(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			forBackends(t, func(t *testing.T, b backend) {
 				opts, setTime := b.clock(t0)
-				l := PerMinute(2, Global()).Named("lt")
+				l := Per(time.Minute, 2, Global()).Named("lt")
 				if bucketed {
 					l = l.Bucketed(time.Second)
 				}
@@ -131,7 +131,7 @@ func TestRefundKeepsLogTime(t *testing.T) {
 func TestRewriteKeepsEntriesOfTheUnit(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		opts, setTime := b.clock(t0)
-		lim := mustNew(t, b.newClient(t), []Limit{PerMinute(5, Global()).Named("unit")}, opts...)
+		lim := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 5, Global()).Named("unit")}, opts...)
 		lag, now := t0.Add(-time.Minute+time.Microsecond), t0.Add(time.Microsecond)
 		modelStep(t, lim, setTime, lag, 1)
 		modelStep(t, lim, setTime, now, 1)
@@ -150,7 +150,7 @@ func TestRewriteKeepsEntriesOfTheUnit(t *testing.T) {
 func TestBucketDenialPrunesAtLogTime(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		opts, setTime := b.clock(t0)
-		lim := mustNew(t, b.newClient(t), []Limit{PerMinute(2, Global()).Bucketed(time.Second).Named("dp")}, opts...)
+		lim := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 2, Global()).Bucketed(time.Second).Named("dp")}, opts...)
 		modelStep(t, lim, setTime, t0, 1)
 		if res := modelStep(t, lim, setTime, t0.Add(61*time.Second), 3); res.Allowed {
 			t.Fatalf("a cost above the quota was admitted: %+v", res)

@@ -1,12 +1,14 @@
 package ratelimit
 
 import (
-	"github.com/slidinglog/ratelimit/redisstore"
-	"github.com/slidinglog/ratelimit/route"
 	"net/http"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/slidinglog/ratelimit/redisstore"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // TestRouteDefaultNamesApart: the same unnamed limit declared on two
@@ -26,11 +28,11 @@ func testRouteDefaultNamesApart(t *testing.T, b backend) {
 		limit     Limit
 		resetCode int
 	}{
-		{"unnamed", PerMinute(5, ClientIP()), http.StatusOK},
-		{"shared on purpose", PerMinute(5, ClientIP()).Named("auth"), http.StatusTooManyRequests},
+		{"unnamed", Per(time.Minute, 5, ClientIP()), http.StatusOK},
+		{"shared on purpose", Per(time.Minute, 5, ClientIP()).Named("auth"), http.StatusTooManyRequests},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			lim := mustNew(t, b.newClient(t), []Limit{PerMinute(1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
+			lim := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
 				"POST /login": {Limits: []Limit{tc.limit}},
 				"POST /reset": {Limits: []Limit{tc.limit}},
 			}))
@@ -49,12 +51,12 @@ func testRouteDefaultNamesApart(t *testing.T, b backend) {
 		})
 	}
 	// The default names, as Results and keys show them.
-	lim := mustNew(t, b.newClient(t), []Limit{PerMinute(1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
-		"POST /login":                     {Limits: []Limit{PerMinute(5, ClientIP())}},
-		"/users/{id}":                     {Limits: []Limit{PerMinute(5, ClientIP())}},
-		"/":                               {Limits: []Limit{PerMinute(5, ClientIP())}},
-		route.Unmatched:                   {Limits: []Limit{PerMinute(5, ClientIP())}},
-		"/" + strings.Repeat("long/", 20): {Limits: []Limit{PerMinute(5, ClientIP())}},
+	lim := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
+		"POST /login":                     {Limits: []Limit{Per(time.Minute, 5, ClientIP())}},
+		"/users/{id}":                     {Limits: []Limit{Per(time.Minute, 5, ClientIP())}},
+		"/":                               {Limits: []Limit{Per(time.Minute, 5, ClientIP())}},
+		route.Unmatched:                   {Limits: []Limit{Per(time.Minute, 5, ClientIP())}},
+		"/" + strings.Repeat("long/", 20): {Limits: []Limit{Per(time.Minute, 5, ClientIP())}},
 	}))
 	for template, want := range map[string]string{
 		"POST /login":   "ip-per-1m.POST_login",
@@ -85,17 +87,17 @@ func testRouteDefaultNamesApart(t *testing.T, b backend) {
 // bytes a name cannot hold would give an unnamed limit one name: New says
 // so rather than let them share a count.
 func TestRouteDefaultNamesCollide(t *testing.T) {
-	_, err := New(stubClient{}, []Limit{PerMinute(1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
-		"/a.b": {Limits: []Limit{PerMinute(5, ClientIP())}},
-		"/a/b": {Limits: []Limit{PerMinute(5, ClientIP())}},
+	_, err := New(stubClient{}, []Limit{Per(time.Minute, 1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
+		"/a.b": {Limits: []Limit{Per(time.Minute, 5, ClientIP())}},
+		"/a/b": {Limits: []Limit{Per(time.Minute, 5, ClientIP())}},
 	}))
 	if err == nil || !strings.Contains(err.Error(), "Named") {
 		t.Errorf("New: %v, want an error that asks to name the limit", err)
 	}
 	// Named apart, or on purpose the same: accepted.
-	if _, err := New(stubClient{}, []Limit{PerMinute(1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
-		"/a.b": {Limits: []Limit{PerMinute(5, ClientIP()).Named("ab")}},
-		"/a/b": {Limits: []Limit{PerMinute(5, ClientIP()).Named("ab")}},
+	if _, err := New(stubClient{}, []Limit{Per(time.Minute, 1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
+		"/a.b": {Limits: []Limit{Per(time.Minute, 5, ClientIP()).Named("ab")}},
+		"/a/b": {Limits: []Limit{Per(time.Minute, 5, ClientIP()).Named("ab")}},
 	})); err != nil {
 		t.Error(err)
 	}
@@ -111,40 +113,40 @@ func TestDefaultNameAcrossLimiters(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		c := b.newClient(t)
 		var inUse []*Limiter // the Limiters the test keeps using
-		inUse = append(inUse, mustNew(t, c, []Limit{PerMinute(5, ClientIP())}))
+		inUse = append(inUse, mustNew(t, c, []Limit{Per(time.Minute, 5, ClientIP())}))
 		defer runtime.KeepAlive(&inUse)
-		_, err := New(c, []Limit{PerMinute(6, ClientIP())})
+		_, err := New(c, []Limit{Per(time.Minute, 6, ClientIP())})
 		if err == nil || !strings.Contains(err.Error(), "Named") || !strings.Contains(err.Error(), "ip-per-1m") {
 			t.Errorf("a second Limiter with an unnamed limit of another quota: %v, want an error that asks to name it", err)
 		}
-		if _, err := New(c, []Limit{PerMinute(5, ClientIP())}); err != nil {
+		if _, err := New(c, []Limit{Per(time.Minute, 5, ClientIP())}); err != nil {
 			t.Errorf("a second Limiter with the same unnamed limit: %v", err)
 		}
 		// Nor when the first named it so, or a route of the second would.
 		named := b.newClient(t)
-		inUse = append(inUse, mustNew(t, named, []Limit{PerMinute(5, ClientIP()).Named("ip-per-1m")}))
-		if _, err := New(named, []Limit{PerMinute(6, ClientIP())}); err == nil {
+		inUse = append(inUse, mustNew(t, named, []Limit{Per(time.Minute, 5, ClientIP()).Named("ip-per-1m")}))
+		if _, err := New(named, []Limit{Per(time.Minute, 6, ClientIP())}); err == nil {
 			t.Error("an unnamed limit whose default name another Limiter gave its limit of another quota was accepted")
 		}
-		inUse = append(inUse, mustNew(t, c, []Limit{PerMinute(1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
-			"/login": {Limits: []Limit{PerMinute(5, ClientIP())}},
+		inUse = append(inUse, mustNew(t, c, []Limit{Per(time.Minute, 1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
+			"/login": {Limits: []Limit{Per(time.Minute, 5, ClientIP())}},
 		})))
-		if _, err := New(c, []Limit{PerMinute(1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
-			"/login": {Limits: []Limit{PerMinute(6, ClientIP())}},
+		if _, err := New(c, []Limit{Per(time.Minute, 1000, Global()).Named("app")}, WithRoutes(map[string]RouteLimits{
+			"/login": {Limits: []Limit{Per(time.Minute, 6, ClientIP())}},
 		})); err == nil {
 			t.Error("a second Limiter's unnamed route limit, of the same default name and another quota, was accepted")
 		}
 		for name, opts := range map[string][]Option{
 			"another prefix": {withRedis(redisstore.Options{Prefix: "other:"})},
 		} {
-			if _, err := New(c, []Limit{PerMinute(6, ClientIP())}, opts...); err != nil {
+			if _, err := New(c, []Limit{Per(time.Minute, 6, ClientIP())}, opts...); err != nil {
 				t.Errorf("%s: %v", name, err)
 			}
 		}
-		if _, err := New(c, []Limit{PerMinute(5, ClientIP()).Named("ip-per-1m")}); err != nil {
+		if _, err := New(c, []Limit{Per(time.Minute, 5, ClientIP()).Named("ip-per-1m")}); err != nil {
 			t.Errorf("an explicit name shared on purpose: %v", err)
 		}
-		if _, err := New(b.newClient(t), []Limit{PerMinute(6, ClientIP())}); err != nil {
+		if _, err := New(b.newClient(t), []Limit{Per(time.Minute, 6, ClientIP())}); err != nil {
 			t.Errorf("another client: %v", err)
 		}
 	})
@@ -158,7 +160,7 @@ func TestDefaultNameOfDroppedLimiter(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		c := b.newClient(t)
 		for i := range 3 {
-			lim, err := New(c, []Limit{PerMinute(7, ClientIP())})
+			lim, err := New(c, []Limit{Per(time.Minute, 7, ClientIP())})
 			if err != nil {
 				t.Fatalf("Limiter %d, built after the one before was dropped: %v", i+1, err)
 			}

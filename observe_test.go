@@ -29,8 +29,8 @@ func TestLogger(t *testing.T) {
 		var buf bytes.Buffer
 		logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		lim := mustNew(t, c, []Limit{
-			PerMinute(1, Header("X-User")).Named("user"),
-			PerMinute(1, Header("X-User")).Shadowed().Named("trial"),
+			Per(time.Minute, 1, Header("X-User")).Named("user"),
+			Per(time.Minute, 1, Header("X-User")).Shadowed().Named("trial"),
 		}, WithLogger(logger, withIDs), withRedis(redisstore.Options{DenyCache: -1, BreakerFailures: -1}))
 		ctx := context.Background()
 		_, _ = lim.Allow(ctx, []string{"secret-user", "secret-user"}, 1)
@@ -66,7 +66,7 @@ func TestObservedDecisions(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	var o countingObserver
-	lim := mustNew(t, c, []Limit{PerMinute(5, Global()).Named("req")}, WithObserver(observerOf(&o)))
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 5, Global()).Named("req")}, WithObserver(observerOf(&o)))
 	r := httptest.NewRequest("GET", "/", nil)
 	if !checkOnce(lim, httptest.NewRecorder(), r) {
 		t.Fatal("Check denied")
@@ -115,7 +115,7 @@ func TestObserverSeesResult(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	var o recordingObserver
-	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("a"), PerMinute(5, Global()).Shadowed().Named("b")},
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1, Global()).Named("a"), Per(time.Minute, 5, Global()).Shadowed().Named("b")},
 		WithObserver(observerOf(&o)), withRedis(redisstore.Options{DenyCache: time.Hour, BreakerFailures: -1}))
 	ctx := context.Background()
 	for range 2 { // admitted, filling the limit; denied from the cache
@@ -158,7 +158,7 @@ func TestResultExempt(t *testing.T) {
 	mr := miniredis.RunT(t)
 	var o exemptObserver
 	lim := mustNew(t, backend{mr: mr}.newClient(t), []Limit{
-		PerMinute(1, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"ops": Unlimited}, Of: func(_ context.Context, id string) (string, error) { return id, nil }}),
+		Per(time.Minute, 1, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"ops": Unlimited}, Of: func(_ context.Context, id string) (string, error) { return id, nil }}),
 	}, WithObserver(observerOf(&o)), withRedis(redisstore.Options{BreakerFailures: -1}),
 		WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
 		WithAllowList(ClientIP(), "192.0.2.9"))

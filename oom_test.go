@@ -28,8 +28,8 @@ func TestDenialsUnderOOM(t *testing.T) {
 			c := srv.Client()
 			var failures int
 			lim := mustNew(t, c, []Limit{
-				PerMinute(2, ClientIP()).Named("ip"),
-				PerMinute(100, ClientIP()).Bucketed(time.Second).Named("bk"),
+				Per(time.Minute, 2, ClientIP()).Named("ip"),
+				Per(time.Minute, 100, ClientIP()).Bucketed(time.Second).Named("bk"),
 			}, WithFailureMode(FailOpen), WithHandlers(Handlers{Error: func(*http.Request, error) { failures++ }}), withRedis(redisstore.Options{DenyCache: -1}))
 			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(scriptsOnly)
 			h := lim.Handler(okHandler)

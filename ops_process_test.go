@@ -94,7 +94,7 @@ func appClient() (redis.UniversalClient, error) {
 // that refreshes its operator state every appRefresh; "POST /block"
 // blocks the form's target through its own Limiter.
 func operatorApp(client redis.UniversalClient) (http.Handler, error) {
-	l, err := New(client, []Limit{PerMinute(2, Header("X-User")).Named("user")},
+	l, err := New(client, []Limit{Per(time.Minute, 2, Header("X-User")).Named("user")},
 		withRedis(redisstore.Options{OperatorRefresh: appRefresh, DenyCache: -1}), WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		return nil, err

@@ -45,7 +45,7 @@ var knownOpen = map[string]bool{
 	// a bucket past the one the requests since the last were counted in,
 	// so after k such resets within one bucket what is admitted next
 	// counts k buckets late, and a client may be refused with room for k
-	// buckets (PerSecond(6, Global()).Bucketed(500ms): admit, reset,
+	// buckets (Per(time.Second, 6, Global()).Bucketed(500ms): admit, reset,
 	// admit, reset, all within 200ms; 1.5s later refused with an empty
 	// window; RATELIMIT_LONG=1 RATELIMIT_ORACLE_DRAW=reset-bucket-repeated
 	// RATELIMIT_ORACLE_SEED=123115614). An exact log moves its floor a
@@ -56,7 +56,7 @@ var knownOpen = map[string]bool{
 	// Resets of a bucketed limit's client with nothing logged between:
 	// each moves the newest bucket marker a bucket further on, so what is
 	// admitted next counts that many buckets late, and the client is
-	// refused with room (PerMinute(3, Global()).Bucketed(15s): admit 1,
+	// refused with room (Per(time.Minute, 3, Global()).Bucketed(15s): admit 1,
 	// Reset four times, admit 3; 90s later a request is refused with a
 	// Retry-After of 30s; miniredis and Redis; the documented bound is
 	// one bucket; an exact log's floor moves a unit so, window/8192). The oracle tolerates it (oracle.Limit.ResetDrift)
@@ -88,7 +88,7 @@ var knownOpen = map[string]bool{
 	// Replicas run one name bucketed in buckets of two lengths: a refund
 	// or settle below the estimate of a Result whose bucket a decision of
 	// the other precision has since moved into its own returns nil and
-	// takes nothing back (PerHour(3, Global()) in 15m buckets admits 2,
+	// takes nothing back (Per(time.Hour, 3, Global()) in 15m buckets admits 2,
 	// the same name in 6m buckets admits 1, the first Limiter's Refund
 	// returns nil, the second then refuses 2; miniredis and Redis;
 	// RATELIMIT_ORACLE_DRAW=refund-bucket-moved

@@ -117,7 +117,7 @@ func TestOutageSaidOnce(t *testing.T) {
 			rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 			t.Cleanup(func() { _ = rdb.Close() })
 			tap := newLogTap()
-			lim, err := New(rdb, []Limit{PerMinute(100, ClientIP())}, WithFailureMode(tc.mode), WithLogger(slog.New(tap), false))
+			lim, err := New(rdb, []Limit{Per(time.Minute, 100, ClientIP())}, WithFailureMode(tc.mode), WithLogger(slog.New(tap), false))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -157,7 +157,7 @@ func TestOutageSaidPerOutage(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	tap := newLogTap()
-	lim, err := New(srv.Client(), []Limit{PerMinute(10_000, ClientIP())}, WithLogger(slog.New(tap), false),
+	lim, err := New(srv.Client(), []Limit{Per(time.Minute, 10_000, ClientIP())}, WithLogger(slog.New(tap), false),
 		WithTimeout(redistest.DecisionTimeout), withOutageProbe(20*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)

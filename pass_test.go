@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 )
@@ -129,7 +130,7 @@ func TestZeroPass(t *testing.T) {
 func TestDoneAfterPanic(t *testing.T) {
 	c := backend{mr: miniredis.RunT(t)}.newClient(t)
 	var statuses []int
-	lim := mustNew(t, c, []Limit{PerMinute(100, Global()).Named("calls"), InFlight(1, Global()).Named("conn")},
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Global()).Named("calls"), InFlight(1, Global()).Named("conn")},
 		WithSettle(func(status int, _ http.Header, cost int) int { statuses = append(statuses, status); return cost }))
 	h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/panic" {

@@ -56,8 +56,8 @@ func testPlans(t *testing.T, b backend) {
 	table := &planTable{plans: map[string]string{"bob": "pro", "carol": "pro", "ops": "internal"}}
 	plans := Plans{Quotas: map[string]int{"pro": 4, "internal": Unlimited}, Of: table.of}
 	l := mustNew(t, c, []Limit{
-		PerMinute(100, Global()).Named("global"),
-		PerMinute(2, Header("X-User")).Named("user").Tiered(plans),
+		Per(time.Minute, 100, Global()).Named("global"),
+		Per(time.Minute, 2, Header("X-User")).Named("user").Tiered(plans),
 	}, append(opts, WithHeaders(HeadersXRateLimit|HeadersIETF))...)
 	ctx := context.Background()
 
@@ -149,7 +149,7 @@ func testPlans(t *testing.T, b backend) {
 	}
 
 	// A client every limit exempts costs no Redis call and gets no headers.
-	only := mustNew(t, c, []Limit{PerMinute(2, Header("X-User")).Named("solo").Tiered(plans)}, opts...)
+	only := mustNew(t, c, []Limit{Per(time.Minute, 2, Header("X-User")).Named("solo").Tiered(plans)}, opts...)
 	w := serveRequest(only.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})), request("ops"))
 	if w.Code != http.StatusOK || w.Header().Get("X-RateLimit-Limit") != "" {
 		t.Errorf("exempt from every limit: %d with X-RateLimit-Limit %q; want 200 without headers", w.Code, w.Header().Get("X-RateLimit-Limit"))
@@ -162,7 +162,7 @@ func testPlans(t *testing.T, b backend) {
 	}
 
 	// A bucketed limit follows the plan too.
-	bl := mustNew(t, c, []Limit{PerMinute(3, Header("X-User")).Named("b").Bucketed(time.Second).Tiered(
+	bl := mustNew(t, c, []Limit{Per(time.Minute, 3, Header("X-User")).Named("b").Bucketed(time.Second).Tiered(
 		Plans{Quotas: map[string]int{"pro": 5}, Of: table.of})}, opts...)
 	for _, tc := range []struct {
 		user  string
@@ -193,7 +193,7 @@ func testPlanChange(t *testing.T, b backend) {
 	opts, set := b.clock(t0)
 	c := b.newClient(t)
 	table := &planTable{plans: map[string]string{"dave": "pro"}}
-	l := mustNew(t, c, []Limit{PerMinute(2, Header("X-User")).Named("user").Tiered(
+	l := mustNew(t, c, []Limit{Per(time.Minute, 2, Header("X-User")).Named("user").Tiered(
 		Plans{Quotas: map[string]int{"pro": 4}, Of: table.of})}, opts...)
 	ctx := context.Background()
 	allow := func(at time.Duration) Result {
@@ -235,7 +235,7 @@ func testPlanChange(t *testing.T, b backend) {
 	// a log of 290 read whole under a quota of 200, and in parts under 300.
 	set(t0)
 	table.set("frank", "pro")
-	big := mustNew(t, c, []Limit{PerMinute(200, Header("X-User")).Named("big").Tiered(
+	big := mustNew(t, c, []Limit{Per(time.Minute, 200, Header("X-User")).Named("big").Tiered(
 		Plans{Quotas: map[string]int{"pro": 300}, Of: table.of})}, opts...)
 	for i := range 2 {
 		set(t0.Add(time.Duration(i) * time.Second))
@@ -261,7 +261,7 @@ func TestPlanCache(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
 		table := &planTable{plans: map[string]string{}}
-		l := mustNew(t, b.newClient(t), []Limit{PerMinute(2, Header("X-User")).Named("user").Tiered(
+		l := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 2, Header("X-User")).Named("user").Tiered(
 			Plans{Quotas: map[string]int{"pro": 10}, Of: table.of, Cache: time.Minute})}, WithClock(clock.Now))
 		ctx := context.Background()
 		admitted := func(n int) int {
@@ -301,7 +301,7 @@ func TestPlanCache(t *testing.T) {
 			mode FailureMode
 			code int
 		}{{FailClosed, http.StatusServiceUnavailable}, {FailOpen, http.StatusOK}, {FailLocal, http.StatusServiceUnavailable}} {
-			fl := mustNew(t, b.newClient(t), []Limit{PerMinute(2, Header("X-User")).Tiered(
+			fl := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 2, Header("X-User")).Tiered(
 				Plans{Quotas: map[string]int{"pro": 10}, Of: table.of})}, WithFailureMode(tc.mode))
 			r, _ := http.NewRequest(http.MethodGet, "/", nil)
 			r.Header.Set("X-User", "broken")
@@ -318,10 +318,10 @@ func TestPlansConfig(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	of := func(context.Context, string) (string, error) { return "", nil }
 	_, err := New(c, []Limit{
-		PerMinute(5, Global()).Named("a").Tiered(Plans{Quotas: map[string]int{"bad name": 5, "zero": 0, "huge": 2_000_000}, Of: of, Cache: -time.Second}),
-		PerMinute(5, Global()).Named("b").Tiered(Plans{}.withCache(time.Second)),
-		PerMinute(5, Global()).Named("c").Tiered(Plans{Quotas: map[string]int{"pro": 10}, Of: of}),
-		PerMinute(5, Global()).Named("c.pro"),
+		Per(time.Minute, 5, Global()).Named("a").Tiered(Plans{Quotas: map[string]int{"bad name": 5, "zero": 0, "huge": 2_000_000}, Of: of, Cache: -time.Second}),
+		Per(time.Minute, 5, Global()).Named("b").Tiered(Plans{}.withCache(time.Second)),
+		Per(time.Minute, 5, Global()).Named("c").Tiered(Plans{Quotas: map[string]int{"pro": 10}, Of: of}),
+		Per(time.Minute, 5, Global()).Named("c.pro"),
 	})
 	if err == nil {
 		t.Fatal("New accepted invalid plans")
@@ -332,7 +332,7 @@ func TestPlansConfig(t *testing.T) {
 			t.Errorf("error %q; want it to contain %q", err, want)
 		}
 	}
-	if _, err := New(c, []Limit{PerMinute(5, Global()).Tiered(Plans{Quotas: map[string]int{"pro": 10, "ops": Unlimited}, Of: of})}); err != nil {
+	if _, err := New(c, []Limit{Per(time.Minute, 5, Global()).Tiered(Plans{Quotas: map[string]int{"pro": 10, "ops": Unlimited}, Of: of})}); err != nil {
 		t.Errorf("valid plans: %v", err)
 	}
 }
@@ -358,7 +358,7 @@ func TestPlansLocal(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	table := &planTable{plans: map[string]string{"bob": "pro", "ops": "internal"}}
-	l := mustNew(t, c, []Limit{PerMinute(2, Header("X-User")).Named("user").Tiered(
+	l := mustNew(t, c, []Limit{Per(time.Minute, 2, Header("X-User")).Named("user").Tiered(
 		Plans{Quotas: map[string]int{"pro": 4, "internal": Unlimited}, Of: table.of})}, WithFailureMode(FailLocal))
 	for _, tc := range []struct {
 		user     string
@@ -420,8 +420,8 @@ func TestRefundUnderPlans(t *testing.T) {
 	b := backend{mr: miniredis.RunT(t)}
 	table := &planTable{plans: map[string]string{"ops": "internal", "half": "internal"}}
 	l := mustNew(t, b.newClient(t), []Limit{
-		PerMinute(5, Header("X-User")).Named("a").Tiered(Plans{Quotas: map[string]int{"internal": Unlimited}, Of: table.of}),
-		PerMinute(5, Header("X-User")).Named("b").Tiered(Plans{Quotas: map[string]int{"internal": Unlimited}, Of: func(ctx context.Context, id string) (string, error) {
+		Per(time.Minute, 5, Header("X-User")).Named("a").Tiered(Plans{Quotas: map[string]int{"internal": Unlimited}, Of: table.of}),
+		Per(time.Minute, 5, Header("X-User")).Named("b").Tiered(Plans{Quotas: map[string]int{"internal": Unlimited}, Of: func(ctx context.Context, id string) (string, error) {
 			if id == "half" {
 				return "", nil
 			}
@@ -470,7 +470,7 @@ func TestPlanOfBounded(t *testing.T) {
 	// A short timeout is what this test is about; it does not depend on
 	// the machine being quick: Of waits until the context ends.
 	l, err := New(backend{mr: miniredis.RunT(t)}.newClient(t), []Limit{
-		PerMinute(5, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"pro": 10}, Of: slowDB}),
+		Per(time.Minute, 5, Header("X-User")).Tiered(Plans{Quotas: map[string]int{"pro": 10}, Of: slowDB}),
 	}, WithTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -528,7 +528,7 @@ func TestPlansOfContextEnds(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		stopped := make(chan error, 2)
 		lim := mustNew(t, b.newClient(t), []Limit{
-			PerMinute(10, Header("X-User")).Named("user").Tiered(Plans{
+			Per(time.Minute, 10, Header("X-User")).Named("user").Tiered(Plans{
 				Quotas: map[string]int{"pro": 100},
 				Of: func(ctx context.Context, _ string) (string, error) {
 					done := ctx.Done() // asked for before Of returns, as a query would

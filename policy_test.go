@@ -63,15 +63,15 @@ func TestPolicyEveryPath(t *testing.T) {
 
 func testPolicyEveryPath(t *testing.T, b backend) {
 	limits := []Limit{
-		PerMinute(100, Global()).Named("api"),
-		PerMinute(3, ClientIP()).Named("ip"),
-		PerMinute(50, Header("X-User")).Named("user").Tiered(Plans{
+		Per(time.Minute, 100, Global()).Named("api"),
+		Per(time.Minute, 3, ClientIP()).Named("ip"),
+		Per(time.Minute, 50, Header("X-User")).Named("user").Tiered(Plans{
 			Quotas: map[string]int{"pro": 500, "ops": Unlimited},
 			Of: func(_ context.Context, id string) (string, error) {
 				return map[string]string{"bob": "pro", "olga": "ops"}[id], nil
 			},
 		}),
-		PerMinute(1, ClientIP()).Named("watch").Shadowed(),
+		Per(time.Minute, 1, ClientIP()).Named("watch").Shadowed(),
 	}
 	want := map[string]string{
 		"alice": `"api";q=100;w=60, "ip";q=3;w=60, "user";q=50;w=60`,
@@ -137,11 +137,11 @@ func testPolicyEveryPath(t *testing.T, b backend) {
 func TestHeadersNeverDescribeShadow(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		lim := mustNew(t, b.newClient(t), []Limit{
-			PerMinute(10, Header("X-User")).Named("user").Tiered(Plans{
+			Per(time.Minute, 10, Header("X-User")).Named("user").Tiered(Plans{
 				Quotas: map[string]int{"ops": Unlimited},
 				Of:     func(context.Context, string) (string, error) { return "ops", nil },
 			}),
-			PerMinute(1, Header("X-User")).Named("watch").Shadowed(),
+			Per(time.Minute, 1, Header("X-User")).Named("watch").Shadowed(),
 		}, WithHeaders(HeadersIETF|HeadersXRateLimit))
 		h := lim.Handler(okHandler)
 		for i := range 3 {

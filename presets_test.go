@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -42,7 +43,7 @@ func TestTrustPrivateNetworks(t *testing.T) { forBackends(t, testTrustPrivateNet
 
 func testTrustPrivateNetworks(t *testing.T, b backend) {
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(1, ClientIP(clientip.TrustPrivateNetworks())).Named("ip")})
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1, ClientIP(clientip.TrustPrivateNetworks())).Named("ip")})
 	const xff = "X-Forwarded-For"
 	sendHops(t, lim.Handler(okHandler), []hop{
 		{"10.1.2.3:1", xff, "203.0.113.7", 200},
@@ -80,7 +81,7 @@ func TestTrustCloudflare(t *testing.T) { forBackends(t, testTrustCloudflare) }
 
 func testTrustCloudflare(t *testing.T, b backend) {
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(1, ClientIP(clientip.TrustCloudflare(cloudflareRanges...))).Named("ip")})
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1, ClientIP(clientip.TrustCloudflare(cloudflareRanges...))).Named("ip")})
 	h := lim.Handler(okHandler)
 	const cf = "CF-Connecting-IP"
 	sendHops(t, h, []hop{
@@ -129,7 +130,7 @@ func TestPresetErrors(t *testing.T) {
 		{ClientIP(clientip.ProxyHeader("X-Real-IP"), clientip.TrustCloudflare(cloudflareRanges...)), "name different proxy headers"},
 		{ClientIP(clientip.TrustPrivateNetworks(), clientip.ProxyHeader("X-Real-IP"), clientip.ProxyHeader("Forwarded")), "name different proxy headers"},
 	} {
-		_, err := New(c, []Limit{PerMinute(1, tc.key)})
+		_, err := New(c, []Limit{Per(time.Minute, 1, tc.key)})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New: %v; want an error containing %q", err, tc.want)
 		}
@@ -141,7 +142,7 @@ func TestPresetErrors(t *testing.T) {
 		ClientIP(clientip.TrustCloudflare(cloudflareRanges...), clientip.ProxyHeader("cf-connecting-ip")),
 		ClientIP(clientip.TrustProxies("10.0.0.0/8"), clientip.ProxyHeader("X-Real-IP"), clientip.ProxyHeader("x-real-ip")),
 	} {
-		if _, err := New(c, []Limit{PerMinute(1, k)}); err != nil {
+		if _, err := New(c, []Limit{Per(time.Minute, 1, k)}); err != nil {
 			t.Errorf("New: %v", err)
 		}
 	}

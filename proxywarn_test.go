@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/slidinglog/ratelimit/clientip"
 )
@@ -60,7 +61,7 @@ func TestProxyWarning(t *testing.T) { forBackends(t, testProxyWarning) }
 func testProxyWarning(t *testing.T, b backend) {
 	c := b.newClient(t)
 	logger, buf := newLogger()
-	lim := mustNew(t, c, []Limit{PerMinute(1000, ClientIP()).Named("ip")}, WithLogger(logger, false))
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1000, ClientIP()).Named("ip")}, WithLogger(logger, false))
 	h := lim.Handler(okHandler)
 	for range 5 {
 		proxied(h, "/", "10.0.0.1:1", "", "")
@@ -87,7 +88,7 @@ func testProxyWarning(t *testing.T, b backend) {
 
 	// With logIdentifiers, the value (cut short) and the peer are shown.
 	logger, buf = newLogger()
-	lim = mustNew(t, c, []Limit{PerMinute(1000, ClientIP()).Named("ip")}, WithLogger(logger, true))
+	lim = mustNew(t, c, []Limit{Per(time.Minute, 1000, ClientIP()).Named("ip")}, WithLogger(logger, true))
 	proxied(lim.Handler(okHandler), "/", "10.0.0.1:1", "X-Forwarded-For", "198.51.100.77, "+strings.Repeat("9", 1000))
 	out = buf.String()
 	if !strings.Contains(out, "header=X-Forwarded-For") || !strings.Contains(out, `value="198.51.100.77, 999`) ||
@@ -111,7 +112,7 @@ func testNoProxyWarning(t *testing.T, b backend) {
 		Global(),
 	} {
 		logger, buf := newLogger()
-		lim := mustNew(t, c, []Limit{PerMinute(1000, k).Named("k-" + k.kindOf())}, WithLogger(logger, true), WithFailureMode(FailOpen))
+		lim := mustNew(t, c, []Limit{Per(time.Minute, 1000, k).Named("k-" + k.kindOf())}, WithLogger(logger, true), WithFailureMode(FailOpen))
 		h := lim.Handler(okHandler)
 		for _, header := range []string{"X-Forwarded-For", "Forwarded", "X-Real-IP", "CF-Connecting-IP", "True-Client-IP", "Fastly-Client-IP"} {
 			proxied(h, "/", "10.0.0.1:1", header, "198.51.100.77")
@@ -131,10 +132,10 @@ func testProxyWarningSources(t *testing.T, b backend) {
 	c := b.newClient(t)
 	for _, header := range []string{"True-Client-IP", "Fastly-Client-IP"} {
 		logger, buf := newLogger()
-		lim := mustNew(t, c, []Limit{PerMinute(1000, Global()).Named("all")}, WithLogger(logger, false),
+		lim := mustNew(t, c, []Limit{Per(time.Minute, 1000, Global()).Named("all")}, WithLogger(logger, false),
 			WithRoutes(map[string]RouteLimits{
-				"/login": {Limits: []Limit{PerMinute(1000, ClientIP()).Named("login")}},
-				"/users": {Limits: []Limit{PerMinute(1000, ClientIP()).Named("users")}},
+				"/login": {Limits: []Limit{Per(time.Minute, 1000, ClientIP()).Named("login")}},
+				"/users": {Limits: []Limit{Per(time.Minute, 1000, ClientIP()).Named("users")}},
 			}))
 		mux := http.NewServeMux()
 		mux.Handle("/", okHandler)
@@ -162,7 +163,7 @@ func testProxyWarningSources(t *testing.T, b backend) {
 		if name == "composed" {
 			k = Compose(ClientIP(), Route())
 		}
-		lim := mustNew(t, c, []Limit{PerMinute(1000, k).Named("k-" + name)}, append(opts, WithLogger(logger, false))...)
+		lim := mustNew(t, c, []Limit{Per(time.Minute, 1000, k).Named("k-" + name)}, append(opts, WithLogger(logger, false))...)
 		mux := http.NewServeMux()
 		mux.Handle("/", okHandler)
 		if code := proxied(lim.Handler(mux), "/", "10.0.0.1:1", "Forwarded", "for=198.51.100.77"); code != 200 {
@@ -178,7 +179,7 @@ func testProxyWarningSources(t *testing.T, b backend) {
 // before the warning (on requests without one) and after it.
 func TestProxyWatchAllocs(t *testing.T) {
 	logger, _ := newLogger()
-	lim := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP())}, WithLogger(logger, false))
+	lim := mustNew(t, stubClient{}, []Limit{Per(time.Minute, 1, ClientIP())}, WithLogger(logger, false))
 	r := httptest.NewRequest("GET", "/", nil)
 	r.Header.Set("X-Api-Key", "k")
 	if !lim.rules.watchProxies {

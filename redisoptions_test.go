@@ -98,7 +98,7 @@ func TestRedisStoreOptions(t *testing.T) {
 		if err != nil {
 			t.Fatalf("redisstore.New: %v", err)
 		}
-		lim, err := New(nil, []Limit{PerMinute(3, Header("X-Id")).Named("opts")}, WithStore(rs))
+		lim, err := New(nil, []Limit{Per(time.Minute, 3, Header("X-Id")).Named("opts")}, WithStore(rs))
 		if err != nil {
 			t.Fatalf("New: %v", err)
 		}
@@ -158,7 +158,7 @@ func TestHandlers(t *testing.T) {
 				opts = append(opts, WithHandlers(h))
 			}
 			opts = append(opts, WithLogger(slog.New(slog.DiscardHandler), false))
-			limits := []Limit{PerMinute(1, Header("X-Id")).Named("h" + strconv.Itoa(n))}
+			limits := []Limit{Per(time.Minute, 1, Header("X-Id")).Named("h" + strconv.Itoa(n))}
 			lim, err := New(c, limits, append(opts, WithTimeout(redistest.DecisionTimeout), withRedis(redisstore.Options{OperatorRefresh: -1}))...)
 			if err != nil {
 				t.Fatal(err)

@@ -19,8 +19,8 @@ func TestRefund(t *testing.T) { forBackends(t, testRefund) }
 func testRefund(t *testing.T, b backend) {
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{
-		PerMinute(3000, Global()).Named("exact"),
-		PerMinute(3000, Global()).Bucketed(time.Second).Named("bucketed"),
+		Per(time.Minute, 3000, Global()).Named("exact"),
+		Per(time.Minute, 3000, Global()).Bucketed(time.Second).Named("bucketed"),
 	}, WithCost(func(*http.Request) int { return 3 }),
 		WithRefund(func(status int) bool { return status >= 500 }))
 	var served, failed atomic.Int64
@@ -85,7 +85,7 @@ func testRefundTwice(t *testing.T, b backend) {
 	opts, set := b.clock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	set(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)) // every request of the test at one time
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(2, Global()).Named("two")}, opts...)
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 2, Global()).Named("two")}, opts...)
 	allow := func() Result {
 		t.Helper()
 		res, err := lim.Allow(ctx, []string{globalID}, 1)
@@ -119,7 +119,7 @@ func testRefundTwice(t *testing.T, b backend) {
 
 	// At once: ten Results of one time, each refunded by four goroutines
 	// together, beside ten others that stay.
-	lim2 := mustNew(t, c, []Limit{PerMinute(100, Global()).Named("hundred")}, opts...)
+	lim2 := mustNew(t, c, []Limit{Per(time.Minute, 100, Global()).Named("hundred")}, opts...)
 	var refunded []Result
 	for i := range 20 {
 		res, err := lim2.Allow(ctx, []string{globalID}, 1)

@@ -28,7 +28,7 @@ const ioBound = 30 * time.Second
 // that receives every status its refund func is asked about.
 func refundLimiter(t *testing.T, c redis.UniversalClient) (*Limiter, <-chan int) {
 	statuses := make(chan int, 100)
-	lim := mustNew(t, c, []Limit{PerMinute(1000, Header("X-Case")).Named("case")},
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1000, Header("X-Case")).Named("case")},
 		WithRefund(func(status int) bool {
 			statuses <- status
 			return status >= 500

@@ -62,8 +62,8 @@ func TestResetThenUndoTakesNothingLater(t *testing.T) {
 	}
 	const quota, cost = 100, 50
 	kinds := map[string]Limit{
-		"exact":   PerMinute(quota, Header("X-User")).Named("user"),
-		"buckets": PerMinute(quota, Header("X-User")).Named("user").Bucketed(time.Second),
+		"exact":   Per(time.Minute, quota, Header("X-User")).Named("user"),
+		"buckets": Per(time.Minute, quota, Header("X-User")).Named("user").Bucketed(time.Second),
 	}
 	// 1 ms into a unit of the log (10 ms for a minute's window), and into
 	// a bucket: every step below stays in them.

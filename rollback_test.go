@@ -25,7 +25,7 @@ func TestRollbackBounded(t *testing.T) {
 	quietRedisLog(t)
 	const timeout = 500 * time.Millisecond
 	const margin = 400 * time.Millisecond // a loaded 2-core machine under -race
-	limits := []Limit{PerHour(100, Global()).Named("g"), PerHour(10, Header("X-User")).Named("u")}
+	limits := []Limit{Per(time.Hour, 100, Global()).Named("g"), Per(time.Hour, 10, Header("X-User")).Named("u")}
 	globalKey := logKey("g", "global", "global")
 	gp, err := c.PrimaryFor(globalKey)
 	if err != nil {
@@ -128,7 +128,7 @@ func TestLateReplyTakenBack(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	admin := srv.Client()
-	lim := mustNew(t, c, []Limit{PerMinute(10, Global()).Named("late")}, WithTimeout(200*time.Millisecond))
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 10, Global()).Named("late")}, WithTimeout(200*time.Millisecond))
 	ctx := context.Background()
 	if _, err := lim.Allow(ctx, []string{"warm-up"}, 1); err != nil {
 		t.Fatal(err) // the library loaded and a connection open

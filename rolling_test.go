@@ -157,7 +157,7 @@ func checkRolling(t *testing.T, b backend, c rollingCase) {
 func TestRollingLease(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
-		base := PerMinute(64, Header("X-Client")).Named("shared")
+		base := Per(time.Minute, 64, Header("X-Client")).Named("shared")
 		for _, c := range []rollingCase{
 			{name: "leased then plain", releases: [2]Limit{base.Leased(), base}, slowEvery: 5 * time.Second},
 			{name: "plain then leased", releases: [2]Limit{base, base.Leased()}, slowEvery: 5 * time.Second},
@@ -189,7 +189,7 @@ func TestRollingWindow(t *testing.T) {
 func TestRollingPrecision(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
-		base := PerMinute(64, Header("X-Client")).Named("shared")
+		base := Per(time.Minute, 64, Header("X-Client")).Named("shared")
 		for _, p := range [][2]time.Duration{{2 * time.Second, 5 * time.Second}, {5 * time.Second, time.Second}, {time.Second, 6 * time.Second}} {
 			c := rollingCase{name: fmt.Sprint(p[0], " and ", p[1]), releases: [2]Limit{base.Bucketed(p[0]), base.Bucketed(p[1])},
 				slowEvery: 5 * time.Second, edge: max(p[0], p[1])}
@@ -205,7 +205,7 @@ func TestRollingPrecision(t *testing.T) {
 func TestRollingBucketed(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
-		base := PerMinute(64, Header("X-Client")).Named("shared")
+		base := Per(time.Minute, 64, Header("X-Client")).Named("shared")
 		for _, r := range [][2]Limit{{base, base.Bucketed(time.Second)}, {base.Bucketed(5 * time.Second), base}} {
 			c := rollingCase{name: fmt.Sprint("precision ", r[0].Precision, " and ", r[1].Precision), releases: r,
 				slowEvery: 5 * time.Second, edge: max(r[0].Precision, r[1].Precision), over: 64}
@@ -245,7 +245,7 @@ func TestRollingWindowFirstWrite(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: leaseStart}
 		opts := []Option{WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1})}
-		short := mustNew(t, b.newClient(t), []Limit{PerMinute(64, Header("X-Client")).Named("grow")}, opts...)
+		short := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 64, Header("X-Client")).Named("grow")}, opts...)
 		long := mustNew(t, b.newClient(t), []Limit{Per(2*time.Minute, 64, Header("X-Client")).Named("grow")}, opts...)
 		at := func(d time.Duration) { clock.Set(leaseStart.Add(d)) }
 		at(0)
@@ -283,7 +283,7 @@ func TestRollingWindowKeepBound(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: leaseStart}
 		opts := []Option{WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1})}
-		short := mustNew(t, b.newClient(t), []Limit{PerMinute(64, Header("X-Client")).Named("far")}, opts...)
+		short := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 64, Header("X-Client")).Named("far")}, opts...)
 		long := mustNew(t, b.newClient(t), []Limit{Per(20*time.Minute, 64, Header("X-Client")).Named("far")}, opts...)
 		start := leaseStart
 		at := func(d time.Duration) { clock.Set(start.Add(d)) }
@@ -324,9 +324,9 @@ func TestRollingLeasedRoute(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		seed := testSeed(t)
 		rng := rand.New(rand.NewPCG(uint64(seed), 13))
-		base := PerMinute(64, Header("X-Client")).Named("shared")
+		base := Per(time.Minute, 64, Header("X-Client")).Named("shared")
 		clock := &testClock{t: leaseStart}
-		lim := mustNew(t, b.newClient(t), []Limit{PerHour(1_000_000, Global()).Named("all")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}),
+		lim := mustNew(t, b.newClient(t), []Limit{Per(time.Hour, 1_000_000, Global()).Named("all")}, WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}),
 			WithRoutes(map[string]RouteLimits{"/leased": {Limits: []Limit{base.Leased()}}, "/plain": {Limits: []Limit{base}}}))
 		t.Cleanup(func() { _ = lim.Close() })
 		mux := http.NewServeMux()
@@ -384,7 +384,7 @@ func TestRollingPrecisionIdle(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		clock := &testClock{t: leaseStart}
 		opts := []Option{WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1})}
-		base := PerMinute(64, Header("X-Client")).Named("idle")
+		base := Per(time.Minute, 64, Header("X-Client")).Named("idle")
 		two := mustNew(t, b.newClient(t), []Limit{base.Bucketed(2 * time.Second)}, opts...)
 		five := mustNew(t, b.newClient(t), []Limit{base.Bucketed(5 * time.Second)}, opts...)
 		if n := rollingBurst(t, two, "c", 70); n != 64 {

@@ -2,12 +2,14 @@ package ratelimit
 
 import (
 	"errors"
-	"github.com/slidinglog/ratelimit/redisstore"
-	"github.com/slidinglog/ratelimit/route"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/slidinglog/ratelimit/redisstore"
+	"github.com/slidinglog/ratelimit/route"
 )
 
 // TestRoutesFromRefusesUnknownRoute: a WithRoutes entry that no route of
@@ -21,7 +23,7 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 	mux.Handle("GET /users/{id}", okHandler)
 	mux.Handle("/files/", okHandler)
 	mux.Handle("GET /old", http.RedirectHandler("/new", http.StatusMovedPermanently))
-	limit := RouteLimits{Limits: []Limit{PerMinute(5, ClientIP()).Named("route")}}
+	limit := RouteLimits{Limits: []Limit{Per(time.Minute, 5, ClientIP()).Named("route")}}
 	for _, tc := range []struct{ entry, want string }{
 		{"POST /logn", `route "POST /logn" matches no route of the mux; did you mean "POST /login"?`},
 		{"GET /login", `did you mean "POST /login"?`},
@@ -39,9 +41,9 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 		{"GET /files", `did you mean "/files/"?`}, // the mux redirects it
 		{route.Unmatched, ""},
 	} {
-		_, err := New(stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")},
+		_, err := New(stubClient{}, []Limit{Per(time.Minute, 1, ClientIP()).Named("ip")},
 			WithRoutes(map[string]RouteLimits{tc.entry: limit}), WithRoutesFrom(mux), withRedis(redisstore.Options{OperatorRefresh: -1}))
-		api := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")},
+		api := mustNew(t, stubClient{}, []Limit{Per(time.Minute, 1, ClientIP()).Named("ip")},
 			WithRoutes(map[string]RouteLimits{tc.entry: limit}), withRedis(redisstore.Options{OperatorRefresh: -1}))
 		for by, err := range map[string]error{"New": err, "CheckMux": route.CheckMux(api.Inspect().Stats().Routes, mux)} {
 			switch {
@@ -54,7 +56,7 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 	}
 	// Routes added after New: nothing to check yet.
 	late := http.NewServeMux()
-	if _, err := New(stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")},
+	if _, err := New(stubClient{}, []Limit{Per(time.Minute, 1, ClientIP()).Named("ip")},
 		WithRoutes(map[string]RouteLimits{"POST /logn": limit}), WithRoutesFrom(late), withRedis(redisstore.Options{OperatorRefresh: -1})); err != nil {
 		t.Errorf("a mux with no routes yet: %v; want no error from New", err)
 	}
@@ -66,7 +68,7 @@ func TestRoutesFromRefusesUnknownRoute(t *testing.T) {
 // WarningRouteUnmatched, naming it and the nearest route; a table whose
 // entries all match is not reported.
 func TestHandlerWarnsUnknownRoute(t *testing.T) {
-	limit := RouteLimits{Limits: []Limit{PerMinute(5, ClientIP()).Named("route")}}
+	limit := RouteLimits{Limits: []Limit{Per(time.Minute, 5, ClientIP()).Named("route")}}
 	for _, tc := range []struct {
 		entry string
 		warn  bool
@@ -79,7 +81,7 @@ func TestHandlerWarnsUnknownRoute(t *testing.T) {
 			if from {
 				opts = append(opts, WithRoutesFrom(mux))
 			}
-			api := mustNew(t, stubClient{}, []Limit{PerMinute(100, ClientIP()).Named("ip")}, opts...)
+			api := mustNew(t, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP()).Named("ip")}, opts...)
 			mux.Handle("POST /login", okHandler) // after New
 			var h http.Handler = api.Handler(mux)
 			if from {
@@ -109,9 +111,9 @@ func TestHeadEntryOnGetRoute(t *testing.T) { forBackends(t, testHeadEntryOnGetRo
 func testHeadEntryOnGetRoute(t *testing.T, b backend) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /doc", okHandler)
-	api := mustNew(t, b.newClient(t), []Limit{PerMinute(100, ClientIP()).Named("ip")}, WithRoutes(map[string]RouteLimits{
-		"HEAD /doc": {Limits: []Limit{PerMinute(1, ClientIP()).Named("head")}},
-		"GET /doc":  {Limits: []Limit{PerMinute(3, ClientIP()).Named("get")}},
+	api := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 100, ClientIP()).Named("ip")}, WithRoutes(map[string]RouteLimits{
+		"HEAD /doc": {Limits: []Limit{Per(time.Minute, 1, ClientIP()).Named("head")}},
+		"GET /doc":  {Limits: []Limit{Per(time.Minute, 3, ClientIP()).Named("get")}},
 	}))
 	h := api.Handler(mux)
 	var got []int

@@ -50,9 +50,9 @@ func testHeadDecidedByGetRoute(t *testing.T, b backend) {
 					t.Fatal(err)
 				}
 				opts, _ := b.clock(time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC))
-				lim := mustNew(t, c, []Limit{PerMinute(100, Compose(ClientIP(), Route())).Named("route")},
+				lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Compose(ClientIP(), Route())).Named("route")},
 					append(opts, WithRoutes(map[string]RouteLimits{
-						"GET /reports": {Limits: []Limit{PerMinute(2, ClientIP()).Named("reports")}},
+						"GET /reports": {Limits: []Limit{Per(time.Minute, 2, ClientIP()).Named("reports")}},
 					}))...)
 				var ran atomic.Int32
 				h := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran.Add(1) })
@@ -124,7 +124,7 @@ func TestConnectRedirectIsUnmatched(t *testing.T) { forBackends(t, testConnectRe
 func testConnectRedirectIsUnmatched(t *testing.T, b backend) {
 	c := b.newClient(t)
 	opts, _ := b.clock(time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC))
-	lim := mustNew(t, c, []Limit{PerMinute(1000, Compose(ClientIP(), Route())).Named("route")},
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1000, Compose(ClientIP(), Route())).Named("route")},
 		append(opts, WithRoutes(map[string]RouteLimits{"/users/{id}/": {Cost: 1}}))...)
 	var ran atomic.Int32
 	mux := http.NewServeMux()
@@ -163,9 +163,9 @@ func testRouteMemoBounded(t *testing.T, b backend) {
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 	c := b.newClient(t)
 	opts, _ := b.clock(time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC))
-	lim := mustNew(t, c, []Limit{PerMinute(1000, Compose(ClientIP(), Route())).Named("route")},
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1000, Compose(ClientIP(), Route())).Named("route")},
 		append(opts, WithRoutes(map[string]RouteLimits{
-			"GET /users/:id": {Limits: []Limit{PerMinute(3, ClientIP()).Named("users")}},
+			"GET /users/:id": {Limits: []Limit{Per(time.Minute, 3, ClientIP()).Named("users")}},
 		}))...)
 	mux := http.NewServeMux()
 	mux.Handle("GET /users/{id}", okHandler)
@@ -234,7 +234,7 @@ func testRouteMemoBounded(t *testing.T, b backend) {
 func TestRouteTemplatesChecked(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	ok := []Limit{PerMinute(5, Global())}
+	ok := []Limit{Per(time.Minute, 5, Global())}
 	for _, tc := range []struct{ template, want string }{
 		{"GET /users/{id", `no '}' closes`},
 		{"GET /users/id}", `closes no '{'`},
@@ -270,7 +270,7 @@ func TestRouteTemplatesChecked(t *testing.T) {
 func TestRouteLookupAllocs(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	lim := mustNew(t, c, []Limit{PerMinute(5, Global())}, WithRoutes(map[string]RouteLimits{
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 5, Global())}, WithRoutes(map[string]RouteLimits{
 		"GET /files/{...}": {Cost: 2},
 		"GET /users/{id}":  {Cost: 3},
 	}))

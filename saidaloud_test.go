@@ -68,7 +68,7 @@ func passThrough(next http.Handler) http.Handler {
 
 func loginRoutes() Option {
 	return WithRoutes(map[string]RouteLimits{
-		"POST /login": {Limits: []Limit{PerMinute(1, ClientIP()).Named("login")}},
+		"POST /login": {Limits: []Limit{Per(time.Minute, 1, ClientIP()).Named("login")}},
 	})
 }
 
@@ -97,7 +97,7 @@ func TestRoutesBehindWrapper(t *testing.T) { forBackends(t, testRoutesBehindWrap
 
 func testRoutesBehindWrapper(t *testing.T, b backend) {
 	c := b.newClient(t)
-	limits := func() []Limit { return []Limit{PerMinute(100, ClientIP()).Named("all")} }
+	limits := func() []Limit { return []Limit{Per(time.Minute, 100, ClientIP()).Named("all")} }
 
 	// Made to work: the mux the user hands over, whatever wraps it.
 	mux := loginMux()
@@ -144,7 +144,7 @@ func testRoutesBehindWrapper(t *testing.T, b backend) {
 	buf := defaultLog(t)
 	wc := &warningCounter{}
 	right := mustNew(t, c, limits(), loginRoutes(), WithObserver(observerOf(wc)), withRedis(redisstore.Options{Prefix: "rf3:"}))
-	noRoutes := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("plain")}, WithObserver(observerOf(wc)), withRedis(redisstore.Options{Prefix: "rf4:"}))
+	noRoutes := mustNew(t, c, []Limit{Per(time.Minute, 100, ClientIP()).Named("plain")}, WithObserver(observerOf(wc)), withRedis(redisstore.Options{Prefix: "rf4:"}))
 	inner := loginMux()
 	for _, h := range []http.Handler{
 		logging(right.Handler(inner)),
@@ -169,7 +169,7 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 	c := b.newClient(t)
 	buf := defaultLog(t)
 	wc := &warningCounter{}
-	lim := mustNew(t, c, []Limit{PerMinute(2, ClientIP()).Named("ip")}, WithObserver(observerOf(wc)), withRedis(redisstore.Options{Prefix: "pw1:"}))
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 2, ClientIP()).Named("ip")}, WithObserver(observerOf(wc)), withRedis(redisstore.Options{Prefix: "pw1:"}))
 	h := lim.Handler(okHandler)
 	var got []int
 	for _, client := range []string{"198.51.100.1", "198.51.100.2", "198.51.100.3"} {
@@ -189,7 +189,7 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 	// each client its own bucket, nothing reported.
 	buf = defaultLog(t)
 	wc = &warningCounter{}
-	lim = mustNew(t, c, []Limit{PerMinute(1, ClientIP(clientip.FromRouter())).Named("ip")}, WithObserver(observerOf(wc)), withRedis(redisstore.Options{Prefix: "pw2:"}))
+	lim = mustNew(t, c, []Limit{Per(time.Minute, 1, ClientIP(clientip.FromRouter())).Named("ip")}, WithObserver(observerOf(wc)), withRedis(redisstore.Options{Prefix: "pw2:"}))
 	h = lim.Handler(okHandler)
 	for _, client := range []string{"198.51.100.1", "198.51.100.2", "198.51.100.3"} {
 		if code := proxied(h, "/", client+":1", "X-Forwarded-For", client); code != 200 {
@@ -208,7 +208,7 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 		{clientip.FromRouter(), clientip.TrustPrivateNetworks()},
 		{clientip.TrustCloudflare("173.245.48.0/20"), clientip.FromRouter()},
 	} {
-		_, err := New(c, []Limit{PerMinute(1, ClientIP(opts...)).Named("ip")})
+		_, err := New(c, []Limit{Per(time.Minute, 1, ClientIP(opts...)).Named("ip")})
 		if err == nil || !strings.Contains(err.Error(), "FromRouter") {
 			t.Errorf("FromRouter with proxies: %v; want an error naming FromRouter", err)
 		}
@@ -218,7 +218,7 @@ func testProxyWarningByDefault(t *testing.T, b backend) {
 // TestNilOptions: every option given nil, and a nil
 // Option, is an error from New that names it; none is a silent default.
 func TestNilOptions(t *testing.T) {
-	limits := []Limit{PerMinute(1, ClientIP()).Named("ip")}
+	limits := []Limit{Per(time.Minute, 1, ClientIP()).Named("ip")}
 	for name, opt := range map[string]Option{
 		"WithClock":       WithClock(nil),
 		"WithCost":        WithCost(nil),
@@ -240,7 +240,7 @@ func TestNilOptions(t *testing.T) {
 // to the Limiter hooks of its observers, once, and not its routes'.
 func TestObserverWatched(t *testing.T) {
 	wc := &warningCounter{}
-	lim := mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")}, WithObserver(observerOf(wc)), loginRoutes())
+	lim := mustNew(t, stubClient{}, []Limit{Per(time.Minute, 1, ClientIP()).Named("ip")}, WithObserver(observerOf(wc)), loginRoutes())
 	if len(wc.watched) != 1 || wc.watched[0] != lim {
 		t.Errorf("watched %v; want the Limiter New returned, once", wc.watched)
 	}
@@ -258,8 +258,8 @@ func TestRoutesUnseenAllocs(t *testing.T) {
 		lim   *Limiter
 		chain http.Handler
 	}{
-		"check pending":  {mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")}, loginRoutes(), skipAll), passThrough(mux)},
-		"WithRoutesFrom": {mustNew(t, stubClient{}, []Limit{PerMinute(1, ClientIP()).Named("ip")}, loginRoutes(), skipAll, WithRoutesFrom(mux)), passThrough(mux)},
+		"check pending":  {mustNew(t, stubClient{}, []Limit{Per(time.Minute, 1, ClientIP()).Named("ip")}, loginRoutes(), skipAll), passThrough(mux)},
+		"WithRoutesFrom": {mustNew(t, stubClient{}, []Limit{Per(time.Minute, 1, ClientIP()).Named("ip")}, loginRoutes(), skipAll, WithRoutesFrom(mux)), passThrough(mux)},
 	} {
 		w := &nopWriter{h: make(http.Header)}
 		r := httptest.NewRequest("GET", "/other", nil)

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/redisstore"
 	"math/rand"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/alicebob/miniredis/v2/server"
@@ -75,7 +76,7 @@ func TestNoScripting(t *testing.T) {
 	check := func(t *testing.T, c redis.UniversalClient, ns noScripting) {
 		t.Helper()
 		mode := []FailureMode{FailOpen, FailClosed, FailLocal}[rng.Intn(3)]
-		lim, err := New(c, []Limit{PerMinute(3, Header("X-Id")).Named("lua")},
+		lim, err := New(c, []Limit{Per(time.Minute, 3, Header("X-Id")).Named("lua")},
 			WithTimeout(redistest.DecisionTimeout), WithFailureMode(mode), withRedis(redisstore.Options{OperatorRefresh: -1}))
 		if err != nil {
 			t.Fatalf("New: %v; want no error: New does not contact Redis", err)

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/slidinglog/ratelimit/redisstore"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/redisstore"
 
 	"github.com/redis/go-redis/v9"
 
@@ -36,7 +37,7 @@ func TestScriptsWhereFunctionsAreDenied(t *testing.T) {
 		id      string
 		scripts bool
 	}{{limited, "limited", true}, {admin, "admin", false}} {
-		lim := mustNew(t, tc.c, []Limit{PerMinute(10, Global()).Named("acl")})
+		lim := mustNew(t, tc.c, []Limit{Per(time.Minute, 10, Global()).Named("acl")})
 		admitted := 0
 		for range 15 {
 			res, err := lim.Allow(ctx, []string{tc.id}, 1)
@@ -141,7 +142,7 @@ func testLibraryReloadedAfterOOM(t *testing.T, pipeline bool) {
 	admin, c := srv.Client(), srv.Client()
 	ctx := context.Background()
 	clock := &testClock{t: time.Now()}
-	lim := mustNew(t, c, []Limit{PerMinute(1000, Header("X-Id")).Named("oom")}, noRefresh)
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1000, Header("X-Id")).Named("oom")}, noRefresh)
 	lim.redis.Lib.(*slidinglog.Redis).SetClock(clock.Now)
 	calls := 1 // per decision
 	decide := func() error {
@@ -218,7 +219,7 @@ func TestLibraryLoadBackoff(t *testing.T) {
 	ctx := context.Background()
 	start := time.Now()
 	clock := &testClock{t: start}
-	lim := mustNew(t, c, []Limit{PerMinute(1000, Global()).Named("backoff")})
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1000, Global()).Named("backoff")})
 	lim.redis.Lib.(*slidinglog.Redis).SetClock(clock.Now)
 	if _, err := lim.Allow(ctx, []string{"x"}, 1); err != nil { // loads the library
 		t.Fatal(err)
@@ -279,7 +280,7 @@ func (c *flushingClient) FunctionLoad(ctx context.Context, code string) *redis.S
 func TestLibraryFlushedAfterLoad(t *testing.T) {
 	srv := redistest.Start(t)
 	c := &flushingClient{UniversalClient: srv.Client()}
-	lim := mustNew(t, c, []Limit{PerMinute(10, Header("X-Id")).Named("flushed")})
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 10, Header("X-Id")).Named("flushed")})
 	res, err := lim.Allow(context.Background(), []string{"a"}, 1)
 	if err != nil || !res.Allowed {
 		t.Fatalf("alone: %+v %v", res, err)

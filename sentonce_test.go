@@ -205,7 +205,7 @@ func TestDecideSentOnceOnLateReply(t *testing.T) {
 	forOnceClients(t, func(t *testing.T, env *onceEnv) {
 		rdb := env.rdb
 		ctx := context.Background()
-		lim := mustNew(t, rdb, []Limit{PerMinute(100, Header("X-Id")).Named("once")}, withRedis(redisstore.Options{BreakerFailures: -1}), noRefresh)
+		lim := mustNew(t, rdb, []Limit{Per(time.Minute, 100, Header("X-Id")).Named("once")}, withRedis(redisstore.Options{BreakerFailures: -1}), noRefresh)
 		// The library loaded and a connection open before the proxy mutes.
 		if _, err := lim.Allow(ctx, []string{"warm"}, 1); err != nil {
 			t.Fatal(err)
@@ -234,7 +234,7 @@ func TestDecideSentOnceOnLateReply(t *testing.T) {
 func TestPipelineSentOnceOnLateReply(t *testing.T) {
 	forOnceClients(t, func(t *testing.T, env *onceEnv) {
 		rdb := env.rdb
-		lim := mustNew(t, rdb, []Limit{PerMinute(100, Header("X-Id")).Named("pipe")}, noRefresh)
+		lim := mustNew(t, rdb, []Limit{Per(time.Minute, 100, Header("X-Id")).Named("pipe")}, noRefresh)
 		lib := slidinglog.New(slidinglog.Default, rdb, true)
 		req := slidinglog.AppendRequest(nil, 0, 1, lim.rules.spec.Lua)
 		if _, errs := lib.DecideAll([][]string{{logKey("pipe", "header.X-Id", "warm")}, {logKey("pipe", "header.X-Id", "warm2")}}, [][]byte{req, req}); errs[0] != nil || errs[1] != nil {
@@ -269,7 +269,7 @@ func TestRefundSentOnceOnLateReply(t *testing.T) {
 		rdb := env.rdb
 		ctx := context.Background()
 		at := time.Now()
-		lim := mustNew(t, rdb, []Limit{PerMinute(100, Header("X-Id")).Named("refund")},
+		lim := mustNew(t, rdb, []Limit{Per(time.Minute, 100, Header("X-Id")).Named("refund")},
 			withRedis(redisstore.Options{BreakerFailures: -1}), WithClock(func() time.Time { return at }), noRefresh)
 		var res [2]Result
 		for i := range res {

@@ -75,7 +75,7 @@ func TestSettleOutcomes(t *testing.T) {
 		}{{"credit", 2}, {"debit", 9}, {"refund", 0}} {
 			t.Run(tc.name, func(t *testing.T) {
 				c := b.newClient(t)
-				lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-U")).Named("o")}, withRedis(redisstore.Options{BreakerFailures: -1}))
+				lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Header("X-U")).Named("o")}, withRedis(redisstore.Options{BreakerFailures: -1}))
 				ctx := context.Background()
 				admit := func(user string) Result {
 					t.Helper()

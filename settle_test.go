@@ -32,9 +32,9 @@ func forSettleBackends(t *testing.T, fn func(t *testing.T, b backend)) {
 // (another hash tag: on a cluster, another call).
 func settleLimits(q int) []Limit {
 	return []Limit{
-		PerMinute(q, Header("X-U")).Named("e"),
-		PerMinute(2*q, Header("X-U")).Bucketed(time.Second).Named("b"),
-		PerMinute(4*q, Global()).Named("g"),
+		Per(time.Minute, q, Header("X-U")).Named("e"),
+		Per(time.Minute, 2*q, Header("X-U")).Bucketed(time.Second).Named("b"),
+		Per(time.Minute, 4*q, Global()).Named("g"),
 	}
 }
 
@@ -134,7 +134,7 @@ func testSettleDebitWaits(t *testing.T, b backend) {
 	c := b.newClient(t)
 	t0 := time.Now().Truncate(time.Second).Add(time.Hour)
 	opts, setClock := b.clock(t0)
-	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-U")).Named("tokens")}, append(opts,
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Header("X-U")).Named("tokens")}, append(opts,
 		WithCost(func(r *http.Request) int { return 10 }),
 		WithSettle(func(status int, h http.Header, cost int) int {
 			if n, err := strconv.Atoi(h.Get("X-Used")); err == nil {
@@ -228,7 +228,7 @@ func testSettleOnce(t *testing.T, b backend) {
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("seed %d", seed)
 	c := b.newClient(t)
-	lim := mustNew(t, c, []Limit{PerMinute(1000, Header("X-U")).Named("once")})
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1000, Header("X-U")).Named("once")})
 	ctx := context.Background()
 	for round := range 8 {
 		id := "r" + strconv.Itoa(round)
@@ -270,7 +270,7 @@ func testSettleOnce(t *testing.T, b backend) {
 		}
 	}
 	// From the handler and the response at once: one of them.
-	h := mustNew(t, c, []Limit{PerMinute(1000, Header("X-U")).Named("once2")},
+	h := mustNew(t, c, []Limit{Per(time.Minute, 1000, Header("X-U")).Named("once2")},
 		WithCost(func(*http.Request) int { return 5 }),
 		WithSettle(func(int, http.Header, int) int { return 7 })).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
@@ -305,7 +305,7 @@ func TestSettleUnreachable(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	// A window of a second: the background gives up after it.
-	lim := mustNew(t, c, []Limit{PerSecond(100, Header("X-U")).Named("a"), PerSecond(100, Global()).Named("g")},
+	lim := mustNew(t, c, []Limit{Per(time.Second, 100, Header("X-U")).Named("a"), Per(time.Second, 100, Global()).Named("g")},
 		withRedis(redisstore.Options{BreakerFailures: -1}), WithTimeout(300*time.Millisecond))
 	ctx := context.Background()
 	debit, err := lim.Allow(ctx, []string{"x", "global"}, 2)
@@ -366,7 +366,7 @@ func testSettleFailLocal(t *testing.T, c redis.UniversalClient) {
 	t.Logf("seed %d", seed)
 	clock := &testClock{t: time.Now().Truncate(time.Second)}
 	const q = 40
-	lim := mustNew(t, c, []Limit{PerMinute(q, Header("X-U")).Named("l"), PerMinute(2*q, Header("X-U")).Bucketed(time.Second).Named("lb")},
+	lim := mustNew(t, c, []Limit{Per(time.Minute, q, Header("X-U")).Named("l"), Per(time.Minute, 2*q, Header("X-U")).Bucketed(time.Second).Named("lb")},
 		WithFailureMode(FailLocal), WithClock(clock.Now))
 	ctx := context.Background()
 	used := 0
@@ -398,7 +398,7 @@ func testSettleFailLocal(t *testing.T, c redis.UniversalClient) {
 func TestSettleBounds(t *testing.T) {
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
-	lim := mustNew(t, c, []Limit{PerMinute(10, Global()).Named("b")})
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 10, Global()).Named("b")})
 	ctx := context.Background()
 	res, err := lim.Allow(ctx, []string{"x"}, 3)
 	if err != nil {
@@ -419,7 +419,7 @@ func TestSettleBounds(t *testing.T) {
 		t.Errorf("Settle of a context with nothing to settle: %v", err)
 	}
 	// WithRefund is a form of WithSettle: the last one given wins.
-	if _, err := New(c, []Limit{PerMinute(10, Global())}, WithSettle(nil), WithRefund(func(int) bool { return true })); err != nil {
+	if _, err := New(c, []Limit{Per(time.Minute, 10, Global())}, WithSettle(nil), WithRefund(func(int) bool { return true })); err != nil {
 		t.Errorf("WithSettle and WithRefund: %v; want the last to win", err)
 	}
 }
@@ -468,7 +468,7 @@ func TestSettleSentOnce(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true, ReadTimeout: 300 * time.Millisecond})
 	t.Cleanup(func() { _ = c.Close() })
 	admin := srv.Client()
-	lim := mustNew(t, c, []Limit{PerMinute(100, Header("X-U")).Named("once")}, withRedis(redisstore.Options{BreakerFailures: -1, OperatorRefresh: -1}))
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Header("X-U")).Named("once")}, withRedis(redisstore.Options{BreakerFailures: -1, OperatorRefresh: -1}))
 	ctx := context.Background()
 	res, err := lim.Allow(ctx, []string{"k"}, 2)
 	if err != nil || !res.Allowed {
@@ -538,7 +538,7 @@ func testSettleLastWins(t *testing.T, b backend) {
 		{[]Option{WithSettle(nil), refund}, true},
 		{[]Option{refund, WithSettle(nil)}, false},
 	} {
-		lim := mustNew(t, c, []Limit{PerMinute(1, ClientIP()).Named("last" + strconv.Itoa(i))}, tc.opts...)
+		lim := mustNew(t, c, []Limit{Per(time.Minute, 1, ClientIP()).Named("last" + strconv.Itoa(i))}, tc.opts...)
 		h := lim.Handler(fail)
 		if w := serve(h, "GET", "/", "192.0.2.1:1"); w.Code != http.StatusInternalServerError {
 			t.Fatalf("case %d: first request %d", i, w.Code)

@@ -22,11 +22,11 @@ func testShadow(t *testing.T, b backend) {
 	clock, _ := b.clock(t0)
 	opts := append(clock, WithHeaders(HeadersXRateLimit|HeadersIETF))
 	withShadow := mustNew(t, c, []Limit{
-		PerMinute(10, Header("X-Id")).Named("enforced"),
-		PerMinute(3, Header("X-Id")).Shadowed().Named("shadow"),
-		PerMinute(2, Header("X-Id")).Bucketed(time.Second).Shadowed().Named("bshadow"),
+		Per(time.Minute, 10, Header("X-Id")).Named("enforced"),
+		Per(time.Minute, 3, Header("X-Id")).Shadowed().Named("shadow"),
+		Per(time.Minute, 2, Header("X-Id")).Bucketed(time.Second).Shadowed().Named("bshadow"),
 	}, opts...)
-	without := mustNew(t, c, []Limit{PerMinute(10, Header("X-Id")).Named("enforced")}, opts...)
+	without := mustNew(t, c, []Limit{Per(time.Minute, 10, Header("X-Id")).Named("enforced")}, opts...)
 	for _, tc := range []struct {
 		lim *Limiter
 		id  string

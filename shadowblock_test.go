@@ -33,7 +33,7 @@ func testShadowBlock(t *testing.T, b backend) {
 		var limits []Limit
 		headers := []string{"X-A", "X-B", "X-C"}
 		for i := range n {
-			l := PerMinute(1000, Header(headers[i])).Named(string(rune('a' + i)))
+			l := Per(time.Minute, 1000, Header(headers[i])).Named(string(rune('a' + i)))
 			if r.IntN(2) == 0 {
 				l = l.Shadowed()
 			}

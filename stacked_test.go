@@ -26,9 +26,9 @@ func testStackedDenialNotHidden(t *testing.T, b backend) {
 	c := b.newClient(t)
 	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 	opts := []Option{WithClock(func() time.Time { return now }), WithHeaders(HeadersXRateLimit | HeadersIETF)}
-	minute := mustNew(t, c, []Limit{PerMinute(1, ClientIP()).Named("minute")}, opts...)
-	hour := mustNew(t, c, []Limit{PerHour(1, ClientIP()).Named("hour")}, opts...)
-	wide := mustNew(t, c, []Limit{PerMinute(100, ClientIP()).Named("wide")}, opts...)
+	minute := mustNew(t, c, []Limit{Per(time.Minute, 1, ClientIP()).Named("minute")}, opts...)
+	hour := mustNew(t, c, []Limit{Per(time.Hour, 1, ClientIP()).Named("hour")}, opts...)
+	wide := mustNew(t, c, []Limit{Per(time.Minute, 100, ClientIP()).Named("wide")}, opts...)
 	r := getFrom("192.0.2.1:1")
 	for _, l := range []*Limiter{minute, hour} {
 		if !checkOnce(l, &headerWriter{h: http.Header{}}, r) {

@@ -23,8 +23,8 @@ func testStatus(t *testing.T, b backend) {
 	opts, setTime := b.clock(t0)
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{
-		PerMinute(3, Global()).Named("exact"),
-		PerMinute(5, Global()).Bucketed(time.Second).Named("bucketed"),
+		Per(time.Minute, 3, Global()).Named("exact"),
+		Per(time.Minute, 5, Global()).Bucketed(time.Second).Named("bucketed"),
 	}, opts...)
 	ctx := context.Background()
 	ids := []string{"k", "k"}
@@ -65,10 +65,10 @@ func TestReset(t *testing.T) { forBackends(t, testReset) }
 func testReset(t *testing.T, b backend) {
 	c := b.newClient(t)
 	lim := mustNew(t, c, []Limit{
-		PerMinute(2, Header("X-User")).Named("exact"),
-		PerMinute(2, Header("X-User")).Bucketed(time.Second).Named("bucketed"),
+		Per(time.Minute, 2, Header("X-User")).Named("exact"),
+		Per(time.Minute, 2, Header("X-User")).Bucketed(time.Second).Named("bucketed"),
 	})
-	other := mustNew(t, c, []Limit{PerHour(10, Header("X-User")).Bucketed(time.Minute).Named("other")})
+	other := mustNew(t, c, []Limit{Per(time.Hour, 10, Header("X-User")).Bucketed(time.Minute).Named("other")})
 	ctx := context.Background()
 	for _, user := range []string{"alice", "bob"} {
 		for range 2 {
@@ -101,7 +101,7 @@ func testReset(t *testing.T, b backend) {
 // request, through the same keys (a composed one included).
 func TestStatusRequest(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
-		lim := mustNew(t, b.newClient(t), []Limit{PerMinute(5, Compose(ClientIP(), Route())).Named("c")})
+		lim := mustNew(t, b.newClient(t), []Limit{Per(time.Minute, 5, Compose(ClientIP(), Route())).Named("c")})
 		mux := http.NewServeMux()
 		mux.Handle("GET /users/{id}", lim.Handler(okHandler))
 		for range 2 {
@@ -126,7 +126,7 @@ func TestAllowFailLocal(t *testing.T) {
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	lim := mustNew(t, c, []Limit{PerMinute(1, Global()).Named("g")}, WithFailureMode(FailLocal), withRedis(redisstore.Options{BreakerFailures: -1}))
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 1, Global()).Named("g")}, WithFailureMode(FailLocal), withRedis(redisstore.Options{BreakerFailures: -1}))
 	mr.SetError("LOADING Redis is loading the dataset in memory")
 	ctx := context.Background()
 	for i, want := range []bool{true, false} {
@@ -148,7 +148,7 @@ func TestStatusTimeout(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true, ReadTimeout: time.Minute})
 	t.Cleanup(func() { _ = c.Close() })
 	const timeout = 300 * time.Millisecond
-	lim := mustNew(t, c, []Limit{PerMinute(3, Global())}, WithTimeout(timeout), withRedis(redisstore.Options{BreakerFailures: -1}))
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 3, Global())}, WithTimeout(timeout), withRedis(redisstore.Options{BreakerFailures: -1}))
 	if _, err := lim.Status(context.Background(), []string{"k"}, 1); err != nil { // loads the library
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func (p peekLibrary) Rollback(context.Context, []string, []byte, []byte) (int64,
 // one of which fails, returns the error and takes nothing back: it
 // reserved nothing, and the times its replies carry are no reservation.
 func TestStatusFailsWithoutRollback(t *testing.T) {
-	lim := mustNew(t, stubClient{}, []Limit{PerMinute(5, Header("X-A")).Named("a"), PerMinute(5, Header("X-B")).Named("b")})
+	lim := mustNew(t, stubClient{}, []Limit{Per(time.Minute, 5, Header("X-A")).Named("a"), Per(time.Minute, 5, Header("X-B")).Named("b")})
 	lim.rules.spec.Split = true // as on a cluster: one call per identifier
 	var rollbacks int
 	lib := peekLibrary{rollbacks: &rollbacks}

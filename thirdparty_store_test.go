@@ -95,7 +95,7 @@ func TestThirdPartyStoreFeatures(t *testing.T) {
 		s := &fullStore{}
 		ticks := make(chan time.Time)
 		renewed := make(chan int64, 1)
-		l := mustNew(t, nil, []Limit{PerMinute(5, Header("X-Id")).Named("rate"), InFlight(1, Header("X-Id")).Named("conc")},
+		l := mustNew(t, nil, []Limit{Per(time.Minute, 5, Header("X-Id")).Named("rate"), InFlight(1, Header("X-Id")).Named("conc")},
 			WithStore(s), WithClock(clock.Now), WithRefund(func(status int) bool { return status >= 500 }),
 			func(c *config) {
 				c.renewTicks = ticks
@@ -154,11 +154,11 @@ func TestThirdPartyStoreFeatures(t *testing.T) {
 			opts   []Option
 			want   string
 		}{
-			{"in-flight", []Limit{PerMinute(5, Header("X-Id")), InFlight(2, Header("X-Id")).Named("api-inflight")}, nil,
+			{"in-flight", []Limit{Per(time.Minute, 5, Header("X-Id")), InFlight(2, Header("X-Id")).Named("api-inflight")}, nil,
 				"limit 1 (api-inflight): in-flight limits need a store that implements store.Holder; *ratelimit.ownStore does not"},
-			{"refund", []Limit{PerMinute(5, Header("X-Id"))}, []Option{WithRefund(func(int) bool { return true })},
+			{"refund", []Limit{Per(time.Minute, 5, Header("X-Id"))}, []Option{WithRefund(func(int) bool { return true })},
 				"settlement needs a store that implements store.Settler; *ratelimit.ownStore does not"},
-			{"lease", []Limit{PerMinute(500, Global()).Named("hot").Leased()}, nil,
+			{"lease", []Limit{Per(time.Minute, 500, Global()).Named("hot").Leased()}, nil,
 				"limit 0 (hot): leased limits (Limit.Lease, Leased) need the Redis store (package redisstore)"},
 		} {
 			_, err := New(nil, c.limits, append([]Option{WithStore(s)}, c.opts...)...)
@@ -166,7 +166,7 @@ func TestThirdPartyStoreFeatures(t *testing.T) {
 				t.Errorf("%s: New: %v; want an error that says %q", c.name, err, c.want)
 			}
 		}
-		l := mustNew(t, nil, []Limit{PerMinute(5, Header("X-Id"))}, WithStore(s))
+		l := mustNew(t, nil, []Limit{Per(time.Minute, 5, Header("X-Id"))}, WithStore(s))
 		defer l.Close()
 		res, err := l.Allow(ctx, []string{"a"}, 1)
 		if err != nil || !res.Allowed {
@@ -188,7 +188,7 @@ func TestThirdPartyStoreFeatures(t *testing.T) {
 func TestRedisStoreGivenWithStore(t *testing.T) {
 	ctx := context.Background()
 	o := redisstore.Options{Prefix: "given:", DenyCache: -1, OperatorRefresh: -1}
-	limits := []Limit{PerMinute(3, Header("X-Id")).Named("rate"), InFlight(2, Header("X-Id")).Named("conc")}
+	limits := []Limit{Per(time.Minute, 3, Header("X-Id")).Named("rate"), InFlight(2, Header("X-Id")).Named("conc")}
 	run := func(l *Limiter) []Result {
 		var out []Result
 		for i := range 5 {

@@ -64,7 +64,7 @@ func TestUnrevertedOnlyWhatMayHaveRun(t *testing.T) {
 	limitsOf := func(n int) []Limit {
 		var ls []Limit
 		for i := range n {
-			ls = append(ls, PerMinute(1000, Header("X-Id")).Named(fmt.Sprintf("u%d", i)))
+			ls = append(ls, Per(time.Minute, 1000, Header("X-Id")).Named(fmt.Sprintf("u%d", i)))
 		}
 		return ls
 	}
@@ -160,8 +160,8 @@ func TestUnrevertedClusterDeadPrimary(t *testing.T) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{liveNode.Addr}, ContextTimeoutEnabled: true, Dialer: g.dial})
 	t.Cleanup(func() { _ = rdb.Close() })
 	lim := mustNew(t, rdb, []Limit{
-		PerMinute(1000, Header("X-Live")).Named("live"),
-		PerMinute(1000, Header("X-Dead")).Named("dead"),
+		Per(time.Minute, 1000, Header("X-Live")).Named("live"),
+		Per(time.Minute, 1000, Header("X-Dead")).Named("dead"),
 	}, WithTimeout(300*time.Millisecond), withRedis(redisstore.Options{BreakerFailures: -1, OperatorRefresh: -1}))
 	// Scripts: a function would be loaded on every primary, the dead one too.
 	lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(true)

@@ -19,7 +19,7 @@ import (
 // TestWithStoreConfig: New needs a Redis client or a store, and not both;
 // a nil store is an error; a typed nil client with a store is no client.
 func TestWithStoreConfig(t *testing.T) {
-	limits := []Limit{PerMinute(3, Header("X-Id"))}
+	limits := []Limit{Per(time.Minute, 3, Header("X-Id"))}
 	local, err := store.NewLocal(store.LocalOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +70,7 @@ func TestWithStoreLocal(t *testing.T) {
 		quota := 1 + r.IntN(20)
 		local, _ := store.NewLocal(store.LocalOptions{})
 		clock := &testClock{t: t0}
-		l := mustNew(t, nil, []Limit{PerMinute(quota, Header("X-Id")).Named("s").Block(time.Hour)},
+		l := mustNew(t, nil, []Limit{Per(time.Minute, quota, Header("X-Id")).Named("s").Block(time.Hour)},
 			WithStore(local), WithFailureMode(mode), WithClock(clock.Now))
 		if l.Inspect().Stats().BreakerOpen || l.Inspect().Stats().Unreverted != 0 {
 			t.Errorf("seed %d: breaker open %v, unreverted %d; want false, 0", seed, l.Inspect().Stats().BreakerOpen, l.Inspect().Stats().Unreverted)
@@ -143,7 +143,7 @@ func TestWithStoreOther(t *testing.T) {
 	ctx := context.Background()
 	local, _ := store.NewLocal(store.LocalOptions{})
 	s := &failingStore{local: local}
-	l := mustNew(t, nil, []Limit{PerMinute(5, Header("X-Id"))}, WithStore(s))
+	l := mustNew(t, nil, []Limit{Per(time.Minute, 5, Header("X-Id"))}, WithStore(s))
 	res, err := l.Allow(ctx, []string{"a"}, 1)
 	if err != nil || !res.Allowed || !s.deadline {
 		t.Fatalf("Allow: %+v, %v, deadline %v; want admitted, with a deadline", res, err, s.deadline)
@@ -162,7 +162,7 @@ func TestWithStoreOther(t *testing.T) {
 	if w.Code != http.StatusServiceUnavailable {
 		t.Errorf("a failing store under FailClosed: %d; want 503", w.Code)
 	}
-	fl := mustNew(t, nil, []Limit{PerMinute(5, Header("X-Id")).Named("fl")}, WithStore(s), WithFailureMode(FailLocal))
+	fl := mustNew(t, nil, []Limit{Per(time.Minute, 5, Header("X-Id")).Named("fl")}, WithStore(s), WithFailureMode(FailLocal))
 	if res, err := fl.Allow(ctx, []string{"a"}, 1); err == nil || !res.Local || !res.Allowed {
 		t.Errorf("a failing store under FailLocal: %+v, %v; want a local decision and the store's error", res, err)
 	}

@@ -62,7 +62,7 @@ func TestDefaultAnswers(t *testing.T) {
 			for _, mode := range []ratelimit.FailureMode{ratelimit.FailClosed, ratelimit.FailOpen, ratelimit.FailLocal} {
 				t.Run("no key "+mode.String(), func(t *testing.T) {
 					forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
-						l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key"))},
+						l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.Header("X-Api-Key"))},
 							append(opts, ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithFailureMode(mode))...)
 						if err != nil {
 							t.Fatal(err)
@@ -127,7 +127,7 @@ func TestOwnHandlersWin(t *testing.T) {
 				t.Errorf("failed: %d %v %q, want our 503", w.Code, w.Header(), w.Body)
 			}
 			l, err := ratelimit.New(redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true}),
-				[]ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key"))}, ratelimit.WithTimeout(redistest.DecisionTimeout), unavailable,
+				[]ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.Header("X-Api-Key"))}, ratelimit.WithTimeout(redistest.DecisionTimeout), unavailable,
 				ratelimit.WithHandlers(ratelimit.Handlers{MissingKey: func(w http.ResponseWriter, _ *http.Request, err error) {
 					w.WriteHeader(http.StatusForbidden)
 					_, _ = w.Write([]byte("ours: " + err.Error()))
@@ -183,7 +183,7 @@ func TestEchoErrorHandler(t *testing.T) {
 		t.Errorf("denied: %d %v %q", w.Code, w.Header(), w.Body)
 	}
 
-	l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key"))}, ratelimit.WithTimeout(redistest.DecisionTimeout))
+	l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.Header("X-Api-Key"))}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestGinErrors(t *testing.T) {
 		t.Errorf("denied: %d %q; log %q", w.Code, w.Body, log.String())
 	}
 
-	l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key"))}, ratelimit.WithTimeout(redistest.DecisionTimeout))
+	l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.Header("X-Api-Key"))}, ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}

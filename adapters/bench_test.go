@@ -52,7 +52,7 @@ func BenchmarkAdmitted(b *testing.B) {
 		for _, mounts := range []int{0, 1, 2} {
 			name := rt.name + "/" + [...]string{"bare", "once", "twice"}[mounts]
 			b.Run(name, func(b *testing.B) {
-				api, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("ip")},
+				api, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.Per(time.Minute, 100, ratelimit.ClientIP()).Named("ip")},
 					ratelimit.WithStore(newAdmitStore()))
 				if err != nil {
 					b.Fatal(err)

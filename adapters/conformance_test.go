@@ -46,13 +46,13 @@ func limiter(t *testing.T, rdb redis.UniversalClient, opts ...ratelimit.Option) 
 	t.Helper()
 	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout)}, opts...)
 	api, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(50, ratelimit.ClientIP()).Named("ip"),
-		ratelimit.PerMinute(3, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
+		ratelimit.Per(time.Minute, 50, ratelimit.ClientIP()).Named("ip"),
+		ratelimit.Per(time.Minute, 3, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
 	}, append(opts, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-		"GET /export":      {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("export")}},
+		"GET /export":      {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.ClientIP()).Named("export")}},
 		"GET /report":      {Cost: 2},
-		"POST /login":      {Limits: []ratelimit.Limit{ratelimit.PerMinute(2, ratelimit.ClientIP()).Named("login")}},
-		"GET /admin/stats": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("admin")}},
+		"POST /login":      {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 2, ratelimit.ClientIP()).Named("login")}},
+		"GET /admin/stats": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.ClientIP()).Named("admin")}},
 	}))...)
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/go-chi/chi/v5"
@@ -45,7 +46,7 @@ var (
 // one request at once per IP.
 func epLimits() []ratelimit.Limit {
 	return []ratelimit.Limit{
-		ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named("ip"),
+		ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named("ip"),
 		ratelimit.InFlight(1, ratelimit.ClientIP()).Named("conn"),
 	}
 }
@@ -54,7 +55,7 @@ func epLimits() []ratelimit.Limit {
 // HTTP entries and a Limiter of their own for Allow.
 func epRouteLimits() []ratelimit.Limit {
 	return []ratelimit.Limit{
-		ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named("login"),
+		ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named("login"),
 		ratelimit.InFlight(1, ratelimit.ClientIP()).Named("login-inflight"),
 	}
 }

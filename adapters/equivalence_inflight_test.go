@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -24,7 +25,7 @@ func eqInFlightLimiter(t *testing.T, rdb redis.UniversalClient, o ratelimit.Obse
 	t.Helper()
 	routes := map[string]ratelimit.RouteLimits{}
 	for _, d := range eqDeclared {
-		limits := []ratelimit.Limit{ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named(d.limit)}
+		limits := []ratelimit.Limit{ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named(d.limit)}
 		if d.limit == "login" {
 			limits = append(limits, ratelimit.InFlight(1, ratelimit.ClientIP()).Named("login-inflight"))
 		}
@@ -32,8 +33,8 @@ func eqInFlightLimiter(t *testing.T, rdb redis.UniversalClient, o ratelimit.Obse
 	}
 	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithObserver(o), ratelimit.WithRoutes(routes)}, opts...)
 	l, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named("ip"),
-		ratelimit.PerMinute(1000, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
+		ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named("ip"),
+		ratelimit.Per(time.Minute, 1000, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
 		ratelimit.InFlight(1, ratelimit.ClientIP()).Named("conn"),
 	}, opts...)
 	if err != nil {

@@ -85,12 +85,12 @@ func eqLimiter(t *testing.T, rdb redis.UniversalClient, o ratelimit.Observer, op
 	t.Helper()
 	routes := map[string]ratelimit.RouteLimits{}
 	for _, d := range eqDeclared {
-		routes[d.template] = ratelimit.RouteLimits{Limits: []ratelimit.Limit{ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named(d.limit)}}
+		routes[d.template] = ratelimit.RouteLimits{Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named(d.limit)}}
 	}
 	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithObserver(o), ratelimit.WithRoutes(routes)}, opts...)
 	l, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named("ip"),
-		ratelimit.PerMinute(1000, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
+		ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named("ip"),
+		ratelimit.Per(time.Minute, 1000, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
 	}, opts...)
 	if err != nil {
 		t.Fatal(err)

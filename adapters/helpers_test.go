@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -29,7 +30,7 @@ func send(h http.Handler, method, path, ip string, header ...string) *httptest.R
 func perIP(t *testing.T, rdb redis.UniversalClient, quota int, opts ...ratelimit.Option) *ratelimit.Limiter {
 	t.Helper()
 	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout)}, opts...)
-	l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(quota, ratelimit.ClientIP()).Named("ip")}, opts...)
+	l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, quota, ratelimit.ClientIP()).Named("ip")}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,14 +56,14 @@ func auth(next http.Handler) http.Handler {
 func authLimiters(t *testing.T, rdb redis.UniversalClient, opts []ratelimit.Option) (ip, user *ratelimit.Limiter) {
 	t.Helper()
 	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout)}, opts...)
-	ip, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
+	ip, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 5, ratelimit.ClientIP()).Named("ip")},
 		append(opts, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-			"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(2, ratelimit.ClientIP()).Named("login")}},
+			"POST /login": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 2, ratelimit.ClientIP()).Named("login")}},
 		}))...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	user, err = ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user")}, opts...)
+	user, err = ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 3, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user")}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +282,7 @@ func TestPlansBehindAuth(t *testing.T) {
 		t.Run(rt.name, func(t *testing.T) {
 			forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
 				ip, _ := authLimiters(t, rdb, opts)
-				user, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user").Tiered(ratelimit.Plans{
+				user, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 3, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user").Tiered(ratelimit.Plans{
 					Quotas: map[string]int{"pro": 6, "internal": ratelimit.Unlimited},
 					Of:     func(_ context.Context, id string) (string, error) { return plans[id], nil },
 				})}, append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout)}, opts...)...)
@@ -451,11 +451,11 @@ func stackedLimiters(t *testing.T, outer, inner redis.UniversalClient, ipQuota, 
 		ratelimit.WithClock(func() time.Time { return now }),
 		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit | ratelimit.HeadersIETF),
 	}
-	ip, err := ratelimit.New(outer, []ratelimit.Limit{ratelimit.PerMinute(ipQuota, ratelimit.ClientIP()).Named("ip")}, opts...)
+	ip, err := ratelimit.New(outer, []ratelimit.Limit{ratelimit.Per(time.Minute, ipQuota, ratelimit.ClientIP()).Named("ip")}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	user, err = ratelimit.New(inner, []ratelimit.Limit{ratelimit.PerMinute(userQuota, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user")},
+	user, err = ratelimit.New(inner, []ratelimit.Limit{ratelimit.Per(time.Minute, userQuota, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user")},
 		append(opts, ratelimit.WithCost(func(*http.Request) int { return userCost }))...)
 	if err != nil {
 		t.Fatal(err)

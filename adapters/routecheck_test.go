@@ -268,7 +268,7 @@ var genCheckers = []struct {
 }
 
 func genLimits() []ratelimit.Limit {
-	return []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("ip")}
+	return []ratelimit.Limit{ratelimit.Per(time.Minute, 100, ratelimit.ClientIP()).Named("ip")}
 }
 
 // genLimiter is a Limiter with table on a store that admits everything,
@@ -309,7 +309,7 @@ func TestRouteTableCheck(t *testing.T) {
 	n := 0
 	limit := func() ratelimit.RouteLimits {
 		n++
-		return ratelimit.RouteLimits{Limits: []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("route" + strconv.Itoa(n))}}
+		return ratelimit.RouteLimits{Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 5, ratelimit.ClientIP()).Named("route" + strconv.Itoa(n))}}
 	}
 	found := map[string]int{}
 	for round := range rounds {
@@ -418,7 +418,7 @@ func TestRouteTableMethodAndSlash(t *testing.T) {
 			{"POST /dir", "POST", "/dir/", verdicts{false, true, false, false}},
 			{"GET /dir/", "POST", "/dir/", verdicts{false, false, false, false}},
 		} {
-			table := map[string]ratelimit.RouteLimits{tc.entry: {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("route")}}}
+			table := map[string]ratelimit.RouteLimits{tc.entry: {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.ClientIP()).Named("route")}}}
 			newL := func(router string) *ratelimit.Limiter {
 				o := append([]ratelimit.Option{ratelimit.WithRoutes(table), ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{Prefix: fmt.Sprintf("ms%d%s:", i, router)}))}, opts...)
 				return perIP(t, nil, 100, o...)

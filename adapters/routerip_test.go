@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/go-chi/chi/v5"
@@ -32,7 +33,7 @@ func TestRouterClientIP(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
 		newLimiter := func(t *testing.T) *ratelimit.Limiter {
 			o := append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{Prefix: t.Name() + ":"}))}, opts...)
-			l, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.FromRouter())).Named("ip")}, o...)
+			l, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.ClientIP(clientip.FromRouter())).Named("ip")}, o...)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -214,12 +214,12 @@ func TestSettleEveryPass(t *testing.T) {
 		t.Run(rt.name, func(t *testing.T) {
 			forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
 				var settles atomic.Int64
-				ip, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named("ip")},
+				ip, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named("ip")},
 					append(opts, ratelimit.WithTimeout(redistest.DecisionTimeout),
 						ratelimit.WithCost(func(*http.Request) int { return 100 }),
 						ratelimit.WithSettle(func(int, http.Header, int) int { settles.Add(1); return 70 }),
 						ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-							"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named("login")}},
+							"POST /login": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named("login")}},
 						}))...)
 				if err != nil {
 					t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -44,12 +45,12 @@ func TestCallerRequestUntouched(t *testing.T) {
 					ratelimit.WithTimeout(redistest.DecisionTimeout),
 					ratelimit.WithSettle(func(_ int, _ http.Header, cost int) int { settled++; return cost + 1 }),
 					ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-						"GET /users/{id}": {Limits: []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("users")}},
-						"POST /login":     {Limits: []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("login")}},
+						"GET /users/{id}": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 100, ratelimit.ClientIP()).Named("users")}},
+						"POST /login":     {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 100, ratelimit.ClientIP()).Named("login")}},
 					}),
 				}, opts...)
 				l, err := ratelimit.New(rdb, []ratelimit.Limit{
-					ratelimit.PerMinute(6, ratelimit.ClientIP(clientip.FromRouter())).Named("ip"),
+					ratelimit.Per(time.Minute, 6, ratelimit.ClientIP(clientip.FromRouter())).Named("ip"),
 					ratelimit.InFlight(1, ratelimit.ClientIP()).Named("conn"),
 				}, opts...)
 				if err != nil {

@@ -60,8 +60,8 @@ func newFixture(t *testing.T, opts admin.Options) *fixture {
 	}
 	adm := admin.New(opts)
 	lim, err := ratelimit.New(nil, []ratelimit.Limit{
-		ratelimit.PerMinute(3, ratelimit.Header("X-Client")).Named("client"),
-		ratelimit.PerMinute(1000, ratelimit.Global()).Named("all"),
+		ratelimit.Per(time.Minute, 3, ratelimit.Header("X-Client")).Named("client"),
+		ratelimit.Per(time.Minute, 1000, ratelimit.Global()).Named("all"),
 	}, ratelimit.WithObserver(adm.Observer()), ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{DenyCache: -1})))
 	if err != nil {
 		t.Fatal(err)

@@ -80,8 +80,8 @@ func TestBrowser(t *testing.T) {
 	adm := admin.New(admin.Options{Capacity: 50, Top: 10})
 	start := time.Now()
 	lim, err := ratelimit.New(srv.Client(), []ratelimit.Limit{
-		ratelimit.PerMinute(5, ratelimit.Header("X-Client")).Named("per-client"),
-		ratelimit.PerMinute(100000, ratelimit.Global()).Named("global"),
+		ratelimit.Per(time.Minute, 5, ratelimit.Header("X-Client")).Named("per-client"),
+		ratelimit.Per(time.Minute, 100000, ratelimit.Global()).Named("global"),
 	}, ratelimit.WithObserver(adm.Observer()), ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithClock(func() time.Time { return start })) // the load takes one instant, however slow the machine
 	if err != nil {

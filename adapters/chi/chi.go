@@ -3,7 +3,7 @@
 //	import chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
 //
 //	api, err := ratelimit.New(rdb, limits, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-//		"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("login")}},
+//		"POST /login": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 5, ratelimit.ClientIP()).Named("login")}},
 //	}))
 //	r := chi.NewRouter()
 //	r.Use(chiratelimit.Middleware(api))

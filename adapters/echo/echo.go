@@ -3,7 +3,7 @@
 //	import echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 //
 //	api, err := ratelimit.New(rdb, limits, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-//		"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("login")}},
+//		"POST /login": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 5, ratelimit.ClientIP()).Named("login")}},
 //	}))
 //	e := echo.New()
 //	e.Use(echoratelimit.Middleware(api))

@@ -3,7 +3,7 @@
 //	import ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
 //
 //	api, err := ratelimit.New(rdb, limits, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-//		"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("login")}},
+//		"POST /login": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 5, ratelimit.ClientIP()).Named("login")}},
 //	}))
 //	r := gin.New()
 //	r.Use(ginratelimit.Middleware(api))

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -45,7 +46,7 @@ func benchLimiter(b *testing.B, opts ...ratelimit.Option) *ratelimit.Limiter {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	b.Cleanup(func() { _ = rdb.Close() })
 	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout)}, opts...)
-	l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(1_000_000, ratelimit.ClientIP()).Named("ip")}, opts...)
+	l, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 1_000_000, ratelimit.ClientIP()).Named("ip")}, opts...)
 	if err != nil {
 		b.Fatal(err)
 	}

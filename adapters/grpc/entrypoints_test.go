@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
@@ -42,14 +43,14 @@ var (
 
 func gepLimits() []ratelimit.Limit {
 	return []ratelimit.Limit{
-		ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named("ip"),
+		ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named("ip"),
 		ratelimit.InFlight(1, ratelimit.ClientIP()).Named("conn"),
 	}
 }
 
 func gepRouteLimits() []ratelimit.Limit {
 	return []ratelimit.Limit{
-		ratelimit.PerMinute(1000, ratelimit.ClientIP()).Named("login"),
+		ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named("login"),
 		ratelimit.InFlight(1, ratelimit.ClientIP()).Named("login-inflight"),
 	}
 }

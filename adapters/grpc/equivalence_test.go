@@ -27,11 +27,11 @@ import (
 // shows (with and without the method).
 func routeLimiter(t *testing.T, rdb redis.UniversalClient, quota int, opts ...ratelimit.Option) *ratelimit.Limiter {
 	return newLimiter(t, rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("ip"),
-		ratelimit.PerMinute(100, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
+		ratelimit.Per(time.Minute, 100, ratelimit.ClientIP()).Named("ip"),
+		ratelimit.Per(time.Minute, 100, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
 	}, append(opts, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-		"POST /grpc.health.v1.Health/Check": {Limits: []ratelimit.Limit{ratelimit.PerMinute(quota, ratelimit.ClientIP()).Named("check")}},
-		"/grpc.health.v1.Health/Watch":      {Limits: []ratelimit.Limit{ratelimit.PerMinute(quota, ratelimit.ClientIP()).Named("watch")}},
+		"POST /grpc.health.v1.Health/Check": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, quota, ratelimit.ClientIP()).Named("check")}},
+		"/grpc.health.v1.Health/Watch":      {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, quota, ratelimit.ClientIP()).Named("watch")}},
 	}))...)
 }
 

@@ -35,11 +35,11 @@ func Example() {
 	defer rdb.Close()
 
 	limiter, err := ratelimit.New(rdb,
-		[]ratelimit.Limit{ratelimit.PerMinute(2, ratelimit.ClientIP()).Named("ip")},
+		[]ratelimit.Limit{ratelimit.Per(time.Minute, 2, ratelimit.ClientIP()).Named("ip")},
 		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit|ratelimit.HeadersIETF),
 		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
 			"/grpc.health.v1.Health/Check": {Limits: []ratelimit.Limit{
-				ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("check"),
+				ratelimit.Per(time.Minute, 1, ratelimit.ClientIP()).Named("check"),
 			}},
 		}),
 		ratelimit.WithTimeout(redistest.DecisionTimeout), // the default, 100ms, suits a real Redis on a quiet machine

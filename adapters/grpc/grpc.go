@@ -7,10 +7,10 @@
 //	import grpcratelimit "github.com/slidinglog/ratelimit/adapters/grpc"
 //
 //	api, err := ratelimit.New(rdb,
-//		[]ratelimit.Limit{ratelimit.PerMinute(600, ratelimit.ClientIP()).Named("ip")},
+//		[]ratelimit.Limit{ratelimit.Per(time.Minute, 600, ratelimit.ClientIP()).Named("ip")},
 //		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
 //			"/helloworld.Greeter/SayHello": {Limits: []ratelimit.Limit{
-//				ratelimit.PerMinute(60, ratelimit.ClientIP()).Named("hello"),
+//				ratelimit.Per(time.Minute, 60, ratelimit.ClientIP()).Named("hello"),
 //			}},
 //		}))
 //	srv := grpc.NewServer(

@@ -25,7 +25,7 @@ import (
 )
 
 func perPeer(quota int) []ratelimit.Limit {
-	return []ratelimit.Limit{ratelimit.PerMinute(quota, ratelimit.ClientIP()).Named("ip")}
+	return []ratelimit.Limit{ratelimit.Per(time.Minute, quota, ratelimit.ClientIP()).Named("ip")}
 }
 
 // A per-peer limit admits its quota, with the rate-limit headers as header
@@ -111,7 +111,7 @@ func TestRouteLimit(t *testing.T) {
 		t.Run(tmpl, func(t *testing.T) {
 			forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
 				l := newLimiter(t, rdb, perPeer(100), ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-					tmpl: {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("check")}},
+					tmpl: {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.ClientIP()).Named("check")}},
 				}))
 				s := serve(t, l, nil)
 				if _, err := s.check(t); err != nil {
@@ -159,7 +159,7 @@ func TestForwardedFor(t *testing.T) {
 			mustCode(t, err, codes.ResourceExhausted)
 		})
 		t.Run("trusted peer", func(t *testing.T) {
-			limits := []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP(clientip.TrustProxies("127.0.0.0/8"))).Named("ip")}
+			limits := []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.ClientIP(clientip.TrustProxies("127.0.0.0/8"))).Named("ip")}
 			s := serve(t, newLimiterWith(t, rdb, redisstore.Options{Prefix: "trusted:"}, limits), nil)
 			for _, ip := range []string{"203.0.113.1", "203.0.113.2"} {
 				if _, err := s.check(t, "x-forwarded-for", ip); err != nil {
@@ -176,7 +176,7 @@ func TestForwardedFor(t *testing.T) {
 // metadata is not part of the view.
 func TestHeaderKey(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
-		limits := []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key")).Named("key")}
+		limits := []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.Header("X-Api-Key")).Named("key")}
 		s := serve(t, newLimiter(t, rdb, limits), nil)
 		for _, key := range []string{"a", "b"} {
 			if _, err := s.check(t, "x-api-key", key); err != nil {
@@ -190,7 +190,7 @@ func TestHeaderKey(t *testing.T) {
 		_, err = s.check(t)
 		mustCode(t, err, codes.Unauthenticated) // no key
 
-		bin := []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.Header("X-Token-Bin")).Named("bin")}
+		bin := []ratelimit.Limit{ratelimit.Per(time.Minute, 100, ratelimit.Header("X-Token-Bin")).Named("bin")}
 		s = serve(t, newLimiter(t, rdb, bin), nil)
 		_, err = s.check(t, "x-token-bin", "secret")
 		mustCode(t, err, codes.Unauthenticated) // no key
@@ -308,7 +308,7 @@ func TestUserFromContext(t *testing.T) {
 			}
 			return handler(ctx, req)
 		}
-		limits := []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user")}
+		limits := []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user")}
 		s := serve(t, newLimiter(t, rdb, limits), []grpc.UnaryServerInterceptor{auth})
 		for _, u := range []string{"alice", "bob"} {
 			if _, err := s.check(t, "x-user", u); err != nil {
@@ -387,7 +387,7 @@ func TestLimiterHandlers(t *testing.T) {
 // method names.
 func TestUnknownMethodIsUnmatched(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
-		limits := []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.Route()).Named("route")}
+		limits := []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.Route()).Named("route")}
 		unknown := grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
 			return status.Error(codes.NotFound, "proxied nowhere")
 		})
@@ -407,7 +407,7 @@ func TestUnknownMethodIsUnmatched(t *testing.T) {
 // between calls.
 func TestConcurrentCalls(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
-		limits := []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key")).Named("key")}
+		limits := []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.Header("X-Api-Key")).Named("key")}
 		s := serve(t, newLimiter(t, rdb, limits), nil)
 		const n = 20
 		for round, want := range []codes.Code{codes.OK, codes.ResourceExhausted} {
@@ -430,8 +430,8 @@ func TestConcurrentCalls(t *testing.T) {
 // resets at the same second, whatever headers the Limiter sends.
 func TestQuotaFailureNamesDenier(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
-		ip := ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")
-		key := ratelimit.PerMinute(1, ratelimit.Header("X-Api-Key")).Named("key")
+		ip := ratelimit.Per(time.Minute, 5, ratelimit.ClientIP()).Named("ip")
+		key := ratelimit.Per(time.Minute, 1, ratelimit.Header("X-Api-Key")).Named("key")
 		for _, order := range [][]ratelimit.Limit{{ip, key}, {key, ip}} {
 			// Without the deny cache, Redis denies and reports both limits,
 			// which reset at the same second; with it, the denial comes

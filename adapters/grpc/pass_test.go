@@ -3,6 +3,7 @@ package grpcratelimit_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
@@ -17,8 +18,8 @@ import (
 // it in its own limits.
 func TestInterceptorTwice(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
-		l := newLimiter(t, rdb, []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.Global()).Named("twice")})
-		other := newLimiter(t, rdb, []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.Global()).Named("other")})
+		l := newLimiter(t, rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 100, ratelimit.Global()).Named("twice")})
+		other := newLimiter(t, rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 100, ratelimit.Global()).Named("other")})
 		unary, otherUnary := grpcratelimit.UnaryServerInterceptor(l), grpcratelimit.UnaryServerInterceptor(other)
 		streams := grpcratelimit.StreamServerInterceptor(l)
 		info := &grpc.UnaryServerInfo{FullMethod: "/svc.S/Call"}

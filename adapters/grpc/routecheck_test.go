@@ -40,10 +40,10 @@ func TestCheckRoutes(t *testing.T) {
 		}
 	}
 	limit := func(i int) ratelimit.RouteLimits {
-		return ratelimit.RouteLimits{Limits: []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("m" + strconv.Itoa(i))}}
+		return ratelimit.RouteLimits{Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 5, ratelimit.ClientIP()).Named("m" + strconv.Itoa(i))}}
 	}
 	check := func(table map[string]ratelimit.RouteLimits) error {
-		l, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.ClientIP()).Named("ip")},
+		l, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.Per(time.Minute, 100, ratelimit.ClientIP()).Named("ip")},
 			ratelimit.WithRoutes(table), ratelimit.WithStore(redisStore(t, deadRedis(t), redisstore.Options{OperatorRefresh: -1})))
 		if err != nil {
 			t.Fatal(err)

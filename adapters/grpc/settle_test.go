@@ -34,7 +34,7 @@ func TestSettle(t *testing.T) {
 	t.Logf("seed %d", seed)
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		rng := rand.New(rand.NewSource(seed))
-		l := newLimiter(t, rdb, []ratelimit.Limit{ratelimit.PerMinute(10000, ratelimit.Global()).Named("calls")},
+		l := newLimiter(t, rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 10000, ratelimit.Global()).Named("calls")},
 			ratelimit.WithCost(func(*http.Request) int { return 5 }), ratelimit.WithSettle(nil))
 		unary := grpcratelimit.UnaryServerInterceptor(l)
 		streams := grpcratelimit.StreamServerInterceptor(l)
@@ -67,7 +67,7 @@ func TestSettle(t *testing.T) {
 				t.Fatalf("seed %d step %d: remaining %d, want %d (%v)", seed, step, st.Limits[0].Remaining, 10000-used, err)
 			}
 		}
-		off := newLimiter(t, rdb, []ratelimit.Limit{ratelimit.PerMinute(10, ratelimit.Global()).Named("off")})
+		off := newLimiter(t, rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 10, ratelimit.Global()).Named("off")})
 		_, err := grpcratelimit.UnaryServerInterceptor(off)(t.Context(), nil, info, func(ctx context.Context, _ any) (any, error) {
 			return nil, ratelimit.Settle(ctx, 1)
 		})

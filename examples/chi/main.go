@@ -44,9 +44,9 @@ func main() {
 // opts after its own options.
 func newLimiter(rdb redis.UniversalClient, opts ...ratelimit.Option) (*ratelimit.Limiter, error) {
 	return ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1000, ratelimit.Global()).Named("global"),
-		ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("per-ip"),
-		ratelimit.PerMinute(5, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("per-route"),
+		ratelimit.Per(time.Minute, 1000, ratelimit.Global()).Named("global"),
+		ratelimit.Per(time.Minute, 10, ratelimit.ClientIP()).Named("per-ip"),
+		ratelimit.Per(time.Minute, 5, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("per-route"),
 	}, append([]ratelimit.Option{
 		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit | ratelimit.HeadersIETF),
 		ratelimit.WithHandlers(ratelimit.Handlers{Error: func(r *http.Request, err error) { log.Printf("rate limiter: %v", err) }}),
@@ -54,7 +54,7 @@ func newLimiter(rdb redis.UniversalClient, opts ...ratelimit.Option) (*ratelimit
 		// Routes' own limits and costs, in chi's templates or the canonical
 		// form: "/users/{id}" is the same template in every router.
 		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-			"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.ClientIP()).Named("login")}},
+			"POST /login": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 3, ratelimit.ClientIP()).Named("login")}},
 			"GET /report": {Cost: 5},
 		}),
 	}, opts...)...)

@@ -20,6 +20,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -54,7 +55,7 @@ func main() {
 // per API key.
 func newProxy(rdb redis.UniversalClient, upstream *url.URL, opts ...ratelimit.Option) (http.Handler, error) {
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(tokensPerMinute, ratelimit.Header("Authorization")).Named("tokens"),
+		ratelimit.Per(time.Minute, tokensPerMinute, ratelimit.Header("Authorization")).Named("tokens"),
 	}, append([]ratelimit.Option{
 		ratelimit.WithCost(estimate),
 		// WithSettle turns settlement on: without it ratelimit.Settle

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -56,13 +57,13 @@ func connect() *redis.Client {
 // limited too, and 10 a minute per user behind it, where the user is known.
 func newAPI(rdb redis.UniversalClient, opts ...ratelimit.Option) (http.Handler, error) {
 	perIP, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(60, ratelimit.ClientIP()),
+		ratelimit.Per(time.Minute, 60, ratelimit.ClientIP()),
 	}, opts...)
 	if err != nil {
 		return nil, err
 	}
 	perUser, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(10, ratelimit.User(userOf)),
+		ratelimit.Per(time.Minute, 10, ratelimit.User(userOf)),
 	}, opts...)
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/go-chi/chi/v5"
@@ -24,7 +25,7 @@ import (
 func readmeSnippets(limiter *ratelimit.Limiter, mux *http.ServeMux, r chi.Router, e *echo.Echo, g *gin.Engine, cloudflareRanges []string) {
 	// Limits: route limits.
 	ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-		"POST /login":  {Limits: []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("login")}},
+		"POST /login":  {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 5, ratelimit.ClientIP()).Named("login")}},
 		"GET /reports": {Cost: 10},
 	})
 

@@ -54,12 +54,12 @@ func main() {
 // opts after its own options.
 func newLimiter(rdb redis.UniversalClient, opts ...ratelimit.Option) (*ratelimit.Limiter, error) {
 	return ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1000, ratelimit.Global()).Named("global"),
-		ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("per-ip").Tiered(ratelimit.Plans{
+		ratelimit.Per(time.Minute, 1000, ratelimit.Global()).Named("global"),
+		ratelimit.Per(time.Minute, 10, ratelimit.ClientIP()).Named("per-ip").Tiered(ratelimit.Plans{
 			Quotas: map[string]int{"pro": 100, "internal": ratelimit.Unlimited},
 			Of:     planOf,
 		}),
-		ratelimit.PerMinute(5, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("per-route").Tiered(ratelimit.Plans{
+		ratelimit.Per(time.Minute, 5, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("per-route").Tiered(ratelimit.Plans{
 			Quotas: map[string]int{"pro": 50, "internal": ratelimit.Unlimited},
 			Of:     planOf,
 		}),
@@ -67,7 +67,7 @@ func newLimiter(rdb redis.UniversalClient, opts ...ratelimit.Option) (*ratelimit
 		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit | ratelimit.HeadersIETF),
 		ratelimit.WithHandlers(ratelimit.Handlers{Error: func(r *http.Request, err error) { log.Printf("rate limiter: %v", err) }}),
 		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-			"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(3, ratelimit.ClientIP()).Named("login")}},
+			"POST /login": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 3, ratelimit.ClientIP()).Named("login")}},
 			"GET /report": {Cost: 5},
 		}),
 		// Health checks are neither counted nor limited.

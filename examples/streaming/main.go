@@ -38,13 +38,13 @@ func main() {
 // the client goes away, behind its limits.
 func newAPI(rdb redis.UniversalClient, tick time.Duration, opts ...ratelimit.Option) (http.Handler, error) {
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(1000, ratelimit.ClientIP()), // every route, per client IP
+		ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()), // every route, per client IP
 	}, append([]ratelimit.Option{
 		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit | ratelimit.HeadersIETF),
 		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
 			"GET /events": {Limits: []ratelimit.Limit{
-				ratelimit.InFlight(2, ratelimit.ClientIP()).Named("streams"), // 2 open at once
-				ratelimit.PerMinute(30, ratelimit.ClientIP()).Named("opens"), // 30 opened a minute
+				ratelimit.InFlight(2, ratelimit.ClientIP()).Named("streams"),        // 2 open at once
+				ratelimit.Per(time.Minute, 30, ratelimit.ClientIP()).Named("opens"), // 30 opened a minute
 			}},
 		}),
 	}, opts...)...)

@@ -41,7 +41,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.PerMinute(2, ratelimit.Header("X-API-Key")).Named("api"),
+		ratelimit.Per(time.Minute, 2, ratelimit.Header("X-API-Key")).Named("api"),
 	}, ratelimit.WithObserver(metrics.Observer()), ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)

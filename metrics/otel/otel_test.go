@@ -170,8 +170,8 @@ func TestMetrics(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		m, reader := newMetrics(t)
 		lim := newLimiterWith(t, b, m, redisstore.Options{DenyCache: -1, BreakerFailures: 1, BreakerCoolDown: time.Hour}, []ratelimit.Limit{
-			ratelimit.PerMinute(2, ratelimit.Global()).Named("api"),
-			ratelimit.PerMinute(1, ratelimit.Global()).Shadowed().Named("trial"),
+			ratelimit.Per(time.Minute, 2, ratelimit.Global()).Named("api"),
+			ratelimit.Per(time.Minute, 1, ratelimit.Global()).Shadowed().Named("trial"),
 		}, ratelimit.WithFailureMode(ratelimit.FailOpen),
 			ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }))
 		h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
@@ -232,7 +232,7 @@ func TestPlans(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		m, reader := newMetrics(t)
 		lim := newLimiter(t, b, m, []ratelimit.Limit{
-			ratelimit.PerMinute(1, ratelimit.Header("X-User")).Named("user").Tiered(ratelimit.Plans{
+			ratelimit.Per(time.Minute, 1, ratelimit.Header("X-User")).Named("user").Tiered(ratelimit.Plans{
 				Quotas: map[string]int{"pro": 5, "internal": ratelimit.Unlimited},
 				Of: func(_ context.Context, id string) (string, error) {
 					plan, _, _ := strings.Cut(id, "-")
@@ -294,13 +294,13 @@ func TestWatchCounts(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	m, reader := newMetrics(t)
 	opts := []ratelimit.Option{ratelimit.WithStore(redisStore(t, c, redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour})), ratelimit.WithTimeout(redistest.DecisionTimeout)}
-	watched, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global()).Named("watched")}, opts...)
+	watched, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.Per(time.Minute, 5, ratelimit.Global()).Named("watched")}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.Observer().Limiter(watched)
 	m.Observer().Limiter(nil) // ignored
-	unwatched, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global()).Named("unwatched")}, opts...)
+	unwatched, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.Per(time.Minute, 5, ratelimit.Global()).Named("unwatched")}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +325,7 @@ func TestWithAttributes(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	m, reader := newMetrics(t, ratelimitotel.WithAttributes(attribute.String("service", "billing")))
-	lim := newLimiter(t, backend{client: c}, m, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.Global()).Named("api")})
+	lim := newLimiter(t, backend{client: c}, m, []ratelimit.Limit{ratelimit.Per(time.Minute, 5, ratelimit.Global()).Named("api")})
 	_, _ = lim.Allow(context.Background(), []string{"global"}, 1)
 	got := collect(t, reader)
 	diff(t, "with service", got.values, map[string]int64{
@@ -401,9 +401,9 @@ func TestOneStep(t *testing.T) {
 		slog.SetDefault(slog.New(slog.DiscardHandler))
 		t.Cleanup(func() { slog.SetDefault(old) })
 		m, reader := newMetrics(t)
-		lim, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
+		lim, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.Per(time.Minute, 5, ratelimit.ClientIP()).Named("ip")},
 			ratelimit.WithObserver(m.Observer()), ratelimit.WithStore(redisStore(t, b.client, redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour})), ratelimit.WithTimeout(redistest.DecisionTimeout),
-			ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login")}}}))
+			ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"POST /login": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.ClientIP()).Named("login")}}}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -445,8 +445,8 @@ func TestMissingKey(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		m, reader := newMetrics(t)
 		lim := newLimiterWith(t, b, m, redisstore.Options{DenyCache: -1, BreakerFailures: 1, BreakerCoolDown: time.Hour}, []ratelimit.Limit{
-			ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("ip"),
-			ratelimit.PerMinute(10, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user"),
+			ratelimit.Per(time.Minute, 10, ratelimit.ClientIP()).Named("ip"),
+			ratelimit.Per(time.Minute, 10, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user"),
 		})
 		h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		for range 3 {

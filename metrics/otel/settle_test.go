@@ -3,6 +3,7 @@ package ratelimitotel_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/slidinglog/ratelimit"
 )
@@ -12,7 +13,7 @@ import (
 func TestSettled(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		m, reader := newMetrics(t)
-		lim := newLimiter(t, b, m, []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.Global()).Named("tokens")})
+		lim := newLimiter(t, b, m, []ratelimit.Limit{ratelimit.Per(time.Minute, 100, ratelimit.Global()).Named("tokens")})
 		ctx := context.Background()
 		for _, s := range []struct{ c0, cost int }{{5, 12}, {5, 2}, {4, 0}, {3, 3}} {
 			res, err := lim.Allow(ctx, []string{"global"}, s.c0)

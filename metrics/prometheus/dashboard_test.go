@@ -48,8 +48,8 @@ func gatherAll(t *testing.T) exported {
 	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	m := ratelimitprom.New()
 	lim, err := ratelimit.New(nil, []ratelimit.Limit{
-		ratelimit.PerMinute(2, ratelimit.Header("X-Client")).Named("api"),
-		ratelimit.PerMinute(1, ratelimit.Header("X-Client")).Shadowed().Named("trial"),
+		ratelimit.Per(time.Minute, 2, ratelimit.Header("X-Client")).Named("api"),
+		ratelimit.Per(time.Minute, 1, ratelimit.Header("X-Client")).Shadowed().Named("trial"),
 	}, ratelimit.WithObserver(m.Observer()), ratelimit.WithClock(func() time.Time { return now }),
 		ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{DenyCache: time.Minute, BreakerFailures: 1, BreakerCoolDown: time.Hour})),
 		ratelimit.WithHandlers(ratelimit.Handlers{MissingKey: func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusUnauthorized) }}), // said: no warning logged

@@ -30,8 +30,8 @@ func TestMetrics(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	m := ratelimitprom.New()
 	lim, err := ratelimit.New(nil, []ratelimit.Limit{
-		ratelimit.PerMinute(2, ratelimit.Global()).Named("api"),
-		ratelimit.PerMinute(1, ratelimit.Global()).Shadowed().Named("trial"),
+		ratelimit.Per(time.Minute, 2, ratelimit.Global()).Named("api"),
+		ratelimit.Per(time.Minute, 1, ratelimit.Global()).Shadowed().Named("trial"),
 	}, ratelimit.WithObserver(m.Observer()), ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{DenyCache: -1, BreakerFailures: 1, BreakerCoolDown: time.Hour})),
 		ratelimit.WithTimeout(redistest.DecisionTimeout),
 		ratelimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
@@ -107,9 +107,9 @@ func TestOneStep(t *testing.T) {
 	t.Cleanup(func() { slog.SetDefault(old) })
 	srv := redistest.Start(t)
 	m := ratelimitprom.New()
-	lim, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.PerMinute(5, ratelimit.ClientIP()).Named("ip")},
+	lim, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.Per(time.Minute, 5, ratelimit.ClientIP()).Named("ip")},
 		ratelimit.WithObserver(m.Observer()), ratelimit.WithStore(redisStore(t, srv.Client(), redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour})), ratelimit.WithTimeout(redistest.DecisionTimeout),
-		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"POST /login": {Limits: []ratelimit.Limit{ratelimit.PerMinute(1, ratelimit.ClientIP()).Named("login")}}}))
+		ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{"POST /login": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 1, ratelimit.ClientIP()).Named("login")}}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,8 +179,8 @@ func TestMissingKey(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			m := ratelimitprom.New()
 			lim, err := ratelimit.New(nil, []ratelimit.Limit{
-				ratelimit.PerMinute(10, ratelimit.ClientIP()).Named("ip"),
-				ratelimit.PerMinute(10, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user"),
+				ratelimit.Per(time.Minute, 10, ratelimit.ClientIP()).Named("ip"),
+				ratelimit.Per(time.Minute, 10, ratelimit.User(func(r *http.Request) (string, bool) { u, ok := r.Context().Value(userKey{}).(string); return u, ok })).Named("user"),
 			}, ratelimit.WithObserver(m.Observer()), ratelimit.WithStore(redisStore(t, client(t), redisstore.Options{BreakerFailures: 1, BreakerCoolDown: time.Hour})), ratelimit.WithTimeout(redistest.DecisionTimeout))
 			if err != nil {
 				t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,7 +23,7 @@ func TestSettled(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	m := ratelimitprom.New()
-	lim, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.PerMinute(100, ratelimit.Global()).Named("tokens")},
+	lim, err := ratelimit.New(rdb, []ratelimit.Limit{ratelimit.Per(time.Minute, 100, ratelimit.Global()).Named("tokens")},
 		ratelimit.WithObserver(m.Observer()), ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		t.Fatal(err)

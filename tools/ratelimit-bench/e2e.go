@@ -36,11 +36,11 @@ import (
 //	http-ping            the handler sends one PING to Redis per request and
 //	                     waits for it: the floor of a limiter that makes one
 //	                     round trip per request; the others' x PING.
-//	http-global          one Global limit that never denies: PerMinute of the
+//	http-global          one Global limit that never denies: a minute of the
 //	                     largest quota (1,000,000), every request on one key.
 //	http-global-leased   the same limit, Leased.
 //	http-per-ip          per client IP (X-Forwarded-For, from a trusted
-//	                     proxy), PerMinute(100), each request from one of
+//	                     proxy), Per(time.Minute, 100), each request from one of
 //	                     -ip-keys addresses drawn at random: many keys, a
 //	                     request or two each.
 //	http-per-ip-leased   the same limit, Leased.
@@ -222,11 +222,11 @@ func (e *e2e) workload(name string) (e2eRow, error) {
 			bareHandler(w, r)
 		})
 	case "http-global":
-		lim, err = ratelimit.New(e.rdb, []ratelimit.Limit{lease(ratelimit.PerMinute(maxQuota, ratelimit.Global())).Named("e2e-global")},
+		lim, err = ratelimit.New(e.rdb, []ratelimit.Limit{lease(ratelimit.Per(time.Minute, maxQuota, ratelimit.Global())).Named("e2e-global")},
 			ratelimit.WithTimeout(5*time.Second))
 	case "http-per-ip":
 		perIP = true
-		lim, err = ratelimit.New(e.rdb, []ratelimit.Limit{lease(ratelimit.PerMinute(100,
+		lim, err = ratelimit.New(e.rdb, []ratelimit.Limit{lease(ratelimit.Per(time.Minute, 100,
 			ratelimit.ClientIP(clientip.TrustProxies("127.0.0.1/32")))).Named("e2e-ip")}, ratelimit.WithTimeout(5*time.Second))
 	case "http-apps":
 		return e.appsWorkload(name, leased)

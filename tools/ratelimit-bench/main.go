@@ -138,12 +138,12 @@ func main() {
 	workloads := []workload{
 		{"ceiling", b.ceiling},
 		{"allow-many-keys", func() (stats, error) {
-			return b.limiter(ratelimit.PerMinute(1_000_000, ratelimit.Global()), 10_000)
+			return b.limiter(ratelimit.Per(time.Minute, 1_000_000, ratelimit.Global()), 10_000)
 		}},
 		{"allow-bucketed", func() (stats, error) {
-			return b.limiter(ratelimit.PerMinute(1_000_000, ratelimit.Global()).Bucketed(time.Second), 10_000)
+			return b.limiter(ratelimit.Per(time.Minute, 1_000_000, ratelimit.Global()).Bucketed(time.Second), 10_000)
 		}},
-		{"deny-hot-key", func() (stats, error) { return b.limiter(ratelimit.PerMinute(100, ratelimit.Global()), 1) }},
+		{"deny-hot-key", func() (stats, error) { return b.limiter(ratelimit.Per(time.Minute, 100, ratelimit.Global()), 1) }},
 		{"mixed", func() (stats, error) {
 			return b.limiter(ratelimit.Per(10*time.Second, 50, ratelimit.Global()), 1000)
 		}},
@@ -210,8 +210,8 @@ func main() {
 			fmt.Printf("memory: %d keys x %d entries: %.1f bytes per logged request (used_memory delta), %.1f in the keys (MEMORY USAGE)\n", m.keys, m.perKey, perEntry, inKeys)
 		}
 		for _, lim := range []ratelimit.Limit{
-			ratelimit.PerHour(10_000, ratelimit.Global()).Named("mem"),
-			ratelimit.PerHour(10_000, ratelimit.Global()).Bucketed(time.Minute).Named("mem"),
+			ratelimit.Per(time.Hour, 10_000, ratelimit.Global()).Named("mem"),
+			ratelimit.Per(time.Hour, 10_000, ratelimit.Global()).Bucketed(time.Minute).Named("mem"),
 		} {
 			perKey, err := b.memoryFull(lim, 100)
 			if err != nil {
@@ -336,7 +336,7 @@ func (b bench) memory(keys, perKey int) (delta, inKeys float64, err error) {
 	if err := b.rdb.FlushAll(ctx).Err(); err != nil {
 		return 0, 0, err
 	}
-	lim, err := ratelimit.New(b.rdb, []ratelimit.Limit{ratelimit.PerHour(perKey, ratelimit.Global()).Named("mem")},
+	lim, err := ratelimit.New(b.rdb, []ratelimit.Limit{ratelimit.Per(time.Hour, perKey, ratelimit.Global()).Named("mem")},
 		ratelimit.WithTimeout(5*time.Second))
 	if err != nil {
 		return 0, 0, err
