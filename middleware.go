@@ -219,8 +219,7 @@ func (rs *ruleset) verdict(w http.ResponseWriter, r *http.Request, e *entry) (Ve
 		return Proceed, err
 	}
 	if dr, ok := w.(DenialRecorder); ok {
-		lr := &res.Limits[res.index]
-		dr.RecordDenial(Denial{Policy: lr.policyName(), Quota: lr.Quota, Window: lr.Window, RetryAfter: res.RetryAfter})
+		dr.RecordDenial(res)
 	}
 	if rs.cfg.onDenied != nil {
 		res.Limits = slices.Clone(res.Limits) // the handler may keep it

@@ -5,32 +5,21 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // The passes of a Limiter over a request (see Limiter.Enter), which
 // adapter.go exports to router adapters with the verdicts of result.go.
 
-// A Denial is what a denied request's decision says of the limit that
-// denied it, for adapters whose protocol carries it otherwise than in HTTP
-// headers (gRPC's error details): see [DenialRecorder].
-type Denial struct {
-	// Policy names the limit as RateLimit-Policy does: its name, or
-	// "<limit>.<plan>" for a client on a plan.
-	Policy string
-	Quota  int           // its quota (the plan's)
-	Window time.Duration // its window
-	// RetryAfter is when the request would fit, exactly; 0 if its cost
-	// exceeds the quota, so that it never fits.
-	RetryAfter time.Duration
-}
-
-// A DenialRecorder is a ResponseWriter that wants a denial's details: a
-// decision that denies a request gives them to the ResponseWriter it was
-// given, if that is a DenialRecorder, before the Limiter's own handler,
-// if any, answers.
+// A DenialRecorder is a ResponseWriter that wants a denial's details, for
+// an adapter whose protocol carries them otherwise than in HTTP headers
+// (gRPC's error details): a decision that denies a request gives its
+// Result to the ResponseWriter it was given, if that is a DenialRecorder,
+// before the Limiter's own handler, if any, answers. The limit that
+// denied is the one of res.Limits named res.DeniedBy with Denied set;
+// res.RetryAfter is exact (0 if the cost exceeds the quota). res.Limits
+// is reused once RecordDenial returns: copy what you keep.
 type DenialRecorder interface {
-	RecordDenial(Denial)
+	RecordDenial(res Result)
 }
 
 // A Pass is one Limiter's pass over one request, from [Limiter.Enter] to

@@ -332,14 +332,14 @@ type writer struct {
 	h      http.Header
 	status int
 	denied bool
-	denial ratelimit.Denial // if denied
+	denial denial // if denied
 }
 
 // The Limiter gives writer a denial's details.
 var _ ratelimit.DenialRecorder = (*writer)(nil)
 
 // RecordDenial keeps the details of a denial (ratelimit.DenialRecorder).
-func (w *writer) RecordDenial(d ratelimit.Denial) { w.denied, w.denial = true, d }
+func (w *writer) RecordDenial(res ratelimit.Result) { w.denied, w.denial = true, denialOf(res) }
 
 // Header returns the headers set so far.
 func (w *writer) Header() http.Header { return w.h }
@@ -400,10 +400,10 @@ func (w *writer) refusal(code codes.Code) error {
 	default:
 		msg = "rate limiter refused the call"
 	}
-	var d *ratelimit.Denial
+	var d *denial
 	delay := retryAfter(w.h)
 	if w.denied {
-		d, delay = &w.denial, w.denial.RetryAfter
+		d, delay = &w.denial, w.denial.retryAfter
 	}
 	if delay > 0 {
 		msg += ": retry in " + delay.String()
