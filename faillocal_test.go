@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -138,7 +139,7 @@ func soakFailLocal(t *testing.T, clients int, bytes int64) {
 	clock := &testClock{t: t0}
 	var opts []Option
 	if bytes > 0 {
-		opts = append(opts, WithLocalMemory(bytes))
+		opts = append(opts, withRedis(redisstore.Options{LocalMemory: bytes}))
 	}
 	base := longtest.LiveHeap()
 	lim := failLocalLimiter(t, clock, []Limit{Per(time.Minute, quota, Header("X-Forwarded-For")).Named("ip"), Per(time.Minute, 1_000_000, Global()).Named("all")}, opts...)
@@ -195,15 +196,16 @@ func soakFailLocal(t *testing.T, clients int, bytes int64) {
 	runtime.KeepAlive(lim)
 }
 
-// TestWithLocalMemory: a bound below 64 KiB is an error from New, never
-// a panic; a valid one is the local store's; 0 keeps the default.
-func TestWithLocalMemory(t *testing.T) {
+// TestLocalMemory: a bound of FailLocal's store below 64 KiB
+// (redisstore.Options.LocalMemory) is an error from New, never a panic; a
+// valid one is the local store's; 0 keeps the default.
+func TestLocalMemory(t *testing.T) {
 	for _, n := range []int64{-1, 65535} {
-		if _, err := New(stubClient{}, []Limit{Per(time.Minute, 3, Header("X-Id"))}, WithLocalMemory(n)); err == nil {
-			t.Errorf("WithLocalMemory(%d): no error", n)
+		if _, err := New(stubClient{}, []Limit{Per(time.Minute, 3, Header("X-Id"))}, withRedis(redisstore.Options{LocalMemory: n})); err == nil || !strings.Contains(err.Error(), "Options.LocalMemory") {
+			t.Errorf("LocalMemory %d: %v; want an error that names Options.LocalMemory", n, err)
 		}
 	}
-	lim := mustNew(t, stubClient{}, []Limit{Per(time.Minute, 3, Header("X-Id"))}, withRedis(redisstore.Options{OperatorRefresh: -1}), WithLocalMemory(1<<20))
+	lim := mustNew(t, stubClient{}, []Limit{Per(time.Minute, 3, Header("X-Id"))}, withRedis(redisstore.Options{OperatorRefresh: -1, LocalMemory: 1 << 20}))
 	if got := lim.local.Bound(); got != 1<<20 {
 		t.Errorf("bound %d, want %d", got, 1<<20)
 	}

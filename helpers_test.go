@@ -280,6 +280,9 @@ func withRedis(o redisstore.Options) Option {
 		if o.OperatorRefresh != 0 {
 			r.OperatorRefresh = o.OperatorRefresh
 		}
+		if o.LocalMemory != 0 {
+			r.LocalMemory = o.LocalMemory
+		}
 		r.SingleSlot = r.SingleSlot || o.SingleSlot
 	}
 }

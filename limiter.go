@@ -229,7 +229,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		l.local = local
 	}
 	if l.local == nil {
-		l.local, _ = store.NewLocal(store.LocalOptions{MaxBytes: cfg.localBytes}) // WithLocalMemory checked the bound
+		l.local, _ = store.NewLocal(store.LocalOptions{MaxBytes: cfg.localBytes}) // redisstore.New checked the bound
 	}
 	l.denies = &redislog.DenyCache{MaxAge: cfg.denyCache}
 	l.evictions = redislog.NewEvictionCheck()

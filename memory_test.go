@@ -88,7 +88,7 @@ func TestBoundedMemoryFailLocal(t *testing.T) {
 	lim := mustNew(t, stubClient{}, []Limit{
 		Per(time.Minute, 3, Header("X-Id")).Named("id"),
 		Per(time.Minute, 1_000_000, Global()).Named("all"),
-	}, WithFailureMode(FailLocal), WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1}), WithLocalMemory(1<<20))
+	}, WithFailureMode(FailLocal), WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1, LocalMemory: 1 << 20}))
 	lim.store = lim.wrap(redis)
 	ctx := context.Background()
 	allow := func(id string) Result {

@@ -77,7 +77,7 @@ type config struct {
 	breakerFailures int
 	breakerCoolDown time.Duration
 	denyCache       time.Duration
-	localBytes      int64 // WithLocalMemory's; 0: the default
+	localBytes      int64 // redisstore.Options.LocalMemory; 0: the default
 	// redisOptions, in tests, are the options of the Redis store New
 	// builds of its client (see withRedis).
 	redisOptions redisstore.Options
@@ -204,12 +204,12 @@ const (
 	// locally too, and returns the error with the local Result. The local
 	// logs follow Redis's rules (a log's time never runs backwards; blocks,
 	// refunds and Reset apply to them too) and are bounded in bytes
-	// ([WithLocalMemory], 64 MiB by default); a log is dropped only once
+	// (redisstore.Options.LocalMemory, 64 MiB by default); a log is dropped only once
 	// every entry of it has left its window (on a later decision, local
 	// or, once Redis is back, Redis's): no client's traffic can erase
 	// another's count. A full store counts a client that has no log in one
 	// of its limit's many overflow logs, picked by a hash of the client
-	// (see [WithLocalMemory]): it may deny early, never admits over a
+	// (see redisstore.Options.LocalMemory): it may deny early, never admits over a
 	// quota.
 	FailLocal
 )

@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"errors"
-	"strconv"
 	"time"
 
 	"github.com/slidinglog/ratelimit/redisstore"
@@ -25,24 +24,6 @@ func WithTimeout(d time.Duration) Option {
 	}
 }
 
-// WithLocalMemory bounds, in bytes, [FailLocal]'s in-process store: the
-// logs it keeps while the store (Redis, or WithStore's) cannot decide.
-// Default: [store.DefaultLocalMemory], 64 MiB, room for about 500,000
-// clients of a few requests each. A full store never admits a client over
-// its quota: a new client is counted in one of its limit's 4,096 hashed
-// overflow logs (it may be denied early). A bound below 64 KiB
-// ([store.MinLocalMemory]) is an error from [New]; it changes nothing
-// under another failure mode, nor with a [store.Local] given with
-// [WithStore], which never fails.
-func WithLocalMemory(bytes int64) Option {
-	return func(c *config) {
-		if bytes < store.MinLocalMemory {
-			c.errs = append(c.errs, errors.New("WithLocalMemory: local memory "+strconv.FormatInt(bytes, 10)+" bytes is below 64 KiB"))
-		}
-		c.localBytes = bytes
-	}
-}
-
 // useRedisStore sets c's Redis settings from o, the options of a
 // redisstore.Store with its defaults in place (-1: off).
 func (c *config) useRedisStore(o redisstore.Options) {
@@ -50,6 +31,7 @@ func (c *config) useRedisStore(o redisstore.Options) {
 	c.prefix, c.singleSlot = o.Prefix, o.SingleSlot
 	c.breakerFailures, c.breakerCoolDown = max(o.BreakerFailures, 0), o.BreakerCoolDown
 	c.denyCache, c.opsRefresh = off(o.DenyCache), off(o.OperatorRefresh)
+	c.localBytes = o.LocalMemory
 }
 
 // WithFailureMode sets what the middleware does when it cannot decide, and
@@ -104,7 +86,7 @@ func withLocalStore(s *store.Local) Option {
 // [WithTimeout] bounds each decision, and each call of the optional
 // interfaces, through its context, and [WithFailureMode] answers s's
 // errors (FailLocal decides them in this process, in a store of
-// [WithLocalMemory]'s bound; a store.Local never fails). Default: none,
+// the bound of redisstore.Options.LocalMemory for a *redisstore.Store, 64 MiB for another; a store.Local never fails). Default: none,
 // the Redis store of New's client. See docs/stores.md.
 func WithStore(s store.Store) Option {
 	return func(c *config) {

@@ -97,6 +97,17 @@ type Options struct {
 	// Inspector.Operator reads when it makes a change; another negative
 	// value is an error from New. Limiter.Close stops the goroutine.
 	OperatorRefresh time.Duration
+
+	// LocalMemory bounds, in bytes, the in-process store a Limiter on
+	// this store decides in while Redis cannot (ratelimit.FailLocal): the
+	// logs it keeps. Default: store.DefaultLocalMemory, 64 MiB, room for
+	// about 500,000 clients of a few requests each. A full store never
+	// admits a client over its quota: a new client is counted in one of
+	// its limit's 4,096 hashed overflow logs (it may be denied early). A
+	// bound below 64 KiB (store.MinLocalMemory) is an error from New. It
+	// changes nothing under another failure mode. A Limiter on a store of
+	// another kind (ratelimit.WithStore) keeps the default.
+	LocalMemory int64
 }
 
 // Defaults of [Options].
@@ -167,6 +178,12 @@ func New(client redis.UniversalClient, o Options) (*Store, error) {
 		o.OperatorRefresh = DefaultOperatorRefresh
 	case o.OperatorRefresh < -1:
 		field("OperatorRefresh", "negative interval "+o.OperatorRefresh.String()+" (-1 turns the refresh off)")
+	}
+	switch {
+	case o.LocalMemory == 0:
+		o.LocalMemory = store.DefaultLocalMemory
+	case o.LocalMemory < store.MinLocalMemory:
+		field("LocalMemory", "local memory "+strconv.FormatInt(o.LocalMemory, 10)+" bytes is below 64 KiB")
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("redisstore: invalid configuration: %w", errors.Join(errs...))
