@@ -6,7 +6,7 @@ import "net/http"
 // decides a request with the route its router matched, and lets the caller
 // answer it its own way: Limiter.Enter, Pass.Done and Pass.Settles
 // (pass.go), then Pass.Decide or Pass.Check, the Verdict (result.go), and
-// Inspector.RouterIP. The adapters for chi, echo, gin and gRPC use it and
+// Inspector's Stats().RouterIP. The adapters for chi, echo, gin and gRPC use it and
 // nothing else; docs/adapters.md says how to write one.
 
 // Decide decides r in the pass p with the limits [WithRoutes] declares for
@@ -27,6 +27,17 @@ import "net/http"
 // With settlement on ([WithSettle], [WithRefund]), the pass keeps an
 // admitted request's settlement, which the context of the request Enter
 // returned carries for [Settle], and which [Pass.Done] completes.
+//
+// For a protocol that carries a denial's details otherwise than in HTTP
+// headers (gRPC's error details), w may have a method
+//
+//	RecordDenial(res Result)
+//
+// which a decision that denies r calls first, before any handler answers,
+// as net/http's ResponseController finds the methods it needs: the limit
+// that denied is the one of res.Limits named res.DeniedBy with Denied
+// set, and res.RetryAfter is exact (0 if the cost exceeds the quota).
+// res.Limits is reused once RecordDenial returns: copy what you keep.
 func (p Pass) Decide(w http.ResponseWriter, r *http.Request) (Verdict, error) {
 	p.limiter().checkServed(r)
 	rs := p.limiter().rulesFor(p, r)

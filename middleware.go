@@ -218,7 +218,7 @@ func (rs *ruleset) verdict(w http.ResponseWriter, r *http.Request, e *entry) (Ve
 		}
 		return Proceed, err
 	}
-	if dr, ok := w.(DenialRecorder); ok {
+	if dr, ok := w.(denialRecorder); ok {
 		dr.RecordDenial(res)
 	}
 	if rs.cfg.onDenied != nil {

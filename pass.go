@@ -10,15 +10,9 @@ import (
 // The passes of a Limiter over a request (see Limiter.Enter), which
 // adapter.go exports to router adapters with the verdicts of result.go.
 
-// A DenialRecorder is a ResponseWriter that wants a denial's details, for
-// an adapter whose protocol carries them otherwise than in HTTP headers
-// (gRPC's error details): a decision that denies a request gives its
-// Result to the ResponseWriter it was given, if that is a DenialRecorder,
-// before the Limiter's own handler, if any, answers. The limit that
-// denied is the one of res.Limits named res.DeniedBy with Denied set;
-// res.RetryAfter is exact (0 if the cost exceeds the quota). res.Limits
-// is reused once RecordDenial returns: copy what you keep.
-type DenialRecorder interface {
+// denialRecorder is a ResponseWriter that wants a denial's details (see
+// Pass.Decide).
+type denialRecorder interface {
 	RecordDenial(res Result)
 }
 

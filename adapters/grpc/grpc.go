@@ -336,9 +336,9 @@ type writer struct {
 }
 
 // The Limiter gives writer a denial's details.
-var _ ratelimit.DenialRecorder = (*writer)(nil)
+var _ interface{ RecordDenial(ratelimit.Result) } = (*writer)(nil)
 
-// RecordDenial keeps the details of a denial (ratelimit.DenialRecorder).
+// RecordDenial keeps the details of a denial (see ratelimit.Pass.Decide).
 func (w *writer) RecordDenial(res ratelimit.Result) { w.denied, w.denial = true, denialOf(res) }
 
 // Header returns the headers set so far.
