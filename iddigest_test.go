@@ -17,7 +17,7 @@ import (
 // beyond (up to 1 MB, as a header can be), of safe and escaped bytes,
 // denies them through the middleware by a Header limit and a Compose
 // limit, and checks that what a Denial hook is told, once digested by
-// IDDigest, addresses the client's counts: LimitStatusDigest reports the
+// IDDigest, addresses the client's counts: Inspector.Status of a digest reports the
 // denial as LimitStatus of the identifier does, and ResetLimitDigest
 // forgets that limit's counts for it and nothing else. Identifiers of at
 // most operator.MaxKeyID bytes have no digest.
@@ -105,7 +105,7 @@ func testIDDigest(t *testing.T, b backend) {
 			t.Fatalf("seed %d step %d: %v", seed, step, err)
 		}
 		if !lr.Denied || lr.Remaining != 0 || lr.Name != limit {
-			t.Fatalf("seed %d step %d: LimitStatusDigest(%s, %d bytes) = %+v, want denied", seed, step, limit, len(id), lr)
+			t.Fatalf("seed %d step %d: Inspector.Status of a digest(%s, %d bytes) = %+v, want denied", seed, step, limit, len(id), lr)
 		}
 		if err := lim.Inspect().Reset(ctx, limit, digest); err != nil {
 			t.Fatalf("seed %d step %d: %v", seed, step, err)
@@ -150,7 +150,7 @@ func testIDDigest(t *testing.T, b backend) {
 		}
 	}
 	if _, err := lim.Inspect().Status(ctx, "nope", operator.IDDigest(strings.Repeat("y", 200))); err == nil {
-		t.Error("LimitStatusDigest of an unknown limit: no error")
+		t.Error("Inspector.Status of a digest of an unknown limit: no error")
 	}
 }
 

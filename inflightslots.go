@@ -182,7 +182,7 @@ type holdSet struct {
 	mu   sync.Mutex
 	held map[*hold]struct{}
 	// inflight counts the requests holding slots, in Redis or in this
-	// process's store (Inspector.InFlight).
+	// process's store (Stats.InFlight).
 	inflight atomic.Int64
 
 	releasing chan struct{}

@@ -316,7 +316,7 @@ func (w *recorder) WriteHeader(code int) {
 // TestFailedRequestLeftCounted: a request that failed in Redis after
 // logging units it could not remove again (the failure reply's units
 // left) is an error for that decision, its units counted in
-// Result.Unreverted and Inspector.Unreverted, and its failure, about its
+// Result.Unreverted and Stats.Unreverted, and its failure, about its
 // own keys, does not count against the circuit breaker.
 func TestFailedRequestLeftCounted(t *testing.T) {
 	ctx := context.Background()

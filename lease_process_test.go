@@ -41,7 +41,7 @@ func leaseAppLimit(quota int) Limit {
 
 // leaseApp is a Limiter with a leased Global limit of the quota its
 // environment gives: "/" is limited; "/leased" answers how many decisions
-// the Limiter answered from a lease (Inspector.Leased).
+// the Limiter answered from a lease (Stats.Leased).
 func leaseApp(client redis.UniversalClient) (http.Handler, error) {
 	quota, err := strconv.Atoi(os.Getenv(leaseAppEnv))
 	if err != nil {

@@ -52,7 +52,7 @@ type limitHandler struct {
 	// WithRoutesFrom's.
 	mux *http.ServeMux
 	// checked: the route table was checked against mux, at the first
-	// request (see Inspector.CheckMux).
+	// request (see route.CheckMux).
 	checked atomic.Bool
 }
 

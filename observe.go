@@ -122,7 +122,7 @@ type Observer struct {
 
 	// Denial learns whom a limit denied: after the Decision hooks of each
 	// decision that denied a request (from Redis, from the deny cache,
-	// [RedisOptions].DenyCache, or from [FailLocal]'s count), it receives
+	// redisstore.Options.DenyCache, or from [FailLocal]'s count), it receives
 	// the name of the limit that denied (Result.DeniedBy) and the
 	// identifier that limit's [Key] gave the request, or [Limiter.Allow]
 	// was given. Shadow limits deny nothing and are not reported, nor are

@@ -48,7 +48,7 @@ const maxSettleCost = math.MaxInt32
 // where one fails for good, taken back from the others. A Result
 // [FailLocal] decided is settled in this process's logs, where it was
 // counted. Another instance's deny cache may keep denying the keys for up
-// to its maximum age ([RedisOptions].DenyCache).
+// to its maximum age (redisstore.Options.DenyCache).
 //
 // A Result holds its in-flight slots until it is settled (or, if it is
 // lost, until the Limiter is collected or closed, and one lease more). A

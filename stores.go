@@ -72,12 +72,13 @@ func withLocalStore(s *store.Local) Option {
 // Any other store plugs in too. The features beyond a decision need s to
 // implement the optional interfaces of package store, which a
 // store.Local and the Redis store implement: refunds and settles
-// ([WithRefund], [WithSettle], [Limiter.Refund], [Limiter.Settle]) need a
-// [store.Settler], Reset and ResetLimit a [store.Forgetter], in-flight
-// limits ([InFlight]) a [store.Holder], whose slots the Limiter renews.
-// New fails for an in-flight limit or settlement on a store that lacks
-// the interface, with an error that names it; Refund then returns
-// [ErrNotRefundable] and Reset an error that names store.Forgetter.
+// ([WithRefund], [WithSettle], [Limiter.Settle]) need a
+// [store.Settler], Reset a [store.Forgetter], in-flight limits
+// ([InFlight]) a [store.Holder], whose slots the Limiter renews. New
+// fails for an in-flight limit or settlement on a store that lacks the
+// interface, with an error that names it; Limiter.Settle of an Allow
+// result then returns an error that names store.Settler, and Reset one
+// that names store.Forgetter.
 // Leased limits ([Limit].Leased) are an error from New with any store but
 // the Redis store. On a store other than the Redis store the deny cache,
 // the circuit breaker and the operator state (overrides and manual

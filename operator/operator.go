@@ -162,7 +162,7 @@ type Block struct {
 }
 
 // State is the operator state of a prefix: what [Operator.List] reads,
-// and what a Limiter applies (ratelimit.Inspector.OperatorState).
+// and what a Limiter applies (ratelimit.Stats.Operator).
 type State struct {
 	// Version identifies the state of the overrides and blocks: every
 	// change of them, and every definition a Limiter declares anew, makes

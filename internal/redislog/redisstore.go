@@ -252,7 +252,7 @@ func (d *decision) record(raw any, idx []int) (bool, error) {
 // answers with an error. It returns what takes back, in the background, a
 // request the call's reply says Redis logged after all. A call that ends
 // without a reply may or may not have been logged (lateMayHaveRun): its
-// units are counted in Inspector.Unreverted. One whose error proves it never
+// units are counted in ratelimit.Stats.Unreverted. One whose error proves it never
 // ran (a connection that could not be made, an error reply) counts
 // nothing. The call may still read the decision's scratch, and the call,
 // are therefore not reused.

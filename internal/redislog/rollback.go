@@ -87,7 +87,7 @@ func Reservations(p *Spec, keys []string, groups [][]int, cost int, stamp func(i
 // holds a request past its decision's time. It returns the units known, at
 // return, to stay counted: those Redis refused to remove, or that found no
 // room to run in the background. They, and those the background gives up
-// on, are added to Inspector.Unreverted.
+// on, are added to ratelimit.Stats.Unreverted.
 func (rb *Rollbacks) Rollback(reservations []reservation, cost int, deadline time.Time) (unreverted uint64) {
 	unreverted, _ = rb.Credit(reservations, cost, deadline)
 	return unreverted
