@@ -20,7 +20,7 @@ import (
 // to its caller and never retries.
 
 // A Settler takes back, and adds to, the units of a request it admitted
-// and logged: the limiter's refunds (Limiter.Refund, WithRefund) and
+// and logged: the limiter's refunds (Limiter.Settle, WithRefund) and
 // settles (WithSettle, Limiter.Settle). The limiter refunds or settles
 // only with the stamps the store returned for the request (each limit's
 // Reply.Next), never for an in-flight limit (see [Holder]).
