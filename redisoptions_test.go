@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/redistest"
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // redisField is one drawn redisstore.Options field value and what it means:
@@ -85,6 +86,15 @@ func TestRedisStoreOptions(t *testing.T) {
 		o.OperatorRefresh = f.v
 		if o.SingleSlot = rapid.Bool().Draw(t, "single slot"); o.SingleSlot {
 			want.singleSlot = true
+		}
+		want.localBytes = store.DefaultLocalMemory
+		switch rapid.IntRange(0, 2).Draw(t, "local memory kind") {
+		case 1:
+			o.LocalMemory = rapid.Int64Range(store.MinLocalMemory, 1<<30).Draw(t, "local memory")
+			want.localBytes = o.LocalMemory
+		case 2:
+			o.LocalMemory = rapid.Int64Range(-1<<20, store.MinLocalMemory-1).Filter(func(n int64) bool { return n != 0 }).Draw(t, "local memory")
+			bad = append(bad, "Options.LocalMemory")
 		}
 		rs, err := redisstore.New(stubClient{}, o)
 		if len(bad) > 0 {

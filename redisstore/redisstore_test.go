@@ -61,7 +61,7 @@ func TestNewOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := redisstore.Options{Prefix: "ratelimit:", BreakerFailures: 5, BreakerCoolDown: time.Second, DenyCache: -1, OperatorRefresh: time.Second}
+	want := redisstore.Options{Prefix: "ratelimit:", BreakerFailures: 5, BreakerCoolDown: time.Second, DenyCache: -1, OperatorRefresh: time.Second, LocalMemory: store.DefaultLocalMemory}
 	if got := s.Options(); got != want || s.Client() != rdb {
 		t.Errorf("Options() = %+v; want %+v", got, want)
 	}
@@ -80,6 +80,7 @@ func TestNewOptions(t *testing.T) {
 		{rdb, redisstore.Options{BreakerCoolDown: -time.Second}, "Options.BreakerCoolDown"},
 		{rdb, redisstore.Options{DenyCache: -2}, "Options.DenyCache"},
 		{rdb, redisstore.Options{OperatorRefresh: -2}, "Options.OperatorRefresh"},
+		{rdb, redisstore.Options{LocalMemory: 1 << 10}, "Options.LocalMemory"},
 	} {
 		if _, err := redisstore.New(c.client, c.o); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("New(%T, %+v): %v; want an error that says %q", c.client, c.o, err, c.want)
