@@ -80,3 +80,11 @@ func (l *Limiter) operatorState() operator.State {
 	}
 	return operator.State{}
 }
+
+// refreshOperator reads the operator state now (see opsRunner.refresh)
+// and applies it.
+func (l *Limiter) refreshOperator(ctx context.Context, force bool) error {
+	err := l.opsRun.refresh(ctx, force)
+	l.syncOps()
+	return err
+}
