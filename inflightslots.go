@@ -387,3 +387,24 @@ func (h *hold) leave(start time.Time) {
 		h.set.released(err)
 	}
 }
+
+// startRenewal starts the goroutine that renews set's slots every
+// set.every (a third of the shortest lease): those held in Redis, through
+// rs, or, with rs nil, those held in other, the store WithStore gave,
+// unless it is a Local or no store.Holder (a Local's slots live in this
+// process, unrenewed; New refuses in-flight limits over a store that
+// holds none). The goroutine refers to the Limiter only through alive:
+// it ends with Close, or at its next tick once alive reports false (the
+// Limiter was collected).
+func (set *holdSet) startRenewal(rs *redislog.Redis, other store.Store, alive func() bool) {
+	if rs == nil {
+		h, ok := other.(store.Holder)
+		if _, local := h.(*store.Local); !ok || local {
+			return // WithStore's Local: its slots live in this process, unrenewed
+		}
+		set.in = h
+	} else {
+		set.lib = rs.Lib
+	}
+	set.start(alive)
+}

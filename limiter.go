@@ -240,7 +240,11 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	l.routerIP = l.countsByRouterIP()
 	alive := func() bool { return w.Value() != nil }
 	l.opsRun.start(client, &l.cfg, l.outage, l.compiledLimits(), alive)
-	l.startRenewal()
+	if has, shortest := inflightLimits(l.compiledLimits()); has {
+		l.holds = &holdSet{timeout: l.cfg.timeout, now: l.cfg.clock, logger: l.cfg.logger, every: shortest / 3,
+			held: map[*hold]struct{}{}, releasing: make(chan struct{}, maxReleases), ticks: l.cfg.renewTicks, renewed: l.cfg.renewed, released: l.cfg.released}
+		l.holds.startRenewal(l.redis, l.cfg.store, alive)
+	}
 	l.startLeases()
 	for _, f := range cfg.onLimiter {
 		f.(func(*Limiter))(l)
@@ -402,6 +406,21 @@ func (l *Limiter) eachRuleset(f func(p *ruleset)) {
 	}
 }
 
+// inflightLimits reports whether one of limits (a Limiter's and its
+// routes') is an in-flight limit, and returns the shortest lease among
+// them.
+func inflightLimits(limits iter.Seq2[int, *compiledLimit]) (has bool, shortest time.Duration) {
+	for _, lim := range limits {
+		if lim.InFlight {
+			if !has || lim.Window < shortest {
+				shortest = lim.Window
+			}
+			has = true
+		}
+	}
+	return has, shortest
+}
+
 // compiledLimits yields the limits of l and its routes, in eachRuleset's
 // order, each with its index in its ruleset: a limit of l once per
 // ruleset that holds it.
@@ -551,22 +570,6 @@ func (rs *ruleset) declared() []Limit {
 	return out
 }
 
-// inflightLimits reports whether l or one of its routes has an in-flight
-// limit, and returns the shortest lease among them.
-func (l *Limiter) inflightLimits() (has bool, shortest time.Duration) {
-	l.eachRuleset(func(p *ruleset) {
-		for i := range p.limits {
-			if lim := &p.limits[i]; lim.InFlight {
-				if !has || lim.Window < shortest {
-					shortest = lim.Window
-				}
-				has = true
-			}
-		}
-	})
-	return has, shortest
-}
-
 // checkStoreFeatures reports each feature of l's configuration that the
 // store WithStore gave lacks the interface of: in-flight limits
 // (store.Holder), settlement (WithRefund, WithSettle: store.Settler),
@@ -597,31 +600,6 @@ func (l *Limiter) checkStoreFeatures() error {
 		errs = append(errs, fmt.Errorf("WithSettle (or WithRefund): settlement needs a store that implements store.Settler; %T does not", l.cfg.store))
 	}
 	return errors.Join(errs...)
-}
-
-// startRenewal makes l's set of in-flight slots, if l has in-flight limits,
-// and starts the goroutine that renews the slots held in Redis (or in the
-// store.Holder WithStore gave) every lease/3 of the shortest lease. The goroutine refers to l only weakly:
-// it ends with Close, or at its next tick once l is collected.
-func (l *Limiter) startRenewal() {
-	has, shortest := l.inflightLimits()
-	if !has {
-		return
-	}
-	set := &holdSet{timeout: l.cfg.timeout, now: l.cfg.clock, logger: l.cfg.logger, every: shortest / 3,
-		held: map[*hold]struct{}{}, releasing: make(chan struct{}, maxReleases), ticks: l.cfg.renewTicks, renewed: l.cfg.renewed, released: l.cfg.released}
-	l.holds = set
-	if l.redis == nil {
-		h, ok := l.cfg.store.(store.Holder)
-		if _, local := h.(*store.Local); !ok || local {
-			return // WithStore's Local: its slots live in this process, unrenewed
-		}
-		set.in = h
-	} else {
-		set.lib = l.redis.Lib
-	}
-	w := weak.Make(l)
-	set.start(func() bool { return w.Value() != nil })
 }
 
 // shortestLease returns the shortest lease ([Limit].Lease) of a limit of
