@@ -245,7 +245,9 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 			held: map[*hold]struct{}{}, releasing: make(chan struct{}, maxReleases), ticks: l.cfg.renewTicks, renewed: l.cfg.renewed, released: l.cfg.released}
 		l.holds.startRenewal(l.redis, l.cfg.store, alive)
 	}
-	l.startLeases()
+	if l.leases = startLeases(l.redis, shortestLease(l.compiledLimits()), l.localNow, l.cfg.timeout, alive); l.leases != nil {
+		l.store = l.wrap(l.leases)
+	}
 	for _, f := range cfg.onLimiter {
 		f.(func(*Limiter))(l)
 	}
@@ -600,52 +602,4 @@ func (l *Limiter) checkStoreFeatures() error {
 		errs = append(errs, fmt.Errorf("WithSettle (or WithRefund): settlement needs a store that implements store.Settler; %T does not", l.cfg.store))
 	}
 	return errors.Join(errs...)
-}
-
-// shortestLease returns the shortest lease ([Limit].Lease) of a limit of
-// l or its routes, 0 if none lends leases.
-func (l *Limiter) shortestLease() time.Duration {
-	var shortest time.Duration
-	l.eachRuleset(func(p *ruleset) {
-		for i := range p.limits {
-			if d := p.limits[i].Lease; d > 0 && (shortest == 0 || d < shortest) {
-				shortest = d
-			}
-		}
-	})
-	return shortest
-}
-
-// startLeases puts the leases between the Redis store and the wrappers
-// of wrap, if a limit of l or its routes lends them, and starts the
-// goroutine that gives back the leases that ended and forgets the keys
-// that cooled, every shortest lease (10ms at least). The goroutine refers
-// to l only weakly: it ends with Close, or at its next tick once l is
-// collected.
-func (l *Limiter) startLeases() {
-	shortest := l.shortestLease()
-	if shortest == 0 || l.redis == nil {
-		return
-	}
-	l.leases = redislog.NewLeases(l.redis, l.redis.Rollbacks, l.localNow, l.cfg.timeout)
-	l.store = l.wrap(l.leases)
-	w := weak.Make(l)
-	l.leases.Start(max(shortest, 10*time.Millisecond), func() bool { return w.Value() != nil })
-}
-
-// closeLeases gives back every lease's unused units, waiting for Redis
-// for the decision timeout at most (the rest goes on in the background);
-// the leased limits then decide in Redis.
-func (l *Limiter) closeLeases() {
-	if l.leases != nil {
-		l.leases.Close(time.Now().Add(l.cfg.timeout))
-	}
-}
-
-// leased returns how many decisions a lease answered.
-func (l *Limiter) leased() uint64 {
-	if l.leases == nil {
-		return 0
-	}
-	return l.leases.Leased()
 }

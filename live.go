@@ -23,7 +23,7 @@ func (l *Limiter) Close() error {
 	if l.holds != nil {
 		l.holds.close() // the slots held stop being renewed: they free within their lease
 	}
-	l.closeLeases()
+	closeLeases(l.leases, l.cfg.timeout)
 	run := l.opsRun
 	run.closeOnce.Do(func() {
 		if run.stop != nil {
