@@ -9,7 +9,7 @@ import (
 
 // shortestLease returns the shortest lease ([Limit].Lease) of limits (a
 // Limiter's and its routes'), 0 if none lends leases.
-func shortestLease(limits iter.Seq2[int, *compiledLimit]) time.Duration {
+func shortestLease(limits iter.Seq2[int, *Limit]) time.Duration {
 	var shortest time.Duration
 	for _, lim := range limits {
 		if d := lim.Lease; d > 0 && (shortest == 0 || d < shortest) {

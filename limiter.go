@@ -191,7 +191,8 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	for _, check := range []func() error{
 		func() error { return l.buildRoutes(split) },
 		func() error { return checkRoutesFrom(cfg.routes, cfg.routesFrom) },
-		l.checkStoreFeatures, l.definitionClashes,
+		func() error { return checkStoreFeatures(&l.cfg, l.allLimits()) },
+		l.definitionClashes,
 	} {
 		if err := check(); err != nil {
 			errs = append(errs, err)
@@ -239,13 +240,13 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	}
 	l.routerIP = l.countsByRouterIP()
 	alive := func() bool { return w.Value() != nil }
-	l.opsRun.start(client, &l.cfg, l.outage, l.compiledLimits(), alive)
-	if has, shortest := inflightLimits(l.compiledLimits()); has {
+	l.opsRun.start(client, &l.cfg, l.outage, l.allLimits(), alive)
+	if has, shortest := inflightLimits(l.allLimits()); has {
 		l.holds = &holdSet{timeout: l.cfg.timeout, now: l.cfg.clock, logger: l.cfg.logger, every: shortest / 3,
 			held: map[*hold]struct{}{}, releasing: make(chan struct{}, maxReleases), ticks: l.cfg.renewTicks, renewed: l.cfg.renewed, released: l.cfg.released}
 		l.holds.startRenewal(l.redis, l.cfg.store, alive)
 	}
-	if l.leases = startLeases(l.redis, shortestLease(l.compiledLimits()), l.localNow, l.cfg.timeout, alive); l.leases != nil {
+	if l.leases = startLeases(l.redis, shortestLease(l.allLimits()), l.localNow, l.cfg.timeout, alive); l.leases != nil {
 		l.store = l.wrap(l.leases)
 	}
 	for _, f := range cfg.onLimiter {
@@ -411,7 +412,7 @@ func (l *Limiter) eachRuleset(f func(p *ruleset)) {
 // inflightLimits reports whether one of limits (a Limiter's and its
 // routes') is an in-flight limit, and returns the shortest lease among
 // them.
-func inflightLimits(limits iter.Seq2[int, *compiledLimit]) (has bool, shortest time.Duration) {
+func inflightLimits(limits iter.Seq2[int, *Limit]) (has bool, shortest time.Duration) {
 	for _, lim := range limits {
 		if lim.InFlight {
 			if !has || lim.Window < shortest {
@@ -423,23 +424,30 @@ func inflightLimits(limits iter.Seq2[int, *compiledLimit]) (has bool, shortest t
 	return has, shortest
 }
 
-// compiledLimits yields the limits of l and its routes, in eachRuleset's
-// order, each with its index in its ruleset: a limit of l once per
-// ruleset that holds it.
-func (l *Limiter) compiledLimits() iter.Seq2[int, *compiledLimit] {
-	return func(yield func(int, *compiledLimit) bool) {
+// allLimits yields the limits of l and its routes as compiled (named, an
+// in-flight limit's lease in Window), in eachRuleset's order, each with
+// its index in its ruleset: a limit of l once per ruleset that holds it.
+func (l *Limiter) allLimits() iter.Seq2[int, *Limit] {
+	return func(yield func(int, *Limit) bool) {
 		stop := false
 		l.eachRuleset(func(p *ruleset) {
 			for i := range p.limits {
 				if stop {
 					return
 				}
-				if !yield(i, &p.limits[i]) {
+				if !yield(i, &p.limits[i].Limit) {
 					stop = true
 				}
 			}
 		})
 	}
+}
+
+// wrap returns the store l decides with when base is the store that
+// counts across instances: base wrapped as l's configuration says (see
+// wrapStore).
+func (l *Limiter) wrap(base redislog.Store) redislog.Store {
+	return wrapStore(base, &l.cfg, l.outage, l.local, l.denies, l.localNow)
 }
 
 // localNow reads the clock decisions are timed by: the WithClock clock, or
@@ -456,26 +464,6 @@ func (l *Limiter) logRollbackFailure(err error) {
 	if l.cfg.logger != nil {
 		l.cfg.logger.Warn("ratelimit: rollback failed", slog.Any("error", err))
 	}
-}
-
-// wrap returns the store l decides with when base is the store that counts
-// across instances: base, wrapped by FailLocal's fallback and the deny
-// cache as configured; a Redis store is watched for an outage first
-// (outageStore). When a limit lends leases, base is the Redis store
-// wrapped by the leases (see startLeases). A store WithStore gave has no
-// deny cache, and a Local none of FailLocal's either: it never fails.
-func (l *Limiter) wrap(base redislog.Store) redislog.Store {
-	s := base
-	if l.outage != nil && l.cfg.store == nil {
-		s = outageStore{Store: s, watch: l.outage}
-	}
-	if _, local := l.cfg.store.(*store.Local); l.cfg.failure == FailLocal && !local {
-		s = redislog.Fallback{Primary: s, Local: l.local}
-	}
-	if l.cfg.denyCache > 0 && l.cfg.store == nil {
-		s = redislog.Cached{Next: s, Cache: l.denies, Clock: l.localNow}
-	}
-	return s
 }
 
 // buildRoutes compiles the rulesets of every route WithRoutes declared:
@@ -570,36 +558,4 @@ func (rs *ruleset) declared() []Limit {
 		}
 	}
 	return out
-}
-
-// checkStoreFeatures reports each feature of l's configuration that the
-// store WithStore gave lacks the interface of: in-flight limits
-// (store.Holder), settlement (WithRefund, WithSettle: store.Settler),
-// and leases, which only the Redis store lends.
-func (l *Limiter) checkStoreFeatures() error {
-	if l.cfg.store == nil {
-		return nil
-	}
-	var errs []error
-	reported := map[string]bool{}
-	l.eachRuleset(func(p *ruleset) {
-		for i := range p.limits {
-			lim := &p.limits[i]
-			if reported[lim.Name] {
-				continue
-			}
-			if _, ok := l.cfg.store.(store.Holder); lim.InFlight && !ok {
-				reported[lim.Name] = true
-				errs = append(errs, fmt.Errorf("limit %d (%s): in-flight limits need a store that implements store.Holder; %T does not", i, lim.Name, l.cfg.store))
-			}
-			if lim.Lease > 0 {
-				reported[lim.Name] = true
-				errs = append(errs, fmt.Errorf("limit %d (%s): leased limits (Limit.Lease, Leased) need the Redis store (package redisstore): a lease is entries of the key's log that only it lends; %T does not", i, lim.Name, l.cfg.store))
-			}
-		}
-	})
-	if _, ok := l.cfg.store.(store.Settler); l.cfg.settleOn && !ok {
-		errs = append(errs, fmt.Errorf("WithSettle (or WithRefund): settlement needs a store that implements store.Settler; %T does not", l.cfg.store))
-	}
-	return errors.Join(errs...)
 }

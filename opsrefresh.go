@@ -139,7 +139,7 @@ func (run *opsRunner) fetch(ctx context.Context, cur *liveOps, force bool) (st o
 // the clock decisions are timed by (which must not refer to the Limiter),
 // and the declarations of limits, the Limiter's and its routes', if cfg
 // turns the refresh on.
-func newDeclarer(client redis.UniversalClient, cfg *config, now func() time.Time, limits iter.Seq2[int, *compiledLimit]) *declarer {
+func newDeclarer(client redis.UniversalClient, cfg *config, now func() time.Time, limits iter.Seq2[int, *Limit]) *declarer {
 	op, err := operator.New(client, operator.Options{Prefix: cfg.prefix, Now: now})
 	if err != nil {
 		panic("ratelimit: " + err.Error()) // New checked the client and the prefix
@@ -149,7 +149,7 @@ func newDeclarer(client redis.UniversalClient, cfg *config, now func() time.Time
 		if _, dup := d.mine[lim.Name]; dup {
 			continue // one definition per name (definitionClashes)
 		}
-		decl := definitionOf(&lim.Limit).declaration(lim.Name, lim.Plans.Quotas)
+		decl := definitionOf(lim).declaration(lim.Name, lim.Plans.Quotas)
 		d.mine[lim.Name] = declared(decl)
 		d.warned[lim.Name] = &warnOnce{}
 		if cfg.opsRefresh > 0 {
@@ -176,7 +176,7 @@ func newDeclarer(client redis.UniversalClient, cfg *config, now func() time.Time
 // nobody refers to is collected, alive reports false, and the goroutine
 // ends at its next tick. It ends too, silently, once the client is closed
 // (redis.ErrClosed).
-func (run *opsRunner) start(client redis.UniversalClient, cfg *config, outage *outageWatch, limits iter.Seq2[int, *compiledLimit], alive func() bool) {
+func (run *opsRunner) start(client redis.UniversalClient, cfg *config, outage *outageWatch, limits iter.Seq2[int, *Limit], alive func() bool) {
 	run.client, run.timeout, run.logger, run.outage = client, cfg.timeout, cfg.logger, outage
 	if cfg.clock != nil {
 		run.now = cfg.clock
