@@ -102,11 +102,18 @@ type Limiter struct {
 // A ruleset is what decides one request, built once by New and never
 // changed: the compiled limits of the Limiter's own, or of a route (the
 // Limiter's limits followed by the route's, or the route's alone), with
-// their spec for the stores, their plans and the request's cost. It
-// reads the Limiter's shared stores and options through the embedded
-// *Limiter.
+// their spec for the stores, their plans and the request's cost.
 type ruleset struct {
-	*Limiter
+	// l is the Limiter the ruleset decides for. Through it a ruleset
+	// reads what New sets up after compiling it, or what changes: the
+	// stores it decides in (store, redis, local, denies, evictions),
+	// the in-flight holds, the operator state in force (ops, syncOps),
+	// the settles' counts, the proxy watch and the warnings said once,
+	// and the Limiter's logging and observers (log, watched,
+	// observeDenial).
+	l *Limiter
+	// cfg is l's configuration: the options, never changed.
+	cfg    *config
 	limits []compiledLimit
 	spec   *redislog.Spec // what the stores know of the limits
 	// cost is the request's cost: WithCost's, a route's Cost, or nil for 1.
@@ -281,7 +288,7 @@ func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bo
 	if len(limits) == 0 {
 		errs = append(errs, errors.New("no limits"))
 	}
-	p := &ruleset{Limiter: l, cost: cost}
+	p := &ruleset{l: l, cfg: &l.cfg, cost: cost}
 	seen := make(map[string]int, len(limits))
 	defaulted := make(map[string]bool, len(limits))
 	policyNames := make(map[string]struct{}, len(limits))

@@ -35,7 +35,7 @@ func (l *Limiter) opsLogger() *slog.Logger { return l.opsRun.logger }
 // with the quota overrides in force, or rs. It applies the operator state
 // last read first (syncOps).
 func (rs *ruleset) current() *ruleset {
-	rs.syncOps()
+	rs.l.syncOps()
 	if o := rs.live.Load(); o != nil {
 		return o
 	}
@@ -74,7 +74,7 @@ func (rs *ruleset) overridden(quotas map[[2]string]int) *ruleset {
 	if !changed {
 		return nil
 	}
-	p := &ruleset{Limiter: rs.Limiter, limits: limits, cost: rs.cost, tiered: rs.tiered, watchProxies: rs.watchProxies}
+	p := &ruleset{l: rs.l, cfg: rs.cfg, limits: limits, cost: rs.cost, tiered: rs.tiered, watchProxies: rs.watchProxies}
 	tiers := make([][]tier, len(limits))
 	for i := range limits {
 		lim := &limits[i]
@@ -86,8 +86,7 @@ func (rs *ruleset) overridden(quotas map[[2]string]int) *ruleset {
 	spec, err := newSpec(limits, rs.spec.Split)
 	if err != nil {
 		// Quotas >= 1 always encode; keep the declared rules if not.
-		l := rs.Limiter
-		l.opsLogger().Error("ratelimit: cannot apply a quota override", slog.Any("error", err))
+		rs.l.opsLogger().Error("ratelimit: cannot apply a quota override", slog.Any("error", err))
 		return nil
 	}
 	p.spec = spec
