@@ -106,11 +106,12 @@ type Limiter struct {
 type ruleset struct {
 	// l is the Limiter the ruleset decides for. Through it a ruleset
 	// reads what New sets up after compiling it, or what changes: the
-	// stores it decides in (store, redis, local, denies, evictions),
-	// the in-flight holds, the operator state in force (ops, syncOps),
-	// the settles' counts, the proxy watch and the warnings said once,
-	// and the Limiter's logging and observers (log, watched,
-	// observeDenial).
+	// Redis client and the stores it decides in (store, redis, local,
+	// denies, evictions; decidesLocally), the in-flight holds, the
+	// operator state in force (ops, syncOps, opsLogger), the settles'
+	// counts, the proxy watch and the no-key warning said once, the
+	// decision's deadline, and the Limiter's logging and observers (log,
+	// watched, observeDenial). Its tickets name l as their owner.
 	l *Limiter
 	// cfg is l's configuration: the options, never changed.
 	cfg    *config
