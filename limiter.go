@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
-	"maps"
-	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,29 +111,35 @@ type ruleset struct {
 	// watched, observeDenial). Its tickets name l as their owner.
 	l *Limiter
 	// cfg is l's configuration: the options, never changed.
-	cfg    *config
-	limits []compiledLimit
-	spec   *redislog.Spec // what the stores know of the limits
-	// cost is the request's cost: WithCost's, a route's Cost, or nil for 1.
-	cost func(*http.Request) int
-
-	// policyHeaders holds the RateLimit-Policy values of a decision that
-	// consulted every limit, by the clients' plans: the tiers of the
-	// limits in turn, as the digits of a number (see writeHeaders).
-	// [0] is the default plans'. Only [0] is kept when there are too many.
-	policyHeaders [][]string
-	tiered        bool // some limit has plans
-	// skipped is every limit, none consulted: what observers see of a
-	// decision that could not be made.
-	skipped []LimitResult
-	// noKey[i] is what observers see of a request limit i's Key could not
-	// identify (see noKeyResults).
-	noKey [][]LimitResult
-	// watchProxies says that the ruleset's limits look for proxy headers.
-	watchProxies bool
+	cfg *config
+	// compiled is what decides: the limits, their spec, plans and
+	// headers, and the request's cost.
+	compiled
 	// live is this ruleset recompiled with the quota overrides in force,
 	// nil when none changes it (see current).
 	live atomic.Pointer[ruleset]
+}
+
+// newRuleset returns the ruleset of l that decides with c, nil if c is
+// nil (its limits did not compile).
+func (l *Limiter) newRuleset(c *compiled) *ruleset {
+	if c == nil {
+		return nil
+	}
+	return &ruleset{l: l, cfg: &l.cfg, compiled: *c}
+}
+
+// setRoutes makes l's rulesets of routes, compiled by compileRoutes.
+func (l *Limiter) setRoutes(routes map[string]map[string]compiledRoute) {
+	for path, byMethod := range routes {
+		if l.routes == nil {
+			l.routes = make(map[string]map[string]*routeRules)
+		}
+		l.routes[path] = make(map[string]*routeRules, len(byMethod))
+		for method, rt := range byMethod {
+			l.routes[path][method] = &routeRules{all: l.newRuleset(rt.all), own: l.newRuleset(rt.own)}
+		}
+	}
 }
 
 // routeRules is what WithRoutes declared for one template: all decides its
@@ -189,15 +192,20 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	}
 	l := &Limiter{client: client, cfg: cfg, opsRun: &opsRunner{key: operator.Key(cfg.prefix)}}
 	split := !noClient && redisstore.Sharded(client) && !cfg.singleSlot
-	p, err := l.compile(limits, cfg.cost, split, nil)
+	c, err := compile(&l.cfg, limits, cfg.cost, split, nil)
 	if err != nil {
 		errs = append(errs, err)
 	}
 	// Every mistake at once: the routes are checked with the limits, and
 	// the checks of both together run on what compiled.
+	p := l.newRuleset(c)
 	l.rules = p
 	for _, check := range []func() error{
-		func() error { return l.buildRoutes(split) },
+		func() error {
+			routes, err := compileRoutes(&l.cfg, c, split)
+			l.setRoutes(routes)
+			return err
+		},
 		func() error { return checkRoutesFrom(cfg.routes, cfg.routesFrom) },
 		func() error { return checkStoreFeatures(&l.cfg, l.allLimits()) },
 		l.definitionClashes,
@@ -276,78 +284,6 @@ func applyOptions(opts []Option) (config, []error) {
 		o(&cfg)
 	}
 	return cfg, append(errs, cfg.errs...)
-}
-
-// compile returns the ruleset that decides over limits, for requests of
-// the given cost (nil for 1): it validates and names them, compiles their
-// keys and plans, and their spec for the stores (split: keys with
-// different hash tags are decided apart). caches[i], if there is one, is
-// the plan cache of limit i, which another ruleset counts too: one cache
-// per limit of l.
-func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bool, caches []*planCache) (*ruleset, error) {
-	var errs []error
-	if len(limits) == 0 {
-		errs = append(errs, errors.New("no limits"))
-	}
-	p := &ruleset{l: l, cfg: &l.cfg, cost: cost}
-	seen := make(map[string]int, len(limits))
-	defaulted := make(map[string]bool, len(limits))
-	policyNames := make(map[string]struct{}, len(limits))
-	for i, lim := range limits {
-		if lim.InFlight && lim.SlotLease == 0 {
-			lim.SlotLease = defaultLease
-		}
-		if lim.Name == "" {
-			lim.Name, lim.defaulted = lim.defaultName(), true
-		}
-		if err := lim.validate(); err != nil {
-			errs = append(errs, fmt.Errorf("limit %d (%s): %w", i, lim.Name, err))
-			continue
-		}
-		if j, dup := seen[lim.Name]; dup {
-			if lim.defaulted || defaulted[lim.Name] {
-				errs = append(errs, fmt.Errorf("limits %d and %d are both named %q (a default name is the key and the window, not the quota): give them distinct names with Named", j, i, lim.Name))
-			} else {
-				errs = append(errs, fmt.Errorf("limits %d and %d are both named %q: give them distinct names with Named", j, i, lim.Name))
-			}
-			continue
-		}
-		seen[lim.Name], defaulted[lim.Name] = i, lim.defaulted
-		if lim.InFlight {
-			// The stores, the declarations and LimitResult read an
-			// in-flight limit's lease where a rate limit has its
-			// window: the compiled limit carries it there.
-			lim.Window = lim.SlotLease
-		}
-		c := compileLimit(&l.cfg, lim)
-		if i < len(caches) && caches[i] != nil {
-			c.planCache = caches[i] // the same limit: one cache
-		}
-		p.tiered = p.tiered || c.tierOf != nil
-		for _, t := range c.tiers {
-			if _, dup := policyNames[t.quotedName]; dup {
-				errs = append(errs, fmt.Errorf("limit %s: two policies are named %s in RateLimit-Policy: rename a limit or a plan", lim.Name, t.quotedName))
-			}
-			policyNames[t.quotedName] = struct{}{}
-		}
-		p.limits = append(p.limits, c)
-		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, InFlight: lim.InFlight, Skipped: true})
-	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	tiers := make([][]tier, len(p.limits))
-	for i := range p.limits {
-		tiers[i] = p.limits[i].tiers
-	}
-	p.noKey = noKeyResults(p.skipped)
-	p.policyHeaders = policyHeaders(tiers, func(i int) bool { return p.limits[i].Shadow })
-	var err error
-	if p.spec, err = newSpec(p.limits, split); err != nil {
-		return nil, err
-	}
-	p.watchProxies = watchesProxies(&l.cfg, limits)
-	return p, nil
 }
 
 // countsByRouterIP reports whether a limit or allow-list of l or its
@@ -472,98 +408,4 @@ func (l *Limiter) logRollbackFailure(err error) {
 	if l.cfg.logger != nil {
 		l.cfg.logger.Warn("ratelimit: rollback failed", slog.Any("error", err))
 	}
-}
-
-// buildRoutes compiles the rulesets of every route WithRoutes declared:
-// l's limits and the route's, and the route's alone. With l.rules nil
-// (l's own limits are invalid) it only checks the routes, so that New
-// reports their mistakes with those of the limits.
-func (l *Limiter) buildRoutes(split bool) error {
-	var errs []error
-	generated := make(routeNames)
-	var mine []*planCache
-	if l.rules != nil {
-		mine = make([]*planCache, len(l.rules.limits))
-		for i := range l.rules.limits {
-			mine[i] = l.rules.limits[i].planCache
-		}
-	}
-	for _, template := range slices.Sorted(maps.Keys(l.cfg.routes)) {
-		rl := l.cfg.routes[template]
-		method, path := splitTemplate(template)
-		if err := validRoute(method, path); err != nil {
-			errs = append(errs, fmt.Errorf("route %q: %w; write a path such as \"/login\", \"/users/{id}\" or \"/files/{...}\", or a method and a path, \"POST /login\"", template, err))
-			continue
-		}
-		cost := l.cfg.cost
-		if rl.Cost != 0 {
-			if rl.Cost < 0 {
-				errs = append(errs, fmt.Errorf("route %q: cost %d is negative", template, rl.Cost))
-				continue
-			}
-			n := rl.Cost
-			cost = func(*http.Request) int { return n }
-		}
-		limits := routeLimits(rl.Limits, method, path) // unnamed ones named after the route
-		if err := generated.add(limits, template); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if len(limits) > 0 {
-			// The route's limits alone first, so that their mistakes
-			// are said by their index in the route's list, whether or
-			// not the Limiter's own limits are valid.
-			if _, err := l.compile(limits, cost, split, nil); err != nil {
-				errs = append(errs, fmt.Errorf("route %q: %w", template, err))
-				continue
-			}
-		}
-		if l.rules == nil {
-			continue // the Limiter's own limits are invalid: New says why
-		}
-		all, err := l.compile(append(l.rules.declared(), limits...), cost, split, mine)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("route %q: %w", template, err))
-			continue
-		}
-		rt := &routeRules{all: all}
-		if len(rl.Limits) > 0 {
-			// The same limits as all's last ones: one plan cache each.
-			var theirs []*planCache
-			for _, c := range all.limits[len(mine):] {
-				theirs = append(theirs, c.planCache)
-			}
-			if rt.own, err = l.compile(limits, cost, split, theirs); err != nil {
-				errs = append(errs, fmt.Errorf("route %q: %w", template, err))
-				continue
-			}
-		}
-		if l.routes == nil {
-			l.routes = make(map[string]map[string]*routeRules)
-		}
-		if l.routes[path] == nil {
-			l.routes[path] = make(map[string]*routeRules)
-		}
-		if _, dup := l.routes[path][method]; dup {
-			errs = append(errs, fmt.Errorf("route %q is declared twice", template))
-			continue
-		}
-		l.routes[path][method] = rt
-	}
-	return errors.Join(errs...)
-}
-
-// declared returns the limits p was compiled from, as declared.
-func (rs *ruleset) declared() []Limit {
-	out := make([]Limit, len(rs.limits))
-	for i := range rs.limits {
-		out[i] = rs.limits[i].Limit
-		if out[i].defaulted {
-			out[i].Name, out[i].defaulted = "", false
-		}
-		if out[i].InFlight {
-			out[i].Window = 0 // compile's copy of SlotLease
-		}
-	}
-	return out
 }

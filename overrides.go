@@ -74,7 +74,7 @@ func (rs *ruleset) overridden(quotas map[[2]string]int) *ruleset {
 	if !changed {
 		return nil
 	}
-	p := &ruleset{l: rs.l, cfg: rs.cfg, limits: limits, cost: rs.cost, tiered: rs.tiered, watchProxies: rs.watchProxies}
+	p := &ruleset{l: rs.l, cfg: rs.cfg, compiled: compiled{limits: limits, cost: rs.cost, tiered: rs.tiered, watchProxies: rs.watchProxies}}
 	tiers := make([][]tier, len(limits))
 	for i := range limits {
 		lim := &limits[i]
