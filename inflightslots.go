@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -407,4 +408,19 @@ func (set *holdSet) startRenewal(rs *redislog.Redis, other store.Store, alive fu
 		set.lib = rs.Lib
 	}
 	set.start(alive)
+}
+
+// inflightLimits reports whether one of limits (a Limiter's and its
+// routes') is an in-flight limit, and returns the shortest lease among
+// them.
+func inflightLimits(limits iter.Seq2[int, *Limit]) (has bool, shortest time.Duration) {
+	for _, lim := range limits {
+		if lim.InFlight {
+			if !has || lim.Window < shortest {
+				shortest = lim.Window
+			}
+			has = true
+		}
+	}
+	return has, shortest
 }

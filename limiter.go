@@ -353,21 +353,6 @@ func (l *Limiter) eachRuleset(f func(p *ruleset)) {
 	}
 }
 
-// inflightLimits reports whether one of limits (a Limiter's and its
-// routes') is an in-flight limit, and returns the shortest lease among
-// them.
-func inflightLimits(limits iter.Seq2[int, *Limit]) (has bool, shortest time.Duration) {
-	for _, lim := range limits {
-		if lim.InFlight {
-			if !has || lim.Window < shortest {
-				shortest = lim.Window
-			}
-			has = true
-		}
-	}
-	return has, shortest
-}
-
 // allLimits yields the limits of l and its routes as compiled (named, an
 // in-flight limit's lease in Window), in eachRuleset's order, each with
 // its index in its ruleset: a limit of l once per ruleset that holds it.
