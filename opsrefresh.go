@@ -68,7 +68,7 @@ func (run *opsRunner) refresh(ctx context.Context, force bool) error {
 	}
 	if err != nil {
 		if errors.Is(err, redis.ErrClosed) {
-			return err // the application closed the client: nothing to warn of (see startOperatorRefresh)
+			return err // the application closed the client: nothing to warn of (see opsRunner.start)
 		}
 		if !run.failing.Swap(true) {
 			warn := func() {
