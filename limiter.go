@@ -73,9 +73,9 @@ type Limiter struct {
 	servedChecked atomic.Bool
 	routerIP      bool
 
-	// ops is the operator state in force (overrides and blocks, see
-	// live.go), nil before it was first read; opsRun reads it, and
-	// syncOps applies what it read under opsApply.
+	// ops is the operator state in force (overrides, see overrides.go;
+	// blocks, live.go), nil before it was first read; opsRun reads it
+	// (opsrefresh.go), and syncOps applies what it read under opsApply.
 	ops      atomic.Pointer[liveOps]
 	opsApply sync.Mutex
 	opsRun   *opsRunner
