@@ -22,8 +22,8 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	if cost < 1 {
 		return Result{}, fmt.Errorf("ratelimit: cost %d is below 1", cost)
 	}
-	if rs.cfg.logger != nil && rs.client != nil {
-		rs.evictions.Start(rs.client, rs.cfg.logger) // once per Limiter, in the background
+	if rs.cfg.logger != nil && rs.l.client != nil {
+		rs.l.evictions.Start(rs.l.client, rs.cfg.logger) // once per Limiter, in the background
 	}
 	q := &s.q
 	*q = redislog.Query{Query: store.Query{Limits: rs.spec.Public, Cost: cost, Peek: peek}, Spec: rs.spec, Wall: time.Now(), Timeout: rs.cfg.timeout}
@@ -46,7 +46,7 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 		}
 		return res, nil
 	}
-	q.Deadline = rs.deadline(ctx, q.Wall)
+	q.Deadline = rs.l.deadline(ctx, q.Wall)
 	if rs.tiered {
 		counted, err := rs.resolvePlans(ctx, s, q.Local, q.Deadline)
 		if err != nil {
@@ -69,7 +69,7 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	}
 	out := &s.out
 	out.Reset(s.replies(len(rs.limits)))
-	err := rs.store.Decide(ctx, q, out)
+	err := rs.l.store.Decide(ctx, q, out)
 	if err != nil && !out.Local {
 		return Result{Unreverted: out.Unreverted}, err
 	}
@@ -81,24 +81,24 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	if len(rs.spec.InFlight) > 0 && (err == nil || out.Local) && out.Allowed && !peek {
 		var in store.Holder // Redis's
 		if out.Local {
-			in = rs.local
-		} else if rs.redis == nil {
+			in = rs.l.local
+		} else if rs.l.redis == nil {
 			in, _ = rs.cfg.store.(store.Holder) // New checked it
 		}
 		res.hold = rs.newHold(q, out, in)
 	}
 	settler, _ := rs.cfg.store.(store.Settler)
-	if (err == nil || out.Local) && out.Allowed && !peek && s.wantTicket && (rs.redis != nil || out.Local || settler != nil) {
-		t := &ticket{rs: rs.redis, denies: rs.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
-			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout, clock: rs.cfg.clock, settled: &rs.settled,
-			owner: rs.Limiter}
+	if (err == nil || out.Local) && out.Allowed && !peek && s.wantTicket && (rs.l.redis != nil || out.Local || settler != nil) {
+		t := &ticket{rs: rs.l.redis, denies: rs.l.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
+			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout, clock: rs.cfg.clock, settled: &rs.l.settled,
+			owner: rs.l}
 		if q.Quotas != nil {
 			t.quotas = slices.Clone(q.Quotas)
 		}
 		switch {
 		case out.Local:
-			t.in = rs.local
-		case rs.redis == nil:
+			t.in = rs.l.local
+		case rs.l.redis == nil:
 			t.in = settler
 		}
 		for i := range t.stamps {
@@ -123,7 +123,7 @@ func (l *Limiter) decidesLocally() bool {
 // limit never denies: it reports a block, see reportShadowBlocks). It is
 // s.ids itself when no limit is a shadow one or nothing is blocked.
 func (rs *ruleset) enforcedIDs(s *scratch) []string {
-	if o := rs.ops.Load(); o == nil || !o.blocking || !rs.anyShadow() {
+	if o := rs.l.ops.Load(); o == nil || !o.blocking || !rs.anyShadow() {
 		return s.ids
 	}
 	s.enforced = append(s.enforced[:0], s.ids...)
@@ -153,7 +153,7 @@ func (rs *ruleset) anyShadow() bool {
 // there is one; s.quotas then holds every limit's quota. fromKeys is
 // decide's.
 func (rs *ruleset) shadowBlocks(s *scratch, fromKeys bool, now int64) bool {
-	o := rs.ops.Load()
+	o := rs.l.ops.Load()
 	if o == nil || !o.blocking || !rs.anyShadow() {
 		return false
 	}
@@ -210,7 +210,7 @@ func (rs *ruleset) reportShadowBlocks(s *scratch, res *Result) {
 // manual block answers, at now (Unix µs), and reports whether there is
 // one. fromKeys is decide's.
 func (rs *ruleset) blockedOutcome(s *scratch, ids []string, fromKeys bool, now int64, out *redislog.Outcome, replies []redislog.Reply) bool {
-	o := rs.ops.Load()
+	o := rs.l.ops.Load()
 	if o == nil || !o.blocking {
 		return false
 	}
@@ -484,11 +484,11 @@ func (rs *ruleset) allowIDs(ctx context.Context, ids []string, cost int, peek bo
 	s.ids = append(s.ids, ids...)
 	s.wantTicket = true
 	var start time.Time
-	if !peek && rs.watched() {
+	if !peek && rs.l.watched() {
 		start = time.Now()
 	}
 	res, err := rs.decide(ctx, s, cost, false, peek)
-	if !peek && rs.watched() {
+	if !peek && rs.l.watched() {
 		rs.observe(nil, ids, &res, err, start)
 	}
 	res.Limits = slices.Clone(res.Limits)
@@ -542,8 +542,8 @@ func (rs *ruleset) reset(ctx context.Context, ids []string) error {
 		if err := rs.forget(ctx, i, key, req); err != nil {
 			errs = append(errs, fmt.Errorf("ratelimit: reset %s: %w", rs.limits[i].Name, err))
 		}
-		rs.denies.Forget(redislog.LogID{Key: key, Field: rs.spec.Limits[i].Field})
-		rs.local.Forget(ctx, rs.forgetQuery(i, key)) // FailLocal's count, and block
+		rs.l.denies.Forget(redislog.LogID{Key: key, Field: rs.spec.Limits[i].Field})
+		rs.l.local.Forget(ctx, rs.forgetQuery(i, key)) // FailLocal's count, and block
 	}
 	return errors.Join(errs...)
 }
@@ -553,8 +553,8 @@ func (rs *ruleset) reset(ctx context.Context, ids []string) error {
 // which must be a store.Forgetter, unless it is a store.Local, which the
 // callers forget in.
 func (rs *ruleset) forget(ctx context.Context, i int, key string, req []byte) error {
-	if rs.redis == nil {
-		if rs.decidesLocally() {
+	if rs.l.redis == nil {
+		if rs.l.decidesLocally() {
 			return nil
 		}
 		f, ok := rs.cfg.store.(store.Forgetter)
@@ -563,7 +563,7 @@ func (rs *ruleset) forget(ctx context.Context, i int, key string, req []byte) er
 		}
 		return f.Forget(ctx, rs.forgetQuery(i, key))
 	}
-	_, err := rs.redis.Lib.Forget(ctx, rs.spec.LuaKeys([]string{key}, []int{i}), req)
+	_, err := rs.l.redis.Lib.Forget(ctx, rs.spec.LuaKeys([]string{key}, []int{i}), req)
 	return err
 }
 

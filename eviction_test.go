@@ -98,7 +98,7 @@ func decideFamily(t *testing.T, c redis.UniversalClient) (*Limiter, *recordHandl
 	}
 	wg.Wait()
 	waitEvictionCheck(t, lim)
-	if login.evictions != lim.evictions {
+	if login.l.evictions != lim.evictions {
 		t.Error("a route's policy checks the memory policy apart from its Limiter")
 	}
 	// Decisions after the check ask nothing more.

@@ -73,7 +73,7 @@ func (l *Limiter) resetLimitDigest(ctx context.Context, name, digest string) err
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
 	defer cancel()
 	err = d.forget(ctx, i, log.Key, d.forgetRequest(i))
-	d.denies.Forget(log)
+	d.l.denies.Forget(log)
 	if err != nil {
 		return fmt.Errorf("ratelimit: reset %s: %w", name, err)
 	}

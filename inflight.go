@@ -15,7 +15,7 @@ func (rs *ruleset) newHold(q *redislog.Query, out *redislog.Outcome, in store.Ho
 			continue // not counted (a plan), or a shadow limit without room
 		}
 		if h == nil {
-			h = &hold{set: rs.holds, holder: q.Holder, spec: rs.spec, in: in}
+			h = &hold{set: rs.l.holds, holder: q.Holder, spec: rs.spec, in: in}
 		}
 		h.idx = append(h.idx, i)
 		h.keys = append(h.keys, q.Keys[i])

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -386,4 +387,40 @@ func (h *hold) leave(start time.Time) {
 	if h.set.released != nil {
 		h.set.released(err)
 	}
+}
+
+// startRenewal starts the goroutine that renews set's slots every
+// set.every (a third of the shortest lease): those held in Redis, through
+// rs, or, with rs nil, those held in other, the store WithStore gave,
+// unless it is a Local or no store.Holder (a Local's slots live in this
+// process, unrenewed; New refuses in-flight limits over a store that
+// holds none). The goroutine refers to the Limiter only through alive:
+// it ends with Close, or at its next tick once alive reports false (the
+// Limiter was collected).
+func (set *holdSet) startRenewal(rs *redislog.Redis, other store.Store, alive func() bool) {
+	if rs == nil {
+		h, ok := other.(store.Holder)
+		if _, local := h.(*store.Local); !ok || local {
+			return // WithStore's Local: its slots live in this process, unrenewed
+		}
+		set.in = h
+	} else {
+		set.lib = rs.Lib
+	}
+	set.start(alive)
+}
+
+// inflightLimits reports whether one of limits (a Limiter's and its
+// routes') is an in-flight limit, and returns the shortest lease among
+// them.
+func inflightLimits(limits iter.Seq2[int, *Limit]) (has bool, shortest time.Duration) {
+	for _, lim := range limits {
+		if lim.InFlight {
+			if !has || lim.Window < shortest {
+				shortest = lim.Window
+			}
+			has = true
+		}
+	}
+	return has, shortest
 }

@@ -99,7 +99,7 @@ func (in Inspector) Stats() Stats {
 	l := in.l
 	s := Stats{
 		BreakerOpen: l.breakerOpen(),
-		Leased:      l.leased(),
+		Leased:      leased(l.leases),
 		Unreverted:  l.unreverted(),
 		Debited:     l.settled.debited.Load(),
 		Credited:    l.settled.credited.Load(),

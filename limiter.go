@@ -1,13 +1,10 @@
 package ratelimit
 
 import (
-	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
-	"maps"
-	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,9 +73,9 @@ type Limiter struct {
 	servedChecked atomic.Bool
 	routerIP      bool
 
-	// ops is the operator state in force (overrides and blocks, see
-	// live.go), nil before it was first read; opsRun reads it, and
-	// syncOps applies what it read under opsApply.
+	// ops is the operator state in force (overrides, see overrides.go;
+	// blocks, live.go), nil before it was first read; opsRun reads it
+	// (opsrefresh.go), and syncOps applies what it read under opsApply.
 	ops      atomic.Pointer[liveOps]
 	opsApply sync.Mutex
 	opsRun   *opsRunner
@@ -102,33 +99,47 @@ type Limiter struct {
 // A ruleset is what decides one request, built once by New and never
 // changed: the compiled limits of the Limiter's own, or of a route (the
 // Limiter's limits followed by the route's, or the route's alone), with
-// their spec for the stores, their plans and the request's cost. It
-// reads the Limiter's shared stores and options through the embedded
-// *Limiter.
+// their spec for the stores, their plans and the request's cost.
 type ruleset struct {
-	*Limiter
-	limits []compiledLimit
-	spec   *redislog.Spec // what the stores know of the limits
-	// cost is the request's cost: WithCost's, a route's Cost, or nil for 1.
-	cost func(*http.Request) int
-
-	// policyHeaders holds the RateLimit-Policy values of a decision that
-	// consulted every limit, by the clients' plans: the tiers of the
-	// limits in turn, as the digits of a number (see writeHeaders).
-	// [0] is the default plans'. Only [0] is kept when there are too many.
-	policyHeaders [][]string
-	tiered        bool // some limit has plans
-	// skipped is every limit, none consulted: what observers see of a
-	// decision that could not be made.
-	skipped []LimitResult
-	// noKey[i] is what observers see of a request limit i's Key could not
-	// identify (see noKeyResults).
-	noKey [][]LimitResult
-	// watchProxies says that the ruleset's limits look for proxy headers.
-	watchProxies bool
+	// l is the Limiter the ruleset decides for. Through it a ruleset
+	// reads what New sets up after compiling it, or what changes: the
+	// Redis client and the stores it decides in (store, redis, local,
+	// denies, evictions; decidesLocally), the in-flight holds, the
+	// operator state in force (ops, syncOps, opsLogger), the settles'
+	// counts, the proxy watch and the no-key warning said once, the
+	// decision's deadline, and the Limiter's logging and observers (log,
+	// watched, observeDenial). Its tickets name l as their owner.
+	l *Limiter
+	// cfg is l's configuration: the options, never changed.
+	cfg *config
+	// compiled is what decides: the limits, their spec, plans and
+	// headers, and the request's cost.
+	compiled
 	// live is this ruleset recompiled with the quota overrides in force,
 	// nil when none changes it (see current).
 	live atomic.Pointer[ruleset]
+}
+
+// newRuleset returns the ruleset of l that decides with c, nil if c is
+// nil (its limits did not compile).
+func (l *Limiter) newRuleset(c *compiled) *ruleset {
+	if c == nil {
+		return nil
+	}
+	return &ruleset{l: l, cfg: &l.cfg, compiled: *c}
+}
+
+// setRoutes makes l's rulesets of routes, compiled by compileRoutes.
+func (l *Limiter) setRoutes(routes map[string]map[string]compiledRoute) {
+	for path, byMethod := range routes {
+		if l.routes == nil {
+			l.routes = make(map[string]map[string]*routeRules)
+		}
+		l.routes[path] = make(map[string]*routeRules, len(byMethod))
+		for method, rt := range byMethod {
+			l.routes[path][method] = &routeRules{all: l.newRuleset(rt.all), own: l.newRuleset(rt.own)}
+		}
+	}
 }
 
 // routeRules is what WithRoutes declared for one template: all decides its
@@ -138,23 +149,6 @@ type ruleset struct {
 // of the first pass's decision (see joinHeaders).
 type routeRules struct {
 	all, own *ruleset
-}
-
-// result is the part of a LimitResult that the limit itself gives, for a
-// client of its tier t.
-func (lim *compiledLimit) result(t int) LimitResult {
-	return LimitResult{Name: lim.Name, Plan: lim.tiers[t].plan, Quota: lim.tiers[t].quota, Window: lim.Window, Shadow: lim.Shadow, InFlight: lim.InFlight, tier: t}
-}
-
-type compiledLimit struct {
-	Limit
-	head     string // the Redis key up to the identifier (see keyHead)
-	bucketed bool   // counted in buckets of Precision
-	// tiers are its plans, tiers[0] the default (see tiersOf); tierOf
-	// indexes them by name, nil if the limit has no plans.
-	tiers     []tier
-	tierOf    map[string]int
-	planCache *planCache // Plans.Cache's, if any
 }
 
 // New returns a Limiter that enforces limits in the Redis that client talks
@@ -198,17 +192,23 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 	}
 	l := &Limiter{client: client, cfg: cfg, opsRun: &opsRunner{key: operator.Key(cfg.prefix)}}
 	split := !noClient && redisstore.Sharded(client) && !cfg.singleSlot
-	p, err := l.compile(limits, cfg.cost, split, nil)
+	c, err := compile(&l.cfg, limits, cfg.cost, split, nil)
 	if err != nil {
 		errs = append(errs, err)
 	}
 	// Every mistake at once: the routes are checked with the limits, and
 	// the checks of both together run on what compiled.
+	p := l.newRuleset(c)
 	l.rules = p
 	for _, check := range []func() error{
-		func() error { return l.buildRoutes(split) },
+		func() error {
+			routes, err := compileRoutes(&l.cfg, c, split)
+			l.setRoutes(routes)
+			return err
+		},
 		func() error { return checkRoutesFrom(cfg.routes, cfg.routesFrom) },
-		l.checkStoreFeatures, l.definitionClashes,
+		func() error { return checkStoreFeatures(&l.cfg, l.allLimits()) },
+		l.definitionClashes,
 	} {
 		if err := check(); err != nil {
 			errs = append(errs, err)
@@ -255,9 +255,16 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
 	l.routerIP = l.countsByRouterIP()
-	l.startOperatorRefresh()
-	l.startRenewal()
-	l.startLeases()
+	alive := func() bool { return w.Value() != nil }
+	l.opsRun.start(client, &l.cfg, l.outage, l.allLimits(), alive)
+	if has, shortest := inflightLimits(l.allLimits()); has {
+		l.holds = &holdSet{timeout: l.cfg.timeout, now: l.cfg.clock, logger: l.cfg.logger, every: shortest / 3,
+			held: map[*hold]struct{}{}, releasing: make(chan struct{}, maxReleases), ticks: l.cfg.renewTicks, renewed: l.cfg.renewed, released: l.cfg.released}
+		l.holds.startRenewal(l.redis, l.cfg.store, alive)
+	}
+	if l.leases = startLeases(l.redis, shortestLease(l.allLimits()), l.localNow, l.cfg.timeout, alive); l.leases != nil {
+		l.store = l.wrap(l.leases)
+	}
 	for _, f := range cfg.onLimiter {
 		f.(func(*Limiter))(l)
 	}
@@ -277,96 +284,6 @@ func applyOptions(opts []Option) (config, []error) {
 		o(&cfg)
 	}
 	return cfg, append(errs, cfg.errs...)
-}
-
-// compile returns the ruleset that decides over limits, for requests of
-// the given cost (nil for 1): it validates and names them, compiles their
-// keys and plans, and their spec for the stores (split: keys with
-// different hash tags are decided apart). caches[i], if there is one, is
-// the plan cache of limit i, which another ruleset counts too: one cache
-// per limit of l.
-func (l *Limiter) compile(limits []Limit, cost func(*http.Request) int, split bool, caches []*planCache) (*ruleset, error) {
-	var errs []error
-	if len(limits) == 0 {
-		errs = append(errs, errors.New("no limits"))
-	}
-	p := &ruleset{Limiter: l, cost: cost}
-	seen := make(map[string]int, len(limits))
-	defaulted := make(map[string]bool, len(limits))
-	policyNames := make(map[string]struct{}, len(limits))
-	for i, lim := range limits {
-		if lim.InFlight && lim.SlotLease == 0 {
-			lim.SlotLease = defaultLease
-		}
-		if lim.Name == "" {
-			lim.Name, lim.defaulted = lim.defaultName(), true
-		}
-		if err := lim.validate(); err != nil {
-			errs = append(errs, fmt.Errorf("limit %d (%s): %w", i, lim.Name, err))
-			continue
-		}
-		if j, dup := seen[lim.Name]; dup {
-			if lim.defaulted || defaulted[lim.Name] {
-				errs = append(errs, fmt.Errorf("limits %d and %d are both named %q (a default name is the key and the window, not the quota): give them distinct names with Named", j, i, lim.Name))
-			} else {
-				errs = append(errs, fmt.Errorf("limits %d and %d are both named %q: give them distinct names with Named", j, i, lim.Name))
-			}
-			continue
-		}
-		seen[lim.Name], defaulted[lim.Name] = i, lim.defaulted
-		if lim.InFlight {
-			// The stores, the declarations and LimitResult read an
-			// in-flight limit's lease where a rate limit has its
-			// window: the compiled limit carries it there.
-			lim.Window = lim.SlotLease
-		}
-		c := l.compileLimit(lim)
-		if i < len(caches) && caches[i] != nil {
-			c.planCache = caches[i] // the same limit: one cache
-		}
-		p.tiered = p.tiered || c.tierOf != nil
-		for _, t := range c.tiers {
-			if _, dup := policyNames[t.quotedName]; dup {
-				errs = append(errs, fmt.Errorf("limit %s: two policies are named %s in RateLimit-Policy: rename a limit or a plan", lim.Name, t.quotedName))
-			}
-			policyNames[t.quotedName] = struct{}{}
-		}
-		p.limits = append(p.limits, c)
-		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, InFlight: lim.InFlight, Skipped: true})
-	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	tiers := make([][]tier, len(p.limits))
-	for i := range p.limits {
-		tiers[i] = p.limits[i].tiers
-	}
-	p.noKey = noKeyResults(p.skipped)
-	p.policyHeaders = policyHeaders(tiers, func(i int) bool { return p.limits[i].Shadow })
-	var err error
-	if p.spec, err = newSpec(p.limits, split); err != nil {
-		return nil, err
-	}
-	p.watchProxies = watchesProxies(&l.cfg, limits)
-	return p, nil
-}
-
-// compileLimit returns lim, valid and named, with its Redis key's head and
-// its plans.
-func (l *Limiter) compileLimit(lim Limit) compiledLimit {
-	// An exact log per limit and identifier; a hash per identifier for
-	// the bucketed limits (see keyHead).
-	prefix := l.cfg.prefix
-	if l.cfg.singleSlot {
-		prefix += "{" + singleSlotTag + "}"
-	}
-	head := keyHead(prefix, lim.Name, lim.kind(), lim.Precision > 0)
-	tiers, tierOf := tiersOf(&lim)
-	c := compiledLimit{Limit: lim, head: head, bucketed: lim.Precision > 0, tiers: tiers, tierOf: tierOf}
-	if lim.Plans.Cache > 0 {
-		c.planCache = &planCache{ttl: lim.Plans.Cache}
-	}
-	return c
 }
 
 // countsByRouterIP reports whether a limit or allow-list of l or its
@@ -436,6 +353,32 @@ func (l *Limiter) eachRuleset(f func(p *ruleset)) {
 	}
 }
 
+// allLimits yields the limits of l and its routes as compiled (named, an
+// in-flight limit's lease in Window), in eachRuleset's order, each with
+// its index in its ruleset: a limit of l once per ruleset that holds it.
+func (l *Limiter) allLimits() iter.Seq2[int, *Limit] {
+	return func(yield func(int, *Limit) bool) {
+		stop := false
+		l.eachRuleset(func(p *ruleset) {
+			for i := range p.limits {
+				if stop {
+					return
+				}
+				if !yield(i, &p.limits[i].Limit) {
+					stop = true
+				}
+			}
+		})
+	}
+}
+
+// wrap returns the store l decides with when base is the store that
+// counts across instances: base wrapped as l's configuration says (see
+// wrapStore).
+func (l *Limiter) wrap(base redislog.Store) redislog.Store {
+	return wrapStore(base, &l.cfg, l.outage, l.local, l.denies, l.localNow)
+}
+
 // localNow reads the clock decisions are timed by: the WithClock clock, or
 // the local one.
 func (l *Limiter) localNow() time.Time {
@@ -450,569 +393,4 @@ func (l *Limiter) logRollbackFailure(err error) {
 	if l.cfg.logger != nil {
 		l.cfg.logger.Warn("ratelimit: rollback failed", slog.Any("error", err))
 	}
-}
-
-// wrap returns the store l decides with when base is the store that counts
-// across instances: base, wrapped by FailLocal's fallback and the deny
-// cache as configured; a Redis store is watched for an outage first
-// (outageStore). When a limit lends leases, base is the Redis store
-// wrapped by the leases (see startLeases). A store WithStore gave has no
-// deny cache, and a Local none of FailLocal's either: it never fails.
-func (l *Limiter) wrap(base redislog.Store) redislog.Store {
-	s := base
-	if l.outage != nil && l.cfg.store == nil {
-		s = outageStore{Store: s, watch: l.outage}
-	}
-	if _, local := l.cfg.store.(*store.Local); l.cfg.failure == FailLocal && !local {
-		s = redislog.Fallback{Primary: s, Local: l.local}
-	}
-	if l.cfg.denyCache > 0 && l.cfg.store == nil {
-		s = redislog.Cached{Next: s, Cache: l.denies, Clock: l.localNow}
-	}
-	return s
-}
-
-// newSpec returns what the stores need of limits; split says that keys
-// with different hash tags must be decided apart.
-func newSpec(limits []compiledLimit, split bool) (*redislog.Spec, error) {
-	public := make([]store.Limit, len(limits))
-	global := make([]bool, len(limits))
-	lease := make([]time.Duration, len(limits))
-	for i := range limits {
-		lim := &limits[i]
-		public[i] = store.Limit{Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, Block: lim.BlockFor,
-			Unit: time.Duration(timeUnit(lim.Window)) * time.Microsecond, InFlight: lim.InFlight}
-		if lim.InFlight {
-			public[i].Unit = 0 // a slot's lease is kept to the microsecond
-		}
-		if lim.bucketed {
-			public[i].Bucketed, public[i].Unit, public[i].Field = true, lim.Precision, lim.Name
-		}
-		global[i], lease[i] = lim.Key.global, lim.Lease
-	}
-	p, bad, err := redislog.NewLeasedSpec(public, global, lease, split)
-	if err != nil && bad >= 0 {
-		return nil, fmt.Errorf("limit %s: %w", limits[bad].Name, err)
-	}
-	return p, err
-}
-
-// buildRoutes compiles the rulesets of every route WithRoutes declared:
-// l's limits and the route's, and the route's alone. With l.rules nil
-// (l's own limits are invalid) it only checks the routes, so that New
-// reports their mistakes with those of the limits.
-func (l *Limiter) buildRoutes(split bool) error {
-	var errs []error
-	generated := make(routeNames)
-	var mine []*planCache
-	if l.rules != nil {
-		mine = make([]*planCache, len(l.rules.limits))
-		for i := range l.rules.limits {
-			mine[i] = l.rules.limits[i].planCache
-		}
-	}
-	for _, template := range slices.Sorted(maps.Keys(l.cfg.routes)) {
-		rl := l.cfg.routes[template]
-		method, path := splitTemplate(template)
-		if err := validRoute(method, path); err != nil {
-			errs = append(errs, fmt.Errorf("route %q: %w; write a path such as \"/login\", \"/users/{id}\" or \"/files/{...}\", or a method and a path, \"POST /login\"", template, err))
-			continue
-		}
-		cost := l.cfg.cost
-		if rl.Cost != 0 {
-			if rl.Cost < 0 {
-				errs = append(errs, fmt.Errorf("route %q: cost %d is negative", template, rl.Cost))
-				continue
-			}
-			n := rl.Cost
-			cost = func(*http.Request) int { return n }
-		}
-		limits := routeLimits(rl.Limits, method, path) // unnamed ones named after the route
-		if err := generated.add(limits, template); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if len(limits) > 0 {
-			// The route's limits alone first, so that their mistakes
-			// are said by their index in the route's list, whether or
-			// not the Limiter's own limits are valid.
-			if _, err := l.compile(limits, cost, split, nil); err != nil {
-				errs = append(errs, fmt.Errorf("route %q: %w", template, err))
-				continue
-			}
-		}
-		if l.rules == nil {
-			continue // the Limiter's own limits are invalid: New says why
-		}
-		all, err := l.compile(append(l.rules.declared(), limits...), cost, split, mine)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("route %q: %w", template, err))
-			continue
-		}
-		rt := &routeRules{all: all}
-		if len(rl.Limits) > 0 {
-			// The same limits as all's last ones: one plan cache each.
-			var theirs []*planCache
-			for _, c := range all.limits[len(mine):] {
-				theirs = append(theirs, c.planCache)
-			}
-			if rt.own, err = l.compile(limits, cost, split, theirs); err != nil {
-				errs = append(errs, fmt.Errorf("route %q: %w", template, err))
-				continue
-			}
-		}
-		if l.routes == nil {
-			l.routes = make(map[string]map[string]*routeRules)
-		}
-		if l.routes[path] == nil {
-			l.routes[path] = make(map[string]*routeRules)
-		}
-		if _, dup := l.routes[path][method]; dup {
-			errs = append(errs, fmt.Errorf("route %q is declared twice", template))
-			continue
-		}
-		l.routes[path][method] = rt
-	}
-	return errors.Join(errs...)
-}
-
-// declared returns the limits p was compiled from, as declared.
-func (rs *ruleset) declared() []Limit {
-	out := make([]Limit, len(rs.limits))
-	for i := range rs.limits {
-		out[i] = rs.limits[i].Limit
-		if out[i].defaulted {
-			out[i].Name, out[i].defaulted = "", false
-		}
-		if out[i].InFlight {
-			out[i].Window = 0 // compile's copy of SlotLease
-		}
-	}
-	return out
-}
-
-// opsRunner reads a Limiter's operator state: from its refresh goroutine
-// (redisstore.Options.OperatorRefresh), and after a change made by the Limiter's own
-// Operator. It holds no reference to the Limiter, so that the goroutine
-// does not keep it alive: it publishes the state it read in latest, and
-// the Limiter applies it at its next decision (Limiter.syncOps).
-type opsRunner struct {
-	key     string
-	client  redis.UniversalClient
-	timeout time.Duration
-	now     func() time.Time // the clock decisions are timed by
-	logger  *slog.Logger
-	// decl declares the Limiter's limits and checks the declarations of
-	// others (see declare.go).
-	decl *declarer
-
-	mu      sync.Mutex // one read at a time
-	latest  atomic.Pointer[liveOps]
-	failing atomic.Bool // the last read failed
-	said    atomic.Bool // and that was logged (not an outage, said by outage)
-	outage  *outageWatch
-
-	stop, done chan struct{}
-	closeOnce  sync.Once
-	// refreshed, in tests, is told of every refresh of the goroutine.
-	refreshed func(error)
-}
-
-// refresh reads the state's version and, if it moved (or force, or
-// nothing was read yet), the whole state, and publishes it; when the
-// version stands, it publishes the state again if an override has lapsed
-// since. It takes at most the decision timeout. On an error the state
-// last read stays published, and the first error of a streak is logged,
-// unless Redis cannot be reached: the outage watch says that.
-func (run *opsRunner) refresh(ctx context.Context, force bool) error {
-	run.mu.Lock()
-	defer run.mu.Unlock()
-	now := run.now().UnixMicro()
-	cur := run.latest.Load()
-	st, changed, err := run.fetch(ctx, cur, force)
-	switch {
-	case changed:
-		if st.Ignored > 0 {
-			run.logger.Error("ratelimit: the operator state holds more entries than a Limiter keeps; the rest are ignored",
-				slog.String("key", run.key), slog.Int("kept", operator.MaxEntries), slog.Int("ignored", st.Ignored))
-		}
-		run.latest.Store(newLiveOps(st, now))
-		run.decl.check(st.Declared, run.logger)
-	case cur != nil && cur.nextExpiry != 0 && now >= cur.nextExpiry:
-		run.latest.Store(newLiveOps(cur.state, now)) // an override lapsed
-	}
-	if err != nil {
-		if errors.Is(err, redis.ErrClosed) {
-			return err // the application closed the client: nothing to warn of (see startOperatorRefresh)
-		}
-		if !run.failing.Swap(true) {
-			warn := func() {
-				run.said.Store(true)
-				run.logger.Warn("ratelimit: cannot read the operator state; the state last read stays in force", slog.String("key", run.key), slog.Any("error", err))
-			}
-			// An outage is said once, by the outage watch, not as the
-			// operator state's: that warning is left to other failures.
-			if !run.outage.suspect(err, warn) {
-				warn()
-			}
-		}
-	} else if run.failing.Swap(false) && run.said.Swap(false) {
-		run.logger.Info("ratelimit: the operator state can be read again", slog.String("key", run.key))
-	}
-	return err
-}
-
-// lapse returns cur, the state last read, or, if an override of it has
-// lapsed on the decision clock, cur without the overrides that have,
-// which it publishes in cur's place (unless a refresh published another
-// state meanwhile: that one is returned, to be checked at the next call).
-func (run *opsRunner) lapse(cur *liveOps) *liveOps {
-	now := run.now().UnixMicro()
-	if now < cur.nextExpiry {
-		return cur
-	}
-	next := newLiveOps(cur.state, now)
-	if run.latest.CompareAndSwap(cur, next) {
-		return next
-	}
-	return run.latest.Load()
-}
-
-// fetch declares the Limiter's limits, which reads the state's version
-// (or reads the version alone if it cannot declare), and, if the version
-// moved from cur's (or force, or cur is nil), reads the whole state:
-// changed reports that st is it.
-func (run *opsRunner) fetch(ctx context.Context, cur *liveOps, force bool) (st operator.State, changed bool, err error) {
-	defer func() {
-		// A client hook that panics must not take the process down from
-		// a goroutine the application does not know of.
-		if p := recover(); p != nil {
-			err = fmt.Errorf("ratelimit: panic while reading the operator state: %v", p)
-		}
-	}()
-	if run.client == nil {
-		return st, false, nil // WithStore: no operator state
-	}
-	ctx, cancel := context.WithTimeout(ctx, run.timeout)
-	defer cancel()
-	op := run.decl.operator()
-	v, derr := run.decl.declare(ctx, run.logger)
-	if derr != nil {
-		if v, err = op.Version(ctx); err != nil {
-			return st, false, err
-		}
-		run.decl.failed(derr, run.logger)
-	}
-	if cur != nil && !force && v == cur.state.Version {
-		return st, false, nil
-	}
-	st, err = op.List(ctx)
-	return st, err == nil, err
-}
-
-// declarer returns l's declarer: an Operator on now, the clock decisions
-// are timed by (which must not refer to l), and the declarations of l's
-// limits, if the refresh is on.
-func (l *Limiter) declarer(now func() time.Time) *declarer {
-	op, err := operator.New(l.client, operator.Options{Prefix: l.cfg.prefix, Now: now})
-	if err != nil {
-		panic("ratelimit: " + err.Error()) // New checked the client and the prefix
-	}
-	d := &declarer{op: op, every: l.cfg.opsRefresh, mine: map[string]definition{}, onWarning: l.cfg.onWarning, warned: map[string]*warnOnce{}}
-	l.eachRuleset(func(p *ruleset) {
-		for i := range p.limits {
-			lim := &p.limits[i]
-			if _, dup := d.mine[lim.Name]; dup {
-				continue // one definition per name (definitionClashes)
-			}
-			decl := definitionOf(&lim.Limit).declaration(lim.Name, lim.Plans.Quotas)
-			d.mine[lim.Name] = declared(decl)
-			d.warned[lim.Name] = &warnOnce{}
-			if l.cfg.opsRefresh > 0 {
-				d.decls = append(d.decls, decl)
-			}
-		}
-	})
-	slices.SortFunc(d.decls, func(a, b operator.Declaration) int {
-		if a.Limit < b.Limit {
-			return -1
-		}
-		if a.Limit > b.Limit {
-			return 1
-		}
-		return 0
-	})
-	return d
-}
-
-// startOperatorRefresh starts the goroutine that reads the operator state
-// (redisstore.Options.OperatorRefresh), unless the refresh is off. The goroutine refers
-// to l only weakly: a Limiter nobody refers to is collected, and the
-// goroutine ends at its next tick. It ends too, silently, once the
-// client is closed (redis.ErrClosed).
-func (l *Limiter) startOperatorRefresh() {
-	run := l.opsRun
-	run.client, run.timeout, run.logger, run.outage = l.client, l.cfg.timeout, l.cfg.logger, l.outage
-	if l.cfg.clock != nil {
-		run.now = l.cfg.clock
-	} else {
-		run.now = time.Now
-	}
-	if run.logger == nil {
-		run.logger = slog.Default()
-	}
-	if l.client == nil {
-		return // WithStore: no operator state
-	}
-	run.decl = l.declarer(run.now)
-	if l.cfg.opsRefresh <= 0 {
-		return
-	}
-	run.stop, run.done = make(chan struct{}), make(chan struct{})
-	run.refreshed = l.cfg.opsRefreshed
-	w := weak.Make(l)
-	every, ticks := l.cfg.opsRefresh, l.cfg.opsTicks
-	go func() {
-		defer close(run.done)
-		if ticks == nil {
-			t := time.NewTicker(every)
-			defer t.Stop()
-			ticks = t.C
-		}
-		for {
-			err := run.refresh(context.Background(), false)
-			if run.refreshed != nil {
-				run.refreshed(err)
-			}
-			if errors.Is(err, redis.ErrClosed) {
-				return // the client is closed for good: no read will ever succeed
-			}
-			select {
-			case <-run.stop:
-				return
-			case <-ticks:
-			}
-			if w.Value() == nil {
-				return
-			}
-		}
-	}()
-}
-
-// refreshOperator reads the operator state now (see opsRunner.refresh)
-// and applies it.
-func (l *Limiter) refreshOperator(ctx context.Context, force bool) error {
-	err := l.opsRun.refresh(ctx, force)
-	l.syncOps()
-	return err
-}
-
-// syncOps applies the operator state last read, if l does not apply it
-// yet: its blocks, and rulesets recompiled with its overrides; an
-// override lapses here at its expiry on the decision clock, refresh or
-// none (see opsRunner.lapse). It costs two atomic loads when nothing
-// changed and no override has an expiry, and a clock read when one has.
-func (l *Limiter) syncOps() {
-	o := l.opsRun.latest.Load()
-	if o != nil && o.nextExpiry != 0 {
-		o = l.opsRun.lapse(o)
-	}
-	if o == l.ops.Load() {
-		return
-	}
-	l.opsApply.Lock()
-	defer l.opsApply.Unlock()
-	if o = l.opsRun.latest.Load(); o == l.ops.Load() {
-		return
-	}
-	l.eachRuleset(func(rs *ruleset) {
-		rs.live.Store(rs.overridden(o.quotas))
-	})
-	l.ops.Store(o)
-}
-
-func (l *Limiter) opsLogger() *slog.Logger { return l.opsRun.logger }
-
-// current returns the ruleset that decides in rs's place: rs recompiled
-// with the quota overrides in force, or rs. It applies the operator state
-// last read first (syncOps).
-func (rs *ruleset) current() *ruleset {
-	rs.syncOps()
-	if o := rs.live.Load(); o != nil {
-		return o
-	}
-	return rs
-}
-
-// overridden returns rs recompiled with the quotas of quotas (by limit and
-// plan), or nil if none of them changes a quota of rs.
-func (rs *ruleset) overridden(quotas map[[2]string]int) *ruleset {
-	if len(quotas) == 0 {
-		return nil
-	}
-	limits := slices.Clone(rs.limits)
-	changed := false
-	for i := range limits {
-		lim := &limits[i]
-		var tiers []tier
-		for t, tr := range lim.tiers {
-			q, ok := quotas[[2]string{lim.Name, tr.plan}]
-			if !ok || q == tr.quota {
-				continue
-			}
-			if tiers == nil {
-				tiers = slices.Clone(lim.tiers)
-			}
-			name := lim.Name
-			if tr.plan != "" {
-				name += "." + tr.plan
-			}
-			tiers[t] = newTier(tr.plan, name, q, lim.policyWindow())
-		}
-		if tiers != nil {
-			lim.tiers, lim.Quota, changed = tiers, tiers[0].quota, true
-		}
-	}
-	if !changed {
-		return nil
-	}
-	p := &ruleset{Limiter: rs.Limiter, limits: limits, cost: rs.cost, tiered: rs.tiered, watchProxies: rs.watchProxies}
-	tiers := make([][]tier, len(limits))
-	for i := range limits {
-		lim := &limits[i]
-		tiers[i] = lim.tiers
-		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, InFlight: lim.InFlight, Skipped: true})
-	}
-	p.noKey = noKeyResults(p.skipped)
-	p.policyHeaders = policyHeaders(tiers, func(i int) bool { return p.limits[i].Shadow })
-	spec, err := newSpec(limits, rs.spec.Split)
-	if err != nil {
-		// Quotas >= 1 always encode; keep the declared rules if not.
-		l := rs.Limiter
-		l.opsLogger().Error("ratelimit: cannot apply a quota override", slog.Any("error", err))
-		return nil
-	}
-	p.spec = spec
-	return p
-}
-
-// inflightLimits reports whether l or one of its routes has an in-flight
-// limit, and returns the shortest lease among them.
-func (l *Limiter) inflightLimits() (has bool, shortest time.Duration) {
-	l.eachRuleset(func(p *ruleset) {
-		for i := range p.limits {
-			if lim := &p.limits[i]; lim.InFlight {
-				if !has || lim.Window < shortest {
-					shortest = lim.Window
-				}
-				has = true
-			}
-		}
-	})
-	return has, shortest
-}
-
-// checkStoreFeatures reports each feature of l's configuration that the
-// store WithStore gave lacks the interface of: in-flight limits
-// (store.Holder), settlement (WithRefund, WithSettle: store.Settler),
-// and leases, which only the Redis store lends.
-func (l *Limiter) checkStoreFeatures() error {
-	if l.cfg.store == nil {
-		return nil
-	}
-	var errs []error
-	reported := map[string]bool{}
-	l.eachRuleset(func(p *ruleset) {
-		for i := range p.limits {
-			lim := &p.limits[i]
-			if reported[lim.Name] {
-				continue
-			}
-			if _, ok := l.cfg.store.(store.Holder); lim.InFlight && !ok {
-				reported[lim.Name] = true
-				errs = append(errs, fmt.Errorf("limit %d (%s): in-flight limits need a store that implements store.Holder; %T does not", i, lim.Name, l.cfg.store))
-			}
-			if lim.Lease > 0 {
-				reported[lim.Name] = true
-				errs = append(errs, fmt.Errorf("limit %d (%s): leased limits (Limit.Lease, Leased) need the Redis store (package redisstore): a lease is entries of the key's log that only it lends; %T does not", i, lim.Name, l.cfg.store))
-			}
-		}
-	})
-	if _, ok := l.cfg.store.(store.Settler); l.cfg.settleOn && !ok {
-		errs = append(errs, fmt.Errorf("WithSettle (or WithRefund): settlement needs a store that implements store.Settler; %T does not", l.cfg.store))
-	}
-	return errors.Join(errs...)
-}
-
-// startRenewal makes l's set of in-flight slots, if l has in-flight limits,
-// and starts the goroutine that renews the slots held in Redis (or in the
-// store.Holder WithStore gave) every lease/3 of the shortest lease. The goroutine refers to l only weakly:
-// it ends with Close, or at its next tick once l is collected.
-func (l *Limiter) startRenewal() {
-	has, shortest := l.inflightLimits()
-	if !has {
-		return
-	}
-	set := &holdSet{timeout: l.cfg.timeout, now: l.cfg.clock, logger: l.cfg.logger, every: shortest / 3,
-		held: map[*hold]struct{}{}, releasing: make(chan struct{}, maxReleases), ticks: l.cfg.renewTicks, renewed: l.cfg.renewed, released: l.cfg.released}
-	l.holds = set
-	if l.redis == nil {
-		h, ok := l.cfg.store.(store.Holder)
-		if _, local := h.(*store.Local); !ok || local {
-			return // WithStore's Local: its slots live in this process, unrenewed
-		}
-		set.in = h
-	} else {
-		set.lib = l.redis.Lib
-	}
-	w := weak.Make(l)
-	set.start(func() bool { return w.Value() != nil })
-}
-
-// shortestLease returns the shortest lease ([Limit].Lease) of a limit of
-// l or its routes, 0 if none lends leases.
-func (l *Limiter) shortestLease() time.Duration {
-	var shortest time.Duration
-	l.eachRuleset(func(p *ruleset) {
-		for i := range p.limits {
-			if d := p.limits[i].Lease; d > 0 && (shortest == 0 || d < shortest) {
-				shortest = d
-			}
-		}
-	})
-	return shortest
-}
-
-// startLeases puts the leases between the Redis store and the wrappers
-// of wrap, if a limit of l or its routes lends them, and starts the
-// goroutine that gives back the leases that ended and forgets the keys
-// that cooled, every shortest lease (10ms at least). The goroutine refers
-// to l only weakly: it ends with Close, or at its next tick once l is
-// collected.
-func (l *Limiter) startLeases() {
-	shortest := l.shortestLease()
-	if shortest == 0 || l.redis == nil {
-		return
-	}
-	l.leases = redislog.NewLeases(l.redis, l.redis.Rollbacks, l.localNow, l.cfg.timeout)
-	l.store = l.wrap(l.leases)
-	w := weak.Make(l)
-	l.leases.Start(max(shortest, 10*time.Millisecond), func() bool { return w.Value() != nil })
-}
-
-// closeLeases gives back every lease's unused units, waiting for Redis
-// for the decision timeout at most (the rest goes on in the background);
-// the leased limits then decide in Redis.
-func (l *Limiter) closeLeases() {
-	if l.leases != nil {
-		l.leases.Close(time.Now().Add(l.cfg.timeout))
-	}
-}
-
-// leased returns how many decisions a lease answered.
-func (l *Limiter) leased() uint64 {
-	if l.leases == nil {
-		return 0
-	}
-	return l.leases.Leased()
 }

@@ -89,7 +89,7 @@ func (l *Limiter) limitStatus(ctx context.Context, name, id string) (LimitResult
 // manualBlock makes lr, a limit's skipped result for id at now, what a
 // manual block of id answers for it: denied, full until the block ends.
 func (rs *ruleset) manualBlock(lr *LimitResult, id string, now time.Time) {
-	o := rs.ops.Load()
+	o := rs.l.ops.Load()
 	if o == nil || !o.blocking {
 		return
 	}
@@ -119,8 +119,8 @@ func (l *Limiter) resetLimit(ctx context.Context, name, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
 	defer cancel()
 	err = d.forget(ctx, i, log.Key, d.forgetRequest(i)) // lifts a block too
-	d.denies.Forget(log)
-	d.local.Forget(ctx, d.forgetQuery(i, log.Key)) // FailLocal's count, and block
+	d.l.denies.Forget(log)
+	d.l.local.Forget(ctx, d.forgetQuery(i, log.Key)) // FailLocal's count, and block
 	if err != nil {
 		return fmt.Errorf("ratelimit: reset %s: %w", name, err)
 	}
@@ -163,11 +163,11 @@ func (l *Limiter) unblockLimit(ctx context.Context, name, id string) (bool, erro
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout)
 	defer cancel()
 	var n int64
-	if d.redis != nil {
-		n, err = d.redis.Lib.Client().Del(ctx, redislog.BlockKey(log)).Result()
+	if d.l.redis != nil {
+		n, err = d.l.redis.Lib.Client().Del(ctx, redislog.BlockKey(log)).Result()
 	}
-	d.denies.Forget(log)
-	lifted := d.local.EndBlock(log) // FailLocal's block
+	d.l.denies.Forget(log)
+	lifted := d.l.local.EndBlock(log) // FailLocal's block
 	if err != nil {
 		return lifted, fmt.Errorf("ratelimit: unblock %s: %w", name, err)
 	}

@@ -23,7 +23,7 @@ func (l *Limiter) Close() error {
 	if l.holds != nil {
 		l.holds.close() // the slots held stop being renewed: they free within their lease
 	}
-	l.closeLeases()
+	closeLeases(l.leases, l.cfg.timeout)
 	run := l.opsRun
 	run.closeOnce.Do(func() {
 		if run.stop != nil {
@@ -79,4 +79,12 @@ func (l *Limiter) operatorState() operator.State {
 		return o.state
 	}
 	return operator.State{}
+}
+
+// refreshOperator reads the operator state now (see opsRunner.refresh)
+// and applies it.
+func (l *Limiter) refreshOperator(ctx context.Context, force bool) error {
+	err := l.opsRun.refresh(ctx, force)
+	l.syncOps()
+	return err
 }

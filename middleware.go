@@ -167,12 +167,12 @@ func (rs *ruleset) check(w http.ResponseWriter, r *http.Request, e *entry) bool 
 // takes and, with settlement on, an admitted request's ticket.
 func (rs *ruleset) verdict(w http.ResponseWriter, r *http.Request, e *entry) (Verdict, error) {
 	rs = rs.current() // the quota overrides in force
-	if rs.watchProxies && !rs.proxies.done.Load() {
-		rs.proxies.watch(r, rs.cfg.logger, rs.cfg.logIDs, rs.cfg.onWarning)
+	if rs.watchProxies && !rs.l.proxies.done.Load() {
+		rs.l.proxies.watch(r, rs.cfg.logger, rs.cfg.logIDs, rs.cfg.onWarning)
 	}
 	for _, skip := range rs.cfg.skips {
 		if skip(r) {
-			if rs.watched() {
+			if rs.l.watched() {
 				res := Result{Allowed: true, Limits: rs.skipped}
 				rs.observe(r, nil, &res, nil, time.Now())
 			}
@@ -260,7 +260,7 @@ func (rs *ruleset) statusRequest(r *http.Request) (Result, error) {
 // observers; the Result's Limits live in s. The in-flight slots it takes
 // are e's to release (see entry.hold).
 func (rs *ruleset) decideRequest(r *http.Request, s *scratch, e *entry) (Result, error) {
-	watched := rs.watched()
+	watched := rs.l.watched()
 	var start time.Time
 	if watched {
 		start = time.Now()

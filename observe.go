@@ -27,9 +27,9 @@ func (rs *ruleset) observe(r *http.Request, ids []string, res *Result, err error
 	for _, f := range rs.cfg.onDecision {
 		f(seen, err, latency)
 	}
-	rs.observeDenial(ids, res, err)
+	rs.l.observeDenial(ids, res, err)
 	if rs.cfg.logger != nil {
-		rs.log(r, ids, &seen, err)
+		rs.l.log(r, ids, &seen, err)
 	}
 }
 
@@ -80,7 +80,7 @@ func (l *Limiter) log(r *http.Request, ids []string, res *Result, err error) {
 // warnNoKey says once per Limiter, its routes included,
 // that the default answer refused a request with no key for limit i.
 func (rs *ruleset) warnNoKey(i int, err error) {
-	if rs.cfg.missingKeySet || rs.noKeyWarned.Load() || rs.noKeyWarned.Swap(true) {
+	if rs.cfg.missingKeySet || rs.l.noKeyWarned.Load() || rs.l.noKeyWarned.Swap(true) {
 		return
 	}
 	lg := rs.cfg.logger

@@ -193,6 +193,12 @@ type ticket struct {
 	owner   any // the *Limiter that admitted the request, told apart by identity
 }
 
+// settleCounts counts the units a Limiter's settles took back (credited)
+// and logged (debited), for the metrics.
+type settleCounts struct {
+	debited, credited atomic.Uint64
+}
+
 // noKeyResults returns, for each limit i, what observers see of a request
 // limit i's Key could not identify: every limit skipped, limit i with
 // NoKey.

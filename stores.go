@@ -2,8 +2,11 @@ package ratelimit
 
 import (
 	"errors"
+	"fmt"
+	"iter"
 	"time"
 
+	"github.com/slidinglog/ratelimit/internal/redislog"
 	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/store"
 )
@@ -97,4 +100,57 @@ func WithStore(s store.Store) Option {
 		}
 		c.store = s
 	}
+}
+
+// checkStoreFeatures reports each feature of cfg, a Limiter's
+// configuration, and of limits, its and its routes' (see
+// Limiter.allLimits), that the store WithStore gave lacks the interface
+// of: in-flight limits (store.Holder), settlement (WithRefund,
+// WithSettle: store.Settler), and leases, which only the Redis store
+// lends. It returns nil for the Redis store.
+func checkStoreFeatures(cfg *config, limits iter.Seq2[int, *Limit]) error {
+	if cfg.store == nil {
+		return nil
+	}
+	var errs []error
+	reported := map[string]bool{}
+	for i, lim := range limits {
+		if reported[lim.Name] {
+			continue
+		}
+		if _, ok := cfg.store.(store.Holder); lim.InFlight && !ok {
+			reported[lim.Name] = true
+			errs = append(errs, fmt.Errorf("limit %d (%s): in-flight limits need a store that implements store.Holder; %T does not", i, lim.Name, cfg.store))
+		}
+		if lim.Lease > 0 {
+			reported[lim.Name] = true
+			errs = append(errs, fmt.Errorf("limit %d (%s): leased limits (Limit.Lease, Leased) need the Redis store (package redisstore): a lease is entries of the key's log that only it lends; %T does not", i, lim.Name, cfg.store))
+		}
+	}
+	if _, ok := cfg.store.(store.Settler); cfg.settleOn && !ok {
+		errs = append(errs, fmt.Errorf("WithSettle (or WithRefund): settlement needs a store that implements store.Settler; %T does not", cfg.store))
+	}
+	return errors.Join(errs...)
+}
+
+// wrapStore returns the store a Limiter configured by cfg decides with when
+// base is the store that counts across instances: base, wrapped by
+// FailLocal's fallback (into local) and the deny cache (denies, on the
+// decisions' clock now) as configured; a Redis store is watched for an
+// outage first (outageStore, with outage, nil under WithStore). When a
+// limit lends leases, base is the Redis store wrapped by the leases (see
+// startLeases). A store WithStore gave has no deny cache, and a Local
+// none of FailLocal's either: it never fails.
+func wrapStore(base redislog.Store, cfg *config, outage *outageWatch, local *store.Local, denies *redislog.DenyCache, now func() time.Time) redislog.Store {
+	s := base
+	if outage != nil && cfg.store == nil {
+		s = outageStore{Store: s, watch: outage}
+	}
+	if _, isLocal := cfg.store.(*store.Local); cfg.failure == FailLocal && !isLocal {
+		s = redislog.Fallback{Primary: s, Local: local}
+	}
+	if cfg.denyCache > 0 && cfg.store == nil {
+		s = redislog.Cached{Next: s, Cache: denies, Clock: now}
+	}
+	return s
 }
