@@ -121,14 +121,14 @@ func rollingOver(admitted []rollingAdmission, c rollingCase) (worst int, where s
 	return worst, where
 }
 
-// checkRolling runs c on b for ten windows of its first release (three
-// under the race detector, which makes each decision several times
-// slower; CI's runs without it run all ten) and fails the test if a
-// window went over more than c.over allows, or the slow client was
-// refused.
+// checkRolling runs c on b for ten windows of its first release with
+// RATELIMIT_LONG=1 (four by default, three under the race detector,
+// which makes each decision several times slower; CI's runs without it
+// run all ten) and fails the test if a window went over more than c.over
+// allows, or the slow client was refused.
 func checkRolling(t *testing.T, b backend, c rollingCase) {
 	seed := testSeed(t)
-	windows := time.Duration(10)
+	windows := longtest.LongOr[time.Duration](t, 4, 10)
 	if raceEnabled {
 		windows = 3
 	}
