@@ -435,6 +435,12 @@ func (o *oracleRun) build() {
 	r := o.r
 	start := time.Now().Truncate(time.Second)
 	o.timeout = 5 * time.Second
+	if o.b.mr != nil && !o.realtime {
+		// A time of the seed's own, not the day's: where the scenario
+		// falls in its buckets (aligned on Unix time) is part of it, so
+		// that a replay replays it.
+		start = time.Unix(1_800_000_000, 0).Add(time.Duration(o.seed%86_400_000) * time.Millisecond)
+	}
 	o.clock = &testClock{t: start}
 	o.setTime, o.now = o.clock.Set, o.clock.Now
 	if o.b.mr != nil && !o.realtime { // else miniredis's TIME is the real clock
@@ -589,6 +595,13 @@ func (o *oracleRun) build() {
 		for _, l := range rep.layers {
 			for _, f := range append(slices.Clone(l.fams), l.route...) {
 				late := f.window/4096 + time.Millisecond + f.precision
+				if len(o.precisions[f.name]) > 1 {
+					// Buckets another precision wrote are moved into this
+					// one's, each later by less than the larger precision
+					// (docs/limits.md, a precision changed while a deploy
+					// rolls), and then counted a bucket late as any are.
+					late += o.maxPrecision[f.name]
+				}
 				if ls := f.leaseOf(); ls > 0 {
 					late += 2*ls + f.window/2048 + time.Millisecond
 					o.leased[f.name] = true
