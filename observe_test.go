@@ -1,9 +1,7 @@
 package ratelimit
 
 import (
-	"bytes"
 	"context"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -26,8 +24,8 @@ func TestLogger(t *testing.T) {
 		mr := miniredis.RunT(t)
 		c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = c.Close() })
-		var buf bytes.Buffer
-		logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		// The outage watch logs from a goroutine of its own.
+		logger, buf := newLogger()
 		lim := mustNew(t, c, []Limit{
 			Per(time.Minute, 1, Header("X-User")).Named("user"),
 			Per(time.Minute, 1, Header("X-User")).Shadowed().Named("trial"),

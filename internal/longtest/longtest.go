@@ -55,10 +55,16 @@ func SkipUnlessLong(tb testing.TB) {
 
 // LongOr returns long when Env=1, else short, and has [Main] name tb as
 // shortened: for a test that runs a smaller share of its work (fewer
-// checks, fewer steps) by default, with the same assertions.
+// checks, fewer steps) by default, with the same assertions. Under the
+// race detector it returns short even with Env=1: that run is there to
+// find data races, every long test runs in it ([SkipUnlessLong] skips
+// nothing), and the runs without it run the long sizes.
 func LongOr[T any](tb testing.TB, short, long T) T {
 	tb.Helper()
 	if Long() {
+		if raceDetector {
+			return short
+		}
 		return long
 	}
 	shortened(tb.Name())

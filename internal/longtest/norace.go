@@ -1,0 +1,6 @@
+//go:build !race
+
+package longtest
+
+// raceDetector: see race.go.
+const raceDetector = false

@@ -1,0 +1,6 @@
+//go:build race
+
+package longtest
+
+// raceDetector: the tests run under the race detector (see LongOr).
+const raceDetector = true
