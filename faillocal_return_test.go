@@ -164,7 +164,7 @@ func TestFailLocalBoundAcrossReturn(t *testing.T) {
 	for _, n := range []int{1, 3} {
 		t.Run(fmt.Sprintf("%d instances", n), func(t *testing.T) {
 			forOutageBackends(t, func(t *testing.T, b outageBackend) {
-				for trial := range longtest.LongOr(t, 2, 6) {
+				for trial := range longtest.LongOr(t, 1, 6) {
 					testBoundAcrossReturn(t, b, n, trial)
 				}
 			})
