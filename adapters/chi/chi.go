@@ -59,7 +59,7 @@ func Middleware(l *ratelimit.Limiter) func(http.Handler) http.Handler {
 			}()
 			if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.Routes != nil {
 				if !checked.Load() && checked.CompareAndSwap(false, true) {
-					*r = *r.WithContext(route.WithServed(r.Context(), routeList(rctx.Routes))) // l checks its route table
+					r = r.WithContext(route.WithServed(r.Context(), routeList(rctx.Routes))) // l checks its route table, once
 				}
 			}
 			resolve(r)

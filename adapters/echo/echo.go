@@ -57,8 +57,8 @@ func Middleware(l *ratelimit.Limiter) echo.MiddlewareFunc {
 			defer func() { pass.Done(status(c, err), c.Response().Header()) }()
 			if e := c.Echo(); e != nil {
 				if !checked.Load() && checked.CompareAndSwap(false, true) {
-					req := c.Request()
-					*req = *req.WithContext(route.WithServed(req.Context(), routeList(e))) // l checks its route table
+					r = r.WithContext(route.WithServed(r.Context(), routeList(e))) // l checks its route table, once
+					c.SetRequest(r)
 				}
 			}
 			resolve(c, r)
