@@ -21,9 +21,10 @@ import (
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
-// TestReadmeQuickStart: the README's quick start is this program, byte for
-// byte (but for the blank space around it), so that what readers copy
-// compiles and is what TestQuickStartLimits runs.
+// TestReadmeQuickStart: the README's quick start is this program's
+// newAPI, byte for byte (but for the blank space around it), so that what
+// readers copy compiles and is what TestQuickStartLimits runs; the README
+// links the rest.
 func TestReadmeQuickStart(t *testing.T) {
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
@@ -37,8 +38,11 @@ func TestReadmeQuickStart(t *testing.T) {
 	if !ok {
 		t.Fatal("README.md: no ```go block after its \"## Quick start\" heading")
 	}
-	if got, want := strings.TrimSpace(block), strings.TrimSpace(string(program)); got != want {
-		t.Errorf("README.md's quick start differs from examples/quickstart/main.go: copy the file into the README's block (or the block into the file).\n%s",
+	got := strings.TrimSpace(block)
+	_, rest, _ := strings.Cut(string(program), "\n// newAPI ")
+	want, _, _ := strings.Cut("// newAPI "+rest, "\ntype userKey")
+	if want = strings.TrimSpace(want); got != want {
+		t.Errorf("README.md's quick start differs from newAPI in examples/quickstart/main.go: copy the function, with its comment, into the README's block (or the block into the file).\n%s",
 			firstDifference(got, want))
 	}
 }
