@@ -22,99 +22,93 @@ import (
 // It fails for a store that does not implement store.Settler.
 func RunSettler(t *testing.T, cfg Config, newStore func(t *testing.T) store.Store) {
 	t.Helper()
-	for _, bucketed := range []bool{false, true} {
-		name := "exact"
-		if bucketed {
-			name = "bucketed"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Run("Credit", func(t *testing.T) {
-				f := newFixture(t, newStore, bucketed)
-				s := settler(t, f.s)
-				a := f.decide(t, 0, 3, true)
-				f.wantCount(t, 0, 3)
-				if err := s.Credit(f.ctx, f.query(0, 2, false), a.stamps()); err != nil {
-					t.Fatalf("Credit: %v", err)
+	forKinds(t, func(t *testing.T, bucketed bool) {
+		t.Run("Credit", func(t *testing.T) {
+			f := newFixture(t, newStore, bucketed)
+			s := settler(t, f.s)
+			a := f.decide(t, 0, 3, true)
+			f.wantCount(t, 0, 3)
+			if err := s.Credit(f.ctx, f.query(0, 2, false), a.stamps()); err != nil {
+				t.Fatalf("Credit: %v", err)
+			}
+			f.wantCount(t, 0, 1)
+			if err := s.Credit(f.ctx, f.query(0, 1, false), []int64{0}); err != nil {
+				t.Fatalf("Credit of stamp 0: %v", err)
+			}
+			f.wantCount(t, 0, 1)
+			if !bucketed { // a bucket's stamp is any time in the bucket
+				if err := s.Credit(f.ctx, f.query(0, 1, false), []int64{a.stamps()[0] + time.Hour.Microseconds()/2}); err != nil {
+					t.Fatalf("Credit of a stamp nothing was logged at: %v", err)
 				}
 				f.wantCount(t, 0, 1)
-				if err := s.Credit(f.ctx, f.query(0, 1, false), []int64{0}); err != nil {
-					t.Fatalf("Credit of stamp 0: %v", err)
-				}
-				f.wantCount(t, 0, 1)
-				if !bucketed { // a bucket's stamp is any time in the bucket
-					if err := s.Credit(f.ctx, f.query(0, 1, false), []int64{a.stamps()[0] + time.Hour.Microseconds()/2}); err != nil {
-						t.Fatalf("Credit of a stamp nothing was logged at: %v", err)
-					}
-					f.wantCount(t, 0, 1)
-				}
-				if err := s.Credit(f.ctx, f.query(0, 5, false), a.stamps()); err != nil {
-					t.Fatalf("Credit of more than is logged: %v", err)
-				}
-				f.wantCount(t, 0, 0)
-			})
-			t.Run("CreditKeepsTime", func(t *testing.T) {
-				f := newFixture(t, newStore, bucketed)
-				s := settler(t, f.s)
-				late := f.unit * 3
-				a := f.decide(t, 0, 1, true)
-				b := f.decide(t, late, 1, true)
-				if err := s.Credit(f.ctx, f.query(0, 1, false), b.stamps()); err != nil {
-					t.Fatalf("Credit: %v", err)
-				}
-				c := f.decide(t, 0, 1, true) // before the log's time: logged at it
-				if c.stamps()[0] < b.stamps()[0] {
-					t.Errorf("after a credit of the entry logged at %d, a decision at %d was logged at %d: the log's time ran backwards",
-						b.stamps()[0], a.stamps()[0], c.stamps()[0])
-				}
-				f.wantCount(t, late, 2)
-			})
-			t.Run("Debit", func(t *testing.T) {
-				f := newFixture(t, newStore, bucketed)
-				s := settler(t, f.s)
-				a := f.decide(t, 0, 2, true)
-				q := f.query(0, 10, false)
-				if err := s.Debit(f.ctx, q, a.stamps()); err != nil {
-					t.Fatalf("Debit: %v", err)
-				}
-				f.wantCount(t, 0, 2+f.quota) // up to the quota, over the room
-				q = f.query(0, 3, false)
-				if err := s.Debit(f.ctx, q, []int64{0}); err != nil {
-					t.Fatalf("Debit of stamp 0: %v", err)
-				}
-				f.wantCount(t, 0, 2+f.quota)
-				if out := f.decide(t, 0, 1, false); out.Allowed {
-					t.Errorf("a decision over a debited log is admitted")
-				}
-			})
-			t.Run("DebitQuotas", func(t *testing.T) {
-				f := newFixture(t, newStore, bucketed)
-				s := settler(t, f.s)
-				a := f.decide(t, 0, 1, true)
-				q := f.query(0, 10, false)
-				q.Quotas = []int{2}
-				if err := s.Debit(f.ctx, q, a.stamps()); err != nil {
-					t.Fatalf("Debit: %v", err)
-				}
-				f.wantCount(t, 0, 3)
-			})
-			t.Run("DebitRemakes", func(t *testing.T) {
-				f := newFixture(t, newStore, bucketed)
-				s := settler(t, f.s)
-				a := f.decide(t, 0, 1, true)
-				if err := s.Credit(f.ctx, f.query(0, 1, false), a.stamps()); err != nil {
-					t.Fatalf("Credit: %v", err)
-				}
-				later := f.window + f.unit // the log has gone
-				if cfg.Forward {
-					later = f.unit
-				}
-				if err := s.Debit(f.ctx, f.query(later, 2, false), a.stamps()); err != nil {
-					t.Fatalf("Debit: %v", err)
-				}
-				f.wantCount(t, later, 2)
-			})
+			}
+			if err := s.Credit(f.ctx, f.query(0, 5, false), a.stamps()); err != nil {
+				t.Fatalf("Credit of more than is logged: %v", err)
+			}
+			f.wantCount(t, 0, 0)
 		})
-	}
+		t.Run("CreditKeepsTime", func(t *testing.T) {
+			f := newFixture(t, newStore, bucketed)
+			s := settler(t, f.s)
+			late := f.unit * 3
+			a := f.decide(t, 0, 1, true)
+			b := f.decide(t, late, 1, true)
+			if err := s.Credit(f.ctx, f.query(0, 1, false), b.stamps()); err != nil {
+				t.Fatalf("Credit: %v", err)
+			}
+			c := f.decide(t, 0, 1, true) // before the log's time: logged at it
+			if c.stamps()[0] < b.stamps()[0] {
+				t.Errorf("after a credit of the entry logged at %d, a decision at %d was logged at %d: the log's time ran backwards",
+					b.stamps()[0], a.stamps()[0], c.stamps()[0])
+			}
+			f.wantCount(t, late, 2)
+		})
+		t.Run("Debit", func(t *testing.T) {
+			f := newFixture(t, newStore, bucketed)
+			s := settler(t, f.s)
+			a := f.decide(t, 0, 2, true)
+			q := f.query(0, 10, false)
+			if err := s.Debit(f.ctx, q, a.stamps()); err != nil {
+				t.Fatalf("Debit: %v", err)
+			}
+			f.wantCount(t, 0, 2+f.quota) // up to the quota, over the room
+			q = f.query(0, 3, false)
+			if err := s.Debit(f.ctx, q, []int64{0}); err != nil {
+				t.Fatalf("Debit of stamp 0: %v", err)
+			}
+			f.wantCount(t, 0, 2+f.quota)
+			if out := f.decide(t, 0, 1, false); out.Allowed {
+				t.Errorf("a decision over a debited log is admitted")
+			}
+		})
+		t.Run("DebitQuotas", func(t *testing.T) {
+			f := newFixture(t, newStore, bucketed)
+			s := settler(t, f.s)
+			a := f.decide(t, 0, 1, true)
+			q := f.query(0, 10, false)
+			q.Quotas = []int{2}
+			if err := s.Debit(f.ctx, q, a.stamps()); err != nil {
+				t.Fatalf("Debit: %v", err)
+			}
+			f.wantCount(t, 0, 3)
+		})
+		t.Run("DebitRemakes", func(t *testing.T) {
+			f := newFixture(t, newStore, bucketed)
+			s := settler(t, f.s)
+			a := f.decide(t, 0, 1, true)
+			if err := s.Credit(f.ctx, f.query(0, 1, false), a.stamps()); err != nil {
+				t.Fatalf("Credit: %v", err)
+			}
+			later := f.window + f.unit // the log has gone
+			if cfg.Forward {
+				later = f.unit
+			}
+			if err := s.Debit(f.ctx, f.query(later, 2, false), a.stamps()); err != nil {
+				t.Fatalf("Debit: %v", err)
+			}
+			f.wantCount(t, later, 2)
+		})
+	})
 }
 
 // RunForgetter is the conformance suite of [store.Forgetter]: every
@@ -126,53 +120,47 @@ func RunSettler(t *testing.T, cfg Config, newStore func(t *testing.T) store.Stor
 // store.Forgetter.
 func RunForgetter(t *testing.T, cfg Config, newStore func(t *testing.T) store.Store) {
 	t.Helper()
-	for _, bucketed := range []bool{false, true} {
-		name := "exact"
-		if bucketed {
-			name = "bucketed"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Run("Forget", func(t *testing.T) {
-				f := newFixture(t, newStore, bucketed)
-				s := forgetter(t, f.s)
-				late := f.unit * 3
-				f.decide(t, late, f.quota, true)
-				if f.decide(t, late, 1, false).Allowed {
-					t.Fatal("a full log admits")
-				}
-				if err := s.Forget(f.ctx, f.query(late, 1, false)); err != nil {
-					t.Fatalf("Forget: %v", err)
-				}
-				f.wantCount(t, late, 0)
-				b := f.decide(t, 0, 1, true) // before the dropped entries
-				if b.stamps()[0] < f.at(late) {
-					t.Errorf("after Forget, a decision was logged at %d, before the entries Forget dropped (%d)", b.stamps()[0], f.at(late))
-				}
-				if err := s.Forget(f.ctx, &store.Query{Limits: []store.Limit{f.lim}, Keys: []string{f.key + ":none"}, Cost: 1, Now: f.now}); err != nil {
-					t.Errorf("Forget of a log that does not exist: %v", err)
-				}
-			})
-			if cfg.NoBlock {
-				return
+	forKinds(t, func(t *testing.T, bucketed bool) {
+		t.Run("Forget", func(t *testing.T) {
+			f := newFixture(t, newStore, bucketed)
+			s := forgetter(t, f.s)
+			late := f.unit * 3
+			f.decide(t, late, f.quota, true)
+			if f.decide(t, late, 1, false).Allowed {
+				t.Fatal("a full log admits")
 			}
-			t.Run("ForgetBlock", func(t *testing.T) {
-				f := newFixture(t, newStore, bucketed)
-				f.lim.Block = time.Hour
-				s := forgetter(t, f.s)
-				f.decide(t, 0, f.quota, true)
-				out := f.decide(t, 0, 1, false)
-				if out.Allowed || out.Replies[0].Block == 0 {
-					t.Fatalf("a full log of a blocking limit: allowed %v, block %d; want a denial and a block", out.Allowed, out.Replies[0].Block)
-				}
-				if err := s.Forget(f.ctx, f.query(0, 1, false)); err != nil {
-					t.Fatalf("Forget: %v", err)
-				}
-				if out := f.decide(t, f.unit, 1, true); out.Replies[0].Block != 0 {
-					t.Errorf("Forget left the block, until %d", out.Replies[0].Block)
-				}
-			})
+			if err := s.Forget(f.ctx, f.query(late, 1, false)); err != nil {
+				t.Fatalf("Forget: %v", err)
+			}
+			f.wantCount(t, late, 0)
+			b := f.decide(t, 0, 1, true) // before the dropped entries
+			if b.stamps()[0] < f.at(late) {
+				t.Errorf("after Forget, a decision was logged at %d, before the entries Forget dropped (%d)", b.stamps()[0], f.at(late))
+			}
+			if err := s.Forget(f.ctx, &store.Query{Limits: []store.Limit{f.lim}, Keys: []string{f.key + ":none"}, Cost: 1, Now: f.now}); err != nil {
+				t.Errorf("Forget of a log that does not exist: %v", err)
+			}
 		})
-	}
+		if cfg.NoBlock {
+			return
+		}
+		t.Run("ForgetBlock", func(t *testing.T) {
+			f := newFixture(t, newStore, bucketed)
+			f.lim.Block = time.Hour
+			s := forgetter(t, f.s)
+			f.decide(t, 0, f.quota, true)
+			out := f.decide(t, 0, 1, false)
+			if out.Allowed || out.Replies[0].Block == 0 {
+				t.Fatalf("a full log of a blocking limit: allowed %v, block %d; want a denial and a block", out.Allowed, out.Replies[0].Block)
+			}
+			if err := s.Forget(f.ctx, f.query(0, 1, false)); err != nil {
+				t.Fatalf("Forget: %v", err)
+			}
+			if out := f.decide(t, f.unit, 1, true); out.Replies[0].Block != 0 {
+				t.Errorf("Forget left the block, until %d", out.Replies[0].Block)
+			}
+		})
+	})
 }
 
 // fixture is one scenario's store, and its one limit and key.
@@ -264,4 +252,15 @@ func forgetter(t *testing.T, s store.Store) store.Forgetter {
 		t.Fatalf("%T does not implement store.Forgetter", s)
 	}
 	return fg
+}
+
+// forKinds runs f as a subtest of t for an exact log and for buckets.
+func forKinds(t *testing.T, f func(t *testing.T, bucketed bool)) {
+	for _, bucketed := range []bool{false, true} {
+		name := "exact"
+		if bucketed {
+			name = "bucketed"
+		}
+		t.Run(name, func(t *testing.T) { f(t, bucketed) })
+	}
 }
