@@ -3,12 +3,14 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +30,22 @@ type backend struct {
 	mr      *miniredis.Miniredis // for miniredis
 	srv     *redistest.Server    // for a real redis-server
 	cluster *redistest.Cluster   // for a real Redis Cluster
+	gone    *atomic.Bool         // set by stop: newClient's clients dial no more
+}
+
+// stop stops the single server for good. Its clients from newClient dial
+// nothing from then on: the port a stopped server frees can be taken at
+// once by another test's server, which a client would reach and be
+// answered by.
+func (b backend) stop() {
+	if b.gone != nil {
+		b.gone.Store(true)
+	}
+	if b.srv != nil {
+		b.srv.Stop()
+		return
+	}
+	b.mr.Close()
 }
 
 // addr returns the address of the backend's single server.
@@ -41,16 +59,22 @@ func (b backend) addr() string {
 // newClient returns a client with its own connection pool, as a separate app
 // replica would have.
 func (b backend) newClient(t testing.TB) redis.UniversalClient {
-	switch {
-	case b.srv != nil:
-		return b.srv.Client()
-	case b.cluster != nil:
+	if b.cluster != nil {
 		return b.cluster.Client()
 	}
-	c := redis.NewClient(&redis.Options{Addr: b.mr.Addr(), ContextTimeoutEnabled: true})
+	var d net.Dialer
+	c := redis.NewClient(&redis.Options{Addr: b.addr(), ContextTimeoutEnabled: true,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if b.gone != nil && b.gone.Load() {
+				return nil, errServerStopped
+			}
+			return d.DialContext(ctx, network, addr)
+		}})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
+
+var errServerStopped = errors.New("the test stopped this server")
 
 // clock returns options that make limiters read a clock the test controls,
 // and the function that sets it. On miniredis it drives the Redis TIME the
@@ -71,10 +95,10 @@ func (b backend) clock(start time.Time) ([]Option, func(time.Time)) {
 func forBackends(t *testing.T, fn func(t *testing.T, b backend)) {
 	t.Run("miniredis", func(t *testing.T) {
 		testlog.Attach(t)
-		fn(t, backend{mr: miniredis.RunT(t)})
+		fn(t, backend{mr: miniredis.RunT(t), gone: new(atomic.Bool)})
 	})
 	t.Run("redis", func(t *testing.T) {
-		fn(t, backend{srv: redistest.Start(t)})
+		fn(t, backend{srv: redistest.Start(t), gone: new(atomic.Bool)})
 	})
 }
 

@@ -206,7 +206,7 @@ func TestOperatorBlock(t *testing.T) {
 		}
 		// From memory: with Redis gone, still 429.
 		if b.mr != nil {
-			b.mr.Close()
+			b.stop()
 			if code := get("192.0.2.1:1", "mallory").StatusCode; code != 429 {
 				t.Errorf("with Redis down, a blocked client: %d, want 429 from memory", code)
 			}
@@ -343,7 +343,7 @@ func TestOperatorLapse(t *testing.T) {
 			t.Fatalf("at its expiry, before a refresh: quota %d, want the declared 2", q)
 		}
 		if b.mr != nil {
-			b.mr.Close() // the lapse needs no Redis
+			b.stop() // the lapse needs no Redis
 		}
 		_ = l.tick()
 		if b.mr != nil {

@@ -348,14 +348,8 @@ func TestSettleUnreachable(t *testing.T) {
 func TestSettleFailLocal(t *testing.T) {
 	t.Parallel() // waits on servers and clocks: runs beside the other parallel tests
 	forBackends(t, func(t *testing.T, b backend) {
-		c := redis.NewClient(&redis.Options{Addr: b.addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-		t.Cleanup(func() { _ = c.Close() })
-		// Redis is gone: FailLocal decides.
-		if b.mr != nil {
-			b.mr.Close()
-		} else {
-			b.srv.Stop()
-		}
+		c := b.newClient(t)
+		b.stop() // Redis is gone: FailLocal decides
 		testSettleFailLocal(t, c)
 	})
 }
