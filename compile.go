@@ -18,6 +18,7 @@ type compiledLimit struct {
 	Limit
 	head     string // the Redis key up to the identifier (see keyHead)
 	bucketed bool   // counted in buckets of Precision
+	calendar bool   // a quota per calendar period (Limit.Period)
 	// tiers are its plans, tiers[0] the default (see tiersOf); tierOf
 	// indexes them by name, nil if the limit has no plans.
 	tiers     []tier
@@ -28,7 +29,11 @@ type compiledLimit struct {
 // result is the part of a LimitResult that the limit itself gives, for a
 // client of its tier t.
 func (lim *compiledLimit) result(t int) LimitResult {
-	return LimitResult{Name: lim.Name, Plan: lim.tiers[t].plan, Quota: lim.tiers[t].quota, Window: lim.Window, Shadow: lim.Shadow, InFlight: lim.InFlight, tier: t}
+	window := lim.Window
+	if lim.calendar {
+		window = 0 // the period's, which the decision says
+	}
+	return LimitResult{Name: lim.Name, Plan: lim.tiers[t].plan, Quota: lim.tiers[t].quota, Window: window, Shadow: lim.Shadow, InFlight: lim.InFlight, tier: t}
 }
 
 // compileLimit returns lim, valid and named, with its Redis key's head
@@ -42,7 +47,7 @@ func compileLimit(cfg *config, lim Limit) compiledLimit {
 	}
 	head := keyHead(prefix, lim.Name, lim.kind(), lim.Precision > 0)
 	tiers, tierOf := tiersOf(&lim)
-	c := compiledLimit{Limit: lim, head: head, bucketed: lim.Precision > 0, tiers: tiers, tierOf: tierOf}
+	c := compiledLimit{Limit: lim, head: head, bucketed: lim.Precision > 0, tiers: tiers, tierOf: tierOf, calendar: lim.Period.set()}
 	if lim.Plans.Cache > 0 {
 		c.planCache = &planCache{ttl: lim.Plans.Cache}
 	}
@@ -64,6 +69,9 @@ func newSpec(limits []compiledLimit, split bool) (*redislog.Spec, error) {
 		}
 		if lim.bucketed {
 			public[i].Bucketed, public[i].Unit, public[i].Field = true, lim.Precision, lim.Name
+		}
+		if lim.calendar {
+			public[i].Calendar, public[i].Unit = true, 0 // periods are kept to the microsecond
 		}
 		global[i], lease[i] = lim.Key.global, lim.Lease
 	}
@@ -89,6 +97,7 @@ type compiled struct {
 	// [0] is the default plans'. Only [0] is kept when there are too many.
 	policyHeaders [][]string
 	tiered        bool // some limit has plans
+	calendar      bool // some limit is a calendar one
 	// skipped is every limit, none consulted: what observers see of a
 	// decision that could not be made.
 	skipped []LimitResult
@@ -147,11 +156,17 @@ func compile(cfg *config, limits []Limit, cost func(*http.Request) int, split bo
 			// window: the compiled limit carries it there.
 			lim.Window = lim.SlotLease
 		}
+		if lim.Period.set() {
+			// The stores read a calendar limit's longest period where a
+			// rate limit has its window.
+			lim.Window = lim.Period.longest()
+		}
 		c := compileLimit(cfg, lim)
 		if i < len(caches) && caches[i] != nil {
 			c.planCache = caches[i] // the same limit: one cache
 		}
 		p.tiered = p.tiered || c.tierOf != nil
+		p.calendar = p.calendar || c.calendar
 		for _, t := range c.tiers {
 			if _, dup := policyNames[t.quotedName]; dup {
 				errs = append(errs, fmt.Errorf("limit %s: two policies are named %s in RateLimit-Policy: rename a limit or a plan", lim.Name, t.quotedName))
@@ -159,7 +174,7 @@ func compile(cfg *config, limits []Limit, cost func(*http.Request) int, split bo
 			policyNames[t.quotedName] = struct{}{}
 		}
 		p.limits = append(p.limits, c)
-		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.Window, Shadow: lim.Shadow, InFlight: lim.InFlight, Skipped: true})
+		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: c.Window, Shadow: lim.Shadow, InFlight: lim.InFlight, Skipped: true})
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -268,8 +283,8 @@ func (c *compiled) declared() []Limit {
 		if out[i].defaulted {
 			out[i].Name, out[i].defaulted = "", false
 		}
-		if out[i].InFlight {
-			out[i].Window = 0 // compile's copy of SlotLease
+		if out[i].InFlight || out[i].Period.set() {
+			out[i].Window = 0 // compile's copy of SlotLease, or the longest period
 		}
 	}
 	return out

@@ -60,6 +60,12 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 			return rs.result(s, out, cost, peek), nil
 		}
 	}
+	if rs.calendar {
+		if err := rs.resolvePeriods(ctx, s, q.Local, q.Deadline); err != nil {
+			return Result{}, err
+		}
+		q.Periods = s.periods
+	}
 	if rs.shadowBlocks(s, fromKeys, q.Local.UnixMicro()) {
 		q.Quotas = s.quotas
 	}
@@ -315,8 +321,9 @@ type scratch struct {
 	tags       []string
 	reps       []redislog.Reply
 	limits     []LimitResult
-	tiers      []int // each limit's plan (tier), when the Limiter has plans
-	quotas     []int // and quota (0: not counted)
+	tiers      []int      // each limit's plan (tier), when the Limiter has plans
+	quotas     []int      // and quota (0: not counted)
+	periods    [][4]int64 // each calendar limit's period bounds (resolvePeriods)
 	// shadowUntil: when the manual block of each shadow limit's
 	// identifier ends, 0 if none (shadowBlocks)
 	shadowUntil []int64
@@ -338,6 +345,7 @@ func (s *scratch) put() {
 	clear(s.keys)
 	clear(s.tags)
 	s.ids, s.keys, s.tags, s.tiers, s.quotas, s.shadowUntil = s.ids[:0], s.keys[:0], s.tags[:0], s.tiers[:0], s.quotas[:0], s.shadowUntil[:0]
+	s.periods = s.periods[:0]
 	s.wantTicket, s.digests = false, false
 	s.q, s.out = redislog.Query{}, redislog.Outcome{}
 	scratches.Put(s)
@@ -418,6 +426,15 @@ func (rs *ruleset) result(s *scratch, out *redislog.Outcome, cost int, peek bool
 		lr.Remaining = int(max(int64(lr.Quota)-used, 0))
 		if r.Block != 0 {
 			lr.Denied, lr.Remaining, lr.Blocked = true, 0, time.UnixMicro(r.Block)
+		}
+		if lim.calendar && i < len(s.periods) {
+			// The period decided in: its length, and its end the reset
+			// (but a block's, if later).
+			start, end := decidedPeriod(s.periods[i], r)
+			lr.Window = time.Duration(end-start) * time.Microsecond
+			if r.Block == 0 || r.Reset == -1 {
+				r.Reset = end
+			}
 		}
 		if r.Reset == -1 { // the cost can never fit: the log is empty a window from now at the latest
 			r.Reset = r.Now + lim.Window.Microseconds()

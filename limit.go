@@ -18,7 +18,8 @@ import (
 // A Limit admits at most Quota units of cost in any sliding Window, counted
 // separately for every identifier its Key yields. Build one with [Per]
 // (Per(time.Minute, 100, ClientIP()): 100 a minute per client address) or
-// [InFlight]; name it with [Limit.Named].
+// [InFlight], or a quota per calendar period with [Calendar]; name it with
+// [Limit.Named].
 //
 // The window slides with the request: a request at time t is admitted only if
 // the requests admitted in (t-Window, t] plus its own cost fit in Quota. There
@@ -45,7 +46,8 @@ type Limit struct {
 	// Window is the length of the sliding window, at least 1ms. Windows are
 	// kept at microsecond precision on the Redis clock. An in-flight limit
 	// ([InFlight]) has none: leave it zero (its slots' lease is
-	// SlotLease).
+	// SlotLease); nor has a calendar limit ([Calendar]), whose Period says
+	// when its quota resets.
 	Window time.Duration
 	// Key says what the limit counts by: [ClientIP], [User], [Route],
 	// [Global], [Compose]... It is required.
@@ -81,6 +83,11 @@ type Limit struct {
 	// Window/8, on an exact log that does not block or shadow. Default:
 	// zero, every decision asks Redis.
 	Lease time.Duration
+	// Period, if set, makes the limit a quota per calendar period (a
+	// fixed window that resets at each of the period's starts) instead of
+	// a sliding window ([Calendar]): Window, Precision and Lease stay
+	// zero, and InFlight false. Default: zero, a sliding limit.
+	Period Period
 
 	defaulted bool // Name was given by the library, not by the user
 }
@@ -280,6 +287,9 @@ func (l Limit) defaultName() string {
 	if l.InFlight {
 		return string(key) + "-inflight"
 	}
+	if l.Period.set() {
+		return string(key) + "-per-" + l.Period.name()
+	}
 	return string(key) + "-per-" + formatWindow(l.Window)
 }
 
@@ -313,7 +323,7 @@ func (l Limit) validate() error {
 	}
 	check(l.Quota < 1, "quota %d: must be at least 1", l.Quota)
 	check(l.Quota > maxQuota, "quota %d: must be at most %d", l.Quota, maxQuota)
-	check(l.Window < time.Millisecond && !l.InFlight, "window %v: must be at least 1ms", l.Window)
+	check(l.Window < time.Millisecond && !l.InFlight && !l.Period.set(), "window %v: must be at least 1ms", l.Window)
 	check(l.Window > 366*24*time.Hour, "window %v: must be at most 366 days", l.Window)
 	check(l.Key.fn == nil && l.Key.err == nil, "no key: say what the limit counts by (ClientIP(), User(...), Global(), ...)")
 	if l.Key.err != nil {
@@ -343,6 +353,9 @@ func (l Limit) validate() error {
 		check(l.Shadow, "lease %v: a shadow limit never denies: it has nothing to lease", l.Lease)
 		check(l.InFlight, "lease %v: an in-flight limit counts requests in flight (its slots' lease is SlotLease), not a rate: it lends no leases", l.Lease)
 		check(l.BlockFor != 0, "lease %v: a limit that blocks (BlockFor) must see every denial in Redis, so it cannot lend leases", l.Lease)
+	}
+	if l.Period.set() {
+		errs = append(errs, l.validateCalendar()...)
 	}
 	check(!validName(l.Name), "name %q: use 1 to %d ASCII letters, digits, '-', '_' or '.'", l.Name, maxNameLen)
 	if l.Plans.set() {
@@ -494,14 +507,22 @@ func (l *Limit) kind() string {
 	if l.InFlight {
 		return inflightKind(l.Key.kindOf())
 	}
+	if l.Period.set() {
+		return calendarKind(l.Key.kindOf())
+	}
 	return l.Key.kindOf()
 }
 
 // policyWindow is the window of l's policies in RateLimit-Policy: its
-// Window, or 0 for an in-flight limit, whose policy has none.
+// Window, or 0 for an in-flight limit, whose policy has none, or
+// calendarWindow for a calendar limit, whose periods have no fixed
+// length.
 func (l *Limit) policyWindow() time.Duration {
 	if l.InFlight {
 		return 0
+	}
+	if l.Period.set() {
+		return calendarWindow
 	}
 	return l.Window
 }

@@ -50,6 +50,9 @@ func newTier(plan, name string, quota int, window time.Duration) tier {
 	if window == 0 { // an in-flight limit's (see Limit.policyWindow)
 		t.policy = inflightPolicy(name, quota)
 	}
+	if window == calendarWindow {
+		t.policy = calendarPolicy(name, quota)
+	}
 	return t
 }
 

@@ -6,7 +6,7 @@
 --   now     7  the time to decide at; 0: the Redis server's clock (TIME)
 --   cost    4  units of cost to log in every limit
 --   limits  1  the number of limits L, then L limits:
---     kind    1  EXACT_LOG, BUCKETS or INFLIGHT
+--     kind    1  EXACT_LOG, BUCKETS, INFLIGHT or CALENDAR
 --     flags   1  FLAG_SHADOW: checked and reported, never denies; FLAG_BLOCK,
 --                FLAG_LEASE, FLAG_ACQUIRE: the fields below follow
 --     quota   4
@@ -21,6 +21,8 @@
 --     acquire 4  only with FLAG_ACQUIRE (with FLAG_LEASE): the request
 --                asks for a lease of up to that many units (see
 --                library.lua's admit)
+--     bounds  28 only of a CALENDAR limit, last: the bounds of three
+--                periods in a row, 7 bytes each (see calendar.lua)
 -- The request's KEYS are its limits' keys, in the same order, then the
 -- block key of each limit with FLAG_BLOCK, in the same order: a key of
 -- the limit's hash tag that exists while the client is blocked (see
@@ -42,6 +44,7 @@
 local EXACT_LOG = 1
 local BUCKETS = 2
 local INFLIGHT = 3 -- see inflight.lua
+local CALENDAR = 5 -- see calendar.lua
 local FLAG_SHADOW = 1
 local FLAG_BLOCK = 2
 local FLAG_LEASE = 4
@@ -67,6 +70,22 @@ local ACQUIRE = 12 -- the units a lease asks for (FLAG_ACQUIRE); nil for a reque
 -- ahead of every clock (see exact.lua's leases): L rounded up to the unit,
 -- plus a unit; nil if it lends none.
 local AHEAD = 13
+-- BOUNDS, of a CALENDAR limit, is the bounds of its periods (an array of
+-- four times); nil in any other limit.
+local BOUNDS = 'bounds'
+
+-- decode_bounds returns the four 7-byte times at byte p of arg.
+local function decode_bounds(arg, p)
+  local b = {}
+  for i = 1, 4 do
+    local v = 0
+    for q = p + 7 * i - 7, p + 7 * i - 1 do
+      v = v * 256 + string.byte(arg, q)
+    end
+    b[i] = v
+  end
+  return b
+end
 
 -- lease_ahead returns AHEAD of a lease of the given length and unit.
 local function lease_ahead(lease, unit)
@@ -112,6 +131,10 @@ local function decode_limit(arg, p)
       lim[ACQUIRE] = ((a1 * 256 + a2) * 256 + a3) * 256 + a4
       after = after + 4
     end
+  end
+  if kind == CALENDAR then
+    lim[BOUNDS] = decode_bounds(arg, after)
+    after = after + 28
   end
   return lim, after
 end

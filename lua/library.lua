@@ -44,6 +44,8 @@ local KINDS = {
   [BUCKETS] = {read = buckets_read, leaves = buckets_leaves, admit = buckets_admit, remove = buckets_remove, forget = buckets_forget},
   [INFLIGHT] = {read = inflight_read, leaves = inflight_leaves, admit = inflight_admit, remove = inflight_remove,
     forget = inflight_forget},
+  [CALENDAR] = {read = calendar_read, leaves = calendar_leaves, admit = calendar_admit, remove = calendar_remove,
+    forget = calendar_forget},
 }
 
 local NEVER = 0 -- a reset: the request can never fit

@@ -1,7 +1,9 @@
 -- Settling a request at its real cost, once its response is known: the
 -- entry point charge. A credit (a real cost below the one admitted) is a
 -- rollback of part of the request's entries, with library.lua's rollback;
--- a debit (a real cost above it) is logged here.
+-- a debit (a real cost above it) is logged here. A calendar limit's debit
+-- is counted in the period the request was admitted in, by its stamp, if
+-- that period's state is still there (see calendar.lua's calendar_charge).
 
 -- CHARGED says which kinds of limit a debit is logged in: the logs of
 -- cost. A limit of any other kind counts something else (requests in
@@ -35,7 +37,11 @@ local function charge(keys, argv)
     for i = 1, #limits do
       local lim = limits[i]
       local kind = KINDS[lim[KIND]]
-      if n > 0 and CHARGED[lim[KIND]] and uint(argv[2], 7 * i - 6, 7) > 0 then
+      if lim[KIND] == CALENDAR then
+        if n > 0 and uint(argv[2], 7 * i - 6, 7) > 0 then
+          stamps[i] = calendar_charge(keys[i], uint(argv[2], 7 * i - 6, 7), math.min(n, lim[QUOTA]))
+        end
+      elseif n > 0 and CHARGED[lim[KIND]] and uint(argv[2], 7 * i - 6, 7) > 0 then
         local state = kind.read(keys[i], lim, now, true)
         stamps[i] = kind.admit(state, lim, now, math.min(n, lim[QUOTA]))
       end

@@ -97,6 +97,9 @@ type localLog struct {
 	// per slot, whose t is its holder id and n 1, in the order taken
 	// (see local_inflight.go).
 	inflight bool
+	// cal: a calendar limit's state (Limit.Calendar), see
+	// local_calendar.go.
+	cal *localPeriod
 }
 
 // localRun is n entries of one time.
@@ -136,6 +139,9 @@ func (g *localLog) prune() {
 func (g *localLog) expiry() int64 {
 	if g.inflight {
 		return inflightExpiry(g)
+	}
+	if g.cal != nil {
+		return max(g.cal.end+calendarGrace, g.blockEnd)
 	}
 	if !g.logged {
 		return g.blockEnd
@@ -226,12 +232,15 @@ func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
 		return errNoHolder
 	}
 	wall := time.Now().UnixMicro()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	now, n := q.Now, int64(q.Cost)
 	if now == 0 {
 		now = wall
 	}
+	if err := checkPeriods(q, now); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.sweepLocked(now)
 	if s.logs == nil {
 		s.logs = make(map[uint64]*localLog)
@@ -264,6 +273,12 @@ func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
 		}
 		if lim.InFlight {
 			if !s.inflightLocked(q, i, g, sl, now, out) && !lim.Shadow {
+				out.Allowed = false
+			}
+			continue
+		}
+		if lim.Calendar {
+			if !s.calendarLocked(q, i, g, sl, now, wall, out) && !lim.Shadow {
 				out.Allowed = false
 			}
 			continue
@@ -355,6 +370,16 @@ func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
 			out.Replies[i].Next = int64(q.Holder)
 			continue
 		}
+		if lim.Calendar {
+			out.Replies[i].Next = g.calendarAdmit(sl, n)
+			if out.Replies[i].Count == 0 {
+				out.Replies[i].Reset = sl.cal.end
+			}
+			if !s.opts.KeepExpired {
+				s.sweep.Added(g.expiry())
+			}
+			continue
+		}
 		if out.Replies[i].Count == 0 {
 			out.Replies[i].Reset = sl.at + lim.Window.Microseconds()
 		}
@@ -434,10 +459,11 @@ func (s *Local) EndBlock(id LogID) bool {
 // localSlot is what Decide found for one limit.
 type localSlot struct {
 	g    *localLog
-	h    uint64 // its hash
-	at   int64  // where the request is logged
-	view int64  // the time the log is decided at
-	made int64  // the bytes of g, made for the request and not in the map yet
+	h    uint64      // its hash
+	at   int64       // where the request is logged
+	view int64       // the time the log is decided at
+	made int64       // the bytes of g, made for the request and not in the map yet
+	cal  localPeriod // a calendar limit's period, as decided in
 }
 
 // placeLocked returns the log a request of id (whose hash is h) that has
@@ -579,6 +605,10 @@ func (s *Local) credit(ids []LogID, stamps []int64, cost int) {
 			s.releaseLocked(h, g, uint64(stamps[i]))
 			continue
 		}
+		if g.cal != nil {
+			g.cal.credit(stamps[i], int64(cost))
+			continue
+		}
 		for j := range g.runs {
 			if r := &g.runs[j]; r.t == stamps[i] {
 				if r.n -= min(int64(cost), r.n); r.n == 0 {
@@ -623,6 +653,15 @@ func (s *Local) Debit(ctx context.Context, q *Query, stamps []int64) error {
 		lim, id := &q.Limits[i], q.Log(i)
 		h := s.hash(id)
 		g := s.logs[h]
+		if lim.Calendar { // counted in the period it was admitted in, if it is still there
+			if g == nil || g.cal == nil {
+				g = s.logs[s.overflowHash(id, h)]
+			}
+			if g != nil && g.cal != nil {
+				g.cal.debit(stamps[i], n)
+			}
+			continue
+		}
 		if g == nil {
 			if g = s.logs[s.overflowHash(id, h)]; g == nil {
 				var made int64
@@ -674,6 +713,11 @@ func (s *Local) forget(ids ...LogID) int {
 			continue
 		}
 		dropped++
+		if g.cal != nil {
+			g.cal.forget()
+			g.blockWall, g.blockEnd = 0, 0
+			continue
+		}
 		if !g.logged || g.inflight {
 			delete(s.logs, h)
 			s.bytes.Add(-g.bytes())

@@ -80,6 +80,26 @@ type Limit struct {
 	// A store that does not support in-flight limits must fail the
 	// decisions of a query that has one.
 	InFlight bool
+	// Calendar makes the limit a quota per calendar period, a fixed
+	// window: Query.Periods gives, per request, the bounds of three
+	// periods in a row around the limiter's clock, and the store decides
+	// in the one that holds its own time Now (its clock, or Query.Now),
+	// failing the decision if none does. It keeps, per key, one period
+	// and its count: a request of cost n fits iff count + n <= quota. A
+	// state of an earlier period that ends by the period's start counts
+	// nothing; one that overlaps it (a period of another start or length
+	// under the same key) is carried into it, count and all; one of a
+	// later period (a clock behind) is decided in, as a log's time never
+	// runs backwards. Its Reply: Count the period's count before the
+	// request, Reset the period's end (-1 if the cost exceeds the quota),
+	// Next, for an admitted request, its stamp: the period's start plus
+	// the number of times the state was forgotten in the period (a
+	// credit or debit by that stamp applies only while the state is that
+	// one: in the period it was admitted in, and not after a Forget),
+	// else the period's end. Window is the longest a period lasts, Unit
+	// 0; Bucketed does not apply. A store that does not support calendar
+	// limits must fail the decisions of a query that has one.
+	Calendar bool
 }
 
 // A LogID names one log: a key and the Field of its limit (see
@@ -111,6 +131,12 @@ type Query struct {
 	// (the limiter draws it at random). 0 when the query has no
 	// in-flight limit.
 	Holder uint64
+	// Periods holds, for each calendar limit (Limit.Calendar), the
+	// bounds of its periods around the request's time, in Unix
+	// microseconds: the previous period's start, the current one's, its
+	// end and the next one's end, ascending; zero for the other limits.
+	// nil when the query has no calendar limit.
+	Periods [][4]int64
 }
 
 // Log returns the log of q's limit i.

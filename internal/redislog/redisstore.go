@@ -410,6 +410,9 @@ func (q *Query) request(dst []byte, idx []int) []byte {
 	if q.Spec.InFlight != nil {
 		slidinglog.SetHolder(dst[start:], q.Holder)
 	}
+	if q.Periods != nil {
+		slidinglog.SetPeriods(dst[start:], func(j int) [4]int64 { return q.Periods[idx[j]] })
+	}
 	if q.Acquire > 0 {
 		slidinglog.SetAcquire(dst[start:], q.Acquire)
 	}

@@ -95,6 +95,13 @@ func NewLeasedSpec(limits []store.Limit, global []bool, lease []time.Duration, s
 			wire[i] = slidinglog.Limit{Kind: slidinglog.InFlight, Shadow: lim.Shadow, Quota: lim.Quota, Window: lim.Window}
 			p.InFlight = append(p.InFlight, i)
 		}
+		if lim.Calendar {
+			if lim.Bucketed || lim.InFlight || lim.Unit != 0 || wire[i].Lease != 0 {
+				return nil, i, errors.New("a calendar limit has no precision, buckets, slots or lease")
+			}
+			wire[i] = slidinglog.Limit{Kind: slidinglog.Calendar, Shadow: lim.Shadow, Quota: lim.Quota, Window: lim.Window,
+				Unit: time.Microsecond, Block: lim.Block}
+		}
 		spec, err := slidinglog.Encode(wire[i])
 		if err != nil {
 			return nil, i, err

@@ -23,7 +23,17 @@ const (
 	// Window is the lease; its unit field carries the request's holder
 	// id (SetHolder), not a time unit; it takes no Name and no Block.
 	InFlight Kind = 3
+	// Calendar counts a quota per calendar period (lua/calendar.lua): a
+	// string of the period's start and end and its count. Its Window is
+	// the longest period, its Unit 1µs; each request carries the bounds
+	// of its periods after its fields (SetPeriods); it takes no Name
+	// and no Lease.
+	Calendar Kind = 5
 )
+
+// periodBytes is the bounds a Calendar limit carries in each request:
+// four times.
+const periodBytes = 4 * timeBytes
 
 // MaxHolder is the largest holder id the wire format carries: holder ids
 // of in-flight limits are 1 to MaxHolder.
@@ -110,7 +120,7 @@ func Encode(limits ...Limit) (Specs, error) {
 			}
 		}
 		switch {
-		case l.Kind != ExactLog && l.Kind != Buckets && l.Kind != InFlight:
+		case l.Kind != ExactLog && l.Kind != Buckets && l.Kind != InFlight && l.Kind != Calendar:
 			return Specs{}, fmt.Errorf("unknown kind %d", l.Kind)
 		case l.Quota < 1 || l.Quota >= maxCost: // a clamped cost must never fit
 			return Specs{}, fmt.Errorf("quota %d out of range", l.Quota)
@@ -125,6 +135,8 @@ func Encode(limits ...Limit) (Specs, error) {
 			return Specs{}, fmt.Errorf("bucketed limit name of %d bytes: want 1 to %d", len(l.Name), nameMax)
 		case l.Block < 0 || l.Block > MaxBlock || l.Block > 0 && l.Shadow:
 			return Specs{}, fmt.Errorf("block %v (shadow %v) out of range", l.Block, l.Shadow)
+		case l.Kind == Calendar && (l.Name != "" || l.Acquire):
+			return Specs{}, fmt.Errorf("calendar limit with a name %q or a lease", l.Name)
 		case l.Lease < 0 || l.Lease > 0 && (l.Kind != ExactLog || l.Shadow || l.Block > 0 || l.Lease < l.Unit || l.Lease > l.Window):
 			return Specs{}, fmt.Errorf("lease %v of a limit of kind %d (window %v, unit %v, shadow %v, block %v)", l.Lease, l.Kind, l.Window, l.Unit, l.Shadow, l.Block)
 		case l.Acquire && l.Lease == 0:
@@ -168,6 +180,9 @@ func Encode(limits ...Limit) (Specs, error) {
 		}
 		if l.Acquire {
 			b = appendUint(b, 0, quotaBytes) // SetAcquire's
+		}
+		if l.Kind == Calendar {
+			b = append(b, make([]byte, periodBytes)...) // SetPeriods'
 		}
 	}
 	s.n, s.b = len(limits), b
@@ -218,7 +233,30 @@ func specEnd(req []byte, at int) int {
 	if req[at+1]&flagAcquire != 0 {
 		next += quotaBytes
 	}
+	if Kind(req[at]) == Calendar {
+		next += periodBytes
+	}
 	return next
+}
+
+// SetPeriods writes into each Calendar limit of req, a request
+// AppendRequest appended, the bounds of its periods, bounds(j) for its
+// j-th limit: the previous period's start, the current one's, its end,
+// the next one's end (Unix µs, ascending, below 1<<56). The Lua code
+// decides in the period that holds the request's time, and fails the
+// request if none does.
+func SetPeriods(req []byte, bounds func(j int) [4]int64) {
+	at := requestHead
+	for j := range int(req[requestHead-1]) {
+		end := specEnd(req, at)
+		if Kind(req[at]) == Calendar {
+			b := bounds(j)
+			for k, v := range b {
+				putUint(req[end-periodBytes+k*timeBytes:end-periodBytes+(k+1)*timeBytes], uint64(max(v, 0)))
+			}
+		}
+		at = end
+	}
 }
 
 // SetAcquire sets the units the limits of req that ask for a lease
