@@ -7,7 +7,7 @@
 -- The periods are computed by the application (time zones, month ends and
 -- DST need its time zone database): each request carries the bounds of
 -- three periods in a row around the application's clock (codec.lua's
--- BOUNDS), and is decided in the one that holds its time (the Redis
+-- PERIODS), and is decided in the one that holds its time (the Redis
 -- server's unless the request gives its own), so that the quota resets
 -- exactly at the period's start on that clock. If none holds it (a clock
 -- more than a period off the application's), the request fails: it is
@@ -60,7 +60,7 @@ end
 -- the period's count, and the limit's time (now, or the start of a later
 -- period the key holds).
 local function calendar_read(key, lim, now, write)
-  local b, s, e = lim[BOUNDS]
+  local b, s, e = lim[PERIODS]
   for j = 1, 3 do
     if b[j] <= now and now < b[j + 1] then
       s, e = b[j], b[j + 1]

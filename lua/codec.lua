@@ -70,9 +70,9 @@ local ACQUIRE = 12 -- the units a lease asks for (FLAG_ACQUIRE); nil for a reque
 -- ahead of every clock (see exact.lua's leases): L rounded up to the unit,
 -- plus a unit; nil if it lends none.
 local AHEAD = 13
--- BOUNDS, of a CALENDAR limit, is the bounds of its periods (an array of
+-- PERIODS, of a CALENDAR limit, is the bounds of its periods (an array of
 -- four times); nil in any other limit.
-local BOUNDS = 'bounds'
+local PERIODS = 'periods'
 
 -- decode_bounds returns the four 7-byte times at byte p of arg.
 local function decode_bounds(arg, p)
@@ -133,7 +133,7 @@ local function decode_limit(arg, p)
     end
   end
   if kind == CALENDAR then
-    lim[BOUNDS] = decode_bounds(arg, after)
+    lim[PERIODS] = decode_bounds(arg, after)
     after = after + 28
   end
   return lim, after
