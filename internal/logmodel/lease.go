@@ -72,6 +72,12 @@ func (s *State) Forget(r LogRef, now int64) {
 		return
 	}
 	l := s.Limits[r.Limit]
+	if l.Calendar {
+		if g.Cal != nil {
+			g.Cal.Count, g.Cal.Gen = 0, g.Cal.Gen+1
+		}
+		return
+	}
 	if l.InFlight || !g.Logged {
 		delete(s.Logs, r)
 		return

@@ -31,6 +31,10 @@ type Limit struct {
 	// Lease, µs, if not 0: the exact log lends leases of up to that long
 	// (see lease.go), which changes what its decisions count.
 	Lease int64
+	// Calendar: a quota per period of Window from Anchor (see
+	// calendar.go); Unit is unused.
+	Calendar bool
+	Anchor   int64
 }
 
 // String describes the limit, for messages.
@@ -51,6 +55,15 @@ func (l Limit) String() string {
 	}
 	if l.Lease > 0 {
 		s += fmt.Sprintf(" lease=%dµs", l.Lease)
+	}
+	if l.Calendar {
+		s = fmt.Sprintf("%s:calendar q=%d period=%dµs from %d", l.Name, l.Quota, l.Window, l.Anchor)
+		if l.Shadow {
+			s += " shadow"
+		}
+		if l.Block > 0 {
+			s += fmt.Sprintf(" block=%dµs", l.Block)
+		}
 	}
 	if l.InFlight {
 		s = fmt.Sprintf("%s:inflight cap=%d lease=%dµs", l.Name, l.Quota, l.Window)
@@ -99,6 +112,9 @@ type Log struct {
 	Runs   []Run
 	Time   int64
 	Logged bool
+	// Cal is a calendar limit's state (see calendar.go), nil until it
+	// counts a request.
+	Cal *Period
 }
 
 // Run is entries of one time in a log.
@@ -133,8 +149,18 @@ func (g *Log) Add(t int64, n int) {
 	g.Runs = slices.Insert(g.Runs, i, Run{t, n})
 }
 
-// Remove removes up to n entries of time t, and returns how many it removed.
+// Remove removes up to n entries of time t, and returns how many it
+// removed; of a calendar log, up to n of its count if its state is the
+// one stamped t (see calendar.go).
 func (g *Log) Remove(t int64, n int) int {
+	if c := g.Cal; c != nil {
+		if c.Start+c.Gen != t {
+			return 0
+		}
+		k := min(int64(n), c.Count)
+		c.Count -= k
+		return int(k)
+	}
 	i, found := slices.BinarySearchFunc(g.Runs, t, func(r Run, t int64) int { return cmpInt64(r.T, t) })
 	if !found {
 		return 0
@@ -242,6 +268,9 @@ type Verdict struct {
 	// the slots held, Room room for one more; Reset and Latest are -1, as
 	// a store reports: no time is promised.
 	InFlight bool
+	// Cal: a calendar limit's period decided in, before the request (see
+	// calendar.go).
+	Cal Period
 }
 
 // Judge decides a request of cost n at now in limit l with log g, before
@@ -275,6 +304,12 @@ func (l Limit) Judge(g *Log, now int64, n int) Verdict {
 // entries count, and an empty window's reset is when they leave.
 func (l Limit) Logged(v *Verdict, n int) {
 	v.Remaining = max(l.Quota-v.Count-n, 0)
+	if l.Calendar {
+		if v.Count == 0 {
+			v.Reset, v.Latest = v.Cal.End, v.Cal.End
+		}
+		return
+	}
 	if v.Count == 0 {
 		v.Reset = v.At + l.Window
 	}
@@ -314,6 +349,9 @@ func (s *State) Block(i int, v *Verdict, g *Log, now int64) {
 	base := now
 	if g.Logged && g.Time > l.Stamp(now) {
 		base = g.Time
+	}
+	if l.Calendar {
+		base = v.View // the later period's start, if it is decided there
 	}
 	if !v.Never {
 		if v.Room {
@@ -427,6 +465,10 @@ func (s *State) Decide(keys, ids []string, n int, now int64, split, peek bool) O
 	var reserved []int // limits a split decision reserved the request in
 	rollBack := func() {
 		for _, i := range reserved {
+			if s.Limits[i].Calendar {
+				reserveCalendar(s.Log(LogRef{i, ids[i]}), &o.Limits[i])
+				continue
+			}
 			if !s.Limits[i].InFlight { // a slot reserved is released: nothing of it stays
 				s.Log(LogRef{i, ids[i]}).Touch(o.Limits[i].At)
 			}
@@ -452,7 +494,11 @@ func (s *State) Decide(keys, ids []string, n int, now int64, split, peek bool) O
 				denied = denied || !o.Limits[i].Room && !s.Limits[i].Shadow
 				continue
 			}
-			o.Limits[i] = s.Limits[i].Judge(s.Log(LogRef{i, ids[i]}), now, n)
+			if s.Limits[i].Calendar {
+				o.Limits[i] = s.Limits[i].judgeCalendar(s.Log(LogRef{i, ids[i]}), now, n)
+			} else {
+				o.Limits[i] = s.Limits[i].Judge(s.Log(LogRef{i, ids[i]}), now, n)
+			}
 			if s.Blocked[LogRef{i, ids[i]}] {
 				s.Block(i, &o.Limits[i], s.Log(LogRef{i, ids[i]}), now)
 			}
@@ -500,7 +546,11 @@ func (s *State) Decide(keys, ids []string, n int, now int64, split, peek bool) O
 				o.Placed = append(o.Placed, s.hold(i, id, v, now))
 				continue
 			}
-			s.Log(LogRef{i, id}).Add(v.At, n)
+			if s.Limits[i].Calendar {
+				countCalendar(s.Log(LogRef{i, id}), v, n)
+			} else {
+				s.Log(LogRef{i, id}).Add(v.At, n)
+			}
 			s.Limits[i].Logged(v, n)
 			o.Placed = append(o.Placed, Placed{LogRef{i, id}, v.At, n})
 		}

@@ -143,8 +143,8 @@ func newInFlightCheck(rt *rapid.T, cfg InFlightConfig, s store.Store) *inflightC
 		}
 		r.model.Limits = append(r.model.Limits, ml)
 		l := store.Limit{Quota: ml.Quota, Window: time.Duration(ml.Window) * time.Microsecond, InFlight: ml.InFlight,
-			Bucketed: ml.Bucketed, Shadow: ml.Shadow, Block: time.Duration(ml.Block) * time.Microsecond}
-		if !ml.InFlight {
+			Bucketed: ml.Bucketed, Shadow: ml.Shadow, Block: time.Duration(ml.Block) * time.Microsecond, Calendar: ml.Calendar}
+		if !ml.InFlight && !ml.Calendar {
 			l.Unit = time.Duration(ml.Unit) * time.Microsecond
 		}
 		if ml.Bucketed {
@@ -166,8 +166,10 @@ func (r *inflightCheck) query(rt *rapid.T, peek bool) *store.Query {
 		ids[i] = rapid.SampledFrom(r.ids).Draw(rt, "id")
 	}
 	r.holder++
-	return &store.Query{Limits: r.public, Keys: r.keysOf(ids), Cost: drawCost(rt), Quotas: r.drawQuotas(rt), Now: r.now, Peek: peek,
+	q := &store.Query{Limits: r.public, Keys: r.keysOf(ids), Cost: drawCost(rt), Quotas: r.drawQuotas(rt), Now: r.now, Peek: peek,
 		Holder: r.holder}
+	q.Periods = r.periods(rt, q.Now)
+	return q
 }
 
 func (r *inflightCheck) decide(rt *rapid.T) { r.ask(rt, r.query(rt, false), "Decide") }

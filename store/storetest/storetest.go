@@ -61,12 +61,17 @@ type Config struct {
 	// drops a log once its entries have left their windows on the
 	// queries' clock (store.Local unless LocalOptions.KeepExpired).
 	Forward bool
+	// NoCalendar leaves out calendar limits (store.Limit.Calendar), for
+	// a store that does not support them.
+	NoCalendar bool
 }
 
 // Run runs the suite on the stores newStore returns: one per check, each
 // check on keys of its own, so that newStore may return one store
-// throughout. Each check draws one to four limits (exact logs and
-// bucketed, enforced and shadow, some that block, windows from
+// throughout. Each check draws one to four limits (exact logs, bucketed
+// and calendar ones (periods of a window from an anchor, their bounds
+// sent around a limiter's clock up to half a period off the query's),
+// enforced and shadow, some that block, windows from
 // MinWindow to 3 hours, quotas from 1 to 1,000,000), four identifiers
 // (some of them odd bytes: a NUL, UTF-8, 300 bytes, a ':block' suffix),
 // and steps: decisions of random costs (sometimes above the quotas) and
@@ -131,7 +136,10 @@ func newCheck(rt *rapid.T, cfg Config, s store.Store) *check {
 		r.model.Limits = append(r.model.Limits, ml)
 		l := store.Limit{Quota: ml.Quota, Window: time.Duration(ml.Window) * time.Microsecond,
 			Unit: time.Duration(ml.Unit) * time.Microsecond, Bucketed: ml.Bucketed, Shadow: ml.Shadow,
-			Block: time.Duration(ml.Block) * time.Microsecond}
+			Block: time.Duration(ml.Block) * time.Microsecond, Calendar: ml.Calendar}
+		if ml.Calendar {
+			l.Unit = 0
+		}
 		if ml.Bucketed {
 			l.Field = ml.Name
 		}
@@ -156,6 +164,12 @@ func drawLimit(rt *rapid.T, i int, cfg Config) logmodel.Limit {
 		ml.Block = rapid.SampledFrom([]int64{36e8, 6 * 36e8, 24 * 36e8}).Draw(rt, "block")
 	}
 	minWindow := cfg.MinWindow.Microseconds()
+	if !cfg.NoCalendar && rapid.IntRange(0, 3).Draw(rt, "calendar") == 0 {
+		ml.Calendar, ml.Unit = true, 1
+		ml.Window = max(rapid.SampledFrom([]int64{minWindow, 1e3, 1e6, 6e7, 36e8, 24 * 36e8}).Draw(rt, "period"), minWindow)
+		ml.Anchor = modelStart + rapid.Int64Range(0, ml.Window-1).Draw(rt, "anchor")
+		return ml
+	}
 	if rapid.IntRange(0, 2).Draw(rt, "bucketed") == 0 {
 		ml.Bucketed = true
 		ml.Unit, ml.Window = logmodel.DrawBuckets(rt, minWindow, cfg.OwnClock)
@@ -246,7 +260,30 @@ func (r *check) query(rt *rapid.T, peek bool) (*store.Query, int) {
 	for i := range ids {
 		ids[i] = rapid.SampledFrom(r.ids).Draw(rt, "id")
 	}
-	return &store.Query{Limits: r.public, Keys: r.keysOf(ids), Cost: drawCost(rt), Quotas: r.drawQuotas(rt), Now: r.now[k], Peek: peek}, k
+	q := &store.Query{Limits: r.public, Keys: r.keysOf(ids), Cost: drawCost(rt), Quotas: r.drawQuotas(rt), Now: r.now[k], Peek: peek}
+	q.Periods = r.periods(rt, q.Now)
+	return q, k
+}
+
+// periods draws the bounds of the calendar limits' periods a query at now
+// carries: around a limiter's clock that reads now, or up to half a
+// period off it. nil if no limit is a calendar one.
+func (r *check) periods(rt *rapid.T, now int64) [][4]int64 {
+	var out [][4]int64
+	for i, l := range r.model.Limits {
+		if !l.Calendar {
+			continue
+		}
+		if out == nil {
+			out = make([][4]int64, len(r.model.Limits))
+		}
+		app := now
+		if rapid.IntRange(0, 2).Draw(rt, "limiter's clock off") == 0 {
+			app += rapid.Int64Range(-l.Window/2, l.Window/2).Draw(rt, "off by")
+		}
+		out[i] = l.Bounds(app)
+	}
+	return out
 }
 
 // idsOf returns the identifiers of q's keys.
@@ -329,6 +366,7 @@ func (r *check) concurrent(rt *rapid.T) {
 	for j := range calls {
 		ids := slices.Repeat([]string{perm[j]}, len(r.public))
 		c := &call{q: &store.Query{Limits: r.public, Keys: r.keysOf(ids), Cost: drawCost(rt), Now: r.now[k]}}
+		c.q.Periods = r.periods(rt, c.q.Now)
 		r.setQuotas(nil)
 		c.want = r.model.Decide(c.q.Keys, ids, c.q.Cost, c.q.Now, false, false)
 		c.out = store.Outcome{Denier: -1, Replies: make([]store.Reply, len(ids))}
@@ -368,6 +406,12 @@ func (r *check) count(o logmodel.Outcome) {
 		}
 		if v.Blocked {
 			r.seen["blocked"]++
+		}
+		if l.Calendar && v.Consulted {
+			r.seen["calendar"]++
+			if v.View > o.Now {
+				r.seen["calendar: a later period"]++
+			}
 		}
 	}
 }
