@@ -18,7 +18,10 @@ import (
 // never lets a log's time run backwards; a debit logs its units whatever
 // the room, up to each limit's quota for the request, skips a stamp of 0,
 // and remakes a log that has gone. Exact and bucketed logs are both
-// checked. cfg.Forward is honoured; the other fields of cfg do not apply.
+// checked, and, unless cfg.NoCalendar, calendar ones: a credit or debit
+// applies in the period its request was admitted in, and in no other.
+// cfg.Forward and cfg.NoCalendar are honoured; the other fields of cfg
+// do not apply.
 // It fails for a store that does not implement store.Settler.
 func RunSettler(t *testing.T, cfg Config, newStore func(t *testing.T) store.Store) {
 	t.Helper()
@@ -109,6 +112,9 @@ func RunSettler(t *testing.T, cfg Config, newStore func(t *testing.T) store.Stor
 			f.wantCount(t, later, 2)
 		})
 	})
+	if !cfg.NoCalendar {
+		runCalendarSettler(t, newStore)
+	}
 }
 
 // RunForgetter is the conformance suite of [store.Forgetter]: every
@@ -116,10 +122,14 @@ func RunSettler(t *testing.T, cfg Config, newStore func(t *testing.T) store.Stor
 // runs them. Forget empties a log, exact or bucketed, lifts its block
 // (unless cfg.NoBlock), skips a log that does not exist, and keeps the
 // log's time: a request logged after Forget is logged no earlier than
-// the entries it dropped. It fails for a store that does not implement
-// store.Forgetter.
+// the entries it dropped; of a calendar limit (unless cfg.NoCalendar),
+// a credit of a request admitted before Forget takes nothing admitted
+// after. It fails for a store that does not implement store.Forgetter.
 func RunForgetter(t *testing.T, cfg Config, newStore func(t *testing.T) store.Store) {
 	t.Helper()
+	if !cfg.NoCalendar {
+		runCalendarForgetter(t, newStore)
+	}
 	forKinds(t, func(t *testing.T, bucketed bool) {
 		t.Run("Forget", func(t *testing.T) {
 			f := newFixture(t, newStore, bucketed)
@@ -263,4 +273,112 @@ func forKinds(t *testing.T, f func(t *testing.T, bucketed bool)) {
 		}
 		t.Run(name, func(t *testing.T) { f(t, bucketed) })
 	}
+}
+
+// calendarFixture is a scenario's store and its one calendar limit of
+// quota 5, periods of an hour from the hour before the wall clock's.
+type calendarFixture struct {
+	*fixture
+	anchor int64
+}
+
+func newCalendarFixture(t *testing.T, newStore func(t *testing.T) store.Store) *calendarFixture {
+	f := newFixture(t, newStore, false)
+	f.lim = store.Limit{Quota: f.quota, Window: f.windowDur, Calendar: true}
+	return &calendarFixture{fixture: f, anchor: time.UnixMicro(f.now).Truncate(time.Hour).Add(-time.Hour).UnixMicro()}
+}
+
+// query is fixture.query with the periods around the query's time.
+func (f *calendarFixture) query(d int64, cost int, peek bool) *store.Query {
+	q := f.fixture.query(d, cost, peek)
+	at := q.Now - (q.Now-f.anchor)%f.window
+	q.Periods = [][4]int64{{at - f.window, at, at + f.window, at + 2*f.window}}
+	return q
+}
+
+func (f *calendarFixture) decide(t *testing.T, d int64, cost int, admit bool) decided {
+	t.Helper()
+	out := &store.Outcome{Denier: -1, Replies: make([]store.Reply, 1)}
+	if err := f.s.Decide(f.ctx, f.query(d, cost, false), out); err != nil {
+		t.Fatalf("Decide: %v", err)
+	}
+	if admit && !out.Allowed {
+		t.Fatalf("a request of cost %d at +%dµs is denied (count %d of %d)", cost, d, out.Replies[0].Count, f.quota)
+	}
+	return decided{out}
+}
+
+func (f *calendarFixture) wantCount(t *testing.T, d int64, n int) {
+	t.Helper()
+	out := &store.Outcome{Denier: -1, Replies: make([]store.Reply, 1)}
+	if err := f.s.Decide(f.ctx, f.query(d, 1, true), out); err != nil {
+		t.Fatalf("Decide (peek): %v", err)
+	}
+	if out.Replies[0].Count != int64(n) {
+		t.Errorf("the period counts %d units; want %d", out.Replies[0].Count, n)
+	}
+}
+
+// runCalendarSettler is RunSettler's part for calendar limits: a credit
+// or debit applies in the period its request was admitted in, and in no
+// other.
+func runCalendarSettler(t *testing.T, newStore func(t *testing.T) store.Store) {
+	t.Run("CalendarCredit", func(t *testing.T) {
+		f := newCalendarFixture(t, newStore)
+		s := settler(t, f.s)
+		a := f.decide(t, 0, 3, true)
+		if err := s.Credit(f.ctx, f.query(0, 2, false), a.stamps()); err != nil {
+			t.Fatalf("Credit: %v", err)
+		}
+		f.wantCount(t, 0, 1)
+		next := f.window // the next period
+		f.decide(t, next, 4, true)
+		if err := s.Credit(f.ctx, f.query(next, 1, false), a.stamps()); err != nil {
+			t.Fatalf("Credit of the previous period's request: %v", err)
+		}
+		f.wantCount(t, next, 4)
+	})
+	t.Run("CalendarDebit", func(t *testing.T) {
+		f := newCalendarFixture(t, newStore)
+		s := settler(t, f.s)
+		a := f.decide(t, 0, 1, true)
+		if err := s.Debit(f.ctx, f.query(0, 2, false), a.stamps()); err != nil {
+			t.Fatalf("Debit: %v", err)
+		}
+		f.wantCount(t, 0, 3)
+		if err := s.Debit(f.ctx, f.query(0, 10, false), a.stamps()); err != nil {
+			t.Fatalf("Debit over the room: %v", err)
+		}
+		f.wantCount(t, 0, 3+f.quota) // up to the quota, over the room
+		next := f.window
+		if err := s.Debit(f.ctx, f.query(next, 2, false), a.stamps()); err != nil {
+			t.Fatalf("Debit in the next period: %v", err)
+		}
+		f.wantCount(t, next, 0) // counted in no other period
+	})
+}
+
+// runCalendarForgetter is RunForgetter's part for calendar limits: Forget
+// empties the period, and a credit of a request admitted before takes
+// nothing admitted after.
+func runCalendarForgetter(t *testing.T, newStore func(t *testing.T) store.Store) {
+	t.Run("CalendarForget", func(t *testing.T) {
+		f := newCalendarFixture(t, newStore)
+		s := forgetter(t, f.s)
+		a := f.decide(t, 0, f.quota, true)
+		if f.decide(t, 0, 1, false).Allowed {
+			t.Fatal("a full period admits")
+		}
+		if err := s.Forget(f.ctx, f.query(0, 1, false)); err != nil {
+			t.Fatalf("Forget: %v", err)
+		}
+		f.wantCount(t, 0, 0)
+		f.decide(t, 0, 2, true)
+		if st, ok := f.s.(store.Settler); ok {
+			if err := st.Credit(f.ctx, f.query(0, 2, false), a.stamps()); err != nil {
+				t.Fatalf("Credit: %v", err)
+			}
+			f.wantCount(t, 0, 2)
+		}
+	})
 }
