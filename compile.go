@@ -174,7 +174,7 @@ func compile(cfg *config, limits []Limit, cost func(*http.Request) int, split bo
 			policyNames[t.quotedName] = struct{}{}
 		}
 		p.limits = append(p.limits, c)
-		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: c.Window, Shadow: lim.Shadow, InFlight: lim.InFlight, Skipped: true})
+		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: c.result(0).Window, Shadow: lim.Shadow, InFlight: lim.InFlight, Skipped: true})
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)

@@ -429,10 +429,10 @@ func (rs *ruleset) result(s *scratch, out *redislog.Outcome, cost int, peek bool
 		}
 		if lim.calendar && i < len(s.periods) {
 			// The period decided in: its length, and its end the reset
-			// (but a block's, if later).
+			// of a cost that never fits.
 			start, end := decidedPeriod(s.periods[i], r)
 			lr.Window = time.Duration(end-start) * time.Microsecond
-			if r.Block == 0 || r.Reset == -1 {
+			if r.Reset == -1 {
 				r.Reset = end
 			}
 		}

@@ -102,6 +102,10 @@ func (m *modelRun) settle(rt *rapid.T) {
 		for _, p := range is.placed {
 			lim := m.model.Limits[p.Ref.Limit]
 			g := m.model.Log(p.Ref)
+			if lim.Calendar { // in the period it was admitted in, if still there
+				g.DebitCalendar(p.T, min(cost-c0, is.res.Limits[p.Ref.Limit].Quota))
+				continue
+			}
 			_, at := lim.LogTime(g, now)
 			g.Add(at, min(cost-c0, is.res.Limits[p.Ref.Limit].Quota))
 		}

@@ -100,8 +100,9 @@ func TestModel(t *testing.T) {
 // concurrent decisions), "refund2" (no repeated refunds), "foreign" (no
 // foreign data), "buckets" (exact logs only), "split" (one Redis call),
 // "block" (no limit blocks), "override" (no quota overrides, see
-// model_override_test.go), "settle" (no settles, see model_settle_test.go).
-var modelOff = flag.String("model.off", "", "TestModel: comma-separated dimensions to leave out (clock, isolation, refund2, foreign, buckets, split, block, override, settle); for investigation only")
+// model_override_test.go), "settle" (no settles, see model_settle_test.go),
+// "calendar" (no calendar limits).
+var modelOff = flag.String("model.off", "", "TestModel: comma-separated dimensions to leave out (clock, isolation, refund2, foreign, buckets, split, block, override, settle, calendar); for investigation only")
 
 // modelEnv is a backend the model test runs on.
 type modelEnv struct {
@@ -203,12 +204,18 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 	var limits []Limit
 	for i := range n {
 		ml := drawModelLimit(rt, i, env, !off["buckets"], !off["block"])
+		if !off["calendar"] {
+			drawModelCalendar(rt, &ml)
+		}
 		m.model.Limits = append(m.model.Limits, ml)
 		key := Header("X-Id")
 		if ml.Global {
 			key = Global()
 		}
 		l := Per(time.Duration(ml.Window)*time.Microsecond, ml.Quota, key).Named(ml.Name)
+		if ml.Calendar {
+			l = Calendar(Period{Days: int(ml.Window / (24 * 36e8)), Start: time.UnixMicro(ml.Anchor).UTC()}, ml.Quota, key).Named(ml.Name)
+		}
 		if ml.Bucketed {
 			l = l.Bucketed(time.Duration(ml.Unit) * time.Microsecond)
 		}
@@ -283,6 +290,20 @@ func drawModelLimit(rt *rapid.T, i int, env modelEnv, buckets, block bool) logmo
 	ml.Window = maxInt64(ml.Window, min)
 	ml.Unit = logmodel.UnitOf(ml.Window)
 	return ml
+}
+
+// drawModelCalendar makes a quarter of the limits that are not bucketed
+// calendar ones ([Calendar]): daily or weekly periods in UTC (the model's
+// periods are a window from an anchor; the calendar's arithmetic is
+// calendar_period_test.go's), anchored at a random time of a day in
+// 2025.
+func drawModelCalendar(rt *rapid.T, ml *logmodel.Limit) {
+	if ml.Bucketed || rapid.IntRange(0, 3).Draw(rt, "calendar") != 0 {
+		return
+	}
+	days := rapid.SampledFrom([]int64{1, 7}).Draw(rt, "period days")
+	ml.Calendar, ml.Window, ml.Unit = true, days*24*36e8, 1
+	ml.Anchor = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro() + rapid.Int64Range(0, ml.Window-1).Draw(rt, "anchor")
 }
 
 func maxInt64(a, b int64) int64 {
@@ -634,6 +655,9 @@ func (m *modelRun) keyOf(r logmodel.LogRef) string {
 	if m.model.Limits[r.Limit].Bucketed {
 		return bucketKey(kind, r.ID)
 	}
+	if m.model.Limits[r.Limit].Calendar {
+		kind = calendarKind(kind)
+	}
 	return logKey(m.model.Limits[r.Limit].Name, kind, r.ID)
 }
 
@@ -710,6 +734,9 @@ func (m *modelRun) count(o logmodel.Outcome) {
 		}
 		if v.Blocked {
 			m.seen["blocked"]++
+		}
+		if l.Calendar && v.Consulted {
+			m.seen["calendar"]++
 		}
 	}
 	if !o.Allowed && len(o.Limits) > 1 && m.split {

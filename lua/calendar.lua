@@ -113,12 +113,14 @@ end
 
 -- calendar_forget clears the state at key, keeping its period and a new
 -- gen (so that a refund of a request admitted before takes nothing
--- admitted after), and returns 1 if it counted anything.
+-- admitted after), and returns 1 if it counted anything. A key that holds
+-- anything else (another program's data) is deleted.
 local function calendar_forget(key, lim)
-  local ps, pe, c, g = calendar_state(key)
-  if not ps then
-    return 0
+  local v = redis.pcall('GET', key)
+  if type(v) ~= 'string' or not string.match(v, '^%d+ %d+ %d+ %d+$') then
+    return redis.call('DEL', key)
   end
+  local ps, pe, c, g = calendar_state(key)
   calendar_write(key, ps, pe, 0, g + 1)
   return c > 0 and 1 or 0
 end

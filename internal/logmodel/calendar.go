@@ -16,9 +16,11 @@ package logmodel
 //     only while the log holds that state;
 //   - Forget clears the count, and moves Gen on;
 //   - Reset: without room, the period's end (the cost never fits: the
-//     end, or a window after now, whichever the store says); with room,
-//     the period's end if it counts anything, else the decision's time,
-//     and the period's end once the request is counted in it.
+//     end of the period of now or a later one, or a window after now,
+//     whichever the store says); with room, the period's end if it counts
+//     anything, else from the decision's time (a split decision that
+//     reserved the request says the end), and the period's end once the
+//     request is counted in it.
 
 // Period is a calendar log's state: the period [Start, End) it counts in
 // (µs), its count and Gen.
@@ -60,12 +62,14 @@ func (l Limit) judgeCalendar(g *Log, now int64, n int) Verdict {
 	v.Room = v.Count+n <= l.Quota
 	switch {
 	case !v.Room && n > l.Quota:
+		// A store says -1; the limiter the end of a period: its own
+		// (s, e) or the later one it was decided in (p).
 		v.Never = true
-		v.Reset, v.Latest = min(p.End, now+l.Window), max(p.End, now+l.Window)
+		v.Reset, v.Latest = e, max(p.End, now+l.Window)
 	case !v.Room || v.Count > 0:
 		v.Reset, v.Latest = p.End, p.End
-	default:
-		v.Reset, v.Latest = view, view
+	default: // at the latest the end: a split decision reports a reservation's
+		v.Reset, v.Latest = view, p.End
 	}
 	v.Remaining = max(l.Quota-v.Count, 0)
 	return v
