@@ -181,6 +181,11 @@ type oFamily struct {
 	precision time.Duration
 	lease     time.Duration // 0: not leased; -1: Leased()'s default
 	plans     bool
+	// period, if not 0, makes the family a quota per calendar period
+	// ([Calendar]) of that many whole days in UTC from anchor; its
+	// window is then the period, for the scenario's time steps.
+	period time.Duration
+	anchor time.Time
 }
 
 func (f oFamily) limit() Limit {
@@ -196,6 +201,9 @@ func (f oFamily) limit() Limit {
 		k = Global()
 	}
 	l := Per(f.window, f.quota, k).Named(f.name)
+	if f.period > 0 {
+		l = Calendar(Period{Days: int(f.period / (24 * time.Hour)), Start: f.anchor}, f.quota, k).Named(f.name)
+	}
 	if f.precision > 0 {
 		l = l.Bucketed(f.precision)
 	}
@@ -209,6 +217,25 @@ func (f oFamily) limit() Limit {
 		l = l.Tiered(Plans{Quotas: map[string]int{"big": 2 * f.quota, "small": max(1, f.quota/2)}, Of: oraclePlanOf})
 	}
 	return l
+}
+
+// periodOf is the period of f, a calendar family, that holds t, as the
+// oracle's caller computes it: whole periods of f.period from f.anchor.
+func (f oFamily) periodOf(t time.Time) (start, end time.Time) {
+	k := t.Sub(f.anchor) / f.period
+	if t.Before(f.anchor.Add(k * f.period)) {
+		k--
+	}
+	start = f.anchor.Add(k * f.period)
+	return start, start.Add(f.period)
+}
+
+// oPeriod is the oracle's Period of f: nil unless f is a calendar family.
+func oPeriod(f oFamily) func(time.Time) (time.Time, time.Time) {
+	if f.period == 0 {
+		return nil
+	}
+	return f.periodOf
 }
 
 // oraclePlanOf puts the client whose id ends in 1 on plan big, in 2 on
@@ -466,6 +493,12 @@ func (o *oracleRun) build() {
 		case x == 0:
 			f.precision = f.window / time.Duration([]int{2, 4, 10}[r.IntN(3)])
 			o.dims["bucketed"] = true
+		case x == 3 && !o.realtime && o.draw("calendar", 0.5):
+			// A day or two in UTC, anchored within the first day: the
+			// scenario's steps (a window's fraction) cross boundaries.
+			f.period = time.Duration(1+r.IntN(2)) * 24 * time.Hour
+			f.window = f.period
+			f.anchor = start.Add(time.Duration(r.Int64N(int64(24 * time.Hour)))).UTC()
 		case x <= 2:
 			f.quota = 32 + r.IntN(64) // a lease is taken only for a quota of 32 × the cost or more
 			f.lease = []time.Duration{-1, f.window / 8, f.window / 64, max(f.window/1024, time.Millisecond)}[r.IntN(4)]
@@ -622,6 +655,9 @@ func (o *oracleRun) vary(fams []oFamily, cap int) ([]oFamily, int) {
 	i := r.IntN(len(fams))
 	f := &fams[i]
 	fields := []string{"quota", "plans", "inflight", "window", "bucketed", "precision", "lease"}
+	if f.period > 0 {
+		fields = fields[:3] // a calendar family keeps its period
+	}
 	field := fields[r.IntN(len(fields))]
 	o.dims["replica-"+field] = true
 	switch field {
@@ -873,7 +909,7 @@ func (o *oracleRun) limitsOf(l *oLayer, res Result, c int) (rate []oracle.Limit,
 		f := all[i]
 		rate = append(rate, oracle.Limit{Name: o.logName(f), ID: oID(f.kind, c), Keep: oKeep(lr.Window), Quota: lr.Quota, AdmitQuota: o.admitQuota(f.name, c), Window: lr.Window, Late: o.late[f.name],
 			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: o.precisionOf(f), Lease: o.leaseSpan[f.name],
-			ResetDrift: f.precision > 0 && knownOpen["reset-bucket-drift"]})
+			ResetDrift: f.precision > 0 && knownOpen["reset-bucket-drift"], Period: oPeriod(f)})
 	}
 	return rate, inflightDenied
 }
@@ -1153,7 +1189,7 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 func (o *oracleRun) undecided(rep *oReplica, l *oLayer, c, cost int, at time.Time, what string) {
 	var rate []oracle.Limit
 	for _, f := range append(slices.Clone(l.fams), l.route...) {
-		rate = append(rate, oracle.Limit{Name: o.logName(f), ID: oID(f.kind, c), Keep: oKeep(f.window), Quota: f.quota, Window: f.window})
+		rate = append(rate, oracle.Limit{Name: o.logName(f), ID: oID(f.kind, c), Keep: oKeep(f.window), Quota: f.quota, Window: f.window, Period: oPeriod(f)})
 	}
 	o.or.Undecided(rep.idx, at, cost, rate, what)
 	if l.inflight > 0 {

@@ -11,6 +11,10 @@
 //     this never admits over");
 //   - no request is refused while every limit has room for it, with the
 //     tolerance each limit's Slack and Late say (below);
+//   - of a quota per calendar period (Limit.Period), per period of the
+//     decisions' time: no decision admits a request that, with what the
+//     limit admitted in the period before it, exceeds the quota, and none
+//     is refused while the period's sum plus its cost fits;
 //   - a Retry-After is kept, and a sequential client within an in-flight
 //     cap is never refused (the callers check those with Keeps and the
 //     in-flight counts they keep; see the generator).
@@ -81,6 +85,15 @@ type Limit struct {
 	// time units (docs/limits.md, "Changing a definition while a deploy
 	// rolls"). Zero: no bound (a log only one definition writes).
 	Keep time.Duration
+	// Period, if set, makes the limit a quota per calendar period, a
+	// fixed window: Period(t) is the period [start, end) that holds t,
+	// as the caller computes it. Admissions and refusals are then held to
+	// the period of the decision's time, Window, Late, Precision and Keep
+	// aside; a settle's debit counts in the period its request was
+	// admitted in, if it settled before the period's end and no reset
+	// came between (else it counts nowhere, or, when the settle's call
+	// straddles the end, not surely).
+	Period func(t time.Time) (start, end time.Time)
 }
 
 type logKey struct{ name, id string }
@@ -330,8 +343,15 @@ func (o *Oracle) Admit(replica int, local bool, at time.Time, cost int, limits [
 			start := time.Unix(0, at.UnixNano()/int64(p)*int64(p)) // the decision's bucket, on Unix time
 			from = start.Add(p - lim.Window).Add(-time.Nanosecond)
 		}
+		if lim.Period != nil {
+			start, _ := lim.Period(at)
+			from = start.Add(-time.Nanosecond)
+		}
 		n := l.count(from, at, o.seq, false, lim.LocalOnly, replica, 0, 0, false) - l.debits(at.Add(-lim.Lease), at, o.seq)
-		extra := l.grown(lim, at, o.seq, replica)
+		extra := 0
+		if lim.Period == nil {
+			extra = l.grown(lim, at, o.seq, replica)
+		}
 		if q := max(lim.Quota, lim.AdmitQuota); n-extra+cost > q {
 			o.fail("over-admission: %s admitted cost %d at %s in %s/%s (quota %d, window %s) which already held %d in its window (%d of which a longer window may miss; local=%v); window: %s",
 				what, cost, at.Format("15:04:05.000000"), lim.Name, lim.ID, q, lim.Window, n, extra, local, l.describe(at.Add(-lim.Window), at))
@@ -373,6 +393,13 @@ func (o *Oracle) Refused(replica int, at time.Time, cost int, limits []Limit, wh
 	}
 	for _, lim := range limits {
 		l := o.log(lim.Name, lim.ID)
+		if lim.Period != nil {
+			start, _ := lim.Period(at)
+			if l.count(start.Add(-time.Nanosecond), at, o.seq, true, lim.LocalOnly, replica, 0, 0, false)+cost > lim.Quota {
+				return
+			}
+			continue
+		}
 		n := l.count(at.Add(-lim.Window-lim.Late), at, o.seq, true, lim.LocalOnly, replica, lim.Late, lim.Precision, lim.ResetDrift)
 		if n+lim.Slack+cost > lim.Quota {
 			return // this limit may have had no room
@@ -418,6 +445,18 @@ func (a *Admission) Settle(from, to time.Time, cost int, sure bool) {
 	case cost > a.cost:
 		for i, lim := range a.limits {
 			l := o.log(lim.Name, lim.ID)
+			if lim.Period != nil {
+				// In the period its request was admitted in, if that
+				// period's state is still the one it was admitted in.
+				adm := a.entries[i]
+				_, end := lim.Period(adm.at)
+				if !from.Before(end) || l.reset > adm.seq {
+					continue
+				}
+				l.entries = append(l.entries, &entry{seq: o.seq, at: adm.at, latest: adm.at, units: min(cost-a.cost, lim.Quota), debit: true,
+					sure: sure && to.Before(end), local: a.local, replica: a.replica, what: adm.what + " (debit)"})
+				continue
+			}
 			l.entries = append(l.entries, &entry{seq: o.seq, at: from, latest: to, units: min(cost-a.cost, lim.Quota), debit: true, sure: sure,
 				local: a.local, replica: a.replica, what: a.entries[i].what + " (debit)", window: lim.Window, quota: max(lim.Quota, lim.AdmitQuota), keep: lim.Keep})
 		}
