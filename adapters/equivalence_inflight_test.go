@@ -125,7 +125,7 @@ func TestEquivalenceInFlight(t *testing.T) {
 						limits = slices.DeleteFunc(limits, func(n string) bool { return strings.HasSuffix(n, "inflight") || n == "conn" })
 						outs = append(outs, eqOutcome{router: eqRouters[i].name, status: w.Code, handler: ran, limits: limits, keys: keys})
 					}
-					compared += checkOutcomes(t, desc, method, tok, outs)
+					compared += checkOutcomes(t, desc, method, tok, outs, eqCalendar{})
 				}
 			}
 		}

@@ -81,17 +81,77 @@ var eqDeclared = []struct {
 // canonical form, and the unmatched route's.
 var eqCanonical = []string{"/users/{id}", "/login", "/files/{...}", "/reports", "/any", "/admin/stats"}
 
-func eqLimiter(t *testing.T, rdb redis.UniversalClient, o ratelimit.Observer, opts []ratelimit.Option) *ratelimit.Limiter {
+// eqCalendar is a draw of the calendar dimension: calendar limits
+// ([ratelimit.Calendar]) beside the sliding ones, the Limiter's own
+// ("cal", if own) and those some routes declare ("<route>-cal"), of the
+// drawn period.
+type eqCalendar struct {
+	own    bool
+	routes map[string]bool // by eqDeclared's limit name
+	period ratelimit.Period
+}
+
+// drawEqCalendar draws the calendar dimension: none, or a monthly, daily
+// or weekly period in a time zone, the Limiter's own limit and some
+// routes'.
+func drawEqCalendar(rng *rand.Rand) eqCalendar {
+	var c eqCalendar
+	if rng.IntN(4) == 0 {
+		return c // no calendar limit
+	}
+	zones := []string{"UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"}
+	loc, err := time.LoadLocation(zones[rng.IntN(len(zones))])
+	if err != nil {
+		loc = time.UTC
+	}
+	c.period.Start = time.Date(2025, time.Month(1+rng.IntN(12)), 1+rng.IntN(31), rng.IntN(24), 0, 0, 0, loc)
+	switch rng.IntN(3) {
+	case 0:
+		c.period.Months = 1
+	case 1:
+		c.period.Days = 1
+	default:
+		c.period.Days = 7
+	}
+	c.own = rng.IntN(2) == 0
+	c.routes = map[string]bool{}
+	for _, d := range eqDeclared {
+		if rng.IntN(2) == 0 {
+			c.routes[d.limit] = true
+		}
+	}
+	return c
+}
+
+func (c eqCalendar) String() string {
+	return fmt.Sprintf("calendar: own %v, routes %v, period %d months %d days from %v", c.own, c.routes, c.period.Months, c.period.Days, c.period.Start)
+}
+
+// eqLimiter returns the app's Limiter, with the calendar limits of cal
+// (at most one draw; none without it).
+func eqLimiter(t *testing.T, rdb redis.UniversalClient, o ratelimit.Observer, opts []ratelimit.Option, cal ...eqCalendar) *ratelimit.Limiter {
 	t.Helper()
+	var c eqCalendar
+	if len(cal) > 0 {
+		c = cal[0]
+	}
 	routes := map[string]ratelimit.RouteLimits{}
 	for _, d := range eqDeclared {
-		routes[d.template] = ratelimit.RouteLimits{Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named(d.limit)}}
+		limits := []ratelimit.Limit{ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named(d.limit)}
+		if c.routes[d.limit] {
+			limits = append(limits, ratelimit.Calendar(c.period, 1000, ratelimit.ClientIP()).Named(d.limit+"-cal"))
+		}
+		routes[d.template] = ratelimit.RouteLimits{Limits: limits}
 	}
 	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithObserver(o), ratelimit.WithRoutes(routes)}, opts...)
-	l, err := ratelimit.New(rdb, []ratelimit.Limit{
+	own := []ratelimit.Limit{
 		ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named("ip"),
 		ratelimit.Per(time.Minute, 1000, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
-	}, opts...)
+	}
+	if c.own {
+		own = append(own, ratelimit.Calendar(c.period, 1000, ratelimit.ClientIP()).Named("cal"))
+	}
+	l, err := ratelimit.New(rdb, own, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,11 +376,13 @@ func TestEquivalence(t *testing.T) {
 	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
 		ctx := context.Background()
 		rng := rand.New(rand.NewPCG(seed, 2))
+		cal := drawEqCalendar(rand.New(rand.NewPCG(seed, 4)))
+		t.Log(cal)
 		obs := &eqObserver{}
 		var ran string
 		apps := make([]http.Handler, len(eqRouters))
 		for i, rt := range eqRouters {
-			apps[i] = rt.build(eqLimiter(t, rdb, ratelimit.Observer{Decision: obs.Observe}, opts), &ran)
+			apps[i] = rt.build(eqLimiter(t, rdb, ratelimit.Observer{Decision: obs.Observe}, opts, cal), &ran)
 		}
 		paths := []string{"/nope"}
 		for _, rt := range eqRoutes {
@@ -360,7 +422,7 @@ func TestEquivalence(t *testing.T) {
 						outs = append(outs, eqOutcome{router: eqRouters[i].name, status: w.Code, handler: ran, limits: obs.take(), keys: keys})
 						sent++
 					}
-					compared += checkOutcomes(t, desc, method, tok, outs)
+					compared += checkOutcomes(t, desc, method, tok, outs, cal)
 				}
 			}
 		}
@@ -376,21 +438,21 @@ func TestEquivalence(t *testing.T) {
 
 // checkOutcomes checks one request's outcomes in every router and returns
 // how many it compared with another router's.
-func checkOutcomes(t *testing.T, desc, method, tok string, outs []eqOutcome) int {
+func checkOutcomes(t *testing.T, desc, method, tok string, outs []eqOutcome, cal eqCalendar) int {
 	t.Helper()
 	compared := 0
 	byHandler := map[string]eqOutcome{}
 	for _, o := range outs {
 		// No key of the path, whatever ran.
 		for _, k := range o.keys {
-			if !allowedKey(k) || strings.Contains(k, tok) {
+			if !allowedKey(k, cal) || strings.Contains(k, tok) {
 				t.Errorf("%s\n  %v\n  left a key of its own: %q", desc, o, k)
 			}
 		}
 		if o.handler == "" {
 			continue
 		}
-		if want := wantLimits(o.handler, method); !slices.Equal(o.limits, want) {
+		if want := wantLimits(o.handler, method, cal); !slices.Equal(o.limits, want) {
 			t.Errorf("%s\n  %v\n  want limits %q", desc, o, want)
 		}
 		if first, ok := byHandler[o.handler]; ok {
@@ -405,12 +467,19 @@ func checkOutcomes(t *testing.T, desc, method, tok string, outs []eqOutcome) int
 	return compared
 }
 
-// wantLimits returns the limits that decide a request that handler serves.
-func wantLimits(handler, method string) []string {
+// wantLimits returns the limits that decide a request that handler
+// serves, with the calendar limits of cal.
+func wantLimits(handler, method string, cal eqCalendar) []string {
 	want := []string{"ip", "route"}
+	if cal.own {
+		want = append(want, "cal")
+	}
 	for _, d := range eqDeclared {
 		if d.limit == handler && (d.methods == nil || slices.Contains(d.methods, method)) {
 			want = append(want, d.limit)
+			if cal.routes[d.limit] {
+				want = append(want, d.limit+"-cal")
+			}
 		}
 	}
 	slices.Sort(want)
@@ -419,8 +488,12 @@ func wantLimits(handler, method string) []string {
 
 // allowedKey reports whether k is a key the app may create: a per-IP
 // limit's, or the route limit's for a method and a declared template, or
-// for the unmatched route.
-func allowedKey(k string) bool {
+// for the unmatched route; or a calendar limit's of cal.
+func allowedKey(k string, cal eqCalendar) bool {
+	if name, ok := strings.CutSuffix(strings.TrimPrefix(k, "ratelimit:"), ":calendar.ip:{192.0.2.1}"); ok {
+		base, isRoute := strings.CutSuffix(name, "-cal")
+		return name == "cal" && cal.own || isRoute && cal.routes[base]
+	}
 	if id, ok := strings.CutPrefix(k, "ratelimit:route:ip+route:{192.0.2.1|"); ok {
 		id, ok = strings.CutSuffix(id, "}")
 		tmpl, err := url.PathUnescape(id)

@@ -26,11 +26,31 @@ import (
 // limits of quota for Check and Watch, each declared the way the README
 // shows (with and without the method).
 func routeLimiter(t *testing.T, rdb redis.UniversalClient, quota int, opts ...ratelimit.Option) *ratelimit.Limiter {
-	return newLimiter(t, rdb, []ratelimit.Limit{
+	return calendarRouteLimiter(t, rdb, quota, 0, opts...)
+}
+
+// calendarRouteLimiter is routeLimiter with calendar limits
+// ([ratelimit.Calendar], monthly from a start in Berlin) beside: with cal
+// 1, Check's route declares "check-cal"; with 2, the Limiter has its own
+// "cal" too.
+func calendarRouteLimiter(t *testing.T, rdb redis.UniversalClient, quota, cal int, opts ...ratelimit.Option) *ratelimit.Limiter {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		berlin = time.UTC
+	}
+	period := ratelimit.Period{Months: 1, Start: time.Date(2025, 1, 31, 0, 0, 0, 0, berlin)}
+	var own, check []ratelimit.Limit
+	if cal >= 1 {
+		check = append(check, ratelimit.Calendar(period, 1000, ratelimit.ClientIP()).Named("check-cal"))
+	}
+	if cal >= 2 {
+		own = append(own, ratelimit.Calendar(period, 1000, ratelimit.ClientIP()).Named("cal"))
+	}
+	return newLimiter(t, rdb, append(own, []ratelimit.Limit{
 		ratelimit.Per(time.Minute, 100, ratelimit.ClientIP()).Named("ip"),
 		ratelimit.Per(time.Minute, 100, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
-	}, append(opts, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-		"POST /grpc.health.v1.Health/Check": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, quota, ratelimit.ClientIP()).Named("check")}},
+	}...), append(opts, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
+		"POST /grpc.health.v1.Health/Check": {Limits: append([]ratelimit.Limit{ratelimit.Per(time.Minute, quota, ratelimit.ClientIP()).Named("check")}, check...)},
 		"/grpc.health.v1.Health/Watch":      {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, quota, ratelimit.ClientIP()).Named("watch")}},
 	}))...)
 }
@@ -147,19 +167,22 @@ func (o grpcOutcome) String() string {
 // UnknownServiceHandler, or to no handler) leaves no key of its own. The
 // spellings are generated: each method's path with and without its
 // leading slash, doubled and trailing slashes, its case changed, a made-up
-// suffix, against every method.
+// suffix, against every method. Calendar limits are a dimension: none, a
+// route's, or a route's and the Limiter's own, drawn.
 func TestMethodShapesEquivalent(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		rng := rand.New(rand.NewPCG(seed, 1))
+		cal := rand.New(rand.NewPCG(seed, 2)).IntN(3)
+		t.Logf("calendar limits: %d", cal)
 		obs := &namesObserver{}
 		var unknownRan atomic.Int32
 		unknown := grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
 			unknownRan.Add(1)
 			return status.Error(codes.NotFound, "proxied nowhere")
 		})
-		s := serve(t, routeLimiter(t, rdb, 100, ratelimit.WithObserver(ratelimit.Observer{Decision: obs.Observe})), nil, unknown)
+		s := serve(t, calendarRouteLimiter(t, rdb, 100, cal, ratelimit.WithObserver(ratelimit.Observer{Decision: obs.Observe})), nil, unknown)
 		ctx := context.Background()
 		if err := rdb.FlushAll(ctx).Err(); err != nil {
 			t.Fatal(err)
@@ -218,7 +241,8 @@ func TestMethodShapesEquivalent(t *testing.T) {
 					}
 					// Routed to no method: only the shared keys.
 					for _, k := range o.keys {
-						if k != "ratelimit:ip:ip:{127.0.0.1}" && k != "ratelimit:route:ip+route:{127.0.0.1|(unmatched)}" {
+						if k != "ratelimit:ip:ip:{127.0.0.1}" && k != "ratelimit:route:ip+route:{127.0.0.1|(unmatched)}" &&
+							(cal < 2 || k != "ratelimit:cal:calendar.ip:{127.0.0.1}") {
 							t.Errorf("%s\n  left a key of its own: %q", desc, k)
 						}
 					}
@@ -228,6 +252,12 @@ func TestMethodShapesEquivalent(t *testing.T) {
 				}
 			}
 			want := []string{"ip", "route", strings.ToLower(m.name[strings.LastIndexByte(m.name, '/')+1:])}
+			if cal >= 2 {
+				want = append(want, "cal")
+			}
+			if cal >= 1 && strings.HasSuffix(m.name, "/Check") {
+				want = append(want, "check-cal")
+			}
 			slices.Sort(want)
 			if canonical == nil || !slices.Equal(canonical.limits, want) {
 				t.Errorf("%s: decided with %v, want limits %q", m.name, canonical, want)
