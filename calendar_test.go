@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/internal/testlog"
 	"github.com/slidinglog/ratelimit/redistest"
@@ -20,25 +19,24 @@ import (
 
 // calendarBackends runs fn against miniredis, a real server (Redis, or
 // Valkey with RATELIMIT_SERVER=valkey) and a Local store (WithStore):
-// newLimiter builds a Limiter of limits on it, with opts.
+// newLimiter builds a Limiter of limits on it, with opts; the Limiters of
+// one run share the server (each with a client of its own) or the store.
 func calendarBackends(t *testing.T, fn func(t *testing.T, newLimiter func(limits []Limit, opts ...Option) *Limiter)) {
-	on := func(c func(t *testing.T) redis.UniversalClient) func(t *testing.T) {
+	on := func(b func(t *testing.T) backend) func(t *testing.T) {
 		return func(t *testing.T) {
+			be := b(t)
 			fn(t, func(limits []Limit, opts ...Option) *Limiter {
-				return mustNew(t, c(t), limits, opts...)
+				return mustNew(t, be.newClient(t), limits, opts...)
 			})
 		}
 	}
-	t.Run("miniredis", on(func(t *testing.T) redis.UniversalClient {
-		return backend{mr: miniredis.RunT(t), gone: new(atomic.Bool)}.newClient(t)
-	}))
-	t.Run("redis", on(func(t *testing.T) redis.UniversalClient {
-		return backend{srv: redistest.Start(t), gone: new(atomic.Bool)}.newClient(t)
-	}))
+	t.Run("miniredis", on(func(t *testing.T) backend { return backend{mr: miniredis.RunT(t), gone: new(atomic.Bool)} }))
+	t.Run("redis", on(func(t *testing.T) backend { return backend{srv: redistest.Start(t), gone: new(atomic.Bool)} }))
 	t.Run("local", func(t *testing.T) {
 		testlog.Attach(t)
+		local := new(store.Local)
 		fn(t, func(limits []Limit, opts ...Option) *Limiter {
-			return mustNew(t, nil, limits, append(opts, WithStore(new(store.Local)))...)
+			return mustNew(t, nil, limits, append(opts, WithStore(local))...)
 		})
 	})
 }
@@ -143,6 +141,7 @@ func TestCalendarMonthEnd(t *testing.T) {
 // one across New York's change ends at local midnight.
 func TestCalendarDST(t *testing.T) {
 	calendarBackends(t, func(t *testing.T, newLimiter func([]Limit, ...Option) *Limiter) {
+		ci := 0
 		for _, tc := range []struct {
 			zone      string
 			day       time.Time // a day of a DST change, in zone
@@ -155,12 +154,15 @@ func TestCalendarDST(t *testing.T) {
 			{zone: "America/New_York", day: time.Date(2028, 3, 12, 0, 0, 0, 0, time.UTC), length: 23 * time.Hour},
 			{zone: "America/New_York", day: time.Date(2028, 11, 5, 0, 0, 0, 0, time.UTC), length: 25 * time.Hour},
 		} {
+			ci++
 			loc := mustZone(t, tc.zone)
 			y, m, d := tc.day.Date()
 			day := time.Date(y, m, d, 0, 0, 0, 0, loc)
 			clock := &testClock{t: day.Add(90 * time.Minute)}
-			daily := Calendar(Period{Days: 1, Start: time.Date(2028, 1, 1, 0, 0, 0, 0, loc)}, 1, ClientIP())
-			monthly := Calendar(Period{Months: 1, Start: time.Date(2028, 1, 1, 0, 0, 0, 0, loc)}, 5, ClientIP())
+			// Names of the case's own: a state of a later period (another
+			// case's) would be decided in (a clock behind).
+			daily := Calendar(Period{Days: 1, Start: time.Date(2028, 1, 1, 0, 0, 0, 0, loc)}, 1, ClientIP()).Named("daily" + strconv.Itoa(ci))
+			monthly := Calendar(Period{Months: 1, Start: time.Date(2028, 1, 1, 0, 0, 0, 0, loc)}, 5, ClientIP()).Named("monthly" + strconv.Itoa(ci))
 			l := newLimiter([]Limit{daily, monthly}, WithClock(clock.Now))
 			id := []string{"c", "c"}
 			res, err := l.Allow(context.Background(), id, 1)
@@ -321,6 +323,7 @@ func TestCalendarClockFarOff(t *testing.T) {
 func TestCalendarNewErrors(t *testing.T) {
 	start := time.Date(2028, 1, 1, 0, 0, 0, 0, time.UTC)
 	ok := Calendar(Period{Months: 1, Start: start}, 10, ClientIP())
+	client := backend{mr: miniredis.RunT(t)}.newClient(t)
 	for _, tc := range []struct {
 		name string
 		lim  Limit
@@ -338,12 +341,12 @@ func TestCalendarNewErrors(t *testing.T) {
 		{"in flight", func() Limit { l := InFlight(3, ClientIP()); l.Period = ok.Period; return l }(), "in no period"},
 		{"quota", Calendar(Period{Months: 1, Start: start}, 0, ClientIP()), "quota 0"},
 	} {
-		_, err := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true}), []Limit{tc.lim})
+		_, err := New(client, []Limit{tc.lim})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.want)
 		}
 	}
-	if l, err := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true}), []Limit{ok, ok.Named("blocking").Block(time.Hour), ok.Named("shadow").Shadowed(),
+	if l, err := New(client, []Limit{ok, ok.Named("blocking").Block(time.Hour), ok.Named("shadow").Shadowed(),
 		Calendar(Period{Days: 7, StartOf: func(context.Context, string) (time.Time, error) { return start, nil }}, 10, ClientIP())}); err != nil {
 		t.Fatalf("valid calendar limits: %v", err)
 	} else {
