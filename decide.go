@@ -646,3 +646,58 @@ func inflightRank(lr *LimitResult) int {
 	}
 	return 0
 }
+
+// startOf returns the start of the periods of the client id at a
+// calendar limit: Period.StartOf's, which must answer by deadline, or
+// Period.Start.
+func (lim *compiledLimit) startOf(ctx context.Context, id string, deadline time.Time) (time.Time, error) {
+	p := &lim.Period
+	if p.StartOf == nil {
+		return p.Start, nil
+	}
+	bounded := &planCtx{Context: ctx, deadline: deadline}
+	start, err := p.StartOf(bounded, id)
+	bounded.release()
+	if err != nil {
+		return time.Time{}, err
+	}
+	if err := checkStart(start); err != nil {
+		return time.Time{}, fmt.Errorf("StartOf(%q): %w", id, err)
+	}
+	return start, nil
+}
+
+// resolvePeriods computes, for each calendar limit of rs, the bounds of
+// the periods around now of the client of s.ids, into s.periods (zero for
+// the other limits).
+func (rs *ruleset) resolvePeriods(ctx context.Context, s *scratch, now, deadline time.Time) error {
+	s.periods = grow(s.periods, len(rs.limits))
+	for i := range rs.limits {
+		lim := &rs.limits[i]
+		if !lim.calendar {
+			continue
+		}
+		start, err := lim.startOf(ctx, s.ids[i], deadline)
+		if err != nil {
+			return fmt.Errorf("ratelimit: limit %s: period: %w", lim.Name, err)
+		}
+		s.periods[i] = periodBounds(lim.Period.Months, lim.Period.Days, start, now)
+	}
+	return nil
+}
+
+// decidedPeriod returns the period a store decided a calendar limit in,
+// given the bounds the request sent and the limit's reply: the one whose
+// end is the reply's Reset (a store decides in a later period than its
+// time when its state holds one), else the one that holds its time.
+func decidedPeriod(b [4]int64, r redislog.Reply) (start, end int64) {
+	for j := 1; j < 4; j++ {
+		if b[j] == r.Reset && b[j-1] <= r.Now {
+			return b[j-1], b[j]
+		}
+	}
+	if start, end, ok := periodAt(b, r.Now); ok {
+		return start, end
+	}
+	return r.Now, r.Now // not reached: the store fails a request in no period
+}
