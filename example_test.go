@@ -468,3 +468,48 @@ func ExampleLimit_Block() {
 	// false 15m0s true
 	// after Reset: true
 }
+
+// A quota per billing month: each customer's month starts on the day it
+// subscribed (StartOf), in its time zone, and the quota resets exactly at
+// that boundary. Here a customer subscribed on January 31 in Berlin: its
+// February period ends on February 28 at midnight Berlin time, and the
+// headers say so (X-RateLimit-Reset: Feb 28 00:00 and Mar 31 00:00 in
+// Berlin). The Limiter's clock is set (WithClock) so that the output does
+// not depend on when the example runs.
+func ExampleCalendar() {
+	rdb, done := newRedis()
+	defer done()
+
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		log.Fatal(err)
+	}
+	subscribedAt := func(ctx context.Context, customer string) (time.Time, error) {
+		return time.Date(2026, 1, 31, 0, 0, 0, 0, berlin), nil // the customer's record, in a real application
+	}
+	now := time.Date(2027, 2, 27, 23, 0, 0, 0, time.UTC) // Feb 28, 00:00 in Berlin
+	monthly := ratelimit.Calendar(ratelimit.Period{Months: 1, StartOf: subscribedAt}, 2, ratelimit.Header("X-Customer"))
+	api, err := ratelimit.New(rdb, []ratelimit.Limit{monthly},
+		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit|ratelimit.HeadersIETF),
+		ratelimit.WithClock(func() time.Time { return now }),
+		ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := api.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	for _, at := range []time.Time{now.Add(-2 * time.Hour), now.Add(-time.Hour), now.Add(-time.Second), now} {
+		now = at
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("X-Customer", "acme")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Printf("%s: %d remaining=%s reset=%s retry-after=%s policy=%s\n", at.In(berlin).Format("Jan 2 15:04:05"), w.Code,
+			w.Header().Get("X-RateLimit-Remaining"), w.Header().Get("X-RateLimit-Reset"), w.Header().Get("Retry-After"),
+			w.Header().Get("RateLimit-Policy"))
+	}
+	// Output:
+	// Feb 27 22:00:00: 200 remaining=1 reset=1803769200 retry-after= policy="header-per-1mo";q=2
+	// Feb 27 23:00:00: 200 remaining=0 reset=1803769200 retry-after= policy="header-per-1mo";q=2
+	// Feb 27 23:59:59: 429 remaining=0 reset=1803769200 retry-after=1 policy="header-per-1mo";q=2
+	// Feb 28 00:00:00: 200 remaining=1 reset=1806444000 retry-after= policy="header-per-1mo";q=2
+}
