@@ -264,8 +264,10 @@ const (
 	//	RateLimit: "ip-per-1m";r=12;t=37, "global-per-1h";r=640;t=2100
 	//
 	// q is the quota, w the window in seconds (left out for windows that are
-	// not whole seconds), r the remaining quota and t the seconds, rounded
-	// up, until r next grows. The partition key parameter pk is not sent:
+	// not whole seconds, and for a [Calendar] quota, whose periods have no
+	// fixed length), r the remaining quota and t the seconds, rounded
+	// up, until r next grows (for a calendar quota that counts anything,
+	// until its period ends). The partition key parameter pk is not sent:
 	// it would disclose how clients are identified.
 	HeadersIETF
 

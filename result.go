@@ -116,7 +116,10 @@ type LimitResult struct {
 	Plan string
 	// Quota is the plan's quota: the limit's own for the default plan;
 	// [Unlimited] (with Skipped) if the plan exempts the client.
-	Quota     int
+	Quota int
+	// Window is the limit's window; for a [Calendar] quota, the length of
+	// the client's period the decision was made in (0 if it was not
+	// consulted), a month of 28 to 31 days, a day of 23 to 25 hours.
 	Window    time.Duration
 	Remaining int       // cost it can still admit now
 	Reset     time.Time // when Remaining next grows, or when a denied request fits
