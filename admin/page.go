@@ -6,6 +6,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"strconv"
 )
 
 // page is what the HTML template shows: an index, an identifier's state,
@@ -36,7 +37,7 @@ func b64(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s
 
 // html/template escapes every value for where it stands: identifiers are
 // the clients' input.
-var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{"inc": func(i int) int { return i + 1 }, "b64": b64}).Parse(`<!DOCTYPE html>
+var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{"inc": func(i int) int { return i + 1 }, "b64": b64, "seconds": seconds}).Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -105,7 +106,7 @@ form.inline { display: inline; margin: 0; }
 {{with .Digest}}<tr><th>Digest</th><td class="id" id="digest">{{.}}</td></tr>{{end}}
 <tr><th>Plan</th><td>{{if .Plan}}{{.Plan}}{{else}}<span class="muted">default</span>{{end}}</td></tr>
 {{if .InFlight}}<tr><th>In flight</th><td id="holders">{{.Holders}} of {{.Quota}} requests at once (slots leased for {{.WindowSeconds}} s)</td></tr>
-<tr><th>Remaining</th><td id="remaining">{{.Remaining}}</td></tr>{{else}}<tr><th>Quota</th><td>{{.Quota}} per {{.WindowSeconds}} s</td></tr>
+<tr><th>Remaining</th><td id="remaining">{{.Remaining}}</td></tr>{{else}}<tr><th>Quota</th><td>{{.Quota}} per {{seconds .WindowSeconds}} s</td></tr>
 <tr><th>Remaining</th><td id="remaining">{{.Remaining}}</td></tr>
 <tr><th>Reset</th><td>{{.Reset.UTC.Format "2006-01-02 15:04:05.000 MST"}}</td></tr>{{end}}
 <tr><th>Denied now</th><td>{{if .Denied}}yes{{else}}no{{end}}</td></tr>
@@ -135,3 +136,8 @@ func render(w http.ResponseWriter, status int, p page) {
 	w.WriteHeader(status)
 	_, _ = w.Write(buf.Bytes())
 }
+
+// seconds writes a window in seconds without an exponent: a month's
+// calendar period (a Calendar quota's Window) is "2678400", not
+// "2.6784e+06".
+func seconds(s float64) string { return strconv.FormatFloat(s, 'f', -1, 64) }
