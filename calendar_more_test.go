@@ -3,18 +3,21 @@ package ratelimit
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/redisstore"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // TestCalendarBlockShadow: a calendar limit that blocks denies a client
 // over its quota until the block ends, even in the next period; a shadow
 // calendar limit reports a denial and never denies.
 func TestCalendarBlockShadow(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
 	calendarBackends(t, func(t *testing.T, newLimiter func([]Limit, ...Option) *Limiter) {
 		ctx := context.Background()
 		start := time.Date(2028, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -56,6 +59,7 @@ func TestCalendarBlockShadow(t *testing.T) {
 // answers again, what this process admitted in the period still counts,
 // until the period ends.
 func TestCalendarFailLocal(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
 	forOutageBackends(t, func(t *testing.T, b outageBackend) {
 		ctx := context.Background()
 		start := time.Date(2028, 2, 1, 0, 0, 0, 0, time.UTC)
@@ -100,6 +104,7 @@ func TestCalendarFailLocal(t *testing.T) {
 // docs/limits.md gives), and the quota alone where there is none. Random
 // requests over four months, on both Limiters; the seed is printed.
 func TestCalendarTransition(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	calendarBackends(t, func(t *testing.T, newLimiter func([]Limit, ...Option) *Limiter) {
@@ -194,5 +199,37 @@ func TestCalendarCluster(t *testing.T) {
 	clock.Set(febEnd)
 	if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed || res.Limits[1].Remaining != 2 {
 		t.Fatalf("the next period: %+v %v", res, err)
+	}
+}
+
+// BenchmarkAllowRedisCalendar is BenchmarkAllowRedis with a calendar
+// quota (monthly, in Berlin) in place of the sliding limit, and beside
+// it: what the period's arithmetic in Go and the Lua kind cost a
+// decision, one caller at a time.
+//
+//	go test -run '^$' -bench AllowRedisCalendar -benchmem .
+func BenchmarkAllowRedisCalendar(b *testing.B) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		b.Skip(err)
+	}
+	sliding := Per(time.Minute, 1_000_000, Header("X-Client"))
+	monthly := Calendar(Period{Months: 1, Start: time.Date(2026, 1, 31, 0, 0, 0, 0, berlin)}, 1_000_000, Header("X-Client"))
+	client := redistest.Start(b).Client()
+	for _, c := range []struct {
+		name   string
+		limits []Limit
+	}{{"sliding", []Limit{sliding}}, {"calendar", []Limit{monthly}}, {"both", []Limit{sliding, monthly}}} {
+		b.Run(c.name, func(b *testing.B) {
+			lim := mustNew(b, client, c.limits)
+			ctx, ids := context.Background(), slices.Repeat([]string{"client"}, len(c.limits))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := lim.Allow(ctx, ids, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+			_ = lim.Close()
+		})
 	}
 }

@@ -62,6 +62,7 @@ func callCalendar(h http.Handler, addr string) calendarCall {
 // the period's end, Retry-After and the RateLimit field's t the seconds
 // until it, RateLimit-Policy the quota without a window.
 func TestCalendarMonthEnd(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
 	berlin := mustZone(t, "Europe/Berlin")
 	for _, year := range []int{2028, 2027} {
 		t.Run(strconv.Itoa(year), func(t *testing.T) {
@@ -140,6 +141,7 @@ func TestCalendarMonthEnd(t *testing.T) {
 // York are 23 and 25 hours long, and reset at local midnight; a monthly
 // one across New York's change ends at local midnight.
 func TestCalendarDST(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
 	calendarBackends(t, func(t *testing.T, newLimiter func([]Limit, ...Option) *Limiter) {
 		ci := 0
 		for _, tc := range []struct {
@@ -191,6 +193,7 @@ func TestCalendarDST(t *testing.T) {
 // nothing back); plans give a quota per period; a block denies until it
 // ends; a shadow calendar limit never denies.
 func TestCalendarCombos(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
 	calendarBackends(t, func(t *testing.T, newLimiter func([]Limit, ...Option) *Limiter) {
 		ctx := context.Background()
 		start := time.Date(2028, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -271,6 +274,7 @@ func TestCalendarCombos(t *testing.T) {
 // TestCalendarStartOf: each client's period starts on its own day; a
 // StartOf error, a zero time or a time in time.Local fails the decision.
 func TestCalendarStartOf(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
 	calendarBackends(t, func(t *testing.T, newLimiter func([]Limit, ...Option) *Limiter) {
 		ctx := context.Background()
 		clock := &testClock{t: time.Date(2028, 5, 20, 0, 0, 0, 0, time.UTC)}
