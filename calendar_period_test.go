@@ -171,3 +171,16 @@ func TestPeriodBruteForce(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkPeriodBounds measures what a calendar quota's decision adds in
+// Go: the bounds of the periods around now, monthly in Berlin.
+//
+//	go test -run '^$' -bench PeriodBounds -benchmem .
+func BenchmarkPeriodBounds(b *testing.B) {
+	berlin := mustZone(b, "Europe/Berlin")
+	start, now := time.Date(2026, 1, 31, 0, 0, 0, 0, berlin), time.Date(2027, 3, 30, 12, 0, 0, 0, time.UTC)
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = periodBounds(1, 0, start, now)
+	}
+}
