@@ -7,6 +7,7 @@ import (
 	_ "time/tzdata" // the zones below, whatever the machine's zoneinfo
 
 	"github.com/slidinglog/ratelimit/internal/longtest"
+	"github.com/slidinglog/ratelimit/internal/redislog"
 )
 
 func mustZone(t testing.TB, name string) *time.Location {
@@ -182,5 +183,28 @@ func BenchmarkPeriodBounds(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = periodBounds(1, 0, start, now)
+	}
+}
+
+// TestDecidedPeriod: the period a reply was decided in is the one its
+// Reset ends, when that is after its time (a later period a clock behind
+// is decided in), else the one that holds its time (a period that counts
+// nothing resets at once).
+func TestDecidedPeriod(t *testing.T) {
+	b := [4]int64{100, 200, 300, 400}
+	for _, tc := range []struct {
+		r          redislog.Reply
+		start, end int64
+	}{
+		{redislog.Reply{Now: 250, Reset: 300}, 200, 300},
+		{redislog.Reply{Now: 250, Reset: 250}, 200, 300},
+		{redislog.Reply{Now: 200, Reset: 200}, 200, 300},
+		{redislog.Reply{Now: 150, Reset: 300}, 200, 300}, // a later period
+		{redislog.Reply{Now: 150, Reset: 400}, 300, 400},
+		{redislog.Reply{Now: 250, Reset: 999}, 200, 300}, // a block's end
+	} {
+		if start, end := decidedPeriod(b, tc.r); start != tc.start || end != tc.end {
+			t.Errorf("reply %+v: [%d, %d), want [%d, %d)", tc.r, start, end, tc.start, tc.end)
+		}
 	}
 }

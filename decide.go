@@ -688,11 +688,12 @@ func (rs *ruleset) resolvePeriods(ctx context.Context, s *scratch, now, deadline
 
 // decidedPeriod returns the period a store decided a calendar limit in,
 // given the bounds the request sent and the limit's reply: the one whose
-// end is the reply's Reset (a store decides in a later period than its
-// time when its state holds one), else the one that holds its time.
+// end is the reply's Reset, if that is later than its time (a store
+// decides in a later period than its time when its state holds one),
+// else the one that holds its time.
 func decidedPeriod(b [4]int64, r redislog.Reply) (start, end int64) {
-	for j := 1; j < 4; j++ {
-		if b[j] == r.Reset && b[j-1] <= r.Now {
+	for j := 1; j < 4 && r.Reset > r.Now; j++ {
+		if b[j] == r.Reset {
 			return b[j-1], b[j]
 		}
 	}
