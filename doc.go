@@ -2,7 +2,9 @@
 // application that shares one Redis, exactly.
 //
 // Each [Limit] is a quota per sliding window, counted by a [Key] (client IP,
-// user, route template, header, or a constant). A [Limiter] holds several
+// user, route template, header, or a constant), a cap on the requests in
+// flight at once ([InFlight]), or a quota per calendar period that resets
+// at the period's boundary ([Calendar]). A [Limiter] holds several
 // limits and decides each request with one Lua call that runs atomically in
 // Redis (a Redis Function on Redis 7 and later, a script otherwise; see
 // redisstore.LibraryName): it counts each limit's log entries still in the window,
