@@ -357,3 +357,17 @@ func TestCalendarNewErrors(t *testing.T) {
 		l.Close()
 	}
 }
+
+// TestCalendarNameConflict: one name for two calendar periods of other
+// lengths in one process is refused, with both definitions described as
+// calendar periods.
+func TestCalendarNameConflict(t *testing.T) {
+	client := backend{mr: miniredis.RunT(t)}.newClient(t)
+	start := time.Date(2028, 1, 1, 0, 0, 0, 0, time.UTC)
+	a := mustNew(t, client, []Limit{Calendar(Period{Months: 1, Start: start}, 10, ClientIP()).Named("quota")})
+	defer a.Close()
+	_, err := New(client, []Limit{Calendar(Period{Days: 7, Start: start}, 10, ClientIP()).Named("quota")})
+	if err == nil || !strings.Contains(err.Error(), "per calendar period of at most 745h") || !strings.Contains(err.Error(), "per calendar period of at most 169h") {
+		t.Fatalf("%v; want both periods described", err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 	"weak"
@@ -72,6 +73,8 @@ func (d definition) conflict(e definition) string {
 		return "they count different kinds of key, in logs of their own, so each admits its quota"
 	case (d.precision == 0) != (e.precision == 0):
 		return "one counts in an exact log, the other in buckets, apart, so a window may admit both quotas while both run"
+	case strings.HasPrefix(d.kind, "calendar.") && d.window != e.window:
+		return "they count in one period's state, each in periods of its own length, so a period may admit its quota more than once (docs/limits.md, calendar quotas)"
 	case d.window != e.window || d.precision != e.precision:
 		return "they count in one log, each every request in its own window and bucket"
 	}
@@ -81,6 +84,13 @@ func (d definition) conflict(e definition) string {
 // String describes d, for an error: "counted by ip, 100 per 1m, exact".
 func (d definition) String() string {
 	s := fmt.Sprintf("counted by %s, %d per %s", d.kind, d.quota, formatWindow(d.window))
+	if strings.HasPrefix(d.kind, "calendar.") { // its window is its longest period
+		s = fmt.Sprintf("counted by %s, %d per calendar period of at most %s", d.kind, d.quota, formatWindow(d.window))
+		if d.defaulted {
+			s += " (unnamed)"
+		}
+		return s
+	}
 	if d.precision > 0 {
 		s += ", in buckets of " + formatWindow(d.precision)
 	} else {
