@@ -486,6 +486,10 @@ func (s *Local) placeLocked(id LogID, h uint64, made int64) (*localLog, uint64, 
 				g.runs = append(g.runs, localRun{over.runs[len(over.runs)-1].t, total})
 			}
 		}
+		if over != nil && over.cal != nil { // a calendar limit's: its period and count
+			c := *over.cal
+			g.cal = &c
+		}
 		return g, h, cost
 	}
 	if over != nil {
