@@ -24,7 +24,8 @@ const (
 	// id (SetHolder), not a time unit; it takes no Name and no Block.
 	InFlight Kind = 3
 	// Calendar counts a quota per calendar period (lua/calendar.lua): a
-	// string of the period's start and end and its count. Its Window is
+	// string of the period's start and end, its count and how many times
+	// forget cleared it. Its Window is
 	// the longest period, its Unit 1µs; each request carries the bounds
 	// of its periods after its fields (SetPeriods); it takes no Name
 	// and no Lease.
