@@ -299,3 +299,70 @@ func TestChargeConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestChargeFailureModes: with Redis gone, a request FailLocal decided
+// (Result.Local) is charged in this process's store, and stopped at the
+// charge that spends its budget there, the next request then denied
+// locally; one FailOpen let through undecided has nothing to charge
+// (ErrSettlementOff). A request Redis admitted, whose charge finds Redis
+// gone, gets an error that says the charge is pending or not logged,
+// never ErrBudgetSpent, and is not stopped.
+func TestChargeFailureModes(t *testing.T) {
+	t.Parallel() // waits on a Redis that is gone: runs beside the other parallel tests
+	forBackends(t, func(t *testing.T, b backend) {
+		c := b.newClient(t)
+		t0 := time.Now().Truncate(time.Second)
+		clock := &testClock{t: t0}
+		limits := []Limit{Per(time.Minute, 10, Header("X-U")).Named("local").Stopping()}
+		charge := func(l *Limiter, user string, stop func(), most int) (int, []error, error) {
+			var errs []error
+			var cause error
+			code := serveWith(l, user, func(r *http.Request) {
+				if stop != nil {
+					stop()
+				}
+				for k := 0; k < most && r.Context().Err() == nil; k++ {
+					errs = append(errs, Charge(r.Context(), 3))
+				}
+				cause = context.Cause(r.Context())
+			})
+			return code, errs, cause
+		}
+		// Admitted by Redis, then Redis goes: the charge is not
+		// confirmed, and nothing is stopped.
+		remote := mustNew(t, c, limits, WithSettle(nil), WithClock(clock.Now), WithTimeout(300*time.Millisecond))
+		_, errs, cause := charge(remote, "r", b.stop, 2)
+		if len(errs) != 2 || cause != nil {
+			t.Fatalf("charges with Redis gone: %d, cause %v", len(errs), cause)
+		}
+		for _, err := range errs {
+			if !errors.Is(err, ErrSettlePending) && !errors.Is(err, ErrNotReverted) || errors.Is(err, ErrBudgetSpent) {
+				t.Fatalf("a charge with Redis gone: %v; want ErrSettlePending or ErrNotReverted", err)
+			}
+		}
+		// FailLocal: charged in this process.
+		local := mustNew(t, c, limits, WithSettle(nil), WithClock(clock.Now), WithFailureMode(FailLocal))
+		code, errs, cause := charge(local, "l", nil, 20)
+		if code != http.StatusOK || len(errs) != 3 || !errors.Is(errs[2], ErrBudgetSpent) || !errors.Is(cause, ErrBudgetSpent) {
+			t.Fatalf("FailLocal: %d, charges %v, cause %v; want the third charge (1+9 of 10) to stop it", code, errs, cause)
+		}
+		if code, _, _ := charge(local, "l", nil, 20); code != http.StatusTooManyRequests {
+			t.Fatalf("FailLocal: the spent user's next request: %d, want 429", code)
+		}
+		// FailOpen: undecided, nothing to charge.
+		open := mustNew(t, c, []Limit{Per(time.Minute, 10, Header("X-U")).Named("open")}, WithSettle(nil), WithClock(clock.Now), WithFailureMode(FailOpen))
+		if _, errs, _ := charge(open, "o", nil, 20); !errors.Is(errs[0], ErrSettlementOff) {
+			t.Fatalf("FailOpen: %v, want ErrSettlementOff", errs[0])
+		}
+	})
+}
+
+// serveWith serves a request of user (X-U) through l's Handler, with f
+// as the handler, and returns the status.
+func serveWith(l *Limiter, user string, f func(r *http.Request)) int {
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Set("X-U", user)
+	w := httptest.NewRecorder()
+	l.Handler(http.HandlerFunc(func(_ http.ResponseWriter, hr *http.Request) { f(hr) })).ServeHTTP(w, r)
+	return w.Code
+}
