@@ -383,9 +383,10 @@ func (l *Limiter) settleAfter(r *http.Request, st *settlement, status int, h htt
 // [Settle] (the request's context carries what that needs); if it did
 // not, settle (if not nil) runs once the handler returned, with the
 // response's final status (200 if it wrote nothing; 101 for a hijacked
-// connection), its header map and the cost the request was admitted at,
-// and returns the real cost (returning cost leaves the request as it
-// is). For example, the tokens an upstream reports:
+// connection), its header map and the cost the request was admitted at
+// (and, if its handler charged it with [Charge], what the charges logged
+// since), and returns the real cost (returning cost leaves the request as
+// it is). For example, the tokens an upstream reports:
 //
 //	ratelimit.WithSettle(func(status int, h http.Header, cost int) int {
 //		if n, err := strconv.Atoi(h.Get("X-Tokens-Used")); err == nil {
