@@ -49,8 +49,10 @@ func (h *chargingHealth) Watch(_ *healthpb.HealthCheckRequest, ss healthpb.Healt
 // TestChargeStream: a server-streaming handler charges each message as it
 // sends it; the charge that spends the user's budget (a limit that
 // stops) cancels the stream's context, and the client gets exactly the
-// messages charged, then ResourceExhausted naming the limit. The count
-// Status reads is the estimate and the charges, once. Seeded.
+// messages charged, then ResourceExhausted naming the limit, at the same
+// point as over HTTP (the first charge after which the count reaches the
+// quota). The count Status reads in a global limit beside it is the
+// estimate and the charges, once. Seeded.
 func TestChargeStream(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
@@ -59,6 +61,7 @@ func TestChargeStream(t *testing.T) {
 		const quota = 30
 		l := newLimiter(t, rdb, []ratelimit.Limit{
 			ratelimit.Per(time.Minute, quota, ratelimit.Header("X-User")).Named(fmt.Sprintf("tokens%d", seed%1000)).Stopping(),
+			ratelimit.Per(time.Minute, 10000, ratelimit.Global()).Named(fmt.Sprintf("all%d", seed%1000)),
 		}, ratelimit.WithSettle(nil))
 		h := &chargingHealth{costs: make(chan int, 1000), errs: make(chan error, 1000)}
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -110,9 +113,9 @@ func TestChargeStream(t *testing.T) {
 		for _, n := range costs[:want] {
 			charged += n
 		}
-		res, err := l.Status(context.Background(), []string{"alice"}, 1)
-		if err != nil || res.Limits[0].Remaining != 0 {
-			t.Fatalf("remaining %d, %v", res.Limits[0].Remaining, err)
+		res, err := l.Status(context.Background(), []string{"alice", "global"}, 1)
+		if err != nil || res.Limits[0].Remaining != 0 || res.Limits[1].Remaining != 10000-charged {
+			t.Fatalf("seed %d: remaining %d and %d, want 0 and %d (charged %d, once): %v", seed, res.Limits[0].Remaining, res.Limits[1].Remaining, 10000-charged, charged, err)
 		}
 		if charged < quota || charged-costs[want-1] >= quota {
 			t.Fatalf("seed %d: the stream charged %d of %d, want it cut at the charge that spent the budget", seed, charged, quota)
