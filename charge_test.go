@@ -1,10 +1,12 @@
 package ratelimit
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"math/rand"
 	"net/http"
 	"net/http/httptest"
@@ -28,7 +30,8 @@ import (
 // settle sees the cost the charges brought the request to, and the final
 // cost it returns is what the logs hold, counted once: after every
 // stream, Status reads the global limit's count, and each user's, as the
-// sums of the final costs.
+// sums of the final costs. The settle function runs once a stream, and
+// the server logs nothing (no second WriteHeader, no panic).
 func TestChargeStream(t *testing.T) { forSettleBackends(t, testChargeStream) }
 
 func testChargeStream(t *testing.T, b backend) {
@@ -65,8 +68,9 @@ func testChargeStream(t *testing.T, b backend) {
 		cause   error
 	}
 	var out outcome
-	var chunks []int // the next stream's chunk sizes
-	srv := httptest.NewServer(lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	var chunks []int           // the next stream's chunk sizes
+	var serverLog bytes.Buffer // what the server says: a second WriteHeader, a panic
+	srv := httptest.NewUnstartedServer(lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		for k, n := range chunks {
 			fmt.Fprintf(w, "chunk %d\n", k)
@@ -87,7 +91,10 @@ func testChargeStream(t *testing.T, b backend) {
 			}
 		}
 	})))
+	srv.Config.ErrorLog = log.New(&serverLog, "", 0)
+	srv.Start()
 	defer srv.Close()
+	admitted := 0
 	ctx := context.Background()
 	used := map[string]int{}
 	total := 0
@@ -149,6 +156,7 @@ func testChargeStream(t *testing.T, b backend) {
 			t.Fatalf("seed %d stream %d: context's cause %v, want ErrBudgetSpent", seed, s, out.cause)
 		}
 		stoppedBy[by]++
+		admitted++
 		sum := estimate
 		for _, n := range out.charged {
 			sum += n
@@ -163,6 +171,15 @@ func testChargeStream(t *testing.T, b backend) {
 		used[u] += final
 		total += final
 		checkCounts(t, seed, s, lim, ctx, u, min(used[u], userQuota), min(total, globalQuota), userQuota, globalQuota)
+	}
+	if serverLog.Len() > 0 {
+		t.Fatalf("seed %d: the server logged %q", seed, serverLog.String())
+	}
+	mu.Lock()
+	settles := len(seen)
+	mu.Unlock()
+	if settles != admitted {
+		t.Fatalf("seed %d: the settle function ran %d times for %d streams, want once each", seed, settles, admitted)
 	}
 	if stoppedBy["tokens"] == 0 || stoppedBy["all"] == 0 {
 		t.Fatalf("seed %d: streams stopped by each limit: %v, want both", seed, stoppedBy)
