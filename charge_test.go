@@ -383,3 +383,28 @@ func serveWith(l *Limiter, user string, f func(r *http.Request)) int {
 	l.Handler(http.HandlerFunc(func(_ http.ResponseWriter, hr *http.Request) { f(hr) })).ServeHTTP(w, r)
 	return w.Code
 }
+
+// TestChargeStopsUnderOverride: a limit that stops still stops once an
+// operator's override changed its quota: the charge that spends the
+// overridden quota (5 of what was 100) cancels the request.
+func TestChargeStopsUnderOverride(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	defer c.Close()
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Header("X-U")).Named("tokens").Stopping()}, WithSettle(nil))
+	if err := lim.Inspect().Operator().SetQuota(context.Background(), "tokens", "", 5, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var errs []error
+	var cause error
+	serveWith(lim, "ada", func(r *http.Request) {
+		for k := 0; k < 10 && r.Context().Err() == nil; k++ {
+			errs = append(errs, Charge(r.Context(), 1))
+		}
+		cause = context.Cause(r.Context())
+	})
+	// Admitted at 1: the fourth charge brings the count to the quota.
+	if len(errs) != 4 || !errors.Is(errs[3], ErrBudgetSpent) || !errors.Is(cause, ErrBudgetSpent) {
+		t.Fatalf("charges %v, cause %v; want the fourth to spend the overridden quota of 5 and stop the request", errs, cause)
+	}
+}

@@ -196,9 +196,9 @@ type ticket struct {
 	owner   any // the *Limiter that admitted the request, told apart by identity
 	// For Charge: the limits (their names, shadows and stops; the
 	// ruleset's, shared), and the context of the pass that admitted the
-	// request with its cancel (nil if no limit of the Limiter stops). mu orders
-	// the charges and the settle: charged is what the charges logged, part
-	// of the request's cost from then on.
+	// request with its cancel (nil if no limit of the Limiter stops). mu
+	// orders the charges and the settle: charged is what the charges
+	// logged, part of the request's cost from then on.
 	limits  []LimitResult
 	stops   context.Context
 	cancel  context.CancelCauseFunc
