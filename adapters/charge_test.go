@@ -26,7 +26,7 @@ import (
 )
 
 // streamRouters serve GET /stream, a streaming handler (stream), through
-// net/http and each router.
+// net/http, each router, and a third party's adapter.
 var streamRouters = []struct {
 	name  string
 	build func(api *ratelimit.Limiter, h http.HandlerFunc) http.Handler
@@ -54,6 +54,14 @@ var streamRouters = []struct {
 		g.Use(ginratelimit.Middleware(api))
 		g.GET("/stream", gin.WrapF(h))
 		return g
+	}},
+	// A third party's adapter, on the exported API alone
+	// (thirdparty_test.go).
+	{"third party", func(api *ratelimit.Limiter, h http.HandlerFunc) http.Handler {
+		t := &tinyRouter{}
+		t.Use(tinyRateLimit(api, t))
+		t.Handle("GET", "/stream", h)
+		return t
 	}},
 }
 
@@ -91,8 +99,8 @@ func stream(w http.ResponseWriter, r *http.Request) {
 
 // TestEquivalenceCharge is the charge dimension of the router equivalence:
 // a streaming handler that charges each chunk it sends, behind a per-IP
-// budget that stops and a global one, served over HTTP/1.1 by net/http
-// and every router, gets the same cancellation (after the chunk whose
+// budget that stops and a global one, served over HTTP/1.1 by net/http,
+// every router and a third party's adapter, gets the same cancellation (after the chunk whose
 // charge spends a budget, ErrBudgetSpent the cause), the same body cut at
 // the same point, read whole by the client (EOF, no reset), and leaves
 // the same Redis counts: the estimate, the charges and the final
