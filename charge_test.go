@@ -408,3 +408,33 @@ func TestChargeStopsUnderOverride(t *testing.T) {
 		t.Fatalf("charges %v, cause %v; want the fourth to spend the overridden quota of 5 and stop the request", errs, cause)
 	}
 }
+
+// TestChargeEveryPass: a Limiter mounted twice on a request's way (its
+// Handler around a middleware that hides the route, and again on the
+// mux, where the route's limits are decided) charges each limit once:
+// its own limit in the first pass's ticket, the route's in the second's.
+func TestChargeEveryPass(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	defer c.Close()
+	lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Header("X-U")).Named("own")}, WithSettle(nil),
+		WithRoutes(map[string]RouteLimits{"GET /r": {Limits: []Limit{Per(time.Minute, 100, Header("X-U")).Named("route").Stopping()}}}))
+	var errs []error
+	mux := http.NewServeMux()
+	mux.Handle("GET /r", lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		errs = append(errs, Charge(r.Context(), 7), Charge(r.Context(), 3))
+	})))
+	h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { mux.ServeHTTP(w, r) }))
+	r := httptest.NewRequest("GET", "/r", nil)
+	r.Header.Set("X-U", "ada")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusOK || errors.Join(errs...) != nil {
+		t.Fatalf("%d, charges %v", w.Code, errs)
+	}
+	for _, name := range []string{"own", "route"} {
+		if n := logEntries(t, c, name, "header.X-U", "ada"); n != 11 {
+			t.Errorf("%s holds %d, want 11: the request's 1 and the charges' 10, once", name, n)
+		}
+	}
+}
