@@ -35,13 +35,16 @@ import (
 // the limit; if that limit stops ([Limit.Stopping]), the Limiter cancels
 // the request's context then, with that error as its cause
 // ([context.Cause]), so that an upstream call made with it ends, and the
-// handler returns what it has. A shadow limit never stops a request nor
+// handler returns what it has; charges and [Settle] made with that
+// cancelled context still apply. A shadow limit never stops a request nor
 // makes Charge return ErrBudgetSpent. The budgets are read in a second
 // call, after the charge is logged: a limit that requests of other
 // replicas fill meanwhile may read spent one charge early, never late.
 // A [Limit.Leased] limit's count includes the units leases hold.
 //
-// Charge needs settlement on in the Limiter that admitted the request:
+// Charge waits for Redis for the Limiter's timeout ([WithTimeout]) at
+// most, and ctx's deadline, per call (the charge, then the budgets' read).
+// It needs settlement on in the Limiter that admitted the request:
 // without it, and for a ctx that carries nothing to charge (a request
 // admitted undecided under [FailOpen], or exempt from every limit, or a
 // context that is not a request's), it returns [ErrSettlementOff] and
