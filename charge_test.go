@@ -358,7 +358,7 @@ func TestChargeFailureModes(t *testing.T) {
 			}
 		}
 		// FailLocal: charged in this process.
-		local := mustNew(t, c, limits, WithSettle(nil), WithClock(clock.Now), WithFailureMode(FailLocal))
+		local := mustNew(t, c, limits, WithSettle(nil), WithClock(clock.Now), WithFailureMode(FailLocal), WithTimeout(50*time.Millisecond))
 		code, errs, cause := charge(local, "l", nil, 20)
 		if code != http.StatusOK || len(errs) != 3 || !errors.Is(errs[2], ErrBudgetSpent) || !errors.Is(cause, ErrBudgetSpent) {
 			t.Fatalf("FailLocal: %d, charges %v, cause %v; want the third charge (1+9 of 10) to stop it", code, errs, cause)
@@ -367,7 +367,7 @@ func TestChargeFailureModes(t *testing.T) {
 			t.Fatalf("FailLocal: the spent user's next request: %d, want 429", code)
 		}
 		// FailOpen: undecided, nothing to charge.
-		open := mustNew(t, c, []Limit{Per(time.Minute, 10, Header("X-U")).Named("open")}, WithSettle(nil), WithClock(clock.Now), WithFailureMode(FailOpen))
+		open := mustNew(t, c, []Limit{Per(time.Minute, 10, Header("X-U")).Named("open")}, WithSettle(nil), WithClock(clock.Now), WithFailureMode(FailOpen), WithTimeout(50*time.Millisecond))
 		if _, errs, _ := charge(open, "o", nil, 20); !errors.Is(errs[0], ErrSettlementOff) {
 			t.Fatalf("FailOpen: %v, want ErrSettlementOff", errs[0])
 		}
