@@ -1099,10 +1099,10 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 	case x == 2:
 		actual = r.IntN(2 * cost)
 		req.Header.Set("X-Do", "actual")
-	case o.chargeRand != nil && o.chargeRand.IntN(3) == 0:
+	case o.chargeRand != nil && o.chargeRand.IntN(5) == 0:
 		cr := o.chargeRand
 		req.Header.Set("X-Do", "charge")
-		chunks := make([]string, 1+cr.IntN(5))
+		chunks := make([]string, 1+cr.IntN(3))
 		for i := range chunks {
 			chunks[i] = strconv.Itoa(cr.IntN(cost + 3)) // 0 charges nothing: it reads the budgets
 		}
