@@ -120,6 +120,18 @@ func BenchmarkMiddleware(b *testing.B) {
 		lim.store = lim.wrap(stub(allowOne))
 		run(b, lim.Handler(okHandler))
 	})
+	// Settlement on, from handlers, and a limit that stops a request a
+	// charge spent it for: a context the pass can cancel.
+	b.Run("ip/settle", func(b *testing.B) {
+		lim := mustNew(b, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP())}, WithSettle(nil))
+		lim.store = lim.wrap(stub(allowOne))
+		run(b, lim.Handler(okHandler))
+	})
+	b.Run("ip/settle/stops", func(b *testing.B) {
+		lim := mustNew(b, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP()).Stopping()}, WithSettle(nil))
+		lim.store = lim.wrap(stub(allowOne))
+		run(b, lim.Handler(okHandler))
+	})
 	b.Run("global+ip", func(b *testing.B) {
 		lim := mustNew(b, stubClient{}, []Limit{Per(time.Minute, 100, ClientIP()), Per(time.Second, 1000, Global())})
 		lim.store = lim.wrap(stub(allowTwo))

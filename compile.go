@@ -106,6 +106,9 @@ type compiled struct {
 	noKey [][]LimitResult
 	// watchProxies says that the ruleset's limits look for proxy headers.
 	watchProxies bool
+	// stops says that a limit stops a request a charge spent it for
+	// (Limit.Stops): the passes of its requests can cancel their context.
+	stops bool
 }
 
 // A compiledRoute holds what WithRoutes declared for one template,
@@ -174,7 +177,11 @@ func compile(cfg *config, limits []Limit, cost func(*http.Request) int, split bo
 			policyNames[t.quotedName] = struct{}{}
 		}
 		p.limits = append(p.limits, c)
-		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: c.result(0).Window, Shadow: lim.Shadow, InFlight: lim.InFlight, Skipped: true})
+		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: c.result(0).Window, Shadow: lim.Shadow, InFlight: lim.InFlight, Skipped: true, stops: lim.Stops})
+		if lim.Stops && !cfg.settleOn {
+			errs = append(errs, fmt.Errorf("limit %d (%s): stops: only a charge stops a request, and a Limiter without settlement charges nothing: give New ratelimit.WithSettle (WithSettle(nil) to charge and settle from handlers only)", i, lim.Name))
+		}
+		p.stops = p.stops || lim.Stops
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)

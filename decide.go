@@ -97,7 +97,7 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 	if (err == nil || out.Local) && out.Allowed && !peek && s.wantTicket && (rs.l.redis != nil || out.Local || settler != nil) {
 		t := &ticket{rs: rs.l.redis, denies: rs.l.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
 			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout, clock: rs.cfg.clock, settled: &rs.l.settled,
-			owner: rs.l}
+			owner: rs.l, limits: rs.skipped}
 		if q.Quotas != nil {
 			t.quotas = slices.Clone(q.Quotas)
 		}

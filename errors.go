@@ -57,4 +57,12 @@ var (
 	// It does not wrap ErrNotReverted, which says that the settle is known
 	// not to be applied.
 	ErrSettlePending = errors.New("ratelimit: settle not confirmed within the timeout; it goes on in the background")
+
+	// ErrBudgetSpent is wrapped by the error of [Charge] when, after the
+	// charge, an enforced limit of the request has no room left for one
+	// more unit: its count is at or past its quota. The error names the
+	// limit. The units were charged; a limit that stops
+	// ([Limit.Stopping]) has cancelled the request's context, with that
+	// error as its cause ([context.Cause]).
+	ErrBudgetSpent = errors.New("ratelimit: a limit's budget is spent")
 )

@@ -513,3 +513,59 @@ func ExampleCalendar() {
 	// Feb 27 23:59:59: 429 remaining=0 reset=1803769200 retry-after=1 policy="header-per-1mo";q=2
 	// Feb 28 00:00:00: 200 remaining=1 reset=1806444000 retry-after= policy="header-per-1mo";q=2
 }
+
+// Charge charges a streamed response as it streams: here a stand-in
+// model's tokens, 3 a chunk, against a user's budget of 10 tokens a
+// minute that stops. The request is admitted at 1 (its prompt); the
+// charge that spends the budget cancels the request's context, which
+// ends the model's stream, and the response ends with what was sent.
+func ExampleCharge() {
+	rdb, done := newRedis()
+	defer done()
+
+	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.Per(time.Minute, 10, ratelimit.Header("X-User")).Named("tokens").Stopping(),
+	}, ratelimit.WithSettle(nil), ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// model streams its chunks until ctx ends.
+	model := func(ctx context.Context) <-chan string {
+		out := make(chan string)
+		go func() {
+			defer close(out)
+			for i := 0; ; i++ {
+				select {
+				case out <- fmt.Sprintf("chunk %d", i):
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+		return out
+	}
+	h := limiter.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for chunk := range model(r.Context()) {
+			fmt.Fprintln(w, chunk)
+			if err := ratelimit.Charge(r.Context(), 3); err != nil {
+				fmt.Println("charge:", err)
+			}
+			if r.Context().Err() != nil {
+				fmt.Println("stopped:", context.Cause(r.Context()))
+				return
+			}
+		}
+	}))
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Set("X-User", "ada")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	fmt.Print(w.Code, "\n", w.Body.String())
+	// Output:
+	// charge: ratelimit: a limit's budget is spent: limit tokens holds 10 of its 10 units
+	// stopped: ratelimit: a limit's budget is spent: limit tokens holds 10 of its 10 units
+	// 200
+	// chunk 0
+	// chunk 1
+	// chunk 2
+}

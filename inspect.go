@@ -103,6 +103,7 @@ func (in Inspector) Stats() Stats {
 		Unreverted:  l.unreverted(),
 		Debited:     l.settled.debited.Load(),
 		Credited:    l.settled.credited.Load(),
+		Stopped:     l.settled.stopped.Load(),
 		RouterIP:    l.usesRouterIP(),
 		Routes:      templates(l.cfg.routes),
 		Operator:    l.peekOperatorState(),
@@ -152,11 +153,15 @@ type Stats struct {
 	// out). They stay counted until they leave their windows.
 	Unreverted uint64
 	// Debited and Credited count the units of cost the Limiter's settles
-	// ([WithSettle], [Settle], [Limiter.Settle], refunds included) have
-	// logged (real costs above the admitted ones) and taken back (below
-	// them). Units a settle could not apply count here too, and in
-	// Unreverted.
+	// ([WithSettle], [Settle], [Limiter.Settle], refunds included) and
+	// charges ([Charge]) have logged (real costs above the admitted ones,
+	// charges) and taken back (below them). Units a settle could not
+	// apply count here too, and in Unreverted.
 	Debited, Credited uint64
+	// Stopped counts the requests whose context the Limiter cancelled
+	// because a charge spent the budget of a limit that stops
+	// ([Limit.Stopping]): the streams it cut.
+	Stopped uint64
 	// RouterIP is a setting: whether a limit or allow-list of the Limiter
 	// counts by the client address a router resolved ([ClientIP] with
 	// [clientip.FromRouter]). An adapter whose router resolves addresses

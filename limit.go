@@ -88,6 +88,11 @@ type Limit struct {
 	// a sliding window ([Calendar]): Window, Precision and Lease stay
 	// zero, and InFlight false. Default: zero, a sliding limit.
 	Period Period
+	// Stops makes a [Charge] that leaves the limit without room cancel
+	// the request's context ([Limit.Stopping]). Default: false, a charge
+	// that spends the limit's budget returns [ErrBudgetSpent] and
+	// cancels nothing.
+	Stops bool
 
 	defaulted bool // Name was given by the library, not by the user
 }
@@ -261,6 +266,23 @@ func (l Limit) Leased() Limit {
 	return l
 }
 
+// Stopping returns a copy of l whose budget, once a [Charge] spends
+// it, stops the request: the Limiter cancels the request's context, with
+// the [ErrBudgetSpent] error Charge returned as its cause
+// ([context.Cause]), so that an upstream call made with it (a model's
+// stream) ends by itself and the handler returns. A limit spent is one
+// with no room left for one more unit after the charge: its count at or
+// past its quota (the client's plan's). Without Stopping, Charge reports
+// the spent budget and cancels nothing. [New] refuses it on a shadow
+// limit (which never stops a request), on an in-flight limit (which
+// counts no cost), and in a Limiter without settlement ([WithSettle],
+// [WithRefund]), where Charge charges nothing. See docs/limits.md
+// (streaming budget).
+func (l Limit) Stopping() Limit {
+	l.Stops = true
+	return l
+}
+
 // Named returns a copy of l with the given name.
 func (l Limit) Named(name string) Limit {
 	l.Name = name
@@ -357,6 +379,8 @@ func (l Limit) validate() error {
 	if l.Period.set() {
 		errs = append(errs, l.validateCalendar()...)
 	}
+	check(l.Stops && l.Shadow, "stops: a shadow limit never stops a request; leave Stops false or enforce the limit")
+	check(l.Stops && l.InFlight, "stops: an in-flight limit counts requests, not the cost a charge adds: it has no budget to spend")
 	check(!validName(l.Name), "name %q: use 1 to %d ASCII letters, digits, '-', '_' or '.'", l.Name, maxNameLen)
 	if l.Plans.set() {
 		errs = append(errs, l.Plans.validate()...)

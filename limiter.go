@@ -72,6 +72,10 @@ type Limiter struct {
 	// request's context carried (see checkServed).
 	servedChecked atomic.Bool
 	routerIP      bool
+	// stops says that a limit of l or its routes stops a request a
+	// charge spent it for (Limit.Stops): Enter gives each pass a context
+	// it can cancel.
+	stops bool
 
 	// ops is the operator state in force (overrides, see overrides.go;
 	// blocks, live.go), nil before it was first read; opsRun reads it
@@ -255,6 +259,7 @@ func New(client redis.UniversalClient, limits []Limit, opts ...Option) (*Limiter
 		return nil, fmt.Errorf("ratelimit: invalid configuration: %w", err)
 	}
 	l.routerIP = l.countsByRouterIP()
+	l.eachRuleset(func(p *ruleset) { l.stops = l.stops || p.stops })
 	alive := func() bool { return w.Value() != nil }
 	l.opsRun.start(client, &l.cfg, l.outage, l.allLimits(), alive)
 	if has, shortest := inflightLimits(l.allLimits()); has {

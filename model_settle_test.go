@@ -2,9 +2,12 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"pgregory.net/rapid"
+
+	"github.com/slidinglog/ratelimit/internal/logmodel"
 )
 
 // The settle dimension of TestModel (model_test.go): a step settles a
@@ -22,7 +25,17 @@ import (
 //     instance that admitted the request: at the log's time if that is
 //     later (rule 1), as a decision at that time would log it;
 //
-// and the steps that follow (decisions, Status, clock steps) check every
+// A charge step charges an admitted request's ticket units more as its
+// response streams ([Charge]): the model logs them as a debit (in each log
+// the request was placed in, up to its quota, at the clock of the instance
+// that admitted it) and counts them as part of the request's cost; the
+// charge must report ErrBudgetSpent exactly when, after it, an enforced
+// limit the request was placed in has no room for one more unit. A settle
+// reconciles against the cost so far (c0 and the charges): below it, it
+// removes the difference from the request's own entries, at most c0;
+// above it, it logs the difference.
+//
+// The steps that follow (decisions, Status, clock steps) check every
 // count against it. TestModel runs it on every store: miniredis, a real
 // server as a function and as scripts, FailLocal's store and WithStore's.
 // -model.off=settle leaves it out.
@@ -34,6 +47,66 @@ func (m *modelRun) settleActions(a map[string]func(*rapid.T)) {
 	}
 	a["Settle"] = m.settle
 	a["Settle2"] = m.settle // as common as decisions
+	a["Charge"] = m.charge
+}
+
+// charge charges a Result an Allow returned units more, as Charge charges
+// its request (through its ticket: a Result of Allow has no context).
+func (m *modelRun) charge(rt *rapid.T) {
+	m.steps++
+	is := m.pickIssued(rt)
+	if is == nil || is.res.ticket == nil {
+		return
+	}
+	units := rapid.IntRange(0, 40).Draw(rt, "charge")
+	if rapid.IntRange(0, 4).Draw(rt, "large charge") == 0 {
+		units = rapid.IntRange(40, 400).Draw(rt, "charge")
+	}
+	now := is.res.ticket.clock().UnixMicro()
+	err := is.res.ticket.charge(context.Background(), units)
+	desc := fmt.Sprintf("Charge of %d of %s (charged %d, settled before: %v) at %d", units, is.desc, is.charged, is.refunded, now)
+	if is.refunded {
+		if !errors.Is(err, ErrSettled) {
+			rt.Fatalf("%s: %v; want ErrSettled", desc, err)
+		}
+		rt.Logf("step %d: %s -> %v", m.steps, desc, err)
+		return
+	}
+	is.charged += units
+	spent, blocked := false, false
+	for _, p := range is.placed {
+		lim := m.model.Limits[p.Ref.Limit]
+		g := m.model.Log(p.Ref)
+		quota := is.res.Limits[p.Ref.Limit].Quota
+		if units > 0 {
+			_, at := lim.LogTime(g, now)
+			g.Add(at, min(units, quota))
+		}
+		if lim.Shadow {
+			continue
+		}
+		blocked = blocked || m.model.Blocked[p.Ref]
+		spent = spent || lim.Judge(g, now, 1).Count >= quota
+	}
+	foreign := false // the budgets' read fails on another program's key
+	for i, id := range is.ids {
+		foreign = foreign || m.model.Foreign[m.keyOf(logmodel.LogRef{Limit: i, ID: id})] != ""
+	}
+	switch {
+	case foreign && err != nil && !errors.Is(err, ErrBudgetSpent):
+		m.seen["charge of a request with a foreign key"]++
+	case err != nil && !errors.Is(err, ErrBudgetSpent):
+		rt.Fatalf("%s: %v", desc, err)
+	case blocked: // a block reads as spent while it lasts: not modelled here
+	case spent != errors.Is(err, ErrBudgetSpent):
+		rt.Fatalf("%s: %v; the model says spent: %v", desc, err, spent)
+	}
+	if spent {
+		m.seen["charge spends a budget"]++
+	} else {
+		m.seen["charge"]++
+	}
+	rt.Logf("step %d: %s -> %v", m.steps, desc, err)
 }
 
 // settle settles a Result an Allow returned: one of the latest, or any.
@@ -47,25 +120,26 @@ func (m *modelRun) settle(rt *rapid.T) {
 	if len(is.placed) > 0 {
 		c0 = is.placed[0].N
 	}
-	most := 0 // the largest quota of the limits it was placed in
+	had := c0 + is.charged // the cost so far
+	most := 0              // the largest quota of the limits it was placed in
 	for _, p := range is.placed {
 		most = max(most, is.res.Limits[p.Ref.Limit].Quota)
 	}
 	var cost int
 	switch rapid.IntRange(0, 5).Draw(rt, "settle kind") {
 	case 0, 1:
-		cost = rapid.IntRange(0, max(c0-1, 0)).Draw(rt, "settle cost")
+		cost = rapid.IntRange(0, max(had-1, 0)).Draw(rt, "settle cost")
 	case 2:
-		cost = c0
+		cost = had
 	case 3:
-		cost = c0 + rapid.IntRange(1, 300).Draw(rt, "settle debit")
+		cost = had + rapid.IntRange(1, 300).Draw(rt, "settle debit")
 	case 4:
-		cost = c0 + rapid.IntRange(1, 3000).Draw(rt, "settle debit")
+		cost = had + rapid.IntRange(1, 3000).Draw(rt, "settle debit")
 	default: // more than every quota, where that is not too large a log
 		if most > 3000 {
-			cost = c0 + rapid.IntRange(1, 3).Draw(rt, "settle debit")
+			cost = had + rapid.IntRange(1, 3).Draw(rt, "settle debit")
 		} else {
-			cost = c0 + most + rapid.IntRange(1, 100).Draw(rt, "settle debit")
+			cost = had + most + rapid.IntRange(1, 100).Draw(rt, "settle debit")
 		}
 	}
 	k := rapid.IntRange(0, 1).Draw(rt, "instance")
@@ -88,13 +162,16 @@ func (m *modelRun) settle(rt *rapid.T) {
 	}
 	is.refunded = true
 	switch {
-	case cost < c0:
+	case cost < had:
 		m.seen["settle credit"]++
-		for _, p := range is.placed {
-			m.model.Log(p.Ref).Remove(p.T, c0-cost)
+		if is.charged > 0 {
+			m.seen["settle credit after charges"]++
 		}
-	case cost > c0:
-		if cost-c0 > most {
+		for _, p := range is.placed {
+			m.model.Log(p.Ref).Remove(p.T, min(had-cost, c0))
+		}
+	case cost > had:
+		if cost-had > most {
 			m.seen["settle debit over every quota"]++
 		} else {
 			m.seen["settle debit"]++
@@ -107,7 +184,7 @@ func (m *modelRun) settle(rt *rapid.T) {
 				continue
 			}
 			_, at := lim.LogTime(g, now)
-			g.Add(at, min(cost-c0, is.res.Limits[p.Ref.Limit].Quota))
+			g.Add(at, min(cost-had, is.res.Limits[p.Ref.Limit].Quota))
 		}
 	default:
 		m.seen["settle at the cost admitted"]++

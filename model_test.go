@@ -184,7 +184,9 @@ type issuedResult struct {
 	admitted bool              // in the model
 	placed   []logmodel.Placed // where the model logged it
 	refunded bool
+	charged  int // the units charges logged (see model_settle_test.go)
 	desc     string
+	ids      []string // the request's, one per limit
 }
 
 var modelStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
@@ -385,7 +387,7 @@ func (m *modelRun) allow(rt *rapid.T) {
 	res, err := m.lims[k].Allow(context.Background(), ids, cost)
 	desc := fmt.Sprintf("Allow(%q, %d) on instance %d at %d", ids, cost, k, m.now[k])
 	m.compare(rt, desc, res, err, want)
-	m.issued = append(m.issued, &issuedResult{res: res, admitted: want.Allowed && !want.Err, placed: want.Placed, desc: desc})
+	m.issued = append(m.issued, &issuedResult{res: res, admitted: want.Allowed && !want.Err, placed: want.Placed, desc: desc, ids: ids})
 }
 
 func (m *modelRun) status(rt *rapid.T) {
@@ -470,7 +472,7 @@ func (m *modelRun) concurrent(rt *rapid.T) {
 	for _, c := range calls {
 		desc := fmt.Sprintf("concurrent Allow(%q, %d) on instance %d at %d", c.ids, c.cost, k, m.now[k])
 		m.compare(rt, desc, c.res, c.err, c.want)
-		m.issued = append(m.issued, &issuedResult{res: c.res, admitted: c.want.Allowed && !c.want.Err, placed: c.want.Placed, desc: desc})
+		m.issued = append(m.issued, &issuedResult{res: c.res, admitted: c.want.Allowed && !c.want.Err, placed: c.want.Placed, desc: desc, ids: c.ids})
 	}
 }
 

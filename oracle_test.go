@@ -122,7 +122,10 @@ func oracleOpen(dim string) bool {
 // lease, plans, in-flight cap), each reached through Allow, Handler,
 // Handler mounted twice on one Limiter, or two Limiters stacked; with
 // settlement (WithSettle, WithRefund, Settle from the handler, Settle
-// and Refund of Allow's Results, credits and debits), resets, operator
+// and Refund of Allow's Results, credits and debits; streams charged
+// chunk by chunk from the handler with Charge, their limits stopping them
+// or not, each charge counted as Charge said it was, and the request
+// stopped only by a charge that spent a budget), resets, operator
 // overrides and blocks (of addresses and networks), FailLocal outages and
 // returns, and Redis calls that take time (the clock moves between a
 // request's calls by up to the decision timeout). Then some hundred steps
@@ -186,6 +189,7 @@ type oFamily struct {
 	// window is then the period, for the scenario's time steps.
 	period time.Duration
 	anchor time.Time
+	stops  bool // Stopping, in a Limiter with settlement (see newLimiter)
 }
 
 func (f oFamily) limit() Limit {
@@ -359,6 +363,10 @@ type oracleRun struct {
 	failures     int
 	lastAdm      *oracle.Admission // of the last decision, if it admitted
 	slowRand     *rand.Rand        // the slow calls' draws, under oSlowMu
+	// chargeRand draws the charges' dimension (streams charged as they
+	// respond, see charge), apart from r, so that a seed drawn without it
+	// replays as before; nil when it is off.
+	chargeRand *rand.Rand
 }
 
 // oBlock is an operator's block of 24h: it ends 24h after the Block
@@ -516,6 +524,20 @@ func (o *oracleRun) build() {
 			o.dims["plans"] = true
 		}
 		base = append(base, f)
+	}
+	// Streams charged as they respond (Charge), their limits stopping
+	// them or not: drawn apart from r (see chargeRand), and only where
+	// RATELIMIT_ORACLE_DRAW does not pin other dimensions.
+	if draw := os.Getenv("RATELIMIT_ORACLE_DRAW"); draw == "" || slices.Contains(strings.Split(draw, ","), "charge") {
+		if cr := rand.New(rand.NewPCG(o.seed, 3)); cr.IntN(2) == 0 {
+			o.chargeRand = cr
+			o.dims["charge"] = true
+			for i := range base {
+				if base[i].stops = cr.IntN(2) == 0; base[i].stops {
+					o.dims["charge-stops"] = true
+				}
+			}
+		}
 	}
 	// A route's limit, which a Limiter mounted twice (around the mux and
 	// on the route) decides in its second pass.
@@ -763,6 +785,11 @@ func (o *oracleRun) newLimiter(rep *oReplica, l *oLayer, failLocal bool) bool {
 			opts = append(opts, WithRefund(func(status int) bool { return status >= 500 }))
 		}
 	}
+	for i, f := range l.fams {
+		if f.stops && (l.settle || l.refund) {
+			limits[i] = limits[i].Stopping()
+		}
+	}
 	lim, err := New(c, limits, opts...)
 	if err != nil {
 		o.fail("New refused the limits %+v: %v", limits, err)
@@ -832,6 +859,8 @@ func (o *oracleRun) handler(rep *oReplica) http.Handler {
 			} else {
 				w.Header().Set("X-Settled", "unsure")
 			}
+		case "charge":
+			o.charge(w, r)
 		case "actual":
 			w.Header().Set("X-Actual", r.Header.Get("X-Actual"))
 		case "fail":
@@ -1106,6 +1135,18 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 	case x == 2:
 		actual = r.IntN(2 * cost)
 		req.Header.Set("X-Do", "actual")
+	case o.chargeRand != nil && o.chargeRand.IntN(5) == 0:
+		cr := o.chargeRand
+		req.Header.Set("X-Do", "charge")
+		chunks := make([]string, 1+cr.IntN(3))
+		for i := range chunks {
+			chunks[i] = strconv.Itoa(cr.IntN(cost + 3)) // 0 charges nothing: it reads the budgets
+		}
+		req.Header.Set("X-Chunks", strings.Join(chunks, ","))
+		if cr.IntN(2) == 0 { // a final cost, for the response-side settle
+			actual = cr.IntN(3 * cost)
+			req.Header.Set("X-Final", strconv.Itoa(actual))
+		}
 	}
 	req.Header.Set("X-Actual", strconv.Itoa(actual))
 	rec := httptest.NewRecorder()
@@ -1133,7 +1174,18 @@ func (o *oracleRun) requestVia(rep *oReplica, c, cost int) {
 	}
 	now := o.now()
 	sure := !o.down
+	if req.Header.Get("X-Do") == "charge" {
+		sure = o.charged(rep, req.Header.Get("X-Chunks"), rec, adms, layers, start, now, what) && sure
+	}
 	switch {
+	case req.Header.Get("X-Do") == "charge":
+		if rec.Header().Get("X-Actual") != "" {
+			for i, a := range adms {
+				if layers[i].settle {
+					a.Settle(start, now, actual, sure && !o.movedBuckets(layers[i]))
+				}
+			}
+		}
 	case rec.Header().Get("X-Settled") == "ctx" || rec.Header().Get("X-Settled") == "unsure":
 		// Settle settles in every Limiter that admitted the request with
 		// settlement on; one without counts the estimate (Settle's doc).
@@ -1516,4 +1568,98 @@ func (o *oracleRun) outage() {
 	}
 	o.step("outage: down %v", o.down)
 	o.epoch++
+}
+
+// charge is the handler of a request that streams: it charges each of
+// its chunks (X-Chunks) as it responds, records what each Charge returned
+// (X-Charges: ok, spent, pending, lost, off, settled or failed, which
+// wraps none of Charge's errors) and stops once the request's context is
+// cancelled, saying why (X-Stopped). With X-Final, the response-side
+// settle is given that final cost.
+func (o *oracleRun) charge(w http.ResponseWriter, r *http.Request) {
+	var got []string
+	for _, c := range strings.Split(r.Header.Get("X-Chunks"), ",") {
+		n, _ := strconv.Atoi(c)
+		err := Charge(r.Context(), n)
+		switch {
+		case err == nil:
+			got = append(got, "ok")
+		case errors.Is(err, ErrBudgetSpent):
+			got = append(got, "spent")
+		case errors.Is(err, ErrSettlePending):
+			got = append(got, "pending")
+		case errors.Is(err, ErrNotReverted):
+			got = append(got, "lost")
+		case errors.Is(err, ErrSettlementOff):
+			got = append(got, "off")
+		case errors.Is(err, ErrSettled):
+			got = append(got, "settled")
+		default:
+			got = append(got, "failed")
+		}
+		if r.Context().Err() != nil {
+			w.Header().Set("X-Stopped", fmt.Sprint(context.Cause(r.Context())))
+			break
+		}
+	}
+	w.Header().Set("X-Charges", strings.Join(got, ","))
+	if f := r.Header.Get("X-Final"); f != "" {
+		w.Header().Set("X-Actual", f)
+	}
+}
+
+// charged records, for the admissions adms of the layers that admitted a
+// request that streamed, the charges its handler made, as Charge said
+// (see charge): a charge of every Limiter that admitted it with
+// settlement on. It checks that a request was stopped only by a charge
+// that spent a budget, and only behind a limit that stops, and that a
+// request behind a Limiter with settlement was charged. It reports
+// whether every charge was confirmed.
+func (o *oracleRun) charged(rep *oReplica, chunks string, rec *httptest.ResponseRecorder, adms []*oracle.Admission, layers []*oLayer, from, to time.Time, what string) bool {
+	sizes := strings.Split(chunks, ",")
+	got := strings.Split(rec.Header().Get("X-Charges"), ",")
+	if rec.Header().Get("X-Charges") == "" {
+		got = nil
+	}
+	sure := true
+	stops := false
+	for _, l := range layers {
+		for _, f := range l.fams {
+			stops = stops || f.stops && (l.settle || l.refund)
+		}
+	}
+	for k, class := range got {
+		n, _ := strconv.Atoi(sizes[k])
+		counted, confirmed := true, true
+		switch class {
+		case "off":
+			if o.settlementOn(rep) && len(adms) > 0 {
+				o.fail("%s: Charge returned ErrSettlementOff behind a Limiter with settlement on", what)
+			}
+			continue
+		case "settled":
+			o.fail("%s: Charge returned ErrSettled before any settle", what)
+			continue
+		case "pending":
+			confirmed = false
+		case "lost":
+			counted, confirmed = false, false
+		}
+		sure = sure && confirmed
+		for i, a := range adms {
+			if layers[i].settle || layers[i].refund {
+				a.Charge(from, to, n, confirmed && !o.movedBuckets(layers[i]), counted)
+			}
+		}
+	}
+	if s := rec.Header().Get("X-Stopped"); s != "" {
+		if len(got) == 0 || got[len(got)-1] != "spent" || !strings.Contains(s, ErrBudgetSpent.Error()) {
+			o.fail("%s: the request was stopped (%s) after the charges %v: only a charge that spends a budget stops it", what, s, got)
+		}
+		if !stops {
+			o.fail("%s: the request was stopped (%s) with no limit that stops", what, s)
+		}
+	}
+	o.step("%s: charged %s: %s; stopped: %q", what, chunks, rec.Header().Get("X-Charges"), rec.Header().Get("X-Stopped"))
+	return sure
 }

@@ -74,12 +74,12 @@ func (rs *ruleset) overridden(quotas map[[2]string]int) *ruleset {
 	if !changed {
 		return nil
 	}
-	p := &ruleset{l: rs.l, cfg: rs.cfg, compiled: compiled{limits: limits, cost: rs.cost, tiered: rs.tiered, calendar: rs.calendar, watchProxies: rs.watchProxies}}
+	p := &ruleset{l: rs.l, cfg: rs.cfg, compiled: compiled{limits: limits, cost: rs.cost, tiered: rs.tiered, calendar: rs.calendar, watchProxies: rs.watchProxies, stops: rs.stops}}
 	tiers := make([][]tier, len(limits))
 	for i := range limits {
 		lim := &limits[i]
 		tiers[i] = lim.tiers
-		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.result(0).Window, Shadow: lim.Shadow, InFlight: lim.InFlight, Skipped: true})
+		p.skipped = append(p.skipped, LimitResult{Name: lim.Name, Quota: lim.Quota, Window: lim.result(0).Window, Shadow: lim.Shadow, InFlight: lim.InFlight, Skipped: true, stops: lim.Stops})
 	}
 	p.noKey = noKeyResults(p.skipped)
 	p.policyHeaders = policyHeaders(tiers, func(i int) bool { return p.limits[i].Shadow })

@@ -53,7 +53,11 @@ type entry struct {
 	done atomic.Bool
 	mu   sync.Mutex
 	held *hold
-	req  http.Request // the request the first pass hands on
+	// cancel cancels the context the pass hands on, which then derives
+	// from the one it was given; nil unless a limit of the Limiter stops
+	// a request a charge spent it for (see Limit.Stops, Charge).
+	cancel context.CancelCauseFunc
+	req    http.Request // the request the first pass hands on
 }
 
 // Value answers the pass's key and, once the request has a settlement,
@@ -94,7 +98,10 @@ func (e *entry) String() string { return "ratelimit.Pass" }
 // otherwise proceeds undecided with the first pass's headers. A request
 // built with the context of another under way is taken for it. Enter
 // never changes r. It allocates once, for the request it returns (with
-// the pass's state in the same allocation). Enter panics if l is nil: an
+// the pass's state in the same allocation); a Limiter with a limit that
+// stops ([Limit.Stopping]) gives the request a context it can cancel,
+// which costs more, and Done cancels that context once the request is
+// served. Enter panics if l is nil: an
 // adapter checks that when it is built, as [Limiter.Handler] does. See
 // docs/adapters.md.
 func (l *Limiter) Enter(r *http.Request) (Pass, *http.Request) {
@@ -108,6 +115,9 @@ func (l *Limiter) Enter(r *http.Request) (Pass, *http.Request) {
 		return Pass{e: e, later: true, route: e.route.Load()}, r2
 	}
 	e := &entry{Context: ctx, l: l}
+	if l.stops {
+		e.Context, e.cancel = context.WithCancelCause(ctx)
+	}
 	// WithContext's copy does not escape: the compiler keeps it on the
 	// stack, and the request lives in e.
 	e.req = *r.WithContext(e)
@@ -145,6 +155,9 @@ func (p Pass) Done(status int, h http.Header) {
 	e.held = nil
 	e.mu.Unlock()
 	releaseAll(held)
+	if e.cancel != nil {
+		e.cancel(context.Canceled) // the request is served: free the context's
+	}
 }
 
 // Settles reports whether p's Done runs a settle function, and so needs
@@ -220,6 +233,9 @@ func (e *entry) carry(r *http.Request, t *ticket) {
 		if !e.settle.CompareAndSwap(nil, st) {
 			st = e.settle.Load()
 		}
+	}
+	if e.cancel != nil {
+		t.stops, t.cancel = e.Context, e.cancel
 	}
 	st.add(t)
 }

@@ -1,7 +1,9 @@
 package ratelimit
 
 import (
+	"context"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -149,7 +151,8 @@ type LimitResult struct {
 	// a failure.
 	NoKey bool
 
-	tier int // Plan's index in the limit's tiers
+	tier  int  // Plan's index in the limit's tiers
+	stops bool // the limit stops a request a charge spent it for (Limit.Stops)
 }
 
 // policyName is the name of lr's policy in RateLimit-Policy: the limit's,
@@ -194,12 +197,23 @@ type ticket struct {
 	clock   func() time.Time
 	settled *settleCounts
 	owner   any // the *Limiter that admitted the request, told apart by identity
+	// For Charge: the limits (their names, shadows and stops; the
+	// ruleset's, shared), and the context of the pass that admitted the
+	// request with its cancel (nil if no limit of the Limiter stops). mu
+	// orders the charges and the settle: charged is what the charges
+	// logged, part of the request's cost from then on.
+	limits  []LimitResult
+	stops   context.Context
+	cancel  context.CancelCauseFunc
+	mu      sync.Mutex
+	charged int
 }
 
-// settleCounts counts the units a Limiter's settles took back (credited)
-// and logged (debited), for the metrics.
+// settleCounts counts the units a Limiter's settles and charges took
+// back (credited) and logged (debited), and the requests a charge
+// stopped, for the metrics.
 type settleCounts struct {
-	debited, credited atomic.Uint64
+	debited, credited, stopped atomic.Uint64
 }
 
 // noKeyResults returns, for each limit i, what observers see of a request

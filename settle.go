@@ -106,20 +106,38 @@ func checkSettleCost(cost int) error {
 	return nil
 }
 
-// settle settles t's request at cost, once (see Limiter.Settle).
+// settle settles t's request at cost, once (see Limiter.Settle), against
+// what it was admitted at and what charges logged since (see Charge):
+// below that, the difference is taken back from the request's own
+// entries, at most its admitted cost (what charges logged was spent);
+// above it, the difference is logged.
 func (t *ticket) settle(ctx context.Context, cost int) error {
+	t.mu.Lock() // after the charges under way
 	if !t.refunded.CompareAndSwap(false, true) {
 		// Entries of one time are interchangeable: a second removal would
 		// take another request's.
+		t.mu.Unlock()
 		return ErrSettled
 	}
+	had := t.cost + t.charged
+	t.mu.Unlock()
 	switch {
-	case cost < t.cost:
-		return t.credit(ctx, t.cost-cost)
-	case cost > t.cost:
-		return t.debit(ctx, cost-t.cost)
+	case cost < had:
+		if n := min(had-cost, t.cost); n > 0 {
+			return t.credit(ctx, n)
+		}
+	case cost > had:
+		return t.debit(ctx, cost-had)
 	}
 	return nil
+}
+
+// costSoFar returns the cost of t's request: what it was admitted at,
+// and what charges logged since.
+func (t *ticket) costSoFar() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.cost + t.charged
 }
 
 // stamp returns when t's request was logged in limit i, if it is settled
@@ -255,6 +273,7 @@ func Settle(ctx context.Context, cost int) error {
 	if st == nil {
 		return ErrSettlementOff
 	}
+	ctx = unstopped(ctx)
 	entries, first := st.take()
 	if len(entries) == 0 {
 		return ErrSettlementOff
@@ -269,6 +288,16 @@ func Settle(ctx context.Context, cost int) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// unstopped returns ctx, without its cancellation if a charge stopped
+// the request (see Limit.Stops): what the request spent is still
+// charged and settled, within the Limiter's timeout.
+func unstopped(ctx context.Context) context.Context {
+	if ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrBudgetSpent) {
+		return context.WithoutCancel(ctx)
+	}
+	return ctx
 }
 
 // settlementKey is the context key of a request's settlement, which the
@@ -333,8 +362,9 @@ func (l *Limiter) settleAfter(r *http.Request, st *settlement, status int, h htt
 		return
 	}
 	for _, t := range st.unsettled(l) {
-		cost := f(status, h, t.cost)
-		if cost == t.cost {
+		had := t.costSoFar()
+		cost := f(status, h, had)
+		if cost == had {
 			continue
 		}
 		err := checkSettleCost(cost)
@@ -353,9 +383,10 @@ func (l *Limiter) settleAfter(r *http.Request, st *settlement, status int, h htt
 // [Settle] (the request's context carries what that needs); if it did
 // not, settle (if not nil) runs once the handler returned, with the
 // response's final status (200 if it wrote nothing; 101 for a hijacked
-// connection), its header map and the cost the request was admitted at,
-// and returns the real cost (returning cost leaves the request as it
-// is). For example, the tokens an upstream reports:
+// connection), its header map and the cost the request was admitted at
+// (and, if its handler charged it with [Charge], what the charges logged
+// since), and returns the real cost (returning cost leaves the request as
+// it is). For example, the tokens an upstream reports:
 //
 //	ratelimit.WithSettle(func(status int, h http.Header, cost int) int {
 //		if n, err := strconv.Atoi(h.Get("X-Tokens-Used")); err == nil {

@@ -138,7 +138,13 @@ import (
 // Limiter further down the chain counts the call once; with settlement on
 // ([ratelimit.WithSettle], [ratelimit.WithRefund]) it carries the call's
 // settlement too: the handler settles the call at its real cost with
-// [ratelimit.Settle](ctx, n).
+// [ratelimit.Settle](ctx, n), and charges it as it goes with
+// [ratelimit.Charge](ctx, n). When a charge spends the budget of a limit
+// that stops ([ratelimit.Limit.Stopping]), the handler's context is
+// cancelled (its cause the charge's error), and the call ends with
+// ResourceExhausted, whose message names the limit, whatever the handler
+// returns then (the rate-limit headers went out when the call was
+// admitted).
 func UnaryServerInterceptor(l *ratelimit.Limiter) grpc.UnaryServerInterceptor {
 	if l == nil {
 		panic("grpcratelimit: UnaryServerInterceptor of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
@@ -152,8 +158,26 @@ func UnaryServerInterceptor(l *ratelimit.Limiter) grpc.UnaryServerInterceptor {
 		if err != nil {
 			return nil, err
 		}
-		return handler(passed, req)
+		resp, err := handler(passed, req)
+		if spent := budgetSpent(passed); spent != nil {
+			return nil, spent
+		}
+		return resp, err
 	}
+}
+
+// budgetSpent returns the status of a call that a charge stopped
+// ([ratelimit.Charge], [ratelimit.Limit.Stopping]): ResourceExhausted,
+// whose message is the charge's error (it names the limit); nil if ctx
+// was not cancelled so.
+func budgetSpent(ctx context.Context) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, ratelimit.ErrBudgetSpent) {
+		return status.Error(codes.ResourceExhausted, cause.Error())
+	}
+	return nil
 }
 
 // StreamServerInterceptor returns an interceptor that decides every stream
@@ -162,7 +186,13 @@ func UnaryServerInterceptor(l *ratelimit.Limiter) grpc.UnaryServerInterceptor {
 // it with [grpc.ChainStreamInterceptor]. The rate-limit headers are set
 // with ss.SetHeader, so they go out with the handler's first message or
 // its own headers. The stream's Context carries l's pass over the call and,
-// with settlement on, the call's settlement, for [ratelimit.Settle].
+// with settlement on, the call's settlement, for [ratelimit.Settle] and
+// [ratelimit.Charge]: a server-streaming handler charges what each
+// message costs as it sends it, and a charge that spends the budget of a
+// limit that stops ([ratelimit.Limit.Stopping]) cancels the stream's
+// Context; the stream then ends with ResourceExhausted, whose message
+// names the limit, whatever the handler returns (the messages it sent
+// before stay sent).
 func StreamServerInterceptor(l *ratelimit.Limiter) grpc.StreamServerInterceptor {
 	if l == nil {
 		panic("grpcratelimit: StreamServerInterceptor of a nil *ratelimit.Limiter: check the error ratelimit.New returned")
@@ -183,7 +213,11 @@ func StreamServerInterceptor(l *ratelimit.Limiter) grpc.StreamServerInterceptor 
 			c.stream = passedStream{ServerStream: ss, ctx: passed}
 			ss = &c.stream // c is recycled once the handler has returned
 		}
-		return handler(srv, ss)
+		err = handler(srv, ss)
+		if spent := budgetSpent(passed); spent != nil {
+			return spent
+		}
+		return err
 	}
 }
 

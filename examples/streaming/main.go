@@ -7,6 +7,9 @@
 //
 //	go run ./examples/streaming
 //	curl -N localhost:8080/events   # a third at once gets 429, without Retry-After
+//
+// This counts streams; examples/llmproxy counts what a stream costs as it
+// streams (ratelimit.Charge), and cuts it when the budget is spent.
 package main
 
 import (

@@ -324,6 +324,7 @@ type Admission struct {
 	replica int
 	local   bool
 	cost    int
+	charged int // what charges added to cost (see Charge)
 }
 
 // Admit records that a process (replica) admitted a request of cost at at
@@ -432,34 +433,67 @@ func (o *Oracle) Room(replica int, at time.Time, cost int, limits []Limit) bool 
 // (a debit is logged at the settle's time, which the caller knows to the
 // time its call took), with sure whether the limiter confirmed it. Refund
 // is Settle at 0.
+//
+// After charges (see Charge), the cost so far is the admitted cost and
+// the charges: a cost below it takes back the difference from the
+// request's own entries, at most the admitted cost (what the charges
+// logged stays); one above it is a debit of the difference.
 func (a *Admission) Settle(from, to time.Time, cost int, sure bool) {
 	o := a.o
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.seq++
+	had := a.cost + a.charged
 	switch {
-	case cost < a.cost:
+	case cost < had:
 		for _, e := range a.entries {
-			e.credits = append(e.credits, credit{seq: o.seq, units: a.cost - cost, sure: sure})
+			e.credits = append(e.credits, credit{seq: o.seq, units: min(had-cost, a.cost), sure: sure})
 		}
-	case cost > a.cost:
-		for i, lim := range a.limits {
-			l := o.log(lim.Name, lim.ID)
-			if lim.Period != nil {
-				// In the period its request was admitted in, if that
-				// period's state is still the one it was admitted in.
-				adm := a.entries[i]
-				_, end := lim.Period(adm.at)
-				if !from.Before(end) || l.reset > adm.seq {
-					continue
-				}
-				l.entries = append(l.entries, &entry{seq: o.seq, at: adm.at, latest: adm.at, units: min(cost-a.cost, lim.Quota), debit: true,
-					sure: sure && to.Before(end), local: a.local, replica: a.replica, what: adm.what + " (debit)"})
+	case cost > had:
+		a.debit(from, to, cost-had, sure, " (debit)")
+	}
+}
+
+// Charge records that the caller charged units more of a's request
+// while its response streamed (ratelimit.Charge), between from and to:
+// a debit logged at the charge's time, in each limit up to its quota,
+// whatever the room, and part of the cost a later Settle reconciles
+// against. sure says the limiter confirmed it (Charge returned nil, or
+// only that a budget is spent); an unconfirmed charge may or may not be
+// logged. counted says the limiter counts it in the cost so far (all but
+// a charge known not to be logged, ErrNotReverted, whose call may still
+// have run).
+func (a *Admission) Charge(from, to time.Time, units int, sure, counted bool) {
+	o := a.o
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.seq++
+	if counted {
+		a.charged += units
+	}
+	a.debit(from, to, units, sure, " (charge)")
+}
+
+// debit logs a debit of n of a's request in each of its limits, up to
+// the limit's quota, between from and to.
+func (a *Admission) debit(from, to time.Time, n int, sure bool, what string) {
+	o := a.o
+	for i, lim := range a.limits {
+		l := o.log(lim.Name, lim.ID)
+		if lim.Period != nil {
+			// In the period its request was admitted in, if that
+			// period's state is still the one it was admitted in.
+			adm := a.entries[i]
+			_, end := lim.Period(adm.at)
+			if !from.Before(end) || l.reset > adm.seq {
 				continue
 			}
-			l.entries = append(l.entries, &entry{seq: o.seq, at: from, latest: to, units: min(cost-a.cost, lim.Quota), debit: true, sure: sure,
-				local: a.local, replica: a.replica, what: a.entries[i].what + " (debit)", window: lim.Window, quota: max(lim.Quota, lim.AdmitQuota), keep: lim.Keep})
+			l.entries = append(l.entries, &entry{seq: o.seq, at: adm.at, latest: adm.at, units: min(n, lim.Quota), debit: true,
+				sure: sure && to.Before(end), local: a.local, replica: a.replica, what: adm.what + what})
+			continue
 		}
+		l.entries = append(l.entries, &entry{seq: o.seq, at: from, latest: to, units: min(n, lim.Quota), debit: true, sure: sure,
+			local: a.local, replica: a.replica, what: a.entries[i].what + what, window: lim.Window, quota: max(lim.Quota, lim.AdmitQuota), keep: lim.Keep})
 	}
 }
 

@@ -34,7 +34,12 @@
 //	    cost the watched limiters' settles logged and took back, with
 //	    attribute ratelimit.direction: "debited" (real costs above the
 //	    admitted ones) or "credited" (below them, refunds included),
-//	    each from its first unit on ([ratelimit.Stats].Debited and Credited)
+//	    each from its first unit on; charges, ratelimit.Charge, among the
+//	    debited ([ratelimit.Stats].Debited and Credited)
+//	ratelimit.stopped            Int64ObservableCounter {request}: requests
+//	    whose context the watched limiters cancelled because a charge spent
+//	    the budget of a limit that stops, the streams cut, from the first
+//	    on ([ratelimit.Stats].Stopped)
 //	ratelimit.warnings           Int64Counter {warning}: mistakes the
 //	    limiters reported ([ratelimit.Warning]), once each per Limiter, with
 //	    attribute ratelimit.warning: "untrusted_proxy" (every client behind
@@ -150,6 +155,7 @@ type Metrics struct {
 	gone     uint64 // units left counted by watched limiters that are gone
 	// units settled by watched limiters that are gone
 	goneDebited, goneCredited uint64
+	goneStopped               uint64 // requests stopped by watched limiters that are gone
 	// inflightSeen: a collection found an in-flight slot held; the gauge
 	// is reported from then on.
 	inflightSeen atomic.Bool
@@ -162,6 +168,7 @@ type watchedLimiter struct {
 	l                 weak.Pointer[ratelimit.Limiter]
 	units             uint64
 	debited, credited uint64 // settled, when last read
+	stopped           uint64 // requests stopped, when last read
 }
 
 // setKey names the series of a limit for a plan.
@@ -218,7 +225,8 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 		inflight   metric.Int64ObservableGauge
 		unreverted metric.Int64ObservableCounter
 		settled    metric.Int64ObservableCounter
-		errs       [6]error
+		stopped    metric.Int64ObservableCounter
+		errs       [7]error
 	)
 	m.requests, errs[0] = meter.Int64Counter("ratelimit.requests",
 		metric.WithUnit("{request}"),
@@ -242,6 +250,9 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	settled, errs[5] = meter.Int64ObservableCounter("ratelimit.settled",
 		metric.WithUnit("{unit}"),
 		metric.WithDescription("Units of cost settles logged (debited) and took back (credited)."))
+	stopped, errs[6] = meter.Int64ObservableCounter("ratelimit.stopped",
+		metric.WithUnit("{request}"),
+		metric.WithDescription("Requests whose context was cancelled because a charge spent the budget of a limit that stops: the streams cut."))
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, fmt.Errorf("ratelimitotel: %w", err)
 	}
@@ -262,12 +273,15 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 				o.ObserveInt64(settled, d.n, metric.WithAttributeSet(attribute.NewSet(kvs...)))
 			}
 		}
+		if n := m.stoppedRequests(); n > 0 { // from the first on: a Limiter without a limit that stops exports none
+			o.ObserveInt64(stopped, n, observe...)
+		}
 		if n := m.inflightRequests(); n > 0 || m.inflightSeen.Load() {
 			m.inflightSeen.Store(true) // reported from the first slot held on
 			o.ObserveInt64(inflight, n, observe...)
 		}
 		return nil
-	}, breaker, unreverted, settled, inflight); err != nil {
+	}, breaker, unreverted, settled, stopped, inflight); err != nil {
 		return nil, fmt.Errorf("ratelimitotel: %w", err)
 	}
 	m.record = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(cfg.attrs...))}
@@ -343,10 +357,11 @@ func (m *Metrics) watched() (open, units int64) {
 			m.gone += w.units
 			m.goneDebited += w.debited
 			m.goneCredited += w.credited
+			m.goneStopped += w.stopped
 			continue
 		}
 		st := l.Inspect().Stats()
-		w.debited, w.credited = st.Debited, st.Credited
+		w.debited, w.credited, w.stopped = st.Debited, st.Credited, st.Stopped
 		if st.BreakerOpen {
 			open = 1
 		}
@@ -371,6 +386,18 @@ func (m *Metrics) settledUnits() (debited, credited int64) {
 		c += w.credited
 	}
 	return int64(min(d, math.MaxInt64)), int64(min(c, math.MaxInt64))
+}
+
+// stoppedRequests returns the requests the watched limiters stopped,
+// those that are gone included, as watched last read them.
+func (m *Metrics) stoppedRequests() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := m.goneStopped
+	for _, w := range m.limiters {
+		n += w.stopped
+	}
+	return int64(min(n, math.MaxInt64))
 }
 
 // observe records one decision: its latency, unless

@@ -50,7 +50,12 @@ import (
 //	ratelimit_settled_units_total{direction}     counter: units of cost the
 //	    watched limiters' settles logged ("debited": real costs above the
 //	    admitted ones) and took back ("credited": below them, refunds
-//	    included) ([ratelimit.Stats].Debited and Credited)
+//	    included; charges, ratelimit.Charge, among the debited)
+//	    ([ratelimit.Stats].Debited and Credited)
+//	ratelimit_stopped_requests_total            counter: requests whose
+//	    context the watched limiters cancelled because a charge spent the
+//	    budget of a limit that stops: the streams cut
+//	    ([ratelimit.Stats].Stopped)
 //	ratelimit_deny_cache_hits_total{limit}      counter: denials answered
 //	    from this process's memory without calling Redis
 //	    (redisstore.Options.DenyCache), also counted as "denied" above
@@ -67,6 +72,7 @@ type Metrics struct {
 	unreverted prometheus.CounterFunc
 	debited    prometheus.CounterFunc
 	credited   prometheus.CounterFunc
+	stopped    prometheus.CounterFunc
 	warnings   *prometheus.CounterVec
 	cacheHits  *prometheus.CounterVec
 
@@ -75,6 +81,7 @@ type Metrics struct {
 	gone     uint64 // units left counted by watched limiters that are gone
 	// units settled by watched limiters that are gone
 	goneDebited, goneCredited uint64
+	goneStopped               uint64 // requests stopped by watched limiters that are gone
 }
 
 // watched is a watched Limiter, held weakly so that watching does not
@@ -84,6 +91,7 @@ type watched struct {
 	l                 weak.Pointer[ratelimit.Limiter]
 	units             uint64
 	debited, credited uint64 // settled, when last read
+	stopped           uint64 // requests stopped, when last read
 }
 
 // New returns Metrics ready to observe limiters and to be registered.
@@ -125,6 +133,10 @@ func New() *Metrics {
 		Help:        "Units of cost settles logged (debited) and took back (credited).",
 		ConstLabels: prometheus.Labels{"direction": "credited"},
 	}, func() float64 { _, c := m.settled(); return float64(c) })
+	m.stopped = prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "ratelimit_stopped_requests_total",
+		Help: "Requests whose context was cancelled because a charge spent the budget of a limit that stops: the streams cut.",
+	}, m.stoppedRequests)
 	m.warnings = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ratelimit_warnings_total",
 		Help: "Mistakes the limiters reported (untrusted_proxy, routes_unseen), once each per limiter.",
@@ -181,12 +193,13 @@ func (m *Metrics) state() (open bool, units uint64) {
 			m.gone += w.units
 			m.goneDebited += w.debited
 			m.goneCredited += w.credited
+			m.goneStopped += w.stopped
 			continue
 		}
 		st := l.Inspect().Stats()
 		open = open || st.BreakerOpen
 		w.units = st.Unreverted
-		w.debited, w.credited = st.Debited, st.Credited
+		w.debited, w.credited, w.stopped = st.Debited, st.Credited, st.Stopped
 		units += w.units
 		live = append(live, w)
 	}
@@ -214,6 +227,19 @@ func (m *Metrics) settled() (debited, credited uint64) {
 		credited += w.credited
 	}
 	return debited, credited
+}
+
+// stoppedRequests returns the requests the watched limiters stopped,
+// those that are gone included.
+func (m *Metrics) stoppedRequests() float64 {
+	m.state()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := m.goneStopped
+	for _, w := range m.limiters {
+		n += w.stopped
+	}
+	return float64(n)
 }
 
 // inflightRequests sums the watched limiters' requests in flight.
@@ -277,6 +303,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.unreverted.Describe(ch)
 	m.debited.Describe(ch)
 	m.credited.Describe(ch)
+	m.stopped.Describe(ch)
 	m.warnings.Describe(ch)
 	m.cacheHits.Describe(ch)
 }
@@ -290,6 +317,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.unreverted.Collect(ch)
 	m.debited.Collect(ch)
 	m.credited.Collect(ch)
+	m.stopped.Collect(ch)
 	m.warnings.Collect(ch)
 	m.cacheHits.Collect(ch)
 }

@@ -17,11 +17,13 @@ import (
 // and no more, skips a stamp of 0 and a stamp nothing was logged at, and
 // never lets a log's time run backwards; a debit logs its units whatever
 // the room, up to each limit's quota for the request, skips a stamp of 0,
-// and remakes a log that has gone. Exact and bucketed logs are both
-// checked, and, unless cfg.NoCalendar, calendar ones: a credit or debit
-// applies in the period its request was admitted in, and in no other.
-// cfg.Forward and cfg.NoCalendar are honoured; the other fields of cfg
-// do not apply.
+// and remakes a log that has gone; several debits of one request at its
+// stamps (the charges of a streamed response), then a credit of what it
+// was admitted at, leave the debits counted. Exact and bucketed logs are
+// both checked, and, unless cfg.NoCalendar, calendar ones: a credit or
+// debit applies in the period its request was admitted in, and in no
+// other. cfg.Forward and cfg.NoCalendar are honoured; the other fields of
+// cfg do not apply.
 // It fails for a store that does not implement store.Settler.
 func RunSettler(t *testing.T, cfg Config, newStore func(t *testing.T) store.Store) {
 	t.Helper()
@@ -94,6 +96,34 @@ func RunSettler(t *testing.T, cfg Config, newStore func(t *testing.T) store.Stor
 				t.Fatalf("Debit: %v", err)
 			}
 			f.wantCount(t, 0, 3)
+		})
+		t.Run("Charges", func(t *testing.T) {
+			// A request charged as its response streams: several debits
+			// at its stamps, at later times (the first in the unit of
+			// its own entries), then a credit of what it was admitted
+			// at, which takes back its own entries and leaves the
+			// debits.
+			f := newFixture(t, newStore, bucketed)
+			s := settler(t, f.s)
+			a := f.decide(t, 0, 2, true)
+			want := 2
+			for _, c := range []struct {
+				d     int64
+				units int
+			}{{0, 1}, {2 * f.unit, 2}, {4 * f.unit, 3}, {4 * f.unit, 1}} {
+				if err := s.Debit(f.ctx, f.query(c.d, c.units, false), a.stamps()); err != nil {
+					t.Fatalf("Debit of %d at +%dµs: %v", c.units, c.d, err)
+				}
+				want += c.units
+				f.wantCount(t, c.d, want)
+			}
+			if err := s.Credit(f.ctx, f.query(4*f.unit, 2, false), a.stamps()); err != nil {
+				t.Fatalf("Credit: %v", err)
+			}
+			f.wantCount(t, 4*f.unit, want-2)
+			if out := f.decide(t, 4*f.unit, 1, false); out.Allowed {
+				t.Errorf("a decision over a log the charges filled is admitted")
+			}
 		})
 		t.Run("DebitRemakes", func(t *testing.T) {
 			f := newFixture(t, newStore, bucketed)
