@@ -23,12 +23,21 @@ type compiledLimit struct {
 	tiers     []tier
 	tierOf    map[string]int
 	planCache *planCache // Plans.Cache's, if any
+	// rate and rateWindow are a token bucket's Quota and Window as
+	// declared: compile makes its Quota the burst and its Window the
+	// burst's refill, as the stores and Results read them.
+	rate       int
+	rateWindow time.Duration
 }
 
 // result is the part of a LimitResult that the limit itself gives, for a
 // client of its tier t.
 func (lim *compiledLimit) result(t int) LimitResult {
-	return LimitResult{Name: lim.Name, Plan: lim.tiers[t].plan, Quota: lim.tiers[t].quota, Window: lim.Window, Shadow: lim.Shadow, InFlight: lim.InFlight, tier: t}
+	window := lim.Window
+	if lim.interval > 0 { // a token bucket: its plan's burst's refill
+		window = lim.policyWindow(lim.tiers[t].quota)
+	}
+	return LimitResult{Name: lim.Name, Plan: lim.tiers[t].plan, Quota: lim.tiers[t].quota, Window: window, Shadow: lim.Shadow, InFlight: lim.InFlight, tier: t}
 }
 
 // compileLimit returns lim, valid and named, with its Redis key's head
@@ -64,6 +73,10 @@ func newSpec(limits []compiledLimit, split bool) (*redislog.Spec, error) {
 		}
 		if lim.bucketed {
 			public[i].Bucketed, public[i].Unit, public[i].Field = true, lim.Precision, lim.Name
+		}
+		if lim.interval > 0 { // a token bucket: Quota its burst, Unit its interval
+			public[i].TokenBucket, public[i].Unit = true, lim.interval
+			public[i].Window = time.Duration(lim.Quota) * lim.interval
 		}
 		global[i], lease[i] = lim.Key.global, lim.Lease
 	}
@@ -147,7 +160,16 @@ func compile(cfg *config, limits []Limit, cost func(*http.Request) int, split bo
 			// window: the compiled limit carries it there.
 			lim.Window = lim.SlotLease
 		}
+		rate, rateWindow := lim.Quota, lim.Window
+		if lim.Burst != 0 {
+			// The stores, the declarations, the headers and LimitResult
+			// read a token bucket's burst where a log has its quota, and
+			// the burst's refill where it has its window.
+			lim.interval = burstInterval(lim.Window, lim.Quota)
+			lim.Quota, lim.Window = lim.Burst, time.Duration(lim.Burst)*lim.interval
+		}
 		c := compileLimit(cfg, lim)
+		c.rate, c.rateWindow = rate, rateWindow
 		if i < len(caches) && caches[i] != nil {
 			c.planCache = caches[i] // the same limit: one cache
 		}
@@ -270,6 +292,9 @@ func (c *compiled) declared() []Limit {
 		}
 		if out[i].InFlight {
 			out[i].Window = 0 // compile's copy of SlotLease
+		}
+		if out[i].Burst != 0 { // the rate, as declared
+			out[i].Quota, out[i].Window, out[i].interval = c.limits[i].rate, c.limits[i].rateWindow, 0
 		}
 	}
 	return out

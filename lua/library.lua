@@ -44,6 +44,7 @@ local KINDS = {
   [BUCKETS] = {read = buckets_read, leaves = buckets_leaves, admit = buckets_admit, remove = buckets_remove, forget = buckets_forget},
   [INFLIGHT] = {read = inflight_read, leaves = inflight_leaves, admit = inflight_admit, remove = inflight_remove,
     forget = inflight_forget},
+  [GCRA] = {read = gcra_read, leaves = gcra_leaves, admit = gcra_admit, remove = gcra_remove, forget = gcra_forget},
 }
 
 local NEVER = 0 -- a reset: the request can never fit
@@ -180,13 +181,13 @@ end
 -- undo removes what a request of cost n that failed while admit logged it
 -- logged: the entries of the limits that have a stamp. It returns the
 -- units of cost it could not remove.
-local function undo(keys, k, limits, n, R, r)
+local function undo(keys, k, limits, n, now, R, r)
   local left = 0
   for i = 1, #limits do
     local lim, at = limits[i], R[r + 3 * i + 3]
     local n = inflight_cost(lim, n)
     if at > 0 and R[r + 3 * i + 1] + n <= lim[QUOTA] then
-      local ok, removed = pcall(KINDS[lim[KIND]].remove, keys[k + i - 1], lim, at, n)
+      local ok, removed = pcall(KINDS[lim[KIND]].remove, keys[k + i - 1], lim, at, n, now)
       left = left + n - (ok and removed or 0)
     end
   end
@@ -411,7 +412,7 @@ local function each(keys, argv, write)
           error(e, 0)
         end
         if not fast then
-          left = R[r + 1] == LOGGING and undo(keys, k, limits, n, R, r) or 0
+          left = R[r + 1] == LOGGING and undo(keys, k, limits, n, now, R, r) or 0
         end
         R[r + 1], R[r + 2], R[r + 3] = msg, left, 0
         for i = r + 4, r + 3 + 3 * #limits do
@@ -437,14 +438,16 @@ end
 
 -- rollback removes one request's entries from its limits: argv[1] is the
 -- request, argv[2] the time its entries were given in each limit (7 bytes
--- each; 0 where it was not logged). Returns the units of cost removed.
+-- each; 0 where it was not logged): a token bucket's stamp (see gcra.lua),
+-- taken back at the request's time (0: the server's clock). Returns the
+-- units of cost removed.
 local function rollback(keys, argv)
-  local _, n, limits = decode_request(argv[1])
+  local now, n, limits = decode_request(argv[1])
   local removed = 0
   for i = 1, #limits do
     local lim, at = limits[i], uint(argv[2], 7 * i - 6, 7)
     if at > 0 then
-      removed = removed + KINDS[lim[KIND]].remove(keys[i], lim, at, inflight_cost(lim, n))
+      removed = removed + KINDS[lim[KIND]].remove(keys[i], lim, at, inflight_cost(lim, n), now)
     end
   end
   return removed

@@ -13,7 +13,7 @@ package lua
 import "embed"
 
 // Files holds the library's source files: codec.lua, exact.lua,
-// buckets.lua, inflight.lua, library.lua and settle.lua, at the top of
+// buckets.lua, inflight.lua, gcra.lua, library.lua and settle.lua, at the top of
 // the file system.
 //
 //go:embed *.lua

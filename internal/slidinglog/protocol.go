@@ -23,6 +23,11 @@ const (
 	// Window is the lease; its unit field carries the request's holder
 	// id (SetHolder), not a time unit; it takes no Name and no Block.
 	InFlight Kind = 3
+	// GCRA is a token bucket (lua/gcra.lua): its Quota is the burst, its
+	// Unit the emission interval (a unit of cost drains every Unit), its
+	// Window the time the whole burst takes to drain (Quota*Unit). It
+	// takes no Name and no Lease.
+	GCRA Kind = 4
 )
 
 // MaxHolder is the largest holder id the wire format carries: holder ids
@@ -109,8 +114,11 @@ func Encode(limits ...Limit) (Specs, error) {
 				return Specs{}, err
 			}
 		}
+		if l.Kind == GCRA && (l.Name != "" || l.Lease != 0) {
+			return Specs{}, fmt.Errorf("token bucket with a name %q or a lease %v", l.Name, l.Lease)
+		}
 		switch {
-		case l.Kind != ExactLog && l.Kind != Buckets && l.Kind != InFlight:
+		case l.Kind != ExactLog && l.Kind != Buckets && l.Kind != InFlight && l.Kind != GCRA:
 			return Specs{}, fmt.Errorf("unknown kind %d", l.Kind)
 		case l.Quota < 1 || l.Quota >= maxCost: // a clamped cost must never fit
 			return Specs{}, fmt.Errorf("quota %d out of range", l.Quota)

@@ -1,0 +1,178 @@
+-- Token buckets (GCRA): a sustained rate and a burst. On the wire (see
+-- codec.lua) the limit's quota is its burst B (a plan's, or what a
+-- FailLocal merge leaves of it, set per request), its unit its emission
+-- interval T in microseconds: one unit of cost drains every T; its window
+-- the time its whole burst takes to drain, B*T (not read here).
+--
+-- The state of one identifier is a Redis string of 21 bytes, three times
+-- in microseconds, 7 bytes each:
+--   TAT    the theoretical arrival time: the bucket holds what drains by
+--          then, one unit per T; its level at t is ceil((TAT - t) / T)
+--          units, 0 once TAT <= t.
+--   GROSS  every unit ever admitted in the key's life, as a time: a
+--          request of cost n at t makes it max(GROSS, t) + n*T, as it
+--          makes TAT max(TAT, t) + n*T, but a refund never lowers it. So
+--          GROSS >= TAT, and it strictly grows with each admission.
+--   TIME   the state's time: the latest time it was decided or written
+--          at. A decision at an earlier time (a clock stepped back, two
+--          servers' clocks) is decided at TIME instead, as an exact log
+--          is decided at its log's time.
+-- A request of cost n at t fits iff level + n <= B, which is exactly
+-- GCRA's max(TAT, t) + n*T - t <= B*T; admitting it makes TAT =
+-- max(TAT, t) + n*T. Its stamp is GROSS after it: 7 bytes, like an exact
+-- log's entry time, and what a refund or rollback names it by.
+--
+-- Refunds (remove). A credit of n units of the request stamped s, at t,
+-- takes back k = clamp(floor((TAT - t - (GROSS - s)) / T), 0, n) units:
+-- TAT -= k*T. TAT - t is what the bucket holds now; GROSS - s is at least
+-- what was admitted after the request; the bucket drains first in, first
+-- out, so the request holds at most what is left. It may take back less
+-- than it could (under-refunding is allowed), never more:
+--
+-- Write E = GROSS - TAT (>= 0): refunds raise it, an admission that finds
+-- TAT < t (the bucket empty) lowers it. The rule is k*T <= s - E - t. Let H
+-- be the TAT of the same history in which every refunded request had its
+-- final cost from its admission on, and P the units that requests
+-- admitted so far will still have refunded. Then H <= TAT - P*T at every
+-- step: a refund lowers TAT and P together; an admission at t keeps it,
+-- since max(H, t) <= max(TAT, t) - P*T whenever P > 0, for then
+-- TAT(t) - P*T >= t. Proof: let m (stamp s_m) be the last of those
+-- refunds, at t_m > t. Had TAT found the bucket empty at some c between
+-- m's admission and t_m, s - E would have been at most c from then on
+-- (s_m <= GROSS(c)), and m would get nothing; so E only grew by refunds
+-- from t to t_m: E(t_m) >= E(t) + (P - k_m)*T, and P*T <= E(t_m) - E(t) +
+-- s_m - E(t_m) - t_m; hence TAT(t) - P*T >= GROSS(t) - s_m + t_m >= t_m,
+-- as GROSS(t) >= s_m. So H is a GCRA of the final costs that never sits
+-- above TAT, and over any interval [a, b] of decision times the final
+-- cost C of the requests admitted in it has a + C*T <= H(b) <= TAT(b) <=
+-- b + B*T: C*T <= B*T + (b - a). A refund after a reset (forget keeps
+-- GROSS), after other refunds (they lowered TAT, not GROSS) or after the
+-- bucket drained (TAT <= t) takes back nothing it should not.
+--
+-- Expiry: the key is kept until GROSS (which is at least TAT) on the
+-- clock of the request that wrote it, plus a millisecond; a bucket that
+-- holds nothing and has nothing to refund is gone then. A denied decision
+-- writes nothing.
+
+local GCRA_BYTES = 21
+
+-- What gcra_read read of a bucket is an array; its items:
+local GKEY = 1
+local GTAT = 2
+local GGROSS = 3
+local GTIME = 4
+local GAT = 5 -- the time the request is decided at: max(now, TIME)
+local GLEVEL = 6
+local GT = 7 -- the emission interval
+
+-- gcra_decode returns the TAT, GROSS and TIME of the state s at key.
+local function gcra_decode(key, s)
+  if #s ~= GCRA_BYTES then
+    error('ratelimit: ' .. key .. ' holds no token bucket: another program wrote it', 0)
+  end
+  local a1, a2, a3, a4, a5, a6, a7, g1, g2, g3, g4, g5, g6, g7, t1, t2, t3, t4, t5, t6, t7 = string.byte(s, 1, GCRA_BYTES)
+  return (((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6) * 256 + a7,
+    (((((g1 * 256 + g2) * 256 + g3) * 256 + g4) * 256 + g5) * 256 + g6) * 256 + g7,
+    (((((t1 * 256 + t2) * 256 + t3) * 256 + t4) * 256 + t5) * 256 + t6) * 256 + t7
+end
+
+-- gcra_encode returns the state of TAT a, GROSS g and TIME t.
+local function gcra_encode(a, g, t)
+  local b = {}
+  put(b, a, 7)
+  put(b, g, 7)
+  put(b, t, 7)
+  return string.char(unpack(b))
+end
+
+-- gcra_read reads the bucket at key for a request at now, and returns it,
+-- its level and the time it is decided at: now, or the state's time if
+-- that is later.
+local function gcra_read(key, lim, now, write)
+  local s = redis.call('GET', key)
+  local a, g, t = 0, 0, 0
+  if s then
+    a, g, t = gcra_decode(key, s)
+  end
+  local at, interval = math.max(now, t), lim[UNIT]
+  local level = 0
+  if a > at then -- exact: a - at < 2^53, so the quotient's rounding never crosses an integer
+    level = math.ceil((a - at) / interval)
+  end
+  return {key, a, g, t, at, level, interval}, level, at
+end
+
+-- gcra_leaves returns when the bucket read as st has drained k of the
+-- units it holds (1 <= k <= its level): its level is then that much lower.
+local function gcra_leaves(st, lim, k)
+  return st[GTAT] - (st[GLEVEL] - k) * st[GT]
+end
+
+-- gcra_write writes the bucket's state, kept until gross on the clock of
+-- now (the request's) and a millisecond more.
+local function gcra_write(key, a, g, t, now)
+  redis.call('SET', key, gcra_encode(a, g, t), 'PX', math.max(math.ceil((g - now) / 1000), 0) + 1)
+end
+
+-- gcra_admit admits n units in the bucket read as st, at its time, and
+-- returns the request's stamp (GROSS after it) and when the bucket's
+-- level next drops (a unit has drained). now is the request's time.
+local function gcra_admit(st, lim, now, n)
+  local at, interval = st[GAT], st[GT]
+  local a = math.max(st[GTAT], at) + n * interval
+  local g = math.max(st[GGROSS], at) + n * interval
+  gcra_write(st[GKEY], a, g, at, now)
+  local level = math.ceil((a - at) / interval)
+  return g, a - (level - 1) * interval
+end
+
+-- gcra_remove takes back up to n units of the request stamped at (its
+-- GROSS after its admission) from the bucket at key, at now (0: the
+-- server's clock), and returns how many it took back (see refunds,
+-- above). The state's time never runs back.
+local function gcra_remove(key, lim, at, n, now)
+  local s = redis.call('GET', key)
+  if not s then
+    return 0
+  end
+  local a, g, t = gcra_decode(key, s)
+  if now == nil or now == 0 then
+    now = server_now()
+  end
+  local when, interval = math.max(now, t), lim[UNIT]
+  local k = math.floor((a - when - (g - at)) / interval)
+  if k > n then
+    k = n
+  end
+  if k <= 0 then
+    return 0
+  end
+  redis.call('SET', key, gcra_encode(a - k * interval, g, when), 'KEEPTTL')
+  return k
+end
+
+-- gcra_forget empties the bucket at key, at now (0: the server's clock),
+-- and returns 1 if it held anything. A bucket with something left to
+-- refund (GROSS later than now) stays, empty (TAT now), GROSS and its
+-- expiry kept: a refund of a request it emptied takes nothing admitted
+-- since. Any other is deleted.
+local function gcra_forget(key, lim, now)
+  local s = redis.call('GET', key)
+  if not s then
+    return 0
+  end
+  local a, g, t = gcra_decode(key, s)
+  if now == 0 then
+    now = server_now()
+  end
+  local when = math.max(now, t)
+  if g > when then
+    redis.call('SET', key, gcra_encode(when, g, when), 'KEEPTTL')
+  else
+    redis.call('DEL', key)
+  end
+  if a > when then
+    return 1
+  end
+  return 0
+end
