@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/slidinglog/ratelimit/store"
 )
 
 // TestBurstBasics drives a bucket of 10 a second with a burst of 5 on a
@@ -11,10 +13,21 @@ import (
 // a refund that gives back what the request still holds.
 func TestBurstBasics(t *testing.T) {
 	t.Parallel()
+	limits := []Limit{Burst(time.Second, 10, 5, Global()).Named("b")}
+	start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	forBackends(t, func(t *testing.T, b backend) {
-		start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 		opts, set := b.clock(start)
-		l := mustNew(t, b.newClient(t), []Limit{Burst(time.Second, 10, 5, Global()).Named("b")}, opts...)
+		burstBasics(t, mustNew(t, b.newClient(t), limits, opts...), set)
+	})
+	t.Run("local", func(t *testing.T) {
+		c := &testClock{t: start}
+		burstBasics(t, mustNew(t, nil, limits, WithStore(&store.Local{}), WithClock(c.Now)), c.Set)
+	})
+}
+
+func burstBasics(t *testing.T, l *Limiter, set func(time.Time)) {
+	start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	{
 		ctx := context.Background()
 		allow := func(cost int) Result {
 			t.Helper()
@@ -55,5 +68,5 @@ func TestBurstBasics(t *testing.T) {
 		if res := allow(2); !res.Allowed || res.Remaining != 0 {
 			t.Fatalf("after the refund, cost 2: %+v", res)
 		}
-	})
+	}
 }

@@ -97,6 +97,10 @@ type localLog struct {
 	// per slot, whose t is its holder id and n 1, in the order taken
 	// (see local_inflight.go).
 	inflight bool
+	// bucket: a token bucket (Limit.TokenBucket), whose state is tat and
+	// gross, and time (see local_gcra.go); it holds no runs.
+	bucket     bool
+	tat, gross int64
 }
 
 // localRun is n entries of one time.
@@ -119,7 +123,7 @@ func (s *Local) Bytes() int64 { return s.bytes.Load() }
 // log may still be decided at: a unit before its time, for an exact log
 // is decided at now when now rounded up reaches its time.
 func (g *localLog) prune() {
-	if !g.logged || g.inflight {
+	if !g.logged || g.inflight || g.bucket {
 		return
 	}
 	i := 0
@@ -139,6 +143,9 @@ func (g *localLog) expiry() int64 {
 	}
 	if !g.logged {
 		return g.blockEnd
+	}
+	if g.bucket { // nothing held, nothing to take back
+		return max(g.gross, g.blockEnd)
 	}
 	return max(g.time+g.window, g.blockEnd)
 }
@@ -268,6 +275,12 @@ func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
 			}
 			continue
 		}
+		if lim.TokenBucket && g != nil {
+			if !s.bucketLocked(q, i, g, sl, now, wall, out) && !lim.Shadow {
+				out.Allowed = false
+			}
+			continue
+		}
 		count, quota := int64(0), int64(q.Quota(i))
 		r := Reply{OK: true, Now: now, Reset: now}
 		if g == nil {
@@ -353,6 +366,16 @@ func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
 		if lim.InFlight {
 			s.holdLocked(g, q.Holder)
 			out.Replies[i].Next = int64(q.Holder)
+			continue
+		}
+		if lim.TokenBucket {
+			stamp, next := bucketAdmit(g, sl.at, n, lim.Unit.Microseconds())
+			if out.Replies[i].Next = stamp; out.Replies[i].Count == 0 {
+				out.Replies[i].Reset = next
+			}
+			if !s.opts.KeepExpired {
+				s.sweep.Added(g.expiry())
+			}
 			continue
 		}
 		if out.Replies[i].Count == 0 {
@@ -456,6 +479,10 @@ func (s *Local) placeLocked(id LogID, h uint64, made int64) (*localLog, uint64, 
 			// it takes their count along, as of the newest entry
 			// (later, so never counted shorter).
 			g.time, g.logged, g.window, g.unit = over.time, true, over.window, over.unit
+			g.bucket, g.tat, g.gross = over.bucket, over.tat, over.gross
+			if over.bucket {
+				return g, h, cost
+			}
 			if total := over.count(math.MinInt64, 0); total > 0 {
 				g.runs = append(g.runs, localRun{over.runs[len(over.runs)-1].t, total})
 			}
@@ -510,7 +537,11 @@ func (s *Local) addLocked(g *localLog, at, n int64) {
 // In an in-flight log, stamps[i] is read as a holder id, as Release
 // reads it. It never fails ([Settler]).
 func (s *Local) Credit(ctx context.Context, q *Query, stamps []int64) error {
-	s.credit(logsOf(q), stamps, q.Cost)
+	now := q.Now
+	if now == 0 {
+		now = time.Now().UnixMicro()
+	}
+	s.credit(logsOf(q), stamps, q.Cost, q.Limits, now)
 	return nil
 }
 
@@ -530,7 +561,7 @@ func (s *Local) Release(ctx context.Context, ids []LogID, holder uint64) error {
 	for i := range stamps {
 		stamps[i] = int64(holder)
 	}
-	s.credit(ids, stamps, 1)
+	s.credit(ids, stamps, 1, nil, 0)
 	return nil
 }
 
@@ -556,8 +587,9 @@ func (s *Local) Renew(ctx context.Context, now int64, ids []LogID, lease time.Du
 	return held, nil
 }
 
-// credit is Credit, and Release with the holder id in stamps.
-func (s *Local) credit(ids []LogID, stamps []int64, cost int) {
+// credit is Credit, and Release with the holder id in stamps (limits
+// nil); a token bucket of limits is credited at now.
+func (s *Local) credit(ids []LogID, stamps []int64, cost int, limits []Limit, now int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.logs == nil {
@@ -577,6 +609,12 @@ func (s *Local) credit(ids []LogID, stamps []int64, cost int) {
 		}
 		if g.inflight {
 			s.releaseLocked(h, g, uint64(stamps[i]))
+			continue
+		}
+		if g.bucket {
+			if limits != nil && limits[i].TokenBucket {
+				bucketCredit(g, stamps[i], int64(cost), limits[i].Unit.Microseconds(), now)
+			}
 			continue
 		}
 		for j := range g.runs {
@@ -633,6 +671,13 @@ func (s *Local) Debit(ctx context.Context, q *Query, stamps []int64) error {
 				s.bytes.Add(made)
 			}
 		}
+		if lim.TokenBucket {
+			bucketAdmit(g, max(now, g.time), n, lim.Unit.Microseconds())
+			if !s.opts.KeepExpired {
+				s.sweep.Added(g.expiry())
+			}
+			continue
+		}
 		g.window, g.unit = max(g.window, lim.Window.Microseconds()), max(g.unit, lim.Unit.Microseconds())
 		g.prune()
 		_, at := stamp(lim, now)
@@ -677,6 +722,10 @@ func (s *Local) forget(ids ...LogID) int {
 		if !g.logged || g.inflight {
 			delete(s.logs, h)
 			s.bytes.Add(-g.bytes())
+			continue
+		}
+		if g.bucket { // empty, its gross kept: a credit of a request it emptied takes nothing since
+			g.tat, g.blockWall, g.blockEnd = 0, 0, 0
 			continue
 		}
 		freed := g.bytes()
