@@ -97,10 +97,12 @@ type localLog struct {
 	// per slot, whose t is its holder id and n 1, in the order taken
 	// (see local_inflight.go).
 	inflight bool
-	// bucket: a token bucket (Limit.TokenBucket), whose state is tat and
-	// gross, and time (see local_gcra.go); it holds no runs.
-	bucket     bool
-	tat, gross int64
+	// bucket: a token bucket (Limit.TokenBucket), which holds no runs
+	// and keeps its state in time and, as a log's window and unit are
+	// no bucket's, in window (its TAT) and unit (its gross): see
+	// local_gcra.go. No field is added for it: the store's memory per
+	// log stays as accounted.
+	bucket bool
 }
 
 // localRun is n entries of one time.
@@ -145,7 +147,7 @@ func (g *localLog) expiry() int64 {
 		return g.blockEnd
 	}
 	if g.bucket { // nothing held, nothing to take back
-		return max(g.gross, g.blockEnd)
+		return max(g.unit, g.blockEnd) // its gross
 	}
 	return max(g.time+g.window, g.blockEnd)
 }
@@ -479,7 +481,7 @@ func (s *Local) placeLocked(id LogID, h uint64, made int64) (*localLog, uint64, 
 			// it takes their count along, as of the newest entry
 			// (later, so never counted shorter).
 			g.time, g.logged, g.window, g.unit = over.time, true, over.window, over.unit
-			g.bucket, g.tat, g.gross = over.bucket, over.tat, over.gross
+			g.bucket = over.bucket // with its state, in window and unit
 			if over.bucket {
 				return g, h, cost
 			}
@@ -725,7 +727,7 @@ func (s *Local) forget(ids ...LogID) int {
 			continue
 		}
 		if g.bucket { // empty, its gross kept: a credit of a request it emptied takes nothing since
-			g.tat, g.blockWall, g.blockEnd = 0, 0, 0
+			g.window, g.blockWall, g.blockEnd = 0, 0, 0 // its TAT
 			continue
 		}
 		freed := g.bytes()

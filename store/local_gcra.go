@@ -1,19 +1,20 @@
 package store
 
 // Token buckets in a Local store (Limit.TokenBucket), by the rules of
-// lua/gcra.lua: a bucket's log keeps its theoretical arrival time (tat),
-// the time of every unit it ever admitted (gross, which a credit never
-// lowers) and its time (the log's time: the latest it was decided or
-// written at), in microseconds; it holds no runs. It may be forgotten
+// lua/gcra.lua: a bucket's log keeps its theoretical arrival time (TAT,
+// in the log's window field), the time of every unit it ever admitted
+// (gross, in its unit field; a credit never lowers it) and its time (the
+// log's time: the latest it was decided or written at), in microseconds;
+// it holds no runs. It may be forgotten
 // once gross has passed: it then holds nothing, and has nothing a credit
 // could take back.
 
 // bucketLevel returns the units g holds at t, of interval u.
 func bucketLevel(g *localLog, t, u int64) int64 {
-	if g.tat <= t {
+	if g.window <= t {
 		return 0
 	}
-	return (g.tat - t + u - 1) / u
+	return (g.window - t + u - 1) / u
 }
 
 // bucketLocked decides q's token bucket i in its log g at now, and writes
@@ -29,7 +30,7 @@ func (s *Local) bucketLocked(q *Query, i int, g *localLog, sl *localSlot, now, w
 	}
 	sl.g, sl.at, sl.view = g, t, t
 	level := bucketLevel(g, t, u)
-	leaves := func(k int64) int64 { return g.tat - (level-k)*u }
+	leaves := func(k int64) int64 { return g.window - (level-k)*u }
 	r := Reply{OK: true, Now: now, Count: level, Reset: t}
 	if level > 0 {
 		r.Reset, r.Next = leaves(1), leaves(1)
@@ -53,10 +54,10 @@ func (s *Local) bucketLocked(q *Query, i int, g *localLog, sl *localSlot, now, w
 // bucketAdmit admits n units at t in the bucket g of interval u, and
 // returns the request's stamp and when the bucket's level next drops.
 func bucketAdmit(g *localLog, t, n, u int64) (stamp, next int64) {
-	g.tat = max(g.tat, t) + n*u
-	g.gross = max(g.gross, t) + n*u
+	g.window = max(g.window, t) + n*u
+	g.unit = max(g.unit, t) + n*u
 	g.time, g.logged, g.bucket = t, true, true
-	return g.gross, g.tat - (bucketLevel(g, t, u)-1)*u
+	return g.unit, g.window - (bucketLevel(g, t, u)-1)*u
 }
 
 // bucketCredit takes back up to n units of the request stamped stamp
@@ -64,11 +65,11 @@ func bucketAdmit(g *localLog, t, n, u int64) (stamp, next int64) {
 // more (see lua/gcra.lua).
 func bucketCredit(g *localLog, stamp, n, u, now int64) {
 	t := max(now, g.time)
-	k := min(floorDiv(g.tat-t-(g.gross-stamp), u), n)
+	k := min(floorDiv(g.window-t-(g.unit-stamp), u), n)
 	if k <= 0 {
 		return
 	}
-	g.tat -= k * u
+	g.window -= k * u
 	g.time = t
 }
 

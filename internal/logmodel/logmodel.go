@@ -31,6 +31,9 @@ type Limit struct {
 	// Lease, µs, if not 0: the exact log lends leases of up to that long
 	// (see lease.go), which changes what its decisions count.
 	Lease int64
+	// TokenBucket: the limit is a token bucket (see bucket.go): Quota is
+	// its burst, Unit its emission interval, Window Quota*Unit.
+	TokenBucket bool
 }
 
 // String describes the limit, for messages.
@@ -51,6 +54,15 @@ func (l Limit) String() string {
 	}
 	if l.Lease > 0 {
 		s += fmt.Sprintf(" lease=%dµs", l.Lease)
+	}
+	if l.TokenBucket {
+		s = fmt.Sprintf("%s:bucket burst=%d interval=%dµs", l.Name, l.Quota, l.Unit)
+		if l.Shadow {
+			s += " shadow"
+		}
+		if l.Block > 0 {
+			s += fmt.Sprintf(" block=%dµs", l.Block)
+		}
 	}
 	if l.InFlight {
 		s = fmt.Sprintf("%s:inflight cap=%d lease=%dµs", l.Name, l.Quota, l.Window)
@@ -99,6 +111,8 @@ type Log struct {
 	Runs   []Run
 	Time   int64
 	Logged bool
+	// TAT and Gross are a token bucket's state (see bucket.go).
+	TAT, Gross int64
 }
 
 // Run is entries of one time in a log.
@@ -161,6 +175,9 @@ func cmpInt64(a, b int64) int {
 // a unit longer than its window, never shorter); a bucketed limit counts it
 // in its bucket, from the bucket's start.
 func (l Limit) Stamp(now int64) int64 {
+	if l.TokenBucket { // no unit to round to
+		return now
+	}
 	if l.Bucketed {
 		return now - floorMod(now, l.Unit)
 	}
@@ -251,6 +268,9 @@ type Verdict struct {
 // entry leaves, or now if there is none (the request's own entries' when
 // it is logged: see Logged).
 func (l Limit) Judge(g *Log, now int64, n int) Verdict {
+	if l.TokenBucket {
+		return l.judgeBucket(g, now, n)
+	}
 	v := Verdict{Consulted: true}
 	v.View, v.At = l.LogTime(g, now)
 	v.Count = l.Count(g, v.View)
@@ -275,6 +295,13 @@ func (l Limit) Judge(g *Log, now int64, n int) Verdict {
 // entries count, and an empty window's reset is when they leave.
 func (l Limit) Logged(v *Verdict, n int) {
 	v.Remaining = max(l.Quota-v.Count-n, 0)
+	if l.TokenBucket {
+		if v.Count == 0 { // when the request's first unit drains
+			v.Reset = v.At + l.Unit
+			v.Latest = max(v.Latest, v.Reset)
+		}
+		return
+	}
 	if v.Count == 0 {
 		v.Reset = v.At + l.Window
 	}
@@ -427,7 +454,10 @@ func (s *State) Decide(keys, ids []string, n int, now int64, split, peek bool) O
 	var reserved []int // limits a split decision reserved the request in
 	rollBack := func() {
 		for _, i := range reserved {
-			if !s.Limits[i].InFlight { // a slot reserved is released: nothing of it stays
+			if l := s.Limits[i]; l.TokenBucket { // admitted, then taken back at once
+				g := s.Log(LogRef{i, ids[i]})
+				l.CreditBucket(g, l.AdmitBucket(g, o.Limits[i].At, n), n, o.Limits[i].At)
+			} else if !l.InFlight { // a slot reserved is released: nothing of it stays
 				s.Log(LogRef{i, ids[i]}).Touch(o.Limits[i].At)
 			}
 		}
@@ -498,6 +528,12 @@ func (s *State) Decide(keys, ids []string, n int, now int64, split, peek bool) O
 			}
 			if s.Limits[i].InFlight {
 				o.Placed = append(o.Placed, s.hold(i, id, v, now))
+				continue
+			}
+			if s.Limits[i].TokenBucket {
+				stamp := s.Limits[i].AdmitBucket(s.Log(LogRef{i, id}), v.At, n)
+				s.Limits[i].Logged(v, n)
+				o.Placed = append(o.Placed, Placed{LogRef{i, id}, stamp, n})
 				continue
 			}
 			s.Log(LogRef{i, id}).Add(v.At, n)

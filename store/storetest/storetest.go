@@ -57,6 +57,9 @@ type Config struct {
 	// NoBlock leaves out limits that block a client they deny
 	// (store.Limit.Block), for a store that does not support them.
 	NoBlock bool
+	// NoTokenBucket leaves out token buckets (store.Limit.TokenBucket),
+	// for a store that does not support them.
+	NoTokenBucket bool
 	// Forward runs one clock, which only steps forward: for a store that
 	// drops a log once its entries have left their windows on the
 	// queries' clock (store.Local unless LocalOptions.KeepExpired).
@@ -65,8 +68,8 @@ type Config struct {
 
 // Run runs the suite on the stores newStore returns: one per check, each
 // check on keys of its own, so that newStore may return one store
-// throughout. Each check draws one to four limits (exact logs and
-// bucketed, enforced and shadow, some that block, windows from
+// throughout. Each check draws one to four limits (exact logs, bucketed
+// and token buckets, enforced and shadow, some that block, windows from
 // MinWindow to 3 hours, quotas from 1 to 1,000,000), four identifiers
 // (some of them odd bytes: a NUL, UTF-8, 300 bytes, a ':block' suffix),
 // and steps: decisions of random costs (sometimes above the quotas) and
@@ -131,7 +134,7 @@ func newCheck(rt *rapid.T, cfg Config, s store.Store) *check {
 		r.model.Limits = append(r.model.Limits, ml)
 		l := store.Limit{Quota: ml.Quota, Window: time.Duration(ml.Window) * time.Microsecond,
 			Unit: time.Duration(ml.Unit) * time.Microsecond, Bucketed: ml.Bucketed, Shadow: ml.Shadow,
-			Block: time.Duration(ml.Block) * time.Microsecond}
+			Block: time.Duration(ml.Block) * time.Microsecond, TokenBucket: ml.TokenBucket}
 		if ml.Bucketed {
 			l.Field = ml.Name
 		}
@@ -156,6 +159,20 @@ func drawLimit(rt *rapid.T, i int, cfg Config) logmodel.Limit {
 		ml.Block = rapid.SampledFrom([]int64{36e8, 6 * 36e8, 24 * 36e8}).Draw(rt, "block")
 	}
 	minWindow := cfg.MinWindow.Microseconds()
+	if !cfg.NoTokenBucket && rapid.IntRange(0, 3).Draw(rt, "token bucket") == 0 {
+		// Its Unit is its interval: a bucket that holds a unit is kept
+		// that long on the store's clock (see MinWindow). Its Window is
+		// the burst's refill, at most 3 hours here: the clock steps by
+		// up to hundreds of them.
+		ml.TokenBucket = true
+		ml.Unit = rapid.SampledFrom([]int64{1, 7, 1e3, 1e6, 6e7, 36e8}).Draw(rt, "interval")
+		if rapid.Bool().Draw(rt, "random interval") {
+			ml.Unit = rapid.Int64Range(1, 36e8).Draw(rt, "interval")
+		}
+		ml.Unit = max(ml.Unit, minWindow)
+		ml.Window = max(min(int64(ml.Quota)*ml.Unit, (3*time.Hour).Microseconds()), ml.Unit)
+		return ml
+	}
 	if rapid.IntRange(0, 2).Draw(rt, "bucketed") == 0 {
 		ml.Bucketed = true
 		ml.Unit, ml.Window = logmodel.DrawBuckets(rt, minWindow, cfg.OwnClock)
@@ -368,6 +385,9 @@ func (r *check) count(o logmodel.Outcome) {
 		}
 		if v.Blocked {
 			r.seen["blocked"]++
+		}
+		if v.Consulted && l.TokenBucket {
+			r.seen["token bucket"]++
 		}
 	}
 }
