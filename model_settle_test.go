@@ -91,7 +91,7 @@ func (m *modelRun) settle(rt *rapid.T) {
 	case cost < c0:
 		m.seen["settle credit"]++
 		for _, p := range is.placed {
-			m.model.Log(p.Ref).Remove(p.T, c0-cost)
+			modelCredit(&m.model, p, c0-cost, now)
 		}
 	case cost > c0:
 		if cost-c0 > most {
@@ -103,6 +103,10 @@ func (m *modelRun) settle(rt *rapid.T) {
 			lim := m.model.Limits[p.Ref.Limit]
 			g := m.model.Log(p.Ref)
 			_, at := lim.LogTime(g, now)
+			if lim.TokenBucket {
+				lim.AdmitBucket(g, at, min(cost-c0, is.res.Limits[p.Ref.Limit].Quota))
+				continue
+			}
 			g.Add(at, min(cost-c0, is.res.Limits[p.Ref.Limit].Quota))
 		}
 	default:

@@ -152,13 +152,16 @@ local function gcra_remove(key, lim, at, n, now)
 end
 
 -- gcra_forget empties the bucket at key, at now (0: the server's clock),
--- and returns 1 if it held anything. A bucket with something left to
--- refund (GROSS later than now) stays, empty (TAT now), GROSS and its
--- expiry kept: a refund of a request it emptied takes nothing admitted
--- since. Any other is deleted.
+-- and returns 1 if it held anything; a key that holds no bucket is
+-- deleted. The bucket stays, empty (TAT now),
+-- its GROSS, time and expiry kept: a refund of a request it emptied takes
+-- nothing admitted since, and its time never runs back.
 local function gcra_forget(key, lim, now)
-  local s = redis.call('GET', key)
+  local ok, s = pcall(redis.call, 'GET', key)
   if not s then
+    return 0
+  elseif not ok or #s ~= GCRA_BYTES then -- another program's: deleted, as exact_forget does
+    redis.call('DEL', key)
     return 0
   end
   local a, g, t = gcra_decode(key, s)
@@ -166,11 +169,7 @@ local function gcra_forget(key, lim, now)
     now = server_now()
   end
   local when = math.max(now, t)
-  if g > when then
-    redis.call('SET', key, gcra_encode(when, g, when), 'KEEPTTL')
-  else
-    redis.call('DEL', key)
-  end
+  redis.call('SET', key, gcra_encode(when, g, when), 'KEEPTTL')
   if a > when then
     return 1
   end

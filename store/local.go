@@ -702,12 +702,13 @@ func (s *Local) Debit(ctx context.Context, q *Query, stamps []int64) error {
 // a Credit of a request it dropped takes nothing logged since, as in
 // Redis (see lua/exact.lua).
 func (s *Local) Forget(ctx context.Context, q *Query) error {
-	s.forget(logsOf(q)...)
+	s.forget(q.Now, logsOf(q)...)
 	return nil
 }
 
-// forget is Forget, and reports how many logs it dropped.
-func (s *Local) forget(ids ...LogID) int {
+// forget is Forget at now (0: the wall clock, for a token bucket's
+// time), and reports how many logs it dropped.
+func (s *Local) forget(now int64, ids ...LogID) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.logs == nil {
@@ -728,6 +729,10 @@ func (s *Local) forget(ids ...LogID) int {
 		}
 		if g.bucket { // empty, its gross kept: a credit of a request it emptied takes nothing since
 			g.window, g.blockWall, g.blockEnd = 0, 0, 0 // its TAT
+			if now == 0 {
+				now = time.Now().UnixMicro()
+			}
+			g.time = max(g.time, now)
 			continue
 		}
 		freed := g.bytes()

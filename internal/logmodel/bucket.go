@@ -38,7 +38,10 @@ func (l Limit) judgeBucket(g *Log, now int64, n int) Verdict {
 	default:
 		v.Reset = t
 	}
-	v.Latest = max(v.Reset, now+l.Window)
+	// At the latest: when it fits, or a burst's refill from the bucket's
+	// time (a request a split decision reserved and took back replies
+	// when its first unit would have drained).
+	v.Latest = max(v.Reset, t+l.Window)
 	v.Remaining = max(l.Quota-v.Count, 0)
 	return v
 }
@@ -74,6 +77,10 @@ func (l Limit) CreditBucket(g *Log, stamp int64, n int, now int64) int {
 	return int(k)
 }
 
-// ForgetBucket empties the bucket g: its Gross and time stay, so that a
-// refund of a request it emptied takes nothing admitted since.
-func ForgetBucket(g *Log) { g.TAT = 0 }
+// ForgetBucket empties the bucket g at now: its Gross and time stay (its
+// time is now if that is later), so that a refund of a request it emptied
+// takes nothing admitted since.
+func ForgetBucket(g *Log, now int64) {
+	g.TAT = 0
+	g.Touch(now)
+}
