@@ -81,15 +81,24 @@ var eqDeclared = []struct {
 // canonical form, and the unmatched route's.
 var eqCanonical = []string{"/users/{id}", "/login", "/files/{...}", "/reports", "/any", "/admin/stats"}
 
-func eqLimiter(t *testing.T, rdb redis.UniversalClient, o ratelimit.Observer, opts []ratelimit.Option) *ratelimit.Limiter {
+// eqLimiter returns the app's Limiter: its limits "ip" and "route", and
+// each declared route's. The limits burst names ("ip" and the routes')
+// are token buckets (ratelimit.Burst) instead of logs.
+func eqLimiter(t *testing.T, rdb redis.UniversalClient, o ratelimit.Observer, opts []ratelimit.Option, burst map[string]bool) *ratelimit.Limiter {
 	t.Helper()
+	limit := func(name string) ratelimit.Limit {
+		if burst[name] {
+			return ratelimit.Burst(time.Minute, 1000, 1000, ratelimit.ClientIP()).Named(name)
+		}
+		return ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named(name)
+	}
 	routes := map[string]ratelimit.RouteLimits{}
 	for _, d := range eqDeclared {
-		routes[d.template] = ratelimit.RouteLimits{Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named(d.limit)}}
+		routes[d.template] = ratelimit.RouteLimits{Limits: []ratelimit.Limit{limit(d.limit)}}
 	}
 	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithObserver(o), ratelimit.WithRoutes(routes)}, opts...)
 	l, err := ratelimit.New(rdb, []ratelimit.Limit{
-		ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named("ip"),
+		limit("ip"),
 		ratelimit.Per(time.Minute, 1000, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
 	}, opts...)
 	if err != nil {
@@ -313,6 +322,14 @@ func TestEquivalence(t *testing.T) {
 	}
 	t.Logf("seed %d (RATELIMIT_EQ_SEED replays it)", seed)
 	memo := route.Memoized()
+	// Which limits are token buckets: drawn by the seed, so that a
+	// bucket's key is among those every router must leave alike.
+	burst := map[string]bool{}
+	draw := rand.New(rand.NewPCG(seed, 4))
+	for _, name := range append([]string{"ip"}, eqLimitNames()...) {
+		burst[name] = draw.IntN(2) == 0
+	}
+	t.Logf("token buckets: %v", burst)
 	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
 		ctx := context.Background()
 		rng := rand.New(rand.NewPCG(seed, 2))
@@ -320,7 +337,7 @@ func TestEquivalence(t *testing.T) {
 		var ran string
 		apps := make([]http.Handler, len(eqRouters))
 		for i, rt := range eqRouters {
-			apps[i] = rt.build(eqLimiter(t, rdb, ratelimit.Observer{Decision: obs.Observe}, opts), &ran)
+			apps[i] = rt.build(eqLimiter(t, rdb, ratelimit.Observer{Decision: obs.Observe}, opts, burst), &ran)
 		}
 		paths := []string{"/nope"}
 		for _, rt := range eqRoutes {
@@ -435,12 +452,19 @@ func allowedKey(k string) bool {
 			slices.Contains(eqCanonical, p)
 	}
 	name, ok := strings.CutSuffix(strings.TrimPrefix(k, "ratelimit:"), ":ip:{192.0.2.1}")
-	return ok && (name == "ip" || slices.ContainsFunc(eqDeclared, func(d struct {
-		template, limit string
-		methods         []string
-	}) bool {
-		return d.limit == name
-	}))
+	if !ok { // a token bucket's key (ratelimit.Burst)
+		name, ok = strings.CutSuffix(strings.TrimPrefix(k, "ratelimit:"), ":gcra.ip:{192.0.2.1}")
+	}
+	return ok && (name == "ip" || slices.Contains(eqLimitNames(), name))
+}
+
+// eqLimitNames returns the names of the limits the routes declare.
+func eqLimitNames() []string {
+	var names []string
+	for _, d := range eqDeclared {
+		names = append(names, d.limit)
+	}
+	return names
 }
 
 // eqRequest returns a request of method for path, as a server receives it

@@ -26,12 +26,24 @@ import (
 // limits of quota for Check and Watch, each declared the way the README
 // shows (with and without the method).
 func routeLimiter(t *testing.T, rdb redis.UniversalClient, quota int, opts ...ratelimit.Option) *ratelimit.Limiter {
+	return routeLimiterOf(t, rdb, quota, false, opts...)
+}
+
+// routeLimiterOf is routeLimiter whose per-method limits are token
+// buckets (ratelimit.Burst: quota a minute, quota at once) if burst.
+func routeLimiterOf(t *testing.T, rdb redis.UniversalClient, quota int, burst bool, opts ...ratelimit.Option) *ratelimit.Limiter {
+	limit := func(name string) ratelimit.Limit {
+		if burst {
+			return ratelimit.Burst(time.Minute, quota, quota, ratelimit.ClientIP()).Named(name)
+		}
+		return ratelimit.Per(time.Minute, quota, ratelimit.ClientIP()).Named(name)
+	}
 	return newLimiter(t, rdb, []ratelimit.Limit{
 		ratelimit.Per(time.Minute, 100, ratelimit.ClientIP()).Named("ip"),
 		ratelimit.Per(time.Minute, 100, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
 	}, append(opts, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-		"POST /grpc.health.v1.Health/Check": {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, quota, ratelimit.ClientIP()).Named("check")}},
-		"/grpc.health.v1.Health/Watch":      {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, quota, ratelimit.ClientIP()).Named("watch")}},
+		"POST /grpc.health.v1.Health/Check": {Limits: []ratelimit.Limit{limit("check")}},
+		"/grpc.health.v1.Health/Watch":      {Limits: []ratelimit.Limit{limit("watch")}},
 	}))...)
 }
 
@@ -150,7 +162,9 @@ func (o grpcOutcome) String() string {
 // suffix, against every method.
 func TestMethodShapesEquivalent(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	// Whether the methods' limits are token buckets: drawn by the seed too.
+	burst := rand.New(rand.NewPCG(seed, 5)).IntN(2) == 0
+	t.Logf("seed %d (token buckets: %v)", seed, burst)
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		rng := rand.New(rand.NewPCG(seed, 1))
 		obs := &namesObserver{}
@@ -159,7 +173,7 @@ func TestMethodShapesEquivalent(t *testing.T) {
 			unknownRan.Add(1)
 			return status.Error(codes.NotFound, "proxied nowhere")
 		})
-		s := serve(t, routeLimiter(t, rdb, 100, ratelimit.WithObserver(ratelimit.Observer{Decision: obs.Observe})), nil, unknown)
+		s := serve(t, routeLimiterOf(t, rdb, 100, burst, ratelimit.WithObserver(ratelimit.Observer{Decision: obs.Observe})), nil, unknown)
 		ctx := context.Background()
 		if err := rdb.FlushAll(ctx).Err(); err != nil {
 			t.Fatal(err)
