@@ -94,6 +94,8 @@ type Limit struct {
 	// interval is a compiled token bucket's emission interval (see
 	// compile, which sets it).
 	interval time.Duration
+	// bucket says Burst made l: a burst of 0 is then an error, not a log.
+	bucket bool
 }
 
 // Unlimited is the quota of a plan whose clients a limit does not count
@@ -342,7 +344,7 @@ func (l Limit) validate() error {
 		"block %v: must be 0 (no block) or from 1ms to %v", l.BlockFor, maxBlock)
 	check(l.BlockFor > 0 && l.Shadow, "block %v: a shadow limit never denies, so it cannot block", l.BlockFor)
 	check(l.BlockFor > 0 && l.Key.global, "block %v: a Global limit counts every client together: its block would block them all", l.BlockFor)
-	if l.Burst != 0 {
+	if l.Burst != 0 || l.bucket {
 		errs = append(errs, l.validateBurst()...)
 	}
 	if l.InFlight {
@@ -575,7 +577,7 @@ const maxRefill = 366 * 24 * time.Hour
 // refill. Headers and Results describe it as a quota of burst per the
 // time the burst takes to refill. See docs/limits.md (token buckets).
 func Burst(window time.Duration, rate, burst int, key Key) Limit {
-	return Limit{Quota: rate, Window: window, Burst: burst, Key: key}
+	return Limit{Quota: rate, Window: window, Burst: burst, Key: key, bucket: true}
 }
 
 // burstKind is the kind segment of a token bucket's Redis keys, and its
