@@ -4,8 +4,8 @@
 -- interval T in microseconds: one unit of cost drains every T; its window
 -- the time its whole burst takes to drain, B*T (not read here).
 --
--- The state of one identifier is a Redis string of 21 bytes, three times
--- in microseconds, 7 bytes each:
+-- The state of one identifier is a Redis string of three times in
+-- microseconds, in decimal (about 30 bytes: "TIME TAT-TIME GROSS-TIME"):
 --   TAT    the theoretical arrival time: the bucket holds what drains by
 --          then, one unit per T; its level at t is ceil((TAT - t) / T)
 --          units, 0 once TAT <= t.
@@ -47,14 +47,19 @@
 -- cost C of the requests admitted in it has a + C*T <= H(b) <= TAT(b) <=
 -- b + B*T: C*T <= B*T + (b - a). A refund after a reset (forget keeps
 -- GROSS), after other refunds (they lowered TAT, not GROSS) or after the
--- bucket drained (TAT <= t) takes back nothing it should not.
+-- bucket drained (TAT <= t) takes back nothing it should not. A stamp
+-- later than GROSS was given by another state at the key (one another
+-- program deleted, or that expired on a clock behind the request's): it
+-- takes back nothing.
 --
 -- Expiry: the key is kept until GROSS (which is at least TAT) on the
 -- clock of the request that wrote it, plus a millisecond; a bucket that
 -- holds nothing and has nothing to refund is gone then. A denied decision
 -- writes nothing.
 
-local GCRA_BYTES = 21
+-- GCRA_STATE matches a state: TIME, then TAT and GROSS as offsets after
+-- it, in decimal microseconds, separated by spaces.
+local GCRA_STATE = '^(%d+) (%d+) (%d+)$'
 
 -- What gcra_read read of a bucket is an array; its items:
 local GKEY = 1
@@ -65,24 +70,22 @@ local GAT = 5 -- the time the request is decided at: max(now, TIME)
 local GLEVEL = 6
 local GT = 7 -- the emission interval
 
--- gcra_decode returns the TAT, GROSS and TIME of the state s at key.
+-- gcra_decode returns the TAT, GROSS and TIME of the state s at key,
+-- failing the request if s holds no bucket.
 local function gcra_decode(key, s)
-  if #s ~= GCRA_BYTES then
+  local t, a, g = string.match(s, GCRA_STATE)
+  if not t then
     error('ratelimit: ' .. key .. ' holds no token bucket: another program wrote it', 0)
   end
-  local a1, a2, a3, a4, a5, a6, a7, g1, g2, g3, g4, g5, g6, g7, t1, t2, t3, t4, t5, t6, t7 = string.byte(s, 1, GCRA_BYTES)
-  return (((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6) * 256 + a7,
-    (((((g1 * 256 + g2) * 256 + g3) * 256 + g4) * 256 + g5) * 256 + g6) * 256 + g7,
-    (((((t1 * 256 + t2) * 256 + t3) * 256 + t4) * 256 + t5) * 256 + t6) * 256 + t7
+  t = tonumber(t)
+  return t + tonumber(a), t + tonumber(g), t
 end
 
--- gcra_encode returns the state of TAT a, GROSS g and TIME t.
+-- gcra_encode returns the state of TAT a, GROSS g and TIME t (a and g
+-- are never before t: an admission, a refund and a forget all write
+-- them so).
 local function gcra_encode(a, g, t)
-  local b = {}
-  put(b, a, 7)
-  put(b, g, 7)
-  put(b, t, 7)
-  return string.char(unpack(b))
+  return string.format('%d %d %d', t, a - t, g - t)
 end
 
 -- gcra_read reads the bucket at key for a request at now, and returns it,
@@ -111,7 +114,8 @@ end
 -- gcra_write writes the bucket's state, kept until gross on the clock of
 -- now (the request's) and a millisecond more.
 local function gcra_write(key, a, g, t, now)
-  redis.call('SET', key, gcra_encode(a, g, t), 'PX', math.max(math.ceil((g - now) / 1000), 0) + 1)
+  local ms = (g - now) / 1000
+  redis.call('SET', key, gcra_encode(a, g, t), 'PX', string.format('%d', ms - ms % 1 + 2))
 end
 
 -- gcra_admit admits n units in the bucket read as st, at its time, and
@@ -136,6 +140,9 @@ local function gcra_remove(key, lim, at, n, now)
     return 0
   end
   local a, g, t = gcra_decode(key, s)
+  if at > g then -- stamped by another state than this one (its key was deleted): nothing of it is here
+    return 0
+  end
   if now == nil or now == 0 then
     now = server_now()
   end
@@ -160,7 +167,7 @@ local function gcra_forget(key, lim, now)
   local ok, s = pcall(redis.call, 'GET', key)
   if not s then
     return 0
-  elseif not ok or #s ~= GCRA_BYTES then -- another program's: deleted, as exact_forget does
+  elseif not ok or not string.match(s, GCRA_STATE) then -- another program's: deleted, as exact_forget does
     redis.call('DEL', key)
     return 0
   end
@@ -169,9 +176,71 @@ local function gcra_forget(key, lim, now)
     now = server_now()
   end
   local when = math.max(now, t)
-  redis.call('SET', key, gcra_encode(when, g, when), 'KEEPTTL')
+  -- GROSS is kept, but never before the time (it only ever grows; one
+  -- that passed matters no more to a refund than the time does).
+  redis.call('SET', key, gcra_encode(when, math.max(g, when), when), 'KEEPTTL')
   if a > when then
     return 1
   end
   return 0
+end
+
+-- gcra_fast decides a request of cost n at now over one enforced token
+-- bucket without flags (burst b, interval u) at key, as check and admit
+-- would, writing its reply at R[r + 1]: GET, arithmetic, and SET if it
+-- admits. It returns true if it decided it; false if the general path
+-- must, having written nothing (a key that holds no bucket); or the error
+-- table of a write Redis refused (nothing written either).
+local function gcra_fast(key, b, u, n, now, R, r)
+  local s = redis.pcall('GET', key)
+  local a, g, t = 0, 0, 0
+  if s then
+    if type(s) ~= 'string' then
+      return false
+    end
+    local st, sa, sg = string.match(s, GCRA_STATE)
+    if not st then
+      return false
+    end
+    t = tonumber(st)
+    a, g = t + tonumber(sa), t + tonumber(sg)
+  end
+  if now > t then
+    t = now
+  end
+  local level, next = 0, 0
+  if a > t then
+    local q = (a - t) / u -- exact: see gcra_read
+    level = q - q % 1
+    if level < q then
+      level = level + 1
+    end
+    next = a - (level - 1) * u -- when the level next drops
+  end
+  if level + n > b then
+    local reset = 0 -- NEVER
+    if n <= b then
+      reset = a - (b - n) * u
+    end
+    R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 0, 1, now, level, reset, next
+    return true
+  end
+  if a < t then
+    a = t
+  end
+  if g < t then
+    g = t
+  end
+  a, g = a + n * u, g + n * u
+  if level == 0 then
+    next = t + u
+  end
+  local ms = (g - now) / 1000 -- kept until g, a millisecond more, on the request's clock
+  ms = ms - ms % 1 + 2
+  local e = redis.pcall('SET', key, string.format('%d %d %d', t, a - t, g - t), 'PX', string.format('%d', ms))
+  if type(e) == 'table' and e.err then
+    return e
+  end
+  R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 1, 0, now, level, next, g
+  return true
 end

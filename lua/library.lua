@@ -344,8 +344,9 @@ local function each(keys, argv, write)
     local arg, now, n, limits = argv[j]
     -- The fast path (exact_fast): a request of one enforced exact log
     -- (with no flags, or FLAG_LEASE alone), decoded here in locals, or of
-    -- two to FAST_LIMITS (fast_many). It leaves the request to what
-    -- follows if it cannot decide it, having written nothing.
+    -- two to FAST_LIMITS (fast_many); or of one enforced token bucket
+    -- without flags (gcra_fast). It leaves the request to what follows if
+    -- it cannot decide it, having written nothing.
     local fast, left, L = false, 0, 1
     if write and #arg == REQUEST_HEAD + LIMIT_HEAD then
       local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, count, kind, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6,
@@ -358,6 +359,14 @@ local function each(keys, argv, write)
         end
         fast = exact_fast(keys[k], ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
           ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6,
+          ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, ((c1 * 256 + c2) * 256 + c3) * 256 + c4, now, R, r)
+      elseif count == 1 and kind == GCRA and flags == 0 then -- a token bucket alone (gcra_fast)
+        now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
+        if now == 0 then
+          clock = clock or server_now()
+          now = clock
+        end
+        fast = gcra_fast(keys[k], ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
           ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, ((c1 * 256 + c2) * 256 + c3) * 256 + c4, now, R, r)
       end
     elseif write and #arg > REQUEST_HEAD + LIMIT_HEAD then

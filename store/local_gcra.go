@@ -64,6 +64,9 @@ func bucketAdmit(g *localLog, t, n, u int64) (stamp, next int64) {
 // from the bucket g of interval u, at now: what it still holds, never
 // more (see lua/gcra.lua).
 func bucketCredit(g *localLog, stamp, n, u, now int64) {
+	if stamp > g.unit { // stamped by a state this log no longer is
+		return
+	}
 	t := max(now, g.time)
 	k := min(floorDiv(g.window-t-(g.unit-stamp), u), n)
 	if k <= 0 {

@@ -59,7 +59,7 @@ func (l Limit) AdmitBucket(g *Log, t int64, n int) int64 {
 // stamp from the bucket g of l: what it still holds, never more (see
 // lua/gcra.lua). It returns how many.
 func (l Limit) CreditBucket(g *Log, stamp int64, n int, now int64) int {
-	if !g.Logged {
+	if !g.Logged || stamp > g.Gross { // stamped by another state than this one
 		return 0
 	}
 	t := max(now, g.Time)
