@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit/store"
 )
@@ -248,5 +252,19 @@ func testBurstHierarchical(t *testing.T, b backend) {
 	}
 	if res := peek(); res.Limits[0].Remaining != 3 || res.Limits[1].Remaining != 1 {
 		t.Errorf("after a refund: bucket remaining %d, global %d; want 3, 1", res.Limits[0].Remaining, res.Limits[1].Remaining)
+	}
+}
+
+// TestBurstNameOneDefinition: in one process, on one client, a name is
+// one definition: New refuses a token bucket under the name of a live
+// log, and says both.
+func TestBurstNameOneDefinition(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	l := mustNew(t, c, []Limit{Per(time.Minute, 10, ClientIP()).Named("api")})
+	defer l.Close()
+	_, err := New(c, []Limit{Burst(time.Minute, 10, 5, ClientIP()).Named("api")})
+	if err == nil || !strings.Contains(err.Error(), "a token bucket") || !strings.Contains(err.Error(), "counted by ip, 10 per 1m, exact") {
+		t.Fatalf("New of a bucket under a live log's name: %v; want a refusal naming both", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 	"weak"
@@ -81,6 +82,13 @@ func (d definition) conflict(e definition) string {
 // String describes d, for an error: "counted by ip, 100 per 1m, exact".
 func (d definition) String() string {
 	s := fmt.Sprintf("counted by %s, %d per %s", d.kind, d.quota, formatWindow(d.window))
+	if strings.HasPrefix(d.kind, burstKind("")) { // its quota the burst, its window the burst's refill
+		s += ", a token bucket"
+		if d.defaulted {
+			s += " (unnamed)"
+		}
+		return s
+	}
 	if d.precision > 0 {
 		s += ", in buckets of " + formatWindow(d.precision)
 	} else {
