@@ -265,8 +265,11 @@ const (
 	//
 	// q is the quota, w the window in seconds (left out for windows that are
 	// not whole seconds), r the remaining quota and t the seconds, rounded
-	// up, until r next grows. The partition key parameter pk is not sent:
-	// it would disclose how clients are identified.
+	// up, until r next grows. For a token bucket ([Burst]) q is the burst
+	// and w the time the whole burst takes to refill, so that q/w is the
+	// rate; r is the units available now and t the seconds until one more
+	// is. The partition key parameter pk is not sent: it would disclose
+	// how clients are identified.
 	HeadersIETF
 
 	// HeadersNone writes no rate-limit headers; Retry-After is still sent on

@@ -237,7 +237,7 @@ local function gcra_fast(key, b, u, n, now, R, r)
   end
   local ms = (g - now) / 1000 -- kept until g, a millisecond more, on the request's clock
   ms = ms - ms % 1 + 2
-  local e = redis.pcall('SET', key, string.format('%d %d %d', t, a - t, g - t), 'PX', string.format('%d', ms))
+  local e = redis.pcall('SET', key, string.format('%d %d %d', t, a - t, g - t), 'PX', ms)
   if type(e) == 'table' and e.err then
     return e
   end
