@@ -568,7 +568,7 @@ const maxRefill = 366 * 24 * time.Hour
 //
 // Over any interval [a, b] of the Redis clock it admits at most burst +
 // (b-a)/interval units per identifier (the interval is window/rate,
-// rounded up). Its state is one Redis string of about 30 bytes per identifier,
+// rounded up). Its state is one Redis string of about 25 bytes per identifier,
 // gone once the bucket has drained. [Limit.Named], [Limit.Shadowed],
 // [Limit.Block] and [Limit.Tiered] apply (a plan's quota is its burst: the
 // rate is the limit's for every plan); [New] refuses [Limit.Leased] and

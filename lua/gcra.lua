@@ -5,7 +5,8 @@
 -- the time its whole burst takes to drain, B*T (not read here).
 --
 -- The state of one identifier is a Redis string of three times in
--- microseconds, in decimal (about 30 bytes: "TIME TAT-TIME GROSS-TIME"):
+-- microseconds, in decimal (about 25 bytes: "TIME TAT-TIME", then
+-- " GROSS-TAT" where they differ):
 --   TAT    the theoretical arrival time: the bucket holds what drains by
 --          then, one unit per T; its level at t is ceil((TAT - t) / T)
 --          units, 0 once TAT <= t.
@@ -57,9 +58,10 @@
 -- holds nothing and has nothing to refund is gone then. A denied decision
 -- writes nothing.
 
--- GCRA_STATE matches a state: TIME, then TAT and GROSS as offsets after
--- it, in decimal microseconds, separated by spaces.
-local GCRA_STATE = '^(%d+) (%d+) (%d+)$'
+-- GCRA_STATE matches a state: TIME, then TAT as an offset after it, then,
+-- if GROSS is not TAT (a refund lowered TAT), GROSS as an offset after
+-- TAT, in decimal microseconds, separated by spaces.
+local GCRA_STATE = '^(%d+) (%d+) ?(%d*)$'
 
 -- What gcra_read read of a bucket is an array; its items:
 local GKEY = 1
@@ -78,14 +80,18 @@ local function gcra_decode(key, s)
     error('ratelimit: ' .. key .. ' holds no token bucket: another program wrote it', 0)
   end
   t = tonumber(t)
-  return t + tonumber(a), t + tonumber(g), t
+  a = t + tonumber(a)
+  return a, a + (tonumber(g) or 0), t
 end
 
 -- gcra_encode returns the state of TAT a, GROSS g and TIME t (a and g
 -- are never before t: an admission, a refund and a forget all write
 -- them so).
 local function gcra_encode(a, g, t)
-  return string.format('%d %d %d', t, a - t, g - t)
+  if g == a then
+    return string.format('%d %d', t, a - t)
+  end
+  return string.format('%d %d %d', t, a - t, g - a)
 end
 
 -- gcra_read reads the bucket at key for a request at now, and returns it,
@@ -203,7 +209,8 @@ local function gcra_fast(key, b, u, n, now, R, r)
       return false
     end
     t = tonumber(st)
-    a, g = t + tonumber(sa), t + tonumber(sg)
+    a = t + tonumber(sa)
+    g = a + (tonumber(sg) or 0)
   end
   if now > t then
     t = now
@@ -237,7 +244,7 @@ local function gcra_fast(key, b, u, n, now, R, r)
   end
   local ms = (g - now) / 1000 -- kept until g, a millisecond more, on the request's clock
   ms = ms - ms % 1 + 2
-  local e = redis.pcall('SET', key, string.format('%d %d %d', t, a - t, g - t), 'PX', ms)
+  local e = redis.pcall('SET', key, gcra_encode(a, g, t), 'PX', ms)
   if type(e) == 'table' and e.err then
     return e
   end
