@@ -12,6 +12,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/store"
 )
 
@@ -134,7 +135,7 @@ func TestRollingBurst(t *testing.T) {
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				seed := testSeed(t)
-				admitted, refused := runRolling(t, b, c, seed, 20*time.Second)
+				admitted, refused := runRolling(t, b, c, seed, 12*time.Second)
 				if worst, where := burstOver(admitted, c); worst > 0 {
 					t.Errorf("seed %d (RATELIMIT_SEED): %v over a bucket's promise: %s", seed, worst, where)
 				}
@@ -259,6 +260,7 @@ func testBurstHierarchical(t *testing.T, b backend) {
 // one definition: New refuses a token bucket under the name of a live
 // log, and says both.
 func TestBurstNameOneDefinition(t *testing.T) {
+	t.Parallel()
 	c := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	l := mustNew(t, c, []Limit{Per(time.Minute, 10, ClientIP()).Named("api")})
@@ -267,4 +269,40 @@ func TestBurstNameOneDefinition(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "a token bucket") || !strings.Contains(err.Error(), "counted by ip, 10 per 1m, exact") {
 		t.Fatalf("New of a bucket under a live log's name: %v; want a refusal naming both", err)
 	}
+}
+
+// TestFailLocalBurstReturn: a token bucket under FailLocal fills in this
+// process while Redis is down; once Redis is back, what the local bucket
+// holds is taken out of Redis's burst until it drains.
+func TestFailLocalBurstReturn(t *testing.T) {
+	forOutageBackends(t, func(t *testing.T, b outageBackend) {
+		ctx := context.Background()
+		clock := &testClock{t: t0}
+		c := redis.NewClient(&redis.Options{Addr: b.addr(), ContextTimeoutEnabled: true, DialerRetries: 1, DialerRetryTimeout: time.Millisecond})
+		t.Cleanup(func() { _ = c.Close() })
+		l := mustNew(t, c, []Limit{Burst(time.Second, 10, 5, Header("X-Id")).Named("ret-burst")}, WithFailureMode(FailLocal),
+			WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1, BreakerFailures: -1, OperatorRefresh: -1}))
+		ids := []string{"c"}
+		b.cut()
+		for i := range 6 {
+			res, err := l.Allow(ctx, ids, 1)
+			if !res.Local || err == nil || res.Allowed != (i < 5) {
+				t.Fatalf("request %d during the outage: %+v, %v", i, res, err)
+			}
+		}
+		reconnect(t, b, []*Limiter{l})
+		clock.Set(t0.Add(100 * time.Millisecond)) // the local bucket holds 4
+		if res, err := l.Allow(ctx, ids, 1); err != nil || res.Local || !res.Allowed || res.Remaining != 0 {
+			t.Fatalf("Redis back, 4 held locally: %+v, %v; want one admitted, none left", res, err)
+		}
+		if res, err := l.Allow(ctx, ids, 1); err != nil || res.Allowed || res.RetryAfter != 100*time.Millisecond {
+			t.Fatalf("then: %+v, %v; want a denial until a unit drains, in 100ms", res, err)
+		}
+		clock.Set(t0.Add(600 * time.Millisecond)) // both drained
+		for i := range 5 {
+			if res, err := l.Allow(ctx, ids, 1); err != nil || !res.Allowed {
+				t.Fatalf("request %d once both drained: %+v, %v", i, res, err)
+			}
+		}
+	})
 }
