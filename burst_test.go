@@ -135,6 +135,7 @@ func TestRollingBurst(t *testing.T) {
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				seed := testSeed(t)
+				t.Logf("seed %d (RATELIMIT_SEED replays it)", seed)
 				admitted, refused := runRolling(t, b, c, seed, 12*time.Second)
 				if worst, where := burstOver(admitted, c); worst > 0 {
 					t.Errorf("seed %d (RATELIMIT_SEED): %v over a bucket's promise: %s", seed, worst, where)

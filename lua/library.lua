@@ -7,6 +7,11 @@
 -- its cost (inflight_cost), is decided at the request's time, and its
 -- reset is always NEVER; its stamp is the request's holder id.
 --
+-- A token bucket (gcra.lua) is read as a log of its level: its count is
+-- the units it holds, its quota its burst, its entries leave one every
+-- interval; a request's stamp in it is the bucket's gross after it, which
+-- rollback (a refund) names it by, taken back at the request's time.
+--
 -- A limit is decided at its log's time: the request's, or, if the log
 -- logged entries at a later time (a clock stepped back, two servers'
 -- clocks), the latest such time, even if a refund or rollback removed
