@@ -307,3 +307,39 @@ func TestFailLocalBurstReturn(t *testing.T) {
 		}
 	})
 }
+
+// TestBurstDenialWritesNothing: a denied request leaves a bucket's key as
+// it was, and creates none; an admission's key expires once the bucket
+// has drained (its gross passed), a millisecond or two later.
+func TestBurstDenialWritesNothing(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	mr.SetTime(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	l := mustNew(t, c, []Limit{Burst(time.Second, 10, 2, Header("X-Id")).Named("b")}, withRedis(redisstore.Options{DenyCache: -1}))
+	ctx := context.Background()
+	key := logKey("b", burstKind("header.X-Id"), "x")
+	if res, err := l.Allow(ctx, []string{"x"}, 3); err != nil || res.Allowed {
+		t.Fatalf("cost over the burst: %+v %v", res, err)
+	}
+	if mr.Exists(key) {
+		t.Fatalf("a denial created %s", key)
+	}
+	for range 2 {
+		if res, err := l.Allow(ctx, []string{"x"}, 1); err != nil || !res.Allowed {
+			t.Fatalf("%+v %v", res, err)
+		}
+	}
+	before, _ := mr.Get(key)
+	ttl := mr.TTL(key)
+	if res, err := l.Allow(ctx, []string{"x"}, 1); err != nil || res.Allowed {
+		t.Fatalf("a full bucket: %+v %v", res, err)
+	}
+	if after, _ := mr.Get(key); after != before || mr.TTL(key) != ttl {
+		t.Errorf("a denial changed the bucket: %q (ttl %v) -> %q (ttl %v)", before, ttl, after, mr.TTL(key))
+	}
+	if ttl < 200*time.Millisecond || ttl > 202*time.Millisecond {
+		t.Errorf("the bucket's key lives %v; want until its 2 units have drained (200ms), and a millisecond or two", ttl)
+	}
+}
