@@ -14,10 +14,10 @@
 --          request of cost n at t makes it max(GROSS, t) + n*T, as it
 --          makes TAT max(TAT, t) + n*T, but a refund never lowers it. So
 --          GROSS >= TAT, and it strictly grows with each admission.
---   TIME   the state's time: the latest time it was decided or written
---          at. A decision at an earlier time (a clock stepped back, two
---          servers' clocks) is decided at TIME instead, as an exact log
---          is decided at its log's time.
+--   TIME   the state's time: the latest time it was written at (an
+--          admission's, a refund's, a reset's). A decision at an earlier
+--          time (a clock stepped back, two servers' clocks) is decided at
+--          TIME instead, as an exact log is decided at its log's time.
 -- A request of cost n at t fits iff level + n <= B, which is exactly
 -- GCRA's max(TAT, t) + n*T - t <= B*T; admitting it makes TAT =
 -- max(TAT, t) + n*T. Its stamp is GROSS after it: 7 bytes, like an exact
@@ -54,7 +54,7 @@
 -- takes back nothing.
 --
 -- Expiry: the key is kept until GROSS (which is at least TAT) on the
--- clock of the request that wrote it, plus a millisecond; a bucket that
+-- clock of the request that wrote it, and a millisecond or two; a bucket that
 -- holds nothing and has nothing to refund is gone then. A denied decision
 -- writes nothing.
 

@@ -4,7 +4,7 @@ package store
 // lua/gcra.lua: a bucket's log keeps its theoretical arrival time (TAT,
 // in the log's window field), the time of every unit it ever admitted
 // (gross, in its unit field; a credit never lowers it) and its time (the
-// log's time: the latest it was decided or written at), in microseconds;
+// log's time: the latest it was written at), in microseconds;
 // it holds no runs. It may be forgotten
 // once gross has passed: it then holds nothing, and has nothing a credit
 // could take back.
