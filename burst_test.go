@@ -12,6 +12,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidinglog/ratelimit/internal/longtest"
 	"github.com/slidinglog/ratelimit/redisstore"
 	"github.com/slidinglog/ratelimit/store"
 )
@@ -122,7 +123,8 @@ func burstOver(admitted []rollingAdmission, c rollingCase) (worst time.Duration,
 // than both rates, alternating between them, is never refused. A Per
 // limit made a Burst one under the same name keeps two states apart (the
 // keys differ): each release keeps its own promise over its own
-// admissions, and a window across the change may hold both.
+// admissions, and a window across the change may hold both. Each case
+// runs 4 s of its clock (20 s with RATELIMIT_LONG=1).
 func TestRollingBurst(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
@@ -136,7 +138,7 @@ func TestRollingBurst(t *testing.T) {
 			t.Run(c.name, func(t *testing.T) {
 				seed := testSeed(t)
 				t.Logf("seed %d (RATELIMIT_SEED replays it)", seed)
-				admitted, refused := runRolling(t, b, c, seed, 12*time.Second)
+				admitted, refused := runRolling(t, b, c, seed, longtest.LongOr(t, 4*time.Second, 20*time.Second))
 				if worst, where := burstOver(admitted, c); worst > 0 {
 					t.Errorf("seed %d (RATELIMIT_SEED): %v over a bucket's promise: %s", seed, worst, where)
 				}
