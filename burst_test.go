@@ -345,3 +345,44 @@ func TestBurstDenialWritesNothing(t *testing.T) {
 		t.Errorf("the bucket's key lives %v; want until its 2 units have drained (200ms), and a millisecond or two", ttl)
 	}
 }
+
+// TestBurstDenyCache: with the deny cache on (the default), a full
+// bucket's denials are answered from memory until a unit has drained,
+// with the same Retry-After Redis gives, and the request that fits then
+// is decided by Redis and admitted.
+func TestBurstDenyCache(t *testing.T) {
+	t.Parallel()
+	start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	forBackends(t, func(t *testing.T, b backend) {
+		clock := &testClock{t: start}
+		l := mustNew(t, b.newClient(t), []Limit{Burst(time.Second, 10, 2, Header("X-Id")).Named("b")}, WithClock(clock.Now))
+		ctx := context.Background()
+		allow := func() Result {
+			t.Helper()
+			res, err := l.Allow(ctx, []string{"x"}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res
+		}
+		for range 2 {
+			if res := allow(); !res.Allowed {
+				t.Fatalf("the burst: %+v", res)
+			}
+		}
+		clock.Set(start.Add(30 * time.Millisecond))
+		first := allow()
+		if first.Allowed || first.RetryAfter != 70*time.Millisecond {
+			t.Fatalf("a full bucket: allowed %v, Retry-After %v; want denied, 70ms", first.Allowed, first.RetryAfter)
+		}
+		clock.Set(start.Add(60 * time.Millisecond))
+		res := allow()
+		if res.Allowed || !res.Cached || res.RetryAfter != 40*time.Millisecond {
+			t.Errorf("again, 30ms later: allowed %v, cached %v, Retry-After %v; want denied from the deny cache, 40ms", res.Allowed, res.Cached, res.RetryAfter)
+		}
+		clock.Set(start.Add(100 * time.Millisecond)) // a unit has drained
+		if res := allow(); !res.Allowed || res.Cached {
+			t.Errorf("once a unit drained: allowed %v, cached %v; want admitted by Redis", res.Allowed, res.Cached)
+		}
+	})
+}
