@@ -51,6 +51,7 @@ var clusterSuite = []struct {
 	{"Expiry", testExpiry},
 	{"SpoofedForwardedFor", testSpoofedForwardedFor},
 	{"HierarchicalSpread", testHierarchicalSpread},
+	{"BurstHierarchical", testBurstHierarchical},
 	{"OddIdentifiers", testOddIdentifiers},
 	{"SingleSlot", testSingleSlot},
 	{"CompactLog", testCompactLog},

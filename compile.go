@@ -24,13 +24,21 @@ type compiledLimit struct {
 	tiers     []tier
 	tierOf    map[string]int
 	planCache *planCache // Plans.Cache's, if any
+	// rate and rateWindow are a token bucket's Quota and Window as
+	// declared: compile makes its Quota the burst and its Window the
+	// burst's refill, as the stores and Results read them.
+	rate       int
+	rateWindow time.Duration
 }
 
 // result is the part of a LimitResult that the limit itself gives, for a
 // client of its tier t.
 func (lim *compiledLimit) result(t int) LimitResult {
 	window := lim.Window
-	if lim.calendar {
+	switch {
+	case lim.interval > 0: // a token bucket: its plan's burst's refill
+		window = lim.policyWindow(lim.tiers[t].quota)
+	case lim.calendar:
 		window = 0 // the period's, which the decision says
 	}
 	return LimitResult{Name: lim.Name, Plan: lim.tiers[t].plan, Quota: lim.tiers[t].quota, Window: window, Shadow: lim.Shadow, InFlight: lim.InFlight, tier: t}
@@ -72,6 +80,10 @@ func newSpec(limits []compiledLimit, split bool) (*redislog.Spec, error) {
 		}
 		if lim.calendar {
 			public[i].Calendar, public[i].Unit = true, 0 // periods are kept to the microsecond
+		}
+		if lim.interval > 0 { // a token bucket: Quota its burst, Unit its interval
+			public[i].TokenBucket, public[i].Unit = true, lim.interval
+			public[i].Window = time.Duration(lim.Quota) * lim.interval
 		}
 		global[i], lease[i] = lim.Key.global, lim.Lease
 	}
@@ -164,7 +176,16 @@ func compile(cfg *config, limits []Limit, cost func(*http.Request) int, split bo
 			// rate limit has its window.
 			lim.Window = lim.Period.longest()
 		}
+		rate, rateWindow := lim.Quota, lim.Window
+		if lim.Burst != 0 {
+			// The stores, the declarations, the headers and LimitResult
+			// read a token bucket's burst where a log has its quota, and
+			// the burst's refill where it has its window.
+			lim.interval = burstInterval(lim.Window, lim.Quota)
+			lim.Quota, lim.Window = lim.Burst, time.Duration(lim.Burst)*lim.interval
+		}
 		c := compileLimit(cfg, lim)
+		c.rate, c.rateWindow = rate, rateWindow
 		if i < len(caches) && caches[i] != nil {
 			c.planCache = caches[i] // the same limit: one cache
 		}
@@ -292,6 +313,9 @@ func (c *compiled) declared() []Limit {
 		}
 		if out[i].InFlight || out[i].Period.set() {
 			out[i].Window = 0 // compile's copy of SlotLease, or the longest period
+		}
+		if out[i].Burst != 0 { // the rate, as declared
+			out[i].Quota, out[i].Window, out[i].interval = c.limits[i].rate, c.limits[i].rateWindow, 0
 		}
 	}
 	return out

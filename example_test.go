@@ -317,6 +317,38 @@ func ExampleClientIP() {
 // plan admits 2 requests a minute per user, "pro" 5, and "internal" is
 // not limited. The plan comes from the request's context, where an
 // authentication middleware would put it.
+// Burst is a rate with a burst: here 2 jobs a second per customer, up to
+// 3 at once. The burst is admitted at once; the next job fits when a unit
+// has drained, half a second later, and Retry-After says so exactly. The
+// headers give the burst as the quota, per the time it takes to refill.
+func ExampleBurst() {
+	rdb, done := newRedis()
+	defer done()
+
+	limiter, err := ratelimit.New(rdb, []ratelimit.Limit{
+		ratelimit.Burst(time.Second, 2, 3, ratelimit.Global()).Named("jobs"),
+	}, ratelimit.WithTimeout(redistest.DecisionTimeout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	for range 4 {
+		res, err := limiter.Allow(context.Background(), []string{"acme"}, 1)
+		if err != nil {
+			log.Fatal(err)
+		}
+		// (Rounded: the example's Redis clock runs on by microseconds.)
+		fmt.Printf("allowed=%v remaining=%d retry-after=%v\n", res.Allowed, res.Remaining, res.RetryAfter.Round(10*time.Millisecond))
+	}
+	res, _ := limiter.Status(context.Background(), []string{"acme"}, 1)
+	fmt.Printf("quota %d per %v\n", res.Limits[0].Quota, res.Limits[0].Window)
+	// Output:
+	// allowed=true remaining=2 retry-after=0s
+	// allowed=true remaining=1 retry-after=0s
+	// allowed=true remaining=0 retry-after=0s
+	// allowed=false remaining=0 retry-after=500ms
+	// quota 3 per 1.5s
+}
+
 func ExampleLimit_Tiered() {
 	rdb, done := newRedis()
 	defer done()

@@ -17,9 +17,9 @@ import (
 
 // A Limit admits at most Quota units of cost in any sliding Window, counted
 // separately for every identifier its Key yields. Build one with [Per]
-// (Per(time.Minute, 100, ClientIP()): 100 a minute per client address) or
-// [InFlight], or a quota per calendar period with [Calendar]; name it with
-// [Limit.Named].
+// (Per(time.Minute, 100, ClientIP()): 100 a minute per client address),
+// [Burst] (a sustained rate and a burst: a token bucket), [Calendar] (a
+// quota per calendar period) or [InFlight]; name it with [Limit.Named].
 //
 // The window slides with the request: a request at time t is admitted only if
 // the requests admitted in (t-Window, t] plus its own cost fit in Quota. There
@@ -41,7 +41,8 @@ type Limit struct {
 	Name string
 	// Quota is the cost admitted per window, from 1 to 1,000,000. The log
 	// holds one entry per admitted unit of cost, so its memory grows with
-	// the quota (see the README for figures).
+	// the quota (see the README for figures). For a token bucket (Burst
+	// not 0) it is the sustained rate: Quota units per Window.
 	Quota int
 	// Window is the length of the sliding window, at least 1ms. Windows are
 	// kept at microsecond precision on the Redis clock. An in-flight limit
@@ -76,6 +77,12 @@ type Limit struct {
 	// renewal (see [InFlight]). 30s when zero, at least 1s; a limit that
 	// is not in flight leaves it zero.
 	SlotLease time.Duration
+	// Burst, if not zero, makes the limit a token bucket ([Burst]): it
+	// holds at most Burst units of cost at once, from 1 to 1,000,000,
+	// and drains one unit every Window/Quota, rounded up to the
+	// microsecond (never faster than the rate). Default: zero, a sliding
+	// log of Quota per Window.
+	Burst int
 	// Lease, if not zero, lets a process that sees a key of the limit
 	// hot reserve part of its quota for at most that long and decide
 	// that key's requests from the reservation in memory ([Limit.Leased]):
@@ -95,6 +102,11 @@ type Limit struct {
 	Stops bool
 
 	defaulted bool // Name was given by the library, not by the user
+	// interval is a compiled token bucket's emission interval (see
+	// compile, which sets it).
+	interval time.Duration
+	// bucket says Burst made l: a burst of 0 is then an error, not a log.
+	bucket bool
 }
 
 // Unlimited is the quota of a plan whose clients a limit does not count
@@ -312,6 +324,9 @@ func (l Limit) defaultName() string {
 	if l.Period.set() {
 		return string(key) + "-per-" + l.Period.name()
 	}
+	if l.Burst != 0 {
+		return string(key) + "-burst-" + formatWindow(l.Window)
+	}
 	return string(key) + "-per-" + formatWindow(l.Window)
 }
 
@@ -360,6 +375,9 @@ func (l Limit) validate() error {
 		"block %v: must be 0 (no block) or from 1ms to %v", l.BlockFor, maxBlock)
 	check(l.BlockFor > 0 && l.Shadow, "block %v: a shadow limit never denies, so it cannot block", l.BlockFor)
 	check(l.BlockFor > 0 && l.Key.global, "block %v: a Global limit counts every client together: its block would block them all", l.BlockFor)
+	if l.Burst != 0 || l.bucket {
+		errs = append(errs, l.validateBurst()...)
+	}
 	if l.InFlight {
 		errs = append(errs, l.validateInFlight()...)
 	} else {
@@ -526,7 +544,8 @@ func inflightPolicy(name string, limit int) string {
 }
 
 // kind returns the kind segment of l's Redis keys and declarations: its
-// Key's kind, or inflightKind of it for an in-flight limit.
+// Key's kind, or inflightKind of it for an in-flight limit, burstKind of
+// it for a token bucket.
 func (l *Limit) kind() string {
 	if l.InFlight {
 		return inflightKind(l.Key.kindOf())
@@ -534,19 +553,26 @@ func (l *Limit) kind() string {
 	if l.Period.set() {
 		return calendarKind(l.Key.kindOf())
 	}
+	if l.Burst != 0 {
+		return burstKind(l.Key.kindOf())
+	}
 	return l.Key.kindOf()
 }
 
-// policyWindow is the window of l's policies in RateLimit-Policy: its
-// Window, or 0 for an in-flight limit, whose policy has none, or
-// calendarWindow for a calendar limit, whose periods have no fixed
-// length.
-func (l *Limit) policyWindow() time.Duration {
+// policyWindow is the window of l's policies of the given quota in
+// RateLimit-Policy: its Window; 0 for an in-flight limit, whose policy
+// has none; for a compiled token bucket, whose quota is a burst, the time
+// that burst takes to refill; calendarWindow for a calendar limit, whose
+// periods have no fixed length.
+func (l *Limit) policyWindow(quota int) time.Duration {
 	if l.InFlight {
 		return 0
 	}
 	if l.Period.set() {
 		return calendarWindow
+	}
+	if l.interval > 0 {
+		return time.Duration(quota) * l.interval
 	}
 	return l.Window
 }
@@ -727,6 +753,75 @@ func (l Limit) validateCalendar() []error {
 	}
 	if l.Lease != 0 {
 		bad("lease %v: a calendar limit lends no leases (a lease's units would outlive the period they were taken in); leave Lease zero", l.Lease)
+	}
+	return errs
+}
+
+// maxRefill bounds the time a token bucket's whole burst takes to drain:
+// its times stay exact in Lua's numbers, and its state's expiry short.
+const maxRefill = 366 * 24 * time.Hour
+
+// Burst returns a token bucket (GCRA) of rate units of cost per window
+// sustained and at most burst at once, counted by key: for example
+// Burst(time.Second, 10, 50, ClientIP()), 10 requests a second per client
+// address, up to 50 in a burst. A unit drains every window/rate, rounded
+// up to the microsecond (never faster than the rate); a request of cost n
+// is admitted iff the units the bucket holds plus n are at most burst,
+// decided in the same atomic call as every other limit of the request.
+// Its default name is the key's, "-burst-" and the window, such as
+// "ip-burst-1s": no rate and no burst, so a release that changes either
+// keeps the bucket.
+//
+// Over any interval [a, b] of the Redis clock it admits at most burst +
+// (b-a)/interval units per identifier (the interval is window/rate,
+// rounded up). Its state is one Redis string of about 25 bytes per identifier,
+// gone once the bucket has drained. [Limit.Named], [Limit.Shadowed],
+// [Limit.Block] and [Limit.Tiered] apply (a plan's quota is its burst: the
+// rate is the limit's for every plan); [New] refuses [Limit.Leased] and
+// [Limit.Bucketed] on it, a rate above one unit a microsecond, a burst
+// outside 1 to 1,000,000, and a burst that takes more than 366 days to
+// refill. Headers and Results describe it as a quota of burst per the
+// time the burst takes to refill. See docs/limits.md (token buckets).
+func Burst(window time.Duration, rate, burst int, key Key) Limit {
+	return Limit{Quota: rate, Window: window, Burst: burst, Key: key, bucket: true}
+}
+
+// burstKind is the kind segment of a token bucket's Redis keys, and its
+// kind in the operator's declarations: the kind of its Key under "gcra.",
+// which no Key's kind begins with, so that its state never shares a key
+// with a log (a Per limit renamed a Burst one under one name starts an
+// empty bucket).
+func burstKind(kind string) string { return "gcra." + kind }
+
+// burstInterval returns the emission interval of a token bucket of quota
+// (its rate) per window: window/quota rounded up to the microsecond.
+func burstInterval(window time.Duration, quota int) time.Duration {
+	us, q := window.Microseconds(), int64(quota)
+	return time.Duration((us+q-1)/q) * time.Microsecond
+}
+
+// validateBurst reports what is wrong with l, a token bucket, beyond what
+// every limit checks.
+func (l Limit) validateBurst() []error {
+	var errs []error
+	check := func(bad bool, format string, args ...any) {
+		if bad {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(l.Burst < 1 || l.Burst > maxQuota, "burst %d: must be 1 to %d", l.Burst, maxQuota)
+	check(l.InFlight, "burst %d: an in-flight limit caps requests at once, it is no token bucket: leave Burst zero", l.Burst)
+	check(l.Precision != 0, "burst %d: a token bucket has no buckets of time (Precision): leave it zero", l.Burst)
+	check(l.Lease != 0, "burst %d: a token bucket lends no leases (Lease): a lease is entries of an exact log", l.Burst)
+	if l.Quota >= 1 && l.Window >= time.Millisecond && !l.InFlight {
+		check(int64(l.Quota) > l.Window.Microseconds(), "rate %d per %v: a token bucket drains at most one unit a microsecond", l.Quota, l.Window)
+		interval := burstInterval(l.Window, l.Quota)
+		refill := func(burst int) bool { return time.Duration(burst) > maxRefill/interval }
+		check(l.Burst >= 1 && refill(l.Burst), "burst %d at %d per %v: takes more than %v to refill", l.Burst, l.Quota, l.Window, maxRefill)
+		for _, plan := range slices.Sorted(maps.Keys(l.Plans.Quotas)) {
+			q := l.Plans.Quotas[plan]
+			check(q >= 1 && refill(q), "plan %q: burst %d at %d per %v: takes more than %v to refill", plan, q, l.Quota, l.Window, maxRefill)
+		}
 	}
 	return errs
 }

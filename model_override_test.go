@@ -90,12 +90,19 @@ func (m *modelRun) drawPlans(rt *rapid.T, i int, l Limit) Limit {
 	if m.ov == nil {
 		return l
 	}
-	m.ov.declared = append(m.ov.declared, l.Quota)
+	declared := l.Quota
+	if l.Burst != 0 { // a token bucket's quota is its burst
+		declared = l.Burst
+	}
+	m.ov.declared = append(m.ov.declared, declared)
 	m.ov.pro = append(m.ov.pro, 0)
 	if !rapid.Bool().Draw(rt, "plans") {
 		return l
 	}
 	pro := drawModelQuota(rt, "pro quota")
+	if l.Burst != 0 { // a burst New accepts: refilled within maxRefill
+		pro = min(pro, int(maxRefill/burstInterval(l.Window, l.Quota)))
+	}
 	m.ov.pro[i] = pro
 	return l.Tiered(Plans{Of: func(_ context.Context, id string) (string, error) { return modelPlan(id), nil }, Quotas: map[string]int{"pro": pro}})
 }

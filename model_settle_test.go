@@ -78,7 +78,14 @@ func (m *modelRun) charge(rt *rapid.T) {
 		lim := m.model.Limits[p.Ref.Limit]
 		g := m.model.Log(p.Ref)
 		quota := is.res.Limits[p.Ref.Limit].Quota
-		if units > 0 {
+		switch {
+		case units == 0:
+		case lim.Calendar: // in the period it was admitted in, if still there
+			g.DebitCalendar(p.T, min(units, quota))
+		case lim.TokenBucket:
+			_, at := lim.LogTime(g, now)
+			lim.AdmitBucket(g, at, min(units, quota))
+		default:
 			_, at := lim.LogTime(g, now)
 			g.Add(at, min(units, quota))
 		}
@@ -168,7 +175,7 @@ func (m *modelRun) settle(rt *rapid.T) {
 			m.seen["settle credit after charges"]++
 		}
 		for _, p := range is.placed {
-			m.model.Log(p.Ref).Remove(p.T, min(had-cost, c0))
+			modelCredit(&m.model, p, min(had-cost, c0), now)
 		}
 	case cost > had:
 		if cost-had > most {
@@ -180,10 +187,14 @@ func (m *modelRun) settle(rt *rapid.T) {
 			lim := m.model.Limits[p.Ref.Limit]
 			g := m.model.Log(p.Ref)
 			if lim.Calendar { // in the period it was admitted in, if still there
-				g.DebitCalendar(p.T, min(cost-c0, is.res.Limits[p.Ref.Limit].Quota))
+				g.DebitCalendar(p.T, min(cost-had, is.res.Limits[p.Ref.Limit].Quota))
 				continue
 			}
 			_, at := lim.LogTime(g, now)
+			if lim.TokenBucket {
+				lim.AdmitBucket(g, at, min(cost-had, is.res.Limits[p.Ref.Limit].Quota))
+				continue
+			}
 			g.Add(at, min(cost-had, is.res.Limits[p.Ref.Limit].Quota))
 		}
 	default:

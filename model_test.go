@@ -37,8 +37,8 @@ import (
 // errors except where the model says a key holds foreign data; and that
 // nothing stays counted that the model does not count.
 //
-// Each check draws a configuration: one to four limits, exact logs and
-// bucketed, enforced and shadow, windows from 1ms (1 minute on a real
+// Each check draws a configuration: one to four limits, exact logs,
+// bucketed and token buckets (Burst), enforced and shadow, windows from 1ms (1 minute on a real
 // server, whose keys expire on its own clock, not on the test's) to 3
 // hours, quotas from 1 to 1,000,000 (both read paths of a log: whole up to
 // 256, in ranges above), on one Redis or split by hash tag as on a
@@ -98,11 +98,12 @@ func TestModel(t *testing.T) {
 // modelOff names dimensions to leave out, for investigating a failure:
 // "clock" (every request in time order, one clock), "isolation" (no
 // concurrent decisions), "refund2" (no repeated refunds), "foreign" (no
-// foreign data), "buckets" (exact logs only), "split" (one Redis call),
+// foreign data), "buckets" (exact logs only), "burst" (no token buckets),
+// "split" (one Redis call),
 // "block" (no limit blocks), "override" (no quota overrides, see
 // model_override_test.go), "settle" (no settles, see model_settle_test.go),
 // "calendar" (no calendar limits).
-var modelOff = flag.String("model.off", "", "TestModel: comma-separated dimensions to leave out (clock, isolation, refund2, foreign, buckets, split, block, override, settle, calendar); for investigation only")
+var modelOff = flag.String("model.off", "", "TestModel: comma-separated dimensions to leave out (clock, isolation, refund2, foreign, buckets, burst, split, block, override, settle, calendar); for investigation only")
 
 // modelEnv is a backend the model test runs on.
 type modelEnv struct {
@@ -205,7 +206,7 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 	m.ov = newModelOverrides(rt, env, off)
 	var limits []Limit
 	for i := range n {
-		ml := drawModelLimit(rt, i, env, !off["buckets"], !off["block"])
+		ml, rate, window := drawModelLimit(rt, i, env, !off["buckets"], !off["block"], !off["burst"])
 		if !off["calendar"] {
 			drawModelCalendar(rt, &ml)
 		}
@@ -217,6 +218,9 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 		l := Per(time.Duration(ml.Window)*time.Microsecond, ml.Quota, key).Named(ml.Name)
 		if ml.Calendar {
 			l = Calendar(Period{Days: int(ml.Window / (24 * 36e8)), Start: time.UnixMicro(ml.Anchor).UTC()}, ml.Quota, key).Named(ml.Name)
+		}
+		if ml.TokenBucket {
+			l = Burst(window, rate, ml.Quota, key).Named(ml.Name)
 		}
 		if ml.Bucketed {
 			l = l.Bucketed(time.Duration(ml.Unit) * time.Microsecond)
@@ -260,10 +264,12 @@ func newModelRun(rt *rapid.T, env modelEnv, off map[string]bool, admin, plain *r
 // same client may not be garbage yet.
 var runNames atomic.Int64
 
-// drawModelLimit draws limit i: its kind, window, quota and shadowing.
-func drawModelLimit(rt *rapid.T, i int, env modelEnv, buckets, block bool) logmodel.Limit {
+// drawModelLimit draws limit i: its kind, window, quota and shadowing;
+// for a token bucket (burst), also the rate and window of its Burst, whose
+// interval is the model's Unit.
+func drawModelLimit(rt *rapid.T, i int, env modelEnv, buckets, block, burst bool) (ml logmodel.Limit, rate int, window time.Duration) {
 	minWindow := env.minWindow
-	ml := logmodel.Limit{Name: fmt.Sprintf("m%d.r%d", i, runNames.Add(1))}
+	ml = logmodel.Limit{Name: fmt.Sprintf("m%d.r%d", i, runNames.Add(1))}
 	ml.Quota = rapid.SampledFrom([]int{1, 2, 3, 5, 10, 100, 256, 257, 1000, 65536, 1_000_000}).Draw(rt, "quota")
 	if rapid.IntRange(0, 3).Draw(rt, "random quota") == 0 {
 		ml.Quota = rapid.IntRange(1, 1_000_000).Draw(rt, "quota")
@@ -276,13 +282,17 @@ func drawModelLimit(rt *rapid.T, i int, env modelEnv, buckets, block bool) logmo
 		ml.Block = rapid.SampledFrom([]int64{36e8, 6 * 36e8, 24 * 36e8}).Draw(rt, "block")
 	}
 	min := minWindow.Microseconds()
+	if burst && rapid.IntRange(0, 3).Draw(rt, "token bucket") == 0 {
+		rate, window = drawModelBurst(rt, &ml, min)
+		return ml, rate, window
+	}
 	if buckets && rapid.IntRange(0, 2).Draw(rt, "bucketed") == 0 {
 		ml.Bucketed = true
 		// Where keys expire on the server's clock, a bucketed key lives
 		// until its newest bucket leaves the window on the request's clock
 		// (which then counts that bucket from its start, as the model does).
 		ml.Unit, ml.Window = logmodel.DrawBuckets(rt, min, env.expires)
-		return ml
+		return ml, 0, 0
 	}
 	max := (3 * time.Hour).Microseconds()
 	ml.Window = rapid.SampledFrom([]int64{min, 1e3, 1500, 7e3, 1e6, 6e7, 61e6, 36e8, 3 * 36e8}).Draw(rt, "window")
@@ -291,7 +301,41 @@ func drawModelLimit(rt *rapid.T, i int, env modelEnv, buckets, block bool) logmo
 	}
 	ml.Window = maxInt64(ml.Window, min)
 	ml.Unit = logmodel.UnitOf(ml.Window)
-	return ml
+	return ml, 0, 0
+}
+
+// drawModelBurst makes ml a token bucket: its interval (Unit) at least
+// min (a bucket that holds a unit is kept that long on the server's
+// clock), its burst (Quota) such that the whole burst refills within 3
+// hours (its Window: the clock steps by up to hundreds of them), and the
+// rate and window of a Burst of that interval, window/rate rounded up to
+// the microsecond: a rate of up to 1,000 per window, a window short of
+// rate*interval by less than the rate.
+func drawModelBurst(rt *rapid.T, ml *logmodel.Limit, min int64) (rate int, window time.Duration) {
+	ml.TokenBucket = true
+	ml.Unit = rapid.SampledFrom([]int64{1, 7, 1e3, 1e6, 6e7}).Draw(rt, "interval")
+	if rapid.Bool().Draw(rt, "random interval") {
+		ml.Unit = rapid.Int64Range(1, 6e7).Draw(rt, "interval")
+	}
+	ml.Unit = maxInt64(ml.Unit, min)
+	most := maxInt64((3*time.Hour).Microseconds()/ml.Unit, 1)
+	ml.Quota = int(minInt64(int64(ml.Quota), most))
+	ml.Window = int64(ml.Quota) * ml.Unit
+	rate = rapid.SampledFrom([]int{1, 2, 3, 10, 1000}).Draw(rt, "rate")
+	rate = int(maxInt64(int64(rate), (1000+ml.Unit-1)/ml.Unit)) // a window of at least 1ms
+	short := rapid.Int64Range(0, int64(rate)-1).Draw(rt, "window short of rate*interval")
+	us := maxInt64(int64(rate)*ml.Unit-short, 1000)
+	if (us+int64(rate)-1)/int64(rate) != ml.Unit { // 1ms is more than rate intervals: none short
+		us = int64(rate) * ml.Unit
+	}
+	return rate, time.Duration(us) * time.Microsecond
+}
+
+func minInt64(a, b int64) int64 {
+	if a < b {
+		return a
+	}
+	return b
 }
 
 // drawModelCalendar makes a quarter of the limits that are not bucketed
@@ -300,7 +344,7 @@ func drawModelLimit(rt *rapid.T, i int, env modelEnv, buckets, block bool) logmo
 // calendar_period_test.go's), anchored at a random time of a day in
 // 2025.
 func drawModelCalendar(rt *rapid.T, ml *logmodel.Limit) {
-	if ml.Bucketed || rapid.IntRange(0, 3).Draw(rt, "calendar") != 0 {
+	if ml.Bucketed || ml.TokenBucket || rapid.IntRange(0, 3).Draw(rt, "calendar") != 0 {
 		return
 	}
 	days := rapid.SampledFrom([]int64{1, 7}).Draw(rt, "period days")
@@ -544,7 +588,11 @@ func (m *modelRun) refund(rt *rapid.T) {
 	}
 	k := rapid.IntRange(0, 1).Draw(rt, "instance")
 	err := m.lims[k].Settle(context.Background(), is.res, 0)
-	wantErr := modelRefund(&m.model, is)
+	var now int64 // the clock of the instance that admitted it, now: a token bucket's refund is timed by it
+	if t := is.res.ticket; t != nil && t.clock != nil {
+		now = t.clock().UnixMicro()
+	}
+	wantErr := modelRefund(&m.model, is, now)
 	rt.Logf("step %d: Refund of %s (refunded before: %v) on instance %d -> %v; the model removes %v", m.steps, is.desc, is.refunded, k, err, !wantErr)
 	switch {
 	case wantErr && !refused(err):
@@ -560,7 +608,7 @@ func (m *modelRun) reset(rt *rapid.T) {
 	m.steps++
 	k := rapid.IntRange(0, 1).Draw(rt, "instance")
 	ids := m.drawIDs(rt)
-	wantErr := modelReset(&m.model, m.keysOf(ids), ids)
+	wantErr := modelReset(&m.model, m.keysOf(ids), ids, m.now[k])
 	err := m.localErr(m.lims[k].Reset(context.Background(), ids))
 	rt.Logf("step %d: Reset(%q) on instance %d -> %v", m.steps, ids, k, err)
 	if (err != nil) != wantErr {
@@ -660,6 +708,9 @@ func (m *modelRun) keyOf(r logmodel.LogRef) string {
 	if m.model.Limits[r.Limit].Calendar {
 		kind = calendarKind(kind)
 	}
+	if m.model.Limits[r.Limit].TokenBucket {
+		kind = burstKind(kind)
+	}
 	return logKey(m.model.Limits[r.Limit].Name, kind, r.ID)
 }
 
@@ -739,6 +790,9 @@ func (m *modelRun) count(o logmodel.Outcome) {
 		}
 		if l.Calendar && v.Consulted {
 			m.seen["calendar"]++
+		}
+		if v.Consulted && l.TokenBucket {
+			m.seen["token bucket"]++
 		}
 	}
 	if !o.Allowed && len(o.Limits) > 1 && m.split {

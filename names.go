@@ -91,6 +91,13 @@ func (d definition) String() string {
 		}
 		return s
 	}
+	if strings.HasPrefix(d.kind, burstKind("")) { // its quota the burst, its window the burst's refill
+		s += ", a token bucket"
+		if d.defaulted {
+			s += " (unnamed)"
+		}
+		return s
+	}
 	if d.precision > 0 {
 		s += ", in buckets of " + formatWindow(d.precision)
 	} else {

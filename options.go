@@ -267,8 +267,11 @@ const (
 	// not whole seconds, and for a [Calendar] quota, whose periods have no
 	// fixed length), r the remaining quota and t the seconds, rounded
 	// up, until r next grows (for a calendar quota that counts anything,
-	// until its period ends). The partition key parameter pk is not sent:
-	// it would disclose how clients are identified.
+	// until its period ends). For a token bucket ([Burst]) q is the burst
+	// and w the time the whole burst takes to refill, so that q/w is the
+	// rate; r is the units available now and t the seconds until one more
+	// is. The partition key parameter pk is not sent: it would disclose
+	// how clients are identified.
 	HeadersIETF
 
 	// HeadersNone writes no rate-limit headers; Retry-After is still sent on

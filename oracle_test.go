@@ -190,6 +190,19 @@ type oFamily struct {
 	period time.Duration
 	anchor time.Time
 	stops  bool // Stopping, in a Limiter with settlement (see newLimiter)
+	burst  int  // a token bucket of quota per window, this burst (Burst); 0: a log
+}
+
+// kindOf names f's kind of count: "exact", "bucketed" or "burst" (a token
+// bucket). Kinds count apart under one name.
+func (f oFamily) kindOf() string {
+	switch {
+	case f.burst > 0:
+		return "burst"
+	case f.precision > 0:
+		return "bucketed"
+	}
+	return "exact"
 }
 
 func (f oFamily) limit() Limit {
@@ -207,6 +220,13 @@ func (f oFamily) limit() Limit {
 	l := Per(f.window, f.quota, k).Named(f.name)
 	if f.period > 0 {
 		l = Calendar(Period{Days: int(f.period / (24 * time.Hour)), Start: f.anchor}, f.quota, k).Named(f.name)
+	}
+	if f.burst > 0 {
+		l = Burst(f.window, f.quota, f.burst, k).Named(f.name)
+		if f.plans { // a plan's quota is its burst
+			l = l.Tiered(Plans{Quotas: map[string]int{"big": 2 * f.burst, "small": max(1, f.burst/2)}, Of: oraclePlanOf})
+		}
+		return l
 	}
 	if f.precision > 0 {
 		l = l.Bucketed(f.precision)
@@ -493,11 +513,14 @@ func (o *oracleRun) build() {
 		f := oFamily{name: "f" + strconv.Itoa(i), kind: []string{"header", "ip", "compose", "global"}[r.IntN(4)],
 			quota: 1 + r.IntN(10), window: windows[r.IntN(len(windows))]}
 		o.dims["key-"+f.kind] = true
-		x := r.IntN(6)
+		x := r.IntN(7)
 		if o.realtime && i == 0 {
 			x = 1 // a leased limit
 		}
 		switch {
+		case x == 6:
+			f.burst = 1 + r.IntN(10)
+			o.dims["burst"] = true
 		case x == 0:
 			f.precision = f.window / time.Duration([]int{2, 4, 10}[r.IntN(3)])
 			o.dims["bucketed"] = true
@@ -552,7 +575,12 @@ func (o *oracleRun) build() {
 	}
 	nrep := 1 + r.IntN(3)
 	differ := nrep > 1 && o.draw("replica-differ", 0.6)
-	failLocal := o.b.mr != nil && !o.realtime && o.draw("faillocal", 0.3)
+	// FailLocal with a token bucket is left out: after the return, its
+	// local level counts against Redis's burst, but the two drain side by
+	// side, so an interval across the return may hold up to twice the
+	// burst (docs/limits.md, token buckets).
+	anyBurst := slices.ContainsFunc(base, func(f oFamily) bool { return f.burst > 0 })
+	failLocal := o.b.mr != nil && !o.realtime && !anyBurst && o.draw("faillocal", 0.3)
 	if failLocal {
 		nrep = 1 // FailLocal counts per process: N processes may admit N quotas
 	}
@@ -624,14 +652,14 @@ func (o *oracleRun) build() {
 			}
 		}
 	}
-	kinds := map[string]map[bool]bool{}
+	kinds := map[string]map[string]bool{}
 	for _, rep := range o.reps {
 		for _, l := range rep.layers {
 			for _, f := range append(slices.Clone(l.fams), l.route...) {
 				if kinds[f.name] == nil {
-					kinds[f.name] = map[bool]bool{}
+					kinds[f.name] = map[string]bool{}
 				}
-				kinds[f.name][f.precision > 0] = true
+				kinds[f.name][f.kindOf()] = true
 				o.maxPrecision[f.name] = max(o.maxPrecision[f.name], f.precision)
 				if f.precision > 0 {
 					if o.precisions[f.name] == nil {
@@ -643,7 +671,7 @@ func (o *oracleRun) build() {
 		}
 	}
 	for name, k := range kinds {
-		o.split[name] = len(k) == 2
+		o.split[name] = len(k) >= 2
 	}
 	// The tolerances of refusals: see oracle.Limit.
 	for _, rep := range o.reps {
@@ -676,13 +704,25 @@ func (o *oracleRun) vary(fams []oFamily, cap int) ([]oFamily, int) {
 	base := slices.Clone(fams)
 	i := r.IntN(len(fams))
 	f := &fams[i]
-	fields := []string{"quota", "plans", "inflight", "window", "bucketed", "precision", "lease"}
+	fields := []string{"quota", "plans", "inflight", "window", "bucketed", "precision", "lease", "burst"}
 	if f.period > 0 {
 		fields = fields[:3] // a calendar family keeps its period
 	}
 	field := fields[r.IntN(len(fields))]
+	if f.burst > 0 && (field == "bucketed" || field == "precision" || field == "lease") {
+		field = "burst" // a token bucket has none of them
+	}
 	o.dims["replica-"+field] = true
 	switch field {
+	case "burst": // a bucket of another burst, a log made a bucket, or a bucket made a log
+		switch {
+		case f.burst > 0 && r.IntN(2) == 0:
+			f.burst = 0
+		case f.burst > 0:
+			f.burst = max(1, f.burst+r.IntN(7)-3)
+		default:
+			f.burst, f.precision, f.lease = f.quota, 0, 0
+		}
 	case "quota":
 		f.quota = max(1, f.quota+r.IntN(7)-3)
 	case "plans":
@@ -936,6 +976,11 @@ func (o *oracleRun) limitsOf(l *oLayer, res Result, c int) (rate []oracle.Limit,
 			continue
 		}
 		f := all[i]
+		if f.burst > 0 { // a token bucket: its Result's quota is its burst, its window the burst's refill
+			rate = append(rate, oracle.Limit{Name: o.logName(f), ID: oID(f.kind, c), Quota: lr.Quota, Interval: lr.Window / time.Duration(lr.Quota),
+				LocalOnly: res.Local})
+			continue
+		}
 		rate = append(rate, oracle.Limit{Name: o.logName(f), ID: oID(f.kind, c), Keep: oKeep(lr.Window), Quota: lr.Quota, AdmitQuota: o.admitQuota(f.name, c), Window: lr.Window, Late: o.late[f.name],
 			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: o.precisionOf(f), Lease: o.leaseSpan[f.name],
 			ResetDrift: f.precision > 0 && knownOpen["reset-bucket-drift"], Period: oPeriod(f)})
@@ -953,10 +998,7 @@ func (o *oracleRun) logName(f oFamily) string {
 	if !o.split[f.name] {
 		return f.name
 	}
-	if f.precision > 0 {
-		return f.name + "#bucketed"
-	}
-	return f.name + "#exact"
+	return f.name + "#" + f.kindOf()
 }
 
 // precisionOf is the bucket length f's admissions are held to: f's own,

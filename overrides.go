@@ -65,7 +65,7 @@ func (rs *ruleset) overridden(quotas map[[2]string]int) *ruleset {
 			if tr.plan != "" {
 				name += "." + tr.plan
 			}
-			tiers[t] = newTier(tr.plan, name, q, lim.policyWindow())
+			tiers[t] = newTier(tr.plan, name, q, lim.policyWindow(q))
 		}
 		if tiers != nil {
 			lim.tiers, lim.Quota, changed = tiers, tiers[0].quota, true

@@ -27,14 +27,14 @@ type tier struct {
 // in name order; and the index of each plan's, by name (nil without
 // plans).
 func tiersOf(lim *Limit) ([]tier, map[string]int) {
-	tiers := []tier{newTier("", lim.Name, lim.Quota, lim.policyWindow())}
+	tiers := []tier{newTier("", lim.Name, lim.Quota, lim.policyWindow(lim.Quota))}
 	if !lim.Plans.set() {
 		return tiers, nil
 	}
 	index := make(map[string]int, len(lim.Plans.Quotas))
 	for _, plan := range slices.Sorted(maps.Keys(lim.Plans.Quotas)) {
 		index[plan] = len(tiers)
-		tiers = append(tiers, newTier(plan, lim.Name+"."+plan, lim.Plans.Quotas[plan], lim.policyWindow()))
+		tiers = append(tiers, newTier(plan, lim.Name+"."+plan, lim.Plans.Quotas[plan], lim.policyWindow(lim.Plans.Quotas[plan])))
 	}
 	return tiers, index
 }

@@ -117,7 +117,10 @@ type LimitResult struct {
 	// quota.
 	Plan string
 	// Quota is the plan's quota: the limit's own for the default plan;
-	// [Unlimited] (with Skipped) if the plan exempts the client.
+	// [Unlimited] (with Skipped) if the plan exempts the client. For a
+	// token bucket ([Burst]) it is the burst, and Window the time the
+	// whole burst takes to refill (burst × the interval), so that
+	// Quota/Window is the rate.
 	Quota int
 	// Window is the limit's window; for a [Calendar] quota, the length of
 	// the client's period the decision was made in (0 if it was not

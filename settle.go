@@ -177,16 +177,20 @@ func (t *ticket) credit(ctx context.Context, n int) error {
 	if t.settled != nil {
 		t.settled.credited.Add(uint64(n))
 	}
+	var now int64 // the server's clock, unless the Limiter reads its own: a token bucket's credit is timed
+	if t.clock != nil {
+		now = t.clock().UnixMicro()
+	}
 	if t.in != nil { // FailLocal decided (its entries are in this process), or WithStore's store
 		ctx, cancel := t.inContext(ctx)
 		defer cancel()
-		q := store.Query{Limits: t.spec.Public, Keys: t.keys, Cost: n}
+		q := store.Query{Limits: t.spec.Public, Keys: t.keys, Cost: n, Now: now}
 		if err := t.in.Credit(ctx, &q, stamps); err != nil {
 			return fmt.Errorf("%w: the store did not take back %d units: %w", ErrNotReverted, n, err)
 		}
 		return nil
 	}
-	reservations := redislog.Reservations(t.spec, t.keys, t.groups(), n, func(i int) int64 { return stamps[i] })
+	reservations := redislog.ReservationsAt(t.spec, t.keys, t.groups(), n, now, func(i int) int64 { return stamps[i] })
 	var err error
 	switch u, pending := t.rs.Rollbacks.Credit(reservations, n, redislog.Deadline(ctx, time.Now(), t.timeout)); {
 	case u > 0:

@@ -127,17 +127,25 @@ func (c eqCalendar) String() string {
 	return fmt.Sprintf("calendar: own %v, routes %v, period %d months %d days from %v", c.own, c.routes, c.period.Months, c.period.Days, c.period.Start)
 }
 
-// eqLimiter returns the app's Limiter, with the calendar limits of cal
-// (at most one draw; none without it).
-func eqLimiter(t *testing.T, rdb redis.UniversalClient, o ratelimit.Observer, opts []ratelimit.Option, cal ...eqCalendar) *ratelimit.Limiter {
+// eqLimiter returns the app's Limiter: its limits "ip" and "route", and
+// each declared route's. The limits burst names ("ip" and the routes')
+// are token buckets (ratelimit.Burst) instead of logs. It has the
+// calendar limits of cal beside (at most one draw; none without it).
+func eqLimiter(t *testing.T, rdb redis.UniversalClient, o ratelimit.Observer, opts []ratelimit.Option, burst map[string]bool, cal ...eqCalendar) *ratelimit.Limiter {
 	t.Helper()
 	var c eqCalendar
 	if len(cal) > 0 {
 		c = cal[0]
 	}
+	limit := func(name string) ratelimit.Limit {
+		if burst[name] {
+			return ratelimit.Burst(time.Minute, 1000, 1000, ratelimit.ClientIP()).Named(name)
+		}
+		return ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named(name)
+	}
 	routes := map[string]ratelimit.RouteLimits{}
 	for _, d := range eqDeclared {
-		limits := []ratelimit.Limit{ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named(d.limit)}
+		limits := []ratelimit.Limit{limit(d.limit)}
 		if c.routes[d.limit] {
 			limits = append(limits, ratelimit.Calendar(c.period, 1000, ratelimit.ClientIP()).Named(d.limit+"-cal"))
 		}
@@ -145,7 +153,7 @@ func eqLimiter(t *testing.T, rdb redis.UniversalClient, o ratelimit.Observer, op
 	}
 	opts = append([]ratelimit.Option{ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithObserver(o), ratelimit.WithRoutes(routes)}, opts...)
 	own := []ratelimit.Limit{
-		ratelimit.Per(time.Minute, 1000, ratelimit.ClientIP()).Named("ip"),
+		limit("ip"),
 		ratelimit.Per(time.Minute, 1000, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
 	}
 	if c.own {
@@ -373,16 +381,24 @@ func TestEquivalence(t *testing.T) {
 	}
 	t.Logf("seed %d (RATELIMIT_EQ_SEED replays it)", seed)
 	memo := route.Memoized()
+	// Which limits are token buckets: drawn by the seed, so that a
+	// bucket's key is among those every router must leave alike.
+	burst := map[string]bool{}
+	draw := rand.New(rand.NewPCG(seed, 4))
+	for _, name := range append([]string{"ip"}, eqLimitNames()...) {
+		burst[name] = draw.IntN(2) == 0
+	}
+	t.Logf("token buckets: %v", burst)
 	forBackends(t, func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option) {
 		ctx := context.Background()
 		rng := rand.New(rand.NewPCG(seed, 2))
-		cal := drawEqCalendar(rand.New(rand.NewPCG(seed, 4)))
+		cal := drawEqCalendar(rand.New(rand.NewPCG(seed, 5)))
 		t.Log(cal)
 		obs := &eqObserver{}
 		var ran string
 		apps := make([]http.Handler, len(eqRouters))
 		for i, rt := range eqRouters {
-			apps[i] = rt.build(eqLimiter(t, rdb, ratelimit.Observer{Decision: obs.Observe}, opts, cal), &ran)
+			apps[i] = rt.build(eqLimiter(t, rdb, ratelimit.Observer{Decision: obs.Observe}, opts, burst, cal), &ran)
 		}
 		paths := []string{"/nope"}
 		for _, rt := range eqRoutes {
@@ -508,12 +524,19 @@ func allowedKey(k string, cal eqCalendar) bool {
 			slices.Contains(eqCanonical, p)
 	}
 	name, ok := strings.CutSuffix(strings.TrimPrefix(k, "ratelimit:"), ":ip:{192.0.2.1}")
-	return ok && (name == "ip" || slices.ContainsFunc(eqDeclared, func(d struct {
-		template, limit string
-		methods         []string
-	}) bool {
-		return d.limit == name
-	}))
+	if !ok { // a token bucket's key (ratelimit.Burst)
+		name, ok = strings.CutSuffix(strings.TrimPrefix(k, "ratelimit:"), ":gcra.ip:{192.0.2.1}")
+	}
+	return ok && (name == "ip" || slices.Contains(eqLimitNames(), name))
+}
+
+// eqLimitNames returns the names of the limits the routes declare.
+func eqLimitNames() []string {
+	var names []string
+	for _, d := range eqDeclared {
+		names = append(names, d.limit)
+	}
+	return names
 }
 
 // eqRequest returns a request of method for path, as a server receives it

@@ -147,7 +147,7 @@ func TestEquivalenceSettle(t *testing.T) {
 		var ran string
 		apps := make([]http.Handler, len(eqRouters))
 		for i, rt := range eqRouters {
-			apps[i] = rt.build(eqLimiter(t, rdb, ratelimit.Observer{Decision: obs.Observe}, append(slices.Clone(opts), settle)), &ran)
+			apps[i] = rt.build(eqLimiter(t, rdb, ratelimit.Observer{Decision: obs.Observe}, append(slices.Clone(opts), settle), nil), &ran)
 		}
 		compared := 0
 		for range 3 {

@@ -354,3 +354,49 @@ func BenchmarkObserveDenial(b *testing.B) {
 		}
 	})
 }
+
+// TestBurstState: an identifier's state in a token bucket (ratelimit.Burst)
+// shows its burst as the quota, the burst's refill as the window, what is
+// available now, and a reset empties the bucket.
+func TestBurstState(t *testing.T) {
+	mr := miniredis.RunT(t)
+	mr.SetTime(t0)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	adm := admin.New(admin.Options{Now: func() time.Time { return t0 }})
+	lim, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.Burst(time.Second, 10, 5, ratelimit.Header("X-Client")).Named("bucket")},
+		ratelimit.WithObserver(adm.Observer()), ratelimit.WithTimeout(redistest.DecisionTimeout), ratelimit.WithStore(redisStore(t, rdb, redisstore.Options{DenyCache: -1})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/debug/ratelimit/", adm)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	f := &fixture{adm: adm, lim: lim, srv: srv, base: srv.URL + "/debug/ratelimit/"}
+	ctx := context.Background()
+	for range 7 {
+		if _, err := lim.Allow(ctx, []string{"c1"}, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q := url.Values{"limit": {"bucket"}, "id": {"c1"}}.Encode()
+	var st admin.IDState
+	if code, body := f.get(t, "id?format=json&"+q, &st); code != http.StatusOK {
+		t.Fatalf("state: %d %s", code, body)
+	}
+	if st.Quota != 5 || st.WindowSeconds != 0.5 || st.Remaining != 0 || !st.Denied || st.DeniedRecently != 2 {
+		t.Errorf("state of a full bucket: %+v; want quota 5 per 0.5s, none remaining, denied twice", st)
+	}
+	if code, page := f.get(t, "id?"+q, nil); code != http.StatusOK || !strings.Contains(page, "bucket") {
+		t.Errorf("state page: %d\n%s", code, page)
+	}
+	resp, err := http.PostForm(f.base+"reset", url.Values{"limit": {"bucket"}, "id": {"c1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if lr, err := lim.Inspect().Status(ctx, "bucket", "c1"); err != nil || lr.Remaining != 5 {
+		t.Errorf("after a reset: %+v %v; want the whole burst", lr, err)
+	}
+}

@@ -6,13 +6,14 @@
 --   now     7  the time to decide at; 0: the Redis server's clock (TIME)
 --   cost    4  units of cost to log in every limit
 --   limits  1  the number of limits L, then L limits:
---     kind    1  EXACT_LOG, BUCKETS, INFLIGHT or CALENDAR
+--     kind    1  EXACT_LOG, BUCKETS, INFLIGHT, GCRA or CALENDAR
 --     flags   1  FLAG_SHADOW: checked and reported, never denies; FLAG_BLOCK,
 --                FLAG_LEASE, FLAG_ACQUIRE: the fields below follow
 --     quota   4
 --     window  6
 --     unit    6  the exact log's time unit; the buckets' precision; an
---                in-flight limit's holder id (the request's)
+--                in-flight limit's holder id (the request's); a token
+--                bucket's emission interval (GCRA: its quota is its burst)
 --     name    1 + n  n, then the bucketed limit's name (n = 0 for a log)
 --     block   6  only with FLAG_BLOCK: how long a denial blocks the client
 --     lease   6  only with FLAG_LEASE (an exact log): the longest lease a
@@ -45,6 +46,7 @@ local EXACT_LOG = 1
 local BUCKETS = 2
 local INFLIGHT = 3 -- see inflight.lua
 local CALENDAR = 5 -- see calendar.lua
+local GCRA = 4 -- a token bucket: see gcra.lua
 local FLAG_SHADOW = 1
 local FLAG_BLOCK = 2
 local FLAG_LEASE = 4

@@ -7,6 +7,11 @@
 -- its cost (inflight_cost), is decided at the request's time, and its
 -- reset is always NEVER; its stamp is the request's holder id.
 --
+-- A token bucket (gcra.lua) is read as a log of its level: its count is
+-- the units it holds, its quota its burst, its entries leave one every
+-- interval; a request's stamp in it is the bucket's gross after it, which
+-- rollback (a refund) names it by, taken back at the request's time.
+--
 -- A limit is decided at its log's time: the request's, or, if the log
 -- logged entries at a later time (a clock stepped back, two servers'
 -- clocks), the latest such time, even if a refund or rollback removed
@@ -46,6 +51,7 @@ local KINDS = {
     forget = inflight_forget},
   [CALENDAR] = {read = calendar_read, leaves = calendar_leaves, admit = calendar_admit, remove = calendar_remove,
     forget = calendar_forget},
+  [GCRA] = {read = gcra_read, leaves = gcra_leaves, admit = gcra_admit, remove = gcra_remove, forget = gcra_forget},
 }
 
 local NEVER = 0 -- a reset: the request can never fit
@@ -182,13 +188,13 @@ end
 -- undo removes what a request of cost n that failed while admit logged it
 -- logged: the entries of the limits that have a stamp. It returns the
 -- units of cost it could not remove.
-local function undo(keys, k, limits, n, R, r)
+local function undo(keys, k, limits, n, now, R, r)
   local left = 0
   for i = 1, #limits do
     local lim, at = limits[i], R[r + 3 * i + 3]
     local n = inflight_cost(lim, n)
     if at > 0 and R[r + 3 * i + 1] + n <= lim[QUOTA] then
-      local ok, removed = pcall(KINDS[lim[KIND]].remove, keys[k + i - 1], lim, at, n)
+      local ok, removed = pcall(KINDS[lim[KIND]].remove, keys[k + i - 1], lim, at, n, now)
       left = left + n - (ok and removed or 0)
     end
   end
@@ -345,8 +351,9 @@ local function each(keys, argv, write)
     local arg, now, n, limits = argv[j]
     -- The fast path (exact_fast): a request of one enforced exact log
     -- (with no flags, or FLAG_LEASE alone), decoded here in locals, or of
-    -- two to FAST_LIMITS (fast_many). It leaves the request to what
-    -- follows if it cannot decide it, having written nothing.
+    -- two to FAST_LIMITS (fast_many); or of one enforced token bucket
+    -- without flags (gcra_fast). It leaves the request to what follows if
+    -- it cannot decide it, having written nothing.
     local fast, left, L = false, 0, 1
     if write and #arg == REQUEST_HEAD + LIMIT_HEAD then
       local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, count, kind, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6,
@@ -359,6 +366,14 @@ local function each(keys, argv, write)
         end
         fast = exact_fast(keys[k], ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
           ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6,
+          ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, ((c1 * 256 + c2) * 256 + c3) * 256 + c4, now, R, r)
+      elseif count == 1 and kind == GCRA and flags == 0 then -- a token bucket alone (gcra_fast)
+        now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
+        if now == 0 then
+          clock = clock or server_now()
+          now = clock
+        end
+        fast = gcra_fast(keys[k], ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
           ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, ((c1 * 256 + c2) * 256 + c3) * 256 + c4, now, R, r)
       end
     elseif write and #arg > REQUEST_HEAD + LIMIT_HEAD then
@@ -413,7 +428,7 @@ local function each(keys, argv, write)
           error(e, 0)
         end
         if not fast then
-          left = R[r + 1] == LOGGING and undo(keys, k, limits, n, R, r) or 0
+          left = R[r + 1] == LOGGING and undo(keys, k, limits, n, now, R, r) or 0
         end
         R[r + 1], R[r + 2], R[r + 3] = msg, left, 0
         for i = r + 4, r + 3 + 3 * #limits do
@@ -439,14 +454,16 @@ end
 
 -- rollback removes one request's entries from its limits: argv[1] is the
 -- request, argv[2] the time its entries were given in each limit (7 bytes
--- each; 0 where it was not logged). Returns the units of cost removed.
+-- each; 0 where it was not logged): a token bucket's stamp (see gcra.lua),
+-- taken back at the request's time (0: the server's clock). Returns the
+-- units of cost removed.
 local function rollback(keys, argv)
-  local _, n, limits = decode_request(argv[1])
+  local now, n, limits = decode_request(argv[1])
   local removed = 0
   for i = 1, #limits do
     local lim, at = limits[i], uint(argv[2], 7 * i - 6, 7)
     if at > 0 then
-      removed = removed + KINDS[lim[KIND]].remove(keys[i], lim, at, inflight_cost(lim, n))
+      removed = removed + KINDS[lim[KIND]].remove(keys[i], lim, at, inflight_cost(lim, n), now)
     end
   end
   return removed

@@ -13,8 +13,8 @@ package lua
 import "embed"
 
 // Files holds the library's source files: codec.lua, exact.lua,
-// buckets.lua, inflight.lua, calendar.lua, library.lua and settle.lua, at
-// the top of the file system.
+// buckets.lua, inflight.lua, gcra.lua, calendar.lua, library.lua and
+// settle.lua, at the top of the file system.
 //
 //go:embed *.lua
 var Files embed.FS

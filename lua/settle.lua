@@ -8,7 +8,7 @@
 -- CHARGED says which kinds of limit a debit is logged in: the logs of
 -- cost. A limit of any other kind counts something else (requests in
 -- flight, say) and is left as it is.
-local CHARGED = {[EXACT_LOG] = true, [BUCKETS] = true}
+local CHARGED = {[EXACT_LOG] = true, [BUCKETS] = true, [GCRA] = true}
 
 -- charge logs a debit in the limits of one admitted request, whatever
 -- their room (the request was admitted; its real cost is known only now):

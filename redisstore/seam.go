@@ -133,7 +133,7 @@ func (s *Store) Credit(ctx context.Context, q *store.Query, stamps []int64) erro
 	if err != nil {
 		return err
 	}
-	res := redislog.Reservations(p, q.Keys, g, q.Cost, func(i int) int64 { return stamps[i] })
+	res := redislog.ReservationsAt(p, q.Keys, g, q.Cost, q.Now, func(i int) int64 { return stamps[i] })
 	switch u, pending := s.mechanism().Rollbacks.Credit(res, q.Cost, deadline); {
 	case u > 0:
 		return fmt.Errorf("redisstore: %d units were not taken back; they stay counted until they leave their windows", u)

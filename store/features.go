@@ -34,8 +34,11 @@ type Settler interface {
 	// interchangeable. A credit never lets a log's time run
 	// backwards: what is decided after it is logged no earlier than
 	// before it. Entries that have left their window, or were never
-	// logged, are not found, and that is not an error.
-	// q.Now, q.Quotas, q.Peek and q.Holder are ignored.
+	// logged, are not found, and that is not an error. A token bucket
+	// (Limit.TokenBucket) takes back, at q.Now (0: the store's clock),
+	// what the request stamped stamps[i] still holds, at most q.Cost
+	// units, never more (see lua/gcra.lua). q.Quotas, q.Peek and
+	// q.Holder are ignored, and q.Now but for token buckets.
 	Credit(ctx context.Context, q *Query, stamps []int64) error
 	// Debit logs q.Cost more units for a request admitted over q's
 	// limits and logged at stamps[i] in limit i (0: not logged there,

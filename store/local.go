@@ -100,6 +100,12 @@ type localLog struct {
 	// cal: a calendar limit's state (Limit.Calendar), see
 	// local_calendar.go.
 	cal *localPeriod
+	// bucket: a token bucket (Limit.TokenBucket), which holds no runs
+	// and keeps its state in time and, as a log's window and unit are
+	// no bucket's, in window (its TAT) and unit (its gross): see
+	// local_gcra.go. No field is added for it: the store's memory per
+	// log stays as accounted.
+	bucket bool
 }
 
 // localRun is n entries of one time.
@@ -122,7 +128,7 @@ func (s *Local) Bytes() int64 { return s.bytes.Load() }
 // log may still be decided at: a unit before its time, for an exact log
 // is decided at now when now rounded up reaches its time.
 func (g *localLog) prune() {
-	if !g.logged || g.inflight {
+	if !g.logged || g.inflight || g.bucket {
 		return
 	}
 	i := 0
@@ -145,6 +151,9 @@ func (g *localLog) expiry() int64 {
 	}
 	if !g.logged {
 		return g.blockEnd
+	}
+	if g.bucket { // nothing held, nothing to take back
+		return max(g.unit, g.blockEnd) // its gross
 	}
 	return max(g.time+g.window, g.blockEnd)
 }
@@ -283,6 +292,12 @@ func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
 			}
 			continue
 		}
+		if lim.TokenBucket && g != nil {
+			if !s.bucketLocked(q, i, g, sl, now, wall, out) && !lim.Shadow {
+				out.Allowed = false
+			}
+			continue
+		}
 		count, quota := int64(0), int64(q.Quota(i))
 		r := Reply{OK: true, Now: now, Reset: now}
 		if g == nil {
@@ -374,6 +389,16 @@ func (s *Local) Decide(ctx context.Context, q *Query, out *Outcome) error {
 			out.Replies[i].Next = g.calendarAdmit(sl, n)
 			if out.Replies[i].Count == 0 {
 				out.Replies[i].Reset = sl.cal.end
+			}
+			if !s.opts.KeepExpired {
+				s.sweep.Added(g.expiry())
+			}
+			continue
+		}
+		if lim.TokenBucket {
+			stamp, next := bucketAdmit(g, sl.at, n, lim.Unit.Microseconds())
+			if out.Replies[i].Next = stamp; out.Replies[i].Count == 0 {
+				out.Replies[i].Reset = next
 			}
 			if !s.opts.KeepExpired {
 				s.sweep.Added(g.expiry())
@@ -482,6 +507,10 @@ func (s *Local) placeLocked(id LogID, h uint64, made int64) (*localLog, uint64, 
 			// it takes their count along, as of the newest entry
 			// (later, so never counted shorter).
 			g.time, g.logged, g.window, g.unit = over.time, true, over.window, over.unit
+			g.bucket = over.bucket // with its state, in window and unit
+			if over.bucket {
+				return g, h, cost
+			}
 			if total := over.count(math.MinInt64, 0); total > 0 {
 				g.runs = append(g.runs, localRun{over.runs[len(over.runs)-1].t, total})
 			}
@@ -540,7 +569,11 @@ func (s *Local) addLocked(g *localLog, at, n int64) {
 // In an in-flight log, stamps[i] is read as a holder id, as Release
 // reads it. It never fails ([Settler]).
 func (s *Local) Credit(ctx context.Context, q *Query, stamps []int64) error {
-	s.credit(logsOf(q), stamps, q.Cost)
+	now := q.Now
+	if now == 0 {
+		now = time.Now().UnixMicro()
+	}
+	s.credit(logsOf(q), stamps, q.Cost, q.Limits, now)
 	return nil
 }
 
@@ -560,7 +593,7 @@ func (s *Local) Release(ctx context.Context, ids []LogID, holder uint64) error {
 	for i := range stamps {
 		stamps[i] = int64(holder)
 	}
-	s.credit(ids, stamps, 1)
+	s.credit(ids, stamps, 1, nil, 0)
 	return nil
 }
 
@@ -586,8 +619,9 @@ func (s *Local) Renew(ctx context.Context, now int64, ids []LogID, lease time.Du
 	return held, nil
 }
 
-// credit is Credit, and Release with the holder id in stamps.
-func (s *Local) credit(ids []LogID, stamps []int64, cost int) {
+// credit is Credit, and Release with the holder id in stamps (limits
+// nil); a token bucket of limits is credited at now.
+func (s *Local) credit(ids []LogID, stamps []int64, cost int, limits []Limit, now int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.logs == nil {
@@ -611,6 +645,12 @@ func (s *Local) credit(ids []LogID, stamps []int64, cost int) {
 		}
 		if g.cal != nil {
 			g.cal.credit(stamps[i], int64(cost))
+			continue
+		}
+		if g.bucket {
+			if limits != nil && limits[i].TokenBucket {
+				bucketCredit(g, stamps[i], int64(cost), limits[i].Unit.Microseconds(), now)
+			}
 			continue
 		}
 		for j := range g.runs {
@@ -676,6 +716,13 @@ func (s *Local) Debit(ctx context.Context, q *Query, stamps []int64) error {
 				s.bytes.Add(made)
 			}
 		}
+		if lim.TokenBucket {
+			bucketAdmit(g, max(now, g.time), n, lim.Unit.Microseconds())
+			if !s.opts.KeepExpired {
+				s.sweep.Added(g.expiry())
+			}
+			continue
+		}
 		g.window, g.unit = max(g.window, lim.Window.Microseconds()), max(g.unit, lim.Unit.Microseconds())
 		g.prune()
 		_, at := stamp(lim, now)
@@ -698,12 +745,13 @@ func (s *Local) Debit(ctx context.Context, q *Query, stamps []int64) error {
 // a Credit of a request it dropped takes nothing logged since, as in
 // Redis (see lua/exact.lua).
 func (s *Local) Forget(ctx context.Context, q *Query) error {
-	s.forget(logsOf(q)...)
+	s.forget(q.Now, logsOf(q)...)
 	return nil
 }
 
-// forget is Forget, and reports how many logs it dropped.
-func (s *Local) forget(ids ...LogID) int {
+// forget is Forget at now (0: the wall clock, for a token bucket's
+// time), and reports how many logs it dropped.
+func (s *Local) forget(now int64, ids ...LogID) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.logs == nil {
@@ -725,6 +773,14 @@ func (s *Local) forget(ids ...LogID) int {
 		if !g.logged || g.inflight {
 			delete(s.logs, h)
 			s.bytes.Add(-g.bytes())
+			continue
+		}
+		if g.bucket { // empty, its gross kept: a credit of a request it emptied takes nothing since
+			g.window, g.blockWall, g.blockEnd = 0, 0, 0 // its TAT
+			if now == 0 {
+				now = time.Now().UnixMicro()
+			}
+			g.time = max(g.time, now)
 			continue
 		}
 		freed := g.bytes()

@@ -100,6 +100,24 @@ type Limit struct {
 	// 0; Bucketed does not apply. A store that does not support calendar
 	// limits must fail the decisions of a query that has one.
 	Calendar bool
+	// TokenBucket makes the limit a token bucket (GCRA) instead of a
+	// log: Quota (or Query.Quotas's) is its burst, the most units it
+	// holds at once, and Unit its emission interval, one unit drained
+	// every Unit (at least a microsecond); Window is the time the
+	// whole burst takes to drain (Quota*Unit). Its level at t is
+	// ceil((TAT-t)/Unit) units, TAT its theoretical arrival time; a
+	// request of cost n fits iff level+n <= Quota, and admitting it
+	// makes TAT max(TAT, t)+n*Unit. Its Reply: Count is the level,
+	// Reset when the request fits (when it has no room; -1 if its cost
+	// exceeds the burst) or when the level next drops, Next the
+	// request's stamp where it was admitted (what a Credit names it
+	// by; when the level next drops where it was not). A Credit of n
+	// units at t takes back at most what the request still holds, never
+	// more: see lua/gcra.lua. Bucketed and InFlight are false. A store
+	// that does not support token buckets must fail the decisions of a
+	// query that has one (storetest.Config.NoTokenBucket then leaves
+	// them out of the suite).
+	TokenBucket bool
 }
 
 // A LogID names one log: a key and the Field of its limit (see

@@ -26,14 +26,21 @@ import (
 // limits of quota for Check and Watch, each declared the way the README
 // shows (with and without the method).
 func routeLimiter(t *testing.T, rdb redis.UniversalClient, quota int, opts ...ratelimit.Option) *ratelimit.Limiter {
-	return calendarRouteLimiter(t, rdb, quota, 0, opts...)
+	return routeLimiterOf(t, rdb, quota, false, 0, opts...)
 }
 
-// calendarRouteLimiter is routeLimiter with calendar limits
-// ([ratelimit.Calendar], monthly from a start in Berlin) beside: with cal
-// 1, Check's route declares "check-cal"; with 2, the Limiter has its own
-// "cal" too.
-func calendarRouteLimiter(t *testing.T, rdb redis.UniversalClient, quota, cal int, opts ...ratelimit.Option) *ratelimit.Limiter {
+// routeLimiterOf is routeLimiter whose per-method limits are token
+// buckets (ratelimit.Burst: quota a minute, quota at once) if burst, with
+// calendar limits ([ratelimit.Calendar], monthly from a start in Berlin)
+// beside: with cal 1, Check's route declares "check-cal"; with 2, the
+// Limiter has its own "cal" too.
+func routeLimiterOf(t *testing.T, rdb redis.UniversalClient, quota int, burst bool, cal int, opts ...ratelimit.Option) *ratelimit.Limiter {
+	limit := func(name string) ratelimit.Limit {
+		if burst {
+			return ratelimit.Burst(time.Minute, quota, quota, ratelimit.ClientIP()).Named(name)
+		}
+		return ratelimit.Per(time.Minute, quota, ratelimit.ClientIP()).Named(name)
+	}
 	berlin, err := time.LoadLocation("Europe/Berlin")
 	if err != nil {
 		berlin = time.UTC
@@ -50,8 +57,8 @@ func calendarRouteLimiter(t *testing.T, rdb redis.UniversalClient, quota, cal in
 		ratelimit.Per(time.Minute, 100, ratelimit.ClientIP()).Named("ip"),
 		ratelimit.Per(time.Minute, 100, ratelimit.Compose(ratelimit.ClientIP(), ratelimit.Route())).Named("route"),
 	}...), append(opts, ratelimit.WithRoutes(map[string]ratelimit.RouteLimits{
-		"POST /grpc.health.v1.Health/Check": {Limits: append([]ratelimit.Limit{ratelimit.Per(time.Minute, quota, ratelimit.ClientIP()).Named("check")}, check...)},
-		"/grpc.health.v1.Health/Watch":      {Limits: []ratelimit.Limit{ratelimit.Per(time.Minute, quota, ratelimit.ClientIP()).Named("watch")}},
+		"POST /grpc.health.v1.Health/Check": {Limits: append([]ratelimit.Limit{limit("check")}, check...)},
+		"/grpc.health.v1.Health/Watch":      {Limits: []ratelimit.Limit{limit("watch")}},
 	}))...)
 }
 
@@ -171,7 +178,9 @@ func (o grpcOutcome) String() string {
 // route's, or a route's and the Limiter's own, drawn.
 func TestMethodShapesEquivalent(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	// Whether the methods' limits are token buckets: drawn by the seed too.
+	burst := rand.New(rand.NewPCG(seed, 5)).IntN(2) == 0
+	t.Logf("seed %d (token buckets: %v)", seed, burst)
 	forBackends(t, func(t *testing.T, rdb redis.UniversalClient) {
 		rng := rand.New(rand.NewPCG(seed, 1))
 		cal := rand.New(rand.NewPCG(seed, 2)).IntN(3)
@@ -182,7 +191,7 @@ func TestMethodShapesEquivalent(t *testing.T) {
 			unknownRan.Add(1)
 			return status.Error(codes.NotFound, "proxied nowhere")
 		})
-		s := serve(t, calendarRouteLimiter(t, rdb, 100, cal, ratelimit.WithObserver(ratelimit.Observer{Decision: obs.Observe})), nil, unknown)
+		s := serve(t, routeLimiterOf(t, rdb, 100, burst, cal, ratelimit.WithObserver(ratelimit.Observer{Decision: obs.Observe})), nil, unknown)
 		ctx := context.Background()
 		if err := rdb.FlushAll(ctx).Err(); err != nil {
 			t.Fatal(err)

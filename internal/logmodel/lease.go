@@ -82,6 +82,10 @@ func (s *State) Forget(r LogRef, now int64) {
 		delete(s.Logs, r)
 		return
 	}
+	if l.TokenBucket {
+		ForgetBucket(g, now)
+		return
+	}
 	if l.Lease == 0 {
 		g.Runs = nil
 		g.Touch(g.Time + l.Unit)

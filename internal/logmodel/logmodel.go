@@ -35,6 +35,9 @@ type Limit struct {
 	// calendar.go); Unit is unused.
 	Calendar bool
 	Anchor   int64
+	// TokenBucket: the limit is a token bucket (see bucket.go): Quota is
+	// its burst, Unit its emission interval, Window Quota*Unit.
+	TokenBucket bool
 }
 
 // String describes the limit, for messages.
@@ -58,6 +61,15 @@ func (l Limit) String() string {
 	}
 	if l.Calendar {
 		s = fmt.Sprintf("%s:calendar q=%d period=%dµs from %d", l.Name, l.Quota, l.Window, l.Anchor)
+		if l.Shadow {
+			s += " shadow"
+		}
+		if l.Block > 0 {
+			s += fmt.Sprintf(" block=%dµs", l.Block)
+		}
+	}
+	if l.TokenBucket {
+		s = fmt.Sprintf("%s:bucket burst=%d interval=%dµs", l.Name, l.Quota, l.Unit)
 		if l.Shadow {
 			s += " shadow"
 		}
@@ -115,6 +127,8 @@ type Log struct {
 	// Cal is a calendar limit's state (see calendar.go), nil until it
 	// counts a request.
 	Cal *Period
+	// TAT and Gross are a token bucket's state (see bucket.go).
+	TAT, Gross int64
 }
 
 // Run is entries of one time in a log.
@@ -187,6 +201,9 @@ func cmpInt64(a, b int64) int {
 // a unit longer than its window, never shorter); a bucketed limit counts it
 // in its bucket, from the bucket's start.
 func (l Limit) Stamp(now int64) int64 {
+	if l.TokenBucket { // no unit to round to
+		return now
+	}
 	if l.Bucketed {
 		return now - floorMod(now, l.Unit)
 	}
@@ -280,6 +297,12 @@ type Verdict struct {
 // entry leaves, or now if there is none (the request's own entries' when
 // it is logged: see Logged).
 func (l Limit) Judge(g *Log, now int64, n int) Verdict {
+	switch {
+	case l.TokenBucket:
+		return l.judgeBucket(g, now, n)
+	case l.Calendar:
+		return l.judgeCalendar(g, now, n)
+	}
 	v := Verdict{Consulted: true}
 	v.View, v.At = l.LogTime(g, now)
 	v.Count = l.Count(g, v.View)
@@ -307,6 +330,13 @@ func (l Limit) Logged(v *Verdict, n int) {
 	if l.Calendar {
 		if v.Count == 0 {
 			v.Reset, v.Latest = v.Cal.End, v.Cal.End
+		}
+		return
+	}
+	if l.TokenBucket {
+		if v.Count == 0 { // when the request's first unit drains
+			v.Reset = v.At + l.Unit
+			v.Latest = max(v.Latest, v.Reset)
 		}
 		return
 	}
@@ -465,11 +495,12 @@ func (s *State) Decide(keys, ids []string, n int, now int64, split, peek bool) O
 	var reserved []int // limits a split decision reserved the request in
 	rollBack := func() {
 		for _, i := range reserved {
-			if s.Limits[i].Calendar {
+			if l := s.Limits[i]; l.Calendar {
 				reserveCalendar(s.Log(LogRef{i, ids[i]}), &o.Limits[i])
-				continue
-			}
-			if !s.Limits[i].InFlight { // a slot reserved is released: nothing of it stays
+			} else if l.TokenBucket { // admitted, then taken back at once
+				g := s.Log(LogRef{i, ids[i]})
+				l.CreditBucket(g, l.AdmitBucket(g, o.Limits[i].At, n), n, o.Limits[i].At)
+			} else if !l.InFlight { // a slot reserved is released: nothing of it stays
 				s.Log(LogRef{i, ids[i]}).Touch(o.Limits[i].At)
 			}
 		}
@@ -494,11 +525,7 @@ func (s *State) Decide(keys, ids []string, n int, now int64, split, peek bool) O
 				denied = denied || !o.Limits[i].Room && !s.Limits[i].Shadow
 				continue
 			}
-			if s.Limits[i].Calendar {
-				o.Limits[i] = s.Limits[i].judgeCalendar(s.Log(LogRef{i, ids[i]}), now, n)
-			} else {
-				o.Limits[i] = s.Limits[i].Judge(s.Log(LogRef{i, ids[i]}), now, n)
-			}
+			o.Limits[i] = s.Limits[i].Judge(s.Log(LogRef{i, ids[i]}), now, n)
 			if s.Blocked[LogRef{i, ids[i]}] {
 				s.Block(i, &o.Limits[i], s.Log(LogRef{i, ids[i]}), now)
 			}
@@ -544,6 +571,12 @@ func (s *State) Decide(keys, ids []string, n int, now int64, split, peek bool) O
 			}
 			if s.Limits[i].InFlight {
 				o.Placed = append(o.Placed, s.hold(i, id, v, now))
+				continue
+			}
+			if s.Limits[i].TokenBucket {
+				stamp := s.Limits[i].AdmitBucket(s.Log(LogRef{i, id}), v.At, n)
+				s.Limits[i].Logged(v, n)
+				o.Placed = append(o.Placed, Placed{LogRef{i, id}, stamp, n})
 				continue
 			}
 			if s.Limits[i].Calendar {

@@ -24,6 +24,8 @@ import (
 //     limit and identifier, and the renew entry point;
 //   - calendar.lua: calendar quotas, one Redis string (a period and its
 //     count) per limit and identifier;
+//   - gcra.lua: token buckets (GCRA), one Redis string per limit and
+//     identifier;
 //   - library.lua: the entry points, which decide over several limits of
 //     either kind at once;
 //   - settle.lua: the entry point that logs a settled request's debit.
@@ -31,7 +33,7 @@ import (
 // Their code defines the functions (locals of the chunk) named by the
 // entry points, each called with the KEYS and ARGV of a call, and runs
 // nothing else at its top level.
-var Files = []string{"codec.lua", "exact.lua", "buckets.lua", "inflight.lua", "calendar.lua", "library.lua", "settle.lua"}
+var Files = []string{"codec.lua", "exact.lua", "buckets.lua", "inflight.lua", "gcra.lua", "calendar.lua", "library.lua", "settle.lua"}
 
 // Join returns the library's source: the Files that fsys holds, joined.
 func Join(fsys fs.FS) (string, error) {

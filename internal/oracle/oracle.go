@@ -94,6 +94,16 @@ type Limit struct {
 	// came between (else it counts nowhere, or, when the settle's call
 	// straddles the end, not surely).
 	Period func(t time.Time) (start, end time.Time)
+	// Interval, if not zero, makes the limit a token bucket (Burst): Quota
+	// is its burst B, Interval its emission interval T, and Window is not
+	// read. It is held to GCRA's promise instead of a window's: over any
+	// interval [a, b] of decision times, ending with an admission, the
+	// units admitted (each at its own interval, for the releases of a
+	// rolling deploy; credits applied, sure debits counted) are at most
+	// B*T + (b-a) of time; and a request that fits the bucket as a
+	// caller can compute it (every admission and debit, no credit, only
+	// confirmed resets) is not refused. See bucket.go.
+	Interval time.Duration
 }
 
 type logKey struct{ name, id string }
@@ -115,6 +125,9 @@ type entry struct {
 	window time.Duration
 	quota  int
 	keep   time.Duration
+	// interval is a token bucket's (Limit.Interval): its units take that
+	// long each to drain.
+	interval time.Duration
 }
 
 // credit is units taken back from an entry: sure if the limiter confirmed
@@ -339,6 +352,13 @@ func (o *Oracle) Admit(replica int, local bool, at time.Time, cost int, limits [
 	a := &Admission{o: o, limits: limits, replica: replica, local: local, cost: cost}
 	for _, lim := range limits {
 		l := o.log(lim.Name, lim.ID)
+		if lim.Interval > 0 {
+			l.admitBucket(o, lim, at, cost, what, local)
+			e := &entry{seq: o.seq, at: at, latest: at, units: cost, local: local, replica: replica, what: what, quota: lim.Quota, interval: lim.Interval}
+			l.entries = append(l.entries, e)
+			a.entries = append(a.entries, e)
+			continue
+		}
 		from := at.Add(-lim.Window)
 		if p := lim.Precision; p > 0 {
 			start := time.Unix(0, at.UnixNano()/int64(p)*int64(p)) // the decision's bucket, on Unix time
@@ -376,7 +396,7 @@ func (o *Oracle) Undecided(replica int, at time.Time, cost int, limits []Limit, 
 	for _, lim := range limits {
 		l := o.log(lim.Name, lim.ID)
 		l.entries = append(l.entries, &entry{seq: o.seq, at: at, latest: at, units: cost, debit: true, replica: replica, what: what + " (undecided)",
-			window: lim.Window, quota: max(lim.Quota, lim.AdmitQuota), keep: lim.Keep})
+			window: lim.Window, quota: max(lim.Quota, lim.AdmitQuota), keep: lim.Keep, interval: lim.Interval})
 	}
 }
 
@@ -401,6 +421,12 @@ func (o *Oracle) Refused(replica int, at time.Time, cost int, limits []Limit, wh
 			}
 			continue
 		}
+		if lim.Interval > 0 {
+			if !l.bucketRoom(lim, at, o.seq, cost, replica) {
+				return // this bucket may have had no room
+			}
+			continue
+		}
 		n := l.count(at.Add(-lim.Window-lim.Late), at, o.seq, true, lim.LocalOnly, replica, lim.Late, lim.Precision, lim.ResetDrift)
 		if n+lim.Slack+cost > lim.Quota {
 			return // this limit may have had no room
@@ -422,6 +448,12 @@ func (o *Oracle) Room(replica int, at time.Time, cost int, limits []Limit) bool 
 	defer o.mu.Unlock()
 	for _, lim := range limits {
 		l := o.log(lim.Name, lim.ID)
+		if lim.Interval > 0 {
+			if !l.bucketRoom(lim, at, o.seq+1, cost, replica) {
+				return false
+			}
+			continue
+		}
 		if l.count(at.Add(-lim.Window-lim.Late), at, o.seq+1, true, lim.LocalOnly, replica, lim.Late, lim.Precision, lim.ResetDrift)+lim.Slack+cost > lim.Quota {
 			return false
 		}
@@ -493,7 +525,8 @@ func (a *Admission) debit(from, to time.Time, n int, sure bool, what string) {
 			continue
 		}
 		l.entries = append(l.entries, &entry{seq: o.seq, at: from, latest: to, units: min(n, lim.Quota), debit: true, sure: sure,
-			local: a.local, replica: a.replica, what: a.entries[i].what + what, window: lim.Window, quota: max(lim.Quota, lim.AdmitQuota), keep: lim.Keep})
+			local: a.local, replica: a.replica, what: a.entries[i].what + what, window: lim.Window, quota: max(lim.Quota, lim.AdmitQuota), keep: lim.Keep,
+			interval: lim.Interval})
 	}
 }
 

@@ -285,7 +285,7 @@ func (ls *Leases) decideLate(ctx context.Context, q *Query, taken []taken, bits 
 		}
 		return out.Replies[i].Next
 	}
-	unreverted := out.Unreverted + ls.Rollbacks.Rollback(Reservations(q.Spec, q.Keys, groups, q.Cost, logged), q.Cost, q.Deadline)
+	unreverted := out.Unreverted + ls.Rollbacks.Rollback(ReservationsAt(q.Spec, q.Keys, groups, q.Cost, q.Now, logged), q.Cost, q.Deadline)
 	for _, t := range taken {
 		ls.putBack(t, q.Cost)
 	}

@@ -124,7 +124,7 @@ func (d *decision) groups(ctx context.Context, groups [][]int) (bool, error) {
 			// Take back what the groups before this one reserved. A denial
 			// stays a denial if that fails: the rollback counts it.
 			stamps := func(i int) int64 { return d.out.Replies[i].Next }
-			d.out.Unreverted += d.rs.Rollbacks.Rollback(Reservations(q.Spec, q.Keys, groups[:k], q.Cost, stamps), q.Cost, q.Deadline)
+			d.out.Unreverted += d.rs.Rollbacks.Rollback(ReservationsAt(q.Spec, q.Keys, groups[:k], q.Cost, q.Now, stamps), q.Cost, q.Deadline)
 			q.Spec.dropSlots(groups[:k], d.out.Replies)
 			return false, err
 		}

@@ -59,6 +59,13 @@ func (r *reservation) units(cost int) uint64 { return uint64(cost) * uint64(r.lo
 // keys, one per limit of p), the request of cost, and the time of the entries of each limit i
 // (stamp(i); 0 where it was not logged: a group with none is left out).
 func Reservations(p *Spec, keys []string, groups [][]int, cost int, stamp func(i int) int64) []reservation {
+	return ReservationsAt(p, keys, groups, cost, 0, stamp)
+}
+
+// ReservationsAt is Reservations of a credit taken at now (Unix µs; 0: the
+// server's clock), which a token bucket's needs (see lua/gcra.lua): the
+// request of a group with a token bucket carries it; any other's, 0.
+func ReservationsAt(p *Spec, keys []string, groups [][]int, cost int, now int64, stamp func(i int) int64) []reservation {
 	out := make([]reservation, 0, len(groups))
 	for _, g := range groups {
 		r := reservation{keys: make([]string, len(g))}
@@ -74,7 +81,13 @@ func Reservations(p *Spec, keys []string, groups [][]int, cost int, stamp func(i
 			continue // nothing to remove: limits the request's plans exempted it from, say
 		}
 		r.stamps = slidinglog.AppendStamps(nil, stamps)
-		r.req = slidinglog.AppendRequest(nil, 0, cost, p.LuaOf(g))
+		at := int64(0)
+		for _, i := range g {
+			if p.Limits[i].TokenBucket {
+				at = now
+			}
+		}
+		r.req = slidinglog.AppendRequest(nil, at, cost, p.LuaOf(g))
 		out = append(out, r)
 	}
 	return out

@@ -88,6 +88,12 @@ func NewLeasedSpec(limits []store.Limit, global []bool, lease []time.Duration, s
 		if lim.Bucketed {
 			wire[i].Kind, wire[i].Name = slidinglog.Buckets, lim.Field
 		}
+		if lim.TokenBucket {
+			if lim.Bucketed || lim.InFlight || wire[i].Lease != 0 {
+				return nil, i, errors.New("a token bucket has no buckets, slots or lease")
+			}
+			wire[i].Kind = slidinglog.GCRA
+		}
 		if lim.InFlight {
 			if lim.Bucketed || lim.Unit != 0 || lim.Block != 0 || wire[i].Lease != 0 {
 				return nil, i, errors.New("an in-flight limit has no precision, buckets, block or lease")

@@ -30,6 +30,11 @@ const (
 	// of its periods after its fields (SetPeriods); it takes no Name
 	// and no Lease.
 	Calendar Kind = 5
+	// GCRA is a token bucket (lua/gcra.lua): its Quota is the burst, its
+	// Unit the emission interval (a unit of cost drains every Unit), its
+	// Window the time the whole burst takes to drain (Quota*Unit). It
+	// takes no Name and no Lease.
+	GCRA Kind = 4
 )
 
 // periodBytes is the bounds a Calendar limit carries in each request:
@@ -120,8 +125,11 @@ func Encode(limits ...Limit) (Specs, error) {
 				return Specs{}, err
 			}
 		}
+		if l.Kind == GCRA && (l.Name != "" || l.Lease != 0) {
+			return Specs{}, fmt.Errorf("token bucket with a name %q or a lease %v", l.Name, l.Lease)
+		}
 		switch {
-		case l.Kind != ExactLog && l.Kind != Buckets && l.Kind != InFlight && l.Kind != Calendar:
+		case l.Kind != ExactLog && l.Kind != Buckets && l.Kind != InFlight && l.Kind != GCRA && l.Kind != Calendar:
 			return Specs{}, fmt.Errorf("unknown kind %d", l.Kind)
 		case l.Quota < 1 || l.Quota >= maxCost: // a clamped cost must never fit
 			return Specs{}, fmt.Errorf("quota %d out of range", l.Quota)

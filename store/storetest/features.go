@@ -20,10 +20,11 @@ import (
 // and remakes a log that has gone; several debits of one request at its
 // stamps (the charges of a streamed response), then a credit of what it
 // was admitted at, leave the debits counted. Exact and bucketed logs are
-// both checked, and, unless cfg.NoCalendar, calendar ones: a credit or
-// debit applies in the period its request was admitted in, and in no
-// other. cfg.Forward and cfg.NoCalendar are honoured; the other fields of
-// cfg do not apply.
+// both checked; token buckets, unless cfg.NoTokenBucket (a credit takes
+// back what the request still holds, never more); and calendar ones,
+// unless cfg.NoCalendar (a credit or debit applies in the period its
+// request was admitted in, and in no other). cfg.Forward, cfg.NoTokenBucket
+// and cfg.NoCalendar are honoured; the other fields of cfg do not apply.
 // It fails for a store that does not implement store.Settler.
 func RunSettler(t *testing.T, cfg Config, newStore func(t *testing.T) store.Store) {
 	t.Helper()
@@ -145,6 +146,9 @@ func RunSettler(t *testing.T, cfg Config, newStore func(t *testing.T) store.Stor
 	if !cfg.NoCalendar {
 		runCalendarSettler(t, newStore)
 	}
+	if !cfg.NoTokenBucket {
+		t.Run("tokenbucket", func(t *testing.T) { runBucketSettler(t, newStore) })
+	}
 }
 
 // RunForgetter is the conformance suite of [store.Forgetter]: every
@@ -201,6 +205,9 @@ func RunForgetter(t *testing.T, cfg Config, newStore func(t *testing.T) store.St
 			}
 		})
 	})
+	if !cfg.NoTokenBucket {
+		t.Run("tokenbucket", func(t *testing.T) { runBucketForgetter(t, cfg, newStore) })
+	}
 }
 
 // fixture is one scenario's store, and its one limit and key.
@@ -409,6 +416,138 @@ func runCalendarForgetter(t *testing.T, newStore func(t *testing.T) store.Store)
 				t.Fatalf("Credit: %v", err)
 			}
 			f.wantCount(t, 0, 2)
+		}
+	})
+}
+
+// newBucketFixture is newFixture for a token bucket (store.Limit.TokenBucket)
+// of burst 5, draining a unit a second.
+func newBucketFixture(t *testing.T, newStore func(t *testing.T) store.Store) *fixture {
+	f := newFixture(t, newStore, false)
+	f.lim = store.Limit{Quota: f.quota, Window: time.Duration(f.quota) * f.unitDur, Unit: f.unitDur, TokenBucket: true}
+	f.window = f.lim.Window.Microseconds()
+	return f
+}
+
+// runBucketSettler is RunSettler's scenarios of a token bucket: a credit
+// takes back what the request still holds and never more: not after the
+// bucket drained, not after a Forget, not what later requests hold; a
+// debit is charged whatever the room, up to the burst.
+func runBucketSettler(t *testing.T, newStore func(t *testing.T) store.Store) {
+	t.Run("Credit", func(t *testing.T) {
+		f := newBucketFixture(t, newStore)
+		s := settler(t, f.s)
+		a := f.decide(t, 0, 3, true)
+		if err := s.Credit(f.ctx, f.query(0, 2, false), a.stamps()); err != nil {
+			t.Fatalf("Credit: %v", err)
+		}
+		f.wantCount(t, 0, 1)
+		if err := s.Credit(f.ctx, f.query(0, 1, false), []int64{0}); err != nil {
+			t.Fatalf("Credit of stamp 0: %v", err)
+		}
+		f.wantCount(t, 0, 1)
+		b := f.decide(t, 0, 2, true)
+		// a holds at most what b does not: 1 unit, whatever its credit asks.
+		if err := s.Credit(f.ctx, f.query(0, 5, false), a.stamps()); err != nil {
+			t.Fatalf("Credit of more than is held: %v", err)
+		}
+		f.wantCount(t, 0, 2)
+		if err := s.Credit(f.ctx, f.query(0, 2, false), b.stamps()); err != nil {
+			t.Fatalf("Credit: %v", err)
+		}
+		f.wantCount(t, 0, 0)
+	})
+	t.Run("CreditAfterDrain", func(t *testing.T) {
+		f := newBucketFixture(t, newStore)
+		s := settler(t, f.s)
+		a := f.decide(t, 0, 3, true)
+		f.decide(t, 3*f.unit, 2, true) // a has drained
+		if err := s.Credit(f.ctx, f.query(3*f.unit, 3, false), a.stamps()); err != nil {
+			t.Fatalf("Credit: %v", err)
+		}
+		f.wantCount(t, 3*f.unit, 2)
+	})
+	t.Run("CreditAfterPart", func(t *testing.T) {
+		f := newBucketFixture(t, newStore)
+		s := settler(t, f.s)
+		a := f.decide(t, 0, 4, true)
+		// Two of a's units have drained at +2s: two are left to take back.
+		if err := s.Credit(f.ctx, f.query(2*f.unit, 4, false), a.stamps()); err != nil {
+			t.Fatalf("Credit: %v", err)
+		}
+		f.wantCount(t, 2*f.unit, 0)
+	})
+	t.Run("CreditKeepsTime", func(t *testing.T) {
+		f := newBucketFixture(t, newStore)
+		s := settler(t, f.s)
+		b := f.decide(t, 3*f.unit, 1, true)
+		if err := s.Credit(f.ctx, f.query(3*f.unit, 1, false), b.stamps()); err != nil {
+			t.Fatalf("Credit: %v", err)
+		}
+		c := f.decide(t, 0, 1, true) // before the bucket's time: decided at it
+		if c.Replies[0].Next < b.Replies[0].Next+f.unit {
+			t.Errorf("after a credit of the request stamped %d, a decision at an earlier time was stamped %d: the bucket's time ran backwards",
+				b.Replies[0].Next, c.Replies[0].Next)
+		}
+		f.wantCount(t, 3*f.unit, 1)
+	})
+	t.Run("Debit", func(t *testing.T) {
+		f := newBucketFixture(t, newStore)
+		s := settler(t, f.s)
+		a := f.decide(t, 0, 2, true)
+		if err := s.Debit(f.ctx, f.query(0, 10, false), a.stamps()); err != nil {
+			t.Fatalf("Debit: %v", err)
+		}
+		f.wantCount(t, 0, 2+f.quota) // up to the burst, over the room
+		if err := s.Debit(f.ctx, f.query(0, 3, false), []int64{0}); err != nil {
+			t.Fatalf("Debit of stamp 0: %v", err)
+		}
+		f.wantCount(t, 0, 2+f.quota)
+		if out := f.decide(t, 0, 1, false); out.Allowed {
+			t.Errorf("a decision over a debited bucket is admitted")
+		}
+	})
+}
+
+// runBucketForgetter is RunForgetter's scenarios of a token bucket:
+// Forget empties it, lifts its block, and a credit of a request it emptied
+// takes nothing admitted since.
+func runBucketForgetter(t *testing.T, cfg Config, newStore func(t *testing.T) store.Store) {
+	t.Run("Forget", func(t *testing.T) {
+		f := newBucketFixture(t, newStore)
+		s := forgetter(t, f.s)
+		a := f.decide(t, 0, f.quota, true)
+		if f.decide(t, 0, 1, false).Allowed {
+			t.Fatal("a full bucket admits")
+		}
+		if err := s.Forget(f.ctx, f.query(0, 1, false)); err != nil {
+			t.Fatalf("Forget: %v", err)
+		}
+		f.wantCount(t, 0, 0)
+		f.decide(t, 0, 2, true)
+		if st, ok := f.s.(store.Settler); ok {
+			if err := st.Credit(f.ctx, f.query(0, f.quota, false), a.stamps()); err != nil {
+				t.Fatalf("Credit: %v", err)
+			}
+			f.wantCount(t, 0, 2) // the request Forget emptied holds nothing
+		}
+	})
+	if cfg.NoBlock {
+		return
+	}
+	t.Run("ForgetBlock", func(t *testing.T) {
+		f := newBucketFixture(t, newStore)
+		f.lim.Block = time.Hour
+		s := forgetter(t, f.s)
+		f.decide(t, 0, f.quota, true)
+		if out := f.decide(t, 0, 1, false); out.Allowed || out.Replies[0].Block == 0 {
+			t.Fatalf("a full bucket that blocks: allowed %v, block %d; want a denial and a block", out.Allowed, out.Replies[0].Block)
+		}
+		if err := s.Forget(f.ctx, f.query(0, 1, false)); err != nil {
+			t.Fatalf("Forget: %v", err)
+		}
+		if out := f.decide(t, f.unit, 1, true); out.Replies[0].Block != 0 {
+			t.Errorf("Forget left the block, until %d", out.Replies[0].Block)
 		}
 	})
 }

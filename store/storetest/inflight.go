@@ -143,7 +143,7 @@ func newInFlightCheck(rt *rapid.T, cfg InFlightConfig, s store.Store) *inflightC
 		}
 		r.model.Limits = append(r.model.Limits, ml)
 		l := store.Limit{Quota: ml.Quota, Window: time.Duration(ml.Window) * time.Microsecond, InFlight: ml.InFlight,
-			Bucketed: ml.Bucketed, Shadow: ml.Shadow, Block: time.Duration(ml.Block) * time.Microsecond, Calendar: ml.Calendar}
+			Bucketed: ml.Bucketed, Shadow: ml.Shadow, Block: time.Duration(ml.Block) * time.Microsecond, Calendar: ml.Calendar, TokenBucket: ml.TokenBucket}
 		if !ml.InFlight && !ml.Calendar {
 			l.Unit = time.Duration(ml.Unit) * time.Microsecond
 		}

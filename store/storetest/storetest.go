@@ -57,6 +57,9 @@ type Config struct {
 	// NoBlock leaves out limits that block a client they deny
 	// (store.Limit.Block), for a store that does not support them.
 	NoBlock bool
+	// NoTokenBucket leaves out token buckets (store.Limit.TokenBucket),
+	// for a store that does not support them.
+	NoTokenBucket bool
 	// Forward runs one clock, which only steps forward: for a store that
 	// drops a log once its entries have left their windows on the
 	// queries' clock (store.Local unless LocalOptions.KeepExpired).
@@ -69,9 +72,9 @@ type Config struct {
 // Run runs the suite on the stores newStore returns: one per check, each
 // check on keys of its own, so that newStore may return one store
 // throughout. Each check draws one to four limits (exact logs, bucketed
-// and calendar ones (periods of a window from an anchor, their bounds
-// sent around a limiter's clock up to half a period off the query's),
-// enforced and shadow, some that block, windows from
+// ones, token buckets, and calendar ones (periods of a window from an
+// anchor, their bounds sent around a limiter's clock up to half a period
+// off the query's), enforced and shadow, some that block, windows from
 // MinWindow to 3 hours, quotas from 1 to 1,000,000), four identifiers
 // (some of them odd bytes: a NUL, UTF-8, 300 bytes, a ':block' suffix),
 // and steps: decisions of random costs (sometimes above the quotas) and
@@ -136,7 +139,7 @@ func newCheck(rt *rapid.T, cfg Config, s store.Store) *check {
 		r.model.Limits = append(r.model.Limits, ml)
 		l := store.Limit{Quota: ml.Quota, Window: time.Duration(ml.Window) * time.Microsecond,
 			Unit: time.Duration(ml.Unit) * time.Microsecond, Bucketed: ml.Bucketed, Shadow: ml.Shadow,
-			Block: time.Duration(ml.Block) * time.Microsecond, Calendar: ml.Calendar}
+			Block: time.Duration(ml.Block) * time.Microsecond, Calendar: ml.Calendar, TokenBucket: ml.TokenBucket}
 		if ml.Calendar {
 			l.Unit = 0
 		}
@@ -168,6 +171,20 @@ func drawLimit(rt *rapid.T, i int, cfg Config) logmodel.Limit {
 		ml.Calendar, ml.Unit = true, 1
 		ml.Window = max(rapid.SampledFrom([]int64{minWindow, 1e3, 1e6, 6e7, 36e8, 24 * 36e8}).Draw(rt, "period"), minWindow)
 		ml.Anchor = modelStart + rapid.Int64Range(0, ml.Window-1).Draw(rt, "anchor")
+		return ml
+	}
+	if !cfg.NoTokenBucket && rapid.IntRange(0, 3).Draw(rt, "token bucket") == 0 {
+		// Its Unit is its interval: a bucket that holds a unit is kept
+		// that long on the store's clock (see MinWindow). Its Window is
+		// the burst's refill, at most 3 hours here: the clock steps by
+		// up to hundreds of them.
+		ml.TokenBucket = true
+		ml.Unit = rapid.SampledFrom([]int64{1, 7, 1e3, 1e6, 6e7, 36e8}).Draw(rt, "interval")
+		if rapid.Bool().Draw(rt, "random interval") {
+			ml.Unit = rapid.Int64Range(1, 36e8).Draw(rt, "interval")
+		}
+		ml.Unit = max(ml.Unit, minWindow)
+		ml.Window = max(min(int64(ml.Quota)*ml.Unit, (3*time.Hour).Microseconds()), ml.Unit)
 		return ml
 	}
 	if rapid.IntRange(0, 2).Draw(rt, "bucketed") == 0 {
@@ -412,6 +429,9 @@ func (r *check) count(o logmodel.Outcome) {
 			if v.View > o.Now {
 				r.seen["calendar: a later period"]++
 			}
+		}
+		if v.Consulted && l.TokenBucket {
+			r.seen["token bucket"]++
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
@@ -61,6 +62,17 @@ import (
 //	                  window with a quota of N, on the keys of the second
 //	                  state, the clock standing still, so that every
 //	                  decision reaches Redis and is denied.
+//
+//	burst (GCRA)      the library's Limiter with one token bucket
+//	                  (ratelimit.Burst(time.Second, 100, 1000, Global()),
+//	                  WithClock, no deny cache, no breaker), admissions on
+//	                  keys that hold a bucket, the clock a unit on per
+//	                  round: the bucket's steady state.
+//	redis_rate        github.com/go-redis/redis_rate/v10's AllowN of the
+//	                  same rate and burst (Limit{Rate: 100, Burst: 1000,
+//	                  Period: time.Second}), cost 1, on the same keys
+//	                  (one EVALSHA of its GCRA script per decision; it
+//	                  batches none), beside the bucket, in the same run.
 //
 // A log is written anew (its slow path) every window/8 or so of traffic,
 // counted from its last such write; the keys start their logs at times
@@ -276,6 +288,83 @@ func callgrindRun(decisions, batch int, keep, entries string, lease time.Duratio
 		}
 	}
 
+	// Token buckets: the library's, and redis_rate's, side by side.
+	var burst [2]float64 // 1 per call, batch per call
+	var rrate float64
+	{
+		now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
+		clock := func() time.Time { return now }
+		rs, err := redisstore.New(rdb, redisstore.Options{DenyCache: -1, BreakerFailures: -1, OperatorRefresh: -1})
+		if err != nil {
+			return err
+		}
+		bucket, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.Burst(time.Second, 100, 1000, ratelimit.Global()).Named("cgburst")},
+			ratelimit.WithClock(clock), ratelimit.WithStore(rs), ratelimit.WithTimeout(10*time.Minute))
+		if err != nil {
+			return err
+		}
+		admit := func(res ratelimit.Result) error {
+			if !res.Allowed {
+				return fmt.Errorf("burst (GCRA): denied an admission: %+v", res)
+			}
+			return nil
+		}
+		if err := g.batch(bucket, ids, admit); err != nil { // the keys hold a bucket
+			return err
+		}
+		if burst[0], err = measure("burst (GCRA), 1 per call", decisions, func() error {
+			for range rounds {
+				for _, id := range ids {
+					res, err := bucket.Allow(ctx, id, 1)
+					if err != nil {
+						return err
+					}
+					if err := admit(res); err != nil {
+						return err
+					}
+				}
+				now = now.Add(10 * time.Millisecond)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if burst[1], err = measure("burst (GCRA), batched", rounds, func() error {
+			for range rounds {
+				if err := g.batch(bucket, ids, admit); err != nil {
+					return err
+				}
+				now = now.Add(10 * time.Millisecond)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		rl := redis_rate.NewLimiter(rdb)
+		lim := redis_rate.Limit{Rate: 100, Burst: 1000, Period: time.Second}
+		for _, key := range fwKeys { // the keys hold a bucket
+			if _, err := rl.AllowN(ctx, key, lim, 1); err != nil {
+				return err
+			}
+		}
+		if rrate, err = measure("redis_rate", decisions, func() error {
+			for range rounds {
+				for _, key := range fwKeys {
+					res, err := rl.AllowN(ctx, key, lim, 1)
+					if err != nil {
+						return err
+					}
+					if res.Allowed != 1 {
+						return fmt.Errorf("redis_rate: denied an admission: %+v", res)
+					}
+				}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+
 	type logCells struct {
 		n int
 		// 1 per call, batch per call: admissions while as many entries
@@ -468,6 +557,8 @@ func callgrindRun(decisions, batch int, keep, entries string, lease time.Duratio
 	fmt.Printf("| workload | entries per key | 1 per call | %s per call |\n| --- | ---: | ---: | ---: |\n", b)
 	fmt.Printf("| `EVALSHA return 1` (the floor of one call) | | %s | |\n", num(floor))
 	fmt.Printf("| fixed window (INCRBY, PEXPIRE or PTTL, in one EVALSHA) | | %s | %s |\n", num(fixed[0]), num(fixed[1]))
+	fmt.Printf("| burst (GCRA): `Burst(time.Second, 100, 1000, Global())`, admission | | %s | %s |\n", num(burst[0]), num(burst[1]))
+	fmt.Printf("| redis_rate v10 `AllowN` (GCRA, one EVALSHA), same rate and burst | | %s | |\n", num(rrate))
 	for _, c := range logs {
 		e := thousands(int64(c.n))
 		fmt.Printf("| exact log, admission, none leaving the window | %s | %s | %s |\n", e, num(c.growing[0]), num(c.growing[1]))
@@ -488,6 +579,8 @@ func callgrindRun(decisions, batch int, keep, entries string, lease time.Duratio
 				ratio(a.instr[1], fixed[1]), ratio(c.deny[0], a.instr[0]), ratio(c.deny[1], a.instr[1]))
 		}
 	}
+	fmt.Printf("\n| burst (GCRA) / redis_rate, 1 per call | burst (GCRA) at %s per call / redis_rate (target ≤ 0.5x) |\n| ---: | ---: |\n| %s | %s |\n",
+		b, ratio(burst[0], rrate), ratio(burst[1], rrate))
 	fmt.Println()
 	for _, c := range logs {
 		fmt.Printf("At %s entries per key the admissions saw on average %.1f (1 per call) and %.1f (%s per call) entries in the window "+

@@ -3,6 +3,7 @@ module github.com/slidinglog/ratelimit/tools/ratelimit-bench
 go 1.25.0
 
 require (
+	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/redis/go-redis/v9 v9.20.0
 	github.com/slidinglog/ratelimit v0.1.0
 )
