@@ -89,3 +89,10 @@ func periodAt(b [4]int64, t int64) (start, end int64, ok bool) {
 func calendarPolicy(name string, quota int) string {
 	return strconv.Quote(name) + ";q=" + strconv.Itoa(quota)
 }
+
+// periodOf is a calendar limit's periods for one client: the limit's
+// Months or Days from the client's Start.
+type periodOf struct {
+	months, days int
+	start        time.Time
+}

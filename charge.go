@@ -140,6 +140,18 @@ func (t *ticket) spent(ctx context.Context) (int, int64, error) {
 		now = t.clock().UnixMicro()
 	}
 	pq := store.Query{Limits: t.spec.Public, Keys: t.keys, Cost: 1, Quotas: t.quotas, Now: now, Peek: true}
+	if t.periods != nil { // a calendar limit is read in its period of now
+		at := time.Now()
+		if t.clock != nil {
+			at = time.UnixMicro(now)
+		}
+		pq.Periods = make([][4]int64, len(t.periods))
+		for i, p := range t.periods {
+			if !p.start.IsZero() {
+				pq.Periods[i] = periodBounds(p.months, p.days, p.start, at)
+			}
+		}
+	}
 	out := redislog.Outcome{}
 	out.Reset(make([]redislog.Reply, n))
 	if t.in != nil {

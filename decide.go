@@ -98,6 +98,14 @@ func (rs *ruleset) decide(ctx context.Context, s *scratch, cost int, fromKeys, p
 		t := &ticket{rs: rs.l.redis, denies: rs.l.denies, spec: rs.spec, keys: slices.Clone(q.Keys), tags: slices.Clone(q.Tags),
 			cost: cost, stamps: make([]int64, len(q.Keys)), timeout: rs.cfg.timeout, clock: rs.cfg.clock, settled: &rs.l.settled,
 			owner: rs.l, limits: rs.skipped}
+		if q.Periods != nil { // for the budgets' read of a charge (see ticket.spent)
+			t.periods = make([]periodOf, len(rs.limits))
+			for i := range rs.limits {
+				if lim := &rs.limits[i]; lim.calendar {
+					t.periods[i] = periodOf{lim.Period.Months, lim.Period.Days, s.starts[i]}
+				}
+			}
+		}
 		if q.Quotas != nil {
 			t.quotas = slices.Clone(q.Quotas)
 		}
@@ -321,9 +329,10 @@ type scratch struct {
 	tags       []string
 	reps       []redislog.Reply
 	limits     []LimitResult
-	tiers      []int      // each limit's plan (tier), when the Limiter has plans
-	quotas     []int      // and quota (0: not counted)
-	periods    [][4]int64 // each calendar limit's period bounds (resolvePeriods)
+	tiers      []int       // each limit's plan (tier), when the Limiter has plans
+	quotas     []int       // and quota (0: not counted)
+	periods    [][4]int64  // each calendar limit's period bounds (resolvePeriods)
+	starts     []time.Time // each calendar limit's client's Start (resolvePeriods)
 	// shadowUntil: when the manual block of each shadow limit's
 	// identifier ends, 0 if none (shadowBlocks)
 	shadowUntil []int64
@@ -345,7 +354,8 @@ func (s *scratch) put() {
 	clear(s.keys)
 	clear(s.tags)
 	s.ids, s.keys, s.tags, s.tiers, s.quotas, s.shadowUntil = s.ids[:0], s.keys[:0], s.tags[:0], s.tiers[:0], s.quotas[:0], s.shadowUntil[:0]
-	s.periods = s.periods[:0]
+	clear(s.starts)
+	s.periods, s.starts = s.periods[:0], s.starts[:0]
 	s.wantTicket, s.digests = false, false
 	s.q, s.out = redislog.Query{}, redislog.Outcome{}
 	scratches.Put(s)
@@ -672,6 +682,7 @@ func (lim *compiledLimit) startOf(ctx context.Context, id string, deadline time.
 // the other limits).
 func (rs *ruleset) resolvePeriods(ctx context.Context, s *scratch, now, deadline time.Time) error {
 	s.periods = grow(s.periods, len(rs.limits))
+	s.starts = grow(s.starts, len(rs.limits))
 	for i := range rs.limits {
 		lim := &rs.limits[i]
 		if !lim.calendar {
@@ -682,6 +693,7 @@ func (rs *ruleset) resolvePeriods(ctx context.Context, s *scratch, now, deadline
 			return fmt.Errorf("ratelimit: limit %s: period: %w", lim.Name, err)
 		}
 		s.periods[i] = periodBounds(lim.Period.Months, lim.Period.Days, start, now)
+		s.starts[i] = start
 	}
 	return nil
 }

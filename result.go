@@ -197,6 +197,7 @@ type ticket struct {
 	// Limiter's clock (WithClock's; nil: the Redis server's) and its
 	// counts of settled units.
 	quotas  []int
+	periods []periodOf // the calendar limits' periods, for the client (nil: none)
 	clock   func() time.Time
 	settled *settleCounts
 	owner   any // the *Limiter that admitted the request, told apart by identity
