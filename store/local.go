@@ -25,7 +25,7 @@ const MinLocalMemory = 64 << 10
 const overflowLogs = 4096
 
 // Bytes the store accounts for its logs. logBytes covers a log's struct
-// (64 bytes) and its share of the map (a 16-byte slot, which a map may
+// (88 bytes, in the allocator's 96-byte class) and its share of the map (a 16-byte slot, which a map may
 // hold at well under half its load after growing): a hostile identifier
 // of any length costs no more, for the map keeps a 64-bit hash of the
 // log's key, not the key. runBytes is one run of entries.
@@ -88,23 +88,23 @@ type localLog struct {
 	time   int64      // the log's time: the latest time it logged at (µs); valid once logged
 	window int64      // the longest window of the limits counted in it (µs)
 	unit   int64      // the largest unit of those limits (µs)
-	logged bool
 	// A limit's block of the client (Limit.Block): it ends at
 	// blockWall on the wall clock, and at blockEnd on the decisions'
 	// clock; 0: none.
 	blockWall, blockEnd int64
+	// cal: a calendar limit's state (Limit.Calendar), see
+	// local_calendar.go.
+	cal    *localPeriod
+	logged bool
 	// inflight: an in-flight limit's slots (Limit.InFlight), one run
 	// per slot, whose t is its holder id and n 1, in the order taken
 	// (see local_inflight.go).
 	inflight bool
-	// cal: a calendar limit's state (Limit.Calendar), see
-	// local_calendar.go.
-	cal *localPeriod
 	// bucket: a token bucket (Limit.TokenBucket), which holds no runs
 	// and keeps its state in time and, as a log's window and unit are
 	// no bucket's, in window (its TAT) and unit (its gross): see
-	// local_gcra.go. No field is added for it: the store's memory per
-	// log stays as accounted.
+	// local_gcra.go. The flags share one word: the struct stays in the
+	// allocator's 96-byte class, as logBytes accounts.
 	bucket bool
 }
 

@@ -221,6 +221,9 @@ type fixture struct {
 	window, unit       int64
 	bucketed           bool
 	unitDur, windowDur time.Duration
+	// anchor, for a calendar limit (newCalendarFixture), is a start of
+	// its periods of an hour: queries carry the periods around their time.
+	anchor int64
 }
 
 func newFixture(t *testing.T, newStore func(t *testing.T) store.Store, bucketed bool) *fixture {
@@ -249,7 +252,12 @@ func (f *fixture) at(d int64) int64 {
 }
 
 func (f *fixture) query(d int64, cost int, peek bool) *store.Query {
-	return &store.Query{Limits: []store.Limit{f.lim}, Keys: []string{f.key}, Cost: cost, Now: f.now + d, Peek: peek}
+	q := &store.Query{Limits: []store.Limit{f.lim}, Keys: []string{f.key}, Cost: cost, Now: f.now + d, Peek: peek}
+	if f.lim.Calendar {
+		at := q.Now - (q.Now-f.anchor)%f.window
+		q.Periods = [][4]int64{{at - f.window, at, at + f.window, at + 2*f.window}}
+	}
+	return q
 }
 
 // decided is an outcome, with the stamps to settle it by.
@@ -312,48 +320,14 @@ func forKinds(t *testing.T, f func(t *testing.T, bucketed bool)) {
 	}
 }
 
-// calendarFixture is a scenario's store and its one calendar limit of
-// quota 5, periods of an hour from the hour before the wall clock's.
-type calendarFixture struct {
-	*fixture
-	anchor int64
-}
-
-func newCalendarFixture(t *testing.T, newStore func(t *testing.T) store.Store) *calendarFixture {
+// newCalendarFixture returns a scenario's store and its one calendar
+// limit of quota 5, periods of an hour from the hour before the wall
+// clock's.
+func newCalendarFixture(t *testing.T, newStore func(t *testing.T) store.Store) *fixture {
 	f := newFixture(t, newStore, false)
 	f.lim = store.Limit{Quota: f.quota, Window: f.windowDur, Calendar: true}
-	return &calendarFixture{fixture: f, anchor: time.UnixMicro(f.now).Truncate(time.Hour).Add(-time.Hour).UnixMicro()}
-}
-
-// query is fixture.query with the periods around the query's time.
-func (f *calendarFixture) query(d int64, cost int, peek bool) *store.Query {
-	q := f.fixture.query(d, cost, peek)
-	at := q.Now - (q.Now-f.anchor)%f.window
-	q.Periods = [][4]int64{{at - f.window, at, at + f.window, at + 2*f.window}}
-	return q
-}
-
-func (f *calendarFixture) decide(t *testing.T, d int64, cost int, admit bool) decided {
-	t.Helper()
-	out := &store.Outcome{Denier: -1, Replies: make([]store.Reply, 1)}
-	if err := f.s.Decide(f.ctx, f.query(d, cost, false), out); err != nil {
-		t.Fatalf("Decide: %v", err)
-	}
-	if admit && !out.Allowed {
-		t.Fatalf("a request of cost %d at +%dµs is denied (count %d of %d)", cost, d, out.Replies[0].Count, f.quota)
-	}
-	return decided{out}
-}
-
-func (f *calendarFixture) wantCount(t *testing.T, d int64, n int) {
-	t.Helper()
-	out := &store.Outcome{Denier: -1, Replies: make([]store.Reply, 1)}
-	if err := f.s.Decide(f.ctx, f.query(d, 1, true), out); err != nil {
-		t.Fatalf("Decide (peek): %v", err)
-	}
-	if out.Replies[0].Count != int64(n) {
-		t.Errorf("the period counts %d units; want %d", out.Replies[0].Count, n)
-	}
+	f.anchor = time.UnixMicro(f.now).Truncate(time.Hour).Add(-time.Hour).UnixMicro()
+	return f
 }
 
 // runCalendarSettler is RunSettler's part for calendar limits: a credit
