@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -519,18 +520,21 @@ func ExampleCalendar() {
 	subscribedAt := func(ctx context.Context, customer string) (time.Time, error) {
 		return time.Date(2026, 1, 31, 0, 0, 0, 0, berlin), nil // the customer's record, in a real application
 	}
-	now := time.Date(2027, 2, 27, 23, 0, 0, 0, time.UTC) // Feb 28, 00:00 in Berlin
+	// The example's clock, read by the Limiter's own goroutines too.
+	var now atomic.Pointer[time.Time]
+	monthEnd := time.Date(2027, 2, 27, 23, 0, 0, 0, time.UTC) // Feb 28, 00:00 in Berlin
+	now.Store(&monthEnd)
 	monthly := ratelimit.Calendar(ratelimit.Period{Months: 1, StartOf: subscribedAt}, 2, ratelimit.Header("X-Customer"))
 	api, err := ratelimit.New(rdb, []ratelimit.Limit{monthly},
 		ratelimit.WithHeaders(ratelimit.HeadersXRateLimit|ratelimit.HeadersIETF),
-		ratelimit.WithClock(func() time.Time { return now }),
+		ratelimit.WithClock(func() time.Time { return *now.Load() }),
 		ratelimit.WithTimeout(redistest.DecisionTimeout))
 	if err != nil {
 		log.Fatal(err)
 	}
 	h := api.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	for _, at := range []time.Time{now.Add(-2 * time.Hour), now.Add(-time.Hour), now.Add(-time.Second), now} {
-		now = at
+	for _, at := range []time.Time{monthEnd.Add(-2 * time.Hour), monthEnd.Add(-time.Hour), monthEnd.Add(-time.Second), monthEnd} {
+		now.Store(&at)
 		r := httptest.NewRequest("GET", "/", nil)
 		r.Header.Set("X-Customer", "acme")
 		w := httptest.NewRecorder()

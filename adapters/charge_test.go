@@ -23,6 +23,7 @@ import (
 	chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
 	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
 	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
+	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // streamRouters serve GET /stream, a streaming handler (stream), through
@@ -130,7 +131,8 @@ func TestEquivalenceCharge(t *testing.T) {
 				api, err := ratelimit.New(rdb, []ratelimit.Limit{
 					ratelimit.Per(time.Minute, 12+round, ratelimit.ClientIP()).Named("ip").Stopping(),
 					ratelimit.Per(time.Minute, 1000, ratelimit.Global()).Named("all"),
-				}, append(opts, ratelimit.WithCost(func(*http.Request) int { return 2 }), ratelimit.WithSettle(nil))...)
+				}, append(opts, ratelimit.WithCost(func(*http.Request) int { return 2 }), ratelimit.WithSettle(nil),
+					ratelimit.WithTimeout(redistest.DecisionTimeout))...)
 				if err != nil {
 					t.Fatal(err)
 				}
