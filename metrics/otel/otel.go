@@ -226,7 +226,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 		unreverted metric.Int64ObservableCounter
 		settled    metric.Int64ObservableCounter
 		stopped    metric.Int64ObservableCounter
-		errs       [7]error
+		errs       [8]error
 	)
 	m.requests, errs[0] = meter.Int64Counter("ratelimit.requests",
 		metric.WithUnit("{request}"),
@@ -247,10 +247,10 @@ func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	m.warnings, errs[4] = meter.Int64Counter("ratelimit.warnings",
 		metric.WithUnit("{warning}"),
 		metric.WithDescription("Mistakes the limiters reported (untrusted_proxy, routes_unseen), once each per limiter."))
-	settled, errs[5] = meter.Int64ObservableCounter("ratelimit.settled",
+	settled, errs[6] = meter.Int64ObservableCounter("ratelimit.settled",
 		metric.WithUnit("{unit}"),
 		metric.WithDescription("Units of cost settles logged (debited) and took back (credited)."))
-	stopped, errs[6] = meter.Int64ObservableCounter("ratelimit.stopped",
+	stopped, errs[7] = meter.Int64ObservableCounter("ratelimit.stopped",
 		metric.WithUnit("{request}"),
 		metric.WithDescription("Requests whose context was cancelled because a charge spent the budget of a limit that stops: the streams cut."))
 	if err := errors.Join(errs[:]...); err != nil {
