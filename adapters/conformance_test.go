@@ -211,8 +211,11 @@ func TestConformance(t *testing.T) {
 }
 
 // forBackends runs fn on miniredis, with its clock stopped, and on a real
-// redis-server, with the limiter's clock stopped (WithClock): every request
-// of a run happens at the same instant, so Retry-After is a whole window.
+// redis-server, with the limiter's clock stopped (WithClock) at the same
+// instant: every request of a run happens then, so Retry-After is a whole
+// window. The Limiter's clock is stopped on miniredis too: a calendar
+// quota's periods are computed from it, and must hold the time Redis
+// decides at.
 func forBackends(t *testing.T, fn func(t *testing.T, rdb *redis.Client, opts []ratelimit.Option)) {
 	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 	t.Run("miniredis", func(t *testing.T) {
@@ -220,7 +223,7 @@ func forBackends(t *testing.T, fn func(t *testing.T, rdb *redis.Client, opts []r
 		mr.SetTime(now)
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = rdb.Close() })
-		fn(t, rdb, nil)
+		fn(t, rdb, []ratelimit.Option{ratelimit.WithClock(func() time.Time { return now })})
 	})
 	t.Run("redis", func(t *testing.T) {
 		rdb := redistest.Start(t).Client()
