@@ -14,57 +14,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gin-gonic/gin"
-	"github.com/go-chi/chi/v5"
-	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidinglog/ratelimit"
-	chiratelimit "github.com/slidinglog/ratelimit/adapters/chi"
-	echoratelimit "github.com/slidinglog/ratelimit/adapters/echo"
-	ginratelimit "github.com/slidinglog/ratelimit/adapters/gin"
 	"github.com/slidinglog/ratelimit/redistest"
 )
 
 // streamRouters serve GET /stream, a streaming handler (stream), through
-// net/http, each router, and a third party's adapter.
-var streamRouters = []struct {
-	name  string
-	build func(api *ratelimit.Limiter, h http.HandlerFunc) http.Handler
-}{
-	{"net/http", func(api *ratelimit.Limiter, h http.HandlerFunc) http.Handler {
-		mux := http.NewServeMux()
-		mux.HandleFunc("GET /stream", h)
-		return api.Handler(mux)
-	}},
-	{"chi", func(api *ratelimit.Limiter, h http.HandlerFunc) http.Handler {
-		r := chi.NewRouter()
-		r.Use(chiratelimit.Middleware(api))
-		r.Get("/stream", h)
-		return r
-	}},
-	{"echo", func(api *ratelimit.Limiter, h http.HandlerFunc) http.Handler {
-		e := echo.New()
-		e.Use(echoratelimit.Middleware(api))
-		e.GET("/stream", echo.WrapHandler(h))
-		return e
-	}},
-	{"gin", func(api *ratelimit.Limiter, h http.HandlerFunc) http.Handler {
-		gin.SetMode(gin.ReleaseMode)
-		g := gin.New()
-		g.Use(ginratelimit.Middleware(api))
-		g.GET("/stream", gin.WrapF(h))
-		return g
-	}},
-	// A third party's adapter, on the exported API alone
-	// (thirdparty_test.go).
-	{"third party", func(api *ratelimit.Limiter, h http.HandlerFunc) http.Handler {
-		t := &tinyRouter{}
-		t.Use(tinyRateLimit(api, t))
-		t.Handle("GET", "/stream", h)
-		return t
-	}},
-}
+// net/http, each router, and a third party's adapter on the exported API
+// alone (thirdparty_test.go).
+var streamRouters = append(routersServing("/stream"), routedApp{"third party", func(api *ratelimit.Limiter, h http.HandlerFunc) http.Handler {
+	t := &tinyRouter{}
+	t.Use(tinyRateLimit(api, t))
+	t.Handle("GET", "/stream", h)
+	return t
+}})
 
 // stream is a handler that streams the chunks its query names (?c=3,1,2),
 // writing and flushing each, then charging its units, until the request's

@@ -78,34 +78,43 @@ func (s *slowRelease) done() {
 
 // sequentialRouters serve GET /work with handler through each router,
 // the Limiter mounted as usual.
-var sequentialRouters = []struct {
+var sequentialRouters = routersServing("/work")
+
+// routedApp is an app of one route served by one router.
+type routedApp struct {
 	name  string
 	build func(l *ratelimit.Limiter, handler http.HandlerFunc) http.Handler
-}{
-	{"net/http", func(l *ratelimit.Limiter, handler http.HandlerFunc) http.Handler {
-		mux := http.NewServeMux()
-		mux.Handle("GET /work", handler)
-		return l.Handler(mux)
-	}},
-	{"chi", func(l *ratelimit.Limiter, handler http.HandlerFunc) http.Handler {
-		r := chi.NewRouter()
-		r.Use(chiratelimit.Middleware(l))
-		r.Get("/work", handler)
-		return r
-	}},
-	{"echo", func(l *ratelimit.Limiter, handler http.HandlerFunc) http.Handler {
-		e := echo.New()
-		e.Use(echoratelimit.Middleware(l))
-		e.GET("/work", echo.WrapHandler(handler))
-		return e
-	}},
-	{"gin", func(l *ratelimit.Limiter, handler http.HandlerFunc) http.Handler {
-		gin.SetMode(gin.ReleaseMode)
-		g := gin.New()
-		g.Use(ginratelimit.Middleware(l))
-		g.GET("/work", gin.WrapF(handler))
-		return g
-	}},
+}
+
+// routersServing returns the apps that serve GET path with a handler
+// through net/http and each router, the Limiter mounted as usual.
+func routersServing(path string) []routedApp {
+	return []routedApp{
+		{"net/http", func(l *ratelimit.Limiter, handler http.HandlerFunc) http.Handler {
+			mux := http.NewServeMux()
+			mux.Handle("GET "+path, handler)
+			return l.Handler(mux)
+		}},
+		{"chi", func(l *ratelimit.Limiter, handler http.HandlerFunc) http.Handler {
+			r := chi.NewRouter()
+			r.Use(chiratelimit.Middleware(l))
+			r.Get(path, handler)
+			return r
+		}},
+		{"echo", func(l *ratelimit.Limiter, handler http.HandlerFunc) http.Handler {
+			e := echo.New()
+			e.Use(echoratelimit.Middleware(l))
+			e.GET(path, echo.WrapHandler(handler))
+			return e
+		}},
+		{"gin", func(l *ratelimit.Limiter, handler http.HandlerFunc) http.Handler {
+			gin.SetMode(gin.ReleaseMode)
+			g := gin.New()
+			g.Use(ginratelimit.Middleware(l))
+			g.GET(path, gin.WrapF(handler))
+			return g
+		}},
+	}
 }
 
 // TestInFlightSequentialClient: with an in-flight cap of 1, a client that
