@@ -42,11 +42,21 @@ type Limit struct {
 
 // String describes the limit, for messages.
 func (l Limit) String() string {
-	kind := "exact"
-	if l.Bucketed {
-		kind = "buckets"
+	var s string
+	switch {
+	case l.InFlight:
+		s = fmt.Sprintf("%s:inflight cap=%d lease=%dµs", l.Name, l.Quota, l.Window)
+	case l.Calendar:
+		s = fmt.Sprintf("%s:calendar q=%d period=%dµs from %d", l.Name, l.Quota, l.Window, l.Anchor)
+	case l.TokenBucket:
+		s = fmt.Sprintf("%s:bucket burst=%d interval=%dµs", l.Name, l.Quota, l.Unit)
+	default:
+		kind := "exact"
+		if l.Bucketed {
+			kind = "buckets"
+		}
+		s = fmt.Sprintf("%s:%s q=%d w=%dµs unit=%dµs", l.Name, kind, l.Quota, l.Window, l.Unit)
 	}
-	s := fmt.Sprintf("%s:%s q=%d w=%dµs unit=%dµs", l.Name, kind, l.Quota, l.Window, l.Unit)
 	if l.Shadow {
 		s += " shadow"
 	}
@@ -58,30 +68,6 @@ func (l Limit) String() string {
 	}
 	if l.Lease > 0 {
 		s += fmt.Sprintf(" lease=%dµs", l.Lease)
-	}
-	if l.Calendar {
-		s = fmt.Sprintf("%s:calendar q=%d period=%dµs from %d", l.Name, l.Quota, l.Window, l.Anchor)
-		if l.Shadow {
-			s += " shadow"
-		}
-		if l.Block > 0 {
-			s += fmt.Sprintf(" block=%dµs", l.Block)
-		}
-	}
-	if l.TokenBucket {
-		s = fmt.Sprintf("%s:bucket burst=%d interval=%dµs", l.Name, l.Quota, l.Unit)
-		if l.Shadow {
-			s += " shadow"
-		}
-		if l.Block > 0 {
-			s += fmt.Sprintf(" block=%dµs", l.Block)
-		}
-	}
-	if l.InFlight {
-		s = fmt.Sprintf("%s:inflight cap=%d lease=%dµs", l.Name, l.Quota, l.Window)
-		if l.Shadow {
-			s += " shadow"
-		}
 	}
 	return s
 }
