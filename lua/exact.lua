@@ -389,14 +389,34 @@ end
 -- encode_header returns the header of a log of the given base, unit,
 -- refresh-by, ahead and keep (in units), its floor 0.
 local function encode_header(base, unit, refresh, ahead, keep)
-  local b = {}
-  put(b, base, 7)
-  put(b, unit, 6)
-  put(b, refresh, 3)
-  put(b, ahead, 2)
-  put(b, keep, 2)
-  put(b, 0, 2)
-  return string.char(unpack(b))
+  -- Straight-line: a first request of a key (exact_fast) writes one.
+  local b7 = base % 256
+  base = (base - b7) / 256
+  local b6 = base % 256
+  base = (base - b6) / 256
+  local b5 = base % 256
+  base = (base - b5) / 256
+  local b4 = base % 256
+  base = (base - b4) / 256
+  local b3 = base % 256
+  base = (base - b3) / 256
+  local b2 = base % 256
+  local u6 = unit % 256
+  unit = (unit - u6) / 256
+  local u5 = unit % 256
+  unit = (unit - u5) / 256
+  local u4 = unit % 256
+  unit = (unit - u4) / 256
+  local u3 = unit % 256
+  unit = (unit - u3) / 256
+  local u2 = unit % 256
+  unit = (unit - u2) / 256
+  local r3 = refresh % 256
+  refresh = (refresh - r3) / 256
+  local r2 = refresh % 256
+  local a2, k2 = ahead % 256, keep % 256
+  return string.char((base - b2) / 256, b2, b3, b4, b5, b6, b7, unit, u2, u3, u4, u5, u6, (refresh - r2) / 256, r2, r3,
+    (ahead - a2) / 256, a2, (keep - k2) / 256, k2, 0, 0)
 end
 
 -- header_needs returns the ahead and keep (see definitions, above), in
@@ -627,6 +647,11 @@ end
 -- GETRANGE costs Redis about 1,300 instructions with string.format, 2,900
 -- as a Lua number (%.17g); a lookup costs a few dozen. BOUNDS keeps
 -- nothing of any log.
+-- SET_NX_GET is true where SET takes NX with GET (Redis 7.0 and later,
+-- which say their version to Lua), so that one command makes a log if
+-- there is none and reads it if there is.
+local SET_NX_GET = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
+
 local FAST_QUANTUM = 32
 local FAST_PROBE = 3 * FAST_QUANTUM
 local BOUNDS, BOUNDS_MAX, bounds_n = {}, 8192, 0
@@ -641,6 +666,26 @@ local function bounds(a, b)
   return sa, sb
 end
 
+-- fresh_log returns the time of a request of cost n at now that makes
+-- the log of a limit of the given window and unit (and AHEAD ahead, nil or
+-- false if it lends no leases), the log, and its expiry in milliseconds,
+-- as a string: what exact_rewrite writes of a log that was not there.
+local function fresh_log(window, unit, n, now, ahead)
+  local at = now + (-now) % unit
+  local base = at - at % (unit * SPAN)
+  local offset = (at - base) / unit
+  local wunits = window / unit
+  local refresh = offset + wunits + math.ceil(wunits / REFRESH_SLACK)
+  local ttl = math.ceil((base + refresh * unit - now) / 1000)
+  local lo = offset % 256
+  local entry = string.char((offset - lo) / 256, lo)
+  if n > 1 then
+    entry = string.rep(entry, n)
+  end
+  return at, encode_header(base, unit, refresh, ahead and in_units(ahead, unit) or 0, in_units(window, unit)) .. entry,
+    BOUNDS[ttl] or bounds(ttl, ttl)
+end
+
 -- exact_fast decides a request of cost n at now over the one limit of the
 -- given quota, window and unit, whose log is at key, writing its reply at
 -- R[r + 1] (see check). It returns true if it decided it; false if the
@@ -651,18 +696,63 @@ end
 -- false as above, or what it found and would write: 0 (no room), the
 -- count, reset and stamp as check sets them; or 1 (room), the count (nil
 -- if unread: the log is far below its quota and none of its entries has
--- left the window, see head), when its oldest entry leaves the window,
+-- left the window, see head; 0 if there is no log), when its oldest
+-- entry leaves the window (if there is no log, when the request's does),
 -- the request's time in it, and the command that logs the request with
 -- its arguments after the key.
 --
 -- ahead is the limit's AHEAD (FLAG_LEASE), nil or false if it lends none:
 -- a log ahead of now goes to the general path, and a write anew keeps the
 -- entries after at - ahead - window (see leases, above).
-local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead)
+--
+-- memo, if not nil, is the request's array of library.lua's decode_one,
+-- where exact_fast keeps the log a first request made and its time, from
+-- MEMO_NOW on: the requests of one limit and cost at one time (a call's,
+-- on the server's clock) make the same log.
+local MEMO_NOW, MEMO_AT, MEMO_LOG, MEMO_TTL = 7, 8, 9, 10
+local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, memo)
   local byte = string.byte
   local s, size, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, a1, a2, k1, k2, f1, f2, o1, o2
   if quota <= WHOLE then
-    s = redis.pcall('GET', key)
+    -- The first request of a key (an everyday key's: a client that comes
+    -- once in a window) makes its log. Where Redis has SET's NX with GET
+    -- (SET_NX_GET) one command makes the log if there is none, else
+    -- reads it, as GET would.
+    local at, fresh, ttl
+    if SET_NX_GET and not plan and n <= quota then
+      if memo and memo[MEMO_NOW] == now then
+        at, fresh, ttl = memo[MEMO_AT], memo[MEMO_LOG], memo[MEMO_TTL]
+      else
+        at, fresh, ttl = fresh_log(window, unit, n, now, ahead)
+        if memo then
+          memo[MEMO_NOW], memo[MEMO_AT], memo[MEMO_LOG], memo[MEMO_TTL] = now, at, fresh, ttl
+        end
+      end
+      s = redis.pcall('SET', key, fresh, 'NX', 'GET', 'PX', ttl)
+      if type(s) == 'table' then -- refused (out of memory, or not a string): read it
+        s = redis.pcall('GET', key)
+        if s == false then
+          return false
+        end
+      end
+    else
+      s = redis.pcall('GET', key)
+      if s == false and n <= quota then
+        at, fresh, ttl = fresh_log(window, unit, n, now, ahead)
+        if plan then
+          return 1, 0, at + window, at, 'SET', fresh, ttl
+        end
+        s = redis.pcall('SET', key, fresh, 'PX', ttl)
+        if s.err then
+          return s
+        end
+        s = false
+      end
+    end
+    if s == false and fresh then -- there was no log: the request made it
+      R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 1, 0, now, 0, at + window, at
+      return true
+    end
     if type(s) ~= 'string' then
       return false
     end

@@ -298,7 +298,9 @@ local function fast_many(keys, k, arg, count, R, r, clock, leased)
     for i = 1, count do
       local q, key = 7 * i - 6, keys[k + i - 1]
       local c, reset, stamp = P[q + 1], P[q + 2], P[q + 3]
-      if P[q] == 1 then -- room: reset and stamp when its oldest entry leaves
+      if P[q] == 1 and c == 0 then -- room, and no log: its time, and no entry
+        reset, stamp = now, 0
+      elseif P[q] == 1 then -- room: reset and stamp when its oldest entry leaves
         reset, stamp = P[q + 2], P[q + 2]
         if not c then -- none has left the window
           c = (redis.pcall('STRLEN', key) - HEADER) / ENTRY
@@ -331,6 +333,30 @@ local function fast_many(keys, k, arg, count, R, r, clock, leased)
   return true, clock
 end
 
+-- ONES keeps, across the calls of a Function library, the requests of
+-- one limit that the fast path decides, decoded (decode_one), by their
+-- bytes: a Limiter's requests of one cost on the server's clock are the
+-- same bytes from call to call (a script starts afresh each call). It
+-- holds at most ONES_MAX, then starts afresh; a request is read from its
+-- bytes alone, so it keeps nothing of any log.
+local ONES, ONES_MAX, ones_n = {}, 4096, 0
+
+-- decode_one returns a request of one limit as an array: the limit's kind
+-- if the fast path decides it (an exact log or a token bucket, without
+-- flags), else false; its quota, window and unit; the request's cost and
+-- time. exact_fast keeps the log a first request makes after them (see
+-- MEMO_NOW).
+local function decode_one(arg)
+  local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, count, kind, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6,
+    u1, u2, u3, u4, u5, u6 = string.byte(arg, 1, REQUEST_HEAD + LIMIT_HEAD - 1)
+  if count ~= 1 or flags ~= 0 or kind ~= EXACT_LOG and kind ~= GCRA then
+    kind = false
+  end
+  return {kind, ((q1 * 256 + q2) * 256 + q3) * 256 + q4, ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6,
+    ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, ((c1 * 256 + c2) * 256 + c3) * 256 + c4,
+    (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7, false, false, false, false}
+end
+
 -- each decides every request of a call, one after the other, and returns
 -- their replies: a request every enforced limit has room for is logged in
 -- them all if write is true; any other is logged nowhere. Requests of one
@@ -356,25 +382,26 @@ local function each(keys, argv, write)
     -- it cannot decide it, having written nothing.
     local fast, left, L = false, 0, 1
     if write and #arg == REQUEST_HEAD + LIMIT_HEAD then
-      local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, count, kind, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6,
-        u1, u2, u3, u4, u5, u6 = string.byte(arg, 1, REQUEST_HEAD + LIMIT_HEAD - 1)
-      if count == 1 and kind == EXACT_LOG and flags == 0 then
-        now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
+      local one = ONES[arg]
+      if not one then
+        one = decode_one(arg)
+        if ones_n == ONES_MAX then
+          ONES, ones_n = {}, 0
+        end
+        ONES[arg], ones_n = one, ones_n + 1
+      end
+      local kind = one[1]
+      if kind then
+        now = one[6]
         if now == 0 then
           clock = clock or server_now()
           now = clock
         end
-        fast = exact_fast(keys[k], ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
-          ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6,
-          ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, ((c1 * 256 + c2) * 256 + c3) * 256 + c4, now, R, r)
-      elseif count == 1 and kind == GCRA and flags == 0 then -- a token bucket alone (gcra_fast)
-        now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
-        if now == 0 then
-          clock = clock or server_now()
-          now = clock
+        if kind == EXACT_LOG then
+          fast = exact_fast(keys[k], one[2], one[3], one[4], one[5], now, R, r, false, nil, one)
+        else -- a token bucket alone (gcra_fast)
+          fast = gcra_fast(keys[k], one[2], one[4], one[5], now, R, r)
         end
-        fast = gcra_fast(keys[k], ((q1 * 256 + q2) * 256 + q3) * 256 + q4,
-          ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, ((c1 * 256 + c2) * 256 + c3) * 256 + c4, now, R, r)
       end
     elseif write and #arg > REQUEST_HEAD + LIMIT_HEAD then
       L = string.byte(arg, REQUEST_HEAD)

@@ -180,6 +180,7 @@ func callgrindRun(decisions, batch int, keep, entries string, lease time.Duratio
 	// count runs op with instrumentation on, between a zero and a dump of
 	// the counters, and returns the instructions counted, the time op
 	// took and the calls of scripts and functions it made.
+	var lastCommands int64 // the commands Redis ran in the last cell counted, its calls included
 	count := func(op func() error) (instr int64, took time.Duration, calls int64, err error) {
 		c0, err := redisCounters(ctx, rdb)
 		if err != nil {
@@ -207,6 +208,7 @@ func callgrindRun(decisions, batch int, keep, entries string, lease time.Duratio
 			return 0, 0, 0, err
 		}
 		dumps++
+		lastCommands = c1.commands - c0.commands
 		n, err := dumpInstructions(out + "." + strconv.Itoa(dumps))
 		return n, took, c1.scripts - c0.scripts, err
 	}
@@ -285,6 +287,99 @@ func callgrindRun(decisions, batch int, keep, entries string, lease time.Duratio
 			return nil
 		}); err != nil {
 			return err
+		}
+	}
+
+	// The everyday key: a client's IP or API key, a request or two per
+	// window. Each cell decides -decisions requests on as many keys of
+	// its own, every key once: the first request of a key (no log; a
+	// fixed window's INCRBY makes the key and PEXPIREs it), then, a
+	// second later, its second (a log of one entry; INCRBY, then PTTL).
+	var day [2][2]float64      // first, second request: 1 per call, batch per call
+	var dayFixed [2][2]float64 // the fixed window's
+	var dayCmds [2][2]float64  // the exact log's commands per decision, its calls' share included
+	{
+		now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
+		clock := func() time.Time { return now }
+		rs, err := redisstore.New(rdb, redisstore.Options{DenyCache: -1, BreakerFailures: -1, OperatorRefresh: -1})
+		if err != nil {
+			return err
+		}
+		lim, err := ratelimit.New(nil, []ratelimit.Limit{ratelimit.Per(time.Minute, 100, ratelimit.Global()).Named("cgday")},
+			ratelimit.WithClock(clock), ratelimit.WithStore(rs), ratelimit.WithTimeout(10*time.Minute))
+		if err != nil {
+			return err
+		}
+		if _, err := lim.Allow(ctx, []string{"day-warm-up"}, 1); err != nil { // the library is loaded
+			return err
+		}
+		one, many := redis.NewScript(fixedWindowScript), redis.NewScript(fixedWindowBatchScript)
+		// dayIDs[c] are the identifiers of the 1-per-call (c = 0) and
+		// batched (c = 1) cells; dayKeys[c] the fixed window's keys.
+		var dayIDs [2][][]string
+		var dayKeys [2][]string
+		for c := range dayIDs {
+			for i := range decisions {
+				id := "day-" + strconv.Itoa(c) + "-" + strconv.Itoa(i)
+				dayIDs[c] = append(dayIDs[c], []string{id})
+				dayKeys[c] = append(dayKeys[c], "fw:"+id)
+			}
+		}
+		for req := range 2 {
+			label := []string{"first", "second"}[req]
+			admit := func(res ratelimit.Result) error {
+				if !res.Allowed || res.Remaining != 99-req {
+					return fmt.Errorf("everyday key, %s request: %+v, want admitted with %d remaining", label, res, 99-req)
+				}
+				return nil
+			}
+			if day[req][0], err = measure("everyday key, "+label+" request, 1 per call", decisions, func() error {
+				for _, id := range dayIDs[0] {
+					res, err := lim.Allow(ctx, id, 1)
+					if err != nil {
+						return err
+					}
+					if err := admit(res); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+			dayCmds[req][0] = float64(lastCommands) / float64(decisions)
+			if day[req][1], err = measure("everyday key, "+label+" request, batched", rounds, func() error {
+				for r := range rounds {
+					if err := g.batch(lim, dayIDs[1][r*batch:][:batch], admit); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+			dayCmds[req][1] = float64(lastCommands) / float64(decisions)
+			if dayFixed[req][0], err = measure("fixed window, everyday key, "+label+" request, 1 per call", decisions, func() error {
+				for _, key := range dayKeys[0] {
+					if err := one.EvalSha(ctx, rdb, []string{key}, 1, 60_000).Err(); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+			if dayFixed[req][1], err = measure("fixed window, everyday key, "+label+" request, batched", rounds, func() error {
+				for r := range rounds {
+					if err := many.EvalSha(ctx, rdb, dayKeys[1][r*batch:][:batch], 1, 60_000).Err(); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+			now = now.Add(time.Second)
 		}
 	}
 
@@ -559,6 +654,10 @@ func callgrindRun(decisions, batch int, keep, entries string, lease time.Duratio
 	fmt.Printf("| fixed window (INCRBY, PEXPIRE or PTTL, in one EVALSHA) | | %s | %s |\n", num(fixed[0]), num(fixed[1]))
 	fmt.Printf("| burst (GCRA): `Burst(time.Second, 100, 1000, Global())`, admission | | %s | %s |\n", num(burst[0]), num(burst[1]))
 	fmt.Printf("| redis_rate v10 `AllowN` (GCRA, one EVALSHA), same rate and burst | | %s | |\n", num(rrate))
+	for req, label := range []string{"first", "second"} {
+		fmt.Printf("| everyday key (`Per(time.Minute, 100)`, a key per decision), %s request | | %s | %s |\n", label, num(day[req][0]), num(day[req][1]))
+		fmt.Printf("| fixed window, everyday key, %s request | | %s | %s |\n", label, num(dayFixed[req][0]), num(dayFixed[req][1]))
+	}
 	for _, c := range logs {
 		e := thousands(int64(c.n))
 		fmt.Printf("| exact log, admission, none leaving the window | %s | %s | %s |\n", e, num(c.growing[0]), num(c.growing[1]))
@@ -579,6 +678,13 @@ func callgrindRun(decisions, batch int, keep, entries string, lease time.Duratio
 				ratio(a.instr[1], fixed[1]), ratio(c.deny[0], a.instr[0]), ratio(c.deny[1], a.instr[1]))
 		}
 	}
+	fmt.Printf("\n| everyday key | exact log / fixed window, 1 per call | exact log / fixed window, %s per call (target ≤ 1x) | commands per decision, 1 per call | commands per decision, %s per call |\n"+
+		"| --- | ---: | ---: | ---: | ---: |\n", b, b)
+	for req, label := range []string{"first request", "second request"} {
+		fmt.Printf("| %s | %s | %s | %.2f | %.2f |\n", label, ratio(day[req][0], dayFixed[req][0]), ratio(day[req][1], dayFixed[req][1]), dayCmds[req][0], dayCmds[req][1])
+	}
+	fmt.Printf("| both, on average | %s | %s | %.2f | %.2f |\n", ratio(day[0][0]+day[1][0], dayFixed[0][0]+dayFixed[1][0]),
+		ratio(day[0][1]+day[1][1], dayFixed[0][1]+dayFixed[1][1]), (dayCmds[0][0]+dayCmds[1][0])/2, (dayCmds[0][1]+dayCmds[1][1])/2)
 	fmt.Printf("\n| burst (GCRA) / redis_rate, 1 per call | burst (GCRA) at %s per call / redis_rate (target ≤ 0.5x) |\n| ---: | ---: |\n| %s | %s |\n",
 		b, ratio(burst[0], rrate), ratio(burst[1], rrate))
 	fmt.Println()
