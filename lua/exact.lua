@@ -712,59 +712,55 @@ end
 local MEMO_NOW, MEMO_AT, MEMO_LOG, MEMO_TTL = 7, 8, 9, 10
 local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, memo)
   local byte = string.byte
-  local s, size, b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, a1, a2, k1, k2, f1, f2, o1, o2
+  local s, size, head
   if quota <= WHOLE then
     -- The first request of a key (an everyday key's: a client that comes
     -- once in a window) makes its log. Where Redis has SET's NX with GET
     -- (SET_NX_GET) one command makes the log if there is none, else
     -- reads it, as GET would.
     local at, fresh, ttl
-    if SET_NX_GET and not plan and n <= quota then
-      if memo and memo[MEMO_NOW] == now then
-        at, fresh, ttl = memo[MEMO_AT], memo[MEMO_LOG], memo[MEMO_TTL]
-      else
-        at, fresh, ttl = fresh_log(window, unit, n, now, ahead)
-        if memo then
-          memo[MEMO_NOW], memo[MEMO_AT], memo[MEMO_LOG], memo[MEMO_TTL] = now, at, fresh, ttl
-        end
-      end
+    if memo and memo[MEMO_NOW] == now then
+      at, fresh, ttl = memo[MEMO_AT], memo[MEMO_LOG], memo[MEMO_TTL]
+    elseif memo and n <= quota then
+      at, fresh, ttl = fresh_log(window, unit, n, now, ahead)
+      memo[MEMO_NOW], memo[MEMO_AT], memo[MEMO_LOG], memo[MEMO_TTL] = now, at, fresh, ttl
+    end
+    if fresh and SET_NX_GET then
       s = redis.pcall('SET', key, fresh, 'NX', 'GET', 'PX', ttl)
-      if type(s) == 'table' then -- refused (out of memory, or not a string): read it
+      if s == false then -- there was no log: the request made it
+        R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 1, 0, now, 0, at + window, at
+        return true
+      elseif type(s) ~= 'string' then -- refused (out of memory, or not a string): read it
         s = redis.pcall('GET', key)
-        if s == false then
-          return false
-        end
       end
     else
       s = redis.pcall('GET', key)
-      if s == false and n <= quota then
-        at, fresh, ttl = fresh_log(window, unit, n, now, ahead)
+      if s == false and n <= quota then -- no log: the request makes it
+        if not fresh then
+          at, fresh, ttl = fresh_log(window, unit, n, now, ahead)
+        end
         if plan then
           return 1, 0, at + window, at, 'SET', fresh, ttl
         end
-        s = redis.pcall('SET', key, fresh, 'PX', ttl)
-        if s.err then
-          return s
+        local e = redis.pcall('SET', key, fresh, 'PX', ttl)
+        if e.err then
+          return e
         end
-        s = false
+        R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 1, 0, now, 0, at + window, at
+        return true
       end
-    end
-    if s == false and fresh then -- there was no log: the request made it
-      R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 1, 0, now, 0, at + window, at
-      return true
     end
     if type(s) ~= 'string' then
       return false
     end
-    size = (#s - HEADER) / ENTRY
-    b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, a1, a2, k1, k2, f1, f2, o1, o2 = byte(s, 1, HEADER + ENTRY)
+    size, head = (#s - HEADER) / ENTRY, s
   else
     -- Bytes from the (quota - n + 1)-th newest entry's place to the
     -- oldest entry's last: the header and the oldest entry (all 24) if
     -- the log has no more than quota - n - 10 entries, so that the request
     -- fits whatever their times (its length, unread, comes with APPEND's
     -- reply); else fewer, and the header and length are read.
-    local head = '' -- a log of at least quota - n - 10 entries (fewer bytes), or none
+    head = '' -- a log of at least quota - n - 10 entries (fewer bytes), or none
     if quota - n >= HEADER / ENTRY then
       local fits = -ENTRY * (quota - n + 1)
       head = BOUNDS[fits] or bounds(fits, fits)
@@ -780,8 +776,8 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, m
       end
       size = (redis.pcall('STRLEN', key) - HEADER) / ENTRY
     end
-    b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, a1, a2, k1, k2, f1, f2, o1, o2 = byte(head, 1, HEADER + ENTRY)
   end
+  local b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, a1, a2, k1, k2, f1, f2, o1, o2 = byte(head, 1, HEADER + ENTRY)
   if not o2 or size and size % 1 ~= 0 or ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6 ~= unit then
     return false -- no entry, no log, or a log of another unit
   end
@@ -798,13 +794,9 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, m
   end
   local newest, floor, first = hi * 256 + lo, f1 * 256 + f2, o1 * 256 + o2
   local at = now + (-now) % unit -- now rounded up to the unit
-  if floor > newest then
-    newest = floor
-  end
-  if base + newest * unit > at then -- the log is ahead of now
+  if base + (floor > newest and floor or newest) * unit > at then -- the log is ahead of now
     return false
   end
-  newest = hi * 256 + lo
   local x = now - window - base
   local cut = (x - x % unit) / unit -- entries at or before it have left the window
   local dead, str, skip, from, m = 0, s, HEADER, 0, size
