@@ -683,7 +683,7 @@ local function fresh_log(window, unit, n, now, ahead)
     entry = string.rep(entry, n)
   end
   return at, encode_header(base, unit, refresh, ahead and in_units(ahead, unit) or 0, in_units(window, unit)) .. entry,
-    BOUNDS[ttl] or bounds(ttl, ttl)
+    string.format('%d', ttl)
 end
 
 -- exact_fast decides a request of cost n at now over the one limit of the
@@ -705,11 +705,14 @@ end
 -- a log ahead of now goes to the general path, and a write anew keeps the
 -- entries after at - ahead - window (see leases, above).
 --
--- memo, if not nil, is the request's array of library.lua's decode_one,
--- where exact_fast keeps the log a first request made and its time, from
--- MEMO_NOW on: the requests of one limit and cost at one time (a call's,
--- on the server's clock) make the same log.
-local MEMO_NOW, MEMO_AT, MEMO_LOG, MEMO_TTL = 7, 8, 9, 10
+-- memo, if not nil, is the request's array in library.lua's ONES, kept
+-- across calls, where exact_fast keeps the log a first request makes and
+-- its time, from MEMO_NOW on: the requests of one limit
+-- and cost at one time (a call's, on the server's clock) make the same
+-- log. With a memo and SET_NX_GET, one command makes the log if there
+-- is none and reads it if there is; else GET reads it, and a SET makes
+-- it if there is none.
+local MEMO_NOW, MEMO_AT, MEMO_LOG, MEMO_TTL = 6, 7, 8, 9
 local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, memo)
   local byte = string.byte
   local s, size, head
@@ -718,15 +721,12 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, m
     -- once in a window) makes its log. Where Redis has SET's NX with GET
     -- (SET_NX_GET) one command makes the log if there is none, else
     -- reads it, as GET would.
-    local at, fresh, ttl
-    if memo and memo[MEMO_NOW] == now then
-      at, fresh, ttl = memo[MEMO_AT], memo[MEMO_LOG], memo[MEMO_TTL]
-    elseif memo and n <= quota then
-      at, fresh, ttl = fresh_log(window, unit, n, now, ahead)
-      memo[MEMO_NOW], memo[MEMO_AT], memo[MEMO_LOG], memo[MEMO_TTL] = now, at, fresh, ttl
-    end
-    if fresh and SET_NX_GET then
-      s = redis.pcall('SET', key, fresh, 'NX', 'GET', 'PX', ttl)
+    if memo and SET_NX_GET and n <= quota then
+      if memo[MEMO_NOW] ~= now then
+        memo[MEMO_NOW], memo[MEMO_AT], memo[MEMO_LOG], memo[MEMO_TTL] = now, fresh_log(window, unit, n, now, ahead)
+      end
+      local at = memo[MEMO_AT]
+      s = redis.pcall('SET', key, memo[MEMO_LOG], 'NX', 'GET', 'PX', memo[MEMO_TTL])
       if s == false then -- there was no log: the request made it
         R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 1, 0, now, 0, at + window, at
         return true
@@ -736,9 +736,7 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, m
     else
       s = redis.pcall('GET', key)
       if s == false and n <= quota then -- no log: the request makes it
-        if not fresh then
-          at, fresh, ttl = fresh_log(window, unit, n, now, ahead)
-        end
+        local at, fresh, ttl = fresh_log(window, unit, n, now, ahead)
         if plan then
           return 1, 0, at + window, at, 'SET', fresh, ttl
         end

@@ -334,28 +334,17 @@ local function fast_many(keys, k, arg, count, R, r, clock, leased)
 end
 
 -- ONES keeps, across the calls of a Function library, the requests of
--- one limit that the fast path decides, decoded (decode_one), by their
--- bytes: a Limiter's requests of one cost on the server's clock are the
--- same bytes from call to call (a script starts afresh each call). It
--- holds at most ONES_MAX, then starts afresh; a request is read from its
--- bytes alone, so it keeps nothing of any log.
-local ONES, ONES_MAX, ones_n = {}, 4096, 0
-
--- decode_one returns a request of one limit as an array: the limit's kind
--- if the fast path decides it (an exact log or a token bucket, without
--- flags), else false; its quota, window and unit; the request's cost and
--- time. exact_fast keeps the log a first request makes after them (see
--- MEMO_NOW).
-local function decode_one(arg)
-  local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, count, kind, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6,
-    u1, u2, u3, u4, u5, u6 = string.byte(arg, 1, REQUEST_HEAD + LIMIT_HEAD - 1)
-  if count ~= 1 or flags ~= 0 or kind ~= EXACT_LOG and kind ~= GCRA then
-    kind = false
-  end
-  return {kind, ((q1 * 256 + q2) * 256 + q3) * 256 + q4, ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6,
-    ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6, ((c1 * 256 + c2) * 256 + c3) * 256 + c4,
-    (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7, false, false, false, false}
-end
+-- one limit on the server's clock (time 0) that the fast path decides,
+-- decoded, by their bytes: a Limiter's requests of one cost are the same
+-- bytes from call to call (a script starts afresh each call), a few for
+-- each limit. Each is an array of the limit's kind (EXACT_LOG or GCRA),
+-- quota, window and unit, and the request's cost; exact_fast keeps after
+-- them the log a first request makes (see MEMO_NOW). It holds at most
+-- ONES_MAX, then starts afresh; a request is read from its bytes alone,
+-- so it keeps nothing of any log. A request of another time, different
+-- each time, is not kept: what Lua keeps costs Redis its collector's
+-- work on every cycle.
+local ONES, ONES_MAX, ones_n = {}, 256, 0
 
 -- each decides every request of a call, one after the other, and returns
 -- their replies: a request every enforced limit has room for is logged in
@@ -368,39 +357,54 @@ end
 local function each(keys, argv, write)
   -- Sized for the most common reply, one request of one limit.
   local R, k, r, clock = {0, 0, 0, 0, 0, 0}, 1, 0, nil
-  -- The limits of a call's requests, decoded once: by their bytes (from
-  -- the number of limits on), which requests of one limiter share. A
-  -- request's limits keep nothing of it past its decision (check sets
-  -- each limit's STATE before admit reads it), so requests can share them.
-  local decoded = #argv > 1 and {} or nil
+  -- The limits of a call's requests the general path decides, decoded
+  -- once: by their bytes (from the number of limits on), which requests
+  -- of one limiter share. A request's limits keep nothing of it past its
+  -- decision (check sets each limit's STATE before admit reads it), so
+  -- requests can share them. Made when a call of several requests first
+  -- needs it.
+  local decoded
   for j = 1, #argv do
     local arg, now, n, limits = argv[j]
     -- The fast path (exact_fast): a request of one enforced exact log
-    -- (with no flags, or FLAG_LEASE alone), decoded here in locals, or of
-    -- two to FAST_LIMITS (fast_many); or of one enforced token bucket
-    -- without flags (gcra_fast). It leaves the request to what follows if
+    -- (with no flags, decoded once across calls, see ONES; or with
+    -- FLAG_LEASE alone, decoded here in locals), or of two to FAST_LIMITS
+    -- (fast_many); or of one enforced token bucket without flags
+    -- (gcra_fast). It leaves the request to what follows if
     -- it cannot decide it, having written nothing.
     local fast, left, L = false, 0, 1
     if write and #arg == REQUEST_HEAD + LIMIT_HEAD then
       local one = ONES[arg]
-      if not one then
-        one = decode_one(arg)
-        if ones_n == ONES_MAX then
-          ONES, ones_n = {}, 0
+      local kind, quota, window, unit, cost
+      if one then
+        kind, quota, window, unit, cost, now = one[1], one[2], one[3], one[4], one[5], 0
+      else
+        local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, count, kb, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6,
+          u1, u2, u3, u4, u5, u6 = string.byte(arg, 1, REQUEST_HEAD + LIMIT_HEAD - 1)
+        if count == 1 and flags == 0 and (kb == EXACT_LOG or kb == GCRA) then
+          kind, quota = kb, ((q1 * 256 + q2) * 256 + q3) * 256 + q4
+          window = ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6
+          unit = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6
+          cost = ((c1 * 256 + c2) * 256 + c3) * 256 + c4
+          now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
+          if now == 0 then
+            if ones_n == ONES_MAX then
+              ONES, ones_n = {}, 0
+            end
+            one = {kind, quota, window, unit, cost, false, false, false, false}
+            ONES[arg], ones_n = one, ones_n + 1
+          end
         end
-        ONES[arg], ones_n = one, ones_n + 1
       end
-      local kind = one[1]
       if kind then
-        now = one[6]
         if now == 0 then
           clock = clock or server_now()
           now = clock
         end
         if kind == EXACT_LOG then
-          fast = exact_fast(keys[k], one[2], one[3], one[4], one[5], now, R, r, false, nil, one)
+          fast = exact_fast(keys[k], quota, window, unit, cost, now, R, r, false, nil, one)
         else -- a token bucket alone (gcra_fast)
-          fast = gcra_fast(keys[k], one[2], one[4], one[5], now, R, r)
+          fast = gcra_fast(keys[k], quota, unit, cost, now, R, r)
         end
       end
     elseif write and #arg > REQUEST_HEAD + LIMIT_HEAD then
@@ -430,7 +434,8 @@ local function each(keys, argv, write)
     if fast == true then
       k, r = k + L, r + 3 + 3 * L
     else
-      if decoded then
+      if #argv > 1 then
+        decoded = decoded or {}
         local specs = string.sub(arg, REQUEST_HEAD)
         limits = decoded[specs]
         if not limits then
