@@ -69,3 +69,49 @@ func TestDenialsUnderOOM(t *testing.T) {
 		})
 	}
 }
+
+// TestOneLimitUnderOOM: a request of one limit (the fast path, whose
+// first command on Redis 7 would make a log where there is none) is
+// still denied, exactly, when its client is over the limit and Redis is
+// out of memory, and a client without a log gets the failure mode, with
+// nothing written. As a Redis Function (refused before it runs: the
+// status denies) and as a script (the first write is refused: the log is
+// read instead).
+func TestOneLimitUnderOOM(t *testing.T) {
+	for _, scriptsOnly := range []bool{false, true} {
+		name := "function"
+		if scriptsOnly {
+			name = "script"
+		}
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
+			c := srv.Client()
+			ctx := context.Background()
+			var failures int
+			lim := mustNew(t, c, []Limit{Per(time.Minute, 2, ClientIP()).Named("one")}, WithFailureMode(FailOpen),
+				WithHandlers(Handlers{Error: func(*http.Request, error) { failures++ }}), withRedis(redisstore.Options{DenyCache: -1}))
+			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(scriptsOnly)
+			h := lim.Handler(okHandler)
+			for i := range 2 {
+				if w := serve(h, "GET", "/", "192.0.2.1:1"); w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != []string{"1", "0"}[i] {
+					t.Fatalf("request %d before the OOM: %d %v", i, w.Code, w.Header())
+				}
+			}
+			fillMemory(t, c)
+			if err := c.ConfigSet(ctx, "maxmemory", "1mb").Err(); err != nil {
+				t.Fatal(err)
+			}
+			w := serve(h, "GET", "/", "192.0.2.1:1")
+			if w.Code != 429 || w.Header().Get("Retry-After") == "" || w.Header().Get("X-RateLimit-Remaining") != "0" || failures != 0 {
+				t.Errorf("over its limit, under OOM: %d %v, %d failures; want 429 with Retry-After", w.Code, w.Header(), failures)
+			}
+			w = serve(h, "GET", "/", "192.0.2.2:1")
+			if w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "" || failures != 1 {
+				t.Errorf("a new client under OOM: %d %v, %d failures; want the failure mode", w.Code, w.Header(), failures)
+			}
+			if n, err := c.Exists(ctx, logKey("one", "ip", "192.0.2.2")).Result(); err != nil || n != 0 {
+				t.Errorf("a new client under OOM left a log: %d %v", n, err)
+			}
+		})
+	}
+}
