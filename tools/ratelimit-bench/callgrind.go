@@ -47,6 +47,18 @@ import (
 //	                  and the time to live, on keys that exist and have a
 //	                  TTL. At -batch per call the script does that for each
 //	                  of its keys.
+//	everyday key      the library's Limiter (a Redis Function, no deny
+//	                  cache, no breaker) with Per(time.Minute, 100,
+//	                  Global()) on the Redis server's clock (as a Limiter
+//	                  decides by default: TIME once a call), a key per
+//	                  decision, as a client's IP or API key that sees a
+//	                  request or two a window: the first request of each
+//	                  key (no log yet), then its second (a log of one
+//	                  entry). Beside it the fixed window on keys of its
+//	                  own: a first INCRBY (and PEXPIRE), then a second
+//	                  (and PTTL). It also prints the commands Redis ran
+//	                  per decision (INFO commandstats, the calls
+//	                  included).
 //	exact log         the library's Limiter (a Redis Function), with
 //	                  WithClock, no deny cache and no circuit breaker, on
 //	                  keys each holding N entries of a 1-minute window (N =
