@@ -666,24 +666,23 @@ local function bounds(a, b)
   return sa, sb
 end
 
--- fresh_log returns the time of a request of cost n at now that makes
--- the log of a limit of the given window and unit (and AHEAD ahead, nil or
--- false if it lends no leases), the log, and its expiry in milliseconds,
--- as a string: what exact_rewrite writes of a log that was not there.
-local function fresh_log(window, unit, n, now, ahead)
-  local at = now + (-now) % unit
+-- fresh_log returns what exact_rewrite writes of a log that was not there
+-- for a request of cost n at at (a time of the unit) over a limit of the
+-- given window and unit (and AHEAD ahead, nil or false if it lends no
+-- leases): the log, and when the key expires (a time), which a request
+-- at now sets as a PX of that less now, in milliseconds rounded up.
+local function fresh_log(window, unit, n, at, ahead)
   local base = at - at % (unit * SPAN)
   local offset = (at - base) / unit
   local wunits = window / unit
   local refresh = offset + wunits + math.ceil(wunits / REFRESH_SLACK)
-  local ttl = math.ceil((base + refresh * unit - now) / 1000)
   local lo = offset % 256
   local entry = string.char((offset - lo) / 256, lo)
   if n > 1 then
     entry = string.rep(entry, n)
   end
-  return at, encode_header(base, unit, refresh, ahead and in_units(ahead, unit) or 0, in_units(window, unit)) .. entry,
-    string.format('%d', ttl)
+  return encode_header(base, unit, refresh, ahead and in_units(ahead, unit) or 0, in_units(window, unit)) .. entry,
+    base + refresh * unit
 end
 
 -- exact_fast decides a request of cost n at now over the one limit of the
@@ -706,13 +705,13 @@ end
 -- entries after at - ahead - window (see leases, above).
 --
 -- memo, if not nil, is the request's array in library.lua's ONES, kept
--- across calls, where exact_fast keeps the log a first request makes and
--- its time, from MEMO_NOW on: the requests of one limit
--- and cost at one time (a call's, on the server's clock) make the same
--- log. With a memo and SET_NX_GET, one command makes the log if there
--- is none and reads it if there is; else GET reads it, and a SET makes
--- it if there is none.
-local MEMO_NOW, MEMO_AT, MEMO_LOG, MEMO_TTL = 6, 7, 8, 9
+-- across calls, where exact_fast keeps, from MEMO_AT on, the log a first
+-- request makes (the requests of one limit and cost in one unit of time
+-- make the same log) with its time and expiry, and the expiry's PX as
+-- last formatted (a millisecond's requests share it). With a memo and
+-- SET_NX_GET, one command makes the log if there is none and reads it
+-- if there is; else GET reads it, and a SET makes it if there is none.
+local MEMO_AT, MEMO_LOG, MEMO_EXPIRES, MEMO_MS, MEMO_PX = 6, 7, 8, 9, 10
 local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, memo)
   local byte = string.byte
   local s, size, head
@@ -722,11 +721,15 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, m
     -- (SET_NX_GET) one command makes the log if there is none, else
     -- reads it, as GET would.
     if memo and SET_NX_GET and n <= quota then
-      if memo[MEMO_NOW] ~= now then
-        memo[MEMO_NOW], memo[MEMO_AT], memo[MEMO_LOG], memo[MEMO_TTL] = now, fresh_log(window, unit, n, now, ahead)
+      local at = now + (-now) % unit
+      if memo[MEMO_AT] ~= at then
+        memo[MEMO_AT], memo[MEMO_LOG], memo[MEMO_EXPIRES] = at, fresh_log(window, unit, n, at, ahead)
       end
-      local at = memo[MEMO_AT]
-      s = redis.pcall('SET', key, memo[MEMO_LOG], 'NX', 'GET', 'PX', memo[MEMO_TTL])
+      local ms = math.ceil((memo[MEMO_EXPIRES] - now) / 1000)
+      if memo[MEMO_MS] ~= ms then
+        memo[MEMO_MS], memo[MEMO_PX] = ms, string.format('%d', ms)
+      end
+      s = redis.pcall('SET', key, memo[MEMO_LOG], 'NX', 'GET', 'PX', memo[MEMO_PX])
       if s == false then -- there was no log: the request made it
         R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 1, 0, now, 0, at + window, at
         return true
@@ -736,7 +739,9 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, m
     else
       s = redis.pcall('GET', key)
       if s == false and n <= quota then -- no log: the request makes it
-        local at, fresh, ttl = fresh_log(window, unit, n, now, ahead)
+        local at = now + (-now) % unit
+        local fresh, expires = fresh_log(window, unit, n, at, ahead)
+        local ttl = string.format('%d', math.ceil((expires - now) / 1000))
         if plan then
           return 1, 0, at + window, at, 'SET', fresh, ttl
         end

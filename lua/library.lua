@@ -339,7 +339,7 @@ end
 -- bytes from call to call (a script starts afresh each call), a few for
 -- each limit. Each is an array of the limit's kind (EXACT_LOG or GCRA),
 -- quota, window and unit, and the request's cost; exact_fast keeps after
--- them the log a first request makes (see MEMO_NOW). It holds at most
+-- them the log a first request makes (see MEMO_AT). It holds at most
 -- ONES_MAX, then starts afresh; a request is read from its bytes alone,
 -- so it keeps nothing of any log. A request of another time, different
 -- each time, is not kept: what Lua keeps costs Redis its collector's
@@ -391,7 +391,7 @@ local function each(keys, argv, write)
             if ones_n == ONES_MAX then
               ONES, ones_n = {}, 0
             end
-            one = {kind, quota, window, unit, cost, false, false, false, false}
+            one = {kind, quota, window, unit, cost, false, false, false, false, false}
             ONES[arg], ones_n = one, ones_n + 1
           end
         end
