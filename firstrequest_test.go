@@ -30,7 +30,10 @@ func TestFirstRequestLog(t *testing.T) {
 		draws := longtest.LongOr(t, 30, 300)
 		for i := range draws {
 			window := windows[rng.IntN(len(windows))]
-			quota := 1 + rng.IntN(300)
+			quota := 1 + rng.IntN(300) // read whole up to 256, else in parts
+			if rng.IntN(3) == 0 {
+				quota = 1 + rng.IntN(100_000)
+			}
 			cost := 1 + rng.IntN(min(quota, 4))
 			if rng.IntN(8) == 0 {
 				cost = quota + 1 // denied, whatever the log: no log is made

@@ -782,6 +782,19 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, m
   end
   local b1, b2, b3, b4, b5, b6, b7, u1, u2, u3, u4, u5, u6, r1, r2, r3, a1, a2, k1, k2, f1, f2, o1, o2 = byte(head, 1, HEADER + ENTRY)
   if not o2 or size and size % 1 ~= 0 or ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6 ~= unit then
+    if #head == 0 and not s and not plan and n <= quota then
+      -- A large log's first request: none there, or an empty string
+      -- (another program's), which SET's NX leaves to the general path.
+      local at = now + (-now) % unit
+      local fresh, expires = fresh_log(window, unit, n, at, ahead)
+      local e = redis.pcall('SET', key, fresh, 'NX', 'PX', string.format('%d', math.ceil((expires - now) / 1000)))
+      if e and e.err then
+        return e
+      elseif e then
+        R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 1, 0, now, 0, at + window, at
+        return true
+      end
+    end
     return false -- no entry, no log, or a log of another unit
   end
   local keep, lahead = (k1 * 256 + k2) * unit, (a1 * 256 + a2) * unit
