@@ -639,6 +639,11 @@ end
 -- clock behind the log's, a window start not among the entries read) it
 -- leaves to the general path, before writing anything.
 
+-- SET_NX_GET is true where SET takes NX with GET (Redis 7.0 and later,
+-- which say their version to Lua), so that one command makes a log if
+-- there is none and reads it if there is.
+local SET_NX_GET = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
+
 -- The fast path reads FAST_PROBE entries where the window likely starts,
 -- from a multiple of FAST_QUANTUM entries at least FAST_QUANTUM before
 -- it, so that the same few byte positions come back: it keeps up to
@@ -647,11 +652,6 @@ end
 -- GETRANGE costs Redis about 1,300 instructions with string.format, 2,900
 -- as a Lua number (%.17g); a lookup costs a few dozen. BOUNDS keeps
 -- nothing of any log.
--- SET_NX_GET is true where SET takes NX with GET (Redis 7.0 and later,
--- which say their version to Lua), so that one command makes a log if
--- there is none and reads it if there is.
-local SET_NX_GET = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
-
 local FAST_QUANTUM = 32
 local FAST_PROBE = 3 * FAST_QUANTUM
 local BOUNDS, BOUNDS_MAX, bounds_n = {}, 8192, 0
@@ -717,9 +717,7 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, m
   local s, size, head
   if quota <= WHOLE then
     -- The first request of a key (an everyday key's: a client that comes
-    -- once in a window) makes its log. Where Redis has SET's NX with GET
-    -- (SET_NX_GET) one command makes the log if there is none, else
-    -- reads it, as GET would.
+    -- once in a window) makes its log (see memo).
     if memo and SET_NX_GET and n <= quota then
       local at = now + (-now) % unit
       if memo[MEMO_AT] ~= at then

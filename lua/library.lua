@@ -1,7 +1,8 @@
 -- The library's entry points: decide, status, rollback and forget. Each
 -- takes the KEYS and ARGV of its call (see codec.lua) and keeps nothing
--- of it from one call to the next (exact.lua's BOUNDS keeps formatted
--- numbers only).
+-- of it from one call to the next but what its bytes say (exact.lua's
+-- BOUNDS keeps formatted numbers; ONES, below, requests decoded and the
+-- log a first request makes).
 --
 -- An in-flight limit (inflight.lua) takes one slot of a request whatever
 -- its cost (inflight_cost), is decided at the request's time, and its
