@@ -15,22 +15,27 @@ import (
 // refuses the limiter's writes, but a denial needs none: a client over its
 // limit is still denied, exactly, and only what would be admitted gets the
 // failure mode (here FailOpen, which must not admit the client over its
-// limit too). As a Redis Function (the check is flagged no-writes) and as a
-// script.
+// limit too), with nothing written. As a Redis Function (the check is
+// flagged no-writes) and as a script; a request of two limits (the general
+// path) and of one (the fast path, whose first command on Redis 7 would
+// make a log where there is none).
 func TestDenialsUnderOOM(t *testing.T) {
-	for _, scriptsOnly := range []bool{false, true} {
-		name := "function"
-		if scriptsOnly {
-			name = "script"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		scriptsOnly bool
+		bucketed    bool
+	}{{"function", false, true}, {"script", true, true}, {"function/one limit", false, false}, {"script/one limit", true, false}} {
+		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
 			c := srv.Client()
 			var failures int
-			lim := mustNew(t, c, []Limit{
-				Per(time.Minute, 2, ClientIP()).Named("ip"),
-				Per(time.Minute, 100, ClientIP()).Bucketed(time.Second).Named("bk"),
-			}, WithFailureMode(FailOpen), WithHandlers(Handlers{Error: func(*http.Request, error) { failures++ }}), withRedis(redisstore.Options{DenyCache: -1}))
+			limits := []Limit{Per(time.Minute, 2, ClientIP()).Named("ip")}
+			if tc.bucketed {
+				limits = append(limits, Per(time.Minute, 100, ClientIP()).Bucketed(time.Second).Named("bk"))
+			}
+			lim := mustNew(t, c, limits, WithFailureMode(FailOpen), WithHandlers(Handlers{Error: func(*http.Request, error) { failures++ }}),
+				withRedis(redisstore.Options{DenyCache: -1}))
+			scriptsOnly := tc.scriptsOnly
 			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(scriptsOnly)
 			h := lim.Handler(okHandler)
 			for i := range 2 {
@@ -57,60 +62,18 @@ func TestDenialsUnderOOM(t *testing.T) {
 			if w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "" || failures != 1 {
 				t.Errorf("within its limit, under OOM: %d %v, %d failures; want the failure mode", w.Code, w.Header(), failures)
 			}
-			res, err := lim.Allow(context.Background(), []string{"192.0.2.1", "192.0.2.1"}, 1)
+			if n, err := c.Exists(context.Background(), logKey("ip", "ip", "192.0.2.2")).Result(); err != nil || n != 0 {
+				t.Errorf("a request within its limit under OOM left a log: %d %v", n, err)
+			}
+			ids := []string{"192.0.2.1", "192.0.2.1"}[:len(limits)]
+			res, err := lim.Allow(context.Background(), ids, 1)
 			// As a function, Redis refuses the decision before it runs, and
 			// the status, which writes nothing, denies; as a script, the
 			// decision runs until its first write, and a denial has none.
 			// Either way every limit is consulted.
-			if err != nil || res.Allowed || res.DeniedBy != "ip" || res.Limits[1].Skipped ||
+			if err != nil || res.Allowed || res.DeniedBy != "ip" || res.Limits[len(limits)-1].Skipped ||
 				res.RetryAfter <= 0 || res.RetryAfter > time.Minute+time.Second {
 				t.Errorf("Allow over the limit under OOM: %+v, %v; want denied by ip, every limit consulted", res, err)
-			}
-		})
-	}
-}
-
-// TestOneLimitUnderOOM: a request of one limit (the fast path, whose
-// first command on Redis 7 would make a log where there is none) is
-// still denied, exactly, when its client is over the limit and Redis is
-// out of memory, and a client without a log gets the failure mode, with
-// nothing written. As a Redis Function (refused before it runs: the
-// status denies) and as a script (the first write is refused: the log is
-// read instead).
-func TestOneLimitUnderOOM(t *testing.T) {
-	for _, scriptsOnly := range []bool{false, true} {
-		name := "function"
-		if scriptsOnly {
-			name = "script"
-		}
-		t.Run(name, func(t *testing.T) {
-			srv := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
-			c := srv.Client()
-			ctx := context.Background()
-			var failures int
-			lim := mustNew(t, c, []Limit{Per(time.Minute, 2, ClientIP()).Named("one")}, WithFailureMode(FailOpen),
-				WithHandlers(Handlers{Error: func(*http.Request, error) { failures++ }}), withRedis(redisstore.Options{DenyCache: -1}))
-			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(scriptsOnly)
-			h := lim.Handler(okHandler)
-			for i := range 2 {
-				if w := serve(h, "GET", "/", "192.0.2.1:1"); w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != []string{"1", "0"}[i] {
-					t.Fatalf("request %d before the OOM: %d %v", i, w.Code, w.Header())
-				}
-			}
-			fillMemory(t, c)
-			if err := c.ConfigSet(ctx, "maxmemory", "1mb").Err(); err != nil {
-				t.Fatal(err)
-			}
-			w := serve(h, "GET", "/", "192.0.2.1:1")
-			if w.Code != 429 || w.Header().Get("Retry-After") == "" || w.Header().Get("X-RateLimit-Remaining") != "0" || failures != 0 {
-				t.Errorf("over its limit, under OOM: %d %v, %d failures; want 429 with Retry-After", w.Code, w.Header(), failures)
-			}
-			w = serve(h, "GET", "/", "192.0.2.2:1")
-			if w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "" || failures != 1 {
-				t.Errorf("a new client under OOM: %d %v, %d failures; want the failure mode", w.Code, w.Header(), failures)
-			}
-			if n, err := c.Exists(ctx, logKey("one", "ip", "192.0.2.2")).Result(); err != nil || n != 0 {
-				t.Errorf("a new client under OOM left a log: %d %v", n, err)
 			}
 		})
 	}
