@@ -35,8 +35,7 @@ func TestDenialsUnderOOM(t *testing.T) {
 			}
 			lim := mustNew(t, c, limits, WithFailureMode(FailOpen), WithHandlers(Handlers{Error: func(*http.Request, error) { failures++ }}),
 				withRedis(redisstore.Options{DenyCache: -1}))
-			scriptsOnly := tc.scriptsOnly
-			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(scriptsOnly)
+			lim.redis.Lib.(*slidinglog.Redis).SetScriptsOnly(tc.scriptsOnly)
 			h := lim.Handler(okHandler)
 			for i := range 2 {
 				if w := serve(h, "GET", "/", "192.0.2.1:1"); w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != []string{"1", "0"}[i] {
