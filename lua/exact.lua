@@ -685,6 +685,15 @@ local function fresh_log(window, unit, n, at, ahead)
     base + refresh * unit
 end
 
+-- A memo (library.lua's ONES) keeps, from MEMO_AT on, the log a first
+-- request of its limit and cost makes (the requests of one unit of time
+-- make the same log), its time and expiry, the expiry's PX as last
+-- formatted (a millisecond's requests share it), and how many of its
+-- requests found a log (see exact_fast).
+local MEMO_AT, MEMO_LOG, MEMO_EXPIRES, MEMO_MS, MEMO_PX, MEMO_FOUND = 6, 7, 8, 9, 10, 11
+local FOUND_MAX, FOUND_GET, FOUND_MADE = 32, 16, 3
+
+
 -- exact_fast decides a request of cost n at now over the one limit of the
 -- given quota, window and unit, whose log is at key, writing its reply at
 -- R[r + 1] (see check). It returns true if it decided it; false if the
@@ -705,20 +714,23 @@ end
 -- entries after at - ahead - window (see leases, above).
 --
 -- memo, if not nil, is the request's array in library.lua's ONES, kept
--- across calls, where exact_fast keeps, from MEMO_AT on, the log a first
--- request makes (the requests of one limit and cost in one unit of time
--- make the same log) with its time and expiry, and the expiry's PX as
--- last formatted (a millisecond's requests share it). With a memo and
--- SET_NX_GET, one command makes the log if there is none and reads it
--- if there is; else GET reads it, and a SET makes it if there is none.
-local MEMO_AT, MEMO_LOG, MEMO_EXPIRES, MEMO_MS, MEMO_PX = 6, 7, 8, 9, 10
+-- across calls (see MEMO_AT). With a memo and SET_NX_GET, one command
+-- makes the log if there is none and reads it if there is (a SET with NX
+-- and GET); else GET reads it, and a SET makes it if there is none. The
+-- SET with NX and GET costs Redis more than a GET where there is a log
+-- (its arguments, its options), so it is sent while few of the limit's
+-- requests found a log: the memo counts, from 0 to FOUND_MAX, one up for
+-- a request that found one and FOUND_MADE down for one that made one,
+-- and the GET is sent from FOUND_GET on (where more than about three in
+-- four found a log).
 local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, memo)
   local byte = string.byte
   local s, size, head
   if quota <= WHOLE then
     -- The first request of a key (an everyday key's: a client that comes
     -- once in a window) makes its log (see memo).
-    if memo and SET_NX_GET and n <= quota then
+    local found = memo and memo[MEMO_FOUND]
+    if found and SET_NX_GET and found < FOUND_GET and n <= quota then
       local at = now + (-now) % unit
       if memo[MEMO_AT] ~= at then
         memo[MEMO_AT], memo[MEMO_LOG], memo[MEMO_EXPIRES] = at, fresh_log(window, unit, n, at, ahead)
@@ -729,6 +741,7 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, m
       end
       s = redis.pcall('SET', key, memo[MEMO_LOG], 'NX', 'GET', 'PX', memo[MEMO_PX])
       if s == false then -- there was no log: the request made it
+        memo[MEMO_FOUND] = found > FOUND_MADE and found - FOUND_MADE or 0
         R[r + 1], R[r + 2], R[r + 3], R[r + 4], R[r + 5], R[r + 6] = 1, 0, now, 0, at + window, at
         return true
       elseif type(s) ~= 'string' then -- refused (out of memory, or not a string): read it
@@ -737,13 +750,23 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, m
     else
       s = redis.pcall('GET', key)
       if s == false and n <= quota then -- no log: the request makes it
-        local at = now + (-now) % unit
-        local fresh, expires = fresh_log(window, unit, n, at, ahead)
-        local ttl = string.format('%d', math.ceil((expires - now) / 1000))
-        if plan then
-          return 1, 0, at + window, at, 'SET', fresh, ttl
+        local at, fresh, px
+        local expires
+        at = now + (-now) % unit
+        if found then -- kept for the requests of its unit
+          if memo[MEMO_AT] ~= at then
+            memo[MEMO_AT], memo[MEMO_LOG], memo[MEMO_EXPIRES] = at, fresh_log(window, unit, n, at, ahead)
+          end
+          memo[MEMO_FOUND] = found > FOUND_MADE and found - FOUND_MADE or 0
+          fresh, expires = memo[MEMO_LOG], memo[MEMO_EXPIRES]
+        else
+          fresh, expires = fresh_log(window, unit, n, at, ahead)
         end
-        local e = redis.pcall('SET', key, fresh, 'PX', ttl)
+        px = string.format('%d', math.ceil((expires - now) / 1000))
+        if plan then
+          return 1, 0, at + window, at, 'SET', fresh, px
+        end
+        local e = redis.pcall('SET', key, fresh, 'PX', px)
         if e.err then
           return e
         end
@@ -753,6 +776,9 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, m
     end
     if type(s) ~= 'string' then
       return false
+    end
+    if found and found < FOUND_MAX then
+      memo[MEMO_FOUND] = found + 1
     end
     size, head = (#s - HEADER) / ENTRY, s
   else

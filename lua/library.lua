@@ -392,7 +392,7 @@ local function each(keys, argv, write)
             if ones_n == ONES_MAX then
               ONES, ones_n = {}, 0
             end
-            one = {kind, quota, window, unit, cost, false, false, false, false, false}
+            one = {kind, quota, window, unit, cost, false, false, false, false, false, 0}
             ONES[arg], ones_n = one, ones_n + 1
           end
         end
