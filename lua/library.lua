@@ -376,36 +376,37 @@ local function each(keys, argv, write)
     local fast, left, L = false, 0, 1
     if write and #arg == REQUEST_HEAD + LIMIT_HEAD then
       local one = ONES[arg]
-      local kind, quota, window, unit, cost
-      if one then
-        kind, quota, window, unit, cost, now = one[1], one[2], one[3], one[4], one[5], 0
+      if one then -- on the server's clock, decoded before
+        clock = clock or server_now()
+        now = clock
+        if one[1] == EXACT_LOG then
+          fast = exact_fast(keys[k], one[2], one[3], one[4], one[5], now, R, r, false, nil, one)
+        else
+          fast = gcra_fast(keys[k], one[2], one[4], one[5], now, R, r)
+        end
       else
-        local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, count, kb, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6,
+        local n1, n2, n3, n4, n5, n6, n7, c1, c2, c3, c4, count, kind, flags, q1, q2, q3, q4, w1, w2, w3, w4, w5, w6,
           u1, u2, u3, u4, u5, u6 = string.byte(arg, 1, REQUEST_HEAD + LIMIT_HEAD - 1)
-        if count == 1 and flags == 0 and (kb == EXACT_LOG or kb == GCRA) then
-          kind, quota = kb, ((q1 * 256 + q2) * 256 + q3) * 256 + q4
-          window = ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6
-          unit = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6
-          cost = ((c1 * 256 + c2) * 256 + c3) * 256 + c4
+        if count == 1 and flags == 0 and (kind == EXACT_LOG or kind == GCRA) then
+          local quota = ((q1 * 256 + q2) * 256 + q3) * 256 + q4
+          local unit = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6
+          local cost = ((c1 * 256 + c2) * 256 + c3) * 256 + c4
+          local window = ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6
           now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
           if now == 0 then
+            clock = clock or server_now()
+            now = clock
             if ones_n == ONES_MAX then
               ONES, ones_n = {}, 0
             end
             one = {kind, quota, window, unit, cost, false, false, false, false, false, 0}
             ONES[arg], ones_n = one, ones_n + 1
           end
-        end
-      end
-      if kind then
-        if now == 0 then
-          clock = clock or server_now()
-          now = clock
-        end
-        if kind == EXACT_LOG then
-          fast = exact_fast(keys[k], quota, window, unit, cost, now, R, r, false, nil, one)
-        else -- a token bucket alone (gcra_fast)
-          fast = gcra_fast(keys[k], quota, unit, cost, now, R, r)
+          if kind == GCRA then -- a token bucket alone (gcra_fast)
+            fast = gcra_fast(keys[k], quota, unit, cost, now, R, r)
+          else
+            fast = exact_fast(keys[k], quota, window, unit, cost, now, R, r, false, nil, one)
+          end
         end
       end
     elseif write and #arg > REQUEST_HEAD + LIMIT_HEAD then
