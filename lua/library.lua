@@ -391,7 +391,7 @@ local function each(keys, argv, write)
           local quota = ((q1 * 256 + q2) * 256 + q3) * 256 + q4
           local unit = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6
           local cost = ((c1 * 256 + c2) * 256 + c3) * 256 + c4
-          local window = ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6
+          local window = kind == EXACT_LOG and ((((w1 * 256 + w2) * 256 + w3) * 256 + w4) * 256 + w5) * 256 + w6 or 0
           now = (((((n1 * 256 + n2) * 256 + n3) * 256 + n4) * 256 + n5) * 256 + n6) * 256 + n7
           if now == 0 then
             clock = clock or server_now()
