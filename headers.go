@@ -114,6 +114,12 @@ func (rs *ruleset) joinHeaders(h http.Header, res *Result) {
 	if res.index < 0 {
 		return // no limit counts the client: the earlier decisions' headers stand
 	}
+	if len(h) == 0 {
+		// No header yet, so no earlier decision's: nothing to join (the
+		// usual case, a response's first decision, looks nothing up).
+		rs.writeHeaders(h, res)
+		return
+	}
 	limit, remaining, reset := h[hdrLimit], h[hdrRemaining], h[hdrReset]
 	rateLimit, policy, retry := h[hdrRateLimit], h[hdrPolicy], h[hdrRetryAfter]
 	rs.writeHeaders(h, res)
@@ -209,18 +215,18 @@ var numbers [4096]atomic.Pointer[numberValue]
 
 type numberValue struct {
 	n int64
-	v []string
+	v [1]string // the value's array, in the same allocation
 }
 
 // headerNumber returns a header value holding n in decimal.
 func headerNumber(n int64) []string {
 	slot := &numbers[uint64(n)%uint64(len(numbers))]
 	if e := slot.Load(); e != nil && e.n == n {
-		return e.v
+		return e.v[:]
 	}
-	e := &numberValue{n: n, v: []string{strconv.FormatInt(n, 10)}}
+	e := &numberValue{n: n, v: [1]string{strconv.FormatInt(n, 10)}}
 	slot.Store(e)
-	return e.v
+	return e.v[:]
 }
 
 // Header values and bodies of the limiter's own answers, shared by every
