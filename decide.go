@@ -374,22 +374,32 @@ func (s *scratch) results(n int) []LimitResult {
 }
 
 // keys builds the Redis key of every limit for s.ids, and returns each key's
-// hash tag. All keys share one allocation, a string that may outlive s.
+// hash tag. The keys of the Global identifier are the limits' own
+// (globalKey); the others share one allocation, a string that may outlive
+// s, made only if there is one.
 func (rs *ruleset) keys(s *scratch, fromKeys bool) (keys, tags []string) {
 	n := len(rs.limits)
 	buf := s.buf[:0]
 	s.ends = grow(s.ends, 2*n)
+	s.keys = grow(s.keys, n)
 	for i := range rs.limits {
 		lim := &rs.limits[i]
+		if s.ids[i] == globalID {
+			s.keys[i] = lim.globalKey
+			continue
+		}
 		start := len(buf)
 		buf = appendKey(buf, lim.head, s.ids[i], s.digests || fromKeys && lim.Key.escaped)
 		s.ends[2*i], s.ends[2*i+1] = start, len(buf)
 	}
 	s.buf = buf
-	all := string(buf)
-	s.keys = grow(s.keys, n)
-	for i := range rs.limits {
-		s.keys[i] = all[s.ends[2*i]:s.ends[2*i+1]]
+	if len(buf) > 0 {
+		all := string(buf)
+		for i := range rs.limits {
+			if s.keys[i] == "" {
+				s.keys[i] = all[s.ends[2*i]:s.ends[2*i+1]]
+			}
+		}
 	}
 	if !rs.spec.Split {
 		return s.keys, nil
