@@ -302,7 +302,9 @@ func (ls *Leases) release(sc *leaseScratch, abandoned bool) {
 		return
 	}
 	clear(sc.taken)
-	sc.q = Query{}
+	if sc.q.Spec != nil { // a decision with limits besides the leased ones sent a copy of its query
+		sc.q = Query{}
+	}
 	leaseScratches.Put(sc)
 }
 
