@@ -371,10 +371,14 @@ func (s *scratch) replies(n int) []redislog.Reply {
 	return s.reps
 }
 
-// results returns the LimitResults of a decision; the caller copies them if
-// they are to outlive s.
+// results returns the LimitResults of a decision, as the last one left
+// them: the caller writes every one (see result), and copies them if they
+// are to outlive s.
 func (s *scratch) results(n int) []LimitResult {
-	s.limits = grow(s.limits, n)
+	if cap(s.limits) < n {
+		s.limits = make([]LimitResult, n)
+	}
+	s.limits = s.limits[:n]
 	return s.limits
 }
 
