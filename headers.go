@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Canonical header names, so that values can be assigned to the header map
@@ -213,9 +214,12 @@ func (rs *ruleset) policiesOf(res *Result) []string {
 // may replace or append to the header as usual).
 var numbers [4096]atomic.Pointer[numberValue]
 
+// numberValue is a header value of n, made in one allocation: the value's
+// array and the bytes of its string are its own.
 type numberValue struct {
-	n int64
-	v [1]string // the value's array, in the same allocation
+	n      int64
+	v      [1]string
+	digits [20]byte // n in decimal: v[0]'s bytes, never written after v[0] is made
 }
 
 // headerNumber returns a header value holding n in decimal.
@@ -224,7 +228,11 @@ func headerNumber(n int64) []string {
 	if e := slot.Load(); e != nil && e.n == n {
 		return e.v[:]
 	}
-	e := &numberValue{n: n, v: [1]string{strconv.FormatInt(n, 10)}}
+	e := &numberValue{n: n}
+	b := strconv.AppendInt(e.digits[:0], n, 10) // 20 bytes hold any int64
+	// The string shares the bytes, as strings.Builder's does: nothing
+	// writes them again, so that it is as immutable as any string.
+	e.v[0] = unsafe.String(&b[0], len(b))
 	slot.Store(e)
 	return e.v[:]
 }

@@ -1,0 +1,27 @@
+package ratelimit
+
+import (
+	"math"
+	"strconv"
+	"testing"
+)
+
+// TestHeaderNumber: a number's header value reads n in decimal, made anew
+// or from the cache, and stays so when numbers of the same slot replace
+// it there (its string shares the value's own bytes).
+func TestHeaderNumber(t *testing.T) {
+	ns := []int64{0, 1, -1, 9, 10, 99, 4095, 4096, 1795931234, math.MaxInt64, math.MinInt64}
+	for i := range int64(3) { // numbers of slot 7, each replacing the last
+		ns = append(ns, 7+i*int64(len(numbers)))
+	}
+	kept := make([][]string, len(ns))
+	for i, n := range ns {
+		kept[i] = headerNumber(n)
+		headerNumber(n) // from the cache, most likely
+	}
+	for i, n := range ns {
+		if v := kept[i]; len(v) != 1 || cap(v) != 1 || v[0] != strconv.FormatInt(n, 10) {
+			t.Errorf("headerNumber(%d) = %q (cap %d)", n, v, cap(v))
+		}
+	}
+}
