@@ -105,7 +105,14 @@ type leaseKey struct {
 // lease is a hot key's state: its grants, the requests it saw lately,
 // and its acquire in flight.
 type lease struct {
-	key    leaseKey // its key in the table, its LogID's strings its own
+	// key and gone are what take reads of the lease it last found, before
+	// it locks mu: they are written once, or once more (gone), and have
+	// a cache line apart from mu and the fields under it, which every
+	// decision writes.
+	key  leaseKey    // its key in the table, its LogID's strings its own
+	gone atomic.Bool // out of the table (cooled, or closed): what it acquires goes back; set under mu
+	_    [64]byte
+
 	mu     sync.Mutex
 	quota  int
 	window time.Duration
@@ -119,7 +126,6 @@ type lease struct {
 	// (a denied or failed one's, a period later).
 	acquiring bool
 	backoff   time.Time
-	gone      atomic.Bool // out of the table (cooled, or closed): what it acquires goes back; set under mu
 	// The requests and units it saw in the current lease period and the
 	// one before, and when it last saw one.
 	period      int64
