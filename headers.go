@@ -214,6 +214,17 @@ func (rs *ruleset) policiesOf(res *Result) []string {
 // may replace or append to the header as usual).
 var numbers [4096]atomic.Pointer[numberValue]
 
+// numberSlot returns the slot of numbers that caches n: n modulo its
+// length, the slots of consecutive numbers a cache line apart. A hot key's
+// X-RateLimit-Remaining counts down by one a request, each a new value
+// stored: on neighbouring slots, each core's store would make the others
+// fetch the line again for the next one.
+func numberSlot(n int64) int {
+	const perLine = 8 // 64 bytes of pointers
+	i := uint64(n) % uint64(len(numbers))
+	return int(i%(uint64(len(numbers))/perLine)*perLine + i/(uint64(len(numbers))/perLine))
+}
+
 // numberValue is a header value of n, made in one allocation: the value's
 // array and the bytes of its string are its own.
 type numberValue struct {
@@ -224,7 +235,7 @@ type numberValue struct {
 
 // headerNumber returns a header value holding n in decimal.
 func headerNumber(n int64) []string {
-	slot := &numbers[uint64(n)%uint64(len(numbers))]
+	slot := &numbers[numberSlot(n)]
 	if e := slot.Load(); e != nil && e.n == n {
 		return e.v[:]
 	}

@@ -25,3 +25,22 @@ func TestHeaderNumber(t *testing.T) {
 		}
 	}
 }
+
+// TestNumberSlot: each number modulo len(numbers) has a slot of its own,
+// and consecutive numbers are a cache line apart.
+func TestNumberSlot(t *testing.T) {
+	seen := make([]bool, len(numbers))
+	for n := range int64(len(numbers)) {
+		slot := numberSlot(n)
+		if seen[slot] {
+			t.Fatalf("numberSlot(%d) = %d, taken", n, slot)
+		}
+		seen[slot] = true
+		if n > 0 && (slot-numberSlot(n-1))*8 < 64 && (numberSlot(n-1)-slot)*8 < 64 {
+			t.Fatalf("numberSlot(%d) = %d, numberSlot(%d) = %d: on one cache line", n, slot, n-1, numberSlot(n-1))
+		}
+		if m := n + int64(len(numbers)); numberSlot(m) != slot || numberSlot(-m) != numberSlot(-m+int64(len(numbers))) {
+			t.Fatalf("numberSlot(%d) is not numberSlot(%d)", m, n)
+		}
+	}
+}
