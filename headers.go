@@ -212,17 +212,28 @@ func (rs *ruleset) policiesOf(res *Result) []string {
 // (remaining quota, reset times, delays) allocates nothing. The slices are
 // shared between responses: handlers must not change their elements (they
 // may replace or append to the header as usual).
-var numbers [4096]atomic.Pointer[numberValue]
+var numbers [4096]numberSlot
 
-// numberSlot returns the slot of numbers that caches n: n modulo its
+// numberSlot is where numbers caches the value of one number modulo its
+// length: n says which number v holds, so that a number not cached is
+// told without reading v, which may have left the processor's caches long
+// ago (it is read again through v, as n and v are stored one after the
+// other).
+type numberSlot struct {
+	n atomic.Int64
+	v atomic.Pointer[numberValue]
+}
+
+// numberIndex returns the index in numbers of n's slot: n modulo its
 // length, the slots of consecutive numbers a cache line apart. A hot key's
 // X-RateLimit-Remaining counts down by one a request, each a new value
 // stored: on neighbouring slots, each core's store would make the others
 // fetch the line again for the next one.
-func numberSlot(n int64) int {
-	const perLine = 8 // 64 bytes of pointers
+func numberIndex(n int64) int {
+	const perLine = 4 // 64 bytes of slots
+	lines := uint64(len(numbers)) / perLine
 	i := uint64(n) % uint64(len(numbers))
-	return int(i%(uint64(len(numbers))/perLine)*perLine + i/(uint64(len(numbers))/perLine))
+	return int(i%lines*perLine + i/lines)
 }
 
 // numberValue is a header value of n, made in one allocation: the value's
@@ -235,16 +246,19 @@ type numberValue struct {
 
 // headerNumber returns a header value holding n in decimal.
 func headerNumber(n int64) []string {
-	slot := &numbers[numberSlot(n)]
-	if e := slot.Load(); e != nil && e.n == n {
-		return e.v[:]
+	slot := &numbers[numberIndex(n)]
+	if slot.n.Load() == n {
+		if e := slot.v.Load(); e != nil && e.n == n {
+			return e.v[:]
+		}
 	}
 	e := &numberValue{n: n}
 	b := strconv.AppendInt(e.digits[:0], n, 10) // 20 bytes hold any int64
 	// The string shares the bytes, as strings.Builder's does: nothing
 	// writes them again, so that it is as immutable as any string.
 	e.v[0] = unsafe.String(&b[0], len(b))
-	slot.Store(e)
+	slot.v.Store(e)
+	slot.n.Store(n)
 	return e.v[:]
 }
 

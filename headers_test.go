@@ -4,6 +4,7 @@ import (
 	"math"
 	"strconv"
 	"testing"
+	"unsafe"
 )
 
 // TestHeaderNumber: a number's header value reads n in decimal, made anew
@@ -26,21 +27,22 @@ func TestHeaderNumber(t *testing.T) {
 	}
 }
 
-// TestNumberSlot: each number modulo len(numbers) has a slot of its own,
+// TestNumberIndex: each number modulo len(numbers) has a slot of its own,
 // and consecutive numbers are a cache line apart.
-func TestNumberSlot(t *testing.T) {
+func TestNumberIndex(t *testing.T) {
+	const size = int(unsafe.Sizeof(numberSlot{}))
 	seen := make([]bool, len(numbers))
 	for n := range int64(len(numbers)) {
-		slot := numberSlot(n)
-		if seen[slot] {
-			t.Fatalf("numberSlot(%d) = %d, taken", n, slot)
+		i := numberIndex(n)
+		if seen[i] {
+			t.Fatalf("numberIndex(%d) = %d, taken", n, i)
 		}
-		seen[slot] = true
-		if n > 0 && (slot-numberSlot(n-1))*8 < 64 && (numberSlot(n-1)-slot)*8 < 64 {
-			t.Fatalf("numberSlot(%d) = %d, numberSlot(%d) = %d: on one cache line", n, slot, n-1, numberSlot(n-1))
+		seen[i] = true
+		if prev := numberIndex(n - 1); n > 0 && (i-prev)*size < 64 && (prev-i)*size < 64 {
+			t.Fatalf("numberIndex(%d) = %d, numberIndex(%d) = %d: on one cache line", n, i, n-1, prev)
 		}
-		if m := n + int64(len(numbers)); numberSlot(m) != slot || numberSlot(-m) != numberSlot(-m+int64(len(numbers))) {
-			t.Fatalf("numberSlot(%d) is not numberSlot(%d)", m, n)
+		if m := n + int64(len(numbers)); numberIndex(m) != i || numberIndex(-m) != numberIndex(-m+int64(len(numbers))) {
+			t.Fatalf("numberIndex(%d) is not numberIndex(%d)", m, n)
 		}
 	}
 }
