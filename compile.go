@@ -19,6 +19,10 @@ type compiledLimit struct {
 	head     string // the Redis key up to the identifier (see keyHead)
 	bucketed bool   // counted in buckets of Precision
 	calendar bool   // a quota per calendar period (Limit.Period)
+	// globalKey is the Redis key of the identifier globalID (a Global
+	// key's), built once: appendKey completes every head with it alike,
+	// escaped or not, as it holds only letters.
+	globalKey string
 	// tiers are its plans, tiers[0] the default (see tiersOf); tierOf
 	// indexes them by name, nil if the limit has no plans.
 	tiers     []tier
@@ -56,6 +60,7 @@ func compileLimit(cfg *config, lim Limit) compiledLimit {
 	head := keyHead(prefix, lim.Name, lim.kind(), lim.Precision > 0)
 	tiers, tierOf := tiersOf(&lim)
 	c := compiledLimit{Limit: lim, head: head, bucketed: lim.Precision > 0, tiers: tiers, tierOf: tierOf, calendar: lim.Period.set()}
+	c.globalKey = string(appendKey(nil, head, globalID, false))
 	if lim.Plans.Cache > 0 {
 		c.planCache = &planCache{ttl: lim.Plans.Cache}
 	}

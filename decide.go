@@ -357,7 +357,12 @@ func (s *scratch) put() {
 	clear(s.starts)
 	s.periods, s.starts = s.periods[:0], s.starts[:0]
 	s.wantTicket, s.digests = false, false
-	s.q, s.out = redislog.Query{}, redislog.Outcome{}
+	// s.q and s.out stay as they are: decide writes them whole before
+	// it reads them (Outcome.Reset), and they hold nothing of the
+	// request but through s's own buffers, cleared above (a ruleset's
+	// Spec, kept until then, outlives requests anyway). Clearing them
+	// cost every decision a write barrier per pointer while the
+	// collector runs.
 	scratches.Put(s)
 }
 
@@ -366,30 +371,44 @@ func (s *scratch) replies(n int) []redislog.Reply {
 	return s.reps
 }
 
-// results returns the LimitResults of a decision; the caller copies them if
-// they are to outlive s.
+// results returns the LimitResults of a decision, as the last one left
+// them: the caller writes every one (see result), and copies them if they
+// are to outlive s.
 func (s *scratch) results(n int) []LimitResult {
-	s.limits = grow(s.limits, n)
+	if cap(s.limits) < n {
+		s.limits = make([]LimitResult, n)
+	}
+	s.limits = s.limits[:n]
 	return s.limits
 }
 
 // keys builds the Redis key of every limit for s.ids, and returns each key's
-// hash tag. All keys share one allocation, a string that may outlive s.
+// hash tag. The keys of the Global identifier are the limits' own
+// (globalKey); the others share one allocation, a string that may outlive
+// s, made only if there is one.
 func (rs *ruleset) keys(s *scratch, fromKeys bool) (keys, tags []string) {
 	n := len(rs.limits)
 	buf := s.buf[:0]
 	s.ends = grow(s.ends, 2*n)
+	s.keys = grow(s.keys, n)
 	for i := range rs.limits {
 		lim := &rs.limits[i]
+		if s.ids[i] == globalID {
+			s.keys[i] = lim.globalKey
+			continue
+		}
 		start := len(buf)
 		buf = appendKey(buf, lim.head, s.ids[i], s.digests || fromKeys && lim.Key.escaped)
 		s.ends[2*i], s.ends[2*i+1] = start, len(buf)
 	}
 	s.buf = buf
-	all := string(buf)
-	s.keys = grow(s.keys, n)
-	for i := range rs.limits {
-		s.keys[i] = all[s.ends[2*i]:s.ends[2*i+1]]
+	if len(buf) > 0 {
+		all := string(buf)
+		for i := range rs.limits {
+			if s.keys[i] == "" {
+				s.keys[i] = all[s.ends[2*i]:s.ends[2*i+1]]
+			}
+		}
 	}
 	if !rs.spec.Split {
 		return s.keys, nil

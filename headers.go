@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Canonical header names, so that values can be assigned to the header map
@@ -114,6 +115,12 @@ func (rs *ruleset) joinHeaders(h http.Header, res *Result) {
 	if res.index < 0 {
 		return // no limit counts the client: the earlier decisions' headers stand
 	}
+	if len(h) == 0 {
+		// No header yet, so no earlier decision's: nothing to join (the
+		// usual case, a response's first decision, looks nothing up).
+		rs.writeHeaders(h, res)
+		return
+	}
 	limit, remaining, reset := h[hdrLimit], h[hdrRemaining], h[hdrReset]
 	rateLimit, policy, retry := h[hdrRateLimit], h[hdrPolicy], h[hdrRetryAfter]
 	rs.writeHeaders(h, res)
@@ -205,22 +212,54 @@ func (rs *ruleset) policiesOf(res *Result) []string {
 // (remaining quota, reset times, delays) allocates nothing. The slices are
 // shared between responses: handlers must not change their elements (they
 // may replace or append to the header as usual).
-var numbers [4096]atomic.Pointer[numberValue]
+var numbers [4096]numberSlot
 
+// numberSlot is where numbers caches the value of one number modulo its
+// length: n says which number v holds, so that a number not cached is
+// told without reading v, which may have left the processor's caches long
+// ago (it is read again through v, as n and v are stored one after the
+// other).
+type numberSlot struct {
+	n atomic.Int64
+	v atomic.Pointer[numberValue]
+}
+
+// numberIndex returns the index in numbers of n's slot: n modulo its
+// length, the slots of consecutive numbers a cache line apart. A hot key's
+// X-RateLimit-Remaining counts down by one a request, each a new value
+// stored: on neighbouring slots, each core's store would make the others
+// fetch the line again for the next one.
+func numberIndex(n int64) int {
+	const perLine = 4 // 64 bytes of slots
+	lines := uint64(len(numbers)) / perLine
+	i := uint64(n) % uint64(len(numbers))
+	return int(i%lines*perLine + i/lines)
+}
+
+// numberValue is a header value of n, made in one allocation: the value's
+// array and the bytes of its string are its own.
 type numberValue struct {
-	n int64
-	v []string
+	n      int64
+	v      [1]string
+	digits [20]byte // n in decimal: v[0]'s bytes, never written after v[0] is made
 }
 
 // headerNumber returns a header value holding n in decimal.
 func headerNumber(n int64) []string {
-	slot := &numbers[uint64(n)%uint64(len(numbers))]
-	if e := slot.Load(); e != nil && e.n == n {
-		return e.v
+	slot := &numbers[numberIndex(n)]
+	if slot.n.Load() == n {
+		if e := slot.v.Load(); e != nil && e.n == n {
+			return e.v[:]
+		}
 	}
-	e := &numberValue{n: n, v: []string{strconv.FormatInt(n, 10)}}
-	slot.Store(e)
-	return e.v
+	e := &numberValue{n: n}
+	b := strconv.AppendInt(e.digits[:0], n, 10) // 20 bytes hold any int64
+	// The string shares the bytes, as strings.Builder's does: nothing
+	// writes them again, so that it is as immutable as any string.
+	e.v[0] = unsafe.String(&b[0], len(b))
+	slot.v.Store(e)
+	slot.n.Store(n)
+	return e.v[:]
 }
 
 // Header values and bodies of the limiter's own answers, shared by every

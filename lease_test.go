@@ -4,9 +4,11 @@ import (
 	"context"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -556,7 +558,11 @@ func TestLeaseWithStore(t *testing.T) {
 }
 
 // BenchmarkLeaseAllow decides a hot Global limit from parallel
-// goroutines, with and without leases, on a real server.
+// goroutines, with and without leases, on a real server; "leased/handler"
+// decides it through the middleware (Handler, its headers and its pass
+// over the request), as a server serving that one hot key does, where
+// nearly every decision is a lease's: what the middleware costs per
+// request beyond the handler.
 //
 //	go test -run '^$' -bench BenchmarkLeaseAllow -benchmem .
 func BenchmarkLeaseAllow(b *testing.B) {
@@ -582,7 +588,54 @@ func BenchmarkLeaseAllow(b *testing.B) {
 			})
 		})
 	}
+	b.Run("leased/handler", func(b *testing.B) {
+		l := mustNew(b, srv.Client(), []Limit{Per(time.Minute, 1_000_000, Global()).Named("bench-handler").Leased()})
+		defer func() { _ = l.Close() }()
+		// A second holds more requests than the quota, and a Reset keeps
+		// the units of the leases still out: the key is deleted ten times
+		// a second instead, so that every request is admitted (the leases
+		// lend on from their grants, and acquire the next in a new log).
+		stop := make(chan struct{})
+		var resets sync.WaitGroup
+		resets.Go(func() {
+			t := time.NewTicker(100 * time.Millisecond)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+					_ = srv.Client().FlushDB(context.Background()).Err()
+				}
+			}
+		})
+		defer func() { close(stop); resets.Wait() }()
+		h := l.Handler(okHandler)
+		r := httptest.NewRequest("GET", "/", nil)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			w := &statusNopWriter{nopWriter: nopWriter{h: make(http.Header)}}
+			for pb.Next() {
+				clear(w.h) // a response's headers start empty, as a server's do
+				h.ServeHTTP(w, r)
+				if w.status != 0 {
+					b.Errorf("status %d, want the request admitted; %v", w.status, w.h)
+					return
+				}
+			}
+		})
+		b.ReportMetric(float64(leased(l.leases))/float64(b.N), "leased/op")
+	})
 }
+
+// statusNopWriter is a nopWriter that records the status of a
+// WriteHeader, 0 if none.
+type statusNopWriter struct {
+	nopWriter
+	status int
+}
+
+func (w *statusNopWriter) WriteHeader(status int) { w.status = status }
 
 // underRace returns n, or a third of it under the race detector, which
 // makes a decision some ten times slower: the runs without it (CI's

@@ -4,6 +4,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 var testHead = keyHead(defaultPrefix, "ip", "ip", false)
@@ -125,4 +126,22 @@ func FuzzKeyHead(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestGlobalKey: the key a limit keeps for the Global identifier is the
+// one appendKey builds, escaped or not, for each kind of head.
+func TestGlobalKey(t *testing.T) {
+	cfg := defaultConfig()
+	for _, lim := range []Limit{
+		Per(time.Minute, 10, Global()).Named("g"),
+		Per(time.Minute, 10, ClientIP()).Named("ip"),
+		Per(time.Minute, 10, Global()).Named("b").Bucketed(time.Second),
+	} {
+		c := compileLimit(&cfg, lim)
+		for _, escaped := range []bool{false, true} {
+			if want := string(appendKey(nil, c.head, globalID, escaped)); c.globalKey != want {
+				t.Errorf("%s: globalKey %q, appendKey (escaped %v) %q", lim.Name, c.globalKey, escaped, want)
+			}
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/slidinglog/ratelimit/internal/sweep"
@@ -41,7 +42,11 @@ type DenyCache struct {
 	MaxAge time.Duration
 	mu     sync.RWMutex
 	m      map[LogID]*denial // changed in place, under mu, so that its key is not written again
-	sweep  sweep.Sweeper
+	// size is len(m), stored under mu whenever m changes: while the
+	// cache holds nothing, a decision reads neither m nor mu (a reader
+	// that loads 0 as a denial is being added reads as if it came first).
+	size  atomic.Int32
+	sweep sweep.Sweeper
 }
 
 // denial is what a key's log looked like when Redis last reported it full.
@@ -94,6 +99,9 @@ func (c *DenyCache) find(q *Query, hits []cachedDenial) int {
 // lookup is find under the read lock.
 func (c *DenyCache) lookup(q *Query, hits []cachedDenial) int {
 	worst := -1
+	if c.size.Load() == 0 {
+		return worst
+	}
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	for i := range q.Keys {
@@ -136,15 +144,18 @@ const yieldEvery = 64
 // nor the limits leased has a bit of (Outcome.Leased): their replies say
 // what this process's lease holds, not what the log does (learnLeased).
 func (c *DenyCache) learn(q *Query, replies []Reply, logged bool, replied time.Time) {
-	c.learnLeased(q, replies, 0, logged, replied)
+	c.learnLeased(q, replies, 0, logged, func() time.Time { return replied })
 }
 
 // learnLeased is learn for an outcome whose limits leased has a bit of
-// were decided from leases.
-func (c *DenyCache) learnLeased(q *Query, replies []Reply, leased uint64, logged bool, replied time.Time) {
+// were decided from leases, reading the local time the answer arrived at
+// from clock when it records something: most outcomes change nothing,
+// and read no clock.
+func (c *DenyCache) learnLeased(q *Query, replies []Reply, leased uint64, logged bool, clock func() time.Time) {
 	if c == nil || c.MaxAge == 0 || !c.changes(q, replies, leased, logged) {
 		return
 	}
+	replied := clock()
 	start := q.Local
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -158,6 +169,7 @@ func (c *DenyCache) learnLeased(q *Query, replies []Reply, leased uint64, logged
 		if !full {
 			if _, held := c.m[id]; held {
 				delete(c.m, id)
+				c.size.Store(int32(len(c.m)))
 			}
 			continue
 		}
@@ -178,6 +190,7 @@ func (c *DenyCache) learnLeased(q *Query, replies []Reply, leased uint64, logged
 			// A copy of the key: q's keys share one string with the
 			// request's other keys.
 			c.m[LogID{Key: strings.Clone(id.Key), Field: id.Field}] = &e
+			c.size.Store(int32(len(c.m)))
 		}
 		c.sweep.Added(e.until.UnixMicro())
 	}
@@ -194,6 +207,7 @@ func (c *DenyCache) release(now time.Time) {
 	defer c.mu.Unlock()
 	if c.sweep.Due(us) {
 		c.m = sweep.Map(&c.sweep, c.m, us, func(e *denial) int64 { return e.until.UnixMicro() })
+		c.size.Store(int32(len(c.m)))
 	}
 }
 
@@ -222,9 +236,12 @@ func (c *DenyCache) Len() int {
 // a read lock lets them find out while a flood of denials reads the cache:
 // the write lock waits for every reader, and a reader that holds the read
 // lock may be waiting for a core behind the flood's other goroutines.
+//
+// The replies are looked at first, and the denials held only if one
+// of them may be dropped: none when the cache is empty, nor for the
+// limits decided from leases, the usual decisions of a hot key.
 func (c *DenyCache) changes(q *Query, replies []Reply, leased uint64, logged bool) bool {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
+	look := false // a limit whose log may hold a denial to drop
 	for i := range q.Keys {
 		r := replies[i]
 		if !r.OK || q.Spec.Limits[i].Shadow || q.Spec.Limits[i].InFlight || isLeased(leased, i) {
@@ -232,6 +249,17 @@ func (c *DenyCache) changes(q *Query, replies []Reply, leased uint64, logged boo
 		}
 		if _, full := fullness(r, int64(q.Quota(i)), int64(q.Cost), logged); full {
 			return true
+		}
+		look = true
+	}
+	if !look || c.size.Load() == 0 {
+		return false
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for i := range q.Keys {
+		if !replies[i].OK || q.Spec.Limits[i].Shadow || q.Spec.Limits[i].InFlight || isLeased(leased, i) {
+			continue
 		}
 		if _, held := c.m[q.Log(i)]; held {
 			return true
@@ -281,6 +309,7 @@ func (c *DenyCache) Forget(id LogID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.m, id)
+	c.size.Store(int32(len(c.m)))
 }
 
 // Cached answers from the deny cache the decisions it knows Redis
@@ -301,7 +330,7 @@ func (c Cached) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	}
 	err := c.Next.Decide(ctx, q, out)
 	if err == nil {
-		c.Cache.learnLeased(q, out.Replies, out.Leased, out.Allowed && !q.Peek, c.Clock())
+		c.Cache.learnLeased(q, out.Replies, out.Leased, out.Allowed && !q.Peek, c.Clock)
 	}
 	return err
 }
@@ -313,8 +342,8 @@ func (c Cached) Decide(ctx context.Context, q *Query, out *Outcome) error {
 // learnt from allow it to be at the latest, so that Retry-After and Reset
 // are never early.
 func (c Cached) answer(q *Query, out *Outcome) bool {
-	if c.Cache.MaxAge == 0 {
-		return false
+	if c.Cache.MaxAge == 0 || c.Cache.size.Load() == 0 {
+		return false // nothing to answer from
 	}
 	p := q.Spec
 	for i := range p.Limits {

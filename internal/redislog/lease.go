@@ -65,11 +65,21 @@ type Leases struct {
 	seed maphash.Seed
 	hot  [2][hotSlots]atomic.Uint64 // per counter: period (32 bits), requests of the previous and current periods (16 each)
 
-	mu     sync.RWMutex
-	table  map[leaseKey]*lease
-	size   atomic.Int32 // len(table): a cold key reads no map while none is hot
+	mu    sync.RWMutex
+	table map[leaseKey]*lease
+	size  atomic.Int32 // len(table): a cold key reads no map while none is hot
+	// last is the lease take last found in the table, maybe out of it
+	// since (gone): a hot key's decisions find theirs without the lock
+	// and the map, which every decision on every core would share.
+	last   atomic.Pointer[lease]
 	closed atomic.Bool
-	leased atomic.Uint64 // decisions answered from a lease
+	// leased counts the decisions answered from a lease: written by
+	// every one of them, it has a cache line of its own, so that the
+	// fields above, which every decision reads, are not fetched again
+	// after each.
+	_      [64]byte
+	leased atomic.Uint64
+	_      [56]byte
 	inUse  sync.WaitGroup
 	stop   chan struct{}
 	done   chan struct{}
@@ -95,6 +105,14 @@ type leaseKey struct {
 // lease is a hot key's state: its grants, the requests it saw lately,
 // and its acquire in flight.
 type lease struct {
+	// key and gone are what take reads of the lease it last found, before
+	// it locks mu: they are written once, or once more (gone), and have
+	// a cache line apart from mu and the fields under it, which every
+	// decision writes.
+	key  leaseKey    // its key in the table, its LogID's strings its own
+	gone atomic.Bool // out of the table (cooled, or closed): what it acquires goes back; set under mu
+	_    [64]byte
+
 	mu     sync.Mutex
 	quota  int
 	window time.Duration
@@ -108,7 +126,6 @@ type lease struct {
 	// (a denied or failed one's, a period later).
 	acquiring bool
 	backoff   time.Time
-	gone      bool // out of the table (cooled, or closed): what it acquires goes back
 	// The requests and units it saw in the current lease period and the
 	// one before, and when it last saw one.
 	period      int64
@@ -140,12 +157,11 @@ func (g *grant) live(now time.Time) bool {
 // one of their limits).
 func (ls *Leases) Leased() uint64 { return ls.leased.Load() }
 
-// leaseScratch is one decision's: the query sent to Next, with the
-// leased limits' quotas 0, and what it took.
+// leaseScratch is the query a decision that took units from leases
+// sends to Next for its other limits, with the leased ones' quotas 0.
 type leaseScratch struct {
 	q      Query
 	quotas []int
-	taken  []taken
 }
 
 // taken is one limit's units taken from a grant.
@@ -163,8 +179,8 @@ func (ls *Leases) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	if q.Peek || ls.closed.Load() || !leasable(q) {
 		return ls.Next.Decide(ctx, q, out)
 	}
-	sc := leaseScratches.Get().(*leaseScratch)
-	sc.taken = sc.taken[:0]
+	var room [4]taken // what the decision took: on the stack, for the usual few leased limits
+	took := room[:0]
 	for i := range min(len(q.Spec.Limits), maxLeased) {
 		lim := &q.Spec.Limits[i]
 		if lim.Lease == 0 || lim.Acquire == nil {
@@ -179,22 +195,20 @@ func (ls *Leases) Decide(ctx context.Context, q *Query, out *Outcome) error {
 			// Its acquire failed and used up the decision's time: the
 			// query fails as it would have (FailLocal's fallback, above,
 			// then decides it).
-			for _, t := range sc.taken {
+			for _, t := range took {
 				ls.putBack(t, q.Cost)
 			}
-			ls.release(sc, false)
 			return err
 		}
 		if ok {
-			sc.taken = append(sc.taken, t)
+			took = append(took, t)
 		}
 	}
-	if len(sc.taken) == 0 {
-		leaseScratches.Put(sc)
+	if len(took) == 0 {
 		return ls.Next.Decide(ctx, q, out)
 	}
 	var bits uint64
-	for _, t := range sc.taken {
+	for _, t := range took {
 		bits |= 1 << t.i
 	}
 	rest := false
@@ -204,6 +218,7 @@ func (ls *Leases) Decide(ctx context.Context, q *Query, out *Outcome) error {
 		}
 	}
 	if rest {
+		sc := leaseScratches.Get().(*leaseScratch)
 		sc.quotas = grow(sc.quotas, len(q.Spec.Limits))
 		for i := range sc.quotas {
 			if i < maxLeased && bits&(1<<i) != 0 {
@@ -218,33 +233,29 @@ func (ls *Leases) Decide(ctx context.Context, q *Query, out *Outcome) error {
 		if abandoned {
 			q.Abandoned = true
 		}
+		ls.release(sc, abandoned)
 		if err != nil || !out.Allowed {
-			for _, t := range sc.taken {
+			for _, t := range took {
 				ls.putBack(t, q.Cost)
 			}
 			if err == nil {
-				ls.replies(q, sc.taken, out) // what the leases hold: the request took nothing
+				ls.replies(q, took, out) // what the leases hold: the request took nothing
 				out.Leased = bits
 			}
-			ls.release(sc, abandoned)
 			return err
 		}
-		if late(sc.taken, bits, out) {
-			err := ls.decideLate(ctx, q, sc.taken, bits, out)
-			ls.release(sc, abandoned)
-			return err
+		if late(took, bits, out) {
+			return ls.decideLate(ctx, q, took, bits, out)
 		}
-		ls.replies(q, sc.taken, out)
+		ls.replies(q, took, out)
 		out.Leased = bits
 		ls.leased.Add(1)
-		ls.release(sc, abandoned)
 		return nil
 	}
 	out.Allowed, out.Denier = true, -1
-	out.Now = ls.replies(q, sc.taken, out)
+	out.Now = ls.replies(q, took, out)
 	out.Leased = bits
 	ls.leased.Add(1)
-	ls.release(sc, false)
 	return nil
 }
 
@@ -301,7 +312,6 @@ func (ls *Leases) release(sc *leaseScratch, abandoned bool) {
 	if abandoned {
 		return
 	}
-	clear(sc.taken)
 	sc.q = Query{}
 	leaseScratches.Put(sc)
 }
@@ -345,9 +355,16 @@ func (ls *Leases) take(ctx context.Context, q *Query, i, quota int) (taken, bool
 	key := leaseKey{id: q.Log(i), quota: quota, window: lim.Window}
 	var l *lease
 	if ls.size.Load() > 0 {
-		ls.mu.RLock()
-		l = ls.table[key]
-		ls.mu.RUnlock()
+		if last := ls.last.Load(); last != nil && last.key == key && !last.gone.Load() {
+			l = last
+		} else {
+			ls.mu.RLock()
+			l = ls.table[key]
+			ls.mu.RUnlock()
+			if l != nil {
+				ls.last.Store(l)
+			}
+		}
 	}
 	if l == nil {
 		if !ls.count(key.id, q.Local, lim.Lease) {
@@ -416,7 +433,7 @@ func (ls *Leases) track(key leaseKey, lim *LimitSpec, q *Query) *lease {
 	key.id = LogID{Key: strings.Clone(key.id.Key), Field: key.id.Field}
 	one := *lim
 	one.Acquire = nil
-	l := &lease{quota: key.quota, window: key.window, length: lim.Lease, spec: lim.Acquire, keys: []string{key.id.Key}, fixed: q.Now != 0,
+	l := &lease{key: key, quota: key.quota, window: key.window, length: lim.Lease, spec: lim.Acquire, keys: []string{key.id.Key}, fixed: q.Now != 0,
 		give: &Spec{Limits: []LimitSpec{one}, Public: lim.Acquire.Public, All: []int{0}, Whole: [][]int{{0}}, Lua: lim.Lua}}
 	l.period = q.Local.UnixMicro() / max(l.length.Microseconds(), 1)
 	ls.table[key] = l
@@ -598,7 +615,7 @@ func (ls *Leases) acquire(ctx context.Context, l *lease, sent time.Time, now int
 		o.done, o.left = true, 0
 	}
 	l.grants[0], l.grants[1] = l.grants[1], g
-	if ls.closed.Load() || l.gone {
+	if ls.closed.Load() || l.gone.Load() {
 		old[1] = giveBack{g: g, units: g.left}
 		g.done, g.left = true, 0
 	}
@@ -660,7 +677,7 @@ func (ls *Leases) Sweep(now time.Time) {
 		}
 		if !l.acquiring && l.grants[0].spent() && l.grants[1].spent() && now.Sub(l.seen) >= 2*l.length {
 			delete(ls.table, key)
-			l.gone = true
+			l.gone.Store(true)
 		}
 		l.mu.Unlock()
 	}
@@ -726,7 +743,7 @@ func (ls *Leases) Close(deadline time.Time) {
 				g.done, g.left = true, 0
 			}
 		}
-		l.gone = true
+		l.gone.Store(true)
 		l.mu.Unlock()
 		delete(ls.table, key)
 		ls.size.Store(0)

@@ -66,6 +66,10 @@ import (
 // time in the reverse order, and -pair N measures each workload (but the
 // apps ones) in N turns with a bare handler's server of its own, over
 // as many connections of their own, and takes its x bare against that.
+// In turns, it also reports the tool's own CPU time per request (user and
+// system, the load's client included), in the workload's turns and in the
+// bare handler's: what other work takes of the cores moves it much less
+// than it moves throughput.
 
 // e2eWorkloads are the end-to-end workloads' names, in the order they run.
 var e2eWorkloads = []string{"http-bare", "http-ping", "http-global", "http-global-leased",
@@ -116,6 +120,9 @@ type e2eRow struct {
 	admissions string  // the apps workloads' check, printed below the table
 	over       bool    // a window held more than the quota
 	bare       float64 // the bare handler's requests/s in turns with it; 0: not measured so
+	// toolCPU and bareCPU are the tool's CPU time per request in the
+	// workload's turns and in the bare handler's; 0: not measured so.
+	toolCPU, bareCPU time.Duration
 }
 
 // runE2E runs the end-to-end workloads want selects, and reports whether
@@ -167,7 +174,7 @@ func runE2E(e *e2e, want func(string) bool) (ok bool, err error) {
 		if e.rounds > 1 {
 			fmt.Printf("\nround %d of %d (workloads run in %s order)\n", round+1, e.rounds, map[bool]string{false: "this", true: "the reverse"}[round%2 == 1])
 		}
-		fmt.Printf("%-20s %9s %7s %9s %9s %7s %9s %13s %7s %s\n", "workload", "req/s", "x bare", "p50", "p99", "denied", "cmds/req", "redis CPU/req", "x PING", "from leases")
+		fmt.Printf("%-20s %9s %7s %9s %9s %7s %9s %13s %7s %21s %s\n", "workload", "req/s", "x bare", "p50", "p99", "denied", "cmds/req", "redis CPU/req", "x PING", "tool CPU/req (bare's)", "from leases")
 		bare, ping := rows["http-bare"], rows["http-ping"]
 		var notes []string
 		for _, name := range e2eWorkloads {
@@ -183,8 +190,12 @@ func runE2E(e *e2e, want func(string) bool) (ok bool, err error) {
 			if row.bare > 0 {
 				xBare = row.perSec / row.bare
 			}
-			fmt.Printf("%-20s %9.0f %7.2f %9v %9v %6.1f%% %9.3f %13v %7s %s\n", row.name, row.perSec, xBare,
-				row.p50, row.p99, 100*row.denied, row.cmds, row.cpu.Round(10*time.Nanosecond), xPing, row.leased)
+			toolCPU := "-"
+			if row.toolCPU > 0 && row.bareCPU > 0 {
+				toolCPU = fmt.Sprintf("%v (%v)", row.toolCPU.Round(10*time.Nanosecond), row.bareCPU.Round(10*time.Nanosecond))
+			}
+			fmt.Printf("%-20s %9.0f %7.2f %9v %9v %6.1f%% %9.3f %13v %7s %21s %s\n", row.name, row.perSec, xBare,
+				row.p50, row.p99, 100*row.denied, row.cmds, row.cpu.Round(10*time.Nanosecond), xPing, toolCPU, row.leased)
 			if row.admissions != "" {
 				notes = append(notes, row.admissions)
 			}
@@ -294,21 +305,32 @@ type loadResult struct {
 	leased       uint64          // decisions answered from leases while measured
 	bare         float64         // the bare handler's requests/s in turns with it, if measured so
 	idleFor      time.Duration   // the measured part's length, for the idle server's CPU
+	// toolCPU and bareCPU are the tool's CPU time in the turns of addrs's
+	// requests and in the bare handler's, and bareReqs the latter's
+	// requests, if measured so.
+	toolCPU, bareCPU time.Duration
+	bareReqs         int
 }
 
 func (r loadResult) row(name string, e *e2e) e2eRow {
 	n := max(r.reqs, 1)
 	cpu := r.cpu - time.Duration(e.idle*float64(r.idleFor))
+	var toolCPU, bareCPU time.Duration
+	if r.bareReqs > 0 {
+		toolCPU, bareCPU = r.toolCPU/time.Duration(n), r.bareCPU/time.Duration(r.bareReqs)
+	}
 	return e2eRow{
-		name:   name,
-		reqs:   r.reqs,
-		perSec: float64(r.reqs) / r.elapsed.Seconds(),
-		p50:    r.lat[len(r.lat)/2].Round(time.Microsecond),
-		p99:    r.lat[len(r.lat)*99/100].Round(time.Microsecond),
-		denied: float64(r.denied) / float64(n),
-		cmds:   float64(r.cmds) / float64(n),
-		cpu:    max(cpu, 0) / time.Duration(n),
-		bare:   r.bare,
+		name:    name,
+		reqs:    r.reqs,
+		perSec:  float64(r.reqs) / r.elapsed.Seconds(),
+		p50:     r.lat[len(r.lat)/2].Round(time.Microsecond),
+		p99:     r.lat[len(r.lat)*99/100].Round(time.Microsecond),
+		denied:  float64(r.denied) / float64(n),
+		cmds:    float64(r.cmds) / float64(n),
+		cpu:     max(cpu, 0) / time.Duration(n),
+		bare:    r.bare,
+		toolCPU: toolCPU,
+		bareCPU: bareCPU,
 	}
 }
 
@@ -463,13 +485,15 @@ func (e *e2e) load(addrs []string, perIP, record bool, leased func() uint64, bar
 	} else {
 		slice := e.duration / time.Duration(e.pair)
 		for range e.pair {
-			t := time.Now()
+			t, u := time.Now(), processCPU()
 			setPhase(measuring, 0)
 			time.Sleep(slice)
-			t1 := time.Now()
+			t1, u1 := time.Now(), processCPU()
 			setPhase(measuring, 1)
 			time.Sleep(slice)
 			mine, theirs = mine+t1.Sub(t), theirs+time.Since(t1)
+			u2 := processCPU()
+			res.toolCPU, res.bareCPU = res.toolCPU+u1-u, res.bareCPU+u2-u1
 		}
 	}
 	// A request sent before the switch and answered after counts for its
@@ -494,6 +518,7 @@ func (e *e2e) load(addrs []string, perIP, record bool, leased func() uint64, bar
 	res.idleFor = res.end.Sub(res.start)
 	if theirs > 0 {
 		res.bare = float64(bareReqs) / theirs.Seconds()
+		res.bareReqs = bareReqs
 	}
 	res.cpu, res.cmds = c1.cpu-c0.cpu, c1.commands-c0.commands
 	slices.Sort(res.lat)
