@@ -693,7 +693,6 @@ end
 local MEMO_AT, MEMO_LOG, MEMO_EXPIRES, MEMO_MS, MEMO_PX, MEMO_FOUND = 6, 7, 8, 9, 10, 11
 local FOUND_MAX, FOUND_GET, FOUND_MADE = 32, 16, 3
 
-
 -- exact_fast decides a request of cost n at now over the one limit of the
 -- given quota, window and unit, whose log is at key, writing its reply at
 -- R[r + 1] (see check). It returns true if it decided it; false if the
@@ -750,9 +749,7 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, m
     else
       s = redis.pcall('GET', key)
       if s == false and n <= quota then -- no log: the request makes it
-        local at, fresh, px
-        local expires
-        at = now + (-now) % unit
+        local at, fresh, expires = now + (-now) % unit
         if found then -- kept for the requests of its unit
           if memo[MEMO_AT] ~= at then
             memo[MEMO_AT], memo[MEMO_LOG], memo[MEMO_EXPIRES] = at, fresh_log(window, unit, n, at, ahead)
@@ -762,7 +759,7 @@ local function exact_fast(key, quota, window, unit, n, now, R, r, plan, ahead, m
         else
           fresh, expires = fresh_log(window, unit, n, at, ahead)
         end
-        px = string.format('%d', math.ceil((expires - now) / 1000))
+        local px = string.format('%d', math.ceil((expires - now) / 1000))
         if plan then
           return 1, 0, at + window, at, 'SET', fresh, px
         end
