@@ -81,7 +81,9 @@ func TestFirstRequestLog(t *testing.T) {
 			}
 			slack := time.Since(start) + 10*time.Millisecond
 			want, wantTTL := logs["general"], ttls["general"]
-			if (cost <= quota) != (want != "") || cost <= quota && wantTTL <= window {
+			// Its expiry, less the time since (which a loaded machine makes
+			// long), is checked against the fast path's below.
+			if (cost <= quota) != (want != "") || cost <= quota && wantTTL <= 0 {
 				t.Fatalf("%s: the general path's log is %q, expiring in %v", what(), want, wantTTL)
 			}
 			if lim.Lease == 0 && cost <= quota {
