@@ -167,10 +167,12 @@ func TestLeaseProcesses(t *testing.T) {
 	var killed2 time.Duration
 	for prev := leased(apps[2]); ; time.Sleep(time.Millisecond) {
 		if n := leased(apps[2]); n > prev {
+			// Dead before it is killed: a client that meets the closed
+			// port then knows it was meant.
+			dead.Store(true)
 			if err := cmds[2].Process.Kill(); err != nil { // SIGKILL
 				t.Fatal(err)
 			}
-			dead.Store(true)
 			killed2 = time.Since(start)
 			_ = cmds[2].Wait()
 			break
