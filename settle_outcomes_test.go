@@ -75,6 +75,15 @@ func TestSettleOutcomes(t *testing.T) {
 		}{{"credit", 2}, {"debit", 9}, {"refund", 0}} {
 			t.Run(tc.name, func(t *testing.T) {
 				c := b.newClient(t)
+				// The gates of the cases below, each passing every call
+				// until it is armed: hooked before the Limiter starts, as
+				// a client's hooks are not to be added while it is used
+				// (the Limiter reads the operator state from the start).
+				open, open2 := make(chan struct{}), make(chan struct{})
+				g, g2, g3 := newGate(open, nil), newGate(open2, refused), newGate(nil, refused)
+				c.AddHook(g)
+				c.AddHook(g2)
+				c.AddHook(g3)
 				lim := mustNew(t, c, []Limit{Per(time.Minute, 100, Header("X-U")).Named("o")}, withRedis(redisstore.Options{BreakerFailures: -1}))
 				ctx := context.Background()
 				admit := func(user string) Result {
@@ -103,9 +112,6 @@ func TestSettleOutcomes(t *testing.T) {
 				}
 
 				// Not confirmed by the deadline, then applied.
-				open := make(chan struct{})
-				g := newGate(open, nil)
-				c.AddHook(g)
 				res := admit(tc.name + "-late")
 				g.armed <- struct{}{}
 				sctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
@@ -126,9 +132,6 @@ func TestSettleOutcomes(t *testing.T) {
 				}
 
 				// Not confirmed by the deadline, then refused: counted.
-				open = make(chan struct{})
-				g2 := newGate(open, refused)
-				c.AddHook(g2)
 				res = admit(tc.name + "-lost-late")
 				g2.armed <- struct{}{}
 				sctx, cancel = context.WithTimeout(ctx, 50*time.Millisecond)
@@ -137,7 +140,7 @@ func TestSettleOutcomes(t *testing.T) {
 				if !errors.Is(err, ErrSettlePending) {
 					t.Fatalf("a settle Redis had not answered by its deadline: %v, want ErrSettlePending", err)
 				}
-				close(open)
+				close(open2)
 				<-g2.ran
 				unreverted += units
 				for deadline := time.Now().Add(redistest.DecisionTimeout); lim.Inspect().Stats().Unreverted != unreverted; time.Sleep(5 * time.Millisecond) {
@@ -147,8 +150,6 @@ func TestSettleOutcomes(t *testing.T) {
 				}
 
 				// Refused before the deadline: lost, and counted at once.
-				g3 := newGate(nil, refused)
-				c.AddHook(g3)
 				res = admit(tc.name + "-lost")
 				g3.armed <- struct{}{}
 				err = settle(res)
