@@ -88,8 +88,9 @@
 --
 -- Reading a string into Lua costs Redis in proportion to its length (it
 -- is copied, and its bytes are later collected), so a log that may hold
--- more than WHOLE entries (its quota says) is never read whole: its header and entries are read with
--- GETRANGE, the entries where its window starts found from their times.
+-- more than WHOLE entries (its quota says) is never read whole: its
+-- header and entries are read with GETRANGE, the entries where its
+-- window starts found from their times.
 
 local HEADER = 22
 local ENTRY = 2
