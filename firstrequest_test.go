@@ -80,6 +80,12 @@ func TestFirstRequestLog(t *testing.T) {
 				ttls[path] = c.PTTL(ctx, key).Val()
 			}
 			slack := time.Since(start) + 10*time.Millisecond
+			if slack > window {
+				// A loaded machine read the logs a window after it made
+				// them: they may have expired, and say nothing.
+				t.Logf("%s: read %v after the decisions, a window: not compared", what(), slack)
+				continue
+			}
 			want, wantTTL := logs["general"], ttls["general"]
 			// Its expiry, less the time since (which a loaded machine makes
 			// long), is checked against the fast path's below.
