@@ -22,6 +22,7 @@ import (
 //
 //	go test -run TestResetThenUndoTakesNothingLater -count=1 .
 func TestResetThenUndoTakesNothingLater(t *testing.T) {
+	t.Parallel()
 	type env struct {
 		name string
 		make func(t *testing.T, limits []Limit, start time.Time) (*Limiter, func(time.Time))

@@ -321,6 +321,7 @@ func TestRollingWindowKeepBound(t *testing.T) {
 // name, leased on one and not on the other, counts every admission of
 // either in the one window: none over the quota.
 func TestRollingLeasedRoute(t *testing.T) {
+	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		seed := testSeed(t)
 		rng := rand.New(rand.NewPCG(uint64(seed), 13))

@@ -188,6 +188,11 @@ func (s *Server) start() error {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: time.Second})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
+	// A server answers within a few milliseconds of its start on an idle
+	// machine: wait 1ms before the next PING, then twice as long each
+	// time, up to 20ms, so that a test that starts servers waits little
+	// for each and a loaded machine is not polled hard.
+	wait := time.Millisecond
 	for {
 		select {
 		case err := <-exited:
@@ -206,7 +211,8 @@ func (s *Server) start() error {
 			<-exited
 			return fmt.Errorf("redis-server on %s did not answer PING: %v\n%s", s.Addr, err, s.log)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(wait)
+		wait = min(2*wait, 20*time.Millisecond)
 	}
 }
 

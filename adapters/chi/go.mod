@@ -1,6 +1,6 @@
 module github.com/slidinglog/ratelimit/adapters/chi
 
-go 1.25.0
+go 1.26.0
 
 require (
 	github.com/go-chi/chi/v5 v5.2.0

@@ -1,6 +1,6 @@
 module github.com/slidinglog/ratelimit/adapters/echo
 
-go 1.25.0
+go 1.26.0
 
 require (
 	github.com/labstack/echo/v4 v4.11.4
