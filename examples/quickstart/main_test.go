@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -135,29 +134,13 @@ func TestQuickStartLimits(t *testing.T) {
 	}
 }
 
-// raceFlag returns -race (and the package) if this test binary was built
-// with the race detector, else the package alone: a build of the program
-// like the test's own reuses the build cache the test's build filled,
-// where a build without -race after a -race one compiles the standard
-// library and go-redis anew.
-func raceFlag() []string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "-race" && s.Value == "true" {
-				return []string{"-race", "."}
-			}
-		}
-	}
-	return []string{"."}
-}
-
 // TestQuickStartRuns: the README's first command works with no Redis
 // about: the program, built and run without REDIS_ADDR, serves on an
 // embedded Redis, with the rate-limit headers, and answers 429 past the
 // per-user limit.
 func TestQuickStartRuns(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "quickstart")
-	if out, err := exec.Command("go", append([]string{"build", "-o", bin}, raceFlag()...)...).CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	cmd := exec.Command(bin, "-addr", "127.0.0.1:0")
