@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"flag"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -119,6 +120,26 @@ func (c *testClock) Set(t time.Time) {
 	c.t = t
 }
 
+// raceShare runs the property tests (rapid.Check: the models, the status
+// property) a third of rapid's default checks under the race detector,
+// unless the command line sets -rapid.checks: that run is there to find
+// data races, which the first checks meet as well as the last, and it
+// makes each decision several times slower; the runs without it run
+// them all.
+func raceShare() {
+	if !raceEnabled {
+		return
+	}
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "rapid.checks" })
+	if f := flag.Lookup("rapid.checks"); f != nil && !set {
+		_ = f.Value.Set("34")
+	}
+}
+
 // TestMain says how many real-Redis tests were skipped and which long tests
 // were left out, if any, and sends what go-redis and the library log to
 // the tests' logs (longtest.Main).
@@ -128,6 +149,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(appEnv) != "" {
 		os.Exit(serveApp())
 	}
+	raceShare()
 	code := longtest.Main(m)
 	if ctl.dir != "" {
 		_ = os.RemoveAll(ctl.dir)
