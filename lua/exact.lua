@@ -586,7 +586,11 @@ end
 -- unit), and its time, made at least the first time of its unit after now
 -- (the floor): what is logged after the forget is stamped later than
 -- every entry it removed, so that a holder's give-back of a lease it
--- removed takes nothing logged since. A key that holds no log is deleted.
+-- removed takes nothing logged since. So does a log whose ahead is not 0,
+-- whatever lim lends: another definition of its name lent from it (a
+-- rolling deploy that adds a lease), or it was logged in another unit,
+-- whose entries its time may run ahead by; now 0 is then the server's
+-- time. A key that holds no log is deleted.
 local function exact_forget(key, lim, now)
   local s = redis.pcall('GET', key)
   if type(s) ~= 'string' or #s < HEADER or (#s - HEADER) % ENTRY ~= 0 then
@@ -603,7 +607,10 @@ local function exact_forget(key, lim, now)
     newest = math.max(newest, entry_at(s, HEADER, size - 1))
   end
   local t = base + newest * unit + unit
-  if lim[LEASE] then
+  if lim[LEASE] or log[LAHEAD] > 0 then
+    if now == 0 then
+      now = server_now()
+    end
     local x = now - base
     local from = first_after(s, HEADER, 0, size, (x - x % unit) / unit)
     if from < size then -- the newest entry, after now, stays: so does the log's time
