@@ -121,3 +121,83 @@ func testLeaseResetByUnleasedReplica(t *testing.T, b backend, how string, overri
 			how, override, admitted, quota, held)
 	}
 }
+
+// TestLeaseNotTakenUnderFallbackQuota: a leased limit takes a lease under
+// its declared quota (56), an operator's override raises the quota (65),
+// and Redis admits until the window is full. Then Redis is down
+// (FailLocal): the process admits in its fallback, and once that holds 9
+// units of the client, it asks with the quota less them, 56, the quota
+// the first lease was taken under, whose units the process still holds.
+// Those units were reserved while the window held 56 at most, not the
+// fallback's units beside Redis's 65: no decision during the outage may
+// come from that lease; every one is the fallback's.
+func TestLeaseNotTakenUnderFallbackQuota(t *testing.T) {
+	t.Parallel() // waits on servers: runs beside the other parallel tests
+	forBackends(t, func(t *testing.T, b backend) {
+		const declared, raised = 56, 65 // leases of 3 and of 4 units
+		clock := &testClock{t: leaseStart}
+		lim := Per(time.Hour, declared, Global()).Named("f").Leased() // a lease of a second
+		client, down := b.newClient(t), &killHook{}
+		client.AddHook(down)
+		l, err := New(client, []Limit{lim}, WithClock(clock.Now), WithFailureMode(FailLocal), WithTimeout(redistest.DecisionTimeout),
+			withRedis(redisstore.Options{DenyCache: -1, OperatorRefresh: -1}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		ctx := context.Background()
+		ids := []string{globalID}
+		now := leaseStart
+		allow := func() Result {
+			now = now.Add(time.Millisecond) // all within the first lease's second
+			clock.Set(now)
+			res, _ := l.Allow(ctx, ids, 1)
+			return res
+		}
+		// Until the first decision from a lease: its acquire, on the
+		// request's path, lent 3 and the request took one; 2 are left,
+		// and no renewal is asked for yet.
+		admitted := 0
+		for l.Inspect().Stats().Leased == 0 {
+			if !allow().Allowed {
+				t.Fatal("denied before the quota")
+			}
+			if admitted++; admitted > 20 {
+				t.Fatal("no lease taken after 20 requests in a lease's time")
+			}
+		}
+		if err := l.Inspect().Operator().SetQuota(ctx, "f", "", raised, 0); err != nil {
+			t.Fatal(err)
+		}
+		for allow().Allowed {
+			if admitted++; admitted > raised {
+				t.Fatalf("%d admitted in the window, quota %d", admitted, raised)
+			}
+		}
+		down.dead.Store(true) // every command of the client fails: an outage
+		// A lease out keeps deciding while it lasts (the raised quota's,
+		// reserved in Redis's full window); once the fallback admitted,
+		// every decision asks with the quota less that, and none may
+		// come from a lease.
+		local, leased, after := 0, 0, 0
+		for range 20 {
+			res := allow()
+			switch {
+			case res.Allowed && res.Local:
+				local++
+			case res.Allowed && local > 0:
+				after++
+			case res.Allowed:
+				leased++
+			}
+		}
+		t.Logf("%d admitted before the outage, quota %d; during it %d from leases, then %d by the fallback, %d otherwise", admitted, raised, leased, local, after)
+		if local < raised-declared {
+			t.Fatalf("the fallback admitted %d, want %d at least", local, raised-declared)
+		}
+		if after > 0 {
+			t.Errorf("%d admitted during the outage, not by the fallback, after it admitted: a lease taken under the declared quota %d decided while the window held %d admitted in Redis and %d in the fallback (quota %d)",
+				after, declared, admitted+leased, local, raised)
+		}
+	})
+}
