@@ -625,8 +625,9 @@ func (rs *ruleset) forgetQuery(i int, key string) *store.Query {
 
 // forgetRequest returns the request that forgets what limit i counted:
 // at the Limiter's clock (WithClock) if it has one, which its decisions
-// are timed by, else at the Redis server's (0). A log that lends leases
-// keeps what is stamped after it (see lua/exact.lua).
+// are timed by, else at the Redis server's (0). A log that lends leases,
+// or that another definition of the name may have lent from, keeps what
+// is stamped after it (see lua/exact.lua).
 func (rs *ruleset) forgetRequest(i int) []byte {
 	var now int64
 	if rs.cfg.clock != nil {

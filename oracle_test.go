@@ -62,18 +62,6 @@ var knownOpen = map[string]bool{
 	// one bucket; an exact log's floor moves a unit so, window/8192). The oracle tolerates it (oracle.Limit.ResetDrift)
 	// while open: set it to false once fixed.
 	"reset-bucket-drift": true,
-	// An operator's override of a leased limit's quota while requests are
-	// decided from its leases: the limit admits one unit over the quota
-	// in force, rarely (none in some 1,300 default-size scenarios; one
-	// in a long run): RATELIMIT_ORACLE_DRAW=override-leased
-	// RATELIMIT_LONG=1 RATELIMIT_ORACLE_SEED=27338477 go test -run
-	// 'TestOracle/^miniredis$': f0 an hour, quota 3, leased (56.25s) on
-	// one replica and not on the other, overridden to 32 three times
-	// (the same quota each time) and reset once between; right after the
-	// third override the leased replica admits the 33rd unit of the
-	// window (docs/design.md: "A changed quota takes another lease; the
-	// old one is given back at its end").
-	"override-leased": true,
 	// Replicas run one explicitly named leased limit with a lease longer
 	// than 65,407 units of another release's window (7m30s, an eighth of
 	// an hour, against a 10s window's 2ms units), whose lead a log that
@@ -1561,9 +1549,6 @@ func (o *oracleRun) reset() {
 // own Operator (each applies its own changes at once).
 func (o *oracleRun) override() {
 	if len(o.leased) > 0 {
-		if oracleOpen("override-leased") {
-			return
-		}
 		o.dims["override-leased"] = true
 	}
 	f := o.reps[0].layers[0].fams[0]

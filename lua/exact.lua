@@ -61,7 +61,8 @@
 --     time, at least the first time of its unit after the forget's
 --     (exact_forget): the leases' units still out, which their holders
 --     decide from, and no give-back of a lease it removed can take an
---     entry logged since.
+--     entry logged since; so does a forget of a limit that lends none,
+--     of a log whose ahead (below) is not 0.
 -- A log that lends none is read and written as it always was. The fast
 -- path (exact_fast) takes a request of one log that lends leases (in
 -- library.lua's each) when the log is not ahead of the request's time:
@@ -586,7 +587,13 @@ end
 -- unit), and its time, made at least the first time of its unit after now
 -- (the floor): what is logged after the forget is stamped later than
 -- every entry it removed, so that a holder's give-back of a lease it
--- removed takes nothing logged since. A key that holds no log is deleted.
+-- removed takes nothing logged since. So does a log whose ahead is not 0,
+-- whatever lim lends: another definition of its name may have lent from
+-- it (a rolling deploy that adds a lease; a quota an override raised to
+-- where it leases), whose holder goes on deciding from the units; or it
+-- was logged in another unit, and keeps the requests stamped after now
+-- as a leased log keeps those of its last unit. now 0 is then the
+-- server's time. A key that holds no log is deleted.
 local function exact_forget(key, lim, now)
   local s = redis.pcall('GET', key)
   if type(s) ~= 'string' or #s < HEADER or (#s - HEADER) % ENTRY ~= 0 then
@@ -603,7 +610,10 @@ local function exact_forget(key, lim, now)
     newest = math.max(newest, entry_at(s, HEADER, size - 1))
   end
   local t = base + newest * unit + unit
-  if lim[LEASE] then
+  if lim[LEASE] or log[LAHEAD] > 0 then
+    if now == 0 then
+      now = server_now()
+    end
     local x = now - base
     local from = first_after(s, HEADER, 0, size, (x - x % unit) / unit)
     if from < size then -- the newest entry, after now, stays: so does the log's time

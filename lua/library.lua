@@ -504,9 +504,9 @@ local function rollback(keys, argv)
 end
 
 -- forget removes what the request's limits (argv[1]) counted: the exact
--- log's entries (but, in a log that lends leases, the entries stamped after
--- the request's time, 0: the server's clock), keeping the log's time a
--- unit on (see exact_forget), the
+-- log's entries (but, in a log that lends leases or whose ahead is not 0,
+-- the entries stamped after the request's time, 0: the server's clock),
+-- keeping the log's time a unit on (see exact_forget), the
 -- bucketed limit's fields; and lifts the block of each limit with
 -- FLAG_BLOCK (its block key follows the limits' keys, as in decide).
 -- Returns how many counted anything.

@@ -43,6 +43,7 @@ const (
 // (see late), what it logged is taken back, the units go back, and the
 // whole query goes to Next. Unused units are given back (their entries removed
 // through Rollbacks) when the lease ends, when the key cools and at Close.
+// A limit whose quota the fallback reduced (Query.Reduced) takes no lease.
 //
 // A key is hot when it saw hotRequests in the lease period: two counters
 // of its hash (which other keys share) tell the keys that may be hot,
@@ -183,7 +184,7 @@ func (ls *Leases) Decide(ctx context.Context, q *Query, out *Outcome) error {
 	took := room[:0]
 	for i := range min(len(q.Spec.Limits), maxLeased) {
 		lim := &q.Spec.Limits[i]
-		if lim.Lease == 0 || lim.Acquire == nil {
+		if lim.Lease == 0 || lim.Acquire == nil || q.Reduced&(1<<i) != 0 {
 			continue
 		}
 		quota := q.Quota(i)

@@ -204,6 +204,13 @@ type Query struct {
 	// the request fits, the limit lends min(Acquire, quota - Count)
 	// (Granted), logged at the lease's end (Reply.Next).
 	Acquire int
+	// Reduced has bit i set when limit i's quota (below maxLeased) is
+	// its own less what the fallback admitted of the client (see
+	// Fallback): such a limit is decided in Redis, and takes nothing from
+	// a lease, whose units were reserved under a quota that did not
+	// count the fallback's (a lease of an equal quota, taken before an
+	// override raised it, would admit over it).
+	Reduced uint64
 }
 
 // Granted returns the units a lease's query q lent, given its outcome
@@ -345,6 +352,9 @@ func (f Fallback) count(ctx context.Context, q *Query) *localCounts {
 		// The peek admitted: a count leaves room for the cost, so the
 		// quota stays at least 1 (0 would not count the limit).
 		quotas[i] = q.Quota(i) - int(c.counts[i])
+		if c.counts[i] > 0 && i < maxLeased {
+			c.q.Reduced |= 1 << i
+		}
 	}
 	c.q.Quotas = quotas
 	return c
