@@ -40,8 +40,8 @@ import (
 //	go test -run TestModelInFlight -count=1 .
 func TestModelInFlight(t *testing.T) {
 	t.Parallel() // waits on servers: runs beside the other parallel tests
-	// Under the race detector, the default repeats (the server's still
-	// make 10,000 steps); RATELIMIT_LONG=1's on the other toolchains.
+	// Under the race detector, the default repeats of a third of rapid's
+	// checks (raceShare); RATELIMIT_LONG=1's on the other toolchains.
 	repeats := func(short, long int) int {
 		if raceEnabled {
 			return short
@@ -71,7 +71,8 @@ func TestModelInFlight(t *testing.T) {
 
 // runModelInFlight runs the in-flight model repeats times on one Redis
 // and split, as user (its password is its name; "" for the default), and
-// fails unless minSteps steps ran.
+// fails unless minSteps steps ran (not under the race detector, which
+// runs a third of rapid's checks: see raceShare).
 func runModelInFlight(t *testing.T, addr, user string, cfg storetest.Config, repeats, minSteps int) {
 	plain := redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: user, ContextTimeoutEnabled: true})
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": addr}, Username: user, Password: user, ContextTimeoutEnabled: true})
@@ -82,7 +83,7 @@ func runModelInFlight(t *testing.T, addr, user string, cfg storetest.Config, rep
 		steps += runModelInFlightOn(t, ring, true, cfg, 1)
 	}
 	t.Logf("%d steps on %s", steps, addr)
-	if minSteps > 0 && steps < minSteps && !t.Failed() {
+	if minSteps > 0 && steps < minSteps && !t.Failed() && !raceEnabled {
 		t.Errorf("%d steps: the model must run %d at least", steps, minSteps)
 	}
 }
