@@ -992,7 +992,7 @@ func (o *oracleRun) limitsOf(l *oLayer, res Result, c int) (rate []oracle.Limit,
 			continue
 		}
 		rate = append(rate, oracle.Limit{Name: o.logName(f), ID: oID(f.kind, c), Keep: oKeep(lr.Window), Quota: lr.Quota, AdmitQuota: o.admitQuota(f.name, c), Window: lr.Window, Late: o.late[f.name],
-			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: o.precisionOf(f), Lease: o.leaseSpan[f.name],
+			Slack: o.slackOf(f.name), LocalOnly: res.Local, Precision: o.precisionOf(f), Moved: o.movedOf(f), Lease: o.leaseSpan[f.name],
 			ResetDrift: f.precision > 0 && knownOpen["reset-bucket-drift"], Period: oPeriod(f)})
 	}
 	return rate, inflightDenied
@@ -1011,18 +1011,28 @@ func (o *oracleRun) logName(f oFamily) string {
 	return f.name + "#" + f.kindOf()
 }
 
-// precisionOf is the bucket length f's admissions are held to: f's own,
-// or, when the replicas run f's name bucketed in buckets of several
-// lengths, the longest. Each moves the other's buckets into its own,
-// later, but a coarser one drops a bucket once it leaves its own window,
-// which a finer one may still count: no window short of the larger
-// precision holds more than the quota (docs/limits.md, "Changing a
-// definition while a deploy rolls", Bucket precision).
+// precisionOf is the bucket length the oracle counts f's entries in
+// (oracle.Limit.Precision): f's own, or, when the replicas run f's name
+// bucketed in buckets of several lengths, the longest, by which a reset
+// may move an entry on; its admissions are then held to movedOf's bound.
 func (o *oracleRun) precisionOf(f oFamily) time.Duration {
 	if f.precision == 0 {
 		return 0
 	}
 	return max(f.precision, o.maxPrecision[f.name])
+}
+
+// movedOf is, for a name the replicas run bucketed in buckets of several
+// lengths, the longest (oracle.Limit.Moved): each moves the other's
+// buckets into its own, and a decision of either is held only to what
+// docs/limits.md promises then, no window short of the larger precision
+// over the quota. Zero for a name bucketed in one precision, held to
+// windows aligned to its buckets' edges.
+func (o *oracleRun) movedOf(f oFamily) time.Duration {
+	if f.precision == 0 || len(o.precisions[f.name]) < 2 {
+		return 0
+	}
+	return o.maxPrecision[f.name]
 }
 
 // oKeep is how far back an exact log of window w reaches: 65,407 of its

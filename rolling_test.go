@@ -397,3 +397,61 @@ func TestRollingPrecisionIdle(t *testing.T) {
 		}
 	})
 }
+
+// TestRollingPrecisionEdge: while a name is bucketed in 6 s and 15 s
+// buckets, neither precision keeps a window aligned to its own edges
+// whole, only the bound docs/limits.md gives: no window short of the
+// larger precision (45 s here) over the quota. A 6 s decision at
+// 14:49:44.06 no longer counts the request of 14:48:46.98, whose bucket
+// [14:48:42, 14:48:48) left its window: it admits a 13th within 60 s,
+// and 15 s buckets from 14:48:45 hold 13. A 15 s decision moves the 6 s
+// buckets into its own, [14:48:48, 14:48:54) and [14:48:54, 14:49:00)
+// into [14:48:45, 14:49:00), and at 14:49:45 drops that bucket, which
+// the 6 s window of then, [14:48:48, 14:49:48), still holds: it admits
+// 2 more. Every 45 s holds at most the quota, 12.
+func TestRollingPrecisionEdge(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		clock := &testClock{t: leaseStart} // on a minute's edge: 14:48:00 below
+		opts := []Option{WithClock(clock.Now), withRedis(redisstore.Options{DenyCache: -1})}
+		base := Per(time.Minute, 12, Header("X-Client")).Named("edge")
+		fine := mustNew(t, b.newClient(t), []Limit{base.Bucketed(6 * time.Second)}, opts...)
+		coarse := mustNew(t, b.newClient(t), []Limit{base.Bucketed(15 * time.Second)}, opts...)
+		at := func(us int64) time.Time {
+			clock.Set(leaseStart.Add(time.Duration(us) * time.Microsecond))
+			return clock.Now()
+		}
+		var admitted []time.Time
+		ask := func(lim *Limiter, us int64, n, want int) {
+			t.Helper()
+			now := at(us)
+			got := rollingBurst(t, lim, "c", n)
+			if got != want {
+				t.Fatalf("at 14:48:00 + %s: admitted %d of %d, want %d", now.Sub(leaseStart), got, n, want)
+			}
+			for range got {
+				admitted = append(admitted, now)
+			}
+		}
+		ask(coarse, -256_450_285, 1, 1) // 14:43:43.55: the 15 s buckets write first
+		for _, us := range []int64{46_975_390, 49_847_510, 56_190_601, 60_996_090, 65_198_299, 66_046_010, 68_732_784,
+			70_895_909, 76_100_032, 84_141_230, 85_107_072, 90_298_226, 104_058_802} {
+			ask(fine, us, 1, 1)
+		}
+		ask(fine, 105_000_000, 1, 0)   // [14:48:48, 14:49:48) holds 12
+		ask(coarse, 105_000_000, 5, 2) // [14:49:00, 14:50:00) holds 10
+		ask(fine, 106_000_000, 1, 0)
+		ask(coarse, 106_000_000, 1, 0)
+		for i, a := range admitted {
+			n := 0
+			for _, x := range admitted[i:] {
+				if x.Sub(a) < 45*time.Second {
+					n++
+				}
+			}
+			if n > 12 {
+				t.Fatalf("%d admitted in the 45 s from 14:48:00 + %s, over the quota of 12", n, a.Sub(leaseStart))
+			}
+		}
+	})
+}

@@ -70,6 +70,19 @@ type Limit struct {
 	// checked against the window of whole buckets that ends with the
 	// decision's bucket.
 	Precision time.Duration
+	// Moved, if not zero, says the limit's name is bucketed in buckets of
+	// several lengths (a rolling deploy), the longest of which is Moved
+	// (and Precision then too). Its admissions are held to the bound
+	// docs/limits.md gives for that ("Changing a definition while a
+	// deploy rolls", Bucket precision): no window short of the larger
+	// precision holds more than the quota, that is the entries of
+	// (at - Window + Moved, at], not to a window aligned to either
+	// precision's edges. Each precision counts and prunes the whole
+	// buckets of its own window, so neither's aligned window is kept
+	// whole: a finer decision has dropped, at its window's edge, entries
+	// a coarser one's window still holds, and a coarser one drops entries
+	// up to a coarse bucket before a finer one's window lets them go.
+	Moved time.Duration
 	// Lease, for a leased limit, is its longest lease: a request decided
 	// from a lease is admitted from units the lease reserved at its
 	// acquire, up to a lease before, so a settle's debit logged since
@@ -360,7 +373,9 @@ func (o *Oracle) Admit(replica int, local bool, at time.Time, cost int, limits [
 			continue
 		}
 		from := at.Add(-lim.Window)
-		if p := lim.Precision; p > 0 {
+		if p := lim.Precision; p > 0 && lim.Moved > 0 {
+			from = at.Add(lim.Moved - lim.Window)
+		} else if p > 0 {
 			start := time.Unix(0, at.UnixNano()/int64(p)*int64(p)) // the decision's bucket, on Unix time
 			from = start.Add(p - lim.Window).Add(-time.Nanosecond)
 		}
