@@ -10,6 +10,7 @@ import (
 	"math/rand"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -348,7 +349,19 @@ func TestChargeFailureModes(t *testing.T) {
 		// Admitted by Redis, then Redis goes: the charge is not
 		// confirmed, and nothing is stopped.
 		remote := mustNew(t, c, limits, WithSettle(nil), WithClock(clock.Now), WithTimeout(300*time.Millisecond))
-		_, errs, cause := charge(remote, "r", b.stop, 2)
+		var errs []error
+		var cause error
+		for try := range 5 {
+			// The timeout is short, so that the charges with Redis gone
+			// end soon: on a loaded machine the decision itself, with
+			// Redis still there, can miss it (503, the handler not run);
+			// then again, as another user.
+			var code int
+			code, errs, cause = charge(remote, "r"+strconv.Itoa(try), b.stop, 2)
+			if code != http.StatusServiceUnavailable || len(errs) > 0 {
+				break
+			}
+		}
 		if len(errs) != 2 || cause != nil {
 			t.Fatalf("charges with Redis gone: %d, cause %v", len(errs), cause)
 		}
