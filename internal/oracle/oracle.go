@@ -373,9 +373,10 @@ func (o *Oracle) Admit(replica int, local bool, at time.Time, cost int, limits [
 			continue
 		}
 		from := at.Add(-lim.Window)
-		if p := lim.Precision; p > 0 && lim.Moved > 0 {
+		switch p := lim.Precision; {
+		case lim.Moved > 0:
 			from = at.Add(lim.Moved - lim.Window)
-		} else if p > 0 {
+		case p > 0:
 			start := time.Unix(0, at.UnixNano()/int64(p)*int64(p)) // the decision's bucket, on Unix time
 			from = start.Add(p - lim.Window).Add(-time.Nanosecond)
 		}
